@@ -1,0 +1,1 @@
+"""The Textual step-debugger for TPU programs."""

@@ -1,0 +1,1 @@
+"""The assembler: .tasm source -> Program (parse, expand, resolve, encode)."""

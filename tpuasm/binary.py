@@ -1,0 +1,256 @@
+"""The .tbin container: code, the machine configuration it targets, debug lines,
+symbols and (optionally) the source text, so a bare binary can still be debugged
+at source level.  Layout: spec/binary-format.md.  Every length and offset is
+checked on load; anything wrong raises BinaryFormatError naming what and where.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .encoding import Instruction, decode, encode
+from .errors import BinaryFormatError, EncodingError
+from .isa import ISA_TABLE, WORD_BYTES
+
+MAGIC = b"TBIN"
+VERSION = 1
+PROFILES = ("tpu", "opentpu")
+_HEADER = struct.Struct("<4sHHI IIIHH")          # magic, version, nsections, crc32, config
+_SECTION = struct.Struct("<4sII")                  # tag, offset, length
+_LINE = struct.Struct("<III")                      # file index, line, column
+NO_FILE = 0xFFFFFFFF
+SYMBOL_KINDS = ("const", "ub", "acc", "host", "tile", "label")
+
+
+@dataclass(frozen=True)
+class MachineShape:
+    """The machine a program is assembled for (what `.config` chooses)."""
+    array_size: int = ISA_TABLE.machine.array_size
+    ub_rows: int = ISA_TABLE.machine.ub_rows
+    acc_rows: int = ISA_TABLE.machine.acc_rows
+    fifo_depth: int = ISA_TABLE.machine.fifo_depth
+    profile: str = "tpu"
+
+    def __post_init__(self):
+        checks = [("array_size", self.array_size, 1, 4096), ("ub_rows", self.ub_rows, 1, 1 << 24),
+                  ("acc_rows", self.acc_rows, 1, 1 << 16), ("fifo_depth", self.fifo_depth, 1, 64)]
+        for name, value, lo, hi in checks:
+            if not lo <= value <= hi:
+                raise ValueError(f"{name} {value} out of range {lo}..{hi}")
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r} (choose from {', '.join(PROFILES)})")
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    file: str
+    line: int
+    col: int
+
+    def __str__(self):
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    kind: str          # one of SYMBOL_KINDS
+    value: int
+    size: int = 0      # rows reserved, for regions
+
+
+@dataclass
+class Program:
+    """An assembled program: what the assembler produces and the machine loads."""
+    instructions: list[Instruction]
+    shape: MachineShape = field(default_factory=MachineShape)
+    locations: list[SourceLoc | None] = field(default_factory=list)
+    symbols: list[Symbol] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.locations:
+            self.locations = [None] * len(self.instructions)
+        if len(self.locations) != len(self.instructions):
+            raise ValueError("one location per instruction")
+
+    def __len__(self):
+        return len(self.instructions)
+
+    def __eq__(self, other):
+        return isinstance(other, Program) and self.to_bytes() == other.to_bytes()
+
+    def code(self) -> bytes:
+        return b"".join(encode(i) for i in self.instructions)
+
+    def symbol(self, name: str) -> Symbol | None:
+        return next((s for s in self.symbols if s.name == name), None)
+
+    def to_bytes(self) -> bytes:
+        files = list(dict.fromkeys([loc.file for loc in self.locations if loc] + list(self.sources)))
+        index = {f: i for i, f in enumerate(files)}
+        sections = [
+            (b"CODE", self.code()),
+            (b"FILE", _u32(len(files)) + b"".join(_str(f) + _str(self.sources.get(f, ""))
+                                                 for f in files)),
+            (b"LINE", b"".join(_LINE.pack(index[loc.file], loc.line, loc.col) if loc
+                               else _LINE.pack(NO_FILE, 0, 0) for loc in self.locations)),
+            (b"SYMB", _u32(len(self.symbols)) + b"".join(
+                struct.pack("<BqQ", SYMBOL_KINDS.index(s.kind), s.value, s.size) + _str(s.name)
+                for s in self.symbols)),
+        ]
+        offset = _HEADER.size + _SECTION.size * len(sections)
+        table, body = b"", b""
+        for tag, data in sections:
+            table += _SECTION.pack(tag, offset + len(body), len(data))
+            body += data
+        rest = table + body
+        s = self.shape
+        head = struct.pack("<IIIHH", s.array_size, s.ub_rows, s.acc_rows, s.fifo_depth,
+                           PROFILES.index(s.profile))
+        crc = zlib.crc32(head + rest)
+        return MAGIC + struct.pack("<HHI", VERSION, len(sections), crc) + head + rest
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Program":
+        return _Reader(bytes(data)).program()
+
+    def save(self, path) -> None:
+        Path(path).write_bytes(self.to_bytes())
+
+
+def load_binary(path) -> Program:
+    """Read a .tbin file; BinaryFormatError (with the file name) if it is not a valid one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise BinaryFormatError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return Program.from_bytes(data)
+    except BinaryFormatError as e:
+        raise BinaryFormatError(f"{path}: {e}") from None
+
+
+def _u32(n: int) -> bytes:
+    return struct.pack("<I", n)
+
+
+def _str(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    return _u32(len(raw)) + raw
+
+
+class _Reader:
+    """Bounds-checked parsing of the container."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def fail(self, message: str):
+        raise BinaryFormatError(message)
+
+    def program(self) -> Program:
+        d = self.data
+        if len(d) < _HEADER.size:
+            self.fail(f"too short for a .tbin header ({len(d)} bytes, need {_HEADER.size})")
+        magic, version, nsections, crc, *shape = _HEADER.unpack_from(d)
+        if magic != MAGIC:
+            self.fail(f"not a .tbin file (magic {magic!r}, expected {MAGIC!r})")
+        if version != VERSION:
+            self.fail(f"unsupported .tbin version {version} (this tpuasm reads version {VERSION})")
+        if zlib.crc32(d[12:]) != crc:
+            self.fail("checksum mismatch: the file is corrupt or truncated")
+        array_size, ub_rows, acc_rows, fifo_depth, profile = shape
+        if profile >= len(PROFILES):
+            self.fail(f"unknown machine profile {profile}")
+        try:
+            machine = MachineShape(array_size, ub_rows, acc_rows, fifo_depth, PROFILES[profile])
+        except ValueError as e:
+            self.fail(f"bad machine configuration: {e}")
+        sections = {}
+        table_end = _HEADER.size + _SECTION.size * nsections
+        if table_end > len(d):
+            self.fail(f"section table ({nsections} entries) runs past the end of the file")
+        for k in range(nsections):
+            tag, off, length = _SECTION.unpack_from(d, _HEADER.size + _SECTION.size * k)
+            if off < table_end or off + length > len(d):
+                self.fail(f"section {tag!r} at offset {off} length {length} is outside the file")
+            if tag in sections:
+                self.fail(f"section {tag!r} appears twice")
+            sections[tag] = (off, off + length)
+        for tag in (b"CODE", b"FILE", b"LINE", b"SYMB"):
+            if tag not in sections:
+                self.fail(f"missing section {tag.decode()}")
+        instructions = self.code(*sections[b"CODE"])
+        files = self.files(*sections[b"FILE"])
+        locations = self.lines(*sections[b"LINE"], len(instructions), [f for f, _ in files])
+        symbols = self.symbols(*sections[b"SYMB"])
+        sources = {name: text for name, text in files if text}
+        return Program(instructions, machine, locations, symbols, sources)
+
+    def code(self, start, end):
+        if (end - start) % WORD_BYTES:
+            self.fail(f"code section is {end - start} bytes, not a multiple of {WORD_BYTES}")
+        out = []
+        for i, pos in enumerate(range(start, end, WORD_BYTES)):
+            try:
+                out.append(decode(self.data[pos:pos + WORD_BYTES], index=i))
+            except EncodingError as e:
+                self.fail(str(e))
+        return out
+
+    def u32(self, pos, end):
+        if pos + 4 > end:
+            self.fail(f"truncated field at offset {pos}")
+        return struct.unpack_from("<I", self.data, pos)[0], pos + 4
+
+    def string(self, pos, end):
+        n, pos = self.u32(pos, end)
+        if pos + n > end:
+            self.fail(f"string of {n} bytes at offset {pos} runs past its section")
+        try:
+            return self.data[pos:pos + n].decode("utf-8"), pos + n
+        except UnicodeDecodeError:
+            self.fail(f"string at offset {pos} is not valid UTF-8")
+
+    def files(self, pos, end):
+        count, pos = self.u32(pos, end)
+        out = []
+        for _ in range(count):
+            name, pos = self.string(pos, end)
+            text, pos = self.string(pos, end)
+            out.append((name, text))
+        if pos != end:
+            self.fail("trailing bytes in the FILE section")
+        return out
+
+    def lines(self, start, end, count, files):
+        if end - start != count * _LINE.size:
+            self.fail(f"line table has {(end - start) // _LINE.size} entries for {count} instructions")
+        out = []
+        for pos in range(start, end, _LINE.size):
+            f, line, col = _LINE.unpack_from(self.data, pos)
+            if f == NO_FILE:
+                out.append(None)
+            elif f >= len(files):
+                self.fail(f"line table names file {f}, but there are {len(files)} files")
+            else:
+                out.append(SourceLoc(files[f], line, col))
+        return out
+
+    def symbols(self, pos, end):
+        count, pos = self.u32(pos, end)
+        out = []
+        for _ in range(count):
+            if pos + 17 > end:
+                self.fail("truncated symbol table")
+            kind, value, size = struct.unpack_from("<BqQ", self.data, pos)
+            if kind >= len(SYMBOL_KINDS):
+                self.fail(f"unknown symbol kind {kind}")
+            name, pos = self.string(pos + 17, end)
+            out.append(Symbol(name, SYMBOL_KINDS[kind], value, size))
+        if pos != end:
+            self.fail("trailing bytes in the SYMB section")
+        return out

@@ -1,0 +1,31 @@
+"""Error types a user can meet.  The CLI turns each into a message, never a traceback."""
+from __future__ import annotations
+
+
+class TpuasmError(Exception):
+    """Base class of every error tpuasm reports to a user."""
+
+
+class EncodingError(TpuasmError):
+    """An instruction that cannot be encoded or decoded (bad opcode, field out of range)."""
+
+
+class BinaryFormatError(TpuasmError):
+    """A .tbin (or OpenTPU) binary that is truncated, corrupt or of an unknown version."""
+
+
+class DataFileError(TpuasmError):
+    """A host-memory or weight image (.npy) of the wrong shape, dtype or content."""
+
+
+class AssemblyError(TpuasmError):
+    """One or more diagnostics from the assembler; `diagnostics` holds all of them."""
+
+    def __init__(self, diagnostics, sources=None):
+        self.diagnostics = list(diagnostics)
+        self.sources = sources or {}
+        super().__init__(self.render(color=False))
+
+    def render(self, color: bool = False) -> str:
+        from .diagnostics import render_all
+        return render_all(self.diagnostics, self.sources, color=color)

@@ -1,0 +1,1 @@
+"""The TPU v1 machine: state, numba core, pipeline timing and the reference model."""
