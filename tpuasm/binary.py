@@ -117,6 +117,10 @@ class Program:
     def from_bytes(cls, data: bytes) -> "Program":
         return _Reader(bytes(data)).program()
 
+    def stripped(self) -> "Program":
+        """The same code and machine shape without debug lines, symbols or sources."""
+        return Program(list(self.instructions), self.shape)
+
     def save(self, path) -> None:
         Path(path).write_bytes(self.to_bytes())
 
