@@ -62,7 +62,7 @@ class InstructionSpec:
 
     @property
     def long_name(self) -> str:
-        return next((n for n in self.names if "_" in n or n[1:].islower()), self.key)
+        return self.names[1] if len(self.names) > 1 else self.key
 
     @property
     def flag_mask(self) -> int:
