@@ -48,14 +48,16 @@ def _instruction_block(spec: InstructionSpec) -> str:
     if spec.conv_fields:
         layouts.append((" (with flag C)", spec.conv_operands, spec.conv_fields))
     for label, operands, fields in layouts:
-        ops = ", ".join(operands) or "none"
-        out.append(f"Operands{label}: `{spec.key} {ops}`".rstrip() + ("" if operands else ""))
+        usage = f"`{spec.key} {', '.join(operands)}`" if operands else "none"
+        out.append(f"Operands{label}: {usage}")
         out.append("")
         out.append("```")
         allf = [(n, lsb, w) for n, lsb, w in _HEADER_FIELDS] + [(f.name, f.lsb, f.width) for f in fields]
         out.extend(_diagram(allf))
         out.append("```")
         out.append("")
+        if not fields:
+            continue
         out.append("| bits | field | kind | range |")
         out.append("|---|---|---|---|")
         for f in fields:
