@@ -1,0 +1,1 @@
+"""pytest plugin: collects programs/**/test.toml manifests (being built for the regression issue)."""
