@@ -181,7 +181,7 @@ class _Reader:
             tag, off, length = _SECTION.unpack_from(d, _HEADER.size + _SECTION.size * k)
             if off < table_end or off + length > len(d):
                 self.fail(f"section {tag!r} at offset {off} length {length} is outside the file")
-            if tag in sections:
+            if tag in sections:  # unknown tags are skipped: later versions may add sections
                 self.fail(f"section {tag!r} appears twice")
             sections[tag] = (off, off + length)
         for tag in (b"CODE", b"FILE", b"LINE", b"SYMB"):
