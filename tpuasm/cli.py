@@ -1,0 +1,210 @@
+"""The `tpuasm` command line: thin faces over the library.
+
+Exit status: 0 success, 1 the machine faulted (or tests failed), 2 usage, assembly,
+binary-format or data-file errors.  Heavy modules (numba, the machine) are imported
+only by the commands that need them, so `tpuasm asm` and `--help` start fast.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import AssemblyError, TpuasmError
+
+EXIT_OK, EXIT_FAULT, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Faces with their own argument parsers take the rest of the command line as is.
+    if argv and argv[0] in _DELEGATES:
+        return _DELEGATES[argv[0]](argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except AssemblyError as e:
+        print(e.render(color=_color(sys.stderr)), file=sys.stderr)
+        return EXIT_USAGE
+    except TpuasmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tpuasm", description=(
+        "Assembler, cycle-level emulator and debugger for Google's TPU v1.  "
+        "`tpuasm COMMAND --help` explains each command."))
+    p.add_argument("--version", action="version", version=f"tpuasm {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    a = sub.add_parser("asm", help="assemble a .tasm program into a .tbin binary",
+                       description="Assemble PROG.tasm.  On any error every mistake is reported "
+                                   "with its position and nothing is written.")
+    a.add_argument("source", type=Path, help="the .tasm file")
+    a.add_argument("-o", "--output", type=Path, help="output binary (default: PROG.tbin)")
+    a.add_argument("--listing", type=Path, metavar="FILE",
+                   help="write a listing: index, byte address, hex bytes, source line")
+    a.add_argument("--symbols", type=Path, metavar="FILE", help="write the symbol map")
+    a.add_argument("--no-debug", action="store_true",
+                   help="omit source text, line table and symbols from the binary")
+    _config_option(a)
+    a.set_defaults(handler=cmd_asm)
+
+    d = sub.add_parser("disasm", help="disassemble a binary into .tasm source",
+                       description="Print .tasm that assembles back to the same code.")
+    d.add_argument("binary", type=Path, help="the .tbin file")
+    d.add_argument("--annotate", action="store_true",
+                   help="add the original source line of each instruction as a comment")
+    d.add_argument("-o", "--output", type=Path, help="write to a file instead of stdout")
+    d.set_defaults(handler=cmd_disasm)
+
+    r = sub.add_parser("run", help="run a program on the emulator",
+                       description="Run PROG.tasm or PROG.tbin and print cycles and statistics.  "
+                                   "Exit 0 after Halt, 1 on a machine fault, 2 on input errors.")
+    r.add_argument("program", type=Path, help="a .tasm source or .tbin binary")
+    r.add_argument("--host", type=Path, help="host memory image: .npy of shape (rows, N), int8/uint8")
+    r.add_argument("--weights", type=Path, help="weight image: .npy of shape (tiles, N, N), int8/uint8")
+    r.add_argument("--out", type=Path, help="write the final host memory here (.npy, same dtype as --host)")
+    r.add_argument("--stats", type=Path, metavar="STATS.json", help="write statistics as JSON")
+    r.add_argument("--trace", type=Path, metavar="TRACE.json",
+                   help="write a Chrome trace (open in Perfetto or chrome://tracing)")
+    r.add_argument("--max-cycles", type=_positive_int, metavar="N", help="fault after N cycles")
+    r.add_argument("--hazards", choices=("interlock", "error"), default="interlock",
+                   help="'error': a dependency left to the interlocks without a sync is a fault")
+    r.add_argument("-q", "--quiet", action="store_true", help="print only faults")
+    _config_option(r)
+    r.set_defaults(handler=cmd_run)
+
+    sub.add_parser("test", help="run regression manifests (see `tpuasm test --help`)", add_help=False)
+    sub.add_parser("debug", help="the terminal debugger (see `tpuasm debug --help`)", add_help=False)
+
+    m = sub.add_parser("demo", help="run a real multi-layer program and show what happened")
+    m.set_defaults(handler=cmd_demo)
+    return p
+
+
+def _config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="machine shape, overriding the source's .config: array_size, ub_rows, "
+                        "acc_rows, fifo_depth, profile (repeatable or comma-separated)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def parse_config(items: list[str]) -> dict:
+    """`--config array_size=16,ub_rows=1024` -> {"array_size": 16, "ub_rows": 1024}."""
+    from .binary import MachineShape
+    known = MachineShape.__dataclass_fields__
+    out: dict = {}
+    for item in items:
+        for part in filter(None, (s.strip() for s in item.split(","))):
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep or key not in known:
+                raise TpuasmError(f"--config {part!r}: expected KEY=VALUE with KEY one of "
+                                  f"{', '.join(known)}")
+            if key == "profile":
+                out[key] = value.strip()
+            else:
+                try:
+                    out[key] = int(value, 0)
+                except ValueError:
+                    raise TpuasmError(f"--config {key}: not an integer: {value!r}") from None
+    return out
+
+
+def load_program(path: Path, config: dict | None = None):
+    """A Program from a .tasm source or a .tbin binary (decided by content, then extension)."""
+    from .binary import MAGIC, load_binary
+    try:
+        head = path.read_bytes()[:4]
+    except OSError as e:
+        raise TpuasmError(f"{path}: cannot read: {e.strerror}") from None
+    if head == MAGIC or path.suffix == ".tbin":
+        program = load_binary(path)
+        if config:
+            from dataclasses import replace
+            try:
+                program.shape = replace(program.shape, **config)
+            except ValueError as e:
+                raise TpuasmError(f"--config: {e}") from None
+        return program
+    from .assembler import assemble_file
+    return assemble_file(path, config=config or None)
+
+
+def cmd_asm(args) -> int:
+    from .assembler import assemble_file, listing, symbol_map
+    program = assemble_file(args.source, config=parse_config(args.config) or None)
+    out = args.output or args.source.with_suffix(".tbin")
+    data = (program.stripped() if args.no_debug else program).to_bytes()
+    _write(out, data)
+    if args.listing:
+        _write(args.listing, listing(program).encode())
+    if args.symbols:
+        _write(args.symbols, symbol_map(program).encode())
+    print(f"{out}: {len(program)} instructions, {len(data)} bytes", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_disasm(args) -> int:
+    from .binary import load_binary
+    from .disassembler import disassemble
+    text = disassemble(load_binary(args.binary), annotate=args.annotate)
+    if args.output:
+        _write(args.output, text.encode())
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from .runreport import run_and_report
+    program = load_program(args.program, parse_config(args.config))
+    return run_and_report(program, args)
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+    return run_demo()
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def _color(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def _run_tests(argv: list[str]) -> int:
+    from .regression import main as regression_main
+    return regression_main(argv)
+
+
+def _run_debugger(argv: list[str]) -> int:
+    from debugger import main as debugger_main
+    return debugger_main(argv)
+
+
+_DELEGATES = {"test": _run_tests, "debug": _run_debugger}

@@ -1,0 +1,94 @@
+"""`tpuasm run`: load, run, and report what happened (rich summary, --out, --stats, --trace)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataFileError, TpuasmError
+
+EXIT_OK, EXIT_FAULT = 0, 1
+
+# The paper's Table 3 rows, in the order the paper lists them: the first four sum to 100 %.
+BREAKDOWN = (("array active", "array_active_cycles"), ("weight stall", "weight_stall_cycles"),
+             ("weight shift", "weight_shift_cycles"), ("non-matrix", "non_matrix_cycles"))
+OVERLAPPING = (("RAW stalls", "raw_stall_cycles"), ("input (host) stalls", "input_stall_cycles"))
+
+
+def make_machine(program, *, hazards: str = "interlock", trace: bool = False, **overrides):
+    from .machine import Machine, MachineConfig
+    config = MachineConfig.from_shape(program.shape, hazards=hazards, **overrides)
+    return Machine(config, trace=trace)
+
+
+def run_and_report(program, args) -> int:
+    machine = make_machine(program, hazards=args.hazards, trace=bool(args.trace))
+    machine.load(program, host=args.host, weights=args.weights)
+    result = machine.run(max_cycles=args.max_cycles)
+    if not args.quiet:
+        print_summary(machine, name=str(args.program))
+    if result.fault is not None:
+        print(f"error: {result.fault}", file=sys.stderr)
+    if args.out:
+        save_host(machine, args.out, like=args.host)
+    if args.stats:
+        _write_text(args.stats, json.dumps(machine.stats_json(), indent=2) + "\n")
+    if args.trace:
+        try:
+            machine.write_trace(args.trace)
+        except OSError as e:
+            raise TpuasmError(f"{args.trace}: cannot write: {e.strerror}") from None
+    return EXIT_FAULT if result.fault is not None else EXIT_OK
+
+
+def save_host(machine, path: Path, like: Path | None) -> None:
+    """Final host memory, in the dtype of the --host image (raw bytes either way)."""
+    dtype = np.uint8
+    if like is not None:
+        try:
+            dtype = np.load(like, mmap_mode="r", allow_pickle=False).dtype
+        except (OSError, ValueError) as e:
+            raise DataFileError(f"{like}: {e}") from None
+    try:
+        np.save(path, np.ascontiguousarray(machine.host).view(dtype))
+    except OSError as e:
+        raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def print_summary(machine, name: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=False, highlight=False)
+    c = machine.counters()
+    cycles = max(int(c["cycles"]), 1)
+    clock = machine.config.clock_hz
+    state = "fault" if machine.fault is not None else "halted"
+    console.print(f"[bold]{name}[/]: {state} after {c['cycles']:,} cycles "
+                  f"({c['cycles'] / clock * 1e6:,.2f} us at {clock / 1e6:,.0f} MHz), "
+                  f"{c['instructions']:,} instructions retired")
+    console.print(f"  matrix unit: {c['useful_macs']:,} useful MACs, utilisation "
+                  f"{100 * c['mxu_utilization']:.1f} %, {c['tops']:.2f} TOPS")
+    table = Table(title="where the cycles went (as in the paper's Table 3)", title_justify="left")
+    table.add_column("cycles spent on")
+    table.add_column("cycles", justify="right")
+    table.add_column("share", justify="right")
+    for label, key in BREAKDOWN:
+        table.add_row(label, f"{c[key]:,}", f"{100 * c[key] / cycles:.1f} %")
+    for label, key in OVERLAPPING:
+        table.add_row(f"[dim]{label} (overlapping)[/]", f"[dim]{c[key]:,}[/]",
+                      f"[dim]{100 * c[key] / cycles:.1f} %[/]")
+    console.print(table)
+    for event in machine.events:
+        if event.kind != "fault":
+            console.print(f"  cycle {event.cycle:,}: {event.kind} {event.value} "
+                          f"(instruction {event.index})")
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
