@@ -1,0 +1,662 @@
+"""The functional core of the emulator: numba kernels that check, bound and execute one
+instruction on the machine state (spec/isa.md sections 3-5 and 7).
+
+The pipeline (core.py) calls these from its own njit code: `check_instruction` and
+`footprint` at issue, `execute_instruction` when the instruction completes.  All functions
+are `@njit(cache=True)`.
+
+Interface
+---------
+FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
+MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
+
+check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info) -> fault kind
+    row: one row of the decoded table (decoded.py), regs: the registers captured at issue,
+    info: int64[>=3], written only on a fault:
+      FAULT_ADDRESS  info = (MEM_*, address, limit): the first out-of-range row in execution
+                     order -- iterations in order; within an iteration the source memory,
+                     then the destination; within a memory the vectors in order (a 16-bit
+                     vector reads its low row, then its high row).  RW: MEM_TILE, the tile.
+      FAULT_CONFIG   info = (register index, value, 0): CFG writes a value outside the
+                     register's min..max (or names no register); for other instructions a
+                     captured register outside its range (only a hand-made state can do that).
+      FAULT_SHAPE    info = (length, pool_size, pool_width): an ACT.M/ACT.A whose length
+                     does not divide into pooling windows.
+    Order: config, then shape, then address.  FIFO/tile faults are the pipeline's.
+footprint(row, regs, out) -> count
+    out: int64[8, 4]; entries (MEM_*, is_write, start, stop), stop exclusive: the bounding
+    row range over all iterations.  RHM/RHMA read host, write UB; WHM/WHMA read UB, write
+    host; MMC reads UB, writes ACC (one write entry also stands for the accumulate's read);
+    ACT reads ACC, writes UB.  Weight traffic is not included.  Other instructions: 0.
+execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, profile)
+    Runs every iteration.  ub uint8[:, :], acc int32[:, :], host uint8[:, :],
+    weights uint8[:, :, :] (the weight image), tiles int64[:] (the tiles the switches
+    consume, in order: one per iteration with S, two -- low, high -- with S and D),
+    active int64[2] = (tile, high tile or -1), updated on each switch.  Assumes
+    check_instruction passed and the pipeline checked the weight faults.  `profile` is
+    0 (TPU); 1 (OpenTPU) currently executes like 0.
+make_scratch(array_size, chunk_rows=1024, use_blas=None) -> Scratch
+    A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
+    as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
+    the converted-weight cache and its key, options.  Make one per machine and reuse it.
+    The weight cache is keyed on (tiles, U/W/D mode, address of the weight image); call
+    `invalidate_weight_cache(scratch)` if the weight image is modified in place.
+
+MatrixMultiply runs as an exact float GEMM (gemm.py): float32 for 8-bit operands, float64
+when either side is 16-bit (H or D), chunked `chunk_rows` output vectors at a time, then an
+int32 wrapping accumulate.  Registers limits are baked in from decoded.register_limits().
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from ..functions import SIGMOID_Q15, T_MAX, T_MIN, TANH_Q15
+from . import gemm as _gemm
+from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT_OUT_UINT8,
+                      ACT_RELU, ACT_SIGMOID, ACT_TANH, COL_ACC, COL_FLAGS, COL_HEIGHT,
+                      COL_HOST, COL_LEN, COL_OP, COL_REG, COL_REPEAT, COL_TILE, COL_UB,
+                      COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE, MMC_SWITCH,
+                      MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, MMC_WIDE_W, NREGS, OP_ACT,
+                      OP_CFG, OP_MMC, OP_RHM, OP_RHMA, OP_RW, OP_WHM, OP_WHMA,
+                      REG_ACT_MULT, REG_ACT_OUT, REG_ACT_SHIFT, REG_ACT_ZERO,
+                      REG_CONV_KW, REG_CONV_PITCH, REG_CONV_STRIDE, REG_DMA_HOST_STRIDE,
+                      REG_DMA_UB_STRIDE, REG_FN_IN_FRAC, REG_POOL_SIZE, REG_POOL_WIDTH,
+                      REG_REP_ACC_STRIDE, REG_REP_HOST_STRIDE, REG_REP_UB_STRIDE,
+                      register_limits)
+
+FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
+MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
+MAX_FOOTPRINT = 8
+
+REG_MIN, REG_MAX = register_limits()          # baked into the compiled code as constants
+SIGMOID_TABLE = np.ascontiguousarray(SIGMOID_Q15, dtype=np.int64)
+TANH_TABLE = np.ascontiguousarray(TANH_Q15, dtype=np.int64)
+
+# The weight-cache key slots: (tile, high tile, mode, weight image address).
+_KEY_EMPTY = -2
+
+Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
+                                 "options", "row_buf"])
+
+
+def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None) -> Scratch:
+    """Preallocated buffers for execute_instruction (see the module docstring)."""
+    n = int(array_size)
+    chunk = max(1, int(chunk_rows))
+    if use_blas is None:
+        use_blas = _gemm.HAVE_BLAS
+    if use_blas and not _gemm.HAVE_BLAS:
+        raise RuntimeError("OpenBLAS from numpy's wheel was not found; use use_blas=False")
+    return Scratch(
+        x32=np.zeros((chunk, n), np.float32), c32=np.zeros((chunk, n), np.float32),
+        x64=np.zeros((chunk, n), np.float64), c64=np.zeros((chunk, n), np.float64),
+        w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
+        key32=np.full(4, _KEY_EMPTY, np.int64), key64=np.full(4, _KEY_EMPTY, np.int64),
+        options=np.array([1 if use_blas else 0, chunk], np.int64),
+        row_buf=np.zeros(n, np.int64))
+
+
+def invalidate_weight_cache(scratch: Scratch) -> None:
+    scratch.key32[:] = _KEY_EMPTY
+    scratch.key64[:] = _KEY_EMPTY
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@njit(cache=True)
+def _iterations(row):
+    return max(row[COL_REPEAT], 1)
+
+
+@njit(cache=True)
+def _signed8(v):
+    """A raw byte (0..255) as int8."""
+    return v - ((v & 128) << 1)
+
+
+@njit(cache=True)
+def _first_bad_run(a0, step, n, limit):
+    """First address a0 + k*step (k = 0..n-1, in order) outside 0..limit-1: (bad, address)."""
+    if n <= 0:
+        return False, 0
+    if a0 < 0 or a0 >= limit:
+        return True, a0
+    last = a0 + (n - 1) * step
+    if step > 0 and last >= limit:
+        k = (limit - a0 + step - 1) // step
+        return True, a0 + k * step
+    if step < 0 and last < 0:
+        k = a0 // (-step) + 1
+        return True, a0 + k * step
+    return False, 0
+
+
+@njit(cache=True)
+def _first_bad_conv(ub, height, width, pitch, stride, dy, dx, wide, limit):
+    """First out-of-range UB row of one convolve tap, in output-pixel order.
+
+    Vector (y, x) is v = (y*s + dy)*pitch + x*s + dx.  The last vector of image row y grows
+    with y and the vectors within a row grow with x, so the first bad vector is in the first
+    row whose last vector is bad.  A 16-bit vector reads rows ub+2v and ub+2v+1."""
+    per = 2 if wide else 1
+    last = ub + per * (((height - 1) * stride + dy) * pitch + (width - 1) * stride + dx) + per - 1
+    if last < limit:
+        return False, 0                      # the common case: no scan
+    for y in range(height):
+        base = ub + per * ((y * stride + dy) * pitch + dx)
+        if base + per * (width - 1) * stride + per - 1 < limit:
+            continue
+        if base >= limit:
+            return True, base
+        # first x with base + per*x*stride + per - 1 >= limit
+        need = limit - (per - 1) - base
+        step = per * stride
+        x = (need + step - 1) // step
+        addr = base + x * step
+        if addr >= limit:
+            return True, addr
+        return True, limit        # the high row of a 16-bit vector whose low row fits
+    return False, 0
+
+
+@njit(cache=True)
+def _set_info(info, a, b, c):
+    info[0] = a
+    info[1] = b
+    info[2] = c
+
+
+@njit(cache=True)
+def _check_registers(regs, info):
+    for r in range(NREGS):
+        if regs[r] < REG_MIN[r] or regs[r] > REG_MAX[r]:
+            _set_info(info, r, regs[r], 0)
+            return FAULT_CONFIG
+    return FAULT_NONE
+
+
+@njit(cache=True)
+def _act_shape(row, regs):
+    """(valid, output vectors per iteration) of an Activate."""
+    flags = row[COL_FLAGS]
+    length = row[COL_LEN]
+    if flags & (ACT_MAXPOOL | ACT_AVGPOOL) == 0:
+        return True, length
+    k = regs[REG_POOL_SIZE]
+    width = regs[REG_POOL_WIDTH]
+    if width == 0:
+        return length % k == 0, length // k
+    ok = width % k == 0 and length % width == 0 and (length // width) % k == 0
+    return ok, length // (k * k)
+
+
+@njit(cache=True)
+def _act_ub_rows(row, regs):
+    """UB rows one Activate iteration writes."""
+    ok, out_rows = _act_shape(row, regs)
+    if regs[REG_ACT_OUT] == ACT_OUT_INT16:
+        return 2 * out_rows
+    return out_rows
+
+
+@njit(cache=True)
+def _check_two_runs(reps, m1, a1, rep1, step1, n1, lim1, m2, a2, rep2, step2, n2, lim2, info):
+    """Per iteration: the source run, then the destination run."""
+    for i in range(reps):
+        bad, addr = _first_bad_run(a1 + i * rep1, step1, n1, lim1)
+        if bad:
+            _set_info(info, m1, addr, lim1)
+            return FAULT_ADDRESS
+        bad, addr = _first_bad_run(a2 + i * rep2, step2, n2, lim2)
+        if bad:
+            _set_info(info, m2, addr, lim2)
+            return FAULT_ADDRESS
+    return FAULT_NONE
+
+
+@njit(cache=True)
+def _check_mmc(row, regs, ub_rows, acc_rows, info):
+    flags = row[COL_FLAGS]
+    reps = _iterations(row)
+    wide = (flags & MMC_WIDE_IN) != 0
+    per = 2 if wide else 1
+    if flags & MMC_CONV:
+        height, width = row[COL_HEIGHT], row[COL_WIDTH]
+        pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
+        kw, stride = regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
+        if height <= 0 or width <= 0:
+            return FAULT_NONE
+        for i in range(reps):
+            bad, addr = _first_bad_conv(row[COL_UB], height, width, pitch, stride,
+                                        i // kw, i % kw, wide, ub_rows)
+            if bad:
+                _set_info(info, MEM_UB, addr, ub_rows)
+                return FAULT_ADDRESS
+            bad, addr = _first_bad_run(row[COL_ACC], 1, height * width, acc_rows)
+            if bad:
+                _set_info(info, MEM_ACC, addr, acc_rows)
+                return FAULT_ADDRESS
+        return FAULT_NONE
+    length = row[COL_LEN]
+    return _check_two_runs(reps, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], 1, per * length,
+                           ub_rows, MEM_ACC, row[COL_ACC], regs[REG_REP_ACC_STRIDE], 1, length,
+                           acc_rows, info)
+
+
+# ----------------------------------------------------------------------------- check
+
+
+@njit(cache=True)
+def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info):
+    op = row[COL_OP]
+    if op == OP_CFG:
+        reg, value = row[COL_REG], row[COL_VALUE]
+        if reg < 0 or reg >= NREGS or value < REG_MIN[reg] or value > REG_MAX[reg]:
+            _set_info(info, reg, value, 0)
+            return FAULT_CONFIG
+        return FAULT_NONE
+    if op == OP_RW:
+        bad, addr = _first_bad_run(row[COL_TILE], 1, _iterations(row), n_tiles)
+        if bad:
+            _set_info(info, MEM_TILE, addr, n_tiles)
+            return FAULT_ADDRESS
+        return FAULT_NONE
+    if op != OP_RHM and op != OP_RHMA and op != OP_WHM and op != OP_WHMA and op != OP_MMC \
+            and op != OP_ACT:
+        return FAULT_NONE
+    fault = _check_registers(regs, info)
+    if fault != FAULT_NONE:
+        return fault
+    reps = _iterations(row)
+    length = row[COL_LEN]
+    ub_step, host_step = 1, 1
+    if op == OP_RHMA or op == OP_WHMA:
+        ub_step, host_step = regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+    if op == OP_RHM or op == OP_RHMA:
+        return _check_two_runs(reps, MEM_HOST, row[COL_HOST], regs[REG_REP_HOST_STRIDE],
+                               host_step, length, host_rows, MEM_UB, row[COL_UB],
+                               regs[REG_REP_UB_STRIDE], ub_step, length, ub_rows, info)
+    if op == OP_WHM or op == OP_WHMA:
+        return _check_two_runs(reps, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], ub_step,
+                               length, ub_rows, MEM_HOST, row[COL_HOST],
+                               regs[REG_REP_HOST_STRIDE], host_step, length, host_rows, info)
+    if op == OP_MMC:
+        return _check_mmc(row, regs, ub_rows, acc_rows, info)
+    # Activate
+    ok, out_rows = _act_shape(row, regs)
+    if not ok:
+        _set_info(info, length, regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH])
+        return FAULT_SHAPE
+    return _check_two_runs(reps, MEM_ACC, row[COL_ACC], regs[REG_REP_ACC_STRIDE], 1, length,
+                           acc_rows, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], 1,
+                           _act_ub_rows(row, regs), ub_rows, info)
+
+
+# ----------------------------------------------------------------------------- footprint
+
+
+@njit(cache=True)
+def _bounds(base, rep_step, reps, step, n):
+    """Bounding [start, stop) of base + i*rep_step + k*step, i < reps, k < n."""
+    lo = base + min(0, (reps - 1) * rep_step) + min(0, (n - 1) * step)
+    hi = base + max(0, (reps - 1) * rep_step) + max(0, (n - 1) * step)
+    return lo, hi + 1
+
+
+@njit(cache=True)
+def _put(out, k, mem, is_write, start, stop):
+    out[k, 0] = mem
+    out[k, 1] = is_write
+    out[k, 2] = start
+    out[k, 3] = stop
+    return k + 1
+
+
+@njit(cache=True)
+def footprint(row, regs, out):
+    op = row[COL_OP]
+    reps = _iterations(row)
+    length = row[COL_LEN]
+    if op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:
+        ub_step, host_step = 1, 1
+        if op == OP_RHMA or op == OP_WHMA:
+            ub_step, host_step = regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+        if length <= 0:
+            return 0
+        h0, h1 = _bounds(row[COL_HOST], regs[REG_REP_HOST_STRIDE], reps, host_step, length)
+        u0, u1 = _bounds(row[COL_UB], regs[REG_REP_UB_STRIDE], reps, ub_step, length)
+        reading_host = op == OP_RHM or op == OP_RHMA
+        k = _put(out, 0, MEM_HOST, 0 if reading_host else 1, h0, h1)
+        return _put(out, k, MEM_UB, 1 if reading_host else 0, u0, u1)
+    if op == OP_MMC:
+        flags = row[COL_FLAGS]
+        per = 2 if flags & MMC_WIDE_IN else 1
+        if flags & MMC_CONV:
+            height, width = row[COL_HEIGHT], row[COL_WIDTH]
+            if height <= 0 or width <= 0:
+                return 0
+            pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
+            kw, stride = regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
+            dy_max = (reps - 1) // kw
+            dx_max = min(reps - 1, kw - 1)
+            v_max = ((height - 1) * stride + dy_max) * pitch + (width - 1) * stride + dx_max
+            k = _put(out, 0, MEM_UB, 0, row[COL_UB], row[COL_UB] + per * v_max + per)
+            return _put(out, k, MEM_ACC, 1, row[COL_ACC], row[COL_ACC] + height * width)
+        if length <= 0:
+            return 0
+        u0, u1 = _bounds(row[COL_UB], regs[REG_REP_UB_STRIDE], reps, 1, per * length)
+        a0, a1 = _bounds(row[COL_ACC], regs[REG_REP_ACC_STRIDE], reps, 1, length)
+        k = _put(out, 0, MEM_UB, 0, u0, u1)
+        return _put(out, k, MEM_ACC, 1, a0, a1)
+    if op == OP_ACT:
+        if length <= 0:
+            return 0
+        a0, a1 = _bounds(row[COL_ACC], regs[REG_REP_ACC_STRIDE], reps, 1, length)
+        k = _put(out, 0, MEM_ACC, 0, a0, a1)
+        n_ub = _act_ub_rows(row, regs)
+        if n_ub <= 0:
+            return k
+        u0, u1 = _bounds(row[COL_UB], regs[REG_REP_UB_STRIDE], reps, 1, n_ub)
+        return _put(out, k, MEM_UB, 1, u0, u1)
+    return 0
+
+
+# ----------------------------------------------------------------------------- DMA
+
+
+@njit(cache=True)
+def _copy_rows(src, dst, src_base, dst_base, n, src_step, dst_step, src_rep, dst_rep, reps):
+    """dst[dst_base + i*dst_rep + k*dst_step] = src[src_base + i*src_rep + k*src_step],
+    in order (i outer, k inner), so a later vector landing on the same row wins."""
+    width = src.shape[1]
+    for i in range(reps):
+        s0 = src_base + i * src_rep
+        d0 = dst_base + i * dst_rep
+        if src_step == 1 and dst_step == 1:
+            dst[d0:d0 + n, :] = src[s0:s0 + n, :]
+            continue
+        for k in range(n):
+            s = s0 + k * src_step
+            d = d0 + k * dst_step
+            for j in range(width):
+                dst[d, j] = src[s, j]
+
+
+@njit(cache=True)
+def _execute_dma(row, regs, ub, host):
+    op = row[COL_OP]
+    reps = _iterations(row)
+    length = row[COL_LEN]
+    ub_step, host_step = 1, 1
+    if op == OP_RHMA or op == OP_WHMA:
+        ub_step, host_step = regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+    if op == OP_RHM or op == OP_RHMA:
+        _copy_rows(host, ub, row[COL_HOST], row[COL_UB], length, host_step, ub_step,
+                   regs[REG_REP_HOST_STRIDE], regs[REG_REP_UB_STRIDE], reps)
+    else:
+        _copy_rows(ub, host, row[COL_UB], row[COL_HOST], length, ub_step, host_step,
+                   regs[REG_REP_UB_STRIDE], regs[REG_REP_HOST_STRIDE], reps)
+
+
+# ----------------------------------------------------------------------------- MatrixMultiply
+
+
+@njit(cache=True)
+def _convert_weights(weights, lo, hi, unsigned_w, wide_w, w):
+    """w[k, n] = the active weight value as float (exact)."""
+    n = w.shape[0]
+    for k in range(n):
+        for j in range(n):
+            v = np.int64(weights[lo, k, j])
+            if wide_w:
+                h = np.int64(weights[hi, k, j])
+                if not unsigned_w:
+                    h = _signed8(h)
+                v = v + 256 * h                 # low byte always unsigned
+            elif not unsigned_w:
+                v = _signed8(v)
+            w[k, j] = v
+
+
+@njit(cache=True)
+def _active_weights(weights, active, flags, w, key):
+    """The converted active tile, converting only when the key changed."""
+    mode = (flags & (MMC_UNSIGNED_W | MMC_WIDE_W))
+    addr = np.int64(weights.ctypes.data)
+    hi = active[1] if flags & MMC_WIDE_W else -1
+    if key[0] != active[0] or key[1] != hi or key[2] != mode or key[3] != addr:
+        _convert_weights(weights, active[0], hi, (flags & MMC_UNSIGNED_W) != 0,
+                         (flags & MMC_WIDE_W) != 0, w)
+        key[0], key[1], key[2], key[3] = active[0], hi, mode, addr
+    return w
+
+
+@njit(cache=True)
+def _load_vector(ub, r, x, dst, unsigned_in, wide_in):
+    """x[dst] = input vector at UB row r (rows r, r+1 with H)."""
+    n = x.shape[1]
+    if wide_in:
+        for j in range(n):
+            h = np.int64(ub[r + 1, j])
+            if not unsigned_in:
+                h = _signed8(h)
+            x[dst, j] = np.int64(ub[r, j]) + 256 * h
+    elif unsigned_in:
+        for j in range(n):
+            x[dst, j] = ub[r, j]
+    else:
+        for j in range(n):
+            x[dst, j] = _signed8(np.int64(ub[r, j]))
+
+
+@njit(cache=True)
+def _store_products(c, m, acc, acc_rows_base, first, overwrite):
+    """Accumulator rows for output vectors first..first+m-1 (+)= c[:m], int32 wrapping."""
+    n = c.shape[1]
+    for r in range(m):
+        dst = acc[acc_rows_base + first + r]
+        cr = c[r]
+        if overwrite:
+            for j in range(n):
+                dst[j] = np.int32(np.int64(cr[j]))
+        else:
+            for j in range(n):
+                dst[j] = np.int32(np.int64(dst[j]) + np.int64(cr[j]))
+
+
+@njit(cache=True)
+def _mmc_iteration(ub, acc, w, x, c, use_blas, flags, ub_base, acc_base, count,
+                   conv_width, pitch, stride, dy, dx, overwrite):
+    """One iteration: `count` output vectors, chunked through the staging buffers.
+    conv_width 0 means a plain MatrixMultiply (vector j at UB row ub_base + j)."""
+    unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
+    wide_in = (flags & MMC_WIDE_IN) != 0
+    per = 2 if wide_in else 1
+    chunk = x.shape[0]
+    for first in range(0, count, chunk):
+        m = min(chunk, count - first)
+        for r in range(m):
+            j = first + r
+            if conv_width == 0:
+                v = j
+            else:
+                y = j // conv_width
+                xx = j - y * conv_width
+                v = (y * stride + dy) * pitch + xx * stride + dx
+            _load_vector(ub, ub_base + per * v, x, r, unsigned_in, wide_in)
+        _gemm.gemm(x, w, c, m, use_blas)
+        _store_products(c, m, acc, acc_base, first, overwrite)
+
+
+@njit(cache=True)
+def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
+    flags = row[COL_FLAGS]
+    reps = _iterations(row)
+    conv = (flags & MMC_CONV) != 0
+    wide = (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0
+    use_blas = scratch.options[0] != 0
+    rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
+    height, width = row[COL_HEIGHT], row[COL_WIDTH]
+    pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
+    kw, stride = regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
+    used = 0
+    for i in range(reps):
+        if flags & MMC_SWITCH:
+            active[0] = tiles[used]
+            used += 1
+            if flags & MMC_WIDE_W:
+                active[1] = tiles[used]
+                used += 1
+            else:
+                active[1] = -1
+        overwrite = (flags & MMC_OVERWRITE) != 0 and (i == 0 or (not conv and rep_acc != 0))
+        if conv:
+            ub_base, acc_base, count, cw = row[COL_UB], row[COL_ACC], height * width, width
+            dy, dx = i // kw, i % kw
+        else:
+            ub_base, acc_base, count, cw = row[COL_UB] + i * rep_ub, row[COL_ACC] + i * rep_acc, \
+                row[COL_LEN], 0
+            dy, dx = 0, 0
+        if wide:
+            w = _active_weights(weights, active, flags, scratch.w64, scratch.key64)
+            _mmc_iteration(ub, acc, w, scratch.x64, scratch.c64, use_blas, flags, ub_base,
+                           acc_base, count, cw, pitch, stride, dy, dx, overwrite)
+        else:
+            w = _active_weights(weights, active, flags, scratch.w32, scratch.key32)
+            _mmc_iteration(ub, acc, w, scratch.x32, scratch.c32, use_blas, flags, ub_base,
+                           acc_base, count, cw, pitch, stride, dy, dx, overwrite)
+
+
+# ----------------------------------------------------------------------------- Activate
+
+_FN_NONE, _FN_RELU, _FN_SIGMOID, _FN_TANH = 0, 1, 2, 3
+_POOL_NONE, _POOL_MAX, _POOL_AVG = 0, 1, 2
+
+
+@njit(cache=True)
+def _to_q8(x, frac):
+    """spec 5.5: the table index for accumulator value x with `frac` fractional bits."""
+    if frac < 8:
+        t = x << (8 - frac)
+    elif frac == 8:
+        t = x
+    else:
+        t = (x + (np.int64(1) << (frac - 9))) >> (frac - 8)
+    return min(max(t, T_MIN), T_MAX)
+
+
+@njit(cache=True)
+def _function(x, fn, frac):
+    if fn == _FN_RELU:
+        return max(x, 0)
+    if fn == _FN_SIGMOID:
+        return SIGMOID_TABLE[_to_q8(x, frac) - T_MIN]
+    if fn == _FN_TANH:
+        return TANH_TABLE[_to_q8(x, frac) - T_MIN]
+    return x
+
+
+@njit(cache=True)
+def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf):
+    """buf[n] = the pooled function value of output vector o (int64, exact)."""
+    n = buf.shape[0]
+    if pool == _POOL_NONE:
+        src = acc[a0 + o]
+        for j in range(n):
+            buf[j] = _function(np.int64(src[j]), fn, frac)
+        return
+    first = True
+    if pool_width == 0:
+        rows, cols, start, width = 1, k, a0 + o * k, 0
+    else:
+        out_w = pool_width // k
+        oy = o // out_w
+        ox = o - oy * out_w
+        rows, cols, start, width = k, k, a0 + oy * k * pool_width + ox * k, pool_width
+    for dy in range(rows):
+        for dx in range(cols):
+            src = acc[start + dy * width + dx]
+            if first:
+                for j in range(n):
+                    buf[j] = _function(np.int64(src[j]), fn, frac)
+                first = False
+            elif pool == _POOL_MAX:
+                for j in range(n):
+                    buf[j] = max(buf[j], _function(np.int64(src[j]), fn, frac))
+            else:
+                for j in range(n):
+                    buf[j] += _function(np.int64(src[j]), fn, frac)
+    if pool == _POOL_AVG:
+        count = rows * cols
+        half = count // 2
+        for j in range(n):
+            buf[j] = (buf[j] + half) // count        # floor division, as the spec says
+
+
+@njit(cache=True)
+def _requantize_store(buf, ub, u, mult, shift, zero, out_kind):
+    """Requantize buf (int64) and write it as `out_kind` at UB row u (u, u+1 for int16)."""
+    n = buf.shape[0]
+    rounding = (np.int64(1) << (shift - 1)) if shift > 0 else np.int64(0)
+    for j in range(n):
+        y = buf[j] * mult
+        if shift > 0:
+            y = (y + rounding) >> shift
+        y += zero
+        if out_kind == ACT_OUT_INT8:
+            ub[u, j] = min(max(y, -128), 127) & 0xFF
+        elif out_kind == ACT_OUT_UINT8:
+            ub[u, j] = min(max(y, 0), 255)
+        elif out_kind == ACT_OUT_INT16:
+            y = min(max(y, -32768), 32767)
+            ub[u, j] = y & 0xFF
+            ub[u + 1, j] = (y >> 8) & 0xFF
+        else:
+            ub[u, j] = y & 0xFF
+
+
+@njit(cache=True)
+def _execute_act(row, regs, acc, ub, buf):
+    flags = row[COL_FLAGS]
+    reps = _iterations(row)
+    fn = _FN_NONE
+    if flags & ACT_RELU:
+        fn = _FN_RELU
+    elif flags & ACT_SIGMOID:
+        fn = _FN_SIGMOID
+    elif flags & ACT_TANH:
+        fn = _FN_TANH
+    pool = _POOL_NONE
+    if flags & ACT_MAXPOOL:
+        pool = _POOL_MAX
+    elif flags & ACT_AVGPOOL:
+        pool = _POOL_AVG
+    ok, out_rows = _act_shape(row, regs)
+    out_kind = regs[REG_ACT_OUT]
+    per = 2 if out_kind == ACT_OUT_INT16 else 1
+    mult, shift, zero = regs[REG_ACT_MULT], regs[REG_ACT_SHIFT], regs[REG_ACT_ZERO]
+    frac, k, pool_width = regs[REG_FN_IN_FRAC], regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH]
+    for i in range(reps):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf)
+            _requantize_store(buf, ub, u0 + per * o, mult, shift, zero, out_kind)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+@njit(cache=True)
+def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, profile):
+    op = row[COL_OP]
+    if op == OP_MMC:
+        _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
+    elif op == OP_ACT:
+        _execute_act(row, regs, acc, ub, scratch.row_buf)
+    elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:
+        _execute_dma(row, regs, ub, host)
