@@ -1,0 +1,110 @@
+"""Command line of the debugger: load a program and its data, then the screen or a batch script.
+
+Exit codes: 0 ok, 1 a batch command failed or an `expect` did not hold, 2 usage or input
+errors (missing file, assembly error, bad data file).  No user error prints a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+USAGE_ERROR, COMMAND_FAILED = 2, 1
+
+
+class InputError(Exception):
+    """A problem with what the user gave us: reported in one message, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tpuasm debug",
+        description="Step-debug a TPU program: source, pipeline, timeline, memories, counters.  "
+                    "With --batch, run a script of debugger commands without a screen.")
+    p.add_argument("program", type=Path, help="PROG.tasm or PROG.tbin")
+    p.add_argument("--host", type=Path, metavar="HOST.npy", help="host memory image (rows, N) int8/uint8")
+    p.add_argument("--weights", type=Path, metavar="W.npy", help="weight image (tiles, N, N) int8/uint8")
+    p.add_argument("--batch", type=Path, metavar="SCRIPT",
+                   help="run the debugger commands in SCRIPT ('-' for stdin) and exit")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="machine shape or setting: array_size, ub_rows, acc_rows, fifo_depth, "
+                        "profile, hazards, timing, ... (repeatable or comma-separated)")
+    return p
+
+
+def split_config(items: list[str]) -> tuple[dict, dict]:
+    """--config items -> (program shape overrides, other machine settings)."""
+    from tpuasm.binary import MachineShape
+    shape, machine = {}, {}
+    for item in items:
+        for part in filter(None, (s.strip() for s in item.split(","))):
+            key, sep, value = (x.strip() for x in part.partition("="))
+            if not sep or not key:
+                raise InputError(f"--config {part!r}: expected KEY=VALUE")
+            try:
+                parsed = int(value, 0)
+            except ValueError:
+                parsed = value
+            if key in MachineShape.__dataclass_fields__:
+                if key != "profile" and not isinstance(parsed, int):
+                    raise InputError(f"--config {key}: not an integer: {value!r}")
+                shape[key] = parsed
+            else:
+                machine[key] = parsed
+    return shape, machine
+
+
+def load_session(args):
+    """Program + data -> Session, turning every library error into an InputError."""
+    from tpuasm.errors import AssemblyError, TpuasmError
+    from tpuasm.cli import load_program
+    from .session import Session
+
+    shape, overrides = split_config(args.config)
+    if not args.program.exists():
+        raise InputError(f"{args.program}: no such file")
+    for label, path in (("--host", args.host), ("--weights", args.weights)):
+        if path is not None and not path.exists():
+            raise InputError(f"{label} {path}: no such file")
+    try:
+        program = load_program(args.program, shape or None)
+    except AssemblyError as e:
+        raise InputError(e.render(color=sys.stderr.isatty())) from None
+    except TpuasmError as e:
+        raise InputError(str(e)) from None
+    try:
+        return Session(program, host=args.host, weights=args.weights, overrides=overrides,
+                       source_name=str(args.program))
+    except TpuasmError as e:
+        raise InputError(str(e)) from None
+    except TypeError as e:          # an unknown --config key reaches MachineConfig
+        raise InputError(f"--config: {e}") from None
+    except (ValueError, OSError) as e:
+        raise InputError(f"cannot load: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:            # argparse printed the usage message already
+        return 0 if e.code == 0 else USAGE_ERROR
+    script = None
+    if args.batch is not None:
+        try:
+            script = sys.stdin.read() if str(args.batch) == "-" else args.batch.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"error: --batch {args.batch}: cannot read: {e}", file=sys.stderr)
+            return USAGE_ERROR
+    try:
+        session = load_session(args)
+    except InputError as e:
+        print(f"error: {e}" if "\n" not in str(e) else str(e), file=sys.stderr)
+        return USAGE_ERROR
+    if script is not None:
+        from .batch import run_batch
+        return run_batch(session, script, name=str(args.batch))
+    from .app import DebuggerApp
+    app = DebuggerApp(session)
+    app.run()
+    return app.return_code or 0

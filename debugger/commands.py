@@ -1,0 +1,555 @@
+"""The debugger's command language, shared by the screen and by `--batch`.
+
+A small gdb: `break prog.tasm:12 if acc[3][7] < 0`, `watch ub[0:16]`, `step 10`,
+`next`, `continue`, `reverse-step`, `x/16d ub[0]`, `print acc[4][0:8]`,
+`info pipeline`, `expect cycle == 42`.  Every command returns a `Result`: lines of
+text (rich markup allowed), whether it succeeded, and why the machine stopped if it ran.
+Faces decide how to show it; nothing here knows about screens.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.markup import escape
+
+from .expr import ExprError, Location
+from .session import Session, Stop
+
+
+class CommandError(Exception):
+    """A command that cannot be done; the message says why."""
+
+
+@dataclass
+class Result:
+    lines: list[str] = field(default_factory=list)
+    ok: bool = True
+    stop: Stop | None = None
+    goto: Location | None = None        # the UI scrolls a memory view here
+    ui: tuple | None = None             # a request only a screen can honour (radix, ...)
+
+    def text(self) -> str:
+        from rich.text import Text
+        return "\n".join(Text.from_markup(line).plain for line in self.lines)
+
+
+@dataclass(frozen=True)
+class Command:
+    names: tuple[str, ...]
+    usage: str
+    summary: str
+    method: str
+    runs: bool = False                  # moves the machine (the UI runs it in a worker)
+
+
+COMMANDS = [
+    Command(("step", "s"), "step [N]", "advance N cycles (default 1)", "do_step", True),
+    Command(("stepi", "next", "n", "si"), "next [N]", "advance until N more instructions finish "
+            "their stage", "do_next", True),
+    Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
+            "event, halt or fault", "do_continue", True),
+    Command(("run",), "run N", "run N cycles (stops early at breakpoints)", "do_run", True),
+    Command(("until", "u", "advance"), "until LOCATION", "run to a line, label or *index "
+            "(run to cursor)", "do_until", True),
+    Command(("reverse-step", "rs"), "reverse-step [N]", "go back N cycles", "do_reverse_step", True),
+    Command(("reverse-next", "reverse-stepi", "rn"), "reverse-next [N]", "go back N instructions",
+            "do_reverse_next", True),
+    Command(("reverse-continue", "rc"), "reverse-continue", "go back to the previous breakpoint or "
+            "watchpoint hit", "do_reverse_continue", True),
+    Command(("restart",), "restart", "reload the program and data, cycle 0", "do_restart", True),
+    Command(("break", "b"), "break LOCATION [if COND]", "stop before the instruction(s) of a line "
+            "(`12`, `prog.tasm:12`), a label, or `*INDEX` issue", "do_break"),
+    Command(("tbreak",), "tbreak LOCATION [if COND]", "a breakpoint that deletes itself when hit",
+            "do_tbreak"),
+    Command(("condition",), "condition N [COND]", "set or clear breakpoint N's condition",
+            "do_condition"),
+    Command(("ignore",), "ignore N COUNT", "let breakpoint N pass COUNT times", "do_ignore"),
+    Command(("watch",), "watch RANGE", "stop when a write changes rows: `ub[0:16]`, `acc[4]`, "
+            "`input`", "do_watch"),
+    Command(("catch",), "catch fault|interrupt|tag", "stop on Interrupt_Host / Debug_Tag "
+            "(faults always stop)", "do_catch"),
+    Command(("uncatch",), "uncatch interrupt|tag", "stop catching an event", "do_uncatch"),
+    Command(("delete", "d"), "delete [N...]", "delete breakpoints/watchpoints (all without N)",
+            "do_delete"),
+    Command(("disable",), "disable N...", "disable breakpoints/watchpoints", "do_disable"),
+    Command(("enable",), "enable N...", "enable breakpoints/watchpoints", "do_enable"),
+    Command(("print", "p"), "print EXPR", "evaluate: `acc[4][0:8]`, `cycle`, `act_shift`",
+            "do_print"),
+    Command(("x",), "x/NFU ADDR", "examine memory: N count, F x|d|u, U b (byte) or w (int32): "
+            "`x/16d ub[0]`, `x/8x acc.sums`", "do_x"),
+    Command(("expect",), "expect EXPR", "fail (batch exit 1) unless EXPR holds", "do_expect"),
+    Command(("info", "i"), "info pipeline|counters|breakpoints|registers|weights|events|symbols",
+            "show machine state", "do_info"),
+    Command(("list", "l"), "list [LINE]", "source lines around the next instruction", "do_list"),
+    Command(("goto", "g"), "goto ADDR", "show an address or symbol in the memory view", "do_goto"),
+    Command(("radix",), "radix hex|signed|unsigned [int8|int32]", "number format of the focused "
+            "memory view", "do_radix"),
+    Command(("echo",), "echo TEXT", "print TEXT", "do_echo"),
+    Command(("help", "h", "?"), "help [COMMAND]", "list commands", "do_help"),
+]
+_BY_NAME = {name: c for c in COMMANDS for name in c.names}
+
+
+def lookup(word: str) -> Command | None:
+    return _BY_NAME.get(word.lower())
+
+
+class Engine:
+    """Parses and executes command lines against one Session."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    def execute(self, line: str) -> Result:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            return Result()
+        word, _, rest = line.partition(" ")
+        fmt = ""
+        if word.startswith("x/"):
+            word, fmt = "x", word[2:]
+        cmd = lookup(word)
+        if cmd is None:
+            return Result([f"[red]unknown command {escape(word)!r}[/] (try `help`)"], ok=False)
+        try:
+            if cmd.method == "do_x":
+                return self.do_x(fmt, rest.strip())
+            return getattr(self, cmd.method)(rest.strip())
+        except (CommandError, ExprError) as e:
+            return Result([f"[red]{escape(str(e))}[/]"], ok=False)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _count(self, arg: str, default: int = 1) -> int:
+        if not arg:
+            return default
+        n = self.session.eval.integer(arg)
+        if n < 1:
+            raise CommandError(f"count must be at least 1, got {n}")
+        return n
+
+    def _stopped(self, stop: Stop) -> Result:
+        style = {"fault": "bold red", "error": "red", "breakpoint": "yellow",
+                 "watchpoint": "yellow", "tag": "cyan", "interrupt": "cyan",
+                 "halted": "green"}.get(stop.kind, "")
+        msg = escape(stop.message)
+        line = f"[{style}]{msg}[/]" if style else msg
+        return Result([line], ok=stop.kind != "error", stop=stop)
+
+    def _numbers(self, arg: str) -> list[int]:
+        try:
+            return [int(x) for x in arg.split()]
+        except ValueError:
+            raise CommandError(f"expected breakpoint numbers, got {arg!r}") from None
+
+    def resolve_location(self, text: str) -> tuple[list[int], str]:
+        """`12`, `prog.tasm:12`, `*7`, `loop` -> (instruction indices, description)."""
+        s = self.session
+        text = text.strip()
+        if not text:
+            nxt = s.next_to_issue()
+            if nxt is None:
+                raise CommandError("no instruction to break at")
+            return [nxt], s.where(nxt)
+        if text.startswith("*"):
+            i = s.eval.integer(text[1:])
+            if not 0 <= i < len(s.program):
+                raise CommandError(f"instruction {i} out of range 0..{len(s.program) - 1}")
+            return [i], f"*{i}"
+        m = re.fullmatch(r"(?:(.+):)?(\d+)", text)
+        if m:
+            file, line = m.group(1), int(m.group(2))
+            indices = s.indices_for_line(file, line)
+            if not indices:
+                name = file or s.main_file() or "the program"
+                raise CommandError(f"no instruction on line {line} of {name}")
+            return indices, f"{file or s.main_file()}:{line}"
+        entry = s.symbols.get(text)
+        if entry is not None and entry[0] == "label":
+            return [entry[1]], text
+        raise CommandError(f"no line, label or *index {text!r}")
+
+    # -- running ----------------------------------------------------------------------------
+    def do_step(self, arg):
+        return self._stopped(self.session.step_cycles(self._count(arg)))
+
+    def do_next(self, arg):
+        return self._stopped(self.session.step_instructions(self._count(arg)))
+
+    def do_continue(self, arg):
+        if arg:
+            raise CommandError("continue takes no argument (use `ignore` to skip hits)")
+        return self._stopped(self.session.run())
+
+    def do_run(self, arg):
+        if not arg:
+            raise CommandError("run N: how many cycles?")
+        return self._stopped(self.session.run(max_cycles=self._count(arg)))
+
+    def do_until(self, arg):
+        indices, where = self.resolve_location(arg)
+        return self._stopped(self.session.run_to(indices, where))
+
+    def do_reverse_step(self, arg):
+        return self._stopped(self.session.reverse_cycles(self._count(arg)))
+
+    def do_reverse_next(self, arg):
+        return self._stopped(self.session.reverse_instructions(self._count(arg)))
+
+    def do_reverse_continue(self, arg):
+        return self._stopped(self.session.reverse_continue())
+
+    def do_restart(self, arg):
+        return self._stopped(self.session.restart())
+
+    # -- breakpoints --------------------------------------------------------------------------
+    def _break(self, arg, temporary):
+        where, _, cond = arg.partition(" if ")
+        if arg.startswith("if "):
+            where, cond = "", arg[3:]
+        indices, desc = self.resolve_location(where)
+        bp = self.session.add_breakpoint(indices, desc, cond.strip() or None, temporary)
+        kind = "temporary breakpoint" if temporary else "breakpoint"
+        extra = f" if {bp.condition}" if bp.condition else ""
+        return Result([f"{kind} {bp.number} at {escape(desc)} "
+                       f"(instruction {', '.join(f'#{i}' for i in bp.indices)}){escape(extra)}"])
+
+    def do_break(self, arg):
+        return self._break(arg, False)
+
+    def do_tbreak(self, arg):
+        return self._break(arg, True)
+
+    def _bp(self, number_text: str):
+        bp = self.session.breakpoints.get(self._numbers(number_text)[0] if number_text else -1)
+        if bp is None:
+            raise CommandError(f"no breakpoint {number_text}")
+        return bp
+
+    def do_condition(self, arg):
+        num, _, cond = arg.partition(" ")
+        bp = self._bp(num)
+        if cond.strip():
+            self.session.eval._parse(cond)
+            bp.condition = cond.strip()
+            return Result([f"breakpoint {bp.number} stops only if {escape(bp.condition)}"])
+        bp.condition = None
+        return Result([f"breakpoint {bp.number} is now unconditional"])
+
+    def do_ignore(self, arg):
+        parts = arg.split()
+        if len(parts) != 2:
+            raise CommandError("usage: ignore N COUNT")
+        bp = self._bp(parts[0])
+        bp.ignore = max(0, self.session.eval.integer(parts[1]))
+        return Result([f"will ignore the next {bp.ignore} crossings of breakpoint {bp.number}"])
+
+    def do_watch(self, arg):
+        if not arg:
+            raise CommandError("watch what? e.g. `watch ub[0:16]`")
+        loc = self.session.eval.location(arg)
+        wp = self.session.add_watchpoint(loc, arg)
+        return Result([f"watchpoint {wp.number}: {escape(arg)} = {wp.memory} rows "
+                       f"{wp.start}..{wp.stop - 1}"])
+
+    def do_catch(self, arg):
+        kind = arg.strip().lower()
+        if kind not in ("fault", "interrupt", "tag"):
+            raise CommandError("catch fault, catch interrupt or catch tag")
+        self.session.catch.add(kind)
+        if kind == "fault":
+            return Result(["faults always stop the machine"])
+        return Result([f"will stop before each {'Interrupt_Host' if kind == 'interrupt' else 'Debug_Tag'}"])
+
+    def do_uncatch(self, arg):
+        kind = arg.strip().lower()
+        if kind not in ("interrupt", "tag"):
+            raise CommandError("uncatch interrupt or uncatch tag (faults always stop)")
+        self.session.catch.discard(kind)
+        return Result([f"no longer catching {kind}"])
+
+    def do_delete(self, arg):
+        s = self.session
+        if not arg:
+            n = len(s.breakpoints) + len(s.watchpoints)
+            s.breakpoints.clear()
+            s.watchpoints.clear()
+            return Result([f"deleted {n} breakpoint(s) and watchpoint(s)"])
+        for n in self._numbers(arg):
+            try:
+                s.delete(n)
+            except KeyError:
+                raise CommandError(f"no breakpoint or watchpoint {n}") from None
+        return Result([f"deleted {arg}"])
+
+    def _enable(self, arg, value):
+        s = self.session
+        for n in self._numbers(arg) or list(s.breakpoints) + list(s.watchpoints):
+            item = s.breakpoints.get(n) or s.watchpoints.get(n)
+            if item is None:
+                raise CommandError(f"no breakpoint or watchpoint {n}")
+            item.enabled = value
+        return Result([("enabled " if value else "disabled ") + (arg or "all")])
+
+    def do_disable(self, arg):
+        return self._enable(arg, False)
+
+    def do_enable(self, arg):
+        return self._enable(arg, True)
+
+    # -- inspecting ---------------------------------------------------------------------------
+    def do_print(self, arg):
+        if not arg:
+            raise CommandError("print what?")
+        return Result([escape(f"{arg} = {format_value(self.session.eval.value(arg))}")])
+
+    def do_expect(self, arg):
+        if not arg:
+            raise CommandError("expect what?")
+        if self.session.eval.truth(arg):
+            return Result([f"[green]ok[/] {escape(arg)}"])
+        detail = self._explain(arg)
+        return Result([f"[bold red]expect failed:[/] {escape(arg)}{escape(detail)}"], ok=False)
+
+    def _explain(self, arg: str) -> str:
+        """For `a == b`, the value of each side, like pytest's assertion rewriting."""
+        m = re.fullmatch(r"(.+?)\s*(==|!=|<=|>=|<|>)\s*(.+)", arg)
+        if not m:
+            return ""
+        try:
+            left = format_value(self.session.eval.value(m.group(1)))
+            right = format_value(self.session.eval.value(m.group(3)))
+        except ExprError:
+            return ""
+        return f"  ({m.group(1).strip()} is {left}; {m.group(3).strip()} is {right})"
+
+    def do_x(self, fmt: str, arg: str):
+        m = re.fullmatch(r"(\d*)([xdu]?)([bw]?)", fmt)
+        if not m:
+            raise CommandError(f"x/{fmt}: expected x/NFU with F one of x d u and U one of b w")
+        count = int(m.group(1) or 16)
+        radix = {"x": "hex", "d": "signed", "u": "unsigned", "": "signed"}[m.group(2)]
+        if not arg:
+            raise CommandError("x/NFU ADDR: which address?")
+        loc = self.session.eval.location(arg)
+        array = memory_array(self.session.machine, loc.memory)
+        unit = m.group(3) or ("w" if loc.memory == "acc" else "b")
+        return Result(examine(array, loc, count, radix, unit))
+
+    def do_info(self, arg):
+        what = arg.strip().lower()
+        table = {"pipeline": self.info_pipeline, "p": self.info_pipeline,
+                 "counters": self.info_counters, "c": self.info_counters,
+                 "breakpoints": self.info_breakpoints, "b": self.info_breakpoints,
+                 "watchpoints": self.info_breakpoints,
+                 "registers": self.info_registers, "r": self.info_registers,
+                 "weights": self.info_weights, "w": self.info_weights,
+                 "events": self.info_events, "e": self.info_events,
+                 "symbols": self.info_symbols, "s": self.info_symbols}
+        if what not in table:
+            raise CommandError("info pipeline|counters|breakpoints|registers|weights|events|symbols")
+        return Result([escape(line) for line in table[what]()])
+
+    def info_pipeline(self) -> list[str]:
+        m = self.session.machine
+        out = [f"cycle {m.cycle}  status {m.status}"]
+        for st in m.pipeline():
+            if st.index is None:
+                body = "idle"
+            else:
+                loc = f" ({st.location})" if st.location else ""
+                body = f"#{st.index} {st.text}{loc}"
+                if st.total:
+                    body += f"  {st.progress}/{st.total} {st.unit}"
+                body += f"  {st.cycles_in_stage} cycles in stage"
+            if st.stall:
+                body += f"  STALL: {st.stall}"
+            out.append(f"{st.name:<9}{body}")
+        return out
+
+    def info_counters(self) -> list[str]:
+        return counter_lines(self.session.machine.counters())
+
+    def info_breakpoints(self) -> list[str]:
+        s = self.session
+        items = sorted([*s.breakpoints.values(), *s.watchpoints.values()], key=lambda b: b.number)
+        out = [b.describe() for b in items] or ["no breakpoints or watchpoints"]
+        caught = sorted(s.catch - {"fault"})
+        if caught:
+            out.append("catching: " + ", ".join(caught))
+        return out
+
+    def info_registers(self) -> list[str]:
+        return [f"{k:<16}{v}" for k, v in self.session.machine.registers().items()]
+
+    def info_weights(self) -> list[str]:
+        return weight_lines(self.session.machine)
+
+    def info_events(self) -> list[str]:
+        events = self.session.machine.events
+        return [event_text(self.session, e) for e in events] or ["no events"]
+
+    def info_symbols(self) -> list[str]:
+        s = self.session
+        out = [f"{sym.kind:<6}{sym.name:<24}{sym.value:>8}" + (f"  ({sym.size} rows)" if sym.size else "")
+               for sym in s.program.symbols]
+        return out or ["no symbols (a stripped binary?)"]
+
+    def do_list(self, arg):
+        s = self.session
+        file = s.main_file()
+        center = None
+        if arg:
+            indices, _ = self.resolve_location(arg)
+            loc = s.program.locations[indices[0]]
+            center = loc.line if loc else None
+            file = loc.file if loc else file
+        else:
+            nxt = s.next_to_issue()
+            loc = s.program.locations[nxt] if nxt is not None else None
+            if loc is not None:
+                file, center = loc.file, loc.line
+        text = s.program.sources.get(file) if file else None
+        if text is None:
+            lines = [instruction_text_at(s, i) for i in range(len(s.program))]
+            center = (s.next_to_issue() or 0) + 1 if center is None else center
+            file = "(disassembly)"
+        else:
+            lines = text.splitlines()
+            center = center or 1
+        lo, hi = max(1, center - 5), min(len(lines), center + 5)
+        return Result([escape(f"{'=>' if n == center else '  '}{n:>5}  {lines[n - 1]}")
+                       for n in range(lo, hi + 1)] or [f"{file}: empty"])
+
+    def do_goto(self, arg):
+        if not arg:
+            raise CommandError("goto ADDR: e.g. `goto input`, `goto acc.sums + 8`, `goto ub[100]`")
+        loc = self.session.eval.location(arg, default_memory="ub")
+        limit = self.session._rows(loc.memory) if loc.memory != "tile" else self.session.machine.weights.shape[0]
+        if not 0 <= loc.row < max(limit, 1):
+            raise CommandError(f"{loc.memory} row {loc.row} outside 0..{limit - 1}")
+        return Result([f"{loc.memory}[{loc.row}]"], goto=loc)
+
+    def do_radix(self, arg):
+        parts = arg.lower().split()
+        radixes, units = ("hex", "signed", "unsigned"), ("int8", "int32")
+        if not parts or parts[0] not in radixes or (len(parts) > 1 and parts[1] not in units):
+            raise CommandError("radix hex|signed|unsigned [int8|int32]")
+        return Result([f"radix {' '.join(parts)}"], ui=("radix", *parts))
+
+    def do_echo(self, arg):
+        return Result([escape(arg)])
+
+    def do_help(self, arg):
+        if arg:
+            cmd = lookup(arg.split()[0])
+            if cmd is None:
+                raise CommandError(f"no command {arg!r}")
+            return Result([escape(f"{cmd.usage}: {cmd.summary}"),
+                           escape(f"  aliases: {', '.join(cmd.names)}")])
+        return Result([escape(f"{c.usage:<34}{c.summary}") for c in COMMANDS])
+
+
+# -- formatting shared with the screen ---------------------------------------------------------
+def format_value(v) -> str:
+    if isinstance(v, np.ndarray):
+        return np.array2string(v, max_line_width=100, threshold=64, edgeitems=8)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def memory_array(machine, memory: str) -> np.ndarray:
+    array = getattr(machine, memory, None)
+    if array is None:
+        raise CommandError(f"no {memory} memory loaded")
+    return array
+
+
+def examine(array: np.ndarray, loc: Location, count: int, radix: str, unit: str) -> list[str]:
+    """gdb's x/: `count` elements from row loc.row, element loc.col, eight or sixteen a line."""
+    rows, width = array.shape
+    if not 0 <= loc.row < rows:
+        raise CommandError(f"{loc.memory} row {loc.row} outside 0..{rows - 1}")
+    if unit == "w" and array.dtype == np.uint8:
+        if width % 4:
+            raise CommandError("int32 view needs a row width divisible by 4")
+        array = np.ascontiguousarray(array).view("<i4")
+        width //= 4
+    elif unit == "b" and array.dtype != np.uint8:
+        array = array.astype(np.int64)      # accumulators shown per int32 element anyway
+    flat_start = loc.row * width + loc.col
+    end = min(flat_start + count, rows * width)
+    per_line = 16 if array.dtype == np.uint8 else 8
+    out = []
+    pos = flat_start
+    while pos < end:
+        r, c = divmod(pos, width)
+        n = min(per_line, width - c, end - pos)
+        values = array[r, c:c + n]
+        cells = " ".join(format_cell(v, radix, array.dtype) for v in values)
+        out.append(f"{loc.memory}[{r}][{c}]:".ljust(16) + cells)
+        pos += n
+    return out
+
+
+def format_cell(v, radix: str, dtype) -> str:
+    v = int(v)
+    bits = 8 if dtype == np.uint8 else 32
+    if radix == "hex":
+        return f"{v & ((1 << bits) - 1):0{bits // 4}x}"
+    if radix == "unsigned":
+        return str(v & ((1 << bits) - 1))
+    if v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return str(v)
+
+
+def counter_lines(c: dict) -> list[str]:
+    cycles = max(int(c.get("cycles", 0)), 1)
+    out = [f"cycles                {c.get('cycles', 0)}",
+           f"instructions retired  {c.get('instructions', 0)}",
+           f"MXU utilisation       {100 * float(c.get('mxu_utilization', 0)):.1f} %",
+           f"useful MACs           {c.get('useful_macs', 0)}",
+           f"TOPS                  {float(c.get('tops', 0)):.2f}",
+           "cycle breakdown (Table 3):"]
+    for key, label in (("array_active_cycles", "array active"), ("weight_stall_cycles", "weight stall"),
+                       ("weight_shift_cycles", "weight shift"), ("non_matrix_cycles", "non-matrix")):
+        v = int(c.get(key, 0))
+        out.append(f"  {label:<20}{v:>10}  {100 * v / cycles:5.1f} %")
+    out.append(f"  {'RAW stalls':<20}{int(c.get('raw_stall_cycles', 0)):>10}")
+    out.append(f"  {'input stalls':<20}{int(c.get('input_stall_cycles', 0)):>10}")
+    return out
+
+
+def weight_lines(m) -> list[str]:
+    out = []
+    fifo = m.fifo()
+    out.append(f"FIFO ({len(fifo)}/{m.config.fifo_depth}):" + ("" if fifo else " empty"))
+    for e in fifo:
+        pct = 100 * e.done / e.total if e.total else 100
+        out.append(f"  tile {e.tile:<5} {e.state:<9} {e.done}/{e.total} bytes ({pct:.0f} %)")
+    sh = m.shadow()
+    out.append("shadow: " + ("empty" if sh is None else
+                             f"tile {sh.tile} {sh.state} {sh.done}/{sh.total} cycles"))
+    act = m.active()
+    out.append("active: " + ("none" if act is None else
+                             f"tile(s) {', '.join(str(t) for t in act.tiles)}"
+                             + (" (16-bit)" if act.wide else "")))
+    return out
+
+
+def event_text(session: Session, e) -> str:
+    name = {"interrupt": "Interrupt_Host", "tag": "Debug_Tag", "fault": "fault"}.get(e.kind, e.kind)
+    return f"cycle {e.cycle}: {name} {e.value} from {session.where(e.index)}"
+
+
+def instruction_text_at(session: Session, i: int) -> str:
+    from .session import instruction_text
+    return instruction_text(session.program.instructions[i])
+
+
+def split_script(text: str) -> list[tuple[int, str]]:
+    """(line number, command) for every non-blank, non-comment line of a batch script."""
+    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.strip().startswith("#")]
+

@@ -1,0 +1,421 @@
+"""One debugging session: a program on a machine, its breakpoints and watchpoints.
+
+Everything that changes the machine goes through here, for the UI and for batch mode
+alike.  The machine is driven only through the public API of `tpuasm.machine`
+(spec/machine-api.md); reverse execution is the library's `History`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .expr import Evaluator, ExprError, Location, symbol_table
+
+CHUNK_CYCLES = 20_000        # a long run is cut into chunks so it can be interrupted
+HISTORY_INTERVAL = 2_000     # cycles between the library's snapshots
+TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
+
+
+@dataclass
+class Breakpoint:
+    number: int
+    indices: tuple[int, ...]       # instructions the line (or label, or *index) covers
+    where: str
+    condition: str | None = None
+    ignore: int = 0
+    temporary: bool = False
+    enabled: bool = True
+    hits: int = 0
+
+    def describe(self) -> str:
+        parts = [f"{self.number:<3} {'tbreak' if self.temporary else 'break':<6} "
+                 f"{'y' if self.enabled else 'n'}  {self.where}"
+                 f"  (instr {', '.join(f'#{i}' for i in self.indices)})"]
+        if self.condition:
+            parts.append(f"if {self.condition}")
+        if self.ignore:
+            parts.append(f"ignore next {self.ignore}")
+        if self.hits:
+            parts.append(f"hit {self.hits}x")
+        return "  ".join(parts)
+
+
+@dataclass
+class Watchpoint:
+    number: int
+    memory: str
+    start: int
+    stop: int
+    text: str
+    old: np.ndarray | None = None
+    enabled: bool = True
+    hits: int = 0
+
+    def describe(self) -> str:
+        return (f"{self.number:<3} watch  {'y' if self.enabled else 'n'}  {self.text} "
+                f"= {self.memory}[{self.start}:{self.stop}]" + (f"  hit {self.hits}x" if self.hits else ""))
+
+
+@dataclass
+class Stop:
+    """Why the machine stopped, in words for the log and as a kind for code."""
+    kind: str                  # breakpoint watchpoint halted fault paused interrupted tag interrupt error
+    message: str
+    index: int | None = None
+    number: int | None = None  # breakpoint or watchpoint number
+
+
+@dataclass(frozen=True)
+class StageSample:
+    """What one stage held at the end of one cycle (recorded for the timeline)."""
+    index: int | None
+    stalled: bool
+
+
+class Session:
+    def __init__(self, program, host=None, weights=None, overrides: dict | None = None,
+                 source_name: str | None = None):
+        from tpuasm.machine import History, Machine
+        self.program = program
+        self.source_name = source_name
+        self.host_arg, self.weights_arg = host, weights
+        self.machine = Machine.for_program(program, **(overrides or {}))
+        self.machine.load(program, host=host, weights=weights)
+        self._history_class = History
+        self.history = History(self.machine, interval=HISTORY_INTERVAL)
+        self.symbols = symbol_table(program)
+        self.eval = Evaluator(self.machine, self.symbols)
+        self.breakpoints: dict[int, Breakpoint] = {}
+        self.watchpoints: dict[int, Watchpoint] = {}
+        self._next_number = 1
+        self.catch: set[str] = {"fault"}
+        self.cancel = threading.Event()
+        # Per-cycle pipeline samples: cycle -> {stage: StageSample}.  Only what this
+        # session has seen cycle by cycle; longer runs fall back to issue/finish cycles.
+        self.samples: dict[int, dict[str, StageSample]] = {}
+        self._sample_order: deque[int] = deque()
+        self.events_seen = len(self.machine.events)
+        self.last_stop: Stop | None = None
+        self._line_index = self._index_lines()
+        self._record()
+
+    # -- program geometry -----------------------------------------------------------------
+    def _index_lines(self) -> dict[tuple[str, int], list[int]]:
+        out: dict[tuple[str, int], list[int]] = {}
+        for i, loc in enumerate(self.program.locations):
+            if loc is not None:
+                out.setdefault((loc.file, loc.line), []).append(i)
+        return out
+
+    def main_file(self) -> str | None:
+        for loc in self.program.locations:
+            if loc is not None:
+                return loc.file
+        return next(iter(self.program.sources), None)
+
+    def where(self, index: int | None) -> str:
+        """`#7 MMC.S 0, 0, 96 (prog.tasm:12)` for instruction `index`."""
+        if index is None or not 0 <= index < len(self.program):
+            return "-"
+        loc = self.program.locations[index]
+        text = instruction_text(self.program.instructions[index])
+        return f"#{index} `{text}`" + (f" ({loc.file}:{loc.line})" if loc else "")
+
+    def indices_for_line(self, file: str | None, line: int) -> list[int]:
+        if file is None:
+            file = self.main_file()
+        hits = self._line_index.get((file, line))
+        if hits is None:
+            # a basename is enough: `break prog.tasm:12` for `programs/x/prog.tasm`
+            for (f, ln), idx in self._line_index.items():
+                if ln == line and (f.endswith("/" + file) or file.endswith("/" + f)):
+                    return idx
+        return hits or []
+
+    def next_to_issue(self) -> int | None:
+        for st in self.machine.pipeline():
+            if st.name == "front":
+                return st.index
+        return None
+
+    # -- breakpoints and watchpoints -----------------------------------------------------------
+    def _number(self) -> int:
+        n = self._next_number
+        self._next_number += 1
+        return n
+
+    def add_breakpoint(self, indices, where, condition=None, temporary=False) -> Breakpoint:
+        if condition:
+            self.eval._parse(condition)          # a malformed condition fails now, not mid-run
+        bp = Breakpoint(self._number(), tuple(indices), where, condition, temporary=temporary)
+        self.breakpoints[bp.number] = bp
+        return bp
+
+    def add_watchpoint(self, loc: Location, text: str) -> Watchpoint:
+        limit = self._rows(loc.memory)
+        if loc.memory not in ("ub", "acc", "host"):
+            raise ExprError("watchpoints cover ub, acc or host rows")
+        if not (0 <= loc.row and loc.row + loc.rows <= limit):
+            raise ExprError(f"{loc.memory} rows {loc.row}..{loc.row + loc.rows - 1} "
+                            f"outside 0..{limit - 1}")
+        wp = Watchpoint(self._number(), loc.memory, loc.row, loc.row + loc.rows, text)
+        wp.old = self._rows_of(wp).copy()
+        self.watchpoints[wp.number] = wp
+        return wp
+
+    def delete(self, number: int) -> None:
+        if self.breakpoints.pop(number, None) is None and self.watchpoints.pop(number, None) is None:
+            raise KeyError(number)
+
+    def _rows(self, memory: str) -> int:
+        array = getattr(self.machine, memory, None)
+        return 0 if array is None else array.shape[0]
+
+    def _rows_of(self, wp: Watchpoint) -> np.ndarray:
+        return getattr(self.machine, wp.memory)[wp.start:wp.stop]
+
+    def _armed_indices(self) -> list[int]:
+        out = set()
+        for bp in self.breakpoints.values():
+            if bp.enabled:
+                out.update(bp.indices)
+        for kind, key in (("tag", "TAG"), ("interrupt", "INT")):
+            if kind in self.catch:
+                out.update(i for i, ins in enumerate(self.program.instructions) if ins.key == key)
+        return sorted(out)
+
+    def _armed_watches(self):
+        from tpuasm.machine import Watch
+        return [Watch(w.memory, w.start, w.stop) for w in self.watchpoints.values() if w.enabled]
+
+    # -- running -------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.machine.status in ("halted", "fault")
+
+    def _finished_stop(self) -> Stop:
+        m = self.machine
+        if m.status == "fault":
+            return Stop("fault", str(m.fault), getattr(m.fault, "index", None))
+        return Stop("halted", f"halted at cycle {m.cycle}")
+
+    def step_cycles(self, n: int = 1) -> Stop:
+        """Advance n cycles, recording each for the timeline; stops early at breakpoints."""
+        if self.finished:
+            return self._finished_stop()
+        if n <= 64:
+            # short steps go one cycle at a time so the timeline sees every cycle
+            for _ in range(n):
+                stop = self._bounded(1)
+                self._record()
+                if stop is not None:
+                    return self._finish(stop)
+            return self._finish(Stop("paused", f"cycle {self.machine.cycle}"))
+        return self.run(max_cycles=n)
+
+    def step_instructions(self, n: int = 1) -> Stop:
+        m = self.machine
+        for _ in range(n):
+            if self.finished:
+                return self._finish(self._finished_stop())
+            r = m.step_instruction()
+            self._record()
+            if r.status in ("halted", "fault"):
+                return self._finish(self._finished_stop())
+        return self._finish(Stop("paused", f"cycle {m.cycle}: {self.where(self.next_to_issue())} next"))
+
+    def run(self, max_cycles: int | None = None, progress=None) -> Stop:
+        """Continue until a breakpoint, watchpoint, caught event, halt, fault, `max_cycles`
+        more cycles, or `cancel` is set (from another thread).  `progress(cycle)` is called
+        between chunks."""
+        self.cancel.clear()
+        if self.finished:
+            return self._finish(self._finished_stop())
+        start = self.machine.cycle
+        started = time.perf_counter()
+        while True:
+            budget = CHUNK_CYCLES
+            if max_cycles is not None:
+                left = start + max_cycles - self.machine.cycle
+                if left <= 0:
+                    return self._finish(Stop("paused", f"ran {max_cycles} cycles, now cycle "
+                                                       f"{self.machine.cycle}"))
+                budget = min(budget, left)
+            stop = self._bounded(budget)
+            if stop is not None:
+                self._record()
+                return self._finish(stop)
+            if self.cancel.is_set():
+                self._record()
+                return self._finish(Stop("interrupted", f"interrupted at cycle {self.machine.cycle}"))
+            if progress is not None:
+                progress(self.machine.cycle, time.perf_counter() - started)
+
+    def run_to(self, indices: list[int], where: str) -> Stop:
+        """Run to cursor: a temporary breakpoint on `indices`."""
+        bp = self.add_breakpoint(indices, where, temporary=True)
+        try:
+            return self.run()
+        finally:
+            self.breakpoints.pop(bp.number, None)
+
+    def _bounded(self, budget: int) -> Stop | None:
+        """Run at most `budget` cycles honouring breakpoints and watchpoints; the Stop if the
+        run must stop (a hit that holds, halt, fault), else None."""
+        m = self.machine
+        while True:
+            before = m.cycle
+            r = self._machine_run(budget)
+            budget -= m.cycle - before
+            if r.status in ("halted", "fault"):
+                return self._finished_stop()
+            if r.status == "breakpoint":
+                stop = self._breakpoint_hit(r.index)
+            elif r.status == "watchpoint":
+                stop = self._watch_hit(r.index)
+            else:
+                return None
+            if stop is not None:
+                return stop
+            if budget <= 0:
+                return None
+
+    def _machine_run(self, budget: int):
+        """At most `budget` cycles of m.run with the armed breakpoints and watchpoints."""
+        return self.machine.run(max_cycles=budget, breakpoints=self._armed_indices(),
+                                watch=self._armed_watches(), pause=True)
+
+    def _breakpoint_hit(self, index: int) -> Stop | None:
+        ins = self.program.instructions[index]
+        for kind, key, name in (("tag", "TAG", "Debug_Tag"), ("interrupt", "INT", "Interrupt_Host")):
+            if kind in self.catch and ins.key == key:
+                value = next(iter(ins.operands.values()), 0)
+                return Stop(kind, f"caught {name} {value}: {self.where(index)} about to issue "
+                                  f"at cycle {self.machine.cycle}", index)
+        for bp in sorted(self.breakpoints.values(), key=lambda b: b.number):
+            if not bp.enabled or index not in bp.indices:
+                continue
+            if bp.condition:
+                try:
+                    holds = self.eval.truth(bp.condition)
+                except ExprError as e:
+                    return Stop("error", f"breakpoint {bp.number}: condition `{bp.condition}`: {e}",
+                                index, bp.number)
+                if not holds:
+                    continue
+            if bp.ignore > 0:
+                bp.ignore -= 1
+                continue
+            bp.hits += 1
+            if bp.temporary:
+                del self.breakpoints[bp.number]
+            label = "temporary breakpoint" if bp.temporary else "breakpoint"
+            return Stop("breakpoint", f"{label} {bp.number} at {self.where(index)}, cycle "
+                                      f"{self.machine.cycle}", index, bp.number)
+        return None
+
+    def _watch_hit(self, index: int) -> Stop | None:
+        for wp in self.watchpoints.values():
+            if not wp.enabled:
+                continue
+            new = self._rows_of(wp)
+            if wp.old is not None and np.array_equal(new, wp.old):
+                continue                    # written, but with the same values: not a change
+            diff = np.argwhere(new != wp.old) if wp.old is not None else np.zeros((0, 2), int)
+            detail = ""
+            if len(diff):
+                r, c = (int(x) for x in diff[0])
+                detail = (f"; {len(diff)} value(s) changed, first {wp.memory}[{wp.start + r}][{c}]: "
+                          f"{_show(wp.memory, wp.old[r, c])} -> {_show(wp.memory, new[r, c])}")
+            wp.old = new.copy()
+            wp.hits += 1
+            return Stop("watchpoint", f"watchpoint {wp.number} {wp.text} written by "
+                                      f"{self.where(index)} at cycle {self.machine.cycle}{detail}",
+                        index, wp.number)
+        return None
+
+    # -- reverse -------------------------------------------------------------------------
+    def reverse_cycles(self, n: int = 1) -> Stop:
+        n = min(n, self.machine.cycle)
+        if n <= 0:
+            return self._finish(Stop("paused", "at cycle 0: nothing to undo"))
+        self.history.back(cycles=n)
+        return self._finish(Stop("paused", f"back to cycle {self.machine.cycle}"), reverse=True)
+
+    def reverse_instructions(self, n: int = 1) -> Stop:
+        for _ in range(n):
+            if self.machine.cycle == 0:
+                break
+            self.history.back_instruction()
+        return self._finish(Stop("paused", f"back to cycle {self.machine.cycle}: "
+                                           f"{self.where(self.next_to_issue())} next"), reverse=True)
+
+    def reverse_continue(self) -> Stop:
+        r = self.history.reverse_continue(self._armed_indices(), self._armed_watches())
+        if r.status == "breakpoint":
+            msg = f"reverse: breakpoint at {self.where(r.index)}, cycle {self.machine.cycle}"
+        elif r.status == "watchpoint":
+            msg = f"reverse: watched rows written by {self.where(r.index)}, cycle {self.machine.cycle}"
+        else:
+            msg = f"reverse: reached cycle {self.machine.cycle}"
+        return self._finish(Stop(r.status if r.status in ("breakpoint", "watchpoint") else "paused",
+                                 msg, r.index), reverse=True)
+
+    def restart(self) -> Stop:
+        self.machine.load(self.program, host=self.host_arg, weights=self.weights_arg)
+        self.history = self._history_class(self.machine, interval=HISTORY_INTERVAL)
+        self.samples.clear()
+        self._sample_order.clear()
+        self._record()
+        return self._finish(Stop("paused", "restarted at cycle 0"), reverse=True)
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def _finish(self, stop: Stop, reverse: bool = False) -> Stop:
+        if reverse:
+            # forget recorded cycles that are now in the future
+            for c in [c for c in self.samples if c > self.machine.cycle]:
+                del self.samples[c]
+            self._sample_order = deque(c for c in self._sample_order if c in self.samples)
+            self._record()
+        for wp in self.watchpoints.values():
+            wp.old = self._rows_of(wp).copy()
+        self.last_stop = stop
+        return stop
+
+    def new_events(self) -> list:
+        """Events since the last call (interrupts, tags, faults) for the log."""
+        events = self.machine.events
+        if len(events) < self.events_seen:       # went back in time
+            self.events_seen = len(events)
+            return []
+        out = list(events[self.events_seen:])
+        self.events_seen = len(events)
+        return out
+
+    def _record(self) -> None:
+        c = self.machine.cycle
+        sample = {st.name: StageSample(st.index, st.stall is not None) for st in self.machine.pipeline()}
+        if c not in self.samples:
+            self._sample_order.append(c)
+        self.samples[c] = sample
+        while len(self._sample_order) > TIMELINE_DEPTH:
+            self.samples.pop(self._sample_order.popleft(), None)
+
+
+def instruction_text(ins) -> str:
+    try:
+        from tpuasm.disassembler import format_instruction
+        return format_instruction(ins)
+    except ImportError:            # pragma: no cover - the disassembler ships with tpuasm
+        return ins.key
+
+
+def _show(memory: str, v) -> str:
+    v = int(v)
+    if memory in ("ub", "host") and v > 127:
+        v -= 256
+    return str(v)
