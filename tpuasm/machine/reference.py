@@ -1,0 +1,501 @@
+"""The reference model: what every instruction does, written from spec/isa.md alone.
+
+This is the oracle the emulator is tested against, so it is deliberately plain: pure
+Python and numpy, one instruction at a time, one iteration at a time, no timing and no
+cleverness.  Each function below cites the section of spec/isa.md it implements.
+
+    result = run_reference(program, host, weights)
+    result.ub, result.acc, result.host        # final memories (uint8, int32, uint8)
+    result.registers                          # {name: value}
+    result.fault_kind, result.fault_index     # None, None when the program halted
+    result.events                             # [("interrupt", index, code), ("tag", index, tag)]
+
+Faults (section 7): a faulting instruction has no effect and everything before it has
+completed.  Every check of an instruction (all iterations) runs before any of its effects.
+When one instruction could fault in several ways, the kinds are checked in this order
+(the spec does not say; this is our reading, see check order in `_execute`):
+invalid_instruction, config, shape, address, then the weight faults no_tile, weight_width
+and deadlock.
+
+Weights without timing: the model keeps one queue of the tiles fetched by Read_Weights and
+not yet consumed by a switch (the Weight FIFO and the shadow buffer together), plus the
+active weights.  The deadlock rules of sections 5.3 and 5.4 are rules about that count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..binary import Program
+from ..encoding import Instruction, decode, encode
+from ..errors import EncodingError
+from ..functions import SIGMOID_Q15, T_MIN, TANH_Q15, to_q8
+from ..isa import ISA_TABLE
+
+REGISTERS = ISA_TABLE.registers                 # name -> Register(index, reset, min, max)
+REGISTER_NAME = {r.index: r.name for r in REGISTERS.values()}
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+@dataclass
+class ReferenceResult:
+    ub: np.ndarray                      # (ub_rows, N) uint8
+    acc: np.ndarray                     # (acc_rows, N) int32
+    host: np.ndarray                    # (host rows, N) uint8
+    registers: dict[str, int]
+    fault_kind: str | None
+    fault_index: int | None
+    events: list[tuple[str, int, int]]
+    fault_message: str = ""
+    executed: int = 0                   # instructions that completed
+    next_index: int = 0                 # the instruction that would run next
+    fifo: list[int] = field(default_factory=list)   # tiles fetched, not yet switched in
+    active: tuple[int, ...] | None = None           # active tile(s): (t,) or (lo, hi)
+
+
+class Fault(Exception):
+    """Raised by a check; the instruction then has no effect."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def wrap_int32(value: int) -> int:
+    """Two's complement wrap of an exact integer into int32."""
+    return ((int(value) - INT32_MIN) % (1 << 32)) + INT32_MIN
+
+
+def wrap_int32_array(values: np.ndarray) -> np.ndarray:
+    """Elementwise int32 wrap of an int64 array of exact values."""
+    v = np.asarray(values, dtype=np.int64)
+    return (((v - INT32_MIN) % (1 << 32)) + INT32_MIN).astype(np.int32)
+
+
+class ReferenceMachine:
+    """The architectural state of section 1 and one method per instruction."""
+
+    def __init__(self, program: Program, host, weights):
+        shape = program.shape
+        if shape.profile != "tpu":
+            raise NotImplementedError(
+                f"the reference model implements profile 'tpu' only (spec/isa.md does not "
+                f"define the {shape.profile!r} Activate semantics)")
+        self.program = program
+        self.n = n = shape.array_size
+        self.fifo_depth = shape.fifo_depth
+        self.ub = np.zeros((shape.ub_rows, n), dtype=np.uint8)
+        self.acc = np.zeros((shape.acc_rows, n), dtype=np.int32)
+        self.host = _as_bytes(host, (n,), "host", empty=(0, n))
+        self.weights = _as_bytes(weights, (n, n), "weights", empty=(0, n, n))
+        self.regs = {name: r.reset for name, r in REGISTERS.items()}
+        self.pending: list[int] = []             # fetched tiles, oldest first
+        self.active: tuple[int, ...] | None = None
+        self.events: list[tuple[str, int, int]] = []
+
+    # ------------------------------------------------------------------ checks
+    @staticmethod
+    def check_rows(memory: str, rows, limit: int) -> None:
+        """Every row in `rows` must be in 0..limit-1 (section 7: `address`)."""
+        for row in rows:
+            if not 0 <= row < limit:
+                raise Fault("address", f"{memory} address {row} out of range 0..{limit - 1}")
+
+    def check_ub(self, rows):
+        self.check_rows("UB", rows, self.ub.shape[0])
+
+    def check_acc(self, rows):
+        self.check_rows("accumulator", rows, self.acc.shape[0])
+
+    def check_host(self, rows):
+        self.check_rows("host memory", rows, self.host.shape[0])
+
+    def check_tiles(self, tiles):
+        self.check_rows("weight tile", tiles, self.weights.shape[0])
+
+    # ------------------------------------------------------------ instructions
+    def execute(self, index: int, ins: Instruction) -> bool:
+        """Run one instruction; False when it stops the machine (HLT).  Raises Fault."""
+        _validate(ins)
+        handler = getattr(self, "op_" + ins.key)
+        return handler(index, ins) is not False
+
+    def op_NOP(self, index, ins):           # 5.10: the front end idles; no state changes
+        pass
+
+    def op_SYNC(self, index, ins):          # 5.8: a barrier, no effect without timing
+        pass
+
+    def op_WSYNC(self, index, ins):
+        pass
+
+    def op_HLT(self, index, ins):           # 5.10
+        return False
+
+    def op_INT(self, index, ins):           # 5.9
+        self.events.append(("interrupt", index, ins["code"]))
+
+    def op_TAG(self, index, ins):           # 5.9
+        self.events.append(("tag", index, ins["tag"]))
+
+    def op_CFG(self, index, ins):           # 5.7, section 4
+        reg = REGISTER_NAME[ins["reg"]]
+        r = REGISTERS[reg]
+        value = ins["value"]
+        if not r.min <= value <= r.max:
+            raise Fault("config", f"{reg} = {value} out of range {r.min}..{r.max}")
+        self.regs[reg] = value
+
+    # 5.1, 5.2 and section 3: contiguous host transfers --------------------------
+    def _contiguous_rows(self, ins):
+        """[(host rows, ub rows)] per iteration of RHM / WHM."""
+        out = []
+        for i in range(ins.repeat):
+            host = ins["host"] + i * self.regs["rep_host_stride"]
+            ub = ins["ub"] + i * self.regs["rep_ub_stride"]
+            out.append(([host + r for r in range(ins["length"])],
+                        [ub + r for r in range(ins["length"])]))
+        return out
+
+    def op_RHM(self, index, ins):
+        plan = self._contiguous_rows(ins)
+        for host_rows, ub_rows in plan:
+            self.check_host(host_rows)
+            self.check_ub(ub_rows)
+        for host_rows, ub_rows in plan:
+            for h, u in zip(host_rows, ub_rows):
+                self.ub[u] = self.host[h]
+
+    def op_WHM(self, index, ins):
+        plan = self._contiguous_rows(ins)
+        for host_rows, ub_rows in plan:
+            self.check_ub(ub_rows)
+            self.check_host(host_rows)
+        for host_rows, ub_rows in plan:
+            for h, u in zip(host_rows, ub_rows):
+                self.host[h] = self.ub[u]
+
+    # 5.6: strided transfers ------------------------------------------------------
+    def _strided_rows(self, ins):
+        out = []
+        for i in range(ins.repeat):
+            host = ins["host"] + i * self.regs["rep_host_stride"]
+            ub = ins["ub"] + i * self.regs["rep_ub_stride"]
+            out.append(([host + k * self.regs["dma_host_stride"] for k in range(ins["length"])],
+                        [ub + k * self.regs["dma_ub_stride"] for k in range(ins["length"])]))
+        return out
+
+    def op_RHMA(self, index, ins):
+        plan = self._strided_rows(ins)
+        for host_rows, ub_rows in plan:
+            self.check_host(host_rows)
+            self.check_ub(ub_rows)
+        for host_rows, ub_rows in plan:          # in order: the later vector wins
+            for h, u in zip(host_rows, ub_rows):
+                self.ub[u] = self.host[h]
+
+    def op_WHMA(self, index, ins):
+        plan = self._strided_rows(ins)
+        for host_rows, ub_rows in plan:
+            self.check_ub(ub_rows)
+            self.check_host(host_rows)
+        for host_rows, ub_rows in plan:
+            for h, u in zip(host_rows, ub_rows):
+                self.host[h] = self.ub[u]
+
+    # 5.3: Read_Weights -----------------------------------------------------------
+    def op_RW(self, index, ins):
+        tiles = [ins["tile"] + i for i in range(ins.repeat)]
+        self.check_tiles(tiles)
+        limit = self.fifo_depth + 1
+        if len(self.pending) + len(tiles) > limit:
+            raise Fault("deadlock",
+                        f"Read_Weights would leave {len(self.pending) + len(tiles)} tiles "
+                        f"fetched but not switched in (the FIFO and shadow hold {limit})")
+        self.pending.extend(tiles)
+
+    # 5.4: MatrixMultiply / Convolve ----------------------------------------------
+    def _inputs(self, ub: int, count: int, wide: bool, unsigned: bool) -> np.ndarray:
+        """Input vectors 0..count-1 starting at UB row ub, as exact int64 (count, N)."""
+        if wide:
+            lo = self.ub[ub:ub + 2 * count:2].astype(np.int64)
+            hi_bytes = self.ub[ub + 1:ub + 2 * count:2]
+            hi = hi_bytes.astype(np.int64) if unsigned else hi_bytes.view(np.int8).astype(np.int64)
+            return lo + 256 * hi
+        rows = self.ub[ub:ub + count]
+        return rows.astype(np.int64) if unsigned else rows.view(np.int8).astype(np.int64)
+
+    def _input_vector(self, ub: int, v: int, wide: bool, unsigned: bool) -> np.ndarray:
+        """Input vector v (UB row ub + v, or rows ub + 2v and ub + 2v + 1 with H)."""
+        return self._inputs(ub + (2 * v if wide else v), 1, wide, unsigned)[0]
+
+    def _weight_matrix(self, unsigned: bool) -> np.ndarray:
+        """The active weights as exact int64 (N, N): w[k, n]."""
+        if len(self.active) == 2:                # D: lo unsigned, hi signed unless W
+            lo = self.weights[self.active[0]].astype(np.int64)
+            hi_bytes = self.weights[self.active[1]]
+            hi = hi_bytes.astype(np.int64) if unsigned else hi_bytes.view(np.int8).astype(np.int64)
+            return lo + 256 * hi
+        tile = self.weights[self.active[0]]
+        return tile.astype(np.int64) if unsigned else tile.view(np.int8).astype(np.int64)
+
+    def _check_weights(self, ins, switches_per_iteration: int):
+        """no_tile, weight_width and deadlock (section 5.4)."""
+        f = ins.flags
+        wide = bool(f & MMC["D"])
+        if f & MMC["S"]:
+            need = ins.repeat * switches_per_iteration
+            if len(self.pending) < need:
+                raise Fault("deadlock", f"switch with an empty Weight FIFO and no Read_Weights "
+                                        f"in flight (needs {need} tiles, {len(self.pending)} fetched)")
+        else:
+            if self.active is None:
+                raise Fault("no_tile", "no weight tile resident (MatrixMultiply without S)")
+            if (len(self.active) == 2) != wide:
+                raise Fault("weight_width",
+                            f"weight width mismatch: the active weights are "
+                            f"{16 if len(self.active) == 2 else 8}-bit, the instruction "
+                            f"{'has' if wide else 'does not have'} D")
+
+    def _switch(self, wide: bool):
+        """S: the next tile (two with D: low bytes, then high bytes) becomes active."""
+        if wide:
+            self.active = (self.pending.pop(0), self.pending.pop(0))
+        else:
+            self.active = (self.pending.pop(0),)
+
+    def op_MMC(self, index, ins):
+        if ins.flags & MMC["C"]:
+            return self._convolve(index, ins)
+        f = ins.flags
+        wide_in, wide_w = bool(f & MMC["H"]), bool(f & MMC["D"])
+        unsigned_in, unsigned_w = bool(f & MMC["U"]), bool(f & MMC["W"])
+        length = ins["length"]
+        ub_step, acc_step = self.regs["rep_ub_stride"], self.regs["rep_acc_stride"]
+        rows_per_vector = 2 if wide_in else 1
+        # checks, every iteration, before any effect
+        for i in range(ins.repeat):
+            ub = ins["ub"] + i * ub_step
+            acc = ins["acc"] + i * acc_step
+            self.check_ub(range(ub, ub + rows_per_vector * length))
+            self.check_acc(range(acc, acc + length))
+        self._check_weights(ins, 2 if wide_w else 1)
+        # effects
+        for i in range(ins.repeat):
+            if f & MMC["S"]:
+                self._switch(wide_w)
+            ub = ins["ub"] + i * ub_step
+            acc = ins["acc"] + i * acc_step
+            x = self._inputs(ub, length, wide_in, unsigned_in)        # (length, N)
+            w = self._weight_matrix(unsigned_w)                         # (N, N)
+            out = wrap_int32_array(x @ w)                               # out[b, n]
+            overwrite = bool(f & MMC["O"]) and (i == 0 or acc_step != 0)
+            for b in range(length):
+                if overwrite:
+                    self.acc[acc + b] = out[b]
+                else:
+                    total = self.acc[acc + b].astype(np.int64) + out[b].astype(np.int64)
+                    self.acc[acc + b] = wrap_int32_array(total)
+
+    def _convolve(self, index, ins):
+        f = ins.flags
+        wide_in, wide_w = bool(f & MMC["H"]), bool(f & MMC["D"])
+        unsigned_in, unsigned_w = bool(f & MMC["U"]), bool(f & MMC["W"])
+        height, width = ins["height"], ins["width"]
+        s = self.regs["conv_stride"]
+        kw = self.regs["conv_kw"]
+        pitch = self.regs["conv_pitch"] or width
+        ub, acc = ins["ub"], ins["acc"]
+
+        def taps():
+            for i in range(ins.repeat):
+                yield i, i // kw, i % kw
+
+        def pixels():
+            for y in range(height):
+                for x in range(width):
+                    yield y, x
+
+        # checks: every tap's input rows and every output row
+        for _i, dy, dx in taps():
+            for y, x in pixels():
+                v = (y * s + dy) * pitch + (x * s + dx)
+                if wide_in:
+                    self.check_ub([ub + 2 * v, ub + 2 * v + 1])
+                else:
+                    self.check_ub([ub + v])
+        self.check_acc(range(acc, acc + height * width))
+        self._check_weights(ins, 2 if wide_w else 1)
+        # effects: tap by tap
+        for i, dy, dx in taps():
+            if f & MMC["S"]:
+                self._switch(wide_w)
+            w = self._weight_matrix(unsigned_w)
+            overwrite = bool(f & MMC["O"]) and i == 0
+            for y, x in pixels():
+                v = (y * s + dy) * pitch + (x * s + dx)
+                out = wrap_int32_array(self._input_vector(ub, v, wide_in, unsigned_in) @ w)
+                row = acc + y * width + x
+                if overwrite:
+                    self.acc[row] = out
+                else:
+                    self.acc[row] = wrap_int32_array(self.acc[row].astype(np.int64) + out)
+
+    # 5.5: Activate -----------------------------------------------------------------
+    def _function(self, flags: int, x: int) -> int:
+        """Step 1 on one int32 value."""
+        if flags & ACT["R"]:
+            return max(x, 0)
+        if flags & ACT["Q"]:
+            return int(SIGMOID_Q15[to_q8(x, self.regs["fn_in_frac"]) - T_MIN])
+        if flags & ACT["T"]:
+            return int(TANH_Q15[to_q8(x, self.regs["fn_in_frac"]) - T_MIN])
+        return x
+
+    def _pool_groups(self, flags: int, length: int) -> list[list[int]] | None:
+        """Step 2: for each output row, the input row offsets it pools (None: no pooling).
+        Raises a `shape` fault when the shape does not divide."""
+        if not flags & (ACT["M"] | ACT["A"]):
+            return None
+        k, width = self.regs["pool_size"], self.regs["pool_width"]
+        if width == 0:
+            if length % k:
+                raise Fault("shape", f"pooling: length {length} is not a multiple of "
+                                     f"pool_size {k}")
+            return [[g * k + j for j in range(k)] for g in range(length // k)]
+        if length % width:
+            raise Fault("shape", f"pooling: length {length} is not a multiple of "
+                                 f"pool_width {width}")
+        height = length // width
+        if width % k or height % k:
+            raise Fault("shape", f"pooling: a {height} x {width} image does not divide into "
+                                 f"{k} x {k} windows")
+        groups = []
+        for py in range(height // k):
+            for px in range(width // k):
+                groups.append([(py * k + dy) * width + (px * k + dx)
+                               for dy in range(k) for dx in range(k)])
+        return groups
+
+    def _requantize(self, x: int) -> int:
+        """Step 3, exact."""
+        y = x * self.regs["act_mult"]
+        shift = self.regs["act_shift"]
+        if shift > 0:
+            y = (y + (1 << (shift - 1))) >> shift
+        return y + self.regs["act_zero"]
+
+    def _output_rows(self, y: int) -> list[int]:
+        """Step 4: the byte(s) of one output value: one byte, or (low, high) for int16."""
+        out = self.regs["act_out"]
+        if out == 0:
+            return [min(max(y, -128), 127) & 0xFF]
+        if out == 1:
+            return [min(max(y, 0), 255)]
+        if out == 2:
+            v = min(max(y, -32768), 32767) & 0xFFFF
+            return [v & 0xFF, v >> 8]
+        return [y & 0xFF]
+
+    def op_ACT(self, index, ins):
+        f = ins.flags
+        length = ins["length"]
+        groups = self._pool_groups(f, length)
+        out_vectors = length if groups is None else len(groups)
+        rows_per_vector = 2 if self.regs["act_out"] == 2 else 1
+        acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
+        for i in range(ins.repeat):
+            acc = ins["acc"] + i * acc_step
+            ub = ins["ub"] + i * ub_step
+            self.check_acc(range(acc, acc + length))
+            self.check_ub(range(ub, ub + rows_per_vector * out_vectors))
+        for i in range(ins.repeat):
+            acc = ins["acc"] + i * acc_step
+            ub = ins["ub"] + i * ub_step
+            # 1. function, element by element (Python ints: exact)
+            values = [[self._function(f, int(v)) for v in self.acc[acc + r]]
+                      for r in range(length)]
+            # 2. pooling
+            if groups is not None:
+                pooled = []
+                for group in groups:
+                    row = []
+                    for col in range(self.n):
+                        items = [values[r][col] for r in group]
+                        if f & ACT["M"]:
+                            row.append(max(items))
+                        else:
+                            count = len(items)
+                            row.append((sum(items) + count // 2) // count)
+                    pooled.append(row)
+                values = pooled
+            # 3. requantize and 4. output
+            for r, row in enumerate(values):
+                bytes_ = [self._output_rows(self._requantize(v)) for v in row]
+                if rows_per_vector == 1:
+                    self.ub[ub + r] = [b[0] for b in bytes_]
+                else:
+                    self.ub[ub + 2 * r] = [b[0] for b in bytes_]
+                    self.ub[ub + 2 * r + 1] = [b[1] for b in bytes_]
+
+
+MMC = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["MMC"].flags.items()}
+ACT = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["ACT"].flags.items()}
+
+
+def _validate(ins: Instruction) -> None:
+    """A corrupt instruction (one that does not round-trip through the 12-byte encoding, or
+    that breaks an exclusive flag group) faults with `invalid_instruction`."""
+    try:
+        if decode(encode(ins)) != ins:
+            raise EncodingError("does not round-trip through its encoding")
+    except EncodingError as e:
+        raise Fault("invalid_instruction", str(e)) from None
+    for group in ins.spec.exclusive:
+        chosen = [c for c in group if ins.flags & ins.spec.flags[c].bit]
+        if len(chosen) > 1:
+            raise Fault("invalid_instruction", f"flags {''.join(chosen)} are exclusive")
+
+
+def _as_bytes(data, row_shape: tuple[int, ...], name: str, empty: tuple[int, ...]) -> np.ndarray:
+    """A private uint8 copy of a host or weight image (int8 or uint8)."""
+    if data is None:
+        return np.zeros(empty, dtype=np.uint8)
+    data = np.asarray(data)
+    if data.dtype not in (np.int8, np.uint8):
+        raise ValueError(f"{name}: dtype {data.dtype}, expected int8 or uint8")
+    if data.ndim != len(row_shape) + 1 or data.shape[1:] != row_shape:
+        raise ValueError(f"{name}: shape {data.shape}, expected (rows, {', '.join(map(str, row_shape))})")
+    return data.view(np.uint8).copy()
+
+
+def run_reference(program: Program, host=None, weights=None, *,
+                  max_instructions: int | None = None) -> ReferenceResult:
+    """Run `program` to its end, its first HLT or its first fault (spec/isa.md).
+
+    `max_instructions` stops (without a fault) after that many instructions have run.
+    """
+    m = ReferenceMachine(program, host, weights)
+    fault_kind = fault_index = None
+    message = ""
+    executed = 0
+    index = 0
+    while index < len(program.instructions):
+        if max_instructions is not None and executed >= max_instructions:
+            break
+        try:
+            running = m.execute(index, program.instructions[index])
+        except Fault as fault:
+            fault_kind, fault_index, message = fault.kind, index, fault.message
+            break
+        executed += 1
+        if not running:                 # HLT
+            break
+        index += 1
+    return ReferenceResult(ub=m.ub, acc=m.acc, host=m.host, registers=dict(m.regs),
+                           fault_kind=fault_kind, fault_index=fault_index, events=m.events,
+                           fault_message=message, executed=executed, next_index=index,
+                           fifo=list(m.pending), active=m.active)
