@@ -1,0 +1,246 @@
+"""`tpuasm test`: discover manifests, run them in parallel, report.
+
+Exit status: 0 every program passed, 1 some failed, 2 usage or manifest errors.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from .manifest import Manifest, ManifestError, discover, load_manifest
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class KeywordError(ValueError):
+    pass
+
+
+def keyword_matcher(expr: str):
+    """A pytest-style -k expression: words, and, or, not, parentheses.
+
+    A word matches when it is a case-insensitive substring of the program's name,
+    its directory path or one of its tags.
+    """
+    tokens = re.findall(r"\(|\)|[^\s()]+", expr)
+    pos = 0
+
+    def peek():
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take():
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def parse_or():
+        terms = [parse_and()]
+        while peek() == "or":
+            take()
+            terms.append(parse_and())
+        return lambda s: any(t(s) for t in terms)
+
+    def parse_and():
+        terms = [parse_not()]
+        while peek() == "and":
+            take()
+            terms.append(parse_not())
+        return lambda s: all(t(s) for t in terms)
+
+    def parse_not():
+        tok = peek()
+        if tok is None:
+            raise KeywordError(f"-k {expr!r}: unexpected end of expression")
+        if tok == "not":
+            take()
+            inner = parse_not()
+            return lambda s: not inner(s)
+        if tok == "(":
+            take()
+            inner = parse_or()
+            if peek() != ")":
+                raise KeywordError(f"-k {expr!r}: missing ')'")
+            take()
+            return inner
+        if tok in (")", "and", "or"):
+            raise KeywordError(f"-k {expr!r}: unexpected {tok!r}")
+        word = take().lower()
+        return lambda s: word in s
+
+    if not tokens:
+        raise KeywordError("-k: empty expression")
+    matcher = parse_or()
+    if pos != len(tokens):
+        raise KeywordError(f"-k {expr!r}: unexpected {tokens[pos]!r}")
+    return lambda m: matcher(_keywords(m))
+
+
+def _keywords(m: Manifest) -> str:
+    return " ".join([m.name, str(m.directory), *m.tags]).lower()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tpuasm test",
+        description="Run regression programs described by test.toml manifests (spec/regression.md).")
+    p.add_argument("paths", nargs="*", type=Path,
+                   help="manifests or directories to search (default: programs/)")
+    p.add_argument("-k", dest="keyword", metavar="EXPR",
+                   help="only programs matching EXPR (words, and, or, not, parentheses)")
+    p.add_argument("-j", "--jobs", type=_jobs, default=os.cpu_count() or 1, metavar="N",
+                   help="parallel processes (default: all cores)")
+    p.add_argument("--junit-xml", type=Path, metavar="FILE", help="also write a JUnit XML report")
+    p.add_argument("--update-golden", action="store_true",
+                   help="record measured cycles and counters in each manifest's [golden] table")
+    p.add_argument("--keep-data", action="store_true",
+                   help="generate data into each program's data/ directory and keep it")
+    p.add_argument("--list", action="store_true", help="list the selected programs and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:          # argparse exits 2 on usage errors, 0 for --help
+        return int(e.code or 0)
+    from rich.console import Console
+    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+
+    try:
+        manifests = select(args.paths or [Path("programs")], args.keyword)
+    except (ManifestError, KeywordError) as e:
+        err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+        return EXIT_USAGE
+    if not manifests:
+        err.print("error: no test.toml manifests selected")
+        return EXIT_USAGE
+    if args.list:
+        for m in manifests:
+            out.print(f"{m.name}  {m.path}", markup=False)
+        return EXIT_OK
+
+    started = time.perf_counter()
+    results = run_all(manifests, jobs=args.jobs, check_golden=not args.update_golden,
+                      keep_data=args.keep_data, console=err, progress=not args.quiet)
+    seconds = time.perf_counter() - started
+
+    from .report import failure_text, junit_xml, summary_table, totals_line
+    for r in results:
+        if not r.passed:
+            out.print(failure_text(r), markup=False, highlight=False)
+            out.print()
+    out.print(summary_table(results))
+    out.print(totals_line(results, seconds), markup=False)
+    if args.update_golden:
+        _update_golden(manifests, results, out)
+    if args.junit_xml:
+        try:
+            args.junit_xml.write_bytes(junit_xml(results, seconds))
+        except OSError as e:
+            err.print(f"error: {args.junit_xml}: cannot write: {e.strerror}", markup=False)
+            return EXIT_USAGE
+    return EXIT_OK if all(r.passed for r in results) else EXIT_FAILED
+
+
+def select(paths, keyword: str | None) -> list[Manifest]:
+    """Load every manifest under `paths` (all errors at once), then filter by -k."""
+    manifests, errors = [], []
+    for path in discover(paths):
+        try:
+            manifests.append(load_manifest(path))
+        except ManifestError as e:
+            errors.append(str(e))
+    if errors:
+        raise ManifestError("manifests", None, "\n  " + "\n  ".join(errors))
+    names = {}
+    for m in manifests:
+        if m.name in names:
+            raise ManifestError(m.path, "test.name", f"{m.name!r} is also the name of {names[m.name]}")
+        names[m.name] = m.path
+    if keyword:
+        match = keyword_matcher(keyword)
+        manifests = [m for m in manifests if match(m)]
+    return manifests
+
+
+def _work(manifest: Manifest, check_golden: bool, keep_data: bool):
+    from .runner import run_manifest
+    return run_manifest(manifest, check_golden=check_golden,
+                        keep_data=manifest.directory / "data" if keep_data else None)
+
+
+def _expected_cost(m: Manifest) -> int:
+    """Long programs first, so a parallel run does not end waiting on one of them."""
+    return m.golden.cycles if m.golden and m.golden.cycles else 0
+
+
+def run_all(manifests, *, jobs: int, check_golden=True, keep_data=False, console=None,
+            progress=True):
+    """Results in the manifests' order."""
+    order = sorted(range(len(manifests)), key=lambda i: -_expected_cost(manifests[i]))
+    results = [None] * len(manifests)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    show = progress and console is not None and console.is_terminal
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, transient=True, disable=not show)
+    with bar:
+        task = bar.add_task("running", total=len(manifests))
+
+        def done(i, r):
+            results[i] = r
+            bar.update(task, advance=1, description=f"{r.name}: {r.outcome}")
+            if not show and console is not None and progress:
+                console.print(f"{r.outcome.upper():5} {r.name}", markup=False, highlight=False)
+
+        if jobs == 1 or len(manifests) == 1:
+            for i in order:
+                bar.update(task, description=f"running {manifests[i].name}")
+                done(i, _work(manifests[i], check_golden, keep_data))
+        else:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(manifests))) as pool:
+                futures = {pool.submit(_work, manifests[i], check_golden, keep_data): i
+                           for i in order}
+                for f in as_completed(futures):
+                    i = futures[f]
+                    try:
+                        r = f.result()
+                    except Exception as e:      # a worker died (e.g. killed by the OS)
+                        from .runner import Result
+                        r = Result(manifests[i].name, str(manifests[i].path))
+                        r.error(f"worker process failed: {type(e).__name__}: {e}")
+                    done(i, r)
+    return results
+
+
+def _update_golden(manifests, results, console) -> None:
+    from .golden import update_manifest
+    from .runner import golden_values
+    changed = 0
+    for m, r in zip(manifests, results):
+        values = golden_values(r)
+        if values is None or r.outcome == "error":
+            continue
+        if update_manifest(m.path, r.cycles, values):
+            changed += 1
+    console.print(f"--update-golden: rewrote {changed} manifest(s)", markup=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
