@@ -1,1 +1,154 @@
-"""The assembler: .tasm source -> Program (parse, expand, resolve, encode)."""
+"""The assembler: .tasm source -> Program.
+
+Passes (one module each): parse (parser.py, lark LALR) -> expand (expand.py:
+include, macro, rept) -> resolve (symbols.py: .equ, regions, expressions) ->
+check & encode (encoder.py, driven by spec/isa.toml).  Every diagnostic of
+the run is collected and raised together as one AssemblyError.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+from ..binary import MachineShape, PROFILES, Program, Symbol
+from ..diagnostics import Diagnostic
+from ..errors import AssemblyError
+from .encoder import Encoder
+from .expand import ConfigEntry, Expander
+from .listing import listing, symbol_map
+from .reporter import Reporter, did_you_mean
+from .symbols import MEMORIES, Symbols
+
+__all__ = ["assemble", "assemble_file", "listing", "symbol_map"]
+
+CONFIG_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
+
+
+def assemble(source: str | os.PathLike, filename: str = "<input>", *,
+             config: dict | None = None) -> Program:
+    """Assemble source text (a str) or a file (a PathLike); AssemblyError lists every mistake.
+
+    `config` holds `.config` settings from the command line; they win over the source's.
+    """
+    reporter = Reporter()
+    sources: dict[str, str] = {}
+    # The run allocates several objects per instruction and frees none of
+    # them until the end: the cyclic collector only burns time here.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        if isinstance(source, os.PathLike):
+            filename = os.fspath(source)
+            try:
+                text = Path(source).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                why = "not valid UTF-8" if isinstance(e, UnicodeDecodeError) else e.strerror or str(e)
+                raise AssemblyError([Diagnostic(f"cannot read '{filename}': {why}", filename, 0, 0)])
+        else:
+            text = source
+        program = _run(text, filename, config or {}, reporter, sources)
+    except AssemblyError:
+        raise
+    except RecursionError:
+        reporter.diagnostics.append(Diagnostic("input nested too deeply to assemble", filename, 1, 1))
+        program = None
+    except Exception as e:          # never let a bug surface as a traceback to the user
+        reporter.diagnostics.append(Diagnostic(
+            f"internal error in the assembler: {type(e).__name__}: {e} (please report this)",
+            filename, 1, 1))
+        program = None
+    finally:
+        if gc_was_on:
+            gc.enable()
+    if reporter.diagnostics or program is None:
+        raise AssemblyError(reporter.diagnostics, sources)
+    return program
+
+
+def assemble_file(path, *, config: dict | None = None) -> Program:
+    return assemble(Path(path), config=config)
+
+
+def _run(text: str, filename: str, config: dict, reporter: Reporter, sources: dict) -> Program | None:
+    symbols = Symbols(reporter)
+    expander = Expander(reporter, symbols)
+    expander.sources = sources
+    expander.run_text(text, filename)
+    shape = _shape(expander.config, config, symbols, reporter, filename)
+    symbols.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows,
+                      "host": 1 << 32, "tile": 1 << 32}
+    for kind in MEMORIES:
+        _layout(symbols, kind)
+    encoder = Encoder(reporter, symbols, shape)
+    instructions, locations = encoder.encode_all(expander.items, expander.macros)
+    table = _symbol_table(symbols)
+    if reporter.diagnostics:
+        return None
+    return Program(instructions, shape, locations, table, dict(sources))
+
+
+def _layout(symbols: Symbols, kind: str) -> None:
+    from .symbols import EvalError
+    try:
+        symbols.layout(kind)
+    except EvalError as e:
+        if not e.reported:
+            symbols.reporter.error(e.span, e.message, e.notes)
+
+
+def _shape(entries: list[ConfigEntry], overrides: dict, symbols: Symbols, reporter: Reporter,
+           filename: str) -> MachineShape:
+    values: dict = {}
+    where: dict = {}
+    for e in entries:
+        key = e.key.lower()
+        if key not in CONFIG_KEYS:
+            reporter.error(e.span, f"unknown .config key '{e.key}'" + did_you_mean(e.key, CONFIG_KEYS)
+                           + f" (keys: {', '.join(CONFIG_KEYS)})")
+            continue
+        if key == "profile":
+            v = e.value.value if hasattr(e.value, "value") and isinstance(e.value.value, str) else \
+                getattr(e.value, "text", None)
+            if v not in PROFILES:
+                reporter.error(e.value.span, f"unknown profile '{v}' (choose from {', '.join(PROFILES)})")
+                continue
+        else:
+            v = symbols.try_eval(e.value, e.frame)
+            if v is None:
+                continue
+        values[key] = v
+        where[key] = e
+    for key, v in overrides.items():
+        values[key] = v
+        where.pop(key, None)
+    try:
+        return MachineShape(**values)
+    except (ValueError, TypeError) as err:
+        key = next((k for k in values if str(err).startswith(k)), None)
+        e = where.get(key)
+        message = f"bad machine configuration: {err}"
+        if e is not None:
+            reporter.error(e.value.span, message)
+        else:
+            reporter.diagnostics.append(Diagnostic(message + " (from the command line)", filename, 0, 0))
+        for k in list(values):          # keep going with what is valid
+            try:
+                MachineShape(**{k: values[k]})
+            except (ValueError, TypeError):
+                values.pop(k)
+        return MachineShape(**values)
+
+
+def _symbol_table(symbols: Symbols) -> list[Symbol]:
+    table = []
+    for c in symbols.consts.values():
+        if c.state == "new":
+            symbols.try_eval_const(c)
+        if c.state == "done" and -(1 << 63) <= c.value < (1 << 63):   # the .tbin slot is int64
+            table.append(Symbol(c.name, "const", c.value))
+    for kind in MEMORIES:
+        for r in symbols.regions[kind].values():
+            if r.base is not None and r.size is not None:
+                table.append(Symbol(r.name, kind, r.base, r.size))
+    return table

@@ -1,0 +1,261 @@
+"""Pass 4: check and encode instruction statements, driven by the ISA table.
+
+Every check is per field kind and machine shape: a UB address must be below
+`shape.ub_rows`, an accumulator address below `shape.acc_rows`, a host row or
+weight tile must fit its field (their images are only known at run time), a
+length is at least 1.  Each mistake is reported and the statement skipped, so
+one run reports them all.
+"""
+from __future__ import annotations
+
+from ..binary import MachineShape, SourceLoc
+from ..encoding import MAX_REPEAT, Instruction
+from ..isa import ISA_TABLE, Field, InstructionSpec
+from .ast import Instr, Name, Named, Span, Str
+from .reporter import Reporter, did_you_mean
+from .symbols import EvalError, Frame, Symbols, frame_notes
+
+_MNEMONICS = sorted({n for s in ISA_TABLE.instructions.values() for n in s.names})
+
+
+class _Form:
+    """What a mnemonic-with-flags means, computed once per distinct spelling."""
+    __slots__ = ("spec", "flags", "names", "fields", "by_keyword")
+
+    def __init__(self, spec: InstructionSpec, flags: int):
+        self.spec, self.flags = spec, flags
+        self.names, fields = spec.layout(flags)
+        by_name = {f.name: f for f in fields}
+        self.fields = [by_name[n] for n in self.names]
+        self.by_keyword: dict[str, Field] = {}
+        for f in fields:
+            self.by_keyword[f.name] = f
+            for alias in f.aliases:
+                self.by_keyword[alias] = f
+
+
+class Encoder:
+    def __init__(self, reporter: Reporter, symbols: Symbols, shape: MachineShape):
+        self.reporter = reporter
+        self.symbols = symbols
+        self.shape = shape
+        self._forms: dict[str, _Form | None] = {}
+        self.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows}
+
+    def encode_all(self, items, macros) -> tuple[list[Instruction], list[SourceLoc]]:
+        instructions, locations = [], []
+        for st, frame in items:
+            ins = self.encode(st, frame, macros)
+            if ins is not None:
+                instructions.append(ins)
+                sp = st.span
+                locations.append(SourceLoc(sp.file, sp.line, sp.col))
+        return instructions, locations
+
+    # ----------------------------------------------------------- mnemonic
+    def form(self, st: Instr, frame, macros) -> _Form | None:
+        text = st.name
+        if text in self._forms:
+            form = self._forms[text]
+            if form is None:
+                self._mnemonic_error(st, frame, macros)    # report at every place it occurs
+            return form
+        form = self._make_form(st, frame, macros)
+        if form is not None or "." not in text:
+            self._forms[text] = form
+        return form
+
+    def _make_form(self, st: Instr, frame, macros) -> _Form | None:
+        base, dot, letters = st.name.partition(".")
+        spec = ISA_TABLE.lookup(base)
+        if spec is None:
+            self._mnemonic_error(st, frame, macros)
+            return None
+        flags, ok = 0, True
+        sp = st.span
+        col = sp.col + len(base) + 1
+        for k, ch in enumerate(letters.upper()):
+            at = Span(sp.file, sp.line, col + k, sp.line, col + k + 1)
+            flag = spec.flags.get(ch)
+            if flag is None:
+                if spec.flags:
+                    msg = (f"{spec.key} has no flag '{letters[k]}'; {spec.key} has flags "
+                           + ", ".join(spec.flags))
+                else:
+                    msg = f"{spec.key} takes no flags"
+                self._error(at, msg, frame)
+                ok = False
+            elif flags & flag.bit:
+                self._error(at, f"flag '{ch}' given twice", frame)
+                ok = False
+            else:
+                flags |= flag.bit
+        if dot and not letters:
+            self._error(Span(sp.file, sp.line, col - 1, sp.line, col), "expected flag letters after '.'", frame)
+            ok = False
+        for group in spec.exclusive:
+            given = [g for g in group if flags & spec.flags[g].bit]
+            if len(given) > 1:
+                flag_span = Span(sp.file, sp.line, col, sp.line, col + len(letters))
+                self._error(flag_span, f"flags {' and '.join(given)} cannot be combined "
+                            f"({spec.key} takes at most one of {', '.join(group)})", frame)
+                ok = False
+        return _Form(spec, flags) if ok else None
+
+    def _mnemonic_error(self, st: Instr, frame, macros) -> None:
+        base = st.name.partition(".")[0]
+        spec = ISA_TABLE.lookup(base)
+        if spec is not None:          # flag errors: re-derive to report at this place too
+            self._make_form(st, frame, macros)
+            return
+        candidates = _MNEMONICS + [m.name for m in macros.values()]
+        sp = st.span
+        at = Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(base))
+        self._error(at, f"unknown instruction '{base}'" + did_you_mean(base, candidates), frame)
+
+    # ----------------------------------------------------------- operands
+    def encode(self, st: Instr, frame: Frame | None, macros) -> Instruction | None:
+        form = self.form(st, frame, macros)
+        if form is None:
+            return None
+        spec = form.spec
+        names, fields = form.names, form.fields
+        values: dict[str, int] = {}
+        repeat = 1
+        ok = True
+        positional = 0
+        seen_named = False
+        for arg in st.args:
+            if type(arg) is Named:
+                seen_named = True
+                key = arg.name.lower()
+                if key == "repeat":
+                    r = self._value(arg.value, frame)
+                    if r is None:
+                        ok = False
+                    elif not spec.repeat:
+                        self._error(arg.span, f"{spec.key} does not take a repeat count", frame)
+                        ok = False
+                    elif not 1 <= r <= MAX_REPEAT:
+                        self._error(arg.value.span, f"repeat {r} out of range 1..{MAX_REPEAT}", frame)
+                        ok = False
+                    else:
+                        repeat = r
+                    continue
+                field = form.by_keyword.get(key)
+                if field is None:
+                    keywords = list(form.by_keyword) + (["repeat"] if spec.repeat else [])
+                    self._error(arg.name_span, f"{spec.key} has no operand '{arg.name}'"
+                                + did_you_mean(arg.name, keywords)
+                                + f" (operands: {', '.join(names) or 'none'})", frame)
+                    ok = False
+                    continue
+                if field.name in values:
+                    self._error(arg.name_span, f"operand '{field.name}' given twice", frame)
+                    ok = False
+                    continue
+                v = self._field_value(spec, field, arg.value, frame)
+                if v is None:
+                    ok = False
+                values[field.name] = v
+                continue
+            if seen_named:
+                self._error(arg.span, "positional operand after a named one", frame)
+                ok = False
+                continue
+            if positional >= len(fields):
+                self._error(arg.span, self._count_message(spec, names, len(
+                    [a for a in st.args if type(a) is not Named])), frame)
+                return None
+            field = fields[positional]
+            positional += 1
+            v = self._field_value(spec, field, arg, frame)
+            if v is None:
+                ok = False
+            values[field.name] = v
+        missing = [n for n in names if n not in values]
+        if missing:
+            self._error(st.span, self._count_message(spec, names, len(names) - len(missing))
+                        + f": missing {', '.join(missing)}", frame)
+            return None
+        if not ok:
+            return None
+        ins = Instruction(spec.key, form.flags, repeat, values)
+        if spec.key == "CFG" and not self._check_cfg_value(ins, st, frame):
+            return None
+        return ins
+
+    @staticmethod
+    def _count_message(spec, names, got) -> str:
+        if not names:
+            return f"{spec.key} takes no operands"
+        return f"{spec.key} takes {', '.join(names)}" + (f" (got {got} operands)" if got > len(names) else "")
+
+    def _value(self, node, frame) -> int | None:
+        if type(node) is Str:
+            self._error(node.span, "expected a number, not a string", frame)
+            return None
+        return self.symbols.try_eval(node, frame)
+
+    def _field_value(self, spec, field: Field, node, frame) -> int | None:
+        if field.kind == "reg":
+            return self._register(node, frame)
+        v = self._value(node, frame)
+        if v is None:
+            return None
+        kind = field.kind
+        lo, hi = field.min, field.max
+        limit = self.limits.get(kind)
+        if limit is not None and limit - 1 < hi:
+            hi = limit - 1
+        if not lo <= v <= hi:
+            what = ISA_TABLE.kinds.get(kind, kind)
+            what = what[0].upper() + what[1:]
+            self._error(node.span, f"{what} {v} out of range {lo}..{hi} ({spec.key} {field.name})", frame)
+            return None
+        return v
+
+    def _register(self, node, frame) -> int | None:
+        regs = ISA_TABLE.registers
+        if type(node) is Name and node.text in regs:
+            return regs[node.text].index
+        if type(node) is Name and node.text.lower() in regs:
+            return regs[node.text.lower()].index
+        if type(node) is Name and not self._defined(node, frame):
+            self._error(node.span, f"unknown configuration register '{node.text}'"
+                        + did_you_mean(node.text, regs), frame)
+            return None
+        v = self._value(node, frame)
+        if v is None:
+            return None
+        if v not in ISA_TABLE.register_by_index:
+            self._error(node.span, f"no configuration register {v} "
+                        f"(registers are 0..{max(ISA_TABLE.register_by_index)})", frame)
+            return None
+        return v
+
+    def _defined(self, node: Name, frame) -> bool:
+        try:
+            self.symbols.eval(node, frame)
+            return True
+        except EvalError:
+            return False
+        except RecursionError:
+            return False
+
+    def _error(self, span: Span, message: str, frame) -> None:
+        self.reporter.error(span, message, frame_notes(frame))
+
+    def _check_cfg_value(self, ins: Instruction, st: Instr, frame) -> bool:
+        """CFG's value must lie in its register's range (spec/isa.toml [registers])."""
+        reg = ISA_TABLE.register_by_index[ins.operands["reg"]]
+        value = ins.operands["value"]
+        if reg.min <= value <= reg.max:
+            return True
+        node = st.args[1] if len(st.args) > 1 else st
+        for a in st.args:
+            if type(a) is Named and a.name.lower() == "value":
+                node = a.value
+        self.reporter.error(node.span, f"value {value} out of range {reg.min}..{reg.max} for register {reg.name}",
+                       frame_notes(frame))
+        return False

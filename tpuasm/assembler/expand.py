@@ -1,0 +1,278 @@
+"""Pass 2: expansion.  `.include`, `.macro` calls and `.rept` blocks become one
+flat list of instruction statements, each with the Frame it was expanded in;
+`.equ`, regions and `.config` are handed to the symbol table as they are met.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..isa import ISA_TABLE
+from .ast import Directive, Instr, Name, Named, Node, Param, Span, Str
+from .parser import parse
+from .reporter import Reporter, did_you_mean
+from .symbols import MEMORIES, EvalError, Frame, Symbols, frame_notes
+
+DIRECTIVES = ("include", "equ", "ub", "acc", "host", "tile", "config", "rept", "endr", "macro", "endm")
+OPENERS = {"rept": "endr", "macro": "endm"}
+MAX_REPT = 1_000_000
+MAX_STATEMENTS = 5_000_000      # expansion budget: a typo like `.rept 1<<40` must not hang
+MAX_MACRO_DEPTH = 64
+
+
+@dataclass
+class Macro:
+    name: str
+    params: list[str]
+    body: list
+    span: Span
+
+
+@dataclass
+class ConfigEntry:
+    key: str
+    value: Node
+    frame: Frame | None
+    span: Span
+
+
+class Expander:
+    def __init__(self, reporter: Reporter, symbols: Symbols):
+        self.reporter = reporter
+        self.symbols = symbols
+        self.sources: dict[str, str] = {}
+        self.items: list[tuple[Instr, Frame | None]] = []
+        self.config: list[ConfigEntry] = []
+        self.macros: dict[str, Macro] = {}
+        self.budget = MAX_STATEMENTS
+        self.stopped = False
+
+    # ----------------------------------------------------------- files
+    def run_text(self, text: str, filename: str, chain: tuple[str, ...] = (),
+                 frame: Frame | None = None) -> None:
+        self.sources[filename] = text
+        statements, diags = parse(text, filename)
+        for d in diags:
+            self.reporter.add(d)
+        key = _file_key(filename)
+        self.expand(statements, frame, chain + (key,), depth=0)
+
+    def include(self, d: Directive, frame, chain) -> None:
+        if len(d.args) != 1 or not isinstance(d.args[0], Str):
+            self._error(d.span, '.include takes one quoted file name: .include "file.tasm"', frame)
+            return
+        arg = d.args[0]
+        base = os.path.dirname(d.span.file) if not d.span.file.startswith("<") else ""
+        path = os.path.normpath(os.path.join(base, arg.value)) if arg.value else ""
+        key = _file_key(path)
+        if key in chain:
+            names = [_display(c) for c in chain[chain.index(key):]] + [path]
+            self._error(arg.span, "include cycle: " + " -> ".join(names), frame)
+            return
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            if isinstance(e, UnicodeDecodeError):
+                why = "not valid UTF-8"
+            self._error(arg.span, f"cannot read '{path}': {why}", frame)
+            return
+        self.run_text(text, path, chain, frame)
+
+    # ----------------------------------------------------------- statements
+    def expand(self, statements: list, frame: Frame | None, chain, depth: int) -> None:
+        i = 0
+        n = len(statements)
+        items = self.items
+        while i < n:
+            if self.stopped:
+                return
+            st = statements[i]
+            i += 1
+            if type(st) is Instr:
+                self.budget -= 1
+                if self.budget < 0:
+                    self._stop(st.span)
+                    return
+                macro = self.macros.get(st.name.upper()) if self.macros else None
+                if macro is not None:
+                    self.call_macro(macro, st, frame, chain, depth)
+                else:
+                    items.append((st, frame))
+                continue
+            name = st.name
+            if name in OPENERS:
+                end = self._block_end(statements, i - 1)
+                if end is None:
+                    self._error(st.span, f"unterminated .{name} (no matching .{OPENERS[name]})", frame)
+                    return
+                body = statements[i:end]
+                i = end + 1
+                if name == "rept":
+                    self.rept(st, body, frame, chain, depth)
+                else:
+                    self.define_macro(st, body, frame)
+            elif name in ("endr", "endm"):
+                opener = "rept" if name == "endr" else "macro"
+                self._error(st.span, f".{name} without a matching .{opener}", frame)
+            else:
+                self.directive(st, frame, chain)
+
+    def _block_end(self, statements, start) -> int | None:
+        """Index of the .endr/.endm closing statements[start] (blocks nest)."""
+        stack = []
+        for j in range(start, len(statements)):
+            st = statements[j]
+            if type(st) is Directive:
+                if st.name in OPENERS:
+                    stack.append(OPENERS[st.name])
+                elif st.name in ("endr", "endm"):
+                    if stack and stack[-1] == st.name:
+                        stack.pop()
+                        if not stack:
+                            return j
+                    elif st.name not in stack:
+                        continue                    # stray closer: reported when expanded
+                    else:
+                        while stack and stack[-1] != st.name:   # mismatched nesting
+                            stack.pop()
+                        stack.pop()
+                        if not stack:
+                            return j
+        return None
+
+    def directive(self, d: Directive, frame, chain) -> None:
+        name = d.name
+        if name == "equ":
+            if len(d.args) != 2 or not isinstance(d.args[0], Name) or "." in d.args[0].text:
+                self._error(d.span, ".equ takes a name and a value: .equ NAME, expression", frame)
+                return
+            self.symbols.define_const(d.args[0], d.args[1], frame)
+        elif name in MEMORIES:
+            args = d.args
+            if not 2 <= len(args) <= 3 or not isinstance(args[0], Name) or "." in args[0].text \
+                    or any(isinstance(a, (Str, Named)) for a in args):
+                self._error(d.span, f".{name} takes a name, a row count and an optional base: "
+                            f".{name} NAME, rows[, base]", frame)
+                return
+            self.symbols.define_region(name, args[0], args[1], args[2] if len(args) == 3 else None, frame)
+        elif name == "config":
+            self.config_directive(d, frame)
+        elif name == "include":
+            self.include(d, frame, chain)
+        else:
+            self._error(d.span, f"unknown directive '.{name}'"
+                        + did_you_mean(name, DIRECTIVES).replace("'", "'.", 1), frame)
+
+    def config_directive(self, d: Directive, frame) -> None:
+        if self.items:
+            first = self.items[0][0].span
+            self._error(d.span, ".config must come before the first instruction", frame,
+                        [f"the first instruction is at {first.file}:{first.line}:{first.col}"])
+            return
+        if not d.args:
+            self._error(d.span, ".config takes key=value settings, e.g. .config array_size=16", frame)
+        for a in d.args:
+            if not isinstance(a, Named):
+                self._error(a.span, "expected key=value (array_size, ub_rows, acc_rows, fifo_depth, profile)",
+                            frame)
+                continue
+            self.config.append(ConfigEntry(a.name, a.value, frame, a.name_span))
+
+    def rept(self, d: Directive, body, frame, chain, depth) -> None:
+        args = d.args
+        if not 1 <= len(args) <= 2 or (len(args) == 2 and not (isinstance(args[1], Name) and "." not in args[1].text)) \
+                or isinstance(args[0], (Str, Named)):
+            self._error(d.span, ".rept takes a count and an optional variable: .rept N[, var]", frame)
+            return
+        try:
+            count = self.symbols.eval(args[0], frame)
+        except EvalError as e:
+            if not e.reported:
+                notes = list(e.notes) + ["a .rept count must be known when the block expands: "
+                                         "define its symbols above it"] + frame_notes(frame)
+                self.reporter.error(e.span, e.message, notes)
+            return
+        if not 0 <= count <= MAX_REPT:
+            self._error(args[0].span, f".rept count {count} out of range 0..{MAX_REPT}", frame)
+            return
+        var = args[1].text if len(args) == 2 else None
+        where = f"{d.span.file}:{d.span.line}"
+        for k in range(count):
+            if self.stopped:
+                return
+            note = f"in .rept iteration {var}={k} ({where})" if var else f"in .rept iteration {k} ({where})"
+            self.expand(body, Frame(frame, {var: k} if var else None, None, note), chain, depth)
+
+    def define_macro(self, d: Directive, body, frame) -> None:
+        args = d.args
+        names = []
+        for a in args:
+            if isinstance(a, (Name, Param)) and "." not in a.text:
+                names.append(a.text)
+            else:
+                self._error(a.span, "a macro name and its parameters must be plain names", frame)
+                return
+        if not names:
+            self._error(d.span, ".macro needs a name: .macro NAME p1, p2", frame)
+            return
+        name, params = names[0], names[1:]
+        key = name.upper()
+        if ISA_TABLE.lookup(name) is not None:
+            self._error(args[0].span, f"macro '{name}' has the name of an instruction", frame)
+            return
+        if key in self.macros:
+            old = self.macros[key].span
+            self._error(args[0].span, f"duplicate macro '{name}'", frame,
+                        [f"first defined at {old.file}:{old.line}:{old.col}"])
+            return
+        dup = {p for p in params if params.count(p) > 1}
+        if dup:
+            self._error(args[0].span, f"macro '{name}' names parameter '{sorted(dup)[0]}' twice", frame)
+            return
+        self.macros[key] = Macro(name, params, body, args[0].span)
+
+    def call_macro(self, macro: Macro, st: Instr, frame, chain, depth) -> None:
+        if "." in st.name:
+            self._error(st.span, f"macro '{macro.name}' takes no flags", frame)
+            return
+        named = [a for a in st.args if isinstance(a, (Named, Str))]
+        if named:
+            self._error(named[0].span, f"macro '{macro.name}' takes positional arguments only", frame)
+            return
+        if len(st.args) != len(macro.params):
+            expected = ", ".join(macro.params) or "no arguments"
+            self._error(st.span, f"macro '{macro.name}' takes {len(macro.params)} argument"
+                        f"{'s' if len(macro.params) != 1 else ''} ({expected}), got {len(st.args)}", frame)
+            return
+        if depth >= MAX_MACRO_DEPTH:
+            self._error(st.span, f"macros nested deeper than {MAX_MACRO_DEPTH} (a macro that calls itself?)",
+                        frame)
+            self.stopped = True
+            return
+        params = {p: (a, frame) for p, a in zip(macro.params, st.args)}
+        note = f"in macro '{macro.name}' called at {st.span.file}:{st.span.line}:{st.span.col}"
+        self.expand(macro.body, Frame(frame, None, params, note), chain, depth + 1)
+
+    # ----------------------------------------------------------- helpers
+    def _error(self, span: Span, message: str, frame, notes=()) -> None:
+        self.reporter.error(span, message, list(notes) + frame_notes(frame))
+
+    def _stop(self, span: Span) -> None:
+        self.reporter.error(span, f"expansion produces more than {MAX_STATEMENTS:,} statements "
+                            "(a .rept count or a recursive macro out of hand?)")
+        self.stopped = True
+
+
+def _file_key(name: str) -> str:
+    return name if name.startswith("<") else os.path.abspath(name)
+
+
+def _display(key: str) -> str:
+    if key.startswith("<"):
+        return key
+    try:
+        return os.path.relpath(key)
+    except ValueError:
+        return key

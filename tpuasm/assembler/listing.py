@@ -1,0 +1,33 @@
+"""Listings and symbol maps (customasm-style text reports of an assembled program)."""
+from __future__ import annotations
+
+from ..binary import Program
+from ..encoding import encode
+from ..isa import WORD_BYTES
+
+
+def listing(program: Program) -> str:
+    """One line per instruction: index, byte address, the 12 bytes in hex, the source line."""
+    lines_of = {name: text.splitlines() for name, text in program.sources.items()}
+    out = [f"{'index':>6}  {'addr':>8}  {'bytes':<{WORD_BYTES * 3 - 1}}  source"]
+    for i, ins in enumerate(program.instructions):
+        hex_bytes = " ".join(f"{b:02x}" for b in encode(ins))
+        loc = program.locations[i] if i < len(program.locations) else None
+        text = ""
+        if loc is not None:
+            src = lines_of.get(loc.file)
+            line = src[loc.line - 1].strip() if src and 1 <= loc.line <= len(src) else ""
+            text = f"{loc.file}:{loc.line}  {line}"
+        out.append(f"{i:>6}  {i * WORD_BYTES:08x}  {hex_bytes}  {text}".rstrip())
+    return "\n".join(out) + "\n"
+
+
+def symbol_map(program: Program) -> str:
+    """Every symbol: kind, value (region base), size in rows for regions, name; sorted by kind then value."""
+    order = {"const": 0, "ub": 1, "acc": 2, "host": 3, "tile": 4, "label": 5}
+    out = [f"{'kind':<6} {'value':>12} {'rows':>8}  name"]
+    for s in sorted(program.symbols, key=lambda s: (order.get(s.kind, 9), s.value, s.name)):
+        name = s.name if s.kind in ("const", "label") else f"{s.kind}.{s.name}"
+        rows = str(s.size) if s.kind not in ("const", "label") else ""
+        out.append(f"{s.kind:<6} {s.value:>12} {rows:>8}  {name}")
+    return "\n".join(out) + "\n"
