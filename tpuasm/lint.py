@@ -1,0 +1,187 @@
+"""`tpuasm lint`: NOP padding that tpuasm's interlocked pipeline makes unnecessary.
+
+OpenTPU has no interlocks, so its programs pad every dependency with NOPs (hundreds
+of them in its examples).  tpuasm's pipeline stalls a dependent instruction until its
+inputs are ready, so a NOP never changes what a program computes; it only delays it.
+`lint` reports each run of NOPs with its source position and the dependency it was
+padding; `strip_nops` removes them all (labels move to the next kept instruction).
+The output of a program is the same with or without its NOPs (tests prove it on the
+reference model and the emulator).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .binary import Program, SourceLoc, Symbol
+from .diagnostics import Diagnostic
+from .disassembler import format_instruction
+from .encoding import Instruction
+
+
+@dataclass(frozen=True)
+class NopRun:
+    """Consecutive NOP instructions `first`..`last` (indices), idling `cycles` cycles."""
+    first: int
+    last: int
+    cycles: int
+    before: int | None      # the instruction just before the run, if any
+    after: int | None       # the instruction just after the run, if any
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
+def nop_runs(program: Program) -> list[NopRun]:
+    """Every maximal run of NOPs, in program order."""
+    runs, start, cycles = [], None, 0
+    instructions = program.instructions
+    for i, ins in enumerate(instructions + [None]):
+        if ins is not None and ins.key == "NOP":
+            if start is None:
+                start, cycles = i, 0
+            cycles += ins.repeat
+        elif start is not None:
+            runs.append(NopRun(start, i - 1, cycles, start - 1 if start > 0 else None,
+                               i if i < len(instructions) else None))
+            start = None
+    return runs
+
+
+# ------------------------------------------------------------------ what a NOP run was for
+# Row ranges each instruction reads and writes, for the instructions whose footprint is
+# a plain range (no repeat, no strided DMA).  Enough to name the dependency an OpenTPU
+# program padded; anything else gets the general wording.
+def _footprint(ins: Instruction):
+    """(reads, writes): sets of (memory, start, stop) ranges, or None if not simple."""
+    if ins.repeat != 1:
+        return None
+    o = ins.operands
+    if ins.key == "RHM":
+        return {("host", o["host"], o["host"] + o["length"])}, {("ub", o["ub"], o["ub"] + o["length"])}
+    if ins.key == "WHM":
+        return {("ub", o["ub"], o["ub"] + o["length"])}, {("host", o["host"], o["host"] + o["length"])}
+    if ins.key == "RW":
+        return set(), {("fifo", 0, 1)}
+    if ins.key == "MMC" and "C" not in ins.flag_letters:
+        reads = {("ub", o["ub"], o["ub"] + o["length"])}
+        if "S" in ins.flag_letters:
+            reads.add(("fifo", 0, 1))
+        return reads, {("acc", o["acc"], o["acc"] + o["length"])}
+    if ins.key == "ACT" and not set(ins.flag_letters) & {"M", "A"}:
+        return {("acc", o["acc"], o["acc"] + o["length"])}, {("ub", o["ub"], o["ub"] + o["length"])}
+    return None
+
+
+def _overlaps(a, b) -> bool:
+    return any(m1 == m2 and s1 < e2 and s2 < e1 for m1, s1, e1 in a for m2, s2, e2 in b)
+
+
+def padded_dependency(program: Program, run: NopRun) -> int | None:
+    """The nearest instruction before `run` that the instruction after it depends on
+    (reads what it writes, or writes what it reads or writes); None if there is none
+    or the footprints are not simple enough to tell."""
+    if run.after is None or run.before is None:
+        return None
+    later = _footprint(program.instructions[run.after])
+    if later is None:
+        return None
+    reads, writes = later
+    for j in range(run.before, -1, -1):
+        earlier = _footprint(program.instructions[j])
+        if earlier is None:
+            if program.instructions[j].key in ("NOP", "SYNC"):
+                continue
+            return None
+        r, w = earlier
+        if _overlaps(reads, w) or _overlaps(writes, r) or _overlaps(writes, w):
+            return j
+    return None
+
+
+# ------------------------------------------------------------------ findings
+@dataclass(frozen=True)
+class Finding:
+    run: NopRun
+    message: str
+    location: SourceLoc | None
+
+    def diagnostic(self) -> Diagnostic | None:
+        if self.location is None:
+            return None
+        loc = self.location
+        return Diagnostic(self.message, loc.file, loc.line, loc.col, loc.col + 3,
+                          severity="warning",
+                          notes=("`tpuasm asm --strip-nops` drops them; the output is the same",))
+
+
+def _describe(program: Program, index: int) -> str:
+    loc = program.locations[index]
+    where = f"line {loc.line}" if loc is not None else f"instruction {index}"
+    return f"`{format_instruction(program.instructions[index])}` ({where})"
+
+
+def lint(program: Program) -> list[Finding]:
+    """One finding per NOP run: where it is, how long, and what it was padding."""
+    findings = []
+    for run in nop_runs(program):
+        what = f"{run.count} NOP{'s' if run.count > 1 else ''}"
+        if run.cycles != run.count:
+            what += f" ({run.cycles} cycles)"
+        first, last = program.locations[run.first], program.locations[run.last]
+        if first is not None and last is not None and first.file == last.file and last.line > first.line:
+            what += f" (lines {first.line}-{last.line})"
+        dep = padded_dependency(program, run)
+        if run.after is None:
+            why = "nothing follows them"
+        elif dep is not None:
+            why = (f"the interlocked pipeline already makes {_describe(program, run.after)} "
+                   f"wait for {_describe(program, dep)}")
+        else:
+            why = (f"the interlocked pipeline already orders {_describe(program, run.after)} "
+                   "after everything it depends on")
+        verb = "are" if run.count > 1 else "is"
+        findings.append(Finding(run, f"{what} {verb} unnecessary: {why}", first))
+    return findings
+
+
+def render(findings: list[Finding], program: Program, name: str, color: bool = False) -> str:
+    """Compiler-style text for every finding, then a one-line summary."""
+    blocks = []
+    for f in findings:
+        d = f.diagnostic()
+        if d is not None:
+            blocks.append(d.render(program.sources, color))
+        else:
+            span = (f"instruction {f.run.first}" if f.run.count == 1
+                    else f"instructions {f.run.first}-{f.run.last}")
+            blocks.append(f"{name}: {span}: warning: {f.message}")
+    nops = sum(f.run.count for f in findings)
+    cycles = sum(f.run.cycles for f in findings)
+    if findings:
+        blocks.append(f"{name}: {nops} unnecessary NOPs in {len(findings)} run"
+                      f"{'s' if len(findings) > 1 else ''} ({cycles} idle cycles); "
+                      "`tpuasm asm --strip-nops` drops them")
+    else:
+        blocks.append(f"{name}: no unnecessary NOPs")
+    return "\n\n".join(blocks) + "\n"
+
+
+# ------------------------------------------------------------------ the transform
+def strip_nops(program: Program) -> Program:
+    """The same program without NOPs: code, locations and label symbols follow along.
+
+    A label on a removed NOP moves to the next kept instruction (the one the NOP fell
+    through to).  Sources, other symbols and the machine shape are unchanged.
+    """
+    keep = [i for i, ins in enumerate(program.instructions) if ins.key != "NOP"]
+    new_index, k = [], 0
+    for i in range(len(program.instructions) + 1):      # old index -> next kept index
+        while k < len(keep) and keep[k] < i:
+            k += 1
+        new_index.append(k)
+    symbols = [Symbol(s.name, s.kind, new_index[s.value] if 0 <= s.value <= len(program.instructions)
+                      else s.value, s.size) if s.kind == "label" else s
+               for s in program.symbols]
+    return Program([program.instructions[i] for i in keep], program.shape,
+                   [program.locations[i] for i in keep], symbols, dict(program.sources))
