@@ -15,6 +15,10 @@ from .ast import Instr, Name, Named, Span, Str
 from .reporter import Reporter, did_you_mean
 from .symbols import EvalError, Frame, Symbols, frame_notes
 
+# How a value of each operand kind is named in a range error; lengths and
+# immediates are named by their field ("height 0 out of range 1..65535").
+_KIND_WORDS = {"ub": "UB address", "acc": "accumulator address", "host": "host address",
+               "tile": "weight tile"}
 _MNEMONICS = sorted({n for s in ISA_TABLE.instructions.values() for n in s.names})
 
 
@@ -41,6 +45,7 @@ class Encoder:
         self.shape = shape
         self._forms: dict[str, _Form | None] = {}
         self.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows}
+        self._ranges: dict[Field, tuple[int, int]] = {}
 
     def encode_all(self, items, macros) -> tuple[list[Instruction], list[SourceLoc]]:
         instructions, locations = [], []
@@ -191,6 +196,17 @@ class Encoder:
             return f"{spec.key} takes no operands"
         return f"{spec.key} takes {', '.join(names)}" + (f" (got {got} operands)" if got > len(names) else "")
 
+    def _range(self, field: Field) -> tuple[int, int]:
+        """Legal values of a field on this machine shape (memoized: hot path)."""
+        r = self._ranges.get(field)
+        if r is None:
+            hi = field.max
+            limit = self.limits.get(field.kind)
+            if limit is not None and limit - 1 < hi:
+                hi = limit - 1
+            r = self._ranges[field] = (field.min, hi)
+        return r
+
     def _value(self, node, frame) -> int | None:
         if type(node) is Str:
             self._error(node.span, "expected a number, not a string", frame)
@@ -203,15 +219,11 @@ class Encoder:
         v = self._value(node, frame)
         if v is None:
             return None
-        kind = field.kind
-        lo, hi = field.min, field.max
-        limit = self.limits.get(kind)
-        if limit is not None and limit - 1 < hi:
-            hi = limit - 1
+        lo, hi = self._range(field)
         if not lo <= v <= hi:
-            what = ISA_TABLE.kinds.get(kind, kind)
-            what = what[0].upper() + what[1:]
-            self._error(node.span, f"{what} {v} out of range {lo}..{hi} ({spec.key} {field.name})", frame)
+            what = _KIND_WORDS.get(field.kind, field.name)
+            self._error(node.span, f"{what} {v} out of range {lo}..{hi} ({spec.key} operand '{field.name}')",
+                        frame)
             return None
         return v
 

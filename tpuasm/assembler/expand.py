@@ -105,8 +105,10 @@ class Expander:
             if name in OPENERS:
                 end = self._block_end(statements, i - 1)
                 if end is None:
+                    # report, then read on as if the opener were not there: the
+                    # lines after it may hold more mistakes worth reporting
                     self._error(st.span, f"unterminated .{name} (no matching .{OPENERS[name]})", frame)
-                    return
+                    continue
                 body = statements[i:end]
                 i = end + 1
                 if name == "rept":

@@ -102,7 +102,7 @@ class _Build(Transformer):
             self.diags.append(Diagnostic(
                 f"bad integer literal '{tok.value}' (use decimal, 0x hex, 0b binary or 0o octal)",
                 span.file, span.line, span.col, span.end_col))
-            value = 0
+            # value None: evaluation knows the error was reported and stays quiet
         return Num(value, span)
 
     def name(self, children):

@@ -106,6 +106,8 @@ class Symbols:
     def eval(self, node: Node, frame: Frame | None) -> int:
         """The value of an expression; EvalError if it has none."""
         if isinstance(node, Num):
+            if node.value is None:       # a bad literal, already reported by the parser
+                raise EvalError(node.span, "bad integer literal", reported=True)
             return node.value
         if isinstance(node, Name):
             return self.lookup(node, frame)
