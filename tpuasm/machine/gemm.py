@@ -17,7 +17,8 @@ them as numba ExternalFunctions.  Because the compiled code refers to the *symbo
 (resolved when the code is loaded) rather than to an address baked in at compile time,
 `cache=True` keeps working across processes.  When the library or symbol is missing, the
 names are bound to a do-nothing C callback and `HAVE_BLAS` is False; callers then pass
-`use_blas=False` and get the cache-blocked numba kernel `matmul_blocked`.
+`use_blas=False` and get the cache-blocked numba kernel `matmul_blocked`.  Setting the
+environment variable TPUASM_NO_BLAS=1 forces that path (for tests of other platforms).
 
 Entry points (all njit):
     gemm_f32(a, b, c, m, use_blas)   c[:m] = a[:m] @ b   (float32, C-contiguous)
@@ -72,7 +73,7 @@ def _find_openblas() -> str | None:
 
 def _bind_symbols():
     """Register tpuasm_cblas_sgemm/dgemm with LLVM; returns (have_blas, keep_alive)."""
-    path = _find_openblas()
+    path = None if os.environ.get("TPUASM_NO_BLAS") else _find_openblas()
     if path is not None:
         try:
             lib = ctypes.CDLL(path)
