@@ -1,0 +1,388 @@
+"""Hypothesis strategies for random *valid* TPU programs (every word encodes and decodes).
+
+`programs()` draws (Program, host, weights) for a small machine.  The generator tracks the
+configuration registers and the weight FIFO as it goes, so that almost every instruction
+is one that runs (addresses in range, a tile to switch to, pooling shapes that divide),
+and a controlled share of programs contains exactly one instruction built to fault in one
+chosen way (`fault_mode`).  Only the *kind* of problem is planned; whether and where the
+program faults is for the model under test to say.
+
+Every instruction and flag is reachable: RHM/WHM/RHMA/WHMA with repeats and strides
+(negative and zero), RW with repeat, MMC with S C O U W H D, conv taps with pitch and
+stride, ACT with each function, max/avg pooling in 1-D and 2-D and every act_out, CFG of
+every register, NOP (repeat), SYNC, WSYNC, INT, TAG and HLT.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+
+from tpuasm.binary import MachineShape, Program
+from tpuasm.encoding import Instruction
+from tpuasm.isa import ISA_TABLE
+
+SHAPE = MachineShape(array_size=8, ub_rows=64, acc_rows=32, fifo_depth=4)
+HOST_ROWS = 24
+TILES = 6
+N = SHAPE.array_size
+
+REGS = ISA_TABLE.registers
+FAULT_KINDS = ("address", "no_tile", "weight_width", "deadlock", "config", "shape")
+
+
+def ins(key: str, flags: str = "", repeat: int = 1, **operands) -> Instruction:
+    return Instruction(key, ISA_TABLE.instructions[key].flag_bits(flags), repeat, operands)
+
+
+def cfg(name: str, value: int) -> Instruction:
+    return ins("CFG", reg=REGS[name].index, value=value)
+
+
+def base_range(offsets, limit: int) -> tuple[int, int] | None:
+    """The bases b with b + o in 0..limit-1 for every offset o; None if there are none."""
+    lo, hi = -min(offsets), limit - 1 - max(offsets)
+    return (lo, hi) if lo <= hi else None
+
+
+class Builder:
+    """Draws one instruction at a time, keeping the state needed to keep it valid."""
+
+    def __init__(self, draw):
+        self.draw = draw
+        self.regs = {name: r.reset for name, r in REGS.items()}
+        self.pending = 0                 # tiles fetched and not yet switched in
+        self.active_wide: bool | None = None   # None: no active weights
+        self.out: list[Instruction] = []
+
+    # -------------------------------------------------------------- helpers
+    def integers(self, lo, hi):
+        return self.draw(st.integers(lo, hi))
+
+    def choice(self, options):
+        return self.draw(st.sampled_from(options))
+
+    def coin(self, p_true=0.5) -> bool:
+        return self.draw(st.sampled_from(range(100))) < p_true * 100
+
+    def place(self, offsets, limit):
+        """A base that keeps every offset in range, or None."""
+        r = base_range(list(offsets), limit)
+        return None if r is None else self.integers(*r)
+
+    def emit(self, instruction: Instruction):
+        self.out.append(instruction)
+
+    # -------------------------------------------------------------- registers
+    def register_value(self, name: str) -> int:
+        """A legal value, mostly small and useful, sometimes a range edge."""
+        r = REGS[name]
+        if self.coin(0.08):
+            return self.choice([r.min, r.max])
+        small = {
+            "act_mult": lambda: self.choice([1, 1, 2, 3, -1, -5, 100, 12345, -77777,
+                                             2 ** 31 - 1, -2 ** 31]),
+            "act_shift": lambda: self.choice([0, 0, 1, 2, 3, 7, 8, 15, 30, 40, 62]),
+            "act_zero": lambda: self.integers(-200, 200),
+            "act_out": lambda: self.integers(0, 3),
+            "fn_in_frac": lambda: self.choice([0, 4, 7, 8, 9, 12, 16, 31]),
+            "pool_size": lambda: self.integers(1, 3),
+            "pool_width": lambda: self.choice([0, 0, 2, 3, 4, 6]),
+            "conv_pitch": lambda: self.integers(0, 6),
+            "conv_kw": lambda: self.integers(1, 3),
+            "conv_stride": lambda: self.integers(1, 2),
+            "rep_ub_stride": lambda: self.integers(-6, 6),
+            "rep_acc_stride": lambda: self.integers(-4, 4),
+            "rep_host_stride": lambda: self.integers(-4, 4),
+            "dma_host_stride": lambda: self.integers(-3, 3),
+            "dma_ub_stride": lambda: self.integers(-3, 3),
+        }
+        return small[name]()
+
+    def gen_cfg(self):
+        name = self.choice(sorted(REGS))
+        value = self.register_value(name)
+        self.regs[name] = value
+        self.emit(cfg(name, value))
+
+    # -------------------------------------------------------------- host transfers
+    def transfer_offsets(self, key, length, repeat):
+        """(host offsets, ub offsets) of RHM/WHM/RHMA/WHMA relative to their bases."""
+        g = self.regs
+        host, ub = [], []
+        for i in range(repeat):
+            for k in range(length):
+                if key in ("RHMA", "WHMA"):
+                    host.append(i * g["rep_host_stride"] + k * g["dma_host_stride"])
+                    ub.append(i * g["rep_ub_stride"] + k * g["dma_ub_stride"])
+                else:
+                    host.append(i * g["rep_host_stride"] + k)
+                    ub.append(i * g["rep_ub_stride"] + k)
+        return host, ub
+
+    def gen_transfer(self):
+        key = self.choice(["RHM", "RHM", "WHM", "RHMA", "WHMA"])
+        for length, repeat in ((self.integers(1, 6), self.integers(1, 4)), (1, 1)):
+            host_off, ub_off = self.transfer_offsets(key, length, repeat)
+            host = self.place(host_off, HOST_ROWS)
+            ub = self.place(ub_off, SHAPE.ub_rows)
+            if host is not None and ub is not None:
+                self.emit(ins(key, repeat=repeat, host=host, ub=ub, length=length))
+                return
+
+    # -------------------------------------------------------------- weights
+    def room(self):
+        return SHAPE.fifo_depth + 1 - self.pending
+
+    def gen_rw(self):
+        if self.room() < 1:
+            return self.gen_mmc()
+        repeat = self.integers(1, min(3, self.room()))
+        tile = self.integers(0, TILES - repeat)
+        self.pending += repeat
+        self.emit(ins("RW", repeat=repeat, tile=tile))
+
+    def mmc_weight_flags(self, repeat_max: int):
+        """(flags, repeat) for a MatrixMultiply that has its weights, or None."""
+        switch_ok = self.pending >= 1
+        if self.active_wide is None and not switch_ok:
+            return None
+        if switch_ok and (self.active_wide is None or self.coin(0.6)):
+            wide = self.pending >= 2 and self.coin(0.3)
+            per = 2 if wide else 1
+            repeat = self.integers(1, max(1, min(repeat_max, self.pending // per)))
+            self.pending -= per * repeat
+            self.active_wide = wide
+            return "S" + ("D" if wide else ""), repeat
+        return ("D" if self.active_wide else ""), self.integers(1, repeat_max)
+
+    def other_mmc_flags(self):
+        return "".join(c for c in "OUWH" if self.coin(0.4))
+
+    def gen_mmc(self):
+        if self.coin(0.35):
+            return self.gen_conv()
+        weights = self.mmc_weight_flags(3)
+        if weights is None:
+            return self.gen_rw()
+        wflags, repeat = weights
+        flags = wflags + self.other_mmc_flags()
+        for length, rep in ((self.integers(1, 5), repeat), (1, repeat), (1, 1)):
+            per = 2 if "H" in flags else 1
+            ub_off = [i * self.regs["rep_ub_stride"] + r
+                      for i in range(rep) for r in range(per * length)]
+            acc_off = [i * self.regs["rep_acc_stride"] + b for i in range(rep) for b in range(length)]
+            ub, acc = self.place(ub_off, SHAPE.ub_rows), self.place(acc_off, SHAPE.acc_rows)
+            if ub is not None and acc is not None:
+                if "S" in flags and rep != repeat:      # give back the switches not used
+                    self.pending += (repeat - rep) * (2 if "D" in flags else 1)
+                self.emit(ins("MMC", flags, repeat=rep, ub=ub, acc=acc, length=length))
+                return
+        raise AssertionError("length 1, repeat 1 always fits")
+
+    def conv_offsets(self, taps, height, width, wide_in):
+        g = self.regs
+        s, kw = g["conv_stride"], g["conv_kw"]
+        pitch = g["conv_pitch"] or width
+        out = []
+        for i in range(taps):
+            dy, dx = divmod(i, kw)
+            for y in range(height):
+                for x in range(width):
+                    v = (y * s + dy) * pitch + (x * s + dx)
+                    out += [2 * v, 2 * v + 1] if wide_in else [v]
+        return out
+
+    def gen_conv(self):
+        weights = self.mmc_weight_flags(5)
+        if weights is None:
+            return self.gen_rw()
+        wflags, taps = weights
+        if "S" not in wflags and self.coin(0.5):
+            taps = self.regs["conv_kw"] * self.integers(1, 2)      # whole rows of taps
+            taps = min(taps, 6)
+        flags = wflags + "C" + self.other_mmc_flags()
+        wide_in = "H" in flags
+        for h, w, t in ((self.integers(1, 3), self.integers(1, 3), taps), (1, 1, taps), (1, 1, 1)):
+            ub = self.place(self.conv_offsets(t, h, w, wide_in), SHAPE.ub_rows)
+            if ub is not None:
+                if "S" in flags and t != taps:      # give back the switches not used
+                    self.pending += (taps - t) * (2 if "D" in flags else 1)
+                acc = self.place(range(h * w), SHAPE.acc_rows)
+                self.emit(ins("MMC", flags, repeat=t, ub=ub, acc=acc, height=h, width=w))
+                return
+        raise AssertionError("a 1x1 window with one tap always fits")
+
+    # -------------------------------------------------------------- Activate
+    def pool_length(self):
+        """A length that pools with the current registers, or None."""
+        k, w = self.regs["pool_size"], self.regs["pool_width"]
+        if k > 4:
+            return None
+        if w == 0:
+            return k * self.integers(1, 3)
+        if w % k or w > 8:
+            return None
+        height = k * self.integers(1, 2)
+        return w * height if w * height <= 16 else None
+
+    def gen_act(self):
+        flags = self.choice(["", "", "R", "Q", "T"])
+        length = None
+        if self.coin(0.4):
+            length = self.pool_length()
+            if length is not None:
+                flags += self.choice(["M", "A"])
+        if length is None:
+            length = self.integers(1, 5)
+        k, w = self.regs["pool_size"], self.regs["pool_width"]
+        vectors = length if not ("M" in flags or "A" in flags) else (
+            length // k if w == 0 else length // (k * k))
+        per = 2 if self.regs["act_out"] == 2 else 1
+        for repeat in (self.integers(1, 3), 1):
+            acc_off = [i * self.regs["rep_acc_stride"] + r for i in range(repeat) for r in range(length)]
+            ub_off = [i * self.regs["rep_ub_stride"] + r
+                      for i in range(repeat) for r in range(per * vectors)]
+            acc, ub = self.place(acc_off, SHAPE.acc_rows), self.place(ub_off, SHAPE.ub_rows)
+            if acc is not None and ub is not None:
+                self.emit(ins("ACT", flags, repeat=repeat, acc=acc, ub=ub, length=length))
+                return
+        raise AssertionError("ACT of at most 16 rows, repeat 1, always fits")
+
+    # -------------------------------------------------------------- the rest
+    def gen_misc(self):
+        kind = self.choice(["NOP", "SYNC", "WSYNC", "INT", "TAG"])
+        if kind == "NOP":
+            self.emit(ins("NOP", repeat=self.integers(1, 4)))
+        elif kind in ("INT", "TAG"):
+            self.emit(ins(kind, **{"code" if kind == "INT" else "tag":
+                                   self.choice([0, 1, 7, 2 ** 32 - 1])}))
+        else:
+            self.emit(ins(kind))
+
+    def gen_valid(self):
+        gen = self.choice([self.gen_cfg, self.gen_cfg, self.gen_cfg, self.gen_transfer,
+                           self.gen_transfer, self.gen_rw, self.gen_rw, self.gen_mmc,
+                           self.gen_mmc, self.gen_mmc, self.gen_act, self.gen_act,
+                           self.gen_act, self.gen_misc])
+        gen()
+
+    # -------------------------------------------------------------- faults
+    def gen_fault(self, kind: str):
+        """One instruction meant to fault with `kind` (and in no other way)."""
+        if kind == "config":
+            name = self.choice(sorted(REGS))
+            r = REGS[name]
+            lo, hi = -(1 << 31), (1 << 31) - 1          # what the 32-bit field can hold
+            options = [v for v in (r.min - 1, r.max + 1, r.min - 1000, r.max + 12345, lo, hi)
+                       if lo <= v <= hi and not r.min <= v <= r.max]
+            if not options:          # act_mult etc. use the whole field: fall back
+                name, options = "act_out", [4, -1, 1000]
+            self.emit(cfg(name, self.choice(options)))
+        elif kind == "address":
+            which = self.choice(["RHM", "WHM", "RHMA", "WHMA", "RW", "MMC", "ACT"])
+            if which == "RW":
+                if self.room() < 1:
+                    return self.gen_fault("deadlock")
+                self.emit(ins("RW", tile=self.integers(TILES, TILES + 3)))
+            elif which == "MMC":
+                if self.pending < 1:
+                    self.emit(ins("RW", tile=0))
+                    self.pending += 1
+                ub_bad = self.coin()
+                self.emit(ins("MMC", "S", ub=SHAPE.ub_rows - 1 if ub_bad else 0,
+                              acc=0 if ub_bad else SHAPE.acc_rows - 1, length=2))
+                self.pending -= 1
+            elif which == "ACT":
+                self.emit(cfg("pool_width", 0))
+                self.emit(cfg("act_out", self.integers(0, 3)))
+                self.emit(ins("ACT", acc=SHAPE.acc_rows - self.integers(0, 2),
+                              ub=0, length=3))
+            else:
+                bad_host = self.coin()
+                self.emit(cfg("rep_host_stride", 1))
+                self.emit(cfg("dma_host_stride", 1))
+                self.emit(cfg("dma_ub_stride", 1))
+                self.emit(cfg("rep_ub_stride", self.choice([0, 2, -2])))
+                self.emit(ins(which, repeat=3,
+                              host=HOST_ROWS - 3 if bad_host else 0,
+                              ub=10 if bad_host else SHAPE.ub_rows - 1, length=2))
+        elif kind == "no_tile":
+            if self.active_wide is not None:     # only reachable before the first switch
+                return self.gen_fault("deadlock")
+            if self.coin():
+                self.emit(ins("MMC", self.choice(["C", "CO"]), ub=0, acc=0, height=1, width=1))
+            else:
+                self.emit(ins("MMC", self.choice(["", "O"]), ub=0, acc=0, length=1))
+        elif kind == "weight_width":
+            if self.active_wide is None:
+                return self.gen_fault("no_tile")
+            self.emit(ins("MMC", "" if self.active_wide else "D", ub=0, acc=0, length=1))
+        elif kind == "deadlock":
+            if self.coin():
+                self.emit(ins("RW", repeat=min(TILES, self.room() + 1), tile=0))
+            else:
+                self.emit(cfg("rep_ub_stride", 0))
+                self.emit(cfg("rep_acc_stride", 0))
+                self.emit(ins("MMC", "SD" if self.coin() else "S", repeat=self.pending + 1,
+                              ub=0, acc=0, length=1))
+        elif kind == "shape":
+            k = self.integers(2, 3)
+            self.emit(cfg("pool_size", k))
+            if self.coin():
+                self.emit(cfg("pool_width", 0))
+                length = k * self.integers(1, 3) + self.integers(1, k - 1)
+            else:
+                width = k * self.integers(1, 2) + self.integers(0, 1)
+                self.emit(cfg("pool_width", width))
+                height = self.integers(1, 3)
+                length = width * height + (0 if width % k or height % k else 1)
+            self.emit(ins("ACT", self.choice(["M", "A", "RM", "QA"]), acc=0, ub=0, length=length))
+
+    def gen_tail(self):
+        """Instructions after a planned fault: valid whatever the state (they must not run)."""
+        for _ in range(self.integers(0, 3)):
+            self.choice([
+                lambda: self.emit(ins("TAG", tag=self.integers(0, 99))),
+                lambda: self.emit(ins("INT", code=self.integers(0, 99))),
+                lambda: self.emit(ins("RHM", host=self.integers(0, HOST_ROWS - 1),
+                                      ub=self.integers(0, SHAPE.ub_rows - 1), length=1)),
+                lambda: self.emit(cfg("act_shift", self.integers(0, 62))),
+            ])()
+
+
+class Case(NamedTuple):
+    program: Program
+    host: np.ndarray           # (HOST_ROWS, N) int8
+    weights: np.ndarray        # (TILES, N, N) int8, or (0, N, N)
+    planned_fault: str | None  # the kind of fault one instruction was built for, if any
+
+
+@st.composite
+def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0.2):
+    """A Case: a Program on SHAPE with its host and weight images."""
+    b = Builder(draw)
+    size = draw(st.integers(min_size, max_size))
+    # (st.integers favours small and boundary values; sampled_from is close to uniform.)
+    fault = draw(st.sampled_from(range(100))) < fault_share * 100
+    planned = draw(st.sampled_from(FAULT_KINDS)) if fault else None
+    fault_at = draw(st.integers(0, size)) if fault else -1
+    for position in range(size):
+        if position == fault_at:
+            break
+        b.gen_valid()
+    if fault:
+        b.gen_fault(planned)
+        b.gen_tail()
+    if b.out and draw(st.sampled_from(range(10))) == 5:
+        b.emit(ins("HLT"))
+        b.gen_tail()
+    seed = draw(st.integers(0, 2 ** 32 - 1))
+    scale = draw(st.sampled_from([128, 8, 2]))       # full-range bytes or small values
+    rng = np.random.default_rng(seed)
+    host = rng.integers(-scale, scale, size=(HOST_ROWS, N)).astype(np.int8)
+    weights = rng.integers(-scale, scale, size=(TILES, N, N)).astype(np.int8)
+    if not fault and draw(st.sampled_from(range(40))) == 17:
+        weights = rng.integers(-128, 128, size=(0, N, N)).astype(np.int8)      # no weights
+    return Case(Program(b.out, SHAPE), host, weights, planned)
