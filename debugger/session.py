@@ -15,7 +15,7 @@ import numpy as np
 
 from .expr import Evaluator, ExprError, Location, symbol_table
 
-CHUNK_CYCLES = 20_000        # a long run is cut into chunks so it can be interrupted
+CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interrupted
 HISTORY_INTERVAL = 2_000     # cycles between the library's snapshots
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
 
@@ -100,6 +100,7 @@ class Session:
         self._sample_order: deque[int] = deque()
         self.events_seen = len(self.machine.events)
         self.last_stop: Stop | None = None
+        self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
         self._line_index = self._index_lines()
         self._record()
 
@@ -189,8 +190,7 @@ class Session:
         return sorted(out)
 
     def _armed_watches(self):
-        from tpuasm.machine import Watch
-        return [Watch(w.memory, w.start, w.stop) for w in self.watchpoints.values() if w.enabled]
+        return [_watch(w) for w in self.watchpoints.values() if w.enabled]
 
     # -- running -------------------------------------------------------------------------
     @property
@@ -204,35 +204,48 @@ class Session:
         return Stop("halted", f"halted at cycle {m.cycle}")
 
     def step_cycles(self, n: int = 1) -> Stop:
-        """Advance n cycles, recording each for the timeline; stops early at breakpoints."""
+        """Advance n clock cycles, like Ripes' clock button: breakpoints do not stop a step.
+        Short steps go one cycle at a time so that the timeline records every cycle."""
+        m = self.machine
         if self.finished:
-            return self._finished_stop()
+            return self._finish(self._finished_stop())
         if n <= 64:
-            # short steps go one cycle at a time so the timeline sees every cycle
             for _ in range(n):
-                stop = self._bounded(1)
+                m.step(1)
                 self._record()
-                if stop is not None:
-                    return self._finish(stop)
-            return self._finish(Stop("paused", f"cycle {self.machine.cycle}"))
-        return self.run(max_cycles=n)
+                if self.finished:
+                    return self._finish(self._finished_stop())
+        else:
+            target = m.cycle + n
+            self.cancel.clear()
+            while m.cycle < target and not self.finished:
+                m.step(min(CHUNK_CYCLES, target - m.cycle))
+                if self.cancel.is_set():
+                    self._record()
+                    return self._finish(Stop("interrupted", f"interrupted at cycle {m.cycle}"))
+            self._record()
+            if self.finished:
+                return self._finish(self._finished_stop())
+        return self._finish(Stop("paused", f"cycle {m.cycle}"))
 
     def step_instructions(self, n: int = 1) -> Stop:
+        """Advance until n more instructions have finished their stage (breakpoints do not stop it)."""
         m = self.machine
         for _ in range(n):
             if self.finished:
-                return self._finish(self._finished_stop())
-            r = m.step_instruction()
+                break
+            m.step_instruction()
             self._record()
-            if r.status in ("halted", "fault"):
-                return self._finish(self._finished_stop())
+        if self.finished:
+            return self._finish(self._finished_stop())
         return self._finish(Stop("paused", f"cycle {m.cycle}: {self.where(self.next_to_issue())} next"))
 
     def run(self, max_cycles: int | None = None, progress=None) -> Stop:
         """Continue until a breakpoint, watchpoint, caught event, halt, fault, `max_cycles`
-        more cycles, or `cancel` is set (from another thread).  `progress(cycle)` is called
-        between chunks."""
+        more cycles, or `cancel` is set (from another thread).  `progress(cycle, seconds)`
+        is called between chunks."""
         self.cancel.clear()
+        progress = progress or self.on_progress
         if self.finished:
             return self._finish(self._finished_stop())
         start = self.machine.cycle
@@ -242,6 +255,7 @@ class Session:
             if max_cycles is not None:
                 left = start + max_cycles - self.machine.cycle
                 if left <= 0:
+                    self._record()
                     return self._finish(Stop("paused", f"ran {max_cycles} cycles, now cycle "
                                                        f"{self.machine.cycle}"))
                 budget = min(budget, left)
@@ -264,30 +278,62 @@ class Session:
             self.breakpoints.pop(bp.number, None)
 
     def _bounded(self, budget: int) -> Stop | None:
-        """Run at most `budget` cycles honouring breakpoints and watchpoints; the Stop if the
-        run must stop (a hit that holds, halt, fault), else None."""
+        """Run at most `budget` cycles honouring breakpoints, watchpoints and caught events;
+        the Stop if the run must stop (a hit that holds, halt, fault), else None.
+
+        The API's run() stops at breakpoints but treats its cycle limit as a fault, and
+        step() has a limit but no breakpoints.  So: step the chunk; if an armed instruction
+        issued or a watched range changed within it, go back to the chunk's start with the
+        library's History and run() to the exact stop (it is inside the chunk)."""
         m = self.machine
+        end = m.cycle + budget
+        sitting = self._at_breakpoint()
         while True:
-            before = m.cycle
-            r = self._machine_run(budget)
-            budget -= m.cycle - before
+            armed = self._armed_indices()
+            watches = [w for w in self.watchpoints.values() if w.enabled]
+            start = m.cycle
+            if start >= end:
+                return None
+            pending = [i for i in armed if m.issue_cycle(i) < 0 and i != sitting]
+            m.step(end - start)
+            hit = any(m.issue_cycle(i) >= 0 for i in pending)
+            changed = any(not np.array_equal(self._rows_of(w), w.old) for w in watches)
+            if not hit and not changed:
+                return self._finished_stop() if self.finished else None
+            self._rewind_to(start)
+            r = m.run(breakpoints=armed, watch=[_watch(w) for w in watches])
+            if r.status == "breakpoint" and r.index == sitting and m.cycle == start:
+                # the restored machine does not know it may issue this one: step it out
+                while m.issue_cycle(sitting) < 0 and not self.finished:
+                    m.step(1)
+                sitting = None
+                continue
+            sitting = None
             if r.status in ("halted", "fault"):
                 return self._finished_stop()
             if r.status == "breakpoint":
                 stop = self._breakpoint_hit(r.index)
+                sitting = r.index           # a hit that does not stop is issued next
             elif r.status == "watchpoint":
                 stop = self._watch_hit(r.index)
             else:
-                return None
+                stop = None
             if stop is not None:
                 return stop
-            if budget <= 0:
-                return None
 
-    def _machine_run(self, budget: int):
-        """At most `budget` cycles of m.run with the armed breakpoints and watchpoints."""
-        return self.machine.run(max_cycles=budget, breakpoints=self._armed_indices(),
-                                watch=self._armed_watches(), pause=True)
+    def _at_breakpoint(self) -> int | None:
+        """The instruction the last stop left us in front of, if it was a breakpoint: a run
+        started there issues it (the machine's rule), so it does not count as a hit."""
+        stop = self.last_stop
+        if stop is not None and stop.kind in ("breakpoint", "tag", "interrupt", "error") \
+                and stop.index is not None and stop.index == self.next_to_issue():
+            return stop.index
+        return None
+
+    def _rewind_to(self, cycle: int) -> None:
+        back = self.machine.cycle - cycle
+        if back > 0:
+            self.history.back(cycles=back)
 
     def _breakpoint_hit(self, index: int) -> Stop | None:
         ins = self.program.instructions[index]
@@ -404,6 +450,11 @@ class Session:
         self.samples[c] = sample
         while len(self._sample_order) > TIMELINE_DEPTH:
             self.samples.pop(self._sample_order.popleft(), None)
+
+
+def _watch(wp: Watchpoint):
+    from tpuasm.machine import Watch
+    return Watch(wp.memory, wp.start, wp.stop)
 
 
 def instruction_text(ins) -> str:

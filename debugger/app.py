@@ -1,0 +1,396 @@
+"""The Textual face of the debugger: a thin layer over `commands.Engine`.
+
+Every key and every palette entry becomes a command line for the engine, so the screen,
+the command line and `--batch` do exactly the same thing.  Commands that move the machine
+run in a thread worker (chunked in the session), so a long `continue` never freezes the
+screen and `p`/Escape interrupts it.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.markup import escape
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, RichLog, Static, TabbedContent, TabPane
+from textual.worker import Worker, WorkerState
+
+from .commands import COMMANDS, Engine, Result, event_text, lookup
+from .memory_view import MemoryView
+from .panes import CountersPane, PipelinePane, TimelinePane, WeightsPane
+from .session import Session
+from .source_view import SourceView
+
+MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
+
+
+class HelpScreen(ModalScreen):
+    """`?`: every key and every command."""
+
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 96; height: 90%; border: thick $accent;
+                                  background: $surface; padding: 0 1; }
+    """
+
+    def __init__(self, keys: list[tuple[str, str]]):
+        super().__init__()
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        text = Text()
+        text.append("Keys\n", style="bold underline")
+        for key, what in self.keys:
+            text.append(f"  {key:<18}", style="bold cyan")
+            text.append(f"{what}\n")
+        text.append("\nCommands (type after `:`; the same language runs in --batch)\n",
+                    style="bold underline")
+        for c in COMMANDS:
+            text.append(f"  {c.usage:<36}", style="bold green")
+            text.append(f"{c.summary}\n")
+        text.append("\nExpressions: cycle, retired, status, counters, registers, symbols, "
+                    "ub[r][c] (int8), ubu[r] (uint8), acc[r][c], host[r], tile[t]; "
+                    "e.g. `break 12 if acc[3][7] < 0`, `goto acc.sums + 8`.\nEscape closes.",
+                    style="grey70")
+        with VerticalScroll():
+            yield Static(text)
+
+
+class DebuggerApp(App):
+    TITLE = "tpuasm debugger"
+    CSS = """
+    Screen { layout: vertical; }
+    #status { height: 1; background: $primary-background; color: $text; padding: 0 1; }
+    #top { height: 3fr; }
+    #bottom { height: 2fr; }
+    #source { width: 44%; border: round $primary; }
+    #right { width: 56%; }
+    #pipeline { height: auto; max-height: 9; border: round $primary; }
+    #timeline { height: 10; border: round $primary; }
+    #log { height: 1fr; border: round $primary; }
+    #memories { width: 64%; border: round $primary; }
+    #side { width: 36%; }
+    #counters { height: 9; border: round $primary; }
+    #weights { height: auto; max-height: 9; }
+    #command { height: 3; border: round $secondary; }
+    .pane-title { border-title-align: left; }
+    """
+
+    BINDINGS = [
+        Binding("s", "cmd('step')", "Step cycle"),
+        Binding("n", "cmd('next')", "Step instr"),
+        Binding("c", "cmd('continue')", "Continue"),
+        Binding("r", "prompt('run ')", "Run N"),
+        Binding("u", "run_to_cursor", "To cursor"),
+        Binding("p,escape", "interrupt", "Pause"),
+        Binding("b", "cmd('reverse-step')", "Back cycle"),
+        Binding("B", "cmd('reverse-next')", "Back instr"),
+        Binding("C", "cmd('reverse-continue')", "Rev cont"),
+        Binding("f9", "toggle_break", "Break", show=False),
+        Binding("g", "prompt('goto ')", "Go to"),
+        Binding("colon", "prompt('')", "Command"),
+        Binding("tab", "app.focus_next", "Focus", show=False),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+    # What each key does, for the help screen (bindings of the panes included).
+    KEY_HELP = [
+        ("s", "step one cycle"), ("n", "step one instruction (until it finishes its stage)"),
+        ("c", "continue to a breakpoint, watchpoint, caught event, halt or fault"),
+        ("r", "run N cycles (asks for N)"), ("u", "run to the cursor line in the source"),
+        ("p / Escape", "interrupt a run (the screen stays live while running)"),
+        ("b", "reverse: back one cycle"), ("B", "reverse: back one instruction"),
+        ("C", "reverse-continue to the previous breakpoint / watchpoint hit"),
+        ("space (source) / F9", "toggle a breakpoint on the cursor line; click the gutter too"),
+        ("up / down / j / k", "move the source cursor"),
+        ("x (memory)", "cycle the radix: hex, signed, unsigned"),
+        ("w (memory)", "bytes as int8 or as int32 words"),
+        ("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`"),
+        (":", "command line (`help` lists the commands); up/down recall history"),
+        ("tab", "move focus between panes"), ("ctrl+p", "command palette: every action"),
+        ("?", "this help"), ("q", "quit"),
+    ]
+
+    def __init__(self, session: Session, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+        self.engine = Engine(session)
+        self.running = False
+        self.run_started = 0.0
+        self.history: list[str] = []
+        self.history_pos = 0
+        self.tile_shown: int | None = None
+        session.on_progress = self._progress_from_worker
+
+    # -- layout -------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        s = self.session
+        yield Static(id="status")
+        with Horizontal(id="top"):
+            yield SourceView(s, id="source", classes="pane-title")
+            with Vertical(id="right"):
+                yield PipelinePane(s, id="pipeline", classes="pane-title")
+                yield TimelinePane(s, id="timeline", classes="pane-title")
+                yield RichLog(id="log", markup=True, wrap=True, max_lines=2000, classes="pane-title")
+        with Horizontal(id="bottom"):
+            with TabbedContent(id="memories", classes="pane-title"):
+                for memory, title in MEMORY_TABS:
+                    with TabPane(title, id=f"tab-{memory}"):
+                        if memory == "tile":
+                            yield WeightsPane(s, id="weights")
+                        yield MemoryView(memory, self._memory_source(memory), id=f"mem-{memory}")
+            with Vertical(id="side"):
+                yield CountersPane(s, id="counters", classes="pane-title")
+        yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
+                    id="command")
+        yield Footer()
+
+    def _memory_source(self, memory: str):
+        m = self.session.machine
+        if memory == "tile":
+            def tile():
+                if m.weights is None or m.weights.shape[0] == 0:
+                    return None
+                t = self.tile_shown
+                if t is None:
+                    active = m.active()
+                    t = active.tiles[0] if active is not None else 0
+                return m.tile_values(min(t, m.weights.shape[0] - 1))
+            return tile
+        return lambda: getattr(m, memory)
+
+    def on_mount(self) -> None:
+        titles = {"source": f"source  {self.session.source_name or ''}", "pipeline": "pipeline",
+                  "timeline": "timeline", "log": "log", "memories": "memories",
+                  "counters": "counters"}
+        for wid, title in titles.items():
+            self.query_one(f"#{wid}").border_title = title
+        self.query_one(SourceView).focus()
+        self.log_line(f"loaded {escape(self.session.source_name or 'program')}: "
+                      f"{len(self.session.program)} instructions, N = {self.session.machine.config.array_size}. "
+                      "Press [b]?[/] for help, [b]:[/] for commands.")
+        self.refresh_all(follow=True)
+
+    # -- running commands ----------------------------------------------------------------------
+    def execute(self, line: str, echo: bool = True) -> None:
+        line = line.strip()
+        if not line:
+            return
+        if echo:
+            self.log_line(f"[bold]> {escape(line)}[/]")
+        word = line.split()[0]
+        cmd = lookup("x" if word.startswith("x/") else word)
+        if cmd is not None and cmd.runs:
+            if self.running:
+                self.log_line("[yellow]the machine is running: press p to interrupt[/]")
+                return
+            self.running = True
+            self.run_started = time.perf_counter()
+            for view in self.query(MemoryView):
+                view.capture()
+            self._show_status(running=True)
+            self.run_worker(lambda: self._guarded(line), thread=True, group="machine",
+                            exclusive=True, exit_on_error=False, name=line)
+        else:
+            self.show_result(self._guarded(line))
+
+    def _guarded(self, line: str) -> Result:
+        """A bug anywhere below must show up in the log, not take the app down."""
+        try:
+            return self.engine.execute(line)
+        except Exception as e:          # noqa: BLE001 - the app must survive anything
+            return Result([f"[bold red]internal error in `{escape(line)}`: "
+                           f"{escape(type(e).__name__)}: {escape(str(e))}[/]"], ok=False)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "machine":
+            return
+        if event.state == WorkerState.SUCCESS:
+            self.running = False
+            self.show_result(event.worker.result)
+        elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
+            self.running = False
+            self.log_line(f"[red]run ended: {escape(str(event.worker.error or 'cancelled'))}[/]")
+            self.refresh_all()
+
+    def show_result(self, result: Result) -> None:
+        for event in self.session.new_events():
+            colour = "bold red" if event.kind == "fault" else "cyan"
+            self.log_line(f"[{colour}]{escape(event_text(self.session, event))}[/]")
+        for line in result.lines:
+            self.log_line(line)
+        if result.goto is not None:
+            self.go_to(result.goto)
+        if result.ui and result.ui[0] == "radix":
+            view = self.current_memory_view()
+            view.radix = result.ui[1]
+            if len(result.ui) > 2:
+                view.unit = result.ui[2]
+        if result.stop is not None and result.stop.kind == "fault":
+            self.notify(result.stop.message, title="machine fault", severity="error", timeout=8)
+        self.refresh_all(follow=result.stop is not None)
+
+    def log_line(self, markup: str) -> None:
+        self.query_one("#log", RichLog).write(Text.from_markup(markup))
+
+    def _progress_from_worker(self, cycle: int, elapsed: float) -> None:
+        self.call_from_thread(self._show_status, True, cycle)
+
+    # -- redraw ----------------------------------------------------------------------------------
+    def refresh_all(self, follow: bool = False) -> None:
+        if self.running:
+            return
+        self.query_one(SourceView).update_state(follow=follow)
+        self.query_one(PipelinePane).update_state()
+        self.query_one(TimelinePane).update_state()
+        self.query_one(CountersPane).update_state()
+        self.query_one(WeightsPane).update_state()
+        for view in self.query(MemoryView):
+            view.update_data()
+        self._show_status()
+
+    def _show_status(self, running: bool = False, cycle: int | None = None) -> None:
+        m = self.session.machine
+        text = Text()
+        text.append(f" {self.session.source_name or 'program'} ", style="bold")
+        if running:
+            elapsed = time.perf_counter() - self.run_started
+            text.append(f" RUNNING  cycle {cycle if cycle is not None else '...'}  "
+                        f"{elapsed:.1f} s  (p to interrupt)", style="bold yellow")
+        else:
+            colour = {"halted": "green", "fault": "bold red"}.get(m.status, "white")
+            text.append(f" cycle {m.cycle:,}  ", style="bold")
+            text.append(f"{m.status}", style=colour)
+            stop = self.session.last_stop
+            if stop is not None:
+                text.append(f"  — {stop.message}", style="grey70")
+        self.query_one("#status", Static).update(text)
+
+    def current_memory_view(self) -> MemoryView:
+        tabs = self.query_one(TabbedContent)
+        memory = (tabs.active or "tab-ub").removeprefix("tab-")
+        return self.query_one(f"#mem-{memory}", MemoryView)
+
+    def go_to(self, loc) -> None:
+        if loc.memory == "tile":
+            self.tile_shown = loc.row
+            self.query_one(TabbedContent).active = "tab-tile"
+            view = self.query_one("#mem-tile", MemoryView)
+            view.update_data()
+            view.go_to(0, loc.col)
+        else:
+            self.query_one(TabbedContent).active = f"tab-{loc.memory}"
+            view = self.query_one(f"#mem-{loc.memory}", MemoryView)
+            view.update_data()
+            view.go_to(loc.row, loc.col)
+        view.focus()
+
+    # -- actions ----------------------------------------------------------------------------
+    def action_cmd(self, line: str) -> None:
+        self.execute(line)
+
+    def action_prompt(self, prefix: str) -> None:
+        box = self.query_one("#command", Input)
+        box.value = prefix
+        box.cursor_position = len(prefix)
+        box.focus()
+
+    def action_interrupt(self) -> None:
+        if self.running:
+            self.session.cancel.set()
+            self.log_line("[yellow]interrupting...[/]")
+        elif self.focused is self.query_one("#command", Input):
+            self.query_one(SourceView).focus()
+
+    def action_run_to_cursor(self) -> None:
+        view = self.query_one(SourceView)
+        indices = view.listing.indices_of.get(view.cursor_line)
+        if not indices:
+            self.log_line(f"[red]no instruction on line {view.cursor_line}[/]")
+            return
+        self.execute(f"until *{min(indices)}")
+
+    def action_toggle_break(self) -> None:
+        view = self.query_one(SourceView)
+        self.toggle_breakpoint(view.cursor_line)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.KEY_HELP))
+
+    @on(SourceView.ToggleBreakpoint)
+    def _toggle_from_source(self, message: SourceView.ToggleBreakpoint) -> None:
+        self.toggle_breakpoint(message.line)
+
+    def toggle_breakpoint(self, line: int) -> None:
+        view = self.query_one(SourceView)
+        indices = set(view.listing.indices_of.get(line, ()))
+        if not indices:
+            self.log_line(f"[red]no instruction on line {line}[/]")
+            return
+        existing = [bp for bp in self.session.breakpoints.values() if indices & set(bp.indices)]
+        if existing:
+            self.execute("delete " + " ".join(str(bp.number) for bp in existing))
+        elif view.listing.name == "(disassembly)":
+            self.execute(f"break *{min(indices)}")
+        else:
+            self.execute(f"break {view.listing.name}:{line}")
+
+    @on(Input.Submitted, "#command")
+    def _submitted(self, event: Input.Submitted) -> None:
+        line = event.value.strip()
+        event.input.value = ""
+        if line:
+            self.history.append(line)
+            self.history_pos = len(self.history)
+            self.execute(line)
+
+    def on_key(self, event) -> None:
+        box = self.query_one("#command", Input)
+        if self.focused is not box or event.key not in ("up", "down") or not self.history:
+            return
+        step = -1 if event.key == "up" else 1
+        self.history_pos = min(max(self.history_pos + step, 0), len(self.history))
+        box.value = self.history[self.history_pos] if self.history_pos < len(self.history) else ""
+        box.cursor_position = len(box.value)
+        event.stop()
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for key, action, title, help_text in (
+                ("s", "cmd('step')", "Step one cycle", "advance the machine one clock"),
+                ("n", "cmd('next')", "Step one instruction", "until the next instruction finishes its stage"),
+                ("c", "cmd('continue')", "Continue", "run to a breakpoint, watchpoint, halt or fault"),
+                ("r", "prompt('run ')", "Run N cycles", "asks for N"),
+                ("u", "run_to_cursor", "Run to cursor", "run until the cursor line's instruction issues"),
+                ("p", "interrupt", "Interrupt", "stop a running continue"),
+                ("b", "cmd('reverse-step')", "Reverse step cycle", "back one clock (library History)"),
+                ("B", "cmd('reverse-next')", "Reverse step instruction", "back one instruction"),
+                ("C", "cmd('reverse-continue')", "Reverse continue", "back to the previous hit"),
+                ("space", "toggle_break", "Toggle breakpoint", "on the source cursor line"),
+                ("g", "prompt('goto ')", "Go to address or symbol", "in the memory views"),
+                ("x", "radix_next", "Cycle radix", "hex / signed / unsigned in the memory view"),
+                ("w", "unit_toggle", "Toggle int8 / int32", "unit of the memory view"),
+                (":", "prompt('')", "Command line", "type a debugger command"),
+                ("", "cmd('info counters')", "Info counters", "counters and Table-3 breakdown in the log"),
+                ("", "cmd('info breakpoints')", "Info breakpoints", "list breakpoints and watchpoints"),
+                ("", "cmd('restart')", "Restart", "reload program and data at cycle 0"),
+                ("", "screenshot", "Save screenshot (SVG)", "writes tpuasm-debugger.svg"),
+                ("?", "help", "Help", "every key and command")):
+            label = f"{title}  [{key}]" if key else title
+            yield SystemCommand(label, help_text, lambda a=action: self.run_action(a))
+
+    def action_radix_next(self) -> None:
+        self.current_memory_view().action_cycle_radix()
+
+    def action_unit_toggle(self) -> None:
+        self.current_memory_view().action_toggle_unit()
+
+    def action_screenshot(self) -> None:
+        path = self.save_screenshot("tpuasm-debugger.svg", path=str(Path.cwd()))
+        self.log_line(f"screenshot saved to {escape(path)}")

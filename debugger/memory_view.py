@@ -1,0 +1,176 @@
+"""A virtualised memory view (Textual Line API): only the visible rows and columns are
+formatted, so a 98,304 x 256 Unified Buffer scrolls and repaints as fast as a small one.
+
+Per view: radix (hex, signed, unsigned), unit for byte memories (int8, or int32 from four
+little-endian bytes), values changed by the last step highlighted, a target row marked
+after `goto`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+RADIXES = ("hex", "signed", "unsigned")
+_ADDRESS = Style(color="bright_black")
+_TARGET_ADDRESS = Style(color="black", bgcolor="yellow", bold=True)
+_ZERO = Style(color="grey42")
+_VALUE = Style()
+_CHANGED = Style(color="black", bgcolor="bright_yellow", bold=True)
+_HEADER = Style(color="cyan", bold=True)
+
+
+def cell_width(radix: str, bits: int) -> int:
+    """Characters per value, without the separating space."""
+    if radix == "hex":
+        return bits // 4
+    if radix == "unsigned":
+        return len(str((1 << bits) - 1))
+    return len(str(-(1 << (bits - 1))))
+
+
+def format_row(values: np.ndarray, radix: str, bits: int, width: int) -> list[str]:
+    """Values of one row as fixed-width strings (vectorised enough for ~100 cells)."""
+    mask = (1 << bits) - 1
+    if radix == "hex":
+        return [f"{v & mask:0{width}x}" for v in values.tolist()]
+    if radix == "unsigned":
+        return [f"{v & mask:>{width}}" for v in values.tolist()]
+    half = 1 << (bits - 1)
+    return [f"{(v & mask) - ((v & mask) >= half) * (mask + 1):>{width}}" for v in values.tolist()]
+
+
+class MemoryView(ScrollView, can_focus=True):
+    """Rows of a 2-D array: address gutter fixed on the left, values scrolling right."""
+
+    BINDINGS = [
+        Binding("x", "cycle_radix", "Radix", tooltip="hex / signed / unsigned"),
+        Binding("w", "toggle_unit", "int8/32", tooltip="bytes as int8 or as int32 words"),
+    ]
+
+    DEFAULT_CSS = """
+    MemoryView { height: 1fr; }
+    MemoryView:focus { background: $boost; }
+    """
+
+    radix: reactive[str] = reactive("hex")
+    unit: reactive[str] = reactive("int8")
+
+    def __init__(self, memory: str, source: Callable[[], np.ndarray | None], **kwargs):
+        super().__init__(**kwargs)
+        self.memory = memory
+        self.source = source
+        self.target_row: int | None = None
+        self._before: tuple[int, np.ndarray] | None = None   # rows captured before a step
+        self._shape: tuple[int, int] = (0, 0)
+
+    # -- data --------------------------------------------------------------------------------
+    def array(self) -> np.ndarray | None:
+        """The memory as the view shows it: uint8/int8 bytes, or int32 elements."""
+        a = self.source()
+        if a is None:
+            return None
+        if a.dtype.itemsize == 1 and self.unit == "int32" and a.shape[1] % 4 == 0:
+            return a.view("<i4") if a.flags.c_contiguous else np.ascontiguousarray(a).view("<i4")
+        return a
+
+    @property
+    def bits(self) -> int:
+        a = self.source()
+        return 8 if a is not None and a.dtype.itemsize == 1 and self.unit == "int8" else 32
+
+    def capture(self) -> None:
+        """Remember the visible rows, so that the next repaint can mark what changed."""
+        a = self.array()
+        if a is None:
+            self._before = None
+            return
+        top = int(self.scroll_offset.y)
+        height = max(self.size.height, 1)
+        self._before = (top, a[top:top + height].copy())
+
+    def forget_changes(self) -> None:
+        self._before = None
+
+    def update_data(self) -> None:
+        """The machine moved (or a new tile is shown): resize and repaint."""
+        a = self.array()
+        rows, cols = (0, 0) if a is None else a.shape
+        self._shape = (rows, cols)
+        cw = cell_width(self.radix, self.bits) + 1
+        self.virtual_size = Size(self._gutter_width() + cols * cw, rows + 1)
+        self.refresh()
+
+    def _gutter_width(self) -> int:
+        return max(len(str(max(self._shape[0] - 1, 0))), 4) + 2
+
+    def watch_radix(self) -> None:
+        self.update_data()
+
+    def watch_unit(self) -> None:
+        self._before = None
+        self.update_data()
+
+    def action_cycle_radix(self) -> None:
+        self.radix = RADIXES[(RADIXES.index(self.radix) + 1) % len(RADIXES)]
+        self.notify(f"{self.memory}: {self.radix}", timeout=1.5)
+
+    def action_toggle_unit(self) -> None:
+        a = self.source()
+        if a is None or a.dtype.itemsize != 1:
+            self.notify(f"{self.memory} holds int32 values", timeout=1.5)
+            return
+        self.unit = "int32" if self.unit == "int8" else "int8"
+
+    def go_to(self, row: int, col: int = 0) -> None:
+        """Scroll so that `row` is near the top and mark it."""
+        self.target_row = row
+        cw = cell_width(self.radix, self.bits) + 1
+        if self.unit == "int32" and self.bits == 32 and (self.source() is not None
+                                                         and self.source().dtype.itemsize == 1):
+            col //= 4
+        self.scroll_to(x=col * cw, y=max(row - 2, 0), animate=False, immediate=True)
+        self.refresh()
+
+    # -- Line API ----------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        a = self.array()
+        if a is None:
+            return Strip([Segment(f" no {self.memory} memory loaded".ljust(width), _ZERO)]) \
+                if y == 0 else Strip.blank(width)
+        rows, cols = a.shape
+        bits = 8 if a.dtype.itemsize == 1 else 32
+        cw = cell_width(self.radix, bits)
+        gutter = self._gutter_width()
+        scroll_x, scroll_y = int(self.scroll_offset.x), int(self.scroll_offset.y)
+        first = scroll_x // (cw + 1)
+        count = max(0, min(cols - first, (width - gutter) // (cw + 1) + 1))
+        if y == 0:                       # column header, stays put while scrolling down
+            head = " " * gutter + "".join(f"{c:>{cw}} "[-(cw + 1):] for c in range(first, first + count))
+            return Strip([Segment(head[:width].ljust(width), _HEADER)])
+        row = scroll_y + y - 1
+        if row >= rows:
+            return Strip.blank(width)
+        values = a[row, first:first + count]
+        texts = format_row(values, self.radix, bits, cw)
+        changed = None
+        if self._before is not None:
+            top, before = self._before
+            if top <= row < top + len(before) and before.shape[1:] == a.shape[1:]:
+                changed = (before[row - top, first:first + count] != values).tolist()
+        zero = (values == 0).tolist()
+        addr_style = _TARGET_ADDRESS if row == self.target_row else _ADDRESS
+        segments = [Segment(f"{row:>{gutter - 2}}: ", addr_style)]
+        for k, text in enumerate(texts):
+            style = _CHANGED if changed and changed[k] else (_ZERO if zero[k] else _VALUE)
+            segments.append(Segment(text, style))
+            segments.append(Segment(" "))
+        return Strip(segments).crop(0, width).extend_cell_length(width)

@@ -1,0 +1,173 @@
+"""Small panes that are redrawn whole after each step: pipeline, timeline, counters, weights."""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from .commands import weight_lines
+
+PIPE_STAGES = ("input", "matrix", "activate", "output", "weights")
+TIMELINE_ROWS = ("front", "input", "matrix", "activate", "output", "weights")
+_STAGE_COLOURS = {"front": "white", "input": "green", "matrix": "magenta", "activate": "cyan",
+                  "output": "blue", "weights": "yellow"}
+LOOKBACK = 256        # instructions scanned backwards when rebuilding the timeline
+
+
+def bar(done: int, total: int, width: int = 10) -> str:
+    if not total:
+        return ""
+    full = min(width, round(width * done / total))
+    return "█" * full + "░" * (width - full)
+
+
+class PipelinePane(Static):
+    """The four stages, the weight-fetch engine and the front end, from m.pipeline()."""
+
+    def __init__(self, session, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+
+    def update_state(self) -> None:
+        table = Table(box=None, expand=True, padding=(0, 1), show_edge=False)
+        table.add_column("stage", style="bold", no_wrap=True, width=8)
+        table.add_column("instruction", no_wrap=True, ratio=3, overflow="ellipsis")
+        table.add_column("progress", no_wrap=True, ratio=2)
+        table.add_column("cyc", justify="right", no_wrap=True)
+        table.add_column("stall", ratio=4, overflow="fold")
+        for st in self.session.machine.pipeline():
+            colour = _STAGE_COLOURS.get(st.name, "white")
+            if st.index is None:
+                table.add_row(Text(st.name, style=colour), Text("idle", style="grey50"), "", "",
+                              Text(st.stall or "", style="red"))
+                continue
+            loc = f" {st.location.file.rsplit('/', 1)[-1]}:{st.location.line}" if st.location else ""
+            progress = f"{st.progress}/{st.total} {st.unit} {bar(st.progress, st.total)}" if st.total else ""
+            table.add_row(Text(st.name, style=colour), Text(f"#{st.index} {st.text}{loc}"),
+                          progress, str(st.cycles_in_stage),
+                          Text(st.stall, style="bold red") if st.stall else Text(""))
+        self.update(table)
+
+
+class TimelinePane(Static):
+    """Stage x recent cycles, like Ripes' pipeline diagram: each cell names the instruction
+    in that stage; red cells are stalls.  Occupancy comes from the library's per-instruction
+    issue/finish cycles; stall marks from the pipeline states the session recorded while
+    stepping, and from the front end waiting to issue."""
+
+    def __init__(self, session, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+
+    def update_state(self) -> None:
+        s = self.session
+        m = s.machine
+        cell = 4
+        columns = max(4, (self.size.width - 9) // cell) if self.size.width else 24
+        now = m.cycle
+        c0 = max(0, now - columns + 1)
+        cycles = range(c0, now + 1)
+        grid = {row: [None] * len(cycles) for row in TIMELINE_ROWS}   # (index, stalled)
+        stage_of = [ins.spec.stage for ins in s.program.instructions]
+        n = len(s.program)
+        nxt = s.next_to_issue()
+        last = n - 1 if nxt is None else min(nxt, n - 1)
+        # instructions issue in order: scan back from the next one until well before c0
+        for i in range(last, max(-1, last - LOOKBACK), -1):
+            issue = m.issue_cycle(i)
+            if issue < 0:
+                # not issued yet: the front end holds it from the previous issue onwards
+                continue
+            finish = m.finish_cycle(i)
+            end = now if finish < 0 else finish
+            if end < c0 and finish >= 0 and issue < c0 - 4 * columns:
+                break
+            row = stage_of[i] if stage_of[i] in grid else "front"
+            for k, c in enumerate(cycles):
+                if issue <= c <= max(end, issue) and (finish < 0 or c <= finish):
+                    if grid[row][k] is None:
+                        grid[row][k] = (i, False)
+        if nxt is not None and m.status not in ("halted", "fault"):
+            prev_issue = m.issue_cycle(nxt - 1) if nxt > 0 else -1
+            for k, c in enumerate(cycles):
+                if c > prev_issue and grid["front"][k] is None:
+                    grid["front"][k] = (nxt, c - prev_issue > 1)
+        for k, c in enumerate(cycles):
+            sample = s.samples.get(c)
+            if not sample:
+                continue
+            for row, st in sample.items():
+                if row in grid and st.index is not None:
+                    grid[row][k] = (st.index, st.stalled)
+        text = Text(no_wrap=True, overflow="crop")
+        text.append("cycle".ljust(9), style="bold")
+        for k, c in enumerate(cycles):
+            label = str(c % 10000) if (c % 5 == 0 or c == now) else ""
+            text.append(label.rjust(cell - 1)[: cell - 1] + " ",
+                        style="bold yellow" if c == now else "grey50")
+        text.append("\n")
+        for row in TIMELINE_ROWS:
+            colour = _STAGE_COLOURS[row]
+            text.append(row.ljust(9), style=f"bold {colour}")
+            for k in range(len(cycles)):
+                entry = grid[row][k]
+                if entry is None:
+                    text.append(" · ".ljust(cell), style="grey30")
+                else:
+                    index, stalled = entry
+                    label = f"{index:>3}"[-3:]
+                    style = "bold white on red" if stalled else f"black on {colour}"
+                    text.append(label, style=style)
+                    text.append(" ")
+            text.append("\n")
+        text.append("cells: instruction index; ", style="grey50")
+        text.append(" red ", style="bold white on red")
+        text.append(" = stalled", style="grey50")
+        self.update(text)
+
+
+class CountersPane(Static):
+    def __init__(self, session, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+
+    def update_state(self) -> None:
+        c = self.session.machine.counters()
+        cycles = max(int(c.get("cycles", 0)), 1)
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append("cycle ", style="bold")
+        text.append(f"{self.session.machine.cycle:,}")
+        text.append("   retired ", style="bold")
+        text.append(f"{int(c.get('instructions', 0)):,}/{len(self.session.program)}\n")
+        util = float(c.get("mxu_utilization", 0))
+        text.append("MXU ", style="bold")
+        text.append(f"{100 * util:5.1f} % ", style="magenta")
+        text.append(bar(int(1000 * util), 1000, 14) + "\n", style="magenta")
+        for key, label, colour in (("array_active_cycles", "active", "magenta"),
+                                   ("weight_stall_cycles", "w.stall", "red"),
+                                   ("weight_shift_cycles", "w.shift", "yellow"),
+                                   ("non_matrix_cycles", "non-mxu", "grey62")):
+            v = int(c.get(key, 0))
+            text.append(f"{label:<8}", style=colour)
+            text.append(f"{v:>9,} {100 * v / cycles:5.1f}% {bar(v, cycles, 8)}\n", style=colour)
+        text.append(f"RAW stall {int(c.get('raw_stall_cycles', 0)):,}  "
+                    f"input stall {int(c.get('input_stall_cycles', 0)):,}", style="grey62")
+        self.update(text)
+
+
+class WeightsPane(Static):
+    """Weight FIFO fill level, the shadow tile being shifted in, the active tile(s)."""
+
+    def __init__(self, session, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+
+    def update_state(self) -> None:
+        m = self.session.machine
+        lines = weight_lines(m)
+        fifo = m.fifo()
+        depth = m.config.fifo_depth
+        gauge = "▮" * len(fifo) + "▯" * max(depth - len(fifo), 0)
+        text = Text(f"fill {gauge}\n", style="yellow")
+        text.append("\n".join(lines))
+        self.update(text)

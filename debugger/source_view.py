@@ -1,0 +1,202 @@
+"""The source pane (Line API): highlighted .tasm with a gutter of breakpoints and of the
+pipeline stages that hold each line's instructions right now.
+
+A program without source text (a stripped .tbin) is shown as its disassembly, one line
+per instruction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pygments.token import Comment, Keyword, Name, Number, Operator, String, Token
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from .lexer import TasmLexer
+
+# One letter per stage in the gutter; the front end's "next to issue" is an arrow.
+STAGE_LETTERS = {"input": "I", "matrix": "M", "activate": "A", "output": "O", "weights": "W"}
+STAGE_STYLES = {"I": Style(color="black", bgcolor="green"), "M": Style(color="black", bgcolor="magenta"),
+                "A": Style(color="black", bgcolor="cyan"), "O": Style(color="black", bgcolor="blue"),
+                "W": Style(color="black", bgcolor="yellow")}
+_TOKEN_STYLES = [
+    (Comment, Style(color="grey50", italic=True)),
+    (Keyword.Type, Style(color="bright_magenta")),
+    (Keyword.Pseudo, Style(color="bright_blue", bold=True)),
+    (Keyword, Style(color="bright_cyan", bold=True)),
+    (Name.Label, Style(color="bright_yellow", bold=True)),
+    (Name.Builtin, Style(color="green")),
+    (Name.Attribute, Style(color="yellow")),
+    (Name.Variable, Style(color="bright_green")),
+    (Number, Style(color="bright_red")),
+    (String, Style(color="yellow")),
+    (Operator, Style(color="white")),
+]
+_LINE_NO = Style(color="grey50")
+_BREAK = Style(color="bright_red", bold=True)
+_BREAK_OFF = Style(color="grey50")
+_NEXT = Style(color="bright_yellow", bold=True)
+_CURSOR = Style(bgcolor="grey23")
+_NEXT_LINE = Style(bgcolor="dark_blue")
+
+
+def _style_for(token) -> Style:
+    for kind, style in _TOKEN_STYLES:
+        if token in kind:
+            return style
+    return Style()
+
+
+def highlight(text: str) -> list[list[Segment]]:
+    """Per line, the styled segments of `text` (tokenised once, when a program loads)."""
+    lines: list[list[Segment]] = [[]]
+    for token, value in TasmLexer().get_tokens(text):
+        parts = value.split("\n")
+        for k, part in enumerate(parts):
+            if k:
+                lines.append([])
+            if part:
+                lines[-1].append(Segment(part.expandtabs(4), _style_for(token)))
+    if text.endswith("\n") or (lines and not lines[-1]):
+        lines.pop()
+    return lines
+
+
+@dataclass
+class Listing:
+    """What the source pane shows: lines, and which instructions each line holds."""
+    name: str
+    lines: list[list[Segment]]
+    line_of: dict[int, int]                 # instruction index -> 1-based line
+    indices_of: dict[int, list[int]]        # 1-based line -> instruction indices
+
+
+def build_listing(session, file: str | None = None) -> Listing:
+    program = session.program
+    file = file or session.main_file()
+    text = program.sources.get(file) if file else None
+    if text is not None:
+        line_of = {i: loc.line for i, loc in enumerate(program.locations)
+                   if loc is not None and loc.file == file}
+        lines = highlight(text)
+    else:
+        from .session import instruction_text
+        file = "(disassembly)"
+        line_of = {i: i + 1 for i in range(len(program))}
+        lines = highlight("\n".join(instruction_text(ins) for ins in program.instructions))
+    indices_of: dict[int, list[int]] = {}
+    for i, line in line_of.items():
+        indices_of.setdefault(line, []).append(i)
+    return Listing(file, lines, line_of, indices_of)
+
+
+class SourceView(ScrollView, can_focus=True):
+    """Source lines with gutter: line number, breakpoint dot, stage letters, next arrow."""
+
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "Up", show=False),
+        Binding("down,j", "cursor(1)", "Down", show=False),
+        Binding("pageup", "cursor(-20)", show=False),
+        Binding("pagedown", "cursor(20)", show=False),
+        Binding("space", "toggle_break", "Break", tooltip="toggle a breakpoint on the cursor line"),
+    ]
+    DEFAULT_CSS = """
+    SourceView { height: 1fr; }
+    SourceView:focus { background: $boost; }
+    """
+
+    class ToggleBreakpoint(Message):
+        def __init__(self, line: int):
+            super().__init__()
+            self.line = line
+
+    def __init__(self, session, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+        self.listing = build_listing(session)
+        self.cursor_line = 1
+        self.stages: dict[int, str] = {}         # line -> stage letters now
+        self.next_line: int | None = None
+        self.break_lines: dict[int, bool] = {}   # line -> enabled
+        self.virtual_size = Size(100, len(self.listing.lines))
+
+    def show_file(self, file: str) -> None:
+        if file != self.listing.name:
+            self.listing = build_listing(self.session, file)
+            self.virtual_size = Size(100, len(self.listing.lines))
+
+    def update_state(self, follow: bool = True) -> None:
+        """Read the pipeline and breakpoints; scroll to the next instruction if asked."""
+        s = self.session
+        program = s.program
+        pipeline = s.machine.pipeline()
+        nxt = next((st.index for st in pipeline if st.name == "front"), None)
+        if nxt is not None and nxt < len(program):
+            loc = program.locations[nxt]
+            if loc is not None and loc.file != self.listing.name and loc.file in program.sources:
+                self.show_file(loc.file)
+        line_of = self.listing.line_of
+        self.stages = {}
+        for st in pipeline:
+            letter = STAGE_LETTERS.get(st.name)
+            if letter and st.index is not None and st.index in line_of:
+                line = line_of[st.index]
+                self.stages[line] = self.stages.get(line, "") + letter
+        self.next_line = line_of.get(nxt) if nxt is not None else None
+        self.break_lines = {}
+        for bp in s.breakpoints.values():
+            for i in bp.indices:
+                if i in line_of:
+                    line = line_of[i]
+                    self.break_lines[line] = self.break_lines.get(line, False) or bp.enabled
+        if follow and self.next_line is not None:
+            self.cursor_line = self.next_line
+            self._keep_visible(self.next_line)
+        self.refresh()
+
+    def _keep_visible(self, line: int) -> None:
+        top, height = int(self.scroll_offset.y), max(self.size.height, 1)
+        if not top <= line - 1 < top + height:
+            self.scroll_to(y=max(line - 1 - height // 3, 0), animate=False, immediate=True)
+
+    def action_cursor(self, delta: int) -> None:
+        self.cursor_line = min(max(self.cursor_line + delta, 1), max(len(self.listing.lines), 1))
+        self._keep_visible(self.cursor_line)
+        self.refresh()
+
+    def action_toggle_break(self) -> None:
+        self.post_message(self.ToggleBreakpoint(self.cursor_line))
+
+    def on_click(self, event) -> None:
+        line = int(self.scroll_offset.y) + event.y + 1
+        if 1 <= line <= len(self.listing.lines):
+            self.cursor_line = line
+            if event.x < 8:                     # a click in the gutter toggles a breakpoint
+                self.post_message(self.ToggleBreakpoint(line))
+            self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        line = int(self.scroll_offset.y) + y + 1
+        if line > len(self.listing.lines):
+            return Strip.blank(width)
+        enabled = self.break_lines.get(line)
+        dot = Segment("●" if enabled else ("○" if enabled is False else " "),
+                      _BREAK if enabled else _BREAK_OFF)
+        letters = self.stages.get(line, "")
+        stage_segments = [Segment(ch, STAGE_STYLES.get(ch, Style())) for ch in letters[:3]]
+        pad = Segment(" " * (3 - min(len(letters), 3)))
+        arrow = Segment("▶" if line == self.next_line else " ", _NEXT)
+        segments = [Segment(f"{line:>5} ", _LINE_NO), dot, Segment(" "), *stage_segments, pad,
+                    arrow, Segment(" "), *self.listing.lines[line - 1]]
+        strip = Strip(segments).crop(0, width).extend_cell_length(width)
+        if line == self.next_line:
+            strip = strip.apply_style(_NEXT_LINE)
+        if line == self.cursor_line and self.has_focus:
+            strip = strip.apply_style(_CURSOR)
+        return strip
