@@ -1,0 +1,573 @@
+"""The Machine: the public API of spec/machine-api.md over the numba core (core.py).
+
+Python calls into the core once per run/step; everything else here is views over the
+core's arrays (no copies) and words for the faces (pipeline stall texts, fault messages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..binary import Program, SourceLoc
+from ..encoding import EncodingError, decode, encode
+from . import core
+from .config import MachineConfig
+from .data import load_host, load_weights
+from .decoded import COL_FLAGS, COL_OP, NREGS, OP_MMC, decode_table, reset_registers
+from .faults import MEMORY_NAMES, MachineFault, describe
+from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
+from ..isa import ISA_TABLE
+
+_MEMORIES = {"ub": MEM_UB, "acc": MEM_ACC, "host": MEM_HOST}
+_STATUS = {core.HALTED: "halted", core.FAULTED: "fault", core.BREAKPOINT: "breakpoint",
+           core.WATCHPOINT: "watchpoint", core.PAUSED: "paused", core.RUNNING: "paused"}
+_REG_NAMES = sorted(ISA_TABLE.registers.values(), key=lambda r: r.index)
+_INT_OPS = {ISA_TABLE.instructions[k].opcode for k in ("INT", "TAG")}
+
+
+# ------------------------------------------------------------------------ public records
+@dataclass(frozen=True)
+class RunResult:
+    status: str                 # halted, fault, breakpoint, watchpoint, paused
+    cycle: int
+    fault: MachineFault | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Watch:
+    memory: str                 # "ub", "acc" or "host"
+    start: int
+    stop: int                   # exclusive
+
+    def __post_init__(self):
+        if self.memory not in _MEMORIES:
+            raise ValueError(f"watch memory must be one of {', '.join(_MEMORIES)}, "
+                             f"not {self.memory!r}")
+        if self.stop <= self.start:
+            raise ValueError(f"empty watch range {self.start}..{self.stop - 1}")
+
+
+@dataclass(frozen=True)
+class FifoEntry:
+    tile: int
+    state: str                  # "fetching" or "ready"
+    done: int                   # bytes
+    total: int
+
+
+@dataclass(frozen=True)
+class TileState:
+    tile: int
+    state: str                  # "shifting" or "ready"
+    done: int                   # cycles
+    total: int
+
+
+@dataclass(frozen=True)
+class ActiveWeights:
+    tiles: tuple[int, ...]
+    wide: bool
+
+
+@dataclass(frozen=True)
+class StageState:
+    name: str
+    index: int | None
+    text: str
+    location: SourceLoc | None
+    progress: int
+    total: int
+    unit: str
+    cycles_in_stage: int
+    stall: str | None
+
+
+@dataclass(frozen=True)
+class Event:
+    cycle: int
+    kind: str                   # "interrupt", "tag", "fault"
+    index: int | None
+    value: int
+
+
+@dataclass
+class Snapshot:
+    """Every array and Python-side field of a machine, copied."""
+    arrays: dict = field(default_factory=dict)
+    fault: MachineFault | None = None
+    status: str = "paused"
+
+    @property
+    def cycle(self) -> int:
+        return int(self.arrays["st"][core.S_CYCLE])
+
+
+# ------------------------------------------------------------------------ the machine
+class Machine:
+    """A TPU v1: load a program and its data, run or step it, look at everything."""
+
+    _STATE_ARRAYS = ("st", "sg", "cregs", "fps", "times", "tl", "seg", "ev", "ub", "acc", "host")
+
+    def __init__(self, config: MachineConfig | None = None, trace: bool = False):
+        self.config = config or MachineConfig()
+        self.trace_enabled = trace
+        self.program: Program | None = None
+        self.fault: MachineFault | None = None
+        self.status = "paused"
+        self._scratch = make_scratch(self.config.array_size)
+        self._texts: dict[int, str] = {}
+        self._no_watch = np.zeros((0, 3), dtype=np.int64)
+        self._breaks_set = False
+        self.load(Program([], self.config.shape))
+
+    @classmethod
+    def for_program(cls, program: Program, trace: bool = False, **overrides) -> "Machine":
+        return cls(MachineConfig.from_shape(program.shape, **overrides), trace=trace)
+
+    # -------------------------------------------------------------------- loading
+    def load(self, program: Program, host=None, weights=None) -> None:
+        """Reset everything and load `program` with its host and weight images."""
+        cfg = self.config
+        n = cfg.array_size
+        host_arr = load_host(host, n)            # raise DataFileError before changing anything
+        weights_arr = load_weights(weights, n)
+        self.program = program
+        self.fault = None
+        self.status = "paused"
+        self._texts = {}
+        self._breaks_set = False
+        self._at_break = -1
+        count = len(program.instructions)
+        self.prog = decode_table(program.instructions) if count else np.zeros((0, 13), np.int64)
+        self.flags = np.zeros(count + 1, dtype=np.int8)
+        for i, ins in enumerate(program.instructions):
+            if not _valid(ins):
+                self.flags[i] |= core.FLAG_INVALID
+        st = core.new_state()
+        st[core.K_N] = n
+        st[core.K_FIFO] = cfg.fifo_depth
+        st[core.K_FETCH] = cfg.fetch_cycles
+        st[core.K_SHIFT] = cfg.shift
+        st[core.K_MMC_LAT] = cfg.mmc_latency
+        st[core.K_ACT_LAT] = cfg.act_latency_cycles
+        st[core.K_HOST_LAT] = cfg.host_latency_cycles
+        st[core.K_HOST_MILLI] = cfg.host_milli_bytes_per_cycle
+        st[core.K_UB_ROWS] = cfg.ub_rows
+        st[core.K_ACC_ROWS] = cfg.acc_rows
+        st[core.K_HOST_ROWS] = host_arr.shape[0]
+        st[core.K_NTILES] = weights_arr.shape[0]
+        st[core.K_STRICT] = 1 if cfg.hazards == "error" else 0
+        st[core.K_PROFILE] = 1 if cfg.profile == "opentpu" else 0
+        st[core.K_FUNCTIONAL] = 1
+        self.st = st
+        self.sg = core.new_stages()
+        self.cregs = np.zeros((core.NSTAGES + 1, NREGS), dtype=np.int64)
+        self.cregs[core.NSTAGES] = reset_registers()
+        self.fps = np.zeros((core.NSTAGES + 1, MAX_FOOTPRINT, 4), dtype=np.int64)
+        self.times = np.full((max(count, 1), 3), -1, dtype=np.int64)
+        ops = self.prog[:, COL_OP]
+        rw = ISA_TABLE.instructions["RW"].opcode
+        ntiles = int(self.prog[ops == rw, 2].sum()) if count else 0     # COL_REPEAT = 2
+        self.tl = np.full((core.TL_ROWS, max(ntiles, 1)), -1, dtype=np.int64)
+        self.seg = np.zeros((core.MAX_SEGS, 3), dtype=np.int64)
+        nev = int(np.isin(ops, list(_INT_OPS)).sum()) if count else 0
+        self.ev = np.zeros((max(nev, 1), 4), dtype=np.int64)
+        self.ub = np.zeros((cfg.ub_rows, n), dtype=np.uint8)
+        self.acc = np.zeros((cfg.acc_rows, n), dtype=np.int32)
+        self.host = host_arr
+        self.weights = weights_arr
+
+    # -------------------------------------------------------------------- running
+    @property
+    def cycle(self) -> int:
+        return int(self.st[core.S_CYCLE])
+
+    def run(self, max_cycles: int | None = None, breakpoints=(), watch=()) -> RunResult:
+        """Run until halt, fault, breakpoint, watchpoint or `max_cycles` (a fault)."""
+        stop = core.INF if max_cycles is None else int(max_cycles)
+        return self._advance(stop, -1, breakpoints, watch, max_cycles=max_cycles)
+
+    def step(self, cycles: int = 1) -> RunResult:
+        """Advance exactly `cycles` cycles (less if the machine halts or faults)."""
+        if cycles < 0:
+            raise ValueError("cycles must be >= 0")
+        return self._advance(self.cycle + int(cycles), -1, (), ())
+
+    def step_instruction(self) -> RunResult:
+        """Advance until the next instruction to issue has finished its stage."""
+        return self._advance(core.INF, int(self.st[core.S_PC]), (), ())
+
+    def _advance(self, stop_cycle, stop_index, breakpoints, watch, max_cycles=None) -> RunResult:
+        if self.fault is not None:
+            return RunResult("fault", self.cycle, self.fault, self.fault.index)
+        st = self.st
+        if stop_cycle < st[core.S_CYCLE]:
+            stop_cycle = int(st[core.S_CYCLE])
+        flags = self.flags
+        if breakpoints or self._breaks_set:
+            flags &= ~np.int8(core.FLAG_BREAK)
+            self._breaks_set = False
+            for b in breakpoints:
+                b = int(b)
+                if 0 <= b < len(flags) - 1:
+                    flags[b] |= core.FLAG_BREAK
+                    self._breaks_set = True
+        watch_arr = self._no_watch
+        if watch:
+            watch_arr = np.array([(_MEMORIES[w.memory], w.start, w.stop) for w in watch],
+                                 dtype=np.int64).reshape(-1, 3)
+        st[core.S_STOP_CYCLE] = stop_cycle
+        st[core.S_STOP_INDEX] = stop_index
+        # a run started at a breakpoint issues that instruction
+        st[core.S_SKIP_BP] = self._at_break if self._at_break == st[core.S_PC] else -1
+        core.run_core(self.prog, st, self.sg, self.cregs, self.fps, self.times, self.tl,
+                      self.seg, self.ev, flags, watch_arr, self.ub, self.acc, self.host,
+                      self.weights, self._scratch)
+        code = int(st[core.S_STATUS])
+        status = _STATUS[code]
+        index = int(st[core.S_INDEX])
+        index = None if index < 0 else index
+        fault = None
+        if code == core.FAULTED:
+            fault = self._make_fault()
+        elif (max_cycles is not None and code == core.PAUSED
+              and self.cycle >= int(max_cycles)):
+            pc = int(st[core.S_PC])
+            fault = MachineFault("max_cycles", f"no halt within max_cycles = {max_cycles}",
+                                 self.cycle, pc if pc < len(self.prog) else None,
+                                 self.text(pc), self.location(pc))
+            status = "fault"
+            index = fault.index
+        if fault is not None:
+            self.fault = fault
+        self.status = status
+        if status == "breakpoint":
+            self._at_break = index
+        elif self._at_break != int(st[core.S_PC]):
+            self._at_break = -1
+        return RunResult(status, self.cycle, fault, index)
+
+    def _make_fault(self) -> MachineFault:
+        st = self.st
+        code = int(st[core.S_FAULT_KIND])
+        index = int(st[core.S_FAULT_INDEX])
+        kind, message = describe(code, st[core.S_INFO:core.S_INFO + 5], self.config.fifo_depth)
+        if code == core.F_HAZARD:
+            other = int(st[core.S_INFO + 4])
+            message += f" (`{self.text(other)}`)"
+        return MachineFault(kind, message, int(st[core.S_FAULT_CYCLE]), index,
+                            self.text(index), self.location(index))
+
+    # -------------------------------------------------------------------- text helpers
+    def text(self, index: int | None) -> str:
+        """Canonical text of instruction `index` ('' outside the program)."""
+        if index is None or not 0 <= index < len(self.program.instructions):
+            return ""
+        t = self._texts.get(index)
+        if t is None:
+            t = _format(self.program.instructions[index])
+            self._texts[index] = t
+        return t
+
+    def location(self, index: int | None) -> SourceLoc | None:
+        if index is None or not 0 <= index < len(self.program.locations):
+            return None
+        return self.program.locations[index]
+
+    def _where(self, index: int) -> str:
+        loc = self.location(index)
+        name = self.program.instructions[index].key
+        return f"{name} (#{index}, {loc.file}:{loc.line})" if loc else f"{name} (#{index})"
+
+    # -------------------------------------------------------------------- state views
+    def registers(self) -> dict[str, int]:
+        regs = self.cregs[core.NSTAGES]
+        return {r.name: int(regs[r.index]) for r in _REG_NAMES}
+
+    def retired(self, index: int) -> bool:
+        f = self.times[index, core.TM_FINISH] if 0 <= index < len(self.prog) else -1
+        return 0 <= f <= self.cycle
+
+    def issue_cycle(self, index: int) -> int:
+        if not 0 <= index < len(self.prog):
+            return -1
+        t = int(self.times[index, core.TM_ISSUE])
+        return t if 0 <= t < self.cycle or (t >= 0 and t == self.cycle and self.retired(index)) else -1
+
+    def finish_cycle(self, index: int) -> int:
+        return int(self.times[index, core.TM_FINISH]) if self.retired(index) else -1
+
+    def _tiles(self):
+        """(number of tiles requested, tile table) at the current cycle."""
+        nreq = int(self.st[core.S_NREQ])
+        tl = self.tl[:, :nreq]
+        return nreq, tl
+
+    def fifo(self) -> list[FifoEntry]:
+        c = self.cycle
+        nreq, tl = self._tiles()
+        total = self.config.tile_bytes
+        fetch = self.config.fetch_cycles
+        out = []
+        for q in range(nreq):
+            if tl[core.T_REQ, q] >= c:
+                continue                        # handed over in a cycle not yet executed
+            ss = tl[core.T_SS, q]
+            if 0 <= ss < c:
+                continue                        # already shifting into the shadow
+            fs, fe = tl[core.T_FS, q], tl[core.T_FE, q]
+            if c >= fe:
+                out.append(FifoEntry(int(tl[core.T_TILE, q]), "ready", total, total))
+            else:
+                done = max(0, c - fs) * total // fetch
+                out.append(FifoEntry(int(tl[core.T_TILE, q]), "fetching", int(done), total))
+        return out
+
+    def shadow(self) -> TileState | None:
+        c = self.cycle
+        nreq, tl = self._tiles()
+        shift = self.config.shift
+        found = None
+        for q in range(nreq):
+            ss, se, sw = tl[core.T_SS, q], tl[core.T_SE, q], tl[core.T_SW, q]
+            if 0 <= ss < c and (sw < 0 or c <= sw):
+                if c >= se:
+                    found = TileState(int(tl[core.T_TILE, q]), "ready", shift, shift)
+                else:
+                    found = TileState(int(tl[core.T_TILE, q]), "shifting", int(c - ss), shift)
+        return found
+
+    def active(self) -> ActiveWeights | None:
+        c = self.cycle
+        nreq, tl = self._tiles()
+        last = -1
+        for q in range(nreq):
+            if 0 <= tl[core.T_SW, q] < c:
+                last = q
+        if last < 0:
+            return None
+        if tl[core.T_HI, last]:
+            return ActiveWeights((int(tl[core.T_TILE, last - 1]), int(tl[core.T_TILE, last])), True)
+        return ActiveWeights((int(tl[core.T_TILE, last]),), False)
+
+    def tile_values(self, tile: int) -> np.ndarray:
+        return self.weights[tile].view(np.int8)
+
+    def _occupant(self, s: int):
+        c = self.cycle
+        row = self.sg[s]
+        idx = int(row[core.G_IDX])
+        if idx < 0 or not (row[core.G_ISSUE] < c < row[core.G_FINISH]):
+            return None
+        return idx, row
+
+    def pipeline(self) -> list[StageState]:
+        c = self.cycle
+        out = []
+        for s, name in enumerate(core.STAGE_NAMES):
+            occ = self._occupant(s)
+            if occ is None:
+                out.append(StageState(name, None, "", None, 0, 0, "", 0, None))
+                continue
+            idx, row = occ
+            issue, start, finish = int(row[core.G_ISSUE]), int(row[core.G_START]), int(row[core.G_FINISH])
+            stall = None
+            if s == core.STAGE_MATRIX:
+                progress, total, stall = self._matrix_progress(idx, c)
+                unit = "rows"
+            else:
+                rows = int(self.prog[idx, 7] * self.prog[idx, 2])      # length * repeat
+                total, unit = (rows, "rows") if rows > 0 else (finish - start, "cycles")
+                span = max(1, finish - start)
+                progress = int(min(max(c - start, 0), span) * total // span)
+                if c < start:
+                    stall = self._hazard_text(s, row)
+                elif self.prog[idx, COL_OP] == ISA_TABLE.instructions["RW"].opcode:
+                    stall = "waiting for room in the Weight FIFO" if c < finish - 1 else None
+            out.append(StageState(name, idx, self.text(idx), self.location(idx), progress,
+                                  total, unit, c - issue, stall))
+        out.append(self._weights_state(c))
+        out.append(self._front_state(c))
+        return out
+
+    def _matrix_progress(self, idx, c):
+        seg = self.seg[:int(self.st[core.S_NSEG])]
+        row = self.prog[idx]
+        total = int(core.mmc_vectors(row))
+        rate = (2 if row[COL_FLAGS] & 0x20 else 1) * (2 if row[COL_FLAGS] & 0x40 else 1)
+        active = 0
+        stall = None
+        for a, b, kind in seg:
+            if a >= c:
+                continue
+            if kind == core.SEG_ACTIVE:
+                active += min(b, c) - a
+            elif c <= b - 0 and c - 1 < b:
+                if kind in (core.SEG_RAW, core.SEG_INPUT):
+                    stall = self._hazard_text(core.STAGE_MATRIX, self.sg[core.STAGE_MATRIX])
+                else:
+                    stall = self._weight_wait_text(kind, c)
+        if stall is None and active >= total * rate and total:
+            stall = "draining the array into the accumulators"
+        return active // rate, total, stall
+
+    def _weight_wait_text(self, kind, c):
+        nreq, tl = self._tiles()
+        for q in range(nreq):
+            sw = tl[core.T_SW, q]
+            if sw >= c or sw < 0:
+                tile = int(tl[core.T_TILE, q])
+                if kind == core.SEG_WSTALL:
+                    fs, fe = tl[core.T_FS, q], tl[core.T_FE, q]
+                    fetch = int(fe - fs)
+                    if c < fs:
+                        return f"waiting for weight tile {tile} (queued for fetch)"
+                    return (f"waiting for weight tile {tile} (fetching, "
+                            f"{min(c - fs, fetch)}/{fetch} cycles)")
+                ss = tl[core.T_SS, q]
+                return f"weight shift: tile {tile} ({c - ss}/{self.config.shift} cycles)"
+        return "waiting for weights"
+
+    def _hazard_text(self, s, row):
+        blocker = int(row[core.G_BLOCKER])
+        if blocker < 0:
+            return "waiting"
+        for t in range(core.NSTAGES):
+            if t != s and self.sg[t, core.G_IDX] == blocker:
+                mine, theirs = self.fps[s][:row[core.G_NFP]], self.fps[t][:self.sg[t, core.G_NFP]]
+                for m_, w_, a0, a1 in mine:
+                    for m2, w2, b0, b1 in theirs:
+                        if m_ == m2 and (w_ or w2) and max(a0, b0) < min(a1, b1):
+                            kind = "RAW" if not w_ else ("WAR" if not w2 else "WAW")
+                            verb = "written" if w2 else "read"
+                            return (f"{kind}: {MEMORY_NAMES[int(m_)]} rows {max(a0, b0)}-"
+                                    f"{min(a1, b1) - 1} {verb} by {self._where(blocker)}")
+        return f"waiting for {self._where(blocker)}"
+
+    def _weights_state(self, c):
+        nreq, tl = self._tiles()
+        for q in range(nreq):
+            fs, fe = tl[core.T_FS, q], tl[core.T_FE, q]
+            if fs < c < fe or (fs < c and c == fe - 0 and False):
+                tile = int(tl[core.T_TILE, q])
+                return StageState("weights", None, f"fetch tile {tile}", None, int(c - fs),
+                                  int(fe - fs), "cycles", int(c - fs), None)
+        return StageState("weights", None, "", None, 0, 0, "", 0, None)
+
+    def _front_state(self, c):
+        pc = int(self.st[core.S_PC])
+        if self.status in ("halted", "fault") or pc >= len(self.prog):
+            return StageState("front", None, "", None, 0, 0, "", 0, None)
+        op = int(self.prog[pc, COL_OP])
+        stage = int(core.OP_STAGE[op])
+        stall = None
+        if stage >= 0 and self._occupant(stage) is not None:
+            stall = f"waiting for the {core.STAGE_NAMES[stage]} stage"
+        elif stage < 0 and op != ISA_TABLE.instructions["NOP"].opcode and \
+                ISA_TABLE.by_opcode[op].key in ("SYNC", "WSYNC", "INT", "HLT"):
+            if any(self._occupant(s) is not None for s in range(core.NSTAGES)):
+                stall = "draining the pipeline"
+        return StageState("front", pc, self.text(pc), self.location(pc), 0, 1, "instructions",
+                          max(0, c - int(self.st[core.S_FRONT])), stall)
+
+    # -------------------------------------------------------------------- counters
+    def counters(self) -> dict:
+        st = self.st
+        c = self.cycle
+        active, wstall, wshift = int(st[core.C_ACTIVE]), int(st[core.C_WSTALL]), int(st[core.C_WSHIFT])
+        raw, inp = int(st[core.C_RAW]), int(st[core.C_INPUT])
+        busy = [int(st[core.C_BUSY + s]) for s in range(core.NSTAGES)]
+        for s in range(core.NSTAGES):
+            if self.sg[s, core.G_PENDING]:
+                busy[s] += max(0, c - int(self.sg[s, core.G_ISSUE]))
+        if self.sg[core.STAGE_MATRIX, core.G_PENDING]:
+            for a, b, kind in self.seg[:int(st[core.S_NSEG])]:
+                d = max(0, min(int(b), c) - int(a))
+                if kind == core.SEG_ACTIVE:
+                    active += d
+                elif kind == core.SEG_WSTALL:
+                    wstall += d
+                elif kind == core.SEG_WSHIFT:
+                    wshift += d
+                else:
+                    raw += d
+                    if kind == core.SEG_INPUT:
+                        inp += d
+        nreq, tl = self._tiles()
+        busy_w = int(np.clip(np.minimum(tl[core.T_FE], c) - tl[core.T_FS], 0, None).sum()) if nreq else 0
+        macs = int(st[core.C_MACS])
+        fin = self.times[:len(self.prog), core.TM_FINISH]
+        n = self.config.array_size
+        seconds = c / self.config.clock_hz
+        return {
+            "cycles": c,
+            "instructions": int(np.count_nonzero((fin >= 0) & (fin <= c))),
+            "array_active_cycles": active,
+            "weight_stall_cycles": wstall,
+            "weight_shift_cycles": wshift,
+            "non_matrix_cycles": c - active - wstall - wshift,
+            "raw_stall_cycles": raw,
+            "input_stall_cycles": inp,
+            "useful_macs": macs,
+            "tops": (2 * macs / seconds / 1e12) if c else 0.0,
+            "mxu_utilization": (macs / (c * n * n)) if c else 0.0,
+            "busy_input": busy[0], "busy_matrix": busy[1], "busy_activate": busy[2],
+            "busy_output": busy[3], "busy_weights": busy_w,
+        }
+
+    @property
+    def events(self) -> list[Event]:
+        kinds = {core.EV_INTERRUPT: "interrupt", core.EV_TAG: "tag"}
+        out = [Event(int(cy), kinds[int(k)], int(i), int(v))
+               for cy, k, i, v in self.ev[:int(self.st[core.S_NEVENTS])] if cy < self.cycle]
+        if self.fault is not None:
+            out.append(Event(self.fault.cycle, "fault", self.fault.index, 0))
+        return out
+
+    # -------------------------------------------------------------------- time travel
+    def snapshot(self) -> Snapshot:
+        arrays = {name: getattr(self, name).copy() for name in self._STATE_ARRAYS}
+        return Snapshot(arrays, self.fault, self.status)
+
+    def restore(self, snap: Snapshot) -> None:
+        for name, arr in snap.arrays.items():
+            mine = getattr(self, name)
+            if mine.shape != arr.shape:
+                raise ValueError("snapshot belongs to another program or machine shape")
+            mine[...] = arr
+        self.fault = snap.fault
+        self.status = snap.status
+
+    # -------------------------------------------------------------------- trace / stats
+    def write_trace(self, path) -> None:
+        from .trace import write_trace
+        write_trace(self, path)
+
+    def stats_json(self) -> dict:
+        from .trace import stats
+        return stats(self)
+
+
+def _valid(ins) -> bool:
+    try:
+        if decode(encode(ins)) != ins:
+            return False
+    except EncodingError:
+        return False
+    for group in ins.spec.exclusive:
+        if sum(1 for c in group if ins.flags & ins.spec.flags[c].bit) > 1:
+            return False
+    return True
+
+
+def _format(ins) -> str:
+    try:
+        from ..disassembler import format_instruction
+        return format_instruction(ins)
+    except Exception:          # the text is for humans; never let it break a fault report
+        letters = ins.flag_letters
+        head = ins.key + ("." + letters if letters else "")
+        ops = ", ".join(str(v) for v in ins.operands.values())
+        return f"{head} {ops}".strip()
