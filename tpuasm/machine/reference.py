@@ -12,10 +12,10 @@ cleverness.  Each function below cites the section of spec/isa.md it implements.
 
 Faults (section 7): a faulting instruction has no effect and everything before it has
 completed.  Every check of an instruction (all iterations) runs before any of its effects.
-When one instruction could fault in several ways, the kinds are checked in this order
-(the spec does not say; this is our reading, see check order in `_execute`):
-invalid_instruction, config, shape, address, then the weight faults no_tile, weight_width
-and deadlock.
+When one instruction could fault in several ways, the kinds are checked in this order:
+invalid_instruction, config, shape, address (spec/isa.md section 7 up to here), then the
+weight faults no_tile, weight_width and deadlock (the spec does not place these; our reading).
+The address a fault names is the first out-of-range row in execution order (section 7).
 
 Weights without timing: the model keeps one queue of the tiles fetched by Read_Weights and
 not yet consumed by a switch (the Weight FIFO and the shadow buffer together), plus the
@@ -319,7 +319,7 @@ class ReferenceMachine:
                 for x in range(width):
                     yield y, x
 
-        # checks: every tap's input rows and every output row
+        # checks, tap by tap: the tap's input rows (pixels row-major), then the output rows
         for _i, dy, dx in taps():
             for y, x in pixels():
                 v = (y * s + dy) * pitch + (x * s + dx)
@@ -327,7 +327,7 @@ class ReferenceMachine:
                     self.check_ub([ub + 2 * v, ub + 2 * v + 1])
                 else:
                     self.check_ub([ub + v])
-        self.check_acc(range(acc, acc + height * width))
+            self.check_acc(range(acc, acc + height * width))
         self._check_weights(ins, 2 if wide_w else 1)
         # effects: tap by tap
         for i, dy, dx in taps():
