@@ -69,15 +69,15 @@ class DebuggerApp(App):
     #status { height: 1; background: $primary-background; color: $text; padding: 0 1; }
     #top { height: 3fr; }
     #bottom { height: 2fr; }
-    #source { width: 44%; border: round $primary; }
-    #right { width: 56%; }
+    #source { width: 42%; border: round $primary; }
+    #right { width: 58%; }
     #pipeline { height: auto; max-height: 9; border: round $primary; }
     #timeline { height: 10; border: round $primary; }
-    #log { height: 1fr; border: round $primary; }
-    #memories { width: 64%; border: round $primary; }
-    #side { width: 36%; }
+    #weights { height: 1fr; min-height: 3; border: round $primary; }
+    #memories { width: 60%; border: round $primary; }
+    #side { width: 40%; }
     #counters { height: 9; border: round $primary; }
-    #weights { height: auto; max-height: 9; }
+    #log { height: 1fr; border: round $primary; }
     #command { height: 3; border: round $secondary; }
     .pane-title { border-title-align: left; }
     """
@@ -137,16 +137,15 @@ class DebuggerApp(App):
             with Vertical(id="right"):
                 yield PipelinePane(s, id="pipeline", classes="pane-title")
                 yield TimelinePane(s, id="timeline", classes="pane-title")
-                yield RichLog(id="log", markup=True, wrap=True, max_lines=2000, classes="pane-title")
+                yield WeightsPane(s, id="weights", classes="pane-title")
         with Horizontal(id="bottom"):
             with TabbedContent(id="memories", classes="pane-title"):
                 for memory, title in MEMORY_TABS:
                     with TabPane(title, id=f"tab-{memory}"):
-                        if memory == "tile":
-                            yield WeightsPane(s, id="weights")
                         yield MemoryView(memory, self._memory_source(memory), id=f"mem-{memory}")
             with Vertical(id="side"):
                 yield CountersPane(s, id="counters", classes="pane-title")
+                yield RichLog(id="log", markup=True, wrap=True, max_lines=2000, classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
                     id="command")
         yield Footer()
@@ -168,7 +167,7 @@ class DebuggerApp(App):
     def on_mount(self) -> None:
         titles = {"source": f"source  {self.session.source_name or ''}", "pipeline": "pipeline",
                   "timeline": "timeline", "log": "log", "memories": "memories",
-                  "counters": "counters"}
+                  "counters": "counters", "weights": "weights"}
         for wid, title in titles.items():
             self.query_one(f"#{wid}").border_title = title
         self.query_one(SourceView).focus()

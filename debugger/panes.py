@@ -32,7 +32,7 @@ class PipelinePane(Static):
         table = Table(box=None, expand=True, padding=(0, 1), show_edge=False)
         table.add_column("stage", style="bold", no_wrap=True, width=8)
         table.add_column("instruction", no_wrap=True, ratio=3, overflow="ellipsis")
-        table.add_column("progress", no_wrap=True, ratio=2)
+        table.add_column("progress", no_wrap=True, ratio=3)
         table.add_column("cyc", justify="right", no_wrap=True)
         table.add_column("stall", ratio=4, overflow="fold")
         for st in self.session.machine.pipeline():
@@ -100,12 +100,16 @@ class TimelinePane(Static):
                 if row in grid and st.index is not None:
                     grid[row][k] = (st.index, st.stalled)
         text = Text(no_wrap=True, overflow="crop")
-        text.append("cycle".ljust(9), style="bold")
+        # cycle numbers every 5 columns, each free to run over its right-hand neighbours
+        header = [" "] * (len(cycles) * cell + 8)
         for k, c in enumerate(cycles):
-            label = str(c % 10000) if (c % 5 == 0 or c == now) else ""
-            text.append(label.rjust(cell - 1)[: cell - 1] + " ",
-                        style="bold yellow" if c == now else "grey50")
-        text.append("\n")
+            if c % 5 == 0 or c == now:
+                label = str(c)
+                pos = k * cell + 1
+                if all(ch == " " for ch in header[max(pos - 1, 0):pos + len(label)]):
+                    header[pos:pos + len(label)] = label
+        text.append("cycle".ljust(9), style="bold")
+        text.append("".join(header).rstrip() + "\n", style="grey62")
         for row in TIMELINE_ROWS:
             colour = _STAGE_COLOURS[row]
             text.append(row.ljust(9), style=f"bold {colour}")

@@ -16,7 +16,7 @@ import numpy as np
 from .expr import Evaluator, ExprError, Location, symbol_table
 
 CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interrupted
-HISTORY_INTERVAL = 2_000     # cycles between the library's snapshots
+HISTORY_INTERVAL = 1_000     # cycles between the library's snapshots (replay cost of a step back)
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
 
 
@@ -211,7 +211,7 @@ class Session:
             return self._finish(self._finished_stop())
         if n <= 64:
             for _ in range(n):
-                m.step(1)
+                self.history.step(1)
                 self._record()
                 if self.finished:
                     return self._finish(self._finished_stop())
@@ -219,7 +219,7 @@ class Session:
             target = m.cycle + n
             self.cancel.clear()
             while m.cycle < target and not self.finished:
-                m.step(min(CHUNK_CYCLES, target - m.cycle))
+                self.history.step(min(CHUNK_CYCLES, target - m.cycle))
                 if self.cancel.is_set():
                     self._record()
                     return self._finish(Stop("interrupted", f"interrupted at cycle {m.cycle}"))
@@ -234,7 +234,7 @@ class Session:
         for _ in range(n):
             if self.finished:
                 break
-            m.step_instruction()
+            self.history.step_instruction()
             self._record()
         if self.finished:
             return self._finish(self._finished_stop())
@@ -295,17 +295,18 @@ class Session:
             if start >= end:
                 return None
             pending = [i for i in armed if m.issue_cycle(i) < 0 and i != sitting]
-            m.step(end - start)
+            self.history.step(end - start)
             hit = any(m.issue_cycle(i) >= 0 for i in pending)
             changed = any(not np.array_equal(self._rows_of(w), w.old) for w in watches)
             if not hit and not changed:
                 return self._finished_stop() if self.finished else None
             self._rewind_to(start)
             r = m.run(breakpoints=armed, watch=[_watch(w) for w in watches])
+            self.history.record()
             if r.status == "breakpoint" and r.index == sitting and m.cycle == start:
                 # the restored machine does not know it may issue this one: step it out
                 while m.issue_cycle(sitting) < 0 and not self.finished:
-                    m.step(1)
+                    self.history.step(1)
                 sitting = None
                 continue
             sitting = None
