@@ -83,8 +83,15 @@ class Statement:
 
 
 class Directive(Statement):
-    """`.name args`: `name` is lower-case without the dot; `span` covers `.name`."""
-    __slots__ = ()
+    """`.name args`: `name` is lower-case without the dot; `span` covers `.name`.
+
+    `headed` marks the `.macro NAME p1, p2` form (no comma after the first name).
+    """
+    __slots__ = ("headed",)
+
+    def __init__(self, name: str, span: Span, args: list, headed: bool = False):
+        super().__init__(name, span, args)
+        self.headed = headed
 
 
 class Instr(Statement):

@@ -166,8 +166,7 @@ class Encoder:
                 continue
             if seen_named:
                 self._error(arg.span, "positional operand after a named one", frame)
-                ok = False
-                continue
+                return None
             if positional >= len(fields):
                 self._error(arg.span, self._count_message(spec, names, len(
                     [a for a in st.args if type(a) is not Named])), frame)
@@ -179,11 +178,11 @@ class Encoder:
                 ok = False
             values[field.name] = v
         missing = [n for n in names if n not in values]
-        if missing:
+        if missing and ok:              # after another operand error "missing" is only noise
             self._error(st.span, self._count_message(spec, names, len(names) - len(missing))
                         + f": missing {', '.join(missing)}", frame)
             return None
-        if not ok:
+        if not ok or missing:
             return None
         ins = Instruction(spec.key, form.flags, repeat, values)
         if spec.key == "CFG" and not self._check_cfg_value(ins, st, frame):

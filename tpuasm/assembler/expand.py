@@ -146,6 +146,9 @@ class Expander:
 
     def directive(self, d: Directive, frame, chain) -> None:
         name = d.name
+        if d.headed and name in DIRECTIVES:      # `.equ X 3`: only .macro has a bare head name
+            self._error(d.args[1].span, f"missing ',' after '{d.args[0].text}'", frame)
+            return
         if name == "equ":
             if len(d.args) != 2 or not isinstance(d.args[0], Name) or "." in d.args[0].text:
                 self._error(d.span, ".equ takes a name and a value: .equ NAME, expression", frame)
@@ -184,6 +187,9 @@ class Expander:
 
     def rept(self, d: Directive, body, frame, chain, depth) -> None:
         args = d.args
+        if d.headed:
+            self._error(d.args[1].span, f"missing ',' after '{d.args[0].text}'", frame)
+            return
         if not 1 <= len(args) <= 2 or (len(args) == 2 and not (isinstance(args[1], Name) and "." not in args[1].text)) \
                 or isinstance(args[0], (Str, Named)):
             self._error(d.span, ".rept takes a count and an optional variable: .rept N[, var]", frame)

@@ -47,7 +47,8 @@ class _Build(Transformer):
 
     def headed_directive(self, children):
         tok, head, args = children
-        return Directive(tok.value[1:].lower(), self._span(tok), [Name(head.value, self._span(head))] + args)
+        return Directive(tok.value[1:].lower(), self._span(tok), [Name(head.value, self._span(head))] + args,
+                         headed=True)
 
     def instruction(self, children):
         tok, args = children

@@ -1,0 +1,216 @@
+"""Golden diagnostics, customasm style: each case is a program with one
+mistake and the exact text the user sees (file:line:col, message, the source
+line, the caret underline, notes).  Expectations are written inline; each
+column and caret width was checked by hand against its source line.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tpuasm.assembler import assemble
+from tpuasm.errors import AssemblyError
+
+GOLDEN = [
+    ("misspelt mnemonic", "NOP\n    MMX.S 0, 0, 10\n", """
+t.tasm:2:5: error: unknown instruction 'MMX'; did you mean 'MMC'?
+    2 |     MMX.S 0, 0, 10
+      |     ^^^
+"""),
+    ("unknown flag", "MMC.SX 0, 0, 10\n", """
+t.tasm:1:6: error: MMC has no flag 'X'; MMC has flags S, C, O, U, W, H, D
+    1 | MMC.SX 0, 0, 10
+      |      ^
+"""),
+    ("flags on a flagless instruction", "RHM.S 0, 0, 1\n", """
+t.tasm:1:5: error: RHM takes no flags
+    1 | RHM.S 0, 0, 1
+      |     ^
+"""),
+    ("mutually exclusive flags", "ACT.RQ 0, 0, 1\n", """
+t.tasm:1:5: error: flags R and Q cannot be combined (ACT takes at most one of R, Q, T)
+    1 | ACT.RQ 0, 0, 1
+      |     ^^
+"""),
+    ("repeated flag", "MMC.SS 0, 0, 1\n", """
+t.tasm:1:6: error: flag 'S' given twice
+    1 | MMC.SS 0, 0, 1
+      |      ^
+"""),
+    ("missing operand", "RHM 0, 1\n", """
+t.tasm:1:1: error: RHM takes host, ub, length: missing length
+    1 | RHM 0, 1
+      | ^^^
+"""),
+    ("extra operand", "RW 1, 2\n", """
+t.tasm:1:7: error: RW takes tile (got 2 operands)
+    1 | RW 1, 2
+      |       ^
+"""),
+    ("UB address out of range", "MMC.S 98304, 0, 1\n", """
+t.tasm:1:7: error: UB address 98304 out of range 0..98303 (MMC operand 'ub')
+    1 | MMC.S 98304, 0, 1
+      |       ^^^^^
+"""),
+    ("accumulator address out of range, from an expression", ".equ BASE, 4000\nACT BASE + 96, 0, 1\n", """
+t.tasm:2:5: error: accumulator address 4096 out of range 0..4095 (ACT operand 'acc')
+    2 | ACT BASE + 96, 0, 1
+      |     ^^^^^^^^^
+"""),
+    ("zero length", "WHM 0, 0, 0\n", """
+t.tasm:1:11: error: length 0 out of range 1..65535 (WHM operand 'length')
+    1 | WHM 0, 0, 0
+      |           ^
+"""),
+    ("repeat on an instruction without one", "SYNC repeat=2\n", """
+t.tasm:1:6: error: SYNC does not take a repeat count
+    1 | SYNC repeat=2
+      |      ^^^^^^^^
+"""),
+    ("repeat out of range", "RW 0, repeat=257\n", """
+t.tasm:1:14: error: repeat 257 out of range 1..256
+    1 | RW 0, repeat=257
+      |              ^^^
+"""),
+    ("unknown named operand", "RHM host=0, ubb=1, length=2\n", """
+t.tasm:1:13: error: RHM has no operand 'ubb'; did you mean 'ub'? (operands: host, ub, length)
+    1 | RHM host=0, ubb=1, length=2
+      |             ^^^
+"""),
+    ("positional after named", "RHM host=0, 1, 2\n", """
+t.tasm:1:13: error: positional operand after a named one
+    1 | RHM host=0, 1, 2
+      |             ^
+"""),
+    ("misspelt register", "CFG act_shfit, 8\n", """
+t.tasm:1:5: error: unknown configuration register 'act_shfit'; did you mean 'act_shift'?
+    1 | CFG act_shfit, 8
+      |     ^^^^^^^^^
+"""),
+    ("register value out of range", "CFG act_shift, 63\n", """
+t.tasm:1:16: error: value 63 out of range 0..62 for register act_shift
+    1 | CFG act_shift, 63
+      |                ^^
+"""),
+    ("misspelt symbol", ".equ BATCH, 8\nRHM 0, 0, BACTH\n", """
+t.tasm:2:11: error: undefined symbol 'BACTH'; did you mean 'BATCH'?
+    2 | RHM 0, 0, BACTH
+      |           ^^^^^
+"""),
+    ("duplicate symbol", ".equ N, 1\n.equ N, 2\n", """
+t.tasm:2:6: error: duplicate symbol 'N'
+    2 | .equ N, 2
+      |      ^
+      = note: first defined at t.tasm:1:6
+"""),
+    ("division by zero", "TAG 10 / (2 - 2)\n", """
+t.tasm:1:5: error: division by zero
+    1 | TAG 10 / (2 - 2)
+      |     ^^^^^^^^^^^^
+"""),
+    ("circular .equ", ".equ A, B + 1\n.equ B, A\n", """
+t.tasm:1:6: error: circular definition: A -> B -> A
+    1 | .equ A, B + 1
+      |      ^
+"""),
+    ("bad integer literal", "TAG 0b102\n", """
+t.tasm:1:5: error: bad integer literal '0b102' (use decimal, 0x hex, 0b binary or 0o octal)
+    1 | TAG 0b102
+      |     ^^^^^
+"""),
+    ("misspelt directive", ".rep 3\n", """
+t.tasm:1:1: error: unknown directive '.rep'; did you mean '.rept'?
+    1 | .rep 3
+      | ^^^^
+"""),
+    ("unterminated .rept", ".rept 3\nNOP\n", """
+t.tasm:1:1: error: unterminated .rept (no matching .endr)
+    1 | .rept 3
+      | ^^^^^
+"""),
+    ("syntax error: missing operand between commas", "MMC 0,, 1\n", """
+t.tasm:1:7: error: unexpected ',', expected an expression
+    1 | MMC 0,, 1
+      |       ^
+"""),
+    ("syntax error: unexpected character", "RW $4\n", """
+t.tasm:1:4: error: unexpected character '$'
+    1 | RW $4
+      |    ^
+"""),
+    ("syntax error: dangling operator", "RW 1 +\n", """
+t.tasm:1:7: error: unexpected end of line, expected an expression
+    1 | RW 1 +
+      |       ^
+"""),
+    ("error inside a macro body notes the call site", ".macro LOAD n\n    RHM 0, 0, \\n\n.endm\n    LOAD 0\n", """
+t.tasm:2:15: error: length 0 out of range 1..65535 (RHM operand 'length')
+    2 |     RHM 0, 0, \\n
+      |               ^^
+      = note: in macro 'LOAD' called at t.tasm:4:5
+"""),
+    ("overlapping regions", ".ub a, 8, 0\n.ub b, 8, 4\n", """
+t.tasm:2:5: error: region 'ub.b' (rows 4..11) overlaps 'ub.a' (rows 0..7)
+    2 | .ub b, 8, 4
+      |     ^
+      = note: 'ub.a' is defined at t.tasm:1:5
+"""),
+    (".config after an instruction", "NOP\n.config array_size=16\n", """
+t.tasm:2:1: error: .config must come before the first instruction
+    2 | .config array_size=16
+      | ^^^^^^^
+      = note: the first instruction is at t.tasm:1:1
+"""),
+]
+
+
+def rendered(source: str) -> str:
+    with pytest.raises(AssemblyError) as exc:
+        assemble(source, "t.tasm")
+    return exc.value.render()
+
+
+@pytest.mark.parametrize("name, source, expected", GOLDEN, ids=[g[0] for g in GOLDEN])
+def test_golden(name, source, expected):
+    assert rendered(source) == textwrap.dedent(expected).strip("\n")
+
+
+def test_at_least_fifteen_distinct_mistakes():
+    assert len({g[0] for g in GOLDEN}) >= 15
+
+
+def test_every_error_of_a_run_is_reported_in_source_order():
+    src = "FOO 1\nRHM 0, 0\nRW undefined\n.bogus\nTAG 1 / 0\nMMC.Z 0, 0, 1\n"
+    with pytest.raises(AssemblyError) as exc:
+        assemble(src, "t.tasm")
+    text = exc.value.render()
+    heads = [line for line in text.splitlines() if line.startswith("t.tasm:")]
+    assert [h.split(": error")[0] for h in heads] == [
+        "t.tasm:1:1", "t.tasm:2:1", "t.tasm:3:4", "t.tasm:4:1", "t.tasm:5:5", "t.tasm:6:5"]
+    assert text.endswith("6 errors")
+
+
+def test_error_in_each_rept_iteration_is_reported_once_with_its_iteration():
+    with pytest.raises(AssemblyError) as exc:
+        assemble(".rept 3, t\n  RW 4 / (t - 1) + 4\n.endr\n", "t.tasm")
+    (d,) = exc.value.diagnostics
+    assert d.message == "division by zero"
+    assert d.notes == ("in .rept iteration t=1 (t.tasm:1)",)
+
+
+def test_syntax_errors_on_several_lines_are_all_reported():
+    with pytest.raises(AssemblyError) as exc:
+        assemble("RW (1\nNOP\nRW 2)\n.equ X 3\nRW X\n", "t.tasm")
+    assert [(d.line, d.col) for d in exc.value.diagnostics] == [(1, 6), (3, 5), (4, 8), (5, 4)]
+
+
+def test_included_file_errors_name_that_file(tmp_path):
+    (tmp_path / "inc.tasm").write_text("NOP\nRW bad\n")
+    main = tmp_path / "main.tasm"
+    main.write_text('.include "inc.tasm"\n')
+    with pytest.raises(AssemblyError) as exc:
+        assemble(main)
+    (d,) = exc.value.diagnostics
+    assert (d.file, d.line, d.col, d.message) == (str(tmp_path / "inc.tasm"), 2, 4, "undefined symbol 'bad'")
+    assert "    2 | RW bad" in exc.value.render()
