@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from .report import failure_text, junit_xml, summary_table, totals_line
     for r in results:
         if not r.passed:
-            out.print(failure_text(r), markup=False, highlight=False)
+            out.print(failure_text(r), markup=False, highlight=False, soft_wrap=True)
             out.print()
     out.print(summary_table(results))
     out.print(totals_line(results, seconds), markup=False)

@@ -74,6 +74,7 @@ class AssemblyErrorExpectation:
     message: str                  # substring of one diagnostic's message
     line: int | None = None
     col: int | None = None
+    file: str | None = None       # the diagnostic's file name (default: any file)
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,8 @@ def _parse_expect(expect: _Table, out: dict) -> None:
         out["assembly_error"] = AssemblyErrorExpectation(
             message=asm.get("message", str, required=True),
             line=asm.get_int("line", minimum=1),
-            col=asm.get_int("col", minimum=1))
+            col=asm.get_int("col", minimum=1),
+            file=asm.get("file", str))
         asm.done()
     expect.done()
 

@@ -163,10 +163,12 @@ def _check_assembly_error(m: Manifest, result: Result, error) -> None:
     for d in error.diagnostics:
         if (want.message.lower() in d.message.lower()
                 and (want.line is None or d.line == want.line)
-                and (want.col is None or d.col == want.col)):
+                and (want.col is None or d.col == want.col)
+                and (want.file is None or Path(d.file).name == want.file)):
             return
-    where = "" if want.line is None else f" at line {want.line}" + (
-        "" if want.col is None else f", column {want.col}")
+    where = "" if want.file is None else f" in {want.file}"
+    if want.line is not None:
+        where += f" at line {want.line}" + ("" if want.col is None else f", column {want.col}")
     result.fail(f"expected an assembly error containing {want.message!r}{where}; got:\n{text}")
 
 
