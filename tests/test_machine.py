@@ -1,0 +1,239 @@
+"""Machine API: faults and their messages, step/breakpoint/watchpoint semantics, views,
+snapshot/restore, data files."""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from tpuasm.encoding import Instruction
+from tpuasm.errors import DataFileError
+from tpuasm.machine import Machine, MachineConfig, MachineFault, Watch
+
+from _machine_programs import I, cfg, program
+
+D4 = 700 + math.ceil(4 * 256 / (10 * 2 ** 30 / 700e6))      # a 4-row RHM: 767 cycles
+
+
+def host():
+    return np.random.default_rng(3).integers(-128, 128, (128, 256)).astype(np.int8)
+
+
+def weights(n=4):
+    return np.random.default_rng(4).integers(-128, 128, (n, 256, 256)).astype(np.int8)
+
+
+def load(prog, **cfg_over):
+    m = Machine(MachineConfig(**cfg_over))
+    m.load(prog, host=host(), weights=weights())
+    return m
+
+
+# ------------------------------------------------------------------ faults
+
+def fault_of(prog, **cfg_over):
+    m = load(prog, **cfg_over)
+    r = m.run()
+    assert r.status == "fault" and isinstance(r.fault, MachineFault), r
+    assert m.fault == r.fault
+    return m, r.fault
+
+
+def test_address_fault_message_and_earlier_instructions_complete():
+    m, f = fault_of(program(I("RHM", host=0, ub=0, length=4),
+                            I("RHM", host=0, ub=98400, length=1), I("HLT")))
+    assert f.kind == "address" and f.index == 1
+    assert "UB address 98400 out of range 0..98303" in f.message
+    assert f.cycle == D4                      # the first RHM completed first
+    assert np.array_equal(m.ub[:4], m.host[:4])
+    assert f.text == "RHM 0, 98400, 1"
+    assert str(f).startswith(f"fault at cycle {D4} in instruction 1 `RHM 0, 98400, 1`: UB address")
+    assert m.events[-1].kind == "fault"
+
+
+def test_host_and_tile_address_faults():
+    _, f = fault_of(program(I("RHM", host=126, ub=0, length=4), I("HLT")))
+    assert f.kind == "address" and "host address 128 out of range 0..127" in f.message
+    _, f = fault_of(program(I("RW", repeat=2, tile=3), I("HLT")))
+    assert f.kind == "address" and "weight tile 4 out of range 0..3" in f.message
+
+
+def test_no_tile_deadlock_and_width_faults():
+    _, f = fault_of(program(I("MMC", ub=0, acc=0, length=1), I("HLT")))
+    assert f.kind == "no_tile"
+    _, f = fault_of(program(I("MMC", "S", ub=0, acc=0, length=1), I("HLT")))
+    assert f.kind == "deadlock" and "empty Weight FIFO" in f.message
+    _, f = fault_of(program(I("RW", repeat=4, tile=0), I("RW", repeat=2, tile=0), I("HLT")))
+    assert f.kind == "deadlock" and f.index == 1 and "6 tiles" in f.message
+    _, f = fault_of(program(I("RW", repeat=2, tile=0), I("MMC", "SD", ub=0, acc=0, length=1),
+                            I("MMC", ub=0, acc=0, length=1), I("HLT")))
+    assert f.kind == "weight_width" and f.index == 2
+
+
+def test_config_shape_invalid_faults():
+    m, f = fault_of(program(cfg("act_shift", 100), I("HLT")))
+    assert f.kind == "config" and "act_shift = 100 out of range 0..62" in f.message
+    _, f = fault_of(program(cfg("pool_size", 3), I("ACT", "M", acc=0, ub=0, length=10), I("HLT")))
+    assert f.kind == "shape"
+    bad = Instruction("ACT", 0x08 | 0x10, 1, {"acc": 0, "ub": 0, "length": 1})   # R and Q
+    _, f = fault_of(program(bad, I("HLT")))
+    assert f.kind == "invalid_instruction" and f.index == 0
+
+
+def test_max_cycles_fault():
+    m = load(program(I("RHM", host=0, ub=0, length=4), I("HLT")))
+    r = m.run(max_cycles=100)
+    assert r.status == "fault" and r.fault.kind == "max_cycles" and r.cycle == 100
+    assert m.run().status == "fault"          # sticky until the next load
+
+
+def test_strict_hazard_mode():
+    prog = program(I("RHM", host=0, ub=0, length=4), I("WHM", ub=0, host=8, length=4), I("HLT"))
+    assert load(prog).run().status == "halted"
+    _, f = fault_of(prog, hazards="error")
+    assert f.kind == "hazard" and f.index == 1 and "RAW" in f.message and "UB rows 0..3" in f.message
+    synced = program(I("RHM", host=0, ub=0, length=4), I("SYNC"),
+                     I("WHM", ub=0, host=8, length=4), I("HLT"))
+    assert load(synced, hazards="error").run().status == "halted"
+
+
+def test_fault_never_raises_for_empty_images():
+    m = Machine()
+    m.load(program(I("RHM", host=0, ub=0, length=1), I("HLT")))
+    r = m.run()
+    assert r.fault.kind == "address" and "empty" in r.fault.message
+
+
+# ------------------------------------------------------------------ stepping
+
+PROG3 = program(I("RHM", host=0, ub=0, length=4), I("RHM", host=4, ub=4, length=4),
+                I("WHM", ub=0, host=64, length=8), I("HLT"))
+
+
+def test_step_exact_cycles_and_views():
+    m = load(PROG3)
+    r = m.step()
+    assert r.status == "paused" and m.cycle == 1
+    pipe = {s.name: s for s in m.pipeline()}
+    assert [s.name for s in m.pipeline()] == ["input", "matrix", "activate", "output", "weights", "front"]
+    assert pipe["input"].index == 0 and pipe["input"].cycles_in_stage == 1
+    assert pipe["front"].index == 1 and pipe["front"].stall == "waiting for the input stage"
+    m.step(D4 - 2)
+    assert m.cycle == D4 - 1 and not m.ub[:4].any()
+    m.step()
+    assert m.cycle == D4 and m.retired(0) and m.finish_cycle(0) == D4
+    assert np.array_equal(m.ub[:4], m.host[:4])
+    assert m.issue_cycle(1) == -1             # issues during cycle D4
+    m.step()
+    assert m.issue_cycle(1) == D4
+
+
+def test_step_instruction():
+    m = load(PROG3)
+    r = m.step_instruction()
+    assert r.status == "paused" and m.cycle == D4 and m.retired(0)
+    r = m.step_instruction()
+    assert m.cycle == 2 * D4 and m.retired(1)
+
+
+def test_breakpoint_stops_before_issue_and_resumes():
+    m = load(PROG3)
+    r = m.run(breakpoints=[1])
+    assert r.status == "breakpoint" and r.index == 1 and r.cycle == D4
+    assert m.retired(0) and m.issue_cycle(1) == -1
+    r = m.run(breakpoints=[1])                # a run started at a breakpoint issues it
+    assert r.status == "halted"
+
+
+def test_watchpoint_stops_after_the_writing_instruction():
+    m = load(PROG3)
+    r = m.run(watch=[Watch("ub", 5, 6)])
+    assert r.status == "watchpoint" and r.index == 1 and r.cycle == 2 * D4
+    assert np.array_equal(m.ub[4:8], m.host[4:8])
+    r = m.run(watch=[Watch("host", 64, 72)])
+    assert r.status == "watchpoint" and r.index == 2
+    assert m.run().status == "halted"
+
+
+def test_registers_fifo_shadow_active_views():
+    m = load(program(cfg("act_shift", 3), I("RW", repeat=2, tile=1),
+                     I("MMC", "S", ub=0, acc=0, length=10), I("HLT")))
+    m.step(10)
+    assert m.registers()["act_shift"] == 3
+    fifo = m.fifo()
+    assert [(e.tile, e.state) for e in fifo] == [(1, "fetching"), (2, "fetching")]
+    assert fifo[0].total == 65536 and 0 < fifo[0].done < 65536
+    assert m.shadow() is None and m.active() is None
+    m.step(1351 + 100 - 10)                   # fetch 1..1351, then shifting
+    s = m.shadow()
+    assert s.tile == 1 and s.state == "shifting" and s.done == 100
+    assert "weight shift" in {p.name: p for p in m.pipeline()}["matrix"].stall
+    m.step(300)
+    assert m.active().tiles == (1,) and not m.active().wide
+    assert np.array_equal(m.tile_values(1), m.weights[1].view(np.int8))
+
+
+def test_snapshot_restore_exact():
+    m = load(PROG3)
+    m.step(D4 + 5)
+    snap = m.snapshot()
+    before = (m.counters(), m.ub.copy(), m.pipeline())
+    m.run()
+    m.restore(snap)
+    assert m.cycle == D4 + 5
+    assert (m.counters(), m.pipeline()) == (before[0], before[2])
+    assert np.array_equal(m.ub, before[1])
+    m.run()
+    assert m.status == "halted" and np.array_equal(m.host[64:72], m.host[:8])
+
+
+def test_trace_and_stats(tmp_path):
+    m = Machine(trace=True)
+    m.load(PROG3, host=host())
+    m.run()
+    path = tmp_path / "t.json"
+    m.write_trace(path)
+    data = json.loads(path.read_text())
+    names = [e.get("name") for e in data["traceEvents"] if e["ph"] == "X"]
+    assert "RHM 0, 0, 4" in names
+    stats = m.stats_json()
+    json.dumps(stats)
+    assert stats["counters"]["cycles"] == m.cycle and stats["status"] == "halted"
+
+
+# ------------------------------------------------------------------ data files
+
+def test_data_file_errors(tmp_path):
+    m = Machine()
+    p = tmp_path / "h.npy"
+    np.save(p, np.zeros((4, 128), np.int8))
+    with pytest.raises(DataFileError, match=r"h.npy: shape \(4, 128\) found, expected \(rows, 256\)"):
+        m.load(PROG3, host=p)
+    np.save(p, np.zeros((4, 256), np.float32))
+    with pytest.raises(DataFileError, match="dtype float32"):
+        m.load(PROG3, host=p)
+    np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DataFileError, match="pickled"):
+        m.load(PROG3, host=p)
+    with pytest.raises(DataFileError, match="not found"):
+        m.load(PROG3, host=tmp_path / "missing.npy")
+    w = tmp_path / "w.npy"
+    np.save(w, np.zeros((2, 256, 128), np.uint8))
+    with pytest.raises(DataFileError, match=r"expected \(tiles, 256, 256\)"):
+        m.load(PROG3, weights=w)
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    with pytest.raises(DataFileError, match="junk.npy"):
+        m.load(PROG3, host=tmp_path / "junk.npy")
+
+
+def test_weights_are_memory_mapped_read_only(tmp_path):
+    w = tmp_path / "w.npy"
+    np.save(w, weights(3))
+    m = Machine()
+    m.load(program(I("RW", tile=2), I("MMC", "S", ub=0, acc=0, length=1), I("HLT")), weights=w)
+    assert not m.weights.flags.writeable
+    assert isinstance(m.weights.base, np.memmap) or m.weights.base is not None
+    assert m.run().status == "halted"
