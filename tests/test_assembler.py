@@ -355,3 +355,25 @@ def test_listing_and_symbol_map():
 def test_all_errors_are_reported_in_one_run():
     msgs = errors("FOO 1\nRHM 0, 0\nRW undefined\n.bogus\nTAG 1 / 0\n")
     assert len(msgs) == 5
+
+
+def test_unknown_config_key_from_command_line():
+    assert errors("NOP", config={"array_sze": 16}) == [
+        "unknown configuration key 'array_sze' (from the command line); did you mean 'array_size'? "
+        "(keys: array_size, ub_rows, acc_rows, fifo_depth, profile)"]
+
+
+def test_command_line_config_values_may_be_text():
+    assert assemble("NOP", config={"ub_rows": "0x100", "profile": "opentpu"}).shape == \
+        MachineShape(ub_rows=256, profile="opentpu")
+
+
+def test_text_source_with_a_filename_includes_relative_to_it(tmp_path: Path):
+    (tmp_path / "defs.tasm").write_text(".equ N, 3\n")
+    p = assemble('.include "defs.tasm"\nTAG N\n', str(tmp_path / "main.tasm"))
+    assert p.instructions == [I("TAG", 0, 1, {"tag": 3})]
+
+
+def test_flag_names_instead_of_letters_get_a_suggestion():
+    assert errors("ACT.relu 0, 0, 1") == [
+        "ACT has no flags 'e', 'l', 'u'; ACT has flags R, Q, T, M, A; did you mean 'ACT.R' (relu)?"]

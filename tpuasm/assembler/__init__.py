@@ -120,6 +120,16 @@ def _shape(entries: list[ConfigEntry], overrides: dict, symbols: Symbols, report
         values[key] = v
         where[key] = e
     for key, v in overrides.items():
+        if key not in CONFIG_KEYS:
+            reporter.diagnostics.append(Diagnostic(
+                f"unknown configuration key '{key}' (from the command line)"
+                + did_you_mean(key, CONFIG_KEYS) + f" (keys: {', '.join(CONFIG_KEYS)})", filename, 0, 0))
+            continue
+        if isinstance(v, str) and key != "profile":      # `--config ub_rows=0x100` from a CLI
+            try:
+                v = int(v.replace("_", ""), 0)
+            except ValueError:
+                pass
         values[key] = v
         where.pop(key, None)
     try:

@@ -79,22 +79,20 @@ class Encoder:
         flags, ok = 0, True
         sp = st.span
         col = sp.col + len(base) + 1
+        unknown = []                      # positions of letters that are no flag
         for k, ch in enumerate(letters.upper()):
-            at = Span(sp.file, sp.line, col + k, sp.line, col + k + 1)
             flag = spec.flags.get(ch)
             if flag is None:
-                if spec.flags:
-                    msg = (f"{spec.key} has no flag '{letters[k]}'; {spec.key} has flags "
-                           + ", ".join(spec.flags))
-                else:
-                    msg = f"{spec.key} takes no flags"
-                self._error(at, msg, frame)
-                ok = False
+                unknown.append(k)
             elif flags & flag.bit:
-                self._error(at, f"flag '{ch}' given twice", frame)
+                self._error(Span(sp.file, sp.line, col + k, sp.line, col + k + 1),
+                            f"flag '{ch}' given twice", frame)
                 ok = False
             else:
                 flags |= flag.bit
+        if unknown:
+            self._flag_error(spec, letters, unknown, Span(sp.file, sp.line, col, sp.line, col), frame)
+            ok = False
         if dot and not letters:
             self._error(Span(sp.file, sp.line, col - 1, sp.line, col), "expected flag letters after '.'", frame)
             ok = False
@@ -106,6 +104,27 @@ class Encoder:
                             f"({spec.key} takes at most one of {', '.join(group)})", frame)
                 ok = False
         return _Form(spec, flags) if ok else None
+
+    def _flag_error(self, spec: InstructionSpec, letters: str, unknown: list[int], at: Span, frame) -> None:
+        """One diagnostic for the letters that are not flags of this instruction."""
+        if len(unknown) == 1:
+            k = unknown[0]
+            at = Span(at.file, at.line, at.col + k, at.line, at.col + k + 1)
+            what = f"{spec.key} has no flag '{letters[k]}'"
+        else:
+            at = Span(at.file, at.line, at.col, at.line, at.col + len(letters))
+            what = f"{spec.key} has no flags " + ", ".join(f"'{letters[k]}'" for k in unknown)
+        if not spec.flags:
+            self._error(at, f"{spec.key} takes no flags", frame)
+            return
+        message = f"{what}; {spec.key} has flags {', '.join(spec.flags)}"
+        # `ACT.relu`, `MMC.switch`: the user wrote a flag's name instead of its letter
+        by_name = {f.name: f.letter for f in spec.flags.values()}
+        hint = did_you_mean(letters, by_name)
+        if hint:
+            name = hint.split("'")[1]
+            message += f"; did you mean '{spec.key}.{by_name[name]}' ({name})?"
+        self._error(at, message, frame)
 
     def _mnemonic_error(self, st: Instr, frame, macros) -> None:
         base = st.name.partition(".")[0]
