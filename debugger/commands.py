@@ -373,7 +373,8 @@ class Engine:
 
     def info_breakpoints(self) -> list[str]:
         s = self.session
-        items = sorted([*s.breakpoints.values(), *s.watchpoints.values()], key=lambda b: b.number)
+        items = sorted([b for b in s.breakpoints.values() if b.number] + list(s.watchpoints.values()),
+                       key=lambda b: b.number)
         out = [b.describe() for b in items] or ["no breakpoints or watchpoints"]
         caught = sorted(s.catch - {"fault"})
         if caught:

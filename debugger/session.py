@@ -271,11 +271,12 @@ class Session:
 
     def run_to(self, indices: list[int], where: str) -> Stop:
         """Run to cursor: a temporary breakpoint on `indices`."""
-        bp = self.add_breakpoint(indices, where, temporary=True)
+        # number 0: internal, never listed, never takes a user-visible number
+        self.breakpoints[0] = Breakpoint(0, tuple(indices), where, temporary=True)
         try:
             return self.run()
         finally:
-            self.breakpoints.pop(bp.number, None)
+            self.breakpoints.pop(0, None)
 
     def _bounded(self, budget: int) -> Stop | None:
         """Run at most `budget` cycles honouring breakpoints, watchpoints and caught events;
@@ -361,6 +362,9 @@ class Session:
             if bp.temporary:
                 del self.breakpoints[bp.number]
             label = "temporary breakpoint" if bp.temporary else "breakpoint"
+            if bp.number == 0:
+                return Stop("breakpoint", f"reached {bp.where}: {self.where(index)}, cycle "
+                                          f"{self.machine.cycle}", index, None)
             return Stop("breakpoint", f"{label} {bp.number} at {self.where(index)}, cycle "
                                       f"{self.machine.cycle}", index, bp.number)
         return None

@@ -1,0 +1,96 @@
+"""Programs, data and an independent numpy oracle shared by the debugger tests.
+
+The small programs run at N = 8 with a few UB rows so that every test is quick.
+"""
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+
+# Two layers: relu(x @ w0) then (h @ w1), int8 requantization with the reset registers.
+# Line numbers matter: the tests break on them.
+SMALL = """\
+; a tiny two-layer program for the debugger tests
+.config array_size=8, ub_rows=64, acc_rows=32
+.host  x, 4
+.host  y, 4
+.ub    input, 4
+.ub    hidden, 4
+.acc   sums, 4
+.tile  w, 2
+
+    RHM  host.x, input, 4
+    RW   tile.w
+    RW   tile.w + 1
+    TAG  7
+    MMC.SO input, sums, 4
+    ACT.R  sums, hidden, 4
+    MMC.SO hidden, sums, 4
+    ACT    sums, hidden, 4
+    WHM  hidden, host.y, 4
+    INT  3
+    HLT
+"""
+LINE_RHM, LINE_TAG, LINE_MMC1, LINE_ACT1, LINE_MMC2, LINE_ACT2, LINE_WHM = 10, 13, 14, 15, 16, 17, 18
+
+# A MatrixMultiply with no weight tile resident: a `no_tile` fault at run time.
+FAULTY = """\
+.config array_size=8, ub_rows=64, acc_rows=32
+.ub    input, 4
+.acc   sums, 4
+    TAG  1
+    MMC.O input, sums, 4
+    HLT
+"""
+
+# Long enough to interrupt: thousands of back-to-back host reads.
+LONG = """\
+.config array_size=8, ub_rows=64, acc_rows=32
+.host x, 4
+.ub   input, 4
+.rept 4000
+    RHM host.x, input, 4
+.endr
+    HLT
+"""
+
+
+def small_data(rng_seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(rng_seed)
+    host = rng.integers(-6, 7, (8, 8)).astype(np.int8)
+    weights = rng.integers(-4, 5, (2, 8, 8)).astype(np.int8)
+    return host, weights
+
+
+def oracle(host: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """What SMALL computes, from spec/isa.md alone, in plain numpy."""
+    x = host[0:4].astype(np.int64)
+    acc1 = x @ weights[0].astype(np.int64)
+    hidden1 = np.clip(np.maximum(acc1, 0), -128, 127)
+    acc2 = hidden1 @ weights[1].astype(np.int64)
+    hidden2 = np.clip(acc2, -128, 127)
+    return {"acc1": acc1, "hidden1": hidden1, "acc2": acc2, "hidden2": hidden2}
+
+
+def write_program(directory: Path, source: str = SMALL, name: str = "small.tasm",
+                  seed: int = 1) -> Namespace:
+    """Program and data files in `directory`; returns what the CLI would parse."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(source)
+    host, weights = small_data(seed)
+    np.save(directory / "host.npy", host)
+    np.save(directory / "w.npy", weights)
+    return Namespace(program=directory / name, host=directory / "host.npy",
+                     weights=directory / "w.npy", config=[], host_array=host,
+                     weights_array=weights)
+
+
+def make_session(directory: Path, source: str = SMALL, name: str = "small.tasm"):
+    """A Session on a relative program path (`directory` must be the cwd), so that file
+    names in messages and screenshots do not depend on where the test runs."""
+    from debugger.cli import load_session
+    args = write_program(directory, source, name)
+    args.program, args.host, args.weights = Path(name), Path("host.npy"), Path("w.npy")
+    return load_session(args)
