@@ -1,6 +1,7 @@
 """The exact GEMM behind MatrixMultiply, both paths, against a numpy int64 oracle."""
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -12,6 +13,14 @@ import pytest
 from tpuasm.machine import gemm as G
 
 RNG = np.random.default_rng(7)
+
+
+def run_gemm(x, w, c, m, use_blas):
+    """The two paths as the kernels call them: BLAS on (K, N), the portable one on (N, K)."""
+    if use_blas:
+        G.gemm_blas(x, w, c, m)
+    else:
+        G.matmul_nt(x, np.ascontiguousarray(w.T), c, m)
 PATHS = [False, True] if G.HAVE_BLAS else [False]
 
 # value ranges of the operands of each MatrixMultiply mode, and the float type it needs
@@ -45,7 +54,7 @@ def test_gemm_exact(use_blas, mode, n, rows):
     b[:, 0] = blo
     b[:, -1] = bhi - 1
     x, w, c = staged(a, b, rows, dtype)
-    G.gemm(x, w, c, rows, use_blas)
+    run_gemm(x, w, c, rows, use_blas)
     assert np.array_equal(c[:rows].astype(np.int64), a @ b)
     assert (c[rows:] == -7).all()                 # rows past m untouched
 
@@ -59,25 +68,27 @@ def test_gemm_extremes_float32_bound(use_blas):
     b2 = np.array([[-128] * n] * n)
     for left, right in ((a[:1], b), (a[1:], b2), (a[1:], -b2 - 1)):
         x, w, c = staged(left, right, len(left), np.float32)
-        G.gemm_f32(x, w, c, len(left), use_blas)
+        run_gemm(x, w, c, len(left), use_blas)
         assert np.array_equal(c[:len(left)].astype(np.int64), left @ right)
 
 
 @pytest.mark.parametrize("use_blas", PATHS)
 def test_gemm_zero_rows_is_noop(use_blas):
     x, w, c = staged(np.zeros((0, 8)), np.ones((8, 8)), 0, np.float32)
-    G.gemm_f32(x, w, c, 0, use_blas)
+    run_gemm(x, w, c, 0, use_blas)
     assert (c == -7).all()
 
 
-def test_blocked_kernel_tail_rows():
-    """matmul_blocked's 4-row block and its 1-row tail."""
-    for rows in range(1, 10):
-        a = RNG.integers(-128, 128, (rows, 12))
-        b = RNG.integers(-128, 128, (12, 5))
-        c = np.zeros((rows, 5), np.float64)
-        G.matmul_blocked(a.astype(np.float64), b.astype(np.float64), c, rows)
-        assert np.array_equal(c.astype(np.int64), a @ b)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_portable_kernel_tails(dtype):
+    """matmul_nt's 4 x 4 blocks and its row and column tails, non-square too."""
+    for rows, k, n in itertools.product(range(0, 10), (1, 5, 12), (1, 3, 4, 7, 9)):
+        a = RNG.integers(-128, 128, (rows, k))
+        b = RNG.integers(-128, 128, (k, n))
+        c = np.full((rows + 1, n), -5, dtype)
+        G.matmul_nt(a.astype(dtype), np.ascontiguousarray(b.T).astype(dtype), c, rows)
+        assert np.array_equal(c[:rows].astype(np.int64), a @ b)
+        assert (c[rows:] == -5).all()
 
 
 def test_without_openblas_falls_back():

@@ -16,15 +16,17 @@ addresses with LLVM under names of our own (`tpuasm_cblas_sgemm`/`..._dgemm`) an
 them as numba ExternalFunctions.  Because the compiled code refers to the *symbol name*
 (resolved when the code is loaded) rather than to an address baked in at compile time,
 `cache=True` keeps working across processes.  When the library or symbol is missing, the
-names are bound to a do-nothing C callback and `HAVE_BLAS` is False; callers then pass
-`use_blas=False` and get the cache-blocked numba kernel `matmul_blocked`.  Setting the
+names are bound to a do-nothing C callback and `HAVE_BLAS` is False; callers then use
+the register-blocked numba kernel `matmul_nt`.  Setting the
 environment variable TPUASM_NO_BLAS=1 forces that path (for tests of other platforms).
 
 Entry points (all njit):
-    gemm_f32(a, b, c, m, use_blas)   c[:m] = a[:m] @ b   (float32, C-contiguous)
-    gemm_f64(a, b, c, m, use_blas)   the same in float64
-    gemm(a, b, c, m, use_blas)       either, by dtype
-    matmul_blocked(a, b, c, m)       the portable kernel (any float dtype)
+    gemm_f32(a, b, c, m)    c[:m] = a[:m] @ b   (OpenBLAS sgemm; float32, C-contiguous)
+    gemm_f64(a, b, c, m)    the same with dgemm
+    gemm_blas(a, b, c, m)   either, by dtype
+    matmul_nt(a, bt, c, m)  c[:m] = a[:m] @ bt.T, the portable kernel (weights transposed)
+Python helpers: blas_threads(), set_blas_threads(n) (OpenBLAS is multi-threaded by default;
+see set_blas_threads for the measured trade-off on a shared 2-core machine).
 """
 from __future__ import annotations
 
@@ -96,81 +98,118 @@ _sgemm = types.ExternalFunction("tpuasm_cblas_sgemm", _SGEMM_SIG)
 _dgemm = types.ExternalFunction("tpuasm_cblas_dgemm", _DGEMM_SIG)
 
 
+@njit(cache=True, fastmath=True)
+def matmul_nt(a, bt, c, m):
+    """c[:m] = a[:m] @ bt.T, the portable kernel: the weights come transposed so that every
+    output element is a dot product of two contiguous rows.  4 x 4 output blocks keep 16
+    partial sums in registers (8 loads per 16 multiply-adds), and fastmath lets LLVM
+    vectorize the reductions -- reassociation is exact here because every partial sum is an
+    integer below 2^24 (float32) or 2^53 (float64)."""
+    kdim = a.shape[1]
+    n = bt.shape[0]
+    zero = c.dtype.type(0)
+    m4 = m - m % 4
+    n4 = n - n % 4
+    for r in range(0, m4, 4):
+        a0, a1, a2, a3 = a[r], a[r + 1], a[r + 2], a[r + 3]
+        for j in range(0, n4, 4):
+            b0, b1, b2, b3 = bt[j], bt[j + 1], bt[j + 2], bt[j + 3]
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
+            s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = zero
+            for k in range(kdim):
+                x0, x1, x2, x3 = a0[k], a1[k], a2[k], a3[k]
+                y0, y1, y2, y3 = b0[k], b1[k], b2[k], b3[k]
+                s00 += x0 * y0
+                s01 += x0 * y1
+                s02 += x0 * y2
+                s03 += x0 * y3
+                s10 += x1 * y0
+                s11 += x1 * y1
+                s12 += x1 * y2
+                s13 += x1 * y3
+                s20 += x2 * y0
+                s21 += x2 * y1
+                s22 += x2 * y2
+                s23 += x2 * y3
+                s30 += x3 * y0
+                s31 += x3 * y1
+                s32 += x3 * y2
+                s33 += x3 * y3
+            c[r, j], c[r, j + 1], c[r, j + 2], c[r, j + 3] = s00, s01, s02, s03
+            c[r + 1, j], c[r + 1, j + 1], c[r + 1, j + 2], c[r + 1, j + 3] = s10, s11, s12, s13
+            c[r + 2, j], c[r + 2, j + 1], c[r + 2, j + 2], c[r + 2, j + 3] = s20, s21, s22, s23
+            c[r + 3, j], c[r + 3, j + 1], c[r + 3, j + 2], c[r + 3, j + 3] = s30, s31, s32, s33
+        for j in range(n4, n):              # column tail of this row block
+            for q in range(4):
+                _dot_into(a, bt, c, r + q, j, kdim)
+    for r in range(m4, m):                  # row tail
+        for j in range(n):
+            _dot_into(a, bt, c, r, j, kdim)
+
+
+@njit(cache=True, fastmath=True)
+def _dot_into(a, bt, c, r, j, kdim):
+    total = c.dtype.type(0)
+    ar = a[r]
+    bj = bt[j]
+    for k in range(kdim):
+        total += ar[k] * bj[k]
+    c[r, j] = total
+
+
 @njit(cache=True)
-def matmul_blocked(a, b, c, m):
-    """c[:m] = a[:m] @ b with a 4-row register block: each weight row is loaded once for
-    four output rows, and the inner loop over n vectorizes (no reduction in it)."""
+def gemm_f32(a, b, c, m):
+    """c[:m] = a[:m] @ b through OpenBLAS sgemm; a (>=m, K), b (K, N), c (>=m, N), all
+    C-contiguous float32.  Requires HAVE_BLAS."""
+    if m <= 0:
+        return
     kdim = a.shape[1]
     n = b.shape[1]
-    zero = c.dtype.type(0)
-    r = 0
-    while r + 4 <= m:
-        c0, c1, c2, c3 = c[r], c[r + 1], c[r + 2], c[r + 3]
-        for j in range(n):
-            c0[j] = zero
-            c1[j] = zero
-            c2[j] = zero
-            c3[j] = zero
-        for k in range(kdim):
-            a0, a1, a2, a3 = a[r, k], a[r + 1, k], a[r + 2, k], a[r + 3, k]
-            bk = b[k]
-            for j in range(n):
-                bv = bk[j]
-                c0[j] += a0 * bv
-                c1[j] += a1 * bv
-                c2[j] += a2 * bv
-                c3[j] += a3 * bv
-        r += 4
-    while r < m:
-        cr = c[r]
-        for j in range(n):
-            cr[j] = zero
-        for k in range(kdim):
-            av = a[r, k]
-            bk = b[k]
-            for j in range(n):
-                cr[j] += av * bk[j]
-        r += 1
+    _sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, m, n, kdim, np.float32(1.0),
+           a.ctypes, kdim, b.ctypes, n, np.float32(0.0), c.ctypes, n)
 
 
 @njit(cache=True)
-def gemm_f32(a, b, c, m, use_blas):
-    """c[:m] = a[:m] @ b; a (>=m, K), b (K, N), c (>=m, N), all C-contiguous float32."""
+def gemm_f64(a, b, c, m):
+    """c[:m] = a[:m] @ b through OpenBLAS dgemm (the 16-bit modes).  Requires HAVE_BLAS."""
     if m <= 0:
         return
-    if use_blas:
-        kdim = a.shape[1]
-        n = b.shape[1]
-        _sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, m, n, kdim, np.float32(1.0),
-               a.ctypes, kdim, b.ctypes, n, np.float32(0.0), c.ctypes, n)
-    else:
-        matmul_blocked(a, b, c, m)
+    kdim = a.shape[1]
+    n = b.shape[1]
+    _dgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, m, n, kdim, 1.0,
+           a.ctypes, kdim, b.ctypes, n, 0.0, c.ctypes, n)
 
 
-@njit(cache=True)
-def gemm_f64(a, b, c, m, use_blas):
-    """c[:m] = a[:m] @ b in float64 (the 16-bit modes)."""
-    if m <= 0:
-        return
-    if use_blas:
-        kdim = a.shape[1]
-        n = b.shape[1]
-        _dgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_NO_TRANS, m, n, kdim, 1.0,
-               a.ctypes, kdim, b.ctypes, n, 0.0, c.ctypes, n)
-    else:
-        matmul_blocked(a, b, c, m)
-
-
-def gemm(a, b, c, m, use_blas):
-    """c[:m] = a[:m] @ b for float32 or float64 operands (njit-callable; dispatches on dtype)."""
+def gemm_blas(a, b, c, m):
+    """gemm_f32 or gemm_f64 by dtype (njit-callable)."""
     if a.dtype == np.float32:
-        gemm_f32(a, b, c, m, use_blas)
+        gemm_f32(a, b, c, m)
     else:
-        gemm_f64(a, b, c, m, use_blas)
+        gemm_f64(a, b, c, m)
 
 
-@overload(gemm)
-def _gemm_overload(a, b, c, m, use_blas):
+@overload(gemm_blas)
+def _gemm_blas_overload(a, b, c, m):
     if a.dtype == types.float32:
-        return lambda a, b, c, m, use_blas: gemm_f32(a, b, c, m, use_blas)
-    return lambda a, b, c, m, use_blas: gemm_f64(a, b, c, m, use_blas)
+        return lambda a, b, c, m: gemm_f32(a, b, c, m)
+    return lambda a, b, c, m: gemm_f64(a, b, c, m)
+
+
+def blas_threads() -> int | None:
+    """OpenBLAS's thread count (shared with numpy), or None without OpenBLAS."""
+    if not HAVE_BLAS:
+        return None
+    return int(_keep_alive.scipy_openblas_get_num_threads64_())
+
+
+def set_blas_threads(n: int) -> int | None:
+    """Set OpenBLAS's thread count for the whole process (numpy's matmul too); returns the
+    previous count.  Measured on the 2-core machines: 2 threads double sgemm when both cores
+    are idle (~190 vs ~95 GMAC/s for 1024x256x256) but collapse to ~10-20 GMAC/s when another
+    process keeps the second core busy; 1 thread stays at ~95.  Nothing here calls it: the
+    machine (or the user) chooses."""
+    if not HAVE_BLAS:
+        return None
+    previous = blas_threads()
+    _keep_alive.scipy_openblas_set_num_threads64_(int(n))
+    return previous

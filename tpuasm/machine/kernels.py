@@ -406,8 +406,8 @@ def _execute_dma(row, regs, ub, host):
 
 
 @njit(cache=True)
-def _convert_weights(weights, lo, hi, unsigned_w, wide_w, w):
-    """w[k, n] = the active weight value as float (exact)."""
+def _convert_weights(weights, lo, hi, unsigned_w, wide_w, transposed, w):
+    """w[k, n] (w[n, k] if transposed) = the active weight value as float (exact)."""
     n = w.shape[0]
     for k in range(n):
         for j in range(n):
@@ -419,18 +419,22 @@ def _convert_weights(weights, lo, hi, unsigned_w, wide_w, w):
                 v = v + 256 * h                 # low byte always unsigned
             elif not unsigned_w:
                 v = _signed8(v)
-            w[k, j] = v
+            if transposed:
+                w[j, k] = v
+            else:
+                w[k, j] = v
 
 
 @njit(cache=True)
-def _active_weights(weights, active, flags, w, key):
-    """The converted active tile, converting only when the key changed."""
-    mode = (flags & (MMC_UNSIGNED_W | MMC_WIDE_W))
+def _active_weights(weights, active, flags, transposed, w, key):
+    """The converted active tile, converting only when the key changed.  The BLAS path
+    wants (K, N); the portable kernel wants it transposed."""
+    mode = (flags & (MMC_UNSIGNED_W | MMC_WIDE_W)) | (1024 if transposed else 0)
     addr = np.int64(weights.ctypes.data)
     hi = active[1] if flags & MMC_WIDE_W else -1
     if key[0] != active[0] or key[1] != hi or key[2] != mode or key[3] != addr:
         _convert_weights(weights, active[0], hi, (flags & MMC_UNSIGNED_W) != 0,
-                         (flags & MMC_WIDE_W) != 0, w)
+                         (flags & MMC_WIDE_W) != 0, transposed, w)
         key[0], key[1], key[2], key[3] = active[0], hi, mode, addr
     return w
 
@@ -488,7 +492,10 @@ def _mmc_iteration(ub, acc, w, x, c, use_blas, flags, ub_base, acc_base, count,
                 xx = j - y * conv_width
                 v = (y * stride + dy) * pitch + xx * stride + dx
             _load_vector(ub, ub_base + per * v, x, r, unsigned_in, wide_in)
-        _gemm.gemm(x, w, c, m, use_blas)
+        if use_blas:
+            _gemm.gemm_blas(x, w, c, m)
+        else:
+            _gemm.matmul_nt(x, w, c, m)            # w is transposed on this path
         _store_products(c, m, acc, acc_base, first, overwrite)
 
 
@@ -522,11 +529,13 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
                 row[COL_LEN], 0
             dy, dx = 0, 0
         if wide:
-            w = _active_weights(weights, active, flags, scratch.w64, scratch.key64)
+            w = _active_weights(weights, active, flags, not use_blas, scratch.w64,
+                                scratch.key64)
             _mmc_iteration(ub, acc, w, scratch.x64, scratch.c64, use_blas, flags, ub_base,
                            acc_base, count, cw, pitch, stride, dy, dx, overwrite)
         else:
-            w = _active_weights(weights, active, flags, scratch.w32, scratch.key32)
+            w = _active_weights(weights, active, flags, not use_blas, scratch.w32,
+                                scratch.key32)
             _mmc_iteration(ub, acc, w, scratch.x32, scratch.c32, use_blas, flags, ub_base,
                            acc_base, count, cw, pitch, stride, dy, dx, overwrite)
 

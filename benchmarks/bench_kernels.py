@@ -1,0 +1,110 @@
+"""Throughput of the instruction kernels (prints measured figures; not a test).
+
+    .venv/bin/python benchmarks/bench_kernels.py [--rows 1024] [--repeat 20]
+
+GEMM: the exact float32 GEMM behind MatrixMultiply (OpenBLAS through numba, and the portable
+numba kernel) against np.matmul on the same float32 operands.  MMC: whole instructions
+through execute_instruction (UB byte -> float conversion, GEMM, int32 accumulate).
+ACT: Activate rows per second.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from tpuasm.machine import decoded as D
+from tpuasm.machine import gemm as G
+from tpuasm.machine import kernels as K
+
+
+def best_time(fn, repeat):
+    fn()                                   # compile / warm caches
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_gemm(rows, n, repeat):
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (rows, n)).astype(np.float32)
+    b = rng.integers(-128, 128, (n, n)).astype(np.float32)
+    c = np.empty((rows, n), np.float32)
+    macs = rows * n * n
+    results = {"np.matmul float32": best_time(lambda: np.matmul(a, b, out=c), repeat)}
+    if G.HAVE_BLAS:
+        results["gemm_f32 (OpenBLAS)"] = best_time(lambda: G.gemm_f32(a, b, c, rows), repeat)
+    bt = np.ascontiguousarray(b.T)
+    results["matmul_nt f32 (numba)"] = best_time(lambda: G.matmul_nt(a, bt, c, rows),
+                                                 max(3, repeat // 4))
+    a64, b64, c64 = a.astype(np.float64), b.astype(np.float64), c.astype(np.float64)
+    results["np.matmul float64"] = best_time(lambda: np.matmul(a64, b64, out=c64), repeat)
+    if G.HAVE_BLAS:
+        results["gemm_f64 (OpenBLAS)"] = best_time(lambda: G.gemm_f64(a64, b64, c64, rows),
+                                                   repeat)
+    print(f"GEMM {rows} x {n} x {n}:")
+    for name, t in results.items():
+        print(f"  {name:28s} {macs / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
+
+
+def bench_mmc(rows, n, repeat, flags, use_blas):
+    rng = np.random.default_rng(1)
+    ub = rng.integers(0, 256, (2 * rows + 8, n), dtype=np.uint8)
+    acc = np.zeros((rows + 8, n), np.int32)
+    host = np.zeros((1, n), np.uint8)
+    weights = rng.integers(0, 256, (4, n, n), dtype=np.uint8)
+    scratch = K.make_scratch(n, use_blas=use_blas)
+    regs = D.reset_registers()
+    row = np.zeros(D.NCOLS, np.int64)
+    row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_MMC, 1, rows
+    row[D.COL_FLAGS] = sum(getattr(D, {"O": "MMC_OVERWRITE", "U": "MMC_UNSIGNED_IN",
+                                      "H": "MMC_WIDE_IN", "D": "MMC_WIDE_W",
+                                      "W": "MMC_UNSIGNED_W"}[f]) for f in flags)
+    active = np.array([0, 1], np.int64)
+    tiles = np.zeros(0, np.int64)
+    t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, host, weights, tiles, active,
+                                                scratch, 0), repeat)
+    label = f"MMC.{flags or '-'} {rows} rows, {'OpenBLAS' if use_blas else 'numba'}"
+    print(f"  {label:34s} {rows * n * n / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
+
+
+def bench_act(rows, n, repeat, flags, pool):
+    rng = np.random.default_rng(2)
+    acc = rng.integers(-2**20, 2**20, (rows, n)).astype(np.int32)
+    ub = np.zeros((rows * 2, n), np.uint8)
+    regs = D.reset_registers()
+    regs[D.REG_ACT_SHIFT], regs[D.REG_FN_IN_FRAC], regs[D.REG_POOL_SIZE] = 8, 12, pool
+    row = np.zeros(D.NCOLS, np.int64)
+    row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_ACT, 1, rows
+    row[D.COL_FLAGS] = sum({"R": D.ACT_RELU, "Q": D.ACT_SIGMOID, "T": D.ACT_TANH,
+                            "M": D.ACT_MAXPOOL, "A": D.ACT_AVGPOOL}[f] for f in flags)
+    scratch = K.make_scratch(n)
+    empty = np.zeros(0, np.int64)
+    t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, ub, np.zeros((1, n, n), np.uint8),
+                                                empty, np.array([-1, -1]), scratch, 0), repeat)
+    print(f"  ACT.{flags or '-':3s} {rows} rows: {rows / t / 1e6:6.2f} M rows/s, "
+          f"{rows * n / t / 1e9:5.2f} G elements/s  ({t * 1e3:.2f} ms)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1024)
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    bench_gemm(args.rows, args.n, args.repeat)
+    print("MatrixMultiply (execute_instruction):")
+    for flags in ("O", "", "U", "H", "D", "HD"):
+        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS)
+    bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False)
+    print("Activate (execute_instruction):")
+    for flags, pool in (("", 1), ("R", 1), ("T", 1), ("Q", 1), ("RM", 2), ("A", 4)):
+        bench_act(args.rows, args.n, args.repeat, flags, pool)
+
+
+if __name__ == "__main__":
+    main()
