@@ -1,0 +1,97 @@
+"""History: stepping back reproduces exactly the state of a fresh run to the same cycle."""
+from __future__ import annotations
+
+import numpy as np
+
+from tpuasm.machine import History, Machine, Watch
+
+from _machine_programs import I, cfg, lstm1_600x600, program
+
+PROG = program(I("RW", repeat=2, tile=0), I("RHM", host=0, ub=0, length=30),
+               I("MMC", "SO", ub=0, acc=0, length=30), I("ACT", "R", acc=0, ub=100, length=30),
+               cfg("act_shift", 2), I("MMC", "SO", ub=100, acc=40, length=30),
+               I("ACT", acc=40, ub=200, length=30), I("WHM", ub=200, host=0, length=30),
+               I("TAG", tag=9), I("HLT"))
+
+
+def data():
+    rng = np.random.default_rng(5)
+    return (rng.integers(-128, 128, (64, 256)).astype(np.int8),
+            rng.integers(-128, 128, (4, 256, 256)).astype(np.int8))
+
+
+def fresh(cycle):
+    h, w = data()
+    m = Machine()
+    m.load(PROG, host=h, weights=w)
+    if cycle:
+        m.step(cycle)
+    return m
+
+
+def same_state(a: Machine, b: Machine):
+    assert a.cycle == b.cycle
+    for name in ("ub", "acc", "host", "times", "tl", "sg", "cregs"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.counters() == b.counters()
+    assert a.pipeline() == b.pipeline()
+    assert a.fifo() == b.fifo() and a.shadow() == b.shadow() and a.active() == b.active()
+    assert a.registers() == b.registers() and a.events == b.events
+
+
+def test_back_matches_fresh_run():
+    h, w = data()
+    m = Machine()
+    m.load(PROG, host=h, weights=w)
+    hist = History(m, interval=500, max_snapshots=4)
+    r = hist.run()
+    assert r.status == "halted"
+    end = m.cycle
+    for target in (end - 1, end - 700, 2000, 1500, 1, 0):
+        hist.goto(target)
+        same_state(m, fresh(target))
+    hist.goto(end - 1)
+    hist.back(1)
+    same_state(m, fresh(end - 2))
+    # forward again from the past reaches the same end
+    assert m.run().status == "halted" and m.cycle == end
+    same_state(m, _finished())
+
+
+def _finished():
+    m = fresh(0)
+    m.run()
+    return m
+
+
+def test_back_instruction_and_reverse_continue():
+    h, w = data()
+    m = Machine()
+    m.load(PROG, host=h, weights=w)
+    hist = History(m, interval=300)
+    hist.run()
+    hlt_issue, act_finish, mmc_issue = int(m.times[9, 0]), int(m.times[3, 2]), int(m.times[5, 0])
+    r = hist.back_instruction()
+    assert m.cycle == hlt_issue                     # just before HLT issued
+    assert not m.retired(9)
+    hist.run()
+    r = hist.reverse_continue(breakpoints=[5])
+    assert r.status == "breakpoint" and r.index == 5 and m.cycle == mmc_issue
+    same_state(m, fresh(m.cycle))
+    hist.run()
+    r = hist.reverse_continue(watch=[Watch("ub", 100, 101)])
+    assert r.status == "watchpoint" and r.index == 3 and m.cycle == act_finish
+
+
+def test_history_memory_is_bounded():
+    m = Machine()
+    w = np.random.default_rng(0).integers(-128, 128, (9, 256, 256)).astype(np.int8)
+    m.load(lstm1_600x600(), weights=w)
+    hist = History(m, interval=100, max_snapshots=8)
+    hist.run()
+    assert len(hist._deltas) <= 8
+    hist.goto(5000)
+    m2 = Machine()
+    m2.load(lstm1_600x600(), weights=w)
+    m2.step(5000)
+    same_state(m, m2)
