@@ -189,8 +189,11 @@ def _lark_chunk(lines, start, stop, file, statements, diags):
 
 
 _BLANK = object()
+# Greedy operand text (no lazy quantifier: a long run of blanks must not make
+# the regex engine backtrack quadratically); trailing blanks are the operand
+# pattern's business.
 _SIMPLE_LINE = re.compile(
-    r"[ \t]*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?)(?:[ \t]+([^;#\"\\()~\r]*?))?[ \t]*(?:[;#].*)?\r?")
+    r"[ \t]*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?)(?:[ \t]+([^;#\"\\()~\r\n]*))?(?:[;#].*)?\r?")
 _BLANK_LINE = re.compile(r"[ \t]*(?:[;#].*)?\r?")
 _ATOM = r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?|[0-9][A-Za-z0-9_]*)"
 _SIMPLE_OPERAND = re.compile(
@@ -207,7 +210,7 @@ def _fast_line(line: str, file: str, lineno: int):
         return None
     mnemonic = m.group(1)
     span = Span(file, lineno, m.start(1) + 1, lineno, m.end(1) + 1)
-    if not m.group(2):
+    if not m.group(2) or not m.group(2).strip(" \t"):
         return Instr(mnemonic, span, [])
     args = []
     pos = m.start(2)
