@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:          # argparse exits 2 on usage errors, 0 for --help
         return int(e.code or 0)
     from rich.console import Console
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
 
     try:
         manifests = select(args.paths or [Path("programs")], args.keyword)
