@@ -56,12 +56,20 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--symbols", type=Path, metavar="FILE", help="write the symbol map")
     a.add_argument("--no-debug", action="store_true",
                    help="omit source text, line table and symbols from the binary")
+    a.add_argument("--format", choices=("tbin", "opentpu"),
+                   help="output format: tbin (default) or OpenTPU's 14-byte binary "
+                        "(the default when -o ends in .out); spec/opentpu.md")
+    a.add_argument("--strip-nops", action="store_true",
+                   help="drop every NOP (the pipeline interlocks; the output is the same)")
     _config_option(a)
+    _profile_options(a)
     a.set_defaults(handler=cmd_asm)
 
     d = sub.add_parser("disasm", help="disassemble a binary into .tasm source",
                        description="Print .tasm that assembles back to the same code.")
-    d.add_argument("binary", type=Path, help="the .tbin file")
+    d.add_argument("binary", type=Path, help="the .tbin file or OpenTPU binary (.out)")
+    d.add_argument("--format", choices=("tbin", "opentpu"),
+                   help="the binary's format (default: by content, then extension)")
     d.add_argument("--annotate", action="store_true",
                    help="add the original source line of each instruction as a comment")
     d.add_argument("-o", "--output", type=Path, help="write to a file instead of stdout")
@@ -81,8 +89,25 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--hazards", choices=("interlock", "error"), default="interlock",
                    help="'error': a dependency left to the interlocks without a sync is a fault")
     r.add_argument("-q", "--quiet", action="store_true", help="print only faults")
+    r.add_argument("--format", choices=("tbin", "opentpu"),
+                   help="read PROG as this binary format (default: by content, then extension)")
+    r.add_argument("--timing", choices=("tpu", "opentpu"),
+                   help="latencies: TPU v1's, or OpenTPU's documented ones "
+                        "(default: the program's profile)")
     _config_option(r)
+    _profile_options(r)
     r.set_defaults(handler=cmd_run)
+
+    lint = sub.add_parser("lint", help="report NOPs the interlocked pipeline makes unnecessary",
+                          description="List every run of NOPs with its position and the "
+                                      "dependency it pads.  Exit 0 when there are none, 1 when "
+                                      "there are, 2 on errors.")
+    lint.add_argument("program", type=Path, help="a .tasm/.a source or a binary")
+    lint.add_argument("--format", choices=("tbin", "opentpu"),
+                      help="read PROG as this binary format (default: by content, then extension)")
+    _config_option(lint)
+    _profile_options(lint)
+    lint.set_defaults(handler=cmd_lint)
 
     sub.add_parser("test", help="run regression manifests (see `tpuasm test --help`)", add_help=False)
     sub.add_parser("debug", help="the terminal debugger (see `tpuasm debug --help`)", add_help=False)
@@ -96,6 +121,25 @@ def _config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine shape, overriding the source's .config: array_size, ub_rows, "
                         "acc_rows, fifo_depth, profile (repeatable or comma-separated)")
+
+
+def _profile_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", choices=("tpu", "opentpu"),
+                   help="machine profile; opentpu: OpenTPU's Activate (spec/opentpu.md)")
+    p.add_argument("--matsize", type=int, choices=(8, 16),
+                   help="OpenTPU's array size N (default under --profile opentpu: from the "
+                        "data files, else 8)")
+
+
+def _shape_config(args, path: Path | None = None) -> dict:
+    """--config, --profile and --matsize as one `.config` dict (an OpenTPU binary at `path`
+    implies --profile opentpu)."""
+    from .opentpu import shape_config
+    profile = args.profile
+    if profile is None and path is not None and _is_opentpu(path, getattr(args, "format", None)):
+        profile = "opentpu"
+    return shape_config(parse_config(args.config), profile, args.matsize,
+                        getattr(args, "host", None), getattr(args, "weights", None))
 
 
 def _positive_int(text: str) -> int:
@@ -130,14 +174,28 @@ def parse_config(items: list[str]) -> dict:
     return out
 
 
-def load_program(path: Path, config: dict | None = None):
-    """A Program from a .tasm source or a .tbin binary (decided by content, then extension)."""
-    from .binary import MAGIC, load_binary
+def _is_opentpu(path: Path, fmt: str | None) -> bool:
+    """An OpenTPU binary: --format opentpu, else by content and extension (spec/opentpu.md)."""
+    from .opentpu import is_opentpu_file
+    return fmt == "opentpu" or (fmt is None and path.suffix != ".tbin" and is_opentpu_file(path))
+
+
+def load_program(path: Path, config: dict | None = None, fmt: str | None = None):
+    """A Program from a .tasm source, a .tbin binary or an OpenTPU binary (decided by
+    `fmt`, else by content, then extension)."""
+    from .binary import MAGIC, MachineShape, load_binary
     try:
         head = path.read_bytes()[:4]
     except OSError as e:
         raise TpuasmError(f"{path}: cannot read: {e.strerror}") from None
-    if head == MAGIC or path.suffix == ".tbin":
+    if head != MAGIC and fmt != "tbin" and _is_opentpu(path, fmt):
+        from .opentpu import load_opentpu
+        try:
+            shape = MachineShape(**{"profile": "opentpu", "array_size": 8, **(config or {})})
+        except ValueError as e:
+            raise TpuasmError(f"--config: {e}") from None
+        return load_opentpu(path, shape)
+    if head == MAGIC or path.suffix == ".tbin" or fmt == "tbin":
         program = load_binary(path)
         if config:
             from dataclasses import replace
@@ -152,22 +210,37 @@ def load_program(path: Path, config: dict | None = None):
 
 def cmd_asm(args) -> int:
     from .assembler import assemble_file, listing, symbol_map
-    program = assemble_file(args.source, config=parse_config(args.config) or None)
-    out = args.output or args.source.with_suffix(".tbin")
-    data = (program.stripped() if args.no_debug else program).to_bytes()
+    program = assemble_file(args.source, config=_shape_config(args) or None)
+    if args.strip_nops:
+        from .lint import strip_nops
+        program = strip_nops(program)
+    if args.format == "opentpu" or (args.format is None and args.output is not None
+                                    and args.output.suffix == ".out"):
+        from .opentpu import EXTENSION, WORD_BYTES, to_opentpu_bytes
+        out = args.output or args.source.with_suffix(EXTENSION)
+        data = to_opentpu_bytes(program)
+        count = len(data) // WORD_BYTES
+    else:
+        out = args.output or args.source.with_suffix(".tbin")
+        data = (program.stripped() if args.no_debug else program).to_bytes()
+        count = len(program)
     _write(out, data)
     if args.listing:
         _write(args.listing, listing(program).encode())
     if args.symbols:
         _write(args.symbols, symbol_map(program).encode())
-    print(f"{out}: {len(program)} instructions, {len(data)} bytes", file=sys.stderr)
+    print(f"{out}: {count} instructions, {len(data)} bytes", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_disasm(args) -> int:
-    from .binary import load_binary
-    from .disassembler import disassemble
-    text = disassemble(load_binary(args.binary), annotate=args.annotate)
+    if _is_opentpu(args.binary, args.format):
+        from .opentpu import load_opentpu, to_opentpu_source
+        text = to_opentpu_source(load_opentpu(args.binary))
+    else:
+        from .binary import load_binary
+        from .disassembler import disassemble
+        text = disassemble(load_binary(args.binary), annotate=args.annotate)
     if args.output:
         _write(args.output, text.encode())
     else:
@@ -177,8 +250,18 @@ def cmd_disasm(args) -> int:
 
 def cmd_run(args) -> int:
     from .runreport import run_and_report
-    program = load_program(args.program, parse_config(args.config))
+    program = load_program(args.program, _shape_config(args, args.program), args.format)
+    if args.timing is None and program.shape.profile == "opentpu":
+        args.timing = "opentpu"            # OpenTPU's programs get OpenTPU's latencies
     return run_and_report(program, args)
+
+
+def cmd_lint(args) -> int:
+    from .lint import lint, render
+    program = load_program(args.program, _shape_config(args, args.program), args.format)
+    findings = lint(program)
+    sys.stdout.write(render(findings, program, str(args.program), color=_color(sys.stdout)))
+    return EXIT_FAULT if findings else EXIT_OK
 
 
 def cmd_demo(args) -> int:

@@ -250,7 +250,7 @@ def to_opentpu_source(program: Program) -> str:
     errors = opentpu_errors(program)
     if errors:
         raise _encoding_failure(program, errors)
-    lines = [f"# OpenTPU program, array size {program.shape.array_size} (tpuasm disasm)"]
+    lines = ["# OpenTPU assembly, written by tpuasm"]
     for ins in program.instructions:
         text = format_instruction(Instruction(ins.key, ins.flags, 1, ins.operands))
         lines.extend([text] * (ins.repeat if ins.key == "NOP" else 1))
@@ -349,3 +349,18 @@ def matsize_from_data(host=None, weights=None) -> int | None:
         raise DataFileError("the host and weight images disagree on the array size: "
                             + ", ".join(f"{p} has N = {n}" for p, n in found))
     return found[0][1]
+
+
+def shape_config(config: dict, profile: str | None = None, matsize: int | None = None,
+                 host=None, weights=None) -> dict:
+    """The `.config` settings the command line asks for: `config` (from --config) plus
+    --profile and --matsize.  Under the opentpu profile without a size, N comes from the
+    host and weight images (OpenTPU's files do not say it otherwise), else 8."""
+    out = dict(config)
+    if profile is not None:
+        out["profile"] = profile
+    if matsize is not None:
+        out["array_size"] = matsize
+    elif out.get("profile") == "opentpu" and "array_size" not in out:
+        out["array_size"] = matsize_from_data(host, weights) or MATSIZES[0]
+    return out

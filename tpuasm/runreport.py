@@ -24,7 +24,8 @@ def make_machine(program, *, hazards: str = "interlock", trace: bool = False, **
 
 
 def run_and_report(program, args) -> int:
-    machine = make_machine(program, hazards=args.hazards, trace=bool(args.trace))
+    timing = {"timing": args.timing} if getattr(args, "timing", None) else {}
+    machine = make_machine(program, hazards=args.hazards, trace=bool(args.trace), **timing)
     machine.load(program, host=args.host, weights=args.weights)
     result = machine.run(max_cycles=args.max_cycles)
     if not args.quiet:
