@@ -2,6 +2,9 @@
 nothing else; the fast line reader agrees with the lark grammar."""
 from __future__ import annotations
 
+import operator
+import re
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -73,3 +76,69 @@ def test_fast_reader_builds_the_same_tree_as_the_grammar(src_lines):
     slow, slow_diags = parse(text, "f.tasm", fast=False)
     assert _dump(fast) == _dump(slow)
     assert fast_diags == slow_diags
+
+
+# ------------------------------------------------------------------ expressions vs Python
+# For these operators Python's precedence and associativity are C's, and with `/`
+# read as `//` its division and modulo floor as spec/isa.md says: Python is the oracle.
+literals = st.one_of(st.integers(0, 300).map(str), st.integers(0, 0xFFFF).map(hex),
+                     st.integers(0, 64).map(bin), st.just("1_000"))
+exprs = st.recursive(
+    literals,
+    lambda sub: st.one_of(
+        st.tuples(sub, st.sampled_from(["+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^"]), sub)
+        .map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+        st.tuples(st.sampled_from(["-", "~", "+"]), sub).map(lambda t: f"{t[0]}{t[1]}"),
+        sub.map(lambda s: f"({s})"),
+    ),
+    max_leaves=8,
+)
+
+
+class W(int):
+    """A Python int whose shifts refuse counts outside 0..256, as the assembler does."""
+
+    def _w(op):
+        return lambda a, b=None: W(op(int(a)) if b is None else op(int(a), int(b)))
+
+    __add__ = _w(operator.add)
+    __sub__ = _w(operator.sub)
+    __mul__ = _w(operator.mul)
+    __floordiv__ = _w(operator.floordiv)
+    __mod__ = _w(operator.mod)
+    __and__ = _w(operator.and_)
+    __or__ = _w(operator.or_)
+    __xor__ = _w(operator.xor)
+    __neg__ = _w(operator.neg)
+    __pos__ = _w(operator.pos)
+    __invert__ = _w(operator.invert)
+
+    def __lshift__(self, n):
+        if not 0 <= n <= 256:
+            raise ValueError("shift count")
+        return W(int(self) << int(n))
+
+    def __rshift__(self, n):
+        if not 0 <= n <= 256:
+            raise ValueError("shift count")
+        return W(int(self) >> int(n))
+
+
+def python_value(text: str):
+    wrapped = re.sub(r"0x[0-9a-f]+|0b[01]+|[0-9_]+", lambda m: f"W({m.group()})", text)
+    try:
+        return int(eval(wrapped.replace("/", "//"), {"__builtins__": {}, "W": W}))  # noqa: S307
+    except (ZeroDivisionError, ValueError):
+        return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(exprs)
+def test_expressions_agree_with_python(text):
+    expected = python_value(text)
+    try:
+        got = assemble(f"CFG act_mult, 0\n.equ X, {text}\nINT X & 0xffffffff\n").instructions[1]["code"]
+    except AssemblyError as e:
+        assert expected is None, e.render()
+        return
+    assert expected is not None and got == expected & 0xFFFFFFFF

@@ -213,4 +213,5 @@ def test_included_file_errors_name_that_file(tmp_path):
         assemble(main)
     (d,) = exc.value.diagnostics
     assert (d.file, d.line, d.col, d.message) == (str(tmp_path / "inc.tasm"), 2, 4, "undefined symbol 'bad'")
+    assert d.notes == (f"included from {main}:1",)
     assert "    2 | RW bad" in exc.value.render()

@@ -78,7 +78,8 @@ class Expander:
                 why = "not valid UTF-8"
             self._error(arg.span, f"cannot read '{path}': {why}", frame)
             return
-        self.run_text(text, path, chain, frame)
+        note = f"included from {d.span.file}:{d.span.line}"
+        self.run_text(text, path, chain, Frame(frame, None, None, note))
 
     # ----------------------------------------------------------- statements
     def expand(self, statements: list, frame: Frame | None, chain, depth: int) -> None:
