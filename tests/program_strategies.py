@@ -55,6 +55,7 @@ class Builder:
         self.pending = 0                 # tiles fetched and not yet switched in
         self.active_wide: bool | None = None   # None: no active weights
         self.out: list[Instruction] = []
+        self.recent_acc: int | None = None     # first accumulator row the last MMC wrote
 
     # -------------------------------------------------------------- helpers
     def integers(self, lo, hi):
@@ -121,8 +122,20 @@ class Builder:
                     ub.append(i * g["rep_ub_stride"] + k)
         return host, ub
 
+    def set_some(self, options: dict, p: float):
+        """Emit CFG for each register in `options` with probability p (a layer's setup)."""
+        for name, values in options.items():
+            if self.coin(p):
+                value = self.choice(values)
+                self.regs[name] = value
+                self.emit(cfg(name, value))
+
     def gen_transfer(self):
         key = self.choice(["RHM", "RHM", "WHM", "RHMA", "WHMA"])
+        strides = {"rep_host_stride": [-2, 0, 1, 3], "rep_ub_stride": [-3, 0, 2, 5]}
+        if key in ("RHMA", "WHMA"):
+            strides.update(dma_host_stride=[-1, 0, 2], dma_ub_stride=[-2, 0, 1, 3])
+        self.set_some(strides, 0.3)
         for length, repeat in ((self.integers(1, 6), self.integers(1, 4)), (1, 1)):
             host_off, ub_off = self.transfer_offsets(key, length, repeat)
             host = self.place(host_off, HOST_ROWS)
@@ -168,6 +181,10 @@ class Builder:
             return self.gen_rw()
         wflags, repeat = weights
         flags = wflags + self.other_mmc_flags()
+        if "D" in flags and "H" not in flags and self.coin(0.6):
+            flags += "H"            # 16 x 16 bits: sums that wrap int32
+        if repeat > 1:
+            self.set_some({"rep_ub_stride": [-4, 0, 1, 3], "rep_acc_stride": [-2, 0, 1, 2, 5]}, 0.5)
         for length, rep in ((self.integers(1, 5), repeat), (1, repeat), (1, 1)):
             per = 2 if "H" in flags else 1
             ub_off = [i * self.regs["rep_ub_stride"] + r
@@ -178,6 +195,7 @@ class Builder:
                 if "S" in flags and rep != repeat:      # give back the switches not used
                     self.pending += (repeat - rep) * (2 if "D" in flags else 1)
                 self.emit(ins("MMC", flags, repeat=rep, ub=ub, acc=acc, length=length))
+                self.recent_acc = acc + min(acc_off)
                 return
         raise AssertionError("length 1, repeat 1 always fits")
 
@@ -211,21 +229,41 @@ class Builder:
                     self.pending += (taps - t) * (2 if "D" in flags else 1)
                 acc = self.place(range(h * w), SHAPE.acc_rows)
                 self.emit(ins("MMC", flags, repeat=t, ub=ub, acc=acc, height=h, width=w))
+                self.recent_acc = acc
                 return
         raise AssertionError("a 1x1 window with one tap always fits")
 
     # -------------------------------------------------------------- Activate
     def pool_length(self):
         """A length that pools with the current registers, or None."""
+        if self.coin(0.6):
+            k = self.integers(2, 3)
+            self.set_some({"pool_size": [k]}, 1.0)
+            self.set_some({"pool_width": [0, k, 2 * k, 3 * k]}, 0.8)
         k, w = self.regs["pool_size"], self.regs["pool_width"]
         if k > 4:
             return None
         if w == 0:
-            return k * self.integers(1, 3)
-        if w % k or w > 8:
+            return k * self.integers(1, 4)
+        if w % k or w > 9:
             return None
-        height = k * self.integers(1, 2)
-        return w * height if w * height <= 16 else None
+        height = k * self.integers(1, 3)
+        return w * height if w * height <= 24 else None
+
+    def gen_requant(self, function: str):
+        """Requantization that keeps outputs off the rails, as a real layer would set it."""
+        if function in ("Q", "T"):
+            settings = {"act_mult": 1, "act_shift": self.choice([7, 8, 9]),
+                        "fn_in_frac": self.choice([6, 8, 9, 10, 11, 12, 13])}
+        else:
+            settings = {"act_mult": self.choice([1, 1, 3, -2]),
+                        "act_shift": self.choice([0, 0, 1, 2, 3, 5, 7, 8, 10])}
+        settings["act_zero"] = self.choice([0, 0, 5, -3])
+        settings["act_out"] = self.choice([0, 1, 2, 2, 3, 3])       # 2 and 3 hide the least
+        for name, value in settings.items():
+            if self.coin(0.8):
+                self.regs[name] = value
+                self.emit(cfg(name, value))
 
     def gen_act(self):
         flags = self.choice(["", "", "R", "Q", "T"])
@@ -234,6 +272,8 @@ class Builder:
             length = self.pool_length()
             if length is not None:
                 flags += self.choice(["M", "A"])
+        if self.coin(0.7):
+            self.gen_requant(flags[:1] if flags[:1] in ("Q", "T") else "")
         if length is None:
             length = self.integers(1, 5)
         k, w = self.regs["pool_size"], self.regs["pool_width"]
@@ -245,6 +285,10 @@ class Builder:
             ub_off = [i * self.regs["rep_ub_stride"] + r
                       for i in range(repeat) for r in range(per * vectors)]
             acc, ub = self.place(acc_off, SHAPE.acc_rows), self.place(ub_off, SHAPE.ub_rows)
+            r = self.recent_acc
+            if acc is not None and r is not None and self.coin(0.7) and \
+                    base_range(acc_off, SHAPE.acc_rows)[0] <= r <= base_range(acc_off, SHAPE.acc_rows)[1]:
+                acc = r             # read what the last MatrixMultiply wrote
             if acc is not None and ub is not None:
                 self.emit(ins("ACT", flags, repeat=repeat, acc=acc, ub=ub, length=length))
                 return
@@ -360,13 +404,33 @@ class Case(NamedTuple):
 
 
 @st.composite
-def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0.2):
-    """A Case: a Program on SHAPE with its host and weight images."""
+def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0.2,
+             fault_kind: str | None = None):
+    """A Case: a Program on SHAPE with its host and weight images.
+
+    A share `fault_share` of programs holds one instruction built to fault (kind drawn from
+    FAULT_KINDS); `fault_kind` makes every program hold one of that kind."""
     b = Builder(draw)
+    if draw(st.sampled_from(range(100))) < 85:
+        # Most programs start by filling the UB from the host, so that MatrixMultiply and
+        # Activate see data instead of zeros (UB rows 0..63 = host rows 0..23, 0..23, 8..23).
+        b.emit(ins("RHM", host=0, ub=0, length=HOST_ROWS))
+        b.emit(ins("RHM", host=0, ub=HOST_ROWS, length=HOST_ROWS))
+        b.emit(ins("RHM", host=3 * HOST_ROWS - SHAPE.ub_rows, ub=2 * HOST_ROWS,
+                   length=SHAPE.ub_rows - 2 * HOST_ROWS))
+        if draw(st.sampled_from(range(100))) < 70:
+            # ... and then every accumulator row from it.
+            b.emit(ins("RW", tile=draw(st.integers(0, TILES - 1))))
+            b.emit(ins("MMC", "SO" + "".join(c for c in "UWH" if b.coin(0.3)), ub=0, acc=0,
+                       length=SHAPE.acc_rows))
+            b.active_wide = False
     size = draw(st.integers(min_size, max_size))
     # (st.integers favours small and boundary values; sampled_from is close to uniform.)
-    fault = draw(st.sampled_from(range(100))) < fault_share * 100
-    planned = draw(st.sampled_from(FAULT_KINDS)) if fault else None
+    if fault_kind is not None:
+        fault, planned = True, fault_kind
+    else:
+        fault = draw(st.sampled_from(range(100))) < fault_share * 100
+        planned = draw(st.sampled_from(FAULT_KINDS)) if fault else None
     fault_at = draw(st.integers(0, size)) if fault else -1
     for position in range(size):
         if position == fault_at:
