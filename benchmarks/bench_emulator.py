@@ -1,0 +1,197 @@
+"""Emulator performance figures (printed, not asserted).  Run: python benchmarks/bench_emulator.py
+
+1. 8-layer 256x256 MLP over B = 4096 rows: emulated useful MACs/s, and the ratio to plain
+   float32 np.matmul of the same shapes measured in the same run (target >= 0.6).
+2. 1,000,000 small instructions (CFG, 1-row ACT, NOP, 1-row RHM): instructions/s (>= 500,000).
+3. step(cycles=1) x 100,000: microseconds per call (<= 20).
+4. start-up of `python -m tpuasm run` on a small program in a fresh process, warm numba
+   cache (<= 1.0 s).
+5. a 2 GiB weight file mapped, a program touching 10 tiles: peak RSS (<= 400 MB).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tpuasm.binary import Program                       # noqa: E402
+from tpuasm.encoding import Instruction                  # noqa: E402
+from tpuasm.isa import ISA_TABLE                         # noqa: E402
+from tpuasm.machine import Machine                       # noqa: E402
+
+
+def I(key, flags="", repeat=1, **operands):
+    spec = ISA_TABLE.instructions[key]
+    return Instruction(key, spec.flag_bits(flags), repeat, dict(operands))
+
+
+def cfg(name, value):
+    return I("CFG", reg=ISA_TABLE.registers[name].index, value=value)
+
+
+def mlp_program(layers=8, batch=4096):
+    out = []
+    for layer in range(layers):
+        src, dst = (0, batch) if layer % 2 == 0 else (batch, 0)
+        out += [I("RW", tile=layer), I("MMC", "SO", ub=src, acc=0, length=batch),
+                I("ACT", "R", acc=0, ub=dst, length=batch)]
+    return Program(out + [I("HLT")])
+
+
+def bench_mlp(repeats=3):
+    layers, batch = 8, 4096
+    rng = np.random.default_rng(0)
+    w = rng.integers(-128, 128, (layers, 256, 256)).astype(np.int8)
+    x = rng.integers(-128, 128, (batch, 256)).astype(np.int8)
+    prog = mlp_program(layers, batch)
+    m = Machine()
+    best = float("inf")
+    for _ in range(repeats):
+        m.load(prog, weights=w)
+        m.ub[:batch] = x.view(np.uint8)
+        t = time.perf_counter()
+        r = m.run()
+        best = min(best, time.perf_counter() - t)
+        assert r.status == "halted", r
+    macs = layers * batch * 256 * 256
+    assert m.counters()["useful_macs"] == macs
+    # plain float32 matmul of the same shapes, the best of the same number of repeats
+    a = x.astype(np.float32)
+    ws = [wi.astype(np.float32) for wi in w]
+    out = np.empty((batch, 256), np.float32)
+    np_best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for wi in ws:
+            np.matmul(a, wi, out=out)
+        np_best = min(np_best, time.perf_counter() - t)
+    emu, ref = macs / best, macs / np_best
+    print(f"1. MLP 8 x 256x256, B=4096: {emu / 1e9:.1f} GMAC/s emulated "
+          f"({best * 1e3:.1f} ms, {m.cycle:,} cycles); np.matmul float32 {ref / 1e9:.1f} GMAC/s;"
+          f" ratio {emu / ref:.2f} (target >= 0.6)")
+
+
+def bench_small(count=1_000_000):
+    kinds = [cfg("act_shift", 1), I("ACT", acc=0, ub=0, length=1), I("NOP"),
+             I("RHM", host=0, ub=8, length=1)]
+    prog = Program([kinds[i % 4] for i in range(count)] + [I("HLT")])
+    m = Machine()
+    host = np.zeros((4, 256), np.int8)
+    m.load(prog, host=host)          # warm-up (and JIT) on the same program
+    m.run()
+    m.load(prog, host=host)
+    t = time.perf_counter()
+    r = m.run()
+    dt = time.perf_counter() - t
+    assert r.status == "halted", r
+    print(f"2. {count:,} small instructions: {count / dt:,.0f} instructions/s "
+          f"({dt:.2f} s, {m.cycle:,} cycles) (target >= 500,000)")
+
+
+def bench_step(calls=100_000):
+    from tpuasm.machine.machine import Machine as M
+    layers = 4
+    prog = mlp_program(layers, 256)
+    w = np.random.default_rng(1).integers(-128, 128, (layers, 256, 256)).astype(np.int8)
+    m = M()
+    m.load(prog, weights=w)
+    m.step(1)
+    done = 0
+    t = time.perf_counter()
+    while done < calls:
+        r = m.step(1)
+        done += 1
+        if r.status != "paused":
+            m.load(prog, weights=w)
+    dt = time.perf_counter() - t
+    print(f"3. step(cycles=1) x {calls:,}: {dt / calls * 1e6:.1f} us per call (target <= 20)")
+
+
+SMALL_TASM = """\
+    RHM 0, 0, 4
+    RW 0
+    MMC.SO 0, 0, 4
+    ACT.R 0, 16, 4
+    WHM 16, 8, 4
+    HLT
+"""
+
+
+def bench_startup(runs=5):
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        (d / "p.tasm").write_text(SMALL_TASM)
+        np.save(d / "h.npy", np.ones((16, 256), np.int8))
+        np.save(d / "w.npy", np.ones((1, 256, 256), np.int8))
+        cmd = [sys.executable, "-m", "tpuasm", "run", str(d / "p.tasm"), "--host",
+               str(d / "h.npy"), "--weights", str(d / "w.npy"), "--quiet"]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        probe = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if probe.returncode != 0:
+            print(f"4. start-up: `tpuasm run` failed ({probe.stderr.strip()[-200:]}); "
+                  f"measuring import + run instead")
+            cmd = [sys.executable, "-c", "import tpuasm.machine as t; t.Machine().run()"]
+        best = float("inf")
+        for _ in range(runs):
+            t = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, env=env, check=False)
+            best = min(best, time.perf_counter() - t)
+        print(f"4. start-up `{' '.join(Path(c).name if '/' in c else c for c in cmd[:4])} ...`"
+              f" in a fresh process (warm cache): {best:.2f} s best of {runs} (target <= 1.0)")
+
+
+RSS_CHILD = r"""
+import resource, sys, numpy as np
+sys.path.insert(0, sys.argv[2])
+from tpuasm.binary import Program
+from tpuasm.encoding import Instruction
+from tpuasm.machine import Machine
+prog = []
+for t in range(10):
+    prog += [Instruction("RW", 0, 1, {"tile": t * 3000}),
+             Instruction("MMC", 0x05, 1, {"ub": 0, "acc": 0, "length": 64})]
+prog.append(Instruction("HLT"))
+m = Machine()
+m.load(Program(prog), weights=sys.argv[1])
+r = m.run()
+assert r.status == "halted", r
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, m.weights.shape[0])
+"""
+
+
+def bench_rss():
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "w2g.npy"
+        tiles = (2 << 30) // (256 * 256)
+        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.int8, shape=(tiles, 256, 256))
+        del mm                                   # a sparse file: nothing written
+        out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"5. peak RSS: failed: {out.stderr.strip()[-300:]}")
+            return
+        rss, n = out.stdout.split()
+        print(f"5. 2 GiB weight file ({int(n):,} tiles) mapped, 10 tiles touched: "
+              f"peak RSS {float(rss):.0f} MB (target <= 400)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", nargs="*", type=int, default=[1, 2, 3, 4, 5])
+    args = ap.parse_args()
+    table = {1: bench_mlp, 2: bench_small, 3: bench_step, 4: bench_startup, 5: bench_rss}
+    for k in args.which:
+        table[k]()
+
+
+if __name__ == "__main__":
+    main()
