@@ -1,6 +1,6 @@
 """Throughput of the instruction kernels (prints measured figures; not a test).
 
-    .venv/bin/python benchmarks/bench_kernels.py [--rows 1024] [--repeat 20]
+    .venv/bin/python benchmarks/bench_kernels.py [--rows 1024] [--repeat 20] [--blas-threads 1]
 
 GEMM: the exact float32 GEMM behind MatrixMultiply (OpenBLAS through numba, and the portable
 numba kernel) against np.matmul on the same float32 operands.  MMC: whole instructions
@@ -95,7 +95,12 @@ def main():
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--blas-threads", type=int, default=None,
+                    help="set OpenBLAS's thread count first (default: leave it)")
     args = ap.parse_args()
+    if args.blas_threads is not None:
+        G.set_blas_threads(args.blas_threads)
+    print(f"OpenBLAS: {'yes' if G.HAVE_BLAS else 'not found'}, threads {G.blas_threads()}")
     bench_gemm(args.rows, args.n, args.repeat)
     print("MatrixMultiply (execute_instruction):")
     for flags in ("O", "", "U", "H", "D", "HD"):

@@ -802,3 +802,14 @@ def test_non_state_instructions_are_noops():
     for op in (D.OP_NOP, D.OP_RW, D.OP_CFG, D.OP_SYNC, D.OP_HLT, D.OP_TAG):
         m.run(make_row(op, tile=1, reg=1, value=3), make_regs())
     assert all(np.array_equal(a, b) for a, b in zip(before, (m.ub, m.acc, m.host)))
+
+
+def test_read_only_weight_image():
+    """Machine.load maps the weight image read-only (np.load mmap_mode='r')."""
+    m = Machine(8)
+    m.weights.setflags(write=False)
+    row = make_row(D.OP_MMC, "SO", repeat=2, ub=3, acc=4, length=5)
+    regs = make_regs(rep_acc_stride=5)
+    want, _ = mmc_oracle(m, row, regs, "SO", [2, 3])
+    m.run(row, regs, [2, 3])
+    assert np.array_equal(m.acc, want)

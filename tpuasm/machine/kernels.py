@@ -441,30 +441,47 @@ def _active_weights(weights, active, flags, transposed, w, key):
 
 @njit(cache=True)
 def _load_vector(ub, r, x, dst, unsigned_in, wide_in):
-    """x[dst] = input vector at UB row r (rows r, r+1 with H)."""
+    """x[dst] = input vector at UB row r (rows r, r+1 with H).  int32 arithmetic so the
+    loops vectorize 16 wide; every value fits (|x| < 2^16)."""
     n = x.shape[1]
+    out = x[dst]
+    lo = ub[r]
     if wide_in:
-        for j in range(n):
-            h = np.int64(ub[r + 1, j])
-            if not unsigned_in:
-                h = _signed8(h)
-            x[dst, j] = np.int64(ub[r, j]) + 256 * h
+        hi = ub[r + 1]
+        if unsigned_in:
+            for j in range(n):
+                out[j] = np.int32(lo[j]) + 256 * np.int32(hi[j])
+        else:
+            for j in range(n):
+                h = np.int32(hi[j])
+                out[j] = np.int32(lo[j]) + 256 * (h - ((h & 128) << 1))
     elif unsigned_in:
         for j in range(n):
-            x[dst, j] = ub[r, j]
+            out[j] = lo[j]
     else:
         for j in range(n):
-            x[dst, j] = _signed8(np.int64(ub[r, j]))
+            v = np.int32(lo[j])
+            out[j] = v - ((v & 128) << 1)
 
 
 @njit(cache=True)
 def _store_products(c, m, acc, acc_rows_base, first, overwrite):
-    """Accumulator rows for output vectors first..first+m-1 (+)= c[:m], int32 wrapping."""
+    """Accumulator rows for output vectors first..first+m-1 (+)= c[:m], int32 wrapping.
+    float32 products are below 2^24 and convert straight to int32; float64 ones (16-bit
+    modes, up to 2^41) go through int64 and wrap."""
     n = c.shape[1]
+    narrow = c.itemsize == 4                 # float32 staging
     for r in range(m):
         dst = acc[acc_rows_base + first + r]
         cr = c[r]
-        if overwrite:
+        if narrow:
+            if overwrite:
+                for j in range(n):
+                    dst[j] = np.int32(cr[j])
+            else:
+                for j in range(n):
+                    dst[j] = np.int32(dst[j] + np.int32(cr[j]))
+        elif overwrite:
             for j in range(n):
                 dst[j] = np.int32(np.int64(cr[j]))
         else:
