@@ -377,3 +377,16 @@ def test_text_source_with_a_filename_includes_relative_to_it(tmp_path: Path):
 def test_flag_names_instead_of_letters_get_a_suggestion():
     assert errors("ACT.relu 0, 0, 1") == [
         "ACT has no flags 'e', 'l', 'u'; ACT has flags R, Q, T, M, A; did you mean 'ACT.R' (relu)?"]
+
+
+def test_labels_name_the_next_instruction():
+    p = assemble("start:\n  NOP\nmm: MMC 0, 0, 1\n.rept 2\n  RW 1\n.endr\nend: HLT\n")
+    assert [s for s in p.symbols if s.kind == "label"] == [
+        Symbol("start", "label", 0), Symbol("mm", "label", 1), Symbol("end", "label", 4)]
+    assert len(p) == 5
+
+
+def test_label_errors():
+    assert errors(".equ x, 1\nx: NOP") == ["duplicate symbol 'x'"]
+    assert errors(".rept 2\nl: NOP\n.endr") == [
+        "label 'l' is defined again by every expansion of its .rept or macro body"]

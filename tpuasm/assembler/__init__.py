@@ -157,6 +157,8 @@ def _symbol_table(symbols: Symbols) -> list[Symbol]:
             symbols.try_eval_const(c)
         if c.state == "done" and -(1 << 63) <= c.value < (1 << 63):   # the .tbin slot is int64
             table.append(Symbol(c.name, "const", c.value))
+    for name, (_span, index) in symbols.labels.items():
+        table.append(Symbol(name, "label", index))
     for kind in MEMORIES:
         for r in symbols.regions[kind].values():
             if r.base is not None and r.size is not None:

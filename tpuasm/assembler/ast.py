@@ -97,3 +97,8 @@ class Directive(Statement):
 class Instr(Statement):
     """`NAME[.FLAGS] args`: an instruction or a macro call; `span` covers the mnemonic."""
     __slots__ = ()
+
+
+class Label(Statement):
+    """`name:`; `args` is empty, `span` covers the name."""
+    __slots__ = ()

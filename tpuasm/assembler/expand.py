@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from ..isa import ISA_TABLE
-from .ast import Directive, Instr, Name, Named, Node, Param, Span, Str
+from .ast import Directive, Instr, Label, Name, Named, Node, Param, Span, Str
 from .parser import parse
 from .reporter import Reporter, did_you_mean
 from .symbols import MEMORIES, EvalError, Frame, Symbols, frame_notes
@@ -101,6 +101,9 @@ class Expander:
                     self.call_macro(macro, st, frame, chain, depth)
                 else:
                     items.append((st, frame))
+                continue
+            if type(st) is Label:
+                self.symbols.define_label(st, len(items), frame)
                 continue
             name = st.name
             if name in OPENERS:

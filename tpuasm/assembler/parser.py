@@ -17,7 +17,7 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from ..diagnostics import Diagnostic
-from .ast import Binary, Directive, Instr, Name, Named, Num, Param, Span, Str, Unary
+from .ast import Binary, Directive, Instr, Label, Name, Named, Num, Param, Span, Str, Unary
 
 
 # Binary operators, tighter binding = higher number (C's order).
@@ -40,6 +40,10 @@ class _Build(Transformer):
     # statements
     def start(self, children):
         return children
+
+    def label(self, children):
+        tok = children[0]
+        return Label(tok.value, self._span(tok), [])
 
     def directive(self, children):
         tok, args = children
@@ -303,7 +307,7 @@ def _line_starts(text: str, upto: int) -> list[int]:
 # What a terminal is called in an error message.
 _TERMINAL_WORDS = {
     "COMMA": "','", "EQUALS": "'='", "RPAR": "')'", "LPAR": "'('", "_NL": "end of line",
-    "STRING": "a string", "NAME": "a name", "DIRECTIVE": "a directive",
+    "STRING": "a string", "NAME": "a name", "DIRECTIVE": "a directive", "COLON": "':'",
 }
 _EXPRESSION_START = {"INT", "NAME", "PARAM", "LPAR", "UNOP"}
 

@@ -77,6 +77,7 @@ class Symbols:
     def __init__(self, reporter: Reporter):
         self.reporter = reporter
         self.consts: dict[str, Const] = {}
+        self.labels: dict[str, tuple[Span, int]] = {}     # name -> (where, instruction index)
         self.regions: dict[str, dict[str, Region]] = {k: {} for k in MEMORIES}
         self.layouts: dict[str, Layout] = {k: Layout() for k in MEMORIES}
         self.limits: dict[str, int] = {}          # memory kind -> rows (set once the shape is known)
@@ -85,12 +86,30 @@ class Symbols:
     # ----------------------------------------------------------- definitions
     def define_const(self, name_node: Node, expr: Node, frame: Frame | None) -> None:
         name = name_node.text
-        old = self.consts.get(name)
+        old = self.consts[name].span if name in self.consts else \
+            self.labels[name][0] if name in self.labels else None
         if old is not None:
             self.reporter.error(name_node.span, f"duplicate symbol '{name}'",
-                                [f"first defined at {_where(old.span)}"] + frame_notes(frame))
+                                [f"first defined at {_where(old)}"] + frame_notes(frame))
             return
         self.consts[name] = Const(name, expr, frame, name_node.span)
+
+    def define_label(self, label, index: int, frame: Frame | None) -> None:
+        """A label names an instruction index; it shares the namespace of .equ."""
+        name = label.name
+        old = self.labels.get(name)
+        if old is None and name in self.consts:
+            old = (self.consts[name].span, None)
+        if old is not None:
+            if old[0] == label.span:
+                message = f"label '{name}' is defined again by every expansion of its .rept or macro body"
+                notes = frame_notes(frame)
+            else:
+                message = f"duplicate symbol '{name}'"
+                notes = [f"first defined at {_where(old[0])}"] + frame_notes(frame)
+            self.reporter.error(label.span, message, notes)
+            return
+        self.labels[name] = (label.span, index)
 
     def define_region(self, kind: str, name_node: Node, size: Node, base: Node | None,
                       frame: Frame | None) -> None:
