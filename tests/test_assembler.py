@@ -390,3 +390,9 @@ def test_label_errors():
     assert errors(".equ x, 1\nx: NOP") == ["duplicate symbol 'x'"]
     assert errors(".rept 2\nl: NOP\n.endr") == [
         "label 'l' is defined again by every expansion of its .rept or macro body"]
+
+
+def test_listing_shows_labels():
+    lines = listing(assemble("start:\n  NOP\n", "t.tasm")).splitlines()
+    assert lines[1].strip() == "start:"
+    assert lines[2].split()[:2] == ["0", "00000000"]

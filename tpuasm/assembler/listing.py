@@ -7,10 +7,17 @@ from ..isa import WORD_BYTES
 
 
 def listing(program: Program) -> str:
-    """One line per instruction: index, byte address, the 12 bytes in hex, the source line."""
+    """One line per instruction: index, byte address, the 12 bytes in hex, the source line
+    (and a `name:` line before an instruction that a label names)."""
     lines_of = {name: text.splitlines() for name, text in program.sources.items()}
     out = [f"{'index':>6}  {'addr':>8}  {'bytes':<{WORD_BYTES * 3 - 1}}  source"]
+    labels: dict[int, list[str]] = {}
+    for s in program.symbols:
+        if s.kind == "label":
+            labels.setdefault(s.value, []).append(s.name)
     for i, ins in enumerate(program.instructions):
+        for name in labels.get(i, ()):
+            out.append(f"{'':>6}  {'':>8}  {name}:")
         hex_bytes = " ".join(f"{b:02x}" for b in encode(ins))
         loc = program.locations[i] if i < len(program.locations) else None
         text = ""
