@@ -1,8 +1,9 @@
 """Pass 1: source text -> list of statements (lark LALR, contextual lexer).
 
 The transformer is handed to lark (`transformer=`), so the parser builds our
-small AST directly and never a generic parse tree; the benchmark showed tree
-building plus a second walk to cost about as much as the parse itself.
+small AST directly and never a generic parse tree (no second walk).  Every
+node carries a Span taken from its tokens, which is why lark's
+`propagate_positions` (it only fills in `Tree.meta`) is off.
 
 Syntax errors do not stop the run: after an error the parser resumes on the
 next line (statements never span lines), so one run reports every bad line.
@@ -156,13 +157,12 @@ def parse(text: str, file: str, fast: bool = True) -> tuple[list, list[Diagnosti
 
     With `fast`, plain instruction lines (`MNEMONIC[.F] a, b + 1, name=c`) are
     read by `_fast_line` and every other run of lines goes to lark.  Measured
-    on this project's 2-core machines, lark's LALR parser costs ~5 us per
-    token (~50 us per instruction line) even with the inline transformer and
-    the flat expression rule, which alone caps assembly near 20,000
-    instructions/s; the fast reader does those lines in ~5 us.  It accepts a
-    strict subset of the grammar and builds the very same nodes (a test
-    compares it with lark on generated lines); anything else, and every error,
-    is lark's.
+    on this project's 2-core machines (idle), lark's LALR parser costs ~5 us
+    per token, ~50 us for a line like `MMC.S input, sums + 5, BATCH`, with or
+    without the inline transformer: that alone caps assembly near 20,000
+    instructions/s.  The fast reader does such a line in ~5-10 us.  It accepts
+    a strict subset of the grammar and builds the very same nodes (a property
+    test compares it with lark); anything else, and every error, is lark's.
     """
     if not fast:
         return _parse_lark(text, file, 0)
