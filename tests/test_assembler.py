@@ -396,3 +396,8 @@ def test_listing_shows_labels():
     lines = listing(assemble("start:\n  NOP\n", "t.tasm")).splitlines()
     assert lines[1].strip() == "start:"
     assert lines[2].split()[:2] == ["0", "00000000"]
+
+
+def test_byte_order_mark_and_empty_source():
+    assert code("\ufeffNOP\n") == [I("NOP")]
+    assert code("") == []

@@ -41,7 +41,7 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
         if isinstance(source, os.PathLike):
             filename = os.fspath(source)
             try:
-                text = Path(source).read_text(encoding="utf-8")
+                text = Path(source).read_text(encoding="utf-8-sig")
             except (OSError, UnicodeDecodeError) as e:
                 why = "not valid UTF-8" if isinstance(e, UnicodeDecodeError) else e.strerror or str(e)
                 raise AssemblyError([Diagnostic(f"cannot read '{filename}': {why}", filename, 0, 0)])

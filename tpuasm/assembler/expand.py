@@ -50,6 +50,8 @@ class Expander:
     # ----------------------------------------------------------- files
     def run_text(self, text: str, filename: str, chain: tuple[str, ...] = (),
                  frame: Frame | None = None) -> None:
+        if text.startswith("\ufeff"):      # a byte-order mark is not source
+            text = text[1:]
         self.sources[filename] = text
         statements, diags = parse(text, filename)
         for d in diags:
@@ -70,7 +72,7 @@ class Expander:
             self._error(arg.span, "include cycle: " + " -> ".join(names), frame)
             return
         try:
-            with open(path, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8-sig") as fh:
                 text = fh.read()
         except (OSError, UnicodeDecodeError, ValueError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
