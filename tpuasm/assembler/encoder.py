@@ -43,7 +43,7 @@ class Encoder:
         self.reporter = reporter
         self.symbols = symbols
         self.shape = shape
-        self._forms: dict[str, _Form | None] = {}
+        self._forms: dict[str, _Form] = {}
         self.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows}
         self._ranges: dict[Field, tuple[int, int]] = {}
 
@@ -59,15 +59,13 @@ class Encoder:
 
     # ----------------------------------------------------------- mnemonic
     def form(self, st: Instr, frame, macros) -> _Form | None:
-        text = st.name
-        if text in self._forms:
-            form = self._forms[text]
-            if form is None:
-                self._mnemonic_error(st, frame, macros)    # report at every place it occurs
-            return form
-        form = self._make_form(st, frame, macros)
-        if form is not None or "." not in text:
-            self._forms[text] = form
+        """The meaning of the mnemonic; only good spellings are memoized, so a bad
+        one is reported at every place it occurs."""
+        form = self._forms.get(st.name)
+        if form is None:
+            form = self._make_form(st, frame, macros)
+            if form is not None:
+                self._forms[st.name] = form
         return form
 
     def _make_form(self, st: Instr, frame, macros) -> _Form | None:
@@ -128,10 +126,6 @@ class Encoder:
 
     def _mnemonic_error(self, st: Instr, frame, macros) -> None:
         base = st.name.partition(".")[0]
-        spec = ISA_TABLE.lookup(base)
-        if spec is not None:          # flag errors: re-derive to report at this place too
-            self._make_form(st, frame, macros)
-            return
         candidates = _MNEMONICS + [m.name for m in macros.values()]
         sp = st.span
         at = Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(base))
@@ -148,13 +142,17 @@ class Encoder:
         repeat = 1
         ok = True
         positional = 0
-        seen_named = False
+        seen_named = seen_repeat = False
         for arg in st.args:
             if type(arg) is Named:
                 seen_named = True
                 key = arg.name.lower()
                 if key == "repeat":
                     r = self._value(arg.value, frame)
+                    if seen_repeat:
+                        self._error(arg.name_span, "repeat given twice", frame)
+                        ok = False
+                    seen_repeat = True
                     if r is None:
                         ok = False
                     elif not spec.repeat:
