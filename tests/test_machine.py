@@ -237,3 +237,20 @@ def test_weights_are_memory_mapped_read_only(tmp_path):
     assert not m.weights.flags.writeable
     assert isinstance(m.weights.base, np.memmap) or m.weights.base is not None
     assert m.run().status == "halted"
+
+
+def test_stall_texts():
+    m = load(program(I("RW", tile=0), I("RHM", host=0, ub=0, length=100),
+                     I("MMC", "S", ub=0, acc=0, length=100), I("RW", repeat=5, tile=0),
+                     I("HLT")))
+    m.step(100)
+    pipe = {s.name: s for s in m.pipeline()}
+    assert pipe["matrix"].stall.startswith("waiting for weight tile 0 (fetching, 100/1350 cycles)")
+    assert pipe["weights"].text == "fetch tile 0"
+    m.step(1700)                               # tile 0 ready, the RHM still running
+    pipe = {s.name: s for s in m.pipeline()}
+    assert pipe["matrix"].stall.startswith("RAW: UB rows 0-99 written by RHM (#1")
+    m.step(600)                                # the RHM finished at 2370; RW 5 tiles issued
+    pipe = {s.name: s for s in m.pipeline()}
+    assert pipe["input"].index == 3 and "Weight FIFO full" in pipe["input"].stall
+    assert m.run().status == "halted"

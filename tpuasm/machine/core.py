@@ -392,6 +392,8 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             bop = prog[blocker, COL_OP]
             input_wait = bop == OP_RHM or bop == OP_RHMA
     if op == OP_RW:
+        sg[stage, G_TILE0] = st[S_NREQ]
+        sg[stage, G_NTILES] = row[COL_REPEAT]
         f, start, fin = _issue_rw(prog, st, tl, pc, t)
         if f != FAULT_NONE:
             _raise_fault(st, sg, f, pc, t)

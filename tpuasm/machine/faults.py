@@ -70,7 +70,8 @@ def describe(code: int, info, depth: int) -> tuple[str, str]:
                             f"buffer hold {b}, so it could never proceed")
     if code == core.F_DEADLOCK_SWITCH:
         return "deadlock", (f"switch with an empty Weight FIFO and no Read_Weights in flight "
-                            f"(needs {a} tiles, {b} fetched and not yet switched in)")
+                            f"(needs {a} tile{'s' if a != 1 else ''}, {b} fetched and not yet "
+                            f"switched in)")
     if code == core.F_WEIGHT_WIDTH:
         have = "16-bit" if a == 1 else "8-bit"
         want = "has" if a == 0 else "does not have"

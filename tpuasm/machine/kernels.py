@@ -38,9 +38,10 @@ execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, p
 make_scratch(array_size, chunk_rows=1024, use_blas=None) -> Scratch
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
-    the converted-weight cache and its key, options.  Make one per machine and reuse it.
-    The weight cache is keyed on (tiles, U/W/D mode, address of the weight image); call
-    `invalidate_weight_cache(scratch)` if the weight image is modified in place.
+    the converted-weight cache, its key and the raw bytes it was converted from, options
+    (use_blas, chunk_rows), Activate's row buffer.  Make one per machine and reuse it.
+    A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
+    image never needs an explicit invalidation (invalidate_weight_cache exists anyway).
 
 MatrixMultiply runs as an exact float GEMM (gemm.py): float32 for 8-bit operands, float64
 when either side is 16-bit (H or D), chunked `chunk_rows` output vectors at a time, then an
@@ -75,11 +76,11 @@ REG_MIN, REG_MAX = register_limits()          # baked into the compiled code as 
 SIGMOID_TABLE = np.ascontiguousarray(SIGMOID_Q15, dtype=np.int64)
 TANH_TABLE = np.ascontiguousarray(TANH_Q15, dtype=np.int64)
 
-# The weight-cache key slots: (tile, high tile, mode, weight image address).
+# The weight-cache key slots: (tile, high tile or -1, mode); raw32/raw64 hold the tiles' bytes.
 _KEY_EMPTY = -2
 
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
-                                 "options", "row_buf"])
+                                 "raw32", "raw64", "options", "row_buf"])
 
 
 def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None) -> Scratch:
@@ -94,7 +95,8 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         x32=np.zeros((chunk, n), np.float32), c32=np.zeros((chunk, n), np.float32),
         x64=np.zeros((chunk, n), np.float64), c64=np.zeros((chunk, n), np.float64),
         w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
-        key32=np.full(4, _KEY_EMPTY, np.int64), key64=np.full(4, _KEY_EMPTY, np.int64),
+        key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
+        raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
         options=np.array([1 if use_blas else 0, chunk], np.int64),
         row_buf=np.zeros(n, np.int64))
 
@@ -426,16 +428,39 @@ def _convert_weights(weights, lo, hi, unsigned_w, wide_w, transposed, w):
 
 
 @njit(cache=True)
-def _active_weights(weights, active, flags, transposed, w, key):
-    """The converted active tile, converting only when the key changed.  The BLAS path
-    wants (K, N); the portable kernel wants it transposed."""
+def _same_bytes(a, b):
+    """a == b for two (N, N) uint8 tiles; per-row OR of XORs so the loop vectorizes."""
+    n = a.shape[0]
+    for k in range(n):
+        diff = 0
+        ak = a[k]
+        bk = b[k]
+        for j in range(n):
+            diff |= ak[j] ^ bk[j]
+        if diff != 0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _active_weights(weights, active, flags, transposed, w, key, raw):
+    """The converted active tile (the BLAS path wants (K, N), the portable kernel the
+    transpose), converting only on a change.  A hit needs the same tiles and mode *and* the
+    same bytes as when converted (kept in `raw`, compared in well under a microsecond): a
+    new weight image loaded at a reused address, or one modified in place, can never be
+    served stale values."""
     mode = (flags & (MMC_UNSIGNED_W | MMC_WIDE_W)) | (1024 if transposed else 0)
-    addr = np.int64(weights.ctypes.data)
-    hi = active[1] if flags & MMC_WIDE_W else -1
-    if key[0] != active[0] or key[1] != hi or key[2] != mode or key[3] != addr:
-        _convert_weights(weights, active[0], hi, (flags & MMC_UNSIGNED_W) != 0,
-                         (flags & MMC_WIDE_W) != 0, transposed, w)
-        key[0], key[1], key[2], key[3] = active[0], hi, mode, addr
+    lo = active[0]
+    wide = (flags & MMC_WIDE_W) != 0
+    hi = active[1] if wide else -1
+    if key[0] == lo and key[1] == hi and key[2] == mode and _same_bytes(raw[0], weights[lo]) \
+            and (not wide or _same_bytes(raw[1], weights[hi])):
+        return w
+    _convert_weights(weights, lo, hi, (flags & MMC_UNSIGNED_W) != 0, wide, transposed, w)
+    raw[0, :, :] = weights[lo]
+    if wide:
+        raw[1, :, :] = weights[hi]
+    key[0], key[1], key[2] = lo, hi, mode
     return w
 
 
@@ -547,12 +572,12 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             dy, dx = 0, 0
         if wide:
             w = _active_weights(weights, active, flags, not use_blas, scratch.w64,
-                                scratch.key64)
+                                scratch.key64, scratch.raw64)
             _mmc_iteration(ub, acc, w, scratch.x64, scratch.c64, use_blas, flags, ub_base,
                            acc_base, count, cw, pitch, stride, dy, dx, overwrite)
         else:
             w = _active_weights(weights, active, flags, not use_blas, scratch.w32,
-                                scratch.key32)
+                                scratch.key32, scratch.raw32)
             _mmc_iteration(ub, acc, w, scratch.x32, scratch.c32, use_blas, flags, ub_base,
                            acc_base, count, cw, pitch, stride, dy, dx, overwrite)
 

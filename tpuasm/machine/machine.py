@@ -294,7 +294,7 @@ class Machine:
         if not 0 <= index < len(self.prog):
             return -1
         t = int(self.times[index, core.TM_ISSUE])
-        return t if 0 <= t < self.cycle or (t >= 0 and t == self.cycle and self.retired(index)) else -1
+        return t if 0 <= t < self.cycle else -1
 
     def finish_cycle(self, index: int) -> int:
         return int(self.times[index, core.TM_FINISH]) if self.retired(index) else -1
@@ -385,12 +385,24 @@ class Machine:
                 if c < start:
                     stall = self._hazard_text(s, row)
                 elif self.prog[idx, COL_OP] == ISA_TABLE.instructions["RW"].opcode:
-                    stall = "waiting for room in the Weight FIFO" if c < finish - 1 else None
+                    stall = self._rw_stall(row, c)
             out.append(StageState(name, idx, self.text(idx), self.location(idx), progress,
                                   total, unit, c - issue, stall))
         out.append(self._weights_state(c))
         out.append(self._front_state(c))
         return out
+
+    def _rw_stall(self, row, c):
+        """An RW waits when its next tile's hand-off is later than this cycle (FIFO full)."""
+        q0, nt = int(row[core.G_TILE0]), int(row[core.G_NTILES])
+        for q in range(q0, q0 + nt):
+            req = int(self.tl[core.T_REQ, q])
+            if req >= c:
+                if req > c:
+                    return (f"Weight FIFO full ({self.config.fifo_depth} tiles): tile "
+                            f"{int(self.tl[core.T_TILE, q])} waits for a tile to shift out")
+                return None
+        return None
 
     def _matrix_progress(self, idx, c):
         seg = self.seg[:int(self.st[core.S_NSEG])]
@@ -400,11 +412,9 @@ class Machine:
         active = 0
         stall = None
         for a, b, kind in seg:
-            if a >= c:
-                continue
             if kind == core.SEG_ACTIVE:
-                active += min(b, c) - a
-            elif c <= b - 0 and c - 1 < b:
+                active += max(0, min(b, c) - a)
+            elif a <= c < b:                     # what the matrix unit does in the next cycle
                 if kind in (core.SEG_RAW, core.SEG_INPUT):
                     stall = self._hazard_text(core.STAGE_MATRIX, self.sg[core.STAGE_MATRIX])
                 else:
