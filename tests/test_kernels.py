@@ -425,6 +425,10 @@ def test_weight_cache_follows_tile_and_mode():
         want, _ = mmc_oracle(m, row, make_regs(), flags, tiles)
         m.run(row, make_regs(), tiles)
         assert np.array_equal(m.acc, want), flags
+    m.weights[3, 2, 1] ^= 0x11              # modified in place: same address, same tile
+    want, _ = mmc_oracle(m, make_row(D.OP_MMC, "O", length=3), make_regs(), "O", [])
+    m.run(make_row(D.OP_MMC, "O", length=3), make_regs())
+    assert np.array_equal(m.acc, want)
     other = m.weights.copy()                # a new weight image: same tile, other values
     other[1] ^= 0x5A
     m.active[:] = [1, -1]
