@@ -85,8 +85,13 @@ class Program:
     def code(self) -> bytes:
         return b"".join(encode(i) for i in self.instructions)
 
-    def symbol(self, name: str) -> Symbol | None:
-        return next((s for s in self.symbols if s.name == name), None)
+    def symbol(self, name: str, kind: str | None = None) -> Symbol | None:
+        """Look a symbol up by name, optionally qualified by its kind: `host.y`, `ub.y`."""
+        prefix, dot, rest = name.partition(".")
+        if dot and prefix in SYMBOL_KINDS and kind is None:
+            kind, name = prefix, rest
+        return next((s for s in self.symbols
+                     if s.name == name and (kind is None or s.kind == kind)), None)
 
     def to_bytes(self) -> bytes:
         files = list(dict.fromkeys([loc.file for loc in self.locations if loc] + list(self.sources)))
