@@ -16,7 +16,9 @@ check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info) -> fau
       FAULT_ADDRESS  info = (MEM_*, address, limit): the first out-of-range row in execution
                      order -- iterations in order; within an iteration the source memory,
                      then the destination; within a memory the vectors in order (a 16-bit
-                     vector reads its low row, then its high row).  RW: MEM_TILE, the tile.
+                     vector reads its low row, then its high row; a convolve tap's output
+                     pixels row-major).  RW: MEM_TILE, the first tile past the image.
+                     (spec/isa.md section 7 states this rule.)
       FAULT_CONFIG   info = (register index, value, 0): CFG writes a value outside the
                      register's min..max (or names no register); for other instructions a
                      captured register outside its range (only a hand-made state can do that).
@@ -39,13 +41,16 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None) -> Scratch
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
     the converted-weight cache, its key and the raw bytes it was converted from, options
-    (use_blas, chunk_rows), Activate's row buffer.  Make one per machine and reuse it.
+    (use_blas, chunk_rows), Activate's row buffer: about 7 MB for N = 256 (the float64
+    half is touched only by 16-bit modes).  use_blas=None means "if gemm.HAVE_BLAS".
+    Make one per machine and reuse it.
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
     image never needs an explicit invalidation (invalidate_weight_cache exists anyway).
 
 MatrixMultiply runs as an exact float GEMM (gemm.py): float32 for 8-bit operands, float64
 when either side is 16-bit (H or D), chunked `chunk_rows` output vectors at a time, then an
-int32 wrapping accumulate.  Registers limits are baked in from decoded.register_limits().
+int32 wrapping accumulate.  Register limits, opcodes and the sigmoid/tanh tables are
+module globals, which numba freezes into the compiled (and cached) code.
 """
 from __future__ import annotations
 
