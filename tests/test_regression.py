@@ -373,6 +373,10 @@ def test_pytest_plugin_collects_manifests(tmp_path):
     run = subprocess.run(cmd + ["-k", "good or ordinary"], capture_output=True, text=True,
                          cwd=tmp_path, env=env, timeout=120)
     assert "2 passed" in run.stdout and "failed" not in run.stdout, run.stdout
+    (tmp_path / "bad" / "test.toml").write_text("[test]\nprogram = 'prog.tasm'\ncycles = 3\n")
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert "bad/test.toml: test.cycles: unknown key" in run.stdout, run.stdout
+    assert "1 error during collection" in run.stdout, run.stdout     # pytest's usual stop
 
 
 def test_plugin_import_is_cheap():

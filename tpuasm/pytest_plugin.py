@@ -14,9 +14,18 @@ MANIFEST_NAME = "test.toml"      # tpuasm.regression.manifest.MANIFEST_NAME, wit
 
 
 def pytest_collect_file(file_path, parent):
-    if file_path.name == MANIFEST_NAME and not {"data", "out"} & set(file_path.parts[:-1]):
+    if file_path.name == MANIFEST_NAME and not _in_generated_dir(file_path, parent.config.rootpath):
         return ManifestFile.from_parent(parent, path=file_path)
     return None
+
+
+def _in_generated_dir(path, root) -> bool:
+    """Generated data (`data/`, `out/`) is never a test, whatever it contains."""
+    try:
+        parts = path.relative_to(root).parts[:-1]
+    except ValueError:
+        parts = path.parts[-3:-1]
+    return any(p in ("data", "out") for p in parts)
 
 
 class ManifestFile(pytest.File):

@@ -137,6 +137,9 @@ def _assemble(m: Manifest, result: Result, shape: dict):
         raise _Stop from None
     try:
         program = assemble_file(m.program, config=shape or None)
+    except (TypeError, ValueError) as e:
+        result.error(f"{m.path}: machine: bad shape override: {e}")
+        raise _Stop from None
     except AssemblyError as e:
         result.status = "assembly_error"
         _check_assembly_error(m, result, e)
