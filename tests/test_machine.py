@@ -240,9 +240,10 @@ def test_weights_are_memory_mapped_read_only(tmp_path):
 
 
 def test_stall_texts():
-    m = load(program(I("RW", tile=0), I("RHM", host=0, ub=0, length=100),
-                     I("MMC", "S", ub=0, acc=0, length=100), I("RW", repeat=5, tile=0),
-                     I("HLT")))
+    m = Machine()
+    m.load(program(I("RW", tile=0), I("RHM", host=0, ub=0, length=100),
+                   I("MMC", "S", ub=0, acc=0, length=100), I("RW", repeat=5, tile=0),
+                   I("HLT")), host=host(), weights=weights(8))
     m.step(100)
     pipe = {s.name: s for s in m.pipeline()}
     assert pipe["matrix"].stall.startswith("waiting for weight tile 0 (fetching, 100/1350 cycles)")
