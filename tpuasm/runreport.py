@@ -35,13 +35,21 @@ def run_and_report(program, args) -> int:
     if args.out:
         save_host(machine, args.out, like=args.host)
     if args.stats:
-        _write_text(args.stats, json.dumps(machine.stats_json(), indent=2) + "\n")
+        _write_text(args.stats, json.dumps(stats_document(machine), indent=2) + "\n")
     if args.trace:
         try:
             machine.write_trace(args.trace)
         except OSError as e:
             raise TpuasmError(f"{args.trace}: cannot write: {e.strerror}") from None
     return EXIT_FAULT if result.fault is not None else EXIT_OK
+
+
+def stats_document(machine) -> dict:
+    """The --stats file: every counter at the top level (cycles, the four Table-3 parts
+    that sum to it, ...), then the rest of the machine's statistics (status, fault,
+    events, configuration)."""
+    stats = dict(machine.stats_json())
+    return {**stats.pop("counters", {}), **stats}
 
 
 def save_host(machine, path: Path, like: Path | None) -> None:
