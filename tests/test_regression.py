@@ -54,6 +54,7 @@ def generate(out_dir):
     np.save(out_dir / "host.npy", host)
     np.save(out_dir / "weights.npy", w[None])
     np.save(out_dir / "y.npy", y)
+    np.save(out_dir / "acc.npy", acc.astype(np.int32))
 """
 
 MANIFEST = """\
@@ -72,6 +73,11 @@ counters = {{ instructions = 7 }}
 [[expect.rows]]
 region = "y"
 expected = "y.npy"
+
+[[expect.rows]]
+memory = "acc"
+region = "acc.s"
+expected = "acc.npy"
 {extra}"""
 
 
@@ -271,6 +277,27 @@ def test_failure_reasons(tmp_path):
     assert result.outcome == "fail"
     assert any(f.startswith(f"cycles {result.cycles:,} outside the bound [1, 10]")
                for f in result.failures)
+
+
+def test_fault_instead_of_halt_and_wrong_fault(tmp_path):
+    d = tmp_path / "oob"
+    d.mkdir()
+    (d / "prog.tasm").write_text("        RHM 0, 0, 4\n        RHM 6, 0, 4\n        HLT\n")
+    (d / "test.toml").write_text('[test]\nprogram = "prog.tasm"\n[data]\nhost_rows = 8\n')
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "fail"
+    assert result.failures[0].startswith("expected the program to halt, but it faulted: fault at cycle")
+    assert "host address 8 out of range 0..7" in result.failures[0]
+    (d / "test.toml").write_text('[test]\nprogram = "prog.tasm"\n[data]\nhost_rows = 8\n'
+                                 '[expect.fault]\nkind = "deadlock"\nindex = 0\nline = 1\n')
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "fail"
+    assert ("wrong fault (kind 'address' instead of 'deadlock'; instruction 1 instead of 0; "
+            "line 2 instead of 1)") in result.failures[0]
+    (d / "test.toml").write_text('[test]\nprogram = "prog.tasm"\n[data]\nhost_rows = 8\n'
+                                 '[expect.fault]\nkind = "address"\nmessage = "HOST ADDRESS 8"'
+                                 '\nindex = 1\nline = 2\n')
+    assert run_manifest(load_manifest(d / "test.toml")).passed
 
 
 def test_missing_expected_file_is_an_error(tmp_path):
