@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..binary import Program, SourceLoc
-from ..encoding import EncodingError, decode, encode
+from ..encoding import EncodingError, encode
 from . import core
 from .config import MachineConfig
 from .data import load_host, load_weights
@@ -142,8 +142,12 @@ class Machine:
         count = len(program.instructions)
         self.prog = decode_table(program.instructions) if count else np.zeros((0, 13), np.int64)
         self.flags = np.zeros(count + 1, dtype=np.int8)
+        validity: dict = {}                    # programs repeat instructions: check each once
         for i, ins in enumerate(program.instructions):
-            if not _valid(ins):
+            ok = validity.get(ins)
+            if ok is None:
+                ok = validity[ins] = _valid(ins)
+            if not ok:
                 self.flags[i] |= core.FLAG_INVALID
         st = core.new_state()
         st[core.K_N] = n
@@ -306,17 +310,15 @@ class Machine:
         return nreq, tl
 
     def fifo(self) -> list[FifoEntry]:
+        """Tiles handed to the fetch engine and not yet shifting into the shadow."""
         c = self.cycle
         nreq, tl = self._tiles()
         total = self.config.tile_bytes
         fetch = self.config.fetch_cycles
+        ss = tl[core.T_SS]
+        qs = np.flatnonzero((tl[core.T_REQ] < c) & ((ss < 0) | (ss >= c)))
         out = []
-        for q in range(nreq):
-            if tl[core.T_REQ, q] >= c:
-                continue                        # handed over in a cycle not yet executed
-            ss = tl[core.T_SS, q]
-            if 0 <= ss < c:
-                continue                        # already shifting into the shadow
+        for q in qs:
             fs, fe = tl[core.T_FS, q], tl[core.T_FE, q]
             if c >= fe:
                 out.append(FifoEntry(int(tl[core.T_TILE, q]), "ready", total, total))
@@ -326,28 +328,28 @@ class Machine:
         return out
 
     def shadow(self) -> TileState | None:
+        """The tile in the shadow buffer (the later one of a 16-bit pair being shifted)."""
         c = self.cycle
         nreq, tl = self._tiles()
         shift = self.config.shift
-        found = None
-        for q in range(nreq):
-            ss, se, sw = tl[core.T_SS, q], tl[core.T_SE, q], tl[core.T_SW, q]
-            if 0 <= ss < c and (sw < 0 or c <= sw):
-                if c >= se:
-                    found = TileState(int(tl[core.T_TILE, q]), "ready", shift, shift)
-                else:
-                    found = TileState(int(tl[core.T_TILE, q]), "shifting", int(c - ss), shift)
-        return found
+        ss, sw = tl[core.T_SS], tl[core.T_SW]
+        qs = np.flatnonzero((ss >= 0) & (ss < c) & ((sw < 0) | (sw >= c)))
+        if len(qs) == 0:
+            return None
+        q = qs[-1]
+        tile = int(tl[core.T_TILE, q])
+        if c >= tl[core.T_SE, q]:
+            return TileState(tile, "ready", shift, shift)
+        return TileState(tile, "shifting", int(c - ss[q]), shift)
 
     def active(self) -> ActiveWeights | None:
         c = self.cycle
         nreq, tl = self._tiles()
-        last = -1
-        for q in range(nreq):
-            if 0 <= tl[core.T_SW, q] < c:
-                last = q
-        if last < 0:
+        sw = tl[core.T_SW]
+        qs = np.flatnonzero((sw >= 0) & (sw < c))
+        if len(qs) == 0:
             return None
+        last = qs[-1]
         if tl[core.T_HI, last]:
             return ActiveWeights((int(tl[core.T_TILE, last - 1]), int(tl[core.T_TILE, last])), True)
         return ActiveWeights((int(tl[core.T_TILE, last]),), False)
@@ -458,12 +460,13 @@ class Machine:
 
     def _weights_state(self, c):
         nreq, tl = self._tiles()
-        for q in range(nreq):
-            fs, fe = tl[core.T_FS, q], tl[core.T_FE, q]
-            if fs < c < fe or (fs < c and c == fe - 0 and False):
-                tile = int(tl[core.T_TILE, q])
-                return StageState("weights", None, f"fetch tile {tile}", None, int(c - fs),
-                                  int(fe - fs), "cycles", int(c - fs), None)
+        fs, fe = tl[core.T_FS], tl[core.T_FE]
+        qs = np.flatnonzero((fs < c) & (c < fe))
+        if len(qs):
+            q = qs[0]
+            tile = int(tl[core.T_TILE, q])
+            return StageState("weights", None, f"fetch tile {tile}", None, int(c - fs[q]),
+                              int(fe[q] - fs[q]), "cycles", int(c - fs[q]), None)
         return StageState("weights", None, "", None, 0, 0, "", 0, None)
 
     def _front_state(self, c):
@@ -561,10 +564,10 @@ class Machine:
 
 
 def _valid(ins) -> bool:
+    """Encodable (flags, repeat, operand ranges) and no two flags of an exclusive group."""
     try:
-        if decode(encode(ins)) != ins:
-            return False
-    except EncodingError:
+        encode(ins)
+    except (EncodingError, KeyError, TypeError):
         return False
     for group in ins.spec.exclusive:
         if sum(1 for c in group if ins.flags & ins.spec.flags[c].bit) > 1:
