@@ -75,6 +75,7 @@ def _run(text: str, filename: str, config: dict, reporter: Reporter, sources: di
     expander = Expander(reporter, symbols)
     expander.sources = sources
     expander.run_text(text, filename)
+    symbols.frozen = True
     shape = _shape(expander.config, config, symbols, reporter, filename)
     symbols.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows,
                       "host": 1 << 32, "tile": 1 << 32}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..binary import MachineShape, SourceLoc
 from ..encoding import MAX_REPEAT, Instruction
 from ..isa import ISA_TABLE, Field, InstructionSpec
-from .ast import Instr, Name, Named, Span, Str
+from .ast import Instr, Name, Named, Num, Span, Str
 from .reporter import Reporter, did_you_mean
 from .symbols import EvalError, Frame, Symbols, frame_notes
 
@@ -24,9 +24,9 @@ _MNEMONICS = sorted({n for s in ISA_TABLE.instructions.values() for n in s.names
 
 class _Form:
     """What a mnemonic-with-flags means, computed once per distinct spelling."""
-    __slots__ = ("spec", "flags", "names", "fields", "by_keyword")
+    __slots__ = ("spec", "flags", "names", "fields", "by_keyword", "ranges")
 
-    def __init__(self, spec: InstructionSpec, flags: int):
+    def __init__(self, spec: InstructionSpec, flags: int, limits: dict[str, int]):
         self.spec, self.flags = spec, flags
         self.names, fields = spec.layout(flags)
         by_name = {f.name: f for f in fields}
@@ -36,6 +36,14 @@ class _Form:
             self.by_keyword[f.name] = f
             for alias in f.aliases:
                 self.by_keyword[alias] = f
+        # legal values per field on this machine shape: the field's own range,
+        # cut to the memory size for UB and accumulator addresses
+        self.ranges: dict[str, tuple[int, int]] = {}
+        for f in fields:
+            hi = f.max
+            if f.kind in limits:
+                hi = min(hi, limits[f.kind] - 1)
+            self.ranges[f.name] = (f.min, hi)
 
 
 class Encoder:
@@ -45,7 +53,6 @@ class Encoder:
         self.shape = shape
         self._forms: dict[str, _Form] = {}
         self.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows}
-        self._ranges: dict[Field, tuple[int, int]] = {}
 
     def encode_all(self, items, macros) -> tuple[list[Instruction], list[SourceLoc]]:
         instructions, locations = [], []
@@ -101,7 +108,7 @@ class Encoder:
                 self._error(flag_span, f"flags {' and '.join(given)} cannot be combined "
                             f"({spec.key} takes at most one of {', '.join(group)})", frame)
                 ok = False
-        return _Form(spec, flags) if ok else None
+        return _Form(spec, flags, self.limits) if ok else None
 
     def _flag_error(self, spec: InstructionSpec, letters: str, unknown: list[int], at: Span, frame) -> None:
         """One diagnostic for the letters that are not flags of this instruction."""
@@ -176,7 +183,7 @@ class Encoder:
                     self._error(arg.name_span, f"operand '{field.name}' given twice", frame)
                     ok = False
                     continue
-                v = self._field_value(spec, field, arg.value, frame)
+                v = self._field_value(form, field, arg.value, frame)
                 if v is None:
                     ok = False
                 values[field.name] = v
@@ -190,7 +197,7 @@ class Encoder:
                 return None
             field = fields[positional]
             positional += 1
-            v = self._field_value(spec, field, arg, frame)
+            v = self._field_value(form, field, arg, frame)
             if v is None:
                 ok = False
             values[field.name] = v
@@ -212,33 +219,24 @@ class Encoder:
             return f"{spec.key} takes no operands"
         return f"{spec.key} takes {', '.join(names)}" + (f" (got {got} operands)" if got > len(names) else "")
 
-    def _range(self, field: Field) -> tuple[int, int]:
-        """Legal values of a field on this machine shape (memoized: hot path)."""
-        r = self._ranges.get(field)
-        if r is None:
-            hi = field.max
-            limit = self.limits.get(field.kind)
-            if limit is not None and limit - 1 < hi:
-                hi = limit - 1
-            r = self._ranges[field] = (field.min, hi)
-        return r
-
     def _value(self, node, frame) -> int | None:
         if type(node) is Str:
             self._error(node.span, "expected a number, not a string", frame)
             return None
         return self.symbols.try_eval(node, frame)
 
-    def _field_value(self, spec, field: Field, node, frame) -> int | None:
+    def _field_value(self, form: _Form, field: Field, node, frame) -> int | None:
         if field.kind == "reg":
             return self._register(node, frame)
-        v = self._value(node, frame)
+        v = node.value if type(node) is Num else None      # the common case, inline
         if v is None:
-            return None
-        lo, hi = self._range(field)
+            v = self._value(node, frame)
+            if v is None:
+                return None
+        lo, hi = form.ranges[field.name]
         if not lo <= v <= hi:
             what = _KIND_WORDS.get(field.kind, field.name)
-            self._error(node.span, f"{what} {v} out of range {lo}..{hi} ({spec.key} operand '{field.name}')",
+            self._error(node.span, f"{what} {v} out of range {lo}..{hi} ({form.spec.key} operand '{field.name}')",
                         frame)
             return None
         return v

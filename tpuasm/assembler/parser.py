@@ -193,6 +193,15 @@ def _lark_chunk(lines, start, stop, file, statements, diags):
 
 
 _BLANK = object()
+
+
+def _span(file, line, col, end_line, end_col) -> Span:
+    # tuple.__new__ directly: a NamedTuple's own __new__ is a Python function,
+    # and the fast reader makes several spans per line
+    return _tuple_new(Span, (file, line, col, end_line, end_col))
+
+
+_tuple_new = tuple.__new__
 # Greedy operand text (no lazy quantifier: a long run of blanks must not make
 # the regex engine backtrack quadratically); trailing blanks are the operand
 # pattern's business.
@@ -213,7 +222,7 @@ def _fast_line(line: str, file: str, lineno: int):
     if m is None:
         return None
     mnemonic = m.group(1)
-    span = Span(file, lineno, m.start(1) + 1, lineno, m.end(1) + 1)
+    span = _span(file, lineno, m.start(1) + 1, lineno, m.end(1) + 1)
     if not m.group(2) or not m.group(2).strip(" \t"):
         return Instr(mnemonic, span, [])
     args = []
@@ -231,7 +240,7 @@ def _fast_line(line: str, file: str, lineno: int):
                 return None
             a = Binary(om.group(3), a, b, a.span.to(b.span))
         if om.group(1):
-            name_span = Span(file, lineno, pos + om.start(1) + 1, lineno, pos + om.end(1) + 1)
+            name_span = _span(file, lineno, pos + om.start(1) + 1, lineno, pos + om.end(1) + 1)
             a = Named(om.group(1), name_span, a, name_span.to(a.span))
         args.append(a)
         pos += len(piece) + 1
@@ -240,7 +249,7 @@ def _fast_line(line: str, file: str, lineno: int):
 
 def _fast_atom(om, group, pos, file, lineno):
     text = om.group(group)
-    span = Span(file, lineno, pos + om.start(group) + 1, lineno, pos + om.end(group) + 1)
+    span = _span(file, lineno, pos + om.start(group) + 1, lineno, pos + om.end(group) + 1)
     if text[0].isdigit():
         value = parse_int(text)
         return None if value is None else Num(value, span)   # lark reports bad literals

@@ -82,6 +82,10 @@ class Symbols:
         self.layouts: dict[str, Layout] = {k: Layout() for k in MEMORIES}
         self.limits: dict[str, int] = {}          # memory kind -> rows (set once the shape is known)
         self._busy: list[str] = []                # names being computed, for cycle messages
+        # Once expansion is over no symbol can be added, so a name's value is
+        # final: the encoder looks each one up once (hot path: 100,000s of uses).
+        self.frozen = False
+        self._resolved: dict[str, int] = {}
 
     # ----------------------------------------------------------- definitions
     def define_const(self, name_node: Node, expr: Node, frame: Frame | None) -> None:
@@ -210,6 +214,16 @@ class Symbols:
             if v is not None:
                 return v
             f = f.parent
+        if self.frozen:
+            v = self._resolved.get(text)
+            if v is None:
+                v = self._resolved[text] = self._lookup_symbol(node, frame)
+            return v
+        return self._lookup_symbol(node, frame)
+
+    def _lookup_symbol(self, node: Name, frame) -> int:
+        """A constant or region by name (not a .rept variable)."""
+        text = node.text
         const = self.consts.get(text)
         if const is not None:
             return self._const_value(const, node.span)
