@@ -255,3 +255,18 @@ def test_stall_texts():
     pipe = {s.name: s for s in m.pipeline()}
     assert pipe["input"].index == 3 and "Weight FIFO full" in pipe["input"].stall
     assert m.run().status == "halted"
+
+
+def test_small_array_shape_from_program():
+    prog = program(I("RW", tile=0), I("MMC", "SO", ub=0, acc=0, length=3), I("HLT"),
+                   array_size=16)
+    m = Machine.for_program(prog)
+    assert m.config.array_size == 16 and m.config.fetch_cycles == 6
+    rng = np.random.default_rng(0)
+    w = rng.integers(-128, 128, (1, 16, 16)).astype(np.int8)
+    m.load(prog, weights=w)
+    m.ub[:3] = rng.integers(0, 256, (3, 16)).astype(np.uint8)
+    assert m.run().status == "halted"
+    assert m.cycle == 6 + 16 + 3 + 32 + 1       # fetch, shift, 3 rows, 2N drain, HLT
+    x = m.ub[:3].view(np.int8).astype(np.int64)
+    assert np.array_equal(m.acc[:3], x @ w[0].astype(np.int64))

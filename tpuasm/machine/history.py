@@ -28,7 +28,7 @@ class _Delta:
             changed = np.flatnonzero((now != then).reshape(len(now), -1).any(axis=1)) \
                 if len(now) else np.zeros(0, np.int64)
             self.rows[name] = (changed, now[changed].copy())
-        self.fault, self.status = snap.fault, snap.status
+        self.fault, self.status, self.at_break = snap.fault, snap.status, snap.at_break
 
     def materialize(self, base: Snapshot) -> Snapshot:
         arrays = dict(self.small)
@@ -37,7 +37,7 @@ class _Delta:
             rows, values = self.rows[name]
             full[rows] = values
             arrays[name] = full
-        return Snapshot(arrays, self.fault, self.status)
+        return Snapshot(arrays, self.fault, self.status, self.at_break)
 
 
 class History:

@@ -98,6 +98,7 @@ class Snapshot:
     arrays: dict = field(default_factory=dict)
     fault: MachineFault | None = None
     status: str = "paused"
+    at_break: int = -1
 
     @property
     def cycle(self) -> int:
@@ -542,7 +543,7 @@ class Machine:
     # -------------------------------------------------------------------- time travel
     def snapshot(self) -> Snapshot:
         arrays = {name: getattr(self, name).copy() for name in self._STATE_ARRAYS}
-        return Snapshot(arrays, self.fault, self.status)
+        return Snapshot(arrays, self.fault, self.status, self._at_break)
 
     def restore(self, snap: Snapshot) -> None:
         for name, arr in snap.arrays.items():
@@ -552,6 +553,7 @@ class Machine:
             mine[...] = arr
         self.fault = snap.fault
         self.status = snap.status
+        self._at_break = snap.at_break
 
     # -------------------------------------------------------------------- trace / stats
     def write_trace(self, path) -> None:
