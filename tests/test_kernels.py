@@ -817,3 +817,125 @@ def test_read_only_weight_image():
     want, _ = mmc_oracle(m, row, regs, "SO", [2, 3])
     m.run(row, regs, [2, 3])
     assert np.array_equal(m.acc, want)
+
+
+# ----------------------------------------------------------------------------- randomized
+
+def accesses(row, regs):
+    """Every (memory, row) the instruction touches, in the spec's execution order (section 7:
+    per iteration the source, then the destination; vectors in order; low row first)."""
+    op = int(row[D.COL_OP])
+    flags = int(row[D.COL_FLAGS])
+    g = lambda name: int(regs[REG_NAMES[name]])  # noqa: E731
+    length = int(row[D.COL_LEN])
+    for i in range(int(row[D.COL_REPEAT])):
+        if op in (D.OP_RHM, D.OP_RHMA, D.OP_WHM, D.OP_WHMA):
+            strided = op in (D.OP_RHMA, D.OP_WHMA)
+            su, sh = (g("dma_ub_stride"), g("dma_host_stride")) if strided else (1, 1)
+            host = [(K.MEM_HOST, int(row[D.COL_HOST]) + i * g("rep_host_stride") + k * sh)
+                    for k in range(length)]
+            ub = [(K.MEM_UB, int(row[D.COL_UB]) + i * g("rep_ub_stride") + k * su)
+                  for k in range(length)]
+            yield from (host + ub) if op in (D.OP_RHM, D.OP_RHMA) else (ub + host)
+        elif op == D.OP_MMC:
+            per = 2 if flags & D.MMC_WIDE_IN else 1
+            if flags & D.MMC_CONV:
+                h, w = int(row[D.COL_HEIGHT]), int(row[D.COL_WIDTH])
+                pitch = g("conv_pitch") or w
+                dy, dx = divmod(i, g("conv_kw"))
+                s = g("conv_stride")
+                vs = [(y * s + dy) * pitch + x * s + dx for y in range(h) for x in range(w)]
+                u0, a0, count = int(row[D.COL_UB]), int(row[D.COL_ACC]), h * w
+            else:
+                vs = range(length)
+                u0 = int(row[D.COL_UB]) + i * g("rep_ub_stride")
+                a0, count = int(row[D.COL_ACC]) + i * g("rep_acc_stride"), length
+            yield from ((K.MEM_UB, u0 + per * v + e) for v in vs for e in range(per))
+            yield from ((K.MEM_ACC, a0 + b) for b in range(count))
+        elif op == D.OP_ACT:
+            k, pw = g("pool_size"), g("pool_width")
+            pooled = flags & (D.ACT_MAXPOOL | D.ACT_AVGPOOL)
+            out = length if not pooled else (length // k if pw == 0 else length // (k * k))
+            per = 2 if g("act_out") == 2 else 1
+            yield from ((K.MEM_ACC, int(row[D.COL_ACC]) + i * g("rep_acc_stride") + b)
+                        for b in range(length))
+            yield from ((K.MEM_UB, int(row[D.COL_UB]) + i * g("rep_ub_stride") + b)
+                        for b in range(per * out))
+
+
+def random_instruction(rng, n_ub, n_acc, n_host):
+    kind = rng.choice(["RHM", "RHMA", "WHM", "WHMA", "MMC", "MMC.C", "ACT"])
+    regs = make_regs(rep_ub_stride=int(rng.integers(-6, 7)), rep_acc_stride=int(rng.integers(-6, 7)),
+                     rep_host_stride=int(rng.integers(-6, 7)),
+                     dma_ub_stride=int(rng.integers(-3, 4)), dma_host_stride=int(rng.integers(-3, 4)))
+    reps = int(rng.integers(1, 5))
+    if kind in ("RHM", "RHMA", "WHM", "WHMA"):
+        op = getattr(D, "OP_" + kind)
+        return make_row(op, repeat=reps, ub=int(rng.integers(0, n_ub)),
+                        host=int(rng.integers(0, n_host)), length=int(rng.integers(1, 8))), regs, ""
+    if kind == "MMC":
+        flags = "".join(c for c in "SOUWHD" if rng.random() < 0.5)
+        return make_row(D.OP_MMC, flags, repeat=reps, ub=int(rng.integers(0, n_ub)),
+                        acc=int(rng.integers(0, n_acc)), length=int(rng.integers(1, 8))), regs, flags
+    if kind == "MMC.C":
+        flags = "C" + "".join(c for c in "SOUWHD" if rng.random() < 0.5)
+        regs[D.REG_CONV_KW] = int(rng.integers(1, 4))
+        regs[D.REG_CONV_STRIDE] = int(rng.integers(1, 3))
+        regs[D.REG_CONV_PITCH] = int(rng.integers(0, 9))
+        return make_row(D.OP_MMC, flags, repeat=int(rng.integers(1, 7)),
+                        ub=int(rng.integers(0, n_ub)), acc=int(rng.integers(0, n_acc)),
+                        height=int(rng.integers(1, 4)), width=int(rng.integers(1, 4))), regs, flags
+    flags = str(rng.choice(["", "R", "Q", "T"])) + str(rng.choice(["", "M", "A"]))
+    regs[D.REG_POOL_SIZE] = int(rng.integers(1, 4))
+    regs[D.REG_POOL_WIDTH] = int(rng.choice([0, 0, 2, 3, 4, 6]))
+    regs[D.REG_ACT_OUT] = int(rng.integers(0, 4))
+    regs[D.REG_ACT_SHIFT] = int(rng.integers(0, 12))
+    regs[D.REG_ACT_MULT] = int(rng.integers(-300, 300))
+    regs[D.REG_ACT_ZERO] = int(rng.integers(-50, 50))
+    regs[D.REG_FN_IN_FRAC] = int(rng.integers(0, 16))
+    return make_row(D.OP_ACT, flags, repeat=reps, ub=int(rng.integers(0, n_ub)),
+                    acc=int(rng.integers(0, n_acc)), length=int(rng.integers(1, 13))), regs, flags
+
+
+def test_random_instructions_against_oracles():
+    """Random instructions on a tiny machine: the fault (and its address) equals the first
+    out-of-range access of the spec's enumeration; otherwise the state equals the oracle."""
+    rng = np.random.default_rng(99)
+    seen = {K.FAULT_NONE: 0, K.FAULT_ADDRESS: 0, K.FAULT_SHAPE: 0}
+    for _ in range(600):
+        m = Machine(4, ub_rows=40, acc_rows=24, host_rows=20, tiles=6)
+        m.acc[:] = RNG.integers(-5000, 5000, m.acc.shape)
+        row, regs, flags = random_instruction(rng, 40, 24, 20)
+        fault, info = m.check(row, regs)
+        seen[fault] += 1
+        if fault == K.FAULT_SHAPE:
+            assert row[D.COL_OP] == D.OP_ACT
+            continue
+        limits = {K.MEM_UB: 40, K.MEM_ACC: 24, K.MEM_HOST: 20}
+        first_bad = next(((mem, a, limits[mem]) for mem, a in accesses(row, regs)
+                          if not 0 <= a < limits[mem]), None)
+        if first_bad is not None:
+            assert (fault, info) == (K.FAULT_ADDRESS, first_bad), (row, regs)
+            continue
+        assert fault == K.FAULT_NONE
+        op = int(row[D.COL_OP])
+        if op == D.OP_MMC:
+            m.active[:] = [1, 2] if "D" in flags else [1, -1]
+            per = 2 if "D" in flags else 1
+            tiles = [int(t) for t in rng.integers(0, 6, int(row[D.COL_REPEAT]) * per)] \
+                if "S" in flags else []
+            want, want_active = mmc_oracle(m, row, regs, flags, tiles)
+            m.run(row, regs, tiles)
+            assert np.array_equal(m.acc, want) and m.active.tolist() == want_active
+        elif op == D.OP_ACT:
+            want = act_oracle(m, row, regs, flags)
+            m.run(row, regs)
+            assert np.array_equal(m.ub, want)
+        else:
+            want_ub, want_host = dma_oracle(m, row, regs)
+            m.run(row, regs)
+            assert np.array_equal(m.ub, want_ub) and np.array_equal(m.host, want_host)
+        fp = footprint_of(row, regs)
+        for mem, a in accesses(row, regs):
+            assert any(k[0] == mem and lo <= a < hi for k, (lo, hi) in fp.items())
+    assert min(seen.values()) > 20, seen
