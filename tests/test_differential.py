@@ -39,6 +39,7 @@ pytestmark = pytest.mark.skipif(
 
 EXAMPLES = 300                  # random programs, about a fifth of them built to fault
 FAULT_EXAMPLES = 15             # and this many more per fault kind
+OPENTPU_EXAMPLES = 60           # and this many under the OpenTPU profile
 MAX_CYCLES = 2_000_000
 
 
@@ -163,6 +164,25 @@ def test_emulator_matches_reference_on_faulting_programs(kind):
 
     check()
     assert faults[kind] > 0, f"no program faulted with {kind}: {dict(faults)}"
+
+
+def test_emulator_matches_reference_under_the_opentpu_profile():
+    # spec/opentpu.md: only Activate changes (R / Q / nothing, then the low 8 bits).
+    count = 0
+
+    @settings(max_examples=OPENTPU_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(programs(profile="opentpu"))
+    def check(case):
+        nonlocal count
+        count += 1
+        assert case.program.shape.profile == "opentpu"
+        problems, _ref = compare(case)
+        assert not problems, ("emulator and reference disagree on (opentpu profile)\n"
+                              + listing(case.program) + "\n" + "\n".join(problems))
+
+    check()
+    assert count >= OPENTPU_EXAMPLES
 
 
 def test_shape_is_small():

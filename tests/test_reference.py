@@ -678,3 +678,29 @@ def test_inputs_are_not_modified():
     r = run([I("RHM", host=0, ub=0, length=1), I("WHM", ub=0, host=3, length=1)], host)
     assert (host == before).all()
     assert r.host.view(np.int8)[3].tolist() == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------- OpenTPU profile
+OPENTPU = MachineShape(array_size=N, ub_rows=32, acc_rows=16, fifo_depth=2, profile="opentpu")
+
+
+def test_opentpu_activate_keeps_the_low_8_bits():
+    # spec/opentpu.md section 4.  x = [100, -1, 3, 0] times 2I -> acc [200, -2, 6, 0].
+    # ACT:   low 8 bits: 200, 254, 6, 0 (no saturation; act_shift 3 is not used).
+    # ACT.R: max(x, 0) then low 8 bits: 200, 0, 6, 0.
+    # ACT.Q: int(255 / (1 + e^-x)): 200 -> 255 (x >= 37), -2 -> 30, 6 -> 254, 0 -> 127.
+    host = rows([100, -1, 3, 0])
+    r = run([I("RHM", host=0, ub=0, length=1), I("RW", tile=0),
+             I("MMC", "SO", ub=0, acc=0, length=1), CFG("act_shift", 3),
+             I("ACT", acc=0, ub=1, length=1), I("ACT", "R", acc=0, ub=2, length=1),
+             I("ACT", "Q", acc=0, ub=3, length=1)], host, (2 * EYE)[None], shape=OPENTPU)
+    assert r.ub[1:4].tolist() == [[200, 254, 6, 0], [200, 0, 6, 0], [255, 30, 254, 127]]
+
+
+def test_opentpu_sigmoid_steps():
+    # The step table of spec/opentpu.md, and its edges: -6 -> 0, 5 -> 253, 36 -> 254, 37 -> 255,
+    # -2^31 -> 255 (OpenTPU negates it back to -2^31).
+    from tpuasm.machine.reference import opentpu_sigmoid
+    assert [opentpu_sigmoid(x) for x in (-7, -6, -5, -1, 0, 1, 5, 6, 36, 37, 2 ** 31 - 1)] == \
+        [0, 0, 1, 68, 127, 186, 253, 254, 254, 255, 255]
+    assert opentpu_sigmoid(-2 ** 31) == 255

@@ -80,10 +80,7 @@ class ReferenceMachine:
 
     def __init__(self, program: Program, host, weights):
         shape = program.shape
-        if shape.profile != "tpu":
-            raise NotImplementedError(
-                f"the reference model implements profile 'tpu' only (spec/isa.md does not "
-                f"define the {shape.profile!r} Activate semantics)")
+        self.profile = shape.profile
         self.program = program
         self.n = n = shape.array_size
         self.fifo_depth = shape.fifo_depth
@@ -401,6 +398,8 @@ class ReferenceMachine:
         return [y & 0xFF]
 
     def op_ACT(self, index, ins):
+        if self.profile == "opentpu":
+            return self._act_opentpu(index, ins)
         f = ins.flags
         length = ins["length"]
         groups = self._pool_groups(f, length)
@@ -440,6 +439,49 @@ class ReferenceMachine:
                 else:
                     self.ub[ub + 2 * r] = [b[0] for b in bytes_]
                     self.ub[ub + 2 * r + 1] = [b[1] for b in bytes_]
+
+
+    # spec/opentpu.md section 4: the OpenTPU profile's Activate -------------------------
+    def _act_opentpu(self, index, ins):
+        """R `max(x, 0)`, Q `int(255 / (1 + exp(-x)))` or x itself, then the low 8 bits;
+        no requantization, no registers.  (T, M and A under this profile are not modelled:
+        spec/opentpu.md says they "still work" but not which registers they read.)"""
+        f = ins.flags
+        if f & (ACT["T"] | ACT["M"] | ACT["A"]):
+            raise NotImplementedError("the reference model does not model ACT.T/M/A under "
+                                      "the opentpu profile")
+        length = ins["length"]
+        acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
+        for i in range(ins.repeat):
+            acc = ins["acc"] + i * acc_step
+            ub = ins["ub"] + i * ub_step
+            self.check_acc(range(acc, acc + length))
+            self.check_ub(range(ub, ub + length))
+        for i in range(ins.repeat):
+            acc = ins["acc"] + i * acc_step
+            ub = ins["ub"] + i * ub_step
+            for r in range(length):
+                values = [int(v) for v in self.acc[acc + r]]
+                if f & ACT["R"]:
+                    values = [max(x, 0) for x in values]
+                elif f & ACT["Q"]:
+                    values = [opentpu_sigmoid(x) for x in values]
+                self.ub[ub + r] = [x & 0xFF for x in values]
+
+
+def opentpu_sigmoid(x: int) -> int:
+    """`int(255 / (1 + exp(-x)))` for an int32 x, from the step table of spec/opentpu.md."""
+    if x == INT32_MIN:          # OpenTPU negates an int32 -2^31 back to -2^31: exp(...) = 0
+        return 255
+    steps = {-5: 1, -4: 4, -3: 12, -2: 30, -1: 68, 0: 127, 1: 186, 2: 224, 3: 242, 4: 250,
+             5: 253}
+    if x <= -6:
+        return 0
+    if x >= 37:
+        return 255
+    if x >= 6:
+        return 254
+    return steps[x]
 
 
 MMC = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["MMC"].flags.items()}
