@@ -270,3 +270,15 @@ def test_small_array_shape_from_program():
     assert m.cycle == 6 + 16 + 3 + 32 + 1       # fetch, shift, 3 rows, 2N drain, HLT
     x = m.ub[:3].view(np.int8).astype(np.int64)
     assert np.array_equal(m.acc[:3], x @ w[0].astype(np.int64))
+
+
+def test_bounded_step_with_breakpoints():
+    m = load(PROG3)
+    r = m.step(100, breakpoints=[1])
+    assert r.status == "paused" and m.cycle == 100
+    r = m.step(10_000, breakpoints=[1])
+    assert r.status == "breakpoint" and r.index == 1 and m.cycle == D4
+    r = m.step(10, breakpoints=[1])            # started at the breakpoint: issues it
+    assert r.status == "paused" and m.issue_cycle(1) == D4
+    r = m.step(10_000, watch=[Watch("host", 64, 65)])
+    assert r.status == "watchpoint" and r.index == 2

@@ -66,8 +66,8 @@ class History:
             if r.status != "paused" or (max_cycles is not None and m.cycle >= int(max_cycles)):
                 return r
 
-    def step(self, cycles: int = 1) -> RunResult:
-        r = self.machine.step(cycles)
+    def step(self, cycles: int = 1, breakpoints=(), watch=()) -> RunResult:
+        r = self.machine.step(cycles, breakpoints, watch)
         self.record()
         return r
 

@@ -194,11 +194,12 @@ class Machine:
         stop = core.INF if max_cycles is None else int(max_cycles)
         return self._advance(stop, -1, breakpoints, watch, max_cycles=max_cycles)
 
-    def step(self, cycles: int = 1) -> RunResult:
-        """Advance exactly `cycles` cycles (less if the machine halts or faults)."""
+    def step(self, cycles: int = 1, breakpoints=(), watch=()) -> RunResult:
+        """Advance exactly `cycles` cycles (less if the machine halts or faults, or, when
+        given, at a breakpoint or watchpoint: a bounded run; "paused" at the limit)."""
         if cycles < 0:
             raise ValueError("cycles must be >= 0")
-        return self._advance(self.cycle + int(cycles), -1, (), ())
+        return self._advance(self.cycle + int(cycles), -1, breakpoints, watch)
 
     def step_instruction(self) -> RunResult:
         """Advance until the next instruction to issue has finished its stage."""
