@@ -3,12 +3,14 @@ re-assemble to the same code and machine shape."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from strategies import instructions, programs
 from tpuasm.assembler import assemble
 from tpuasm.binary import MachineShape, Program
 from tpuasm.disassembler import disassemble, format_instruction
 from tpuasm.encoding import Instruction as I
+from tpuasm.isa import ISA_TABLE
 
 
 def test_format_instruction_canonical_forms():
@@ -57,3 +59,22 @@ def test_annotate_adds_source_lines():
 def test_annotate_without_sources_is_plain():
     p = assemble("HLT\n").stripped()
     assert disassemble(p, annotate=True) == "HLT\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(instructions(), st.randoms(use_true_random=False), st.booleans())
+def test_named_operands_in_any_order_equal_positional(ins, rng, use_aliases):
+    """Write each operand as name=value (a field name or one of its aliases), shuffled."""
+    names, fields = ins.spec.layout(ins.flags)
+    text_ops = []
+    for f in fields:
+        value = ins.operands[f.name]
+        if f.kind == "reg":
+            value = ISA_TABLE.register_by_index[value].name
+        key = rng.choice(f.aliases) if use_aliases and f.aliases else f.name
+        text_ops.append(f"{key}={value}")
+    if ins.repeat > 1:
+        text_ops.append(f"repeat={ins.repeat}")
+    rng.shuffle(text_ops)
+    head = ins.key + ("." + ins.flag_letters if ins.flags else "")
+    assert assemble(f"{head} {', '.join(text_ops)}").instructions == [ins]
