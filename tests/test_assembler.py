@@ -401,3 +401,11 @@ def test_listing_shows_labels():
 def test_byte_order_mark_and_empty_source():
     assert code("\ufeffNOP\n") == [I("NOP")]
     assert code("") == []
+
+
+def test_macro_used_before_its_definition():
+    assert errors("M 1\n.macro M a\n.endm") == ["macro 'M' is used before its definition (at <input>:2:8)"]
+
+
+def test_label_must_be_a_plain_name():
+    assert errors("ub.x: NOP") == ["a label is a plain name, not 'ub.x'"]

@@ -133,6 +133,13 @@ class Encoder:
 
     def _mnemonic_error(self, st: Instr, frame, macros) -> None:
         base = st.name.partition(".")[0]
+        sp = st.span
+        macro = macros.get(base.upper())
+        if macro is not None:           # defined further down: expansion had not met it yet
+            where = f"{macro.span.file}:{macro.span.line}:{macro.span.col}"
+            self._error(Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(base)),
+                        f"macro '{macro.name}' is used before its definition (at {where})", frame)
+            return
         candidates = _MNEMONICS + [m.name for m in macros.values()]
         sp = st.span
         at = Span(sp.file, sp.line, sp.col, sp.line, sp.col + len(base))

@@ -101,6 +101,9 @@ class Symbols:
     def define_label(self, label, index: int, frame: Frame | None) -> None:
         """A label names an instruction index; it shares the namespace of .equ."""
         name = label.name
+        if "." in name:
+            self.reporter.error(label.span, f"a label is a plain name, not '{name}'", frame_notes(frame))
+            return
         old = self.labels.get(name)
         if old is None and name in self.consts:
             old = (self.consts[name].span, None)
