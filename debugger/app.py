@@ -8,6 +8,7 @@ screen and `p`/Escape interrupts it.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 from rich.markup import escape
@@ -27,6 +28,16 @@ from .session import Session
 from .source_view import SourceView
 
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
+QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
+
+
+def _quick(cmd, arg: str) -> bool:
+    """Steps of a few cycles or instructions (forward or back) take a millisecond or two;
+    everything else (continue, run, until, reverse-continue) runs in a worker."""
+    if cmd.names[0] not in ("step", "stepi", "reverse-step", "reverse-next"):
+        return False
+    arg = arg.strip()
+    return not arg or (arg.isdigit() and int(arg) <= QUICK_LIMIT)
 
 
 class HelpScreen(ModalScreen):
@@ -71,7 +82,7 @@ class DebuggerApp(App):
     #bottom { height: 2fr; }
     #source { width: 42%; border: round $primary; }
     #right { width: 58%; }
-    #pipeline { height: auto; max-height: 9; border: round $primary; }
+    #pipeline { height: 9; border: round $primary; }
     #timeline { height: 10; border: round $primary; }
     #weights { height: 1fr; min-height: 3; border: round $primary; }
     #memories { width: 60%; border: round $primary; }
@@ -109,6 +120,7 @@ class DebuggerApp(App):
         ("C", "reverse-continue to the previous breakpoint / watchpoint hit"),
         ("space (source) / F9", "toggle a breakpoint on the cursor line; click the gutter too"),
         ("up / down / j / k", "move the source cursor"),
+        ("pageup / pagedown", "move the source cursor by 20 lines"),
         ("x (memory)", "cycle the radix: hex, signed, unsigned"),
         ("w (memory)", "bytes as int8 or as int32 words"),
         ("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`"),
@@ -126,6 +138,8 @@ class DebuggerApp(App):
         self.history: list[str] = []
         self.history_pos = 0
         self.tile_shown: int | None = None
+        self._before_prompt = None          # the pane to refocus after a command line
+        self._echo = True                   # whether the running worker's command was typed
         session.on_progress = self._progress_from_worker
 
     # -- layout -------------------------------------------------------------------------------
@@ -147,7 +161,7 @@ class DebuggerApp(App):
                 yield CountersPane(s, id="counters", classes="pane-title")
                 yield RichLog(id="log", markup=True, wrap=True, max_lines=2000, classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
-                    id="command")
+                    id="command", select_on_focus=False)
         yield Footer()
 
     def _memory_source(self, memory: str):
@@ -178,14 +192,16 @@ class DebuggerApp(App):
 
     # -- running commands ----------------------------------------------------------------------
     def execute(self, line: str, echo: bool = True) -> None:
+        """Run a command line; `echo` logs it (typed commands), keys do not, so stepping
+        with keys does not flood the log: their plain "paused" results show in the status."""
         line = line.strip()
         if not line:
             return
         if echo:
             self.log_line(f"[bold]> {escape(line)}[/]")
-        word = line.split()[0]
+        word, _, arg = line.partition(" ")
         cmd = lookup("x" if word.startswith("x/") else word)
-        if cmd is not None and cmd.runs:
+        if cmd is not None and cmd.runs and not _quick(cmd, arg):
             if self.running:
                 self.log_line("[yellow]the machine is running: press p to interrupt[/]")
                 return
@@ -194,10 +210,14 @@ class DebuggerApp(App):
             for view in self.query(MemoryView):
                 view.capture()
             self._show_status(running=True)
+            self._echo = echo
             self.run_worker(lambda: self._guarded(line), thread=True, group="machine",
                             exclusive=True, exit_on_error=False, name=line)
         else:
-            self.show_result(self._guarded(line))
+            if cmd is not None and cmd.runs:
+                for view in self.query(MemoryView):
+                    view.capture()
+            self.show_result(self._guarded(line), echo)
 
     def _guarded(self, line: str) -> Result:
         """A bug anywhere below must show up in the log, not take the app down."""
@@ -212,18 +232,20 @@ class DebuggerApp(App):
             return
         if event.state == WorkerState.SUCCESS:
             self.running = False
-            self.show_result(event.worker.result)
+            self.show_result(event.worker.result, self._echo)
         elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
             self.running = False
             self.log_line(f"[red]run ended: {escape(str(event.worker.error or 'cancelled'))}[/]")
             self.refresh_all()
 
-    def show_result(self, result: Result) -> None:
+    def show_result(self, result: Result, echo: bool = True) -> None:
         for event in self.session.new_events():
             colour = "bold red" if event.kind == "fault" else "cyan"
             self.log_line(f"[{colour}]{escape(event_text(self.session, event))}[/]")
-        for line in result.lines:
-            self.log_line(line)
+        quiet = not echo and result.ok and result.stop is not None and result.stop.kind == "paused"
+        if not quiet:
+            for line in result.lines:
+                self.log_line(line)
         if result.goto is not None:
             self.go_to(result.goto)
         if result.ui and result.ui[0] == "radix":
@@ -269,7 +291,7 @@ class DebuggerApp(App):
             stop = self.session.last_stop
             if stop is not None:
                 text.append(f"  — {stop.message}", style="grey70")
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(text, layout=False)
 
     def current_memory_view(self) -> MemoryView:
         tabs = self.query_one(TabbedContent)
@@ -292,10 +314,12 @@ class DebuggerApp(App):
 
     # -- actions ----------------------------------------------------------------------------
     def action_cmd(self, line: str) -> None:
-        self.execute(line)
+        self.execute(line, echo=False)
 
     def action_prompt(self, prefix: str) -> None:
         box = self.query_one("#command", Input)
+        if self.focused is not box:
+            self._before_prompt = self.focused
         box.value = prefix
         box.cursor_position = len(prefix)
         box.focus()
@@ -305,7 +329,7 @@ class DebuggerApp(App):
             self.session.cancel.set()
             self.log_line("[yellow]interrupting...[/]")
         elif self.focused is self.query_one("#command", Input):
-            self.query_one(SourceView).focus()
+            (self._before_prompt or self.query_one(SourceView)).focus()
 
     def action_run_to_cursor(self) -> None:
         view = self.query_one(SourceView)
@@ -344,6 +368,8 @@ class DebuggerApp(App):
     def _submitted(self, event: Input.Submitted) -> None:
         line = event.value.strip()
         event.input.value = ""
+        # back to the pane the user came from, so that single keys work again
+        (self._before_prompt or self.query_one(SourceView)).focus()
         if line:
             self.history.append(line)
             self.history_pos = len(self.history)
@@ -361,28 +387,37 @@ class DebuggerApp(App):
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
-        for key, action, title, help_text in (
-                ("s", "cmd('step')", "Step one cycle", "advance the machine one clock"),
-                ("n", "cmd('next')", "Step one instruction", "until the next instruction finishes its stage"),
-                ("c", "cmd('continue')", "Continue", "run to a breakpoint, watchpoint, halt or fault"),
-                ("r", "prompt('run ')", "Run N cycles", "asks for N"),
-                ("u", "run_to_cursor", "Run to cursor", "run until the cursor line's instruction issues"),
-                ("p", "interrupt", "Interrupt", "stop a running continue"),
-                ("b", "cmd('reverse-step')", "Reverse step cycle", "back one clock (library History)"),
-                ("B", "cmd('reverse-next')", "Reverse step instruction", "back one instruction"),
-                ("C", "cmd('reverse-continue')", "Reverse continue", "back to the previous hit"),
-                ("space", "toggle_break", "Toggle breakpoint", "on the source cursor line"),
-                ("g", "prompt('goto ')", "Go to address or symbol", "in the memory views"),
-                ("x", "radix_next", "Cycle radix", "hex / signed / unsigned in the memory view"),
-                ("w", "unit_toggle", "Toggle int8 / int32", "unit of the memory view"),
-                (":", "prompt('')", "Command line", "type a debugger command"),
-                ("", "cmd('info counters')", "Info counters", "counters and Table-3 breakdown in the log"),
-                ("", "cmd('info breakpoints')", "Info breakpoints", "list breakpoints and watchpoints"),
-                ("", "cmd('restart')", "Restart", "reload program and data at cycle 0"),
-                ("", "screenshot", "Save screenshot (SVG)", "writes tpuasm-debugger.svg"),
-                ("?", "help", "Help", "every key and command")):
+        for key, callback, title, help_text in (
+                ("s", partial(self.execute, "step"), "Step one cycle", "advance the machine one clock"),
+                ("n", partial(self.execute, "next"), "Step one instruction",
+                 "until the next instruction finishes its stage"),
+                ("c", partial(self.execute, "continue"), "Continue",
+                 "run to a breakpoint, watchpoint, halt or fault"),
+                ("r", partial(self.action_prompt, "run "), "Run N cycles", "asks for N"),
+                ("u", self.action_run_to_cursor, "Run to cursor",
+                 "run until the cursor line's instruction is about to issue"),
+                ("p", self.action_interrupt, "Interrupt", "stop a running continue"),
+                ("b", partial(self.execute, "reverse-step"), "Reverse step cycle",
+                 "back one clock (the library's History)"),
+                ("B", partial(self.execute, "reverse-next"), "Reverse step instruction",
+                 "back one instruction"),
+                ("C", partial(self.execute, "reverse-continue"), "Reverse continue",
+                 "back to the previous breakpoint or watchpoint hit"),
+                ("space", self.action_toggle_break, "Toggle breakpoint", "on the source cursor line"),
+                ("g", partial(self.action_prompt, "goto "), "Go to address or symbol",
+                 "in the memory views"),
+                ("x", self.action_radix_next, "Cycle radix", "hex / signed / unsigned in the memory view"),
+                ("w", self.action_unit_toggle, "Toggle int8 / int32", "unit of the memory view"),
+                (":", partial(self.action_prompt, ""), "Command line", "type a debugger command"),
+                ("", partial(self.execute, "info counters"), "Info counters",
+                 "counters and the Table-3 breakdown in the log"),
+                ("", partial(self.execute, "info breakpoints"), "Info breakpoints",
+                 "list breakpoints and watchpoints"),
+                ("", partial(self.execute, "restart"), "Restart", "reload program and data at cycle 0"),
+                ("", self.action_screenshot, "Save screenshot (SVG)", "writes tpuasm-debugger.svg"),
+                ("?", self.action_help, "Help", "every key and command")):
             label = f"{title}  [{key}]" if key else title
-            yield SystemCommand(label, help_text, lambda a=action: self.run_action(a))
+            yield SystemCommand(label, help_text, callback)
 
     def action_radix_next(self) -> None:
         self.current_memory_view().action_cycle_radix()

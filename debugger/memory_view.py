@@ -105,7 +105,9 @@ class MemoryView(ScrollView, can_focus=True):
         rows, cols = (0, 0) if a is None else a.shape
         self._shape = (rows, cols)
         cw = cell_width(self.radix, self.bits) + 1
-        self.virtual_size = Size(self._gutter_width() + cols * cw, rows + 1)
+        size = Size(self._gutter_width() + cols * cw, rows + 1)
+        if size != self.virtual_size:           # a new size means a relayout: only when needed
+            self.virtual_size = size
         self.refresh()
 
     def _gutter_width(self) -> int:

@@ -46,7 +46,7 @@ class PipelinePane(Static):
             table.add_row(Text(st.name, style=colour), Text(f"#{st.index} {st.text}{loc}"),
                           progress, str(st.cycles_in_stage),
                           Text(st.stall, style="bold red") if st.stall else Text(""))
-        self.update(table)
+        self.update(table, layout=False)     # fixed height: no relayout per step
 
 
 class TimelinePane(Static):
@@ -127,7 +127,7 @@ class TimelinePane(Static):
         text.append("cells: instruction index; ", style="grey50")
         text.append(" red ", style="bold white on red")
         text.append(" = stalled", style="grey50")
-        self.update(text)
+        self.update(text, layout=False)
 
 
 class CountersPane(Static):
@@ -156,7 +156,7 @@ class CountersPane(Static):
             text.append(f"{v:>9,} {100 * v / cycles:5.1f}% {bar(v, cycles, 8)}\n", style=colour)
         text.append(f"RAW stall {int(c.get('raw_stall_cycles', 0)):,}  "
                     f"input stall {int(c.get('input_stall_cycles', 0)):,}", style="grey62")
-        self.update(text)
+        self.update(text, layout=False)
 
 
 class WeightsPane(Static):
@@ -174,4 +174,4 @@ class WeightsPane(Static):
         gauge = "▮" * len(fifo) + "▯" * max(depth - len(fifo), 0)
         text = Text(f"fill {gauge}\n", style="yellow")
         text.append("\n".join(lines))
-        self.update(text)
+        self.update(text, layout=False)

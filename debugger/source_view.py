@@ -37,6 +37,7 @@ _TOKEN_STYLES = [
     (String, Style(color="yellow")),
     (Operator, Style(color="white")),
 ]
+GUTTER_WIDTH = 13        # "  123 ● IMA▶ ": line number, breakpoint, stages, next arrow
 _LINE_NO = Style(color="grey50")
 _BREAK = Style(color="bright_red", bold=True)
 _BREAK_OFF = Style(color="grey50")
@@ -173,10 +174,13 @@ class SourceView(ScrollView, can_focus=True):
         self.post_message(self.ToggleBreakpoint(self.cursor_line))
 
     def on_click(self, event) -> None:
-        line = int(self.scroll_offset.y) + event.y + 1
+        offset = event.get_content_offset(self)
+        if offset is None:                      # on the border
+            return
+        line = int(self.scroll_offset.y) + offset.y + 1
         if 1 <= line <= len(self.listing.lines):
             self.cursor_line = line
-            if event.x < 8:                     # a click in the gutter toggles a breakpoint
+            if offset.x < GUTTER_WIDTH:         # a click in the gutter toggles a breakpoint
                 self.post_message(self.ToggleBreakpoint(line))
             self.refresh()
 

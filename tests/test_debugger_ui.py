@@ -1,0 +1,338 @@
+"""Pilot-driven tests of the debugger screen: every key and the command line.
+
+State is checked through the machine's API against the numpy oracle or a fresh machine.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import numpy as np
+import pytest
+
+import debugger.session
+from debugger.app import DebuggerApp, HelpScreen
+from debugger.memory_view import MemoryView
+from debugger.source_view import SourceView
+from test_debugger_engine import assert_same_state, fresh_state_at, machine_state
+from test_debugger_support import (FAULTY, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, make_session,
+                                   oracle, small_data)
+
+SIZE = (160, 48)
+
+
+def pilot_test(fn):
+    """Run an async Pilot test with asyncio (no pytest-asyncio in this project)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+async def settle(pilot):
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def keys(pilot, *names):
+    for name in names:
+        await pilot.press(name)
+        await settle(pilot)
+
+
+async def command(pilot, line):
+    """`:` then the line (set at once: typing is slow and the Input is tested elsewhere)."""
+    await keys(pilot, "colon")
+    box = pilot.app.query_one("#command")
+    box.value += line
+    await keys(pilot, "enter")
+
+
+def log_text(app) -> str:
+    """The log, with lines the pane wrapped joined again."""
+    return " ".join(" ".join(strip.text for strip in app.query_one("#log").lines).split())
+
+
+def status_text(app) -> str:
+    return str(app.query_one("#status").render())
+
+
+def line_text(view, y) -> str:
+    return view.render_line(y).text
+
+
+async def cursor_to(pilot, line):
+    view = pilot.app.query_one(SourceView)
+    view.focus()
+    delta = line - view.cursor_line
+    await keys(pilot, *(["down"] * delta if delta > 0 else ["up"] * -delta))
+    assert view.cursor_line == line
+
+
+@pilot_test
+async def test_step_keys_move_the_machine(here):
+    app = DebuggerApp(make_session(here))
+    m = app.session.machine
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert "cycle 0" in status_text(app)
+        await keys(pilot, "s", "s", "s")
+        assert m.cycle == 3 and "cycle 3" in status_text(app)
+        await keys(pilot, "n")                               # the host read finishes
+        assert m.retired(0) and m.cycle > 3
+        assert np.array_equal(m.ub[0:4].view(np.int8), small_data()[0][0:4])
+        after_n = m.cycle
+        await keys(pilot, "B")                               # back one instruction
+        assert m.cycle < after_n
+        await keys(pilot, "b")
+        assert_same_state(machine_state(m), fresh_state_at(here, m.cycle))
+
+
+@pilot_test
+async def test_breakpoint_key_and_continue(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await cursor_to(pilot, LINE_MMC1)
+        await keys(pilot, "space")
+        view = app.query_one(SourceView)
+        assert view.break_lines == {LINE_MMC1: True}
+        assert "●" in line_text(view, LINE_MMC1 - 1)
+        await keys(pilot, "c")
+        assert app.session.last_stop.kind == "breakpoint" and app.session.next_to_issue() == 4
+        assert "breakpoint 1 at #4" in log_text(app)
+        assert view.next_line == LINE_MMC1 and "▶" in line_text(view, LINE_MMC1 - 1)
+        await keys(pilot, "space")                           # toggles it off again
+        assert not app.session.breakpoints
+        await keys(pilot, "f9")
+        assert app.session.breakpoints
+
+
+@pilot_test
+async def test_conditional_breakpoint_and_ignore_count_from_the_command_line(here):
+    acc1 = oracle(*small_data())["acc1"]
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await command(pilot, f"break {LINE_MMC1} if acc[0][0] != 0")     # false: acc is zero
+        await command(pilot, f"break {LINE_MMC2} if acc[0][0] == {acc1[0][0]}")
+        await keys(pilot, "c")
+        assert app.session.last_stop.number == 2 and app.session.next_to_issue() == 6
+        assert app.session.breakpoints[1].hits == 0
+
+
+@pilot_test
+async def test_ignore_count(here, monkeypatch):
+    app = DebuggerApp(make_session(here, LONG, "long.tasm"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await command(pilot, "break 5")
+        await command(pilot, "ignore 1 2")
+        await keys(pilot, "c")
+        assert app.session.last_stop.index == 2              # crossings 0 and 1 ignored
+        assert "will ignore the next 2" in log_text(app)
+
+
+@pilot_test
+async def test_watchpoint_hit_highlights_changed_values(here):
+    want = oracle(*small_data())
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await command(pilot, "watch hidden")
+        await keys(pilot, "c")
+        stop = app.session.last_stop
+        assert stop.kind == "watchpoint" and stop.index == 5
+        assert np.array_equal(app.session.machine.ub[4:8].view(np.int8), want["hidden1"])
+        view = app.query_one("#mem-ub", MemoryView)
+        strip = view.render_line(1 + 4)                      # header line, then rows 0..
+        changed = [seg.text for seg in strip if seg.style is not None and seg.style.bgcolor
+                   and seg.style.bgcolor.name == "bright_yellow"]
+        nonzero = [v for v in want["hidden1"][0] if v != 0]
+        assert len(changed) == len(nonzero) > 0
+        assert "watchpoint 1 hidden written by #5" in log_text(app)
+
+
+@pilot_test
+async def test_reverse_step_restores_the_state_of_a_fresh_run(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await keys(pilot, "r")                                # asks for N
+        await pilot.press(*"730")
+        await keys(pilot, "enter")
+        m = app.session.machine
+        assert m.cycle == 730
+        await keys(pilot, *["b"] * 25)
+        assert m.cycle == 705
+        assert_same_state(machine_state(m), fresh_state_at(here, 705))
+        await command(pilot, f"break {LINE_MMC1}")
+        await keys(pilot, "c", "c")
+        assert m.status == "halted"
+        await keys(pilot, "C")                                # reverse-continue
+        assert app.session.next_to_issue() == 4 and m.issue_cycle(4) == -1
+
+
+@pilot_test
+async def test_radix_and_unit_switch(here):
+    host = small_data()[0]
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await keys(pilot, "n")
+        view = app.query_one("#mem-ub", MemoryView)
+        view.focus()
+        assert line_text(view, 1).split()[1:] == [f"{int(v) & 0xff:02x}" for v in host[0]]
+        await keys(pilot, "x")
+        assert view.radix == "signed"
+        assert line_text(view, 1).split()[1:] == [str(v) for v in host[0]]
+        await keys(pilot, "x")
+        assert line_text(view, 1).split()[1:] == [str(int(v) & 0xff) for v in host[0]]
+        await keys(pilot, "w")
+        assert view.unit == "int32"
+        assert line_text(view, 1).split()[1:] == [str(int(v) & 0xffffffff)
+                                                 for v in host[0].view("<i4")]
+        await keys(pilot, "x")
+        await command(pilot, "radix signed int8")
+        assert (view.radix, view.unit) == ("signed", "int8")
+
+
+@pilot_test
+async def test_go_to_address_and_symbol(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await keys(pilot, "g")
+        await pilot.press(*"acc.sums + 2")
+        await keys(pilot, "enter")
+        tabs = app.query_one("#memories")
+        assert tabs.active == "tab-acc"
+        assert app.query_one("#mem-acc", MemoryView).target_row == 2
+        await command(pilot, "goto hidden")
+        assert tabs.active == "tab-ub"
+        view = app.query_one("#mem-ub", MemoryView)
+        assert view.target_row == 4 and app.focused is view
+        await command(pilot, "goto ub[50]")
+        assert view.target_row == 50 and view.scroll_offset.y == 48
+        assert line_text(view, 3).lstrip().startswith("50:")
+        await command(pilot, "goto tile[1]")
+        assert tabs.active == "tab-tile" and app.tile_shown == 1
+        tile_view = app.query_one("#mem-tile", MemoryView)
+        w1 = small_data()[1][1]
+        assert line_text(tile_view, 1).split()[1:] == [f"{int(v) & 0xff:02x}" for v in w1[0]]
+        await command(pilot, "goto nosuch")
+        assert "unknown name" in log_text(app)
+
+
+@pilot_test
+async def test_fault_is_shown_and_the_app_survives(here):
+    app = DebuggerApp(make_session(here, FAULTY, "faulty.tasm"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await keys(pilot, "c")
+        assert app.session.machine.status == "fault"
+        assert "no weight tile resident" in log_text(app)
+        assert "fault" in status_text(app)
+        assert any("machine fault" in (n.title or "") for n in app._notifications)
+        await keys(pilot, "s", "n", "c")                     # nothing moves, nothing breaks
+        assert app.is_running and app.session.machine.status == "fault"
+        await keys(pilot, "b")
+        assert app.session.machine.status == "paused"
+
+
+@pilot_test
+async def test_run_to_cursor(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await cursor_to(pilot, LINE_MMC2)
+        await keys(pilot, "u")
+        assert app.session.next_to_issue() == 6 and app.session.machine.issue_cycle(6) == -1
+        assert not app.session.breakpoints                   # the temporary one is gone
+        await cursor_to(pilot, 3)                            # a directive: no instruction
+        await keys(pilot, "u")
+        assert "no instruction on line 3" in log_text(app)
+
+
+@pilot_test
+async def test_interrupt_a_long_run(here, monkeypatch):
+    monkeypatch.setattr(debugger.session, "CHUNK_CYCLES", 100)
+    app = DebuggerApp(make_session(here, LONG, "long.tasm"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("c")
+        await pilot.pause(0.05)
+        assert app.running and "RUNNING" in status_text(app)   # the screen is live
+        await keys(pilot, "p")
+        assert not app.running
+        assert app.session.last_stop.kind == "interrupted"
+        assert app.session.machine.status == "paused"
+        assert "interrupted at cycle" in log_text(app)
+
+
+@pilot_test
+async def test_help_lists_every_key(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await keys(pilot, "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = str(app.screen.query_one("Static").render())
+        for binding in DebuggerApp.BINDINGS:
+            for key in binding.key.split(","):
+                label = {"colon": ":", "question_mark": "?", "escape": "Escape",
+                         "f9": "F9", "tab": "tab"}.get(key, key)
+                assert label in text, key
+        for binding in SourceView.BINDINGS + MemoryView.BINDINGS:
+            assert binding.key.split(",")[0] in text, binding.key
+        assert "x/NFU ADDR" in text and "reverse-continue" in text
+        await keys(pilot, "escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pilot_test
+async def test_every_action_is_in_the_command_palette(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for want in ("Step one cycle", "Step one instruction", "Continue", "Run N cycles",
+                     "Run to cursor", "Interrupt", "Reverse step cycle", "Reverse step instruction",
+                     "Reverse continue", "Toggle breakpoint", "Go to address", "Cycle radix",
+                     "Toggle int8", "Command line", "Help", "Save screenshot"):
+            assert any(t.startswith(want) for t in titles), want
+        step = next(c for c in app.get_system_commands(app.screen) if c.title.startswith("Step one cycle"))
+        step.callback()
+        await settle(pilot)
+        assert app.session.machine.cycle == 1
+
+
+@pilot_test
+async def test_command_line_history_and_errors(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await command(pilot, "print 6 * 7")
+        await command(pilot, "frobnicate")
+        assert "6 * 7 = 42" in log_text(app) and "unknown command 'frobnicate'" in log_text(app)
+        await keys(pilot, "colon", "up", "up")
+        assert app.query_one("#command").value == "print 6 * 7"
+        await keys(pilot, "escape")
+        assert isinstance(app.focused, SourceView)
+
+
+@pilot_test
+async def test_clicking_the_gutter_toggles_a_breakpoint(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        view = app.query_one(SourceView)
+        await pilot.click(SourceView, offset=(7, LINE_RHM))   # border row, then lines 1..
+        await settle(pilot)
+        assert [bp.indices for bp in app.session.breakpoints.values()] == [(0,)]
