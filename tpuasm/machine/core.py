@@ -528,7 +528,7 @@ def run_core(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, watch,
                 stop = min(stop, e)
             continue
         if st[S_FAULT_PENDING] != 0:
-            if t_issue <= stop:
+            if t_issue <= stop and watch_hit < 0:   # a watched write first, the fault next run
                 st[S_CYCLE] = t_issue
                 st[S_STATUS] = FAULTED
                 st[S_INDEX] = st[S_FAULT_INDEX]
