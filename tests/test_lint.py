@@ -138,3 +138,67 @@ def test_a_single_nop_is_singular():
     p = program("RHM 0, 0, 1\nNOP\nWHM 0, 0, 1\nHLT\n")
     assert lint(p)[0].message.startswith("1 NOP is unnecessary: ")
     assert isinstance(lint(p)[0].location, SourceLoc)
+
+
+# ---------------------------------------------------------------- OpenTPU's hardware
+from tpuasm.lint import opentpu_hazards, render_hazards  # noqa: E402
+
+CHAIN = "RHM 0, 0, 8\nRW 0\nMMC.SO 0, 0, 8\nACT 0, 8, 8\nWHM 8, 8, 8\nHLT\n"
+
+
+def test_hazards_of_an_unpadded_chain_are_hand_computed():
+    # N = 8, one instruction per cycle: RHM@0 writes UB 0-7 until 8; RW@1 busy until 2,
+    # its tile in the array at 1 + 1 + 3 = 5; MMC@2 needs both: 8; it writes acc 0-7
+    # until 2 + 8 + 16 = 26; ACT@3 needs them: 26, writes UB 8-15 until 3 + 9 = 12;
+    # WHM@4 needs them: 12; HLT@5 must wait for the MMC (26), the longest in flight.
+    p = program(CHAIN)
+    got = [(h.index, h.waits_for, h.issue, h.ready) for h in opentpu_hazards(p)]
+    assert got == [(2, 0, 2, 8), (3, 2, 3, 26), (4, 3, 4, 12), (5, 2, 5, 26)]
+
+
+def test_exactly_enough_padding_has_no_hazards_and_one_nop_less_has_one():
+    lines = CHAIN.splitlines()
+    pads = {2: 6, 3: 23, 4: 8, 5: 7}                  # NOPs before each instruction
+    def build(pads):
+        out = []
+        for i, line in enumerate(lines):
+            out += ["NOP"] * pads.get(i, 0) + [line]
+        return "\n".join(out) + "\n"
+    assert opentpu_hazards(program(build(pads))) == []
+    for i in pads:
+        fewer = {**pads, i: pads[i] - 1}
+        hazards = opentpu_hazards(program(build(fewer)))
+        assert [h.nops for h in hazards] == [1], i
+
+
+def test_structural_and_war_hazards():
+    # the matrix unit is busy for L + 2N; an ACT may not overwrite UB rows an MMC still reads
+    p = program("RW 0\nRW 1\nNOP\nNOP\nNOP\nNOP\nMMC.SO 0, 0, 8\nMMC.S 8, 8, 8\nHLT\n")
+    (h, hlt) = opentpu_hazards(p)
+    assert (h.index, h.waits_for, h.ready) == (7, 6, 6 + 8 + 16)
+    assert "matrix unit is busy" in h.why
+    p = program("RW 0\nMMC.SO 0, 0, 8\nACT 16, 0, 8\nHLT\n")
+    tile, war, _hlt = opentpu_hazards(p)
+    assert (tile.index, tile.waits_for, tile.ready) == (1, 0, 0 + 1 + 3)
+    assert (war.index, war.waits_for, war.ready) == (2, 1, 1 + 8)   # MMC reads UB 0-7 for 8
+    assert "reads rows this overwrites" in war.why
+
+
+def test_padded_programs_are_enough_for_opentpu_and_stripped_ones_are_not():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "programs" / "opentpu"
+    for name, n in (("matmul8", 8), ("relu3_16", 16), ("sigmoid8", 8)):
+        p = assemble(root / name / f"{name}.a", config={"profile": "opentpu", "array_size": n})
+        assert opentpu_hazards(p) == [], name
+        assert len(opentpu_hazards(strip_nops(p))) >= 3, name
+
+
+def test_render_hazards():
+    p = program(CHAIN)
+    text = render_hazards(opentpu_hazards(p), p, "mult.a")
+    assert ("mult.a:3:1: warning: on OpenTPU's hardware (no interlocks) this issues at cycle 2, "
+            "6 cycles too early: `RHM 0, 0, 8` (line 1) writes rows this uses until cycle 8") in text
+    assert "= note: OpenTPU needs 6 more NOPs before it" in text
+    assert "runs until cycle 26, but OpenTPU stops at HLT at once" in text
+    assert text.rstrip().endswith("mult.a: 4 places where OpenTPU's hardware needs more NOPs")
+    assert render_hazards([], p, "x.a") == "x.a: the NOP padding is enough for OpenTPU's hardware\n"

@@ -169,3 +169,13 @@ def test_timing_option(boston, capsys):
     otpu = json.loads(Path("otpu.json").read_text())
     cycles = lambda s: s["counters"]["cycles"] if "counters" in s else s["cycles"]  # noqa: E731
     assert cycles(otpu) < cycles(tpu)          # no 700-cycle host round trips
+
+
+def test_lint_opentpu_checks_the_padding_for_opentpus_hardware(boston, capsys):
+    assert main(["lint", "--opentpu", "--matsize", "16", "boston.a"]) == 1
+    out = capsys.readouterr().out
+    assert "boston.a:6:1: warning: on OpenTPU's hardware (no interlocks) this issues at cycle 5" in out
+    assert "places where OpenTPU's hardware needs more NOPs" in out
+    Path("wide.a").write_text("RHM 0, 0, 300\nHLT\n")
+    assert main(["lint", "--opentpu", "wide.a"]) == 2
+    assert "cannot write in OpenTPU format: length 300" in capsys.readouterr().err

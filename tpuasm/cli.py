@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("program", type=Path, help="a .tasm/.a source or a binary")
     lint.add_argument("--format", choices=("tbin", "opentpu"),
                       help="read PROG as this binary format (default: by content, then extension)")
+    lint.add_argument("--opentpu", action="store_true",
+                      help="also check that the NOP padding is enough for OpenTPU's hardware, "
+                           "which has no interlocks")
     _config_option(lint)
     _profile_options(lint)
     lint.set_defaults(handler=cmd_lint)
@@ -258,9 +261,19 @@ def cmd_run(args) -> int:
 
 def cmd_lint(args) -> int:
     from .lint import lint, render
+    if args.opentpu and args.profile is None:
+        args.profile = "opentpu"           # OpenTPU's latencies depend on its array size
     program = load_program(args.program, _shape_config(args, args.program), args.format)
     findings = lint(program)
     sys.stdout.write(render(findings, program, str(args.program), color=_color(sys.stdout)))
+    if args.opentpu:
+        from .lint import opentpu_hazards, render_hazards
+        from .opentpu import to_opentpu_bytes
+        to_opentpu_bytes(program)          # an OpenTPU program at all? (errors with positions)
+        hazards = opentpu_hazards(program)
+        sys.stdout.write("\n" + render_hazards(hazards, program, str(args.program),
+                                                color=_color(sys.stdout)))
+        findings = findings + hazards
     return EXIT_FAULT if findings else EXIT_OK
 
 

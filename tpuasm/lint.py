@@ -167,6 +167,112 @@ def render(findings: list[Finding], program: Program, name: str, color: bool = F
     return "\n\n".join(blocks) + "\n"
 
 
+# ------------------------------------------------------------------ OpenTPU's hardware
+# The reverse question, for programs that must also run on OpenTPU: is the NOP padding
+# enough for a machine without interlocks?  OpenTPU issues one instruction per cycle and
+# documents each one's latency (spec/opentpu.md section 6); an instruction that issues
+# before an earlier one has finished with the rows (or tile, or unit) it needs reads
+# stale data there.  The check works at whole-instruction granularity, as OpenTPU's
+# latency table does, so it is conservative.
+@dataclass(frozen=True)
+class Hazard:
+    index: int              # the instruction that issues too early
+    waits_for: int          # the earlier instruction it must wait for
+    issue: int              # its issue cycle on OpenTPU
+    ready: int              # the first cycle it could safely issue
+    why: str                # a template: {what} is the earlier instruction, {ready} the cycle
+
+    @property
+    def nops(self) -> int:
+        return self.ready - self.issue
+
+
+def _opentpu_latency(ins: Instruction, n: int) -> int:
+    """Cycles the instruction keeps its unit busy on OpenTPU (an RW's tile then needs up
+    to 3 more cycles through the FIFO)."""
+    o = ins.operands
+    return {"RHM": lambda: o["length"], "WHM": lambda: o["length"],
+            "RW": lambda: -(-n * n // 64), "MMC": lambda: o["length"] + 2 * n,
+            "ACT": lambda: o["length"] + 1}.get(ins.key, lambda: 0)()
+
+
+_UNIT = {"RHM": "host-read", "WHM": "host-write", "RW": "weight", "MMC": "matrix",
+         "ACT": "activate"}
+
+
+def opentpu_hazards(program: Program) -> list[Hazard]:
+    """Where the program's padding is too short for OpenTPU's hardware: one Hazard per
+    early instruction (the latest-finishing conflict).  OpenTPU programs only (no repeat,
+    OpenTPU's instructions and flags; `opentpu.opentpu_errors` says what else)."""
+    n = program.shape.array_size
+    cycle = 0
+    busy: dict[str, tuple[int, int]] = {}           # unit -> (until cycle, instruction)
+    live: list[tuple[set, set, int, int, int]] = []  # (reads, writes, read end, finish, index)
+    tiles: list[tuple[int, int]] = []               # RW tiles not yet switched in: (ready, index)
+    hazards = []
+    for i, ins in enumerate(program.instructions):
+        issue = cycle
+        cycle += ins.repeat if ins.key == "NOP" else 1
+        worst = None
+
+        def need(ready, j, why):
+            nonlocal worst
+            if ready > issue and (worst is None or ready > worst[0]):
+                worst = (ready, j, why)
+
+        if ins.key == "HLT":                         # OpenTPU stops as soon as HLT decodes
+            for _r, _w, _e, finish, j in live:
+                need(finish, j, "{what} runs until cycle {ready}, but OpenTPU stops at HLT at once")
+        unit = _UNIT.get(ins.key)
+        if unit in busy:
+            need(busy[unit][0], busy[unit][1],
+                 f"OpenTPU's {unit} unit is busy with {{what}} until cycle {{ready}}")
+        foot = _footprint(ins)
+        if foot is not None:
+            reads, writes = foot
+            if "fifo" in {m for m, _, _ in reads} and tiles:
+                ready, j = tiles.pop(0)
+                need(ready, j, "the tile of {what} reaches the array at cycle {ready}")
+            for r, w, read_end, finish, j in live:
+                if _overlaps(reads, w) or _overlaps(writes, w):
+                    need(finish, j, "{what} writes rows this uses until cycle {ready}")
+                elif _overlaps(writes, r):
+                    need(read_end, j, "{what} reads rows this overwrites until cycle {ready}")
+        if worst is not None:
+            hazards.append(Hazard(i, worst[1], issue, worst[0], worst[2]))
+        latency = _opentpu_latency(ins, n)
+        if unit is not None:
+            busy[unit] = (issue + latency, i)
+        if ins.key == "RW":
+            tiles.append((issue + latency + 3, i))
+        elif foot is not None:
+            r, w = foot
+            stream = ins.operands.get("length", 0)
+            live.append(({x for x in r if x[0] != "fifo"}, w, issue + stream, issue + latency, i))
+    return hazards
+
+
+def render_hazards(hazards: list[Hazard], program: Program, name: str,
+                   color: bool = False) -> str:
+    """Compiler-style text for each hazard, then a summary line."""
+    blocks = []
+    for h in hazards:
+        why = h.why.format(what=_describe(program, h.waits_for), ready=h.ready)
+        message = (f"on OpenTPU's hardware (no interlocks) this issues at cycle {h.issue}, "
+                   f"{h.nops} cycle{'s' if h.nops > 1 else ''} too early: {why}")
+        note = f"OpenTPU needs {h.nops} more NOP{'s' if h.nops > 1 else ''} before it"
+        loc = program.locations[h.index]
+        if loc is not None:
+            blocks.append(Diagnostic(message, loc.file, loc.line, loc.col, severity="warning",
+                                     notes=(note,)).render(program.sources, color))
+        else:
+            blocks.append(f"{name}: instruction {h.index}: warning: {message} ({note})")
+    blocks.append(f"{name}: {len(hazards)} place{'s' if len(hazards) != 1 else ''} where "
+                  "OpenTPU's hardware needs more NOPs" if hazards
+                  else f"{name}: the NOP padding is enough for OpenTPU's hardware")
+    return "\n\n".join(blocks) + "\n"
+
+
 # ------------------------------------------------------------------ the transform
 def strip_nops(program: Program) -> Program:
     """The same program without NOPs: code, locations and label symbols follow along.
