@@ -12,10 +12,14 @@ cleverness.  Each function below cites the section of spec/isa.md it implements.
 
 Faults (section 7): a faulting instruction has no effect and everything before it has
 completed.  Every check of an instruction (all iterations) runs before any of its effects.
-When one instruction could fault in several ways, the kinds are checked in this order:
-invalid_instruction, config, shape, address (spec/isa.md section 7 up to here), then the
-weight faults no_tile, weight_width and deadlock (the spec does not place these; our reading).
-The address a fault names is the first out-of-range row in execution order (section 7).
+When one instruction could fault in several ways, the kinds are checked in the order of
+section 7: config, shape, address, then the weight faults no_tile, weight_width and deadlock
+(an instruction that does not round-trip through its encoding, or breaks an exclusive flag
+group such as ACT.RQ, is `invalid_instruction` before anything else).  The address a fault
+names is the first out-of-range row in execution order (section 7).
+
+Profiles: "tpu" (spec/isa.md) and "opentpu", whose Activate is R, Q or nothing followed by
+the low 8 bits (spec/opentpu.md section 4); ACT.T/M/A under "opentpu" are not modelled.
 
 Weights without timing: the model keeps one queue of the tiles fetched by Read_Weights and
 not yet consumed by a switch (the Weight FIFO and the shadow buffer together), plus the
@@ -23,6 +27,7 @@ active weights.  The deadlock rules of sections 5.3 and 5.4 are rules about that
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -503,9 +508,11 @@ def _validate(ins: Instruction) -> None:
 
 
 def _as_bytes(data, row_shape: tuple[int, ...], name: str, empty: tuple[int, ...]) -> np.ndarray:
-    """A private uint8 copy of a host or weight image (int8 or uint8)."""
+    """A private uint8 copy of a host or weight image (int8 or uint8 array, or a .npy path)."""
     if data is None:
         return np.zeros(empty, dtype=np.uint8)
+    if isinstance(data, (str, os.PathLike)):
+        data = np.load(data, allow_pickle=False)
     data = np.asarray(data)
     if data.dtype not in (np.int8, np.uint8):
         raise ValueError(f"{name}: dtype {data.dtype}, expected int8 or uint8")
