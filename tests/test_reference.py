@@ -704,3 +704,17 @@ def test_opentpu_sigmoid_steps():
     assert [opentpu_sigmoid(x) for x in (-7, -6, -5, -1, 0, 1, 5, 6, 36, 37, 2 ** 31 - 1)] == \
         [0, 0, 1, 68, 127, 186, 253, 254, 254, 255, 255]
     assert opentpu_sigmoid(-2 ** 31) == 255
+
+
+def test_npy_paths_and_max_instructions(tmp_path):
+    host = numbered_host(4)
+    np.save(tmp_path / "host.npy", host)
+    np.save(tmp_path / "weights.npy", EYE[None])
+    prog = Program([I("RHM", host=1, ub=0, length=1), I("RW", tile=0),
+                    I("MMC", "S", ub=0, acc=0, length=1)], SHAPE)
+    r = run_reference(prog, str(tmp_path / "host.npy"), tmp_path / "weights.npy")
+    assert r.acc[0].tolist() == [10, 11, 12, 13]
+    # max_instructions 2: RHM and RW ran, the MMC did not; no fault.
+    r = run_reference(prog, host, EYE[None], max_instructions=2)
+    assert r.executed == 2 and r.next_index == 2 and r.fault_kind is None
+    assert r.acc.sum() == 0 and r.fifo == [0]
