@@ -174,7 +174,8 @@ def test_timing_option(boston, capsys):
 def test_lint_opentpu_checks_the_padding_for_opentpus_hardware(boston, capsys):
     assert main(["lint", "--opentpu", "--matsize", "16", "boston.a"]) == 1
     out = capsys.readouterr().out
-    assert "boston.a:6:1: warning: on OpenTPU's hardware (no interlocks) this issues at cycle 5" in out
+    assert ("boston.a:8:1: warning: on OpenTPU's hardware (no interlocks) this issues at cycle 5, "
+            "5 cycles too early: `RHM 0, 0, 10` (line 3) writes rows this uses until cycle 10") in out
     assert "places where OpenTPU's hardware needs more NOPs" in out
     Path("wide.a").write_text("RHM 0, 0, 300\nHLT\n")
     assert main(["lint", "--opentpu", "wide.a"]) == 2
