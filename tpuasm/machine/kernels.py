@@ -103,7 +103,7 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
         options=np.array([1 if use_blas else 0, chunk], np.int64),
-        row_buf=np.zeros(n, np.int64))
+        row_buf=np.zeros((2, n), np.int64))
 
 
 def invalidate_weight_cache(scratch: Scratch) -> None:
@@ -619,26 +619,32 @@ def _to_q8(x, frac):
 
 
 @njit(cache=True)
-def _function(x, fn, frac):
+def _function_row(src, fn, frac, out):
+    """out[j] = function(src[j]) in int64; one loop per function so each vectorizes (the
+    table lookups gather)."""
+    n = out.shape[0]
     if fn == _FN_RELU:
-        return max(x, 0)
-    if fn == _FN_SIGMOID:
-        return SIGMOID_TABLE[_to_q8(x, frac) - T_MIN]
-    if fn == _FN_TANH:
-        return TANH_TABLE[_to_q8(x, frac) - T_MIN]
-    return x
+        for j in range(n):
+            out[j] = max(np.int64(src[j]), 0)
+    elif fn == _FN_SIGMOID:
+        for j in range(n):
+            out[j] = SIGMOID_TABLE[_to_q8(np.int64(src[j]), frac) - T_MIN]
+    elif fn == _FN_TANH:
+        for j in range(n):
+            out[j] = TANH_TABLE[_to_q8(np.int64(src[j]), frac) - T_MIN]
+    else:
+        for j in range(n):
+            out[j] = src[j]
 
 
 @njit(cache=True)
-def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf):
-    """buf[n] = the pooled function value of output vector o (int64, exact)."""
-    n = buf.shape[0]
+def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf, tmp):
+    """buf = the pooled function values of output vector o (int64, exact); tmp is a second
+    row buffer for the window's other rows."""
     if pool == _POOL_NONE:
-        src = acc[a0 + o]
-        for j in range(n):
-            buf[j] = _function(np.int64(src[j]), fn, frac)
+        _function_row(acc[a0 + o], fn, frac, buf)
         return
-    first = True
+    n = buf.shape[0]
     if pool_width == 0:
         rows, cols, start, width = 1, k, a0 + o * k, 0
     else:
@@ -646,19 +652,18 @@ def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf):
         oy = o // out_w
         ox = o - oy * out_w
         rows, cols, start, width = k, k, a0 + oy * k * pool_width + ox * k, pool_width
+    _function_row(acc[start], fn, frac, buf)
     for dy in range(rows):
         for dx in range(cols):
-            src = acc[start + dy * width + dx]
-            if first:
+            if dy == 0 and dx == 0:
+                continue
+            _function_row(acc[start + dy * width + dx], fn, frac, tmp)
+            if pool == _POOL_MAX:
                 for j in range(n):
-                    buf[j] = _function(np.int64(src[j]), fn, frac)
-                first = False
-            elif pool == _POOL_MAX:
-                for j in range(n):
-                    buf[j] = max(buf[j], _function(np.int64(src[j]), fn, frac))
+                    buf[j] = max(buf[j], tmp[j])
             else:
                 for j in range(n):
-                    buf[j] += _function(np.int64(src[j]), fn, frac)
+                    buf[j] += tmp[j]
     if pool == _POOL_AVG:
         count = rows * cols
         half = count // 2
@@ -668,24 +673,27 @@ def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf):
 
 @njit(cache=True)
 def _requantize_store(buf, ub, u, mult, shift, zero, out_kind):
-    """Requantize buf (int64) and write it as `out_kind` at UB row u (u, u+1 for int16)."""
+    """Requantize buf (int64) and write it as `out_kind` at UB row u (u, u+1 for int16).
+    With shift = 0 the rounding term is 0 and `>> 0` is the identity, so one formula
+    serves both cases; |x * mult| <= 2^62 leaves room for the rounding term in int64."""
     n = buf.shape[0]
     rounding = (np.int64(1) << (shift - 1)) if shift > 0 else np.int64(0)
-    for j in range(n):
-        y = buf[j] * mult
-        if shift > 0:
-            y = (y + rounding) >> shift
-        y += zero
-        if out_kind == ACT_OUT_INT8:
+    if out_kind == ACT_OUT_INT8:
+        for j in range(n):
+            y = ((buf[j] * mult + rounding) >> shift) + zero
             ub[u, j] = min(max(y, -128), 127) & 0xFF
-        elif out_kind == ACT_OUT_UINT8:
+    elif out_kind == ACT_OUT_UINT8:
+        for j in range(n):
+            y = ((buf[j] * mult + rounding) >> shift) + zero
             ub[u, j] = min(max(y, 0), 255)
-        elif out_kind == ACT_OUT_INT16:
-            y = min(max(y, -32768), 32767)
+    elif out_kind == ACT_OUT_INT16:
+        for j in range(n):
+            y = min(max(((buf[j] * mult + rounding) >> shift) + zero, -32768), 32767)
             ub[u, j] = y & 0xFF
             ub[u + 1, j] = (y >> 8) & 0xFF
-        else:
-            ub[u, j] = y & 0xFF
+    else:
+        for j in range(n):
+            ub[u, j] = (((buf[j] * mult + rounding) >> shift) + zero) & 0xFF
 
 
 @njit(cache=True)
@@ -713,8 +721,8 @@ def _execute_act(row, regs, acc, ub, buf):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(out_rows):
-            _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf)
-            _requantize_store(buf, ub, u0 + per * o, mult, shift, zero, out_kind)
+            _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf[0], buf[1])
+            _requantize_store(buf[0], ub, u0 + per * o, mult, shift, zero, out_kind)
 
 
 # ----------------------------------------------------------------------------- dispatch
