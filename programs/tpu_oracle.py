@@ -124,6 +124,15 @@ def max_pool_2d(x: np.ndarray, width: int, k: int) -> np.ndarray:
     return img.max(axis=(1, 3)).reshape(-1, n)
 
 
+def avg_pool_2d(x: np.ndarray, width: int, k: int) -> np.ndarray:
+    """Average of k x k windows, rounded as spec/isa.md 5.5: floor((sum + count // 2) / count)."""
+    rows, n = x.shape
+    h = rows // width
+    total = np.asarray(x, np.int64).reshape(h // k, k, width // k, k, n).sum(axis=(1, 3))
+    count = k * k
+    return ((total + count // 2) // count).reshape(-1, n)
+
+
 def requantize(x: np.ndarray, mult: int = 1, shift: int = 0, zero: int = 0,
                out: str = "int8") -> np.ndarray:
     """y = x * mult; rounding arithmetic shift (half up); + zero; saturate to the output type."""

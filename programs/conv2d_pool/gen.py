@@ -1,8 +1,9 @@
 """Data for conv2d_pool: a 32 x 32 image of 128 channels, a 3x3 kernel to 256 channels.
 
 Expected output from the independent numpy model (programs/tpu_oracle.py): a direct
-convolution over the zero-padded image (tap by tap, no im2col), ReLU, 2x2 max
-pooling, then the rounding shift and int8 saturation.
+convolution over the zero-padded image (tap by tap, no im2col), ReLU, 2x2 max and
+average pooling (and conv2d_pool_fifo8's 1-D max pool of 4 rows), then the rounding
+shift and int8 saturation.
 Usage: python gen.py [OUT_DIR]   (default: ./data)
 """
 import sys
@@ -37,13 +38,15 @@ def generate(out_dir):
     kernel = np.zeros((3, 3, o.N, o.N), dtype=np.int8)
     kernel[:, :, :C_IN, :C_OUT] = o.random_int8(g, (3, 3, C_IN, C_OUT))
     acc = o.wrap_int32(conv3x3(img, kernel)).reshape(h * w, o.N)
-    pooled = o.max_pool_2d(np.maximum(acc, 0), width=w, k=2)
-    y = o.requantize(pooled, shift=c["SHIFT"])
+    relu = np.maximum(acc, 0)
+    y = o.requantize(o.max_pool_2d(relu, width=w, k=2), shift=c["SHIFT"])
+    y_avg = o.requantize(o.avg_pool_2d(relu, width=w, k=2), shift=c["SHIFT"])
+    y_1d = o.requantize(acc.reshape(-1, 4, o.N).max(axis=1), shift=c["SHIFT"])  # fifo8 variant
     rows = img.reshape(-1, o.N)
     o.save(out_dir,
-           host=o.host_image(len(rows) + len(y), img=(0, rows)),
+           host=o.host_image(len(rows) + 3 * len(y), img=(0, rows)),
            weights=kernel.reshape(9, o.N, o.N),
-           y=y)
+           y=y, y_avg=y_avg, y_1d=y_1d)
 
 
 if __name__ == "__main__":
