@@ -180,3 +180,11 @@ def test_lint_opentpu_checks_the_padding_for_opentpus_hardware(boston, capsys):
     Path("wide.a").write_text("RHM 0, 0, 300\nHLT\n")
     assert main(["lint", "--opentpu", "wide.a"]) == 2
     assert "cannot write in OpenTPU format: length 300" in capsys.readouterr().err
+
+
+def test_asm_opentpu_listing_shows_the_14_byte_words(boston):
+    assert main(["asm", "boston.a", "--format", "opentpu", "--listing", "boston.lst"]) == 0
+    lines = Path("boston.lst").read_text().splitlines()
+    assert len(lines) == 1 + 22
+    assert lines[1].startswith("     0  00000000  06 00 0a" + " 00" * 11 + "  boston.a:3  RHM 0, 0, 10")
+    assert lines[6].startswith("     5  00000046  03 05 0a") and "boston.a:8  MMC.SO 0, 0, 10" in lines[6]

@@ -219,17 +219,19 @@ def cmd_asm(args) -> int:
         program = strip_nops(program)
     if args.format == "opentpu" or (args.format is None and args.output is not None
                                     and args.output.suffix == ".out"):
-        from .opentpu import EXTENSION, WORD_BYTES, to_opentpu_bytes
+        from .opentpu import EXTENSION, WORD_BYTES, opentpu_listing, to_opentpu_bytes
         out = args.output or args.source.with_suffix(EXTENSION)
         data = to_opentpu_bytes(program)
         count = len(data) // WORD_BYTES
+        make_listing = opentpu_listing          # the listing of the bytes written
     else:
         out = args.output or args.source.with_suffix(".tbin")
         data = (program.stripped() if args.no_debug else program).to_bytes()
         count = len(program)
+        make_listing = listing
     _write(out, data)
     if args.listing:
-        _write(args.listing, listing(program).encode())
+        _write(args.listing, make_listing(program).encode())
     if args.symbols:
         _write(args.symbols, symbol_map(program).encode())
     print(f"{out}: {count} instructions, {len(data)} bytes", file=sys.stderr)

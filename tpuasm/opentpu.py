@@ -257,6 +257,26 @@ def to_opentpu_source(program: Program) -> str:
     return "\n".join(lines) + "\n"
 
 
+def opentpu_listing(program: Program) -> str:
+    """Like `tpuasm asm --listing`, for the OpenTPU binary: one line per 14-byte word
+    (index, byte address, the bytes in hex, the source line)."""
+    to_opentpu_bytes(program)                   # raises with positions if it does not fit
+    lines_of = {name: text.splitlines() for name, text in program.sources.items()}
+    out = [f"{'index':>6}  {'addr':>8}  {'bytes':<{WORD_BYTES * 3 - 1}}  source"]
+    k = 0
+    for ins, loc in zip(program.instructions, program.locations):
+        text = ""
+        if loc is not None:
+            src = lines_of.get(loc.file)
+            line = src[loc.line - 1].strip() if src and 1 <= loc.line <= len(src) else ""
+            text = f"{loc.file}:{loc.line}  {line}"
+        word = " ".join(f"{b:02x}" for b in _word(ins))
+        for _ in range(ins.repeat if ins.key == "NOP" else 1):
+            out.append(f"{k:>6}  {k * WORD_BYTES:08x}  {word}  {text}".rstrip())
+            k += 1
+    return "\n".join(out) + "\n"
+
+
 # ------------------------------------------------------------------ Activate
 # int(255 / (1 + exp(-x))) as OpenTPU computes it (Python floats, float64), for integer x:
 # (first x, value) at each step; below the first step the value is 0.  Derivation and
