@@ -30,6 +30,7 @@ def generate(out_dir):
     x = g.integers(-32768, 32768, size=(b, o.N)).astype(np.int16)
     w0 = o.random_int8(g, (o.N, o.N))
     w1 = g.integers(0, 256, size=(o.N, o.N)).astype(np.uint8)
+    w16 = g.integers(-32768, 32768, size=(o.N, o.N)).astype(np.int16)
     # Vectors 0..7 at full scale against matching weight columns: 4 x 256 x 32767 x 127
     # is about 4.3e9, so these sums wrap around int32 (once or twice).
     x[:8] = np.where(g.integers(0, 2, size=(8, o.N)) == 1, 32767, -32768)
@@ -37,13 +38,18 @@ def generate(out_dir):
     one = o.matmul(x, w0)                      # exact: |one| < 2^31 for a single pass
     s = o.wrap_int32(reps * one)
     u = o.matmul(x, w1)
+    # 16 x 16 bits: |x @ w16| < 256 * 2^30, exact in float64, then wrapped to int32.
+    v = o.wrap_int32(np.rint(x.astype(np.float64) @ w16.astype(np.float64)).astype(np.int64))
+    w16_lo = (w16.astype(np.int64) & 0xFF).astype(np.uint8).view(np.int8)
+    w16_hi = (w16.astype(np.int64) >> 8).astype(np.int8)
     y16 = np.clip((u + (1 << 15)) >> 16, -32768, 32767).astype(np.int16)
     rows_x = split16(x)
     o.save(out_dir,
            host=o.host_image(5 * b, x=(0, rows_x)),
-           weights=np.stack([w0, w1.view(np.int8)]),
+           weights=np.stack([w0, w1.view(np.int8), w16_lo, w16_hi]),
            s=s.astype(np.int32),
            u=o.wrap_int32(u).astype(np.int32),
+           v=v.astype(np.int32),
            y=o.requantize(s),
            y16=split16(y16))
 
