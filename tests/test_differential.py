@@ -185,6 +185,29 @@ def test_emulator_matches_reference_under_the_opentpu_profile():
     assert count >= OPENTPU_EXAMPLES
 
 
+def test_opentpu_activate_minimal():
+    # The smallest program of the disagreement found first (spec/opentpu.md section 4):
+    #   .config array_size=4, profile=opentpu
+    #   RHM 0, 0, 1       ; x = [100, -1, 3, 0]
+    #   RW 0              ; tile 0 = 2I
+    #   MMC.SO 0, 0, 1    ; acc 0 = [200, -2, 6, 0]
+    #   ACT 0, 1, 1       ; low 8 bits, no saturation: [200, 254, 6, 0]
+    #   ACT.Q 0, 2, 1     ; int(255 / (1 + e^-x)): [255, 30, 254, 127]
+    from program_strategies import Case, ins
+    from tpuasm.binary import MachineShape, Program
+    shape = MachineShape(array_size=4, ub_rows=8, acc_rows=8, fifo_depth=2, profile="opentpu")
+    program = Program([ins("RHM", host=0, ub=0, length=1), ins("RW", tile=0),
+                       ins("MMC", "SO", ub=0, acc=0, length=1),
+                       ins("ACT", acc=0, ub=1, length=1), ins("ACT", "Q", acc=0, ub=2, length=1)],
+                      shape)
+    host = np.array([[100, -1, 3, 0]], dtype=np.int8)
+    weights = (2 * np.eye(4, dtype=np.int8))[None]
+    ref = run_reference(program, host, weights)
+    assert ref.ub[1:3].tolist() == [[200, 254, 6, 0], [255, 30, 254, 127]]
+    problems, _ = compare(Case(program, host, weights, None))
+    assert not problems, "\n".join(problems)
+
+
 def test_shape_is_small():
     # The machine the random programs run on (keeps the test fast).
     assert (SHAPE.array_size, SHAPE.ub_rows, SHAPE.acc_rows, SHAPE.fifo_depth) == (8, 64, 32, 4)
