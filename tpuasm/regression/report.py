@@ -32,12 +32,13 @@ def summary_table(results: list[Result]):
     table.add_column("program")
     table.add_column("result")
     table.add_column("cycles", justify="right")
+    table.add_column("bound", justify="right")
     table.add_column("wall", justify="right")
     style = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "error": "[red]ERROR[/]"}
     for r in results:
         cycles = f"{r.cycles:,}" if r.cycles is not None else (
             "asm error" if r.status == "assembly_error" else "-")
-        table.add_row(r.name, style[r.outcome], cycles, f"{r.wall:.2f} s")
+        table.add_row(r.name, style[r.outcome], cycles, r.bound, f"{r.wall:.2f} s")
     return table
 
 

@@ -30,6 +30,7 @@ class Result:
     outcome: str = "pass"           # "pass", "fail" or "error" (could not run at all)
     failures: list[str] = field(default_factory=list)
     cycles: int | None = None
+    bound: str = ""                 # the manifest's cycle bound, for the summary
     counters: dict[str, int] = field(default_factory=dict)
     status: str | None = None       # machine status, or "assembly_error"
     fault: str | None = None        # str(MachineFault) when one happened
@@ -58,6 +59,7 @@ def run_manifest(manifest: Manifest, *, check_golden: bool = True,
                  keep_data: Path | None = None) -> Result:
     """Run one regression program.  `keep_data`: generate into this directory and keep it."""
     result = Result(manifest.name, str(manifest.path))
+    result.bound = str(manifest.cycles) if manifest.cycles is not None else ""
     start = time.perf_counter()
     tmp = None
     try:
