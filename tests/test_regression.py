@@ -307,6 +307,14 @@ def test_missing_expected_file_is_an_error(tmp_path):
     assert result.outcome == "error" and "file not found" in result.failures[0]
 
 
+def test_generator_failure_is_an_error(tmp_path):
+    d = make_program(tmp_path, "gen_bug")
+    (d / "gen.py").write_text("def generate(out_dir):\n    raise ValueError('no data today')\n")
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "error"
+    assert "gen.py: the data generator failed: ValueError: no data today" in result.failures[0]
+
+
 def test_expected_assembly_error(tmp_path):
     d = tmp_path / "asm"
     d.mkdir()

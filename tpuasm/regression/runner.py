@@ -93,7 +93,12 @@ def _run(m: Manifest, result: Result, check_golden: bool, data_dir: Path | None)
     if program is None:
         return
     if m.generator is not None:
-        _timed(result, "generate", generate, m.generator, data_dir)
+        try:
+            _timed(result, "generate", generate, m.generator, data_dir)
+        except Exception as e:      # the generator's own bug: show its traceback
+            result.error(f"{m.generator}: the data generator failed: {type(e).__name__}: {e}\n"
+                         f"{traceback.format_exc()}")
+            raise _Stop from None
     host, weights = _data_images(m, program, data_dir, result)
 
     try:
