@@ -217,7 +217,7 @@ HLT_WORD = word("07 00 00 00 00 00 00 00 00 00 00 00 00 00")
     (word("04 18 01 00 00 00 00 00 00 00 00 00 00 00"), "both ReLU (R) and sigmoid (Q)"),
     (word("00 00 05 00 00 00 00 00 00 00 00 00 00 00"), "NOP: its unused length field is 5"),
     (word("02 00 00 00 00 00 00 00 00 00 00 00 00 01"), "RW: its unused ub field is 1"),
-    (word("06 00 00 00 00 00 00 00 00 00 00 00 00 00"), "RHM: length 0 out of range 1.."),
+    (word("06 00 00 00 00 00 00 00 00 00 00 00 00 00"), "RHM: length 0 (an OpenTPU length is 1..255)"),
     (word("06 00 01 00 00 00 01 00 00 00 00 00 00 00"), "RHM: host 4294967296 out of range"),
     (word("03 00 01 00 00 00 00 00 01 00 00 00 00 00"), "MMC: acc 65536 out of range"),
 ])

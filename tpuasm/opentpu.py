@@ -181,6 +181,8 @@ def _decode_word(word: bytes, index: int) -> Instruction:
                 _fail(index, f"{key}: its unused {slot} field is {values[slot]}, not 0 "
                              "(is this really an OpenTPU binary?)")
             continue
+        if slot == "length" and values[slot] == 0:
+            _fail(index, f"{key}: length 0 (an OpenTPU length is 1..{MAX_LENGTH})")
         field = next(f for f in spec.fields if f.name == name)
         if not field.min <= values[slot] <= field.max:
             _fail(index, f"{key}: {name} {values[slot]} out of range {field.min}..{field.max}")
