@@ -23,7 +23,7 @@ from textual.worker import Worker, WorkerState
 
 from .commands import COMMANDS, Engine, Result, event_text, lookup
 from .memory_view import MemoryView
-from .panes import CountersPane, PipelinePane, TimelinePane, WeightsPane
+from .panes import CountersPane, PipelinePane, TimelinePane
 from .session import Session
 from .source_view import SourceView
 
@@ -82,9 +82,8 @@ class DebuggerApp(App):
     #bottom { height: 2fr; }
     #source { width: 42%; border: round $primary; }
     #right { width: 58%; }
-    #pipeline { height: 9; border: round $primary; }
+    #pipeline { height: 1fr; min-height: 9; border: round $primary; }
     #timeline { height: 10; border: round $primary; }
-    #weights { height: 1fr; min-height: 3; border: round $primary; }
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
     #counters { height: 9; border: round $primary; }
@@ -151,7 +150,6 @@ class DebuggerApp(App):
             with Vertical(id="right"):
                 yield PipelinePane(s, id="pipeline", classes="pane-title")
                 yield TimelinePane(s, id="timeline", classes="pane-title")
-                yield WeightsPane(s, id="weights", classes="pane-title")
         with Horizontal(id="bottom"):
             with TabbedContent(id="memories", classes="pane-title"):
                 for memory, title in MEMORY_TABS:
@@ -159,7 +157,8 @@ class DebuggerApp(App):
                         yield MemoryView(memory, self._memory_source(memory), id=f"mem-{memory}")
             with Vertical(id="side"):
                 yield CountersPane(s, id="counters", classes="pane-title")
-                yield RichLog(id="log", markup=True, wrap=True, max_lines=2000, classes="pane-title")
+                yield RichLog(id="log", markup=True, wrap=True, min_width=20, max_lines=2000,
+                              classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
                     id="command", select_on_focus=False)
         yield Footer()
@@ -179,9 +178,10 @@ class DebuggerApp(App):
         return lambda: getattr(m, memory)
 
     def on_mount(self) -> None:
-        titles = {"source": f"source  {self.session.source_name or ''}", "pipeline": "pipeline",
+        titles = {"source": f"source  {self.session.source_name or ''}",
+                  "pipeline": "pipeline and weights",
                   "timeline": "timeline", "log": "log", "memories": "memories",
-                  "counters": "counters", "weights": "weights"}
+                  "counters": "counters"}
         for wid, title in titles.items():
             self.query_one(f"#{wid}").border_title = title
         self.query_one(SourceView).focus()
@@ -271,7 +271,6 @@ class DebuggerApp(App):
         self.query_one(PipelinePane).update_state()
         self.query_one(TimelinePane).update_state()
         self.query_one(CountersPane).update_state()
-        self.query_one(WeightsPane).update_state()
         for view in self.query(MemoryView):
             view.update_data()
         self._show_status()

@@ -1,11 +1,11 @@
 """Small panes that are redrawn whole after each step: pipeline, timeline, counters, weights."""
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from .commands import weight_lines
 
 PIPE_STAGES = ("input", "matrix", "activate", "output", "weights")
 TIMELINE_ROWS = ("front", "input", "matrix", "activate", "output", "weights")
@@ -32,21 +32,21 @@ class PipelinePane(Static):
         table = Table(box=None, expand=True, padding=(0, 1), show_edge=False)
         table.add_column("stage", style="bold", no_wrap=True, width=8)
         table.add_column("instruction", no_wrap=True, ratio=3, overflow="ellipsis")
-        table.add_column("progress", no_wrap=True, ratio=3)
+        table.add_column("progress", no_wrap=True, width=14, overflow="ellipsis")
         table.add_column("cyc", justify="right", no_wrap=True)
-        table.add_column("stall", ratio=4, overflow="fold")
+        table.add_column("stall", ratio=6, overflow="fold")
         for st in self.session.machine.pipeline():
             colour = _STAGE_COLOURS.get(st.name, "white")
             if st.index is None:
                 table.add_row(Text(st.name, style=colour), Text("idle", style="grey50"), "", "",
                               Text(st.stall or "", style="red"))
                 continue
-            loc = f" {st.location.file.rsplit('/', 1)[-1]}:{st.location.line}" if st.location else ""
-            progress = f"{st.progress}/{st.total} {st.unit} {bar(st.progress, st.total)}" if st.total else ""
-            table.add_row(Text(st.name, style=colour), Text(f"#{st.index} {st.text}{loc}"),
+            line = f" :{st.location.line}" if st.location else ""
+            progress = f"{st.progress}/{st.total} {st.unit}" if st.total else ""
+            table.add_row(Text(st.name, style=colour), Text(f"#{st.index} {st.text}{line}"),
                           progress, str(st.cycles_in_stage),
                           Text(st.stall, style="bold red") if st.stall else Text(""))
-        self.update(table, layout=False)     # fixed height: no relayout per step
+        self.update(Group(table, weights_text(self.session.machine)), layout=False)
 
 
 class TimelinePane(Static):
@@ -58,6 +58,9 @@ class TimelinePane(Static):
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
+
+    def on_resize(self) -> None:
+        self.update_state()             # the number of cycles shown follows the width
 
     def update_state(self) -> None:
         s = self.session
@@ -159,19 +162,22 @@ class CountersPane(Static):
         self.update(text, layout=False)
 
 
-class WeightsPane(Static):
+def weights_text(m) -> Text:
     """Weight FIFO fill level, the shadow tile being shifted in, the active tile(s)."""
-
-    def __init__(self, session, **kwargs):
-        super().__init__(**kwargs)
-        self.session = session
-
-    def update_state(self) -> None:
-        m = self.session.machine
-        lines = weight_lines(m)
-        fifo = m.fifo()
-        depth = m.config.fifo_depth
-        gauge = "▮" * len(fifo) + "▯" * max(depth - len(fifo), 0)
-        text = Text(f"fill {gauge}\n", style="yellow")
-        text.append("\n".join(lines))
-        self.update(text, layout=False)
+    fifo = m.fifo()
+    depth = m.config.fifo_depth
+    text = Text("\n")
+    text.append("weight FIFO ", style="bold yellow")
+    text.append("▮" * len(fifo) + "▯" * max(depth - len(fifo), 0) + f" {len(fifo)}/{depth}  ",
+                style="yellow")
+    for e in fifo:
+        pct = 100 * e.done // e.total if e.total else 100
+        text.append(f"[tile {e.tile} {e.state} {pct}%] ", style="yellow" if e.state == "ready" else "grey70")
+    sh = m.shadow()
+    text.append("\nshadow ", style="bold yellow")
+    text.append("empty" if sh is None else f"tile {sh.tile} {sh.state} {sh.done}/{sh.total} cycles")
+    act = m.active()
+    text.append("   active ", style="bold yellow")
+    text.append("none" if act is None else
+                "tile " + ", ".join(str(t) for t in act.tiles) + (" (16-bit)" if act.wide else ""))
+    return text

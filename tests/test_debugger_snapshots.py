@@ -1,0 +1,48 @@
+"""SVG snapshots of the main screen (pytest-textual-snapshot): after load, mid-run with
+stalls in the pipeline, and after a fault.  Update with `pytest --snapshot-update` after
+checking the new pictures by eye."""
+from __future__ import annotations
+
+import pytest
+
+from debugger.app import DebuggerApp
+from test_debugger_support import FAULTY, LINE_MMC1, make_session
+
+SIZE = (160, 48)
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def commands(*lines):
+    """A run_before callback that types command lines and waits for the machine."""
+    async def run_before(pilot):
+        await pilot.pause()
+        for line in lines:
+            pilot.app.execute(line)
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+    return run_before
+
+
+def test_after_load(here, snap_compare):
+    assert snap_compare(DebuggerApp(make_session(here)), terminal_size=SIZE,
+                        run_before=commands())
+
+
+def test_mid_run_with_a_stall(here, snap_compare):
+    app = DebuggerApp(make_session(here))
+    assert snap_compare(app, terminal_size=SIZE,
+                        run_before=commands(f"break {LINE_MMC1}", "continue", "step 3",
+                                            "goto hidden"))
+    stalls = [st.stall for st in app.session.machine.pipeline() if st.stall]
+    assert stalls, "the picture is meant to show a stall"
+
+
+def test_after_a_fault(here, snap_compare):
+    app = DebuggerApp(make_session(here, FAULTY, "faulty.tasm"))
+    assert snap_compare(app, terminal_size=SIZE, run_before=commands("continue"))
+    assert app.session.machine.status == "fault"
