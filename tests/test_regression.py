@@ -420,3 +420,43 @@ def test_plugin_import_is_cheap():
             "'tpuasm.assembler', 'tpuasm.regression.runner')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- the program library
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+LIBRARY = ["matmul_single", "matmul_tiled", "mlp3_relu", "sigmoid_tanh", "conv2d_pool",
+           "conv2d_pool_fifo8", "strided_dma", "double_buffer", "double_buffer_serial",
+           "lstm1_600x600", "mlp0", "wide_wrap"]
+
+
+@pytest.mark.parametrize("name", LIBRARY)
+def test_library_program_is_complete(name):
+    folder = PROGRAMS / name
+    for f in (f"{name}.tasm", "gen.py", "test.toml", "README.md"):
+        assert (folder / f).is_file(), f"{name}: missing {f}"
+    m = load_manifest(folder / "test.toml")
+    assert m.generator is not None and m.rows and m.cycles is not None, name
+
+
+def test_oracles_never_use_the_emulator():
+    """Expected data must come from independent numpy models: the only tpuasm module a
+    generator may import is tpuasm.functions (its tables define sigmoid and tanh)."""
+    import ast
+    for path in [PROGRAMS / "tpu_oracle.py", *PROGRAMS.glob("*/gen.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            for mod in modules:
+                assert not mod.startswith("tpuasm") or mod == "tpuasm.functions", \
+                    f"{path}: imports {mod}"
+
+
+def test_double_buffer_bounds_prove_the_overlap():
+    overlapped = load_manifest(PROGRAMS / "double_buffer" / "test.toml").cycles
+    serial = load_manifest(PROGRAMS / "double_buffer_serial" / "test.toml").cycles
+    assert overlapped.max < serial.min
