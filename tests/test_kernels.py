@@ -939,3 +939,50 @@ def test_random_instructions_against_oracles():
         for mem, a in accesses(row, regs):
             assert any(k[0] == mem and lo <= a < hi for k, (lo, hi) in fp.items())
     assert min(seen.values()) > 20, seen
+
+
+# ----------------------------------------------------------------------------- OpenTPU profile
+
+def run_opentpu(m, row, regs):
+    assert m.check(row, regs)[0] == K.FAULT_NONE
+    K.execute_instruction(row, regs, m.ub, m.acc, m.host, m.weights, np.zeros(0, np.int64),
+                          m.active, m.scratch, K.PROFILE_OPENTPU)
+
+
+def test_opentpu_activate_low_8_bits_and_sigmoid():
+    """spec/opentpu.md section 4, its worked example and the sigmoid step table."""
+    m = Machine(4, ub_rows=8, acc_rows=8)
+    m.acc[0] = [200, -2, 6, 0]
+    regs = make_regs(act_mult=3, act_shift=2, act_zero=9, act_out=2)     # all ignored
+    run_opentpu(m, make_row(D.OP_ACT, "", acc=0, ub=1, length=1), regs)
+    run_opentpu(m, make_row(D.OP_ACT, "Q", acc=0, ub=2, length=1), regs)
+    run_opentpu(m, make_row(D.OP_ACT, "R", acc=0, ub=3, length=1), regs)
+    assert m.ub[1:4].tolist() == [[200, 254, 6, 0], [255, 30, 254, 127], [200, 0, 6, 0]]
+    xs = [-2**31, -2**31 + 1, -710, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 36, 37,
+          2**31 - 1]
+    want = [255, 0, 0, 0, 1, 4, 12, 30, 68, 127, 186, 224, 242, 250, 253, 254, 254, 255, 255]
+    m = Machine(len(xs), ub_rows=2, acc_rows=1)
+    m.acc[0] = xs
+    run_opentpu(m, make_row(D.OP_ACT, "Q", acc=0, ub=0, length=1), make_regs())
+    assert m.ub[0].tolist() == want
+
+
+def test_opentpu_profile_changes_only_activate():
+    m = Machine(8)
+    twin = Machine(8)
+    twin.ub[:], twin.acc[:], twin.host[:], twin.weights[:] = m.ub, m.acc, m.host, m.weights
+    row = make_row(D.OP_MMC, "SO", repeat=2, ub=1, acc=2, length=4)
+    regs = make_regs(rep_acc_stride=4, act_out=2)
+    m.run(row, regs, [1, 2])
+    K.execute_instruction(row, regs, twin.ub, twin.acc, twin.host, twin.weights,
+                          np.array([1, 2], np.int64), twin.active, twin.scratch, K.PROFILE_OPENTPU)
+    assert np.array_equal(m.acc, twin.acc)
+    # act_out = 2 writes two rows per vector in the tpu profile only
+    act = make_row(D.OP_ACT, "R", acc=0, ub=60, length=4)
+    info = np.zeros(3, np.int64)
+    assert K.check_instruction(act, regs, 64, 64, 32, 4, info) == K.FAULT_ADDRESS
+    assert K.check_instruction(act, regs, 64, 64, 32, 4, info, K.PROFILE_OPENTPU) == K.FAULT_NONE
+    out = np.zeros((8, 4), np.int64)
+    assert K.footprint(act, regs, out, K.PROFILE_OPENTPU) == 2
+    assert out[1].tolist() == [K.MEM_UB, 1, 60, 64]
+    assert K.footprint(act, regs, out) == 2 and out[1].tolist() == [K.MEM_UB, 1, 60, 68]

@@ -10,7 +10,7 @@ Interface
 FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
 MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
 
-check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info) -> fault kind
+check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, profile=0) -> fault
     row: one row of the decoded table (decoded.py), regs: the registers captured at issue,
     info: int64[>=3], written only on a fault:
       FAULT_ADDRESS  info = (MEM_*, address, limit): the first out-of-range row in execution
@@ -25,7 +25,7 @@ check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info) -> fau
       FAULT_SHAPE    info = (length, pool_size, pool_width): an ACT.M/ACT.A whose length
                      does not divide into pooling windows.
     Order: config, then shape, then address.  FIFO/tile faults are the pipeline's.
-footprint(row, regs, out) -> count
+footprint(row, regs, out, profile=0) -> count
     out: int64[8, 4]; entries (MEM_*, is_write, start, stop), stop exclusive: the bounding
     row range over all iterations.  RHM/RHMA read host, write UB; WHM/WHMA read UB, write
     host; MMC reads UB, writes ACC (one write entry also stands for the accumulate's read);
@@ -35,8 +35,11 @@ execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, p
     weights uint8[:, :, :] (the weight image), tiles int64[:] (the tiles the switches
     consume, in order: one per iteration with S, two -- low, high -- with S and D),
     active int64[2] = (tile, high tile or -1), updated on each switch.  Assumes
-    check_instruction passed and the pipeline checked the weight faults.  `profile` is
-    0 (TPU); 1 (OpenTPU) currently executes like 0.
+    check_instruction passed and the pipeline checked the weight faults.
+    `profile`: PROFILE_TPU 0 (spec/isa.md) or PROFILE_OPENTPU 1 (spec/opentpu.md section 4:
+    Activate's Q is OpenTPU's sigmoid, no requantization, the low 8 bits, one UB row per
+    vector; T, M and A work as in the tpu profile).  check_instruction and footprint take
+    the same optional trailing `profile` (it changes ACT's UB row count when act_out = 2).
 make_scratch(array_size, chunk_rows=1024, use_blas=None) -> Scratch
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
@@ -60,8 +63,13 @@ import numpy as np
 from numba import njit
 
 from ..functions import SIGMOID_Q15, T_MAX, T_MIN, TANH_Q15
+from ..opentpu import INT32_MIN as OPENTPU_INT32_MIN
+from ..opentpu import SIGMOID_HI as OPENTPU_SIGMOID_HI
+from ..opentpu import SIGMOID_LO as OPENTPU_SIGMOID_LO
+from ..opentpu import SIGMOID_TABLE as _OPENTPU_SIGMOID_TABLE
 from . import gemm as _gemm
 from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT_OUT_UINT8,
+                      ACT_OUT_WRAP8,
                       ACT_RELU, ACT_SIGMOID, ACT_TANH, COL_ACC, COL_FLAGS, COL_HEIGHT,
                       COL_HOST, COL_LEN, COL_OP, COL_REG, COL_REPEAT, COL_TILE, COL_UB,
                       COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE, MMC_SWITCH,
@@ -76,9 +84,11 @@ from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT
 FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
 MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
 MAX_FOOTPRINT = 8
+PROFILE_TPU, PROFILE_OPENTPU = 0, 1
 
 REG_MIN, REG_MAX = register_limits()          # baked into the compiled code as constants
 SIGMOID_TABLE = np.ascontiguousarray(SIGMOID_Q15, dtype=np.int64)
+OPENTPU_SIGMOID_TABLE = np.ascontiguousarray(_OPENTPU_SIGMOID_TABLE, dtype=np.int64)
 TANH_TABLE = np.ascontiguousarray(TANH_Q15, dtype=np.int64)
 
 # The weight-cache key slots: (tile, high tile or -1, mode); raw32/raw64 hold the tiles' bytes.
@@ -202,10 +212,10 @@ def _act_shape(row, regs):
 
 
 @njit(cache=True)
-def _act_ub_rows(row, regs):
-    """UB rows one Activate iteration writes."""
+def _act_ub_rows(row, regs, profile):
+    """UB rows one Activate iteration writes (the OpenTPU profile ignores act_out)."""
     ok, out_rows = _act_shape(row, regs)
-    if regs[REG_ACT_OUT] == ACT_OUT_INT16:
+    if regs[REG_ACT_OUT] == ACT_OUT_INT16 and profile != PROFILE_OPENTPU:
         return 2 * out_rows
     return out_rows
 
@@ -258,7 +268,7 @@ def _check_mmc(row, regs, ub_rows, acc_rows, info):
 
 
 @njit(cache=True)
-def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info):
+def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, profile=0):
     op = row[COL_OP]
     if op == OP_CFG:
         reg, value = row[COL_REG], row[COL_VALUE]
@@ -300,7 +310,7 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info):
         return FAULT_SHAPE
     return _check_two_runs(reps, MEM_ACC, row[COL_ACC], regs[REG_REP_ACC_STRIDE], 1, length,
                            acc_rows, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], 1,
-                           _act_ub_rows(row, regs), ub_rows, info)
+                           _act_ub_rows(row, regs, profile), ub_rows, info)
 
 
 # ----------------------------------------------------------------------------- footprint
@@ -324,7 +334,7 @@ def _put(out, k, mem, is_write, start, stop):
 
 
 @njit(cache=True)
-def footprint(row, regs, out):
+def footprint(row, regs, out, profile=0):
     op = row[COL_OP]
     reps = _iterations(row)
     length = row[COL_LEN]
@@ -364,7 +374,7 @@ def footprint(row, regs, out):
             return 0
         a0, a1 = _bounds(row[COL_ACC], regs[REG_REP_ACC_STRIDE], reps, 1, length)
         k = _put(out, 0, MEM_ACC, 0, a0, a1)
-        n_ub = _act_ub_rows(row, regs)
+        n_ub = _act_ub_rows(row, regs, profile)
         if n_ub <= 0:
             return k
         u0, u1 = _bounds(row[COL_UB], regs[REG_REP_UB_STRIDE], reps, 1, n_ub)
@@ -602,7 +612,7 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
 
 # ----------------------------------------------------------------------------- Activate
 
-_FN_NONE, _FN_RELU, _FN_SIGMOID, _FN_TANH = 0, 1, 2, 3
+_FN_NONE, _FN_RELU, _FN_SIGMOID, _FN_TANH, _FN_OPENTPU_SIGMOID = 0, 1, 2, 3, 4
 _POOL_NONE, _POOL_MAX, _POOL_AVG = 0, 1, 2
 
 
@@ -619,6 +629,15 @@ def _to_q8(x, frac):
 
 
 @njit(cache=True)
+def _opentpu_sigmoid(x):
+    """OpenTPU's int(255 / (1 + exp(-x))) from its step table (spec/opentpu.md 4)."""
+    if x == OPENTPU_INT32_MIN:          # OpenTPU's int32 negation wraps: exp(...) = 0
+        return np.int64(255)
+    t = min(max(x, OPENTPU_SIGMOID_LO), OPENTPU_SIGMOID_HI)
+    return np.int64(OPENTPU_SIGMOID_TABLE[t - OPENTPU_SIGMOID_LO])
+
+
+@njit(cache=True)
 def _function_row(src, fn, frac, out):
     """out[j] = function(src[j]) in int64; one loop per function so each vectorizes (the
     table lookups gather)."""
@@ -632,6 +651,9 @@ def _function_row(src, fn, frac, out):
     elif fn == _FN_TANH:
         for j in range(n):
             out[j] = TANH_TABLE[_to_q8(np.int64(src[j]), frac) - T_MIN]
+    elif fn == _FN_OPENTPU_SIGMOID:
+        for j in range(n):
+            out[j] = _opentpu_sigmoid(np.int64(src[j]))
     else:
         for j in range(n):
             out[j] = src[j]
@@ -697,14 +719,14 @@ def _requantize_store(buf, ub, u, mult, shift, zero, out_kind):
 
 
 @njit(cache=True)
-def _execute_act(row, regs, acc, ub, buf):
+def _execute_act(row, regs, acc, ub, buf, profile):
     flags = row[COL_FLAGS]
     reps = _iterations(row)
     fn = _FN_NONE
     if flags & ACT_RELU:
         fn = _FN_RELU
     elif flags & ACT_SIGMOID:
-        fn = _FN_SIGMOID
+        fn = _FN_OPENTPU_SIGMOID if profile == PROFILE_OPENTPU else _FN_SIGMOID
     elif flags & ACT_TANH:
         fn = _FN_TANH
     pool = _POOL_NONE
@@ -714,8 +736,10 @@ def _execute_act(row, regs, acc, ub, buf):
         pool = _POOL_AVG
     ok, out_rows = _act_shape(row, regs)
     out_kind = regs[REG_ACT_OUT]
-    per = 2 if out_kind == ACT_OUT_INT16 else 1
     mult, shift, zero = regs[REG_ACT_MULT], regs[REG_ACT_SHIFT], regs[REG_ACT_ZERO]
+    if profile == PROFILE_OPENTPU:        # spec/opentpu.md 4: no requantization, low 8 bits
+        out_kind, mult, shift, zero = ACT_OUT_WRAP8, 1, 0, 0
+    per = 2 if out_kind == ACT_OUT_INT16 else 1
     frac, k, pool_width = regs[REG_FN_IN_FRAC], regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH]
     for i in range(reps):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
@@ -734,6 +758,6 @@ def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratc
     if op == OP_MMC:
         _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
     elif op == OP_ACT:
-        _execute_act(row, regs, acc, ub, scratch.row_buf)
+        _execute_act(row, regs, acc, ub, scratch.row_buf, profile)
     elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:
         _execute_dma(row, regs, ub, host)
