@@ -174,6 +174,10 @@ def bench_rss():
         tiles = (2 << 30) // (256 * 256)
         mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.int8, shape=(tiles, 256, 256))
         del mm                                   # a sparse file: nothing written
+        # warm the numba cache first (compiling in the measured process would count LLVM's
+        # memory, not the machine's)
+        subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
+                       capture_output=True, text=True)
         out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
                              capture_output=True, text=True)
         if out.returncode != 0:
