@@ -282,3 +282,12 @@ def test_bounded_step_with_breakpoints():
     assert r.status == "paused" and m.issue_cycle(1) == D4
     r = m.step(10_000, watch=[Watch("host", 64, 65)])
     assert r.status == "watchpoint" and r.index == 2
+
+
+def test_hand_made_garbage_faults_instead_of_raising():
+    bad = [Instruction("RW", 0, -5, {"tile": 0}),              # repeat out of range
+           Instruction("RHM", 0, 1, {"host": 0, "ub": 0, "bogus": 1})]
+    for ins in bad:
+        m = load(program(I("RW", tile=0), ins, I("HLT")))
+        r = m.run()
+        assert r.status == "fault" and r.fault.kind == "invalid_instruction" and r.index == 1

@@ -14,7 +14,8 @@ from ..encoding import EncodingError, encode
 from . import core
 from .config import MachineConfig
 from .data import load_host, load_weights
-from .decoded import COL_FLAGS, COL_OP, NREGS, OP_MMC, decode_table, reset_registers
+from .decoded import (COL_FLAGS, COL_OP, COL_REPEAT, NCOLS, NREGS, decode_table,
+                      reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
 from ..isa import ISA_TABLE
@@ -141,8 +142,9 @@ class Machine:
         self._breaks_set = False
         self._at_break = -1
         count = len(program.instructions)
-        self.prog = decode_table(program.instructions) if count else np.zeros((0, 13), np.int64)
+        self.prog, undecodable = _decode(program.instructions)
         self.flags = np.zeros(count + 1, dtype=np.int8)
+        self.flags[undecodable] |= core.FLAG_INVALID
         validity: dict = {}                    # programs repeat instructions: check each once
         for i, ins in enumerate(program.instructions):
             ok = validity.get(ins)
@@ -174,7 +176,8 @@ class Machine:
         self.times = np.full((max(count, 1), 3), -1, dtype=np.int64)
         ops = self.prog[:, COL_OP]
         rw = ISA_TABLE.instructions["RW"].opcode
-        ntiles = int(self.prog[ops == rw, 2].sum()) if count else 0     # COL_REPEAT = 2
+        # capacity of the tile table: every RW iteration (invalid repeats fault before use)
+        ntiles = int(np.clip(self.prog[ops == rw, COL_REPEAT], 0, 256).sum()) if count else 0
         self.tl = np.full((core.TL_ROWS, max(ntiles, 1)), -1, dtype=np.int64)
         self.seg = np.zeros((core.MAX_SEGS, 3), dtype=np.int64)
         nev = int(np.isin(ops, list(_INT_OPS)).sum()) if count else 0
@@ -576,6 +579,23 @@ class Machine:
     def stats_json(self) -> dict:
         from .trace import stats
         return stats(self)
+
+
+def _decode(instructions):
+    """The int64 table, and the indices of hand-made instructions it cannot represent
+    (they become NOPs marked invalid, so they fault when they would issue)."""
+    try:
+        return decode_table(instructions), []
+    except Exception:
+        pass
+    table = np.zeros((len(instructions), NCOLS), dtype=np.int64)
+    bad = []
+    for i, ins in enumerate(instructions):
+        try:
+            table[i] = decode_table([ins])[0]
+        except Exception:
+            bad.append(i)
+    return table, bad
 
 
 def _entry_point(args):
