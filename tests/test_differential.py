@@ -74,8 +74,21 @@ def named_address(message: str):
     return (memory and memory.group(1), row and int(row.group(1)))
 
 
-def run_emulator(program, host, weights):
-    m = Machine.for_program(program)
+# Timing constants change when things happen, never what the program computes, so every case
+# also runs under one of these (chosen by the case's size): slow weights, fast host and
+# weights, zero latencies, OpenTPU's timing.  Other interleavings, same results.
+TIMINGS = [
+    {},
+    {"weight_bytes_per_cycle": 1.0, "shift_cycles": 100},
+    {"weight_bytes_per_cycle": 1e6, "host_bytes_per_cycle": 1e6, "host_latency_cycles": 0},
+    {"host_latency_cycles": 0, "act_latency_cycles": 0, "mmc_latency_cycles": 0,
+     "shift_cycles": 0},
+    {"timing": "opentpu"},
+]
+
+
+def run_emulator(program, host, weights, **timing):
+    m = Machine.for_program(program, **timing)
     m.load(program, host=host, weights=weights)
     m.run(max_cycles=MAX_CYCLES)
     return m
@@ -86,8 +99,10 @@ def compare(case):
     program, host, weights = case.program, case.host, case.weights
     weights = weights if len(weights) else None
     ref = run_reference(program, host, weights)
-    m = run_emulator(program, host, weights)
-    problems = []
+    timing = TIMINGS[len(program) % len(TIMINGS)]
+    m = run_emulator(program, host, weights, **timing)
+    problems = [f"(emulator timing overrides: {timing})"] if timing else []
+    clean = len(problems)
     fault = m.fault
     emu_fault = (fault.kind, fault.index) if fault is not None else (None, None)
     if emu_fault != (ref.fault_kind, ref.fault_index):
@@ -113,7 +128,7 @@ def compare(case):
     events = [(e.kind, e.index, e.value) for e in m.events if e.kind in ("interrupt", "tag")]
     if events != ref.events:
         problems.append(f"events: emulator {events}, reference {ref.events}")
-    return problems, ref
+    return (problems if len(problems) > clean else []), ref
 
 
 def test_emulator_matches_reference_on_random_programs():
