@@ -102,9 +102,8 @@ class History:
         m.fault = None
         m.status = "paused"
         m._at_break = -1
-        if cycle > m.cycle:
-            return m.step(cycle - m.cycle)
-        return RunResult("paused", m.cycle)
+        # even a zero step: the core decides whether this cycle is a halt or a fault
+        return m.step(cycle - m.cycle)
 
     def back(self, cycles: int = 1) -> RunResult:
         return self.goto(self.machine.cycle - int(cycles))
