@@ -986,3 +986,18 @@ def test_opentpu_profile_changes_only_activate():
     assert K.footprint(act, regs, out, K.PROFILE_OPENTPU) == 2
     assert out[1].tolist() == [K.MEM_UB, 1, 60, 64]
     assert K.footprint(act, regs, out) == 2 and out[1].tolist() == [K.MEM_UB, 1, 60, 68]
+
+
+@pytest.mark.parametrize("use_blas", BLAS_MODES)
+def test_mmc_array_larger_than_256_stays_exact(use_blas):
+    """N = 512 unsigned: sums reach 512 * 255 * 255 > 2^24, past float32's exact range."""
+    m = Machine(512, ub_rows=4, acc_rows=4, tiles=1, use_blas=use_blas)
+    m.ub[:] = 255
+    m.ub[1, 0] = 254
+    m.weights[0] = 255
+    m.weights[0, 3, 1] = 254
+    for flags in ("SOUW", "SO", "SOU"):
+        row = make_row(D.OP_MMC, flags, ub=0, acc=0, length=3)
+        want, _ = mmc_oracle(m, row, make_regs(), flags, [0])
+        m.run(row, make_regs(), [0])
+        assert np.array_equal(m.acc, want), flags

@@ -575,6 +575,12 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     reps = _iterations(row)
     conv = (flags & MMC_CONV) != 0
     wide = (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0
+    if not wide:
+        # float32 is exact while every partial sum fits 2^24 (N <= 256 always; larger arrays
+        # with unsigned operands need float64).
+        x_max = 255 if flags & MMC_UNSIGNED_IN else 128
+        w_max = 255 if flags & MMC_UNSIGNED_W else 128
+        wide = ub.shape[1] * x_max * w_max > (1 << 24)
     use_blas = scratch.options[0] != 0
     rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
     height, width = row[COL_HEIGHT], row[COL_WIDTH]
