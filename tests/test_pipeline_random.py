@@ -18,25 +18,35 @@ N, UB, ACC, HOST, TILES = 16, 64, 32, 32, 6
 def random_instruction(g):
     k = g.integers(0, 100)
     if k < 14:
-        return I("RHM", host=int(g.integers(0, HOST)), ub=int(g.integers(0, UB)),
+        return I(str(g.choice(["RHM", "RHMA"])), host=int(g.integers(0, HOST)), ub=int(g.integers(0, UB)),
                  length=int(g.integers(1, 9)), repeat=int(g.integers(1, 3)))
     if k < 22:
-        return I("WHM", ub=int(g.integers(0, UB)), host=int(g.integers(0, HOST)),
+        return I(str(g.choice(["WHM", "WHMA"])), ub=int(g.integers(0, UB)), host=int(g.integers(0, HOST)),
                  length=int(g.integers(1, 9)))
     if k < 40:
         return I("RW", tile=int(g.integers(0, TILES)), repeat=int(g.integers(1, 3)))
     if k < 62:
         flags = "".join(c for c, p in zip("SOUWHD", (0.7, 0.5, 0.2, 0.2, 0.15, 0.1))
                         if g.random() < p)
+        if g.random() < 0.2:                    # a convolution window, a tap per iteration
+            return I("MMC", flags + "C", repeat=int(g.integers(1, 5)),
+                     ub=int(g.integers(0, UB)), acc=int(g.integers(0, ACC)),
+                     height=int(g.integers(1, 4)), width=int(g.integers(1, 4)))
         return I("MMC", flags, repeat=int(g.integers(1, 3)), ub=int(g.integers(0, UB)),
                  acc=int(g.integers(0, ACC)), length=int(g.integers(1, 9)))
     if k < 78:
-        return I("ACT", str(g.choice(["", "R", "Q", "T"])), acc=int(g.integers(0, ACC)),
+        return I("ACT", str(g.choice(["", "R", "Q", "T", "M", "RA"])), acc=int(g.integers(0, ACC)),
                  ub=int(g.integers(0, UB)), length=int(g.integers(1, 9)))
     if k < 88:
         name = str(g.choice(["rep_ub_stride", "rep_acc_stride", "rep_host_stride",
-                             "act_shift", "act_out"]))
-        value = int(g.integers(0, 4)) if name in ("act_shift", "act_out") else int(g.integers(-2, 6))
+                             "act_shift", "act_out", "conv_kw", "conv_stride", "pool_size",
+                             "dma_ub_stride", "dma_host_stride"]))
+        if name in ("act_shift", "act_out"):
+            value = int(g.integers(0, 4))
+        elif name in ("conv_kw", "conv_stride", "pool_size"):
+            value = int(g.integers(1, 4))
+        else:
+            value = int(g.integers(-2, 6))
         return cfg(name, value)
     return [I("SYNC"), I("NOP", repeat=3), I("TAG", tag=7), I("WSYNC")][int(g.integers(0, 4))]
 
@@ -110,7 +120,7 @@ def test_random_watchpoints_match_finish_cycles(seed):
         hits.append((r.index, r.cycle))
         assert m.finish_cycle(r.index) == r.cycle
     writers = [i for i, ins in enumerate(prog.instructions)
-               if ins.key in ("RHM", "WHM", "MMC", "ACT") and m.retired(i)]
+               if ins.key in ("RHM", "RHMA", "WHM", "WHMA", "MMC", "ACT") and m.retired(i)]
     # one stop per cycle: writers finishing in the same cycle report the first of them
     assert {m.finish_cycle(i) for i in writers} == {c for _, c in hits}
     assert {i for i, _ in hits} <= set(writers)
