@@ -497,11 +497,9 @@ def test_act_every_output_type():
     # act_out 1: clip uint8     -> [255, 0, 0, 255]
     # act_out 2: clip int16     -> [300, -6, -200, 32767] = 0x012C, 0xFFFA, 0xFF38, 0x7FFF:
     #            low bytes (ub 2) 0x2C, 0xFA, 0x38, 0xFF; high bytes (ub 3) 0x01, 0xFF, 0xFF, 0x7F
-    # act_out 3: y & 0xFF       -> 300 - 256 = 44, 256 - 6 = 250, 512 - 200 = 312 - 256 = 56,
+    # act_out 3: y & 0xFF       -> 300 - 256 = 44, 256 - 6 = 250, -200 + 256 = 56,
     #                              40000 = 0x9C40 -> 0x40 = 64
-    values = [[150, -3, -100, 20000]]
-    base = [CFG("act_mult", 2)]
-    r = act_run(values, *base,
+    r = act_run([[150, -3, -100, 20000]], CFG("act_mult", 2),
                 I("ACT", acc=0, ub=0, length=1),
                 CFG("act_out", 1), I("ACT", acc=0, ub=1, length=1),
                 CFG("act_out", 2), I("ACT", acc=0, ub=2, length=1),
