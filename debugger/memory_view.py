@@ -70,6 +70,8 @@ class MemoryView(ScrollView, can_focus=True):
         self.target_row: int | None = None
         self._before: tuple[int, np.ndarray] | None = None   # rows captured before a step
         self._shape: tuple[int, int] = (0, 0)
+        self._drawn = None               # what the last repaint showed (skip identical ones)
+        self._had_highlights = False
 
     # -- data --------------------------------------------------------------------------------
     def array(self) -> np.ndarray | None:
@@ -100,7 +102,8 @@ class MemoryView(ScrollView, can_focus=True):
         self._before = None
 
     def update_data(self) -> None:
-        """The machine moved (or a new tile is shown): resize and repaint."""
+        """The machine moved (or a new tile is shown): resize and repaint, but only if what
+        is on screen can have changed: repainting is the expensive part of a step."""
         a = self.array()
         rows, cols = (0, 0) if a is None else a.shape
         self._shape = (rows, cols)
@@ -108,7 +111,17 @@ class MemoryView(ScrollView, can_focus=True):
         size = Size(self._gutter_width() + cols * cw, rows + 1)
         if size != self.virtual_size:           # a new size means a relayout: only when needed
             self.virtual_size = size
-        self.refresh()
+        top = int(self.scroll_offset.y)
+        window = None if a is None else a[top:top + max(self.size.height, 1)]
+        key = (id(a) if a is None else a.shape, top, self.radix, self.unit, self.target_row,
+               None if window is None else hash(window.tobytes()))
+        highlights = self._before is not None and window is not None and \
+            self._before[0] == top and self._before[1].shape == window.shape and \
+            not np.array_equal(self._before[1], window)
+        if key != self._drawn or highlights or self._had_highlights:
+            self._drawn = key
+            self._had_highlights = highlights
+            self.refresh()
 
     def _gutter_width(self) -> int:
         return max(len(str(max(self._shape[0] - 1, 0))), 4) + 2

@@ -1,8 +1,8 @@
 """Small panes that are redrawn whole after each step: pipeline, timeline, counters, weights."""
 from __future__ import annotations
 
-from rich.console import Group
-from rich.table import Table
+import textwrap
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -22,31 +22,56 @@ def bar(done: int, total: int, width: int = 10) -> str:
 
 
 class PipelinePane(Static):
-    """The four stages, the weight-fetch engine and the front end, from m.pipeline()."""
+    """The four stages, the weight-fetch engine and the front end, from m.pipeline(), laid
+    out by hand (a rich Table per step costs more than the step itself), and below them
+    the Weight FIFO, shadow and active tiles."""
 
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
+        self._drawn = None
+
+    def on_resize(self) -> None:
+        self._drawn = None
+        self.update_state()
 
     def update_state(self) -> None:
-        table = Table(box=None, expand=True, padding=(0, 1), show_edge=False)
-        table.add_column("stage", style="bold", no_wrap=True, width=8)
-        table.add_column("instruction", no_wrap=True, ratio=3, overflow="ellipsis")
-        table.add_column("progress", no_wrap=True, width=14, overflow="ellipsis")
-        table.add_column("cyc", justify="right", no_wrap=True)
-        table.add_column("stall", ratio=6, overflow="fold")
-        for st in self.session.machine.pipeline():
+        m = self.session.machine
+        states = m.pipeline()
+        weights = weights_text(m)
+        key = (tuple(states), weights.plain, self.size.width)
+        if key == self._drawn:
+            return
+        self._drawn = key
+        width = max(self.size.width, 60)
+        w_instr = min(30, max(16, width // 4))
+        w_stall = max(16, width - (9 + w_instr + 15 + 6 + 3))
+        text = Text(no_wrap=True, overflow="crop")
+        text.append(f"{'stage':<9}{'instruction':<{w_instr + 1}}{'progress':<15}{'cyc':>6}  stall\n",
+                    style="bold grey70")
+        for st in states:
             colour = _STAGE_COLOURS.get(st.name, "white")
+            text.append(f"{st.name:<9}", style=f"bold {colour}")
             if st.index is None:
-                table.add_row(Text(st.name, style=colour), Text("idle", style="grey50"), "", "",
-                              Text(st.stall or "", style="red"))
-                continue
-            line = f" :{st.location.line}" if st.location else ""
-            progress = f"{st.progress}/{st.total} {st.unit}" if st.total else ""
-            table.add_row(Text(st.name, style=colour), Text(f"#{st.index} {st.text}{line}"),
-                          progress, str(st.cycles_in_stage),
-                          Text(st.stall, style="bold red") if st.stall else Text(""))
-        self.update(Group(table, weights_text(self.session.machine)), layout=False)
+                text.append(f"{'idle':<{w_instr + 1 + 15 + 6}}", style="grey50")
+            else:
+                line = f" :{st.location.line}" if st.location else ""
+                instr = _fit(f"#{st.index} {st.text}{line}", w_instr)
+                progress = _fit(f"{st.progress}/{st.total} {st.unit}" if st.total else "", 14)
+                text.append(f"{instr:<{w_instr}} {progress:<14} {st.cycles_in_stage:>6}")
+            if st.stall:
+                chunks = textwrap.wrap(st.stall, w_stall) or [""]
+                text.append("  " + chunks[0], style="bold red")
+                indent = " " * (9 + w_instr + 1 + 14 + 1 + 6 + 2)
+                for chunk in chunks[1:]:
+                    text.append("\n" + indent + chunk, style="bold red")
+            text.append("\n")
+        text.append_text(weights)
+        self.update(text, layout=False)     # fixed height: no relayout per step
+
+
+def _fit(s: str, width: int) -> str:
+    return s if len(s) <= width else s[:width - 1] + "…"
 
 
 class TimelinePane(Static):

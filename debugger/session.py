@@ -16,7 +16,8 @@ import numpy as np
 from .expr import Evaluator, ExprError, Location, symbol_table
 
 CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interrupted
-HISTORY_INTERVAL = 1_000     # cycles between the library's snapshots (replay cost of a step back)
+HISTORY_INTERVAL = 5_000     # cycles between the library's snapshots: each costs a UB compare,
+                             # and a step back replays at most this many cycles
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
 
 

@@ -124,6 +124,7 @@ class SourceView(ScrollView, can_focus=True):
         self.stages: dict[int, str] = {}         # line -> stage letters now
         self.next_line: int | None = None
         self.break_lines: dict[int, bool] = {}   # line -> enabled
+        self._drawn = None
         self.virtual_size = Size(100, len(self.listing.lines))
 
     def show_file(self, file: str) -> None:
@@ -158,7 +159,11 @@ class SourceView(ScrollView, can_focus=True):
         if follow and self.next_line is not None:
             self.cursor_line = self.next_line
             self._keep_visible(self.next_line)
-        self.refresh()
+        key = (self.listing.name, tuple(sorted(self.stages.items())), self.next_line,
+               tuple(sorted(self.break_lines.items())), self.cursor_line)
+        if key != self._drawn:                  # most cycle steps change nothing here
+            self._drawn = key
+            self.refresh()
 
     def _keep_visible(self, line: int) -> None:
         top, height = int(self.scroll_offset.y), max(self.size.height, 1)

@@ -1,0 +1,151 @@
+"""Debugger responsiveness on the real machine shape (N = 256, UB 98,304 x 256).
+
+Prints:
+  * start-up to first frame: a fresh process imports everything, assembles
+    programs/matmul_tiled, loads its data and paints the first frame (headless);
+  * step latency with every pane visible and the 256-wide UB view focused: a key press
+    (Pilot) until the repainted screen is idle, p50/p95 over single cycle steps and
+    single instruction steps; and the handler part alone (command + pane updates).
+
+Targets (issue 4): p95 <= 50 ms per step, start-up <= 2 s with a warm numba cache.
+Usage: python benchmarks/bench_debugger.py [--steps 200]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "programs" / "matmul_tiled" / "matmul_tiled.tasm"
+SIZE = (200, 60)
+
+
+def make_data(out: Path) -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    import gen  # noqa: E402 - the program's own data generator
+    gen.generate(out)
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def first_frame(data: Path) -> float:
+    """Run inside a fresh process: time from interpreter start to the first painted frame."""
+    from argparse import Namespace
+    from debugger.app import DebuggerApp
+    from debugger.cli import load_session
+    session = load_session(Namespace(program=PROGRAM, host=data / "host.npy",
+                                     weights=data / "weights.npy", config=[]))
+    app = DebuggerApp(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        return time.time()
+
+
+async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
+    """Per key press: from posting the key to the end of the first screen paint after the
+    command's handler returned ("key to paint"), and the handler alone.  The Pilot's own
+    idle detection sleeps ~20 ms several times per press, so its press+pause round trip is
+    printed too, with the same round trip for a key bound to nothing as the floor."""
+    from argparse import Namespace
+    from debugger.app import DebuggerApp
+    from debugger.cli import load_session
+    from debugger.memory_view import MemoryView
+    session = load_session(Namespace(program=PROGRAM, host=data / "host.npy",
+                                     weights=data / "weights.npy", config=[]))
+    assert session.machine.ub.shape == (98_304, 256), session.machine.ub.shape
+    app = DebuggerApp(session)
+    handled: list[tuple[float, float]] = []       # (start, end) of each command handler
+    original = app.execute
+
+    def timed_execute(line, echo=True):
+        t = time.perf_counter()
+        original(line, echo)
+        handled.append((t, time.perf_counter()))
+    app.execute = timed_execute
+    paints: list[float] = []
+    out: dict[str, list[float]] = {}
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        ub = app.query_one("#mem-ub", MemoryView)
+        ub.focus()
+        await pilot.pause()
+        screen = app.screen
+        paint = screen._compositor_refresh          # instrumentation only: when a paint ends
+
+        def timed_paint():
+            paint()
+            paints.append(time.perf_counter())
+        screen._compositor_refresh = timed_paint
+        for key, label in (("s", "step cycle"), ("n", "step instruction"), ("f12", "no-op key")):
+            to_paint, handler, round_trip = [], [], []
+            for _ in range(steps):
+                handled.clear()
+                paints.clear()
+                t = time.perf_counter()
+                await pilot.press(key)
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                end = time.perf_counter()
+                round_trip.append(end - t)
+                if handled:
+                    done = handled[-1][1]
+                    handler.append(done - handled[-1][0])
+                    to_paint.append(next((p for p in paints if p >= done), end) - t)
+                if session.finished:
+                    original("restart", False)
+                    await app.workers.wait_for_complete()
+                    await pilot.pause()
+            if to_paint:
+                out[label + ": key to paint"] = to_paint
+                out[label + ": handler"] = handler
+            out[label + ": Pilot round trip"] = round_trip
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--first-frame", metavar="DATA", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.first_frame:                       # the child process of the start-up measurement
+        end = asyncio.run(first_frame(Path(args.first_frame)))
+        print(f"{end - float(os.environ['BENCH_T0']):.3f}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        make_data(data)
+        startups = []
+        for _ in range(3):                     # the first run also warms numba's cache
+            t0 = time.time()
+            child = subprocess.run([sys.executable, __file__, "--first-frame", str(data)],
+                                   env=dict(os.environ, BENCH_T0=repr(t0)),
+                                   capture_output=True, text=True, check=True)
+            startups.append((float(child.stdout.strip().splitlines()[-1]), time.time() - t0))
+        first, process_wall = min(startups[1:])
+        print(f"start-up to first frame (warm numba cache, best of 2): {first:.2f} s "
+              f"(process wall time {process_wall:.2f} s)  target <= 2 s")
+        results = asyncio.run(step_latency(data, args.steps))
+        print(f"step latency, terminal {SIZE[0]}x{SIZE[1]}, all panes, UB view 98,304 x 256 focused, "
+              f"{args.steps} presses each:")
+        for label, times in results.items():
+            ms = [1000 * t for t in times]
+            print(f"  {label:<36} p50 {statistics.median(ms):6.1f} ms   p95 {percentile(ms, 0.95):6.1f} ms"
+                  f"   max {max(ms):6.1f} ms")
+        p95 = max(percentile([1000 * t for t in results[k]], 0.95)
+                  for k in ("step cycle: key to paint", "step instruction: key to paint"))
+        print(f"worst p95 key to paint: {p95:.1f} ms  target <= 50 ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
