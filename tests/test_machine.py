@@ -291,3 +291,20 @@ def test_hand_made_garbage_faults_instead_of_raising():
         m = load(program(I("RW", tile=0), ins, I("HLT")))
         r = m.run()
         assert r.status == "fault" and r.fault.kind == "invalid_instruction" and r.index == 1
+
+
+def test_opentpu_timing_constants():
+    c = MachineConfig.opentpu(16)
+    assert (c.fetch_cycles, c.shift, c.mmc_latency, c.act_latency_cycles) == (4, 3, 32, 1)
+    assert [c.host_cycles(r) for r in (1, 10, 255)] == [1, 10, 255]
+    assert MachineConfig.opentpu(8, act_latency_cycles=5).act_latency_cycles == 5
+    assert MachineConfig(array_size=16).host_cycles(10) == 700 + math.ceil(10 * 16 / (10 * 2 ** 30 / 700e6))
+    m = Machine(c)
+    rows = 10
+    m.load(program(I("RHM", host=0, ub=0, length=rows), I("RW", tile=0),
+                   I("MMC", "SO", ub=0, acc=0, length=rows), I("HLT"), array_size=16),
+           host=np.zeros((rows, 16), np.int8), weights=np.zeros((1, 16, 16), np.int8))
+    assert m.run().status == "halted"
+    # RHM 0..10; the RW waits for the input stage and issues at 10 (the MMC behind it at
+    # 11); fetch 10..14, shift 14..17; 10 rows + 2N drain
+    assert tuple(int(t) for t in m.times[2]) == (11, 17, 17 + rows + 32)

@@ -36,6 +36,8 @@ class MachineConfig:
     timing: str = "tpu"                       # or "opentpu" (same model, OpenTPU shape)
 
     def __post_init__(self):
+        if self.timing == "opentpu":
+            self._use_opentpu_timing()
         MachineShape(self.array_size, self.ub_rows, self.acc_rows, self.fifo_depth,
                      self.profile)  # validates the shape, raises ValueError
         if self.hazards not in ("interlock", "error"):
@@ -50,6 +52,18 @@ class MachineConfig:
             v = getattr(self, name)
             if v is not None and (int(v) != v or v < 0):
                 raise ValueError(f"{name} must be a non-negative integer")
+
+    def _use_opentpu_timing(self):
+        """OpenTPU's documented latencies (spec/opentpu.md section 6) for every timing
+        constant still at its TPU v1 default; explicit settings win."""
+        opentpu = {"weight_bytes_per_cycle": 64.0,          # 64-byte DRAM chunks: N*N/64
+                   "host_bytes_per_cycle": float(self.array_size),   # one vector per cycle
+                   "host_latency_cycles": 0,
+                   "shift_cycles": 3,                        # the FIFO's 3 cycles
+                   "act_latency_cycles": 1}                  # L + 1
+        for f in fields(self):
+            if f.name in opentpu and getattr(self, f.name) == f.default:
+                object.__setattr__(self, f.name, opentpu[f.name])
 
     # -- derived constants -------------------------------------------------------------
     @property

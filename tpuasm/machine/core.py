@@ -341,7 +341,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             fin = t + row[COL_REPEAT]
         elif op == OP_CFG:
             f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
-                                  st[K_NTILES], info)
+                                  st[K_NTILES], info, st[K_PROFILE])
             if f != FAULT_NONE:
                 _raise_fault(st, sg, f, pc, t)
                 return False
@@ -364,14 +364,14 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
 
     # ---- a staged instruction: checks first (nothing changes on a fault)
     f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
-                          st[K_NTILES], info)
+                          st[K_NTILES], info, st[K_PROFILE])
     if f == FAULT_NONE and op == OP_MMC:
         f = _weight_check(prog, st, pc)
     if f != FAULT_NONE:
         _raise_fault(st, sg, f, pc, t)
         return False
     mine = fps[NSTAGES]
-    nfp = footprint(row, regs, mine)
+    nfp = footprint(row, regs, mine, st[K_PROFILE])
     ready = t
     blocker = -1
     input_wait = False
