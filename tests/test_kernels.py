@@ -1001,3 +1001,27 @@ def test_mmc_array_larger_than_256_stays_exact(use_blas):
         want, _ = mmc_oracle(m, row, make_regs(), flags, [0])
         m.run(row, make_regs(), [0])
         assert np.array_equal(m.acc, want), flags
+
+
+def test_avg_pool_division_is_exact_at_extremes():
+    """Window sums near +-2^31 * count and right at multiples of count (where a float
+    quotient could land on the wrong side of an integer)."""
+    n = 64
+    rng = np.random.default_rng(5)
+    for k, pw in ((3, 0), (7, 0), (3, 3), (16, 16), (2, 0)):
+        count = k if pw == 0 else k * k
+        m = Machine(n, ub_rows=2, acc_rows=count)
+        vals = rng.choice([2**31 - 1, -2**31, 2**31 - 2, -2**31 + 1, 0, 1, -1], (count, n))
+        vals[:, :8] = np.array([2**31 - 1, -2**31, -1, 1, -2, 2, 12345, -12345])[None, :]
+        target = rng.integers(-2**31 // 2, 2**31 // 2, n) * count   # sums at exact multiples
+        vals[:, 8:16] = (target[8:16] // count)[None, :]
+        vals[0, 16:24] += np.array([count // 2, -(count // 2), count // 2 - 1, 1 - count // 2,
+                                    0, 1, -1, count])
+        vals = np.clip(vals, -2**31, 2**31 - 1)
+        m.acc[:] = vals.astype(np.int32)
+        row = make_row(D.OP_ACT, "A", acc=0, ub=0, length=count)
+        regs = make_regs(pool_size=k, pool_width=pw, act_out=3, act_mult=1)
+        sums = vals.astype(object).sum(axis=0)
+        want = [((int(s) + count // 2) // count) % 256 for s in sums]
+        m.run(row, regs)
+        assert m.ub[0].tolist() == want, (k, pw)

@@ -693,10 +693,23 @@ def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf, tmp):
                 for j in range(n):
                     buf[j] += tmp[j]
     if pool == _POOL_AVG:
-        count = rows * cols
-        half = count // 2
-        for j in range(n):
-            buf[j] = (buf[j] + half) // count        # floor division, as the spec says
+        _floor_divide_row(buf, rows * cols)
+
+
+@njit(cache=True)
+def _floor_divide_row(buf, count):
+    """buf[j] = floor((buf[j] + count // 2) / count), exactly.  A float64 quotient is within
+    2^-5 of the true one (|numerator| < 2^48), so its floor is off by at most one and one
+    integer remainder test fixes it; unlike an int64 division this vectorizes."""
+    half = count // 2
+    inv = 1.0 / count
+    for j in range(buf.shape[0]):
+        a = buf[j] + half
+        q = np.int64(np.floor(a * inv))
+        r = a - q * count
+        q -= r < 0
+        q += r >= count
+        buf[j] = q
 
 
 @njit(cache=True)
