@@ -240,8 +240,8 @@ class DebuggerApp(App):
 
     def show_result(self, result: Result, echo: bool = True) -> None:
         for event in self.session.new_events():
-            colour = "bold red" if event.kind == "fault" else "cyan"
-            self.log_line(f"[{colour}]{escape(event_text(self.session, event))}[/]")
+            if event.kind != "fault":           # a fault is reported by the stop itself
+                self.log_line(f"[cyan]{escape(event_text(self.session, event))}[/]")
         quiet = not echo and result.ok and result.stop is not None and result.stop.kind == "paused"
         if not quiet:
             for line in result.lines:

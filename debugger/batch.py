@@ -18,7 +18,8 @@ def run_batch(session, script: str, name: str = "script", out=None) -> int:
     for lineno, line in split_script(script):
         result = engine.execute(line)
         for event in session.new_events():
-            console.print(event_text(session, event), markup=False)
+            if event.kind != "fault":           # a fault is reported by the stop itself
+                console.print(event_text(session, event), markup=False)
         for text in result.lines:
             console.print(text)
         if not result.ok:

@@ -29,10 +29,22 @@ DIRECTIVES = ("config", "equ", "ub", "acc", "host", "tile", "include", "macro", 
 class TasmLexer(RegexLexer):
     """TPU v1 assembly (.tasm) as written for tpuasm and OpenTPU."""
     name = "TPU assembly"
-    aliases = ["tasm", "tpuasm"]
+    # "tasm" is taken by Pygments' built-in Turbo Assembler lexer, which also claims
+    # *.tasm; a priority above its 0 makes *.tasm files come here.
+    aliases = ["tpuasm", "tpu-asm"]
     filenames = ["*.tasm"]
     mimetypes = ["text/x-tasm"]
+    priority = 1
     flags = re.IGNORECASE | re.MULTILINE
+
+    def analyse_text(text):
+        """Recognise tpuasm source by its directives and TPU mnemonics."""
+        score = 0.0
+        if re.search(r"^\s*\.(config|ub|acc|tile)\b", text, re.M):
+            score += 0.5
+        if re.search(r"^\s*(MMC|RHM|WHM|ACT|RW)(\.[A-Z]+)?\s", text, re.M | re.I):
+            score += 0.4
+        return score
 
     tokens = {
         "root": [

@@ -44,6 +44,8 @@ _BREAK_OFF = Style(color="grey50")
 _NEXT = Style(color="bright_yellow", bold=True)
 _CURSOR = Style(bgcolor="grey23")
 _NEXT_LINE = Style(bgcolor="dark_blue")
+_FAULT = Style(color="bright_red", bold=True)
+_FAULT_LINE = Style(bgcolor="dark_red")
 
 
 def _style_for(token) -> Style:
@@ -125,6 +127,7 @@ class SourceView(ScrollView, can_focus=True):
         self.next_line: int | None = None
         self.break_lines: dict[int, bool] = {}   # line -> enabled
         self._drawn = None
+        self.fault_line: int | None = None        # the line of the instruction that faulted
         self.virtual_size = Size(100, len(self.listing.lines))
 
     def show_file(self, file: str) -> None:
@@ -150,6 +153,11 @@ class SourceView(ScrollView, can_focus=True):
                 line = line_of[st.index]
                 self.stages[line] = self.stages.get(line, "") + letter
         self.next_line = line_of.get(nxt) if nxt is not None else None
+        fault = s.machine.fault
+        self.fault_line = line_of.get(fault.index) if fault is not None and fault.index is not None else None
+        if follow and self.fault_line is not None:
+            self.cursor_line = self.fault_line
+            self._keep_visible(self.fault_line)
         self.break_lines = {}
         for bp in s.breakpoints.values():
             for i in bp.indices:
@@ -159,7 +167,7 @@ class SourceView(ScrollView, can_focus=True):
         if follow and self.next_line is not None:
             self.cursor_line = self.next_line
             self._keep_visible(self.next_line)
-        key = (self.listing.name, tuple(sorted(self.stages.items())), self.next_line,
+        key = (self.listing.name, tuple(sorted(self.stages.items())), self.next_line, self.fault_line,
                tuple(sorted(self.break_lines.items())), self.cursor_line)
         if key != self._drawn:                  # most cycle steps change nothing here
             self._drawn = key
@@ -200,11 +208,16 @@ class SourceView(ScrollView, can_focus=True):
         letters = self.stages.get(line, "")
         stage_segments = [Segment(ch, STAGE_STYLES.get(ch, Style())) for ch in letters[:3]]
         pad = Segment(" " * (3 - min(len(letters), 3)))
-        arrow = Segment("▶" if line == self.next_line else " ", _NEXT)
+        if line == self.fault_line:
+            arrow = Segment("✖", _FAULT)
+        else:
+            arrow = Segment("▶" if line == self.next_line else " ", _NEXT)
         segments = [Segment(f"{line:>5} ", _LINE_NO), dot, Segment(" "), *stage_segments, pad,
                     arrow, Segment(" "), *self.listing.lines[line - 1]]
         strip = Strip(segments).crop(0, width).extend_cell_length(width)
-        if line == self.next_line:
+        if line == self.fault_line:
+            strip = strip.apply_style(_FAULT_LINE)
+        elif line == self.next_line:
             strip = strip.apply_style(_NEXT_LINE)
         if line == self.cursor_line and self.has_focus:
             strip = strip.apply_style(_CURSOR)

@@ -410,5 +410,27 @@ def test_lexer_is_registered_as_a_pygments_plugin():
     if not any(ep.name == "tasm" for ep in entry_points(group="pygments.lexers")):
         pytest.skip("package metadata predates the entry point: reinstall (make) to register it")
     from pygments.lexers import get_lexer_by_name, get_lexer_for_filename
-    assert get_lexer_by_name("tasm").name == "TPU assembly"
+    assert get_lexer_by_name("tpuasm").name == "TPU assembly"
     assert get_lexer_for_filename("x.tasm").name == "TPU assembly"
+    assert get_lexer_for_filename("x.tasm", code=SMALL).name == "TPU assembly"
+
+
+# -- the real machine shape ------------------------------------------------------------------
+def test_matmul_tiled_at_n256(tmp_path):
+    from test_debugger_support import MATMUL_TILED_MMC2, matmul_tiled_session
+    session, y = matmul_tiled_session(tmp_path)
+    m = session.machine
+    assert m.config.array_size == 256 and m.ub.shape == (98_304, 256)
+    engine = Engine(session)
+    run(engine, f"break {MATMUL_TILED_MMC2}")
+    r = run(engine, "continue")
+    assert r.stop.kind == "breakpoint" and m.issue_cycle(r.stop.index) == -1
+    at_break = machine_state(m)
+    run(engine, "run 700")
+    run(engine, "reverse-step 700")                     # History at full size, exactly
+    assert_same_state(machine_state(m), at_break | {"status": m.status})
+    run(engine, "delete")
+    assert run(engine, "continue").stop.kind == "halted"
+    base = session.symbols["host.y"][1]
+    assert np.array_equal(m.host[base:base + len(y)].view(np.int8), y.view(np.int8))
+    assert "array active" in run(engine, "info counters").text()

@@ -94,3 +94,22 @@ def make_session(directory: Path, source: str = SMALL, name: str = "small.tasm")
     args = write_program(directory, source, name)
     args.program, args.host, args.weights = Path(name), Path("host.npy"), Path("w.npy")
     return load_session(args)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+MATMUL_TILED = ROOT / "programs" / "matmul_tiled" / "matmul_tiled.tasm"
+MATMUL_TILED_MMC2 = 26          # the second MMC.SO line of that program
+
+
+def matmul_tiled_session(directory: Path):
+    """programs/matmul_tiled at the real shape (N = 256, UB 98,304 x 256) with the data
+    and expected output of its own generator (an independent numpy model)."""
+    import importlib.util
+    from debugger.cli import load_session
+    spec = importlib.util.spec_from_file_location("matmul_tiled_gen", MATMUL_TILED.parent / "gen.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.generate(directory)
+    session = load_session(Namespace(program=MATMUL_TILED, host=directory / "host.npy",
+                                     weights=directory / "weights.npy", config=[]))
+    return session, np.load(directory / "y.npy", allow_pickle=False)

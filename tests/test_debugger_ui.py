@@ -336,3 +336,23 @@ async def test_clicking_the_gutter_toggles_a_breakpoint(here):
         await pilot.click(SourceView, offset=(7, LINE_RHM))   # border row, then lines 1..
         await settle(pilot)
         assert [bp.indices for bp in app.session.breakpoints.values()] == [(0,)]
+
+
+@pilot_test
+async def test_full_size_unified_buffer_view(tmp_path):
+    from test_debugger_support import matmul_tiled_session
+    session, _ = matmul_tiled_session(tmp_path)
+    app = DebuggerApp(session)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await command(pilot, "goto ub[98303]")
+        view = app.query_one("#mem-ub", MemoryView)
+        assert view.virtual_size.height == 98_304 + 1 and view.target_row == 98_303
+        assert any(line_text(view, y).lstrip().startswith("98303:") for y in range(1, view.size.height))
+        await keys(pilot, "x", "s", "n")
+        assert view.radix == "signed" and session.machine.cycle > 1
+        await command(pilot, "goto ub.x + 1")
+        assert view.target_row == 1
+        row = next(line_text(view, y) for y in range(1, view.size.height)
+                   if line_text(view, y).lstrip().startswith("1:"))
+        assert row.split()[1:4] == [str(v) for v in session.machine.ub[1][:3].view(np.int8)]
