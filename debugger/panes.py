@@ -129,12 +129,13 @@ class TimelinePane(Static):
                     grid[row][k] = (st.index, st.stalled)
         text = Text(no_wrap=True, overflow="crop")
         # cycle numbers every 5 columns, each free to run over its right-hand neighbours
-        header = [" "] * (len(cycles) * cell + 8)
-        for k, c in enumerate(cycles):
+        header = [" "] * (len(cycles) * cell)
+        for k, c in reversed(list(enumerate(cycles))):      # the current cycle first
             if c % 5 == 0 or c == now:
                 label = str(c)
                 pos = k * cell + 1
-                if all(ch == " " for ch in header[max(pos - 1, 0):pos + len(label)]):
+                if pos + len(label) <= len(header) and \
+                        all(ch == " " for ch in header[max(pos - 1, 0):pos + len(label) + 1]):
                     header[pos:pos + len(label)] = label
         text.append("cycle".ljust(9), style="bold")
         text.append("".join(header).rstrip() + "\n", style="grey62")
