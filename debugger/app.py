@@ -201,10 +201,12 @@ class DebuggerApp(App):
             self.log_line(f"[bold]> {escape(line)}[/]")
         word, _, arg = line.partition(" ")
         cmd = lookup("x" if word.startswith("x/") else word)
+        if self.running and (cmd is None or cmd.names[0] != "help"):
+            # the worker owns the machine and the breakpoint tables until it stops
+            self.log_line("[yellow]the machine is running: press p to interrupt[/]")
+            return
         if cmd is not None and cmd.runs and not _quick(cmd, arg):
-            if self.running:
-                self.log_line("[yellow]the machine is running: press p to interrupt[/]")
-                return
+            self.session.cancel.clear()
             self.running = True
             self.run_started = time.perf_counter()
             for view in self.query(MemoryView):
@@ -341,6 +343,10 @@ class DebuggerApp(App):
     def action_toggle_break(self) -> None:
         view = self.query_one(SourceView)
         self.toggle_breakpoint(view.cursor_line)
+
+    async def action_quit(self) -> None:
+        self.session.cancel.set()           # a running worker stops at its next chunk
+        self.exit()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.KEY_HELP))

@@ -94,7 +94,8 @@ class Session:
         self.watchpoints: dict[int, Watchpoint] = {}
         self._next_number = 1
         self.catch: set[str] = {"fault"}
-        self.cancel = threading.Event()
+        self.cancel = threading.Event()      # set from another thread to interrupt a run;
+                                             # whoever starts a run clears it first
         # Per-cycle pipeline samples: cycle -> {stage: StageSample}.  Only what this
         # session has seen cycle by cycle; longer runs fall back to issue/finish cycles.
         self.samples: dict[int, dict[str, StageSample]] = {}
@@ -218,7 +219,6 @@ class Session:
                     return self._finish(self._finished_stop())
         else:
             target = m.cycle + n
-            self.cancel.clear()
             while m.cycle < target and not self.finished:
                 self.history.step(min(CHUNK_CYCLES, target - m.cycle))
                 if self.cancel.is_set():
@@ -245,7 +245,6 @@ class Session:
         """Continue until a breakpoint, watchpoint, caught event, halt, fault, `max_cycles`
         more cycles, or `cancel` is set (from another thread).  `progress(cycle, seconds)`
         is called between chunks."""
-        self.cancel.clear()
         progress = progress or self.on_progress
         if self.finished:
             return self._finish(self._finished_stop())
