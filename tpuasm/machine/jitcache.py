@@ -1,0 +1,72 @@
+"""Keep numba's on-disk cache in step with every source the compiled core depends on.
+
+numba invalidates a cached function only when *its own* file changes.  The run loop in
+core.py inlines kernels from kernels.py and gemm.py and freezes module-level tables
+(ISA constants, the sigmoid/tanh tables, OpenTPU's sigmoid steps) into its machine code,
+so after an edit to any of those a plain `cache=True` would keep serving the old code.
+Instead, the machine's modules are compiled into a cache directory named by a hash of all
+of those sources: any edit starts a fresh cache, an unchanged tree starts warm.
+
+`NUMBA_CACHE_DIR`, when the user sets it, wins.  The directory is chosen only while this
+package's modules are being imported (their `@njit(cache=True)` decorators read it), then
+numba's global setting is restored, so other numba code in the process is unaffected.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent.parent          # tpuasm/
+_DEPENDENCIES = ("machine/*.py", "functions.py", "function_tables.npz", "opentpu.py",
+                 "isa.py", "isa.toml")
+_KEEP = 4                                                   # cache generations kept
+
+
+def source_digest() -> str:
+    import numba
+    h = hashlib.sha256(numba.__version__.encode())
+    for pattern in _DEPENDENCIES:
+        for path in sorted(_PACKAGE.glob(pattern)):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tpuasm"
+
+
+@contextmanager
+def keyed_cache_dir():
+    """While importing the numba modules, point numba's cache at the keyed directory."""
+    from numba.core import config
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        yield
+        return
+    target = cache_root() / f"numba-{source_digest()}"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        os.utime(target)                       # mark as recently used for pruning
+        _prune(target)
+    except OSError:
+        yield                                  # unwritable home: numba's own locators decide
+        return
+    previous = config.CACHE_DIR
+    config.CACHE_DIR = str(target)
+    try:
+        yield
+    finally:
+        config.CACHE_DIR = previous
+
+
+def _prune(current: Path) -> None:
+    """Drop all but the most recently used cache generations."""
+    generations = sorted(current.parent.glob("numba-*"), key=lambda p: p.stat().st_mtime,
+                         reverse=True)
+    for old in generations[_KEEP:]:
+        if old != current:
+            shutil.rmtree(old, ignore_errors=True)
