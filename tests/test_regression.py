@@ -427,7 +427,7 @@ def test_plugin_import_is_cheap():
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 LIBRARY = ["matmul_single", "matmul_tiled", "mlp3_relu", "sigmoid_tanh", "conv2d_pool",
            "conv2d_pool_fifo8", "strided_dma", "double_buffer", "double_buffer_serial",
-           "lstm1_600x600", "mlp0", "wide_wrap"]
+           "lstm1_600x600", "mlp0", "wide_wrap", "repeat_strides"]
 
 
 @pytest.mark.parametrize("name", LIBRARY)
