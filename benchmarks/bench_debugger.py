@@ -86,7 +86,13 @@ async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
             paint()
             paints.append(time.perf_counter())
         screen._compositor_refresh = timed_paint
-        for key, label in (("s", "step cycle"), ("n", "step instruction"), ("f12", "no-op key")):
+        for key, label in (("s", "step cycle"), ("n", "step instruction"), ("b", "reverse step cycle"),
+                           ("f12", "no-op key")):
+            if key == "b":                          # somewhere in the middle, with history behind
+                original("restart", False)
+                original("run 9000", False)
+                await app.workers.wait_for_complete()
+                await pilot.pause()
             to_paint, handler, round_trip = [], [], []
             for _ in range(steps):
                 handled.clear()

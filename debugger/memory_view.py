@@ -184,8 +184,17 @@ class MemoryView(ScrollView, can_focus=True):
         zero = (values == 0).tolist()
         addr_style = _TARGET_ADDRESS if row == self.target_row else _ADDRESS
         segments = [Segment(f"{row:>{gutter - 2}}: ", addr_style)]
+        # one segment per run of equally styled cells: a 256-wide row is a handful of
+        # segments, not hundreds, which is what keeps the repaint cheap
+        run_style, run = None, []
         for k, text in enumerate(texts):
             style = _CHANGED if changed and changed[k] else (_ZERO if zero[k] else _VALUE)
-            segments.append(Segment(text, style))
-            segments.append(Segment(" "))
+            if style is not run_style and run:
+                segments.append(Segment(" ".join(run), run_style))
+                segments.append(Segment(" "))
+                run = []
+            run_style = style
+            run.append(text)
+        if run:
+            segments.append(Segment(" ".join(run), run_style))
         return Strip(segments).crop(0, width).extend_cell_length(width)

@@ -7,7 +7,6 @@ from rich.text import Text
 from textual.widgets import Static
 
 
-PIPE_STAGES = ("input", "matrix", "activate", "output", "weights")
 TIMELINE_ROWS = ("front", "input", "matrix", "activate", "output", "weights")
 _STAGE_COLOURS = {"front": "white", "input": "green", "matrix": "magenta", "activate": "cyan",
                   "output": "blue", "weights": "yellow"}

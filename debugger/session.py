@@ -9,14 +9,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .expr import Evaluator, ExprError, Location, symbol_table
 
 CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interrupted
-HISTORY_INTERVAL = 5_000     # cycles between the library's snapshots: each costs a UB compare,
+HISTORY_INTERVAL = 20_000    # cycles between the library's snapshots: each costs a UB compare,
                              # and a step back replays at most this many cycles
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pygments.token import Comment, Keyword, Name, Number, Operator, String, Token
+from pygments.token import Comment, Keyword, Name, Number, Operator, String
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
