@@ -23,6 +23,10 @@ def generate(out_dir):
     x = o.random_int8(g, (b, o.N))
     w1 = o.random_int8(g, (o.N, o.N))
     w2 = o.random_int8(g, (o.N, o.N))
+    # Two vectors aligned with (against) w1's first column drive their sums past the
+    # table's range: sigmoid -> 1.0 = 32768 >> 7 = 256, saturated to 255 (and -> 0).
+    x[0] = np.where(w1[:, 0] >= 0, 127, -128)
+    x[1] = np.where(w1[:, 0] >= 0, -128, 127)
     s = o.activate(o.matmul(x, w1), fn="sigmoid", in_frac=c["SIG_FRAC"], shift=7, out="uint8")
     # Layer 2 reads s as unsigned bytes (MMC.U).
     t = o.activate(o.matmul(s.astype(np.int64), w2), fn="tanh", in_frac=c["TANH_FRAC"],
