@@ -324,13 +324,16 @@ class Session:
                 return stop
 
     def _at_breakpoint(self) -> int | None:
-        """The instruction the last stop left us in front of, if it was a breakpoint: a run
-        started there issues it (the machine's rule), so it does not count as a hit."""
+        """The instruction a run starts in front of: like the machine's own rule (and gdb's),
+        a run started at a breakpoint issues it instead of stopping there again.  At cycle 0
+        nothing has been seen yet, so a breakpoint on the first instruction still stops."""
+        nxt = self.next_to_issue()
+        if nxt is None or self.machine.issue_cycle(nxt) >= 0:
+            return None
         stop = self.last_stop
-        if stop is not None and stop.kind in ("breakpoint", "tag", "interrupt", "error") \
-                and stop.index is not None and stop.index == self.next_to_issue():
-            return stop.index
-        return None
+        if stop is not None and stop.index == nxt and stop.kind != "watchpoint":
+            return nxt
+        return nxt if self.machine.cycle > 0 else None
 
     def _rewind_to(self, cycle: int) -> None:
         back = self.machine.cycle - cycle

@@ -117,6 +117,17 @@ def test_condition_on_cycle_and_ignore_count(here):
     assert "hit 3x" in run(engine, "info breakpoints").text()
 
 
+def test_continue_from_a_breakpoint_location_does_not_stop_there_again(engine):
+    run(engine, f"until {LINE_MMC1}")
+    assert engine.session.next_to_issue() == 4
+    run(engine, f"break {LINE_MMC1}")
+    assert run(engine, "continue").stop.kind == "halted"
+    run(engine, "restart")
+    run(engine, "break *0")                      # at cycle 0 the first instruction still stops
+    r = run(engine, "continue")
+    assert r.stop.kind == "breakpoint" and r.stop.index == 0 and engine.session.machine.cycle == 0
+
+
 def test_tbreak_until_delete_disable(engine):
     run(engine, f"tbreak {LINE_MMC1}")
     assert run(engine, "continue").stop.index == 4
