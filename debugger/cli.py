@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", type=Path, metavar="W.npy", help="weight image (tiles, N, N) int8/uint8")
     p.add_argument("--batch", type=Path, metavar="SCRIPT",
                    help="run the debugger commands in SCRIPT ('-' for stdin) and exit")
+    p.add_argument("--screenshot", type=Path, metavar="OUT.svg",
+                   help="draw the screen without a terminal, after running the --batch script "
+                        "in it if given, save it as an SVG and exit")
+    p.add_argument("--size", default="170x50", metavar="COLSxROWS",
+                   help="terminal size for --screenshot (default 170x50)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine shape or setting: array_size, ub_rows, acc_rows, fifo_depth, "
                         "profile, hazards, timing, ... (repeatable or comma-separated)")
@@ -101,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}" if "\n" not in str(e) else str(e), file=sys.stderr)
         return USAGE_ERROR
+    if args.screenshot is not None:
+        return screenshot(session, script or "", args.screenshot, args.size)
     if script is not None:
         from .batch import run_batch
         return run_batch(session, script, name=str(args.batch))
@@ -108,3 +115,34 @@ def main(argv: list[str] | None = None) -> int:
     app = DebuggerApp(session)
     app.run()
     return app.return_code or 0
+
+
+def screenshot(session, script: str, out: Path, size: str) -> int:
+    """Run `script` on the screen without a terminal and save what it shows (docs/debugger.svg
+    is made this way)."""
+    from .app import DebuggerApp
+    from .commands import split_script
+    try:
+        cols, rows = (int(x) for x in size.lower().split("x"))
+    except ValueError:
+        print(f"error: --size {size!r}: expected COLSxROWS, e.g. 170x50", file=sys.stderr)
+        return USAGE_ERROR
+    app = DebuggerApp(session)
+    failed = []
+
+    async def drive(pilot):
+        await pilot.pause()
+        for lineno, line in split_script(script):
+            app.execute(line)
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            if session.last_stop is not None and session.last_stop.kind == "error":
+                failed.append(lineno)
+        app.query_one("#source").focus()
+        await pilot.pause()
+        app.save_screenshot(out.name, path=str(out.parent.resolve()))
+        app.exit()
+
+    app.run(headless=True, size=(cols, rows), auto_pilot=drive)
+    print(f"saved {out}")
+    return COMMAND_FAILED if failed else 0

@@ -445,3 +445,14 @@ def test_matmul_tiled_at_n256(tmp_path):
     base = session.symbols["host.y"][1]
     assert np.array_equal(m.host[base:base + len(y)].view(np.int8), y.view(np.int8))
     assert "array active" in run(engine, "info counters").text()
+
+
+def test_screenshot_option_runs_the_script_on_the_screen_and_saves_an_svg(here, capsys):
+    args = write_program(here)
+    (here / "s.tdb").write_text(f"break {LINE_MMC1}\ncontinue\nstep 3\n")
+    code = main([str(args.program), "--host", str(args.host), "--weights", str(args.weights),
+                 "--batch", "s.tdb", "--screenshot", "shot.svg", "--size", "150x45"])
+    assert code == 0, capsys.readouterr()
+    svg = (here / "shot.svg").read_text()
+    assert svg.startswith("<svg") and "pipeline" in svg and "weight&#160;shift" in svg
+    assert main([str(args.program), "--screenshot", "x.svg", "--size", "big"]) == 2
