@@ -182,7 +182,7 @@ def test_emulator_matches_reference_on_faulting_programs(kind):
 
 
 def test_emulator_matches_reference_under_the_opentpu_profile():
-    # spec/opentpu.md: only Activate changes (R / Q / nothing, then the low 8 bits).
+    # spec/opentpu.md: only Activate changes (OpenTPU's sigmoid, then the low 8 bits).
     count = 0
 
     @settings(max_examples=OPENTPU_EXAMPLES, deadline=None, derandomize=True, database=None,

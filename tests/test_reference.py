@@ -716,3 +716,21 @@ def test_npy_paths_and_max_instructions(tmp_path):
     r = run_reference(prog, host, EYE[None], max_instructions=2)
     assert r.executed == 2 and r.next_index == 2 and r.fault_kind is None
     assert r.acc.sum() == 0 and r.fifo == [0]
+
+
+def test_opentpu_tanh_and_pooling_keep_the_low_8_bits():
+    # spec/opentpu.md section 4: T reads fn_in_frac, M/A read pool_size; requantization and
+    # act_out are ignored (act_shift 3, act_out 2 below change nothing; one UB row per vector).
+    # Rows: r0 [256, -256, 0, 0]; r1 [300, -300, 1, -1]; r2 [301, -299, 2, -2].
+    # ACT.T (fn_in_frac 8) on r0: TANH[256] = 24956 = 0x617C -> 0x7C = 124;
+    #   TANH[-256] = -24956 -> -24956 + 98 * 256 = 132; 0 -> 0.
+    # ACT.A pool_size 2 on r1, r2: (601 + 1)//2 = 301 -> 45; (-599 + 1)//2 = -299 -> 213;
+    #   (3 + 1)//2 = 2; (-3 + 1)//2 = -1 -> 255.
+    # ACT.M: max 301 -> 45, -299 -> 213, 2, -1 -> 255.
+    prog, host, weights = load_acc16([[256, -256, 0, 0], [300, -300, 1, -1], [301, -299, 2, -2]])
+    prog += [CFG("act_shift", 3), CFG("act_out", 2), CFG("fn_in_frac", 8),
+             I("ACT", "T", acc=0, ub=0, length=1),
+             CFG("pool_size", 2), I("ACT", "A", acc=1, ub=1, length=2),
+             I("ACT", "M", acc=1, ub=2, length=2)]
+    r = run(prog, host, weights, shape=OPENTPU)
+    assert r.ub[0:3].tolist() == [[124, 132, 0, 0], [45, 213, 2, 255], [45, 213, 2, 255]]

@@ -18,8 +18,8 @@ section 7: config, shape, address, then the weight faults no_tile, weight_width 
 group such as ACT.RQ, is `invalid_instruction` before anything else).  The address a fault
 names is the first out-of-range row in execution order (section 7).
 
-Profiles: "tpu" (spec/isa.md) and "opentpu", whose Activate is R, Q or nothing followed by
-the low 8 bits (spec/opentpu.md section 4); ACT.T/M/A under "opentpu" are not modelled.
+Profiles: "tpu" (spec/isa.md) and "opentpu", whose Activate keeps the low 8 bits with no
+requantization and computes Q as OpenTPU's sigmoid (spec/opentpu.md section 4).
 
 Weights without timing: the model keeps one queue of the tiles fetched by Read_Weights and
 not yet consumed by a switch (the Weight FIFO and the shadow buffer together), plus the
@@ -351,6 +351,8 @@ class ReferenceMachine:
         """Step 1 on one int32 value."""
         if flags & ACT["R"]:
             return max(x, 0)
+        if flags & ACT["Q"] and self.profile == "opentpu":
+            return opentpu_sigmoid(x)               # spec/opentpu.md section 4
         if flags & ACT["Q"]:
             return int(SIGMOID_Q15[to_q8(x, self.regs["fn_in_frac"]) - T_MIN])
         if flags & ACT["T"]:
@@ -403,13 +405,14 @@ class ReferenceMachine:
         return [y & 0xFF]
 
     def op_ACT(self, index, ins):
-        if self.profile == "opentpu":
-            return self._act_opentpu(index, ins)
+        # Under the opentpu profile (spec/opentpu.md section 4) Q is OpenTPU's sigmoid and
+        # step 3-4 is just the low 8 bits: no requantization, act_out ignored, one row each.
+        opentpu = self.profile == "opentpu"
         f = ins.flags
         length = ins["length"]
         groups = self._pool_groups(f, length)
         out_vectors = length if groups is None else len(groups)
-        rows_per_vector = 2 if self.regs["act_out"] == 2 else 1
+        rows_per_vector = 2 if self.regs["act_out"] == 2 and not opentpu else 1
         acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
         for i in range(ins.repeat):
             acc = ins["acc"] + i * acc_step
@@ -438,40 +441,15 @@ class ReferenceMachine:
                 values = pooled
             # 3. requantize and 4. output
             for r, row in enumerate(values):
-                bytes_ = [self._output_rows(self._requantize(v)) for v in row]
+                if opentpu:
+                    bytes_ = [[v & 0xFF] for v in row]
+                else:
+                    bytes_ = [self._output_rows(self._requantize(v)) for v in row]
                 if rows_per_vector == 1:
                     self.ub[ub + r] = [b[0] for b in bytes_]
                 else:
                     self.ub[ub + 2 * r] = [b[0] for b in bytes_]
                     self.ub[ub + 2 * r + 1] = [b[1] for b in bytes_]
-
-
-    # spec/opentpu.md section 4: the OpenTPU profile's Activate -------------------------
-    def _act_opentpu(self, index, ins):
-        """R `max(x, 0)`, Q `int(255 / (1 + exp(-x)))` or x itself, then the low 8 bits;
-        no requantization, no registers.  (T, M and A under this profile are not modelled:
-        spec/opentpu.md says they "still work" but not which registers they read.)"""
-        f = ins.flags
-        if f & (ACT["T"] | ACT["M"] | ACT["A"]):
-            raise NotImplementedError("the reference model does not model ACT.T/M/A under "
-                                      "the opentpu profile")
-        length = ins["length"]
-        acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
-        for i in range(ins.repeat):
-            acc = ins["acc"] + i * acc_step
-            ub = ins["ub"] + i * ub_step
-            self.check_acc(range(acc, acc + length))
-            self.check_ub(range(ub, ub + length))
-        for i in range(ins.repeat):
-            acc = ins["acc"] + i * acc_step
-            ub = ins["ub"] + i * ub_step
-            for r in range(length):
-                values = [int(v) for v in self.acc[acc + r]]
-                if f & ACT["R"]:
-                    values = [max(x, 0) for x in values]
-                elif f & ACT["Q"]:
-                    values = [opentpu_sigmoid(x) for x in values]
-                self.ub[ub + r] = [x & 0xFF for x in values]
 
 
 def opentpu_sigmoid(x: int) -> int:
