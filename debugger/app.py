@@ -178,8 +178,7 @@ class DebuggerApp(App):
         return lambda: getattr(m, memory)
 
     def on_mount(self) -> None:
-        titles = {"source": f"source  {self.session.source_name or ''}",
-                  "pipeline": "pipeline and weights",
+        titles = {"pipeline": "pipeline and weights",
                   "timeline": "timeline", "log": "log", "memories": "memories",
                   "counters": "counters"}
         for wid, title in titles.items():

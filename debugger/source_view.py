@@ -134,6 +134,10 @@ class SourceView(ScrollView, can_focus=True):
         if file != self.listing.name:
             self.listing = build_listing(self.session, file)
             self.virtual_size = Size(100, len(self.listing.lines))
+            self.border_title = f"source  {file}"
+
+    def on_mount(self) -> None:
+        self.border_title = f"source  {self.listing.name}"
 
     def update_state(self, follow: bool = True) -> None:
         """Read the pipeline and breakpoints; scroll to the next instruction if asked."""

@@ -356,3 +356,19 @@ async def test_full_size_unified_buffer_view(tmp_path):
         row = next(line_text(view, y) for y in range(1, view.size.height)
                    if line_text(view, y).lstrip().startswith("1:"))
         assert row.split()[1:4] == [str(v) for v in session.machine.ub[1][:3].view(np.int8)]
+
+
+@pilot_test
+async def test_source_pane_follows_the_next_instruction_into_an_included_file(here):
+    (here / "layer.tasm").write_text("; the included layer\n    TAG 5\n    WHM in, host.x, 4\n")
+    main_source = (".config array_size=8, ub_rows=64, acc_rows=32\n.host x, 4\n.ub in, 4\n"
+                   "    RHM host.x, in, 4\n.include \"layer.tasm\"\n    HLT\n")
+    app = DebuggerApp(make_session(here, main_source, "main.tasm"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        view = app.query_one(SourceView)
+        assert view.listing.name == "main.tasm" and view.next_line == 4
+        await command(pilot, "break layer.tasm:2")
+        await keys(pilot, "c")
+        assert view.listing.name == "layer.tasm" and view.next_line == 2
+        assert "layer.tasm" in view.border_title and view.break_lines == {2: True}
