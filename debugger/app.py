@@ -21,7 +21,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, RichLog, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from .commands import COMMANDS, Engine, Result, event_text, lookup
+from .commands import COMMANDS, Engine, Result, lookup
+from .formatting import event_text
 from .memory_view import MemoryView
 from .panes import CountersPane, PipelinePane, TimelinePane
 from .session import Session

@@ -5,7 +5,8 @@ import sys
 
 from rich.console import Console
 
-from .commands import Engine, event_text, split_script
+from .commands import Engine, split_script
+from .formatting import event_text
 
 
 def run_batch(session, script: str, name: str = "script", out=None) -> int:
