@@ -163,16 +163,21 @@ class ReferenceMachine:
         return out
 
     def op_RHM(self, index, ins):
-        plan = self._contiguous_rows(ins)
+        self._host_to_ub(self._contiguous_rows(ins))
+
+    def op_WHM(self, index, ins):
+        self._ub_to_host(self._contiguous_rows(ins))
+
+    def _host_to_ub(self, plan):
+        """Check every row of every iteration (source first), then copy in order."""
         for host_rows, ub_rows in plan:
             self.check_host(host_rows)
             self.check_ub(ub_rows)
-        for host_rows, ub_rows in plan:
+        for host_rows, ub_rows in plan:          # in order: a later vector wins
             for h, u in zip(host_rows, ub_rows):
                 self.ub[u] = self.host[h]
 
-    def op_WHM(self, index, ins):
-        plan = self._contiguous_rows(ins)
+    def _ub_to_host(self, plan):
         for host_rows, ub_rows in plan:
             self.check_ub(ub_rows)
             self.check_host(host_rows)
@@ -191,22 +196,10 @@ class ReferenceMachine:
         return out
 
     def op_RHMA(self, index, ins):
-        plan = self._strided_rows(ins)
-        for host_rows, ub_rows in plan:
-            self.check_host(host_rows)
-            self.check_ub(ub_rows)
-        for host_rows, ub_rows in plan:          # in order: the later vector wins
-            for h, u in zip(host_rows, ub_rows):
-                self.ub[u] = self.host[h]
+        self._host_to_ub(self._strided_rows(ins))
 
     def op_WHMA(self, index, ins):
-        plan = self._strided_rows(ins)
-        for host_rows, ub_rows in plan:
-            self.check_ub(ub_rows)
-            self.check_host(host_rows)
-        for host_rows, ub_rows in plan:
-            for h, u in zip(host_rows, ub_rows):
-                self.host[h] = self.ub[u]
+        self._ub_to_host(self._strided_rows(ins))
 
     # 5.3: Read_Weights -----------------------------------------------------------
     def op_RW(self, index, ins):
