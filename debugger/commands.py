@@ -334,7 +334,12 @@ class Engine:
         if not arg:
             raise CommandError("x/NFU ADDR: which address?")
         loc = self.session.eval.location(arg)
-        array = memory_array(self.session.machine, loc.memory)
+        if loc.memory == "tile":                 # x/8d tile[3]: that weight tile, as int8
+            tile = self.session.eval.value(f"tile[{loc.row}]")
+            loc = Location(f"tile[{loc.row}]", 0, loc.col)
+            array = tile.view("u1")
+        else:
+            array = memory_array(self.session.machine, loc.memory)
         unit = m.group(3) or ("w" if loc.memory == "acc" else "b")
         return Result(examine(array, loc, count, radix, unit))
 

@@ -240,6 +240,9 @@ def test_x_and_print_formats(engine):
     assert run(engine, "print acc.sums + 8").text() == "acc.sums + 8 = 8"
     assert run(engine, "print hidden").text() == "hidden = 4"
     assert run(engine, "print act_mult").text() == "act_mult = 1"
+    w = small_data()[1]
+    r = run(engine, "x/8d tile[1]")
+    assert r.text() == "tile[1][0][0]:  " + " ".join(str(v) for v in w[1][0])
     run(engine, "print nosuch", ok=False)
     run(engine, "print __import__('os')", ok=False)
     run(engine, "x/4q ub[0]", ok=False)
