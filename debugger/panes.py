@@ -42,7 +42,10 @@ class PipelinePane(Static):
         if key == self._drawn:
             return
         self._drawn = key
-        width = max(self.size.width, 60)
+        width = self.size.width or 100
+        if width < 72:
+            self.update(self._compact(states, weights, width), layout=False)
+            return
         w_instr = min(30, max(16, width // 4))
         w_stall = max(16, width - (9 + w_instr + 15 + 6 + 3))
         text = Text(no_wrap=True, overflow="crop")
@@ -67,6 +70,25 @@ class PipelinePane(Static):
             text.append("\n")
         text.append_text(weights)
         self.update(text, layout=False)     # fixed height: no relayout per step
+
+
+    @staticmethod
+    def _compact(states, weights: Text, width: int) -> Text:
+        """For narrow terminals: stage and instruction on one line, the stall under it."""
+        text = Text(no_wrap=True, overflow="crop")
+        for st in states:
+            colour = _STAGE_COLOURS.get(st.name, "white")
+            text.append(f"{st.name:<9}", style=f"bold {colour}")
+            if st.index is None:
+                text.append("idle", style="grey50")
+            else:
+                progress = f" {st.progress}/{st.total}" if st.total else ""
+                text.append(_fit(f"#{st.index} {st.text}{progress} ({st.cycles_in_stage})", width - 9))
+            for chunk in textwrap.wrap(st.stall or "", max(width - 2, 10)):
+                text.append("\n  " + chunk, style="bold red")
+            text.append("\n")
+        text.append_text(weights)
+        return text
 
 
 def _fit(s: str, width: int) -> str:
@@ -159,9 +181,14 @@ class TimelinePane(Static):
 
 
 class CountersPane(Static):
+    """Cycle, retired instructions, MXU utilisation and the Table-3 cycle breakdown."""
+
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
+
+    def on_resize(self) -> None:
+        self.update_state()
 
     def update_state(self) -> None:
         c = self.session.machine.counters()
@@ -172,16 +199,18 @@ class CountersPane(Static):
         text.append("   retired ", style="bold")
         text.append(f"{int(c.get('instructions', 0)):,}/{len(self.session.program)}\n")
         util = float(c.get("mxu_utilization", 0))
+        wide = (self.size.width or 40) >= 34          # room for the bars
         text.append("MXU ", style="bold")
         text.append(f"{100 * util:5.1f} % ", style="magenta")
-        text.append(bar(int(1000 * util), 1000, 14) + "\n", style="magenta")
+        text.append((bar(int(1000 * util), 1000, 14) if wide else "") + "\n", style="magenta")
         for key, label, colour in (("array_active_cycles", "active", "magenta"),
                                    ("weight_stall_cycles", "w.stall", "red"),
                                    ("weight_shift_cycles", "w.shift", "yellow"),
                                    ("non_matrix_cycles", "non-mxu", "grey62")):
             v = int(c.get(key, 0))
             text.append(f"{label:<8}", style=colour)
-            text.append(f"{v:>9,} {100 * v / cycles:5.1f}% {bar(v, cycles, 8)}\n", style=colour)
+            text.append(f"{v:>9,} {100 * v / cycles:5.1f}%" + (f" {bar(v, cycles, 8)}" if wide else "")
+                        + "\n", style=colour)
         text.append(f"RAW stall {int(c.get('raw_stall_cycles', 0)):,}  "
                     f"input stall {int(c.get('input_stall_cycles', 0)):,}", style="grey62")
         self.update(text, layout=False)
