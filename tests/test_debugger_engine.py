@@ -206,13 +206,16 @@ def test_reverse_step_restores_exactly_the_state_of_a_fresh_run(engine, here, ta
 
 def test_reverse_next_and_reverse_continue(engine, here):
     run(engine, f"break {LINE_MMC2}")
-    stop_cycle = run(engine, "continue").stop and engine.session.machine.cycle
+    run(engine, "continue")
+    stop_cycle = engine.session.machine.cycle
     run(engine, "continue")
     assert engine.session.machine.status == "halted"
     r = run(engine, "reverse-continue")
     assert r.stop.kind == "breakpoint" and engine.session.machine.cycle == stop_cycle
-    assert_same_state(machine_state(engine.session.machine) | {"status": "x"},
-                      fresh_state_at(here, stop_cycle) | {"status": "x"})
+    # the same state as a fresh run stepped there (status aside: "breakpoint" vs "paused")
+    ignore_status = {"status": None}
+    assert_same_state(machine_state(engine.session.machine) | ignore_status,
+                      fresh_state_at(here, stop_cycle) | ignore_status)
     before = engine.session.machine.cycle
     run(engine, "reverse-next")
     m = engine.session.machine
