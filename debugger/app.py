@@ -275,7 +275,21 @@ class DebuggerApp(App):
         self.query_one(CountersPane).update_state()
         for view in self.query(MemoryView):
             view.update_data()
+        self._memory_subtitle()
         self._show_status()
+
+    @on(MemoryView.FormatChanged)
+    @on(TabbedContent.TabActivated)
+    def _memory_subtitle(self) -> None:
+        """Under the memories pane: what the shown view holds and how it is formatted."""
+        view = self.current_memory_view()
+        what = view.memory
+        if what == "tile":
+            m = self.session.machine
+            active = m.active()
+            t = self.tile_shown if self.tile_shown is not None else (active.tiles[0] if active else 0)
+            what = f"weight tile {t}" + (" (active)" if active and t in active.tiles else "")
+        self.query_one("#memories").border_subtitle = f"{what}  {view.describe()}  (x radix, w unit, g go to)"
 
     def _show_status(self, running: bool = False, cycle: int | None = None) -> None:
         m = self.session.machine

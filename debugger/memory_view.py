@@ -14,6 +14,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.geometry import Size
+from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -126,12 +127,22 @@ class MemoryView(ScrollView, can_focus=True):
     def _gutter_width(self) -> int:
         return max(len(str(max(self._shape[0] - 1, 0))), 4) + 2
 
+    class FormatChanged(Message):
+        """Radix or unit changed: the app shows them under the pane."""
+
+    def describe(self) -> str:
+        a = self.source()
+        unit = "int32" if a is None or a.dtype.itemsize != 1 else self.unit
+        return f"{self.radix} {unit}"
+
     def watch_radix(self) -> None:
         self.update_data()
+        self.post_message(self.FormatChanged())
 
     def watch_unit(self) -> None:
         self._before = None
         self.update_data()
+        self.post_message(self.FormatChanged())
 
     def action_cycle_radix(self) -> None:
         self.radix = RADIXES[(RADIXES.index(self.radix) + 1) % len(RADIXES)]
