@@ -269,14 +269,18 @@ class DebuggerApp(App):
     def refresh_all(self, follow: bool = False) -> None:
         if self.running:
             return
-        self.query_one(SourceView).update_state(follow=follow)
-        self.query_one(PipelinePane).update_state()
-        self.query_one(TimelinePane).update_state()
-        self.query_one(CountersPane).update_state()
-        for view in self.query(MemoryView):
-            view.update_data()
-        self._memory_subtitle()
-        self._show_status()
+        updates = [partial(self.query_one(SourceView).update_state, follow=follow),
+                   self.query_one(PipelinePane).update_state,
+                   self.query_one(TimelinePane).update_state,
+                   self.query_one(CountersPane).update_state,
+                   *(view.update_data for view in self.query(MemoryView)),
+                   self._memory_subtitle, self._show_status]
+        for update in updates:
+            try:
+                update()
+            except Exception as e:      # noqa: BLE001 - one broken pane must not end the session
+                self.log_line(f"[bold red]internal error drawing {escape(str(update))}: "
+                              f"{escape(type(e).__name__)}: {escape(str(e))}[/]")
 
     @on(MemoryView.FormatChanged)
     @on(TabbedContent.TabActivated)

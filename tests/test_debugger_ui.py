@@ -192,6 +192,7 @@ async def test_radix_and_unit_switch(here):
         await keys(pilot, "x")
         assert view.radix == "signed"
         assert line_text(view, 1).split()[1:] == [str(v) for v in host[0]]
+        assert "ub  signed int8" in app.query_one("#memories").border_subtitle
         await keys(pilot, "x")
         assert line_text(view, 1).split()[1:] == [str(int(v) & 0xff) for v in host[0]]
         await keys(pilot, "w")
