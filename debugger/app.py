@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
@@ -47,7 +48,7 @@ class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 96; height: 90%; border: thick $accent;
+    HelpScreen > VerticalScroll { width: 100; height: 90%; border: thick $accent;
                                   background: $surface; padding: 0 1; }
     """
 
@@ -55,23 +56,34 @@ class HelpScreen(ModalScreen):
         super().__init__()
         self.keys = keys
 
+    def plain_text(self) -> str:
+        """Everything the help shows, as plain text (for tests and for `help` in batch)."""
+        return "\n".join([*(f"{k}  {w}" for k, w in self.keys),
+                          *(f"{c.usage}  {c.summary}" for c in COMMANDS)])
+
     def compose(self) -> ComposeResult:
-        text = Text()
-        text.append("Keys\n", style="bold underline")
+        keys = Table(box=None, show_header=False, padding=(0, 2, 0, 1))
+        keys.add_column(style="bold cyan", no_wrap=True)
+        keys.add_column()
         for key, what in self.keys:
-            text.append(f"  {key:<18}", style="bold cyan")
-            text.append(f"{what}\n")
-        text.append("\nCommands (type after `:`; the same language runs in --batch)\n",
-                    style="bold underline")
+            keys.add_row(Text(key), Text(what))
+        commands = Table(box=None, show_header=False, padding=(0, 2, 0, 1))
+        commands.add_column(style="bold green", max_width=34, overflow="fold")
+        commands.add_column()
         for c in COMMANDS:
-            text.append(f"  {c.usage:<36}", style="bold green")
-            text.append(f"{c.summary}\n")
-        text.append("\nExpressions: cycle, retired, status, counters, registers, symbols, "
-                    "ub[r][c] (int8), ubu[r] (uint8), acc[r][c], host[r], tile[t]; "
-                    "e.g. `break 12 if acc[3][7] < 0`, `goto acc.sums + 8`.\nEscape closes.",
-                    style="grey70")
+            commands.add_row(Text(c.usage), Text(c.summary))     # Text: `[if COND]` is not markup
         with VerticalScroll():
-            yield Static(text)
+            yield Static(Text("Keys", style="bold underline"))
+            yield Static(keys)
+            yield Static(Text("\nCommands (after `:`; the same language runs in --batch)",
+                              style="bold underline"))
+            yield Static(commands)
+            yield Static(Text(
+                "\nExpressions: cycle, retired, status, fault, counters and registers by name, "
+                "the program's symbols (input, ub.input, acc.sums + 8), ub[r][c] and host[r] (int8; "
+                "ubu, hostu: uint8), acc[r][c] (int32), tile[t], slices, lists, "
+                "sum/min/max/abs/any/all/count.  E.g. `break 12 if acc[3][7] < 0`.\n"
+                "Escape or ? closes this help.", style="grey70"))
 
 
 class DebuggerApp(App):

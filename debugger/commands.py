@@ -46,7 +46,8 @@ class Command:
 
 
 COMMANDS = [
-    Command(("step", "s"), "step [N]", "advance N cycles (default 1)", "do_step", True),
+    Command(("step", "s"), "step [N]", "advance N clock cycles (default 1; a step passes breakpoints)",
+            "do_step", True),
     Command(("stepi", "next", "n", "si"), "next [N]", "advance until N more instructions finish "
             "their stage", "do_next", True),
     Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
