@@ -207,6 +207,9 @@ class DebuggerApp(App):
         # all and one repaint takes 60 ms instead of 10.
         gc.freeze()
 
+    def on_unmount(self) -> None:
+        gc.unfreeze()                   # hand it all back (tests start many apps in one process)
+
     # -- running commands ----------------------------------------------------------------------
     def execute(self, line: str, echo: bool = True) -> None:
         """Run a command line; `echo` logs it (typed commands), keys do not, so stepping
