@@ -338,17 +338,22 @@ class DebuggerApp(App):
         return self.query_one(f"#mem-{memory}", MemoryView)
 
     def go_to(self, loc) -> None:
-        if loc.memory == "tile":
+        """Show `loc` in its memory view, switching tabs if needed."""
+        tile = loc.memory == "tile"
+        if tile:
             self.tile_shown = loc.row
-            self.query_one(TabbedContent).active = "tab-tile"
-            view = self.query_one("#mem-tile", MemoryView)
-            view.update_data()
-            view.go_to(0, loc.col)
+        row = 0 if tile else loc.row
+        tabs = self.query_one(TabbedContent)
+        view = self.query_one(f"#mem-{loc.memory}", MemoryView)
+        view.target_row = row
+        switching = tabs.active != f"tab-{loc.memory}"
+        tabs.active = f"tab-{loc.memory}"
+        view.update_data()
+        if switching:
+            # a view that was hidden has no size yet: scroll once the layout has given it one
+            view.call_after_refresh(view.go_to, row, loc.col)
         else:
-            self.query_one(TabbedContent).active = f"tab-{loc.memory}"
-            view = self.query_one(f"#mem-{loc.memory}", MemoryView)
-            view.update_data()
-            view.go_to(loc.row, loc.col)
+            view.go_to(row, loc.col)
         view.focus()
 
     # -- actions ----------------------------------------------------------------------------

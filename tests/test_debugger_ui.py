@@ -227,6 +227,9 @@ async def test_go_to_address_and_symbol(here):
         tile_view = app.query_one("#mem-tile", MemoryView)
         w1 = small_data()[1][1]
         assert line_text(tile_view, 1).split()[1:] == [f"{int(v) & 0xff:02x}" for v in w1[0]]
+        await command(pilot, "goto acc[20]")              # a hidden tab scrolls once shown
+        acc_view = app.query_one("#mem-acc", MemoryView)
+        assert tabs.active == "tab-acc" and acc_view.scroll_offset.y == 18
         await command(pilot, "goto nosuch")
         assert "unknown name" in log_text(app)
 
