@@ -50,6 +50,9 @@ def split_config(items: list[str]) -> tuple[dict, dict]:
                 parsed = int(value, 0)
             except ValueError:
                 parsed = value
+            known = _machine_settings()
+            if key not in known:
+                raise InputError(f"--config {key}: unknown setting (choose from {', '.join(known)})")
             if key in MachineShape.__dataclass_fields__:
                 if key != "profile" and not isinstance(parsed, int):
                     raise InputError(f"--config {key}: not an integer: {value!r}")
@@ -57,6 +60,15 @@ def split_config(items: list[str]) -> tuple[dict, dict]:
             else:
                 machine[key] = parsed
     return shape, machine
+
+
+def _machine_settings() -> list[str]:
+    """Every --config key: the program shape's and the machine's (MachineConfig) fields."""
+    from dataclasses import fields
+    from tpuasm.binary import MachineShape
+    from tpuasm.machine import MachineConfig
+    names = [f.name for f in fields(MachineShape)]
+    return names + [f.name for f in fields(MachineConfig) if f.name not in names]
 
 
 def load_session(args):

@@ -1,10 +1,11 @@
 """Expressions in debugger commands: `cycle > 5000`, `acc[3][7] < 0`, `acc.layer1 + 8`.
 
 Parsed with Python's `ast` and evaluated by walking a whitelist of node types, so a
-condition can never run arbitrary code.  Names resolve, in order, to machine values
-(`cycle`, `retired`, `status`, `fault`), counters, configuration registers, the
-program's symbols and the memories `ub`, `host`, `acc`, `tile` (`tile[3]` is tile 3
-as int8).  Byte memories read as int8 unless a `u` view is asked for (`ubu`, `hostu`).
+condition can never run arbitrary code.  Names resolve, in this order, to machine values
+(`cycle`, `status`, `fault`), the memories `ub`, `acc`, `host` and `tile` (`tile[3]` is
+weight tile 3 as int8; byte memories read as int8, `ubu` and `hostu` as uint8), the
+shape (`array_size`, `ub_rows`, ...), the program's symbols, `retired`, the counters and
+the configuration registers.
 """
 from __future__ import annotations
 
@@ -268,6 +269,8 @@ class Evaluator:
             return Memory("host", m.host if name == "hostu" else m.host.view(np.int8))
         if name == "tile":
             return TileMemory(m)
+        if name in ("array_size", "ub_rows", "acc_rows", "fifo_depth"):
+            return int(getattr(m.config, name))
         if name in self.symbols:
             kind, value, size = self.symbols[name]
             self._kinds.append(kind)

@@ -396,12 +396,15 @@ def test_tbin_with_debug_info_debugs_at_source_level(here, capsys):
 
 def test_config_overrides(here, capsys):
     args = write_program(here)
-    (here / "s.tdb").write_text("expect ub_rows_check == 1\n")
-    (here / "s.tdb").write_text("print 1\n")
-    assert main([str(args.program), "--host", str(args.host), "--weights", str(args.weights),
-                 "--config", "ub_rows=128", "--batch", "s.tdb"]) == 0
+    (here / "s.tdb").write_text("expect ub_rows == 128 and array_size == 8\ncontinue\nexpect fault == 'hazard'\n")
+    data = ["--host", str(args.host), "--weights", str(args.weights)]
+    # strict hazard checking is a machine setting: this program has no SYNC between MMC and ACT
+    assert main([str(args.program), *data, "--config", "hazards=error,ub_rows=128",
+                 "--batch", "s.tdb"]) == 0, capsys.readouterr().out
     assert main([str(args.program), "--config", "array_size", "--batch", "s.tdb"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err
+    assert main([str(args.program), "--config", "bogus=1", "--batch", "s.tdb"]) == 2
+    assert "--config bogus: unknown setting (choose from array_size" in capsys.readouterr().err
 
 
 # -- the lexer -----------------------------------------------------------------------------------
