@@ -206,6 +206,8 @@ class Evaluator:
                 a, b = self._eval(l), self._eval(r)
                 if isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)) and _is_zero(b):
                     raise ExprError("division by zero")
+                if isinstance(op, (ast.Pow, ast.LShift)) and np.any(np.asarray(b) > 64):
+                    raise ExprError("exponent or shift above 64")     # 2 ** 10 ** 9 would hang
                 return _BINOPS[type(op)](_widen(a), _widen(b))
             case ast.UnaryOp(op=ast.Not(), operand=x):
                 return not _truth(self._eval(x))

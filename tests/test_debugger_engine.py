@@ -292,7 +292,8 @@ def test_expressions(engine):
     loc = ev.location("hidden")
     assert (loc.memory, loc.row, loc.rows) == ("ub", 4, 4)
     assert ev.location("ub.hidden + 1").row == 5
-    for bad in ("", "1 +", "open('x')", "cycle.__class__", "lambda: 1", "[x for x in ub]"):
+    for bad in ("", "1 +", "open('x')", "cycle.__class__", "lambda: 1", "[x for x in ub]",
+                "2 ** 10 ** 9", "1 << 100000000", "1 / 0"):
         with pytest.raises(ExprError):
             ev.value(bad)
 
