@@ -378,3 +378,52 @@ async def test_source_pane_follows_the_next_instruction_into_an_included_file(he
         await keys(pilot, "c")
         assert view.listing.name == "layer.tasm" and view.next_line == 2
         assert "layer.tasm" in view.border_title and view.break_lines == {2: True}
+
+
+# One example of every command, typed on the screen's command line.  A new command must be
+# added here, so that none ships without having run in the UI.
+EVERY_COMMAND = {
+    "step": "step", "stepi": "next 2", "continue": "continue", "run": "run 10",
+    "until": f"until {LINE_MMC2}", "reverse-step": "reverse-step 3", "reverse-next": "reverse-next",
+    "reverse-continue": "reverse-continue", "restart": "restart", "break": f"break {LINE_MMC1}",
+    "tbreak": f"tbreak {LINE_MMC2}", "condition": "condition 1 cycle >= 0", "ignore": "ignore 1 0",
+    "watch": "watch ub[0:2]", "catch": "catch tag", "uncatch": "uncatch tag", "delete": "delete 3",
+    "disable": "disable 1", "enable": "enable 1", "print": "print acc[0][0:4]",
+    "x": "x/4d ub[0]", "expect": "expect cycle >= 0", "info": "info breakpoints", "list": "list",
+    "goto": "goto acc[1]", "radix": "radix unsigned", "echo": "echo hello", "help": "help break",
+}
+
+
+@pilot_test
+async def test_every_command_runs_on_the_command_line(here):
+    from debugger.commands import COMMANDS
+    assert set(EVERY_COMMAND) == {c.names[0] for c in COMMANDS}
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        results = []
+        original = app.show_result
+
+        def record(result, echo=True):
+            results.append(result)
+            original(result, echo)
+        app.show_result = record
+        for name, line in EVERY_COMMAND.items():
+            results.clear()
+            await command(pilot, line)
+            assert results and results[-1].ok, (name, results and results[-1].text())
+        assert "internal error" not in log_text(app)
+        assert "hello" in log_text(app)
+
+
+@pilot_test
+async def test_tab_moves_focus_and_q_quits(here):
+    app = DebuggerApp(make_session(here))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.focused, SourceView)
+        await keys(pilot, "tab")
+        assert not isinstance(app.focused, SourceView)
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
