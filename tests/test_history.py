@@ -95,3 +95,64 @@ def test_history_memory_is_bounded():
     m2.load(lstm1_600x600(), weights=w)
     m2.step(5000)
     same_state(m, m2)
+
+
+# MMCs that stream while earlier ones drain (spec/timing.md 6): three into the same
+# accumulator rows, then an ACT that waits for the last; the drain ring is in play from
+# the second MMC's issue to the third's completion.
+OVERLAP = program(I("RW", repeat=2, tile=0), I("RHM", host=0, ub=0, length=30),
+                  I("MMC", "SO", ub=0, acc=0, length=10), I("MMC", ub=10, acc=0, length=10),
+                  I("MMC", "S", ub=20, acc=0, length=10), I("ACT", acc=0, ub=100, length=10),
+                  I("HLT"))
+
+
+def fresh_overlap(cycle):
+    h, w = data()
+    m = Machine()
+    m.load(OVERLAP, host=h, weights=w)
+    if cycle:
+        m.step(cycle)
+    return m
+
+
+def test_history_exact_across_overlapping_drains():
+    h, w = data()
+    m = Machine()
+    m.load(OVERLAP, host=h, weights=w)
+    hist = History(m, interval=250, max_snapshots=6)
+    assert hist.run().status == "halted"
+    end = m.cycle
+    # MMC 2 issues when MMC 1's last vector is in, MMC 3 when MMC 2's is: both while
+    # MMC 1 still drains
+    last_in1, last_in2 = int(m.times[3, 0]), int(m.times[4, 0])
+    assert last_in2 - last_in1 == 10 and int(m.times[2, 2]) > last_in2
+    for target in (last_in2 + 1, last_in1 + 5, last_in2 + 300, int(m.times[2, 2]),
+                   int(m.times[3, 2]) - 1, end - 1, 1700):
+        hist.goto(target)
+        same_state(m, fresh_overlap(target))
+    # forward from inside the drain reaches the same end
+    hist.goto(last_in2 + 1)
+    assert m.run().status == "halted" and m.cycle == end
+    finished = fresh_overlap(0)
+    finished.run()
+    same_state(m, finished)
+
+
+def test_snapshot_and_step_instruction_across_a_drain():
+    m = fresh_overlap(0)
+    m.run(breakpoints=[4])                         # MMC 3 about to issue: MMCs 1, 2 drain
+    snap = m.snapshot()
+    before = (m.cycle, m.counters(), m.pipeline(), m.acc.copy())
+    assert m.pipeline()[1].index == 2 and "1 more MMC draining" in m.pipeline()[1].stall
+    m.run()
+    m.restore(snap)
+    assert (m.cycle, m.counters(), m.pipeline()) == before[:3]
+    assert np.array_equal(m.acc, before[3])
+    # step_instruction runs MMC 3 to its completion, past MMC 1's and MMC 2's
+    r = m.step_instruction()
+    assert r.status == "paused" and m.cycle == m.finish_cycle(4) == int(m.times[4, 2])
+    assert m.retired(2) and m.retired(3) and m.finish_cycle(2) < m.finish_cycle(3) < m.cycle
+    m.run()
+    done = fresh_overlap(0)
+    done.run()
+    same_state(m, done)

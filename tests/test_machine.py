@@ -12,6 +12,7 @@ import pytest
 from tpuasm.encoding import Instruction
 from tpuasm.errors import DataFileError
 from tpuasm.machine import Machine, MachineConfig, MachineFault, Watch
+from tpuasm.machine.trace import trace_events
 
 from _machine_programs import I, cfg, program
 
@@ -202,6 +203,21 @@ def test_trace_and_stats(tmp_path):
     stats = m.stats_json()
     json.dumps(stats)
     assert stats["counters"]["cycles"] == m.cycle and stats["status"] == "halted"
+
+
+def test_trace_matrix_slices_end_at_the_last_vector_and_drains_are_async():
+    m = Machine(trace=True)
+    m.load(program(I("RW", tile=0), I("MMC", "SO", ub=0, acc=0, length=100),
+                   I("MMC", "O", ub=100, acc=100, length=50), I("HLT")), weights=weights())
+    m.run()
+    us = 1e6 / m.config.clock_hz
+    ev = trace_events(m)
+    mmc = [(round(e["ts"] / us), round((e["ts"] + e["dur"]) / us)) for e in ev
+           if e["ph"] == "X" and e["name"].startswith("MMC")]
+    # 1350 fetch + 256 shift; MMC 1 streams 1606..1706, MMC 2 issues at 1706 (timing.md 6)
+    assert mmc == [(1, 1706), (1706, 1756)]
+    drains = sorted((e["id"], e["ph"], round(e["ts"] / us)) for e in ev if e.get("cat") == "drain")
+    assert drains == [(1, "b", 1706), (1, "e", 2218), (2, "b", 1756), (2, "e", 2268)]
 
 
 # ------------------------------------------------------------------ data files

@@ -17,6 +17,9 @@ def test_lstm1_600x600_within_ten_percent():
     r = m.run()
     assert r.status == "halted"
     assert abs(m.cycle - PAPER_CYCLES) / PAPER_CYCLES < 0.10, m.cycle
+    # weight-bound (spec/timing.md 6): the 9th tile arrives after 9 fetches, shifts (256),
+    # its 96 rows stream, the drain (512), the Activate of 3 x 96 rows (16 + 288), HLT
+    assert m.cycle == 9 * 1350 + 256 + 96 + 512 + 16 + 288 + 1          # 13,319
     c = m.counters()
     # weight-bound: the fetch engine is busy 9 x 1350 cycles, most time is weight stall
     assert c["busy_weights"] == 9 * 1350

@@ -14,6 +14,11 @@ Cycle convention (spec/timing.md): `cycle` counts cycles executed.  An instructi
 cycle T" issues during cycle T (visible from cycle T+1 on) and holds its stage for cycles
 T..F-1; its effects are visible once `cycle >= F`.
 
+The matrix stage is free for the next MatrixMultiply once the previous one has streamed its
+last input vector (spec/timing.md 6); that multiply still completes `mmc_latency` cycles
+later, while its partial sums drain out of the array.  So besides the one-per-stage rows, the
+stage table keeps a ring of draining MatrixMultiplies (rows ROW_DRAIN...), oldest first.
+
 All state lives in a few int64 arrays (layout below) so a call takes few arguments.
 """
 from __future__ import annotations
@@ -51,7 +56,9 @@ for _spec in ISA_TABLE.instructions.values():
  # configuration
  K_N, K_FIFO, K_FETCH, K_SHIFT, K_MMC_LAT, K_ACT_LAT, K_HOST_LAT, K_HOST_MILLI, K_UB_ROWS,
  K_ACC_ROWS, K_HOST_ROWS, K_NTILES, K_STRICT, K_PROFILE, K_FUNCTIONAL,
- ST_SIZE) = range(53)
+ # the ring of draining MatrixMultiplies (sg rows ROW_DRAIN...): oldest slot, how many
+ S_DRAIN_HEAD, S_DRAIN_COUNT,
+ ST_SIZE) = range(55)
 
 # status codes
 RUNNING, HALTED, FAULTED, BREAKPOINT, WATCHPOINT, PAUSED = range(6)
@@ -59,9 +66,17 @@ RUNNING, HALTED, FAULTED, BREAKPOINT, WATCHPOINT, PAUSED = range(6)
 F_ADDRESS, F_CONFIG, F_SHAPE = FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE
 F_NO_TILE, F_DEADLOCK_RW, F_DEADLOCK_SWITCH, F_WEIGHT_WIDTH, F_HAZARD, F_INVALID = 4, 5, 6, 7, 8, 9
 
-# ------------------------------------------------------------------ sg: one row per stage
+# ------------------------------------------------------------------ sg: in-flight instructions
+# Rows 0..3: the instruction each stage holds (or last held).  Row ROW_FRONT is unused in sg;
+# in fps and cregs it holds the front end's footprint scratch and its current configuration
+# registers.  Rows ROW_DRAIN...: the ring of MatrixMultiplies that have left the matrix stage
+# but are still draining (a slot per row, the same row index in sg, fps and cregs).
+# G_FREE: when the stage is free for the next instruction (G_FINISH, except that an MMC frees
+# the matrix stage when its last vector has entered the array).
 (G_IDX, G_ISSUE, G_START, G_FINISH, G_PENDING, G_BLOCKER, G_TILE0, G_NTILES, G_NFP,
- G_HAZARD, SG_WIDTH) = range(11)
+ G_HAZARD, G_FREE, SG_WIDTH) = range(12)
+ROW_FRONT = NSTAGES
+ROW_DRAIN = NSTAGES + 1
 
 # ------------------------------------------------------------------ tl: tile table (rows)
 T_TILE, T_REQ, T_FS, T_FE, T_SS, T_SE, T_SW, T_HI, TL_ROWS = range(9)
@@ -92,8 +107,16 @@ def new_state() -> np.ndarray:
     return st
 
 
-def new_stages() -> np.ndarray:
-    sg = np.zeros((NSTAGES, SG_WIDTH), dtype=np.int64)
+def drain_slots(mmc_latency: int, mmcs: int) -> int:
+    """Ring size for the draining MatrixMultiplies.  When an MMC issues at t, each earlier MMC
+    still draining (finish = its stream end + mmc_latency > t) was followed by an issue in
+    (t - mmc_latency, t] (the next MMC issues at or after its stream end, and issues are at
+    distinct cycles), so at most mmc_latency of them drain at once, and at most `mmcs`."""
+    return max(1, min(int(mmc_latency), int(mmcs)))
+
+
+def new_stages(slots: int = 1) -> np.ndarray:
+    sg = np.zeros((ROW_DRAIN + slots, SG_WIDTH), dtype=np.int64)
     sg[:, G_IDX] = -1
     sg[:, G_BLOCKER] = -1
     return sg
@@ -154,12 +177,51 @@ def _conflict(fa, na, fb, nb, info):
 
 @njit(cache=True)
 def _inflight_finish(sg):
-    """When every instruction issued so far has finished (finished ones included)."""
+    """When every instruction issued so far has finished (finished ones included).  The
+    draining MMCs need no look: they are older than the matrix stage's MMC, so they finish
+    no later than it does."""
     f = np.int64(0)
     for s in range(NSTAGES):
         if sg[s, G_IDX] >= 0 and sg[s, G_FINISH] > f:
             f = sg[s, G_FINISH]
     return f
+
+
+@njit(cache=True)
+def _drain_row(st, sg, k):
+    """Row of the k-th oldest draining MatrixMultiply."""
+    return ROW_DRAIN + (st[S_DRAIN_HEAD] + k) % (sg.shape[0] - ROW_DRAIN)
+
+
+@njit(cache=True)
+def _push_drain(st, sg, cregs, fps):
+    """The matrix stage's MMC, still draining, makes room for the next one: it moves to the
+    tail of the ring with its footprint and registers (it still retires, in order)."""
+    if st[S_DRAIN_COUNT] == sg.shape[0] - ROW_DRAIN:
+        raise AssertionError("drain ring full (see drain_slots)")
+    r = _drain_row(st, sg, st[S_DRAIN_COUNT])
+    sg[r, :] = sg[STAGE_MATRIX, :]
+    fps[r, :, :] = fps[STAGE_MATRIX, :, :]
+    cregs[r, :] = cregs[STAGE_MATRIX, :]
+    st[S_DRAIN_COUNT] += 1
+    sg[STAGE_MATRIX, G_PENDING] = 0
+
+
+@njit(cache=True)
+def _earliest_completion(st, sg):
+    """Row of the pending instruction that finishes first (ties: program order), or -1.  Of
+    the draining MMCs only the oldest can be first: they finish in issue order."""
+    best = -1
+    e = INF
+    for k in range(NSTAGES + min(st[S_DRAIN_COUNT], 1)):
+        r = k if k < NSTAGES else _drain_row(st, sg, 0)
+        if sg[r, G_PENDING] == 0:
+            continue
+        f = sg[r, G_FINISH]
+        if f < e or (f == e and sg[r, G_IDX] < sg[best, G_IDX]):
+            e = f
+            best = r
+    return best
 
 
 @njit(cache=True)
@@ -182,7 +244,7 @@ def _next_issue_time(prog, st, sg):
     stage = OP_STAGE[op]
     if stage >= 0:
         if sg[stage, G_IDX] >= 0:
-            return max(front, sg[stage, G_FINISH])
+            return max(front, sg[stage, G_FREE])
         return front
     if op == OP_SYNC or op == OP_INT:
         return max(front, _inflight_finish(sg))
@@ -253,8 +315,32 @@ def _weight_check(prog, st, pc):
 
 
 @njit(cache=True)
+def _fold_matrix_timeline(st, seg):
+    """Add the timeline of the previous MatrixMultiply to the counters.  It is called when
+    the next one issues, so every segment lies in the past; until then counters() adds the
+    segments itself, clipped to the current cycle.  The segments cover the MMC's time in the
+    matrix stage, issue to last vector in, exactly: that is the stage's busy time."""
+    for k in range(st[S_NSEG]):
+        d = seg[k, 1] - seg[k, 0]
+        kind = seg[k, 2]
+        if kind == SEG_ACTIVE:
+            st[C_ACTIVE] += d
+        elif kind == SEG_WSTALL:
+            st[C_WSTALL] += d
+        elif kind == SEG_WSHIFT:
+            st[C_WSHIFT] += d
+        else:
+            st[C_RAW] += d
+            if kind == SEG_INPUT:
+                st[C_INPUT] += d
+        st[C_BUSY + STAGE_MATRIX] += d
+    st[S_NSEG] = 0
+
+
+@njit(cache=True)
 def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
-    """Timeline of a MatrixMultiply issued at t whose hazards clear at `ready`."""
+    """Timeline of a MatrixMultiply issued at t whose hazards clear at `ready`:
+    (start, stream end = last vector in, finish = stream end + mmc_latency)."""
     row = prog[pc]
     flags = row[COL_FLAGS]
     reps = row[COL_REPEAT]
@@ -267,7 +353,7 @@ def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
     stream = vectors * rate
     shift = st[K_SHIFT]
     raw_kind = SEG_INPUT if input_wait else SEG_RAW
-    st[S_NSEG] = 0
+    _fold_matrix_timeline(st, seg)
     sg[STAGE_MATRIX, G_TILE0] = st[S_NCONS]
     if flags & MMC_SWITCH:
         per = 1 + wide
@@ -307,7 +393,7 @@ def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
         _add_seg(seg, st, raw_kind, t, start)
         prev_end = start + reps * stream
         _add_seg(seg, st, SEG_ACTIVE, start, prev_end)
-    return start, prev_end + st[K_MMC_LAT]
+    return start, prev_end, prev_end + st[K_MMC_LAT]
 
 
 @njit(cache=True)
@@ -334,7 +420,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
         _raise_fault(st, sg, F_INVALID, pc, t)
         return False
     stage = OP_STAGE[op]
-    regs = cregs[NSTAGES]
+    regs = cregs[ROW_FRONT]
     if stage < 0:
         fin = t + 1
         if op == OP_NOP:
@@ -370,27 +456,36 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
     if f != FAULT_NONE:
         _raise_fault(st, sg, f, pc, t)
         return False
-    mine = fps[NSTAGES]
+    mine = fps[ROW_FRONT]
     nfp = footprint(row, regs, mine, st[K_PROFILE])
     ready = t
     blocker = -1
     input_wait = False
-    for s in range(NSTAGES):
-        if s == stage or sg[s, G_PENDING] == 0:
+    # every unfinished earlier instruction: the stages' (a stage's previous occupant has
+    # finished, except a draining MMC in the matrix stage) and the draining MMCs
+    for k in range(NSTAGES + st[S_DRAIN_COUNT]):
+        r = k if k < NSTAGES else _drain_row(st, sg, k - NSTAGES)
+        if sg[r, G_PENDING] == 0:
             continue
-        kind = _conflict(mine, nfp, fps[s], sg[s, G_NFP], info)
+        other = sg[r, G_IDX]
+        if op == OP_MMC and prog[other, COL_OP] == OP_MMC:
+            # MMC after MMC: the array delivers their partial sums to the accumulators in
+            # issue order and they retire in issue order, so this is no hazard
+            continue
+        kind = _conflict(mine, nfp, fps[r], sg[r, G_NFP], info)
         if kind == 0:
             continue
         if st[K_STRICT] != 0:
             info[0] = kind
-            info[4] = sg[s, G_IDX]
+            info[4] = other
             _raise_fault(st, sg, F_HAZARD, pc, t)
             return False
-        if sg[s, G_FINISH] > ready:
-            ready = sg[s, G_FINISH]
-            blocker = sg[s, G_IDX]
+        if sg[r, G_FINISH] > ready:
+            ready = sg[r, G_FINISH]
+            blocker = other
             bop = prog[blocker, COL_OP]
             input_wait = bop == OP_RHM or bop == OP_RHMA
+    free = np.int64(-1)
     if op == OP_RW:
         sg[stage, G_TILE0] = st[S_NREQ]
         sg[stage, G_NTILES] = row[COL_REPEAT]
@@ -399,7 +494,9 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             _raise_fault(st, sg, f, pc, t)
             return False
     elif op == OP_MMC:
-        start, fin = _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait)
+        if sg[STAGE_MATRIX, G_PENDING] != 0:
+            _push_drain(st, sg, cregs, fps)
+        start, free, fin = _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait)
     else:
         start = ready
         rows = row[COL_LEN] * row[COL_REPEAT]
@@ -415,6 +512,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
     sg[stage, G_BLOCKER] = blocker
     sg[stage, G_NFP] = nfp
     sg[stage, G_HAZARD] = ready
+    sg[stage, G_FREE] = free if op == OP_MMC else fin
     fps[stage, :, :] = mine
     cregs[stage, :] = regs
     times[pc, TM_ISSUE] = t
@@ -429,47 +527,39 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
 
 
 @njit(cache=True)
-def _complete(prog, st, sg, cregs, fps, tl, seg, watch, ub, acc, host, weights, scratch, s):
-    """Retire the instruction in stage s: apply its effects, fold its counters.
-    Returns True if it wrote a watched range."""
-    idx = sg[s, G_IDX]
+def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scratch, r):
+    """Retire the instruction in row r (a stage or the oldest draining MMC): apply its
+    effects, fold its counters.  Returns True if it wrote a watched range."""
+    idx = sg[r, G_IDX]
     row = prog[idx]
-    if st[K_FUNCTIONAL] != 0 and row[COL_OP] != OP_RW:
-        t0 = sg[s, G_TILE0]
-        nt = sg[s, G_NTILES] if row[COL_OP] == OP_MMC else 0
-        execute_instruction(row, cregs[s], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
+    op = row[COL_OP]
+    if st[K_FUNCTIONAL] != 0 and op != OP_RW:
+        t0 = sg[r, G_TILE0]
+        nt = sg[r, G_NTILES] if op == OP_MMC else 0
+        execute_instruction(row, cregs[r], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
                             st[S_ACTIVE:S_ACTIVE + 2], scratch, st[K_PROFILE])
-    elif row[COL_OP] == OP_MMC and row[COL_FLAGS] & MMC_SWITCH:
+    elif op == OP_MMC and row[COL_FLAGS] & MMC_SWITCH:
         # timing-only runs still track the active tiles for the views
-        last = sg[s, G_TILE0] + sg[s, G_NTILES] - 1
+        last = sg[r, G_TILE0] + sg[r, G_NTILES] - 1
         if row[COL_FLAGS] & MMC_WIDE_W:
             st[S_ACTIVE] = tl[T_TILE, last - 1]
             st[S_ACTIVE + 1] = tl[T_TILE, last]
         else:
             st[S_ACTIVE] = tl[T_TILE, last]
             st[S_ACTIVE + 1] = -1
-    if s == STAGE_MATRIX:
-        for k in range(st[S_NSEG]):
-            d = seg[k, 1] - seg[k, 0]
-            kind = seg[k, 2]
-            if kind == SEG_ACTIVE:
-                st[C_ACTIVE] += d
-            elif kind == SEG_WSTALL:
-                st[C_WSTALL] += d
-            elif kind == SEG_WSHIFT:
-                st[C_WSHIFT] += d
-            else:
-                st[C_RAW] += d
-                if kind == SEG_INPUT:
-                    st[C_INPUT] += d
-        st[S_NSEG] = 0
+    if op == OP_MMC:
+        # its matrix-stage cycles are folded when the next MMC issues (_fold_matrix_timeline)
         st[C_MACS] += mmc_vectors(row) * st[K_N] * st[K_N]
-    st[C_BUSY + s] += sg[s, G_FINISH] - sg[s, G_ISSUE]
-    sg[s, G_PENDING] = 0
+    else:
+        st[C_BUSY + OP_STAGE[op]] += sg[r, G_FINISH] - sg[r, G_ISSUE]
+    sg[r, G_PENDING] = 0
+    if r >= ROW_DRAIN:          # the oldest draining MMC leaves the ring
+        st[S_DRAIN_HEAD] = (st[S_DRAIN_HEAD] + 1) % (sg.shape[0] - ROW_DRAIN)
+        st[S_DRAIN_COUNT] -= 1
     st[S_RETIRED] += 1
     hit = False
-    f = fps[s]
-    for i in range(sg[s, G_NFP]):
+    f = fps[r]
+    for i in range(sg[r, G_NFP]):
         if f[i, 1] == 0:
             continue
         for w in range(watch.shape[0]):
@@ -504,22 +594,15 @@ def run_core(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, watch,
         st[S_STATUS] = HALTED
         return
     while True:
-        # earliest pending completion (ties: program order)
-        e = INF
-        es = -1
-        for s in range(NSTAGES):
-            if sg[s, G_PENDING] != 0:
-                f = sg[s, G_FINISH]
-                if f < e or (f == e and sg[s, G_IDX] < sg[es, G_IDX]):
-                    e = f
-                    es = s
+        es = _earliest_completion(st, sg)
+        e = sg[es, G_FINISH] if es >= 0 else INF
         if st[S_FAULT_PENDING] != 0:
             t_issue = st[S_FAULT_CYCLE]
         else:
             t_issue = _next_issue_time(prog, st, sg)
         if es >= 0 and e <= t_issue and e <= stop:
             idx = sg[es, G_IDX]
-            if _complete(prog, st, sg, cregs, fps, tl, seg, watch, ub, acc, host, weights,
+            if _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights,
                          scratch, es):
                 if watch_hit < 0:
                     watch_hit = idx

@@ -169,12 +169,14 @@ class Machine:
         st[core.K_PROFILE] = 1 if cfg.profile == "opentpu" else 0
         st[core.K_FUNCTIONAL] = 1
         self.st = st
-        self.sg = core.new_stages()
-        self.cregs = np.zeros((core.NSTAGES + 1, NREGS), dtype=np.int64)
-        self.cregs[core.NSTAGES] = reset_registers()
-        self.fps = np.zeros((core.NSTAGES + 1, MAX_FOOTPRINT, 4), dtype=np.int64)
-        self.times = np.full((max(count, 1), 3), -1, dtype=np.int64)
         ops = self.prog[:, COL_OP]
+        mmcs = int(np.count_nonzero(ops == ISA_TABLE.instructions["MMC"].opcode))
+        self.sg = core.new_stages(core.drain_slots(cfg.mmc_latency, mmcs))
+        rows = self.sg.shape[0]                 # sg, cregs and fps share their row index
+        self.cregs = np.zeros((rows, NREGS), dtype=np.int64)
+        self.cregs[core.ROW_FRONT] = reset_registers()
+        self.fps = np.zeros((rows, MAX_FOOTPRINT, 4), dtype=np.int64)
+        self.times = np.full((max(count, 1), 3), -1, dtype=np.int64)
         rw = ISA_TABLE.instructions["RW"].opcode
         # capacity of the tile table: every RW iteration (invalid repeats fault before use)
         ntiles = int(np.clip(self.prog[ops == rw, COL_REPEAT], 0, 256).sum()) if count else 0
@@ -304,7 +306,7 @@ class Machine:
 
     # -------------------------------------------------------------------- state views
     def registers(self) -> dict[str, int]:
-        regs = self.cregs[core.NSTAGES]
+        regs = self.cregs[core.ROW_FRONT]
         return {r.name: int(regs[r.index]) for r in _REG_NAMES}
 
     def retired(self, index: int) -> bool:
@@ -375,12 +377,26 @@ class Machine:
         return self.weights[tile].view(np.int8)
 
     def _occupant(self, s: int):
+        """(index, sg row) of the instruction holding stage s at this cycle, or None.  An
+        MMC holds the matrix stage until its last vector has entered (G_FREE); its drain
+        is shown by _draining_mmcs."""
         c = self.cycle
         row = self.sg[s]
         idx = int(row[core.G_IDX])
-        if idx < 0 or not (row[core.G_ISSUE] < c < row[core.G_FINISH]):
+        if idx < 0 or not (row[core.G_ISSUE] < c < row[core.G_FREE]):
             return None
         return idx, row
+
+    def _draining_mmcs(self, c) -> list[int]:
+        """sg rows of the MatrixMultiplies past their last vector and not yet finished at
+        cycle c, oldest first: the drain ring, then the matrix stage's own MMC."""
+        st, sg = self.st, self.sg
+        slots = sg.shape[0] - core.ROW_DRAIN
+        head, count = int(st[core.S_DRAIN_HEAD]), int(st[core.S_DRAIN_COUNT])
+        rows = [core.ROW_DRAIN + (head + k) % slots for k in range(count)]
+        rows.append(core.STAGE_MATRIX)
+        return [r for r in rows if sg[r, core.G_IDX] >= 0
+                and sg[r, core.G_ISSUE] < c and sg[r, core.G_FREE] <= c < sg[r, core.G_FINISH]]
 
     def pipeline(self) -> list[StageState]:
         c = self.cycle
@@ -388,7 +404,10 @@ class Machine:
         for s, name in enumerate(core.STAGE_NAMES):
             occ = self._occupant(s)
             if occ is None:
-                out.append(StageState(name, None, "", None, 0, 0, "", 0, None))
+                if s == core.STAGE_MATRIX:
+                    out.append(self._drain_state(c))
+                else:
+                    out.append(StageState(name, None, "", None, 0, 0, "", 0, None))
                 continue
             idx, row = occ
             issue, start, finish = int(row[core.G_ISSUE]), int(row[core.G_START]), int(row[core.G_FINISH])
@@ -410,6 +429,21 @@ class Machine:
         out.append(self._weights_state(c))
         out.append(self._front_state(c))
         return out
+
+    def _drain_state(self, c) -> StageState:
+        """No MMC streaming: the oldest one still draining, progress in cycles of the drain."""
+        draining = self._draining_mmcs(c)
+        if not draining:
+            return StageState("matrix", None, "", None, 0, 0, "", 0, None)
+        row = self.sg[draining[0]]
+        idx = int(row[core.G_IDX])
+        free, finish = int(row[core.G_FREE]), int(row[core.G_FINISH])
+        left = finish - c
+        text = f"draining the array into the accumulators ({left} cycle{'s' * (left != 1)} left"
+        more = len(draining) - 1
+        text += f"; {more} more MMC{'s' if more > 1 else ''} draining behind it)" if more else ")"
+        return StageState("matrix", idx, self.text(idx), self.location(idx), c - free,
+                          finish - free, "cycles", c - int(row[core.G_ISSUE]), text)
 
     def _rw_stall(self, row, c):
         """An RW waits when its next tile's hand-off is later than this cycle (FIFO full)."""
@@ -438,8 +472,6 @@ class Machine:
                     stall = self._hazard_text(core.STAGE_MATRIX, self.sg[core.STAGE_MATRIX])
                 else:
                     stall = self._weight_wait_text(kind, c)
-        if stall is None and active >= total * rate and total:
-            stall = "draining the array into the accumulators"
         return active // rate, total, stall
 
     def _weight_wait_text(self, kind, c):
@@ -463,7 +495,7 @@ class Machine:
         blocker = int(row[core.G_BLOCKER])
         if blocker < 0:
             return "waiting"
-        for t in range(core.NSTAGES):
+        for t in range(self.sg.shape[0]):          # the stages and the draining MMCs
             if t != s and self.sg[t, core.G_IDX] == blocker:
                 mine, theirs = self.fps[s][:row[core.G_NFP]], self.fps[t][:self.sg[t, core.G_NFP]]
                 for m_, w_, a0, a1 in mine:
@@ -497,7 +529,8 @@ class Machine:
             stall = f"waiting for the {core.STAGE_NAMES[stage]} stage"
         elif stage < 0 and op != ISA_TABLE.instructions["NOP"].opcode and \
                 ISA_TABLE.by_opcode[op].key in ("SYNC", "WSYNC", "INT", "HLT"):
-            if any(self._occupant(s) is not None for s in range(core.NSTAGES)):
+            if any(self._occupant(s) is not None for s in range(core.NSTAGES)) or \
+                    self._draining_mmcs(c):
                 stall = "draining the pipeline"
         return StageState("front", pc, self.text(pc), self.location(pc), 0, 1, "instructions",
                           max(0, c - int(self.st[core.S_FRONT])), stall)
@@ -510,21 +543,23 @@ class Machine:
         raw, inp = int(st[core.C_RAW]), int(st[core.C_INPUT])
         busy = [int(st[core.C_BUSY + s]) for s in range(core.NSTAGES)]
         for s in range(core.NSTAGES):
-            if self.sg[s, core.G_PENDING]:
+            if s != core.STAGE_MATRIX and self.sg[s, core.G_PENDING]:
                 busy[s] += max(0, c - int(self.sg[s, core.G_ISSUE]))
-        if self.sg[core.STAGE_MATRIX, core.G_PENDING]:
-            for a, b, kind in self.seg[:int(st[core.S_NSEG])]:
-                d = max(0, min(int(b), c) - int(a))
-                if kind == core.SEG_ACTIVE:
-                    active += d
-                elif kind == core.SEG_WSTALL:
-                    wstall += d
-                elif kind == core.SEG_WSHIFT:
-                    wshift += d
-                else:
-                    raw += d
-                    if kind == core.SEG_INPUT:
-                        inp += d
+        # the latest MMC's matrix-stage timeline is folded only when the next MMC issues
+        # (core._fold_matrix_timeline): add the part before this cycle
+        for a, b, kind in self.seg[:int(st[core.S_NSEG])]:
+            d = max(0, min(int(b), c) - int(a))
+            busy[core.STAGE_MATRIX] += d
+            if kind == core.SEG_ACTIVE:
+                active += d
+            elif kind == core.SEG_WSTALL:
+                wstall += d
+            elif kind == core.SEG_WSHIFT:
+                wshift += d
+            else:
+                raw += d
+                if kind == core.SEG_INPUT:
+                    inp += d
         nreq, tl = self._tiles()
         busy_w = int(np.clip(np.minimum(tl[core.T_FE], c) - tl[core.T_FS], 0, None).sum()) if nreq else 0
         macs = int(st[core.C_MACS])

@@ -3,7 +3,10 @@
 The core records each instruction's issue/start/finish cycle and each weight tile's
 request/fetch/shift/switch cycles; nothing is logged while running.  Timestamps in the trace
 are microseconds at the configured clock (Chrome's unit), one track per stage plus the
-weight-fetch engine and the front end, and a counter for Weight FIFO occupancy.
+weight-fetch engine and the front end, and a counter for Weight FIFO occupancy.  A
+MatrixMultiply's slice on the matrix track ends when its last vector has entered (when the
+stage is free for the next one, spec/timing.md 6); its drain, which overlaps the next
+MatrixMultiplies, is an async slice of its own.
 """
 from __future__ import annotations
 
@@ -29,19 +32,27 @@ def trace_events(m) -> list[dict]:
                    "args": {"sort_index": tid}})
     n = len(m.prog)
     times = m.times[:n]
+    mmc = core.STAGE_MATRIX
     for i in range(n):
         issue, start, finish = (int(x) for x in times[i])
         if issue < 0 or issue >= c:
             continue
         stage = int(core.OP_STAGE[int(m.prog[i, COL_OP])])
         tid = _TRACKS[core.STAGE_NAMES[stage]] if stage >= 0 else 0
-        end = min(finish, c) if finish >= 0 else c
+        # an MMC's finish is its last vector in + mmc_latency (spec/timing.md 6)
+        free = finish - m.config.mmc_latency if stage == mmc else finish
+        end = min(free, c)
         args = {"index": i, "issue": issue, "start": start, "finish": finish}
         loc = m.location(i)
         if loc is not None:
             args["source"] = f"{loc.file}:{loc.line}"
         ev.append({"ph": "X", "pid": _PID, "tid": tid, "name": m.text(i), "ts": issue * us,
                    "dur": max(end - issue, 1) * us, "cat": "instruction", "args": args})
+        if stage == mmc and free < c:
+            drain = {"pid": _PID, "tid": tid, "name": f"drain {m.text(i)}", "cat": "drain",
+                     "id": i}
+            ev.append({**drain, "ph": "b", "ts": free * us, "args": args})
+            ev.append({**drain, "ph": "e", "ts": min(finish, c) * us})
     nreq = int(m.st[core.S_NREQ])
     tl = m.tl[:, :nreq]
     changes = []
