@@ -14,7 +14,7 @@ import pytest
 from debugger import main
 from debugger.commands import Engine
 from debugger.expr import ExprError
-from test_debugger_support import (FAULTY, LINE_ACT1, LINE_MMC1, LINE_MMC2, LONG, SMALL,
+from test_debugger_support import (FAULTY, LINE_ACT1, LINE_ACT2, LINE_MMC1, LINE_MMC2, LONG, SMALL,
                                    make_session, oracle, small_data, write_program)
 
 
@@ -92,11 +92,14 @@ def test_breakpoint_on_a_line_stops_before_its_instruction_issues(engine):
 def test_conditional_breakpoint(engine):
     host, weights = small_data()
     acc1 = oracle(host, weights)["acc1"]
-    # true after the first multiply: stops at the second MMC
+    # true once the first multiply has completed.  The second multiply issues while the first
+    # one still drains out of the array (spec/timing.md section 6), so the first place where
+    # its result is visible is the second Activate (index 7), which issues while the second
+    # multiply drains in turn.
     run(engine, f"break {LINE_ACT1} if acc[0][0] == {acc1[0][0] + 1}")     # never true
-    run(engine, f"break {LINE_MMC2} if acc[0][0] == {acc1[0][0]}")
+    run(engine, f"break {LINE_ACT2} if acc[0][0] == {acc1[0][0]}")
     r = run(engine, "continue")
-    assert r.stop.kind == "breakpoint" and r.stop.number == 2 and r.stop.index == 6
+    assert r.stop.kind == "breakpoint" and r.stop.number == 2 and r.stop.index == 7
     assert engine.session.breakpoints[1].hits == 0
 
 

@@ -15,7 +15,7 @@ from debugger.app import DebuggerApp, HelpScreen
 from debugger.memory_view import MemoryView
 from debugger.source_view import SourceView
 from test_debugger_engine import assert_same_state, fresh_state_at, machine_state
-from test_debugger_support import (FAULTY, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, make_session,
+from test_debugger_support import (FAULTY, LINE_ACT2, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, make_session,
                                    oracle, small_data)
 
 SIZE = (160, 48)
@@ -121,9 +121,10 @@ async def test_conditional_breakpoint_and_ignore_count_from_the_command_line(her
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await command(pilot, f"break {LINE_MMC1} if acc[0][0] != 0")     # false: acc is zero
-        await command(pilot, f"break {LINE_MMC2} if acc[0][0] == {acc1[0][0]}")
+        # visible at the second Activate: the second multiply issues while the first drains
+        await command(pilot, f"break {LINE_ACT2} if acc[0][0] == {acc1[0][0]}")
         await keys(pilot, "c")
-        assert app.session.last_stop.number == 2 and app.session.next_to_issue() == 6
+        assert app.session.last_stop.number == 2 and app.session.next_to_issue() == 7
         assert app.session.breakpoints[1].hits == 0
 
 
