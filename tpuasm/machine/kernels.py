@@ -290,9 +290,7 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, pr
         return fault
     reps = _iterations(row)
     length = row[COL_LEN]
-    ub_step, host_step = 1, 1
-    if op == OP_RHMA or op == OP_WHMA:
-        ub_step, host_step = regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+    ub_step, host_step = _dma_steps(op, regs)
     if op == OP_RHM or op == OP_RHMA:
         return _check_two_runs(reps, MEM_HOST, row[COL_HOST], regs[REG_REP_HOST_STRIDE],
                                host_step, length, host_rows, MEM_UB, row[COL_UB],
@@ -404,13 +402,20 @@ def _copy_rows(src, dst, src_base, dst_base, n, src_step, dst_step, src_rep, dst
 
 
 @njit(cache=True)
+def _dma_steps(op, regs):
+    """Rows between consecutive vectors (UB, host): 1 for RHM/WHM, the dma_* registers
+    for the alternate (strided) transfers."""
+    if op == OP_RHMA or op == OP_WHMA:
+        return regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+    return 1, 1
+
+
+@njit(cache=True)
 def _execute_dma(row, regs, ub, host):
     op = row[COL_OP]
     reps = _iterations(row)
     length = row[COL_LEN]
-    ub_step, host_step = 1, 1
-    if op == OP_RHMA or op == OP_WHMA:
-        ub_step, host_step = regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+    ub_step, host_step = _dma_steps(op, regs)
     if op == OP_RHM or op == OP_RHMA:
         _copy_rows(host, ub, row[COL_HOST], row[COL_UB], length, host_step, ub_step,
                    regs[REG_REP_HOST_STRIDE], regs[REG_REP_UB_STRIDE], reps)
