@@ -20,10 +20,11 @@ def data():
             rng.integers(-128, 128, (4, 256, 256)).astype(np.int8))
 
 
-def fresh(cycle):
+def fresh(cycle, program=None):
+    """A machine loaded with `program` (PROG by default) and run to `cycle`."""
     h, w = data()
     m = Machine()
-    m.load(PROG, host=h, weights=w)
+    m.load(program or PROG, host=h, weights=w)
     if cycle:
         m.step(cycle)
     return m
@@ -106,15 +107,6 @@ OVERLAP = program(I("RW", repeat=2, tile=0), I("RHM", host=0, ub=0, length=30),
                   I("HLT"))
 
 
-def fresh_overlap(cycle):
-    h, w = data()
-    m = Machine()
-    m.load(OVERLAP, host=h, weights=w)
-    if cycle:
-        m.step(cycle)
-    return m
-
-
 def test_history_exact_across_overlapping_drains():
     h, w = data()
     m = Machine()
@@ -129,17 +121,17 @@ def test_history_exact_across_overlapping_drains():
     for target in (last_in2 + 1, last_in1 + 5, last_in2 + 300, int(m.times[2, 2]),
                    int(m.times[3, 2]) - 1, end - 1, 1700):
         hist.goto(target)
-        same_state(m, fresh_overlap(target))
+        same_state(m, fresh(target, OVERLAP))
     # forward from inside the drain reaches the same end
     hist.goto(last_in2 + 1)
     assert m.run().status == "halted" and m.cycle == end
-    finished = fresh_overlap(0)
+    finished = fresh(0, OVERLAP)
     finished.run()
     same_state(m, finished)
 
 
 def test_snapshot_and_step_instruction_across_a_drain():
-    m = fresh_overlap(0)
+    m = fresh(0, OVERLAP)
     m.run(breakpoints=[4])                         # MMC 3 about to issue: MMCs 1, 2 drain
     snap = m.snapshot()
     before = (m.cycle, m.counters(), m.pipeline(), m.acc.copy())
@@ -153,6 +145,6 @@ def test_snapshot_and_step_instruction_across_a_drain():
     assert r.status == "paused" and m.cycle == m.finish_cycle(4) == int(m.times[4, 2])
     assert m.retired(2) and m.retired(3) and m.finish_cycle(2) < m.finish_cycle(3) < m.cycle
     m.run()
-    done = fresh_overlap(0)
+    done = fresh(0, OVERLAP)
     done.run()
     same_state(m, done)
