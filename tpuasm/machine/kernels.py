@@ -337,9 +337,7 @@ def footprint(row, regs, out, profile=0):
     reps = _iterations(row)
     length = row[COL_LEN]
     if op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:
-        ub_step, host_step = 1, 1
-        if op == OP_RHMA or op == OP_WHMA:
-            ub_step, host_step = regs[REG_DMA_UB_STRIDE], regs[REG_DMA_HOST_STRIDE]
+        ub_step, host_step = _dma_steps(op, regs)
         if length <= 0:
             return 0
         h0, h1 = _bounds(row[COL_HOST], regs[REG_REP_HOST_STRIDE], reps, host_step, length)
