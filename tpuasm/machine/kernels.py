@@ -48,7 +48,7 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None) -> Scratch
     half is touched only by 16-bit modes).  use_blas=None means "if gemm.HAVE_BLAS".
     Make one per machine and reuse it.
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
-    image never needs an explicit invalidation (invalidate_weight_cache exists anyway).
+    image never needs an explicit invalidation.
 
 MatrixMultiply runs as an exact float GEMM (gemm.py): float32 for 8-bit operands, float64
 when either side is 16-bit (H or D), chunked `chunk_rows` output vectors at a time, then an
@@ -114,11 +114,6 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
         options=np.array([1 if use_blas else 0, chunk], np.int64),
         row_buf=np.zeros((2, n), np.int64))
-
-
-def invalidate_weight_cache(scratch: Scratch) -> None:
-    scratch.key32[:] = _KEY_EMPTY
-    scratch.key64[:] = _KEY_EMPTY
 
 
 # ----------------------------------------------------------------------------- helpers
