@@ -216,6 +216,15 @@ def _act_ub_rows(row, regs, profile):
 
 
 @njit(cache=True)
+def _conv_geometry(row, regs):
+    """(height, width, pitch, kw, stride) of a convolving MatrixMultiply: conv_pitch 0
+    means the output width."""
+    height, width = row[COL_HEIGHT], row[COL_WIDTH]
+    pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
+    return height, width, pitch, regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
+
+
+@njit(cache=True)
 def _check_two_runs(reps, m1, a1, rep1, step1, n1, lim1, m2, a2, rep2, step2, n2, lim2, info):
     """Per iteration: the source run, then the destination run."""
     for i in range(reps):
@@ -237,9 +246,7 @@ def _check_mmc(row, regs, ub_rows, acc_rows, info):
     wide = (flags & MMC_WIDE_IN) != 0
     per = 2 if wide else 1
     if flags & MMC_CONV:
-        height, width = row[COL_HEIGHT], row[COL_WIDTH]
-        pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
-        kw, stride = regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
+        height, width, pitch, kw, stride = _conv_geometry(row, regs)
         if height <= 0 or width <= 0:
             return FAULT_NONE
         for i in range(reps):
@@ -344,11 +351,9 @@ def footprint(row, regs, out, profile=0):
         flags = row[COL_FLAGS]
         per = 2 if flags & MMC_WIDE_IN else 1
         if flags & MMC_CONV:
-            height, width = row[COL_HEIGHT], row[COL_WIDTH]
+            height, width, pitch, kw, stride = _conv_geometry(row, regs)
             if height <= 0 or width <= 0:
                 return 0
-            pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
-            kw, stride = regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
             dy_max = (reps - 1) // kw
             dx_max = min(reps - 1, kw - 1)
             v_max = ((height - 1) * stride + dy_max) * pitch + (width - 1) * stride + dx_max
@@ -581,9 +586,7 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
         wide = ub.shape[1] * x_max * w_max > (1 << 24)
     use_blas = scratch.options[0] != 0
     rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
-    height, width = row[COL_HEIGHT], row[COL_WIDTH]
-    pitch = regs[REG_CONV_PITCH] if regs[REG_CONV_PITCH] != 0 else width
-    kw, stride = regs[REG_CONV_KW], regs[REG_CONV_STRIDE]
+    height, width, pitch, kw, stride = _conv_geometry(row, regs)
     used = 0
     for i in range(reps):
         if flags & MMC_SWITCH:
