@@ -509,15 +509,13 @@ def _load_vector(ub, r, x, dst, unsigned_in, wide_in):
                 out[j] = np.int32(lo[j]) + 256 * np.int32(hi[j])
         else:
             for j in range(n):
-                h = np.int32(hi[j])
-                out[j] = np.int32(lo[j]) + 256 * (h - ((h & 128) << 1))
+                out[j] = np.int32(lo[j]) + 256 * _signed8(np.int32(hi[j]))
     elif unsigned_in:
         for j in range(n):
             out[j] = lo[j]
     else:
         for j in range(n):
-            v = np.int32(lo[j])
-            out[j] = v - ((v & 128) << 1)
+            out[j] = _signed8(np.int32(lo[j]))
 
 
 @njit(cache=True)
