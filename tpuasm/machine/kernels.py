@@ -585,9 +585,10 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     use_blas = scratch.options[0] != 0
     rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
+    switch = (flags & MMC_SWITCH) != 0
     used = 0
     for i in range(reps):
-        if flags & MMC_SWITCH:
+        if switch:
             active[0] = tiles[used]
             used += 1
             if flags & MMC_WIDE_W:
@@ -595,6 +596,13 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
                 used += 1
             else:
                 active[1] = -1
+        if switch or i == 0:        # without S the tile cannot change inside the instruction
+            if wide:
+                _active_weights(weights, active, flags, not use_blas, scratch.w64,
+                                scratch.key64, scratch.raw64)
+            else:
+                _active_weights(weights, active, flags, not use_blas, scratch.w32,
+                                scratch.key32, scratch.raw32)
         overwrite = (flags & MMC_OVERWRITE) != 0 and (i == 0 or (not conv and rep_acc != 0))
         if conv:
             ub_base, acc_base, count, cw = row[COL_UB], row[COL_ACC], height * width, width
@@ -604,15 +612,11 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
                 row[COL_LEN], 0
             dy, dx = 0, 0
         if wide:
-            w = _active_weights(weights, active, flags, not use_blas, scratch.w64,
-                                scratch.key64, scratch.raw64)
-            _mmc_iteration(ub, acc, w, scratch.x64, scratch.c64, use_blas, flags, ub_base,
-                           acc_base, count, cw, pitch, stride, dy, dx, overwrite)
+            _mmc_iteration(ub, acc, scratch.w64, scratch.x64, scratch.c64, use_blas, flags,
+                           ub_base, acc_base, count, cw, pitch, stride, dy, dx, overwrite)
         else:
-            w = _active_weights(weights, active, flags, not use_blas, scratch.w32,
-                                scratch.key32, scratch.raw32)
-            _mmc_iteration(ub, acc, w, scratch.x32, scratch.c32, use_blas, flags, ub_base,
-                           acc_base, count, cw, pitch, stride, dy, dx, overwrite)
+            _mmc_iteration(ub, acc, scratch.w32, scratch.x32, scratch.c32, use_blas, flags,
+                           ub_base, acc_base, count, cw, pitch, stride, dy, dx, overwrite)
 
 
 # ----------------------------------------------------------------------------- Activate
