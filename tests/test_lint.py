@@ -72,6 +72,17 @@ def test_dependency_skips_unrelated_instructions():
     assert "after everything it depends on" in lint(p)[0].message
 
 
+def test_dependency_beyond_opentpus_instructions_gets_the_general_wording():
+    # MMC.SH reads two UB rows per vector (0-15), so the nearest dependency is line 2, not
+    # line 1; footprints only model OpenTPU's set, so the wording stays general.
+    p = program("RHM 0, 0, 8\nRHM 0, 8, 8\nNOP\nMMC.SH 0, 0, 8\nHLT\n")
+    (run,) = nop_runs(p)
+    assert padded_dependency(p, run) is None
+    message = lint(p)[0].message
+    assert "line 1" not in message
+    assert "orders `MMC.SH 0, 0, 8` (line 4) after everything it depends on" in message
+
+
 def test_render_is_compiler_style_with_a_summary():
     p = program()
     text = render(lint(p), p, "mult.a")

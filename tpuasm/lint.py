@@ -16,6 +16,7 @@ from .binary import Program, SourceLoc, Symbol
 from .diagnostics import Diagnostic
 from .disassembler import format_instruction
 from .encoding import Instruction
+from .opentpu import _problems
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,13 @@ def nop_runs(program: Program) -> list[NopRun]:
 
 
 # ------------------------------------------------------------------ what a NOP run was for
-# Row ranges each instruction reads and writes, for the instructions whose footprint is
-# a plain range (no repeat, no strided DMA).  Enough to name the dependency an OpenTPU
-# program padded; anything else gets the general wording.
+# Row ranges each instruction reads and writes, for OpenTPU's instructions and flags
+# without a repeat, whose footprint is a plain range of one row per vector.  Enough to
+# name the dependency an OpenTPU program padded; anything beyond OpenTPU's set (16-bit
+# vectors, strided DMA, registers such as act_out) gets the general wording.
 def _footprint(ins: Instruction):
     """(reads, writes): sets of (memory, start, stop) ranges, or None if not simple."""
-    if ins.repeat != 1:
+    if ins.repeat != 1 or _problems(ins):
         return None
     o = ins.operands
     if ins.key == "RHM":
