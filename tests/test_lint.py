@@ -149,6 +149,15 @@ def test_a_single_nop_is_singular():
     p = program("RHM 0, 0, 1\nNOP\nWHM 0, 0, 1\nHLT\n")
     assert lint(p)[0].message.startswith("1 NOP is unnecessary: ")
     assert isinstance(lint(p)[0].location, SourceLoc)
+    assert render(lint(p), p, "one.a").rstrip().endswith(
+        "one.a: 1 unnecessary NOP in 1 run (1 idle cycle); `tpuasm asm --strip-nops` drops them")
+
+
+def test_trailing_nops_say_nothing_follows_them_or_it():
+    (one,) = lint(program("HLT\nNOP\n"))
+    assert one.message == "1 NOP is unnecessary: nothing follows it"
+    (two,) = lint(program("HLT\nNOP\nNOP\n"))
+    assert two.message == "2 NOPs (lines 2-3) are unnecessary: nothing follows them"
 
 
 # ---------------------------------------------------------------- OpenTPU's hardware
@@ -213,3 +222,16 @@ def test_render_hazards():
     assert "runs until cycle 26, but OpenTPU stops at HLT at once" in text
     assert text.rstrip().endswith("mult.a: 4 places where OpenTPU's hardware needs more NOPs")
     assert render_hazards([], p, "x.a") == "x.a: the NOP padding is enough for OpenTPU's hardware\n"
+
+
+def test_render_hazards_without_source_positions_and_in_the_singular():
+    # `tpuasm lint --opentpu prog.out`: a binary has no source positions
+    pads = "RHM 0, 0, 8\nRW 0\n" + "NOP\n" * 5 + "MMC.SO 0, 0, 8\n" + "NOP\n" * 40 + "HLT\n"
+    p = program(pads).stripped()
+    (h,) = opentpu_hazards(p)
+    assert h.nops == 1
+    text = render_hazards([h], p, "prog.out")
+    assert ("prog.out: instruction 7: warning: on OpenTPU's hardware (no interlocks) this "
+            "issues at cycle 7, 1 cycle too early: `RHM 0, 0, 8` (instruction 0) writes rows "
+            "this uses until cycle 8 (OpenTPU needs 1 more NOP before it)") in text
+    assert text.rstrip().endswith("prog.out: 1 place where OpenTPU's hardware needs more NOPs")

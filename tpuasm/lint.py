@@ -135,7 +135,7 @@ def lint(program: Program) -> list[Finding]:
             what += f" (lines {first.line}-{last.line})"
         dep = padded_dependency(program, run)
         if run.after is None:
-            why = "nothing follows them"
+            why = f"nothing follows {'them' if run.count > 1 else 'it'}"
         elif dep is not None:
             why = (f"the interlocked pipeline already makes {_describe(program, run.after)} "
                    f"wait for {_describe(program, dep)}")
@@ -161,8 +161,9 @@ def render(findings: list[Finding], program: Program, name: str, color: bool = F
     nops = sum(f.run.count for f in findings)
     cycles = sum(f.run.cycles for f in findings)
     if findings:
-        blocks.append(f"{name}: {nops} unnecessary NOPs in {len(findings)} run"
-                      f"{'s' if len(findings) > 1 else ''} ({cycles} idle cycles); "
+        blocks.append(f"{name}: {nops} unnecessary NOP{'s' if nops > 1 else ''} in "
+                      f"{len(findings)} run{'s' if len(findings) > 1 else ''} "
+                      f"({cycles} idle cycle{'s' if cycles > 1 else ''}); "
                       "`tpuasm asm --strip-nops` drops them")
     else:
         blocks.append(f"{name}: no unnecessary NOPs")
