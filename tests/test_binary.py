@@ -117,3 +117,14 @@ def test_truncated_or_flipped_files_raise_only_format_errors(data):
         Program.from_bytes(damaged)
     except BinaryFormatError:
         pass
+
+
+def test_source_line_gives_the_stripped_line_or_nothing():
+    from tpuasm.assembler import assemble
+    p = assemble("  NOP\n\tHLT   \n", "s.tasm")
+    assert p.source_line(p.locations[0]) == "NOP"
+    assert p.source_line(p.locations[1]) == "HLT"
+    assert p.source_line(None) == ""
+    assert p.source_line(SourceLoc("s.tasm", 99, 1)) == ""
+    assert p.source_line(SourceLoc("other.tasm", 1, 1)) == ""
+    assert p.stripped().source_line(p.locations[0]) == ""

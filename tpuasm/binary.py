@@ -69,6 +69,7 @@ class Program:
     locations: list[SourceLoc | None] = field(default_factory=list)
     symbols: list[Symbol] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    _lines: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.locations:
@@ -84,6 +85,19 @@ class Program:
 
     def code(self) -> bytes:
         return b"".join(encode(i) for i in self.instructions)
+
+    def source_line(self, loc: SourceLoc | None) -> str:
+        """The text of `loc`'s source line, stripped; '' when the program does not carry it."""
+        if loc is None:
+            return ""
+        text = self.sources.get(loc.file)
+        if text is None:
+            return ""
+        cached = self._lines.get(loc.file)
+        if cached is None or cached[0] is not text:      # sources may be replaced
+            cached = self._lines[loc.file] = (text, text.splitlines())
+        lines = cached[1]
+        return lines[loc.line - 1].strip() if 1 <= loc.line <= len(lines) else ""
 
     def symbol(self, name: str, kind: str | None = None) -> Symbol | None:
         """Look a symbol up by name, optionally qualified by its kind: `host.y`, `ub.y`."""

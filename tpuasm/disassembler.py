@@ -49,17 +49,13 @@ def disassemble(program: Program, annotate: bool = False) -> str:
     config = _config_line(program.shape)
     if config:
         lines.append(config)
-    source_lines = {name: text.splitlines() for name, text in program.sources.items()} if annotate else {}
     texts = [format_instruction(ins) for ins in program.instructions]
     width = max((len(t) for t in texts), default=0) + 2
     for i, text in enumerate(texts):
         comment = ""
-        loc = program.locations[i] if i < len(program.locations) else None
+        loc = program.locations[i]
         if annotate and loc is not None:
-            src = source_lines.get(loc.file)
-            if src is not None and 1 <= loc.line <= len(src):
-                comment = f"; {loc}: {src[loc.line - 1].strip()}"
-            else:
-                comment = f"; {loc}"
+            line = program.source_line(loc)
+            comment = f"; {loc}: {line}" if line else f"; {loc}"
         lines.append(f"{text:<{width}}{comment}".rstrip() if comment else text)
     return "\n".join(lines) + "\n"

@@ -9,7 +9,6 @@ from ..isa import WORD_BYTES
 def listing(program: Program) -> str:
     """One line per instruction: index, byte address, the 12 bytes in hex, the source line
     (and a `name:` line before an instruction that a label names)."""
-    lines_of = {name: text.splitlines() for name, text in program.sources.items()}
     out = [f"{'index':>6}  {'addr':>8}  {'bytes':<{WORD_BYTES * 3 - 1}}  source"]
     labels: dict[int, list[str]] = {}
     for s in program.symbols:
@@ -19,12 +18,8 @@ def listing(program: Program) -> str:
         for name in labels.get(i, ()):
             out.append(f"{'':>6}  {'':>8}  {name}:")
         hex_bytes = " ".join(f"{b:02x}" for b in encode(ins))
-        loc = program.locations[i] if i < len(program.locations) else None
-        text = ""
-        if loc is not None:
-            src = lines_of.get(loc.file)
-            line = src[loc.line - 1].strip() if src and 1 <= loc.line <= len(src) else ""
-            text = f"{loc.file}:{loc.line}  {line}"
+        loc = program.locations[i]
+        text = f"{loc.file}:{loc.line}  {program.source_line(loc)}" if loc is not None else ""
         out.append(f"{i:>6}  {i * WORD_BYTES:08x}  {hex_bytes}  {text}".rstrip())
     return "\n".join(out) + "\n"
 
