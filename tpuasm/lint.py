@@ -16,7 +16,8 @@ from .binary import Program, SourceLoc, Symbol
 from .diagnostics import Diagnostic
 from .disassembler import format_instruction
 from .encoding import Instruction
-from .opentpu import _problems
+from .opentpu import (ACT_LATENCY_CYCLES, FIFO_CYCLES, HOST_VECTORS_PER_CYCLE,
+                      MMC_CYCLES_PER_N, WEIGHT_BYTES_PER_CYCLE, _problems)
 
 
 @dataclass(frozen=True)
@@ -192,11 +193,16 @@ class Hazard:
 
 def _opentpu_latency(ins: Instruction, n: int) -> int:
     """Cycles the instruction keeps its unit busy on OpenTPU (an RW's tile then needs up
-    to 3 more cycles through the FIFO)."""
-    o = ins.operands
-    return {"RHM": lambda: o["length"], "WHM": lambda: o["length"],
-            "RW": lambda: -(-n * n // 64), "MMC": lambda: o["length"] + 2 * n,
-            "ACT": lambda: o["length"] + 1}.get(ins.key, lambda: 0)()
+    to FIFO_CYCLES more through the FIFO); opentpu.py holds the numbers."""
+    if ins.key in ("RHM", "WHM"):
+        return -(-ins.operands["length"] // HOST_VECTORS_PER_CYCLE)
+    if ins.key == "RW":
+        return -(-n * n // WEIGHT_BYTES_PER_CYCLE)
+    if ins.key == "MMC":
+        return ins.operands["length"] + MMC_CYCLES_PER_N * n
+    if ins.key == "ACT":
+        return ins.operands["length"] + ACT_LATENCY_CYCLES
+    return 0
 
 
 _UNIT = {"RHM": "host-read", "WHM": "host-write", "RW": "weight", "MMC": "matrix",
@@ -247,7 +253,7 @@ def opentpu_hazards(program: Program) -> list[Hazard]:
         if unit is not None:
             busy[unit] = (issue + latency, i)
         if ins.key == "RW":
-            tiles.append((issue + latency + 3, i))
+            tiles.append((issue + latency + FIFO_CYCLES, i))
         elif foot is not None:
             r, w = foot
             stream = ins.operands.get("length", 0)

@@ -76,6 +76,17 @@ FIELDS = {
 }
 
 
+# ------------------------------------------------------------------ OpenTPU's latencies
+# spec/opentpu.md section 6, for an N x N array and an instruction of length L.  The one
+# place these numbers live: `lint.opentpu_hazards` uses them (and the emulator's OpenTPU
+# timing should), without importing the numba machine.
+HOST_VECTORS_PER_CYCLE = 1          # RHM / WHM: L cycles
+WEIGHT_BYTES_PER_CYCLE = 64         # RW: 64-byte DRAM chunks, ceil(N*N / 64) cycles
+FIFO_CYCLES = 3                     # then the RW's tile needs 3 cycles through the FIFO
+MMC_CYCLES_PER_N = 2                # MMC: L + 2N (systolic fill and drain)
+ACT_LATENCY_CYCLES = 1              # ACT: L + 1
+
+
 # ------------------------------------------------------------------ encoding
 def _problems(ins: Instruction) -> list[str]:
     """Why `ins` cannot be written in OpenTPU's format (empty when it can)."""
