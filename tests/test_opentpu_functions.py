@@ -11,10 +11,8 @@ import math
 from decimal import Decimal, localcontext
 
 import numpy as np
-import pytest
 
-from tpuasm.opentpu import (SIGMOID_HI, SIGMOID_LO, SIGMOID_STEPS, SIGMOID_TABLE,
-                            opentpu_activate, opentpu_sigmoid)
+from tpuasm.opentpu import SIGMOID_HI, SIGMOID_LO, SIGMOID_STEPS, SIGMOID_TABLE, opentpu_sigmoid
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -94,20 +92,3 @@ def test_lookup_table_form():
     xs = np.arange(SIGMOID_LO - 5, SIGMOID_HI + 5)
     via_table = SIGMOID_TABLE[np.clip(xs, SIGMOID_LO, SIGMOID_HI) - SIGMOID_LO]
     assert np.array_equal(via_table, opentpu_sigmoid(xs))
-
-
-@pytest.mark.parametrize("function, expected", [
-    ("none", [255, 255, 0, 44, 212, 127, 0, 0x78]),
-    ("relu", [0, 255, 0, 44, 0, 127, 0, 0x78]),
-    ("sigmoid", [68, 255, 255, 255, 0, 255, 0, 255]),
-])
-def test_activate_keeps_the_low_8_bits(function, expected):
-    acc = np.array([-1, 255, 256, 300, -300, 127, -256, 0x12345678], dtype=np.int32)
-    out = opentpu_activate(acc, function)
-    assert out.dtype == np.uint8
-    assert list(out) == expected
-
-
-def test_activate_rejects_unknown_function():
-    with pytest.raises(ValueError, match="tanh"):
-        opentpu_activate([1], "tanh")

@@ -8,8 +8,7 @@ what differs from tpuasm's own formats (spec/opentpu.md has the whole profile):
   `to_opentpu_bytes(program)` writes it, `from_opentpu_bytes(data)` reads it, and
   `looks_like_opentpu` / `is_opentpu_file` recognise it by content and extension.
 - Activate: `opentpu_sigmoid` is `int(255 / (1 + exp(-x)))` as OpenTPU's float64 code
-  computes it, for every int32 x, from a small integer table (no libm at run time);
-  `opentpu_activate` adds ReLU, identity and the low-8-bit store.
+  computes it, for every int32 x, from a small integer table (no libm at run time).
 - `matsize_from_data`: the array size N implied by OpenTPU's host and weight images.
 
 Everything in OpenTPU's format is also in ours, so decoding yields an ordinary Program
@@ -322,29 +321,6 @@ def opentpu_sigmoid(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.int64)
     out = _STEP_Y[np.searchsorted(_STEP_X, x, side="right")]
     return np.where(x == INT32_MIN, np.uint8(255), out)
-
-
-def opentpu_relu(x) -> np.ndarray:
-    x = np.asarray(x, dtype=np.int64)
-    return np.maximum(x, 0)
-
-
-ACT_FUNCTIONS = ("none", "relu", "sigmoid")
-
-
-def opentpu_activate(acc, function: str = "none") -> np.ndarray:
-    """OpenTPU's Activate on int32 accumulator values: the function, then the low 8 bits
-    (`x & 0xFF`), as the bytes the UB receives (uint8; view as int8 for OpenTPU's dtype)."""
-    acc = np.asarray(acc, dtype=np.int64)
-    if function == "relu":
-        y = opentpu_relu(acc)
-    elif function == "sigmoid":
-        y = opentpu_sigmoid(acc).astype(np.int64)
-    elif function == "none":
-        y = acc
-    else:
-        raise ValueError(f"unknown Activate function {function!r} (choose from {ACT_FUNCTIONS})")
-    return (y & 0xFF).astype(np.uint8)
 
 
 # ------------------------------------------------------------------ data images
