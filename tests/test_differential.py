@@ -23,19 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from program_strategies import FAULT_KINDS, SHAPE, programs  # noqa: E402
 
 from tpuasm.isa import ISA_TABLE  # noqa: E402
-
-try:
-    from tpuasm.machine import Machine
-except ImportError as e:                      # only while the emulator does not exist yet
-    Machine = None
-    _IMPORT_ERROR = str(e)
-
+from tpuasm.machine import Machine  # noqa: E402
 from tpuasm.machine.reference import run_reference  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    Machine is None,
-    reason="tpuasm.machine.Machine cannot be imported yet: "
-           + (_IMPORT_ERROR if Machine is None else ""))
 
 EXAMPLES = 300                  # random programs, about a fifth of them built to fault
 FAULT_EXAMPLES = 15             # and this many more per fault kind
