@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 sys.path.insert(0, str(Path(__file__).parent))
 from program_strategies import FAULT_KINDS, SHAPE, programs  # noqa: E402
 
+from tpuasm.disassembler import format_instruction  # noqa: E402
 from tpuasm.isa import ISA_TABLE  # noqa: E402
 from tpuasm.machine import Machine  # noqa: E402
 from tpuasm.machine.reference import run_reference  # noqa: E402
@@ -33,13 +34,8 @@ MAX_CYCLES = 2_000_000
 
 
 def listing(program) -> str:
-    lines = []
-    for i, ins in enumerate(program.instructions):
-        letters = ins.flag_letters
-        ops = ", ".join(f"{k}={v}" for k, v in ins.operands.items())
-        rep = f", repeat={ins.repeat}" if ins.repeat > 1 else ""
-        lines.append(f"  {i:3d}: {ins.key}{'.' + letters if letters else ''} {ops}{rep}")
-    return "\n".join(lines)
+    return "\n".join(f"  {i:3d}: {format_instruction(ins)}"
+                     for i, ins in enumerate(program.instructions))
 
 
 def first_difference(name, ours, theirs) -> str | None:
