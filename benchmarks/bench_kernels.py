@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from tpuasm.isa import ISA_TABLE
 from tpuasm.machine import decoded as D
 from tpuasm.machine import gemm as G
 from tpuasm.machine import kernels as K
@@ -61,9 +62,7 @@ def bench_mmc(rows, n, repeat, flags, use_blas):
     regs = D.reset_registers()
     row = np.zeros(D.NCOLS, np.int64)
     row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_MMC, 1, rows
-    row[D.COL_FLAGS] = sum(getattr(D, {"O": "MMC_OVERWRITE", "U": "MMC_UNSIGNED_IN",
-                                      "H": "MMC_WIDE_IN", "D": "MMC_WIDE_W",
-                                      "W": "MMC_UNSIGNED_W"}[f]) for f in flags)
+    row[D.COL_FLAGS] = ISA_TABLE.instructions["MMC"].flag_bits(flags)
     active = np.array([0, 1], np.int64)
     tiles = np.zeros(0, np.int64)
     t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, host, weights, tiles, active,
@@ -80,8 +79,7 @@ def bench_act(rows, n, repeat, flags, pool):
     regs[D.REG_ACT_SHIFT], regs[D.REG_FN_IN_FRAC], regs[D.REG_POOL_SIZE] = 8, 12, pool
     row = np.zeros(D.NCOLS, np.int64)
     row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_ACT, 1, rows
-    row[D.COL_FLAGS] = sum({"R": D.ACT_RELU, "Q": D.ACT_SIGMOID, "T": D.ACT_TANH,
-                            "M": D.ACT_MAXPOOL, "A": D.ACT_AVGPOOL}[f] for f in flags)
+    row[D.COL_FLAGS] = ISA_TABLE.instructions["ACT"].flag_bits(flags)
     scratch = K.make_scratch(n)
     empty = np.zeros(0, np.int64)
     t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, ub, np.zeros((1, n, n), np.uint8),

@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 
 from tpuasm.functions import SIGMOID_Q15, TANH_Q15
+from tpuasm.isa import ISA_TABLE
 from tpuasm.machine import decoded as D
 from tpuasm.machine import gemm as G
 from tpuasm.machine import kernels as K
 
 RNG = np.random.default_rng(20260522)
-MMC_FLAG = {c: getattr(D, n) for c, n in zip("SCOUWHD", (
-    "MMC_SWITCH", "MMC_CONV", "MMC_OVERWRITE", "MMC_UNSIGNED_IN", "MMC_UNSIGNED_W",
-    "MMC_WIDE_IN", "MMC_WIDE_W"))}
-ACT_FLAG = {"R": D.ACT_RELU, "Q": D.ACT_SIGMOID, "T": D.ACT_TANH, "M": D.ACT_MAXPOOL,
-            "A": D.ACT_AVGPOOL}
 REG_NAMES = {name: getattr(D, "REG_" + name.upper()) for name in (
     "act_mult", "act_shift", "act_zero", "act_out", "fn_in_frac", "pool_size", "pool_width",
     "conv_pitch", "conv_kw", "conv_stride", "rep_ub_stride", "rep_acc_stride",
@@ -29,10 +25,9 @@ BLAS_MODES = [False, True] if G.HAVE_BLAS else [False]
 
 def make_row(op, flags="", repeat=1, ub=0, acc=0, host=0, tile=0, length=0, height=0, width=0,
              reg=0, value=0):
-    table = MMC_FLAG if op == D.OP_MMC else ACT_FLAG
     row = np.zeros(D.NCOLS, np.int64)
     row[D.COL_OP] = op
-    row[D.COL_FLAGS] = sum(table[c] for c in flags)
+    row[D.COL_FLAGS] = ISA_TABLE.instructions["MMC" if op == D.OP_MMC else "ACT"].flag_bits(flags)
     row[D.COL_REPEAT] = repeat
     row[D.COL_UB], row[D.COL_ACC], row[D.COL_HOST], row[D.COL_TILE] = ub, acc, host, tile
     row[D.COL_LEN], row[D.COL_HEIGHT], row[D.COL_WIDTH] = length, height, width
