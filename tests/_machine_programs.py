@@ -4,8 +4,6 @@ from __future__ import annotations
 from tpuasm.binary import Program
 from tpuasm.encoding import Instruction
 
-MMC_OPS = {"S": 0x01, "O": 0x04}
-
 
 def I(key, flags="", repeat=1, **operands):
     """Instruction from mnemonic, flag letters, repeat and operands."""

@@ -46,19 +46,22 @@ for _spec in ISA_TABLE.instructions.values():
     OP_STAGE[_spec.opcode] = _STAGE_OF[_spec.stage]
 
 # ------------------------------------------------------------------ st: scalar state
+# _I1.._I4 reserve S_INFO+1..S_INFO+4 (a fault's info words are st[S_INFO:S_INFO + 5]),
+# _A1 reserves S_ACTIVE+1 (the high tile of a 16-bit pair) and _B1.._B3 reserve
+# C_BUSY+1..C_BUSY+3 (one busy counter per stage): never use those names.
 (S_CYCLE, S_PC, S_FRONT, S_STATUS, S_INDEX, S_FAULT_PENDING, S_FAULT_KIND, S_FAULT_INDEX,
  S_FAULT_CYCLE, S_INFO, _I1, _I2, _I3, _I4, S_NREQ, S_NCONS, S_ACTIVE_WIDE, S_ACTIVE, _A1,
- S_LAST_FETCH, S_NEVENTS, S_NSEG, S_RETIRED, S_HALTED,
+ S_LAST_FETCH, S_NEVENTS, S_NSEG, S_HALTED,
  # folded counters (spec/timing.md)
  C_ACTIVE, C_WSTALL, C_WSHIFT, C_RAW, C_INPUT, C_MACS, C_BUSY, _B1, _B2, _B3,
  # run request
  S_STOP_CYCLE, S_STOP_INDEX, S_SKIP_BP,
  # configuration
  K_N, K_FIFO, K_FETCH, K_SHIFT, K_MMC_LAT, K_ACT_LAT, K_HOST_LAT, K_HOST_MILLI, K_UB_ROWS,
- K_ACC_ROWS, K_HOST_ROWS, K_NTILES, K_STRICT, K_PROFILE, K_FUNCTIONAL,
+ K_ACC_ROWS, K_HOST_ROWS, K_NTILES, K_STRICT, K_PROFILE,
  # the ring of draining MatrixMultiplies (sg rows ROW_DRAIN...): oldest slot, how many
  S_DRAIN_HEAD, S_DRAIN_COUNT,
- ST_SIZE) = range(55)
+ ST_SIZE) = range(53)
 
 # status codes
 RUNNING, HALTED, FAULTED, BREAKPOINT, WATCHPOINT, PAUSED = range(6)
@@ -74,7 +77,7 @@ F_NO_TILE, F_DEADLOCK_RW, F_DEADLOCK_SWITCH, F_WEIGHT_WIDTH, F_HAZARD, F_INVALID
 # G_FREE: when the stage is free for the next instruction (G_FINISH, except that an MMC frees
 # the matrix stage when its last vector has entered the array).
 (G_IDX, G_ISSUE, G_START, G_FINISH, G_PENDING, G_BLOCKER, G_TILE0, G_NTILES, G_NFP,
- G_HAZARD, G_FREE, SG_WIDTH) = range(12)
+ G_FREE, SG_WIDTH) = range(11)
 ROW_FRONT = NSTAGES
 ROW_DRAIN = NSTAGES + 1
 
@@ -443,7 +446,6 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
         times[pc, TM_ISSUE] = t
         times[pc, TM_START] = t
         times[pc, TM_FINISH] = fin
-        st[S_RETIRED] += 1
         st[S_FRONT] = fin
         st[S_PC] = pc + 1
         return True
@@ -511,7 +513,6 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
     sg[stage, G_PENDING] = 1
     sg[stage, G_BLOCKER] = blocker
     sg[stage, G_NFP] = nfp
-    sg[stage, G_HAZARD] = ready
     sg[stage, G_FREE] = free if op == OP_MMC else fin
     fps[stage, :, :] = mine
     cregs[stage, :] = regs
@@ -533,20 +534,11 @@ def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scrat
     idx = sg[r, G_IDX]
     row = prog[idx]
     op = row[COL_OP]
-    if st[K_FUNCTIONAL] != 0 and op != OP_RW:
+    if op != OP_RW:
         t0 = sg[r, G_TILE0]
         nt = sg[r, G_NTILES] if op == OP_MMC else 0
         execute_instruction(row, cregs[r], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
                             st[S_ACTIVE:S_ACTIVE + 2], scratch, st[K_PROFILE])
-    elif op == OP_MMC and row[COL_FLAGS] & MMC_SWITCH:
-        # timing-only runs still track the active tiles for the views
-        last = sg[r, G_TILE0] + sg[r, G_NTILES] - 1
-        if row[COL_FLAGS] & MMC_WIDE_W:
-            st[S_ACTIVE] = tl[T_TILE, last - 1]
-            st[S_ACTIVE + 1] = tl[T_TILE, last]
-        else:
-            st[S_ACTIVE] = tl[T_TILE, last]
-            st[S_ACTIVE + 1] = -1
     if op == OP_MMC:
         # its matrix-stage cycles are folded when the next MMC issues (_fold_matrix_timeline)
         st[C_MACS] += mmc_vectors(row) * st[K_N] * st[K_N]
@@ -556,7 +548,6 @@ def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scrat
     if r >= ROW_DRAIN:          # the oldest draining MMC leaves the ring
         st[S_DRAIN_HEAD] = (st[S_DRAIN_HEAD] + 1) % (sg.shape[0] - ROW_DRAIN)
         st[S_DRAIN_COUNT] -= 1
-    st[S_RETIRED] += 1
     hit = False
     f = fps[r]
     for i in range(sg[r, G_NFP]):

@@ -113,8 +113,9 @@ class Machine:
     _STATE_ARRAYS = ("st", "sg", "cregs", "fps", "times", "tl", "seg", "ev", "ub", "acc", "host")
 
     def __init__(self, config: MachineConfig | None = None, trace: bool = False):
+        # `trace` is accepted for compatibility only: the trace is always available after
+        # a run (write_trace builds it from the core's arrays; spec/machine-api.md).
         self.config = config or MachineConfig()
-        self.trace_enabled = trace
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"
@@ -167,7 +168,6 @@ class Machine:
         st[core.K_NTILES] = weights_arr.shape[0]
         st[core.K_STRICT] = 1 if cfg.hazards == "error" else 0
         st[core.K_PROFILE] = 1 if cfg.profile == "opentpu" else 0
-        st[core.K_FUNCTIONAL] = 1
         self.st = st
         ops = self.prog[:, COL_OP]
         mmcs = int(np.count_nonzero(ops == ISA_TABLE.instructions["MMC"].opcode))

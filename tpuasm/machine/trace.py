@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from . import core
 from .decoded import COL_OP
 
@@ -107,4 +105,4 @@ def stats(m) -> dict:
     }
 
 
-__all__ = ["trace_events", "write_trace", "stats", "np"]
+__all__ = ["trace_events", "write_trace", "stats"]
