@@ -152,21 +152,22 @@ class ReferenceMachine:
         self.regs[reg] = value
 
     # 5.1, 5.2 and section 3: contiguous host transfers --------------------------
-    def _contiguous_rows(self, ins):
-        """[(host rows, ub rows)] per iteration of RHM / WHM."""
+    def _rows(self, ins, host_step: int, ub_step: int):
+        """[(host rows, ub rows)] per iteration of a host transfer whose consecutive
+        vectors are `host_step` and `ub_step` rows apart."""
         out = []
         for i in range(ins.repeat):
             host = ins["host"] + i * self.regs["rep_host_stride"]
             ub = ins["ub"] + i * self.regs["rep_ub_stride"]
-            out.append(([host + r for r in range(ins["length"])],
-                        [ub + r for r in range(ins["length"])]))
+            out.append(([host + k * host_step for k in range(ins["length"])],
+                        [ub + k * ub_step for k in range(ins["length"])]))
         return out
 
     def op_RHM(self, index, ins):
-        self._host_to_ub(self._contiguous_rows(ins))
+        self._host_to_ub(self._rows(ins, 1, 1))
 
     def op_WHM(self, index, ins):
-        self._ub_to_host(self._contiguous_rows(ins))
+        self._ub_to_host(self._rows(ins, 1, 1))
 
     def _host_to_ub(self, plan):
         """Check every row of every iteration (source first), then copy in order."""
@@ -186,20 +187,11 @@ class ReferenceMachine:
                 self.host[h] = self.ub[u]
 
     # 5.6: strided transfers ------------------------------------------------------
-    def _strided_rows(self, ins):
-        out = []
-        for i in range(ins.repeat):
-            host = ins["host"] + i * self.regs["rep_host_stride"]
-            ub = ins["ub"] + i * self.regs["rep_ub_stride"]
-            out.append(([host + k * self.regs["dma_host_stride"] for k in range(ins["length"])],
-                        [ub + k * self.regs["dma_ub_stride"] for k in range(ins["length"])]))
-        return out
-
     def op_RHMA(self, index, ins):
-        self._host_to_ub(self._strided_rows(ins))
+        self._host_to_ub(self._rows(ins, self.regs["dma_host_stride"], self.regs["dma_ub_stride"]))
 
     def op_WHMA(self, index, ins):
-        self._ub_to_host(self._strided_rows(ins))
+        self._ub_to_host(self._rows(ins, self.regs["dma_host_stride"], self.regs["dma_ub_stride"]))
 
     # 5.3: Read_Weights -----------------------------------------------------------
     def op_RW(self, index, ins):
