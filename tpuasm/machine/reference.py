@@ -437,19 +437,23 @@ class ReferenceMachine:
                     self.ub[ub + 2 * r + 1] = [b[1] for b in bytes_]
 
 
+# spec/opentpu.md's step table for -5 <= x <= 5 (written out here, not imported: the
+# reference model stays independent of the code it checks).
+_OPENTPU_SIGMOID_STEPS = {-5: 1, -4: 4, -3: 12, -2: 30, -1: 68, 0: 127, 1: 186, 2: 224,
+                          3: 242, 4: 250, 5: 253}
+
+
 def opentpu_sigmoid(x: int) -> int:
     """`int(255 / (1 + exp(-x)))` for an int32 x, from the step table of spec/opentpu.md."""
     if x == INT32_MIN:          # OpenTPU negates an int32 -2^31 back to -2^31: exp(...) = 0
         return 255
-    steps = {-5: 1, -4: 4, -3: 12, -2: 30, -1: 68, 0: 127, 1: 186, 2: 224, 3: 242, 4: 250,
-             5: 253}
     if x <= -6:
         return 0
     if x >= 37:
         return 255
     if x >= 6:
         return 254
-    return steps[x]
+    return _OPENTPU_SIGMOID_STEPS[x]
 
 
 MMC = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["MMC"].flags.items()}
