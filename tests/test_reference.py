@@ -704,6 +704,14 @@ def test_opentpu_sigmoid_steps():
     assert opentpu_sigmoid(-2 ** 31) == 255
 
 
+def test_opentpu_sigmoid_agrees_with_opentpu_py_over_the_transition():
+    # Two independent writings of spec/opentpu.md's table: the oracle's and tpuasm.opentpu's.
+    from tpuasm.machine.reference import opentpu_sigmoid
+    from tpuasm.opentpu import opentpu_sigmoid as table_sigmoid
+    xs = range(-50, 51)
+    assert [opentpu_sigmoid(x) for x in xs] == table_sigmoid(np.array(xs)).tolist()
+
+
 def test_npy_paths_and_max_instructions(tmp_path):
     host = numbered_host(4)
     np.save(tmp_path / "host.npy", host)
