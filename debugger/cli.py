@@ -38,27 +38,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def split_config(items: list[str]) -> tuple[dict, dict]:
-    """--config items -> (program shape overrides, other machine settings)."""
-    from tpuasm.binary import MachineShape
+    """--config items -> (program shape overrides, other machine settings).  The shape's
+    keys and values are read as `tpuasm --config` and `.config` read them."""
+    from tpuasm.binary import config_key, parse_setting
+    from tpuasm.literals import parse_int
     shape, machine = {}, {}
     for item in items:
         for part in filter(None, (s.strip() for s in item.split(","))):
             key, sep, value = (x.strip() for x in part.partition("="))
             if not sep or not key:
                 raise InputError(f"--config {part!r}: expected KEY=VALUE")
-            try:
-                parsed = int(value, 0)
-            except ValueError:
-                parsed = value
+            name = config_key(key)
+            if name is not None:
+                try:
+                    shape[name] = parse_setting(name, value)
+                except ValueError as e:
+                    raise InputError(f"--config {e}") from None
+                continue
             known = _machine_settings()
             if key not in known:
                 raise InputError(f"--config {key}: unknown setting (choose from {', '.join(known)})")
-            if key in MachineShape.__dataclass_fields__:
-                if key != "profile" and not isinstance(parsed, int):
-                    raise InputError(f"--config {key}: not an integer: {value!r}")
-                shape[key] = parsed
-            else:
-                machine[key] = parsed
+            parsed = parse_int(value)
+            machine[key] = value if parsed is None else parsed
     return shape, machine
 
 

@@ -145,3 +145,34 @@ def test_usage_errors_exit_2():
 def test_python_dash_m_and_version():
     done = subprocess.run([sys.executable, "-m", "tpuasm", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("tpuasm ")
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("ub_rows=064", 64), ("UB_ROWS=64", 64), ("ub_rows=0x4_0", 64), ("Profile=opentpu", "opentpu"),
+])
+def test_config_settings_read_alike_everywhere(setting, value):
+    """`--config`, the debugger's --config and `.config` agree on keys and numbers."""
+    from debugger.cli import split_config
+    from tpuasm.assembler import assemble
+    from tpuasm.cli import parse_config
+    key = setting.partition("=")[0].lower()
+    assert parse_config([setting]) == {key: value}
+    assert split_config([setting]) == ({key: value}, {})
+    assert getattr(assemble(f".config {setting}\nHLT\n").shape, key) == value
+    given, _, text = setting.partition("=")
+    assert getattr(assemble("HLT\n", config={given: text}).shape, key) == value
+
+
+def test_a_bad_config_value_is_named_the_same_way_everywhere():
+    from debugger.cli import InputError, split_config
+    from tpuasm.assembler import assemble
+    from tpuasm.cli import parse_config
+    from tpuasm.errors import AssemblyError, TpuasmError
+    with pytest.raises(TpuasmError, match=r"--config ub_rows: not an integer: 'abc'"):
+        parse_config(["ub_rows=abc"])
+    with pytest.raises(InputError, match=r"--config ub_rows: not an integer: 'abc'"):
+        split_config(["ub_rows=abc"])
+    with pytest.raises(AssemblyError) as e:
+        assemble("HLT\n", config={"ub_rows": "abc"})
+    assert [d.message for d in e.value.diagnostics] == [
+        "bad machine configuration: ub_rows: not an integer: 'abc' (from the command line)"]

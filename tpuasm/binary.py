@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .encoding import Instruction, decode, encode
 from .errors import BinaryFormatError, EncodingError
 from .isa import ISA_TABLE, WORD_BYTES
+from .literals import parse_int
 
 MAGIC = b"TBIN"
 VERSION = 1
@@ -41,6 +42,31 @@ class MachineShape:
                 raise ValueError(f"{name} {value} out of range {lo}..{hi}")
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r} (choose from {', '.join(PROFILES)})")
+
+
+CONFIG_KEYS = tuple(f.name for f in fields(MachineShape))
+
+
+def config_key(key: str) -> str | None:
+    """The setting `key` names (case-insensitive), or None."""
+    name = key.strip().lower()
+    return name if name in CONFIG_KEYS else None
+
+
+def parse_setting(key: str, text: str):
+    """The value of one machine setting written as text (`--config KEY=VALUE`, a `config`
+    override): integers in the assembler's syntax, the profile as a name.  ValueError
+    says what is wrong; whether the value is in range is MachineShape's business."""
+    name = config_key(key)
+    if name is None:
+        raise ValueError(f"unknown setting {key.strip()!r} (keys: {', '.join(CONFIG_KEYS)})")
+    text = text.strip()
+    if name == "profile":
+        return text
+    value = parse_int(text)
+    if value is None:
+        raise ValueError(f"{name}: not an integer: {text!r}")
+    return value
 
 
 @dataclass(frozen=True)

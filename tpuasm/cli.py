@@ -121,9 +121,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_option(p: argparse.ArgumentParser) -> None:
+    from .binary import CONFIG_KEYS
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                   help="machine shape, overriding the source's .config: array_size, ub_rows, "
-                        "acc_rows, fifo_depth, profile (repeatable or comma-separated)")
+                   help="machine shape, overriding the source's .config: "
+                        f"{', '.join(CONFIG_KEYS)} (repeatable or comma-separated)")
 
 
 def _profile_options(p: argparse.ArgumentParser) -> None:
@@ -156,24 +157,21 @@ def _positive_int(text: str) -> int:
 
 
 def parse_config(items: list[str]) -> dict:
-    """`--config array_size=16,ub_rows=1024` -> {"array_size": 16, "ub_rows": 1024}."""
-    from .binary import MachineShape
-    known = MachineShape.__dataclass_fields__
+    """`--config array_size=16,ub_rows=1024` -> {"array_size": 16, "ub_rows": 1024}: keys
+    and numbers as `.config` reads them (binary.parse_setting)."""
+    from .binary import CONFIG_KEYS, config_key, parse_setting
     out: dict = {}
     for item in items:
         for part in filter(None, (s.strip() for s in item.split(","))):
             key, sep, value = part.partition("=")
-            key = key.strip()
-            if not sep or key not in known:
+            name = config_key(key)
+            if not sep or name is None:
                 raise TpuasmError(f"--config {part!r}: expected KEY=VALUE with KEY one of "
-                                  f"{', '.join(known)}")
-            if key == "profile":
-                out[key] = value.strip()
-            else:
-                try:
-                    out[key] = int(value, 0)
-                except ValueError:
-                    raise TpuasmError(f"--config {key}: not an integer: {value!r}") from None
+                                  f"{', '.join(CONFIG_KEYS)}")
+            try:
+                out[name] = parse_setting(name, value)
+            except ValueError as e:
+                raise TpuasmError(f"--config {e}") from None
     return out
 
 

@@ -6,7 +6,7 @@ the same code and machine shape (a property test checks it).
 """
 from __future__ import annotations
 
-from .binary import MachineShape, Program
+from .binary import CONFIG_KEYS, MachineShape, Program
 from .encoding import Instruction
 from .isa import ISA_TABLE
 
@@ -38,7 +38,7 @@ def _config_line(shape: MachineShape) -> str | None:
     """`.config ...` naming every setting that differs from the default machine."""
     default = MachineShape()
     parts = [f"{key}={getattr(shape, key)}"
-             for key in ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
+             for key in CONFIG_KEYS
              if getattr(shape, key) != getattr(default, key)]
     return ".config " + ", ".join(parts) if parts else None
 

@@ -11,7 +11,7 @@ import gc
 import os
 from pathlib import Path
 
-from ..binary import MachineShape, PROFILES, Program, Symbol
+from ..binary import CONFIG_KEYS, MachineShape, PROFILES, Program, Symbol, config_key, parse_setting
 from ..diagnostics import Diagnostic
 from ..errors import AssemblyError
 from .encoder import Encoder
@@ -21,9 +21,6 @@ from .reporter import Reporter, did_you_mean
 from .symbols import MEMORIES, Symbols
 
 __all__ = ["assemble", "assemble_file", "listing", "symbol_map"]
-
-CONFIG_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
-
 
 def assemble(source: str | os.PathLike, filename: str = "<input>", *,
              config: dict | None = None) -> Program:
@@ -103,8 +100,8 @@ def _shape(entries: list[ConfigEntry], overrides: dict, symbols: Symbols, report
     values: dict = {}
     where: dict = {}
     for e in entries:
-        key = e.key.lower()
-        if key not in CONFIG_KEYS:
+        key = config_key(e.key)
+        if key is None:
             reporter.error(e.span, f"unknown .config key '{e.key}'" + did_you_mean(e.key, CONFIG_KEYS)
                            + f" (keys: {', '.join(CONFIG_KEYS)})")
             continue
@@ -120,17 +117,20 @@ def _shape(entries: list[ConfigEntry], overrides: dict, symbols: Symbols, report
                 continue
         values[key] = v
         where[key] = e
-    for key, v in overrides.items():
-        if key not in CONFIG_KEYS:
+    for given, v in overrides.items():
+        key = config_key(given)
+        if key is None:
             reporter.diagnostics.append(Diagnostic(
-                f"unknown configuration key '{key}' (from the command line)"
-                + did_you_mean(key, CONFIG_KEYS) + f" (keys: {', '.join(CONFIG_KEYS)})", filename, 0, 0))
+                f"unknown configuration key '{given}' (from the command line)"
+                + did_you_mean(given, CONFIG_KEYS) + f" (keys: {', '.join(CONFIG_KEYS)})", filename, 0, 0))
             continue
-        if isinstance(v, str) and key != "profile":      # `--config ub_rows=0x100` from a CLI
+        if isinstance(v, str):                  # `--config ub_rows=0x100` from a command line
             try:
-                v = int(v.replace("_", ""), 0)
-            except ValueError:
-                pass
+                v = parse_setting(key, v)
+            except ValueError as err:
+                reporter.diagnostics.append(Diagnostic(
+                    f"bad machine configuration: {err} (from the command line)", filename, 0, 0))
+                continue
         values[key] = v
         where.pop(key, None)
     try:

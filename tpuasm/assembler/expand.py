@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..binary import CONFIG_KEYS
 from ..isa import ISA_TABLE
 from .ast import Directive, Instr, Label, Name, Named, Node, Param, Span, Str
 from .parser import parse
@@ -186,8 +187,7 @@ class Expander:
             self._error(d.span, ".config takes key=value settings, e.g. .config array_size=16", frame)
         for a in d.args:
             if not isinstance(a, Named):
-                self._error(a.span, "expected key=value (array_size, ub_rows, acc_rows, fifo_depth, profile)",
-                            frame)
+                self._error(a.span, f"expected key=value ({', '.join(CONFIG_KEYS)})", frame)
                 continue
             self.config.append(ConfigEntry(a.name, a.value, frame, a.name_span))
 

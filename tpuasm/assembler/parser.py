@@ -18,6 +18,7 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from ..diagnostics import Diagnostic
+from ..literals import parse_int
 from .ast import Binary, Directive, Instr, Label, Name, Named, Num, Param, Span, Str, Unary
 
 
@@ -123,19 +124,6 @@ class _Build(Transformer):
         lpar, inner, rpar = children
         inner.span = self._span(lpar).to(self._span(rpar))
         return inner
-
-
-def parse_int(text: str) -> int | None:
-    """Decimal, 0x, 0b or 0o with `_` separators; None if malformed."""
-    try:
-        return int(text, 0)
-    except ValueError:
-        pass
-    # int(x, 0) refuses leading zeros ("007"); a decimal with them is still clear.
-    if text.replace("_", "").isdigit() and not text.startswith("_") and "__" not in text \
-            and not text.endswith("_"):
-        return int(text.replace("_", ""), 10)
-    return None
 
 
 _builder = _Build()
