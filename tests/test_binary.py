@@ -128,3 +128,15 @@ def test_source_line_gives_the_stripped_line_or_nothing():
     assert p.source_line(SourceLoc("s.tasm", 99, 1)) == ""
     assert p.source_line(SourceLoc("other.tasm", 1, 1)) == ""
     assert p.stripped().source_line(p.locations[0]) == ""
+
+
+def test_machine_shape_problems_names_each_bad_setting():
+    assert MachineShape.problems({"array_size": 16, "profile": "tpu"}) == {}
+    assert MachineShape.problems({"array_size": 0, "ub_rows": "x", "acc_rows": (1 << 16) + 1,
+                                  "profile": "gpu"}) == {
+        "array_size": "array_size 0 out of range 1..4096",
+        "ub_rows": "ub_rows: not an integer: 'x'",
+        "acc_rows": "acc_rows 65537 out of range 1..65536",     # the acc field is 16 bits
+        "profile": "unknown profile 'gpu' (choose from tpu, opentpu)"}
+    with pytest.raises(ValueError, match="array_size 0 out of range 1..4096; fifo_depth 0"):
+        MachineShape(array_size=0, fifo_depth=0)

@@ -215,3 +215,11 @@ def test_included_file_errors_name_that_file(tmp_path):
     assert (d.file, d.line, d.col, d.message) == (str(tmp_path / "inc.tasm"), 2, 4, "undefined symbol 'bad'")
     assert d.notes == (f"included from {main}:1",)
     assert "    2 | RW bad" in exc.value.render()
+
+
+def test_every_bad_config_value_is_reported_at_its_own_place():
+    with pytest.raises(AssemblyError) as exc:
+        assemble(".config array_size=0, ub_rows=0\nHLT\n", "t.tasm")
+    assert [(d.line, d.col, d.message) for d in exc.value.diagnostics] == [
+        (1, 20, "bad machine configuration: array_size 0 out of range 1..4096"),
+        (1, 31, "bad machine configuration: ub_rows 0 out of range 1..16777216")]

@@ -35,14 +35,35 @@ class MachineShape:
     profile: str = "tpu"
 
     def __post_init__(self):
-        checks = [("array_size", self.array_size, 1, 4096), ("ub_rows", self.ub_rows, 1, 1 << 24),
-                  ("acc_rows", self.acc_rows, 1, 1 << 16), ("fifo_depth", self.fifo_depth, 1, 64)]
-        for name, value, lo, hi in checks:
-            if not lo <= value <= hi:
-                raise ValueError(f"{name} {value} out of range {lo}..{hi}")
-        if self.profile not in PROFILES:
-            raise ValueError(f"unknown profile {self.profile!r} (choose from {', '.join(PROFILES)})")
+        problems = self.problems({f.name: getattr(self, f.name) for f in fields(self)})
+        if problems:
+            raise ValueError("; ".join(problems.values()))
 
+    @staticmethod
+    def problems(values: dict) -> dict[str, str]:
+        """What is wrong with each of some settings, by key (nothing: all are fine)."""
+        out = {}
+        for key, value in values.items():
+            if key == "profile":
+                if value not in PROFILES:
+                    out[key] = f"unknown profile {value!r} (choose from {', '.join(PROFILES)})"
+            elif key not in _LIMITS:
+                out[key] = f"unknown setting {key!r}"
+            elif not isinstance(value, int) or isinstance(value, bool):
+                out[key] = f"{key}: not an integer: {value!r}"
+            else:
+                lo, hi = _LIMITS[key]
+                if not lo <= value <= hi:
+                    out[key] = f"{key} {value} out of range {lo}..{hi}"
+        return out
+
+
+MAX_ARRAY_SIZE = 4096
+MAX_FIFO_DEPTH = 64
+_LIMITS = {"array_size": (1, MAX_ARRAY_SIZE),
+           "ub_rows": (1, ISA_TABLE.kind_limit("ub")),      # every row must be addressable
+           "acc_rows": (1, ISA_TABLE.kind_limit("acc")),
+           "fifo_depth": (1, MAX_FIFO_DEPTH)}
 
 CONFIG_KEYS = tuple(f.name for f in fields(MachineShape))
 

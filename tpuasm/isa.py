@@ -137,6 +137,12 @@ class ISA:
     def register_by_index(self) -> dict[int, Register]:
         return {r.index: r for r in self.registers.values()}
 
+    def kind_limit(self, kind: str) -> int:
+        """One past the largest value an operand of `kind` can encode (for `ub`: the most
+        Unified Buffer rows any program can address)."""
+        return max(f.max for s in self.instructions.values()
+                   for f in s.fields + s.conv_fields if f.kind == kind) + 1
+
     def lookup(self, mnemonic: str) -> InstructionSpec | None:
         return self.by_name.get(mnemonic.upper())
 

@@ -133,22 +133,15 @@ def _shape(entries: list[ConfigEntry], overrides: dict, symbols: Symbols, report
                 continue
         values[key] = v
         where.pop(key, None)
-    try:
-        return MachineShape(**values)
-    except (ValueError, TypeError) as err:
-        key = next((k for k in values if str(err).startswith(k)), None)
+    for key, problem in MachineShape.problems(values).items():   # each at its own place
+        message = f"bad machine configuration: {problem}"
         e = where.get(key)
-        message = f"bad machine configuration: {err}"
         if e is not None:
             reporter.error(e.value.span, message)
         else:
             reporter.diagnostics.append(Diagnostic(message + " (from the command line)", filename, 0, 0))
-        for k in list(values):          # keep going with what is valid
-            try:
-                MachineShape(**{k: values[k]})
-            except (ValueError, TypeError):
-                values.pop(k)
-        return MachineShape(**values)
+        del values[key]                 # keep going with what is valid
+    return MachineShape(**values)
 
 
 def _symbol_table(symbols: Symbols) -> list[Symbol]:
