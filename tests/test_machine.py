@@ -2,6 +2,7 @@
 snapshot/restore, data files."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
@@ -324,3 +325,26 @@ def test_opentpu_timing_constants():
     # RHM 0..10; the RW waits for the input stage and issues at 10 (the MMC behind it at
     # 11); fetch 10..14, shift 14..17; 10 rows + 2N drain
     assert tuple(int(t) for t in m.times[2]) == (11, 17, 17 + rows + 32)
+
+
+def test_explicit_timing_constant_wins_over_opentpu_timing():
+    c = MachineConfig(timing="opentpu", host_latency_cycles=700, act_latency_cycles=16)
+    assert (c.host_latency_cycles, c.act_latency_cycles) == (700, 16)
+    assert c.shift == 3                                  # the constants not given: OpenTPU's
+    assert MachineConfig.opentpu(8, weight_bytes_per_cycle=1.0).fetch_cycles == 64
+
+
+def test_replace_timing_rederives_the_constants_not_given():
+    tpu, opentpu = MachineConfig(array_size=8), MachineConfig.opentpu(8)
+    back = dataclasses.replace(opentpu, timing="tpu")
+    for name in ("weight_bytes_per_cycle", "host_bytes_per_cycle", "host_latency_cycles",
+                 "act_latency_cycles"):
+        assert getattr(back, name) == getattr(tpu, name), name
+    assert (back.shift, back.fetch_cycles, back.mmc_latency) == (tpu.shift, tpu.fetch_cycles,
+                                                                 tpu.mmc_latency)
+    assert opentpu.replace(timing="tpu") == back
+    there = dataclasses.replace(tpu, timing="opentpu")
+    assert (there.shift, there.fetch_cycles, there.host_latency_cycles) == (3, 1, 0)
+    # an explicit setting survives the switch
+    kept = dataclasses.replace(MachineConfig.opentpu(8, host_latency_cycles=5), timing="tpu")
+    assert kept.host_latency_cycles == 5 and kept.act_latency_cycles == 16

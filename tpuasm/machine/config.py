@@ -13,12 +13,27 @@ WEIGHT_MEMORY_BYTES_PER_S = 34e9           # DDR3 Weight Memory (paper)
 HOST_BYTES_PER_S = 10 * 2 ** 30            # host -> UB path, ~10 GiB/s (paper)
 
 
+class _DefaultInt(int):
+    """An int timing constant that MachineConfig filled in (the caller did not set it)."""
+    __slots__ = ()
+
+
+class _DefaultFloat(float):
+    """A float timing constant that MachineConfig filled in (the caller did not set it)."""
+    __slots__ = ()
+
+
+_DEFAULTS = (_DefaultInt, _DefaultFloat)
+
+
 @dataclass(frozen=True)
 class MachineConfig:
     """Everything the machine needs besides the program and its data.
 
     Timing constants are in cycles or bytes per cycle; spec/timing.md gives every formula.
-    `None` for a latency means "derive it from the array size" (see `resolved`).
+    A timing constant left at None takes the value of `timing` ("tpu" or "opentpu"); an
+    explicit setting always wins.  `shift_cycles` and `mmc_latency_cycles` may stay None:
+    "derive it from the array size" (see `shift` and `mmc_latency`).
     """
     array_size: int = _M.array_size
     ub_rows: int = _M.ub_rows
@@ -26,24 +41,24 @@ class MachineConfig:
     fifo_depth: int = _M.fifo_depth
     profile: str = "tpu"
     clock_hz: float = TPU_CLOCK_HZ
-    weight_bytes_per_cycle: float = WEIGHT_MEMORY_BYTES_PER_S / TPU_CLOCK_HZ
-    host_bytes_per_cycle: float = HOST_BYTES_PER_S / TPU_CLOCK_HZ
-    host_latency_cycles: int = 700            # one PCIe round trip, ~1 us
-    shift_cycles: int | None = None           # shadow shift: N cycles
-    mmc_latency_cycles: int | None = None     # systolic fill + drain: 2N cycles
-    act_latency_cycles: int = 16              # function table + requantization pipeline
+    # None = not set: the value of `timing` (see _timing_defaults) fills it in
+    weight_bytes_per_cycle: float | None = None   # TPU v1: 34 GB/s at 700 MHz
+    host_bytes_per_cycle: float | None = None     # TPU v1: ~10 GiB/s at 700 MHz
+    host_latency_cycles: int | None = None        # TPU v1: one PCIe round trip, ~1 us
+    shift_cycles: int | None = None               # shadow shift: N cycles (TPU v1)
+    mmc_latency_cycles: int | None = None         # systolic fill + drain: 2N cycles
+    act_latency_cycles: int | None = None         # TPU v1: function table + requantization
     hazards: str = "interlock"                # or "error" (strict mode)
     timing: str = "tpu"                       # or "opentpu" (same model, OpenTPU shape)
 
     def __post_init__(self):
-        if self.timing == "opentpu":
-            self._use_opentpu_timing()
+        if self.timing not in ("tpu", "opentpu"):
+            raise ValueError(f"timing must be 'tpu' or 'opentpu', not {self.timing!r}")
+        self._fill_timing_defaults()
         MachineShape(self.array_size, self.ub_rows, self.acc_rows, self.fifo_depth,
                      self.profile)  # validates the shape, raises ValueError
         if self.hazards not in ("interlock", "error"):
             raise ValueError(f"hazards must be 'interlock' or 'error', not {self.hazards!r}")
-        if self.timing not in ("tpu", "opentpu"):
-            raise ValueError(f"timing must be 'tpu' or 'opentpu', not {self.timing!r}")
         for name in ("clock_hz", "weight_bytes_per_cycle", "host_bytes_per_cycle"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
@@ -53,17 +68,33 @@ class MachineConfig:
             if v is not None and (int(v) != v or v < 0):
                 raise ValueError(f"{name} must be a non-negative integer")
 
-    def _use_opentpu_timing(self):
-        """OpenTPU's documented latencies (spec/opentpu.md section 6) for every timing
-        constant still at its TPU v1 default; explicit settings win."""
-        opentpu = {"weight_bytes_per_cycle": 64.0,          # 64-byte DRAM chunks: N*N/64
-                   "host_bytes_per_cycle": float(self.array_size),   # one vector per cycle
-                   "host_latency_cycles": 0,
-                   "shift_cycles": 3,                        # the FIFO's 3 cycles
-                   "act_latency_cycles": 1}                  # L + 1
-        for f in fields(self):
-            if f.name in opentpu and getattr(self, f.name) == f.default:
-                object.__setattr__(self, f.name, opentpu[f.name])
+    def _timing_defaults(self) -> dict:
+        """The timing constants of `timing` (TPU v1: spec/timing.md; OpenTPU: spec/opentpu.md
+        section 6).  None: derived from the array size (see `shift`, `mmc_latency`)."""
+        if self.timing == "opentpu":
+            return {"weight_bytes_per_cycle": 64.0,          # 64-byte DRAM chunks: N*N/64
+                    "host_bytes_per_cycle": float(self.array_size),   # one vector per cycle
+                    "host_latency_cycles": 0,
+                    "shift_cycles": 3,                        # the FIFO's 3 cycles
+                    "mmc_latency_cycles": None,
+                    "act_latency_cycles": 1}                  # L + 1
+        return {"weight_bytes_per_cycle": WEIGHT_MEMORY_BYTES_PER_S / TPU_CLOCK_HZ,
+                "host_bytes_per_cycle": HOST_BYTES_PER_S / TPU_CLOCK_HZ,
+                "host_latency_cycles": 700,
+                "shift_cycles": None,
+                "mmc_latency_cycles": None,
+                "act_latency_cycles": 16}
+
+    def _fill_timing_defaults(self):
+        """Every timing constant not set (None) takes the value of `timing`; explicit
+        settings win.  A filled-in value is stored as a _Default (an int or float that
+        remembers it was not set), so that `dataclasses.replace(config, timing=...)`, which
+        passes every field on, fills it in again for the new timing instead of keeping it."""
+        for name, value in self._timing_defaults().items():
+            if getattr(self, name) is None or isinstance(getattr(self, name), _DEFAULTS):
+                if value is not None:
+                    value = (_DefaultFloat if isinstance(value, float) else _DefaultInt)(value)
+                object.__setattr__(self, name, value)
 
     # -- derived constants -------------------------------------------------------------
     @property
