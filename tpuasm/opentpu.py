@@ -129,16 +129,22 @@ def opentpu_errors(program: Program) -> list[tuple[int, str]]:
     return [(i, msg) for i, ins in enumerate(program.instructions) for msg in _problems(ins)]
 
 
-def to_opentpu_bytes(program: Program) -> bytes:
-    """OpenTPU's binary for `program`, byte for byte what OpenTPU's assembler writes.
-
-    A NOP with repeat=R becomes R NOPs.  Anything the format cannot hold raises an
-    AssemblyError carrying every offending instruction's source position (EncodingError
-    when the program has no source positions).
-    """
+def check_opentpu(program: Program) -> None:
+    """Raise unless `program` fits OpenTPU's format: an AssemblyError carrying every
+    offending instruction's source position (EncodingError when the program has no source
+    positions)."""
     errors = opentpu_errors(program)
     if errors:
         raise _encoding_failure(program, errors)
+
+
+def to_opentpu_bytes(program: Program) -> bytes:
+    """OpenTPU's binary for `program`, byte for byte what OpenTPU's assembler writes.
+
+    A NOP with repeat=R becomes R NOPs.  Anything the format cannot hold raises as
+    `check_opentpu` does.
+    """
+    check_opentpu(program)
     return b"".join(_word(ins) * (ins.repeat if ins.key == "NOP" else 1)
                     for ins in program.instructions)
 
@@ -259,9 +265,7 @@ def to_opentpu_source(program: Program) -> str:
     """OpenTPU assembly text (`MMC.SO 0, 0, 10`, `#` comments) that OpenTPU's assembler and
     ours both read; raises like `to_opentpu_bytes` if the program does not fit."""
     from .disassembler import format_instruction
-    errors = opentpu_errors(program)
-    if errors:
-        raise _encoding_failure(program, errors)
+    check_opentpu(program)
     lines = ["# OpenTPU assembly, written by tpuasm"]
     for ins in program.instructions:
         text = format_instruction(Instruction(ins.key, ins.flags, 1, ins.operands))
@@ -272,7 +276,7 @@ def to_opentpu_source(program: Program) -> str:
 def opentpu_listing(program: Program) -> str:
     """Like `tpuasm asm --listing`, for the OpenTPU binary: one line per 14-byte word
     (index, byte address, the bytes in hex, the source line)."""
-    to_opentpu_bytes(program)                   # raises with positions if it does not fit
+    check_opentpu(program)                      # raises with positions if it does not fit
     lines_of = {name: text.splitlines() for name, text in program.sources.items()}
     out = [f"{'index':>6}  {'addr':>8}  {'bytes':<{WORD_BYTES * 3 - 1}}  source"]
     k = 0
