@@ -17,7 +17,7 @@ from .diagnostics import Diagnostic
 from .disassembler import format_instruction
 from .encoding import Instruction
 from .opentpu import (ACT_LATENCY_CYCLES, FIFO_CYCLES, HOST_VECTORS_PER_CYCLE,
-                      MMC_CYCLES_PER_N, WEIGHT_BYTES_PER_CYCLE, _problems)
+                      MMC_CYCLES_PER_N, WEIGHT_BYTES_PER_CYCLE, _problems, word_count)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ def opentpu_hazards(program: Program) -> list[Hazard]:
     hazards = []
     for i, ins in enumerate(program.instructions):
         issue = cycle
-        cycle += ins.repeat if ins.key == "NOP" else 1
+        cycle += word_count(ins)                     # OpenTPU issues one word per cycle
         worst = None
 
         def need(ready, j, why):

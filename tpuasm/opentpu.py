@@ -111,6 +111,12 @@ def _problems(ins: Instruction) -> list[str]:
     return out
 
 
+def word_count(ins: Instruction) -> int:
+    """How many OpenTPU instructions `ins` becomes: a NOP with repeat=R is R NOPs (a
+    repeat on anything else does not fit the format), every other instruction one."""
+    return ins.repeat if ins.key == "NOP" else 1
+
+
 def _word(ins: Instruction) -> bytes:
     fields = FIELDS[ins.key]
     flags = sum(FLAG_BITS[c] for c in ins.flag_letters)
@@ -145,7 +151,7 @@ def to_opentpu_bytes(program: Program) -> bytes:
     `check_opentpu` does.
     """
     check_opentpu(program)
-    return b"".join(_word(ins) * (ins.repeat if ins.key == "NOP" else 1)
+    return b"".join(_word(ins) * word_count(ins)
                     for ins in program.instructions)
 
 
@@ -269,7 +275,7 @@ def to_opentpu_source(program: Program) -> str:
     lines = ["# OpenTPU assembly, written by tpuasm"]
     for ins in program.instructions:
         text = format_instruction(Instruction(ins.key, ins.flags, 1, ins.operands))
-        lines.extend([text] * (ins.repeat if ins.key == "NOP" else 1))
+        lines.extend([text] * word_count(ins))
     return "\n".join(lines) + "\n"
 
 
@@ -287,7 +293,7 @@ def opentpu_listing(program: Program) -> str:
             line = src[loc.line - 1].strip() if src and 1 <= loc.line <= len(src) else ""
             text = f"{loc.file}:{loc.line}  {line}"
         word = " ".join(f"{b:02x}" for b in _word(ins))
-        for _ in range(ins.repeat if ins.key == "NOP" else 1):
+        for _ in range(word_count(ins)):
             out.append(f"{k:>6}  {k * WORD_BYTES:08x}  {word}  {text}".rstrip())
             k += 1
     return "\n".join(out) + "\n"
