@@ -283,15 +283,10 @@ def opentpu_listing(program: Program) -> str:
     """Like `tpuasm asm --listing`, for the OpenTPU binary: one line per 14-byte word
     (index, byte address, the bytes in hex, the source line)."""
     check_opentpu(program)                      # raises with positions if it does not fit
-    lines_of = {name: text.splitlines() for name, text in program.sources.items()}
     out = [f"{'index':>6}  {'addr':>8}  {'bytes':<{WORD_BYTES * 3 - 1}}  source"]
     k = 0
     for ins, loc in zip(program.instructions, program.locations):
-        text = ""
-        if loc is not None:
-            src = lines_of.get(loc.file)
-            line = src[loc.line - 1].strip() if src and 1 <= loc.line <= len(src) else ""
-            text = f"{loc.file}:{loc.line}  {line}"
+        text = f"{loc.file}:{loc.line}  {program.source_line(loc)}" if loc is not None else ""
         word = " ".join(f"{b:02x}" for b in _word(ins))
         for _ in range(word_count(ins)):
             out.append(f"{k:>6}  {k * WORD_BYTES:08x}  {word}  {text}".rstrip())
