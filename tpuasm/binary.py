@@ -18,7 +18,11 @@ from .literals import parse_int
 MAGIC = b"TBIN"
 VERSION = 1
 PROFILES = ("tpu", "opentpu")
-_HEADER = struct.Struct("<4sHHI IIIHH")          # magic, version, nsections, crc32, config
+_PREFIX = struct.Struct("<4sHHI")                  # magic, version, nsections, crc32
+_CONFIG = struct.Struct("<IIIHH")                  # the machine shape (checksummed with the rest)
+_HEADER = struct.Struct(_PREFIX.format + _CONFIG.format.lstrip("<"))
+_SYMBOL = struct.Struct("<BqQ")                    # kind, value, size; then the name
+_U32 = struct.Struct("<I")
 _SECTION = struct.Struct("<4sII")                  # tag, offset, length
 _LINE = struct.Struct("<III")                      # file index, line, column
 NO_FILE = 0xFFFFFFFF
@@ -164,7 +168,7 @@ class Program:
             (b"LINE", b"".join(_LINE.pack(index[loc.file], loc.line, loc.col) if loc
                                else _LINE.pack(NO_FILE, 0, 0) for loc in self.locations)),
             (b"SYMB", _u32(len(self.symbols)) + b"".join(
-                struct.pack("<BqQ", SYMBOL_KINDS.index(s.kind), s.value, s.size) + _str(s.name)
+                _SYMBOL.pack(SYMBOL_KINDS.index(s.kind), s.value, s.size) + _str(s.name)
                 for s in self.symbols)),
         ]
         offset = _HEADER.size + _SECTION.size * len(sections)
@@ -174,10 +178,10 @@ class Program:
             body += data
         rest = table + body
         s = self.shape
-        head = struct.pack("<IIIHH", s.array_size, s.ub_rows, s.acc_rows, s.fifo_depth,
-                           PROFILES.index(s.profile))
+        head = _CONFIG.pack(s.array_size, s.ub_rows, s.acc_rows, s.fifo_depth,
+                            PROFILES.index(s.profile))
         crc = zlib.crc32(head + rest)
-        return MAGIC + struct.pack("<HHI", VERSION, len(sections), crc) + head + rest
+        return _PREFIX.pack(MAGIC, VERSION, len(sections), crc) + head + rest
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Program":
@@ -204,7 +208,7 @@ def load_binary(path) -> Program:
 
 
 def _u32(n: int) -> bytes:
-    return struct.pack("<I", n)
+    return _U32.pack(n)
 
 
 def _str(s: str) -> bytes:
@@ -230,7 +234,7 @@ class _Reader:
             self.fail(f"not a .tbin file (magic {magic!r}, expected {MAGIC!r})")
         if version != VERSION:
             self.fail(f"unsupported .tbin version {version} (this tpuasm reads version {VERSION})")
-        if zlib.crc32(d[12:]) != crc:
+        if zlib.crc32(d[_PREFIX.size:]) != crc:
             self.fail("checksum mismatch: the file is corrupt or truncated")
         array_size, ub_rows, acc_rows, fifo_depth, profile = shape
         if profile >= len(PROFILES):
@@ -272,9 +276,9 @@ class _Reader:
         return out
 
     def u32(self, pos, end):
-        if pos + 4 > end:
+        if pos + _U32.size > end:
             self.fail(f"truncated field at offset {pos}")
-        return struct.unpack_from("<I", self.data, pos)[0], pos + 4
+        return _U32.unpack_from(self.data, pos)[0], pos + _U32.size
 
     def string(self, pos, end):
         n, pos = self.u32(pos, end)
@@ -314,12 +318,12 @@ class _Reader:
         count, pos = self.u32(pos, end)
         out = []
         for _ in range(count):
-            if pos + 17 > end:
+            if pos + _SYMBOL.size > end:
                 self.fail("truncated symbol table")
-            kind, value, size = struct.unpack_from("<BqQ", self.data, pos)
+            kind, value, size = _SYMBOL.unpack_from(self.data, pos)
             if kind >= len(SYMBOL_KINDS):
                 self.fail(f"unknown symbol kind {kind}")
-            name, pos = self.string(pos + 17, end)
+            name, pos = self.string(pos + _SYMBOL.size, end)
             out.append(Symbol(name, SYMBOL_KINDS[kind], value, size))
         if pos != end:
             self.fail("trailing bytes in the SYMB section")

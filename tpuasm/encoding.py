@@ -14,6 +14,8 @@ _HEADER = ISA_TABLE.table["format"]["header"]
 OPCODE_LSB, OPCODE_WIDTH = _HEADER["opcode"]["lsb"], _HEADER["opcode"]["width"]
 FLAGS_LSB, FLAGS_WIDTH = _HEADER["flags"]["lsb"], _HEADER["flags"]["width"]
 REPEAT_LSB, REPEAT_WIDTH = _HEADER["repeat"]["lsb"], _HEADER["repeat"]["width"]
+_HEADER_MASK = ((1 << OPCODE_WIDTH) - 1) << OPCODE_LSB | ((1 << FLAGS_WIDTH) - 1) << FLAGS_LSB \
+    | ((1 << REPEAT_WIDTH) - 1) << REPEAT_LSB        # the bits every word's header uses
 MAX_REPEAT = 1 << REPEAT_WIDTH          # executions, so the field holds repeat - 1
 
 
@@ -87,8 +89,7 @@ def decode(word: bytes, index: int | None = None) -> Instruction:
     if repeat > 1 and not spec.repeat:
         raise EncodingError(f"{where}{spec.key} does not take a repeat count (field holds {repeat - 1})")
     _names, fields = spec.layout(flags)
-    used = ((1 << OPCODE_WIDTH) - 1) << OPCODE_LSB | ((1 << FLAGS_WIDTH) - 1) << FLAGS_LSB \
-        | ((1 << REPEAT_WIDTH) - 1) << REPEAT_LSB
+    used = _HEADER_MASK
     operands = {}
     for f in fields:
         raw = (value >> f.lsb) & ((1 << f.width) - 1)

@@ -11,7 +11,6 @@ from functools import cached_property
 from importlib import resources
 
 WORD_BYTES = 12
-HEADER_BITS = 24
 
 
 @dataclass(frozen=True)

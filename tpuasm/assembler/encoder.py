@@ -76,7 +76,7 @@ class Encoder:
         return form
 
     def _make_form(self, st: Instr, frame, macros) -> _Form | None:
-        base, dot, letters = st.name.partition(".")
+        base, _, letters = st.name.partition(".")
         spec = ISA_TABLE.lookup(base)
         if spec is None:
             self._mnemonic_error(st, frame, macros)
@@ -97,9 +97,6 @@ class Encoder:
                 flags |= flag.bit
         if unknown:
             self._flag_error(spec, letters, unknown, Span(sp.file, sp.line, col, sp.line, col), frame)
-            ok = False
-        if dot and not letters:
-            self._error(Span(sp.file, sp.line, col - 1, sp.line, col), "expected flag letters after '.'", frame)
             ok = False
         for group in spec.exclusive:
             given = [g for g in group if flags & spec.flags[g].bit]

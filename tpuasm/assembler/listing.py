@@ -1,7 +1,7 @@
 """Listings and symbol maps (customasm-style text reports of an assembled program)."""
 from __future__ import annotations
 
-from ..binary import Program
+from ..binary import SYMBOL_KINDS, Program
 from ..encoding import encode
 from ..isa import WORD_BYTES
 
@@ -26,9 +26,8 @@ def listing(program: Program) -> str:
 
 def symbol_map(program: Program) -> str:
     """Every symbol: kind, value (region base), size in rows for regions, name; sorted by kind then value."""
-    order = {"const": 0, "ub": 1, "acc": 2, "host": 3, "tile": 4, "label": 5}
     out = [f"{'kind':<6} {'value':>12} {'rows':>8}  name"]
-    for s in sorted(program.symbols, key=lambda s: (order.get(s.kind, 9), s.value, s.name)):
+    for s in sorted(program.symbols, key=lambda s: (SYMBOL_KINDS.index(s.kind), s.value, s.name)):
         name = s.name if s.kind in ("const", "label") else f"{s.kind}.{s.name}"
         rows = str(s.size) if s.kind not in ("const", "label") else ""
         out.append(f"{s.kind:<6} {s.value:>12} {rows:>8}  {name}")

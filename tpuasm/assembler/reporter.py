@@ -29,9 +29,6 @@ class Reporter:
             self._seen.add(key)
             self.diagnostics.append(diag)
 
-    def __bool__(self):
-        return bool(self.diagnostics)
-
 
 def did_you_mean(word: str, candidates) -> str:
     """`; did you mean 'X'?` for the closest candidate, or ''."""
