@@ -277,3 +277,12 @@ def test_matsize_from_data(tmp_path):
         matsize_from_data(tmp_path / "h8.npy", tmp_path / "w.npy")
     with pytest.raises(DataFileError, match=r"expected \(tiles, N, N\)"):
         matsize_from_data(weights=tmp_path / "bad.npy")
+    with pytest.raises(DataFileError, match=r"h3d.npy: host image has shape \(2, 3, 8\), "
+                                            r"expected \(rows, N\)"):
+        np.save(tmp_path / "h3d.npy", np.zeros((2, 3, 8), np.int8))
+        matsize_from_data(host=tmp_path / "h3d.npy")
+    (tmp_path / "text.npy").write_text("not numpy")
+    with pytest.raises(DataFileError, match="text.npy: not a readable .npy file"):
+        matsize_from_data(weights=tmp_path / "text.npy")
+    with pytest.raises(DataFileError, match="missing.npy: not a readable .npy file"):
+        matsize_from_data(host=tmp_path / "missing.npy")

@@ -160,6 +160,17 @@ def test_lint_and_strip_nops(boston, capsys):
     assert np.array_equal(np.load("lean.npy"), expected_sim8(host, weights))
 
 
+def test_lint_format_reads_the_named_binary_format(boston, capsys):
+    assert main(["asm", "boston.a", "--format", "opentpu", "-o", "boston.bin"]) == 0
+    capsys.readouterr()
+    assert main(["lint", "--format", "opentpu", "boston.bin"]) == 1
+    out = capsys.readouterr().out
+    assert "boston.bin: instructions 2-4: warning: 3 NOPs are unnecessary" in out
+    assert "boston.bin: 8 unnecessary NOPs in 5 runs" in out
+    assert main(["lint", "--format", "tbin", "boston.bin"]) == 2
+    assert "boston.bin: not a .tbin file" in capsys.readouterr().err
+
+
 def test_timing_option(boston, capsys):
     assert main(["run", "boston.a", "--profile", "opentpu", *RUN, "--timing", "tpu",
                  "--stats", "tpu.json"]) == 0
