@@ -282,30 +282,18 @@ class Session:
         """Run at most `budget` cycles honouring breakpoints, watchpoints and caught events;
         the Stop if the run must stop (a hit that holds, halt, fault), else None.
 
-        The API's run() stops at breakpoints but treats its cycle limit as a fault, and
-        step() has a limit but no breakpoints.  So: step the chunk; if an armed instruction
-        issued or a watched range changed within it, go back to the chunk's start with the
-        library's History and run() to the exact stop (it is inside the chunk)."""
+        The library's bounded step stops at breakpoints and watchpoints and pauses at the
+        limit; a hit whose condition, ignore count or unchanged values let it pass simply
+        steps on (the machine issues the instruction it stopped in front of)."""
         m = self.machine
         end = m.cycle + budget
         sitting = self._at_breakpoint()
-        while True:
-            armed = self._armed_indices()
-            watches = [w for w in self.watchpoints.values() if w.enabled]
+        while m.cycle < end:
             start = m.cycle
-            if start >= end:
-                return None
-            pending = [i for i in armed if m.issue_cycle(i) < 0 and i != sitting]
-            self.history.step(end - start)
-            hit = any(m.issue_cycle(i) >= 0 for i in pending)
-            changed = any(not np.array_equal(self._rows_of(w), w.old) for w in watches)
-            if not hit and not changed:
-                return self._finished_stop() if self.finished else None
-            self._rewind_to(start)
-            r = m.run(breakpoints=armed, watch=[_watch(w) for w in watches])
-            self.history.record()
+            r = self.history.step(end - start, breakpoints=self._armed_indices(),
+                                  watch=self._armed_watches())
             if r.status == "breakpoint" and r.index == sitting and m.cycle == start:
-                # the restored machine does not know it may issue this one: step it out
+                # History.goto forgets that the machine sat at a breakpoint: step it out
                 while m.issue_cycle(sitting) < 0 and not self.finished:
                     self.history.step(1)
                 sitting = None
@@ -313,20 +301,21 @@ class Session:
             sitting = None
             if r.status in ("halted", "fault"):
                 return self._finished_stop()
+            stop = None
             if r.status == "breakpoint":
                 stop = self._breakpoint_hit(r.index)
-                sitting = r.index           # a hit that does not stop is issued next
             elif r.status == "watchpoint":
                 stop = self._watch_hit(r.index)
-            else:
-                stop = None
             if stop is not None:
                 return stop
+        return self._finished_stop() if self.finished else None
 
     def _at_breakpoint(self) -> int | None:
         """The instruction a run starts in front of: like the machine's own rule (and gdb's),
-        a run started at a breakpoint issues it instead of stopping there again.  At cycle 0
-        nothing has been seen yet, so a breakpoint on the first instruction still stops."""
+        a run started at a breakpoint issues it instead of stopping there again.  The
+        machine knows this itself except after History.goto (a step back), which forgets
+        it.  At cycle 0 nothing has been seen yet, so a breakpoint on the first instruction
+        still stops."""
         nxt = self.next_to_issue()
         if nxt is None or self.machine.issue_cycle(nxt) >= 0:
             return None
@@ -334,11 +323,6 @@ class Session:
         if stop is not None and stop.index == nxt and stop.kind != "watchpoint":
             return nxt
         return nxt if self.machine.cycle > 0 else None
-
-    def _rewind_to(self, cycle: int) -> None:
-        back = self.machine.cycle - cycle
-        if back > 0:
-            self.history.back(cycles=back)
 
     def _breakpoint_hit(self, index: int) -> Stop | None:
         ins = self.program.instructions[index]
