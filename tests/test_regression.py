@@ -307,6 +307,24 @@ def test_missing_expected_file_is_an_error(tmp_path):
     assert result.outcome == "error" and "file not found" in result.failures[0]
 
 
+def test_region_qualified_by_its_kind(tmp_path):
+    qualified = MANIFEST.format(extra="").replace('region = "y"', 'region = "host.y"')
+    d = make_program(tmp_path, "qualified", manifest=qualified)
+    assert run_manifest(load_manifest(d / "test.toml")).passed
+    # a prefix that disagrees with `memory` is a clear error, not a silent switch of memory
+    clash = MANIFEST.format(extra="").replace('region = "y"', 'memory = "ub"\nregion = "host.y"')
+    d = make_program(tmp_path, "clash", manifest=clash)
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "error"
+    assert ("expect.rows[0].region: region 'host.y' is a host symbol but the rows are "
+            "compared in memory 'ub'") in result.failures[0]
+    missing = MANIFEST.format(extra="").replace('region = "y"', 'region = "nowhere"')
+    d = make_program(tmp_path, "missing", manifest=missing)
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "error"
+    assert "the program has no host region 'nowhere'" in result.failures[0]
+
+
 def test_generator_failure_is_an_error(tmp_path):
     d = make_program(tmp_path, "gen_bug")
     (d / "gen.py").write_text("def generate(out_dir):\n    raise ValueError('no data today')\n")

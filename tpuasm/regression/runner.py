@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..binary import SYMBOL_KINDS
 from .manifest import GOLDEN_COUNTERS, Manifest, RowsExpectation
 
 SHAPE_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
@@ -280,16 +281,20 @@ def _memory(machine, name: str):
     return {"host": machine.host, "ub": machine.ub, "acc": machine.acc}[name]
 
 
-def _region_start(program, rows: RowsExpectation):
-    """The first row of a region given by symbol: "y", or "host.y" style."""
-    name = rows.region
-    kind = rows.memory
-    if "." in name:
-        kind, _, name = name.partition(".")
-    for sym in program.symbols:
-        if sym.name in (name, f"{kind}.{name}") and sym.kind == kind:
-            return sym.value
-    return None
+def _region_start(program, rows: RowsExpectation) -> tuple[int | None, str | None]:
+    """The first row of a region given by symbol, "y" or "host.y" style, and what is wrong
+    with it if it cannot be used: (start, None) or (None, problem)."""
+    prefix, dot, _ = rows.region.partition(".")
+    if dot and prefix in SYMBOL_KINDS:
+        if prefix != rows.memory:
+            return None, (f"region {rows.region!r} is a {prefix} symbol but the rows are "
+                          f"compared in memory {rows.memory!r}")
+        sym = program.symbol(rows.region)
+    else:
+        sym = program.symbol(rows.region, rows.memory)
+    if sym is None:
+        return None, f"the program has no {rows.memory} region {rows.region!r}"
+    return sym.value, None
 
 
 def _check_rows(m: Manifest, result: Result, program, machine, rows: RowsExpectation, data_dir):
@@ -301,10 +306,9 @@ def _check_rows(m: Manifest, result: Result, program, machine, rows: RowsExpecta
     if rows.start is not None:
         start, label = rows.start, f"{rows.memory} rows"
     else:
-        start = _region_start(program, rows)
-        if start is None:
-            result.error(f"{m.path}: {rows.key}.region: the program has no "
-                         f"{rows.memory} region {rows.region!r}")
+        start, problem = _region_start(program, rows)
+        if problem is not None:
+            result.error(f"{m.path}: {rows.key}.region: {problem}")
             return
         label = f"{rows.memory} region {rows.region}"
     memory = _memory(machine, rows.memory)
