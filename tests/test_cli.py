@@ -176,3 +176,16 @@ def test_a_bad_config_value_is_named_the_same_way_everywhere():
         assemble("HLT\n", config={"ub_rows": "abc"})
     assert [d.message for d in e.value.diagnostics] == [
         "bad machine configuration: ub_rows: not an integer: 'abc' (from the command line)"]
+
+
+@pytest.mark.parametrize("args", [["asm", "{d}/x.tasm"], ["--help"]])
+def test_asm_and_help_do_not_load_the_machine(tmp_path, args):
+    """`tpuasm asm` and `--help` start fast: no numba, no machine, no numpy."""
+    (tmp_path / "x.tasm").write_text("NOP\nHLT\n")
+    argv = [a.format(d=tmp_path) for a in args]
+    code = ("import sys\nfrom tpuasm.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numba', 'numpy', 'tpuasm.machine') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"

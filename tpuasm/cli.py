@@ -138,11 +138,14 @@ def _profile_options(p: argparse.ArgumentParser) -> None:
 def _shape_config(args, path: Path | None = None) -> dict:
     """--config, --profile and --matsize as one `.config` dict (an OpenTPU binary at `path`
     implies --profile opentpu)."""
-    from .opentpu import shape_config
+    config = parse_config(args.config)
     profile = args.profile
     if profile is None and path is not None and _is_opentpu(path, getattr(args, "format", None)):
         profile = "opentpu"
-    return shape_config(parse_config(args.config), profile, args.matsize,
+    if profile is None and args.matsize is None and config.get("profile") != "opentpu":
+        return config           # nothing OpenTPU's: keep numpy out of `tpuasm asm`
+    from .opentpu import shape_config
+    return shape_config(config, profile, args.matsize,
                         getattr(args, "host", None), getattr(args, "weights", None))
 
 
