@@ -1,6 +1,11 @@
 """Error types a user can meet.  The CLI turns each into a message, never a traceback."""
 from __future__ import annotations
 
+# The kinds of MachineFault (spec/isa.md section 7).  Defined here, free of numba, so that
+# tpuasm.regression can validate manifests without importing the machine.
+FAULT_KINDS = ("address", "no_tile", "deadlock", "weight_width", "config", "shape",
+               "invalid_instruction", "max_cycles", "hazard")
+
 
 class TpuasmError(Exception):
     """Base class of every error tpuasm reports to a user."""

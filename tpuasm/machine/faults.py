@@ -7,10 +7,8 @@ from ..binary import SourceLoc
 from . import core
 from .decoded import register_limits
 from .kernels import MEM_ACC, MEM_HOST, MEM_TILE, MEM_UB
+from ..errors import FAULT_KINDS  # noqa: F401  (re-exported by tpuasm.machine)
 from ..isa import ISA_TABLE
-
-FAULT_KINDS = ("address", "no_tile", "deadlock", "weight_width", "config", "shape",
-               "invalid_instruction", "max_cycles", "hazard")
 
 MEMORY_NAMES = {MEM_UB: "UB", MEM_ACC: "accumulator", MEM_HOST: "host", MEM_TILE: "weight tile"}
 _REG_NAMES = {r.index: r.name for r in ISA_TABLE.registers.values()}

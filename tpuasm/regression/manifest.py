@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import FAULT_KINDS
+
 MANIFEST_NAME = "test.toml"
 DEFAULT_MAX_CYCLES = 20_000_000
 DEFAULT_GOLDEN_TOLERANCE = 0.02
 MEMORIES = ("host", "ub", "acc")
 STATUSES = ("halted", "fault")
-FAULT_KINDS = ("address", "no_tile", "deadlock", "weight_width", "config", "shape",
-               "invalid_instruction", "max_cycles", "hazard")
 # Counters that --update-golden records (the paper's Table 3 rows and friends).
 GOLDEN_COUNTERS = ("instructions", "array_active_cycles", "weight_stall_cycles",
                    "weight_shift_cycles", "non_matrix_cycles", "raw_stall_cycles",
