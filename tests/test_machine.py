@@ -246,6 +246,49 @@ def test_data_file_errors(tmp_path):
         m.load(PROG3, host=tmp_path / "junk.npy")
 
 
+def test_data_paths_that_are_not_npy_arrays(tmp_path, monkeypatch):
+    m = Machine()
+    with pytest.raises(DataFileError, match="host memory: expected a numpy array or the path "
+                                            "of a .npy file, got list"):
+        m.load(PROG3, host=[[0] * 256])
+    with pytest.raises(DataFileError, match="weight: expected a numpy array .* got tuple"):
+        m.load(PROG3, weights=(1, 2))
+    with pytest.raises(DataFileError, match="is a directory"):
+        m.load(PROG3, host=tmp_path)
+    with pytest.raises(DataFileError, match="weight file not found"):
+        m.load(PROG3, weights=str(tmp_path / "missing.npy"))
+    z = tmp_path / "h.npz"
+    np.savez(z, host=np.zeros((4, 256), np.int8))
+    closed = []
+    real_load = np.load
+
+    def spy_load(*args, **kwargs):
+        out = real_load(*args, **kwargs)
+        if isinstance(out, np.lib.npyio.NpzFile):
+            real_close = out.close
+            out.close = lambda: (closed.append(True), real_close())
+        return out
+
+    monkeypatch.setattr(np, "load", spy_load)
+    with pytest.raises(DataFileError, match=r"h.npz: host memory file is a .npz archive, "
+                                            r"expected a numpy array"):
+        m.load(PROG3, host=z)
+    assert closed == [True]                             # the archive's file is closed
+
+
+def test_unreadable_data_file(tmp_path, monkeypatch):
+    p = tmp_path / "h.npy"
+    np.save(p, np.zeros((4, 256), np.int8))
+
+    def denied(*args, **kwargs):         # chmod 0 does not stop root, so fake the refusal
+        raise PermissionError(13, "Permission denied", str(p))
+
+    monkeypatch.setattr(np, "load", denied)
+    with pytest.raises(DataFileError, match="h.npy: cannot read host memory file "
+                                            r"\(\[Errno 13\] Permission denied"):
+        Machine().load(PROG3, host=p)
+
+
 def test_weights_are_memory_mapped_read_only(tmp_path):
     w = tmp_path / "w.npy"
     np.save(w, weights(3))

@@ -8,6 +8,7 @@ Pickled objects are never loaded (allow_pickle=False).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,16 @@ _BYTE_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _open(path, what: str, mmap: bool) -> np.ndarray:
+    if not isinstance(path, (str, os.PathLike)):
+        raise DataFileError(f"{what}: expected a numpy array or the path of a .npy file, "
+                            f"got {type(path).__name__}")
     p = Path(path)
     if not p.exists():
         raise DataFileError(f"{p}: {what} file not found")
     if p.is_dir():
         raise DataFileError(f"{p}: {what} file is a directory")
     try:
-        return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
+        arr = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
     except ValueError as e:
         text = str(e)
         if "allow_pickle" in text or "pickle" in text.lower():
@@ -33,6 +37,11 @@ def _open(path, what: str, mmap: bool) -> np.ndarray:
         raise DataFileError(f"{p}: not a valid .npy {what} file ({text})") from None
     except (OSError, EOFError) as e:
         raise DataFileError(f"{p}: cannot read {what} file ({e})") from None
+    if not isinstance(arr, np.ndarray):          # a .npz archive: np.load opened a file
+        arr.close()
+        raise DataFileError(f"{p}: {what} file is a .npz archive, expected a numpy array "
+                            f"(.npy)")
+    return arr
 
 
 def _check(arr, name: str, expected: tuple, expected_text: str) -> np.ndarray:
