@@ -131,8 +131,6 @@ class History:
                 hits.append((r.cycle, r.status, r.index))
             elif r.status != "paused" or m.cycle >= now:
                 break
-            if r.status == "watchpoint":
-                continue
         if not hits:
             r = self.goto(self.base.cycle)
             return r

@@ -245,7 +245,9 @@ class Machine:
         entry = self._entry
         if entry is None:
             core.run_core(*args)
-            self._entry = _entry_point(args)
+            # numba's compiled entry point, or the dispatcher itself when numba does not
+            # say (so the lookup runs once per load, not on every call)
+            self._entry = _entry_point(args) or core.run_core
         else:
             entry(*args)
         code = int(st[core.S_STATUS])
