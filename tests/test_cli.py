@@ -189,3 +189,23 @@ def test_asm_and_help_do_not_load_the_machine(tmp_path, args):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_program_file_is_read_once(project, monkeypatch, capsys):
+    import pathlib
+    d, _ = project
+    reads = []
+    real = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: reads.append(self.name) or real(self))
+    run_cli("lint", d / "prog.tasm")
+    assert reads.count("prog.tasm") == 1
+
+
+def test_includes_resolve_next_to_the_program_file(tmp_path, capsys):
+    from tpuasm.cli import load_program
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inc.tasm").write_text("NOP\n")
+    (tmp_path / "sub" / "main.tasm").write_text('.include "inc.tasm"\nHLT\n')
+    program = load_program(tmp_path / "sub" / "main.tasm")
+    assert [i.key for i in program.instructions] == ["NOP", "HLT"]
+    assert program.locations[0].file == str(tmp_path / "sub" / "inc.tasm")

@@ -135,12 +135,12 @@ def _profile_options(p: argparse.ArgumentParser) -> None:
                         "data files, else 8)")
 
 
-def _shape_config(args, path: Path | None = None) -> dict:
-    """--config, --profile and --matsize as one `.config` dict (an OpenTPU binary at `path`
-    implies --profile opentpu)."""
+def _shape_config(args, opentpu_file: bool = False) -> dict:
+    """--config, --profile and --matsize as one `.config` dict (an OpenTPU binary implies
+    --profile opentpu)."""
     config = parse_config(args.config)
     profile = args.profile
-    if profile is None and path is not None and _is_opentpu(path, getattr(args, "format", None)):
+    if profile is None and opentpu_file:
         profile = "opentpu"
     if profile is None and args.matsize is None and config.get("profile") != "opentpu":
         return config           # nothing OpenTPU's: keep numpy out of `tpuasm asm`
@@ -178,29 +178,59 @@ def parse_config(items: list[str]) -> dict:
     return out
 
 
-def _is_opentpu(path: Path, fmt: str | None) -> bool:
-    """An OpenTPU binary: --format opentpu, else by content and extension (spec/opentpu.md)."""
-    from .opentpu import is_opentpu_file
-    return fmt == "opentpu" or (fmt is None and path.suffix != ".tbin" and is_opentpu_file(path))
-
-
-def load_program(path: Path, config: dict | None = None, fmt: str | None = None):
-    """A Program from a .tasm source, a .tbin binary or an OpenTPU binary (decided by
-    `fmt`, else by content, then extension)."""
-    from .binary import MAGIC, MachineShape, load_binary
+def read_program(path: Path) -> bytes:
+    """The bytes of a program file (source or binary), read once."""
     try:
-        head = path.read_bytes()[:4]
+        return path.read_bytes()
     except OSError as e:
         raise TpuasmError(f"{path}: cannot read: {e.strerror}") from None
-    if head != MAGIC and fmt != "tbin" and _is_opentpu(path, fmt):
-        from .opentpu import load_opentpu
-        try:
-            shape = MachineShape(**{"profile": "opentpu", "array_size": 8, **(config or {})})
+
+
+def _is_opentpu(path: Path, data: bytes, fmt: str | None) -> bool:
+    """An OpenTPU binary: --format opentpu, else by content and extension (spec/opentpu.md)."""
+    if fmt is not None or path.suffix == ".tbin":
+        return fmt == "opentpu"
+    from .opentpu import EXTENSION, looks_like_opentpu
+    return path.suffix == EXTENSION or looks_like_opentpu(data)
+
+
+def _named(path: Path, read, *args):
+    """read(*args), with the file name in front of a BinaryFormatError's message."""
+    from .errors import BinaryFormatError
+    try:
+        return read(*args)
+    except BinaryFormatError as e:
+        raise BinaryFormatError(f"{path}: {e}") from None
+
+
+def program_format(path: Path, data: bytes, fmt: str | None) -> str:
+    """"opentpu", "tbin" or "source": `fmt` if given, else by content, then extension
+    (spec/opentpu.md).  A file starting with the .tbin magic is always a .tbin."""
+    from .binary import MAGIC
+    if data[:len(MAGIC)] == MAGIC or fmt == "tbin":
+        return "tbin"
+    if _is_opentpu(path, data, fmt):
+        return "opentpu"
+    return "tbin" if path.suffix == ".tbin" else "source"
+
+
+def load_program(path: Path, config: dict | None = None, fmt: str | None = None, *,
+                 data: bytes | None = None):
+    """A Program from a .tasm source, a .tbin binary or an OpenTPU binary (decided by
+    `fmt`, else by content, then extension).  `data`: the file's bytes, if already read."""
+    from .binary import MachineShape, Program
+    if data is None:
+        data = read_program(path)
+    kind = program_format(path, data, fmt)
+    if kind == "opentpu":
+        from .opentpu import MATSIZES, from_opentpu_bytes
+        try:   # the command line's shape_config has set N; the debugger's config may not
+            shape = MachineShape(**{"profile": "opentpu", "array_size": MATSIZES[0], **(config or {})})
         except ValueError as e:
             raise TpuasmError(f"--config: {e}") from None
-        return load_opentpu(path, shape)
-    if head == MAGIC or path.suffix == ".tbin" or fmt == "tbin":
-        program = load_binary(path)
+        return _named(path, from_opentpu_bytes, data, shape)
+    if kind == "tbin":
+        program = _named(path, Program.from_bytes, data)
         if config:
             from dataclasses import replace
             try:
@@ -208,8 +238,8 @@ def load_program(path: Path, config: dict | None = None, fmt: str | None = None)
             except ValueError as e:
                 raise TpuasmError(f"--config: {e}") from None
         return program
-    from .assembler import assemble_file
-    return assemble_file(path, config=config or None)
+    from .assembler import assemble, decode_source
+    return assemble(decode_source(data, str(path)), str(path), config=config or None)
 
 
 def cmd_asm(args) -> int:
@@ -240,13 +270,14 @@ def cmd_asm(args) -> int:
 
 
 def cmd_disasm(args) -> int:
-    if _is_opentpu(args.binary, args.format):
-        from .opentpu import load_opentpu, to_opentpu_source
-        text = to_opentpu_source(load_opentpu(args.binary))
+    data = read_program(args.binary)
+    if _is_opentpu(args.binary, data, args.format):
+        from .opentpu import from_opentpu_bytes, to_opentpu_source
+        text = to_opentpu_source(_named(args.binary, from_opentpu_bytes, data))
     else:
-        from .binary import load_binary
+        from .binary import Program
         from .disassembler import disassemble
-        text = disassemble(load_binary(args.binary), annotate=args.annotate)
+        text = disassemble(_named(args.binary, Program.from_bytes, data), annotate=args.annotate)
     if args.output:
         _write(args.output, text.encode())
     else:
@@ -256,7 +287,9 @@ def cmd_disasm(args) -> int:
 
 def cmd_run(args) -> int:
     from .runreport import run_and_report
-    program = load_program(args.program, _shape_config(args, args.program), args.format)
+    data = read_program(args.program)
+    opentpu_file = _is_opentpu(args.program, data, args.format)
+    program = load_program(args.program, _shape_config(args, opentpu_file), args.format, data=data)
     if args.timing is None and program.shape.profile == "opentpu":
         args.timing = "opentpu"            # OpenTPU's programs get OpenTPU's latencies
     return run_and_report(program, args)
@@ -266,7 +299,9 @@ def cmd_lint(args) -> int:
     from .lint import lint, render
     if args.opentpu and args.profile is None:
         args.profile = "opentpu"           # OpenTPU's latencies depend on its array size
-    program = load_program(args.program, _shape_config(args, args.program), args.format)
+    data = read_program(args.program)
+    opentpu_file = _is_opentpu(args.program, data, args.format)
+    program = load_program(args.program, _shape_config(args, opentpu_file), args.format, data=data)
     findings = lint(program)
     sys.stdout.write(render(findings, program, str(args.program), color=_color(sys.stdout)))
     if args.opentpu:

@@ -57,13 +57,22 @@ def save_host(machine, path: Path, like: Path | None) -> None:
     dtype = np.uint8
     if like is not None:
         try:
-            dtype = np.load(like, mmap_mode="r", allow_pickle=False).dtype
+            dtype = _npy_dtype(like)
         except (OSError, ValueError) as e:
             raise DataFileError(f"{like}: {e}") from None
     try:
         np.save(path, np.ascontiguousarray(machine.host).view(dtype))
     except OSError as e:
         raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def _npy_dtype(path: Path) -> np.dtype:
+    """The dtype a .npy file declares, from its header alone."""
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        version = fmt.read_magic(f)
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        return read_header(f)[2]
 
 
 def print_summary(machine, name: str) -> None:

@@ -20,7 +20,7 @@ from .listing import listing, symbol_map
 from .reporter import Reporter, did_you_mean
 from .symbols import MEMORIES, Symbols
 
-__all__ = ["assemble", "assemble_file", "listing", "symbol_map"]
+__all__ = ["assemble", "assemble_file", "decode_source", "listing", "symbol_map"]
 
 def assemble(source: str | os.PathLike, filename: str = "<input>", *,
              config: dict | None = None) -> Program:
@@ -38,10 +38,11 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
         if isinstance(source, os.PathLike):
             filename = os.fspath(source)
             try:
-                text = Path(source).read_text(encoding="utf-8-sig")
-            except (OSError, UnicodeDecodeError) as e:
-                why = "not valid UTF-8" if isinstance(e, UnicodeDecodeError) else e.strerror or str(e)
-                raise AssemblyError([Diagnostic(f"cannot read '{filename}': {why}", filename, 0, 0)])
+                data = Path(source).read_bytes()
+            except OSError as e:
+                raise AssemblyError([Diagnostic(f"cannot read '{filename}': {e.strerror or e}",
+                                                filename, 0, 0)])
+            text = decode_source(data, filename)
         else:
             text = source
         program = _run(text, filename, config or {}, reporter, sources)
@@ -61,6 +62,17 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
     if reporter.diagnostics or program is None:
         raise AssemblyError(reporter.diagnostics, sources)
     return program
+
+
+def decode_source(data: bytes, filename: str) -> str:
+    """The text of a source file's bytes as `assemble(path)` reads it: UTF-8 (a BOM
+    allowed), universal newlines; AssemblyError if it is not UTF-8."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise AssemblyError([Diagnostic(f"cannot read '{filename}': not valid UTF-8",
+                                        filename, 0, 0)]) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def assemble_file(path, *, config: dict | None = None) -> Program:
