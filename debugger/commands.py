@@ -12,10 +12,11 @@ import re
 from dataclasses import dataclass, field
 
 from rich.markup import escape
+from tpuasm.disassembler import format_instruction
 
 from .expr import ExprError, Location
-from .formatting import (counter_lines, event_text, examine, format_value, instruction_text_at,
-                         memory_array, weight_lines)
+from .formatting import (counter_lines, event_text, examine, format_value, memory_array,
+                         weights_text)
 from .session import Session, Stop
 
 
@@ -392,7 +393,7 @@ class Engine:
         return [f"{k:<16}{v}" for k, v in self.session.machine.registers().items()]
 
     def info_weights(self) -> list[str]:
-        return weight_lines(self.session.machine)
+        return [line.rstrip() for line in weights_text(self.session.machine).plain.strip("\n").splitlines()]
 
     def info_events(self) -> list[str]:
         events = self.session.machine.events
@@ -420,7 +421,7 @@ class Engine:
                 file, center = loc.file, loc.line
         text = s.program.sources.get(file) if file else None
         if text is None:
-            lines = [instruction_text_at(s, i) for i in range(len(s.program))]
+            lines = [format_instruction(ins) for ins in s.program.instructions]
             center = (s.next_to_issue() or 0) + 1 if center is None else center
             file = "(disassembly)"
         else:

@@ -5,6 +5,8 @@ Shared by the command engine (and so by batch mode) and by the screen's panes.
 from __future__ import annotations
 
 import numpy as np
+from rich.text import Text
+from tpuasm.runreport import BREAKDOWN, OVERLAPPING
 
 from .expr import ExprError, Location
 
@@ -22,6 +24,26 @@ def memory_array(machine, memory: str) -> np.ndarray:
     return array
 
 
+def cell_width(radix: str, bits: int) -> int:
+    """Characters per value, without the separating space."""
+    if radix == "hex":
+        return bits // 4
+    if radix == "unsigned":
+        return len(str((1 << bits) - 1))
+    return len(str(-(1 << (bits - 1))))
+
+
+def format_row(values: np.ndarray, radix: str, bits: int, width: int) -> list[str]:
+    """Values of one row as fixed-width strings (vectorised enough for ~100 cells)."""
+    mask = (1 << bits) - 1
+    if radix == "hex":
+        return [f"{v & mask:0{width}x}" for v in values.tolist()]
+    if radix == "unsigned":
+        return [f"{v & mask:>{width}}" for v in values.tolist()]
+    half = 1 << (bits - 1)
+    return [f"{(v & mask) - ((v & mask) >= half) * (mask + 1):>{width}}" for v in values.tolist()]
+
+
 def examine(array: np.ndarray, loc: Location, count: int, radix: str, unit: str) -> list[str]:
     """gdb's x/: `count` elements from row loc.row, element loc.col, eight or sixteen a line."""
     rows, width = array.shape
@@ -37,28 +59,18 @@ def examine(array: np.ndarray, loc: Location, count: int, radix: str, unit: str)
     flat_start = loc.row * width + loc.col
     end = min(flat_start + count, rows * width)
     per_line = 16 if array.dtype == np.uint8 else 8
+    bits = 8 if array.dtype == np.uint8 else 32
+    width_hex = cell_width("hex", bits) if radix == "hex" else 0     # unpadded but for hex
     out = []
     pos = flat_start
     while pos < end:
         r, c = divmod(pos, width)
         n = min(per_line, width - c, end - pos)
         values = array[r, c:c + n]
-        cells = " ".join(format_cell(v, radix, array.dtype) for v in values)
+        cells = " ".join(format_row(values, radix, bits, width_hex))
         out.append(f"{loc.memory}[{r}][{c}]:".ljust(16) + cells)
         pos += n
     return out
-
-
-def format_cell(v, radix: str, dtype) -> str:
-    v = int(v)
-    bits = 8 if dtype == np.uint8 else 32
-    if radix == "hex":
-        return f"{v & ((1 << bits) - 1):0{bits // 4}x}"
-    if radix == "unsigned":
-        return str(v & ((1 << bits) - 1))
-    if v >= 1 << (bits - 1):
-        v -= 1 << bits
-    return str(v)
 
 
 def counter_lines(c: dict) -> list[str]:
@@ -69,29 +81,11 @@ def counter_lines(c: dict) -> list[str]:
            f"useful MACs           {c.get('useful_macs', 0)}",
            f"TOPS                  {float(c.get('tops', 0)):.2f}",
            "cycle breakdown (Table 3):"]
-    for key, label in (("array_active_cycles", "array active"), ("weight_stall_cycles", "weight stall"),
-                       ("weight_shift_cycles", "weight shift"), ("non_matrix_cycles", "non-matrix")):
+    for label, key in BREAKDOWN:
         v = int(c.get(key, 0))
         out.append(f"  {label:<20}{v:>10}  {100 * v / cycles:5.1f} %")
-    out.append(f"  {'RAW stalls':<20}{int(c.get('raw_stall_cycles', 0)):>10}")
-    out.append(f"  {'input stalls':<20}{int(c.get('input_stall_cycles', 0)):>10}")
-    return out
-
-
-def weight_lines(m) -> list[str]:
-    out = []
-    fifo = m.fifo()
-    out.append(f"FIFO ({len(fifo)}/{m.config.fifo_depth}):" + ("" if fifo else " empty"))
-    for e in fifo:
-        pct = 100 * e.done / e.total if e.total else 100
-        out.append(f"  tile {e.tile:<5} {e.state:<9} {e.done}/{e.total} bytes ({pct:.0f} %)")
-    sh = m.shadow()
-    out.append("shadow: " + ("empty" if sh is None else
-                             f"tile {sh.tile} {sh.state} {sh.done}/{sh.total} cycles"))
-    act = m.active()
-    out.append("active: " + ("none" if act is None else
-                             f"tile(s) {', '.join(str(t) for t in act.tiles)}"
-                             + (" (16-bit)" if act.wide else "")))
+    for label, (_, key) in zip(("RAW stalls", "input stalls"), OVERLAPPING):   # shorter labels
+        out.append(f"  {label:<20}{int(c.get(key, 0)):>10}")
     return out
 
 
@@ -100,6 +94,22 @@ def event_text(session, e) -> str:
     return f"cycle {e.cycle}: {name} {e.value} from {session.where(e.index)}"
 
 
-def instruction_text_at(session, i: int) -> str:
-    from .session import instruction_text
-    return instruction_text(session.program.instructions[i])
+def weights_text(m) -> Text:
+    """Weight FIFO fill level, the shadow tile being shifted in, the active tile(s)."""
+    fifo = m.fifo()
+    depth = m.config.fifo_depth
+    text = Text("\n")
+    text.append("weight FIFO ", style="bold yellow")
+    text.append("▮" * len(fifo) + "▯" * max(depth - len(fifo), 0) + f" {len(fifo)}/{depth}  ",
+                style="yellow")
+    for e in fifo:
+        pct = 100 * e.done // e.total if e.total else 100
+        text.append(f"[tile {e.tile} {e.state} {pct}%] ", style="yellow" if e.state == "ready" else "grey70")
+    sh = m.shadow()
+    text.append("\nshadow ", style="bold yellow")
+    text.append("empty" if sh is None else f"tile {sh.tile} {sh.state} {sh.done}/{sh.total} cycles")
+    act = m.active()
+    text.append("   active ", style="bold yellow")
+    text.append("none" if act is None else
+                "tile " + ", ".join(str(t) for t in act.tiles) + (" (16-bit)" if act.wide else ""))
+    return text

@@ -19,6 +19,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from .formatting import cell_width, format_row
+
 RADIXES = ("hex", "signed", "unsigned")
 _ADDRESS = Style(color="bright_black")
 _TARGET_ADDRESS = Style(color="black", bgcolor="yellow", bold=True)
@@ -26,26 +28,6 @@ _ZERO = Style(color="grey42")
 _VALUE = Style()
 _CHANGED = Style(color="black", bgcolor="bright_yellow", bold=True)
 _HEADER = Style(color="cyan", bold=True)
-
-
-def cell_width(radix: str, bits: int) -> int:
-    """Characters per value, without the separating space."""
-    if radix == "hex":
-        return bits // 4
-    if radix == "unsigned":
-        return len(str((1 << bits) - 1))
-    return len(str(-(1 << (bits - 1))))
-
-
-def format_row(values: np.ndarray, radix: str, bits: int, width: int) -> list[str]:
-    """Values of one row as fixed-width strings (vectorised enough for ~100 cells)."""
-    mask = (1 << bits) - 1
-    if radix == "hex":
-        return [f"{v & mask:0{width}x}" for v in values.tolist()]
-    if radix == "unsigned":
-        return [f"{v & mask:>{width}}" for v in values.tolist()]
-    half = 1 << (bits - 1)
-    return [f"{(v & mask) - ((v & mask) >= half) * (mask + 1):>{width}}" for v in values.tolist()]
 
 
 class MemoryView(ScrollView, can_focus=True):

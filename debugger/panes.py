@@ -5,11 +5,17 @@ import textwrap
 
 from rich.text import Text
 from textual.widgets import Static
+from tpuasm.runreport import BREAKDOWN, OVERLAPPING
+
+from .formatting import weights_text
 
 
 TIMELINE_ROWS = ("front", "input", "matrix", "activate", "output", "weights")
 _STAGE_COLOURS = {"front": "white", "input": "green", "matrix": "magenta", "activate": "cyan",
                   "output": "blue", "weights": "yellow"}
+# narrow labels and colours for runreport.BREAKDOWN, in its order
+_SHORT_BREAKDOWN = (("active", "magenta"), ("w.stall", "red"), ("w.shift", "yellow"),
+                    ("non-mxu", "grey62"))
 LOOKBACK = 256        # instructions scanned backwards when rebuilding the timeline
 
 
@@ -203,35 +209,12 @@ class CountersPane(Static):
         text.append("MXU ", style="bold")
         text.append(f"{100 * util:5.1f} % ", style="magenta")
         text.append((bar(int(1000 * util), 1000, 14) if wide else "") + "\n", style="magenta")
-        for key, label, colour in (("array_active_cycles", "active", "magenta"),
-                                   ("weight_stall_cycles", "w.stall", "red"),
-                                   ("weight_shift_cycles", "w.shift", "yellow"),
-                                   ("non_matrix_cycles", "non-mxu", "grey62")):
+        for (_, key), (label, colour) in zip(BREAKDOWN, _SHORT_BREAKDOWN):
             v = int(c.get(key, 0))
             text.append(f"{label:<8}", style=colour)
             text.append(f"{v:>9,} {100 * v / cycles:5.1f}%" + (f" {bar(v, cycles, 8)}" if wide else "")
                         + "\n", style=colour)
-        text.append(f"RAW stall {int(c.get('raw_stall_cycles', 0)):,}  "
-                    f"input stall {int(c.get('input_stall_cycles', 0)):,}", style="grey62")
+        text.append("  ".join(f"{short} {int(c.get(key, 0)):,}"
+                              for short, (_, key) in zip(("RAW stall", "input stall"), OVERLAPPING)),
+                    style="grey62")
         self.update(text, layout=False)
-
-
-def weights_text(m) -> Text:
-    """Weight FIFO fill level, the shadow tile being shifted in, the active tile(s)."""
-    fifo = m.fifo()
-    depth = m.config.fifo_depth
-    text = Text("\n")
-    text.append("weight FIFO ", style="bold yellow")
-    text.append("▮" * len(fifo) + "▯" * max(depth - len(fifo), 0) + f" {len(fifo)}/{depth}  ",
-                style="yellow")
-    for e in fifo:
-        pct = 100 * e.done // e.total if e.total else 100
-        text.append(f"[tile {e.tile} {e.state} {pct}%] ", style="yellow" if e.state == "ready" else "grey70")
-    sh = m.shadow()
-    text.append("\nshadow ", style="bold yellow")
-    text.append("empty" if sh is None else f"tile {sh.tile} {sh.state} {sh.done}/{sh.total} cycles")
-    act = m.active()
-    text.append("   active ", style="bold yellow")
-    text.append("none" if act is None else
-                "tile " + ", ".join(str(t) for t in act.tiles) + (" (16-bit)" if act.wide else ""))
-    return text

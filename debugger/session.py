@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+from tpuasm.disassembler import format_instruction
 
 from .expr import Evaluator, ExprError, Location, symbol_table
 
@@ -125,7 +126,7 @@ class Session:
         if index is None or not 0 <= index < len(self.program):
             return "-"
         loc = self.program.locations[index]
-        text = instruction_text(self.program.instructions[index])
+        text = format_instruction(self.program.instructions[index])
         return f"#{index} `{text}`" + (f" ({loc.file}:{loc.line})" if loc else "")
 
     def indices_for_line(self, file: str | None, line: int) -> list[int]:
@@ -447,14 +448,6 @@ class Session:
 def _watch(wp: Watchpoint):
     from tpuasm.machine import Watch
     return Watch(wp.memory, wp.start, wp.stop)
-
-
-def instruction_text(ins) -> str:
-    try:
-        from tpuasm.disassembler import format_instruction
-        return format_instruction(ins)
-    except ImportError:            # pragma: no cover - the disassembler ships with tpuasm
-        return ins.key
 
 
 def _show(memory: str, v) -> str:

@@ -88,10 +88,10 @@ def build_listing(session, file: str | None = None) -> Listing:
                    if loc is not None and loc.file == file}
         lines = highlight(text)
     else:
-        from .session import instruction_text
+        from tpuasm.disassembler import format_instruction
         file = "(disassembly)"
         line_of = {i: i + 1 for i in range(len(program))}
-        lines = highlight("\n".join(instruction_text(ins) for ins in program.instructions))
+        lines = highlight("\n".join(format_instruction(ins) for ins in program.instructions))
     indices_of: dict[int, list[int]] = {}
     for i, line in line_of.items():
         indices_of.setdefault(line, []).append(i)
