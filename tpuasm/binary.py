@@ -71,6 +71,17 @@ _LIMITS = {"array_size": (1, MAX_ARRAY_SIZE),
 
 CONFIG_KEYS = tuple(f.name for f in fields(MachineShape))
 
+# What bounds the rows of each memory a program addresses (the docs' wording); the
+# host image and the weight tiles are known only at run time, so for them the
+# operand field's width is the limit at assembly time.
+MEMORY_BOUNDS = {"ub": "ub_rows", "acc": "acc_rows", "host": "host rows", "tile": "weight tiles"}
+
+
+def memory_limits(shape: MachineShape) -> dict[str, int]:
+    """Rows (tiles) of each memory a program for `shape` can address."""
+    return {"ub": shape.ub_rows, "acc": shape.acc_rows,
+            "host": ISA_TABLE.kind_limit("host"), "tile": ISA_TABLE.kind_limit("tile")}
+
 
 def config_key(key: str) -> str | None:
     """The setting `key` names (case-insensitive), or None."""

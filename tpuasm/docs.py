@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+from .binary import MEMORY_BOUNDS
 from .isa import ISA_TABLE, WORD_BYTES, Field, InstructionSpec
 from .encoding import FLAGS_LSB, FLAGS_WIDTH, OPCODE_LSB, OPCODE_WIDTH, REPEAT_LSB, REPEAT_WIDTH
 
@@ -73,8 +74,10 @@ def _instruction_block(spec: InstructionSpec) -> str:
 
 
 def _range(f: Field) -> str:
-    limit = {"ub": " (and < ub_rows)", "acc": " (and < acc_rows)", "host": " (and < host rows)",
-             "tile": " (and < weight tiles)", "reg": " (a defined register)"}.get(f.kind, "")
+    if f.kind in MEMORY_BOUNDS:
+        limit = f" (and < {MEMORY_BOUNDS[f.kind]})"
+    else:
+        limit = " (a defined register)" if f.kind == "reg" else ""
     return f"{f.min} .. {f.max}{limit}"
 
 

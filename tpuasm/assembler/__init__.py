@@ -11,7 +11,8 @@ import gc
 import os
 from pathlib import Path
 
-from ..binary import CONFIG_KEYS, MachineShape, PROFILES, Program, Symbol, config_key, parse_setting
+from ..binary import (CONFIG_KEYS, PROFILES, MachineShape, Program, Symbol, config_key,
+                      memory_limits, parse_setting)
 from ..diagnostics import Diagnostic
 from ..errors import AssemblyError
 from .encoder import Encoder
@@ -86,11 +87,10 @@ def _run(text: str, filename: str, config: dict, reporter: Reporter, sources: di
     expander.run_text(text, filename)
     symbols.frozen = True
     shape = _shape(expander.config, config, symbols, reporter, filename)
-    symbols.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows,
-                      "host": 1 << 32, "tile": 1 << 32}
+    symbols.limits = memory_limits(shape)
     for kind in MEMORIES:
         _layout(symbols, kind)
-    encoder = Encoder(reporter, symbols, shape)
+    encoder = Encoder(reporter, symbols, shape, symbols.limits)
     instructions, locations = encoder.encode_all(expander.items, expander.macros)
     table = _symbol_table(symbols)
     if reporter.diagnostics:

@@ -13,12 +13,8 @@ from ..encoding import MAX_REPEAT, Instruction
 from ..isa import ISA_TABLE, Field, InstructionSpec
 from .ast import Instr, Name, Named, Num, Span, Str
 from .reporter import Reporter, did_you_mean
-from .symbols import EvalError, Frame, Symbols, frame_notes
+from .symbols import MEMORIES, EvalError, Frame, Symbols, frame_notes
 
-# How a value of each operand kind is named in a range error; lengths and
-# immediates are named by their field ("height 0 out of range 1..65535").
-_KIND_WORDS = {"ub": "UB address", "acc": "accumulator address", "host": "host address",
-               "tile": "weight tile"}
 _MNEMONICS = sorted({n for s in ISA_TABLE.instructions.values() for n in s.names})
 
 
@@ -47,12 +43,13 @@ class _Form:
 
 
 class Encoder:
-    def __init__(self, reporter: Reporter, symbols: Symbols, shape: MachineShape):
+    def __init__(self, reporter: Reporter, symbols: Symbols, shape: MachineShape,
+                 limits: dict[str, int]):
         self.reporter = reporter
         self.symbols = symbols
         self.shape = shape
         self._forms: dict[str, _Form] = {}
-        self.limits = {"ub": shape.ub_rows, "acc": shape.acc_rows}
+        self.limits = limits              # memory kind -> rows, binary.memory_limits
 
     def encode_all(self, items, macros) -> tuple[list[Instruction], list[SourceLoc]]:
         instructions, locations = [], []
@@ -239,7 +236,9 @@ class Encoder:
                 return None
         lo, hi = form.ranges[field.name]
         if not lo <= v <= hi:
-            what = _KIND_WORDS.get(field.kind, field.name)
+            # an address is named by what it addresses (isa.toml [kinds]); lengths and
+            # immediates by their field ("height 0 out of range 1..65535")
+            what = ISA_TABLE.kinds[field.kind] if field.kind in MEMORIES else field.name
             self._error(node.span, f"{what} {v} out of range {lo}..{hi} ({form.spec.key} operand '{field.name}')",
                         frame)
             return None
