@@ -11,7 +11,6 @@ from ..errors import FAULT_KINDS  # noqa: F401  (re-exported by tpuasm.machine)
 from ..isa import ISA_TABLE
 
 MEMORY_NAMES = {MEM_UB: "UB", MEM_ACC: "accumulator", MEM_HOST: "host", MEM_TILE: "weight tile"}
-_REG_NAMES = {r.index: r.name for r in ISA_TABLE.registers.values()}
 _REG_MIN, _REG_MAX = register_limits()
 
 
@@ -52,10 +51,10 @@ def describe(code: int, info, depth: int) -> tuple[str, str]:
     if code == core.F_ADDRESS:
         return "address", _memory_limit_text(a, b, c)
     if code == core.F_CONFIG:
-        name = _REG_NAMES.get(a)
-        if name is None:
+        reg = ISA_TABLE.register_by_index.get(a)
+        if reg is None:
             return "config", f"no configuration register {a}"
-        return "config", (f"configuration register {name} = {b} out of range "
+        return "config", (f"configuration register {reg.name} = {b} out of range "
                           f"{_REG_MIN[a]}..{_REG_MAX[a]}")
     if code == core.F_SHAPE:
         return "shape", (f"pooling shape does not divide: length {a}, pool_size {b}, "

@@ -14,8 +14,9 @@ from ..encoding import EncodingError, encode
 from . import core
 from .config import MachineConfig
 from .data import load_host, load_weights
-from .decoded import (COL_FLAGS, COL_OP, COL_REPEAT, NCOLS, NREGS, decode_table,
-                      reset_registers)
+from .decoded import (COL_FLAGS, COL_LEN, COL_OP, COL_REPEAT, MMC_WIDE_IN, MMC_WIDE_W, NCOLS,
+                      NREGS, OP_HLT, OP_INT, OP_MMC, OP_RW, OP_SYNC, OP_TAG, OP_WSYNC,
+                      decode_table, reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
 from ..isa import ISA_TABLE
@@ -23,8 +24,7 @@ from ..isa import ISA_TABLE
 _MEMORIES = {"ub": MEM_UB, "acc": MEM_ACC, "host": MEM_HOST}
 _STATUS = {core.HALTED: "halted", core.FAULTED: "fault", core.BREAKPOINT: "breakpoint",
            core.WATCHPOINT: "watchpoint", core.PAUSED: "paused", core.RUNNING: "paused"}
-_REG_NAMES = sorted(ISA_TABLE.registers.values(), key=lambda r: r.index)
-_INT_OPS = {ISA_TABLE.instructions[k].opcode for k in ("INT", "TAG")}
+_DRAINING_OPS = (OP_SYNC, OP_WSYNC, OP_INT, OP_HLT)    # front-end ops that wait for the pipeline
 
 
 # ------------------------------------------------------------------------ public records
@@ -170,19 +170,18 @@ class Machine:
         st[core.K_PROFILE] = 1 if cfg.profile == "opentpu" else 0
         self.st = st
         ops = self.prog[:, COL_OP]
-        mmcs = int(np.count_nonzero(ops == ISA_TABLE.instructions["MMC"].opcode))
+        mmcs = int(np.count_nonzero(ops == OP_MMC))
         self.sg = core.new_stages(core.drain_slots(cfg.mmc_latency, mmcs))
         rows = self.sg.shape[0]                 # sg, cregs and fps share their row index
         self.cregs = np.zeros((rows, NREGS), dtype=np.int64)
         self.cregs[core.ROW_FRONT] = reset_registers()
         self.fps = np.zeros((rows, MAX_FOOTPRINT, 4), dtype=np.int64)
         self.times = np.full((max(count, 1), 3), -1, dtype=np.int64)
-        rw = ISA_TABLE.instructions["RW"].opcode
         # capacity of the tile table: every RW iteration (invalid repeats fault before use)
-        ntiles = int(np.clip(self.prog[ops == rw, COL_REPEAT], 0, 256).sum()) if count else 0
+        ntiles = int(np.clip(self.prog[ops == OP_RW, COL_REPEAT], 0, 256).sum()) if count else 0
         self.tl = np.full((core.TL_ROWS, max(ntiles, 1)), -1, dtype=np.int64)
         self.seg = np.zeros((core.MAX_SEGS, 3), dtype=np.int64)
-        nev = int(np.isin(ops, list(_INT_OPS)).sum()) if count else 0
+        nev = int(np.isin(ops, (OP_INT, OP_TAG)).sum()) if count else 0
         self.ev = np.zeros((max(nev, 1), 4), dtype=np.int64)
         self.ub = np.zeros((cfg.ub_rows, n), dtype=np.uint8)
         self.acc = np.zeros((cfg.acc_rows, n), dtype=np.int32)
@@ -309,7 +308,7 @@ class Machine:
     # -------------------------------------------------------------------- state views
     def registers(self) -> dict[str, int]:
         regs = self.cregs[core.ROW_FRONT]
-        return {r.name: int(regs[r.index]) for r in _REG_NAMES}
+        return {r.name: int(regs[i]) for i, r in sorted(ISA_TABLE.register_by_index.items())}
 
     def retired(self, index: int) -> bool:
         f = self.times[index, core.TM_FINISH] if 0 <= index < len(self.prog) else -1
@@ -418,13 +417,13 @@ class Machine:
                 progress, total, stall = self._matrix_progress(idx, c)
                 unit = "rows"
             else:
-                rows = int(self.prog[idx, 7] * self.prog[idx, 2])      # length * repeat
+                rows = int(self.prog[idx, COL_LEN] * self.prog[idx, COL_REPEAT])
                 total, unit = (rows, "rows") if rows > 0 else (finish - start, "cycles")
                 span = max(1, finish - start)
                 progress = int(min(max(c - start, 0), span) * total // span)
                 if c < start:
                     stall = self._hazard_text(s, row)
-                elif self.prog[idx, COL_OP] == ISA_TABLE.instructions["RW"].opcode:
+                elif self.prog[idx, COL_OP] == OP_RW:
                     stall = self._rw_stall(row, c)
             out.append(StageState(name, idx, self.text(idx), self.location(idx), progress,
                                   total, unit, c - issue, stall))
@@ -463,7 +462,7 @@ class Machine:
         seg = self.seg[:int(self.st[core.S_NSEG])]
         row = self.prog[idx]
         total = int(core.mmc_vectors(row))
-        rate = (2 if row[COL_FLAGS] & 0x20 else 1) * (2 if row[COL_FLAGS] & 0x40 else 1)
+        rate = (2 if row[COL_FLAGS] & MMC_WIDE_IN else 1) * (2 if row[COL_FLAGS] & MMC_WIDE_W else 1)
         active = 0
         stall = None
         for a, b, kind in seg:
@@ -529,8 +528,7 @@ class Machine:
         stall = None
         if stage >= 0 and self._occupant(stage) is not None:
             stall = f"waiting for the {core.STAGE_NAMES[stage]} stage"
-        elif stage < 0 and op != ISA_TABLE.instructions["NOP"].opcode and \
-                ISA_TABLE.by_opcode[op].key in ("SYNC", "WSYNC", "INT", "HLT"):
+        elif stage < 0 and op in _DRAINING_OPS:
             if any(self._occupant(s) is not None for s in range(core.NSTAGES)) or \
                     self._draining_mmcs(c):
                 stall = "draining the pipeline"
