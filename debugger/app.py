@@ -58,7 +58,7 @@ class HelpScreen(ModalScreen):
         self.keys = keys
 
     def plain_text(self) -> str:
-        """Everything the help shows, as plain text (for tests and for `help` in batch)."""
+        """Everything the help shows, as plain text (for tests)."""
         return "\n".join([*(f"{k}  {w}" for k, w in self.keys),
                           *(f"{c.usage}  {c.summary}" for c in COMMANDS)])
 

@@ -234,7 +234,7 @@ class Engine:
         num, _, cond = arg.partition(" ")
         bp = self._bp(num)
         if cond.strip():
-            self.session.eval._parse(cond)
+            self.session.eval.check(cond)
             bp.condition = cond.strip()
             return Result([f"breakpoint {bp.number} stops only if {escape(bp.condition)}"])
         bp.condition = None

@@ -155,6 +155,10 @@ class Evaluator:
             size = max(1, self._size)
         return Location(memory, int(row), 0, size)
 
+    def check(self, text: str) -> None:
+        """Raise ExprError if `text` is not a well-formed expression (nothing is evaluated)."""
+        self._parse(text)
+
     # -- internals -----------------------------------------------------------------------
     def _parse(self, text: str) -> ast.Expression:
         text = text.strip()

@@ -81,9 +81,6 @@ class MemoryView(ScrollView, can_focus=True):
         height = max(self.size.height, 1)
         self._before = (top, a[top:top + height].copy())
 
-    def forget_changes(self) -> None:
-        self._before = None
-
     def update_data(self) -> None:
         """The machine moved (or a new tile is shown): resize and repaint, but only if what
         is on screen can have changed: repainting is the expensive part of a step."""

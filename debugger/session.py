@@ -87,7 +87,6 @@ class Session:
         self.host_arg, self.weights_arg = host, weights
         self.machine = Machine.for_program(program, **(overrides or {}))
         self.machine.load(program, host=host, weights=weights)
-        self._history_class = History
         self.history = History(self.machine, interval=HISTORY_INTERVAL)
         self.symbols = symbol_table(program)
         self.eval = Evaluator(self.machine, self.symbols)
@@ -154,7 +153,7 @@ class Session:
 
     def add_breakpoint(self, indices, where, condition=None, temporary=False) -> Breakpoint:
         if condition:
-            self.eval._parse(condition)          # a malformed condition fails now, not mid-run
+            self.eval.check(condition)           # a malformed condition fails now, not mid-run
         bp = Breakpoint(self._number(), tuple(indices), where, condition, temporary=temporary)
         self.breakpoints[bp.number] = bp
         return bp
@@ -406,7 +405,8 @@ class Session:
 
     def restart(self) -> Stop:
         self.machine.load(self.program, host=self.host_arg, weights=self.weights_arg)
-        self.history = self._history_class(self.machine, interval=HISTORY_INTERVAL)
+        from tpuasm.machine import History
+        self.history = History(self.machine, interval=HISTORY_INTERVAL)
         self.samples.clear()
         self._sample_order.clear()
         self._record()

@@ -62,15 +62,14 @@ def pad_to(a: np.ndarray, multiple: int, axes=(0, 1)) -> np.ndarray:
     return np.pad(a, pad)
 
 
-def weight_tiles(w: np.ndarray, order: str = "n_major") -> np.ndarray:
+def weight_tiles(w: np.ndarray) -> np.ndarray:
     """Cut a (K, M) weight matrix (multiples of N) into N x N tiles.
 
-    n_major: tile index n * KT + k holds w[kN:(k+1)N, nN:(n+1)N] (all K tiles of output
+    Tile index n * KT + k holds w[kN:(k+1)N, nN:(n+1)N] (all K tiles of output
     block 0 first), the order a tiled multiply switches through them.
     """
     k_tiles, n_tiles = w.shape[0] // N, w.shape[1] // N
     tiles = w.reshape(k_tiles, N, n_tiles, N).transpose(2, 0, 1, 3)   # (n, k, N, N)
-    assert order == "n_major"
     return np.ascontiguousarray(tiles.reshape(n_tiles * k_tiles, N, N))
 
 

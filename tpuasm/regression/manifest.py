@@ -111,10 +111,6 @@ class Manifest:
     def directory(self) -> Path:
         return self.path.parent
 
-    @property
-    def expects_assembly_error(self) -> bool:
-        return self.assembly_error is not None
-
 
 # ---------------------------------------------------------------- parsing helpers
 

@@ -36,7 +36,6 @@ class Result:
     status: str | None = None       # machine status, or "assembly_error"
     fault: str | None = None        # str(MachineFault) when one happened
     wall: float = 0.0               # seconds, generation + assembly + run + checks
-    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -78,24 +77,16 @@ def run_manifest(manifest: Manifest, *, check_golden: bool = True,
     return result
 
 
-def _timed(result: Result, phase: str, fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        result.phases[phase] = result.phases.get(phase, 0.0) + time.perf_counter() - t0
-
-
 def _run(m: Manifest, result: Result, check_golden: bool, data_dir: Path | None) -> None:
     shape = {k: v for k, v in m.machine.items() if k in SHAPE_KEYS}
     overrides = {k: v for k, v in m.machine.items() if k not in SHAPE_KEYS}
 
-    program = _timed(result, "assemble", _assemble, m, result, shape)
+    program = _assemble(m, result, shape)
     if program is None:
         return
     if m.generator is not None:
         try:
-            _timed(result, "generate", generate, m.generator, data_dir)
+            generate(m.generator, data_dir)
         except Exception as e:      # the generator's own bug: show its traceback
             result.error(f"{m.generator}: the data generator failed: {type(e).__name__}: {e}\n"
                          f"{traceback.format_exc()}")
@@ -118,7 +109,7 @@ def _run(m: Manifest, result: Result, check_golden: bool, data_dir: Path | None)
     except DataFileError as e:
         result.error(f"cannot load the data images: {e}")
         raise _Stop from None
-    run = _timed(result, "run", machine.run, max_cycles=m.max_cycles)
+    run = machine.run(max_cycles=m.max_cycles)
 
     counters = dict(machine.counters())
     result.counters = {k: _plain(v) for k, v in counters.items()}
@@ -126,7 +117,7 @@ def _run(m: Manifest, result: Result, check_golden: bool, data_dir: Path | None)
     result.status = run.status
     if run.fault is not None:
         result.fault = str(run.fault)
-    _timed(result, "check", _check_run, m, result, program, machine, run, data_dir, check_golden)
+    _check_run(m, result, program, machine, run, data_dir, check_golden)
 
 
 def _plain(v):
