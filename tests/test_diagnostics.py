@@ -223,3 +223,59 @@ def test_every_bad_config_value_is_reported_at_its_own_place():
     assert [(d.line, d.col, d.message) for d in exc.value.diagnostics] == [
         (1, 20, "bad machine configuration: array_size 0 out of range 1..4096"),
         (1, 31, "bad machine configuration: ub_rows 0 out of range 1..16777216")]
+
+
+# Messages the golden table does not show: (mistake, source, line, col, exact message).
+MESSAGES = [
+    (".equ of the wrong shape", ".equ X\n", 1, 1, ".equ takes a name and a value: .equ NAME, expression"),
+    ("region directive of the wrong shape", ".ub a\n", 1, 1,
+     ".ub takes a name, a row count and an optional base: .ub NAME, rows[, base]"),
+    (".rept of the wrong shape", ".rept\nNOP\n.endr\n", 1, 1,
+     ".rept takes a count and an optional variable: .rept N[, var]"),
+    (".macro without a name", ".macro\nNOP\n.endm\n", 1, 1, ".macro needs a name: .macro NAME p1, p2"),
+    (".config without settings", ".config\nNOP\n", 1, 1,
+     ".config takes key=value settings, e.g. .config array_size=16"),
+    (".config setting without a key", ".config 16\nNOP\n", 1, 9,
+     "expected key=value (array_size, ub_rows, acc_rows, fifo_depth, profile)"),
+    ("missing comma in a directive", ".equ X 3\n", 1, 8, "missing ',' after 'X'"),
+    ("duplicate macro", ".macro M\nNOP\n.endm\n.macro M\nHLT\n.endm\n", 4, 8, "duplicate macro 'M'"),
+    ("undefined region", "MMC ub.x, 0, 1\n", 1, 5, "undefined region 'ub.x'"),
+    ("repeat given twice", "RW 0, repeat=2, repeat=3\n", 1, 17, "repeat given twice"),
+    ("negative region base", ".ub a, 4, -1\n", 1, 11, "region base -1 is negative"),
+    (".rept count out of range", ".rept 2000000\nNOP\n.endr\n", 1, 7, ".rept count 2000000 out of range 0..1000000"),
+    ("string as an operand", 'RW "a"\n', 1, 4, "expected a number, not a string"),
+    ("string as a constant", '.equ X, "a"\nRW X\n', 1, 9, "expected a number, not a string"),
+    ("named argument to a macro", ".macro M a\nRW \\a\n.endm\nM a=1\n", 4, 3,
+     "macro 'M' takes positional arguments only"),
+    ("parameter named twice", ".macro M a, a\nNOP\n.endm\n", 1, 8, "macro 'M' names parameter 'a' twice"),
+    ("modulo by zero", "RW 4 % 0\n", 1, 4, "modulo by zero"),
+    ("expression nested too deeply", "RW " + "-" * 20000 + "1\n", 1, 4, "expression nested too deeply"),
+]
+
+
+@pytest.mark.parametrize("name, source, line, col, message", MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_message(name, source, line, col, message):
+    with pytest.raises(AssemblyError) as exc:
+        assemble(source, "t.tasm")
+    first = exc.value.diagnostics[0]
+    assert (first.line, first.col, first.message) == (line, col, message)
+
+
+def test_a_constant_defined_too_deeply_is_named_at_its_definition():
+    # where the chain breaks depends on Python's recursion limit: only the form is fixed
+    source = "".join(f".equ A{i}, A{i + 1}\n" for i in range(3000)) + ".equ A3000, 1\nRW A0\n"
+    with pytest.raises(AssemblyError) as exc:
+        assemble(source, "t.tasm")
+    first = exc.value.diagnostics[0]
+    assert first.col == 6 and first.message == f"'A{first.line - 1}' is defined too deeply"
+
+
+def test_expansion_budget_exceeded(monkeypatch):
+    import tpuasm.assembler.expand as expand
+    monkeypatch.setattr(expand, "MAX_STATEMENTS", 1000)     # the real 5,000,000 takes 20 s
+    with pytest.raises(AssemblyError) as exc:
+        assemble(".rept 1000\n.rept 1000\nNOP\n.endr\n.endr\n", "t.tasm")
+    first = exc.value.diagnostics[0]
+    assert (first.line, first.col, first.message) == (
+        3, 1, "expansion produces more than 1,000 statements (a .rept count or a recursive macro "
+              "out of hand?)")
