@@ -209,3 +209,85 @@ def test_includes_resolve_next_to_the_program_file(tmp_path, capsys):
     program = load_program(tmp_path / "sub" / "main.tasm")
     assert [i.key for i in program.instructions] == ["NOP", "HLT"]
     assert program.locations[0].file == str(tmp_path / "sub" / "inc.tasm")
+
+
+def test_disasm_annotate_puts_each_source_line_beside_its_instruction(project, capsys):
+    d, _ = project
+    run_cli("asm", d / "prog.tasm", "-o", d / "a.tbin")
+    capsys.readouterr()
+    assert run_cli("disasm", d / "a.tbin", "--annotate") == 0
+    out = capsys.readouterr().out
+    assert f"; {d / 'prog.tasm'}:8:9: RHM     host.x, ub.x, 4" in out
+    assert out.startswith(".config ")
+
+
+def test_no_debug_leaves_out_symbols_and_sources(project, capsys):
+    from tpuasm.binary import load_binary
+    d, _ = project
+    assert run_cli("asm", d / "prog.tasm", "-o", d / "p.tbin", "--no-debug") == 0
+    p = load_binary(d / "p.tbin")
+    assert p.symbols == [] and p.sources == {} and set(p.locations) == {None}
+    assert len(p) == 6
+
+
+def test_quiet_run_prints_nothing_on_stdout(project, capsys):
+    d, _ = project
+    assert run_cli("run", d / "prog.tasm", "--host", d / "host.npy", "--weights", d / "w.npy", "-q") == 0
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("args", [
+    ["asm", "{d}/prog.tasm", "-o", "{d}/nodir/p.tbin"],
+    ["asm", "{d}/prog.tasm", "--listing", "{d}/nodir/p.lst"],
+    ["asm", "{d}/prog.tasm", "--symbols", "{d}/nodir/p.sym"],
+    ["run", "{d}/prog.tasm", "--host", "{d}/host.npy", "--weights", "{d}/w.npy", "-q",
+     "--stats", "{d}/nodir/s.json"],
+    ["run", "{d}/prog.tasm", "--host", "{d}/host.npy", "--weights", "{d}/w.npy", "-q",
+     "--out", "{d}/nodir/o.npy"],
+])
+def test_write_errors_exit_2_naming_the_file(project, capsys, args):
+    d, _ = project
+    assert run_cli(*[a.format(d=d) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert f"{d / 'nodir'}" in err and "cannot write" in err and "Traceback" not in err
+
+
+def test_config_on_a_binary_overrides_its_shape(project, capsys):
+    from tpuasm.cli import load_program
+    d, _ = project
+    run_cli("asm", d / "prog.tasm", "-o", d / "p.tbin")
+    assert load_program(d / "p.tbin", {"ub_rows": 128}).shape.ub_rows == 128
+    assert run_cli("run", d / "p.tbin", "--config", "ub_rows=0", "-q") == 2
+    err = capsys.readouterr().err
+    assert "--config: ub_rows 0 out of range 1..16777216" in err and "Traceback" not in err
+
+
+def test_config_ub_rows_0_on_a_source_is_an_assembly_error(project, capsys):
+    d, _ = project
+    assert run_cli("asm", d / "prog.tasm", "--config", "ub_rows=0") == 2
+    err = capsys.readouterr().err
+    assert "bad machine configuration: ub_rows 0 out of range 1..16777216 (from the command line)" in err
+    assert not (d / "prog.tbin").exists()
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "usage: tpuasm" in capsys.readouterr().out
+
+
+def test_demo_without_the_programs_folder_says_so(monkeypatch, tmp_path, capsys):
+    import tpuasm.demo
+    from tpuasm.errors import TpuasmError
+    monkeypatch.setattr(tpuasm.demo, "__file__", str(tmp_path / "tpuasm" / "demo.py"))
+    with pytest.raises(TpuasmError, match="the demo needs the repository's programs/ folder"):
+        tpuasm.demo.find_program()
+    monkeypatch.setattr(tpuasm.demo, "find_program", lambda: (_ for _ in ()).throw(
+        TpuasmError("the demo needs the repository's programs/ folder")))
+    assert main(["demo"]) == 2
+    assert "error: the demo needs the repository's programs/ folder" in capsys.readouterr().err
+
+
+def test_demo_runs_and_checks_its_answer():
+    done = subprocess.run([sys.executable, "-m", "tpuasm", "demo"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "identical to the independent numpy model" in " ".join(done.stdout.split())
