@@ -120,9 +120,10 @@ class MachineConfig:
         return max(1, round(self.host_bytes_per_cycle * 1000))
 
     def host_cycles(self, rows: int) -> int:
-        """Cycles a host DMA of `rows` rows takes (spec/timing.md)."""
-        return self.host_latency_cycles + -(-rows * self.array_size * 1000
-                                            // self.host_milli_bytes_per_cycle)
+        """Cycles a host DMA of `rows` rows takes (spec/timing.md): the core's formula."""
+        from .core import host_dma_cycles
+        return int(host_dma_cycles(int(self.host_latency_cycles), self.array_size,
+                                   self.host_milli_bytes_per_cycle, int(rows)))
 
     @property
     def shape(self) -> MachineShape:

@@ -400,8 +400,15 @@ def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
 
 
 @njit(cache=True)
+def host_dma_cycles(latency, n, milli_bytes_per_cycle, rows):
+    """Cycles a host DMA of `rows` N-byte rows takes (spec/timing.md); the one formula, also
+    behind MachineConfig.host_cycles."""
+    return latency + (rows * n * 1000 + milli_bytes_per_cycle - 1) // milli_bytes_per_cycle
+
+
+@njit(cache=True)
 def _host_cycles(st, rows):
-    return st[K_HOST_LAT] + (rows * st[K_N] * 1000 + st[K_HOST_MILLI] - 1) // st[K_HOST_MILLI]
+    return host_dma_cycles(st[K_HOST_LAT], st[K_N], st[K_HOST_MILLI], rows)
 
 
 @njit(cache=True)
