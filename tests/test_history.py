@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tpuasm.machine import History, Machine, Watch
 
@@ -148,3 +149,10 @@ def test_snapshot_and_step_instruction_across_a_drain():
     done = fresh(0, OVERLAP)
     done.run()
     same_state(m, done)
+
+
+def test_history_interval_must_be_positive():
+    for interval in (0, -5):
+        with pytest.raises(ValueError, match="interval must be >= 1"):
+            History(fresh(0), interval=interval)
+

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tpuasm.encoding import Instruction
-from tpuasm.errors import DataFileError
+from tpuasm.errors import DataFileError, TpuasmError
 from tpuasm.machine import Machine, MachineConfig, MachineFault, Watch
 from tpuasm.machine.trace import trace_events
 
@@ -391,3 +391,80 @@ def test_replace_timing_rederives_the_constants_not_given():
     # an explicit setting survives the switch
     kept = dataclasses.replace(MachineConfig.opentpu(8, host_latency_cycles=5), timing="tpu")
     assert kept.host_latency_cycles == 5 and kept.act_latency_cycles == 16
+
+
+# ------------------------------------------------------------------ user errors and messages
+
+@pytest.mark.parametrize("kwargs, text", [
+    ({"hazards": "warn"}, "hazards must be 'interlock' or 'error', not 'warn'"),
+    ({"timing": "gpu"}, "timing must be 'tpu' or 'opentpu', not 'gpu'"),
+    ({"clock_hz": 0}, "clock_hz must be positive"),
+    ({"weight_bytes_per_cycle": -1.0}, "weight_bytes_per_cycle must be positive"),
+    ({"host_bytes_per_cycle": 0.0}, "host_bytes_per_cycle must be positive"),
+    ({"host_latency_cycles": -1}, "host_latency_cycles must be a non-negative integer"),
+    ({"shift_cycles": -2}, "shift_cycles must be a non-negative integer"),
+    ({"mmc_latency_cycles": 1.5}, "mmc_latency_cycles must be a non-negative integer"),
+    ({"act_latency_cycles": -3}, "act_latency_cycles must be a non-negative integer"),
+    ({"timing": "opentpu", "host_latency_cycles": -1},
+     "host_latency_cycles must be a non-negative integer"),
+])
+def test_config_value_errors(kwargs, text):
+    with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")):
+        MachineConfig(**kwargs)
+
+
+def test_watch_step_and_restore_value_errors():
+    with pytest.raises(ValueError, match="watch memory must be one of ub, acc, host, not 'dram'"):
+        Watch("dram", 0, 1)
+    with pytest.raises(ValueError, match=r"empty watch range 5\.\.4"):
+        Watch("ub", 5, 5)
+    with pytest.raises(ValueError, match="empty watch range"):
+        Watch("acc", 3, 1)
+    m = load(PROG3)
+    with pytest.raises(ValueError, match="cycles must be >= 0"):
+        m.step(-1)
+    assert m.cycle == 0
+    snap = m.snapshot()
+    other = Machine(MachineConfig(array_size=8))
+    other.load(program(I("HLT"), array_size=8))
+    with pytest.raises(ValueError, match="snapshot belongs to another program or machine shape"):
+        other.restore(snap)
+
+
+def test_fault_messages_weight_width_hazards_tile_and_shape():
+    _, f = fault_of(program(I("RW", repeat=2, tile=0), I("MMC", "SD", ub=0, acc=0, length=1),
+                            I("MMC", ub=0, acc=0, length=1), I("HLT")))
+    assert f.message == ("weight width mismatch: the active weights are 16-bit, the "
+                         "instruction does not have D")
+    _, f = fault_of(program(I("RW", tile=0), I("MMC", "S", ub=0, acc=0, length=1),
+                            I("MMC", "D", ub=0, acc=0, length=1), I("HLT")))
+    assert f.kind == "weight_width" and f.index == 2
+    assert f.message == "weight width mismatch: the active weights are 8-bit, the instruction has D"
+    strict = " and no SYNC, WSYNC or INT between them (strict mode, --hazards=error)"
+    _, f = fault_of(program(I("WHM", ub=0, host=8, length=4), I("RHM", host=0, ub=0, length=4),
+                            I("HLT")), hazards="error")
+    assert f.kind == "hazard" and f.index == 1
+    assert f.message == "WAR hazard on UB rows 0..3 with instruction 0" + strict + " (`WHM 0, 8, 4`)"
+    _, f = fault_of(program(I("RHM", host=0, ub=0, length=4), I("ACT", acc=0, ub=2, length=4),
+                            I("HLT")), hazards="error")
+    assert f.kind == "hazard" and f.index == 1
+    assert f.message == "WAW hazard on UB rows 2..3 with instruction 0" + strict + " (`RHM 0, 0, 4`)"
+    m = Machine()
+    m.load(program(I("RW", tile=0), I("HLT")))            # no weight image
+    f = m.run().fault
+    assert (f.kind, f.index) == ("address", 0)
+    assert f.message == "weight tile 0 out of range (no weight image loaded)"
+    _, f = fault_of(program(cfg("pool_size", 3), I("ACT", "M", acc=0, ub=0, length=10), I("HLT")))
+    assert f.kind == "shape" and f.index == 1
+    assert f.message == "pooling shape does not divide: length 10, pool_size 3, pool_width 0"
+
+
+def test_write_trace_to_a_missing_directory(tmp_path):
+    m = load(PROG3)
+    m.run()
+    path = tmp_path / "no" / "such" / "t.json"
+    with pytest.raises(TpuasmError, match=r"no/such/t.json: cannot write the trace "
+                                          r"\(No such file or directory\)"):
+        m.write_trace(path)
+    assert not path.parent.exists()
+

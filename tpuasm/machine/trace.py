@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import TpuasmError
 from . import core
 from .decoded import COL_OP
 
@@ -79,9 +80,14 @@ def trace_events(m) -> list[dict]:
 
 
 def write_trace(m, path) -> None:
-    with open(path, "w") as f:
-        json.dump({"traceEvents": trace_events(m), "displayTimeUnit": "ns",
-                   "otherData": {"clock_hz": m.config.clock_hz, "cycles": m.cycle}}, f)
+    """Write the Chrome trace to `path`; a path that cannot be written raises TpuasmError."""
+    data = {"traceEvents": trace_events(m), "displayTimeUnit": "ns",
+            "otherData": {"clock_hz": m.config.clock_hz, "cycles": m.cycle}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError as e:
+        raise TpuasmError(f"{path}: cannot write the trace ({e.strerror or e})") from None
 
 
 def stats(m) -> dict:
