@@ -306,8 +306,8 @@ def cmd_lint(args) -> int:
     sys.stdout.write(render(findings, program, str(args.program), color=_color(sys.stdout)))
     if args.opentpu:
         from .lint import opentpu_hazards, render_hazards
-        from .opentpu import to_opentpu_bytes
-        to_opentpu_bytes(program)          # an OpenTPU program at all? (errors with positions)
+        from .opentpu import check_opentpu
+        check_opentpu(program)             # an OpenTPU program at all? (errors with positions)
         hazards = opentpu_hazards(program)
         sys.stdout.write("\n" + render_hazards(hazards, program, str(args.program),
                                                 color=_color(sys.stdout)))
