@@ -362,7 +362,7 @@ class Engine:
     def info_pipeline(self) -> list[str]:
         m = self.session.machine
         out = [f"cycle {m.cycle}  status {m.status}"]
-        for st in m.pipeline():
+        for st in self.session.pipeline():
             if st.index is None:
                 body = "idle"
             else:

@@ -42,7 +42,7 @@ class PipelinePane(Static):
 
     def update_state(self) -> None:
         m = self.session.machine
-        states = m.pipeline()
+        states = self.session.pipeline()
         weights = weights_text(m)
         key = (tuple(states), weights.plain, self.size.width)
         if key == self._drawn:
@@ -110,6 +110,7 @@ class TimelinePane(Static):
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
+        self._stage_of = [ins.spec.stage for ins in session.program.instructions]
 
     def on_resize(self) -> None:
         self.update_state()             # the number of cycles shown follows the width
@@ -123,7 +124,7 @@ class TimelinePane(Static):
         c0 = max(0, now - columns + 1)
         cycles = range(c0, now + 1)
         grid = {row: [None] * len(cycles) for row in TIMELINE_ROWS}   # (index, stalled)
-        stage_of = [ins.spec.stage for ins in s.program.instructions]
+        stage_of = self._stage_of
         n = len(s.program)
         nxt = s.next_to_issue()
         last = n - 1 if nxt is None else min(nxt, n - 1)

@@ -103,6 +103,7 @@ class Session:
         self.events_seen = len(self.machine.events)
         self.last_stop: Stop | None = None
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
+        self._pipeline, self._pipeline_key = [], None
         self._line_index = self._index_lines()
         self._record()
 
@@ -139,8 +140,19 @@ class Session:
                     return idx
         return hits or []
 
+    def pipeline(self) -> list:
+        """machine.pipeline(), computed once per machine state: the timeline sample, the
+        next instruction, the source view and the pipeline pane all ask for it each step.
+        The state at a cycle is the same however the machine got there (a step back
+        replays), so the cycle and status identify it."""
+        m = self.machine
+        key = (m.cycle, m.status, len(m.events))
+        if key != self._pipeline_key:
+            self._pipeline, self._pipeline_key = m.pipeline(), key
+        return self._pipeline
+
     def next_to_issue(self) -> int | None:
-        for st in self.machine.pipeline():
+        for st in self.pipeline():
             if st.name == "front":
                 return st.index
         return None
@@ -437,7 +449,7 @@ class Session:
 
     def _record(self) -> None:
         c = self.machine.cycle
-        sample = {st.name: StageSample(st.index, st.stall is not None) for st in self.machine.pipeline()}
+        sample = {st.name: StageSample(st.index, st.stall is not None) for st in self.pipeline()}
         if c not in self.samples:
             self._sample_order.append(c)
         self.samples[c] = sample

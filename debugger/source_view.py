@@ -143,7 +143,7 @@ class SourceView(ScrollView, can_focus=True):
         """Read the pipeline and breakpoints; scroll to the next instruction if asked."""
         s = self.session
         program = s.program
-        pipeline = s.machine.pipeline()
+        pipeline = s.pipeline()
         nxt = next((st.index for st in pipeline if st.name == "front"), None)
         if nxt is not None and nxt < len(program):
             loc = program.locations[nxt]
