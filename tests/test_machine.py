@@ -355,9 +355,9 @@ def test_hand_made_garbage_faults_instead_of_raising():
 
 def test_opentpu_timing_constants():
     c = MachineConfig.opentpu(16)
-    assert (c.fetch_cycles, c.shift, c.mmc_latency, c.act_latency_cycles) == (4, 3, 32, 1)
+    assert (c.fetch_cycles, c.shift, c.mmc_latency, c.act_latency) == (4, 3, 32, 1)
     assert [c.host_cycles(r) for r in (1, 10, 255)] == [1, 10, 255]
-    assert MachineConfig.opentpu(8, act_latency_cycles=5).act_latency_cycles == 5
+    assert MachineConfig.opentpu(8, act_latency_cycles=5).act_latency == 5
     assert MachineConfig(array_size=16).host_cycles(10) == 700 + math.ceil(10 * 16 / (10 * 2 ** 30 / 700e6))
     m = Machine(c)
     rows = 10
@@ -372,7 +372,7 @@ def test_opentpu_timing_constants():
 
 def test_explicit_timing_constant_wins_over_opentpu_timing():
     c = MachineConfig(timing="opentpu", host_latency_cycles=700, act_latency_cycles=16)
-    assert (c.host_latency_cycles, c.act_latency_cycles) == (700, 16)
+    assert (c.host_latency, c.act_latency) == (700, 16)
     assert c.shift == 3                                  # the constants not given: OpenTPU's
     assert MachineConfig.opentpu(8, weight_bytes_per_cycle=1.0).fetch_cycles == 64
 
@@ -380,17 +380,16 @@ def test_explicit_timing_constant_wins_over_opentpu_timing():
 def test_replace_timing_rederives_the_constants_not_given():
     tpu, opentpu = MachineConfig(array_size=8), MachineConfig.opentpu(8)
     back = dataclasses.replace(opentpu, timing="tpu")
-    for name in ("weight_bytes_per_cycle", "host_bytes_per_cycle", "host_latency_cycles",
-                 "act_latency_cycles"):
+    for name in ("weight_bandwidth", "host_bandwidth", "host_latency", "act_latency"):
         assert getattr(back, name) == getattr(tpu, name), name
     assert (back.shift, back.fetch_cycles, back.mmc_latency) == (tpu.shift, tpu.fetch_cycles,
                                                                  tpu.mmc_latency)
     assert opentpu.replace(timing="tpu") == back
     there = dataclasses.replace(tpu, timing="opentpu")
-    assert (there.shift, there.fetch_cycles, there.host_latency_cycles) == (3, 1, 0)
+    assert (there.shift, there.fetch_cycles, there.host_latency) == (3, 1, 0)
     # an explicit setting survives the switch
     kept = dataclasses.replace(MachineConfig.opentpu(8, host_latency_cycles=5), timing="tpu")
-    assert kept.host_latency_cycles == 5 and kept.act_latency_cycles == 16
+    assert kept.host_latency == 5 and kept.act_latency == 16
 
 
 # ------------------------------------------------------------------ user errors and messages

@@ -96,9 +96,9 @@ def test_timing_constants():
     assert (c.timing, c.profile, c.array_size) == ("opentpu", "opentpu", 16)
     assert [c.host_cycles(m) for m in (1, 10, 255)] == [1, 10, 255]       # M cycles
     assert c.fetch_cycles == 16 * 16 // 64 and c.shift == 3                 # N*N/64 + 3
-    assert c.mmc_latency == 32 and c.act_latency_cycles == 1               # L+2N, L+1
+    assert c.mmc_latency == 32 and c.act_latency == 1               # L+2N, L+1
     assert MachineConfig.opentpu(8).fetch_cycles == 1
-    assert MachineConfig.opentpu(8, act_latency_cycles=5).act_latency_cycles == 5
+    assert MachineConfig.opentpu(8, act_latency_cycles=5).act_latency == 5
     assert MachineConfig(array_size=16).host_cycles(10) > 700              # TPU v1 timing
     with pytest.raises(ValueError):
         MachineConfig.opentpu(32)

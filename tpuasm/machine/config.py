@@ -13,27 +13,16 @@ WEIGHT_MEMORY_BYTES_PER_S = 34e9           # DDR3 Weight Memory (paper)
 HOST_BYTES_PER_S = 10 * 2 ** 30            # host -> UB path, ~10 GiB/s (paper)
 
 
-class _DefaultInt(int):
-    """An int timing constant that MachineConfig filled in (the caller did not set it)."""
-    __slots__ = ()
-
-
-class _DefaultFloat(float):
-    """A float timing constant that MachineConfig filled in (the caller did not set it)."""
-    __slots__ = ()
-
-
-_DEFAULTS = (_DefaultInt, _DefaultFloat)
-
-
 @dataclass(frozen=True)
 class MachineConfig:
     """Everything the machine needs besides the program and its data.
 
     Timing constants are in cycles or bytes per cycle; spec/timing.md gives every formula.
-    A timing constant left at None takes the value of `timing` ("tpu" or "opentpu"); an
-    explicit setting always wins.  `shift_cycles` and `mmc_latency_cycles` may stay None:
-    "derive it from the array size" (see `shift` and `mmc_latency`).
+    The fields hold what the caller set; a timing constant left at None takes the value of
+    `timing` ("tpu" or "opentpu"), so an explicit setting always wins and
+    `replace(config, timing=...)` re-derives the rest.  Read the values in force through
+    the properties: `weight_bandwidth`, `host_bandwidth`, `host_latency`, `shift`,
+    `mmc_latency`, `act_latency`.
     """
     array_size: int = _M.array_size
     ub_rows: int = _M.ub_rows
@@ -41,7 +30,7 @@ class MachineConfig:
     fifo_depth: int = _M.fifo_depth
     profile: str = "tpu"
     clock_hz: float = TPU_CLOCK_HZ
-    # None = not set: the value of `timing` (see _timing_defaults) fills it in
+    # None = not set: the value of `timing` (see _timing_defaults) is in force
     weight_bytes_per_cycle: float | None = None   # TPU v1: 34 GB/s at 700 MHz
     host_bytes_per_cycle: float | None = None     # TPU v1: ~10 GiB/s at 700 MHz
     host_latency_cycles: int | None = None        # TPU v1: one PCIe round trip, ~1 us
@@ -54,13 +43,13 @@ class MachineConfig:
     def __post_init__(self):
         if self.timing not in ("tpu", "opentpu"):
             raise ValueError(f"timing must be 'tpu' or 'opentpu', not {self.timing!r}")
-        self._fill_timing_defaults()
         MachineShape(self.array_size, self.ub_rows, self.acc_rows, self.fifo_depth,
                      self.profile)  # validates the shape, raises ValueError
         if self.hazards not in ("interlock", "error"):
             raise ValueError(f"hazards must be 'interlock' or 'error', not {self.hazards!r}")
         for name in ("clock_hz", "weight_bytes_per_cycle", "host_bytes_per_cycle"):
-            if not getattr(self, name) > 0:
+            v = getattr(self, name)
+            if v is not None and not v > 0:
                 raise ValueError(f"{name} must be positive")
         for name in ("host_latency_cycles", "shift_cycles", "mmc_latency_cycles",
                      "act_latency_cycles"):
@@ -70,31 +59,53 @@ class MachineConfig:
 
     def _timing_defaults(self) -> dict:
         """The timing constants of `timing` (TPU v1: spec/timing.md; OpenTPU: spec/opentpu.md
-        section 6).  None: derived from the array size (see `shift`, `mmc_latency`)."""
+        section 6, constants from tpuasm/opentpu.py)."""
+        n = self.array_size
         if self.timing == "opentpu":
-            return {"weight_bytes_per_cycle": 64.0,          # 64-byte DRAM chunks: N*N/64
-                    "host_bytes_per_cycle": float(self.array_size),   # one vector per cycle
+            from .. import opentpu as o
+            return {"weight_bytes_per_cycle": float(o.WEIGHT_BYTES_PER_CYCLE),
+                    "host_bytes_per_cycle": float(o.HOST_VECTORS_PER_CYCLE * n),
                     "host_latency_cycles": 0,
-                    "shift_cycles": 3,                        # the FIFO's 3 cycles
-                    "mmc_latency_cycles": None,
-                    "act_latency_cycles": 1}                  # L + 1
+                    "shift_cycles": o.FIFO_CYCLES,
+                    "mmc_latency_cycles": o.MMC_CYCLES_PER_N * n,
+                    "act_latency_cycles": o.ACT_LATENCY_CYCLES}
         return {"weight_bytes_per_cycle": WEIGHT_MEMORY_BYTES_PER_S / TPU_CLOCK_HZ,
                 "host_bytes_per_cycle": HOST_BYTES_PER_S / TPU_CLOCK_HZ,
-                "host_latency_cycles": 700,
-                "shift_cycles": None,
-                "mmc_latency_cycles": None,
-                "act_latency_cycles": 16}
+                "host_latency_cycles": 700,          # one PCIe round trip, ~1 us
+                "shift_cycles": n,                   # shift a tile in: N cycles (paper)
+                "mmc_latency_cycles": 2 * n,         # systolic fill + drain
+                "act_latency_cycles": 16}            # function table + requantization
 
-    def _fill_timing_defaults(self):
-        """Every timing constant not set (None) takes the value of `timing`; explicit
-        settings win.  A filled-in value is stored as a _Default (an int or float that
-        remembers it was not set), so that `dataclasses.replace(config, timing=...)`, which
-        passes every field on, fills it in again for the new timing instead of keeping it."""
-        for name, value in self._timing_defaults().items():
-            if getattr(self, name) is None or isinstance(getattr(self, name), _DEFAULTS):
-                if value is not None:
-                    value = (_DefaultFloat if isinstance(value, float) else _DefaultInt)(value)
-                object.__setattr__(self, name, value)
+    def _in_force(self, name: str):
+        value = getattr(self, name)
+        return self._timing_defaults()[name] if value is None else value
+
+    # -- the timing constants in force -----------------------------------------------------
+    @property
+    def weight_bandwidth(self) -> float:
+        """Weight Memory bytes per cycle."""
+        return self._in_force("weight_bytes_per_cycle")
+
+    @property
+    def host_bandwidth(self) -> float:
+        """Host link bytes per cycle."""
+        return self._in_force("host_bytes_per_cycle")
+
+    @property
+    def host_latency(self) -> int:
+        return int(self._in_force("host_latency_cycles"))
+
+    @property
+    def shift(self) -> int:
+        return int(self._in_force("shift_cycles"))
+
+    @property
+    def mmc_latency(self) -> int:
+        return int(self._in_force("mmc_latency_cycles"))
+
+    @property
+    def act_latency(self) -> int:
+        return int(self._in_force("act_latency_cycles"))
 
     # -- derived constants -------------------------------------------------------------
     @property
@@ -104,25 +115,17 @@ class MachineConfig:
     @property
     def fetch_cycles(self) -> int:
         """Cycles to fetch one N x N tile from Weight Memory (1350 on TPU v1)."""
-        return max(1, math.ceil(self.tile_bytes / self.weight_bytes_per_cycle))
-
-    @property
-    def shift(self) -> int:
-        return self.array_size if self.shift_cycles is None else int(self.shift_cycles)
-
-    @property
-    def mmc_latency(self) -> int:
-        return 2 * self.array_size if self.mmc_latency_cycles is None else int(self.mmc_latency_cycles)
+        return max(1, math.ceil(self.tile_bytes / self.weight_bandwidth))
 
     @property
     def host_milli_bytes_per_cycle(self) -> int:
         """Host link rate in thousandths of a byte per cycle (integer arithmetic in the core)."""
-        return max(1, round(self.host_bytes_per_cycle * 1000))
+        return max(1, round(self.host_bandwidth * 1000))
 
     def host_cycles(self, rows: int) -> int:
         """Cycles a host DMA of `rows` rows takes (spec/timing.md): the core's formula."""
         from .core import host_dma_cycles
-        return int(host_dma_cycles(int(self.host_latency_cycles), self.array_size,
+        return int(host_dma_cycles(self.host_latency, self.array_size,
                                    self.host_milli_bytes_per_cycle, int(rows)))
 
     @property

@@ -159,8 +159,8 @@ class Machine:
         st[core.K_FETCH] = cfg.fetch_cycles
         st[core.K_SHIFT] = cfg.shift
         st[core.K_MMC_LAT] = cfg.mmc_latency
-        st[core.K_ACT_LAT] = cfg.act_latency_cycles
-        st[core.K_HOST_LAT] = cfg.host_latency_cycles
+        st[core.K_ACT_LAT] = cfg.act_latency
+        st[core.K_HOST_LAT] = cfg.host_latency
         st[core.K_HOST_MILLI] = cfg.host_milli_bytes_per_cycle
         st[core.K_UB_ROWS] = cfg.ub_rows
         st[core.K_ACC_ROWS] = cfg.acc_rows

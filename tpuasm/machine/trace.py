@@ -107,7 +107,11 @@ def stats(m) -> dict:
         "config": {k: (v if isinstance(v, (int, float, str)) or v is None else str(v))
                    for k, v in m.config.as_dict().items()},
         "derived": {"fetch_cycles": m.config.fetch_cycles, "shift_cycles": m.config.shift,
-                    "mmc_latency_cycles": m.config.mmc_latency},
+                    "mmc_latency_cycles": m.config.mmc_latency,
+                    "act_latency_cycles": m.config.act_latency,
+                    "host_latency_cycles": m.config.host_latency,
+                    "weight_bytes_per_cycle": m.config.weight_bandwidth,
+                    "host_bytes_per_cycle": m.config.host_bandwidth},
     }
 
 
