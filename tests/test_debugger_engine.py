@@ -15,13 +15,8 @@ from debugger import main
 from debugger.commands import Engine
 from debugger.expr import ExprError
 from test_debugger_support import (FAULTY, LINE_ACT1, LINE_ACT2, LINE_MMC1, LINE_MMC2, LONG, SMALL,
+                                   assert_same_state, fresh_state_at, here, machine_state,  # noqa: F401
                                    make_session, oracle, small_data, write_program)
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture
@@ -33,33 +28,6 @@ def run(engine, line, ok=True):
     r = engine.execute(line)
     assert r.ok is ok, r.text()
     return r
-
-
-def machine_state(m) -> dict:
-    """Everything observable through the API, for exact comparisons."""
-    return {"cycle": m.cycle, "status": m.status, "ub": m.ub.copy(), "acc": m.acc.copy(),
-            "host": m.host.copy(), "counters": m.counters(), "pipeline": m.pipeline(),
-            "registers": m.registers(), "fifo": m.fifo(), "shadow": m.shadow(),
-            "active": m.active(), "events": list(m.events)}
-
-
-def assert_same_state(a: dict, b: dict) -> None:
-    for key in a:
-        if isinstance(a[key], np.ndarray):
-            assert np.array_equal(a[key], b[key]), key
-        else:
-            assert a[key] == b[key], key
-
-
-def fresh_state_at(here: Path, cycle: int, source: str = SMALL) -> dict:
-    """An independent machine, never reversed, stepped to `cycle`."""
-    from tpuasm.assembler import assemble_file
-    from tpuasm.machine import Machine
-    program = assemble_file(Path("small.tasm"))          # relative, like the session's
-    m = Machine.for_program(program)
-    m.load(program, host=here / "host.npy", weights=here / "w.npy")
-    m.step(cycle)
-    return machine_state(m)
 
 
 # -- running and stopping ----------------------------------------------------------------------

@@ -3,18 +3,10 @@ stalls in the pipeline, and after a fault.  Update with `pytest --snapshot-updat
 checking the new pictures by eye."""
 from __future__ import annotations
 
-import pytest
-
 from debugger.app import DebuggerApp
-from test_debugger_support import FAULTY, LINE_MMC1, make_session
+from test_debugger_support import FAULTY, LINE_MMC1, here, make_session  # noqa: F401 (here: a fixture)
 
 SIZE = (160, 48)
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def commands(*lines):

@@ -8,6 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 # Two layers: relu(x @ w0) then (h @ w1), int8 requantization with the reset registers.
 # Line numbers matter: the tests break on them.
@@ -104,12 +105,44 @@ MATMUL_TILED_MMC2 = 26          # the second MMC.SO line of that program
 def matmul_tiled_session(directory: Path):
     """programs/matmul_tiled at the real shape (N = 256, UB 98,304 x 256) with the data
     and expected output of its own generator (an independent numpy model)."""
-    import importlib.util
     from debugger.cli import load_session
-    spec = importlib.util.spec_from_file_location("matmul_tiled_gen", MATMUL_TILED.parent / "gen.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    gen.generate(directory)
+    from tpuasm.regression.runner import generate
+    generate(MATMUL_TILED.parent / "gen.py", directory)
     session = load_session(Namespace(program=MATMUL_TILED, host=directory / "host.npy",
                                      weights=directory / "weights.npy", config=[]))
     return session, np.load(directory / "y.npy", allow_pickle=False)
+
+
+# -- fixtures and helpers shared by the engine and the screen tests ---------------------------
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A fresh cwd: the session's relative file names do not depend on where tests run."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def machine_state(m) -> dict:
+    """Everything observable through the API, for exact comparisons."""
+    return {"cycle": m.cycle, "status": m.status, "ub": m.ub.copy(), "acc": m.acc.copy(),
+            "host": m.host.copy(), "counters": m.counters(), "pipeline": m.pipeline(),
+            "registers": m.registers(), "fifo": m.fifo(), "shadow": m.shadow(),
+            "active": m.active(), "events": list(m.events)}
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            assert np.array_equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def fresh_state_at(here: Path, cycle: int, source: str = SMALL) -> dict:
+    """An independent machine, never reversed, stepped to `cycle`."""
+    from tpuasm.assembler import assemble_file
+    from tpuasm.machine import Machine
+    program = assemble_file(Path("small.tasm"))          # relative, like the session's
+    m = Machine.for_program(program)
+    m.load(program, host=here / "host.npy", weights=here / "w.npy")
+    m.step(cycle)
+    return machine_state(m)

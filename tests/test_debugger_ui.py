@@ -5,6 +5,7 @@ State is checked through the machine's API against the numpy oracle or a fresh m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 
 import numpy as np
@@ -14,9 +15,9 @@ import debugger.session
 from debugger.app import DebuggerApp, HelpScreen
 from debugger.memory_view import MemoryView
 from debugger.source_view import SourceView
-from test_debugger_engine import assert_same_state, fresh_state_at, machine_state
-from test_debugger_support import (FAULTY, LINE_ACT2, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, make_session,
-                                   oracle, small_data)
+from test_debugger_support import (FAULTY, LINE_ACT2, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, SMALL,
+                                   assert_same_state, fresh_state_at, here, machine_state,  # noqa: F401
+                                   make_session, oracle, small_data)
 
 SIZE = (160, 48)
 
@@ -29,15 +30,18 @@ def pilot_test(fn):
     return wrapper
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 async def settle(pilot):
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+
+
+@contextlib.asynccontextmanager
+async def open_app(here, source=SMALL, name="small.tasm", session=None):
+    """The debugger screen on `source` (or on `session`), started and settled."""
+    app = DebuggerApp(session or make_session(here, source, name))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        yield app, pilot
 
 
 async def keys(pilot, *names):
@@ -77,10 +81,8 @@ async def cursor_to(pilot, line):
 
 @pilot_test
 async def test_step_keys_move_the_machine(here):
-    app = DebuggerApp(make_session(here))
-    m = app.session.machine
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
+        m = app.session.machine
         assert "cycle 0" in status_text(app)
         await keys(pilot, "s", "s", "s")
         assert m.cycle == 3 and "cycle 3" in status_text(app)
@@ -96,9 +98,7 @@ async def test_step_keys_move_the_machine(here):
 
 @pilot_test
 async def test_breakpoint_key_and_continue(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await cursor_to(pilot, LINE_MMC1)
         await keys(pilot, "space")
         view = app.query_one(SourceView)
@@ -117,9 +117,7 @@ async def test_breakpoint_key_and_continue(here):
 @pilot_test
 async def test_conditional_breakpoint_and_ignore_count_from_the_command_line(here):
     acc1 = oracle(*small_data())["acc1"]
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await command(pilot, f"break {LINE_MMC1} if acc[0][0] != 0")     # false: acc is zero
         # visible at the second Activate: the second multiply issues while the first drains
         await command(pilot, f"break {LINE_ACT2} if acc[0][0] == {acc1[0][0]}")
@@ -130,9 +128,7 @@ async def test_conditional_breakpoint_and_ignore_count_from_the_command_line(her
 
 @pilot_test
 async def test_ignore_count(here, monkeypatch):
-    app = DebuggerApp(make_session(here, LONG, "long.tasm"))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here, LONG, "long.tasm") as (app, pilot):
         await command(pilot, "break 5")
         await command(pilot, "ignore 1 2")
         await keys(pilot, "c")
@@ -143,9 +139,7 @@ async def test_ignore_count(here, monkeypatch):
 @pilot_test
 async def test_watchpoint_hit_highlights_changed_values(here):
     want = oracle(*small_data())
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await command(pilot, "watch hidden")
         await keys(pilot, "c")
         stop = app.session.last_stop
@@ -162,9 +156,7 @@ async def test_watchpoint_hit_highlights_changed_values(here):
 
 @pilot_test
 async def test_reverse_step_restores_the_state_of_a_fresh_run(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await keys(pilot, "r")                                # asks for N
         await pilot.press(*"730")
         await keys(pilot, "enter")
@@ -183,9 +175,7 @@ async def test_reverse_step_restores_the_state_of_a_fresh_run(here):
 @pilot_test
 async def test_radix_and_unit_switch(here):
     host = small_data()[0]
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await keys(pilot, "n")
         view = app.query_one("#mem-ub", MemoryView)
         view.focus()
@@ -207,9 +197,7 @@ async def test_radix_and_unit_switch(here):
 
 @pilot_test
 async def test_go_to_address_and_symbol(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await keys(pilot, "g")
         await pilot.press(*"acc.sums + 2")
         await keys(pilot, "enter")
@@ -237,9 +225,7 @@ async def test_go_to_address_and_symbol(here):
 
 @pilot_test
 async def test_fault_is_shown_and_the_app_survives(here):
-    app = DebuggerApp(make_session(here, FAULTY, "faulty.tasm"))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here, FAULTY, "faulty.tasm") as (app, pilot):
         await keys(pilot, "c")
         assert app.session.machine.status == "fault"
         assert "no weight tile resident" in log_text(app)
@@ -253,9 +239,7 @@ async def test_fault_is_shown_and_the_app_survives(here):
 
 @pilot_test
 async def test_run_to_cursor(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await cursor_to(pilot, LINE_MMC2)
         await keys(pilot, "u")
         assert app.session.next_to_issue() == 6 and app.session.machine.issue_cycle(6) == -1
@@ -268,9 +252,7 @@ async def test_run_to_cursor(here):
 @pilot_test
 async def test_interrupt_a_long_run(here, monkeypatch):
     monkeypatch.setattr(debugger.session, "CHUNK_CYCLES", 100)
-    app = DebuggerApp(make_session(here, LONG, "long.tasm"))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here, LONG, "long.tasm") as (app, pilot):
         await pilot.press("c")
         await pilot.pause(0.05)
         assert app.running and "RUNNING" in status_text(app)   # the screen is live
@@ -283,9 +265,7 @@ async def test_interrupt_a_long_run(here, monkeypatch):
 
 @pilot_test
 async def test_help_lists_every_key(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await keys(pilot, "question_mark")
         assert isinstance(app.screen, HelpScreen)
         text = app.screen.plain_text()
@@ -305,9 +285,7 @@ async def test_help_lists_every_key(here):
 
 @pilot_test
 async def test_every_action_is_in_the_command_palette(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         titles = [c.title for c in app.get_system_commands(app.screen)]
         for want in ("Step one cycle", "Step one instruction", "Continue", "Run N cycles",
                      "Run to cursor", "Interrupt", "Reverse step cycle", "Reverse step instruction",
@@ -322,9 +300,7 @@ async def test_every_action_is_in_the_command_palette(here):
 
 @pilot_test
 async def test_command_line_history_and_errors(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         await command(pilot, "print 6 * 7")
         await command(pilot, "frobnicate")
         assert "6 * 7 = 42" in log_text(app) and "unknown command 'frobnicate'" in log_text(app)
@@ -336,9 +312,7 @@ async def test_command_line_history_and_errors(here):
 
 @pilot_test
 async def test_clicking_the_gutter_toggles_a_breakpoint(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         view = app.query_one(SourceView)
         await pilot.click(SourceView, offset=(7, LINE_RHM))   # border row, then lines 1..
         await settle(pilot)
@@ -349,9 +323,7 @@ async def test_clicking_the_gutter_toggles_a_breakpoint(here):
 async def test_full_size_unified_buffer_view(tmp_path):
     from test_debugger_support import matmul_tiled_session
     session, _ = matmul_tiled_session(tmp_path)
-    app = DebuggerApp(session)
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(tmp_path, session=session) as (app, pilot):
         await command(pilot, "goto ub[98303]")
         view = app.query_one("#mem-ub", MemoryView)
         assert view.virtual_size.height == 98_304 + 1 and view.target_row == 98_303
@@ -370,9 +342,7 @@ async def test_source_pane_follows_the_next_instruction_into_an_included_file(he
     (here / "layer.tasm").write_text("; the included layer\n    TAG 5\n    WHM in, host.x, 4\n")
     main_source = (".config array_size=8, ub_rows=64, acc_rows=32\n.host x, 4\n.ub in, 4\n"
                    "    RHM host.x, in, 4\n.include \"layer.tasm\"\n    HLT\n")
-    app = DebuggerApp(make_session(here, main_source, "main.tasm"))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here, main_source, "main.tasm") as (app, pilot):
         view = app.query_one(SourceView)
         assert view.listing.name == "main.tasm" and view.next_line == 4
         await command(pilot, "break layer.tasm:2")
@@ -399,9 +369,7 @@ EVERY_COMMAND = {
 async def test_every_command_runs_on_the_command_line(here):
     from debugger.commands import COMMANDS
     assert set(EVERY_COMMAND) == {c.names[0] for c in COMMANDS}
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         results = []
         original = app.show_result
 
@@ -419,9 +387,7 @@ async def test_every_command_runs_on_the_command_line(here):
 
 @pilot_test
 async def test_tab_moves_focus_and_q_quits(here):
-    app = DebuggerApp(make_session(here))
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
+    async with open_app(here) as (app, pilot):
         assert isinstance(app.focused, SourceView)
         await keys(pilot, "tab")
         assert not isinstance(app.focused, SourceView)
