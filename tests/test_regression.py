@@ -478,3 +478,45 @@ def test_double_buffer_bounds_prove_the_overlap():
     overlapped = load_manifest(PROGRAMS / "double_buffer" / "test.toml").cycles
     serial = load_manifest(PROGRAMS / "double_buffer_serial" / "test.toml").cycles
     assert overlapped.max < serial.min
+
+
+# ---------------------------------------------------------------- options and overrides
+
+def test_keep_data_leaves_the_generated_images_next_to_the_manifest(tmp_path, capsys):
+    d = make_program(tmp_path, "good")
+    assert main([str(tmp_path), "-j", "1", "-q", "--keep-data"]) == 0
+    assert {"host.npy", "weights.npy", "y.npy", "acc.npy"} <= {p.name for p in (d / "data").iterdir()}
+    capsys.readouterr()
+
+
+def test_junit_xml_to_an_unwritable_path_is_a_usage_error(tmp_path, capsys):
+    make_program(tmp_path, "good")
+    report = tmp_path / "no-such-dir" / "junit.xml"
+    assert main([str(tmp_path), "-j", "1", "-q", "--junit-xml", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {report}: cannot write:" in err and "Traceback" not in err
+
+
+def test_machine_overrides_in_a_manifest(tmp_path):
+    d = make_program(tmp_path, "slow", extra="\n[machine]\nhost_latency_cycles = 5000\n")
+    slow = run_manifest(load_manifest(d / "test.toml"))
+    d = make_program(tmp_path, "plain")
+    plain = run_manifest(load_manifest(d / "test.toml"))
+    assert slow.passed and plain.passed and slow.cycles > plain.cycles
+    d = make_program(tmp_path, "badcfg", extra="\n[machine]\nfrobnicate = 1\n")
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "error"
+    assert "test.toml: machine: bad configuration override:" in result.failures[0]
+    assert "frobnicate" in result.failures[0]
+    # a bad shape reaches the assembler, which names it
+    d = make_program(tmp_path, "badshape", extra="\n[machine]\nub_rows = 0\n")
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert not result.passed and "bad machine configuration: ub_rows 0" in result.failures[0]
+
+
+def test_generator_without_generate_is_an_error(tmp_path):
+    d = make_program(tmp_path, "nogen")
+    (d / "gen.py").write_text("import numpy as np\n")
+    result = run_manifest(load_manifest(d / "test.toml"))
+    assert result.outcome == "error"
+    assert "gen.py defines no generate(out_dir) function" in result.failures[0]
