@@ -352,6 +352,41 @@ def test_input_errors_exit_2_without_traceback(here, capsys):
         assert "Traceback" not in captured.err + captured.out, name
 
 
+def test_batch_from_stdin_and_through_tpuasm_debug(here, capsys, monkeypatch):
+    import io
+
+    from tpuasm.cli import main as tpuasm_main
+    args = write_program(here)
+    data = ["--host", str(args.host), "--weights", str(args.weights)]
+    monkeypatch.setattr("sys.stdin", io.StringIO("continue\nexpect status == \"halted\"\n"))
+    assert main([str(args.program), *data, "--batch", "-"]) == 0
+    assert 'ok status == "halted"' in capsys.readouterr().out
+    (here / "s.tdb").write_text("print 6 * 7\n")
+    assert tpuasm_main(["debug", str(args.program), *data, "--batch", "s.tdb"]) == 0
+    assert "6 * 7 = 42" in capsys.readouterr().out
+
+
+def test_python_m_debugger_help():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "debugger", "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert "--batch" in out.stdout and "--weights" in out.stdout
+
+
+def test_missing_weights_and_a_script_that_is_not_utf8(here, capsys):
+    args = write_program(here)
+    (here / "s.tdb").write_text("continue\n")
+    assert main([str(args.program), "--weights", "nope.npy", "--batch", "s.tdb"]) == 2
+    err = capsys.readouterr().err
+    assert "--weights nope.npy: no such file" in err and "Traceback" not in err
+    (here / "latin1.tdb").write_bytes("echo caf\xe9\n".encode("latin-1"))
+    assert main([str(args.program), "--batch", "latin1.tdb"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --batch latin1.tdb: cannot read:" in err and "Traceback" not in err
+
+
 def test_tbin_with_debug_info_debugs_at_source_level(here, capsys):
     from tpuasm.assembler import assemble_file
     args = write_program(here)

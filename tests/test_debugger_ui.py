@@ -306,6 +306,10 @@ async def test_command_line_history_and_errors(here):
         assert "6 * 7 = 42" in log_text(app) and "unknown command 'frobnicate'" in log_text(app)
         await keys(pilot, "colon", "up", "up")
         assert app.query_one("#command").value == "print 6 * 7"
+        await keys(pilot, "down")
+        assert app.query_one("#command").value == "frobnicate"
+        await keys(pilot, "down")
+        assert app.query_one("#command").value == ""
         await keys(pilot, "escape")
         assert isinstance(app.focused, SourceView)
 
@@ -383,6 +387,27 @@ async def test_every_command_runs_on_the_command_line(here):
             assert results and results[-1].ok, (name, results and results[-1].text())
         assert "internal error" not in log_text(app)
         assert "hello" in log_text(app)
+
+
+@pilot_test
+async def test_source_cursor_keys(here):
+    async with open_app(here) as (app, pilot):
+        view = app.query_one(SourceView)
+        view.focus()
+        await settle(pilot)
+        last = len(view.listing.lines)
+        start = view.cursor_line
+        assert 1 < start < last
+        await keys(pilot, "j")
+        assert view.cursor_line == start + 1
+        await keys(pilot, "k", "k")
+        assert view.cursor_line == start - 1
+        await keys(pilot, "down", "up")
+        assert view.cursor_line == start - 1
+        await keys(pilot, "pagedown")
+        assert view.cursor_line == min(start - 1 + 20, last)
+        await keys(pilot, "pageup", "pageup")
+        assert view.cursor_line == 1
 
 
 @pilot_test
