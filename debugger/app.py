@@ -7,8 +7,10 @@ screen and `p`/Escape interrupts it.
 """
 from __future__ import annotations
 
+import ast
 import gc
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +34,64 @@ from .source_view import SourceView
 
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
+
+
+@dataclass(frozen=True)
+class Key:
+    """One row of the key table: the app's bindings, the help screen's key list and the
+    command palette are all generated from KEYS."""
+    key: str                # as the help screen and the palette name it ("" = palette only)
+    help: str = ""          # the help screen's text
+    bind: str = ""          # Textual key(s) bound on the app ("" = a pane binds it, or none)
+    action: str = ""        # the app action the binding and the palette entry run
+    footer: str = ""        # the footer's label
+    title: str = ""         # the palette's title ("" = not in the palette)
+    detail: str = ""        # the palette's help line
+    show: bool = True       # whether the footer shows the binding
+
+
+KEYS = [
+    Key("s", "step one cycle", "s", "cmd('step')", "Step cycle",
+        "Step one cycle", "advance the machine one clock"),
+    Key("n", "step one instruction (until it finishes its stage)", "n", "cmd('next')", "Step instr",
+        "Step one instruction", "until the next instruction finishes its stage"),
+    Key("c", "continue to a breakpoint, watchpoint, caught event, halt or fault", "c",
+        "cmd('continue')", "Continue", "Continue", "run to a breakpoint, watchpoint, halt or fault"),
+    Key("r", "run N cycles (asks for N)", "r", "prompt('run ')", "Run N", "Run N cycles", "asks for N"),
+    Key("u", "run to the cursor line in the source", "u", "run_to_cursor", "To cursor",
+        "Run to cursor", "run until the cursor line's instruction is about to issue"),
+    Key("p / Escape", "interrupt a run (the screen stays live while running)", "p,escape",
+        "interrupt", "Pause", "Interrupt", "stop a running continue"),
+    Key("b", "reverse: back one cycle", "b", "cmd('reverse-step')", "Back cycle",
+        "Reverse step cycle", "back one clock (the library's History)"),
+    Key("B", "reverse: back one instruction", "B", "cmd('reverse-next')", "Back instr",
+        "Reverse step instruction", "back one instruction"),
+    Key("C", "reverse-continue to the previous breakpoint / watchpoint hit", "C",
+        "cmd('reverse-continue')", "Rev cont", "Reverse continue",
+        "back to the previous breakpoint or watchpoint hit"),
+    Key("space (source) / F9", "toggle a breakpoint on the cursor line; click the gutter too",
+        "f9", "toggle_break", "Break", "Toggle breakpoint", "on the source cursor line", show=False),
+    Key("up / down / j / k", "move the source cursor"),
+    Key("pageup / pagedown", "move the source cursor by 20 lines"),
+    Key("x (memory)", "cycle the radix: hex, signed, unsigned", action="radix_next",
+        title="Cycle radix", detail="hex / signed / unsigned in the memory view"),
+    Key("w (memory)", "bytes as int8 or as int32 words", action="unit_toggle",
+        title="Toggle int8 / int32", detail="unit of the memory view"),
+    Key("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`", "g",
+        "prompt('goto ')", "Go to", "Go to address or symbol", "in the memory views"),
+    Key(":", "command line (`help` lists the commands); up/down recall history", "colon",
+        "prompt('')", "Command", "Command line", "type a debugger command"),
+    Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),
+    Key("ctrl+p", "command palette: every action"),
+    Key("", action="cmd('info counters')", title="Info counters",
+        detail="counters and the Table-3 breakdown in the log"),
+    Key("", action="cmd('info breakpoints')", title="Info breakpoints",
+        detail="list breakpoints and watchpoints"),
+    Key("", action="cmd('restart')", title="Restart", detail="reload program and data at cycle 0"),
+    Key("", action="screenshot", title="Save screenshot (SVG)", detail="writes tpuasm-debugger.svg"),
+    Key("?", "this help", "question_mark", "help", "Help", "Help", "every key and command"),
+    Key("q", "quit", "q", "quit", "Quit"),
+]
 
 
 def _quick(cmd, arg: str) -> bool:
@@ -106,41 +166,9 @@ class DebuggerApp(App):
     .pane-title { border-title-align: left; }
     """
 
-    BINDINGS = [
-        Binding("s", "cmd('step')", "Step cycle"),
-        Binding("n", "cmd('next')", "Step instr"),
-        Binding("c", "cmd('continue')", "Continue"),
-        Binding("r", "prompt('run ')", "Run N"),
-        Binding("u", "run_to_cursor", "To cursor"),
-        Binding("p,escape", "interrupt", "Pause"),
-        Binding("b", "cmd('reverse-step')", "Back cycle"),
-        Binding("B", "cmd('reverse-next')", "Back instr"),
-        Binding("C", "cmd('reverse-continue')", "Rev cont"),
-        Binding("f9", "toggle_break", "Break", show=False),
-        Binding("g", "prompt('goto ')", "Go to"),
-        Binding("colon", "prompt('')", "Command"),
-        Binding("tab", "app.focus_next", "Focus", show=False),
-        Binding("question_mark", "help", "Help"),
-        Binding("q", "quit", "Quit"),
-    ]
+    BINDINGS = [Binding(k.bind, k.action, k.footer, show=k.show) for k in KEYS if k.bind]
     # What each key does, for the help screen (bindings of the panes included).
-    KEY_HELP = [
-        ("s", "step one cycle"), ("n", "step one instruction (until it finishes its stage)"),
-        ("c", "continue to a breakpoint, watchpoint, caught event, halt or fault"),
-        ("r", "run N cycles (asks for N)"), ("u", "run to the cursor line in the source"),
-        ("p / Escape", "interrupt a run (the screen stays live while running)"),
-        ("b", "reverse: back one cycle"), ("B", "reverse: back one instruction"),
-        ("C", "reverse-continue to the previous breakpoint / watchpoint hit"),
-        ("space (source) / F9", "toggle a breakpoint on the cursor line; click the gutter too"),
-        ("up / down / j / k", "move the source cursor"),
-        ("pageup / pagedown", "move the source cursor by 20 lines"),
-        ("x (memory)", "cycle the radix: hex, signed, unsigned"),
-        ("w (memory)", "bytes as int8 or as int32 words"),
-        ("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`"),
-        (":", "command line (`help` lists the commands); up/down recall history"),
-        ("tab", "move focus between panes"), ("ctrl+p", "command palette: every action"),
-        ("?", "this help"), ("q", "quit"),
-    ]
+    KEY_HELP = [(k.key, k.help) for k in KEYS if k.key]
 
     def __init__(self, session: Session, **kwargs):
         super().__init__(**kwargs)
@@ -435,37 +463,19 @@ class DebuggerApp(App):
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
-        for key, callback, title, help_text in (
-                ("s", partial(self.execute, "step"), "Step one cycle", "advance the machine one clock"),
-                ("n", partial(self.execute, "next"), "Step one instruction",
-                 "until the next instruction finishes its stage"),
-                ("c", partial(self.execute, "continue"), "Continue",
-                 "run to a breakpoint, watchpoint, halt or fault"),
-                ("r", partial(self.action_prompt, "run "), "Run N cycles", "asks for N"),
-                ("u", self.action_run_to_cursor, "Run to cursor",
-                 "run until the cursor line's instruction is about to issue"),
-                ("p", self.action_interrupt, "Interrupt", "stop a running continue"),
-                ("b", partial(self.execute, "reverse-step"), "Reverse step cycle",
-                 "back one clock (the library's History)"),
-                ("B", partial(self.execute, "reverse-next"), "Reverse step instruction",
-                 "back one instruction"),
-                ("C", partial(self.execute, "reverse-continue"), "Reverse continue",
-                 "back to the previous breakpoint or watchpoint hit"),
-                ("space", self.action_toggle_break, "Toggle breakpoint", "on the source cursor line"),
-                ("g", partial(self.action_prompt, "goto "), "Go to address or symbol",
-                 "in the memory views"),
-                ("x", self.action_radix_next, "Cycle radix", "hex / signed / unsigned in the memory view"),
-                ("w", self.action_unit_toggle, "Toggle int8 / int32", "unit of the memory view"),
-                (":", partial(self.action_prompt, ""), "Command line", "type a debugger command"),
-                ("", partial(self.execute, "info counters"), "Info counters",
-                 "counters and the Table-3 breakdown in the log"),
-                ("", partial(self.execute, "info breakpoints"), "Info breakpoints",
-                 "list breakpoints and watchpoints"),
-                ("", partial(self.execute, "restart"), "Restart", "reload program and data at cycle 0"),
-                ("", self.action_screenshot, "Save screenshot (SVG)", "writes tpuasm-debugger.svg"),
-                ("?", self.action_help, "Help", "every key and command")):
-            label = f"{title}  [{key}]" if key else title
-            yield SystemCommand(label, help_text, callback)
+        for k in KEYS:
+            if not k.title:
+                continue
+            name, _, arg = k.action.partition("(")
+            if arg:
+                arg = ast.literal_eval(arg[:-1])
+                # a command from the palette is echoed in the log, like a typed one
+                callback = partial(self.execute if name == "cmd" else getattr(self, f"action_{name}"), arg)
+            else:
+                callback = getattr(self, f"action_{name}")
+            key = k.key.split()[0] if k.key else ""
+            label = f"{k.title}  [{key}]" if key else k.title
+            yield SystemCommand(label, k.detail, callback)
 
     def action_radix_next(self) -> None:
         self.current_memory_view().action_cycle_radix()
