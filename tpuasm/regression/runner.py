@@ -93,12 +93,8 @@ def _run(m: Manifest, result: Result, check_golden: bool, data_dir: Path | None)
             raise _Stop from None
     host, weights = _data_images(m, program, data_dir, result)
 
-    try:
-        from ..machine import Machine
-    except ImportError as e:
-        result.error(f"the machine is not available: {e}")
-        raise _Stop from None
     from ..errors import DataFileError
+    from ..machine import Machine
     try:
         machine = Machine.for_program(program, **overrides)
     except (TypeError, ValueError) as e:
@@ -128,18 +124,11 @@ def _plain(v):
 # ---------------------------------------------------------------- assembly
 
 def _assemble(m: Manifest, result: Result, shape: dict):
-    try:
-        from ..assembler import assemble_file
-        from ..errors import AssemblyError
-    except ImportError as e:
-        result.error(f"the assembler is not available: {e}")
-        raise _Stop from None
+    from ..assembler import assemble_file
+    from ..errors import AssemblyError
     try:
         program = assemble_file(m.program, config=shape or None)
-    except (TypeError, ValueError) as e:
-        result.error(f"{m.path}: machine: bad shape override: {e}")
-        raise _Stop from None
-    except AssemblyError as e:
+    except AssemblyError as e:       # bad [machine] shape values are reported here too
         result.status = "assembly_error"
         _check_assembly_error(m, result, e)
         return None
