@@ -164,7 +164,14 @@ m = Machine()
 m.load(Program(prog), weights=sys.argv[1])
 r = m.run()
 assert r.status == "halted", r
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, m.weights.shape[0])
+# Peak RSS of this process alone: Linux keeps ru_maxrss across execve, so a child forked
+# from a large parent would report the parent's peak; VmHWM belongs to the new address space.
+try:
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(peak, m.weights.shape[0])
 """
 
 
