@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Faces with their own argument parsers take the rest of the command line as is.
     if argv and argv[0] in _DELEGATES:
-        return _DELEGATES[argv[0]](argv[1:])
+        return _delegate(argv[0], argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -112,8 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     _profile_options(lint)
     lint.set_defaults(handler=cmd_lint)
 
-    sub.add_parser("test", help="run regression manifests (see `tpuasm test --help`)", add_help=False)
-    sub.add_parser("debug", help="the terminal debugger (see `tpuasm debug --help`)", add_help=False)
+    for name, (_, _, text) in _DELEGATES.items():
+        sub.add_parser(name, help=f"{text} (see `tpuasm {name} --help`)", add_help=False)
 
     m = sub.add_parser("demo", help="run a real multi-layer program and show what happened")
     m.set_defaults(handler=cmd_demo)
@@ -331,14 +331,22 @@ def _color(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
-def _run_tests(argv: list[str]) -> int:
-    from .regression import main as regression_main
-    return regression_main(argv)
+# Faces with their own argument parsers: COMMAND -> (module, function, one-line help).
+# Each gets the rest of the command line as is; its module is imported only when used.
+_DELEGATES = {
+    "test": ("tpuasm.regression", "main", "run regression manifests"),
+    "debug": ("debugger", "main", "the terminal debugger"),
+    "compile": ("tpuasm.compiler.cli", "compile_main", "compile an ONNX model into TPU programs"),
+    "infer": ("tpuasm.compiler.cli", "infer_main", "run a compiled model on the emulator"),
+    "profile": ("tpuasm.apps.cli", "profile_main",
+                "the paper's six applications: Table 3 next to the paper's"),
+    "sweep": ("tpuasm.sweep.cli", "main", "design-space sweeps over machine configurations"),
+    "fmt": ("tpuasm.fmt", "main", "format .tasm sources in one canonical layout"),
+    "lsp": ("tpuasm.lsp", "main", "the .tasm language server (stdio)"),
+}
 
 
-def _run_debugger(argv: list[str]) -> int:
-    from debugger import main as debugger_main
-    return debugger_main(argv)
-
-
-_DELEGATES = {"test": _run_tests, "debug": _run_debugger}
+def _delegate(command: str, argv: list[str]) -> int:
+    import importlib
+    module, function, _ = _DELEGATES[command]
+    return getattr(importlib.import_module(module), function)(argv)

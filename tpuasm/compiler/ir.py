@@ -1,0 +1,178 @@
+"""The compiler's intermediate form: the seam between the front end and the back end.
+
+The front end (ONNX -> graph -> quantization -> partition) produces `Segment`s: runs of
+quantized operators the TPU executes, separated by host operators.  The back end
+(`tpuasm.compiler.codegen`) turns one `Segment` and a batch size into a `SegmentProgram`:
+ordinary `.tasm` source, a weight image and the host-memory layout of its inputs and outputs.
+
+Conventions (the same as ONNX's QLinear operators and onnxruntime's QDQ kernels):
+- A quantized tensor holds integers q with real value `(q - zero_point) * scale`, per tensor.
+- Weights are int8, symmetric (zero point 0), with one scale per output channel.
+- A bias is int32 in units of `input.scale * weight_scale[n]`.
+- Shapes are per sample, without the batch dimension: `(K,)` for vectors, `(C, H, W)` for
+  images (ONNX's NCHW order; how the back end lays them out in memory is its own business).
+
+Semantics every back end must reproduce (`reference.py` evaluates them in numpy; the
+tolerance against them is one unit in the last place, on rounding ties only):
+
+Dense and Conv, for each output element n:
+    acc  = sum_k (x_q[k] - x.zero_point) * w[k, n]  (+ bias[n])       exact, int32
+    real = acc * x.scale * weight_scale[n]
+    y_q  = clamp(round_half_even(real / y.scale) + y.zero_point, lo, hi)
+where [lo, hi] is the output type's range narrowed by the activation: "relu" lo >= the
+quantized 0, "clip" the quantized bounds (round_half_even(bound / y.scale) + zero_point).
+Convolution pads with real zeros (quantized: x.zero_point), as ONNX does.
+
+Pool: max pooling on the quantized values (input and output share quantization); average
+pooling as onnxruntime's QLinearAveragePool:
+    y_q = clamp(round_half_even(mean(x_q - x.zero_point) * x.scale / y.scale) + y.zero_point)
+with the mean over the window's elements inside the image unless `count_include_pad`.
+
+Lookup: y_q = table[x_q] element-wise (table indexed by the input's integer value: for int8
+inputs, `table[(x_q + 256) % 256]`).  The front end fills the table exactly as onnxruntime's
+quantized sigmoid / tanh do, so the back end needs no floating point.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Per-tensor quantization: real = (q - zero_point) * scale."""
+    scale: float
+    zero_point: int
+    signed: bool                      # int8 when True, uint8 when False
+
+    @property
+    def qmin(self) -> int:
+        return -128 if self.signed else 0
+
+    @property
+    def qmax(self) -> int:
+        return 127 if self.signed else 255
+
+    def quantize(self, real: np.ndarray) -> np.ndarray:
+        q = np.rint(np.asarray(real, np.float32) / np.float32(self.scale)) + self.zero_point
+        return np.clip(q, self.qmin, self.qmax).astype(np.int8 if self.signed else np.uint8)
+
+    def dequantize(self, q: np.ndarray) -> np.ndarray:
+        return ((np.asarray(q, np.int32) - self.zero_point) * np.float32(self.scale)
+                ).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A quantized activation tensor of the graph (one sample's shape)."""
+    name: str
+    shape: tuple[int, ...]            # (K,) or (C, H, W)
+    quant: QParams
+
+
+@dataclass(frozen=True)
+class Activation:
+    kind: str = "none"                # "none" | "relu" | "clip"
+    lo: float | None = None           # "clip": real bounds (ReLU6 is 0, 6)
+    hi: float | None = None
+
+
+@dataclass
+class Dense:
+    """y = x @ weight (+ bias): x (K,), y (N,)."""
+    name: str                         # the ONNX node it came from (first of a fused group)
+    input: Tensor
+    output: Tensor
+    weight: np.ndarray                # (K, N) int8
+    weight_scale: np.ndarray          # (N,) float32
+    bias: np.ndarray | None = None    # (N,) int32
+    activation: Activation = field(default_factory=Activation)
+    nodes: tuple[str, ...] = ()       # every ONNX node fused into this operator
+
+
+@dataclass
+class Conv:
+    """2-D convolution, groups = 1, dilation 1: x (C, H, W) -> y (O, Ho, Wo)."""
+    name: str
+    input: Tensor
+    output: Tensor
+    weight: np.ndarray                # (O, C, kh, kw) int8
+    weight_scale: np.ndarray          # (O,) float32
+    bias: np.ndarray | None = None    # (O,) int32
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)   # top, left, bottom, right (ONNX order
+    #                                                   is begin_h, begin_w, end_h, end_w)
+    activation: Activation = field(default_factory=Activation)
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass
+class Pool:
+    """Max or average pooling of an image x (C, H, W); global pooling is kernel = (H, W)."""
+    name: str
+    input: Tensor
+    output: Tensor
+    kind: str                         # "max" | "avg"
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    count_include_pad: bool = False
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass
+class Lookup:
+    """Element-wise y = table[x] (quantized sigmoid, tanh, ...); shape unchanged."""
+    name: str
+    input: Tensor
+    output: Tensor
+    table: np.ndarray                 # (256,) of the output's integer type
+    function: str = ""                # "sigmoid", "tanh", ... (for reports and comments)
+    nodes: tuple[str, ...] = ()
+
+
+Operator = Dense | Conv | Pool | Lookup
+
+
+@dataclass
+class Segment:
+    """A run of TPU operators in execution order.  `inputs` come from the host (quantized
+    by the runtime), `outputs` go back to it; every other tensor lives only on the chip."""
+    name: str
+    operators: list[Operator]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+
+
+@dataclass
+class HostLayout:
+    """Where one input or output tensor of a segment lives in host memory, and how a batch of
+    samples maps onto host rows.  Built by the back end, used by the runtime through
+    `SegmentProgram.pack` / `unpack`."""
+    tensor: Tensor
+    base: int                         # first host row
+    rows: int                         # host rows the whole batch occupies
+    layout: str                       # the back end's words, for manifests and reports
+
+
+@dataclass
+class SegmentProgram:
+    """What the back end produces for one segment at one batch size."""
+    segment: Segment
+    batch: int
+    source: str                       # .tasm text (assembles with tpuasm.assemble)
+    weights: np.ndarray               # (tiles, N, N) int8 weight image
+    host_rows: int                    # size of the host image
+    host_constants: dict[int, np.ndarray]   # host row -> rows of constant data to preload
+    inputs: dict[str, HostLayout]
+    outputs: dict[str, HostLayout]
+    array_size: int = 256
+
+    def host_image(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The host image for one batch: constants plus each input (batch, *shape) packed."""
+        raise NotImplementedError("provided by the back end's SegmentProgram")
+
+    def read_outputs(self, host: np.ndarray) -> dict[str, np.ndarray]:
+        """Each output (batch, *shape) unpacked from the host image after the run."""
+        raise NotImplementedError("provided by the back end's SegmentProgram")
