@@ -33,6 +33,7 @@ from .session import Session
 from .source_view import SourceView
 
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
+WATCH_INTERVAL = 1.0   # seconds between looks at the source file under `reload --watch`
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
 
 
@@ -93,7 +94,10 @@ KEYS = [
         detail="counters and the Table-3 breakdown in the log"),
     Key("", action="cmd('info breakpoints')", title="Info breakpoints",
         detail="list breakpoints and watchpoints"),
-    Key("", action="cmd('restart')", title="Restart", detail="reload program and data at cycle 0"),
+    Key("R", "reload: re-assemble the edited source, keep breakpoints, restart", "R",
+        "cmd('reload')", "Reload", "Reload", "re-assemble the edited source and restart at cycle 0"),
+    Key("", action="cmd('restart')", title="Restart",
+        detail="the program as loaded, at cycle 0 (Reload re-reads an edited file)"),
     Key("", action="screenshot", title="Save screenshot (SVG)", detail="writes tpuasm-debugger.svg"),
     Key("?", "this help", "question_mark", "help", "Help", "Help", "every key and command"),
     Key("q", "quit", "q", "quit", "Quit"),
@@ -211,6 +215,8 @@ class DebuggerApp(App):
         self.tile_shown: int | None = None
         self._before_prompt = None          # the pane to refocus after a command line
         self._echo = True                   # whether the running worker's command was typed
+        self._watcher = None                # the timer of `reload --watch`
+        self._watched_mtime: float | None = None
         session.on_progress = self._progress_from_worker
 
     # -- layout -------------------------------------------------------------------------------
@@ -237,9 +243,10 @@ class DebuggerApp(App):
         yield Footer()
 
     def _memory_source(self, memory: str):
-        m = self.session.machine
+        # the machine is looked up on every call: a reload may bring a new one (a new shape)
         if memory == "tile":
             def tile():
+                m = self.session.machine
                 if m.weights is None or m.weights.shape[0] == 0:
                     return None
                 t = self.tile_shown
@@ -248,7 +255,7 @@ class DebuggerApp(App):
                     t = active.tiles[0] if active is not None else 0
                 return m.tile_values(min(t, m.weights.shape[0] - 1))
             return tile
-        return lambda: getattr(m, memory)
+        return lambda: getattr(self.session.machine, memory)
 
     def on_mount(self) -> None:
         titles = {"pipeline-box": "pipeline and weights",
@@ -356,12 +363,42 @@ class DebuggerApp(App):
                 self.show_bottom("log")         # a typed command's output must be seen
         if result.goto is not None:
             self.go_to(result.goto)
+        if result.ui and result.ui[0] in ("reload", "reload-watch"):
+            self._after_reload(result.ui)
         if result.ui and result.ui[0] == "radix":
             view = self.current_memory_view()
             view.radix = result.ui[1]
             if len(result.ui) > 2:
                 view.unit = result.ui[2]
         self.refresh_all(follow=result.stop is not None)
+
+    def _after_reload(self, ui: tuple) -> None:
+        if ui[0] == "reload":
+            self.query_one(SourceView).reload()
+            self.query_one(TimelinePane).reload()
+            self.session.new_events()
+        watch = ui[1]
+        if watch is True and self._watcher is None:
+            self._watched_mtime = self._source_mtime()
+            self._watcher = self.set_interval(WATCH_INTERVAL, self._check_source)
+            self.log_line("watching the source: it reloads when saved")
+        elif watch is False and self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+            self.log_line("no longer watching the source")
+
+    def _source_mtime(self) -> float | None:
+        where = self.session.reload_from
+        try:
+            return where[0].stat().st_mtime if where else None
+        except OSError:
+            return None
+
+    def _check_source(self) -> None:
+        mtime = self._source_mtime()
+        if mtime is not None and mtime != self._watched_mtime and not self.running:
+            self._watched_mtime = mtime
+            self.execute("reload")
 
     def log_line(self, markup: str) -> None:
         self.query_one("#log", RichLog).write(Text.from_markup(markup))

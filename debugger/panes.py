@@ -122,6 +122,9 @@ class TimelinePane(Static):
         self.session = session
         self._stage_of = [ins.spec.stage for ins in session.program.instructions]
 
+    def reload(self) -> None:
+        self._stage_of = [ins.spec.stage for ins in self.session.program.instructions]
+
     def on_resize(self) -> None:
         self.update_state()             # the number of cycles shown follows the width
 
