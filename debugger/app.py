@@ -28,7 +28,8 @@ from textual.worker import Worker, WorkerState
 from .commands import COMMANDS, Engine, Result, lookup
 from .formatting import event_text
 from .memory_view import MemoryView
-from .panes import CountersPane, PipelinePane, TimelinePane
+from .panes import CountersPane, PipelinePane
+from .timeline import TimelinePane
 from .session import Session
 from .source_view import SourceView
 
@@ -159,9 +160,10 @@ class HelpScreen(ModalScreen):
 
 class DebuggerApp(App):
     TITLE = "tpuasm debugger"
-    # Wide screens (>= 120 x 36) show every pane at once; narrower ones (80 x 24 and up)
-    # keep source and pipeline on top and one of memories / log below (`l` toggles, typed
-    # commands bring the log up, `goto` the memories); `t` gives the timeline the top row.
+    # Wide screens (>= 120 x 36) show every pane at once (the timeline from 48 rows on);
+    # narrower ones (80 x 24 and up) keep source and pipeline on top and one of memories /
+    # log below (`l` toggles, typed commands bring the log up, `goto` the memories); `t`
+    # gives the timeline the top row.
     CSS = """
     Screen { layout: vertical; }
     #status { height: auto; max-height: 3; background: $primary-background; color: $text;
@@ -173,7 +175,7 @@ class DebuggerApp(App):
     #pipeline-box { height: 1fr; min-height: 9; border: round $primary; }
     #pipeline { height: auto; }
     #pipeline-box { scrollbar-size-vertical: 1; }
-    #timeline { height: 10; border: round $primary; }
+    #timeline { height: 14; border: round $primary; }
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
     #counters { height: 9; border: round $primary; }
@@ -190,8 +192,8 @@ class DebuggerApp(App):
     Screen.narrow #source { width: 1fr; }
     Screen.narrow #right { width: 1fr; }
     Screen.narrow #pipeline-box { min-height: 3; }
-    Screen.narrow #timeline { display: none; }
-    Screen.narrow.show-timeline #timeline { display: block; }
+    Screen.short #timeline { display: none; }
+    Screen.short.show-timeline #timeline { display: block; }
     Screen.narrow #memories { width: 100%; }
     Screen.narrow #side { display: none; }
     Screen.narrow.show-log #side { display: block; }
@@ -199,6 +201,7 @@ class DebuggerApp(App):
     Screen.narrow #command { height: 1; border: none; background: $boost; }
     """
     NARROW = (120, 36)          # below either: the narrow layout
+    TALL = 48                   # from this height on, the timeline is always shown
 
     BINDINGS = [Binding(k.bind, k.action, k.footer, show=k.show) for k in KEYS if k.bind]
     # What each key does, for the help screen (bindings of the panes included).
@@ -280,6 +283,7 @@ class DebuggerApp(App):
     def _apply_layout(self) -> None:
         width, height = self.size
         self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
+        self.screen.set_class(height < self.TALL, "short")
 
     @property
     def narrow(self) -> bool:
@@ -294,9 +298,12 @@ class DebuggerApp(App):
 
     def action_toggle_timeline(self) -> None:
         self.screen.toggle_class("show-timeline")
-        if not self.screen.has_class("show-timeline") and self.focused is None:
+        timeline = self.query_one(TimelinePane)
+        if self.screen.has_class("show-timeline"):
+            timeline.focus()                # its keys: scroll, zoom, jump
+        elif self.focused is None or self.focused is timeline:
             self.query_one(SourceView).focus()
-        self.call_after_refresh(self.query_one(TimelinePane).update_state)
+        self.call_after_refresh(timeline.update_state)
 
     def on_unmount(self) -> None:
         gc.unfreeze()                   # hand it all back (tests start many apps in one process)
@@ -520,6 +527,10 @@ class DebuggerApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.KEY_HELP))
+
+    @on(TimelinePane.Jump)
+    def _jump_from_timeline(self, message: TimelinePane.Jump) -> None:
+        self.execute(f"jump {message.cycle}")
 
     @on(SourceView.ToggleBreakpoint)
     def _toggle_from_source(self, message: SourceView.ToggleBreakpoint) -> None:

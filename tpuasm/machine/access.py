@@ -99,6 +99,26 @@ class AccessMap:
         done = [a for a in self.history(memory, row, write=True) if a.finish >= 0]
         return done[-1] if done else None
 
+    def blocker(self, index: int) -> int | None:
+        """The earlier instruction that instruction `index` waited for (a RAW, WAR or WAW on
+        its footprint) when it started after it issued: the conflicting one that finished
+        last, at or before its start.  None when nothing it touches held it up."""
+        times = self.machine.intervals()
+        issue, start = int(times[index, 0]), int(times[index, 1])
+        if issue < 0 or start <= issue:
+            return None
+        best, best_finish = None, -1
+        for k in np.flatnonzero(self.index == index):
+            mem, lo, hi, w = self.mem[k], self.lo[k], self.hi[k], self.write[k]
+            hit = (self.mem == mem) & (self.lo < hi) & (self.hi > lo) & (self.index < index)
+            if not w:
+                hit &= self.write == 1                    # a read waits only for writes
+            for j in np.unique(self.index[hit]):
+                f = int(times[j, 2])
+                if issue < f <= start and f > best_finish:
+                    best, best_finish = int(j), f
+        return best
+
     def unwritten_reads(self) -> list[UnwrittenRead]:
         """Reads of UB or accumulator rows that no earlier instruction (in program order,
         which the interlocks make the order of effects) writes since load.  Host rows come

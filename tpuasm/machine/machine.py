@@ -340,6 +340,15 @@ class Machine:
         t[(t[:, core.TM_ISSUE] < 0) | (t[:, core.TM_ISSUE] >= self.cycle)] = -1
         return t
 
+    def tile_intervals(self) -> np.ndarray:
+        """A copy, (tiles requested so far, 7) int64, one row per weight tile in request
+        order: tile number, request, fetch start, fetch end, shift start, shift end and
+        switch-in cycle (-1 where not known yet).  Like intervals(), times are the timing
+        model's, fixed when the tile is requested; cycles after `cycle` are still to come."""
+        nreq = int(self.st[core.S_NREQ])
+        rows = (core.T_TILE, core.T_REQ, core.T_FS, core.T_FE, core.T_SS, core.T_SE, core.T_SW)
+        return self.tl[list(rows), :nreq].T.copy()
+
     def _tiles(self):
         """(number of tiles requested, tile table) at the current cycle."""
         nreq = int(self.st[core.S_NREQ])
