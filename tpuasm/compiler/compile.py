@@ -17,7 +17,7 @@ import numpy as np
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
-from tpuasm.compiler.load import input_signature, is_quantized, load_graph, read_model
+from tpuasm.compiler.reader import input_signature, is_quantized, load_graph, read_model
 from tpuasm.compiler.lower import GLUE, Lowered, lower
 from tpuasm.compiler.partition import HostPart, plan
 from tpuasm.compiler.report import CompileReport, NodeRow, describe

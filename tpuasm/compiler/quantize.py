@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.load import input_signature
+from tpuasm.compiler.reader import input_signature
 
 
 def read_calibration(path, model, model_path) -> dict[str, np.ndarray]:
