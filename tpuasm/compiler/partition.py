@@ -55,7 +55,9 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
     ops = lowered.operators
     produced_by_op = {op.output.name: op for op in ops}
     host_nodes = [n for n in graph.nodes if n.name in host_names]
-    produced_by_host = {o: n for n in host_nodes for o in n.outputs if o}
+    constant = constant_nodes(graph, host_nodes)
+    produced_by_host = {o: n for n in host_nodes for o in n.outputs
+                        if o and n.name not in constant}
 
     def deps_of_op(op: Operator):
         if op.input.name in produced_by_op:
@@ -73,7 +75,6 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
                 deps.add(("host", produced_by_host[t].name))
         return deps
 
-    constant = constant_nodes(graph, host_nodes)
     pending_ops = {op.name: op for op in ops}
     pending_host = {n.name: n for n in host_nodes if n.name not in constant}
     done: set = set()
