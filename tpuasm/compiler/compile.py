@@ -17,7 +17,8 @@ import numpy as np
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
-from tpuasm.compiler.reader import input_signature, is_quantized, load_graph, read_model
+from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
+                                    read_model)
 from tpuasm.compiler.lower import GLUE, Lowered, lower
 from tpuasm.compiler.partition import HostPart, plan
 from tpuasm.compiler.report import CompileReport, NodeRow, describe
@@ -123,6 +124,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if calibration is None:
             raise CompileError(f"{path} is a float model: pass --calibrate DATA.npy|.npz "
                                f"(calibration inputs, rows first) to quantize it to int8")
+        fix_batch(model, batch, path, apply=False)    # dynamic shapes: fail before quantizing
         from tpuasm.compiler.quantize import check_samples, quantize, read_calibration
         signature = input_signature(model)
         if isinstance(calibration, (str, Path)):

@@ -95,9 +95,10 @@ def input_signature(model: onnx.ModelProto) -> dict[str, list]:
     return {v.name: _dims(v) for v in model.graph.input if v.name not in inits}
 
 
-def fix_batch(model: onnx.ModelProto, batch: int | None, path) -> int:
+def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = True) -> int:
     """Set every graph input's first dimension to the batch; return it.  Without `batch`,
-    the model's own fixed batch is used; a dynamic one is an error that says what to pass."""
+    the model's own fixed batch is used; a dynamic one is an error that says what to pass.
+    `apply=False` only checks."""
     inits = {t.name for t in model.graph.initializer}
     chosen = batch
     for v in model.graph.input:
@@ -120,12 +121,14 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path) -> int:
                 raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension "
                                    f"({first!r}): pass --batch B (batch=B)")
             chosen = first
+        if not apply:
+            continue
         dim = v.type.tensor_type.shape.dim[0]
         dim.Clear()
         dim.dim_value = chosen
     if chosen is None or chosen <= 0:
         raise CompileError(f"{path}: batch must be a positive integer, not {chosen}")
-    for v in model.graph.output:              # outputs are re-inferred with the new batch
+    for v in model.graph.output if apply else ():   # re-inferred with the new batch
         if v.type.HasField("tensor_type") and v.type.tensor_type.shape.dim:
             v.type.tensor_type.shape.dim[0].Clear()
     return chosen
