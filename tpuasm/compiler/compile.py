@@ -142,7 +142,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   f"channel, uint8 activations per tensor) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model)
-    lowered = lower(graph, lookup_table)
+    lowered = lower(graph, lookup_table, backend_support)
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:
@@ -169,18 +169,36 @@ def _runtime_steps(graph: Graph, the_plan) -> list:
     return steps
 
 
-def _generate_programs(steps, batch, machine) -> None:
-    """The back end, when it is there: one SegmentProgram per segment."""
+def _codegen():
+    """The back end's module, or None while it is not there."""
     try:
         from tpuasm.compiler import codegen
     except ImportError:
-        return
-    generate = getattr(codegen, "generate", None)
-    if generate is None:
+        return None
+    return codegen if hasattr(codegen, "generate") else None
+
+
+def _generate_programs(steps, batch, machine) -> None:
+    """The back end, when it is there: one SegmentProgram per segment."""
+    codegen = _codegen()
+    if codegen is None:
         return
     for step in steps:
         if isinstance(step, TpuStep):
-            step.program = generate(step.segment, batch, machine)
+            try:
+                step.program = codegen.generate(
+                    step.segment, batch, array_size=machine.array_size,
+                    ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
+                    fifo_depth=machine.fifo_depth)
+            except getattr(codegen, "CodegenError", ()) as e:
+                raise CompileError(f"{step.name}: {e}") from None
+
+
+def backend_support(op) -> str | None:
+    """None when the back end maps the operator, else its reason (shown in the report)."""
+    codegen = _codegen()
+    supports = getattr(codegen, "supports", None) if codegen else None
+    return supports(op) if supports else None
 
 
 def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source):

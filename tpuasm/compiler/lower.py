@@ -529,8 +529,9 @@ CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAverage
 GLUE = {"QuantizeLinear", "DequantizeLinear", "Constant", *LAYOUT_OPS}
 
 
-def lower(graph: Graph, table_builder=None) -> Lowered:
-    """Try every compute node; return the operators and the reasons for the rest."""
+def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
+    """Try every compute node; return the operators and the reasons for the rest.
+    `supported(op)`: None if the back end maps the operator, else why not."""
     lw = Lowerer(graph, table_builder)
     operators, anchor, fused, reasons = [], {}, {}, {}
     for node in graph.nodes:
@@ -543,6 +544,9 @@ def lower(graph: Graph, table_builder=None) -> Lowered:
         before = dict(lw.tensors)
         try:
             op = lw.node_operator(node)
+            why = supported(op) if supported else None
+            if why:
+                raise NotMapped(f"the back end does not map it: {why}")
         except NotMapped as e:
             lw.tensors = before
             reasons[node.name] = str(e)

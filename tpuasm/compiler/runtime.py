@@ -63,7 +63,9 @@ class TpuStep:
     def machine(self, config):
         if self._machine is None:
             from tpuasm.machine import Machine
-            self._machine = Machine.for_program(self.binary(), **(config or {}))
+            shape_keys = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
+            overrides = {k: v for k, v in (config or {}).items() if k not in shape_keys}
+            self._machine = Machine.for_program(self.binary(), **overrides)
         return self._machine
 
     def _run_emulator(self, inputs: dict, config) -> dict:
