@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import float_models
 from tpuasm.compiler.cli import compile_main, infer_main
-from tpuasm.compiler.compile import compile_model
+from tpuasm.compiler.pipeline import compile_model
 from tpuasm.compiler.errors import CompileError
 
 

@@ -15,7 +15,7 @@ from onnx import helper
 
 import float_models
 from onnx_models import const, model, qparams_inputs, run_ort, value_info
-from tpuasm.compiler.compile import compile_model
+from tpuasm.compiler.pipeline import compile_model
 
 
 def output_lsb(qdq: onnx.ModelProto, name: str) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 def compile(path, batch=None, calibration=None, config=None):  # noqa: A001 (the API's name)
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel."""
-    from tpuasm.compiler.compile import compile_model
+    from tpuasm.compiler.pipeline import compile_model
     return compile_model(path, batch=batch, calibration=calibration, config=config)
 
 

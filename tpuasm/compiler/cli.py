@@ -86,7 +86,7 @@ def compile_main(argv: list[str] | None = None) -> int:
     if args is None:
         return code
     with _errors() as state:
-        from tpuasm.compiler.compile import compile_model
+        from tpuasm.compiler.pipeline import compile_model
         model = compile_model(args.model, batch=args.batch, calibration=args.calibrate,
                               config=args.config)
         model.save(args.output)

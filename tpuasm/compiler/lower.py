@@ -24,6 +24,7 @@ LOOKUP_OPS = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Ha
               "Elu", "Selu", "Softplus", "Softsign", "Exp", "Log", "Neg", "Abs", "Erf",
               "Gelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu", "Celu"}
 QLINEAR_LOOKUP_OPS = {"QLinearSigmoid", "QLinearLeakyRelu"}
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 class NotMapped(Exception):
@@ -107,7 +108,13 @@ class Lowerer:
         layout: list[Node] = []
         folded: list[str] = []
         current = name
+        # the deepest quantized tensor reached so far: (tensor, layout depth, folded depth);
+        # a walk that ends on a float tensor (a layout node before the model's quantization)
+        # falls back to it
+        best = None
         while True:
+            if quant is not None and self.g.dtypes.get(current) in _INT8:
+                best = (current, len(layout), len(folded))
             node = self.g.producer.get(current)
             if node is None:
                 break
@@ -124,15 +131,16 @@ class Lowerer:
                 if q != quant or inner is None or not (
                         inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"):
                     break                       # a real quantization: the source
-            elif op in LAYOUT_OPS and len(self.g.consumers.get(current, ())) >= 1:
+            elif op in LAYOUT_OPS:
                 layout.append(node)
             else:
                 break
             folded.append(node.name)
             current = node.inputs[0]
-        if quant is None:
+        if quant is None or best is None:
             raise NotMapped("its input is not quantized (no DequantizeLinear before it)")
-        self._qtype(current)
+        current, depth, count = best
+        layout, folded = layout[:depth], folded[:count]
         src = self.tensors.get(current)
         src_shape = src.shape if src is not None else self.g.sample_shape(current)
         onnx_shape = self.g.sample_shape(current)
