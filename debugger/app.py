@@ -29,6 +29,7 @@ from .commands import COMMANDS, Engine, Result, lookup
 from .formatting import event_text
 from .memory_view import MemoryView
 from .panes import CountersPane, PipelinePane
+from .array_view import ArrayPane
 from .timeline import TimelinePane
 from .session import Session
 from .source_view import SourceView
@@ -81,6 +82,9 @@ KEYS = [
         title="Cycle radix", detail="hex / signed / unsigned in the memory view"),
     Key("w (memory)", "bytes as int8 or as int32 words", action="unit_toggle",
         title="Toggle int8 / int32", detail="unit of the memory view"),
+    Key("a", "the matrix unit: active tile heat map, the MMC's wavefront, shadow shift "
+        "(+/- zoom, arrows pan)", "a", "show_array", "Array", "Systolic array",
+        "the matrix unit's heat map and wavefront"),
     Key("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`", "g",
         "prompt('goto ')", "Go to", "Go to address or symbol", "in the memory views"),
     Key("l", "log in the bottom row, or back to the memories (typed commands bring it up)", "l",
@@ -173,8 +177,6 @@ class DebuggerApp(App):
     #source { width: 42%; border: round $primary; }
     #right { width: 58%; }
     #pipeline-box { height: 1fr; min-height: 9; border: round $primary; }
-    #pipeline { height: auto; }
-    #pipeline-box { scrollbar-size-vertical: 1; }
     #timeline { height: 14; border: round $primary; }
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
@@ -229,14 +231,15 @@ class DebuggerApp(App):
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
             with Vertical(id="right"):
-                with VerticalScroll(id="pipeline-box", classes="pane-title"):
-                    yield PipelinePane(s, id="pipeline")
+                yield PipelinePane(s, id="pipeline-box", classes="pane-title")
                 yield TimelinePane(s, id="timeline", classes="pane-title")
         with Horizontal(id="bottom"):
             with TabbedContent(id="memories", classes="pane-title"):
                 for memory, title in MEMORY_TABS:
                     with TabPane(title, id=f"tab-{memory}"):
                         yield MemoryView(memory, self._memory_source(memory), id=f"mem-{memory}")
+                with TabPane("Array", id="tab-array"):
+                    yield ArrayPane(s, id="array")
             with Vertical(id="side"):
                 yield CountersPane(s, id="counters", classes="pane-title")
                 yield RichLog(id="log", markup=True, wrap=True, min_width=20, max_lines=2000,
@@ -292,6 +295,12 @@ class DebuggerApp(App):
     def show_bottom(self, what: str) -> None:
         """The bottom row shows the memories or the log."""
         self.screen.set_class(what == "log", "show-log")
+
+    def action_show_array(self) -> None:
+        self.show_bottom("memories")
+        self.query_one(TabbedContent).active = "tab-array"
+        self.query_one(ArrayPane).focus()
+        self.call_after_refresh(self._update_array)
 
     def action_toggle_log(self) -> None:
         self.show_bottom("memories" if self.screen.has_class("show-log") else "log")
@@ -422,6 +431,7 @@ class DebuggerApp(App):
                    self.query_one(TimelinePane).update_state,
                    self.query_one(CountersPane).update_state,
                    *(view.update_data for view in self.query(MemoryView)),
+                   self._update_array,
                    self._memory_subtitle, self._show_status]
         for update in updates:
             try:
@@ -430,8 +440,12 @@ class DebuggerApp(App):
                 self.log_line(f"[bold red]internal error drawing {escape(str(update))}: "
                               f"{escape(type(e).__name__)}: {escape(str(e))}[/]")
 
-    @on(MemoryView.FormatChanged)
     @on(TabbedContent.TabActivated)
+    def _tab_shown(self) -> None:
+        self._memory_subtitle()
+        self.call_after_refresh(self._update_array)
+
+    @on(MemoryView.FormatChanged)
     def _memory_subtitle(self) -> None:
         """Under the memories pane: what the shown view holds and how it is formatted."""
         view = self.current_memory_view()
@@ -441,7 +455,15 @@ class DebuggerApp(App):
             active = m.active()
             t = self.tile_shown if self.tile_shown is not None else (active.tiles[0] if active else 0)
             what = f"weight tile {t}" + (" (active)" if active and t in active.tiles else "")
-        self.query_one("#memories").border_subtitle = f"{what}  {view.describe()}  (x radix, w unit, g go to)"
+        pending = self.session.pending_writes(view.memory) if not self.running else []
+        note = ""
+        if pending:
+            # the memory shows effects at completion (problem 5): say which rows are coming
+            i, lo, hi, finish = pending[0]
+            note = (f"#{i} writes {view.memory}[{lo}..{hi - 1}] at cycle {finish:,}"
+                    + (f" (+{len(pending) - 1})" if len(pending) > 1 else "") + "  ")
+        self.query_one("#memories").border_subtitle = (f"{note}{what}  {view.describe()}  "
+                                                       "(x radix, w unit, g go to)")
 
     def _show_status(self, running: bool = False, cycle: int | None = None) -> None:
         m = self.session.machine
@@ -465,9 +487,15 @@ class DebuggerApp(App):
         status.update(text, layout=lines != getattr(status, "_lines", 1))
         status._lines = lines
 
+    def _update_array(self) -> None:
+        if self.query_one(TabbedContent).active == "tab-array":     # drawn only when shown
+            self.query_one(ArrayPane).update_state()
+
     def current_memory_view(self) -> MemoryView:
         tabs = self.query_one(TabbedContent)
         memory = (tabs.active or "tab-ub").removeprefix("tab-")
+        if memory == "array":
+            memory = "ub"
         return self.query_one(f"#mem-{memory}", MemoryView)
 
     def go_to(self, loc) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import textwrap
 
 from rich.text import Text
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 from textual.widgets import Static
 from tpuasm.runreport import BREAKDOWN, OVERLAPPING
 
@@ -24,27 +27,40 @@ def bar(done: int, total: int, width: int = 10) -> str:
     return "█" * full + "░" * (width - full)
 
 
-class PipelinePane(Static):
+class PipelinePane(ScrollView, can_focus=True):
     """The four stages, the weight-fetch engine and the front end, from m.pipeline(), laid
     out by hand (a rich Table per step costs more than the step itself), and below them
     the Weight FIFO, shadow and active tiles."""
+
+    DEFAULT_CSS = "PipelinePane { height: 1fr; scrollbar-size-vertical: 1; scrollbar-size-horizontal: 0; }"
 
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
         self._drawn = None
-        self._lines = 0
+        self._strips: list[Strip] = []
 
     def on_resize(self) -> None:
         self._drawn = None
         self.update_state()
 
     def _show(self, text: Text) -> None:
-        """Redraw; a relayout (the scrolling box around the pane) only when the number of
-        lines changed: most steps change words, not the height."""
-        lines = text.plain.count("\n") + 1
-        self.update(text, layout=lines != self._lines)
-        self._lines = lines
+        """Line API: rich segments straight to strips (cheaper per step than a Static's
+        update); the pane scrolls when the stalls need more lines than it has."""
+        console = self.app.console
+        self._strips = [Strip(list(line.render(console)))
+                        for line in text.split("\n", allow_blank=True)]
+        size = Size(max((s.cell_length for s in self._strips), default=0), len(self._strips))
+        if size != self.virtual_size:
+            self.virtual_size = size
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        row = int(self.scroll_offset.y) + y
+        if row >= len(self._strips):
+            return Strip.blank(width, self.rich_style)
+        return self._strips[row].crop(0, width).extend_cell_length(width, self.rich_style)
 
     def update_state(self) -> None:
         m = self.session.machine

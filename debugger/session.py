@@ -450,6 +450,22 @@ class Session:
             self._accesses, self._accesses_program = AccessMap(self.machine), self.program
         return self._accesses
 
+    def pending_writes(self, memory: str) -> list[tuple[int, int, int, int]]:
+        """(index, first row, end row, finish cycle) of the writes to `memory` by instructions
+        in flight: their effects land, all at once, when they finish."""
+        from tpuasm.machine.access import MEMORY_CODES
+        m = self.machine
+        if memory not in MEMORY_CODES:
+            return []
+        times = m.intervals()
+        a = self.accesses
+        sel = (a.mem == MEMORY_CODES[memory]) & (a.write == 1)
+        idx = a.index[sel]
+        fin = times[idx, 2]
+        live = (times[idx, 0] >= 0) & (fin > m.cycle)
+        return [(int(i), int(lo), int(hi), int(f)) for i, lo, hi, f in
+                zip(idx[live], a.lo[sel][live], a.hi[sel][live], fin[live])]
+
     def _watch_hit(self, index: int) -> Stop | None:
         for wp in self.watchpoints.values():
             if not wp.enabled:

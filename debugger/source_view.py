@@ -47,6 +47,7 @@ _NEXT_LINE = Style(bgcolor="dark_blue")
 _FAULT = Style(color="bright_red", bold=True)
 _FAULT_LINE = Style(bgcolor="dark_red")
 _NODE = Style(color="cyan", italic=True)
+_EXPANSION = Style(color="black", bgcolor="bright_yellow")
 
 
 def _style_for(token) -> Style:
@@ -140,6 +141,7 @@ class SourceView(ScrollView, can_focus=True):
         self.break_lines: dict[int, bool] = {}   # line -> enabled
         self._drawn = None
         self.fault_line: int | None = None        # the line of the instruction that faulted
+        self.expansions: dict[int, list[str]] = {}  # line -> "▶ 3/4000": which expansion
         self._resize_virtual()
 
     @property
@@ -201,6 +203,18 @@ class SourceView(ScrollView, can_focus=True):
                 line = line_of[st.index]
                 self.stages[line] = self.stages.get(line, "") + letter
         self.next_line = line_of.get(nxt) if nxt is not None else None
+        # a line that stands for several instructions (a macro body, a .rept): which
+        # expansion each stage and the front end hold, e.g. `▶ 3/4000`
+        self.expansions = {}
+        for st in pipeline:
+            if st.index is None or st.index not in line_of:
+                continue
+            line = line_of[st.index]
+            indices = self.listing.indices_of.get(line, ())
+            if len(indices) > 1:
+                mark = "▶" if st.name == "front" else STAGE_LETTERS.get(st.name, "?")
+                pos = indices.index(st.index) + 1 if st.index in indices else 0
+                self.expansions.setdefault(line, []).append(f"{mark} {pos}/{len(indices)}")
         node = program.node_of(nxt) if nxt is not None and nxt < len(program) else None
         title = f"source  {self.listing.name}" + (f"  node {node}" if node else "")
         if title != self.border_title:
@@ -220,6 +234,7 @@ class SourceView(ScrollView, can_focus=True):
             self.cursor_line = self.next_line
             self._keep_visible(self.next_line)
         key = (self.listing.name, tuple(sorted(self.stages.items())), self.next_line, self.fault_line,
+               tuple(sorted((k, tuple(v)) for k, v in self.expansions.items())),
                tuple(sorted(self.break_lines.items())), self.cursor_line)
         if key != self._drawn:                  # most cycle steps change nothing here
             self._drawn = key
@@ -275,7 +290,10 @@ class SourceView(ScrollView, can_focus=True):
                         pad, arrow, Segment(" "), *node])
         body_width = max(width - gutter.cell_length, 0)
         scroll_x = int(self.scroll_offset.x)
-        body = Strip(self.listing.lines[line - 1]).crop(scroll_x, scroll_x + body_width)
+        segments = list(self.listing.lines[line - 1])
+        if line in self.expansions:
+            segments.append(Segment("  " + "  ".join(self.expansions[line]), _EXPANSION))
+        body = Strip(segments).crop(scroll_x, scroll_x + body_width)
         strip = Strip.join([gutter, body]).crop(0, width).extend_cell_length(width)
         if line == self.fault_line:
             strip = strip.apply_style(_FAULT_LINE)

@@ -15,7 +15,8 @@ import numpy as np
 from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
-from textual.widgets import Static
+from textual.strip import Strip
+from textual.widget import Widget
 
 STAGES = ("input", "matrix", "activate", "output")
 TRACKS = ("front", *STAGES, "w.fetch", "w.fifo", "w.shift", "host", "marks")
@@ -139,7 +140,7 @@ class Waveform:
                 - np.searchsorted(self.fifo_out, at, side="right")).tolist()
 
 
-class TimelinePane(Static, can_focus=True):
+class TimelinePane(Widget, can_focus=True):
     """The waveform: scroll with left/right, zoom with +/-, `0` the whole run, `.` follow
     the current cycle; a click (or enter, at the cursor) jumps the machine to that cycle."""
 
@@ -154,7 +155,7 @@ class TimelinePane(Static, can_focus=True):
         Binding("comma", "cursor(-1)", show=False),
         Binding("slash", "cursor(1)", show=False),
     ]
-    DEFAULT_CSS = "TimelinePane:focus { background: $boost; }"
+    DEFAULT_CSS = "TimelinePane { height: 1fr; } TimelinePane:focus { background: $boost; }"
 
     class Jump(Message):
         def __init__(self, cycle: int):
@@ -170,6 +171,7 @@ class TimelinePane(Static, can_focus=True):
         self.cursor: int | None = None        # a cycle picked with , and / (enter jumps there)
         self._wave: Waveform | None = None
         self._wave_key = None
+        self._strips: list[Strip] = []
         self.reload()
 
     def reload(self) -> None:
@@ -205,7 +207,18 @@ class TimelinePane(Static, can_focus=True):
         cols = self.columns
         if self.follow:
             self.c0 = max(0, wave.now - (cols - 2) * self.zoom)
-        self.update(self.render_wave(wave, cols), layout=False)
+        # Line API: rich segments straight to strips (a Static's update would convert the
+        # whole Text into Textual's content model on every step, several ms)
+        console = self.app.console
+        self._strips = [Strip(list(line.render(console)))
+                        for line in self.render_wave(wave, cols).split("\n", allow_blank=True)]
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y >= len(self._strips):
+            return Strip.blank(width, self.rich_style)
+        return self._strips[y].crop(0, width).extend_cell_length(width, self.rich_style)
 
     def render_wave(self, wave: Waveform, cols: int) -> Text:
         c0, zoom, now = self.c0, self.zoom, wave.now
@@ -263,9 +276,13 @@ class TimelinePane(Static, can_focus=True):
                 text.append(" " * (cols - x))
                 return
             k, w = busy[x], wait[x]
-            if k < 0 and w < 0:
-                text.append("·", style="grey30")
-                x += 1
+            if k < 0 and w < 0:                    # idle: one append for the whole stretch
+                run = 1
+                while x + run < cols and busy[x + run] < 0 and wait[x + run] < 0 and \
+                        c0 + (x + run) * zoom < now:
+                    run += 1
+                text.append("·" * run, style="grey30")
+                x += run
                 continue
             run = 1                                # the same interval over several cells
             while x + run < cols and c0 + (x + run) * zoom < now and \
