@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
+
+from .tokens import WORDS, line_tokens
 
 INSTRUCTION_INDENT = 8
 BLOCK_INDENT = 4
@@ -38,19 +39,6 @@ DIRECTIVE_WIDTH = 7
 COMMENT_COLUMN = 32          # the least column of an aligned trailing comment
 COMMENT_REACH = 72           # code longer than this does not push a paragraph's comments
 
-# The grammar's terminals (tpuasm/grammar.lark), longest first where they overlap.
-_TOKEN = re.compile(r"""
-    (?P<ws>[ \t\f]+)
-  | (?P<comment>[;\#].*)
-  | (?P<string>"[^"\n]*")
-  | (?P<param>\\[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<directive>\.[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?)
-  | (?P<int>[0-9][A-Za-z0-9_]*)
-  | (?P<op><<|>>|[-+*/%|^&~])
-  | (?P<punct>[,:=()])
-""", re.VERBOSE)
-_WORDS = ("string", "param", "name", "int")
 _OPENERS = ("macro", "rept")
 _CLOSERS = ("endm", "endr")
 
@@ -68,7 +56,7 @@ def format_source(text: str) -> str:
         if not line.strip(" \t\f"):
             rows.append(None)
             continue
-        tokens = None if number in broken else _tokens(line)
+        tokens = None if number in broken else [t[:2] for t in line_tokens(line) or ()] or None
         if tokens is None:
             rows.append((line.rstrip(), None))          # kept as written
             continue
@@ -80,24 +68,6 @@ def format_source(text: str) -> str:
         code, level = _statement(tokens, level)
         rows.append((code, comment))
     return _assemble_rows(rows)
-
-
-def _tokens(line: str) -> list[tuple[str, str]] | None:
-    """(kind, text) of each token, the comment last; None if a character is no token."""
-    out = []
-    pos, n = 0, len(line)
-    while pos < n:
-        m = _TOKEN.match(line, pos)
-        if m is None:
-            return None
-        kind = m.lastgroup
-        if kind == "comment":
-            out.append((kind, m.group().rstrip()))
-            break
-        if kind != "ws":
-            out.append((kind, m.group()))
-        pos = m.end()
-    return out
 
 
 def _statement(tokens, level: int) -> tuple[str, int]:
@@ -140,7 +110,7 @@ def _args(tokens) -> str:
             unary = prev is None or prev[0] == "op" or prev[1] in (",", "=", "(")
             out.append(text if unary else f" {text} ")
         else:
-            if prev is not None and (prev[0] in _WORDS or prev[1] == ")"):
+            if prev is not None and (prev[0] in WORDS or prev[1] == ")"):
                 out.append(" ")
             out.append(text)
         prev = (kind, text)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..binary import MachineShape, Program
 from ..diagnostics import Diagnostic
@@ -130,10 +130,15 @@ def analyze(text: str, filename: str = "<input>", *, config: dict | None = None,
             pass                        # an expression too deep to walk: no index, still diagnostics
     if lint and program is not None:
         from ..lint import lint as lint_findings
+        items = expander.items if expander is not None else []
         for finding in lint_findings(program):
             d = finding.diagnostic()
-            if d is not None:
-                result.diagnostics.append(d)
+            if d is None:
+                continue
+            if len(items) == len(program) and items[finding.run.first][1] is not None:
+                # in a macro or an included file: say where it was expanded from
+                d = replace(d, notes=d.notes + tuple(items[finding.run.first][1].notes()))
+            result.diagnostics.append(d)
     return result
 
 
