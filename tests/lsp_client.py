@@ -80,7 +80,10 @@ class LspClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no diagnostics for {uri}")
-            message = self.notifications.get(timeout=left)
+            try:
+                message = self.notifications.get(timeout=left)
+            except queue.Empty:
+                raise TimeoutError(f"no diagnostics for {uri}") from None
             if message.get("method") == "textDocument/publishDiagnostics" \
                     and message["params"]["uri"] == uri:
                 return message["params"]["diagnostics"]

@@ -165,3 +165,36 @@ def test_fmt_stdin_and_bad_files(tmp_path):
     assert r.returncode == 2
     assert "bad.tasm: not valid UTF-8" in r.stderr and "missing.tasm: cannot read" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_token_lexer_cuts_names_and_numbers_as_the_parser_does():
+    from tpuasm.assembler.ast import Binary, Directive, Name, Named, Num, Unary
+    from tpuasm.assembler.parser import parse
+    from tpuasm.tokens import line_tokens
+
+    def leaves(node):
+        if isinstance(node, (Name, Num)):
+            yield node
+        elif isinstance(node, Binary):
+            yield from leaves(node.left)
+            yield from leaves(node.right)
+        elif isinstance(node, Unary):
+            yield from leaves(node.operand)
+        elif isinstance(node, Named):
+            yield from leaves(node.value)
+
+    checked = 0
+    for path in LIBRARY:
+        text = Path(path).read_text(encoding="utf-8")
+        lines = text.split("\n")
+        statements, _ = parse(text, path)
+        for st in statements:
+            tokens = {(t.start + 1, t.text) for t in line_tokens(lines[st.span.line - 1]) or ()}
+            head = lines[st.span.line - 1][st.span.col - 1:st.span.end_col - 1]
+            assert (st.span.col, head) in tokens
+            for arg in st.args if not isinstance(st, Directive) or st.name != "include" else ():
+                for leaf in leaves(arg):
+                    sp = leaf.span
+                    assert (sp.col, lines[sp.line - 1][sp.col - 1:sp.end_col - 1]) in tokens
+                    checked += 1
+    assert checked > 500

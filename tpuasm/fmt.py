@@ -37,6 +37,7 @@ BLOCK_INDENT = 4
 MNEMONIC_WIDTH = 8
 DIRECTIVE_WIDTH = 7
 COMMENT_COLUMN = 32          # the least column of an aligned trailing comment
+LINE_LIMIT = 100_000        # longer lines are kept as they are
 COMMENT_REACH = 72           # code longer than this does not push a paragraph's comments
 
 _OPENERS = ("macro", "rept")
@@ -48,8 +49,13 @@ def format_source(text: str) -> str:
     from .assembler.parser import parse
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
+    # overlong lines are kept as written and left out of the parse (the parser's time
+    # grows faster than linearly on some of them)
+    long_lines = {i + 1 for i, line in enumerate(lines) if len(line) > LINE_LIMIT}
+    if long_lines:
+        text = "\n".join("" if i + 1 in long_lines else line for i, line in enumerate(lines))
     _, diags = parse(text, "<fmt>")
-    broken = {d.line for d in diags}
+    broken = {d.line for d in diags} | long_lines
     level = 0
     rows: list[tuple[str, str | None] | None] = []      # (code, trailing comment) or None = blank
     for number, line in enumerate(lines, 1):

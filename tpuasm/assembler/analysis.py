@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..binary import MachineShape, Program
 from ..diagnostics import Diagnostic
@@ -53,22 +53,63 @@ class SymbolInfo:
         return f"{self.kind}.{self.name}" if self.kind in MEMORIES else self.name
 
 
-@dataclass
 class Analysis:
-    filename: str
-    program: Program | None
-    diagnostics: list[Diagnostic]
-    sources: dict[str, str]
-    shape: MachineShape | None = None
-    statements: dict[str, list] = field(default_factory=dict)
-    symbols: dict[str, SymbolInfo] = field(default_factory=dict)
-    occurrences: list[Occurrence] = field(default_factory=list)
-    includes: list[tuple[Span, str]] = field(default_factory=list)   # string span, path
-    _by_line: dict = field(default_factory=dict, repr=False)
+    """One run's diagnostics and program; the symbol index (symbols, occurrences,
+    includes, statements) is built on first use, so a check that only wants the
+    diagnostics does not pay for it."""
+
+    def __init__(self, filename: str, program: Program | None, diagnostics: list[Diagnostic],
+                 sources: dict[str, str], shape: MachineShape | None = None, passes=None):
+        self.filename = filename
+        self.program = program
+        self.diagnostics = diagnostics
+        self.sources = sources
+        self.shape = shape
+        self._passes = passes            # (expander, symbols) of the run, for the index
+        self._indexed = False
+        self._statements: dict[str, list] = {}
+        self._symbols: dict[str, SymbolInfo] = {}
+        self._occurrences: list[Occurrence] = []
+        self._includes: list[tuple[Span, str]] = []
+        self._by_line: dict = {}
+
+    def _index(self) -> None:
+        if self._indexed:
+            return
+        self._indexed = True
+        if self._passes is not None:
+            try:
+                _index(self, *self._passes)
+            except RecursionError:
+                pass                     # an expression too deep to walk: no index
+            self._passes = None
+
+    @property
+    def statements(self) -> dict[str, list]:
+        """Each file's parsed statements."""
+        self._index()
+        return self._statements
+
+    @property
+    def symbols(self) -> dict[str, SymbolInfo]:
+        self._index()
+        return self._symbols
+
+    @property
+    def occurrences(self) -> list[Occurrence]:
+        self._index()
+        return self._occurrences
+
+    @property
+    def includes(self) -> list[tuple[Span, str]]:
+        """(span of the string, path) of every `.include` met."""
+        self._index()
+        return self._includes
 
     def at(self, file: str, line: int, col: int) -> Occurrence | None:
         """The occurrence under 1-based (line, col) of `file` (col may be one past its end,
         where an editor's cursor sits after typing a name)."""
+        self._index()
         best = None
         for occ in self._by_line.get((file, line), ()):
             if occ.span.col <= col <= occ.span.end_col:
@@ -120,14 +161,10 @@ def analyze(text: str, filename: str = "<input>", *, config: dict | None = None,
             gc.enable()
     if reporter.diagnostics:
         program = None
-    result = Analysis(filename, program, list(reporter.diagnostics), sources, state.get("shape"))
     expander = state.get("expander")
     symbols = state.get("symbols")
-    if expander is not None and symbols is not None:
-        try:
-            _index(result, expander, symbols)
-        except RecursionError:
-            pass                        # an expression too deep to walk: no index, still diagnostics
+    passes = (expander, symbols) if expander is not None and symbols is not None else None
+    result = Analysis(filename, program, list(reporter.diagnostics), sources, state.get("shape"), passes)
     if lint and program is not None:
         from ..lint import lint as lint_findings
         items = expander.items if expander is not None else []
@@ -144,9 +181,9 @@ def analyze(text: str, filename: str = "<input>", *, config: dict | None = None,
 
 # ------------------------------------------------------------------ the index
 def _index(result: Analysis, expander, symbols) -> None:
-    result.statements = expander.statements
+    result._statements = expander.statements
     macros: dict[str, Macro] = expander.macros
-    table = result.symbols
+    table = result._symbols
     lines: dict[str, list[str]] = {}
     for c in symbols.consts.values():
         table[f"equ:{c.name}"] = SymbolInfo(f"equ:{c.name}", "equ", c.name, c.span,
@@ -164,13 +201,13 @@ def _index(result: Analysis, expander, symbols) -> None:
     for node, path in expander.includes:
         key = f"file:{os.path.abspath(path)}"
         table.setdefault(key, SymbolInfo(key, "file", path, None))
-        result.includes.append((node.span, path))
-        result.occurrences.append(Occurrence(key, node.span, False))
+        result._includes.append((node.span, path))
+        result._occurrences.append(Occurrence(key, node.span, False))
     walker = _Walker(result, symbols, macros)
     for statements in expander.statements.values():
         walker.walk(statements)
     by_line: dict = {}
-    for occ in result.occurrences:
+    for occ in result._occurrences:
         by_line.setdefault((occ.span.file, occ.span.line), []).append(occ)
     for occs in by_line.values():
         occs.sort(key=lambda o: o.span.col)
@@ -182,7 +219,7 @@ class _Walker:
     (a .rept variable first, then .equ, then a region, prefixed or not)."""
 
     def __init__(self, result: Analysis, symbols, macros):
-        self.out = result.occurrences
+        self.out = result._occurrences
         self.symbols = symbols
         self.macros = macros
         self.scopes: list[str | None] = []       # open .rept variables (None: a .macro)

@@ -42,6 +42,23 @@ class Checked:
         return column_at(self.text_lines(), position, self.lines.codec)
 
 
+# The assembler's time grows faster than linearly on some pathological lines (a 2 MB
+# expression takes minutes); a language server must answer while the user types, so it
+# leaves such lines out of its checks and says so.
+LINE_LIMIT = 100_000
+
+
+def without_long_lines(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """`text` with each line longer than LINE_LIMIT emptied, and those (line, length)."""
+    if len(text) <= LINE_LIMIT:
+        return text, []
+    lines = text.split("\n")
+    skipped = [(i + 1, len(t)) for i, t in enumerate(lines) if len(t) > LINE_LIMIT]
+    for line, _ in skipped:
+        lines[line - 1] = ""
+    return "\n".join(lines), skipped
+
+
 class Documents:
     def __init__(self, server):
         self.server = server
@@ -63,13 +80,20 @@ class Documents:
             return None
         text = doc.source
         path = to_fs_path(uri) or uri
+        checkable, skipped = without_long_lines(text)
         try:
-            analysis = analyze(text, path, read_file=self.read_file)
+            analysis = analyze(checkable, path, read_file=self.read_file)
         except Exception as e:           # analyze guards itself; this is the last resort
             analysis = Analysis(path, None, [Diagnostic(
                 f"internal error in the language server: {type(e).__name__}: {e}", path, 1, 1)],
                 {path: text})
-        analysis.sources.setdefault(path, text)
+        analysis.sources[path] = text
+        for line, length in skipped:
+            analysis.diagnostics.append(Diagnostic(
+                f"line {line} is {length:,} characters long; the language server checks lines of up "
+                f"to {LINE_LIMIT:,} (`tpuasm asm` checks it all)", path, line, 1, 2, severity="warning"))
+        if skipped:
+            analysis.program = None      # instructions are missing: no per-instruction hints
         checked = Checked(uri, path, text, doc.version, analysis,
                           Lines(analysis.sources, self.server.workspace.position_codec))
         if analysis.program is not None:

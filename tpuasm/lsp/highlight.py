@@ -7,7 +7,7 @@ from lsprotocol import types as T
 from ..assembler.symbols import MEMORIES
 from ..isa import ISA_TABLE
 from ..tokens import line_tokens
-from .documents import Checked
+from .documents import LINE_LIMIT, Checked
 
 TYPES = ["keyword", "function", "macro", "enumMember", "variable", "parameter", "property",
          "namespace", "number", "string", "comment", "operator"]
@@ -27,6 +27,8 @@ def semantic_tokens(checked: Checked | None) -> T.SemanticTokens | None:
     data: list[int] = []
     last_line = last_start = 0
     for row, text in enumerate(checked.text_lines()):
+        if len(text) > LINE_LIMIT:
+            continue
         ascii_line = text.isascii()
         pieces = []
         tokens = line_tokens(text, strict=False)

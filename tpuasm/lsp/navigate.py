@@ -6,14 +6,14 @@ import re
 
 from lsprotocol import types as T
 
-from ..assembler.ast import Directive, Name, Span
+from ..assembler.ast import Directive, Name, Span, Str
 from ..assembler.symbols import MEMORIES
 from ..fmt import format_source
 from ..isa import ISA_TABLE
 from ..tokens import Token, line_tokens
 from . import hover as texts
 from .diagnostics import uri_of
-from .documents import Checked
+from .documents import LINE_LIMIT, Checked
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -21,7 +21,9 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # ------------------------------------------------------------------ the cursor
 def tokens_of(checked: Checked, line: int) -> list[Token]:
     lines = checked.text_lines()
-    return line_tokens(lines[line - 1], strict=False) if 1 <= line <= len(lines) else []
+    if not 1 <= line <= len(lines) or len(lines[line - 1]) > LINE_LIMIT:
+        return []
+    return line_tokens(lines[line - 1], strict=False)
 
 
 def head_index(tokens: list[Token]) -> int:
@@ -165,8 +167,11 @@ def outline(checked: Checked | None) -> list[T.DocumentSymbol] | None:
             detail = f"{info.size} rows at {info.value}" if info.size is not None else ""
         found.append((info.span, info.qualified, _SYMBOL_KINDS[info.kind], detail))
     for st in a.statements.get(checked.path, ()):
-        if type(st) is Directive and st.name == "node" and st.args and type(st.args[0]) is Name:
-            found.append((st.args[0].span, st.args[0].text, T.SymbolKind.Namespace, "ONNX node"))
+        if type(st) is Directive and st.name == "node" and len(st.args) == 1:
+            arg = st.args[0]
+            name = arg.text if type(arg) is Name else arg.value if type(arg) is Str else None
+            if name:
+                found.append((arg.span, name, T.SymbolKind.Namespace, "graph node"))
     found.sort(key=lambda f: (f[0].line, f[0].col))
     out = []
     for span, name, kind, detail in found:
