@@ -180,7 +180,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     e = ctx.emitter
     e.start_weights()
     e.blank()
-    const_mark = len(e.items)
+    const_mark = None
     for k in range(passes):
         if passes > 1:
             e.blank()
@@ -192,6 +192,8 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
             for a in range(0, rows, MAX_DMA):
                 e.line(f"RHM {plus(f'host.in_{symbol(t.name)}', k * rows + a)}, {low.ub(t.name, a)}, "
                        f"{min(MAX_DMA, rows - a)}", f"input {t.name}" if a == 0 else "")
+        if const_mark is None:        # the parameters follow the first input: the first
+            const_mark = len(e.items)     # multiply needs the input, not them
         for s in steps:
             e.blank()
             e.comment(s.describe(layouts))
