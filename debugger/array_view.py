@@ -18,6 +18,8 @@ from textual.binding import Binding
 from textual.strip import Strip
 from textual.widget import Widget
 
+from .strips import StripLines
+
 HEADER = 3          # lines above the map: what is shown, the wavefront, the shadow
 
 
@@ -67,7 +69,7 @@ def _style(top, bottom) -> Style:
     return style
 
 
-class ArrayPane(Widget, can_focus=True):
+class ArrayPane(StripLines, Widget, can_focus=True):
     BINDINGS = [
         Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", show=False),
         Binding("minus", "zoom(2)", "Zoom out", show=False),
@@ -184,9 +186,3 @@ class ArrayPane(Widget, can_focus=True):
                     segs.append(Segment("▀" * rep, _style(top, bottom)))
                 self._strips.append(Strip(segs))
         self.refresh()
-
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        if y >= len(self._strips):
-            return Strip.blank(width, self.rich_style)
-        return self._strips[y].crop(0, width).extend_cell_length(width, self.rich_style)

@@ -11,6 +11,7 @@ from textual.widgets import Static
 from tpuasm.runreport import BREAKDOWN, OVERLAPPING
 
 from .formatting import weights_text
+from .strips import StripLines, text_strips
 
 
 _STAGE_COLOURS = {"front": "white", "input": "green", "matrix": "magenta", "activate": "cyan",
@@ -27,7 +28,7 @@ def bar(done: int, total: int, width: int = 10) -> str:
     return "█" * full + "░" * (width - full)
 
 
-class PipelinePane(ScrollView, can_focus=True):
+class PipelinePane(StripLines, ScrollView, can_focus=True):
     """The four stages, the weight-fetch engine and the front end, from m.pipeline(), laid
     out by hand (a rich Table per step costs more than the step itself), and below them
     the Weight FIFO, shadow and active tiles."""
@@ -47,20 +48,11 @@ class PipelinePane(ScrollView, can_focus=True):
     def _show(self, text: Text) -> None:
         """Line API: rich segments straight to strips (cheaper per step than a Static's
         update); the pane scrolls when the stalls need more lines than it has."""
-        console = self.app.console
-        self._strips = [Strip(list(line.render(console)))
-                        for line in text.split("\n", allow_blank=True)]
+        self._strips = text_strips(self.app.console, text)
         size = Size(max((s.cell_length for s in self._strips), default=0), len(self._strips))
         if size != self.virtual_size:
             self.virtual_size = size
         self.refresh()
-
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        row = int(self.scroll_offset.y) + y
-        if row >= len(self._strips):
-            return Strip.blank(width, self.rich_style)
-        return self._strips[row].crop(0, width).extend_cell_length(width, self.rich_style)
 
     def update_state(self) -> None:
         m = self.session.machine

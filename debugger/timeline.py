@@ -18,6 +18,8 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from .strips import StripLines, text_strips
+
 STAGES = ("input", "matrix", "activate", "output")
 TRACKS = ("front", *STAGES, "w.fetch", "w.fifo", "w.shift", "host", "marks")
 LABEL = 9
@@ -140,7 +142,7 @@ class Waveform:
                 - np.searchsorted(self.fifo_out, at, side="right")).tolist()
 
 
-class TimelinePane(Widget, can_focus=True):
+class TimelinePane(StripLines, Widget, can_focus=True):
     """The waveform: scroll with left/right, zoom with +/-, `0` the whole run, `.` follow
     the current cycle; a click (or enter, at the cursor) jumps the machine to that cycle."""
 
@@ -207,18 +209,8 @@ class TimelinePane(Widget, can_focus=True):
         cols = self.columns
         if self.follow:
             self.c0 = max(0, wave.now - (cols - 2) * self.zoom)
-        # Line API: rich segments straight to strips (a Static's update would convert the
-        # whole Text into Textual's content model on every step, several ms)
-        console = self.app.console
-        self._strips = [Strip(list(line.render(console)))
-                        for line in self.render_wave(wave, cols).split("\n", allow_blank=True)]
+        self._strips = text_strips(self.app.console, self.render_wave(wave, cols))
         self.refresh()
-
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        if y >= len(self._strips):
-            return Strip.blank(width, self.rich_style)
-        return self._strips[y].crop(0, width).extend_cell_length(width, self.rich_style)
 
     def render_wave(self, wave: Waveform, cols: int) -> Text:
         c0, zoom, now = self.c0, self.zoom, wave.now
