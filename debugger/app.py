@@ -336,7 +336,7 @@ class DebuggerApp(App):
             self.session.cancel.clear()
             self.running = True
             self.run_started = time.perf_counter()
-            for view in self.query(MemoryView):
+            for view in self.memory_views():
                 view.capture()
             self._show_status(running=True)
             self._echo = echo
@@ -344,7 +344,7 @@ class DebuggerApp(App):
                             exclusive=True, exit_on_error=False, name=line)
         else:
             if cmd is not None and cmd.runs:
-                for view in self.query(MemoryView):
+                for view in self.memory_views():
                     view.capture()
             self.show_result(self._guarded(line), echo)
 
@@ -430,7 +430,7 @@ class DebuggerApp(App):
                    self.query_one(PipelinePane).update_state,
                    self.query_one(TimelinePane).update_state,
                    self.query_one(CountersPane).update_state,
-                   *(view.update_data for view in self.query(MemoryView)),
+                   *(view.update_data for view in self.memory_views()),
                    self._update_array,
                    self._memory_subtitle, self._show_status]
         for update in updates:
@@ -486,6 +486,13 @@ class DebuggerApp(App):
         lines = len(text.wrap(self.console, max(self.size.width - 2, 10)))
         status.update(text, layout=lines != getattr(status, "_lines", 1))
         status._lines = lines
+
+    def memory_views(self) -> list:
+        """The memory views (looked up once: a query per step costs a few ms)."""
+        views = getattr(self, "_memory_views", None)
+        if views is None:
+            views = self._memory_views = list(self.query(MemoryView))
+        return views
 
     def _update_array(self) -> None:
         if self.query_one(TabbedContent).active == "tab-array":     # drawn only when shown
