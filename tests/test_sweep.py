@@ -175,3 +175,37 @@ def test_toml_grid_parses(tmp_path):
     assert [s for s, _ in grid.points()] == [{"memory": "1"}, {"memory": "2"}]
     with pytest.raises(SweepError):
         Grid([], {}).validate()
+
+
+def test_a_sweep_point_reruns_alone_with_run_config(program, tmp_path, capsys):
+    """The CSV's row and `tpuasm run --config` of the same settings agree."""
+    import json
+
+    from tpuasm.cli import main as tpuasm_main
+    src, host, weights = program
+    out = tmp_path / "r.csv"
+    assert cli.main([str(src), "--host", str(host), "--weights", str(weights), "-o", str(out),
+                     "--workers", "0", "--no-cache", "--no-table",
+                     "--set", "clock_hz=1.4e9", "--set", "host_latency_cycles=0,350"]) == 0
+    for row in csv.DictReader(out.open()):
+        stats = tmp_path / "s.json"
+        assert tpuasm_main(["run", str(src), "--host", str(host), "--weights", str(weights),
+                            "-q", "--stats", str(stats), "--config",
+                            f"clock_hz={row['clock_hz']},"
+                            f"host_latency_cycles={row['host_latency_cycles']}"]) == 0
+        assert json.loads(stats.read_text())["cycles"] == int(row["cycles"])
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("clock_hz=-5", "clock_hz must be positive"),
+    ("shift_cycles=1.5", "shift_cycles must be an integer"),
+    ("warp=9", "unknown setting 'warp'"),
+    ("hazards=maybe", "hazards must be"),
+])
+def test_run_config_rejects_bad_machine_settings(program, capsys, setting, message):
+    from tpuasm.cli import main as tpuasm_main
+    src, host, weights = program
+    code = tpuasm_main(["run", str(src), "--host", str(host), "--weights", str(weights),
+                        "--config", setting])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
