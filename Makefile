@@ -25,6 +25,11 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
+# Compiler back end: codegen time and memory for a 100M-weight network (benchmarks/bench_codegen.py)
+.PHONY: bench-codegen
+bench-codegen: $(STAMP)
+	$(BIN)/python benchmarks/bench_codegen.py
+
 # The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
 # findings next to the paper's (docs/sweep.md).  Long: six apps x 21 configurations.
 .PHONY: figure11 profile bench-sweep
