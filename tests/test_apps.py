@@ -100,3 +100,24 @@ def test_profile_prints_the_paper_next_to_the_measurement(capsys):
 def test_profile_rejects_unknown_apps(capsys):
     assert cli.profile_main(["--apps", "MLP9"]) == 2
     assert "unknown app" in capsys.readouterr().err
+
+
+def test_onnx_models_have_the_apps_weights_and_run_in_onnxruntime():
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from tpuasm.apps.onnx_models import calibration, model
+    for name in ("MLP1", "CNN0"):
+        m = model(name, batch=2)
+        weights = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        assert sum(w.size for w in weights.values()) == build(name).weights
+        x = calibration(name, 2)
+        (y,) = ort.InferenceSession(m.SerializeToString()).run(None, x)
+        if name == "MLP1":                 # oracle: the same chain in numpy
+            h = x["a0"]
+            for i in range(1, 5):
+                h = np.maximum(h @ weights[f"fc{i}.W"], 0)
+            np.testing.assert_allclose(y, h, rtol=1e-4, atol=1e-5)
+        else:
+            assert y.shape == (2, 256, 19, 19)
