@@ -209,3 +209,20 @@ def test_run_config_rejects_bad_machine_settings(program, capsys, setting, messa
                         "--config", setting])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_regression_runner_on_a_dask_cluster(tmp_path, capsys):
+    """`tpuasm test --scheduler ADDR` gives the same verdicts as the local runner."""
+    from dask.distributed import LocalCluster
+
+    from tpuasm.regression.cli import main as test_main
+    (tmp_path / "p.tasm").write_text(PROGRAM)
+    np.save(tmp_path / "h.npy", np.ones((8, 16), np.int8))
+    np.save(tmp_path / "w.npy", np.ones((2, 16, 16), np.int8))
+    (tmp_path / "test.toml").write_text(
+        '[test]\nprogram = "p.tasm"\n[data]\nhost = "h.npy"\nweights = "w.npy"\n'
+        '[expect.counters]\narray_active_cycles = 16\n')
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        assert test_main([str(tmp_path), "--scheduler", cluster.scheduler_address, "-q"]) == 0
+    assert "1 passed" in capsys.readouterr().out
+    assert test_main([str(tmp_path), "--scheduler", "tcp://127.0.0.1:1", "-q"]) == 2
