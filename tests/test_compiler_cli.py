@@ -126,3 +126,22 @@ def test_the_tpuasm_command_delegates(tmp_path, cnn):
     help_ = subprocess.run([sys.executable, "-m", "tpuasm", "infer", "--help"],
                            capture_output=True, text=True, timeout=300)
     assert help_.returncode == 0 and "OUTDIR" in help_.stdout.upper()
+
+
+def test_segment_files_name_what_the_debugger_loads(tmp_path, cnn):
+    from tpuasm.compiler.errors import CompileError
+    from tpuasm.compiler.outdir import segment_files
+    path, calib = cnn
+    out = tmp_path / "out"
+    compile_model(path, batch=2, calibration=np.load(calib)).save(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    tpu = [s for s in manifest["steps"] if s["kind"] == "tpu"]
+    if not tpu[0]["program"]:
+        with pytest.raises(CompileError, match="holds no TPU program"):
+            segment_files(out)
+        return
+    files = segment_files(out)
+    assert files == segment_files(out / "segment0.tasm")
+    assert files.program.is_file() and files.host.is_file() and files.weights.is_file()
+    with pytest.raises(CompileError, match="no segment 'segment9'"):
+        segment_files(out, "segment9")
