@@ -11,7 +11,7 @@ import numpy as np
 
 from ..binary import Program, SourceLoc
 from ..encoding import EncodingError, encode
-from . import core
+from . import aot, core
 from .config import MachineConfig
 from .data import load_host, load_weights
 from .decoded import (COL_FLAGS, COL_LEN, COL_OP, COL_REPEAT, MMC_WIDE_IN, MMC_WIDE_W, NCOLS,
@@ -243,11 +243,14 @@ class Machine:
         args[10] = watch_arr
         entry = self._entry
         if entry is None:
+            entry = aot.runner(args)        # the ahead-of-time core: no numba in the process
+        if entry is None:
             core.run_core(*args)
             # numba's compiled entry point, or the dispatcher itself when numba does not
             # say (so the lookup runs once per load, not on every call)
             self._entry = _entry_point(args) or core.run_core
         else:
+            self._entry = entry
             entry(*args)
         code = int(st[core.S_STATUS])
         status = _STATUS[code]
