@@ -119,7 +119,12 @@ class Machine:
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"
-        self._scratch = make_scratch(self.config.array_size)
+        # One GEMM per MatrixMultiply iteration (an iteration writes at most acc_rows rows):
+        # every extra OpenBLAS call costs a wake-up of its worker threads, and between calls
+        # they spin while this thread converts (bench_emulator.py 1 measured 0.25 -> 0.8 of
+        # np.matmul's CPU time going from 1024-row chunks to whole 4096-row MMCs).
+        self._scratch = make_scratch(self.config.array_size,
+                                     chunk_rows=min(self.config.acc_rows, 4096))
         self._texts: dict[int, str] = {}
         self._no_watch = np.zeros((0, 3), dtype=np.int64)
         self._breaks_set = False
