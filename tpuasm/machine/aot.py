@@ -55,7 +55,7 @@ def enabled() -> bool:
 
 def _cpu_fingerprint() -> bytes:
     """What the host-tuned machine code depends on, read cheaply (no llvmlite)."""
-    text = platform.machine() + platform.processor()
+    text = platform.machine()             # (platform.processor() would spawn `uname -p`)
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
