@@ -29,3 +29,6 @@ clean:
 .PHONY: bench-codegen
 bench-codegen: $(STAMP)
 	$(BIN)/python benchmarks/bench_codegen.py
+
+bench-opentpu: $(STAMP)
+	$(BIN)/python benchmarks/bench_opentpu.py

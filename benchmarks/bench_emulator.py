@@ -3,7 +3,8 @@
 1. 8-layer 256x256 MLP over B = 4096 rows and 16-layer 512x512 MLP over B = 2048, each
    MatrixMultiply followed by its ReLU Activate: emulated useful MACs/s, and the ratio to
    plain float32 np.matmul of the same shapes measured in the same run (target >= 0.8).
-2. 1,000,000 small instructions (CFG, 1-row ACT, NOP, 1-row RHM): instructions/s (>= 500,000).
+2. 1,000,000 small instructions (CFG, 1-row ACT, NOP, 1-row RHM): instructions/s, wall and
+   per CPU second (>= 2,000,000).
 3. step(cycles=1) x 100,000: microseconds per call (<= 20).
 4. start-up of `python -m tpuasm run` on a small program, whole fresh process, warm caches,
    median of 5, next to `python -c "import numpy"` (<= 0.5 s).
@@ -124,7 +125,7 @@ def bench_mlp(repeats=5):
     _mlp_case(16, 2, 2048, repeats)
 
 
-def bench_small(count=1_000_000):
+def bench_small(count=1_000_000, repeats=3):
     kinds = [cfg("act_shift", 1), I("ACT", acc=0, ub=0, length=1), I("NOP"),
              I("RHM", host=0, ub=8, length=1)]
     prog = Program([kinds[i % 4] for i in range(count)] + [I("HLT")])
@@ -132,13 +133,16 @@ def bench_small(count=1_000_000):
     host = np.zeros((4, 256), np.int8)
     m.load(prog, host=host)          # warm-up (and JIT) on the same program
     m.run()
-    m.load(prog, host=host)
-    t = time.perf_counter()
-    r = m.run()
-    dt = time.perf_counter() - t
-    assert r.status == "halted", r
-    print(f"2. {count:,} small instructions: {count / dt:,.0f} instructions/s "
-          f"({dt:.2f} s, {m.cycle:,} cycles) (target >= 500,000)")
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        m.load(prog, host=host)
+        t, c = time.perf_counter(), time.process_time()
+        r = m.run()
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+        assert r.status == "halted", r
+    print(f"2. {count:,} small instructions, best of {repeats}: {count / wall:,.0f} "
+          f"instructions/s wall ({wall:.2f} s), {count / cpu:,.0f} per CPU second "
+          f"({m.cycle:,} cycles) (target >= 2,000,000)")
 
 
 def bench_step(calls=100_000):
