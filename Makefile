@@ -24,3 +24,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Compiler back end: codegen time and memory for a 100M-weight network (benchmarks/bench_codegen.py)
+.PHONY: bench-codegen
+bench-codegen: $(STAMP)
+	$(BIN)/python benchmarks/bench_codegen.py

@@ -16,7 +16,8 @@ def const(name: str, value, dtype=None) -> onnx.TensorProto:
 
 
 def value_info(name: str, dtype, shape) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, _ONNX_TYPE[np.dtype(dtype)], list(shape))
+    return helper.make_tensor_value_info(name, _ONNX_TYPE[np.dtype(dtype)],
+                                         None if shape is None else list(shape))
 
 
 def model(nodes, inputs, outputs, initializers, name="test", opset=OPSET,

@@ -49,7 +49,15 @@ def stats_document(machine) -> dict:
     that sum to it, ...), then the rest of the machine's statistics (status, fault,
     events, configuration)."""
     stats = dict(machine.stats_json())
-    return {**stats.pop("counters", {}), **stats}
+    return {**stats.pop("counters", {}), **stats, "instruction_cycles": instruction_cycles(machine)}
+
+
+def instruction_cycles(machine) -> list[dict]:
+    """Issue, start and finish cycle of every instruction that issued (the language
+    server's per-line hints read them), from the trace's instruction slices."""
+    from .machine.trace import trace_events
+    return [{k: e["args"][k] for k in ("index", "issue", "start", "finish")}
+            for e in trace_events(machine) if e.get("cat") == "instruction"]
 
 
 def save_host(machine, path: Path, like: Path | None) -> None:

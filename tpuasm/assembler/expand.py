@@ -50,6 +50,12 @@ class Expander:
         self.node_marks: list[tuple[int, str | None]] = []
         self.budget = MAX_STATEMENTS
         self.stopped = False
+        # For tools (tpuasm.assembler.analysis, the language server): each file's parsed
+        # statements, every `.include` met (its string node and the path it names), and
+        # a hook that reads an included file (an editor's unsaved buffer instead of the disk).
+        self.statements: dict[str, list] = {}
+        self.includes: list[tuple[Str, str]] = []
+        self.read_file = None
 
     # ----------------------------------------------------------- files
     def run_text(self, text: str, filename: str, chain: tuple[str, ...] = (),
@@ -58,6 +64,7 @@ class Expander:
             text = text[1:]
         self.sources[filename] = text
         statements, diags = parse(text, filename)
+        self.statements.setdefault(filename, statements)
         for d in diags:
             self.reporter.add(d)
         key = _file_key(filename)
@@ -71,13 +78,17 @@ class Expander:
         base = os.path.dirname(d.span.file) if not d.span.file.startswith("<") else ""
         path = os.path.normpath(os.path.join(base, arg.value)) if arg.value else ""
         key = _file_key(path)
+        self.includes.append((arg, path))
         if key in chain:
             names = [_display(c) for c in chain[chain.index(key):]] + [path]
             self._error(arg.span, "include cycle: " + " -> ".join(names), frame)
             return
         try:
-            with open(path, encoding="utf-8-sig") as fh:
-                text = fh.read()
+            if self.read_file is not None:
+                text = self.read_file(path)
+            else:
+                with open(path, encoding="utf-8-sig") as fh:
+                    text = fh.read()
         except (OSError, UnicodeDecodeError, ValueError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
             if isinstance(e, UnicodeDecodeError):

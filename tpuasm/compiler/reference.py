@@ -9,7 +9,10 @@ bit for bit except on a few rounding near-ties:
 - products and sums are exact: int8 x int8 sums are evaluated in float64 (exact below 2^53)
   and wrapped to int32 like an int32 accumulator;
 - requantization is float32, in MLAS's order: multiplier = (x.scale * w.scale[n]) / y.scale,
-  value = float32(acc) * multiplier, rounded half to even, plus the zero point, clamped.
+  value = float32(acc) * multiplier, rounded half to even, plus the zero point, clamped;
+- average pooling is onnxruntime's float kernel (a float32 sum of dequantized values), which
+  an integer machine matches except on rounding near-ties; global average pooling is MLAS's
+  integer sum with a float32 multiplier.
 """
 from __future__ import annotations
 
@@ -117,9 +120,16 @@ def pool(op: Pool, x: np.ndarray) -> np.ndarray:
         return out.astype(_dtype(op.output.quant))
     if op.kind != "avg":
         raise ValueError(f"unknown pooling kind {op.kind!r}")
-    xp = _pad_image(_centered(x, xq), op.pads, 0.0)
+    yq = op.output.quant
+    if op.kernel == tuple(x.shape[2:]) and not any(op.pads):
+        return _global_average(x, xq, yq)
+    # onnxruntime's QLinearAveragePool (and its fusion of DequantizeLinear -> AveragePool ->
+    # QuantizeLinear): float32 sum of the dequantized values over the window, row by row,
+    # divided by the count, then nearbyint(mean / y.scale + y.zero_point).
+    real = (np.float32(xq.scale) * (np.asarray(x, np.int32) - xq.zero_point)).astype(np.float32)
+    xp = _pad_image(real, op.pads, np.float32(0))
     inside = _pad_image(np.ones((1, 1) + x.shape[2:]), op.pads, 0.0)
-    total = np.zeros((len(x), x.shape[1], ho, wo))
+    total = np.zeros((len(x), x.shape[1], ho, wo), np.float32)
     count = np.zeros((1, 1, ho, wo))
     for (_, _, view), (_, _, ones) in zip(_taps(xp, op.kernel, op.strides, (ho, wo)),
                                           _taps(inside, op.kernel, op.strides, (ho, wo))):
@@ -127,10 +137,18 @@ def pool(op: Pool, x: np.ndarray) -> np.ndarray:
         count += ones
     if op.count_include_pad:
         count[:] = kh * kw
-    mean = total.astype(np.float32) / count.astype(np.float32)
-    value = mean * np.float32(xq.scale) / np.float32(op.output.quant.scale)
-    yq = op.output.quant
-    q = np.rint(value).astype(np.float64) + yq.zero_point
+    mean = total / count.astype(np.float32)
+    q = np.rint(mean / np.float32(yq.scale) + np.float32(yq.zero_point))
+    return np.clip(q, yq.qmin, yq.qmax).astype(_dtype(yq))
+
+
+def _global_average(x: np.ndarray, xq: QParams, yq: QParams) -> np.ndarray:
+    """onnxruntime's QLinearGlobalAveragePool (MLAS): an exact integer sum, requantized by
+    the float32 multiplier x.scale / (y.scale * count)."""
+    count = x.shape[2] * x.shape[3]
+    acc = np.asarray(x, np.int64).sum(axis=(2, 3), keepdims=True) - xq.zero_point * count
+    multiplier = np.float32(xq.scale) / (np.float32(yq.scale) * np.float32(count))
+    q = np.rint(acc.astype(np.float32) * multiplier) + yq.zero_point
     return np.clip(q, yq.qmin, yq.qmax).astype(_dtype(yq))
 
 

@@ -32,7 +32,7 @@ from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEA
                       NREGS, OP_ACT, OP_CFG, OP_HLT, OP_INT, OP_MMC, OP_NOP, OP_RHM, OP_RHMA,
                       OP_RW, OP_SYNC, OP_TAG, OP_WSYNC)
 from .kernels import (FAULT_ADDRESS, FAULT_CONFIG, FAULT_NONE, FAULT_SHAPE, MAX_FOOTPRINT,
-                      check_instruction, execute_instruction, footprint)
+                      act_param_rows, check_instruction, execute_instruction, footprint)
 
 INF = np.int64(1) << 62
 
@@ -471,7 +471,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             fin = t + row[COL_REPEAT]
         elif op == OP_CFG:
             f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
-                                  st[K_NTILES], info, st[K_PROFILE])
+                                  st[K_NTILES], info, st[K_PROFILE], st[K_N])
             if f != FAULT_NONE:
                 _raise_fault(st, sg, f, pc, t)
                 return False
@@ -493,14 +493,14 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
 
     # ---- a staged instruction: checks first (nothing changes on a fault)
     f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
-                          st[K_NTILES], info, st[K_PROFILE])
+                          st[K_NTILES], info, st[K_PROFILE], st[K_N])
     if f == FAULT_NONE and op == OP_MMC:
         f = _weight_check(prog, st, pc)
     if f != FAULT_NONE:
         _raise_fault(st, sg, f, pc, t)
         return False
     mine = fps[ROW_FRONT]
-    nfp = footprint(row, regs, mine, st[K_PROFILE])
+    nfp = footprint(row, regs, mine, st[K_PROFILE], st[K_N])
     ready = t
     blocker = -1
     input_wait = False
@@ -537,7 +537,9 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
         start = ready
         rows = row[COL_LEN] * row[COL_REPEAT]
         if op == OP_ACT:
-            fin = start + st[K_ACT_LAT] + rows
+            # P and L first read their parameter rows (spec/timing.md 4)
+            p_rows, t_rows = act_param_rows(row[COL_FLAGS], st[K_N])
+            fin = start + st[K_ACT_LAT] + rows + p_rows + t_rows
         else:
             fin = start + _host_cycles(st, rows)
     sg[stage, G_IDX] = pc
