@@ -91,6 +91,9 @@ MAX_SEGS = 3 * 256 + 8
 # ------------------------------------------------------------------ ev: events
 EV_INTERRUPT, EV_TAG = 0, 1
 
+# watch modes (the 4th column of a watch row): which accesses stop the run
+WATCH_WRITE, WATCH_READ = 1, 2
+
 # flags array: bit 0 breakpoint, bit 1 invalid instruction
 FLAG_BREAK, FLAG_INVALID = 1, 2
 
@@ -539,7 +542,8 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
 @njit(cache=True)
 def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scratch, r):
     """Retire the instruction in row r (a stage or the oldest draining MMC): apply its
-    effects, fold its counters.  Returns True if it wrote a watched range."""
+    effects, fold its counters.  Returns True if it touched a watched range the way that
+    watch asks: watch rows are (memory, start, stop, mode), mode WATCH_WRITE | WATCH_READ."""
     idx = sg[r, G_IDX]
     row = prog[idx]
     op = row[COL_OP]
@@ -560,10 +564,10 @@ def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scrat
     hit = False
     f = fps[r]
     for i in range(sg[r, G_NFP]):
-        if f[i, 1] == 0:
-            continue
+        mode = WATCH_WRITE if f[i, 1] != 0 else WATCH_READ
         for w in range(watch.shape[0]):
-            if watch[w, 0] == f[i, 0] and max(watch[w, 1], f[i, 2]) < min(watch[w, 2], f[i, 3]):
+            if (watch[w, 3] & mode) != 0 and watch[w, 0] == f[i, 0] and \
+                    max(watch[w, 1], f[i, 2]) < min(watch[w, 2], f[i, 3]):
                 hit = True
     return hit
 
