@@ -38,3 +38,15 @@ digits: $(STAMP)
 # Front-end (and whole-compile) time and peak memory on a 100M-weight QDQ model.
 bench-compile: $(STAMP)
 	$(BIN)/python benchmarks/bench_compile.py
+
+# The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
+# findings next to the paper's (docs/sweep.md).  Long: six apps x 21 configurations.
+.PHONY: figure11 profile bench-sweep
+figure11: $(STAMP)
+	$(BIN)/python -m tpuasm.apps.figure11 --timing-only --out docs/figure11
+
+profile: $(STAMP)
+	$(BIN)/python -m tpuasm profile --timing-only
+
+bench-sweep: $(STAMP)
+	$(BIN)/python benchmarks/bench_sweep.py
