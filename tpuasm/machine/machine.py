@@ -5,19 +5,21 @@ core's arrays (no copies) and words for the faces (pipeline stall texts, fault m
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..binary import Program, SourceLoc
 from ..encoding import EncodingError, encode
-from . import core
+from . import aot, core
 from .config import MachineConfig
 from .data import load_host, load_weights
 from .decoded import (COL_FLAGS, COL_LEN, COL_OP, COL_REPEAT, MMC_WIDE_IN, MMC_WIDE_W, NCOLS,
                       NREGS, OP_HLT, OP_INT, OP_MMC, OP_RW, OP_SYNC, OP_TAG, OP_WSYNC,
                       decode_table, reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
+from .gemm import blas_threads, set_blas_threads
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
 from ..isa import ISA_TABLE
 
@@ -127,7 +129,12 @@ class Machine:
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"
-        self._scratch = make_scratch(self.config.array_size)
+        # One GEMM per MatrixMultiply iteration (an iteration writes at most acc_rows rows):
+        # every extra OpenBLAS call costs a wake-up of its worker threads, and between calls
+        # they spin while this thread converts (bench_emulator.py 1 measured 0.25 -> 0.8 of
+        # np.matmul's CPU time going from 1024-row chunks to whole 4096-row MMCs).
+        self._scratch = make_scratch(self.config.array_size,
+                                     chunk_rows=min(self.config.acc_rows, 4096))
         self._texts: dict[int, str] = {}
         self._no_watch = np.zeros((0, 4), dtype=np.int64)
         self._breaks_set = False
@@ -179,6 +186,7 @@ class Machine:
         self.st = st
         ops = self.prog[:, COL_OP]
         mmcs = int(np.count_nonzero(ops == OP_MMC))
+        self._mmcs = mmcs
         self.sg = core.new_stages(core.drain_slots(cfg.mmc_latency, mmcs))
         rows = self.sg.shape[0]                 # sg, cregs and fps share their row index
         self.cregs = np.zeros((rows, NREGS), dtype=np.int64)
@@ -251,12 +259,20 @@ class Machine:
         args[10] = watch_arr
         entry = self._entry
         if entry is None:
-            core.run_core(*args)
-            # numba's compiled entry point, or the dispatcher itself when numba does not
-            # say (so the lookup runs once per load, not on every call)
-            self._entry = _entry_point(args) or core.run_core
-        else:
-            entry(*args)
+            entry = aot.runner(args)        # the ahead-of-time core: no numba in the process
+        restore = _single_blas_thread() if self._mmcs else None
+        try:
+            if entry is None:
+                core.run_core(*args)
+                # numba's compiled entry point, or the dispatcher itself when numba does not
+                # say (so the lookup runs once per load, not on every call)
+                self._entry = _entry_point(args) or core.run_core
+            else:
+                self._entry = entry
+                entry(*args)
+        finally:
+            if restore is not None:
+                set_blas_threads(restore)
         code = int(st[core.S_STATUS])
         status = _STATUS[code]
         index = int(st[core.S_INDEX])
@@ -449,8 +465,6 @@ class Machine:
                 progress = int(min(max(c - start, 0), span) * total // span)
                 if c < start:
                     stall = self._hazard_text(s, row)
-                elif self.prog[idx, COL_OP] == OP_RW:
-                    stall = self._rw_stall(row, c)
             out.append(StageState(name, idx, self.text(idx), self.location(idx), progress,
                                   total, unit, c - issue, stall))
         out.append(self._weights_state(c))
@@ -472,9 +486,9 @@ class Machine:
         return StageState("matrix", idx, self.text(idx), self.location(idx), c - free,
                           finish - free, "cycles", c - int(row[core.G_ISSUE]), text)
 
-    def _rw_stall(self, row, c):
+    def _rw_stall(self, c):
         """An RW waits when its next tile's hand-off is later than this cycle (FIFO full)."""
-        q0, nt = int(row[core.G_TILE0]), int(row[core.G_NTILES])
+        q0, nt = int(self.st[core.S_RW_TILE0]), int(self.st[core.S_RW_NTILES])
         for q in range(q0, q0 + nt):
             req = int(self.tl[core.T_REQ, q])
             if req >= c:
@@ -534,7 +548,24 @@ class Machine:
                                     f"{min(a1, b1) - 1} {verb} by {self._where(blocker)}")
         return f"waiting for {self._where(blocker)}"
 
+    def _rw_in_port(self, c):
+        """Index of the Read_Weights holding the weight port at cycle c (still handing over
+        tiles), or None."""
+        idx = int(self.st[core.S_RW_IDX])
+        if idx < 0 or not (self.times[idx, core.TM_ISSUE] < c < self.st[core.S_RW_FREE]):
+            return None
+        return idx
+
     def _weights_state(self, c):
+        """The weight port and fetch engine: a Read_Weights still handing over its tiles
+        (progress in tiles, the FIFO-full wait as its stall), else the tile being fetched."""
+        idx = self._rw_in_port(c)
+        if idx is not None:
+            q0, nt = int(self.st[core.S_RW_TILE0]), int(self.st[core.S_RW_NTILES])
+            handed = int(np.count_nonzero(self.tl[core.T_REQ, q0:q0 + nt] < c))
+            return StageState("weights", idx, self.text(idx), self.location(idx), handed, nt,
+                              "tiles", c - int(self.times[idx, core.TM_ISSUE]),
+                              self._rw_stall(c))
         nreq, tl = self._tiles()
         fs, fe = tl[core.T_FS], tl[core.T_FE]
         qs = np.flatnonzero((fs < c) & (c < fe))
@@ -554,9 +585,11 @@ class Machine:
         stall = None
         if stage >= 0 and self._occupant(stage) is not None:
             stall = f"waiting for the {core.STAGE_NAMES[stage]} stage"
+        elif stage == core.PORT_WEIGHTS and self._rw_in_port(c) is not None:
+            stall = "waiting for the weight port"
         elif stage < 0 and op in _DRAINING_OPS:
             if any(self._occupant(s) is not None for s in range(core.NSTAGES)) or \
-                    self._draining_mmcs(c):
+                    self._draining_mmcs(c) or self._rw_in_port(c) is not None:
                 stall = "draining the pipeline"
         return StageState("front", pc, self.text(pc), self.location(pc), 0, 1, "instructions",
                           max(0, c - int(self.st[core.S_FRONT])), stall)
@@ -657,6 +690,33 @@ def _decode(instructions):
         except Exception:
             bad.append(i)
     return table, bad
+
+
+def _blas_threads_for_runs() -> int:
+    """OpenBLAS threads while the machine runs: TPUASM_BLAS_THREADS, default 1; 0 leaves
+    OpenBLAS's own setting.  Why 1: the machine interleaves GEMMs with single-threaded
+    work (conversions, Activate, the pipeline), and between GEMMs OpenBLAS's idle workers
+    spin.  On these shared 2-core machines that made a 64-layer OpenTPU program take
+    0.5-0.9 s of CPU with 2 threads against 0.03 s with 1 (and 20-30x the wall time);
+    bench_emulator.py 1 prints np.matmul at both settings next to the emulator."""
+    try:
+        return max(0, int(os.environ.get("TPUASM_BLAS_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+_RUN_THREADS = _blas_threads_for_runs()
+
+
+def _single_blas_thread():
+    """Set OpenBLAS to the run's thread count; the previous count to restore, or None."""
+    if not _RUN_THREADS:
+        return None
+    previous = blas_threads()
+    if previous is None or previous == _RUN_THREADS:
+        return None
+    set_blas_threads(_RUN_THREADS)
+    return previous
 
 
 def _entry_point(args):
