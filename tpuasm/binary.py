@@ -203,15 +203,15 @@ class Program:
         return Program(list(self.instructions), self.shape)
 
     def save(self, path) -> None:
-        Path(path).write_bytes(self.to_bytes())
+        from .files import atomic_write
+        atomic_write(path, self.to_bytes())
 
 
 def load_binary(path) -> Program:
     """Read a .tbin file; BinaryFormatError (with the file name) if it is not a valid one."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BinaryFormatError(f"{path}: cannot read: {e.strerror}") from None
+    from .files import read_input
+    from .limits import MAX_BINARY_BYTES
+    data = read_input(path, what="binary", limit=MAX_BINARY_BYTES, error=BinaryFormatError)
     try:
         return Program.from_bytes(data)
     except BinaryFormatError as e:

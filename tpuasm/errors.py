@@ -34,3 +34,16 @@ class AssemblyError(TpuasmError):
     def render(self, color: bool = False) -> str:
         from .diagnostics import render_all
         return render_all(self.diagnostics, self.sources, color=color)
+
+
+class InputFileError(TpuasmError):
+    """An input file that cannot be used: missing, not a regular file, too large, unreadable."""
+
+
+class OutputFileError(TpuasmError):
+    """An output path that cannot be written (checked before anything is written)."""
+
+
+class ResourceLimitError(TpuasmError):
+    """An input that would need more memory, time or size than tpuasm allows
+    (tpuasm.limits; spec/limits.md)."""

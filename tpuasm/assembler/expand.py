@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 from ..binary import CONFIG_KEYS
+from ..errors import AssemblyError
 from ..isa import ISA_TABLE
 from .ast import Directive, Instr, Label, Name, Named, Node, Param, Span, Str
 from .parser import parse
@@ -72,14 +73,11 @@ class Expander:
             names = [_display(c) for c in chain[chain.index(key):]] + [path]
             self._error(arg.span, "include cycle: " + " -> ".join(names), frame)
             return
+        from . import decode_source, read_source
         try:
-            with open(path, encoding="utf-8-sig") as fh:
-                text = fh.read()
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
-            if isinstance(e, UnicodeDecodeError):
-                why = "not valid UTF-8"
-            self._error(arg.span, f"cannot read '{path}': {why}", frame)
+            text = decode_source(read_source(path, arg.span), path)
+        except AssemblyError as e:        # not a regular file, too large, not UTF-8, ...
+            self._error(arg.span, e.diagnostics[0].message, frame)
             return
         note = f"included from {d.span.file}:{d.span.line}"
         self.run_text(text, path, chain, Frame(frame, None, None, note))

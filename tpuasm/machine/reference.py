@@ -479,7 +479,8 @@ def _as_bytes(data, row_shape: tuple[int, ...], name: str, empty: tuple[int, ...
     if data is None:
         return np.zeros(empty, dtype=np.uint8)
     if isinstance(data, (str, os.PathLike)):
-        data = np.load(data, allow_pickle=False)
+        from ..files import load_npy
+        data = load_npy(data, what=f"{name} image")
     data = np.asarray(data)
     if data.dtype not in (np.int8, np.uint8):
         raise ValueError(f"{name}: dtype {data.dtype}, expected int8 or uint8")

@@ -132,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     if not manifests:
         err.print("error: no test.toml manifests selected")
         return EXIT_USAGE
+    from ..errors import TpuasmError
+    from ..files import atomic_write, check_outputs
+    try:                 # before anything runs: a bad report path must not cost a whole run
+        check_outputs({"--junit-xml": args.junit_xml}, [m.path for m in manifests])
+    except TpuasmError as e:
+        err.print(f"error: {e}", markup=False)
+        return EXIT_USAGE
     if args.list:
         for m in manifests:
             out.print(f"{m.name}  {m.path}", markup=False)
@@ -153,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         _update_golden(manifests, results, out)
     if args.junit_xml:
         try:
-            args.junit_xml.write_bytes(junit_xml(results, seconds))
-        except OSError as e:
-            err.print(f"error: {args.junit_xml}: cannot write: {e.strerror}", markup=False)
+            atomic_write(args.junit_xml, junit_xml(results, seconds))
+        except TpuasmError as e:
+            err.print(f"error: {e}", markup=False)
             return EXIT_USAGE
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAILED
 

@@ -201,11 +201,14 @@ def _bound(table: _Table, name: str) -> Bound | None:
 
 def load_manifest(path) -> Manifest:
     """Parse and validate one test.toml; ManifestError on anything wrong."""
+    from ..errors import InputFileError
+    from ..files import read_input
+    from ..limits import MAX_MANIFEST_BYTES
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ManifestError(path, None, f"cannot read: {e.strerror}") from None
+        text = read_input(path, what="manifest", limit=MAX_MANIFEST_BYTES).decode("utf-8")
+    except InputFileError as e:
+        raise ManifestError(path, None, str(e).removeprefix(f"{path}: ")) from None
     except UnicodeDecodeError:
         raise ManifestError(path, None, "is not valid UTF-8") from None
     try:
