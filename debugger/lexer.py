@@ -13,6 +13,7 @@ from pygments.lexer import RegexLexer, bygroups, words
 from pygments.token import (Comment, Keyword, Name, Number, Operator, Punctuation, String,
                             Text, Whitespace)
 
+from tpuasm.assembler.expand import DIRECTIVES
 from tpuasm.isa import ISA_TABLE
 
 MNEMONICS = sorted({n for s in ISA_TABLE.instructions.values() for n in s.names},
@@ -22,8 +23,7 @@ REGISTERS = sorted(ISA_TABLE.registers, key=len, reverse=True)
 OPERAND_NAMES = sorted({n for s in ISA_TABLE.instructions.values()
                         for f in s.fields + s.conv_fields for n in (f.name, *f.aliases)}
                        | {"repeat", "src", "dst", "len"}, key=len, reverse=True)
-DIRECTIVES = ("config", "equ", "ub", "acc", "host", "tile", "include", "macro", "endm",
-              "rept", "endr")
+
 
 
 class TasmLexer(RegexLexer):

@@ -5,6 +5,7 @@ checked on load; anything wrong raises BinaryFormatError naming what and where.
 """
 from __future__ import annotations
 
+import bisect
 import struct
 import zlib
 from dataclasses import dataclass, field, fields
@@ -26,7 +27,7 @@ _U32 = struct.Struct("<I")
 _SECTION = struct.Struct("<4sII")                  # tag, offset, length
 _LINE = struct.Struct("<III")                      # file index, line, column
 NO_FILE = 0xFFFFFFFF
-SYMBOL_KINDS = ("const", "ub", "acc", "host", "tile", "label")
+SYMBOL_KINDS = ("const", "ub", "acc", "host", "tile", "label", "node")
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Symbol:
     name: str
     kind: str          # one of SYMBOL_KINDS
     value: int
-    size: int = 0      # rows reserved, for regions
+    size: int = 0      # rows reserved, for regions; instructions, for a node's run
 
 
 @dataclass
@@ -132,6 +133,7 @@ class Program:
     symbols: list[Symbol] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
     _lines: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _node_index: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.locations:
@@ -168,6 +170,33 @@ class Program:
             kind, name = prefix, rest
         return next((s for s in self.symbols
                      if s.name == name and (kind is None or s.kind == kind)), None)
+
+    # -- graph nodes (`.node`: which node of a compiled model each instruction computes) --
+    def node_runs(self, name: str | None = None) -> list[range]:
+        """The instruction index ranges of graph node `name` (of every node when None), in
+        program order."""
+        return [range(s.value, s.value + s.size) for s in self._node_symbols()
+                if name is None or s.name == name]
+
+    def node_of(self, index: int) -> str | None:
+        """The graph node instruction `index` belongs to, or None."""
+        runs = self._node_symbols()
+        starts = self._node_index[2]
+        k = bisect.bisect_right(starts, index) - 1
+        if k >= 0 and index < runs[k].value + runs[k].size:
+            return runs[k].name
+        return None
+
+    def nodes(self) -> list[str]:
+        """Every graph node named in the program, in order of first instruction."""
+        return list(dict.fromkeys(s.name for s in self._node_symbols()))
+
+    def _node_symbols(self) -> list[Symbol]:
+        key = (id(self.symbols), len(self.symbols))
+        if not self._node_index or self._node_index[0] != key:
+            runs = sorted((s for s in self.symbols if s.kind == "node"), key=lambda s: s.value)
+            self._node_index = (key, runs, [s.value for s in runs])
+        return self._node_index[1]
 
     def to_bytes(self) -> bytes:
         files = list(dict.fromkeys([loc.file for loc in self.locations if loc] + list(self.sources)))

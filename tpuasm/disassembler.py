@@ -51,7 +51,11 @@ def disassemble(program: Program, annotate: bool = False) -> str:
         lines.append(config)
     texts = [format_instruction(ins) for ins in program.instructions]
     width = max((len(t) for t in texts), default=0) + 2
+    node = None
     for i, text in enumerate(texts):
+        if program.node_of(i) != node:          # keep which graph node each block computes
+            node = program.node_of(i)
+            lines.append(f'.node "{node}"' if node is not None else ".node")
         comment = ""
         loc = program.locations[i]
         if annotate and loc is not None:

@@ -287,7 +287,8 @@ def strip_nops(program: Program) -> Program:
     """The same program without NOPs: code, locations and label symbols follow along.
 
     A label on a removed NOP moves to the next kept instruction (the one the NOP fell
-    through to).  Sources, other symbols and the machine shape are unchanged.
+    through to); a graph node's run keeps the instructions it still has.  Sources, other
+    symbols and the machine shape are unchanged.
     """
     keep = [i for i, ins in enumerate(program.instructions) if ins.key != "NOP"]
     new_index, k = [], 0
@@ -295,8 +296,18 @@ def strip_nops(program: Program) -> Program:
         while k < len(keep) and keep[k] < i:
             k += 1
         new_index.append(k)
-    symbols = [Symbol(s.name, s.kind, new_index[s.value] if 0 <= s.value <= len(program.instructions)
-                      else s.value, s.size) if s.kind == "label" else s
-               for s in program.symbols]
+    symbols = [s for s in (_reindexed(s, new_index) for s in program.symbols)
+               if s.kind != "node" or s.size]      # a node of nothing but NOPs is gone
     return Program([program.instructions[i] for i in keep], program.shape,
                    [program.locations[i] for i in keep], symbols, dict(program.sources))
+
+
+def _reindexed(s: Symbol, new_index: list[int]) -> Symbol:
+    """A label or node-run symbol moved to the instruction indices after NOPs are removed."""
+    n = len(new_index) - 1
+    if s.kind == "label" and 0 <= s.value <= n:
+        return Symbol(s.name, s.kind, new_index[s.value], s.size)
+    if s.kind == "node" and 0 <= s.value and s.value + s.size <= n:
+        start = new_index[s.value]
+        return Symbol(s.name, s.kind, start, new_index[s.value + s.size] - start)
+    return s

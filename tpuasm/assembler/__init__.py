@@ -101,7 +101,7 @@ def _run(text: str, filename: str, config: dict, reporter: Reporter, sources: di
         _layout(symbols, kind)
     encoder = Encoder(reporter, symbols, shape, symbols.limits)
     instructions, locations = encoder.encode_all(expander.items, expander.macros)
-    table = _symbol_table(symbols)
+    table = _symbol_table(symbols) + _node_symbols(expander.node_marks, len(instructions))
     if reporter.diagnostics:
         return None
     return Program(instructions, shape, locations, table, dict(sources))
@@ -163,6 +163,19 @@ def _shape(entries: list[ConfigEntry], overrides: dict, symbols: Symbols, report
             reporter.diagnostics.append(Diagnostic(message + " (from the command line)", filename, 0, 0))
         del values[key]                 # keep going with what is valid
     return MachineShape(**values)
+
+
+def _node_symbols(marks: list[tuple[int, str | None]], count: int) -> list[Symbol]:
+    """One `node` symbol per run of consecutive instructions of one graph node: value = the
+    first instruction's index, size = how many (a node may have several runs)."""
+    table = []
+    for (start, name), (stop, _) in zip(marks, marks[1:] + [(count, None)]):
+        if name is not None and stop > start:
+            if table and table[-1].name == name and table[-1].value + table[-1].size == start:
+                table[-1] = Symbol(name, "node", table[-1].value, table[-1].size + stop - start)
+            else:
+                table.append(Symbol(name, "node", start, stop - start))
+    return table
 
 
 def _symbol_table(symbols: Symbols) -> list[Symbol]:

@@ -15,7 +15,8 @@ from .parser import parse
 from .reporter import Reporter, did_you_mean
 from .symbols import MEMORIES, EvalError, Frame, Symbols, frame_notes
 
-DIRECTIVES = ("include", "equ", "ub", "acc", "host", "tile", "config", "rept", "endr", "macro", "endm")
+DIRECTIVES = ("include", "equ", "ub", "acc", "host", "tile", "config", "rept", "endr", "macro", "endm",
+              "node")
 OPENERS = {"rept": "endr", "macro": "endm"}
 MAX_REPT = 1_000_000
 MAX_STATEMENTS = 5_000_000      # expansion budget: a typo like `.rept 1<<40` must not hang
@@ -46,6 +47,8 @@ class Expander:
         self.items: list[tuple[Instr, Frame | None]] = []
         self.config: list[ConfigEntry] = []
         self.macros: dict[str, Macro] = {}
+        # `.node NAME`: (index of the next instruction, the graph node it starts, or None)
+        self.node_marks: list[tuple[int, str | None]] = []
         self.budget = MAX_STATEMENTS
         self.stopped = False
 
@@ -171,6 +174,8 @@ class Expander:
             self.config_directive(d, frame)
         elif name == "include":
             self.include(d, frame, chain)
+        elif name == "node":
+            self.node_directive(d, frame)
         else:
             self._error(d.span, f"unknown directive '.{name}'"
                         + did_you_mean(name, DIRECTIVES).replace("'", "'.", 1), frame)
@@ -188,6 +193,20 @@ class Expander:
                 self._error(a.span, f"expected key=value ({', '.join(CONFIG_KEYS)})", frame)
                 continue
             self.config.append(ConfigEntry(a.name, a.value, frame, a.name_span))
+
+    def node_directive(self, d: Directive, frame) -> None:
+        """`.node "name"` (or a plain name): the following instructions compute that node of
+        the source graph (an ONNX node, for compiled models); `.node` alone ends it."""
+        args = [_macro_argument(a, frame) for a in d.args]
+        if len(args) > 1 or (args and not isinstance(args[0], (Str, Name))):
+            self._error(d.span, '.node takes one graph node name: .node "conv1" (or .node alone '
+                        'to end the current node)', frame)
+            return
+        name = (args[0].value if isinstance(args[0], Str) else args[0].text) if args else None
+        if name == "":
+            self._error(args[0].span, ".node: the node name is empty", frame)
+            return
+        self.node_marks.append((len(self.items), name))
 
     def rept(self, d: Directive, body, frame, chain, depth) -> None:
         args = d.args
@@ -275,6 +294,18 @@ class Expander:
         self.reporter.error(span, f"expansion produces more than {MAX_STATEMENTS:,} statements "
                             "(a .rept count or a recursive macro out of hand?)")
         self.stopped = True
+
+
+def _macro_argument(node: Node, frame: Frame | None) -> Node:
+    """What a macro parameter `\\p` stands for at the call site (a name passes through
+    macros by name); any other node as it is."""
+    f = frame
+    while isinstance(node, Param) and f is not None:
+        if f.params is not None and node.text in f.params:
+            node, f = f.params[node.text]
+        else:
+            f = f.parent
+    return node
 
 
 def _file_key(name: str) -> str:
