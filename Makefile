@@ -24,3 +24,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Long fuzz run (not part of `make test`): FUZZ_CASES cases per target, findings under
+# fuzz-findings/.  spec/limits.md says what is checked.
+FUZZ_CASES ?= 100000
+.PHONY: fuzz
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzzing/driver.py --cases $(FUZZ_CASES) --jobs 2 --out fuzz-findings

@@ -213,7 +213,7 @@ def check_outputs(outputs, inputs=()) -> None:
     """Check every output path before anything is written.
 
     `outputs`: (label, path) pairs or a {label: path} dict (None paths are skipped); the
-    label (e.g. "--listing") starts each message.  `inputs`: paths the command reads.
+    label (e.g. "--listing") is named in each message.  `inputs`: paths the command reads.
     OutputFileError for the first problem: a missing or unwritable folder, a folder given
     as a file, an output that is one of the inputs, two outputs naming the same file.
     """
@@ -222,24 +222,27 @@ def check_outputs(outputs, inputs=()) -> None:
     inputs = [Path(p) for p in inputs if p is not None]
     seen: list[tuple[str, Path]] = []
     for label, path in pairs:
-        where = (f"{label} {path}" if label else str(path)) + ": cannot write"
+        def refuse(reason: str, path=path, label=label):
+            raise OutputFileError(f"{path}: cannot write: {reason}"
+                                  + (f" ({label})" if label else ""))
+
         if path.is_dir():
-            raise OutputFileError(f"{where}: it is a directory, expected a file name")
+            refuse("it is a directory, expected a file name")
         if _is_stream(path):
             continue
         parent = path.parent
         if not parent.is_dir():
-            raise OutputFileError(f"{where}: directory {parent} does not exist")
+            refuse(f"directory {parent} does not exist")
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise OutputFileError(f"{where}: directory {parent} is not writable")
+            refuse(f"directory {parent} is not writable")
         if path.exists() and not os.access(path, os.W_OK):
-            raise OutputFileError(f"{where}: the existing file is read-only")
+            refuse("the existing file is read-only")
         for source in inputs:
             if _same_file(path, source):
-                raise OutputFileError(f"{where}: it is the input {source}")
+                refuse(f"it is the input {source}")
         for other_label, other in seen:
             if _same_file(path, other):
-                raise OutputFileError(f"{where}: it is also the output {other_label} {other}")
+                refuse(f"it is also the output {other} ({other_label})")
         seen.append((label, path))
 
 

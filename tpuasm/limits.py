@@ -37,6 +37,7 @@ MAX_MESSAGE_CHARS = 400              # characters of one diagnostic's message
 # ---- running
 MAX_CYCLES = 1 << 62                 # --max-cycles, a manifest's max_cycles (int64 cycles)
 MAX_TIMING_CYCLES = 1 << 40          # a latency in cycles (MachineConfig)
+MAX_RATE = 1e15                      # clock_hz, bytes per cycle (MachineConfig)
 
 _ENV = "TPUASM_MEMORY_LIMIT"
 
@@ -52,8 +53,9 @@ def check_int(what: str, value, lo: int, hi: int) -> int:
 
 def memory_budget() -> int:
     """Bytes one allocation of user-sized data may take: TPUASM_MEMORY_LIMIT if set (bytes,
-    or with a K/M/G suffix), else the smaller of physical memory and the address-space
-    limit (RLIMIT_AS), less a quarter for the interpreter, numba and everything else."""
+    or with a K/M/G suffix), else the smaller of physical memory and what is left of the
+    address-space limit (RLIMIT_AS), less a quarter for the interpreter, numba and
+    everything else."""
     env = os.environ.get(_ENV, "").strip()
     if env:
         parsed = parse_size(env)
@@ -65,11 +67,20 @@ def memory_budget() -> int:
     try:
         import resource
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        if soft != resource.RLIM_INFINITY:
-            limit = min(limit, soft)
+        if soft != resource.RLIM_INFINITY:      # what is left of the address space
+            limit = min(limit, max(soft - _address_space(), 0))
     except (ImportError, OSError, ValueError):
         pass
     return limit * 3 // 4
+
+
+def _address_space() -> int:
+    """This process's current virtual size (Linux), else 0."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _physical_memory() -> int:

@@ -48,6 +48,10 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
     except RecursionError:
         reporter.diagnostics.append(Diagnostic("input nested too deeply to assemble", filename, 1, 1))
         program = None
+    except MemoryError:
+        reporter.diagnostics.append(Diagnostic(
+            "out of memory: the program is too large to assemble (spec/limits.md)", filename, 1, 1))
+        program = None
     except Exception as e:          # never let a bug surface as a traceback to the user
         reporter.diagnostics.append(Diagnostic(
             f"internal error in the assembler: {type(e).__name__}: {e} (please report this)",
@@ -57,7 +61,8 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
         if gc_was_on:
             gc.enable()
     if reporter.diagnostics or program is None:
-        raise AssemblyError(reporter.diagnostics, sources)
+        raise AssemblyError(reporter.diagnostics, sources,
+                            total=len(reporter.diagnostics) + reporter.dropped)
     return program
 
 

@@ -27,6 +27,7 @@ active weights.  The deadlock rules of sections 5.3 and 5.4 are rules about that
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -85,6 +86,8 @@ class ReferenceMachine:
 
     def __init__(self, program: Program, host, weights):
         shape = program.shape
+        from ..limits import check_machine
+        check_machine("the reference machine", shape.array_size, shape.ub_rows, shape.acc_rows)
         self.profile = shape.profile
         self.program = program
         self.n = n = shape.array_size
@@ -101,7 +104,13 @@ class ReferenceMachine:
     # ------------------------------------------------------------------ checks
     @staticmethod
     def check_rows(memory: str, rows, limit: int) -> None:
-        """Every row in `rows` must be in 0..limit-1 (section 7: `address`)."""
+        """Every row in `rows` must be in 0..limit-1 (section 7: `address`).  A range is
+        checked at its ends (a 2**32-row range must not be walked row by row)."""
+        if isinstance(rows, (range, _Repeat)):
+            bad = _first_bad(rows, limit)
+            if bad is not None:
+                raise Fault("address", f"{memory} address {bad} out of range 0..{limit - 1}")
+            return
         for row in rows:
             if not 0 <= row < limit:
                 raise Fault("address", f"{memory} address {row} out of range 0..{limit - 1}")
@@ -154,13 +163,14 @@ class ReferenceMachine:
     # 5.1, 5.2 and section 3: contiguous host transfers --------------------------
     def _rows(self, ins, host_step: int, ub_step: int):
         """[(host rows, ub rows)] per iteration of a host transfer whose consecutive
-        vectors are `host_step` and `ub_step` rows apart."""
+        vectors are `host_step` and `ub_step` rows apart (lazy sequences: a length of
+        2**32 - 1 is checked without building 2**32 rows)."""
         out = []
         for i in range(ins.repeat):
             host = ins["host"] + i * self.regs["rep_host_stride"]
             ub = ins["ub"] + i * self.regs["rep_ub_stride"]
-            out.append(([host + k * host_step for k in range(ins["length"])],
-                        [ub + k * ub_step for k in range(ins["length"])]))
+            out.append((_stepped(host, ins["length"], host_step),
+                        _stepped(ub, ins["length"], ub_step)))
         return out
 
     def op_RHM(self, index, ins):
@@ -344,10 +354,30 @@ class ReferenceMachine:
             return int(TANH_Q15[to_q8(x, self.regs["fn_in_frac"]) - T_MIN])
         return x
 
+    def _pooled_count(self, flags: int, length: int) -> int | None:
+        """Step 2's shape check alone: how many output rows pooling makes (None: no
+        pooling), raising the `shape` fault, without building the groups."""
+        if not flags & (ACT["M"] | ACT["A"]):
+            return None
+        k, width = self.regs["pool_size"], self.regs["pool_width"]
+        if width == 0:
+            if length % k:
+                raise Fault("shape", f"pooling: length {length} is not a multiple of "
+                                     f"pool_size {k}")
+            return length // k
+        if length % width:
+            raise Fault("shape", f"pooling: length {length} is not a multiple of "
+                                 f"pool_width {width}")
+        height = length // width
+        if width % k or height % k:
+            raise Fault("shape", f"pooling: a {height} x {width} image does not divide into "
+                                 f"{k} x {k} windows")
+        return (height // k) * (width // k)
+
     def _pool_groups(self, flags: int, length: int) -> list[list[int]] | None:
         """Step 2: for each output row, the input row offsets it pools (None: no pooling).
         Raises a `shape` fault when the shape does not divide."""
-        if not flags & (ACT["M"] | ACT["A"]):
+        if self._pooled_count(flags, length) is None:
             return None
         k, width = self.regs["pool_size"], self.regs["pool_width"]
         if width == 0:
@@ -395,8 +425,8 @@ class ReferenceMachine:
         opentpu = self.profile == "opentpu"
         f = ins.flags
         length = ins["length"]
-        groups = self._pool_groups(f, length)
-        out_vectors = length if groups is None else len(groups)
+        pooled = self._pooled_count(f, length)          # shape faults first (section 7)
+        out_vectors = length if pooled is None else pooled
         rows_per_vector = 2 if self.regs["act_out"] == 2 and not opentpu else 1
         acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
         for i in range(ins.repeat):
@@ -404,6 +434,7 @@ class ReferenceMachine:
             ub = ins["ub"] + i * ub_step
             self.check_acc(range(acc, acc + length))
             self.check_ub(range(ub, ub + rows_per_vector * out_vectors))
+        groups = self._pool_groups(f, length)          # built only once the checks pass
         for i in range(ins.repeat):
             acc = ins["acc"] + i * acc_step
             ub = ins["ub"] + i * ub_step
@@ -472,6 +503,40 @@ def _validate(ins: Instruction) -> None:
         chosen = [c for c in group if ins.flags & ins.spec.flags[c].bit]
         if len(chosen) > 1:
             raise Fault("invalid_instruction", f"flags {''.join(chosen)} are exclusive")
+
+
+def _stepped(start: int, count: int, step: int):
+    """The rows start, start + step, ... (count of them), lazily."""
+    if step == 0:
+        return _Repeat(start, count)
+    return range(start, start + count * step, step)
+
+
+class _Repeat:
+    """One row, `count` times, without a list of `count` entries."""
+    __slots__ = ("row", "count")
+
+    def __init__(self, row: int, count: int):
+        self.row, self.count = row, count
+
+    def __iter__(self):
+        return itertools.repeat(self.row, self.count)
+
+    def __len__(self):
+        return self.count
+
+
+def _first_bad(rows, limit: int):
+    """The first row of a range or _Repeat outside 0..limit-1 (in order), or None."""
+    if len(rows) == 0:
+        return None
+    if isinstance(rows, _Repeat):
+        return None if 0 <= rows.row < limit else rows.row
+    start, step = rows.start, rows.step
+    if not 0 <= start < limit:
+        return start
+    k = -(-(limit - start) // step) if step > 0 else -(-(start + 1) // -step)
+    return rows[k] if k < len(rows) else None
 
 
 def _as_bytes(data, row_shape: tuple[int, ...], name: str, empty: tuple[int, ...]) -> np.ndarray:
