@@ -53,8 +53,9 @@ class Key:
 KEYS = [
     Key("s", "step one cycle", "s", "cmd('step')", "Step cycle",
         "Step one cycle", "advance the machine one clock"),
-    Key("n", "step one instruction (until it finishes its stage)", "n", "cmd('next')", "Step instr",
-        "Step one instruction", "until the next instruction finishes its stage"),
+    Key("n", "next: issue the next instruction, run until it has finished its stage", "n",
+        "cmd('next')", "Next instr", "Next instruction",
+        "issue the next instruction and run until it has finished its stage"),
     Key("c", "continue to a breakpoint, watchpoint, caught event, halt or fault", "c",
         "cmd('continue')", "Continue", "Continue", "run to a breakpoint, watchpoint, halt or fault"),
     Key("r", "run N cycles (asks for N)", "r", "prompt('run ')", "Run N", "Run N cycles", "asks for N"),
@@ -73,12 +74,17 @@ KEYS = [
         "f9", "toggle_break", "Break", "Toggle breakpoint", "on the source cursor line", show=False),
     Key("up / down / j / k", "move the source cursor"),
     Key("pageup / pagedown", "move the source cursor by 20 lines"),
+    Key("left / right / home", "scroll the source sideways (long lines), home back to column 0"),
     Key("x (memory)", "cycle the radix: hex, signed, unsigned", action="radix_next",
         title="Cycle radix", detail="hex / signed / unsigned in the memory view"),
     Key("w (memory)", "bytes as int8 or as int32 words", action="unit_toggle",
         title="Toggle int8 / int32", detail="unit of the memory view"),
     Key("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`", "g",
         "prompt('goto ')", "Go to", "Go to address or symbol", "in the memory views"),
+    Key("l", "log in the bottom row, or back to the memories (typed commands bring it up)", "l",
+        "toggle_log", "Log", "Toggle log", "show the command output in the bottom row"),
+    Key("t", "whole-run timeline in the top row, or back to source and pipeline", "t",
+        "toggle_timeline", "Timeline", "Toggle timeline", "the waveform of the whole run"),
     Key(":", "command line (`help` lists the commands); up/down recall history", "colon",
         "prompt('')", "Command", "Command line", "type a debugger command"),
     Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),
@@ -97,7 +103,7 @@ KEYS = [
 def _quick(cmd, arg: str) -> bool:
     """Steps of a few cycles or instructions (forward or back) take a millisecond or two;
     everything else (continue, run, until, reverse-continue) runs in a worker."""
-    if cmd.names[0] not in ("step", "stepi", "reverse-step", "reverse-next"):
+    if cmd.names[0] not in ("step", "next", "reverse-step", "reverse-next"):
         return False
     arg = arg.strip()
     return not arg or (arg.isdigit() and int(arg) <= QUICK_LIMIT)
@@ -109,7 +115,7 @@ class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 100; height: 90%; border: thick $accent;
+    HelpScreen > VerticalScroll { width: 100%; max-width: 110; height: 90%; border: thick $accent;
                                   background: $surface; padding: 0 1; }
     """
 
@@ -149,14 +155,20 @@ class HelpScreen(ModalScreen):
 
 class DebuggerApp(App):
     TITLE = "tpuasm debugger"
+    # Wide screens (>= 120 x 36) show every pane at once; narrower ones (80 x 24 and up)
+    # keep source and pipeline on top and one of memories / log below (`l` toggles, typed
+    # commands bring the log up, `goto` the memories); `t` gives the timeline the top row.
     CSS = """
     Screen { layout: vertical; }
-    #status { height: 1; background: $primary-background; color: $text; padding: 0 1; }
+    #status { height: auto; max-height: 3; background: $primary-background; color: $text;
+              padding: 0 1; }
     #top { height: 3fr; }
     #bottom { height: 2fr; }
     #source { width: 42%; border: round $primary; }
     #right { width: 58%; }
-    #pipeline { height: 1fr; min-height: 9; border: round $primary; }
+    #pipeline-box { height: 1fr; min-height: 9; border: round $primary; }
+    #pipeline { height: auto; }
+    #pipeline-box { scrollbar-size-vertical: 1; }
     #timeline { height: 10; border: round $primary; }
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
@@ -164,7 +176,25 @@ class DebuggerApp(App):
     #log { height: 1fr; border: round $primary; }
     #command { height: 3; border: round $secondary; }
     .pane-title { border-title-align: left; }
+    Screen.show-timeline #source, Screen.show-timeline #pipeline-box { display: none; }
+    Screen.show-timeline #right { width: 100%; }
+    Screen.show-timeline #timeline { height: 1fr; }
+    Screen.show-log #memories { display: none; }
+    Screen.show-log #side { width: 100%; }
+    Screen.narrow #top { height: 1fr; }
+    Screen.narrow #bottom { height: 1fr; }
+    Screen.narrow #source { width: 1fr; }
+    Screen.narrow #right { width: 1fr; }
+    Screen.narrow #pipeline-box { min-height: 3; }
+    Screen.narrow #timeline { display: none; }
+    Screen.narrow.show-timeline #timeline { display: block; }
+    Screen.narrow #memories { width: 100%; }
+    Screen.narrow #side { display: none; }
+    Screen.narrow.show-log #side { display: block; }
+    Screen.narrow #counters { display: none; }
+    Screen.narrow #command { height: 1; border: none; background: $boost; }
     """
+    NARROW = (120, 36)          # below either: the narrow layout
 
     BINDINGS = [Binding(k.bind, k.action, k.footer, show=k.show) for k in KEYS if k.bind]
     # What each key does, for the help screen (bindings of the panes included).
@@ -190,7 +220,8 @@ class DebuggerApp(App):
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
             with Vertical(id="right"):
-                yield PipelinePane(s, id="pipeline", classes="pane-title")
+                with VerticalScroll(id="pipeline-box", classes="pane-title"):
+                    yield PipelinePane(s, id="pipeline")
                 yield TimelinePane(s, id="timeline", classes="pane-title")
         with Horizontal(id="bottom"):
             with TabbedContent(id="memories", classes="pane-title"):
@@ -220,7 +251,7 @@ class DebuggerApp(App):
         return lambda: getattr(m, memory)
 
     def on_mount(self) -> None:
-        titles = {"pipeline": "pipeline and weights",
+        titles = {"pipeline-box": "pipeline and weights",
                   "timeline": "timeline", "log": "log", "memories": "memories",
                   "counters": "counters"}
         for wid, title in titles.items():
@@ -229,11 +260,36 @@ class DebuggerApp(App):
         self.log_line(f"loaded {escape(self.session.source_name or 'program')}: "
                       f"{len(self.session.program)} instructions, N = {self.session.machine.config.array_size}. "
                       "Press [b]?[/] for help, [b]:[/] for commands.")
+        self._apply_layout()
         self.refresh_all(follow=True)
         # Everything alive now (numba, Textual, the program) lives as long as the app: move it
         # out of the collector's sight, or every few dozen steps a full collection walks it
         # all and one repaint takes 60 ms instead of 10.
         gc.freeze()
+
+    def on_resize(self, event) -> None:
+        self._apply_layout()
+
+    def _apply_layout(self) -> None:
+        width, height = self.size
+        self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
+
+    @property
+    def narrow(self) -> bool:
+        return self.screen.has_class("narrow")
+
+    def show_bottom(self, what: str) -> None:
+        """The bottom row shows the memories or the log."""
+        self.screen.set_class(what == "log", "show-log")
+
+    def action_toggle_log(self) -> None:
+        self.show_bottom("memories" if self.screen.has_class("show-log") else "log")
+
+    def action_toggle_timeline(self) -> None:
+        self.screen.toggle_class("show-timeline")
+        if not self.screen.has_class("show-timeline") and self.focused is None:
+            self.query_one(SourceView).focus()
+        self.call_after_refresh(self.query_one(TimelinePane).update_state)
 
     def on_unmount(self) -> None:
         gc.unfreeze()                   # hand it all back (tests start many apps in one process)
@@ -296,6 +352,8 @@ class DebuggerApp(App):
         if not quiet:
             for line in result.lines:
                 self.log_line(line)
+            if echo and result.lines and result.goto is None and self.narrow:
+                self.show_bottom("log")         # a typed command's output must be seen
         if result.goto is not None:
             self.go_to(result.goto)
         if result.ui and result.ui[0] == "radix":
@@ -303,8 +361,6 @@ class DebuggerApp(App):
             view.radix = result.ui[1]
             if len(result.ui) > 2:
                 view.unit = result.ui[2]
-        if result.stop is not None and result.stop.kind == "fault":
-            self.notify(result.stop.message, title="machine fault", severity="error", timeout=8)
         self.refresh_all(follow=result.stop is not None)
 
     def log_line(self, markup: str) -> None:
@@ -357,8 +413,13 @@ class DebuggerApp(App):
             text.append(f"{m.status}", style=colour)
             stop = self.session.last_stop
             if stop is not None:
-                text.append(f"  — {stop.message}", style="grey70")
-        self.query_one("#status", Static).update(text, layout=False)
+                # a fault's cause in full (the status wraps to 3 lines), no toast over panes
+                text.append(f"  — {stop.message}",
+                            style="bold red" if stop.kind == "fault" else "grey70")
+        status = self.query_one("#status", Static)
+        lines = len(text.wrap(self.console, max(self.size.width - 2, 10)))
+        status.update(text, layout=lines != getattr(status, "_lines", 1))
+        status._lines = lines
 
     def current_memory_view(self) -> MemoryView:
         tabs = self.query_one(TabbedContent)
@@ -367,6 +428,7 @@ class DebuggerApp(App):
 
     def go_to(self, loc) -> None:
         """Show `loc` in its memory view, switching tabs if needed."""
+        self.show_bottom("memories")
         tile = loc.memory == "tile"
         if tile:
             self.tile_shown = loc.row

@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, UnicodeDecodeError) as e:
             print(f"error: --batch {args.batch}: cannot read: {e}", file=sys.stderr)
             return USAGE_ERROR
+    problem = _unwritable(args.screenshot) if args.screenshot is not None else None
+    if problem:
+        print(f"error: --screenshot {args.screenshot}: {problem}", file=sys.stderr)
+        return USAGE_ERROR
     try:
         session = load_session(args)
     except InputError as e:
@@ -128,6 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     app = DebuggerApp(session)
     app.run()
     return app.return_code or 0
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written, checked before any work is done (None if it can)."""
+    import os
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        return "is a directory"
+    if not parent.is_dir():
+        return f"no such directory {parent}"
+    if not os.access(parent, os.W_OK):
+        return f"directory {parent} is not writable"
+    return None
 
 
 def screenshot(session, script: str, out: Path, size: str) -> int:

@@ -20,6 +20,9 @@ from .formatting import (counter_lines, event_text, examine, format_value, memor
 from .session import Session, Stop
 
 
+X_LIMIT = 4096          # elements one x/ prints: a bigger dump belongs in a file, not a log
+
+
 class CommandError(Exception):
     """A command that cannot be done; the message says why."""
 
@@ -49,13 +52,15 @@ class Command:
 COMMANDS = [
     Command(("step", "s"), "step [N]", "advance N clock cycles (default 1; a step passes breakpoints)",
             "do_step", True),
-    Command(("stepi", "next", "n", "si"), "next [N]", "advance until N more instructions finish "
-            "their stage", "do_next", True),
+    Command(("next", "n", "stepi", "si"), "next [N]", "issue the next instruction and run until it "
+            "has finished its stage (N times; earlier ones may retire meanwhile)", "do_next", True),
+    Command(("finish", "fin"), "finish", "run until every instruction issued so far has finished",
+            "do_finish", True),
     Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
             "event, halt or fault", "do_continue", True),
     Command(("run",), "run N", "run N cycles (stops early at breakpoints)", "do_run", True),
-    Command(("until", "u", "advance"), "until LOCATION", "run to a line, label or *index "
-            "(run to cursor)", "do_until", True),
+    Command(("until", "u", "advance"), "until LOCATION", "run until a line, label or *index is "
+            "about to issue (run to cursor); refused if it already issued", "do_until", True),
     Command(("reverse-step", "rs"), "reverse-step [N]", "go back N cycles", "do_reverse_step", True),
     Command(("reverse-next", "reverse-stepi", "rn"), "reverse-next [N]", "go back N instructions",
             "do_reverse_next", True),
@@ -190,8 +195,17 @@ class Engine:
             raise CommandError("run N: how many cycles?")
         return self._stopped(self.session.run(max_cycles=self._count(arg)))
 
+    def do_finish(self, arg):
+        if arg:
+            raise CommandError("finish takes no argument")
+        return self._stopped(self.session.finish_in_flight())
+
     def do_until(self, arg):
         indices, where = self.resolve_location(arg)
+        cycle = self.session.issued_already(indices)
+        if cycle is not None:
+            raise CommandError(f"{where} already issued (cycle {cycle}); a program runs straight "
+                               "through, so it is not reached again: nothing to run to")
         return self._stopped(self.session.run_to(indices, where))
 
     def do_reverse_step(self, arg):
@@ -245,7 +259,10 @@ class Engine:
         if len(parts) != 2:
             raise CommandError("usage: ignore N COUNT")
         bp = self._bp(parts[0])
-        bp.ignore = max(0, self.session.eval.integer(parts[1]))
+        count = self.session.eval.integer(parts[1])
+        if count < 0:
+            raise CommandError(f"ignore: COUNT must be 0 or more, got {count}")
+        bp.ignore = count
         return Result([f"will ignore the next {bp.ignore} crossings of breakpoint {bp.number}"])
 
     def do_watch(self, arg):
@@ -332,6 +349,8 @@ class Engine:
         if not m:
             raise CommandError(f"x/{fmt}: expected x/NFU with F one of x d u and U one of b w")
         count = int(m.group(1) or 16)
+        if not 1 <= count <= X_LIMIT:
+            raise CommandError(f"x/{fmt}: count must be 1..{X_LIMIT}, got {count}")
         radix = {"x": "hex", "d": "signed", "u": "unsigned", "": "signed"}[m.group(2)]
         if not arg:
             raise CommandError("x/NFU ADDR: which address?")
@@ -363,11 +382,11 @@ class Engine:
         m = self.session.machine
         out = [f"cycle {m.cycle}  status {m.status}"]
         for st in self.session.pipeline():
-            if st.index is None:
+            if st.index is None and not st.text:
                 body = "idle"
             else:
                 loc = f" ({st.location})" if st.location else ""
-                body = f"#{st.index} {st.text}{loc}"
+                body = f"#{st.index} {st.text}{loc}" if st.index is not None else st.text
                 if st.total:
                     body += f"  {st.progress}/{st.total} {st.unit}"
                 body += f"  {st.cycles_in_stage} cycles in stage"

@@ -79,6 +79,14 @@ _FUNCTIONS = {"sum": lambda a: np.sum(np.asarray(a, dtype=np.int64)),
               "len": len, "int": int, "count": lambda a: int(np.count_nonzero(a))}
 
 
+# names _name() resolves besides symbols, counters and registers
+_MACHINE_NAMES = frozenset(("cycle", "status", "fault", "ub", "ubu", "acc", "host", "hostu", "tile",
+                            "array_size", "ub_rows", "acc_rows", "fifo_depth", "retired"))
+_ALLOWED_NODES = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare,
+                  ast.Subscript, ast.Slice, ast.Tuple, ast.List, ast.Load, ast.operator,
+                  ast.unaryop, ast.boolop, ast.cmpop)
+
+
 def symbol_table(program) -> dict[str, tuple[str, int, int]]:
     """Every name a program's symbols can be written as -> (kind, value, size).
 
@@ -156,10 +164,36 @@ class Evaluator:
         return Location(memory, int(row), 0, size)
 
     def check(self, text: str) -> None:
-        """Raise ExprError if `text` is not a well-formed expression (nothing is evaluated)."""
-        self._parse(text)
+        """Raise ExprError if `text` is not a well-formed expression or names something that
+        does not exist (nothing is evaluated: memories may change before it is)."""
+        self._check(self._parse(text))
+
+    def known_name(self, name: str) -> bool:
+        m = self.machine
+        return (name in _MACHINE_NAMES or name in self.symbols or name in m.counters()
+                or name in m.registers())
 
     # -- internals -----------------------------------------------------------------------
+    def _check(self, tree: ast.AST) -> None:
+        """Every node of a whitelisted kind, every name and symbol known."""
+        prefixes = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                if not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
+                        and not node.keywords):
+                    raise ExprError(f"not allowed in an expression: `{ast.unparse(node)}`")
+            elif isinstance(node, ast.Attribute):
+                if not isinstance(node.value, ast.Name):
+                    raise ExprError(f"not allowed in an expression: `{ast.unparse(node)}`")
+                name = f"{node.value.id}.{node.attr}"
+                if name not in self.symbols:
+                    raise ExprError(f"no symbol {name}")
+            elif isinstance(node, ast.Name):
+                if id(node) not in prefixes and not self.known_name(node.id) and node.id not in _FUNCTIONS:
+                    raise ExprError(f"unknown name `{node.id}`")
+            elif not isinstance(node, _ALLOWED_NODES):
+                raise ExprError(f"not allowed in an expression: `{ast.unparse(node)}`")
+
     def _parse(self, text: str) -> ast.Expression:
         text = text.strip()
         if not text:

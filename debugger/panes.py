@@ -35,10 +35,18 @@ class PipelinePane(Static):
         super().__init__(**kwargs)
         self.session = session
         self._drawn = None
+        self._lines = 0
 
     def on_resize(self) -> None:
         self._drawn = None
         self.update_state()
+
+    def _show(self, text: Text) -> None:
+        """Redraw; a relayout (the scrolling box around the pane) only when the number of
+        lines changed: most steps change words, not the height."""
+        lines = text.plain.count("\n") + 1
+        self.update(text, layout=lines != self._lines)
+        self._lines = lines
 
     def update_state(self) -> None:
         m = self.session.machine
@@ -50,7 +58,7 @@ class PipelinePane(Static):
         self._drawn = key
         width = self.size.width or 100
         if width < 72:
-            self.update(self._compact(states, weights, width), layout=False)
+            self._show(self._compact(states, weights, width))
             return
         w_instr = min(30, max(16, width // 4))
         w_stall = max(16, width - (9 + w_instr + 15 + 6 + 3))
@@ -60,11 +68,12 @@ class PipelinePane(Static):
         for st in states:
             colour = _STAGE_COLOURS.get(st.name, "white")
             text.append(f"{st.name:<9}", style=f"bold {colour}")
-            if st.index is None:
+            if st.index is None and not st.text:
                 text.append(f"{'idle':<{w_instr + 1 + 15 + 6}}", style="grey50")
             else:
                 line = f" :{st.location.line}" if st.location else ""
-                instr = _fit(f"#{st.index} {st.text}{line}", w_instr)
+                label = f"#{st.index} {st.text}" if st.index is not None else st.text
+                instr = _fit(f"{label}{line}", w_instr)
                 progress = _fit(f"{st.progress}/{st.total} {st.unit}" if st.total else "", 14)
                 text.append(f"{instr:<{w_instr}} {progress:<14} {st.cycles_in_stage:>6}")
             if st.stall:
@@ -75,7 +84,7 @@ class PipelinePane(Static):
                     text.append("\n" + indent + chunk, style="bold red")
             text.append("\n")
         text.append_text(weights)
-        self.update(text, layout=False)     # fixed height: no relayout per step
+        self._show(text)
 
 
     @staticmethod
@@ -85,11 +94,12 @@ class PipelinePane(Static):
         for st in states:
             colour = _STAGE_COLOURS.get(st.name, "white")
             text.append(f"{st.name:<9}", style=f"bold {colour}")
-            if st.index is None:
+            if st.index is None and not st.text:
                 text.append("idle", style="grey50")
             else:
                 progress = f" {st.progress}/{st.total}" if st.total else ""
-                text.append(_fit(f"#{st.index} {st.text}{progress} ({st.cycles_in_stage})", width - 9))
+                label = f"#{st.index} {st.text}" if st.index is not None else st.text
+                text.append(_fit(f"{label}{progress} ({st.cycles_in_stage})", width - 9))
             for chunk in textwrap.wrap(st.stall or "", max(width - 2, 10)):
                 text.append("\n  " + chunk, style="bold red")
             text.append("\n")

@@ -242,16 +242,48 @@ class Session:
         return self._finish(Stop("paused", f"cycle {m.cycle}"))
 
     def step_instructions(self, n: int = 1) -> Stop:
-        """Advance until n more instructions have finished their stage (breakpoints do not stop it)."""
+        """`next`: n times, issue the next instruction and run until it has finished its
+        stage (breakpoints do not stop it).  Instructions issued before it may retire
+        meanwhile: the message counts every retirement."""
         m = self.machine
+        retired = int(m.counters()["instructions"])
+        done = None
         for _ in range(n):
             if self.finished:
                 break
+            done = self.next_to_issue()
             self.history.step_instruction()
             self._record()
         if self.finished:
             return self._finish(self._finished_stop())
-        return self._finish(Stop("paused", f"cycle {m.cycle}: {self.where(self.next_to_issue())} next"))
+        count = int(m.counters()["instructions"]) - retired
+        what = f"{self.where(done)} finished its stage; " if done is not None else ""
+        return self._finish(Stop("paused", f"cycle {m.cycle}: {what}{count} instruction(s) "
+                                           f"retired; {self.where(self.next_to_issue())} next"))
+
+    def issued_already(self, indices) -> int | None:
+        """The cycle at which the last of `indices` issued if all have (a TPU program has no
+        branches: such a line is never reached again), else None."""
+        cycles = [self.machine.issue_cycle(i) for i in indices]
+        return max(cycles) if cycles and min(cycles) >= 0 else None
+
+    def finish_in_flight(self) -> Stop:
+        """`finish`: run until every instruction issued so far has finished its stage
+        (breakpoints and watchpoints still stop it)."""
+        m = self.machine
+        if self.finished:
+            return self._finish(self._finished_stop())
+        times = m.intervals()
+        in_flight = np.flatnonzero(times[:, 2] > m.cycle)
+        if not len(in_flight):
+            return self._finish(Stop("paused", f"cycle {m.cycle}: nothing in flight"))
+        end = int(times[in_flight, 2].max())
+        stop = self.run(max_cycles=end - m.cycle)
+        if stop.kind == "paused":
+            names = ", ".join(f"#{i}" for i in in_flight[:8]) + (" ..." if len(in_flight) > 8 else "")
+            stop = self._finish(Stop("paused", f"cycle {m.cycle}: {names} finished; "
+                                               f"{self.where(self.next_to_issue())} next"))
+        return stop
 
     def run(self, max_cycles: int | None = None, progress=None) -> Stop:
         """Continue until a breakpoint, watchpoint, caught event, halt, fault, `max_cycles`

@@ -37,7 +37,7 @@ _TOKEN_STYLES = [
     (String, Style(color="yellow")),
     (Operator, Style(color="white")),
 ]
-GUTTER_WIDTH = 13        # "  123 ● IMA▶ ": line number, breakpoint, stages, next arrow
+GUTTER_MARKS = 7         # " ● IMA▶ " after the line number: breakpoint, stages, next arrow
 _LINE_NO = Style(color="grey50")
 _BREAK = Style(color="bright_red", bold=True)
 _BREAK_OFF = Style(color="grey50")
@@ -107,9 +107,12 @@ class SourceView(ScrollView, can_focus=True):
         Binding("pageup", "cursor(-20)", show=False),
         Binding("pagedown", "cursor(20)", show=False),
         Binding("space", "toggle_break", "Break", tooltip="toggle a breakpoint on the cursor line"),
+        Binding("left", "pan(-8)", show=False),
+        Binding("right", "pan(8)", show=False),
+        Binding("home", "pan(-10000)", show=False),
     ]
     DEFAULT_CSS = """
-    SourceView { height: 1fr; }
+    SourceView { height: 1fr; scrollbar-size-horizontal: 0; scrollbar-size-vertical: 1; }
     SourceView:focus { background: $boost; }
     """
 
@@ -128,12 +131,24 @@ class SourceView(ScrollView, can_focus=True):
         self.break_lines: dict[int, bool] = {}   # line -> enabled
         self._drawn = None
         self.fault_line: int | None = None        # the line of the instruction that faulted
-        self.virtual_size = Size(100, len(self.listing.lines))
+        self._resize_virtual()
+
+    @property
+    def gutter_width(self) -> int:
+        return max(3, len(str(len(self.listing.lines)))) + GUTTER_MARKS
+
+    def _resize_virtual(self) -> None:
+        """Long lines scroll sideways (left/right) under a fixed gutter."""
+        longest = max((sum(seg.cell_length for seg in line) for line in self.listing.lines), default=0)
+        self.virtual_size = Size(self.gutter_width + longest + 1, len(self.listing.lines))
+
+    def action_pan(self, delta: int) -> None:
+        self.scroll_to(x=max(0, int(self.scroll_offset.x) + delta), animate=False)
 
     def show_file(self, file: str) -> None:
         if file != self.listing.name:
             self.listing = build_listing(self.session, file)
-            self.virtual_size = Size(100, len(self.listing.lines))
+            self._resize_virtual()
             self.border_title = f"source  {file}"
 
     def on_mount(self) -> None:
@@ -197,7 +212,7 @@ class SourceView(ScrollView, can_focus=True):
         line = int(self.scroll_offset.y) + offset.y + 1
         if 1 <= line <= len(self.listing.lines):
             self.cursor_line = line
-            if offset.x < GUTTER_WIDTH:         # a click in the gutter toggles a breakpoint
+            if offset.x < self.gutter_width:         # a click in the gutter toggles a breakpoint
                 self.post_message(self.ToggleBreakpoint(line))
             self.refresh()
 
@@ -216,9 +231,13 @@ class SourceView(ScrollView, can_focus=True):
             arrow = Segment("✖", _FAULT)
         else:
             arrow = Segment("▶" if line == self.next_line else " ", _NEXT)
-        segments = [Segment(f"{line:>5} ", _LINE_NO), dot, Segment(" "), *stage_segments, pad,
-                    arrow, Segment(" "), *self.listing.lines[line - 1]]
-        strip = Strip(segments).crop(0, width).extend_cell_length(width)
+        digits = self.gutter_width - GUTTER_MARKS
+        gutter = Strip([Segment(f"{line:>{digits}} ", _LINE_NO), dot, Segment(" "), *stage_segments,
+                        pad, arrow, Segment(" ")])
+        body_width = max(width - gutter.cell_length, 0)
+        scroll_x = int(self.scroll_offset.x)
+        body = Strip(self.listing.lines[line - 1]).crop(scroll_x, scroll_x + body_width)
+        strip = Strip.join([gutter, body]).crop(0, width).extend_cell_length(width)
         if line == self.fault_line:
             strip = strip.apply_style(_FAULT_LINE)
         elif line == self.next_line:

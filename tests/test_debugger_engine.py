@@ -302,7 +302,8 @@ expect status == "halted"
         r"cycle \d+: Debug_Tag 7 from #3 `TAG 7` \(.*small\.tasm:13\)",
         r"breakpoint 1 at #4 `MMC\.SO 0, 0, 4` \(.*small\.tasm:14\), cycle \d+",
         r"ok retired == 4",
-        r"cycle \d+: #\d `.*` \(.*\) next",
+        r"cycle \d+: #4 `MMC\.SO 0, 0, 4` \(.*\) finished its stage; 1 instruction\(s\) retired; "
+        r"#\d `.*` \(.*\) next",
         re.escape(f"acc[0][0:4] = {np.array2string(want['acc1'][0][:4])}"),
         r"cycle \d+: Interrupt_Host 3 from #9 `INT 3` \(.*small\.tasm:19\)",
         r"halted at cycle \d+",

@@ -5,6 +5,7 @@ The public API (imported lazily so that `tpuasm --help` does not pay for numba):
     Program.to_bytes() / Program.from_bytes() / load_binary(path)
     disassemble(program) -> str
     Machine, MachineConfig (tpuasm.machine)
+    compile(model.onnx, batch=..., calibration=..., config=...) -> CompiledModel (tpuasm.compiler)
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ _LAZY = {
     "Machine": ("tpuasm.machine", "Machine"),
     "MachineConfig": ("tpuasm.machine", "MachineConfig"),
     "MachineFault": ("tpuasm.machine", "MachineFault"),
+    "compile": ("tpuasm.compiler", "compile"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

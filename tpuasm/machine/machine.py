@@ -326,6 +326,15 @@ class Machine:
     def finish_cycle(self, index: int) -> int:
         return int(self.times[index, core.TM_FINISH]) if self.retired(index) else -1
 
+    def intervals(self) -> np.ndarray:
+        """A copy, (instructions, 3) int64: the issue, start and finish cycle of every
+        instruction issued so far, -1 in all three for those not issued yet.  An issued
+        instruction's whole timeline is fixed when it issues (the timestamp model of
+        core.py), so the finish of one still in flight is already its true finish."""
+        t = self.times[:len(self.prog)].copy()
+        t[(t[:, core.TM_ISSUE] < 0) | (t[:, core.TM_ISSUE] >= self.cycle)] = -1
+        return t
+
     def _tiles(self):
         """(number of tiles requested, tile table) at the current cycle."""
         nreq = int(self.st[core.S_NREQ])

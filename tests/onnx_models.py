@@ -1,0 +1,63 @@
+"""Small ONNX models built with onnx.helper for the compiler's tests, and onnxruntime as the
+oracle.  Each builder returns a ModelProto with one batch dimension of size `batch`."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+_ONNX_TYPE = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8,
+              np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32}
+
+
+def const(name: str, value, dtype=None) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def value_info(name: str, dtype, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, _ONNX_TYPE[np.dtype(dtype)],
+                                         None if shape is None else list(shape))
+
+
+def model(nodes, inputs, outputs, initializers, name="test", opset=OPSET,
+          ms_domain=False) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
+    opsets = [helper.make_opsetid("", opset)]
+    if ms_domain:
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    m = helper.make_model(graph, opset_imports=opsets)
+    m.ir_version = 8
+    return m
+
+
+def run_ort(m: onnx.ModelProto, feeds: dict[str, np.ndarray], optimize: bool = True):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(m.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def qparams_inputs(prefix: str, scale: float, zero_point: int, signed: bool):
+    """Initializers `<prefix>_scale` and `<prefix>_zp`."""
+    return [const(f"{prefix}_scale", np.float32(scale)),
+            const(f"{prefix}_zp", zero_point, np.int8 if signed else np.uint8)]
+
+
+def agreement(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, int]:
+    """(fraction of identical elements, largest difference in LSB)."""
+    diff = np.abs(np.asarray(ours, np.int64) - np.asarray(theirs, np.int64))
+    return float(np.mean(diff == 0)), int(diff.max(initial=0))
+
+
+def assert_agrees(ours, theirs, identical: float = 0.999, lsb: int = 1):
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    same, worst = agreement(ours, theirs)
+    assert worst <= lsb and same >= identical, \
+        f"{same:.4%} identical, worst difference {worst} LSB"

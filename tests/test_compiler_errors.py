@@ -1,0 +1,237 @@
+"""Every bad-input path of the compiler: one clear error naming the file (and node), exit
+status 2 from the CLI, no traceback, and no OUTDIR (not even half of one)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import float_models
+from tpuasm.compiler.cli import compile_main, infer_main
+from tpuasm.compiler.pipeline import compile_model
+from tpuasm.compiler.errors import CompileError
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    return float_models.save(float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,)),
+                             tmp_path / "mlp.onnx")
+
+
+@pytest.fixture
+def calib(tmp_path):
+    path = tmp_path / "calib.npy"
+    np.save(path, np.random.default_rng(0).normal(0, 1, (20, 9)).astype(np.float32))
+    return path
+
+
+def run_compile(capsys, *argv):
+    code = compile_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def test_missing_file(tmp_path, capsys):
+    code, _, err = run_compile(capsys, tmp_path / "nope.onnx", "-o", tmp_path / "out")
+    assert code == 2 and "nope.onnx: no such file" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.6, 0.95])
+def test_truncated_model(tmp_path, capsys, mlp, calib, cut):
+    data = open(mlp, "rb").read()
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(data[:int(len(data) * cut)])
+    code, _, err = run_compile(capsys, bad, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and "bad.onnx" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_garbage_file(tmp_path, capsys):
+    bad = tmp_path / "garbage.onnx"
+    bad.write_bytes(b"\xff\xfe not a protobuf \x00" * 10)
+    code, _, err = run_compile(capsys, bad, "-o", tmp_path / "out")
+    assert code == 2 and "garbage.onnx: not a readable ONNX model" in err
+
+
+def test_unsupported_opset(tmp_path, capsys):
+    m = float_models.build([("gemm", 3)], (4,))
+    m.opset_import[0].version = 7
+    path = tmp_path / "old.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "opset 7 is not supported" in err
+
+
+def test_unknown_domain(tmp_path, capsys):
+    m = float_models.build([("gemm", 3)], (4,))
+    m.graph.node[0].domain = "com.example"
+    m.opset_import.append(helper.make_opsetid("com.example", 1))
+    path = tmp_path / "dom.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "gemm0" in err and "com.example" in err
+
+
+def test_float_model_without_calibration_says_what_to_pass(tmp_path, capsys, mlp):
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out")
+    assert code == 2 and "float model" in err and "--calibrate" in err
+
+
+def test_dynamic_batch_without_batch(tmp_path, capsys, mlp, calib):
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and "dynamic batch dimension" in err and "--batch" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dynamic_inner_dimension(tmp_path, capsys, calib):
+    m = float_models.build([("gemm", 3)], (4,))
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "K"
+    path = tmp_path / "dyn.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "2",
+                               "--calibrate", calib)
+    assert code == 2 and "dimension 1 is dynamic" in err
+
+
+@pytest.mark.parametrize("shape,message", [((20, 8), "has shape (20, 8)"),
+                                           ((20,), "has shape (20,)"),
+                                           ((0, 9), "non-zero")])
+def test_calibration_of_the_wrong_shape(tmp_path, capsys, mlp, shape, message):
+    path = tmp_path / "c.npy"
+    np.save(path, np.zeros(shape, np.float32))
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", path,
+                               "--batch", "4")
+    assert code == 2 and "c.npy" in err and message in err
+
+
+def test_calibration_not_numpy(tmp_path, capsys, mlp):
+    path = tmp_path / "c.npy"
+    path.write_text("hello")
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", path,
+                               "--batch", "4")
+    assert code == 2 and "c.npy" in err
+
+
+def test_calibration_npz_missing_input(tmp_path, capsys, mlp):
+    path = tmp_path / "c.npz"
+    np.savez(path, other=np.zeros((3, 9), np.float32))
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", path,
+                               "--batch", "4")
+    assert code == 2 and "no calibration data for input(s) x" in err
+
+
+def test_calibration_for_a_quantized_model(tmp_path, capsys, mlp, calib):
+    compile_model(mlp, batch=2, calibration=np.zeros((3, 9), np.float32)).save(tmp_path / "o")
+    code, _, err = run_compile(capsys, tmp_path / "o" / "model.qdq.onnx", "-o",
+                               tmp_path / "o2", "--calibrate", calib)
+    assert code == 2 and "already quantized" in err
+
+
+@pytest.mark.parametrize("argv,message", [(["--batch", "0"], "at least 1"),
+                                          (["--config", "nonsense"], "KEY=VALUE"),
+                                          (["--config", "array_size=0"], "--config")])
+def test_bad_arguments(tmp_path, capsys, mlp, calib, argv, message):
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib,
+                               *argv)
+    assert code == 2 and message in err
+
+
+def test_outdir_that_is_not_ours_is_not_replaced(tmp_path, capsys, mlp, calib):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.txt").write_text("do not delete")
+    code, _, err = run_compile(capsys, mlp, "-o", out, "--calibrate", calib, "--batch", "2")
+    assert code == 2 and "refusing to replace" in err
+    assert (out / "thesis.txt").read_text() == "do not delete"
+
+
+def test_recompiling_replaces_outdir_atomically(tmp_path, capsys, mlp, calib):
+    out = tmp_path / "out"
+    assert run_compile(capsys, mlp, "-o", out, "--calibrate", calib, "--batch", "2")[0] == 0
+    assert run_compile(capsys, mlp, "-o", out, "--calibrate", calib, "--batch", "3")[0] == 0
+    assert json.loads((out / "manifest.json").read_text())["batch"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_failure_while_writing_leaves_no_outdir(tmp_path, mlp, monkeypatch):
+    model = compile_model(mlp, batch=2, calibration=np.zeros((3, 9), np.float32))
+    import tpuasm.compiler.outdir as outdir
+
+    def explode(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(outdir, "_copy_reference", explode)
+    with pytest.raises(CompileError, match="No space left"):
+        model.save(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == [tmp_path / "mlp.onnx"]
+
+
+# --- infer ------------------------------------------------------------------------------
+
+@pytest.fixture
+def compiled(tmp_path, mlp, calib):
+    out = tmp_path / "out"
+    compile_model(mlp, batch=4, calibration=calib).save(out)
+    return out
+
+
+def run_infer(capsys, *argv):
+    code = infer_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, err
+
+
+def test_infer_not_an_outdir(tmp_path, capsys):
+    code, err = run_infer(capsys, tmp_path, tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+    assert code == 2 and "not a compiled model" in err
+
+
+def test_infer_corrupt_manifest(tmp_path, capsys, compiled):
+    (compiled / "manifest.json").write_text("{")
+    code, err = run_infer(capsys, compiled, tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+    assert code == 2 and "manifest.json" in err
+
+
+@pytest.mark.parametrize("shape,message", [((5, 8), "expected (rows, 9)"),
+                                           ((9,), "add the rows dimension")])
+def test_infer_wrong_input_shape(tmp_path, capsys, compiled, shape, message):
+    np.save(tmp_path / "x.npy", np.zeros(shape, np.float32))
+    code, err = run_infer(capsys, compiled, tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+    assert code == 2 and message in err and not (tmp_path / "y.npy").exists()
+
+
+def test_infer_npz_with_a_wrong_name(tmp_path, capsys, compiled):
+    np.savez(tmp_path / "x.npz", image=np.zeros((2, 9), np.float32))
+    code, err = run_infer(capsys, compiled, tmp_path / "x.npz", "-o", tmp_path / "y.npz")
+    assert code == 2 and "missing input(s) x" in err
+
+
+def test_infer_pickled_input_is_refused(tmp_path, capsys, compiled):
+    np.save(tmp_path / "x.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    code, err = run_infer(capsys, compiled, tmp_path / "x.npy", "-o", tmp_path / "y.npy")
+    assert code == 2 and "x.npy" in err
+
+
+def test_infer_bad_output_suffix(tmp_path, capsys, compiled):
+    np.save(tmp_path / "x.npy", np.zeros((2, 9), np.float32))
+    code, err = run_infer(capsys, compiled, tmp_path / "x.npy", "-o", tmp_path / "y.txt")
+    assert code == 2 and ".npy or .npz" in err
+
+
+def test_model_with_a_non_tensor_input(tmp_path, capsys):
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("SequenceLength", ["s"], ["n"]),
+         helper.make_node("Cast", ["n"], ["y"], to=TensorProto.FLOAT)], "g", [seq], [out]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "seq.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate",
+                               tmp_path / "none.npy")
+    assert code == 2 and "seq.onnx" in err

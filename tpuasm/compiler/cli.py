@@ -1,0 +1,168 @@
+"""`tpuasm compile` and `tpuasm infer`: thin faces over tpuasm.compiler.
+
+Exit status: 0 success, 1 the emulator faulted while running a model, 2 bad input (a model,
+calibration set, data file or OUTDIR the compiler cannot use, or bad arguments)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+EXIT_OK, EXIT_FAULT, EXIT_USAGE = 0, 1, 2
+
+
+def _parser_compile() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tpuasm compile",
+        description="Compile an ONNX model into TPU programs (quantized int8; operators the "
+                    "TPU cannot run stay on the host).  Writes OUTDIR atomically.")
+    p.add_argument("model", help="the ONNX model (float with --calibrate, or QDQ/QOperator)")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR",
+                   help="output directory (replaced if it holds an earlier compile)")
+    p.add_argument("--batch", type=_positive, metavar="B",
+                   help="batch size of the TPU programs (default: the model's fixed batch)")
+    p.add_argument("--calibrate", metavar="DATA", help="calibration inputs for a float model: "
+                   ".npy (one input, rows first) or .npz keyed by input name")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="machine configuration, e.g. array_size=16 (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
+    return p
+
+
+def _parser_infer() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tpuasm infer",
+        description="Run a compiled model on the emulator: float32 inputs in the model's own "
+                    "layout, any number of rows, in batches of the compiled size.")
+    p.add_argument("outdir", help="a directory written by `tpuasm compile`")
+    p.add_argument("inputs", help="X.npy (one input) or X.npz keyed by input name")
+    p.add_argument("-o", "--output", required=True, metavar="Y",
+                   help="Y.npy (one output) or Y.npz (keyed by output name)")
+    p.add_argument("--engine", choices=("emulator", "reference"), default=None,
+                   help="run segments on the emulator (default) or with reference.py")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    return n
+
+
+def _parse(parser, argv):
+    try:
+        return parser.parse_args(argv), None
+    except SystemExit as e:          # argparse: 2 on usage errors, 0 for --help
+        return None, int(e.code or 0)
+
+
+@contextmanager
+def _errors():
+    """Turn the compiler's errors into a message and exit status 2 (1 for machine faults)."""
+    from tpuasm.compiler.runtime import InferenceFault
+    from tpuasm.errors import TpuasmError
+    state = {"code": EXIT_OK}
+    try:
+        yield state
+    except InferenceFault as e:
+        print(f"error: {e}", file=sys.stderr)
+        state["code"] = EXIT_FAULT
+    except TpuasmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        state["code"] = EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        state["code"] = 130
+
+
+def compile_main(argv: list[str] | None = None) -> int:
+    args, code = _parse(_parser_compile(), argv)
+    if args is None:
+        return code
+    with _errors() as state:
+        from tpuasm.compiler.pipeline import compile_model
+        model = compile_model(args.model, batch=args.batch, calibration=args.calibrate,
+                              config=args.config)
+        model.save(args.output)
+        if not args.quiet:
+            sys.stdout.write(model.report.text())
+        print(f"\nwrote {args.output}"
+              + ("" if model.has_programs else " (no TPU programs: the back end is missing)"))
+    return state["code"]
+
+
+def infer_main(argv: list[str] | None = None) -> int:
+    args, code = _parse(_parser_infer(), argv)
+    if args is None:
+        return code
+    with _errors() as state:
+        from tpuasm.compiler.outdir import load
+        model = load(args.outdir)
+        data = read_inputs(Path(args.inputs), [i.name for i in model.inputs])
+        out = Path(args.output)
+        if out.suffix not in (".npy", ".npz"):
+            raise _error(f"{out}: the output must be a .npy or .npz file")
+        if out.suffix == ".npy" and len(model.outputs) != 1:
+            raise _error(f"{out}: the model has {len(model.outputs)} outputs "
+                         f"({', '.join(o.name for o in model.outputs)}): write an .npz")
+        with _progress(args.quiet) as progress:
+            results = model.run(data, progress=progress, engine=args.engine)
+        write_outputs(out, results)
+        if not args.quiet:
+            rows = len(next(iter(results.values()))) if results else 0
+            print(f"wrote {out} ({rows} rows)", file=sys.stderr)
+    return state["code"]
+
+
+def _error(message: str):
+    from tpuasm.compiler.errors import CompileError
+    return CompileError(message)
+
+
+def read_inputs(path: Path, names: list[str]) -> dict:
+    import numpy as np
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise _error(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise _error(f"{path}: not a .npy/.npz file: {e}") from None
+    if isinstance(loaded, np.ndarray):
+        if len(names) != 1:
+            raise _error(f"{path}: the model has {len(names)} inputs ({', '.join(names)}): "
+                         f"give an .npz keyed by input name")
+        return {names[0]: loaded}
+    with loaded:
+        return {k: loaded[k] for k in loaded.files}
+
+
+def write_outputs(path: Path, results: dict) -> None:
+    import numpy as np
+    try:
+        if path.suffix == ".npy":
+            np.save(path, next(iter(results.values())))
+        else:
+            np.savez(path, **results)
+    except OSError as e:
+        raise _error(f"{path}: cannot write: {e.strerror}") from None
+
+
+@contextmanager
+def _progress(quiet: bool):
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+    bar = Progress(TextColumn("inference"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("rows", total=None)
+    with bar:
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -1,0 +1,83 @@
+"""A regression manifest per TPU segment (spec/regression.md) so that `tpuasm test OUTDIR`
+re-runs each compiled program on one batch of sample inputs.
+
+The expected host rows are the emulator's output for that batch, recorded only after the
+outputs read from them (`SegmentProgram.read_outputs`) agreed with reference.py's independent
+evaluation of the segment (>= 99.9 % identical, none more than 1 LSB apart); the golden rows
+then hold the program's padding lanes too, which no model outside the back end predicts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.runtime import TpuStep
+
+SHAPE_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
+
+
+def sample_inputs(step: TpuStep, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in step.segment.inputs:
+        dtype = np.int8 if t.quant.signed else np.uint8
+        out[t.name] = rng.integers(t.quant.qmin, t.quant.qmax + 1,
+                                   size=(batch,) + t.shape).astype(dtype)
+    return out
+
+
+def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
+    from tpuasm.compiler.reference import run_segment
+    expected = run_segment(step.segment, inputs)
+    for name, want in expected.items():
+        got = np.asarray(ours[name]).reshape(want.shape)
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+        same = float(np.mean(diff == 0)) if diff.size else 1.0
+        if diff.size and (diff.max() > 1 or same < 0.999):
+            raise CompileError(f"{step.name}: the generated program disagrees with the "
+                               f"reference on '{name}': {same:.2%} identical, worst "
+                               f"{int(diff.max())} LSB (a back-end bug)")
+
+
+def write_regression(step: TpuStep, outdir: Path, model) -> None:
+    batch = model.batch
+    program = step.program
+    inputs = sample_inputs(step, batch)
+    host = program.host_image(inputs)
+    np.save(outdir / f"{step.name}.host.npy", host)
+    machine = step.machine(model.config)
+    machine.load(step.binary(), host=host, weights=program.weights)
+    result = machine.run()
+    if result.status != "halted":
+        raise CompileError(f"{step.name}: the generated program did not halt on sample "
+                           f"inputs: {result.fault or result.status}")
+    check_against_reference(step, program.read_outputs(machine.host), inputs)
+    folder = outdir / "regression" / step.name
+    folder.mkdir(parents=True)
+    expects = []
+    for i, (name, layout) in enumerate(program.outputs.items()):
+        rows = np.array(machine.host[layout.base:layout.base + layout.rows])
+        if layout.tensor.quant.signed:
+            rows = rows.view(np.int8)
+        np.save(folder / f"output{i}.npy", rows)
+        expects.append(f'[[expect.rows]]\n# {name}: {layout.layout}\nstart = {layout.base}\n'
+                       f'memory = "host"\nexpected = "output{i}.npy"\ntolerance = 0\n')
+    machine_keys = "".join(f"{k} = {_toml(v)}\n" for k, v in model.config.items())
+    stem = Path(model.report.model).stem
+    text = (f'# Written by `tpuasm compile`: {step.name} of {model.report.model} on one batch\n'
+            f'# of sample inputs; expected rows recorded after agreeing with reference.py.\n'
+            f'[test]\nprogram = "../../{step.name}.tasm"\nname = "{stem}-{step.name}"\n'
+            f'description = "compiled {stem}: {step.name}"\n'
+            + (f"\n[machine]\n{machine_keys}" if machine_keys else "")
+            + f'\n[data]\nhost = "../../{step.name}.host.npy"\n'
+              f'weights = "../../{step.name}.weights.npy"\n\n' + "\n".join(expects))
+    (folder / "test.toml").write_text(text)
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,139 @@
+"""A small, read-only graph form of an ONNX model: nodes with names and attributes,
+producer/consumer maps, per-tensor shapes and element types, and constants as numpy arrays
+(views of the model's bytes or memory maps of its external data: weights are never copied
+into a second Python object)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from tpuasm.compiler.errors import CompileError
+
+
+@dataclass
+class Node:
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]                 # "" for an omitted optional input
+    outputs: list[str]
+    attrs: dict
+    index: int                        # position in the model's node list
+    proto: onnx.NodeProto = field(repr=False, default=None)
+
+    def attr(self, name: str, default=None):
+        return self.attrs.get(name, default)
+
+    def input(self, i: int) -> str:
+        return self.inputs[i] if i < len(self.inputs) else ""
+
+    def __str__(self) -> str:
+        return f"{self.op_type} '{self.name}'"
+
+
+def _np_dtype(elem_type: int):
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class Graph:
+    """The graph of one model (shapes inferred, batch fixed) and its constants."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: Path, shapes: dict, dtypes: dict):
+        self.model = model
+        self.base_dir = Path(base_dir)
+        self.shapes: dict[str, tuple] = shapes        # tensor -> full shape (batch first)
+        self.dtypes: dict[str, np.dtype] = dtypes
+        g = model.graph
+        self.initializers = {t.name: t for t in g.initializer}
+        self.inputs = [v.name for v in g.input if v.name not in self.initializers]
+        self.outputs = [v.name for v in g.output]
+        self.nodes: list[Node] = []
+        self.producer: dict[str, Node] = {}
+        self.consumers: dict[str, list[Node]] = {}
+        self._constants: dict[str, np.ndarray] = {}
+        for i, proto in enumerate(g.node):
+            attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+            node = Node(proto.name, proto.op_type, proto.domain or "", list(proto.input),
+                        list(proto.output), attrs, i, proto)
+            self.nodes.append(node)
+            for out in node.outputs:
+                if out:
+                    self.producer[out] = node
+            for inp in node.inputs:
+                if inp:
+                    self.consumers.setdefault(inp, []).append(node)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    # --- constants ------------------------------------------------------------------------
+
+    def is_constant(self, name: str) -> bool:
+        if name in self.initializers:
+            return True
+        node = self.producer.get(name)
+        return node is not None and node.op_type == "Constant" and "value" in node.attrs
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of an initializer or Constant node output; None if not a constant."""
+        if name in self._constants:
+            return self._constants[name]
+        if name in self.initializers:
+            value = tensor_array(self.initializers[name], self.base_dir)
+        elif self.is_constant(name):
+            value = tensor_array(self.producer[name].attrs["value"], self.base_dir)
+        else:
+            return None
+        self._constants[name] = value
+        return value
+
+    def sample_shape(self, name: str) -> tuple[int, ...] | None:
+        """A tensor's shape without its batch dimension."""
+        shape = self.shapes.get(name)
+        return None if shape is None else tuple(shape[1:])
+
+
+def tensor_array(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:
+    """A TensorProto as a read-only numpy array without an extra copy: external data is
+    memory-mapped, raw data viewed in place."""
+    dtype = _np_dtype(tensor.data_type)
+    dims = tuple(tensor.dims)
+    if dtype is None:
+        raise CompileError(f"initializer '{tensor.name}': unsupported element type "
+                           f"{tensor.data_type}")
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in tensor.external_data}
+        path = Path(base_dir) / info.get("location", "")
+        offset = int(info.get("offset", 0))
+        count = int(np.prod(dims, dtype=np.int64))
+        size = count * dtype.itemsize
+        try:
+            available = path.stat().st_size - offset
+        except OSError as e:
+            raise CompileError(f"initializer '{tensor.name}': external data {path}: "
+                               f"{e.strerror}") from None
+        if available < size:
+            raise CompileError(f"initializer '{tensor.name}': external data {path} holds "
+                               f"{max(available, 0)} bytes at offset {offset}, "
+                               f"{size} needed (truncated?)")
+        if count == 0:
+            return np.zeros(dims, dtype)
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=dims)
+    if tensor.HasField("raw_data"):
+        data = np.frombuffer(tensor.raw_data, dtype=dtype)
+        if data.size != int(np.prod(dims, dtype=np.int64)):
+            raise CompileError(f"initializer '{tensor.name}': {data.size} values for "
+                               f"shape {list(dims)}")
+        return data.reshape(dims)
+    from onnx import numpy_helper
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as e:
+        raise CompileError(f"initializer '{tensor.name}': {e}") from None

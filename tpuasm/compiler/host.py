@@ -1,0 +1,114 @@
+"""The host side: parts of the quantized graph that run on the CPU, executed by onnxruntime
+on sub-models cut from the same graph (so their numerics are onnxruntime's own), and the
+lookup tables of element-wise operators, read off onnxruntime for each of the 256 inputs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.graph import Graph, Node
+from tpuasm.compiler.ir import QParams
+
+
+def _elem_type(dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _initializer(graph: Graph, name: str) -> onnx.TensorProto:
+    """An initializer with its data in memory (external data cannot follow a model that
+    onnxruntime gets as bytes)."""
+    proto = graph.initializers[name]
+    if proto.data_location == onnx.TensorProto.EXTERNAL:
+        return numpy_helper.from_array(np.asarray(graph.constant(name)), name)
+    return proto
+
+
+def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[str],
+             name: str) -> onnx.ModelProto:
+    """The nodes (in graph order) as a model from `inputs` to `outputs`, with the constants
+    they read and the fixed-batch shapes of the graph."""
+    nodes = sorted(nodes, key=lambda n: n.index)
+    wanted = {i for n in nodes for i in n.inputs if i}
+    inits = [_initializer(graph, i) for i in sorted(wanted) if i in graph.initializers
+             and i not in inputs]
+
+    def info(tensor: str):
+        dtype = graph.dtypes.get(tensor)
+        if dtype is None:
+            raise CompileError(f"the element type of '{tensor}' is unknown")
+        shape = graph.shapes.get(tensor)
+        return helper.make_tensor_value_info(tensor, _elem_type(dtype),
+                                             None if shape is None else list(shape))
+
+    g = helper.make_graph([n.proto for n in nodes], name, [info(i) for i in inputs],
+                          [info(o) for o in outputs], inits)
+    model = helper.make_model(g, opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
+    return model
+
+
+def session(model: onnx.ModelProto | bytes):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+class HostRunner:
+    """One host part: an onnxruntime session over its sub-model, opened on first use."""
+
+    def __init__(self, model_bytes: bytes, inputs: list[str], outputs: list[str], name: str):
+        self.model_bytes = model_bytes
+        self.inputs, self.outputs, self.name = inputs, outputs, name
+        self._session = None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._session is None:
+            self._session = session(self.model_bytes)
+        results = self._session.run(self.outputs, {k: feeds[k] for k in self.inputs})
+        return dict(zip(self.outputs, results))
+
+
+def lookup_table(graph: Graph, node: Node, x: QParams, y: QParams) -> np.ndarray:
+    """The 256-entry table of an element-wise node between quantizations x and y:
+    onnxruntime's answer for every input value (table[(q + 256) % 256] = f(q))."""
+    xtype = np.int8 if x.signed else np.uint8
+    ytype = np.int8 if y.signed else np.uint8
+    inits = [numpy_helper.from_array(np.float32(x.scale), "lut_x_scale"),
+             numpy_helper.from_array(np.asarray(x.zero_point, xtype), "lut_x_zp"),
+             numpy_helper.from_array(np.float32(y.scale), "lut_y_scale"),
+             numpy_helper.from_array(np.asarray(y.zero_point, ytype), "lut_y_zp")]
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node.proto)
+    consts = [i for i in node.inputs[1:] if i]
+    for name in consts:
+        value = graph.constant(name)
+        if value is None:
+            raise CompileError(f"{node}: input '{name}' is not a constant")
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+    del copy.output[1:]
+    if node.op_type.startswith("QLinear"):
+        copy.input[0] = "lut_x"
+        copy.output[0] = "lut_y"
+        nodes = [copy]
+    else:
+        copy.input[0] = "lut_xf"
+        copy.output[0] = "lut_yf"
+        nodes = [helper.make_node("DequantizeLinear", ["lut_x", "lut_x_scale", "lut_x_zp"],
+                                  ["lut_xf"]), copy,
+                 helper.make_node("QuantizeLinear", ["lut_yf", "lut_y_scale", "lut_y_zp"],
+                                  ["lut_y"])]
+    g = helper.make_graph(nodes, "lookup", [helper.make_tensor_value_info(
+        "lut_x", _elem_type(xtype), [256])], [helper.make_tensor_value_info(
+            "lut_y", _elem_type(ytype), [256])], inits)
+    model = helper.make_model(g, opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
+    every = np.arange(256, dtype=np.uint8).view(xtype)
+    (answers,) = session(model).run(None, {"lut_x": every})
+    table = np.empty(256, ytype)
+    table[every.astype(np.int64) % 256] = answers
+    return table

@@ -1,0 +1,566 @@
+"""Pattern matching: ONNX nodes of a quantized model (QDQ or QOperator form) -> IR operators.
+
+Every compute node is tried on its own ("anchor"): the QDQ pattern around it (DequantizeLinear
+on its activation input, weight and bias; QuantizeLinear on its output, with an optional
+Relu/Clip in between) or its QOperator form.  On success it becomes one IR operator that
+lists every ONNX node it absorbed; otherwise the node stays on the host, with the reason.
+
+Layout-only nodes (Flatten, Reshape, Transpose, Squeeze, Unsqueeze, Identity) between a
+quantized tensor and a Gemm/MatMul are folded: the consumer's weights are reordered so that it
+reads the producer's tensor in its own layout, and a Gemm over an image becomes a Conv whose
+kernel covers the whole image.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tpuasm.compiler.graph import Graph, Node
+from tpuasm.compiler.ir import Activation, Conv, Dense, Lookup, Operator, Pool, QParams, Tensor
+
+LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+LOOKUP_OPS = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
+              "Elu", "Selu", "Softplus", "Softsign", "Exp", "Log", "Neg", "Abs", "Erf",
+              "Gelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu", "Celu"}
+QLINEAR_LOOKUP_OPS = {"QLinearSigmoid", "QLinearLeakyRelu"}
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+class NotMapped(Exception):
+    """Why a node stays on the host (the message is the report's reason)."""
+
+
+@dataclass
+class Source:
+    """Where a consumer's activation input really comes from: a quantized tensor, read
+    through the layout-only nodes in `layout` (flat permutation `index`, None = identity)."""
+    tensor: str
+    quant: QParams
+    shape: tuple                      # the consumer-side sample shape (ONNX)
+    index: np.ndarray | None
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Lowered:
+    """The IR operators of a graph and every node's placement."""
+    operators: list[Operator]                      # in the model's node order
+    anchor: dict[str, Node]                        # operator name -> its compute node
+    fused: dict[str, str]                          # node name -> operator that absorbed it
+    host_reasons: dict[str, str]                   # compute node name -> why not on the TPU
+    tensors: dict[str, Tensor]                     # IR tensors by name
+    notes: dict[str, list[str]] = field(default_factory=dict)   # operator -> remarks
+
+
+class Lowerer:
+    def __init__(self, graph: Graph, table_builder=None):
+        self.g = graph
+        self.tensors: dict[str, Tensor] = {}
+        self.notes: dict[str, list[str]] = {}
+        self.table_builder = table_builder
+
+    # --- small helpers ------------------------------------------------------------------
+
+    def _const(self, name: str, what: str, node: Node) -> np.ndarray:
+        value = self.g.constant(name) if name else None
+        if value is None:
+            raise NotMapped(f"its {what} '{name}' is not a constant")
+        return value
+
+    def _qtype(self, name: str) -> bool:
+        """True for int8, False for uint8; NotMapped otherwise."""
+        dtype = self.g.dtypes.get(name)
+        if dtype == np.int8:
+            return True
+        if dtype == np.uint8:
+            return False
+        raise NotMapped(f"tensor '{name}' is {dtype}, not 8-bit")
+
+    def qparams(self, scale_name: str, zp_name: str, tensor: str, node: Node) -> QParams:
+        scale = self._const(scale_name, "scale", node)
+        if scale.size != 1:
+            raise NotMapped("per-axis quantization of an activation")
+        signed = self._qtype(tensor)
+        zp = 0 if not zp_name else int(self._const(zp_name, "zero point", node).reshape(-1)[0])
+        if not float(scale.reshape(-1)[0]) > 0:
+            raise NotMapped(f"scale {float(scale.reshape(-1)[0])} is not positive")
+        return QParams(float(np.float32(scale.reshape(-1)[0])), zp, signed)
+
+    def tensor(self, name: str, quant: QParams, shape=None) -> Tensor:
+        """The IR tensor of a quantized ONNX tensor (one object per name)."""
+        if name not in self.tensors:
+            if shape is None:
+                shape = self.g.sample_shape(name)
+                if shape is None:
+                    raise NotMapped(f"the shape of '{name}' is unknown")
+            self.tensors[name] = Tensor(name, tuple(int(d) for d in shape), quant)
+        t = self.tensors[name]
+        if t.quant != quant:
+            raise NotMapped(f"'{name}' is read with two different quantizations")
+        return t
+
+    # --- tracing inputs -----------------------------------------------------------------
+
+    def trace(self, name: str, quant: QParams | None = None) -> Source:
+        """Follow an activation input back through DequantizeLinear, layout-only nodes and
+        QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads."""
+        layout: list[Node] = []
+        folded: list[str] = []
+        current = name
+        # the deepest quantized tensor reached so far: (tensor, layout depth, folded depth);
+        # a walk that ends on a float tensor (a layout node before the model's quantization)
+        # falls back to it
+        best = None
+        while True:
+            if quant is not None and self.g.dtypes.get(current) in _INT8:
+                best = (current, len(layout), len(folded))
+            node = self.g.producer.get(current)
+            if node is None:
+                break
+            op = node.op_type
+            if op == "DequantizeLinear":
+                q = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
+                if quant is not None and q != quant:
+                    raise NotMapped("its input is requantized on the way (a QuantizeLinear/"
+                                    "DequantizeLinear pair with different parameters)")
+                quant = q
+            elif op == "QuantizeLinear" and quant is not None:
+                q = self.qparams(node.input(1), node.input(2), node.outputs[0], node)
+                inner = self.g.producer.get(node.inputs[0])
+                if q != quant or inner is None or not (
+                        inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"):
+                    break                       # a real quantization: the source
+            elif op in LAYOUT_OPS:
+                layout.append(node)
+            else:
+                break
+            folded.append(node.name)
+            current = node.inputs[0]
+        if quant is None or best is None:
+            raise NotMapped("its input is not quantized (no DequantizeLinear before it)")
+        current, depth, count = best
+        layout, folded = layout[:depth], folded[:count]
+        src = self.tensors.get(current)
+        src_shape = src.shape if src is not None else self.g.sample_shape(current)
+        onnx_shape = self.g.sample_shape(current)
+        if src_shape is None or onnx_shape is None:
+            raise NotMapped(f"the shape of '{current}' is unknown")
+        index = np.arange(int(np.prod(onnx_shape)), dtype=np.int64).reshape((1,) + onnx_shape)
+        for node in reversed(layout):
+            index = self._apply_layout(node, index)
+        shape = tuple(index.shape[1:])
+        flat = index.reshape(-1)
+        identity = bool(np.array_equal(flat, np.arange(flat.size)))
+        return Source(current, quant, shape, None if identity else flat, folded)
+
+    def _apply_layout(self, node: Node, index: np.ndarray) -> np.ndarray:
+        if node.op_type == "Transpose":
+            perm = node.attr("perm") or list(range(index.ndim))[::-1]
+            if perm[0] != 0:
+                raise NotMapped(f"{node} moves the batch dimension")
+            return np.transpose(index, perm)
+        out = self.g.shapes.get(node.outputs[0])
+        if out is None:
+            raise NotMapped(f"the output shape of {node} is unknown")
+        if out[0] != self.g.shapes.get(node.inputs[0], (None,))[0]:
+            raise NotMapped(f"{node} changes the batch dimension")
+        return index.reshape((1,) + tuple(out[1:]))
+
+    # --- outputs, weights, bias ---------------------------------------------------------
+
+    def quantized_output(self, node: Node, allow_activation: bool):
+        """(output tensor name, its QParams, fused activation, fused node names)."""
+        out = node.outputs[0]
+        act, fused = Activation(), []
+        cons = self.g.consumers.get(out, [])
+        if out in self.g.outputs:
+            raise NotMapped("its float output is a model output")
+        if allow_activation and len(cons) == 1 and cons[0].op_type in ("Relu", "Clip"):
+            act = self._activation(cons[0])
+            fused.append(cons[0].name)
+            out = cons[0].outputs[0]
+            cons = self.g.consumers.get(out, [])
+            if out in self.g.outputs:
+                raise NotMapped("its float output is a model output")
+        if len(cons) != 1 or cons[0].op_type != "QuantizeLinear":
+            raise NotMapped("its output is not quantized (no single QuantizeLinear after it)")
+        q = cons[0]
+        quant = self.qparams(q.input(1), q.input(2), q.outputs[0], q)
+        fused.append(q.name)
+        return q.outputs[0], quant, act, fused
+
+    def _activation(self, node: Node) -> Activation:
+        if node.op_type == "Relu":
+            return Activation("relu")
+        lo, hi = node.attr("min"), node.attr("max")         # Clip before opset 11
+        if len(node.inputs) > 1 and node.input(1):
+            lo = float(self._const(node.input(1), "lower bound", node).reshape(-1)[0])
+        if len(node.inputs) > 2 and node.input(2):
+            hi = float(self._const(node.input(2), "upper bound", node).reshape(-1)[0])
+        return Activation("clip", lo, hi)
+
+    def qdq_weight(self, name: str, axis: int):
+        """An int8 weight behind DequantizeLinear: (int8 array, per-`axis` scales, node)."""
+        dq = self.g.producer.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            raise NotMapped("its weight is not a quantized constant")
+        w = self._const(dq.inputs[0], "weight", dq)
+        if w.dtype != np.int8:
+            raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
+        scale = self._const(dq.input(1), "weight scale", dq).astype(np.float32).reshape(-1)
+        zp = self.g.constant(dq.input(2)) if dq.input(2) else None
+        if scale.size > 1:
+            dq_axis = dq.attr("axis", 1) % w.ndim
+            if dq_axis != axis % w.ndim:
+                raise NotMapped("its weight is quantized per input channel, not per output "
+                                "channel")
+        return w, self._per_channel(scale, w.shape[axis]), zp, dq.name
+
+    @staticmethod
+    def _per_channel(scale: np.ndarray, n: int) -> np.ndarray:
+        scale = np.asarray(scale, np.float32).reshape(-1)
+        if scale.size == 1:
+            return np.full(n, scale[0], np.float32)
+        if scale.size != n:
+            raise NotMapped(f"{scale.size} weight scales for {n} output channels")
+        return scale
+
+    @staticmethod
+    def _check_symmetric(zp) -> None:
+        if zp is not None and np.any(np.asarray(zp) != 0):
+            raise NotMapped("its weight zero point is not 0 (the TPU's weights are symmetric)")
+
+    def bias(self, name: str, x_scale: float, w_scale: np.ndarray, op_name: str):
+        """int32 bias in units of x.scale * w_scale[n]; (None, None) without one."""
+        if not name:
+            return None, None
+        target = np.float32(x_scale) * w_scale
+        dq = self.g.producer.get(name)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            b = self._const(dq.inputs[0], "bias", dq)
+            scale = self._per_channel(self._const(dq.input(1), "bias scale", dq), len(w_scale))
+            zp = self.g.constant(dq.input(2)) if dq.input(2) else None
+            real = (b.astype(np.float64) - (0 if zp is None else zp.astype(np.float64))) * scale
+            node = dq.name
+            if b.dtype == np.int32 and (zp is None or not np.any(zp)) and \
+                    np.allclose(scale, target, rtol=1e-6, atol=0):
+                return b.astype(np.int32).reshape(-1), node
+        else:
+            real = self._const(name, "bias", None).astype(np.float64)
+            node = None
+        q = np.rint(real.reshape(-1) / target.astype(np.float64))
+        if np.abs(q).max(initial=0) > 2**31 - 1:
+            raise NotMapped("its bias does not fit int32 at scale x.scale * w.scale")
+        self.notes.setdefault(op_name, []).append(
+            "bias requantized to x.scale * w.scale (rounded to the nearest integer)")
+        return q.astype(np.int32), node
+
+    # --- operators ----------------------------------------------------------------------
+
+    def dense_or_conv(self, node: Node, source: Source, w_kn: np.ndarray, w_scale,
+                      bias, out_name: str, out_quant: QParams, act, nodes):
+        """A Gemm/MatMul: Dense over a vector, Conv with a whole-image kernel over an image.
+        w_kn is (K, N) in the consumer's order (a view; copied once here if reordered)."""
+        k, n = w_kn.shape
+        if len(source.shape) != 1 or source.shape[0] != k:
+            raise NotMapped(f"its input has shape {source.shape}, expected ({k},)")
+        src = self.tensors.get(source.tensor)
+        src_shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
+        if source.index is not None:
+            w_kn = w_kn[np.argsort(source.index)]           # row j reads source element j
+        x = self.tensor(source.tensor, source.quant, src_shape)
+        if len(src_shape) == 3:
+            c, h, wd = src_shape
+            weight = np.ascontiguousarray(w_kn.T).reshape(n, c, h, wd)
+            y = self.tensor(out_name, out_quant, (n, 1, 1))
+            return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
+                        tuple(nodes))
+        if len(src_shape) != 1:
+            raise NotMapped(f"its input '{source.tensor}' has rank {len(src_shape)}")
+        y = self.tensor(out_name, out_quant, (n,))
+        return Dense(node.name, x, y, w_kn, w_scale, bias, act, tuple(nodes))
+
+    def lower_gemm(self, node: Node) -> Operator:
+        if node.attr("transA", 0):
+            raise NotMapped("transA=1")
+        if node.attr("alpha", 1.0) != 1.0 or (node.input(2) and node.attr("beta", 1.0) != 1.0):
+            raise NotMapped("alpha or beta is not 1")
+        trans_b = node.attr("transB", 0)
+        source = self.trace(node.inputs[0])
+        w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 0 if trans_b else 1)
+        self._check_symmetric(zp)
+        w_kn = w.T if trans_b else w
+        return self._finish_dense(node, source, w_kn, scale, node.input(2), [wnode])
+
+    def lower_matmul(self, node: Node) -> Operator:
+        if len(self.g.shapes.get(node.inputs[0], ())) != 2:
+            raise NotMapped("MatMul of a tensor that is not (batch, K)")
+        source = self.trace(node.inputs[0])
+        w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 1)
+        if w.ndim != 2:
+            raise NotMapped("its weight is not a matrix")
+        self._check_symmetric(zp)
+        return self._finish_dense(node, source, w, scale, "", [wnode])
+
+    def _finish_dense(self, node, source, w_kn, scale, bias_name, extra_nodes):
+        w_scale = self._per_channel(scale, w_kn.shape[1])
+        bias, bnode = self.bias(bias_name, source.quant.scale, w_scale, node.name)
+        out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
+        nodes = [node.name, *source.nodes, *extra_nodes, *([bnode] if bnode else []), *fused]
+        return self.dense_or_conv(node, source, w_kn, w_scale, bias, out, out_q, act, nodes)
+
+    def _image_source(self, source: Source, node: Node):
+        src = self.tensors.get(source.tensor)
+        shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
+        if len(shape) != 3:
+            raise NotMapped(f"its input has shape {shape}, not (C, H, W)")
+        if source.index is not None or source.shape != self.g.sample_shape(source.tensor):
+            raise NotMapped("its input is rearranged by a layout node")
+        return self.tensor(source.tensor, source.quant, shape)
+
+    def _conv_geometry(self, node: Node, kernel, image_hw):
+        if any(d != 1 for d in node.attr("dilations", [1, 1])):
+            raise NotMapped("dilation is not 1")
+        strides = tuple(node.attr("strides", [1, 1]))
+        pads = list(node.attr("pads", [0, 0, 0, 0]))
+        auto = node.attr("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        if len(kernel) != 2 or len(strides) != 2:
+            raise NotMapped("not a 2-D operation")
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            pads = []
+            for size, k, s in zip(image_hw, kernel, strides):
+                total = max((-(-size // s) - 1) * s + k - size, 0)
+                small, big = total // 2, total - total // 2
+                pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
+            pads = [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]
+        elif auto == "VALID":
+            pads = [0, 0, 0, 0]
+        return strides, tuple(int(p) for p in pads)
+
+    def lower_conv(self, node: Node) -> Operator:
+        if node.attr("group", 1) != 1:
+            raise NotMapped(f"groups={node.attr('group')} (the TPU maps groups=1)")
+        source = self.trace(node.inputs[0])
+        x = self._image_source(source, node)
+        w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 0)
+        if w.ndim != 4:
+            raise NotMapped("not a 2-D convolution")
+        self._check_symmetric(zp)
+        w_scale = self._per_channel(scale, w.shape[0])
+        bias, bnode = self.bias(node.input(2), source.quant.scale, w_scale, node.name)
+        out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
+        strides, pads = self._conv_geometry(node, w.shape[2:], x.shape[1:])
+        y = self.tensor(out, out_q)
+        nodes = [node.name, *source.nodes, wnode, *([bnode] if bnode else []), *fused]
+        return Conv(node.name, x, y, w, w_scale, bias, strides, pads, act, tuple(nodes))
+
+    def lower_pool(self, node: Node, quant_in=None, out=None, out_q=None, fused=()) -> Operator:
+        op = node.op_type.replace("QLinear", "")
+        source = self.trace(node.inputs[0], quant_in)
+        x = self._image_source(source, node)
+        if out is None:
+            out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
+        c, h, w = x.shape
+        if op == "GlobalAveragePool":
+            kernel, strides, pads, include = (h, w), (1, 1), (0, 0, 0, 0), False
+        else:
+            kernel = tuple(node.attr("kernel_shape"))
+            strides, pads = self._conv_geometry(node, kernel, (h, w))
+            include = bool(node.attr("count_include_pad", 0))
+            if node.attr("ceil_mode", 0):
+                pads = self._ceil_pads(kernel, strides, pads, (h, w), op, include)
+            if len(node.outputs) > 1 and node.outputs[1]:
+                raise NotMapped("MaxPool with an Indices output")
+        kind = "max" if op == "MaxPool" else "avg"
+        if kind == "max" and out_q != x.quant:
+            raise NotMapped("max pooling whose output is quantized differently from its input")
+        y = self.tensor(out, out_q)
+        ho = (h + pads[0] + pads[2] - kernel[0]) // strides[0] + 1
+        wo = (w + pads[1] + pads[3] - kernel[1]) // strides[1] + 1
+        if y.shape != (c, ho, wo):
+            raise NotMapped(f"output shape {y.shape} is not the pooled shape {(c, ho, wo)}")
+        return Pool(node.name, x, y, kind, tuple(kernel), tuple(strides), pads, include,
+                    (node.name, *source.nodes, *fused))
+
+    @staticmethod
+    def _ceil_pads(kernel, strides, pads, hw, op, include):
+        """ceil_mode as extra bottom/right padding (exact for max, and for average when the
+        padding is not counted)."""
+        pads = list(pads)
+        for axis in range(2):
+            size = hw[axis] + pads[axis] + pads[axis + 2] - kernel[axis]
+            extra = (-size) % strides[axis]
+            if extra and op != "MaxPool" and include:
+                raise NotMapped("ceil_mode with count_include_pad")
+            pads[axis + 2] += extra
+        return tuple(pads)
+
+    def lower_lookup(self, node: Node) -> Operator:
+        source = self.trace(node.inputs[0])
+        if source.index is not None:
+            raise NotMapped("its input is rearranged by a layout node")
+        src = self.tensors.get(source.tensor)
+        shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
+        x = self.tensor(source.tensor, source.quant, shape)
+        out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
+        table = self._table(node, x, out_q)
+        y = self.tensor(out, out_q, shape)
+        return Lookup(node.name, x, y, table, node.op_type.lower(), (node.name, *source.nodes,
+                                                                     *fused))
+
+    def _table(self, node: Node, x: Tensor, out_q: QParams) -> np.ndarray:
+        if self.table_builder is None:
+            raise NotMapped("no table builder (onnxruntime) available")
+        return self.table_builder(self.g, node, x.quant, out_q)
+
+    # --- QOperator forms ----------------------------------------------------------------
+
+    def lower_qlinear(self, node: Node) -> Operator:
+        op = node.op_type
+        if op in ("QLinearConv", "QLinearMatMul"):
+            xq = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
+            w = self._const(node.input(3), "weight", node)
+            if w.dtype != np.int8:
+                raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
+            self._check_symmetric(self.g.constant(node.input(5)) if node.input(5) else None)
+            yq = self.qparams(node.input(6), node.input(7), node.outputs[0], node)
+            source = self.trace(node.inputs[0], xq)
+            n_axis = 0 if op == "QLinearConv" else 1
+            w_scale = self._per_channel(self._const(node.input(4), "weight scale", node),
+                                        w.shape[n_axis])
+            y_name = node.outputs[0]
+            if op == "QLinearMatMul":
+                if w.ndim != 2 or len(self.g.shapes.get(node.inputs[0], ())) != 2:
+                    raise NotMapped("QLinearMatMul that is not (batch, K) x (K, N)")
+                return self.dense_or_conv(node, source, w, w_scale, None, y_name, yq,
+                                          Activation(), [node.name, *source.nodes])
+            if node.attr("group", 1) != 1:
+                raise NotMapped(f"groups={node.attr('group')} (the TPU maps groups=1)")
+            x = self._image_source(source, node)
+            bias = None
+            if node.input(8):
+                bias = self._const(node.input(8), "bias", node).astype(np.int32).reshape(-1)
+            strides, pads = self._conv_geometry(node, w.shape[2:], x.shape[1:])
+            return Conv(node.name, x, self.tensor(y_name, yq), w, w_scale, bias, strides, pads,
+                        Activation(), (node.name, *source.nodes))
+        if op == "QGemm":
+            if node.attr("transA", 0) or node.attr("alpha", 1.0) != 1.0:
+                raise NotMapped("transA or alpha")
+            if len(node.inputs) < 8 or not node.input(7):
+                raise NotMapped("a float output (no y_scale)")
+            xq = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
+            w = self._const(node.input(3), "weight", node)
+            if w.dtype != np.int8:
+                raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
+            self._check_symmetric(self.g.constant(node.input(5)) if node.input(5) else None)
+            trans_b = node.attr("transB", 0)
+            w_kn = w.T if trans_b else w
+            w_scale = self._per_channel(self._const(node.input(4), "weight scale", node),
+                                        w_kn.shape[1])
+            bias = None
+            if node.input(6):
+                bias = self._const(node.input(6), "bias", node).astype(np.int32).reshape(-1)
+            yq = self.qparams(node.input(7), node.input(8), node.outputs[0], node)
+            source = self.trace(node.inputs[0], xq)
+            return self.dense_or_conv(node, source, w_kn, w_scale, bias, node.outputs[0], yq,
+                                      Activation(), [node.name, *source.nodes])
+        if op in ("QLinearAveragePool", "QLinearGlobalAveragePool"):
+            if node.attr("channels_last", 0) or node.attr("nchw", 1) == 0:
+                raise NotMapped("channels-last layout")
+            xq = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
+            yq = self.qparams(node.input(3), node.input(4), node.outputs[0], node)
+            return self.lower_pool(node, xq, node.outputs[0], yq, ())
+        if op in QLINEAR_LOOKUP_OPS:
+            xq = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
+            yq = self.qparams(node.input(3), node.input(4), node.outputs[0], node)
+            source = self.trace(node.inputs[0], xq)
+            if source.index is not None:
+                raise NotMapped("its input is rearranged by a layout node")
+            src = self.tensors.get(source.tensor)
+            shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
+            x = self.tensor(source.tensor, xq, shape)
+            table = self._table(node, x, yq)
+            return Lookup(node.name, x, self.tensor(node.outputs[0], yq, shape), table,
+                          op.replace("QLinear", "").lower(), (node.name, *source.nodes))
+        raise NotMapped(f"{op} has no TPU mapping")
+
+    def lower_int_maxpool(self, node: Node) -> Operator:
+        """MaxPool directly on an 8-bit tensor (QOperator models): shares its quantization."""
+        self._qtype(node.inputs[0])
+        producer = self.g.producer.get(node.inputs[0])
+        quant = self._known_quant(node.inputs[0])
+        if quant is None:
+            raise NotMapped(f"the quantization of '{node.inputs[0]}' is unknown"
+                            f" (produced by {producer})")
+        return self.lower_pool(node, quant, node.outputs[0], quant, ())
+
+    def _known_quant(self, name: str) -> QParams | None:
+        if name in self.tensors:
+            return self.tensors[name].quant
+        node = self.g.producer.get(name)
+        if node is not None and node.op_type == "QuantizeLinear":
+            return self.qparams(node.input(1), node.input(2), name, node)
+        return None
+
+    # --- driver -------------------------------------------------------------------------
+
+    def node_operator(self, node: Node) -> Operator:
+        op = node.op_type
+        if node.domain not in ("", "ai.onnx", "com.microsoft"):
+            raise NotMapped(f"operator domain '{node.domain}'")
+        if op == "Gemm":
+            return self.lower_gemm(node)
+        if op == "MatMul":
+            return self.lower_matmul(node)
+        if op == "Conv":
+            return self.lower_conv(node)
+        if op in ("MaxPool", "AveragePool", "GlobalAveragePool"):
+            if self.g.dtypes.get(node.inputs[0]) in (np.dtype(np.int8), np.dtype(np.uint8)):
+                return self.lower_int_maxpool(node)
+            return self.lower_pool(node)
+        if op in LOOKUP_OPS:
+            return self.lower_lookup(node)
+        if op.startswith("QLinear") or op == "QGemm":
+            return self.lower_qlinear(node)
+        if op in ("MatMulInteger", "ConvInteger"):
+            raise NotMapped(f"{op} yields int32 accumulators; the TPU's operators requantize "
+                            f"to 8 bits (use the QDQ or QLinear form)")
+        raise NotMapped(f"{op} has no TPU mapping")
+
+
+CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
+              "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAveragePool",
+              "QLinearGlobalAveragePool", "MatMulInteger", "ConvInteger",
+              *LOOKUP_OPS, *QLINEAR_LOOKUP_OPS}
+GLUE = {"QuantizeLinear", "DequantizeLinear", "Constant", *LAYOUT_OPS}
+
+
+def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
+    """Try every compute node; return the operators and the reasons for the rest.
+    `supported(op)`: None if the back end maps the operator, else why not."""
+    lw = Lowerer(graph, table_builder)
+    operators, anchor, fused, reasons = [], {}, {}, {}
+    for node in graph.nodes:
+        if node.name in fused:
+            continue                 # a Relu/Clip already fused into its producer
+        if node.op_type not in CANDIDATES:
+            if node.op_type not in GLUE:
+                reasons[node.name] = f"{node.op_type} has no TPU mapping (runs on the host)"
+            continue
+        before = dict(lw.tensors)
+        try:
+            op = lw.node_operator(node)
+            why = supported(op) if supported else None
+            if why:
+                raise NotMapped(f"the back end does not map it: {why}")
+        except NotMapped as e:
+            lw.tensors = before
+            reasons[node.name] = str(e)
+            continue
+        operators.append(op)
+        anchor[op.name] = node
+        for name in op.nodes:
+            fused.setdefault(name, op.name)
+    return Lowered(operators, anchor, fused, reasons, lw.tensors, lw.notes)

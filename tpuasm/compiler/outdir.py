@@ -1,0 +1,237 @@
+"""OUTDIR: a compiled model on disk, written atomically (built in a temporary directory beside
+it, then renamed into place), and read back by `load`.
+
+    manifest.json            inputs, outputs, batch, machine config, steps in order
+    model.qdq.onnx           the quantized model (the onnxruntime reference)
+    report.txt, report.json  the compile report
+    hostN.onnx               host parts (onnxruntime sub-models)
+    segmentN.tasm            TPU programs (the back end's source; `.node` per ONNX node)
+    segmentN.weights.npy     their weight images
+    segmentN.host.npy        a host image with constants and one batch of sample inputs
+    segmentN.ir.npz          the segment's IR arrays (weights, scales, biases, tables)
+    regression/segmentN/test.toml   `tpuasm test OUTDIR`: golden outputs of that batch
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.host import HostRunner
+from tpuasm.compiler.ir import (Activation, Conv, Dense, Lookup, Pool, QParams, Segment,
+                                Tensor)
+from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
+
+FORMAT = "tpuasm-compiled-model"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+# --- writing -------------------------------------------------------------------------------
+
+def save(model, outdir) -> Path:
+    outdir = Path(outdir)
+    if outdir.exists() and not outdir.is_dir():
+        raise CompileError(f"{outdir}: exists and is not a directory")
+    if outdir.is_dir() and any(outdir.iterdir()) and not (outdir / MANIFEST).is_file():
+        raise CompileError(f"{outdir}: exists, is not empty and holds no compiled model; "
+                           f"refusing to replace it")
+    parent = outdir.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.", dir=parent))
+        tmp.chmod(0o755)
+    except OSError as e:
+        raise CompileError(f"{outdir}: cannot write: {e.strerror}") from None
+    try:
+        _write(model, tmp)
+        _replace(tmp, outdir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CompileError(f"{outdir}: cannot write: {e.strerror or e}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return outdir
+
+
+def _replace(tmp: Path, outdir: Path) -> None:
+    if outdir.exists():
+        old = outdir.with_name(f".{outdir.name}.old-{os.getpid()}")
+        os.rename(outdir, old)
+        os.rename(tmp, outdir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, outdir)
+
+
+def _write(model, d: Path) -> None:
+    _copy_reference(model.reference_model, d / "model.qdq.onnx")
+    (d / "report.txt").write_text(model.report.text())
+    (d / "report.json").write_text(json.dumps(model.report.to_json(), indent=1))
+    steps = []
+    for step in model.steps:
+        if isinstance(step, HostStep):
+            (d / f"{step.name}.onnx").write_bytes(step.runner.model_bytes)
+            steps.append({"kind": "host", "name": step.name, "model": f"{step.name}.onnx",
+                          "inputs": step.runner.inputs, "outputs": step.runner.outputs,
+                          "input_shapes": {k: list(v) for k, v in step.input_shapes.items()},
+                          "nodes": step.nodes})
+        else:
+            steps.append(_write_segment(step, d, model))
+    manifest = {"format": FORMAT, "version": VERSION, "model": model.report.model,
+                "batch": model.batch, "config": model.config,
+                "inputs": [_value(v) for v in model.inputs],
+                "outputs": [_value(v) for v in model.outputs],
+                "reference_model": "model.qdq.onnx", "steps": steps}
+    (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _value(v: ValueInfo) -> dict:
+    return {"name": v.name, "shape": list(v.shape), "dtype": v.dtype}
+
+
+def _copy_reference(src: Path, dst: Path) -> None:
+    """The QDQ model with any external data files it names."""
+    import onnx
+    shutil.copyfile(src, dst)
+    model = onnx.load(str(src), load_external_data=False)
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            location = {e.key: e.value for e in t.external_data}.get("location")
+            if location and not (dst.parent / location).exists():
+                target = dst.parent / location
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src.parent / location, target)
+
+
+def _tensor_json(t: Tensor) -> dict:
+    return {"name": t.name, "shape": list(t.shape), "scale": t.quant.scale,
+            "zero_point": t.quant.zero_point, "signed": t.quant.signed}
+
+
+def _write_segment(step: TpuStep, d: Path, model) -> dict:
+    seg = step.segment
+    arrays, ops = {}, []
+    for i, op in enumerate(seg.operators):
+        entry = {"type": type(op).__name__, "name": op.name, "input": op.input.name,
+                 "output": op.output.name, "nodes": list(op.nodes)}
+        if isinstance(op, (Dense, Conv)):
+            arrays[f"op{i}.weight"] = op.weight
+            arrays[f"op{i}.weight_scale"] = op.weight_scale
+            if op.bias is not None:
+                arrays[f"op{i}.bias"] = op.bias
+            entry["bias"] = op.bias is not None
+            entry["activation"] = {"kind": op.activation.kind, "lo": op.activation.lo,
+                                   "hi": op.activation.hi}
+        if isinstance(op, Conv):
+            entry.update(strides=list(op.strides), pads=list(op.pads))
+        if isinstance(op, Pool):
+            entry.update(kind=op.kind, kernel=list(op.kernel), strides=list(op.strides),
+                         pads=list(op.pads), count_include_pad=op.count_include_pad)
+        if isinstance(op, Lookup):
+            arrays[f"op{i}.table"] = op.table
+            entry["function"] = op.function
+        ops.append(entry)
+    tensors = {}
+    for op in seg.operators:
+        for t in (op.input, op.output):
+            tensors[t.name] = _tensor_json(t)
+    np.savez(d / f"{seg.name}.ir.npz", **arrays)
+    entry = {"kind": "tpu", "name": seg.name, "ir": f"{seg.name}.ir.npz", "operators": ops,
+             "tensors": list(tensors.values()),
+             "inputs": [t.name for t in seg.inputs], "outputs": [t.name for t in seg.outputs],
+             "onnx_shapes": {k: list(v) for k, v in step.onnx_shapes.items()},
+             "program": None}
+    program = step.program
+    if program is not None:
+        entry["program"] = f"{seg.name}.tasm"
+        entry["weights"] = f"{seg.name}.weights.npy"
+        entry["host"] = f"{seg.name}.host.npy"
+        entry["layout"] = {name: {"base": h.base, "rows": h.rows, "layout": h.layout}
+                           for name, h in {**program.inputs, **program.outputs}.items()}
+        (d / entry["program"]).write_text(program.source)
+        np.save(d / entry["weights"], program.weights)
+        from tpuasm.compiler.golden import write_regression
+        write_regression(step, d, model)
+    return entry
+
+
+# --- reading -------------------------------------------------------------------------------
+
+def load(outdir):
+    """A CompiledModel read from OUTDIR (TPU programs regenerated by the back end from the
+    saved IR, so the loaded model runs exactly what was compiled)."""
+    from tpuasm.compiler.pipeline import CompiledModel, _generate_programs
+    from tpuasm.compiler.report import CompileReport, NodeRow
+    outdir = Path(outdir)
+    path = outdir / MANIFEST
+    if not path.is_file():
+        raise CompileError(f"{outdir}: not a compiled model (no {MANIFEST}); "
+                           f"make one with `tpuasm compile MODEL.onnx -o {outdir}`")
+    try:
+        manifest = json.loads(path.read_text())
+        if manifest.get("format") != FORMAT:
+            raise ValueError("not a compiled-model manifest")
+        if manifest.get("version") != VERSION:
+            raise ValueError(f"version {manifest.get('version')} (this tpuasm reads "
+                             f"{VERSION})")
+        steps = [_load_step(s, outdir) for s in manifest["steps"]]
+        report_json = json.loads((outdir / "report.json").read_text())
+        rows = [NodeRow(**r) for r in report_json.pop("rows")]
+        report_json.pop("summary", None)
+        report = CompileReport(rows=rows, **report_json)
+        inputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
+                  for v in manifest["inputs"]]
+        outputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
+                   for v in manifest["outputs"]]
+        batch, config = int(manifest["batch"]), dict(manifest["config"])
+    except CompileError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CompileError(f"{path}: unreadable compiled model: {e}") from None
+    if any(s.get("program") for s in manifest["steps"] if s["kind"] == "tpu"):
+        from tpuasm.compiler.pipeline import _machine_config
+        _generate_programs(steps, batch, _machine_config(config))
+    return CompiledModel(steps, batch, inputs, outputs, report, config,
+                         outdir / manifest["reference_model"])
+
+
+def _load_step(s: dict, outdir: Path):
+    if s["kind"] == "host":
+        runner = HostRunner((outdir / s["model"]).read_bytes(), s["inputs"], s["outputs"],
+                            s["name"])
+        return HostStep(runner, s["nodes"], {k: tuple(v) for k, v in s["input_shapes"].items()})
+    tensors = {t["name"]: Tensor(t["name"], tuple(t["shape"]),
+                                 QParams(t["scale"], t["zero_point"], t["signed"]))
+               for t in s["tensors"]}
+    with np.load(outdir / s["ir"], allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    ops = []
+    for i, e in enumerate(s["operators"]):
+        x, y, nodes = tensors[e["input"]], tensors[e["output"]], tuple(e["nodes"])
+        kind = e["type"]
+        if kind in ("Dense", "Conv"):
+            act = Activation(**e["activation"])
+            bias = arrays.get(f"op{i}.bias") if e["bias"] else None
+            w, ws = arrays[f"op{i}.weight"], arrays[f"op{i}.weight_scale"]
+            if kind == "Dense":
+                ops.append(Dense(e["name"], x, y, w, ws, bias, act, nodes))
+            else:
+                ops.append(Conv(e["name"], x, y, w, ws, bias, tuple(e["strides"]),
+                                tuple(e["pads"]), act, nodes))
+        elif kind == "Pool":
+            ops.append(Pool(e["name"], x, y, e["kind"], tuple(e["kernel"]), tuple(e["strides"]),
+                            tuple(e["pads"]), e["count_include_pad"], nodes))
+        elif kind == "Lookup":
+            ops.append(Lookup(e["name"], x, y, arrays[f"op{i}.table"], e["function"], nodes))
+        else:
+            raise ValueError(f"unknown operator type {kind!r}")
+    segment = Segment(s["name"], ops, [tensors[n] for n in s["inputs"]],
+                      [tensors[n] for n in s["outputs"]])
+    return TpuStep(segment, {k: tuple(v) for k, v in s["onnx_shapes"].items()})

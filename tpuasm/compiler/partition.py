@@ -1,0 +1,178 @@
+"""Partition: which nodes the host must run, and the order of TPU segments and host parts.
+
+The TPU operators come from lower.py.  The host runs exactly the nodes needed to produce the
+model's outputs and the TPU operators' inputs from what is available (model inputs and TPU
+outputs): a backward walk from those tensors.  Then the TPU operators and host nodes are
+scheduled greedily, alternating phases: as many TPU operators as are ready (one segment), then
+as many host nodes as are ready (one host part), and so on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpuasm.compiler.graph import Graph, Node
+from tpuasm.compiler.ir import Operator, Segment
+from tpuasm.compiler.lower import Lowered
+
+
+@dataclass
+class HostPart:
+    name: str
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+
+
+@dataclass
+class Plan:
+    steps: list                                   # Segment | HostPart, in execution order
+    host_nodes: set[str] = field(default_factory=set)
+    unused: set[str] = field(default_factory=set)
+
+
+def host_closure(graph: Graph, lowered: Lowered) -> set[str]:
+    """Names of the nodes the host must run."""
+    available = set(graph.inputs) | set(graph.initializers)
+    available |= {op.output.name for op in lowered.operators}
+    needed = list(graph.outputs) + [op.input.name for op in lowered.operators]
+    host: set[str] = set()
+    seen: set[str] = set()
+    while needed:
+        tensor = needed.pop()
+        if tensor in seen or tensor in available or not tensor:
+            continue
+        seen.add(tensor)
+        node = graph.producer.get(tensor)
+        if node is None or node.name in host:
+            continue
+        host.add(node.name)
+        needed.extend(node.inputs)
+    return host
+
+
+def plan(graph: Graph, lowered: Lowered) -> Plan:
+    host_names = host_closure(graph, lowered)
+    ops = lowered.operators
+    produced_by_op = {op.output.name: op for op in ops}
+    host_nodes = [n for n in graph.nodes if n.name in host_names]
+    constant = constant_nodes(graph, host_nodes)
+    produced_by_host = {o: n for n in host_nodes for o in n.outputs
+                        if o and n.name not in constant}
+
+    def deps_of_op(op: Operator):
+        if op.input.name in produced_by_op:
+            return {("op", produced_by_op[op.input.name].name)}
+        if op.input.name in produced_by_host:
+            return {("host", produced_by_host[op.input.name].name)}
+        return set()
+
+    def deps_of_node(node: Node):
+        deps = set()
+        for t in node.inputs:
+            if t in produced_by_op:
+                deps.add(("op", produced_by_op[t].name))
+            elif t in produced_by_host:
+                deps.add(("host", produced_by_host[t].name))
+        return deps
+
+    pending_ops = {op.name: op for op in ops}
+    pending_host = {n.name: n for n in host_nodes if n.name not in constant}
+    done: set = set()
+    steps: list = []
+    while pending_ops or pending_host:
+        phase_ops = []
+        progress = True
+        while progress:
+            progress = False
+            for op in list(pending_ops.values()):
+                if deps_of_op(op) <= done:
+                    phase_ops.append(op)
+                    done.add(("op", op.name))
+                    del pending_ops[op.name]
+                    progress = True
+        if phase_ops:
+            steps.append(phase_ops)
+        phase_nodes = []
+        progress = True
+        while progress:
+            progress = False
+            for node in sorted(pending_host.values(), key=lambda n: n.index):
+                if deps_of_node(node) <= done:
+                    phase_nodes.append(node)
+                    done.add(("host", node.name))
+                    del pending_host[node.name]
+                    progress = True
+        if phase_nodes:
+            steps.append(_with_constants(graph, phase_nodes, constant))
+        if not phase_ops and not phase_nodes:
+            raise RuntimeError("partition: no progress (cyclic dependencies)")
+    # consumers of each tensor across steps, to find each step's outputs
+    consumed_at: dict[str, set[int]] = {}
+    for i, group in enumerate(steps):
+        for item in group:
+            reads = [item.input.name] if not isinstance(item, Node) else item.inputs
+            for t in reads:
+                consumed_at.setdefault(t, set()).add(i)
+    final = set(graph.outputs)
+    result = []
+    seg_count = host_count = 0
+    for i, group in enumerate(steps):
+        later = lambda t: any(j > i for j in consumed_at.get(t, ())) or t in final  # noqa
+        if isinstance(group[0], Node):
+            made = {o for n in group for o in n.outputs if o}
+            inputs = sorted({t for n in group for t in n.inputs
+                             if t and t not in made and t not in graph.initializers
+                             and not _constant_made_inside(graph, t, group)},
+                            key=_order(graph))
+            outputs = [o for n in group for o in n.outputs if o and later(o)]
+            result.append(HostPart(f"host{host_count}", group, inputs, outputs))
+            host_count += 1
+        else:
+            made = {op.output.name for op in group}
+            seg_inputs, seg_outputs = [], []
+            for op in group:
+                if op.input.name not in made and op.input not in seg_inputs:
+                    seg_inputs.append(op.input)
+                if later(op.output.name):
+                    seg_outputs.append(op.output)
+            result.append(Segment(f"segment{seg_count}", group, seg_inputs, seg_outputs))
+            seg_count += 1
+    involved = host_names | set(lowered.fused)
+    unused = {n.name for n in graph.nodes if n.name not in involved}
+    return Plan(result, host_names, unused)
+
+
+def _constant_made_inside(graph: Graph, tensor: str, group) -> bool:
+    node = graph.producer.get(tensor)
+    return node is not None and node in group
+
+
+def constant_nodes(graph: Graph, nodes: list[Node]) -> set[str]:
+    """Host nodes that compute from constants only (DequantizeLinear of a weight, Constant,
+    shape arithmetic): they go into every host part that reads them, not a part of their own."""
+    const_tensors = set(graph.initializers)
+    names = set()
+    for node in sorted(nodes, key=lambda n: n.index):
+        if all(not t or t in const_tensors for t in node.inputs):
+            names.add(node.name)
+            const_tensors.update(o for o in node.outputs if o)
+    return names
+
+
+def _with_constants(graph: Graph, group: list[Node], constant: set[str]) -> list[Node]:
+    chosen = {n.name: n for n in group}
+    todo = list(group)
+    while todo:
+        node = todo.pop()
+        for t in node.inputs:
+            producer = graph.producer.get(t)
+            if producer is not None and producer.name in constant and \
+                    producer.name not in chosen:
+                chosen[producer.name] = producer
+                todo.append(producer)
+    return sorted(chosen.values(), key=lambda n: n.index)
+
+
+def _order(graph: Graph):
+    position = {name: i for i, name in enumerate(graph.inputs)}
+    return lambda t: (position.get(t, len(position)), t)

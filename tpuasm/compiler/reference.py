@@ -1,0 +1,178 @@
+"""A numpy evaluation of the compiler's IR (tpuasm.compiler.ir): the oracle the back end's
+programs are checked against, and the front end's own check against onnxruntime.
+
+Every operator takes a batch of quantized inputs `(B, *input.shape)` (int8 or uint8, as the
+input's QParams say) and returns `(B, *output.shape)` in the output's integer type.
+
+Arithmetic follows onnxruntime's CPU kernels (MLAS), so that "reference == onnxruntime" holds
+bit for bit except on a few rounding near-ties:
+- products and sums are exact: int8 x int8 sums are evaluated in float64 (exact below 2^53)
+  and wrapped to int32 like an int32 accumulator;
+- requantization is float32, in MLAS's order: multiplier = (x.scale * w.scale[n]) / y.scale,
+  value = float32(acc) * multiplier, rounded half to even, plus the zero point, clamped;
+- average pooling is onnxruntime's float kernel (a float32 sum of dequantized values), which
+  an integer machine matches except on rounding near-ties; global average pooling is MLAS's
+  integer sum with a float32 multiplier.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tpuasm.compiler.ir import Activation, Conv, Dense, Lookup, Operator, Pool, QParams, Segment
+
+
+def _as_int32(acc: np.ndarray) -> np.ndarray:
+    """Exact integer sums (float64 or int64) as the int32 an accumulator would hold."""
+    return np.asarray(acc).astype(np.int64).astype(np.int32)
+
+
+def activation_bounds(act: Activation, y: QParams) -> tuple[int, int]:
+    """The quantized clamp range [lo, hi] of an output after its fused activation."""
+    lo, hi = y.qmin, y.qmax
+    if act.kind == "relu":
+        lo = max(lo, y.zero_point)
+    elif act.kind == "clip":
+        scale = np.float32(y.scale)
+        if act.lo is not None:
+            lo = max(lo, int(np.rint(np.float32(act.lo) / scale)) + y.zero_point)
+        if act.hi is not None:
+            hi = min(hi, int(np.rint(np.float32(act.hi) / scale)) + y.zero_point)
+    elif act.kind != "none":
+        raise ValueError(f"unknown activation {act.kind!r}")
+    return lo, hi
+
+
+def requantize(acc: np.ndarray, x_scale: float, weight_scale: np.ndarray, y: QParams,
+               activation: Activation = Activation()) -> np.ndarray:
+    """int32 accumulators (..., N) -> y's integers, with one weight scale per last-axis n."""
+    multiplier = (np.float32(x_scale) * np.asarray(weight_scale, np.float32)) / np.float32(y.scale)
+    value = _as_int32(acc).astype(np.float32) * multiplier.astype(np.float32)
+    q = np.rint(value).astype(np.float64) + y.zero_point
+    lo, hi = activation_bounds(activation, y)
+    return np.clip(q, lo, hi).astype(_dtype(y))
+
+
+def _dtype(q: QParams):
+    return np.int8 if q.signed else np.uint8
+
+
+def _centered(x: np.ndarray, q: QParams) -> np.ndarray:
+    """x - zero_point as float64 (exact)."""
+    return np.asarray(x).astype(np.float64) - q.zero_point
+
+
+def dense(op: Dense, x: np.ndarray) -> np.ndarray:
+    xc = _centered(x, op.input.quant).reshape(len(x), -1)
+    acc = xc @ op.weight.astype(np.float64)
+    if op.bias is not None:
+        acc = acc + op.bias.astype(np.float64)
+    return requantize(acc, op.input.quant.scale, op.weight_scale, op.output.quant,
+                      op.activation).reshape(len(x), *op.output.shape)
+
+
+def _pad_image(x: np.ndarray, pads, value) -> np.ndarray:
+    top, left, bottom, right = pads
+    return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=value)
+
+
+def _out_size(size: int, before: int, after: int, kernel: int, stride: int) -> int:
+    return (size + before + after - kernel) // stride + 1
+
+
+def _taps(xp: np.ndarray, kernel, strides, out_hw):
+    """Yield (i, j, view) for every kernel tap: view (B, C, Ho, Wo) of the padded image."""
+    (kh, kw), (sh, sw), (ho, wo) = kernel, strides, out_hw
+    for i in range(kh):
+        for j in range(kw):
+            yield i, j, xp[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
+
+
+def conv(op: Conv, x: np.ndarray) -> np.ndarray:
+    # Padding with real zeros is padding the centred input with 0.
+    xp = _pad_image(_centered(x, op.input.quant), op.pads, 0.0)
+    o, c, kh, kw = op.weight.shape
+    top, left, bottom, right = op.pads
+    ho = _out_size(x.shape[2], top, bottom, kh, op.strides[0])
+    wo = _out_size(x.shape[3], left, right, kw, op.strides[1])
+    w = op.weight.astype(np.float64)
+    acc = np.zeros((len(x), ho, wo, o), np.float64)
+    for i, j, view in _taps(xp, (kh, kw), op.strides, (ho, wo)):
+        acc += np.einsum("bchw,oc->bhwo", view, w[:, :, i, j], optimize=True)
+    if op.bias is not None:
+        acc += op.bias.astype(np.float64)
+    y = requantize(acc, op.input.quant.scale, op.weight_scale, op.output.quant, op.activation)
+    return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+
+def pool(op: Pool, x: np.ndarray) -> np.ndarray:
+    top, left, bottom, right = op.pads
+    kh, kw = op.kernel
+    ho = _out_size(x.shape[2], top, bottom, kh, op.strides[0])
+    wo = _out_size(x.shape[3], left, right, kw, op.strides[1])
+    xq = op.input.quant
+    if op.kind == "max":
+        # ONNX max pooling ignores padding: pad with the smallest value, which never wins
+        # a window that holds at least one real element.
+        xp = _pad_image(np.asarray(x), op.pads, xq.qmin)
+        out = None
+        for _, _, view in _taps(xp, op.kernel, op.strides, (ho, wo)):
+            out = view.copy() if out is None else np.maximum(out, view)
+        return out.astype(_dtype(op.output.quant))
+    if op.kind != "avg":
+        raise ValueError(f"unknown pooling kind {op.kind!r}")
+    yq = op.output.quant
+    if op.kernel == tuple(x.shape[2:]) and not any(op.pads):
+        return _global_average(x, xq, yq)
+    # onnxruntime's QLinearAveragePool (and its fusion of DequantizeLinear -> AveragePool ->
+    # QuantizeLinear): float32 sum of the dequantized values over the window, row by row,
+    # divided by the count, then nearbyint(mean / y.scale + y.zero_point).
+    real = (np.float32(xq.scale) * (np.asarray(x, np.int32) - xq.zero_point)).astype(np.float32)
+    xp = _pad_image(real, op.pads, np.float32(0))
+    inside = _pad_image(np.ones((1, 1) + x.shape[2:]), op.pads, 0.0)
+    total = np.zeros((len(x), x.shape[1], ho, wo), np.float32)
+    count = np.zeros((1, 1, ho, wo))
+    for (_, _, view), (_, _, ones) in zip(_taps(xp, op.kernel, op.strides, (ho, wo)),
+                                          _taps(inside, op.kernel, op.strides, (ho, wo))):
+        total += view
+        count += ones
+    if op.count_include_pad:
+        count[:] = kh * kw
+    mean = total / count.astype(np.float32)
+    q = np.rint(mean / np.float32(yq.scale) + np.float32(yq.zero_point))
+    return np.clip(q, yq.qmin, yq.qmax).astype(_dtype(yq))
+
+
+def _global_average(x: np.ndarray, xq: QParams, yq: QParams) -> np.ndarray:
+    """onnxruntime's QLinearGlobalAveragePool (MLAS): an exact integer sum, requantized by
+    the float32 multiplier x.scale / (y.scale * count)."""
+    count = x.shape[2] * x.shape[3]
+    acc = np.asarray(x, np.int64).sum(axis=(2, 3), keepdims=True) - xq.zero_point * count
+    multiplier = np.float32(xq.scale) / (np.float32(yq.scale) * np.float32(count))
+    q = np.rint(acc.astype(np.float32) * multiplier) + yq.zero_point
+    return np.clip(q, yq.qmin, yq.qmax).astype(_dtype(yq))
+
+
+def lookup(op: Lookup, x: np.ndarray) -> np.ndarray:
+    index = np.asarray(x).astype(np.int64) % 256      # int8 -128 -> 128, as (x + 256) % 256
+    return np.asarray(op.table)[index].astype(_dtype(op.output.quant))
+
+
+_EVALUATORS = {Dense: dense, Conv: conv, Pool: pool, Lookup: lookup}
+
+
+def evaluate(op: Operator, x: np.ndarray) -> np.ndarray:
+    """One operator on a batch of quantized inputs (B, *op.input.shape)."""
+    x = np.asarray(x)
+    expected = (len(x),) + tuple(op.input.shape)
+    if x.ndim < 1 or x.shape != expected:
+        raise ValueError(f"{op.name}: input of shape {x.shape}, expected {expected}")
+    return _EVALUATORS[type(op)](op, x)
+
+
+def run_segment(segment: Segment, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate a segment's operators in order; `inputs` and the result are keyed by tensor
+    name, each (B, *shape) in the tensor's integer type."""
+    values = {t.name: np.asarray(inputs[t.name]) for t in segment.inputs}
+    for op in segment.operators:
+        values[op.output.name] = evaluate(op, values[op.input.name])
+    return {t.name: values[t.name] for t in segment.outputs}
