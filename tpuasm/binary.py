@@ -14,6 +14,7 @@ from pathlib import Path
 from .encoding import Instruction, decode, encode
 from .errors import BinaryFormatError, EncodingError
 from .isa import ISA_TABLE, WORD_BYTES
+from .limits import BYTES_PER_INSTRUCTION, check_allocation
 from .literals import parse_int
 
 MAGIC = b"TBIN"
@@ -307,6 +308,9 @@ class _Reader:
     def code(self, start, end):
         if (end - start) % WORD_BYTES:
             self.fail(f"code section is {end - start} bytes, not a multiple of {WORD_BYTES}")
+        count = (end - start) // WORD_BYTES
+        check_allocation(f"a code section of {count:,} instructions",
+                         count * BYTES_PER_INSTRUCTION)
         out = []
         for i, pos in enumerate(range(start, end, WORD_BYTES)):
             try:

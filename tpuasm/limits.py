@@ -19,6 +19,12 @@ from .errors import ResourceLimitError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    return int(text) if text.isdigit() and len(text) < 19 else default
+
+
 # ---- input files (tpuasm.files.read_input refuses anything larger)
 MAX_SOURCE_BYTES = 64 * MiB          # one .tasm file (the 100,000-line benchmark is ~3 MiB)
 MAX_BINARY_BYTES = 256 * MiB         # a .tbin or OpenTPU binary
@@ -28,11 +34,18 @@ MAX_NPY_HEADER_BYTES = 64 * KiB      # a .npy header (numpy's own default is 10,
 MAX_NPY_DIMS = 8
 
 # ---- the assembler
+# Statements (and .rept iterations) one assembly may expand to: ~6 s and ~600 MB at the
+# cap on this project's machines; the largest program in programs/ has 205, the assembler
+# benchmark 100,000.  TPUASM_MAX_STATEMENTS lowers (or raises) it, e.g. for a sandbox.
+MAX_STATEMENTS = _env_int("TPUASM_MAX_STATEMENTS", 1_000_000)
 MAX_VALUE_BITS = 512                 # an expression's value (and every step on the way)
 MAX_LITERAL_CHARS = 200              # an integer literal's text
 MAX_DIAGNOSTICS = 100                # diagnostics kept and shown; the rest are counted
 MAX_EXCERPT_CHARS = 160              # columns of a source line shown under a diagnostic
 MAX_MESSAGE_CHARS = 400              # characters of one diagnostic's message
+
+# ---- binaries: a decoded instruction costs about this much memory (Instruction objects)
+BYTES_PER_INSTRUCTION = 600
 
 # ---- running
 MAX_CYCLES = 1 << 62                 # --max-cycles, a manifest's max_cycles (int64 cycles)

@@ -28,6 +28,7 @@ from .diagnostics import Diagnostic
 from .encoding import Instruction
 from .errors import AssemblyError, BinaryFormatError, DataFileError, EncodingError, TpuasmError
 from .isa import ISA_TABLE
+from .limits import BYTES_PER_INSTRUCTION, check_allocation
 
 # ------------------------------------------------------------------ the 14-byte word
 WORD_BYTES = 14
@@ -228,6 +229,8 @@ def from_opentpu_bytes(data: bytes, shape: MachineShape | None = None) -> Progra
         raise BinaryFormatError(f"{len(data)} bytes is not a whole number of {WORD_BYTES}-byte "
                                 f"OpenTPU instructions: instruction {whole} is truncated "
                                 f"({rest} of {WORD_BYTES} bytes)")
+    count = len(data) // WORD_BYTES
+    check_allocation(f"{count:,} OpenTPU instructions", count * BYTES_PER_INSTRUCTION)
     instructions = [_decode_word(data[p:p + WORD_BYTES], p // WORD_BYTES)
                     for p in range(0, len(data), WORD_BYTES)]
     return Program(instructions, shape or MachineShape(array_size=8, profile="opentpu"))

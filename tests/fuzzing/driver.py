@@ -1,7 +1,7 @@
 """The long fuzz run (`make fuzz`): many cases per target, figures at the end.
 
     python tests/fuzzing/driver.py [--cases 100000] [--targets asm,tbin,...] [--jobs 2]
-                                   [--seed 0] [--out fuzz-findings]
+                                   [--seed 0] [--out fuzz-findings] [--seconds S]
 
 Cases are drawn from the targets' generators with a seeded random.Random per case
 (`seed * 10**9 + index`), so a finding is reproduced by its index alone.  Each finding's
@@ -23,13 +23,17 @@ from harness import Worker, verdict  # noqa: E402
 from targets import TARGETS  # noqa: E402
 
 
-def fuzz_target(name: str, cases: int, seed: int, out: Path, report: dict, lock) -> None:
+def fuzz_target(name: str, cases: int, seed: int, out: Path, report: dict, lock,
+                seconds: float | None = None) -> None:
     gen, _, allowed = TARGETS[name]
     findings = 0
     max_cpu = peak_rss = 0.0
     started = time.monotonic()
+    done = 0
     with Worker(name) as worker:
         for i in range(cases):
+            if seconds is not None and time.monotonic() - started > seconds:
+                break
             case = gen(random.Random(seed * 10 ** 9 + i))
             result = worker.run(case)
             max_cpu = max(max_cpu, result.get("cpu", 0.0))
@@ -41,12 +45,13 @@ def fuzz_target(name: str, cases: int, seed: int, out: Path, report: dict, lock)
                 d.mkdir(parents=True, exist_ok=True)
                 (d / f"{i}.bin").write_bytes(case)
                 (d / f"{i}.txt").write_text("\n".join(problems) + "\n")
+            done = i + 1
             if (i + 1) % 5000 == 0:
                 with lock:
                     rate = (i + 1) / (time.monotonic() - started)
                     print(f"  {name}: {i + 1:,} cases, {findings} findings, {rate:,.0f}/s",
                           flush=True)
-    report[name] = (cases, time.monotonic() - started, findings, max_cpu, peak_rss)
+    report[name] = (done, time.monotonic() - started, findings, max_cpu, peak_rss)
 
 
 def main(argv=None) -> int:
@@ -56,6 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("fuzz-findings"))
+    p.add_argument("--seconds", type=float, default=None,
+                   help="stop each target after this long (the table says how many ran)")
     args = p.parse_args(argv)
     names = [n for n in args.targets.split(",") if n]
     unknown = [n for n in names if n not in TARGETS]
@@ -72,7 +79,7 @@ def main(argv=None) -> int:
                 if not pending:
                     return
                 name = pending.pop(0)
-            fuzz_target(name, args.cases, args.seed, args.out, report, lock)
+            fuzz_target(name, args.cases, args.seed, args.out, report, lock, args.seconds)
 
     threads = [threading.Thread(target=loop) for _ in range(max(1, args.jobs))]
     for t in threads:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .. import limits
 from ..binary import CONFIG_KEYS
 from ..errors import AssemblyError
 from ..isa import ISA_TABLE
@@ -22,7 +23,7 @@ MAX_REPT = 1_000_000
 # Expansion budget: every statement expanded and every .rept iteration costs one, and a
 # .rept whose whole expansion would overrun what is left is refused before it starts (so
 # `.rept 1000` three deep fails at once instead of after gigabytes).
-MAX_STATEMENTS = 5_000_000
+MAX_STATEMENTS = limits.MAX_STATEMENTS
 MAX_MACRO_DEPTH = 64
 
 

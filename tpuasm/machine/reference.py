@@ -376,22 +376,13 @@ class ReferenceMachine:
 
     def _pool_groups(self, flags: int, length: int) -> list[list[int]] | None:
         """Step 2: for each output row, the input row offsets it pools (None: no pooling).
-        Raises a `shape` fault when the shape does not divide."""
+        Raises a `shape` fault when the shape does not divide (_pooled_count)."""
         if self._pooled_count(flags, length) is None:
             return None
         k, width = self.regs["pool_size"], self.regs["pool_width"]
         if width == 0:
-            if length % k:
-                raise Fault("shape", f"pooling: length {length} is not a multiple of "
-                                     f"pool_size {k}")
             return [[g * k + j for j in range(k)] for g in range(length // k)]
-        if length % width:
-            raise Fault("shape", f"pooling: length {length} is not a multiple of "
-                                 f"pool_width {width}")
         height = length // width
-        if width % k or height % k:
-            raise Fault("shape", f"pooling: a {height} x {width} image does not divide into "
-                                 f"{k} x {k} windows")
         groups = []
         for py in range(height // k):
             for px in range(width // k):
