@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzzing"))
-from harness import Worker, verdict  # noqa: E402
+from harness import Worker, check  # noqa: E402
 from targets import TARGETS  # noqa: E402
 
 CASES = int(os.environ.get("FUZZ_SHORT_CASES", "60"))
@@ -45,7 +45,7 @@ def test_fuzz_short(target, workers):
     @given(st.integers(0, 2 ** 32 - 1))
     def one(seed):
         case = gen(random.Random(seed))
-        problems = verdict(worker.run(case), allowed)
+        _, problems = check(worker, case, allowed)
         assert not problems, f"{target} case from seed {seed} ({len(case)} bytes): " \
                              + "\n".join(problems)
 

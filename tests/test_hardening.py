@@ -360,7 +360,7 @@ def test_row16_manifest_sizes_and_corrupt_expected_data(tmp_path, monkeypatch):
     r = run_manifest(manifest("[machine]\narray_size = 4096\nub_rows = 16777216\n"))
     assert r.outcome == "error" and "Unified Buffer 16,777,216 x 4,096" in r.failures[0]
     r = run_manifest(manifest("[machine]\nhost_latency_cycles = inf\n"))
-    assert r.outcome == "error" and "host_latency_cycles must be an integer" in r.failures[0]
+    assert r.outcome == "error" and "host_latency_cycles must be a non-negative integer" in r.failures[0]
     (d / "e.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': '|i1'")
     r = run_manifest(manifest('[data]\nhost_rows = 4\nweight_tiles = 2\n[[expect.rows]]\n'
                               'expected = "e.npy"\nstart = 0\n'))

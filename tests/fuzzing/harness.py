@@ -109,6 +109,18 @@ class Worker:
         return {"died": how, "wall": wall}
 
 
+def check(worker: Worker, case: bytes, allowed: set[int]) -> tuple[dict, list[str]]:
+    """Run one case and judge it.  A case that kills or stalls its worker is run once
+    more on a fresh one: the first time a code path runs, numba may compile (or load)
+    kernels for it, and that one-off cost is not the case's; a real finding repeats."""
+    result = worker.run(case)
+    problems = verdict(result, allowed)
+    if problems and ("died" in result or result.get("hang")):
+        result = worker.run(case)
+        problems = verdict(result, allowed)
+    return result, problems
+
+
 def verdict(result: dict, allowed: set[int], cpu_limit: float | None = None) -> list[str]:
     """What is wrong with one case's outcome ([] when nothing)."""
     if result.get("hang"):

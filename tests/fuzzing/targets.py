@@ -125,6 +125,8 @@ def gen_asm(rng: random.Random) -> bytes:
         return bytes(rng.randrange(256) for _ in range(rng.randint(0, 300)))
     lines = rng.choice(sources()).split("\n")
     for _ in range(rng.randint(1, 8)):
+        if not lines:
+            lines = [""]
         op = rng.randrange(5)
         i = rng.randrange(len(lines))
         if op == 0:

@@ -59,7 +59,8 @@ class MachineConfig:
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
                                   or not math.isfinite(v) or int(v) != v
                                   or not 0 <= v <= MAX_TIMING_CYCLES):
-                raise ValueError(f"{name} must be an integer in 0..{MAX_TIMING_CYCLES}")
+                raise ValueError(f"{name} must be a non-negative integer, at most "
+                                 f"{MAX_TIMING_CYCLES} (2**40)")
 
     def _timing_defaults(self) -> dict:
         """The timing constants of `timing` (TPU v1: spec/timing.md; OpenTPU: spec/opentpu.md
