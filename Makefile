@@ -31,3 +31,20 @@ FUZZ_CASES ?= 100000
 .PHONY: fuzz
 fuzz: $(STAMP)
 	$(BIN)/python tests/fuzzing/driver.py --cases $(FUZZ_CASES) --jobs 2 --out fuzz-findings
+
+# Compiler back end: codegen time and memory for a 100M-weight network (benchmarks/bench_codegen.py)
+.PHONY: bench-codegen
+bench-codegen: $(STAMP)
+	$(BIN)/python benchmarks/bench_codegen.py
+
+# The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
+# findings next to the paper's (docs/sweep.md).  Long: six apps x 21 configurations.
+.PHONY: figure11 profile bench-sweep
+figure11: $(STAMP)
+	$(BIN)/python -m tpuasm.apps.figure11 --timing-only --out docs/figure11
+
+profile: $(STAMP)
+	$(BIN)/python -m tpuasm profile --timing-only
+
+bench-sweep: $(STAMP)
+	$(BIN)/python benchmarks/bench_sweep.py

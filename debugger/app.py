@@ -28,11 +28,14 @@ from textual.worker import Worker, WorkerState
 from .commands import COMMANDS, Engine, Result, lookup
 from .formatting import event_text
 from .memory_view import MemoryView
-from .panes import CountersPane, PipelinePane, TimelinePane
+from .panes import CountersPane, PipelinePane
+from .array_view import ArrayPane
+from .timeline import TimelinePane
 from .session import Session
 from .source_view import SourceView
 
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
+WATCH_INTERVAL = 1.0   # seconds between looks at the source file under `reload --watch`
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
 
 
@@ -79,6 +82,9 @@ KEYS = [
         title="Cycle radix", detail="hex / signed / unsigned in the memory view"),
     Key("w (memory)", "bytes as int8 or as int32 words", action="unit_toggle",
         title="Toggle int8 / int32", detail="unit of the memory view"),
+    Key("a", "the matrix unit: active tile heat map, the MMC's wavefront, shadow shift "
+        "(+/- zoom, arrows pan)", "a", "show_array", "Array", "Systolic array",
+        "the matrix unit's heat map and wavefront"),
     Key("g", "go to an address or symbol: `input`, `acc.sums + 8`, `ub[100]`, `tile[3]`", "g",
         "prompt('goto ')", "Go to", "Go to address or symbol", "in the memory views"),
     Key("l", "log in the bottom row, or back to the memories (typed commands bring it up)", "l",
@@ -93,7 +99,10 @@ KEYS = [
         detail="counters and the Table-3 breakdown in the log"),
     Key("", action="cmd('info breakpoints')", title="Info breakpoints",
         detail="list breakpoints and watchpoints"),
-    Key("", action="cmd('restart')", title="Restart", detail="reload program and data at cycle 0"),
+    Key("R", "reload: re-assemble the edited source, keep breakpoints, restart", "R",
+        "cmd('reload')", "Reload", "Reload", "re-assemble the edited source and restart at cycle 0"),
+    Key("", action="cmd('restart')", title="Restart",
+        detail="the program as loaded, at cycle 0 (Reload re-reads an edited file)"),
     Key("", action="screenshot", title="Save screenshot (SVG)", detail="writes tpuasm-debugger.svg"),
     Key("?", "this help", "question_mark", "help", "Help", "Help", "every key and command"),
     Key("q", "quit", "q", "quit", "Quit"),
@@ -155,9 +164,10 @@ class HelpScreen(ModalScreen):
 
 class DebuggerApp(App):
     TITLE = "tpuasm debugger"
-    # Wide screens (>= 120 x 36) show every pane at once; narrower ones (80 x 24 and up)
-    # keep source and pipeline on top and one of memories / log below (`l` toggles, typed
-    # commands bring the log up, `goto` the memories); `t` gives the timeline the top row.
+    # Wide screens (>= 120 x 36) show every pane at once (the timeline from 48 rows on);
+    # narrower ones (80 x 24 and up) keep source and pipeline on top and one of memories /
+    # log below (`l` toggles, typed commands bring the log up, `goto` the memories); `t`
+    # gives the timeline the top row.
     CSS = """
     Screen { layout: vertical; }
     #status { height: auto; max-height: 3; background: $primary-background; color: $text;
@@ -167,9 +177,7 @@ class DebuggerApp(App):
     #source { width: 42%; border: round $primary; }
     #right { width: 58%; }
     #pipeline-box { height: 1fr; min-height: 9; border: round $primary; }
-    #pipeline { height: auto; }
-    #pipeline-box { scrollbar-size-vertical: 1; }
-    #timeline { height: 10; border: round $primary; }
+    #timeline { height: 14; border: round $primary; }
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
     #counters { height: 9; border: round $primary; }
@@ -186,8 +194,8 @@ class DebuggerApp(App):
     Screen.narrow #source { width: 1fr; }
     Screen.narrow #right { width: 1fr; }
     Screen.narrow #pipeline-box { min-height: 3; }
-    Screen.narrow #timeline { display: none; }
-    Screen.narrow.show-timeline #timeline { display: block; }
+    Screen.short #timeline { display: none; }
+    Screen.short.show-timeline #timeline { display: block; }
     Screen.narrow #memories { width: 100%; }
     Screen.narrow #side { display: none; }
     Screen.narrow.show-log #side { display: block; }
@@ -195,6 +203,7 @@ class DebuggerApp(App):
     Screen.narrow #command { height: 1; border: none; background: $boost; }
     """
     NARROW = (120, 36)          # below either: the narrow layout
+    TALL = 48                   # from this height on, the timeline is always shown
 
     BINDINGS = [Binding(k.bind, k.action, k.footer, show=k.show) for k in KEYS if k.bind]
     # What each key does, for the help screen (bindings of the panes included).
@@ -211,6 +220,8 @@ class DebuggerApp(App):
         self.tile_shown: int | None = None
         self._before_prompt = None          # the pane to refocus after a command line
         self._echo = True                   # whether the running worker's command was typed
+        self._watcher = None                # the timer of `reload --watch`
+        self._watched_mtime: float | None = None
         session.on_progress = self._progress_from_worker
 
     # -- layout -------------------------------------------------------------------------------
@@ -220,14 +231,15 @@ class DebuggerApp(App):
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
             with Vertical(id="right"):
-                with VerticalScroll(id="pipeline-box", classes="pane-title"):
-                    yield PipelinePane(s, id="pipeline")
+                yield PipelinePane(s, id="pipeline-box", classes="pane-title")
                 yield TimelinePane(s, id="timeline", classes="pane-title")
         with Horizontal(id="bottom"):
             with TabbedContent(id="memories", classes="pane-title"):
                 for memory, title in MEMORY_TABS:
                     with TabPane(title, id=f"tab-{memory}"):
                         yield MemoryView(memory, self._memory_source(memory), id=f"mem-{memory}")
+                with TabPane("Array", id="tab-array"):
+                    yield ArrayPane(s, id="array")
             with Vertical(id="side"):
                 yield CountersPane(s, id="counters", classes="pane-title")
                 yield RichLog(id="log", markup=True, wrap=True, min_width=20, max_lines=2000,
@@ -237,9 +249,10 @@ class DebuggerApp(App):
         yield Footer()
 
     def _memory_source(self, memory: str):
-        m = self.session.machine
+        # the machine is looked up on every call: a reload may bring a new one (a new shape)
         if memory == "tile":
             def tile():
+                m = self.session.machine
                 if m.weights is None or m.weights.shape[0] == 0:
                     return None
                 t = self.tile_shown
@@ -248,7 +261,7 @@ class DebuggerApp(App):
                     t = active.tiles[0] if active is not None else 0
                 return m.tile_values(min(t, m.weights.shape[0] - 1))
             return tile
-        return lambda: getattr(m, memory)
+        return lambda: getattr(self.session.machine, memory)
 
     def on_mount(self) -> None:
         titles = {"pipeline-box": "pipeline and weights",
@@ -273,6 +286,7 @@ class DebuggerApp(App):
     def _apply_layout(self) -> None:
         width, height = self.size
         self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
+        self.screen.set_class(height < self.TALL, "short")
 
     @property
     def narrow(self) -> bool:
@@ -282,14 +296,23 @@ class DebuggerApp(App):
         """The bottom row shows the memories or the log."""
         self.screen.set_class(what == "log", "show-log")
 
+    def action_show_array(self) -> None:
+        self.show_bottom("memories")
+        self.query_one(TabbedContent).active = "tab-array"
+        self.query_one(ArrayPane).focus()
+        self.call_after_refresh(self._update_array)
+
     def action_toggle_log(self) -> None:
         self.show_bottom("memories" if self.screen.has_class("show-log") else "log")
 
     def action_toggle_timeline(self) -> None:
         self.screen.toggle_class("show-timeline")
-        if not self.screen.has_class("show-timeline") and self.focused is None:
+        timeline = self.query_one(TimelinePane)
+        if self.screen.has_class("show-timeline"):
+            timeline.focus()                # its keys: scroll, zoom, jump
+        elif self.focused is None or self.focused is timeline:
             self.query_one(SourceView).focus()
-        self.call_after_refresh(self.query_one(TimelinePane).update_state)
+        self.call_after_refresh(timeline.update_state)
 
     def on_unmount(self) -> None:
         gc.unfreeze()                   # hand it all back (tests start many apps in one process)
@@ -356,12 +379,42 @@ class DebuggerApp(App):
                 self.show_bottom("log")         # a typed command's output must be seen
         if result.goto is not None:
             self.go_to(result.goto)
+        if result.ui and result.ui[0] in ("reload", "reload-watch"):
+            self._after_reload(result.ui)
         if result.ui and result.ui[0] == "radix":
             view = self.current_memory_view()
             view.radix = result.ui[1]
             if len(result.ui) > 2:
                 view.unit = result.ui[2]
         self.refresh_all(follow=result.stop is not None)
+
+    def _after_reload(self, ui: tuple) -> None:
+        if ui[0] == "reload":
+            self.query_one(SourceView).reload()
+            self.query_one(TimelinePane).reload()
+            self.session.new_events()
+        watch = ui[1]
+        if watch is True and self._watcher is None:
+            self._watched_mtime = self._source_mtime()
+            self._watcher = self.set_interval(WATCH_INTERVAL, self._check_source)
+            self.log_line("watching the source: it reloads when saved")
+        elif watch is False and self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+            self.log_line("no longer watching the source")
+
+    def _source_mtime(self) -> float | None:
+        where = self.session.reload_from
+        try:
+            return where[0].stat().st_mtime if where else None
+        except OSError:
+            return None
+
+    def _check_source(self) -> None:
+        mtime = self._source_mtime()
+        if mtime is not None and mtime != self._watched_mtime and not self.running:
+            self._watched_mtime = mtime
+            self.execute("reload")
 
     def log_line(self, markup: str) -> None:
         self.query_one("#log", RichLog).write(Text.from_markup(markup))
@@ -378,6 +431,7 @@ class DebuggerApp(App):
                    self.query_one(TimelinePane).update_state,
                    self.query_one(CountersPane).update_state,
                    *(view.update_data for view in self.query(MemoryView)),
+                   self._update_array,
                    self._memory_subtitle, self._show_status]
         for update in updates:
             try:
@@ -386,8 +440,12 @@ class DebuggerApp(App):
                 self.log_line(f"[bold red]internal error drawing {escape(str(update))}: "
                               f"{escape(type(e).__name__)}: {escape(str(e))}[/]")
 
-    @on(MemoryView.FormatChanged)
     @on(TabbedContent.TabActivated)
+    def _tab_shown(self) -> None:
+        self._memory_subtitle()
+        self.call_after_refresh(self._update_array)
+
+    @on(MemoryView.FormatChanged)
     def _memory_subtitle(self) -> None:
         """Under the memories pane: what the shown view holds and how it is formatted."""
         view = self.current_memory_view()
@@ -397,7 +455,15 @@ class DebuggerApp(App):
             active = m.active()
             t = self.tile_shown if self.tile_shown is not None else (active.tiles[0] if active else 0)
             what = f"weight tile {t}" + (" (active)" if active and t in active.tiles else "")
-        self.query_one("#memories").border_subtitle = f"{what}  {view.describe()}  (x radix, w unit, g go to)"
+        pending = self.session.pending_writes(view.memory) if not self.running else []
+        note = ""
+        if pending:
+            # the memory shows effects at completion (problem 5): say which rows are coming
+            i, lo, hi, finish = pending[0]
+            note = (f"#{i} writes {view.memory}[{lo}..{hi - 1}] at cycle {finish:,}"
+                    + (f" (+{len(pending) - 1})" if len(pending) > 1 else "") + "  ")
+        self.query_one("#memories").border_subtitle = (f"{note}{what}  {view.describe()}  "
+                                                       "(x radix, w unit, g go to)")
 
     def _show_status(self, running: bool = False, cycle: int | None = None) -> None:
         m = self.session.machine
@@ -421,9 +487,15 @@ class DebuggerApp(App):
         status.update(text, layout=lines != getattr(status, "_lines", 1))
         status._lines = lines
 
+    def _update_array(self) -> None:
+        if self.query_one(TabbedContent).active == "tab-array":     # drawn only when shown
+            self.query_one(ArrayPane).update_state()
+
     def current_memory_view(self) -> MemoryView:
         tabs = self.query_one(TabbedContent)
         memory = (tabs.active or "tab-ub").removeprefix("tab-")
+        if memory == "array":
+            memory = "ub"
         return self.query_one(f"#mem-{memory}", MemoryView)
 
     def go_to(self, loc) -> None:
@@ -483,6 +555,10 @@ class DebuggerApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.KEY_HELP))
+
+    @on(TimelinePane.Jump)
+    def _jump_from_timeline(self, message: TimelinePane.Jump) -> None:
+        self.execute(f"jump {message.cycle}")
 
     @on(SourceView.ToggleBreakpoint)
     def _toggle_from_source(self, message: SourceView.ToggleBreakpoint) -> None:

@@ -92,7 +92,7 @@ def load_session(args):
         raise InputError(str(e)) from None
     try:
         return Session(program, host=args.host, weights=args.weights, overrides=overrides,
-                       source_name=str(args.program))
+                       source_name=str(args.program), reload_from=(args.program, shape))
     except TpuasmError as e:
         raise InputError(str(e)) from None
     except TypeError as e:          # an unknown --config key reaches MachineConfig

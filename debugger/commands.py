@@ -17,9 +17,10 @@ from tpuasm.disassembler import format_instruction
 from .expr import ExprError, Location
 from .formatting import (counter_lines, event_text, examine, format_value, memory_array,
                          weights_text)
-from .session import Session, Stop
+from .session import ReloadError, Session, Stop
 
 
+HISTORY_LINES = 20      # accesses `info writes/reads` lists (the latest)
 X_LIMIT = 4096          # elements one x/ prints: a bigger dump belongs in a file, not a log
 
 
@@ -66,19 +67,29 @@ COMMANDS = [
             "do_reverse_next", True),
     Command(("reverse-continue", "rc"), "reverse-continue", "go back to the previous breakpoint or "
             "watchpoint hit", "do_reverse_continue", True),
-    Command(("restart",), "restart", "reload the program and data, cycle 0", "do_restart", True),
+    Command(("restart",), "restart", "start again at cycle 0 (the program as loaded; `reload` "
+            "re-reads an edited file)", "do_restart", True),
+    Command(("reload",), "reload [--watch|--nowatch]", "re-assemble the edited file and restart, "
+            "keeping breakpoints and watchpoints; --watch reloads whenever the file changes",
+            "do_reload"),
     Command(("break", "b"), "break LOCATION [if COND]", "stop before the instruction(s) of a line "
-            "(`12`, `prog.tasm:12`), a label, or `*INDEX` issue", "do_break"),
+            "(`12`, `prog.tasm:12`), a label, `*INDEX` or `node NAME` (its first instruction) "
+            "issue", "do_break"),
     Command(("tbreak",), "tbreak LOCATION [if COND]", "a breakpoint that deletes itself when hit",
             "do_tbreak"),
     Command(("condition",), "condition N [COND]", "set or clear breakpoint N's condition",
             "do_condition"),
     Command(("ignore",), "ignore N COUNT", "let breakpoint N pass COUNT times", "do_ignore"),
-    Command(("watch",), "watch RANGE", "stop when a write changes rows: `ub[0:16]`, `acc[4]`, "
-            "`input`", "do_watch"),
-    Command(("catch",), "catch fault|interrupt|tag", "stop on Interrupt_Host / Debug_Tag "
-            "(faults always stop)", "do_catch"),
-    Command(("uncatch",), "uncatch interrupt|tag", "stop catching an event", "do_uncatch"),
+    Command(("watch",), "watch [-w] RANGE", "stop when a write changes rows: `ub[0:16]`, `acc[4]`, "
+            "`input`; -w: after any write, even of the same values", "do_watch"),
+    Command(("rwatch",), "rwatch RANGE", "stop after an instruction that reads the rows finishes",
+            "do_rwatch"),
+    Command(("awatch",), "awatch RANGE", "stop after an instruction that reads or writes them "
+            "finishes", "do_awatch"),
+    Command(("catch",), "catch fault|interrupt|tag|unwritten", "stop before Interrupt_Host / "
+            "Debug_Tag / an instruction reading rows nothing wrote since load (faults always stop)",
+            "do_catch"),
+    Command(("uncatch",), "uncatch interrupt|tag|unwritten", "stop catching an event", "do_uncatch"),
     Command(("delete", "d"), "delete [N...]", "delete breakpoints/watchpoints (all without N)",
             "do_delete"),
     Command(("disable",), "disable N...", "disable breakpoints/watchpoints", "do_disable"),
@@ -89,7 +100,10 @@ COMMANDS = [
             "`x/16d ub[0]`, `x/8x acc.sums`", "do_x"),
     Command(("expect",), "expect EXPR", "fail (batch exit 1) unless EXPR holds", "do_expect"),
     Command(("info", "i"), "info pipeline|counters|breakpoints|registers|weights|events|symbols",
-            "show machine state", "do_info"),
+            "show machine state; `info writes ub[8]`, `info reads acc.sums`: who wrote / read "
+            "those rows so far", "do_info"),
+    Command(("jump",), "jump CYCLE", "put the machine at a cycle, back (reverse execution) or "
+            "forward (breakpoints do not stop it)", "do_jump", True),
     Command(("list", "l"), "list [LINE]", "source lines around the next instruction", "do_list"),
     Command(("goto", "g"), "goto ADDR", "show an address or symbol in the memory view", "do_goto"),
     Command(("radix",), "radix hex|signed|unsigned [int8|int32]", "number format of the focused "
@@ -139,7 +153,7 @@ class Engine:
 
     def _stopped(self, stop: Stop) -> Result:
         style = {"fault": "bold red", "error": "red", "breakpoint": "yellow",
-                 "watchpoint": "yellow", "tag": "cyan", "interrupt": "cyan",
+                 "watchpoint": "yellow", "tag": "cyan", "interrupt": "cyan", "unwritten": "yellow",
                  "halted": "green"}.get(stop.kind, "")
         msg = escape(stop.message)
         line = f"[{style}]{msg}[/]" if style else msg
@@ -160,6 +174,15 @@ class Engine:
             if nxt is None:
                 raise CommandError("no instruction to break at")
             return [nxt], s.where(nxt)
+        if text.startswith("node ") or text == "node":
+            name = text[5:].strip()
+            runs = s.program.node_runs(name) if name else []
+            if not runs:
+                known = s.program.nodes()
+                hint = (f"; nodes: {', '.join(known[:8])}" + (" ..." if len(known) > 8 else "")
+                        if known else "; the program names no nodes (.node)")
+                raise CommandError(f"no graph node {name!r}{hint}")
+            return [r.start for r in runs], f"node {name}"
         if text.startswith("*"):
             i = s.eval.integer(text[1:])
             if not 0 <= i < len(s.program):
@@ -217,6 +240,22 @@ class Engine:
     def do_reverse_continue(self, arg):
         return self._stopped(self.session.reverse_continue())
 
+    def do_reload(self, arg):
+        watch = {"": None, "--watch": True, "--nowatch": False}.get(arg.strip(), "bad")
+        if watch == "bad":
+            raise CommandError("usage: reload [--watch|--nowatch]")
+        try:
+            stop, notes = self.session.reload()
+        except ReloadError as e:
+            lines = str(e).splitlines()
+            return Result(["[bold red]reload failed; the session goes on with the program "
+                           "as it was:[/]", *(escape(x) for x in lines)], ok=False,
+                          ui=("reload-watch", watch) if watch is not None else None)
+        result = self._stopped(stop)
+        result.lines += [f"[yellow]{escape(n)}[/]" for n in notes]
+        result.ui = ("reload", watch)
+        return result
+
     def do_restart(self, arg):
         return self._stopped(self.session.restart())
 
@@ -265,27 +304,44 @@ class Engine:
         bp.ignore = count
         return Result([f"will ignore the next {bp.ignore} crossings of breakpoint {bp.number}"])
 
-    def do_watch(self, arg):
+    def _watch(self, arg: str, access: str, name: str):
         if not arg:
-            raise CommandError("watch what? e.g. `watch ub[0:16]`")
+            raise CommandError(f"{name} what? e.g. `{name} ub[0:16]`")
         loc = self.session.eval.location(arg)
-        wp = self.session.add_watchpoint(loc, arg)
+        wp = self.session.add_watchpoint(loc, arg, access)
+        what = {"change": "a change", "write": "any write", "read": "any read",
+                "access": "any read or write"}[access]
         return Result([f"watchpoint {wp.number}: {escape(arg)} = {wp.memory} rows "
-                       f"{wp.start}..{wp.stop - 1}"])
+                       f"{wp.start}..{wp.stop - 1} (stops after {what})"])
+
+    def do_watch(self, arg):
+        if arg.startswith("-w ") or arg == "-w":
+            return self._watch(arg[2:].strip(), "write", "watch -w")
+        return self._watch(arg, "change", "watch")
+
+    def do_rwatch(self, arg):
+        return self._watch(arg, "read", "rwatch")
+
+    def do_awatch(self, arg):
+        return self._watch(arg, "access", "awatch")
 
     def do_catch(self, arg):
         kind = arg.strip().lower()
-        if kind not in ("fault", "interrupt", "tag"):
-            raise CommandError("catch fault, catch interrupt or catch tag")
+        if kind not in ("fault", "interrupt", "tag", "unwritten"):
+            raise CommandError("catch fault, catch interrupt, catch tag or catch unwritten")
         self.session.catch.add(kind)
         if kind == "fault":
             return Result(["faults always stop the machine"])
+        if kind == "unwritten":
+            n = len(self.session.unwritten_reads())
+            return Result([f"will stop before each instruction that reads rows nothing wrote since "
+                           f"load ({n} in this program)"])
         return Result([f"will stop before each {'Interrupt_Host' if kind == 'interrupt' else 'Debug_Tag'}"])
 
     def do_uncatch(self, arg):
         kind = arg.strip().lower()
-        if kind not in ("interrupt", "tag"):
-            raise CommandError("uncatch interrupt or uncatch tag (faults always stop)")
+        if kind not in ("interrupt", "tag", "unwritten"):
+            raise CommandError("uncatch interrupt, tag or unwritten (faults always stop)")
         self.session.catch.discard(kind)
         return Result([f"no longer catching {kind}"])
 
@@ -364,8 +420,45 @@ class Engine:
         unit = m.group(3) or ("w" if loc.memory == "acc" else "b")
         return Result(examine(array, loc, count, radix, unit))
 
+    def _history(self, arg: str, write: bool) -> Result:
+        """`info writes ub[8]` / `info reads acc.sums`: who wrote (read) those rows, up to now."""
+        if not arg:
+            raise CommandError(f"info {'writes' if write else 'reads'} ADDR, e.g. `ub[8]`, `acc.sums`")
+        s = self.session
+        loc = s.eval.location(arg)
+        if loc.memory not in ("ub", "acc", "host"):
+            raise CommandError("access history covers ub, acc and host rows")
+        s._check_range(loc)
+        events = s.accesses.history(loc.memory, loc.row, loc.row + loc.rows, write=write)
+        rows = f"{loc.memory}[{loc.row}]" + (f"..[{loc.row + loc.rows - 1}]" if loc.rows > 1 else "")
+        verb = "written" if write else "read"
+        if not events:
+            return Result([escape(f"{rows}: not {verb} by any instruction issued so far "
+                                  f"(cycle {s.machine.cycle})")])
+        out = [f"{rows}: {verb} by {len(events)} instruction(s) so far, latest last "
+               f"(`jump CYCLE` goes there):"]
+        shown = events[-HISTORY_LINES:]
+        if len(events) > len(shown):
+            out.append(f"  ... {len(events) - len(shown)} earlier")
+        for a in shown:
+            when = (f"finished cycle {a.finish}" if a.finish >= 0 else "in flight")
+            out.append(f"  {s.where(a.index)}  {a.memory} rows {a.start}..{a.stop - 1}  "
+                       f"issued cycle {a.issue}, {when}")
+        return Result([escape(x) for x in out])
+
+    def do_jump(self, arg):
+        if not arg:
+            raise CommandError("jump CYCLE: which cycle?")
+        cycle = self.session.eval.integer(arg)
+        if cycle < 0:
+            raise CommandError(f"jump: cycle must be 0 or more, got {cycle}")
+        return self._stopped(self.session.goto_cycle(cycle))
+
     def do_info(self, arg):
-        what = arg.strip().lower()
+        what, _, rest = arg.strip().partition(" ")
+        what = what.lower()
+        if what in ("writes", "reads"):
+            return self._history(rest.strip(), what == "writes")
         table = {"pipeline": self.info_pipeline, "p": self.info_pipeline,
                  "counters": self.info_counters, "c": self.info_counters,
                  "breakpoints": self.info_breakpoints, "b": self.info_breakpoints,
@@ -375,7 +468,8 @@ class Engine:
                  "events": self.info_events, "e": self.info_events,
                  "symbols": self.info_symbols, "s": self.info_symbols}
         if what not in table:
-            raise CommandError("info pipeline|counters|breakpoints|registers|weights|events|symbols")
+            raise CommandError("info pipeline|counters|breakpoints|registers|weights|events|symbols|"
+                               "writes ADDR|reads ADDR")
         return Result([escape(line) for line in table[what]()])
 
     def info_pipeline(self) -> list[str]:

@@ -4,19 +4,20 @@ from __future__ import annotations
 import textwrap
 
 from rich.text import Text
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 from textual.widgets import Static
 from tpuasm.runreport import BREAKDOWN, OVERLAPPING
 
 from .formatting import weights_text
 
 
-TIMELINE_ROWS = ("front", "input", "matrix", "activate", "output", "weights")
 _STAGE_COLOURS = {"front": "white", "input": "green", "matrix": "magenta", "activate": "cyan",
                   "output": "blue", "weights": "yellow"}
 # narrow labels and colours for runreport.BREAKDOWN, in its order
 _SHORT_BREAKDOWN = (("active", "magenta"), ("w.stall", "red"), ("w.shift", "yellow"),
                     ("non-mxu", "grey62"))
-LOOKBACK = 256        # instructions scanned backwards when rebuilding the timeline
 
 
 def bar(done: int, total: int, width: int = 10) -> str:
@@ -26,27 +27,40 @@ def bar(done: int, total: int, width: int = 10) -> str:
     return "█" * full + "░" * (width - full)
 
 
-class PipelinePane(Static):
+class PipelinePane(ScrollView, can_focus=True):
     """The four stages, the weight-fetch engine and the front end, from m.pipeline(), laid
     out by hand (a rich Table per step costs more than the step itself), and below them
     the Weight FIFO, shadow and active tiles."""
+
+    DEFAULT_CSS = "PipelinePane { height: 1fr; scrollbar-size-vertical: 1; scrollbar-size-horizontal: 0; }"
 
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
         self._drawn = None
-        self._lines = 0
+        self._strips: list[Strip] = []
 
     def on_resize(self) -> None:
         self._drawn = None
         self.update_state()
 
     def _show(self, text: Text) -> None:
-        """Redraw; a relayout (the scrolling box around the pane) only when the number of
-        lines changed: most steps change words, not the height."""
-        lines = text.plain.count("\n") + 1
-        self.update(text, layout=lines != self._lines)
-        self._lines = lines
+        """Line API: rich segments straight to strips (cheaper per step than a Static's
+        update); the pane scrolls when the stalls need more lines than it has."""
+        console = self.app.console
+        self._strips = [Strip(list(line.render(console)))
+                        for line in text.split("\n", allow_blank=True)]
+        size = Size(max((s.cell_length for s in self._strips), default=0), len(self._strips))
+        if size != self.virtual_size:
+            self.virtual_size = size
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        row = int(self.scroll_offset.y) + y
+        if row >= len(self._strips):
+            return Strip.blank(width, self.rich_style)
+        return self._strips[row].crop(0, width).extend_cell_length(width, self.rich_style)
 
     def update_state(self) -> None:
         m = self.session.machine
@@ -109,92 +123,6 @@ class PipelinePane(Static):
 
 def _fit(s: str, width: int) -> str:
     return s if len(s) <= width else s[:width - 1] + "…"
-
-
-class TimelinePane(Static):
-    """Stage x recent cycles, like Ripes' pipeline diagram: each cell names the instruction
-    in that stage; red cells are stalls.  Occupancy comes from the library's per-instruction
-    issue/finish cycles; stall marks from the pipeline states the session recorded while
-    stepping, and from the front end waiting to issue."""
-
-    def __init__(self, session, **kwargs):
-        super().__init__(**kwargs)
-        self.session = session
-        self._stage_of = [ins.spec.stage for ins in session.program.instructions]
-
-    def on_resize(self) -> None:
-        self.update_state()             # the number of cycles shown follows the width
-
-    def update_state(self) -> None:
-        s = self.session
-        m = s.machine
-        cell = 4
-        columns = max(4, (self.size.width - 9) // cell) if self.size.width else 24
-        now = m.cycle
-        c0 = max(0, now - columns + 1)
-        cycles = range(c0, now + 1)
-        grid = {row: [None] * len(cycles) for row in TIMELINE_ROWS}   # (index, stalled)
-        stage_of = self._stage_of
-        n = len(s.program)
-        nxt = s.next_to_issue()
-        last = n - 1 if nxt is None else min(nxt, n - 1)
-        # instructions issue in order: scan back from the next one until well before c0
-        for i in range(last, max(-1, last - LOOKBACK), -1):
-            issue = m.issue_cycle(i)
-            if issue < 0:
-                # not issued yet: the front end holds it from the previous issue onwards
-                continue
-            finish = m.finish_cycle(i)
-            end = now if finish < 0 else finish
-            if end < c0 and finish >= 0 and issue < c0 - 4 * columns:
-                break
-            row = stage_of[i] if stage_of[i] in grid else "front"
-            for k, c in enumerate(cycles):
-                if issue <= c <= max(end, issue) and (finish < 0 or c <= finish):
-                    if grid[row][k] is None:
-                        grid[row][k] = (i, False)
-        if nxt is not None and m.status not in ("halted", "fault"):
-            prev_issue = m.issue_cycle(nxt - 1) if nxt > 0 else -1
-            for k, c in enumerate(cycles):
-                if c > prev_issue and grid["front"][k] is None:
-                    grid["front"][k] = (nxt, c - prev_issue > 1)
-        for k, c in enumerate(cycles):
-            sample = s.samples.get(c)
-            if not sample:
-                continue
-            for row, st in sample.items():
-                if row in grid and st.index is not None:
-                    grid[row][k] = (st.index, st.stalled)
-        text = Text(no_wrap=True, overflow="crop")
-        # cycle numbers every 5 columns, each free to run over its right-hand neighbours
-        header = [" "] * (len(cycles) * cell)
-        for k, c in reversed(list(enumerate(cycles))):      # the current cycle first
-            if c % 5 == 0 or c == now:
-                label = str(c)
-                pos = k * cell + 1
-                if pos + len(label) <= len(header) and \
-                        all(ch == " " for ch in header[max(pos - 1, 0):pos + len(label) + 1]):
-                    header[pos:pos + len(label)] = label
-        text.append("cycle".ljust(9), style="bold")
-        text.append("".join(header).rstrip() + "\n", style="grey62")
-        for row in TIMELINE_ROWS:
-            colour = _STAGE_COLOURS[row]
-            text.append(row.ljust(9), style=f"bold {colour}")
-            for k in range(len(cycles)):
-                entry = grid[row][k]
-                if entry is None:
-                    text.append(" · ".ljust(cell), style="grey30")
-                else:
-                    index, stalled = entry
-                    label = f"{index:>3}"[-3:]
-                    style = "bold white on red" if stalled else f"black on {colour}"
-                    text.append(label, style=style)
-                    text.append(" ")
-            text.append("\n")
-        text.append("cells: instruction index; ", style="grey50")
-        text.append(" red ", style="bold white on red")
-        text.append(" = stalled", style="grey50")
-        self.update(text, layout=False)
 
 
 class CountersPane(Static):

@@ -6,6 +6,7 @@ alike.  The machine is driven only through the public API of `tpuasm.machine`
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
@@ -20,6 +21,10 @@ CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interr
 HISTORY_INTERVAL = 20_000    # cycles between the library's snapshots: each costs a UB compare,
                              # and a step back replays at most this many cycles
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
+
+
+class ReloadError(Exception):
+    """`reload` could not use the edited file; the message says why (with carets)."""
 
 
 @dataclass
@@ -56,9 +61,11 @@ class Watchpoint:
     old: np.ndarray | None = None
     enabled: bool = True
     hits: int = 0
+    access: str = "change"      # change (watch), write (watch -w), read (rwatch), access (awatch)
 
     def describe(self) -> str:
-        return (f"{self.number:<3} watch  {'y' if self.enabled else 'n'}  {self.text} "
+        kind = {"change": "watch", "write": "watch-w", "read": "rwatch", "access": "awatch"}[self.access]
+        return (f"{self.number:<3} {kind:<7}{'y' if self.enabled else 'n'}  {self.text} "
                 f"= {self.memory}[{self.start}:{self.stop}]" + (f"  hit {self.hits}x" if self.hits else ""))
 
 
@@ -80,29 +87,39 @@ class StageSample:
 
 class Session:
     def __init__(self, program, host=None, weights=None, overrides: dict | None = None,
-                 source_name: str | None = None):
-        from tpuasm.machine import History, Machine
-        self.program = program
+                 source_name: str | None = None, reload_from=None):
         self.source_name = source_name
         self.host_arg, self.weights_arg = host, weights
-        self.machine = Machine.for_program(program, **(overrides or {}))
-        self.machine.load(program, host=host, weights=weights)
-        self.history = History(self.machine, interval=HISTORY_INTERVAL)
-        self.symbols = symbol_table(program)
-        self.eval = Evaluator(self.machine, self.symbols)
+        self.overrides = overrides or {}
+        # (path, shape overrides): what `reload` re-reads; None for a program given in memory
+        self.reload_from = reload_from
+        self._use_program(program)
         self.breakpoints: dict[int, Breakpoint] = {}
         self.watchpoints: dict[int, Watchpoint] = {}
         self._next_number = 1
         self.catch: set[str] = {"fault"}
         self.cancel = threading.Event()      # set from another thread to interrupt a run;
                                              # whoever starts a run clears it first
+        self.last_stop: Stop | None = None
+        self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
+
+    def _use_program(self, program) -> None:
+        """Load `program` on a machine of its shape (the same machine if the shape did not
+        change), at cycle 0 with the session's data."""
+        from tpuasm.machine import History, Machine, MachineConfig
+        old = getattr(self, "machine", None)
+        if old is None or MachineConfig.from_shape(program.shape, **self.overrides) != old.config:
+            self.machine = Machine.for_program(program, **self.overrides)
+        self.machine.load(program, host=self.host_arg, weights=self.weights_arg)
+        self.program = program
+        self.history = History(self.machine, interval=HISTORY_INTERVAL)
+        self.symbols = symbol_table(program)
+        self.eval = Evaluator(self.machine, self.symbols)
         # Per-cycle pipeline samples: cycle -> {stage: StageSample}.  Only what this
         # session has seen cycle by cycle; longer runs fall back to issue/finish cycles.
         self.samples: dict[int, dict[str, StageSample]] = {}
         self._sample_order: deque[int] = deque()
-        self.events_seen = len(self.machine.events)
-        self.last_stop: Stop | None = None
-        self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
+        self.events_seen = 0
         self._pipeline, self._pipeline_key = [], None
         self._line_index = self._index_lines()
         self._record()
@@ -127,7 +144,10 @@ class Session:
             return "-"
         loc = self.program.locations[index]
         text = format_instruction(self.program.instructions[index])
-        return f"#{index} `{text}`" + (f" ({loc.file}:{loc.line})" if loc else "")
+        node = self.program.node_of(index)
+        where = ", ".join(x for x in ((f"{loc.file}:{loc.line}" if loc else ""),
+                                      (f"node {node}" if node else "")) if x)
+        return f"#{index} `{text}`" + (f" ({where})" if where else "")
 
     def indices_for_line(self, file: str | None, line: int) -> list[int]:
         if file is None:
@@ -170,14 +190,18 @@ class Session:
         self.breakpoints[bp.number] = bp
         return bp
 
-    def add_watchpoint(self, loc: Location, text: str) -> Watchpoint:
+    def _check_range(self, loc: Location) -> None:
         limit = self._rows(loc.memory)
         if loc.memory not in ("ub", "acc", "host"):
             raise ExprError("watchpoints cover ub, acc or host rows")
         if not (0 <= loc.row and loc.row + loc.rows <= limit):
             raise ExprError(f"{loc.memory} rows {loc.row}..{loc.row + loc.rows - 1} "
                             f"outside 0..{limit - 1}")
-        wp = Watchpoint(self._number(), loc.memory, loc.row, loc.row + loc.rows, text)
+
+    def add_watchpoint(self, loc: Location, text: str, access: str = "change") -> Watchpoint:
+        self._check_range(loc)
+        wp = Watchpoint(self._number(), loc.memory, loc.row, loc.row + loc.rows, text,
+                        access=access)
         wp.old = self._rows_of(wp).copy()
         self.watchpoints[wp.number] = wp
         return wp
@@ -201,7 +225,18 @@ class Session:
         for kind, key in (("tag", "TAG"), ("interrupt", "INT")):
             if kind in self.catch:
                 out.update(i for i, ins in enumerate(self.program.instructions) if ins.key == key)
+        if "unwritten" in self.catch:
+            out.update(self.unwritten_reads())
         return sorted(out)
+
+    def unwritten_reads(self) -> dict:
+        """instruction index -> [UnwrittenRead]: reads of rows nothing wrote since load."""
+        if getattr(self, "_unwritten_for", None) is not self.program:
+            self._unwritten = {}
+            for u in self.accesses.unwritten_reads():
+                self._unwritten.setdefault(u.index, []).append(u)
+            self._unwritten_for = self.program
+        return self._unwritten
 
     def _armed_watches(self):
         return [_watch(w) for w in self.watchpoints.values() if w.enabled]
@@ -375,6 +410,12 @@ class Session:
                 value = next(iter(ins.operands.values()), 0)
                 return Stop(kind, f"caught {name} {value}: {self.where(index)} about to issue "
                                   f"at cycle {self.machine.cycle}", index)
+        if "unwritten" in self.catch and index in self.unwritten_reads():
+            rows = "; ".join(f"{u.memory} rows from {u.memory}[{u.start}] ({u.count} row(s))"
+                             for u in self.unwritten_reads()[index])
+            return Stop("unwritten", f"caught a read of rows never written since load: "
+                                     f"{self.where(index)} reads {rows}; about to issue at "
+                                     f"cycle {self.machine.cycle}", index)
         for bp in sorted(self.breakpoints.values(), key=lambda b: b.number):
             if not bp.enabled or index not in bp.indices:
                 continue
@@ -400,11 +441,47 @@ class Session:
                                       f"{self.machine.cycle}", index, bp.number)
         return None
 
+    @property
+    def accesses(self):
+        """The program's access map (tpuasm.machine.access), built on first use."""
+        from tpuasm.machine.access import AccessMap
+        if getattr(self, "_accesses", None) is None or self._accesses.machine is not self.machine \
+                or self._accesses_program is not self.program:
+            self._accesses, self._accesses_program = AccessMap(self.machine), self.program
+        return self._accesses
+
+    def pending_writes(self, memory: str) -> list[tuple[int, int, int, int]]:
+        """(index, first row, end row, finish cycle) of the writes to `memory` by instructions
+        in flight: their effects land, all at once, when they finish."""
+        from tpuasm.machine.access import MEMORY_CODES
+        m = self.machine
+        if memory not in MEMORY_CODES:
+            return []
+        times = m.intervals()
+        a = self.accesses
+        sel = (a.mem == MEMORY_CODES[memory]) & (a.write == 1)
+        idx = a.index[sel]
+        fin = times[idx, 2]
+        live = (times[idx, 0] >= 0) & (fin > m.cycle)
+        return [(int(i), int(lo), int(hi), int(f)) for i, lo, hi, f in
+                zip(idx[live], a.lo[sel][live], a.hi[sel][live], fin[live])]
+
     def _watch_hit(self, index: int) -> Stop | None:
         for wp in self.watchpoints.values():
             if not wp.enabled:
                 continue
             new = self._rows_of(wp)
+            if wp.access != "change":
+                # watch -w / rwatch / awatch: any access of that kind, whatever the values
+                write = {"write": True, "read": False, "access": None}[wp.access]
+                if not self.accesses.touches(index, wp.memory, wp.start, wp.stop, write):
+                    continue
+                wp.old = new.copy()
+                wp.hits += 1
+                verb = {"write": "written", "read": "read", "access": "accessed"}[wp.access]
+                return Stop("watchpoint", f"watchpoint {wp.number} {wp.text} {verb} by "
+                                          f"{self.where(index)} at cycle {self.machine.cycle}",
+                            index, wp.number)
             if wp.old is not None and np.array_equal(new, wp.old):
                 continue                    # written, but with the same values: not a change
             diff = np.argwhere(new != wp.old) if wp.old is not None else np.zeros((0, 2), int)
@@ -421,6 +498,19 @@ class Session:
         return None
 
     # -- reverse -------------------------------------------------------------------------
+    def goto_cycle(self, cycle: int) -> Stop:
+        """`jump`: exactly the state at `cycle`: back through the History, or forward by
+        stepping (a jump passes breakpoints, like a step)."""
+        m = self.machine
+        if cycle < m.cycle:
+            self.history.goto(cycle)
+            return self._finish(Stop("paused", f"jumped back to cycle {m.cycle}"), reverse=True)
+        if cycle > m.cycle:
+            stop = self.step_cycles(cycle - m.cycle)
+            if stop.kind != "paused":
+                return stop
+        return self._finish(Stop("paused", f"at cycle {m.cycle}"))
+
     def reverse_cycles(self, n: int = 1) -> Stop:
         n = min(n, self.machine.cycle)
         if n <= 0:
@@ -446,6 +536,88 @@ class Session:
             msg = f"reverse: reached cycle {self.machine.cycle}"
         return self._finish(Stop(r.status if r.status in ("breakpoint", "watchpoint") else "paused",
                                  msg, r.index), reverse=True)
+
+    def reload(self) -> tuple[Stop, list[str]]:
+        """Re-read and re-assemble the program's file and start it again at cycle 0,
+        keeping breakpoints and watchpoints: a line breakpoint follows its line where the
+        text moved; those that no longer fit are deleted and reported.  An assembly error
+        changes nothing (raises ReloadError with the rendered diagnostics, carets and all)."""
+        from tpuasm.errors import AssemblyError, TpuasmError
+        if self.reload_from is None:
+            raise ReloadError("this program was not loaded from a file: nothing to reload")
+        from tpuasm.cli import load_program
+        path, shape = self.reload_from
+        try:
+            program = load_program(path, shape or None)
+        except AssemblyError as e:
+            raise ReloadError(e.render(color=False)) from None
+        except (TpuasmError, OSError) as e:
+            raise ReloadError(str(e)) from None
+        old = self.program
+        try:
+            self._use_program(program)
+        except (TpuasmError, ValueError, TypeError) as e:
+            self._use_program(old)
+            raise ReloadError(f"cannot load the new program: {e}") from None
+        notes = self._carry_over(old)
+        stop = self._finish(Stop("paused", f"reloaded {path}: {len(program)} instructions, "
+                                           "restarted at cycle 0"), reverse=True)
+        return stop, notes
+
+    def _carry_over(self, old) -> list[str]:
+        """Re-place every breakpoint and watchpoint on the new program; the notes say what moved
+        and what was deleted."""
+        from .relocate import line_map
+        notes = []
+        maps: dict[str, dict[int, int]] = {}
+        for bp in sorted(list(self.breakpoints.values()), key=lambda b: b.number):
+            where, new_indices, why = bp.where, None, None
+            m = re.fullmatch(r"(.+):(\d+)", bp.where)
+            if bp.where.startswith("node "):
+                runs = self.program.node_runs(bp.where[5:])
+                new_indices = [r.start for r in runs] or None
+                why = None if runs else "the node is gone"
+            elif bp.where.startswith("*"):
+                i = int(bp.where[1:])
+                new_indices = [i] if i < len(self.program) else None
+                why = None if new_indices else f"the program has {len(self.program)} instructions"
+            elif m:
+                file, line = m.group(1), int(m.group(2))
+                if file not in maps:
+                    maps[file] = line_map(old.sources.get(file, ""), self.program.sources.get(file, ""))
+                new_line = maps[file].get(line)
+                if new_line is None:
+                    why = f"line {line} was edited or deleted"
+                else:
+                    new_indices = self.indices_for_line(file, new_line) or None
+                    why = None if new_indices else f"line {new_line} holds no instruction now"
+                    where = f"{file}:{new_line}"
+            else:
+                entry = self.symbols.get(bp.where)
+                if entry is not None and entry[0] == "label":
+                    new_indices = [entry[1]]
+                else:
+                    why = f"no label {bp.where} now"
+            if new_indices is None:
+                del self.breakpoints[bp.number]
+                notes.append(f"breakpoint {bp.number} at {bp.where} deleted: {why}")
+                continue
+            if where != bp.where:
+                notes.append(f"breakpoint {bp.number} moved from {bp.where} to {where}")
+            bp.where, bp.indices = where, tuple(new_indices)
+        for wp in sorted(list(self.watchpoints.values()), key=lambda w: w.number):
+            try:
+                loc = self.eval.location(wp.text)
+                self._check_range(loc)
+            except ExprError as e:
+                del self.watchpoints[wp.number]
+                notes.append(f"watchpoint {wp.number} on {wp.text} deleted: {e}")
+                continue
+            if (loc.memory, loc.row, loc.row + loc.rows) != (wp.memory, wp.start, wp.stop):
+                notes.append(f"watchpoint {wp.number} {wp.text} now {loc.memory} rows "
+                             f"{loc.row}..{loc.row + loc.rows - 1}")
+            wp.memory, wp.start, wp.stop = loc.memory, loc.row, loc.row + loc.rows
+        return notes
 
     def restart(self) -> Stop:
         self.machine.load(self.program, host=self.host_arg, weights=self.weights_arg)
@@ -491,7 +663,7 @@ class Session:
 
 def _watch(wp: Watchpoint):
     from tpuasm.machine import Watch
-    return Watch(wp.memory, wp.start, wp.stop)
+    return Watch(wp.memory, wp.start, wp.stop, {"change": "write"}.get(wp.access, wp.access))
 
 
 def _show(memory: str, v) -> str:

@@ -46,6 +46,8 @@ _CURSOR = Style(bgcolor="grey23")
 _NEXT_LINE = Style(bgcolor="dark_blue")
 _FAULT = Style(color="bright_red", bold=True)
 _FAULT_LINE = Style(bgcolor="dark_red")
+_NODE = Style(color="cyan", italic=True)
+_EXPANSION = Style(color="black", bgcolor="bright_yellow")
 
 
 def _style_for(token) -> Style:
@@ -77,6 +79,8 @@ class Listing:
     lines: list[list[Segment]]
     line_of: dict[int, int]                 # instruction index -> 1-based line
     indices_of: dict[int, list[int]]        # 1-based line -> instruction indices
+    node_of: dict[int, str]                 # 1-based line -> graph node (`.node`) of its first
+                                            # instruction; empty when the program names none
 
 
 def build_listing(session, file: str | None = None) -> Listing:
@@ -95,7 +99,13 @@ def build_listing(session, file: str | None = None) -> Listing:
     indices_of: dict[int, list[int]] = {}
     for i, line in line_of.items():
         indices_of.setdefault(line, []).append(i)
-    return Listing(file, lines, line_of, indices_of)
+    node_of = {}
+    if program.nodes():
+        for line, indices in indices_of.items():
+            node = program.node_of(min(indices))
+            if node:
+                node_of[line] = node
+    return Listing(file, lines, line_of, indices_of, node_of)
 
 
 class SourceView(ScrollView, can_focus=True):
@@ -131,16 +141,37 @@ class SourceView(ScrollView, can_focus=True):
         self.break_lines: dict[int, bool] = {}   # line -> enabled
         self._drawn = None
         self.fault_line: int | None = None        # the line of the instruction that faulted
+        self.expansions: dict[int, list[str]] = {}  # line -> "▶ 3/4000": which expansion
         self._resize_virtual()
 
     @property
+    def node_width(self) -> int:
+        """The graph-node column (compiled programs): narrower on a narrow pane."""
+        if not self.listing.node_of:
+            return 0
+        longest = max(len(n) for n in self.listing.node_of.values())
+        return min(longest, 8 if (self.size.width or 80) < 60 else 16) + 1
+
+    @property
     def gutter_width(self) -> int:
-        return max(3, len(str(len(self.listing.lines)))) + GUTTER_MARKS
+        return max(3, len(str(len(self.listing.lines)))) + GUTTER_MARKS + self.node_width
 
     def _resize_virtual(self) -> None:
         """Long lines scroll sideways (left/right) under a fixed gutter."""
         longest = max((sum(seg.cell_length for seg in line) for line in self.listing.lines), default=0)
         self.virtual_size = Size(self.gutter_width + longest + 1, len(self.listing.lines))
+
+    def reload(self) -> None:
+        """A new program (`reload`): its lines, from the top."""
+        self.listing = build_listing(self.session)
+        self._resize_virtual()
+        self._drawn = None
+        self.border_title = f"source  {self.listing.name}"
+        self.update_state(follow=True)
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self._resize_virtual()          # the node column narrows with the pane
 
     def action_pan(self, delta: int) -> None:
         self.scroll_to(x=max(0, int(self.scroll_offset.x) + delta), animate=False)
@@ -172,6 +203,22 @@ class SourceView(ScrollView, can_focus=True):
                 line = line_of[st.index]
                 self.stages[line] = self.stages.get(line, "") + letter
         self.next_line = line_of.get(nxt) if nxt is not None else None
+        # a line that stands for several instructions (a macro body, a .rept): which
+        # expansion each stage and the front end hold, e.g. `▶ 3/4000`
+        self.expansions = {}
+        for st in pipeline:
+            if st.index is None or st.index not in line_of:
+                continue
+            line = line_of[st.index]
+            indices = self.listing.indices_of.get(line, ())
+            if len(indices) > 1:
+                mark = "▶" if st.name == "front" else STAGE_LETTERS.get(st.name, "?")
+                pos = indices.index(st.index) + 1 if st.index in indices else 0
+                self.expansions.setdefault(line, []).append(f"{mark} {pos}/{len(indices)}")
+        node = program.node_of(nxt) if nxt is not None and nxt < len(program) else None
+        title = f"source  {self.listing.name}" + (f"  node {node}" if node else "")
+        if title != self.border_title:
+            self.border_title = title
         fault = s.machine.fault
         self.fault_line = line_of.get(fault.index) if fault is not None and fault.index is not None else None
         if follow and self.fault_line is not None:
@@ -187,6 +234,7 @@ class SourceView(ScrollView, can_focus=True):
             self.cursor_line = self.next_line
             self._keep_visible(self.next_line)
         key = (self.listing.name, tuple(sorted(self.stages.items())), self.next_line, self.fault_line,
+               tuple(sorted((k, tuple(v)) for k, v in self.expansions.items())),
                tuple(sorted(self.break_lines.items())), self.cursor_line)
         if key != self._drawn:                  # most cycle steps change nothing here
             self._drawn = key
@@ -231,12 +279,21 @@ class SourceView(ScrollView, can_focus=True):
             arrow = Segment("✖", _FAULT)
         else:
             arrow = Segment("▶" if line == self.next_line else " ", _NEXT)
-        digits = self.gutter_width - GUTTER_MARKS
+        node_width = self.node_width
+        digits = self.gutter_width - GUTTER_MARKS - node_width
+        node = []
+        if node_width:
+            name = self.listing.node_of.get(line, "")
+            name = name if len(name) < node_width else name[:node_width - 2] + "…"
+            node = [Segment(f"{name:<{node_width - 1}} ", _NODE)]
         gutter = Strip([Segment(f"{line:>{digits}} ", _LINE_NO), dot, Segment(" "), *stage_segments,
-                        pad, arrow, Segment(" ")])
+                        pad, arrow, Segment(" "), *node])
         body_width = max(width - gutter.cell_length, 0)
         scroll_x = int(self.scroll_offset.x)
-        body = Strip(self.listing.lines[line - 1]).crop(scroll_x, scroll_x + body_width)
+        segments = list(self.listing.lines[line - 1])
+        if line in self.expansions:
+            segments.append(Segment("  " + "  ".join(self.expansions[line]), _EXPANSION))
+        body = Strip(segments).crop(scroll_x, scroll_x + body_width)
         strip = Strip.join([gutter, body]).crop(0, width).extend_cell_length(width)
         if line == self.fault_line:
             strip = strip.apply_style(_FAULT_LINE)

@@ -9,7 +9,8 @@ program faults is for the model under test to say.
 
 Every instruction and flag is reachable: RHM/WHM/RHMA/WHMA with repeats and strides
 (negative and zero), RW with repeat, MMC with S C O U W H D, conv taps with pitch and
-stride, ACT with each function, max/avg pooling in 1-D and 2-D and every act_out, CFG of
+stride, ACT with each function, max/avg pooling in 1-D and 2-D (strided and padded too), per-column
+parameters (P), lookup tables (L), clip bounds and every act_out, CFG of
 every register, NOP (repeat), SYNC, WSYNC, INT, TAG and HLT.
 """
 from __future__ import annotations
@@ -99,6 +100,14 @@ class Builder:
             "rep_host_stride": lambda: self.integers(-4, 4),
             "dma_host_stride": lambda: self.integers(-3, 3),
             "dma_ub_stride": lambda: self.integers(-3, 3),
+            "act_params": lambda: self.integers(0, SHAPE.ub_rows - 9),
+            "act_table": lambda: self.integers(0, SHAPE.ub_rows - 256 // N),
+            "act_lo": lambda: self.choice([-2 ** 31, -128, -5, 0, 3]),
+            "act_hi": lambda: self.choice([2 ** 31 - 1, 127, 6, 0, 100]),
+            "pool_stride": lambda: self.integers(0, 3),
+            "pool_pad": lambda: self.integers(0, 2),
+            "pool_pad_end": lambda: self.integers(0, 2),
+            "pool_count_pad": lambda: self.integers(0, 1),
         }
         return small[name]()
 
@@ -241,15 +250,38 @@ class Builder:
             k = self.integers(2, 3)
             self.set_some({"pool_size": [k]}, 1.0)
             self.set_some({"pool_width": [0, k, 2 * k, 3 * k]}, 0.8)
+        if self.coin(0.4):          # strided, padded windows (spec/isa.md 5.5)
+            self.set_some({"pool_stride": [1, 2, 3], "pool_pad": [0, 1], "pool_pad_end": [0, 1],
+                           "pool_count_pad": [0, 1]}, 0.7)
         k, w = self.regs["pool_size"], self.regs["pool_width"]
         if k > 4:
             return None
         if w == 0:
             return k * self.integers(1, 4)
+        if self.regs["pool_stride"] != 0:
+            if w > 9:
+                return None
+            length = w * self.integers(1, 4)
+            return length if length <= 24 and self.pool_vectors(length) else None
         if w % k or w > 9:
             return None
         height = k * self.integers(1, 3)
         return w * height if w * height <= 24 else None
+
+    def pool_vectors(self, length):
+        """Output vectors of a pooling Activate of `length` rows (0: the shape faults)."""
+        g = self.regs
+        k, w = g["pool_size"], g["pool_width"]
+        if w == 0:
+            return length // k if length % k == 0 else 0
+        if g["pool_stride"] == 0:
+            ok = w % k == 0 and length % w == 0 and (length // w) % k == 0
+            return length // (k * k) if ok else 0
+        s, p, e = g["pool_stride"], g["pool_pad"], g["pool_pad_end"]
+        h = length // w
+        if length % w or p >= k or e >= k or min(h, w) + p + e < k:
+            return 0
+        return ((h + p + e - k) // s + 1) * ((w + p + e - k) // s + 1)
 
     def gen_requant(self, function: str):
         """Requantization that keeps outputs off the rails, as a real layer would set it."""
@@ -277,9 +309,15 @@ class Builder:
             self.gen_requant(flags[:1] if flags[:1] in ("Q", "T") else "")
         if length is None:
             length = self.integers(1, 5)
-        k, w = self.regs["pool_size"], self.regs["pool_width"]
-        vectors = length if not ("M" in flags or "A" in flags) else (
-            length // k if w == 0 else length // (k * k))
+        if self.coin(0.3):          # per-column bias and requantization from UB rows
+            flags += "P"
+            self.set_some({"act_params": list(range(SHAPE.ub_rows - 9))}, 0.6)
+        if self.coin(0.2):          # a lookup table from UB rows
+            flags += "L"
+            self.set_some({"act_table": list(range(SHAPE.ub_rows - 256 // N))}, 0.6)
+        if self.coin(0.2):
+            self.set_some({"act_lo": [-128, -5, 0, 3], "act_hi": [127, 6, 100, 2 ** 31 - 1]}, 0.7)
+        vectors = length if not ("M" in flags or "A" in flags) else self.pool_vectors(length)
         per = 2 if self.regs["act_out"] == 2 else 1
         for repeat in (self.integers(1, 3), 1):
             acc_off = [i * self.regs["rep_acc_stride"] + r for i in range(repeat) for r in range(length)]
@@ -375,6 +413,7 @@ class Builder:
         elif kind == "shape":
             k = self.integers(2, 3)
             self.emit(cfg("pool_size", k))
+            self.emit(cfg("pool_stride", 0))
             if self.coin():
                 self.emit(cfg("pool_width", 0))
                 length = k * self.integers(1, 3) + self.integers(1, k - 1)
@@ -421,7 +460,7 @@ def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0
         b.emit(ins("RHM", host=0, ub=HOST_ROWS, length=HOST_ROWS))
         b.emit(ins("RHM", host=3 * HOST_ROWS - SHAPE.ub_rows, ub=2 * HOST_ROWS,
                    length=SHAPE.ub_rows - 2 * HOST_ROWS))
-        if draw(st.sampled_from(range(100))) < 70:
+        if draw(st.sampled_from(range(100))) < 70 and fault_kind != "no_tile":
             # ... and then every accumulator row from it.
             b.emit(ins("RW", tile=draw(st.integers(0, TILES - 1))))
             b.emit(ins("MMC", "SO" + "".join(c for c in "UWH" if b.coin(0.3)), ub=0, acc=0,

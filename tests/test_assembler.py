@@ -376,7 +376,7 @@ def test_text_source_with_a_filename_includes_relative_to_it(tmp_path: Path):
 
 def test_flag_names_instead_of_letters_get_a_suggestion():
     assert errors("ACT.relu 0, 0, 1") == [
-        "ACT has no flags 'e', 'l', 'u'; ACT has flags R, Q, T, M, A; did you mean 'ACT.R' (relu)?"]
+        "ACT has no flags 'e', 'u'; ACT has flags R, Q, T, M, A, P, L; did you mean 'ACT.R' (relu)?"]
 
 
 def test_labels_name_the_next_instruction():

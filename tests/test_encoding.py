@@ -105,7 +105,7 @@ def _word(hexbytes: str) -> bytes:
     ("0a 00 00 01 00 00 00 00 00 00 00 80", "reserved bits"),                 # CFG bits 64..95
     ("06 00 00 00 00 00 00 00 00 00 00 00", "length is 0"),                   # RHM length 0
     ("03 02 00 00 00 00 00 00 01 00 00 00", "width is 0"),                    # MMC.C width 0
-    ("0a 00 00 0f 00 00 00 00 00 00 00 00", "no configuration register 15"),
+    ("0a 00 00 ff 00 00 00 00 00 00 00 00", "no configuration register 255"),
 ])
 def test_decoder_rejects(hexbytes, message):
     with pytest.raises(EncodingError, match=message):

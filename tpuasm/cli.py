@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timing", choices=("tpu", "opentpu"),
                    help="latencies: TPU v1's, or OpenTPU's documented ones "
                         "(default: the program's profile)")
-    _config_option(r)
+    _config_option(r, machine=True)
     _profile_options(r)
     r.set_defaults(handler=cmd_run)
 
@@ -124,11 +124,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config_option(p: argparse.ArgumentParser) -> None:
+def _config_option(p: argparse.ArgumentParser, machine: bool = False) -> None:
     from .binary import CONFIG_KEYS
+    more = ("; and any other MachineConfig field, e.g. clock_hz=1.4e9, "
+            "weight_bytes_per_cycle=97.1, host_latency_cycles=0") if machine else ""
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine shape, overriding the source's .config: "
-                        f"{', '.join(CONFIG_KEYS)} (repeatable or comma-separated)")
+                        f"{', '.join(CONFIG_KEYS)} (repeatable or comma-separated){more}")
 
 
 def _profile_options(p: argparse.ArgumentParser) -> None:
@@ -306,9 +308,12 @@ def cmd_disasm(args) -> int:
 
 def cmd_run(args) -> int:
     from .files import check_outputs
-    from .runreport import run_and_report
+    from .runreport import run_and_report, split_machine_settings
     check_outputs({"--out": args.out, "--stats": args.stats, "--trace": args.trace},
                   [args.program, args.host, args.weights])
+    # --config also takes every other MachineConfig field (clock_hz=1.4e9, ...): the
+    # machine gets those, the assembler the shape keys
+    args.config, args.machine_config = split_machine_settings(args.config)
     data = read_program(args.program)
     opentpu_file = _is_opentpu(args.program, data, args.format)
     program = load_program(args.program, _shape_config(args, opentpu_file), args.format, data=data)

@@ -58,6 +58,7 @@ class InstructionSpec:
     exclusive: tuple[tuple[str, ...], ...] = ()
     conv_operands: tuple[str, ...] = ()
     conv_fields: tuple[Field, ...] = ()
+    timing: str = ""              # duration in short (spec/timing.md section 4)
 
     @property
     def long_name(self) -> str:
@@ -116,7 +117,7 @@ class ISA:
                 fields=_fields(t["fields"]), flags=flags,
                 exclusive=tuple(tuple(g) for g in t.get("exclusive", ())),
                 conv_operands=tuple(t.get("conv_operands", ())),
-                conv_fields=_fields(t.get("conv_fields", ())))
+                conv_fields=_fields(t.get("conv_fields", ())), timing=t.get("timing", ""))
         self.registers: dict[str, Register] = {
             name: Register(name, r["index"], r["reset"], r["min"], r["max"], r["doc"])
             for name, r in table["registers"].items()}

@@ -21,8 +21,51 @@ def make_machine(program, *, hazards: str = "interlock", trace: bool = False, **
     return Machine(config, trace=trace)
 
 
+def split_machine_settings(items: list[str]) -> tuple[list[str], dict]:
+    """`--config` items -> (the shape items, as given, for the assembler; the other
+    MachineConfig fields, parsed and checked).  A sweep point re-runs alone this way."""
+    from dataclasses import fields
+
+    from .binary import CONFIG_KEYS
+    from .machine import MachineConfig
+    names = {f.name: f for f in fields(MachineConfig)}
+    shape, machine = [], {}
+    for item in items:
+        for part in filter(None, (s.strip() for s in item.split(","))):
+            key, sep, value = part.partition("=")
+            key = key.strip().lower()
+            if key in CONFIG_KEYS or not sep:
+                shape.append(part)          # the assembler's keys (and its KEY=VALUE error)
+                continue
+            if key not in names:
+                raise TpuasmError(f"--config {part!r}: unknown setting {key!r} (MachineConfig "
+                                  f"fields: {', '.join(sorted(names))})")
+            machine[key] = _machine_value(key, value.strip(), part)
+    try:
+        MachineConfig(**machine)
+    except ValueError as e:
+        raise TpuasmError(f"--config: {e}") from None
+    return shape, machine
+
+
+def _machine_value(key: str, text: str, part: str):
+    if key in ("hazards", "timing"):
+        return text
+    try:
+        if key in ("clock_hz", "weight_bytes_per_cycle", "host_bytes_per_cycle"):
+            return float(text)
+        return int(text, 0)
+    except ValueError:
+        kind = "a number" if key.endswith(("hz", "per_cycle")) else "an integer"
+        raise TpuasmError(f"--config {part!r}: {key} must be {kind}") from None
+
+
 def run_and_report(program, args) -> int:
     timing = {"timing": args.timing} if getattr(args, "timing", None) else {}
+    overrides = dict(getattr(args, "machine_config", None) or {})
+    if "hazards" in overrides:
+        args.hazards = overrides.pop("hazards")
+    timing.update(overrides)
     machine = make_machine(program, hazards=args.hazards, trace=bool(args.trace), **timing)
     machine.load(program, host=args.host, weights=args.weights)
     result = machine.run(max_cycles=args.max_cycles)
@@ -44,7 +87,15 @@ def stats_document(machine) -> dict:
     that sum to it, ...), then the rest of the machine's statistics (status, fault,
     events, configuration)."""
     stats = dict(machine.stats_json())
-    return {**stats.pop("counters", {}), **stats}
+    return {**stats.pop("counters", {}), **stats, "instruction_cycles": instruction_cycles(machine)}
+
+
+def instruction_cycles(machine) -> list[dict]:
+    """Issue, start and finish cycle of every instruction that issued (the language
+    server's per-line hints read them), from the trace's instruction slices."""
+    from .machine.trace import trace_events
+    return [{k: e["args"][k] for k in ("index", "issue", "start", "finish")}
+            for e in trace_events(machine) if e.get("cat") == "instruction"]
 
 
 def save_host(machine, path: Path, like: Path | None) -> None:

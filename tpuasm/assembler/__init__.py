@@ -94,13 +94,20 @@ def assemble_file(path, *, config: dict | None = None) -> Program:
     return assemble(Path(path), config=config)
 
 
-def _run(text: str, filename: str, config: dict, reporter: Reporter, sources: dict) -> Program | None:
+def _run(text: str, filename: str, config: dict, reporter: Reporter, sources: dict,
+         state: dict | None = None) -> Program | None:
+    """The passes; `state` (analysis.analyze) receives the expander, symbol table and shape."""
     symbols = Symbols(reporter)
     expander = Expander(reporter, symbols)
     expander.sources = sources
+    if state is not None:
+        state.update(expander=expander, symbols=symbols)
+        expander.read_file = state.get("read_file")
     expander.run_text(text, filename)
     symbols.frozen = True
     shape = _shape(expander.config, config, symbols, reporter, filename)
+    if state is not None:
+        state["shape"] = shape
     symbols.limits = memory_limits(shape)
     for kind in MEMORIES:
         _layout(symbols, kind)

@@ -55,6 +55,12 @@ class Expander:
         self.node_marks: list[tuple[int, str | None]] = []
         self.budget = MAX_STATEMENTS
         self.stopped = False
+        # For tools (tpuasm.assembler.analysis, the language server): each file's parsed
+        # statements, every `.include` met (its string node and the path it names), and
+        # a hook that reads an included file (an editor's unsaved buffer instead of the disk).
+        self.statements: dict[str, list] = {}
+        self.includes: list[tuple[Str, str]] = []
+        self.read_file = None
 
     # ----------------------------------------------------------- files
     def run_text(self, text: str, filename: str, chain: tuple[str, ...] = (),
@@ -63,6 +69,7 @@ class Expander:
             text = text[1:]
         self.sources[filename] = text
         statements, diags = parse(text, filename)
+        self.statements.setdefault(filename, statements)
         for d in diags:
             self.reporter.add(d)
         key = _file_key(filename)
@@ -76,15 +83,25 @@ class Expander:
         base = os.path.dirname(d.span.file) if not d.span.file.startswith("<") else ""
         path = os.path.normpath(os.path.join(base, arg.value)) if arg.value else ""
         key = _file_key(path)
+        self.includes.append((arg, path))
         if key in chain:
             names = [_display(c) for c in chain[chain.index(key):]] + [path]
             self._error(arg.span, "include cycle: " + " -> ".join(names), frame)
             return
         from . import decode_source, read_source
         try:
-            text = decode_source(read_source(path, arg.span), path)
+            if self.read_file is not None:          # an editor's unsaved buffers
+                text = self.read_file(path)
+            else:
+                text = decode_source(read_source(path, arg.span), path)
         except AssemblyError as e:        # not a regular file, too large, not UTF-8, ...
             self._error(arg.span, e.diagnostics[0].message, frame)
+            return
+        except (OSError, UnicodeDecodeError, ValueError) as e:   # from read_file
+            why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            if isinstance(e, UnicodeDecodeError):
+                why = "not valid UTF-8"
+            self._error(arg.span, f"cannot read '{path}': {why}", frame)
             return
         note = f"included from {d.span.file}:{d.span.line}"
         self.run_text(text, path, chain, Frame(frame, None, None, note))

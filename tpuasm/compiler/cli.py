@@ -126,20 +126,8 @@ def _error(message: str):
 
 
 def read_inputs(path: Path, names: list[str]) -> dict:
-    import numpy as np
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise _error(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise _error(f"{path}: not a .npy/.npz file: {e}") from None
-    if isinstance(loaded, np.ndarray):
-        if len(names) != 1:
-            raise _error(f"{path}: the model has {len(names)} inputs ({', '.join(names)}): "
-                         f"give an .npz keyed by input name")
-        return {names[0]: loaded}
-    with loaded:
-        return {k: loaded[k] for k in loaded.files}
+    from tpuasm.compiler.arrays import read_named_arrays
+    return read_named_arrays(path, names)
 
 
 def write_outputs(path: Path, results: dict) -> None:

@@ -14,7 +14,6 @@ import numpy as np
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.runtime import TpuStep
 
-SHAPE_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
 
 
 def sample_inputs(step: TpuStep, batch: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ it, then renamed into place), and read back by `load`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import os
 import shutil
 import tempfile
@@ -235,3 +236,40 @@ def _load_step(s: dict, outdir: Path):
     segment = Segment(s["name"], ops, [tensors[n] for n in s["inputs"]],
                       [tensors[n] for n in s["outputs"]])
     return TpuStep(segment, {k: tuple(v) for k, v in s["onnx_shapes"].items()})
+
+
+# --- opening one compiled segment (for the debugger and other faces) ---------------------
+
+@dataclass(frozen=True)
+class SegmentFiles:
+    """One TPU segment of an OUTDIR: its program and the data to load with it."""
+    name: str
+    program: Path                 # segmentN.tasm
+    host: Path                    # segmentN.host.npy (constants + one sample batch)
+    weights: Path                 # segmentN.weights.npy
+
+
+def segment_files(path, segment: str | None = None) -> SegmentFiles:
+    """OUTDIR (its first segment, or `segment`) or OUTDIR/segmentN.tasm -> the files to open
+    it with: `tpuasm debug` / `Machine.load(assemble(program), host, weights)`."""
+    path = Path(path)
+    if path.suffix == ".tasm":
+        outdir, segment = path.parent, path.stem
+    else:
+        outdir = path
+    manifest_path = outdir / MANIFEST
+    if not manifest_path.is_file():
+        raise CompileError(f"{path}: not a compiled model (no {MANIFEST} in {outdir})")
+    try:
+        steps = json.loads(manifest_path.read_text())["steps"]
+    except (OSError, ValueError, KeyError) as e:
+        raise CompileError(f"{manifest_path}: unreadable compiled model: {e}") from None
+    tpu = [s for s in steps if s.get("kind") == "tpu" and s.get("program")]
+    if not tpu:
+        raise CompileError(f"{outdir}: holds no TPU program")
+    chosen = tpu[0] if segment is None else next((s for s in tpu if s["name"] == segment), None)
+    if chosen is None:
+        raise CompileError(f"{outdir}: no segment '{segment}' (segments: "
+                           f"{', '.join(s['name'] for s in tpu)})")
+    return SegmentFiles(chosen["name"], outdir / chosen["program"], outdir / chosen["host"],
+                        outdir / chosen["weights"])

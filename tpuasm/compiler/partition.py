@@ -80,28 +80,10 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
     done: set = set()
     steps: list = []
     while pending_ops or pending_host:
-        phase_ops = []
-        progress = True
-        while progress:
-            progress = False
-            for op in list(pending_ops.values()):
-                if deps_of_op(op) <= done:
-                    phase_ops.append(op)
-                    done.add(("op", op.name))
-                    del pending_ops[op.name]
-                    progress = True
+        phase_ops = _take_ready(pending_ops, deps_of_op, "op", done)
         if phase_ops:
             steps.append(phase_ops)
-        phase_nodes = []
-        progress = True
-        while progress:
-            progress = False
-            for node in sorted(pending_host.values(), key=lambda n: n.index):
-                if deps_of_node(node) <= done:
-                    phase_nodes.append(node)
-                    done.add(("host", node.name))
-                    del pending_host[node.name]
-                    progress = True
+        phase_nodes = _take_ready(pending_host, deps_of_node, "host", done)
         if phase_nodes:
             steps.append(_with_constants(graph, phase_nodes, constant))
         if not phase_ops and not phase_nodes:
@@ -140,6 +122,22 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
     involved = host_names | set(lowered.fused)
     unused = {n.name for n in graph.nodes if n.name not in involved}
     return Plan(result, host_names, unused)
+
+
+def _take_ready(pending: dict, deps_of, kind: str, done: set) -> list:
+    """Remove and return every pending item whose dependencies are done, repeatedly (an
+    item made ready by one taken in this phase joins the phase), in pending's order."""
+    taken = []
+    progress = True
+    while progress:
+        progress = False
+        for name, item in list(pending.items()):
+            if deps_of(item) <= done:
+                taken.append(item)
+                done.add((kind, name))
+                del pending[name]
+                progress = True
+    return taken
 
 
 def _constant_made_inside(graph: Graph, tensor: str, group) -> bool:

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from tpuasm.compiler.partition import HostPart, plan
 from tpuasm.compiler.report import CompileReport, NodeRow, describe
 from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo, run_model
 
-SHAPE_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
 
 
 class CompiledModel:

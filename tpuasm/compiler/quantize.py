@@ -4,7 +4,6 @@ channel, activations uint8 per tensor (MinMax calibration).  The QDQ model it wr
 model the compiler then compiles and the reference it is checked against."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
@@ -14,22 +13,9 @@ from tpuasm.compiler.reader import input_signature
 
 def read_calibration(path, model, model_path) -> dict[str, np.ndarray]:
     """DATA.npy (one input) or DATA.npz (keyed by input name) -> {input: (rows, *shape)}."""
-    path = Path(path)
+    from tpuasm.compiler.arrays import read_named_arrays
     signature = input_signature(model)
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise CompileError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise CompileError(f"{path}: not a .npy/.npz file: {e}") from None
-    if isinstance(loaded, np.ndarray):
-        if len(signature) != 1:
-            raise CompileError(f"{path}: the model has {len(signature)} inputs "
-                               f"({', '.join(signature)}): give an .npz keyed by input name")
-        data = {next(iter(signature)): loaded}
-    else:
-        with loaded:
-            data = {k: loaded[k] for k in loaded.files}
+    data = read_named_arrays(path, list(signature))
     return check_samples(data, signature, path)
 
 

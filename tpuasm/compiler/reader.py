@@ -40,8 +40,10 @@ def read_model(path) -> onnx.ModelProto:
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise CompileError(f"{path}: not an ONNX model with a graph (empty or truncated file?)")
     check_opsets(model, path)
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     try:
-        onnx.checker.check_model(model)
+        # by path when weights live in external files: the checker resolves them beside it
+        onnx.checker.check_model(str(path) if external else model)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _name_nodes(model)

@@ -32,7 +32,7 @@ from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEA
                       NREGS, OP_ACT, OP_CFG, OP_HLT, OP_INT, OP_MMC, OP_NOP, OP_RHM, OP_RHMA,
                       OP_RW, OP_SYNC, OP_TAG, OP_WSYNC)
 from .kernels import (FAULT_ADDRESS, FAULT_CONFIG, FAULT_NONE, FAULT_SHAPE, MAX_FOOTPRINT,
-                      check_instruction, execute_instruction, footprint)
+                      act_param_rows, check_instruction, execute_instruction, footprint)
 
 INF = np.int64(1) << 62
 
@@ -90,6 +90,9 @@ MAX_SEGS = 3 * 256 + 8
 
 # ------------------------------------------------------------------ ev: events
 EV_INTERRUPT, EV_TAG = 0, 1
+
+# watch modes (the 4th column of a watch row): which accesses stop the run
+WATCH_WRITE, WATCH_READ = 1, 2
 
 # flags array: bit 0 breakpoint, bit 1 invalid instruction
 FLAG_BREAK, FLAG_INVALID = 1, 2
@@ -437,7 +440,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             fin = t + row[COL_REPEAT]
         elif op == OP_CFG:
             f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
-                                  st[K_NTILES], info, st[K_PROFILE])
+                                  st[K_NTILES], info, st[K_PROFILE], st[K_N])
             if f != FAULT_NONE:
                 _raise_fault(st, sg, f, pc, t)
                 return False
@@ -459,14 +462,14 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
 
     # ---- a staged instruction: checks first (nothing changes on a fault)
     f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
-                          st[K_NTILES], info, st[K_PROFILE])
+                          st[K_NTILES], info, st[K_PROFILE], st[K_N])
     if f == FAULT_NONE and op == OP_MMC:
         f = _weight_check(prog, st, pc)
     if f != FAULT_NONE:
         _raise_fault(st, sg, f, pc, t)
         return False
     mine = fps[ROW_FRONT]
-    nfp = footprint(row, regs, mine, st[K_PROFILE])
+    nfp = footprint(row, regs, mine, st[K_PROFILE], st[K_N])
     ready = t
     blocker = -1
     input_wait = False
@@ -510,7 +513,9 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
         start = ready
         rows = row[COL_LEN] * row[COL_REPEAT]
         if op == OP_ACT:
-            fin = start + st[K_ACT_LAT] + rows
+            # P and L first read their parameter rows (spec/timing.md 4)
+            p_rows, t_rows = act_param_rows(row[COL_FLAGS], st[K_N])
+            fin = start + st[K_ACT_LAT] + rows + p_rows + t_rows
         else:
             fin = start + _host_cycles(st, rows)
     sg[stage, G_IDX] = pc
@@ -537,7 +542,8 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
 @njit(cache=True)
 def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scratch, r):
     """Retire the instruction in row r (a stage or the oldest draining MMC): apply its
-    effects, fold its counters.  Returns True if it wrote a watched range."""
+    effects, fold its counters.  Returns True if it touched a watched range the way that
+    watch asks: watch rows are (memory, start, stop, mode), mode WATCH_WRITE | WATCH_READ."""
     idx = sg[r, G_IDX]
     row = prog[idx]
     op = row[COL_OP]
@@ -558,10 +564,10 @@ def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scrat
     hit = False
     f = fps[r]
     for i in range(sg[r, G_NFP]):
-        if f[i, 1] == 0:
-            continue
+        mode = WATCH_WRITE if f[i, 1] != 0 else WATCH_READ
         for w in range(watch.shape[0]):
-            if watch[w, 0] == f[i, 0] and max(watch[w, 1], f[i, 2]) < min(watch[w, 2], f[i, 3]):
+            if (watch[w, 3] & mode) != 0 and watch[w, 0] == f[i, 0] and \
+                    max(watch[w, 1], f[i, 2]) < min(watch[w, 2], f[i, 3]):
                 hit = True
     return hit
 

@@ -27,6 +27,7 @@ _MF, _AF = _I["MMC"].flags, _I["ACT"].flags
 MMC_SWITCH, MMC_CONV, MMC_OVERWRITE, MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, \
     MMC_WIDE_W = (_MF[c].bit for c in "SCOUWHD")
 ACT_RELU, ACT_SIGMOID, ACT_TANH, ACT_MAXPOOL, ACT_AVGPOOL = (_AF[c].bit for c in "RQTMA")
+ACT_PER_COLUMN, ACT_LOOKUP = (_AF[c].bit for c in "PL")
 
 # Configuration register indices and reset values.
 _R = ISA_TABLE.registers
@@ -37,6 +38,11 @@ REG_ACT_MULT, REG_ACT_SHIFT, REG_ACT_ZERO, REG_ACT_OUT, REG_FN_IN_FRAC, REG_POOL
             "act_mult", "act_shift", "act_zero", "act_out", "fn_in_frac", "pool_size",
             "pool_width", "conv_pitch", "conv_kw", "conv_stride", "rep_ub_stride",
             "rep_acc_stride", "rep_host_stride", "dma_host_stride", "dma_ub_stride"))
+# Registers added for compiled networks (spec/isa.md 5.5).
+REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_LO, REG_ACT_HI, REG_POOL_STRIDE, REG_POOL_PAD, \
+    REG_POOL_PAD_END, REG_POOL_COUNT_PAD = (_R[n].index for n in (
+        "act_params", "act_table", "act_lo", "act_hi", "pool_stride", "pool_pad",
+        "pool_pad_end", "pool_count_pad"))
 NREGS = max(r.index for r in _R.values()) + 1
 ACT_OUT_INT8, ACT_OUT_UINT8, ACT_OUT_INT16, ACT_OUT_WRAP8 = range(4)
 

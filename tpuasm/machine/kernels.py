@@ -80,6 +80,9 @@ from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT
                       REG_DMA_UB_STRIDE, REG_FN_IN_FRAC, REG_POOL_SIZE, REG_POOL_WIDTH,
                       REG_REP_ACC_STRIDE, REG_REP_HOST_STRIDE, REG_REP_UB_STRIDE,
                       register_limits)
+from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
+                      REG_ACT_TABLE, REG_POOL_COUNT_PAD, REG_POOL_PAD, REG_POOL_PAD_END,
+                      REG_POOL_STRIDE)
 
 FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
 MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
@@ -202,8 +205,33 @@ def _act_shape(row, regs):
     width = regs[REG_POOL_WIDTH]
     if width == 0:
         return length % k == 0, length // k
+    if regs[REG_POOL_STRIDE] != 0:
+        ok, out_h, out_w = _pool_grid(length, width, k, regs)
+        return ok, out_h * out_w
     ok = width % k == 0 and length % width == 0 and (length // width) % k == 0
     return ok, length // (k * k)
+
+
+@njit(cache=True)
+def _pool_grid(length, width, k, regs):
+    """(valid, output height, output width) of strided, padded 2-D pooling (pool_stride > 0):
+    the image is length / width rows of `width`, padded by pool_pad before and pool_pad_end
+    after on both axes; every window must hold at least one image element."""
+    s, pad, pad_end = regs[REG_POOL_STRIDE], regs[REG_POOL_PAD], regs[REG_POOL_PAD_END]
+    if length % width != 0 or pad >= k or pad_end >= k:
+        return False, 0, 0
+    height = length // width
+    if height + pad + pad_end < k or width + pad + pad_end < k:
+        return False, 0, 0
+    return True, (height + pad + pad_end - k) // s + 1, (width + pad + pad_end - k) // s + 1
+
+
+@njit(cache=True)
+def act_param_rows(flags, n):
+    """(UB rows of P's per-column parameters, UB rows of L's table) an Activate reads."""
+    p = 9 if flags & ACT_PER_COLUMN else 0
+    t = (256 + n - 1) // n if flags & ACT_LOOKUP else 0
+    return p, t
 
 
 @njit(cache=True)
@@ -270,7 +298,8 @@ def _check_mmc(row, regs, ub_rows, acc_rows, info):
 
 
 @njit(cache=True)
-def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, profile=0):
+def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, profile=0,
+                      array_size=256):
     op = row[COL_OP]
     if op == OP_CFG:
         reg, value = row[COL_REG], row[COL_VALUE]
@@ -308,6 +337,13 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, pr
     if not ok:
         _set_info(info, length, regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH])
         return FAULT_SHAPE
+    # P's parameter rows, then L's table rows, before the iterations' rows
+    p_rows, t_rows = act_param_rows(row[COL_FLAGS], array_size)
+    for base, count in ((regs[REG_ACT_PARAMS], p_rows), (regs[REG_ACT_TABLE], t_rows)):
+        bad, addr = _first_bad_run(base, 1, count, ub_rows)
+        if bad:
+            _set_info(info, MEM_UB, addr, ub_rows)
+            return FAULT_ADDRESS
     return _check_two_runs(reps, MEM_ACC, row[COL_ACC], regs[REG_REP_ACC_STRIDE], 1, length,
                            acc_rows, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], 1,
                            _act_ub_rows(row, regs, profile), ub_rows, info)
@@ -334,7 +370,7 @@ def _put(out, k, mem, is_write, start, stop):
 
 
 @njit(cache=True)
-def footprint(row, regs, out, profile=0):
+def footprint(row, regs, out, profile=0, array_size=256):
     op = row[COL_OP]
     reps = _iterations(row)
     length = row[COL_LEN]
@@ -370,6 +406,11 @@ def footprint(row, regs, out, profile=0):
             return 0
         a0, a1 = _bounds(row[COL_ACC], regs[REG_REP_ACC_STRIDE], reps, 1, length)
         k = _put(out, 0, MEM_ACC, 0, a0, a1)
+        p_rows, t_rows = act_param_rows(row[COL_FLAGS], array_size)
+        if p_rows > 0:          # P and L read their parameter rows from the UB
+            k = _put(out, k, MEM_UB, 0, regs[REG_ACT_PARAMS], regs[REG_ACT_PARAMS] + p_rows)
+        if t_rows > 0:
+            k = _put(out, k, MEM_UB, 0, regs[REG_ACT_TABLE], regs[REG_ACT_TABLE] + t_rows)
         n_ub = _act_ub_rows(row, regs, profile)
         if n_ub <= 0:
             return k
@@ -740,6 +781,160 @@ def _requantize_store(buf, ub, u, mult, shift, zero, out_kind):
             ub[u, j] = (((buf[j] * mult + rounding) >> shift) + zero) & 0xFF
 
 
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_SHIFT_MAX_P = 46           # P's shift byte saturates here: count << shift stays below 2^63
+
+
+@njit(cache=True)
+def _apply_fn(v, fn, frac):
+    """Step 1 of Activate on one int64 value (the scalar form of _function_row)."""
+    if fn == _FN_RELU:
+        return max(v, 0)
+    if fn == _FN_SIGMOID:
+        return SIGMOID_TABLE[_to_q8(v, frac) - T_MIN]
+    if fn == _FN_TANH:
+        return TANH_TABLE[_to_q8(v, frac) - T_MIN]
+    if fn == _FN_OPENTPU_SIGMOID:
+        return _opentpu_sigmoid(v)
+    return v
+
+
+@njit(cache=True)
+def _int32_plane(ub, r):
+    """Row r..r+3 of the UB as one int32 per column (little-endian byte planes)."""
+    n = ub.shape[1]
+    out = np.empty(n, np.int64)
+    for j in range(n):
+        v = np.int64(ub[r, j]) | (np.int64(ub[r + 1, j]) << 8) | \
+            (np.int64(ub[r + 2, j]) << 16) | (np.int64(ub[r + 3, j]) << 24)
+        out[j] = v - ((v & 0x80000000) << 1)
+    return out
+
+
+@njit(cache=True)
+def _round_half_even_div(p, d):
+    """round(p / d), ties to even, exactly (d > 0)."""
+    q = p // d
+    r2 = 2 * (p - q * d)
+    if r2 > d or (r2 == d and (q & 1) == 1):
+        q += 1
+    return q
+
+
+@njit(cache=True)
+def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
+    """Activate with the features added for compiled networks (spec/isa.md 5.5): P's per-column
+    bias and requantization, L's table, the clip bounds and strided, padded 2-D pooling.  The
+    original path (_execute_act) stays as it was for programs that use none of them."""
+    flags = row[COL_FLAGS]
+    n = acc.shape[1]
+    opentpu = profile == PROFILE_OPENTPU
+    per_col = (flags & ACT_PER_COLUMN) != 0 and not opentpu
+    lookup = (flags & ACT_LOOKUP) != 0 and not opentpu
+    bias = np.zeros(n, np.int64)
+    mult = np.zeros(n, np.int64)
+    shifts = np.zeros(n, np.int64)
+    if per_col:
+        p0 = regs[REG_ACT_PARAMS]
+        bias = _int32_plane(ub, p0)
+        mult = _int32_plane(ub, p0 + 4)
+        for j in range(n):
+            shifts[j] = min(np.int64(ub[p0 + 8, j]), _SHIFT_MAX_P)
+    table = np.zeros(256, np.int64)
+    if lookup:
+        t0 = regs[REG_ACT_TABLE]
+        for i in range(256):
+            table[i] = ub[t0 + i // n, i % n]
+    out_kind = regs[REG_ACT_OUT]
+    mult_r, shift_r, zero = regs[REG_ACT_MULT], regs[REG_ACT_SHIFT], regs[REG_ACT_ZERO]
+    lo, hi = regs[REG_ACT_LO], regs[REG_ACT_HI]
+    if opentpu:
+        out_kind, mult_r, shift_r, zero, lo, hi = ACT_OUT_WRAP8, 1, 0, 0, _INT32_MIN, _INT32_MAX
+    rounding = (np.int64(1) << (shift_r - 1)) if shift_r > 0 else np.int64(0)
+    per = 2 if out_kind == ACT_OUT_INT16 else 1
+    frac = regs[REG_FN_IN_FRAC]
+    length = row[COL_LEN]
+    # The pooling grid: windows of kh x kw image elements at stride s, padded by `pad`.
+    k, width = regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH]
+    if pool == _POOL_NONE:
+        img_w, kh, kw, s, pad, out_w = 1, 1, 1, 1, 0, 1
+        out_rows = length
+    elif width == 0:                 # 1-D: groups of k consecutive rows
+        img_w, kh, kw, s, pad, out_w = length, 1, k, k, 0, length // k
+        out_rows = length // k
+    elif regs[REG_POOL_STRIDE] == 0:
+        img_w, kh, kw, s, pad, out_w = width, k, k, k, 0, width // k
+        out_rows = length // (k * k)
+    else:
+        ok, oh, ow = _pool_grid(length, width, k, regs)
+        img_w, kh, kw, s, pad, out_w = width, k, k, regs[REG_POOL_STRIDE], regs[REG_POOL_PAD], ow
+        out_rows = oh * ow
+    img_h = length // img_w
+    count_pad = regs[REG_POOL_COUNT_PAD] != 0
+    acc_buf = buf[0]
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            oy = o // out_w
+            ox = o - oy * out_w
+            y0, x0 = oy * s - pad, ox * s - pad
+            if pool == _POOL_NONE:
+                y0, x0 = o, 0
+            count = 0
+            for yy in range(max(y0, 0), min(y0 + kh, img_h)):
+                for xx in range(max(x0, 0), min(x0 + kw, img_w)):
+                    r = a0 + yy * img_w + xx
+                    for j in range(n):
+                        v = np.int64(acc[r, j])
+                        if per_col:         # the bias add wraps like the accumulators
+                            v = ((v + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+                        v = _apply_fn(v, fn, frac)
+                        if count == 0:
+                            acc_buf[j] = v
+                        elif pool == _POOL_MAX:
+                            acc_buf[j] = max(acc_buf[j], v)
+                        else:
+                            acc_buf[j] += v
+                    count += 1
+            if pool == _POOL_AVG and count_pad:
+                count = kh * kw
+            u = u0 + per * o
+            for j in range(n):
+                v = acc_buf[j]
+                if per_col:
+                    c = count if pool == _POOL_AVG else 1
+                    v = min(max(v, _INT32_MIN), _INT32_MAX)
+                    y = _round_half_even_div(v * mult[j], np.int64(c) << shifts[j]) + zero
+                else:
+                    if pool == _POOL_AVG:
+                        v = (v + count // 2) // count
+                    y = ((v * mult_r + rounding) >> shift_r) + zero
+                y = min(max(y, lo), hi)
+                if out_kind == ACT_OUT_INT8:
+                    b = min(max(y, -128), 127) & 0xFF
+                elif out_kind == ACT_OUT_UINT8:
+                    b = min(max(y, 0), 255)
+                elif out_kind == ACT_OUT_INT16:
+                    y16 = min(max(y, -32768), 32767)
+                    b = y16 & 0xFF
+                    b_hi = (y16 >> 8) & 0xFF
+                    ub[u + 1, j] = table[b_hi] if lookup else b_hi
+                else:
+                    b = y & 0xFF
+                ub[u, j] = table[b] if lookup else b
+
+
+@njit(cache=True)
+def _uses_act_extensions(row, regs):
+    """True when an Activate needs _execute_act_ext (any feature of spec/isa.md 5.5 added for
+    compiled networks)."""
+    return (row[COL_FLAGS] & (ACT_PER_COLUMN | ACT_LOOKUP)) != 0 \
+        or regs[REG_ACT_LO] != _INT32_MIN or regs[REG_ACT_HI] != _INT32_MAX \
+        or (regs[REG_POOL_STRIDE] != 0 and regs[REG_POOL_WIDTH] != 0
+            and (row[COL_FLAGS] & (ACT_MAXPOOL | ACT_AVGPOOL)) != 0)
+
+
 @njit(cache=True)
 def _execute_act(row, regs, acc, ub, buf, profile):
     flags = row[COL_FLAGS]
@@ -756,6 +951,9 @@ def _execute_act(row, regs, acc, ub, buf, profile):
         pool = _POOL_MAX
     elif flags & ACT_AVGPOOL:
         pool = _POOL_AVG
+    if _uses_act_extensions(row, regs):
+        _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool)
+        return
     ok, out_rows = _act_shape(row, regs)
     out_kind = regs[REG_ACT_OUT]
     mult, shift, zero = regs[REG_ACT_MULT], regs[REG_ACT_SHIFT], regs[REG_ACT_ZERO]

@@ -37,13 +37,21 @@ class RunResult:
     index: int | None = None
 
 
+_WATCH_MODES = {"write": core.WATCH_WRITE, "read": core.WATCH_READ,
+                "access": core.WATCH_WRITE | core.WATCH_READ}
+
+
 @dataclass(frozen=True)
 class Watch:
     memory: str                 # "ub", "acc" or "host"
     start: int
     stop: int                   # exclusive
+    access: str = "write"       # "write", "read" or "access" (either)
 
     def __post_init__(self):
+        if self.access not in _WATCH_MODES:
+            raise ValueError(f"watch access must be one of {', '.join(_WATCH_MODES)}, "
+                             f"not {self.access!r}")
         if self.memory not in _MEMORIES:
             raise ValueError(f"watch memory must be one of {', '.join(_MEMORIES)}, "
                              f"not {self.memory!r}")
@@ -124,7 +132,7 @@ class Machine:
         self.status = "paused"
         self._scratch = make_scratch(self.config.array_size)
         self._texts: dict[int, str] = {}
-        self._no_watch = np.zeros((0, 3), dtype=np.int64)
+        self._no_watch = np.zeros((0, 4), dtype=np.int64)
         self._breaks_set = False
         self.load(Program([], self.config.shape))
 
@@ -236,8 +244,8 @@ class Machine:
                     self._breaks_set = True
         watch_arr = self._no_watch
         if watch:
-            watch_arr = np.array([(_MEMORIES[w.memory], w.start, w.stop) for w in watch],
-                                 dtype=np.int64).reshape(-1, 3)
+            watch_arr = np.array([(_MEMORIES[w.memory], w.start, w.stop, _WATCH_MODES[w.access])
+                                  for w in watch], dtype=np.int64).reshape(-1, 4)
         st[core.S_STOP_CYCLE] = stop_cycle
         st[core.S_STOP_INDEX] = stop_index
         # a run started at a breakpoint issues that instruction
@@ -334,6 +342,15 @@ class Machine:
         t = self.times[:len(self.prog)].copy()
         t[(t[:, core.TM_ISSUE] < 0) | (t[:, core.TM_ISSUE] >= self.cycle)] = -1
         return t
+
+    def tile_intervals(self) -> np.ndarray:
+        """A copy, (tiles requested so far, 7) int64, one row per weight tile in request
+        order: tile number, request, fetch start, fetch end, shift start, shift end and
+        switch-in cycle (-1 where not known yet).  Like intervals(), times are the timing
+        model's, fixed when the tile is requested; cycles after `cycle` are still to come."""
+        nreq = int(self.st[core.S_NREQ])
+        rows = (core.T_TILE, core.T_REQ, core.T_FS, core.T_FE, core.T_SS, core.T_SE, core.T_SW)
+        return self.tl[list(rows), :nreq].T.copy()
 
     def _tiles(self):
         """(number of tiles requested, tile table) at the current cycle."""

@@ -354,9 +354,11 @@ class ReferenceMachine:
             return int(TANH_Q15[to_q8(x, self.regs["fn_in_frac"]) - T_MIN])
         return x
 
-    def _pooled_count(self, flags: int, length: int) -> int | None:
-        """Step 2's shape check alone: how many output rows pooling makes (None: no
-        pooling), raising the `shape` fault, without building the groups."""
+    def _pool_groups(self, flags: int, length: int, build: bool = True):
+        """Step 2: for each output row, the input row offsets it pools and the count an
+        average divides by (None: no pooling).  Raises a `shape` fault when the shape does
+        not divide.  build=False: the shape checks alone and how many output rows there
+        are (the groups are built only once the address checks have passed)."""
         if not flags & (ACT["M"] | ACT["A"]):
             return None
         k, width = self.regs["pool_size"], self.regs["pool_width"]
@@ -364,30 +366,37 @@ class ReferenceMachine:
             if length % k:
                 raise Fault("shape", f"pooling: length {length} is not a multiple of "
                                      f"pool_size {k}")
-            return length // k
+            if not build:
+                return length // k
+            return [([g * k + j for j in range(k)], k) for g in range(length // k)]
         if length % width:
             raise Fault("shape", f"pooling: length {length} is not a multiple of "
                                  f"pool_width {width}")
         height = length // width
-        if width % k or height % k:
-            raise Fault("shape", f"pooling: a {height} x {width} image does not divide into "
-                                 f"{k} x {k} windows")
-        return (height // k) * (width // k)
-
-    def _pool_groups(self, flags: int, length: int) -> list[list[int]] | None:
-        """Step 2: for each output row, the input row offsets it pools (None: no pooling).
-        Raises a `shape` fault when the shape does not divide (_pooled_count)."""
-        if self._pooled_count(flags, length) is None:
-            return None
-        k, width = self.regs["pool_size"], self.regs["pool_width"]
-        if width == 0:
-            return [[g * k + j for j in range(k)] for g in range(length // k)]
-        height = length // width
+        stride = self.regs["pool_stride"]
+        if stride == 0:                       # the original rule: windows tile the image
+            if width % k or height % k:
+                raise Fault("shape", f"pooling: a {height} x {width} image does not divide "
+                                     f"into {k} x {k} windows")
+            stride, pad, pad_end = k, 0, 0
+        else:
+            pad, pad_end = self.regs["pool_pad"], self.regs["pool_pad_end"]
+            if pad >= k or pad_end >= k or min(height, width) + pad + pad_end < k:
+                raise Fault("shape", f"pooling: a {height} x {width} image padded by {pad} "
+                                     f"and {pad_end} has no {k} x {k} window of stride {stride}")
+        out_h = (height + pad + pad_end - k) // stride + 1
+        out_w = (width + pad + pad_end - k) // stride + 1
+        if not build:
+            return out_h * out_w
+        whole = bool(self.regs["pool_count_pad"])
         groups = []
-        for py in range(height // k):
-            for px in range(width // k):
-                groups.append([(py * k + dy) * width + (px * k + dx)
-                               for dy in range(k) for dx in range(k)])
+        for py in range(out_h):
+            for px in range(out_w):
+                ys = [py * stride - pad + dy for dy in range(k)]
+                xs = [px * stride - pad + dx for dx in range(k)]
+                inside = [y * width + x for y in ys if 0 <= y < height
+                          for x in xs if 0 <= x < width]
+                groups.append((inside, k * k if whole else len(inside)))
         return groups
 
     def _requantize(self, x: int) -> int:
@@ -397,6 +406,25 @@ class ReferenceMachine:
         if shift > 0:
             y = (y + (1 << (shift - 1))) >> shift
         return y + self.regs["act_zero"]
+
+    def _per_column_parameters(self) -> tuple[list[int], list[int], list[int]]:
+        """P: (bias, multiplier, shift) per column from the 9 UB rows at act_params."""
+        p = self.regs["act_params"]
+
+        def int32_row(r):
+            values = []
+            for col in range(self.n):
+                u = sum(int(self.ub[r + b, col]) << (8 * b) for b in range(4))
+                values.append(u - (1 << 32) if u >= 1 << 31 else u)
+            return values
+
+        return (int32_row(p), int32_row(p + 4),
+                [min(int(v), 46) for v in self.ub[p + 8]])
+
+    def _lookup_table(self) -> list[int]:
+        """L: the 256 bytes at act_table, entry i in row i // N, column i % N."""
+        t = self.regs["act_table"]
+        return [int(self.ub[t + i // self.n, i % self.n]) for i in range(256)]
 
     def _output_rows(self, y: int) -> list[int]:
         """Step 4: the byte(s) of one output value: one byte, or (low, high) for int16."""
@@ -412,51 +440,91 @@ class ReferenceMachine:
 
     def op_ACT(self, index, ins):
         # Under the opentpu profile (spec/opentpu.md section 4) Q is OpenTPU's sigmoid and
-        # step 3-4 is just the low 8 bits: no requantization, act_out ignored, one row each.
+        # step 3-4 is just the low 8 bits: no requantization, act_out ignored, one row each;
+        # P, L and the clip bounds do nothing there.
         opentpu = self.profile == "opentpu"
         f = ins.flags
         length = ins["length"]
-        pooled = self._pooled_count(f, length)          # shape faults first (section 7)
+        pooled = self._pool_groups(f, length, build=False)   # shape faults first (section 7)
         out_vectors = length if pooled is None else pooled
         rows_per_vector = 2 if self.regs["act_out"] == 2 and not opentpu else 1
         acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
+        per_column = bool(f & ACT["P"])
+        lookup = bool(f & ACT["L"])
+        if per_column:
+            self.check_ub(range(self.regs["act_params"], self.regs["act_params"] + 9))
+        if lookup:
+            t = self.regs["act_table"]
+            self.check_ub(range(t, t + -(-256 // self.n)))
         for i in range(ins.repeat):
             acc = ins["acc"] + i * acc_step
             ub = ins["ub"] + i * ub_step
             self.check_acc(range(acc, acc + length))
             self.check_ub(range(ub, ub + rows_per_vector * out_vectors))
         groups = self._pool_groups(f, length)          # built only once the checks pass
+        per_column = per_column and not opentpu
+        lookup = lookup and not opentpu
+        if per_column:
+            bias, mult, shift = self._per_column_parameters()
+        table = self._lookup_table() if lookup else None
+        lo, hi = self.regs["act_lo"], self.regs["act_hi"]
         for i in range(ins.repeat):
             acc = ins["acc"] + i * acc_step
             ub = ins["ub"] + i * ub_step
-            # 1. function, element by element (Python ints: exact)
-            values = [[self._function(f, int(v)) for v in self.acc[acc + r]]
-                      for r in range(length)]
-            # 2. pooling
+            # 0. P's bias (wrapping like the accumulators), 1. function (Python ints: exact)
+            values = []
+            for r in range(length):
+                row = [int(v) for v in self.acc[acc + r]]
+                if per_column:
+                    row = [wrap_int32(v + b) for v, b in zip(row, bias)]
+                values.append([self._function(f, v) for v in row])
+            counts = [1] * len(values)
+            # 2. pooling (with P an average keeps the sum; its count joins step 3's divisor)
             if groups is not None:
                 pooled = []
-                for group in groups:
+                counts = []
+                for members, count in groups:
                     row = []
                     for col in range(self.n):
-                        items = [values[r][col] for r in group]
+                        items = [values[r][col] for r in members]
                         if f & ACT["M"]:
                             row.append(max(items))
+                        elif per_column:
+                            row.append(sum(items))
                         else:
-                            count = len(items)
                             row.append((sum(items) + count // 2) // count)
                     pooled.append(row)
+                    counts.append(count if f & ACT["A"] else 1)
                 values = pooled
-            # 3. requantize and 4. output
+            # 3. requantize, clip and 4. output, 5. lookup
             for r, row in enumerate(values):
                 if opentpu:
                     bytes_ = [[v & 0xFF] for v in row]
+                elif per_column:
+                    ys = []
+                    for col, v in enumerate(row):
+                        v = min(max(v, INT32_MIN), INT32_MAX)
+                        ys.append(round_half_even(v * mult[col], counts[r] << shift[col])
+                                  + self.regs["act_zero"])
+                    bytes_ = [self._output_rows(min(max(y, lo), hi)) for y in ys]
                 else:
-                    bytes_ = [self._output_rows(self._requantize(v)) for v in row]
+                    bytes_ = [self._output_rows(min(max(self._requantize(v), lo), hi))
+                              for v in row]
+                if table is not None:
+                    bytes_ = [[table[b] for b in bs] for bs in bytes_]
                 if rows_per_vector == 1:
                     self.ub[ub + r] = [b[0] for b in bytes_]
                 else:
                     self.ub[ub + 2 * r] = [b[0] for b in bytes_]
                     self.ub[ub + 2 * r + 1] = [b[1] for b in bytes_]
+
+
+def round_half_even(numerator: int, denominator: int) -> int:
+    """numerator / denominator (> 0) rounded to the nearest integer, ties to even."""
+    q, r = divmod(numerator, denominator)
+    if 2 * r > denominator or (2 * r == denominator and q % 2 == 1):
+        q += 1
+    return q
 
 
 # spec/opentpu.md's step table for -5 <= x <= 5 (written out here, not imported: the

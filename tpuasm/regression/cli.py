@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate data into each program's data/ directory and keep it")
     p.add_argument("--list", action="store_true", help="list the selected programs and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--scheduler", metavar="ADDR",
+                   help="run the programs on this Dask cluster (the sweep's executor; "
+                        "also $TPUASM_SCHEDULER) instead of local processes")
     return p
 
 
@@ -145,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
     started = time.perf_counter()
-    results = run_all(manifests, jobs=args.jobs, check_golden=not args.update_golden,
-                      keep_data=args.keep_data, console=err, progress=not args.quiet)
+    try:
+        results = run_all(manifests, jobs=args.jobs, check_golden=not args.update_golden,
+                          keep_data=args.keep_data, console=err, progress=not args.quiet,
+                          scheduler=args.scheduler or os.environ.get("TPUASM_SCHEDULER"))
+    except ManifestError as e:            # the cluster could not be reached
+        err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+        return EXIT_USAGE
     seconds = time.perf_counter() - started
 
     from .report import failure_text, junit_xml, summary_table, totals_line
@@ -200,7 +208,7 @@ def _expected_cost(m: Manifest) -> int:
 
 
 def run_all(manifests, *, jobs: int, check_golden=True, keep_data=False, console=None,
-            progress=True):
+            progress=True, scheduler: str | None = None):
     """Results in the manifests' order."""
     order = sorted(range(len(manifests)), key=lambda i: -_expected_cost(manifests[i]))
     results = [None] * len(manifests)
@@ -217,7 +225,9 @@ def run_all(manifests, *, jobs: int, check_golden=True, keep_data=False, console
             if not show and console is not None and progress:
                 console.print(f"{r.outcome.upper():5} {r.name}", markup=False, highlight=False)
 
-        if jobs == 1 or len(manifests) == 1:
+        if scheduler:
+            _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done)
+        elif jobs == 1 or len(manifests) == 1:
             for i in order:
                 bar.update(task, description=f"running {manifests[i].name}")
                 done(i, _work(manifests[i], check_golden, keep_data))
@@ -257,6 +267,29 @@ def _run_pool(manifests, order, workers, check_golden, keep_data, done) -> list[
                 r.error(f"worker process failed: {type(e).__name__}: {e}")
             done(i, r)
     return sorted(broken, key=order.index)
+
+def _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done) -> None:
+    """The same work on a Dask cluster (tpuasm.sweep's executor); a lost worker is an
+    error Result for its program, the others complete."""
+    from dask.distributed import as_completed
+
+    from ..sweep.executor import dask_client
+    from ..sweep.grid import SweepError
+    try:
+        with dask_client(scheduler) as client:
+            futures = {client.submit(_work, manifests[i], check_golden, keep_data,
+                                     pure=False): i for i in order}
+            for f in as_completed(futures):
+                i = futures[f]
+                try:
+                    r = f.result()
+                except Exception as e:
+                    from .runner import Result
+                    r = Result(manifests[i].name, str(manifests[i].path))
+                    r.error(f"Dask worker failed: {type(e).__name__}: {e}")
+                done(i, r)
+    except SweepError as e:
+        raise ManifestError("--scheduler", None, str(e)) from None
 
 
 def _update_golden(manifests, results, console) -> None:

@@ -1,0 +1,129 @@
+"""Sweep throughput and client memory.
+
+    python benchmarks/bench_sweep.py [scaling|memory|all] [--points N]
+
+scaling: the same >= 100-point sweep (a 3-layer MLP of 768 x 768 at batch 64, one point
+         ~0.1 s) on a LocalCluster of 1 worker, then of every core; prints both wall
+         times and the speed-up, next to the ideal (the core count).
+memory:  a 10,000-point sweep of a tiny program (array 16; timing-only when the emulator
+         has it) streamed to CSV; prints the client's peak RSS next to its RSS before the
+         sweep, and the points per second.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tpuasm.apps.catalog import mlp  # noqa: E402
+from tpuasm.apps.codegen import generate  # noqa: E402
+from tpuasm.sweep.engine import run_sweep  # noqa: E402
+from tpuasm.sweep.executor import dask_client  # noqa: E402
+from tpuasm.sweep.grid import Grid, parse_set  # noqa: E402
+from tpuasm.sweep.point import timing_only_supported  # noqa: E402
+from tpuasm.sweep.report import CsvStream  # noqa: E402
+from tpuasm.sweep.targets import resolve  # noqa: E402
+
+TINY = """\
+.config array_size=16
+.host x, 8
+.ub a, 8
+.acc s, 8
+        RW 0
+        RHM host.x, ub.a, 8
+        MMC.SO ub.a, acc.s, 8
+        ACT.R acc.s, ub.a, 8
+        WHM ub.a, host.x, 8
+        HLT
+"""
+
+
+def write_target(folder: Path, source: str, host_rows: int, tiles: int, n: int):
+    src = folder / "p.tasm"
+    src.write_text(source)
+    np.save(folder / "h.npy", np.zeros((host_rows, n), np.int8))
+    np.save(folder / "w.npy", np.zeros((tiles, n, n), np.int8))
+    return resolve([src], folder / "h.npy", folder / "w.npy")
+
+
+def grid_of(points: int) -> Grid:
+    side = max(2, int(round(points ** 0.5)))
+    wb = ",".join(f"x{0.25 + 0.25 * i:g}" for i in range(side))
+    lat = ",".join(str(100 * i) for i in range(side))
+    return Grid([parse_set(f"weight_bytes_per_cycle={wb}"),
+                 parse_set(f"host_latency_cycles={lat}")], {})
+
+
+def timed_sweep(targets, grid, workers, out: Path, timing_only=False):
+    stream = CsvStream(out, [a.name for a in grid.axes])
+    start = time.perf_counter()
+    with dask_client(workers=workers) as client:
+        client.run(_warm)                     # numba import and JIT cache load, not timed
+        start = time.perf_counter()
+        summary = run_sweep(targets, grid, stream.write, client=client,
+                            timing_only=timing_only)
+    seconds = time.perf_counter() - start
+    stream.close()
+    return seconds, summary
+
+
+def _warm():
+    from tpuasm.machine import Machine, MachineConfig  # noqa: F401
+    Machine(MachineConfig(array_size=16))
+
+
+def scaling(points: int) -> None:
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        g = generate(mlp("bench", [768] * 4, 64))
+        targets = write_target(d, g.source, g.host_rows, g.weight_tiles, 256)
+        grid = grid_of(points)
+        t1, s1 = timed_sweep(targets, grid, 1, d / "one.csv")
+        tn, sn = timed_sweep(targets, grid, cores, d / "all.csv")
+    print(f"scaling: {s1.total} points of a 3-layer 768x768 MLP (batch 64)")
+    print(f"  1 worker:  {t1:7.1f} s  ({s1.total / t1:.1f} points/s)  {s1.by_status}")
+    print(f"  {cores} workers: {tn:7.1f} s  ({sn.total / tn:.1f} points/s)  {sn.by_status}")
+    print(f"  speed-up {t1 / tn:.2f}x (ideal {cores}x on this machine's {cores} cores)")
+
+
+def memory(points: int) -> None:
+    timing_only = timing_only_supported()
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        targets = write_target(d, TINY, 8, 1, 16)
+        grid = grid_of(points)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        seconds, summary = timed_sweep(targets, grid, os.cpu_count() or 1, d / "big.csv",
+                                       timing_only=timing_only)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        size = (d / "big.csv").stat().st_size
+    print(f"memory: {summary.total:,} points ({'timing-only' if timing_only else 'full'}) "
+          f"in {seconds:.1f} s ({summary.total / seconds:.0f} points/s), CSV {size / 1e6:.1f} MB")
+    print(f"  client peak RSS {peak / 1024:.0f} MiB (before the sweep: {before / 1024:.0f} MiB, "
+          f"growth {(peak - before) / 1024:.0f} MiB)  {summary.by_status}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", nargs="?", default="all", choices=("scaling", "memory", "all"))
+    p.add_argument("--points", type=int)
+    args = p.parse_args()
+    if args.what in ("scaling", "all"):
+        scaling(args.points or 100)
+    if args.what in ("memory", "all"):
+        memory(args.points or 10_000)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

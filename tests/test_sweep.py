@@ -1,0 +1,228 @@
+"""tpuasm sweep: grids, the Dask executor, the cache, failures and bad input.
+
+Oracle: each point run directly on a Machine built by hand from the documented knob
+formulas (spec: tpuasm/sweep/grid.py docstrings), not through the sweep's own code path.
+"""
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from tpuasm.assembler import assemble
+from tpuasm.machine import Machine, MachineConfig
+from tpuasm.sweep import cli
+from tpuasm.sweep.cache import ResultCache
+from tpuasm.sweep.engine import run_sweep
+from tpuasm.sweep.grid import Grid, SweepError, config_for, load_toml, parse_set
+from tpuasm.sweep.targets import resolve
+
+PROGRAM = """\
+.config array_size=16
+.host x, 8
+.ub a, 8
+.acc s, 8
+        RW 0, repeat=2
+        RHM host.x, ub.a, 8
+        MMC.SO ub.a, acc.s, 8
+        MMC.S ub.a, acc.s, 8
+        ACT.R acc.s, ub.a, 8
+        WHM ub.a, host.x, 8
+        HLT
+"""
+
+
+@pytest.fixture()
+def program(tmp_path):
+    src = tmp_path / "p.tasm"
+    src.write_text(PROGRAM)
+    np.save(tmp_path / "h.npy", np.arange(128, dtype=np.int8).reshape(8, 16))
+    np.save(tmp_path / "w.npy", np.ones((2, 16, 16), np.int8))
+    return src, tmp_path / "h.npy", tmp_path / "w.npy"
+
+
+def direct_cycles(src, host, weights, **config) -> int:
+    prog = assemble(src.read_text(), str(src))
+    m = Machine(MachineConfig(array_size=16, **config))
+    m.load(prog, host=host, weights=weights)
+    assert m.run().status == "halted"
+    return int(m.counters()["cycles"])
+
+
+def collect(targets, grid, **kw):
+    rows = []
+    summary = run_sweep(targets, grid, rows.append, **kw)
+    return rows, summary
+
+
+def test_local_cluster_matches_direct_runs(program):
+    src, host, weights = program
+    from tpuasm.sweep.executor import dask_client
+    grid = Grid([parse_set("weight_bytes_per_cycle=x0.5,x2"), parse_set("memory=1,4"),
+                 parse_set("host_latency_cycles=0,700")], {})
+    targets = resolve([src], host, weights)
+    with dask_client(workers=2, processes=False) as client:
+        rows, summary = collect(targets, grid, client=client)
+    assert summary.total == 8 and summary.by_status == {"ok": 8}
+    base_bw = 34e9 / 700e6
+    for r in rows:
+        bw = base_bw * float(r["weight_bytes_per_cycle"][1:]) * float(r["memory"])
+        want = direct_cycles(src, host, weights, weight_bytes_per_cycle=bw,
+                             host_latency_cycles=int(r["host_latency_cycles"]))
+        assert r["cycles"] == want, r
+
+
+def test_resume_skips_finished_points(program, tmp_path):
+    src, host, weights = program
+    cache_path = tmp_path / "cache.sqlite"
+    targets = resolve([src], host, weights)
+    first = Grid([parse_set("fifo_depth=1,2")], {})
+    rows1, s1 = collect(targets, first, cache=ResultCache(cache_path))
+    assert s1.cached == 0 and s1.by_status == {"ok": 2}
+    # the "interrupted" sweep did two of four points; the full one reruns only the others
+    full = Grid([parse_set("fifo_depth=1,2,3,4")], {})
+    rows2, s2 = collect(targets, full, cache=ResultCache(cache_path))
+    assert s2.total == 4 and s2.cached == 2
+    cached = {r["fifo_depth"]: r["cycles"] for r in rows2 if r.get("cached")}
+    assert cached == {r["fifo_depth"]: r["cycles"] for r in rows1}
+    assert {r["fifo_depth"] for r in rows2 if not r.get("cached")} == {"3", "4"}
+
+
+def test_a_failing_point_is_reported_and_the_rest_complete(program):
+    src, host, weights = program
+    # 4 accumulator rows cannot hold `.acc s, 8`: that point cannot assemble
+    grid = Grid([parse_set("acc_rows=4,64,128")], {})
+    rows, summary = collect(resolve([src], host, weights), grid)
+    by = {r["acc_rows"]: r for r in rows}
+    assert by["4"]["status"] == "error" and "acc" in by["4"]["error"].lower()
+    assert by["64"]["status"] == by["128"]["status"] == "ok"
+    assert summary.failed == 1
+
+
+def test_knobs_follow_their_formulas():
+    base = MachineConfig()
+    c = config_for({"clock": ("x", 2.0)}, {})
+    assert c["clock_hz"] == 1.4e9
+    assert c["weight_bytes_per_cycle"] == pytest.approx(base.weight_bandwidth / 2)
+    assert c["host_latency_cycles"] == 1400
+    m = config_for({"matrix": ("x", 2.0)}, {})
+    assert (m["array_size"], m["acc_rows"], m["ub_rows"]) == (512, 2048, 49152)
+    assert config_for({"matrix+": ("x", 2.0)}, {})["acc_rows"] == 4096
+    assert config_for({"clock+": ("x", 4.0)}, {})["acc_rows"] == 16384
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "warp_speed=1,2"], "unknown parameter 'warp_speed'"),
+    (["--set", "array_size=0"], "array_size 0 out of range"),
+    (["--set", "fifo_depth=x0"], "not a positive scale factor"),
+    (["--set", "clock_hz=fast"], "not a number"),
+    ([], "empty grid"),
+    (["--set", "memory="], "no values"),
+])
+def test_bad_sweep_input_is_one_clear_error(program, tmp_path, capsys, args, message):
+    src, host, weights = program
+    code = cli.main([str(src), "--host", str(host), "--weights", str(weights),
+                     "-o", str(tmp_path / "r.csv"), "--workers", "0", "--no-cache", *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and err.count("error:") == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[grid\nmemory = [1]", "not valid TOML"),
+    ("[grid]\n", "empty grid"),
+    ("[grid]\nmemory = []", "no values"),
+    ("[grid]\nacc_rows = [0]", "out of range"),
+    ("[base]\nbogus = 1\n[grid]\nmemory = [1]", "base.bogus"),
+    ("colour = 1", "unknown key"),
+])
+def test_bad_grid_files(program, tmp_path, capsys, text, message):
+    src, host, weights = program
+    grid = tmp_path / "g.toml"
+    grid.write_text(text)
+    code = cli.main([str(src), "--host", str(host), "--weights", str(weights), "--grid",
+                     str(grid), "-o", str(tmp_path / "r.csv"), "--workers", "0", "--no-cache"])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_writes_csv_table_and_plot(program, tmp_path, capsys):
+    src, host, weights = program
+    grid = tmp_path / "g.toml"
+    grid.write_text('each = true\n[grid]\nmemory = [0.5, 1, 2]\n'
+                    'host_latency_cycles = ["x0.5", "x1"]\n')
+    out, png = tmp_path / "r.csv", tmp_path / "f.png"
+    code = cli.main([str(src), "--host", str(host), "--weights", str(weights), "--grid",
+                     str(grid), "-o", str(out), "--workers", "0", "--no-cache",
+                     "--plot", str(png)])
+    assert code == 0
+    rows = list(csv.DictReader(out.open()))
+    # one at a time: memory 0.5, 1, 2 with latency at base, then latency x0.5 (x1 = base)
+    assert [(r["memory"], r["host_latency_cycles"]) for r in rows] == [
+        ("0.5", "base"), ("1", "base"), ("2", "base"), ("1", "x0.5")]
+    assert png.stat().st_size > 1000
+    text = capsys.readouterr().out
+    assert "sweep results" in text and "performance relative" in text
+
+
+def test_toml_grid_parses(tmp_path):
+    g = tmp_path / "g.toml"
+    g.write_text('targets = ["MLP0"]\n[base]\nfifo_depth = 8\n[grid]\nmemory = [1, 2]\n')
+    grid = load_toml(g)
+    assert grid.targets == ("MLP0",) and grid.base == {"fifo_depth": 8}
+    assert [s for s, _ in grid.points()] == [{"memory": "1"}, {"memory": "2"}]
+    with pytest.raises(SweepError):
+        Grid([], {}).validate()
+
+
+def test_a_sweep_point_reruns_alone_with_run_config(program, tmp_path, capsys):
+    """The CSV's row and `tpuasm run --config` of the same settings agree."""
+    import json
+
+    from tpuasm.cli import main as tpuasm_main
+    src, host, weights = program
+    out = tmp_path / "r.csv"
+    assert cli.main([str(src), "--host", str(host), "--weights", str(weights), "-o", str(out),
+                     "--workers", "0", "--no-cache", "--no-table",
+                     "--set", "clock_hz=1.4e9", "--set", "host_latency_cycles=0,350"]) == 0
+    for row in csv.DictReader(out.open()):
+        stats = tmp_path / "s.json"
+        assert tpuasm_main(["run", str(src), "--host", str(host), "--weights", str(weights),
+                            "-q", "--stats", str(stats), "--config",
+                            f"clock_hz={row['clock_hz']},"
+                            f"host_latency_cycles={row['host_latency_cycles']}"]) == 0
+        assert json.loads(stats.read_text())["cycles"] == int(row["cycles"])
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("clock_hz=-5", "clock_hz must be positive"),
+    ("shift_cycles=1.5", "shift_cycles must be an integer"),
+    ("warp=9", "unknown setting 'warp'"),
+    ("hazards=maybe", "hazards must be"),
+])
+def test_run_config_rejects_bad_machine_settings(program, capsys, setting, message):
+    from tpuasm.cli import main as tpuasm_main
+    src, host, weights = program
+    code = tpuasm_main(["run", str(src), "--host", str(host), "--weights", str(weights),
+                        "--config", setting])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_regression_runner_on_a_dask_cluster(tmp_path, capsys):
+    """`tpuasm test --scheduler ADDR` gives the same verdicts as the local runner."""
+    from dask.distributed import LocalCluster
+
+    from tpuasm.regression.cli import main as test_main
+    (tmp_path / "p.tasm").write_text(PROGRAM)
+    np.save(tmp_path / "h.npy", np.ones((8, 16), np.int8))
+    np.save(tmp_path / "w.npy", np.ones((2, 16, 16), np.int8))
+    (tmp_path / "test.toml").write_text(
+        '[test]\nprogram = "p.tasm"\n[data]\nhost = "h.npy"\nweights = "w.npy"\n'
+        '[expect.counters]\narray_active_cycles = 16\n')
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        assert test_main([str(tmp_path), "--scheduler", cluster.scheduler_address, "-q"]) == 0
+    assert "1 passed" in capsys.readouterr().out
+    assert test_main([str(tmp_path), "--scheduler", "tcp://127.0.0.1:1", "-q"]) == 2

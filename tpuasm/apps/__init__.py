@@ -1,0 +1,14 @@
+"""The paper's six production applications (Table 1) as programs for this machine.
+
+    build(name) -> App                  the layer list (catalog.py; shapes in docs/apps.md)
+    app_program(name, **shape)          .tasm for a machine shape (codegen.py)
+    profile_main(argv)                  `tpuasm profile`: Table 3 next to the paper's
+"""
+from __future__ import annotations
+
+from .catalog import PAPER_ORDER, build  # noqa: F401
+
+
+def profile_main(argv: list[str] | None = None) -> int:
+    from .cli import profile_main as _main
+    return _main(argv)

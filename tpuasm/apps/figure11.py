@@ -1,0 +1,158 @@
+"""The paper's section 7 (Figure 11): alternative TPU designs, reproduced on the emulator.
+
+    python -m tpuasm.apps.figure11 [--apps A,B] [--out docs/figure11] [--timing-only]
+                                   [--scheduler ADDR] [--workers N] [--factors ...]
+
+Scales one parameter at a time from 0.25x to 4x over the six apps (tpuasm.sweep knobs:
+memory, clock, clock+, matrix, matrix+; their formulas are in tpuasm/sweep/grid.py), writes
+OUT.csv, OUT.png and OUT.svg, and prints the findings next to the paper's, plus the LSTM1
+600 x 600 example at 256 x 256 and 512 x 512.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .paper import APPS, FIGURE11
+
+KNOB_ORDER = ("memory", "clock+", "clock", "matrix+", "matrix")
+FACTORS = (0.25, 0.5, 1, 2, 4)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tpuasm.apps.figure11", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--apps", default=",".join(APPS))
+    p.add_argument("--knobs", default=",".join(KNOB_ORDER))
+    p.add_argument("--factors", default=",".join(f"{f:g}" for f in FACTORS))
+    p.add_argument("--out", type=Path, default=Path("docs/figure11"),
+                   help="OUT.csv, OUT.png and OUT.svg (default: docs/figure11)")
+    p.add_argument("--scheduler", metavar="ADDR")
+    p.add_argument("--workers", type=int, help="local workers (0: in this process)")
+    p.add_argument("--timing-only", action="store_true")
+    p.add_argument("--cache", type=Path, help="result cache (default: the sweep's)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..sweep.cache import ResultCache, default_path
+    from ..sweep.engine import run_sweep
+    from ..sweep.grid import Grid, SweepError, parse_set
+    from ..sweep.point import timing_only_supported
+    from ..sweep.report import CsvStream, read_rows, relative, save_figure, weighted_mean
+    from ..sweep.targets import Target
+    apps = [a.strip().upper() for a in args.apps.split(",") if a.strip()]
+    knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
+    try:
+        if any(a not in APPS for a in apps):
+            raise SweepError(f"--apps: choose from {', '.join(APPS)}")
+        grid = Grid([parse_set(f"{k}={args.factors}") for k in knobs], {}, each=True)
+        grid.validate()
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    timing_only = args.timing_only and timing_only_supported()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out.with_suffix(".csv")
+    out = CsvStream(csv_path, knobs)
+    cache = ResultCache(args.cache or default_path())
+    targets = [Target("app", a) for a in apps]
+    done = 0
+
+    def on_row(row):
+        nonlocal done
+        done += 1
+        out.write(row)
+        setting = ", ".join(f"{k}={row.get(k)}" for k in knobs if row.get(k) not in ("1",))
+        print(f"[{done}] {row.get('target')} {setting or 'baseline'}: {row.get('status')} "
+              f"{row.get('cycles', '')} cycles {row.get('error') or ''}", file=sys.stderr,
+              flush=True)
+
+    try:
+        if args.workers == 0:
+            run_sweep(targets, grid, on_row, cache=cache, timing_only=timing_only)
+        else:
+            from ..sweep.executor import dask_client
+            with dask_client(args.scheduler, args.workers) as client:
+                run_sweep(targets, grid, on_row, cache=cache, client=client,
+                          timing_only=timing_only)
+    finally:
+        out.close()
+        cache.close()
+    rows = read_rows(csv_path)
+    rel = relative(rows, knobs)
+    mean = weighted_mean(rel, knobs)
+    for suffix in (".png", ".svg"):
+        save_figure(rel, mean, knobs, args.out.with_suffix(suffix),
+                    title="Figure 11 on the emulator: performance vs. scale factor")
+    print(findings_text(rel, mean, knobs))
+    print(lstm1_example_text())
+    return 0
+
+
+def at(line, x):
+    for xx, y in line or []:
+        if abs(xx - x) < 1e-9:
+            return y
+    return None
+
+
+def findings_text(rel: dict, mean: dict, knobs) -> str:
+    lines = ["| parameter | factor | weighted mean (emulator) | paper | per app |",
+             "|---|---|---|---|---|"]
+    paper = {("memory", 4): FIGURE11["memory x4 (weighted mean)"],
+             ("clock", 4): FIGURE11["clock x4 (weighted mean)"],
+             ("clock+", 4): FIGURE11["clock x4 (weighted mean)"],
+             ("matrix", 2): FIGURE11["matrix 512x512 (weighted mean)"],
+             ("matrix+", 2): FIGURE11["matrix 512x512 (weighted mean)"]}
+    apps = sorted({t for t, _ in rel}, key=lambda a: APPS.index(a) if a in APPS else 99)
+    for knob in knobs:
+        for x in (0.25, 0.5, 2, 4):
+            m = at(mean.get(knob), x)
+            per = ", ".join(f"{a} {at(rel.get((a, knob)), x):.2f}" for a in apps
+                            if at(rel.get((a, knob)), x) is not None)
+            if m is None and not per:
+                continue
+            lines.append(f"| {knob} | x{x:g} | {'' if m is None else f'{m:.2f}x'} | "
+                         f"{paper.get((knob, x), '')} | {per} |")
+    return "\n".join(lines)
+
+
+def lstm1_example(array_size: int) -> dict:
+    """LSTM1's 600 x 600 matrix times a batch of 96 on an N x N array (sigmoid gate)."""
+    from ..machine import Machine, MachineConfig
+    from ..sweep.grid import config_for
+    from .codegen import generate
+    from .layers import FC, App, Tensor
+    app = App("LSTM1-600x600", 96, {"x": Tensor("x", 600), "g": Tensor("g", 600)},
+              [FC("gate", ("x",), "g", "sigmoid")], ("x",), ())
+    config = config_for({"matrix": ("x", array_size / 256)}, {})
+    c = MachineConfig(**config)
+    g = generate(app, c.array_size, c.ub_rows, c.acc_rows, c.fifo_depth)
+    from ..assembler import assemble
+    import numpy as np
+    m = Machine(c)
+    m.load(assemble(g.source, "lstm1_600x600.tasm"),
+           host=np.zeros((g.host_rows, c.array_size), np.int8),
+           weights=np.zeros((g.weight_tiles, c.array_size, c.array_size), np.int8))
+    m.run()
+    cycles = int(m.counters()["cycles"])
+    return {"array": c.array_size, "steps": g.weight_tiles, "cycles": cycles,
+            "us": cycles / c.clock_hz * 1e6, "fetch_cycles": c.fetch_cycles}
+
+
+def lstm1_example_text() -> str:
+    rows = ["| array | tile steps | fetch per tile | cycles | us at 700 MHz | paper |",
+            "|---|---|---|---|---|---|"]
+    paper = {256: FIGURE11["LSTM1 600x600 at 256x256"], 512: FIGURE11["LSTM1 600x600 at 512x512"]}
+    for n in (256, 512):
+        r = lstm1_example(n)
+        rows.append(f"| {n} x {n} | {r['steps']} | {r['fetch_cycles']:,} | {r['cycles']:,} | "
+                    f"{r['us']:.1f} | {paper[n]} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The back end: a quantized `Segment` (compiler/ir.py) -> readable .tasm, a weight image and
+the host layout (a `CompiledSegment`, a SegmentProgram).
+
+    program = generate(segment, batch=32, array_size=256)
+    host = program.host_image({"x": x_q})        # (rows, N) int8
+    # assemble program.source, run it with program.weights, then
+    y = program.read_outputs(machine.host)["y"]
+
+Passes, each a small module testable alone:
+  fuse.py     which Pool / Lookup fold into the Activate of the layer before them
+  layout.py   every tensor's UB/host layout (channels across a row, padded images)
+  alloc.py    UB slots with reuse by lifetime; the batch split into passes that fit
+  lower.py    Dense / Conv / Pool / Lookup -> instructions (tiling, taps, bands)
+  emit.py     the text, configuration tracking and the weight stream (Read_Weights ahead)
+  weights.py  the (tiles, N, N) int8 image, each weight copied once
+  quant.py    per-column bias and requantization parameters (Activate P)
+  program.py  host image packing and output unpacking
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ...isa import ISA_TABLE
+from ..ir import Conv, Dense, HostLayout, Lookup, Pool, Segment
+from .alloc import allocate
+from .emit import Emitter
+from .fuse import Fusion, plan_fusion
+from .layout import plan_layouts
+from .lower import MAX_DMA, CodegenError, Lowering
+from .program import CompiledSegment
+from .weights import WeightImage, identity_tile
+
+DEFAULTS = ISA_TABLE.machine
+
+__all__ = ["generate", "supports", "CodegenError", "CompiledSegment"]
+
+
+def supports(op) -> str | None:
+    """None if the back end maps `op` on its own, else why not (for the placement report)."""
+    if isinstance(op, Dense):
+        return None
+    if isinstance(op, Conv):
+        if op.strides[0] != op.strides[1]:
+            return f"strides {op.strides} differ (MMC.C has one stride for both axes)"
+        return None
+    if isinstance(op, Pool):
+        kh, kw = op.kernel
+        t, l, b, r = op.pads
+        if op.kind not in ("max", "avg"):
+            return f"pooling kind {op.kind!r}"
+        if kh != kw or op.strides[0] != op.strides[1] or t != l or b != r:
+            return "Activate pools square windows with one stride and the same padding on both axes"
+        if kh > 256 or op.strides[0] > 256 or max(op.pads) > 255:
+            return "pooling window, stride or padding beyond the pool registers' range"
+        return None
+    if isinstance(op, Lookup):
+        return None if len(op.table) == 256 else "a lookup table needs 256 entries"
+    return f"{type(op).__name__} is not a TPU operator"
+
+
+class Context:
+    """What the lowering of one segment shares (see lower.Lowering)."""
+
+    def __init__(self, segment, n, batch, layouts, alloc, fifo_depth, half_rows):
+        self.segment = segment
+        self.n = n
+        self.batch = batch                    # samples per pass
+        self.layouts = layouts
+        self.alloc = alloc
+        self.emitter = Emitter(fifo_depth)
+        self.weights = WeightImage(n)
+        self.tiles: dict[str, list] = {}
+        self.half_rows = half_rows
+        self._half = 1
+        self.const_rows: list[np.ndarray] = []     # UB-resident constants (params, tables)
+        self._const_at: dict = {}
+        self.zero_rows: list[int] = []             # host rows of one repeated byte (padding)
+        self._region_names: dict[str, str] = {}
+
+    def next_half(self) -> str:
+        self._half ^= 1
+        return f"half{self._half}"
+
+    def _const(self, key, rows: np.ndarray) -> str:
+        at = self._const_at.get(key)
+        if at is None:
+            at = sum(len(r) for r in self.const_rows)
+            self.const_rows.append(rows)
+            self._const_at[key] = at
+        return f"ub.params + {at}" if at else "ub.params"
+
+    def param_block(self, key, rows: np.ndarray) -> str:
+        return self._const(("params", key), rows)
+
+    def table_block(self, key, table) -> str:
+        t = np.asarray(table)
+        if t.shape != (256,):
+            raise CodegenError(f"{key}: lookup table of shape {t.shape}, expected (256,)")
+        rows = np.zeros(-(-256 // self.n) * self.n, np.uint8)
+        rows[:256] = t.astype(np.int64) & 0xFF
+        return self._const(("table", key), rows.reshape(-1, self.n))
+
+    def zero_row(self, value: int) -> str:
+        b = int(value) & 0xFF
+        if b not in self.zero_rows:
+            self.zero_rows.append(b)
+        i = self.zero_rows.index(b)
+        return f"host.zeros + {i}" if i else "host.zeros"
+
+    def identity(self):
+        return ("identity", 0)
+
+    def tile_region_name(self, op_name: str) -> str:
+        name = self._region_names.get(op_name)
+        if name is None:
+            base = symbol(op_name)
+            name, k = base, 1
+            while name in self._region_names.values() or name in ("identity",):
+                k += 1
+                name = f"{base}_{k}"
+            self._region_names[op_name] = name
+        return name
+
+
+def plus(base: str, offset: int) -> str:
+    return f"{base} + {offset}" if offset else base
+
+
+def symbol(text: str) -> str:
+    """An assembler identifier from an ONNX name."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_") or "t"
+    return s if not s[0].isdigit() else "t_" + s
+
+
+def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_size,
+             ub_rows: int = DEFAULTS.ub_rows, acc_rows: int = DEFAULTS.acc_rows,
+             fifo_depth: int = DEFAULTS.fifo_depth) -> CompiledSegment:
+    """Compile one segment for `batch` samples on the given machine shape."""
+    if batch < 1:
+        raise CodegenError(f"segment {segment.name}: batch {batch} < 1")
+    for op in segment.operators:
+        why = supports(op)
+        if why is not None:
+            raise CodegenError(f"{op.name}: {why}")
+    n = array_size
+    half_rows = acc_rows // 2
+    fusion = plan_fusion(segment, half_rows)
+    layouts = plan_layouts(segment, n)
+    steps = fusion.steps
+    order = [([s.reads], [s.writes]) for s in steps]
+    inputs = [t.name for t in segment.inputs]
+    outputs = [t.name for t in segment.outputs]
+    needs_dense = any(isinstance(s.op, Dense) for s in steps)
+
+    def plan(p):
+        sizes = {name: lay.rows(p) for name, lay in layouts.items()}
+        return allocate(order, sizes, inputs, outputs)
+
+    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB
+    p = min(batch, half_rows) if needs_dense else batch
+    while True:
+        alloc = plan(p)
+        probe = Context(segment, n, p, layouts, alloc, fifo_depth, half_rows)
+        const = _constant_rows(probe, fusion)
+        if alloc.rows + const <= ub_rows or p == 1:
+            break
+        p = max(1, min(p - 1, p * (ub_rows - const) // max(1, alloc.rows)))
+    if alloc.rows + const > ub_rows:
+        raise CodegenError(f"segment {segment.name}: one sample needs {alloc.rows + const} UB "
+                           f"rows, the Unified Buffer has {ub_rows}")
+    passes = -(-batch // p)
+    p = -(-batch // passes)                  # equal passes, as few padding samples as possible
+    alloc = plan(p)
+    ctx = Context(segment, n, p, layouts, alloc, fifo_depth, half_rows)
+    if any(s.needs_identity for s in steps):
+        ctx.weights.add("identity", identity_tile(n))
+    low = Lowering(ctx)
+    e = ctx.emitter
+    e.start_weights()
+    e.blank()
+    const_mark = None
+    for k in range(passes):
+        if passes > 1:
+            e.blank()
+            e.comment(f"==== pass {k + 1} of {passes}: samples {k * p}..{(k + 1) * p - 1}")
+        for t in segment.inputs:
+            lay = layouts[t.name]
+            rows = lay.rows(p)
+            e.node(f"{segment.name}/inputs")
+            for a in range(0, rows, MAX_DMA):
+                e.line(f"RHM {plus(f'host.in_{symbol(t.name)}', k * rows + a)}, {low.ub(t.name, a)}, "
+                       f"{min(MAX_DMA, rows - a)}", f"input {t.name}" if a == 0 else "")
+        if const_mark is None:        # the parameters follow the first input: the first
+            const_mark = len(e.items)     # multiply needs the input, not them
+        for s in steps:
+            e.blank()
+            e.comment(s.describe(layouts))
+            e.node(s.op.name)
+            s.lower(low)
+            if s.writes in outputs:
+                rows = layouts[s.writes].rows(p)
+                for a in range(0, rows, MAX_DMA):
+                    e.line(f"WHM {low.ub(s.writes, a)}, "
+                           f"{plus(f'host.out_{symbol(s.writes)}', k * rows + a)}, "
+                           f"{min(MAX_DMA, rows - a)}",
+                           f"output {s.writes}" if a == 0 else "")
+    e.items.append(".node")
+    e.line("HLT")
+    # the constants (known now): one RHM at the start
+    const_rows = np.concatenate(ctx.const_rows) if ctx.const_rows else np.zeros((0, n), np.uint8)
+    head = []
+    for a in range(0, len(const_rows), MAX_DMA):
+        head.append(f"        RHM {plus('host.params', a)}, {plus('ub.params', a)}, "
+                    f"{min(MAX_DMA, len(const_rows) - a)}")
+    e.items[const_mark:const_mark] = (["; per-column parameters and tables of every layer"]
+                                      + head if head else [])
+    e.instructions += len(head)
+    body = e.finish()
+    # host memory: params, zero rows, then inputs and outputs
+    host_layouts, host_regions, top = {}, [], 0
+
+    def host_region(name, rows):
+        nonlocal top
+        host_regions.append((name, rows, top))
+        top += rows
+        return top - rows
+
+    params_at = host_region("params", max(1, len(const_rows)))
+    zeros_at = host_region("zeros", max(1, len(ctx.zero_rows)))
+    inputs_hl, outputs_hl = {}, {}
+    for t in segment.inputs:
+        lay = layouts[t.name]
+        base = host_region(f"in_{symbol(t.name)}", passes * lay.rows(p))
+        inputs_hl[t.name] = HostLayout(t, base, passes * lay.rows(p), lay.describe())
+    for t in segment.outputs:
+        lay = layouts[t.name]
+        base = host_region(f"out_{symbol(t.name)}", passes * lay.rows(p))
+        outputs_hl[t.name] = HostLayout(t, base, passes * lay.rows(p), lay.describe())
+    constants = {}
+    if len(const_rows):
+        constants[params_at] = const_rows
+    if ctx.zero_rows:
+        constants[zeros_at] = np.repeat(np.array(ctx.zero_rows, np.uint8)[:, None], n, axis=1)
+    source = _header(segment, batch, p, passes, n, ub_rows, acc_rows, fifo_depth, ctx,
+                     layouts, alloc, fusion, host_regions, len(const_rows), half_rows) \
+        + "\n".join(body) + "\n"
+    weights = ctx.weights.build()
+    return CompiledSegment(segment=segment, batch=batch, source=source, weights=weights,
+                           host_rows=top, host_constants=constants, inputs=inputs_hl,
+                           outputs=outputs_hl, array_size=n, layouts=layouts, pass_batch=p,
+                           passes=passes, instructions=e.instructions)
+
+
+def _constant_rows(ctx: Context, fusion: Fusion) -> int:
+    """UB rows of parameters and tables (known before lowering from the operators)."""
+    n = ctx.n
+    rows = 0
+    for s in fusion.steps:
+        rows += s.constant_rows(n)
+    return rows
+
+
+def _header(segment, batch, p, passes, n, ub_rows, acc_rows, fifo_depth, ctx, layouts, alloc,
+            fusion, host_regions, const_rows, half_rows) -> str:
+    cfg = [f"array_size={n}"]
+    for key, value, default in (("ub_rows", ub_rows, DEFAULTS.ub_rows),
+                                ("acc_rows", acc_rows, DEFAULTS.acc_rows),
+                                ("fifo_depth", fifo_depth, DEFAULTS.fifo_depth)):
+        if value != default:
+            cfg.append(f"{key}={value}")
+    lines = [
+        f"; {segment.name}: generated by tpuasm's compiler back end (tpuasm.compiler.codegen)",
+        f"; batch {batch}" + (f" in {passes} passes of {p} samples" if passes > 1 else "")
+        + f"; {n}x{n} array; {ctx.weights.tiles} weight tiles; operators:",
+    ]
+    for s in fusion.steps:
+        lines.append(f";   {s.summary()}")
+    lines.append("; tensors (UB rows per pass: [chunk][sample][row][column], one pixel's "
+                 "channels per row):")
+    for name, lay in layouts.items():
+        slot = alloc.of.get(name)
+        where = f"ub.{slot.name}" if slot else "-"
+        lines.append(f";   {name}: {lay.tensor.shape} {'int8' if lay.tensor.quant.signed else 'uint8'}"
+                     f" -> {where}, {lay.rows(p)} rows: {lay.describe()}")
+    lines += ["", f".config {', '.join(cfg)}", ""]
+    for name, rows, base in host_regions:
+        lines.append(f".host  {name}, {rows}")
+    lines.append(f".ub    params, {max(1, const_rows)}")
+    for slot in alloc.slots:
+        lines.append(f".ub    {slot.name}, {slot.rows}                 ; {', '.join(slot.tensors)}")
+    lines.append(f".acc   half0, {half_rows}             ; double-buffered accumulator halves")
+    lines.append(f".acc   half1, {half_rows}")
+    for r in ctx.weights.regions:
+        lines.append(f".tile  {r.name}, {r.count}")
+    lines.append("")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,130 @@
+"""Which operators fold into the Activate of the layer before them.
+
+- A Lookup (quantized sigmoid, tanh, ...) whose input is produced by a Dense, Conv or Pool
+  and read by nothing else becomes that Activate's L table.
+- A max Pool right after a Conv (same quantization, the conv output read by nothing else)
+  becomes that Activate's M pooling: requantization is monotonic, so pooling the int32 sums
+  then requantizing equals requantizing then pooling.  Average pooling is not fused: its
+  mean of requantized values rounds twice.  Fusion needs a sample's whole conv output in one
+  accumulator half.
+Each remaining group is a `Step`: one operator plus what is fused into it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Conv, Dense, Lookup, Pool, Segment
+from .layout import output_hw
+
+
+@dataclass
+class Step:
+    op: Dense | Conv | Pool | Lookup
+    pool: Pool | None = None
+    lookup: Lookup | None = None
+
+    @property
+    def reads(self) -> str:
+        return self.op.input.name
+
+    @property
+    def writes(self) -> str:
+        last = self.lookup or self.pool or self.op
+        return last.output.name
+
+    @property
+    def needs_identity(self) -> bool:
+        return isinstance(self.op, (Pool, Lookup))
+
+    @property
+    def nodes(self) -> list[str]:
+        return [o.name for o in (self.op, self.pool, self.lookup) if o is not None]
+
+    def constant_rows(self, n: int) -> int:
+        table = -(-256 // n) if (self.lookup is not None or isinstance(self.op, Lookup)) else 0
+        op = self.op
+        if isinstance(op, Dense):
+            blocks = -(-op.weight.shape[1] // n)
+        elif isinstance(op, Conv):
+            blocks = -(-op.weight.shape[0] // n)
+        elif isinstance(op, Pool) and op.kind == "avg":
+            blocks = -(-op.input.shape[0] // n)
+        else:
+            blocks = 0
+        return 9 * blocks + table
+
+    def summary(self) -> str:
+        op = self.op
+        if isinstance(op, Dense):
+            k, m = op.weight.shape
+            what = f"Dense {k} -> {m}"
+        elif isinstance(op, Conv):
+            o, c, kh, kw = op.weight.shape
+            what = f"Conv {c} -> {o}, {kh}x{kw} stride {op.strides[0]}, pads {op.pads}"
+        elif isinstance(op, Pool):
+            what = f"{op.kind} Pool {op.kernel} stride {op.strides} pads {op.pads}"
+        else:
+            what = f"Lookup ({op.function or 'table'})"
+        act = getattr(op, "activation", None)
+        if act is not None and act.kind != "none":
+            what += f" + {act.kind}" + (f"({act.lo}, {act.hi})" if act.kind == "clip" else "")
+        if self.pool is not None:
+            what += f" + max pool {self.pool.kernel} stride {self.pool.strides} pads {self.pool.pads}"
+        if self.lookup is not None:
+            what += f" + lookup ({self.lookup.function or 'table'})"
+        return f"{' + '.join(self.nodes)}: {what}"
+
+    def describe(self, layouts) -> str:
+        fused = self.op.nodes if self.op.nodes else ()
+        extra = f" (ONNX nodes {', '.join(fused)})" if fused else ""
+        return f"---- {self.summary()}{extra}\n     {self.reads} -> {self.writes}"
+
+    def lower(self, low):
+        op = self.op
+        if isinstance(op, Dense):
+            low.dense(op, self.lookup)
+        elif isinstance(op, Conv):
+            low.conv(op, self.pool, self.lookup)
+        elif isinstance(op, Pool):
+            low.pool(op, self.lookup)
+        else:
+            low.lookup(op)
+
+
+@dataclass
+class Fusion:
+    steps: list[Step]
+
+
+def plan_fusion(segment: Segment, half_rows: int) -> Fusion:
+    readers: dict[str, list] = {}
+    for op in segment.operators:
+        readers.setdefault(op.input.name, []).append(op)
+    outputs = {t.name for t in segment.outputs}
+
+    def only_reader(tensor) -> object | None:
+        r = readers.get(tensor.name, [])
+        return r[0] if len(r) == 1 and tensor.name not in outputs else None
+
+    fused: set[int] = set()
+    steps: list[Step] = []
+    for op in segment.operators:
+        if id(op) in fused:
+            continue
+        step = Step(op)
+        last = op
+        if isinstance(op, Conv):
+            nxt = only_reader(op.output)
+            ho, wo = output_hw(op)
+            if isinstance(nxt, Pool) and nxt.kind == "max" and nxt.input.quant == nxt.output.quant \
+                    and ho * wo <= half_rows:
+                step.pool = nxt
+                fused.add(id(nxt))
+                last = nxt
+        if isinstance(op, (Dense, Conv, Pool)):
+            nxt = only_reader(last.output)
+            if isinstance(nxt, Lookup):
+                step.lookup = nxt
+                fused.add(id(nxt))
+        steps.append(step)
+    return Fusion(steps)

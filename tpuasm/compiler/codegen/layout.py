@@ -1,0 +1,130 @@
+"""How each tensor of a segment lies in the Unified Buffer (and in host memory).
+
+Every tensor is an image of C channels x H x W pixels (a vector (K,) is K channels of one
+pixel).  One UB row holds one pixel's channels for one chunk of N channels; the rows are
+ordered [chunk][sample][padded row][padded column]:
+
+    row(c, b, y, x) = c * chunk_rows + b * image_rows + (pad_top + y) * pitch + pad_left + x
+
+so a vector tensor is the usual "K chunks of B rows" (mlp0), and a convolution reads a tap
+of every sample with one MMC.C: the samples' padded images are stacked into one tall image
+(image_rows = height * pitch, height a multiple of every consumer's stride).  The padding
+holds the tensor's zero point (real zero), as ONNX pads.  Host memory uses the same layout,
+one pass of samples after another.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir import Conv, Dense, Lookup, Pool, Segment, Tensor
+
+
+@dataclass(frozen=True)
+class Pads:
+    top: int = 0
+    left: int = 0
+    bottom: int = 0
+    right: int = 0
+
+    def union(self, other: "Pads") -> "Pads":
+        return Pads(max(self.top, other.top), max(self.left, other.left),
+                    max(self.bottom, other.bottom), max(self.right, other.right))
+
+    @property
+    def any(self) -> bool:
+        return bool(self.top or self.left or self.bottom or self.right)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tensor: Tensor
+    n: int                      # array size (channels per row)
+    pads: Pads
+    row_multiple: int = 1       # padded height is a multiple of this (consumers' strides)
+
+    @property
+    def channels(self) -> int:
+        return self.tensor.shape[0]
+
+    @property
+    def height(self) -> int:
+        return self.tensor.shape[1] if len(self.tensor.shape) == 3 else 1
+
+    @property
+    def width(self) -> int:
+        return self.tensor.shape[2] if len(self.tensor.shape) == 3 else 1
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.channels // self.n)
+
+    @property
+    def pitch(self) -> int:
+        return self.pads.left + self.width + self.pads.right
+
+    @property
+    def padded_height(self) -> int:
+        h = self.pads.top + self.height + self.pads.bottom
+        return -(-h // self.row_multiple) * self.row_multiple
+
+    @property
+    def image_rows(self) -> int:
+        return self.padded_height * self.pitch
+
+    def chunk_rows(self, batch: int) -> int:
+        return batch * self.image_rows
+
+    def rows(self, batch: int) -> int:
+        return self.chunks * self.chunk_rows(batch)
+
+    def pixel(self, batch: int, c: int, b: int, y: int, x: int) -> int:
+        """Row offset of chunk c, sample b, pixel (y, x) (image coordinates, pads excluded)."""
+        return (c * self.chunk_rows(batch) + b * self.image_rows
+                + (self.pads.top + y) * self.pitch + self.pads.left + x)
+
+    def describe(self) -> str:
+        p = self.pads
+        pad = f", padded t{p.top} l{p.left} b{p.bottom} r{p.right}" if p.any else ""
+        return (f"{self.chunks} chunk(s) of {self.n} channels x samples x "
+                f"{self.padded_height}x{self.pitch} pixels{pad}")
+
+
+def conv_pads(op: Conv) -> Pads:
+    t, l, b, r = op.pads
+    return Pads(t, l, b, r)
+
+
+def plan_layouts(segment: Segment, n: int) -> dict[str, Layout]:
+    """A layout for every tensor: padded for the convolutions that read it, its height a
+    multiple of their strides (so the tall stacked image keeps every sample aligned)."""
+    tensors: dict[str, Tensor] = {}
+    pads: dict[str, Pads] = {}
+    multiple: dict[str, int] = {}
+    for t in segment.inputs:
+        tensors[t.name] = t
+    for op in segment.operators:
+        tensors.setdefault(op.input.name, op.input)
+        tensors.setdefault(op.output.name, op.output)
+        if isinstance(op, Conv):
+            name = op.input.name
+            pads[name] = pads.get(name, Pads()).union(conv_pads(op))
+            multiple[name] = math.lcm(multiple.get(name, 1), op.strides[0])
+    return {name: Layout(t, n, pads.get(name, Pads()), multiple.get(name, 1))
+            for name, t in tensors.items()}
+
+
+def output_hw(op) -> tuple[int, int]:
+    """Output height and width of a Conv or Pool (floor mode, as the IR's shapes say)."""
+    _c, h, w = op.input.shape
+    if isinstance(op, Conv):
+        kh, kw = op.weight.shape[2:]
+    else:
+        kh, kw = op.kernel
+    t, l, b, r = op.pads
+    sh, sw = op.strides
+    return (h + t + b - kh) // sh + 1, (w + l + r - kw) // sw + 1
+
+
+__all__ = ["Pads", "Layout", "plan_layouts", "output_hw", "conv_pads", "Dense", "Conv",
+           "Pool", "Lookup"]

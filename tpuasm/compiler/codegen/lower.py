@@ -1,0 +1,516 @@
+"""Lowering: one IR operator (with what is fused into it) -> instructions for one pass.
+
+Dense: output column block j (N columns) at a time, into alternating accumulator halves so
+the Activate of block j overlaps the multiplies of block j+1.  The K tiles of a block are
+summed by switching MatrixMultiplies of at most fifo_depth + 1 tiles each (the first
+overwrites).  A vector input is K chunks of B rows: one `MMC.S` with rep_ub_stride = B
+walks consecutive chunks.  A flattened image input (C, H, W) is read pixel by pixel: tile
+(c, p) holds the weights of pixel p's channels of chunk c, and `MMC.CS` with conv_pitch =
+the image's rows, height = B, width 1 reads pixel p of every sample (tap i = pixel p + i).
+
+Conv: kernel taps as MMC.C repeat iterations (tap i = (i // kw, i % kw), one weight tile
+per tap and input-channel chunk), no im2col copy.  The samples' padded images are stacked
+into one tall image, so one MMC.C computes a tap for every sample at once; output rows that
+straddle two samples are computed and never read.  When the accumulator half cannot hold
+the whole batch's output, the rows are cut into bands (the taps are fetched again per band).
+Activate applies P's per-channel bias and requantization (the input zero point folded into
+the bias), the clip bounds, a fused max pooling (M) and a fused lookup table (L).
+
+Pool / Lookup that could not be fused: an identity tile copies the image into the
+accumulators (MMC.C with one tap skips the padding), then Activate pools (max: exact; average:
+P with bias -z_x and the count folded into the division, one rounding) or looks up.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Conv, Dense, Lookup, Pool
+from . import quant
+from .layout import Layout, output_hw
+from .weights import conv_tile, dense_tile, identity_tile, strided_dense_tile
+
+MAX_DMA = 65535             # RHM/WHM/RHMA length field
+MAX_REPEAT = 256
+
+
+class CodegenError(ValueError):
+    """An operator (or combination) the back end cannot map; names the node."""
+
+
+def flags(*parts: str) -> str:
+    s = "".join(parts)
+    return "." + s if s else ""
+
+
+def signed_flag(layout: Layout) -> str:
+    return "" if layout.tensor.quant.signed else "U"
+
+
+class Lowering:
+    """Shared state of one segment's lowering (see codegen/__init__.py for the driver)."""
+
+    def __init__(self, ctx):
+        self.c = ctx
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def e(self):
+        return self.c.emitter
+
+    def ub(self, tensor: str, offset: int = 0) -> str:
+        slot = self.c.alloc.of[tensor].name
+        return f"ub.{slot} + {offset}" if offset else f"ub.{slot}"
+
+    def acc(self, half: str, offset: int = 0) -> str:
+        return f"acc.{half} + {offset}" if offset else f"acc.{half}"
+
+    def act_output(self, q, lo: int, hi: int, params: str | None, table: str | None,
+                   zero: int):
+        """Activate's output registers for a result quantized as `q` (QParams)."""
+        regs = dict(act_out=0 if q.signed else 1, act_zero=zero,
+                    act_lo=lo, act_hi=hi)
+        if params is not None:
+            regs["act_params"] = params
+        if table is not None:
+            regs["act_table"] = table
+        self.e.cfg(**regs)
+
+    def write_image(self, act_flags: str, acc_half: str, acc_first: int, acc_stride: int,
+                    dst: Layout, chunk: int, samples: range, rows: range, width: int,
+                    comment: str):
+        """Activate accumulator images into `dst`: sample b's image row y (width pixels) is
+        at acc_first + (b - samples.start) * acc_stride + (y - rows.start) * width."""
+        e = self.e
+        name = dst.tensor.name
+        p = self.c.batch
+        ny = len(rows)
+        if dst.pitch == width and (ny * width == acc_stride or len(samples) == 1):
+            # each sample's rows are contiguous in both memories: one Activate for all
+            for s0 in range(0, len(samples), MAX_REPEAT):
+                group = samples[s0:s0 + MAX_REPEAT]
+                e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows)
+                rep = f", repeat={len(group)}" if len(group) > 1 else ""
+                e.line(f"ACT{act_flags} {self.acc(acc_half, acc_first + s0 * acc_stride)}, "
+                       f"{self.ub(name, dst.pixel(p, chunk, group[0], rows[0], 0))}, "
+                       f"{ny * width}{rep}", comment)
+            return
+        for i, b in enumerate(samples):            # padded rows: one image row per iteration
+            for y0 in range(0, ny, MAX_REPEAT):
+                count = min(MAX_REPEAT, ny - y0)
+                e.cfg(rep_acc_stride=width, rep_ub_stride=dst.pitch)
+                rep = f", repeat={count}" if count > 1 else ""
+                e.line(f"ACT{act_flags} {self.acc(acc_half, acc_first + i * acc_stride + y0 * width)}, "
+                       f"{self.ub(name, dst.pixel(p, chunk, b, rows[y0], 0))}, {width}{rep}",
+                       comment if i == 0 and y0 == 0 else "")
+
+    def fill_pads(self, layout: Layout):
+        """Write the zero point into every padding row of an on-chip tensor (RHMA from one
+        constant host row: dma_host_stride 0), before its producer writes the interior."""
+        if not layout.pads.any:
+            return
+        e = self.e
+        p = self.c.batch
+        zp_row = self.c.zero_row(layout.tensor.quant.zero_point)
+        name = layout.tensor.name
+        e.comment(f"  padding of {name} := zero point {layout.tensor.quant.zero_point}")
+        e.cfg(dma_host_stride=0, dma_ub_stride=1, rep_host_stride=0)
+        images = layout.chunks * p
+        head = layout.pads.top * layout.pitch + layout.pads.left
+        tail_start = (layout.pads.top + layout.height - 1) * layout.pitch + layout.pads.left \
+            + layout.width
+        gap = layout.pads.left + layout.pads.right
+
+        def block(start, stop):
+            for a in range(start, stop, MAX_DMA):
+                e.line(f"RHMA {zp_row}, {self.ub(name, a)}, {min(MAX_DMA, stop - a)}")
+
+        block(0, head)
+        for i in range(images):
+            base = i * layout.image_rows
+            if gap and layout.height > 1:
+                first = base + head + layout.width
+                for y0 in range(0, layout.height - 1, MAX_REPEAT):
+                    count = min(MAX_REPEAT, layout.height - 1 - y0)
+                    e.cfg(rep_ub_stride=layout.pitch)
+                    rep = f", repeat={count}" if count > 1 else ""
+                    e.line(f"RHMA {zp_row}, {self.ub(name, first + y0 * layout.pitch)}, {gap}{rep}")
+            nxt = (i + 1) * layout.image_rows + head if i + 1 < images else layout.rows(p)
+            block(base + tail_start, nxt)
+
+    def tile_groups(self, count: int, row_len: int = 0) -> list[tuple[int, int]]:
+        """Split `count` consecutive switches into MMCs of at most fifo_depth + 1 tiles;
+        with row_len (a convolution's kernel width) a group that starts inside a kernel row
+        ends with it (tap i of an MMC.C is (i // kw, i % kw) from its base)."""
+        ahead = self.c.emitter.fifo_depth + 1
+        groups, q = [], 0
+        while q < count:
+            t = min(ahead, count - q)
+            if row_len and q % row_len:
+                t = min(t, row_len - q % row_len)
+            groups.append((q, t))
+            q += t
+        return groups
+
+    # ------------------------------------------------------------------ parameters
+    def requant_block(self, key, bias, real, n0: int) -> str:
+        """UB address of P's parameter rows for columns n0..n0+N-1 (registered once)."""
+        n = self.c.n
+        b = bias[n0:n0 + n]
+        mult, shift = quant.multipliers(real[n0:n0 + n])
+        return self.c.param_block((key, n0), quant.parameter_rows(b, mult, shift, n))
+
+    # ------------------------------------------------------------------ Dense
+    def dense(self, op: Dense, lookup: Lookup | None):
+        c = self.c
+        n, p = c.n, c.batch
+        src = c.layouts[op.input.name]
+        out_tensor = lookup.output if lookup else op.output
+        dst = c.layouts[out_tensor.name]
+        k_total, n_out = op.weight.shape
+        pixels = src.height * src.width
+        if src.pads.any:
+            raise CodegenError(f"{op.name}: a Dense cannot read a padded image "
+                               f"({src.tensor.name} also feeds a padded convolution)")
+        if k_total != src.channels * pixels:
+            raise CodegenError(f"{op.name}: weight has {k_total} rows, input "
+                               f"{src.tensor.name} has {src.channels * pixels} elements")
+        colsum = op.weight.sum(axis=0, dtype=np.int64)
+        bias = quant.folded_bias(op.bias, colsum, op.input.quant.zero_point)
+        real = quant.layer_multipliers(op.input.quant.scale, op.weight_scale,
+                                       op.output.quant.scale)
+        lo, hi = quant.clip_bounds(op.activation, op.output.quant)
+        table = c.table_block(lookup.name, lookup.table) if lookup else None
+        tiles = self.dense_tiles(op, src)
+        u = signed_flag(src)
+        k_steps = src.chunks * pixels
+        per_block = k_steps
+        e = self.e
+        for j in range(-(-n_out // n)):
+            half = c.next_half()
+            block_tiles = tiles[j * per_block:(j + 1) * per_block]
+            for g, (q, t) in enumerate(self.tile_groups(k_steps, 0 if pixels == 1 else pixels)):
+                o = "O" if g == 0 else ""
+                if pixels == 1:           # vector: chunk q is B rows at q * B
+                    e.cfg(rep_ub_stride=p, rep_acc_stride=0)
+                    rep = f", repeat={t}" if t > 1 else ""
+                    e.mmc(f"MMC.S{o}{u} {self.ub(src.tensor.name, q * p)}, {self.acc(half)}, "
+                          f"{p}{rep}", block_tiles[q:q + t],
+                          f"cols {j * n}..: K chunks {q}..{q + t - 1}" if g == 0 or t else "")
+                else:                     # flattened image: pixel p of every sample per tap
+                    chunk, pix = divmod(q, pixels)
+                    e.cfg(conv_pitch=src.image_rows, conv_kw=MAX_REPEAT, conv_stride=1)
+                    rep = f", repeat={t}" if t > 1 else ""
+                    e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, src.pixel(p, chunk, 0, 0, 0) + pix)}, "
+                          f"{self.acc(half)}, {p}, 1{rep}", block_tiles[q:q + t],
+                          f"cols {j * n}..: chunk {chunk} pixels {pix}..{pix + t - 1}")
+            params = self.requant_block(op.name, bias, real, j * n)
+            self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
+            act = "ACT.P" + ("L" if lookup else "")
+            e.line(f"{act} {self.acc(half)}, {self.ub(dst.tensor.name, dst.pixel(p, j, 0, 0, 0))}, {p}",
+                   f"cols {j * n}..{min(n_out, (j + 1) * n) - 1}: bias, requantize"
+                   + (f", {lookup.function or 'lookup'}" if lookup else ""))
+
+    def dense_tiles(self, op: Dense, src: Layout) -> list[tuple[str, int]]:
+        """The Dense's tiles in consumption order: column block, then chunk, then pixel."""
+        cached = self.c.tiles.get(op.name)
+        if cached is not None:
+            return cached
+        n = self.c.n
+        pixels = src.height * src.width
+        region = self.c.tile_region_name(op.name)
+        refs = []
+        for j in range(-(-op.weight.shape[1] // n)):
+            for chunk in range(src.chunks):
+                for pix in range(pixels):
+                    if pixels == 1:
+                        recipe = dense_tile(op.weight, chunk * n, j * n, n)
+                    else:
+                        count = min(n, src.channels - chunk * n)
+                        recipe = strided_dense_tile(op.weight, chunk * n * pixels + pix, count,
+                                                    pixels, j * n, n)
+                    refs.append(self.c.weights.add(region, recipe))
+        self.c.tiles[op.name] = refs
+        return refs
+
+    # ------------------------------------------------------------------ Conv
+    def conv(self, op: Conv, pool: Pool | None, lookup: Lookup | None):
+        c = self.c
+        n, p, half_rows = c.n, c.batch, c.half_rows
+        src = c.layouts[op.input.name]
+        final = lookup.output if lookup else (pool.output if pool else op.output)
+        dst = c.layouts[final.name]
+        o_total, c_total, kh, kw = op.weight.shape
+        sh, sw = op.strides
+        if sh != sw:
+            raise CodegenError(f"{op.name}: strides {op.strides} differ (MMC.C has one stride)")
+        if c_total != src.channels:
+            raise CodegenError(f"{op.name}: weight has {c_total} input channels, "
+                               f"{src.tensor.name} has {src.channels}")
+        ho, wo = output_hw(op)
+        pt, pl = op.pads[0], op.pads[1]
+        view = (src.pads.top - pt) * src.pitch + (src.pads.left - pl)   # the conv's (0, 0)
+        rows_per_sample = src.padded_height // sh                        # tall-image rows
+        colsum = op.weight.sum(axis=(1, 2, 3), dtype=np.int64)
+        bias = quant.folded_bias(op.bias, colsum, op.input.quant.zero_point)
+        real = quant.layer_multipliers(op.input.quant.scale, op.weight_scale,
+                                       op.output.quant.scale)
+        lo, hi = quant.clip_bounds(op.activation, op.output.quant)
+        table = c.table_block(lookup.name, lookup.table) if lookup else None
+        bands = self.conv_bands(op, ho, wo, rows_per_sample, pool is not None)
+        tiles = self.conv_tiles(op, src)
+        taps = kh * kw
+        per_block = src.chunks * taps
+        u = signed_flag(src)
+        e = self.e
+        self.fill_pads(dst)
+        e.cfg(conv_pitch=src.pitch, conv_kw=kw, conv_stride=sh)
+        for j in range(-(-o_total // n)):
+            params = self.requant_block(op.name, bias, real, j * n)
+            for samples, rows in bands:
+                half = c.next_half()
+                if len(samples) > 1:
+                    height = (len(samples) - 1) * rows_per_sample + ho
+                    band_base = src.pixel(p, 0, samples[0], 0, 0) - src.pixel(p, 0, 0, 0, 0)
+                else:
+                    height = len(rows)
+                    band_base = samples[0] * src.image_rows + rows[0] * sh * src.pitch
+                first = True
+                for chunk in range(src.chunks):
+                    chunk_base = chunk * src.chunk_rows(p) + view + band_base
+                    for q, t in self.tile_groups(taps, kw):
+                        dy, dx = divmod(q, kw)
+                        o = "O" if first else ""
+                        rep = f", repeat={t}" if t > 1 else ""
+                        k0 = j * per_block + chunk * taps + q
+                        e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
+                              f"{self.acc(half)}, {height}, {wo}{rep}", tiles[k0:k0 + t],
+                              f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
+                              if first else "")
+                        first = False
+                self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
+                act = ".P" + ("M" if pool else "") + ("L" if lookup else "")
+                what = f"out ch {j * n}..: bias, requantize" + (", max pool" if pool else "") \
+                    + (f", {lookup.function or 'lookup'}" if lookup else "")
+                stride = rows_per_sample * wo
+                if pool is not None:
+                    self.pool_activate(pool, act, half, 0, stride, dst, j, samples, ho, wo, what)
+                else:
+                    self.write_image(act, half, 0, stride, dst, j, samples, rows, wo, what)
+
+    def conv_bands(self, op, ho, wo, rows_per_sample, pooled):
+        """[(samples, output rows)]: whole samples while the tall image fits an accumulator
+        half, else one sample's rows in bands (not with a fused pooling)."""
+        p, half = self.c.batch, self.c.half_rows
+        if ho * wo <= half:
+            per = max(1, (half // wo - ho) // rows_per_sample + 1)
+            return [(range(b, min(p, b + per)), range(ho)) for b in range(0, p, per)]
+        if pooled:
+            raise CodegenError(f"{op.name}: a {ho}x{wo} output does not fit an accumulator "
+                               f"half ({half} rows) with its pooling fused")
+        rows = max(1, half // wo)
+        if wo > half:
+            raise CodegenError(f"{op.name}: output width {wo} exceeds an accumulator half")
+        return [(range(b, b + 1), range(y, min(ho, y + rows)))
+                for b in range(p) for y in range(0, ho, rows)]
+
+    def conv_tiles(self, op: Conv, src: Layout) -> list[tuple[str, int]]:
+        cached = self.c.tiles.get(op.name)
+        if cached is not None:
+            return cached
+        n = self.c.n
+        o_total, _c, kh, kw = op.weight.shape
+        region = self.c.tile_region_name(op.name)
+        refs = []
+        for j in range(-(-o_total // n)):
+            for chunk in range(src.chunks):
+                for dy in range(kh):
+                    for dx in range(kw):
+                        refs.append(self.c.weights.add(
+                            region, conv_tile(op.weight, j * n, chunk * n, dy, dx, n)))
+        self.c.tiles[op.name] = refs
+        return refs
+
+    # ------------------------------------------------------------------ Pool
+    def pool_registers(self, pool: Pool, height: int, width: int):
+        kh, kw = pool.kernel
+        sh, sw = pool.strides
+        t, l, b, r = pool.pads
+        if kh != kw or sh != sw or t != l or b != r:
+            raise CodegenError(f"{pool.name}: pooling {pool.kernel} stride {pool.strides} pads "
+                               f"{pool.pads}: Activate pools square windows with one stride "
+                               f"and the same padding on both axes")
+        self.e.cfg(pool_size=kh, pool_width=width, pool_stride=sh, pool_pad=t, pool_pad_end=b,
+                   pool_count_pad=int(pool.count_include_pad))
+
+    def pool_activate(self, pool: Pool, act: str, half: str, acc_first: int, acc_stride: int,
+                      dst: Layout, chunk: int, samples: range, height: int, width: int,
+                      what: str, out_row0: int = 0):
+        """Pool each sample's height x width accumulator image into dst (its pooled rows
+        from out_row0 on)."""
+        e = self.e
+        p = self.c.batch
+        hp, wp = output_hw_pool(pool, height, width)
+        self.pool_registers(pool, height, width)
+        name = dst.tensor.name
+        if dst.pitch == wp:
+            for s0 in range(0, len(samples), MAX_REPEAT):
+                group = samples[s0:s0 + MAX_REPEAT]
+                e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows)
+                rep = f", repeat={len(group)}" if len(group) > 1 else ""
+                e.line(f"ACT{act} {self.acc(half, acc_first + s0 * acc_stride)}, "
+                       f"{self.ub(name, dst.pixel(p, chunk, group[0], out_row0, 0))}, "
+                       f"{height * width}{rep}", what)
+            return
+        k, s = pool.kernel[0], pool.strides[0]
+        if pool.pads[0] or pool.pads[2]:
+            raise CodegenError(f"{pool.name}: a padded pooling whose output is padded for the "
+                               f"next convolution is not supported")
+        # one pooled row per iteration: k image rows in, Wp pixels out at the padded pitch
+        e.cfg(pool_size=k, pool_width=width, pool_stride=s, pool_pad=0, pool_pad_end=0)
+        for i, b in enumerate(samples):
+            for y0 in range(0, hp, MAX_REPEAT):
+                count = min(MAX_REPEAT, hp - y0)
+                e.cfg(rep_acc_stride=s * width, rep_ub_stride=dst.pitch)
+                rep = f", repeat={count}" if count > 1 else ""
+                e.line(f"ACT{act} {self.acc(half, acc_first + i * acc_stride + y0 * s * width)}, "
+                       f"{self.ub(name, dst.pixel(p, chunk, b, out_row0 + y0, 0))}, {k * width}{rep}",
+                       what if i == 0 and y0 == 0 else "")
+
+    def copy_to_acc(self, src: Layout, chunk: int, samples: range, rows: range, half: str,
+                    first_switch: bool) -> int:
+        """Identity MatrixMultiply: rows of the samples' images (pads skipped) into `half`;
+        returns the accumulator rows between consecutive samples."""
+        p = self.c.batch
+        u = signed_flag(src)
+        s = "S" if first_switch else ""
+        tiles = [self.c.identity()] if first_switch else []
+        e = self.e
+        name = src.tensor.name
+        if not src.pads.any and len(rows) == src.height:
+            e.mmc(f"MMC.{s}O{u} {self.ub(name, src.pixel(p, chunk, samples[0], 0, 0))}, "
+                  f"{self.acc(half)}, {len(samples) * src.image_rows}", tiles,
+                  "copy through the identity tile")
+            return src.image_rows
+        e.cfg(conv_pitch=src.pitch, conv_kw=1, conv_stride=1)
+        height = (len(samples) - 1) * src.padded_height + len(rows)
+        e.mmc(f"MMC.C{s}O{u} {self.ub(name, src.pixel(p, chunk, samples[0], rows[0], 0))}, "
+              f"{self.acc(half)}, {height}, {src.width}", tiles,
+              "copy through the identity tile (padding skipped)")
+        return src.padded_height * src.width
+
+    def sample_groups(self, src: Layout, what: str) -> list[range]:
+        p, half = self.c.batch, self.c.half_rows
+        per_sample = src.padded_height * src.width
+        if src.height * src.width > half:
+            raise CodegenError(f"{what}: a {src.height}x{src.width} image does not fit an "
+                               f"accumulator half ({half} rows)")
+        per = max(1, (half - src.height * src.width) // per_sample + 1)
+        return [range(b, min(p, b + per)) for b in range(0, p, per)]
+
+    def pool(self, op: Pool, lookup: Lookup | None):
+        c = self.c
+        src = c.layouts[op.input.name]
+        final = lookup.output if lookup else op.output
+        dst = c.layouts[final.name]
+        table = c.table_block(lookup.name, lookup.table) if lookup else None
+        self.fill_pads(dst)
+        qi, qo = op.input.quant, op.output.quant
+        if op.kind == "max":
+            if (qi.scale, qi.zero_point, qi.signed) != (qo.scale, qo.zero_point, qo.signed):
+                raise CodegenError(f"{op.name}: max pooling with different input and output "
+                                   f"quantization")
+            act = ".M" + ("L" if lookup else "")
+            self.e.cfg(act_mult=1, act_shift=0)
+            self.act_output(qo, qo.qmin, qo.qmax, None, table, 0)
+        elif op.kind == "avg":
+            n = c.n
+            bias = np.full(src.channels, -int(qi.zero_point), np.int64)
+            real = np.full(src.channels, np.float32(qi.scale) / np.float32(qo.scale))
+            act = ".PA" + ("L" if lookup else "")
+        else:
+            raise CodegenError(f"{op.name}: pooling kind {op.kind!r}")
+        switched = False
+        big = src.height * src.width > c.half_rows
+        for chunk in range(src.chunks):
+            if op.kind == "avg":
+                params = self.requant_block(op.name, bias, real, chunk * n)
+                self.act_output(qo, qo.qmin, qo.qmax, params, table, qo.zero_point)
+            if big:
+                self.pool_bands(op, act, src, dst, chunk, not switched)
+                switched = True
+                continue
+            for samples in self.sample_groups(src, op.name):
+                half = c.next_half()
+                stride = self.copy_to_acc(src, chunk, samples, range(src.height), half,
+                                          not switched)
+                switched = True
+                self.pool_activate(op, act, half, 0, stride, dst, chunk, samples, src.height,
+                                   src.width, f"{op.kind} pool, channels {chunk * c.n}..")
+
+    def pool_bands(self, op: Pool, act: str, src: Layout, dst: Layout, chunk: int,
+                   first_switch: bool):
+        """An image larger than an accumulator half: bands of pooled rows, each copying the
+        input rows its windows need (overlapping when the window exceeds the stride)."""
+        k, s = op.kernel[0], op.strides[0]
+        if any(op.pads):
+            raise CodegenError(f"{op.name}: a padded pooling of a {src.height}x{src.width} "
+                               f"image larger than an accumulator half")
+        ho, _wo = output_hw_pool(op, src.height, src.width)
+        per_band = max(1, ((self.c.half_rows // src.width) - k) // s + 1)
+        if k * src.width > self.c.half_rows:
+            raise CodegenError(f"{op.name}: {k} rows of width {src.width} exceed an "
+                               f"accumulator half")
+        for b in range(self.c.batch):
+            for oy0 in range(0, ho, per_band):
+                oy1 = min(ho, oy0 + per_band)
+                rows = range(oy0 * s, (oy1 - 1) * s + k)
+                half = self.c.next_half()
+                self.copy_to_acc(src, chunk, range(b, b + 1), rows, half, first_switch)
+                first_switch = False
+                self.pool_activate(op, act, half, 0, len(rows) * src.width, dst, chunk,
+                                   range(b, b + 1), len(rows), src.width,
+                                   f"{op.kind} pool rows {oy0}..{oy1 - 1}", oy0)
+
+    # ------------------------------------------------------------------ Lookup
+    def lookup(self, op: Lookup):
+        c = self.c
+        src = c.layouts[op.input.name]
+        dst = c.layouts[op.output.name]
+        table = c.table_block(op.name, op.table)
+        self.fill_pads(dst)
+        self.e.cfg(act_mult=1, act_shift=0)
+        q = op.input.quant
+        # the byte written before the lookup must be x_q itself: the input's own type
+        self.e.cfg(act_out=0 if q.signed else 1, act_zero=0, act_lo=q.qmin, act_hi=q.qmax,
+                   act_table=table)
+        switched = False
+        what = f"{op.function or 'lookup'}, channels"
+        for chunk in range(src.chunks):
+            if src.height * src.width > c.half_rows:      # bands of rows, sample by sample
+                per = max(1, c.half_rows // src.width)
+                for b in range(c.batch):
+                    for y0 in range(0, src.height, per):
+                        rows = range(y0, min(src.height, y0 + per))
+                        half = c.next_half()
+                        self.copy_to_acc(src, chunk, range(b, b + 1), rows, half, not switched)
+                        switched = True
+                        self.write_image(".L", half, 0, len(rows) * src.width, dst, chunk,
+                                         range(b, b + 1), rows, src.width,
+                                         f"{what} {chunk * c.n}..")
+                continue
+            for samples in self.sample_groups(src, op.name):
+                half = c.next_half()
+                stride = self.copy_to_acc(src, chunk, samples, range(src.height), half,
+                                          not switched)
+                switched = True
+                self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
+                                 src.width, f"{what} {chunk * c.n}..")
+
+
+def output_hw_pool(pool: Pool, height: int, width: int) -> tuple[int, int]:
+    k, s = pool.kernel[0], pool.strides[0]
+    t, _l, b, _r = pool.pads
+    return (height + t + b - k) // s + 1, (width + t + b - k) // s + 1
+
+
+__all__ = ["Lowering", "CodegenError", "Conv", "Dense", "Lookup", "Pool"]

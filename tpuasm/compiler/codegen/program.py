@@ -1,0 +1,73 @@
+"""The back end's SegmentProgram: the host image of one batch, and the outputs read back.
+
+A tensor's host rows are its UB layout (codegen/layout.py) for one pass of samples, pass
+after pass; padding rows and columns hold the zero point, so an input arrives ready for the
+convolutions that read it with one RHM per pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import SegmentProgram
+from .layout import Layout
+
+
+@dataclass
+class CompiledSegment(SegmentProgram):
+    layouts: dict[str, Layout] = field(default_factory=dict)
+    pass_batch: int = 1                 # samples per pass
+    passes: int = 1
+    instructions: int = 0               # instructions in the source (after macro expansion)
+
+    def host_image(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        host = np.zeros((self.host_rows, self.array_size), np.uint8)
+        for row, rows in self.host_constants.items():
+            host[row:row + len(rows)] = rows
+        for name, h in self.inputs.items():
+            if name not in inputs:
+                raise ValueError(f"segment {self.segment.name}: no data for input {name!r}")
+            data = np.asarray(inputs[name])
+            shape = (self.batch, *h.tensor.shape)
+            if data.shape != shape:
+                raise ValueError(f"segment {self.segment.name}: input {name!r} has shape "
+                                 f"{data.shape}, expected {shape}")
+            host[h.base:h.base + h.rows] = self._pack(self.layouts[name], data)
+        return host.view(np.int8)
+
+    def read_outputs(self, host: np.ndarray) -> dict[str, np.ndarray]:
+        host = np.asarray(host).view(np.uint8)
+        return {name: self._unpack(self.layouts[name], host[h.base:h.base + h.rows])
+                for name, h in self.outputs.items()}
+
+    # ------------------------------------------------------------------ layout
+    def _view(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
+        """(passes, chunks, samples, padded height, pitch, N) view of a tensor's rows."""
+        return rows.reshape(self.passes, layout.chunks, self.pass_batch,
+                            layout.padded_height, layout.pitch, self.array_size)
+
+    def _interior(self, layout: Layout, view: np.ndarray) -> np.ndarray:
+        p = layout.pads
+        return view[:, :, :, p.top:p.top + layout.height, p.left:p.left + layout.width, :]
+
+    def _pack(self, layout: Layout, data: np.ndarray) -> np.ndarray:
+        q = layout.tensor.quant
+        total = self.passes * self.pass_batch
+        c, h, w = layout.channels, layout.height, layout.width
+        x = np.full((total, layout.chunks * self.array_size, h, w), q.zero_point, np.int64)
+        x[:self.batch, :c] = data.reshape(self.batch, c, h, w)
+        x = x.reshape(self.passes, self.pass_batch, layout.chunks, self.array_size, h, w)
+        rows = np.empty((self.passes * layout.rows(self.pass_batch), self.array_size), np.uint8)
+        rows[:] = np.uint8(q.zero_point & 0xFF)
+        self._interior(layout, self._view(layout, rows))[:] = \
+            (x.transpose(0, 2, 1, 4, 5, 3) & 0xFF).astype(np.uint8)
+        return rows
+
+    def _unpack(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
+        q = layout.tensor.quant
+        v = self._interior(layout, self._view(layout, rows))   # (P, C, B, H, W, N)
+        x = v.transpose(0, 2, 1, 5, 3, 4)                       # (P, B, chunks, N, H, W)
+        x = x.reshape(self.passes * self.pass_batch, layout.chunks * self.array_size,
+                      layout.height, layout.width)[:self.batch, :layout.channels]
+        x = x.view(np.int8) if q.signed else x
+        return np.ascontiguousarray(x).reshape(self.batch, *layout.tensor.shape)

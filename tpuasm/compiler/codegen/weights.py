@@ -1,0 +1,90 @@
+"""The weight image: (tiles, N, N) int8, tile[k, n] multiplying input element k into output
+n (spec/isa.md 5.4).  Lowering registers each operator's tiles as *recipes* in consumption
+order; `build()` allocates the image once and copies every weight straight from the IR's
+arrays (which may be memory-mapped) into its tile: each weight is copied exactly once."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+Recipe = Callable[[np.ndarray], None]        # fills one zeroed (N, N) int8 tile
+
+
+@dataclass
+class TileRegion:
+    name: str
+    first: int
+    recipes: list[Recipe] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.recipes)
+
+
+@dataclass
+class WeightImage:
+    n: int
+    regions: list[TileRegion] = field(default_factory=list)
+    _by_name: dict[str, TileRegion] = field(default_factory=dict)
+
+    @property
+    def tiles(self) -> int:
+        return sum(r.count for r in self.regions)
+
+    def region(self, name: str) -> TileRegion:
+        r = self._by_name.get(name)
+        if r is None:
+            r = TileRegion(name, self.tiles)
+            self.regions.append(r)
+            self._by_name[name] = r
+        return r
+
+    def add(self, region: str, recipe: Recipe) -> tuple[str, int]:
+        """Register a tile; returns its (region, offset) for the weight stream."""
+        r = self.region(region)
+        if r is not self.regions[-1]:
+            raise AssertionError("tiles of a region must be registered together")
+        r.recipes.append(recipe)
+        return region, r.count - 1
+
+    def build(self) -> np.ndarray:
+        image = np.zeros((max(self.tiles, 1), self.n, self.n), np.int8)
+        for r in self.regions:
+            for i, recipe in enumerate(r.recipes):
+                recipe(image[r.first + i])
+        return image
+
+
+def dense_tile(weight: np.ndarray, k0: int, n0: int, n: int) -> Recipe:
+    """Rows k0.. and columns n0.. of a (K, N) weight matrix."""
+    def fill(out):
+        block = weight[k0:k0 + n, n0:n0 + n]
+        out[:block.shape[0], :block.shape[1]] = block
+    return fill
+
+
+def strided_dense_tile(weight: np.ndarray, k0: int, count: int, step: int, n0: int,
+                       n: int) -> Recipe:
+    """Rows k0, k0 + step, ... (count of them) and columns n0.. of a (K, N) matrix: the
+    channels of one pixel of a flattened (C, H, W) input (k = c * H * W + pixel)."""
+    def fill(out):
+        block = weight[k0:k0 + count * step:step, n0:n0 + n]
+        out[:block.shape[0], :block.shape[1]] = block
+    return fill
+
+
+def conv_tile(weight: np.ndarray, o0: int, c0: int, dy: int, dx: int, n: int) -> Recipe:
+    """Tap (dy, dx) of output channels o0.. and input channels c0.. of an (O, C, kh, kw)
+    kernel, as tile[c, o]."""
+    def fill(out):
+        block = weight[o0:o0 + n, c0:c0 + n, dy, dx]
+        out[:block.shape[1], :block.shape[0]] = block.T
+    return fill
+
+
+def identity_tile(n: int) -> Recipe:
+    def fill(out):
+        np.fill_diagonal(out, 1)
+    return fill

@@ -1,0 +1,168 @@
+"""`tpuasm sweep`: a grid of machine configurations over programs, on Dask.
+
+Exit status: 0 every point ran (skipped points included), 1 some point faulted or failed,
+2 bad input (unknown parameter, a value out of range, an empty grid, bad TOML, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .grid import SweepError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .executor import SCHEDULER_ENV
+    p = argparse.ArgumentParser(
+        prog="tpuasm sweep",
+        description="Run TARGET(s) over a grid of MachineConfig settings and collect one "
+                    "row per target x configuration (cycles, time, TOPS, every Table 3 "
+                    "counter).  NAME is a MachineConfig field or a Figure 11 knob "
+                    "(memory, clock, clock+, matrix, matrix+).",
+        epilog="Examples:  tpuasm sweep MLP0 --set memory=0.25,0.5,1,2,4 -o mem.csv\n"
+               "           tpuasm sweep programs/mlp0/mlp0.tasm --host H.npy --weights W.npy "
+               "--set weight_bytes_per_cycle=x0.5,x1,x2 -o r.csv",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="a .tasm/.tbin (with --host/--weights), a test.toml or a folder of "
+                        "them, an app name (MLP0 ... CNN1) or 'apps' for all six")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="values of one parameter (repeatable); x0.5 = half the baseline")
+    p.add_argument("--grid", type=Path, metavar="GRID.toml", help="the grid from a TOML file")
+    p.add_argument("--each", action="store_true",
+                   help="vary one parameter at a time, the others at their baseline "
+                        "(default: every combination)")
+    p.add_argument("--host", type=Path, help="host image for .tasm/.tbin targets")
+    p.add_argument("--weights", type=Path, help="weight image for .tasm/.tbin targets")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="RESULTS.csv",
+                   help="write the results here, row by row as they finish")
+    p.add_argument("--scheduler", metavar="ADDR",
+                   help=f"a running Dask scheduler (default: ${SCHEDULER_ENV}, else a local "
+                        "cluster on this machine's cores)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="local cluster workers (default: all cores; 0 = run here, no Dask)")
+    p.add_argument("--timing-only", action="store_true",
+                   help="skip the arithmetic, keep the cycle counts (when the emulator has it)")
+    p.add_argument("--max-cycles", type=int, metavar="N", help="fault a point after N cycles")
+    p.add_argument("--cache", type=Path, metavar="FILE",
+                   help="result cache (default: ~/.cache/tpuasm/sweep-results.sqlite)")
+    p.add_argument("--no-cache", action="store_true", help="run every point, store nothing")
+    p.add_argument("--plot", type=Path, action="append", default=[], metavar="FILE.png|.svg",
+                   help="save the Figure-11-style plot (repeatable)")
+    p.add_argument("--no-table", action="store_true", help="no results table, no terminal plot")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    from rich.console import Console
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        return _run(args, err)
+    except SweepError as e:
+        err.print(f"[red]error:[/] {e}", highlight=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("interrupted (finished points are cached; rerun to resume)")
+        return 130
+
+
+def _run(args, err) -> int:
+    from .cache import ResultCache, default_path
+    from .engine import run_sweep
+    from .grid import Grid, load_toml, parse_set
+    from .point import timing_only_supported
+    from .report import CsvStream
+    from .targets import resolve
+
+    grid = load_toml(args.grid) if args.grid else Grid([], {})
+    grid.axes += [parse_set(s) for s in args.sets]
+    grid.each = grid.each or args.each
+    names = list(grid.targets) + list(args.targets)
+    if not names:
+        raise SweepError("no TARGET given (a program, a folder, an app name or 'apps')")
+    targets = resolve(names, args.host, args.weights)
+    size = grid.size() * len(targets)
+    for target in targets:                  # every point's configuration, before any runs
+        grid.validate(target.base_config())
+    if args.workers is not None and args.workers < 0:
+        raise SweepError("--workers must be 0 or more")
+    if args.timing_only and not timing_only_supported():
+        err.print("note: this emulator has no timing-only mode yet; running in full")
+        args.timing_only = False
+    cache = ResultCache(None if args.no_cache else (args.cache or default_path()))
+    try:
+        out = CsvStream(args.output, [a.name for a in grid.axes])
+    except OSError as e:
+        raise SweepError(f"{args.output}: cannot write: {e.strerror}") from None
+
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True,
+                   disable=args.quiet or not err.is_terminal)
+    with bar:
+        job = bar.add_task("sweep", total=size)
+
+        def on_row(row):
+            out.write(row)
+            bar.update(job, advance=1, description=f"{row.get('target', '')}: {row.get('status')}")
+
+        try:
+            if args.workers == 0:
+                summary = run_sweep(targets, grid, on_row, cache=cache,
+                                    timing_only=args.timing_only, max_cycles=args.max_cycles)
+            else:
+                from .executor import dask_client
+                with dask_client(args.scheduler, args.workers) as client:
+                    summary = run_sweep(targets, grid, on_row, cache=cache, client=client,
+                                        timing_only=args.timing_only,
+                                        max_cycles=args.max_cycles)
+        finally:
+            out.close()
+            cache.close()
+    _report(args, grid, summary, err)
+    return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+def _report(args, grid, summary, err) -> None:
+    from rich.console import Console
+
+    from .report import read_rows, relative, rich_table, save_figure, terminal_plot, weighted_mean
+    console = Console(highlight=False)
+    axes = [a.name for a in grid.axes]
+    rows = read_rows(args.output)
+    if not args.no_table:
+        console.print(rich_table(rows, axes))
+    rel = relative(rows, axes)
+    mean = weighted_mean(rel, axes)
+    if not args.no_table and rel:
+        text = terminal_plot(rel, mean, axes)
+        if text:
+            console.print(text, markup=False, highlight=False)
+    for path in args.plot:
+        try:
+            save_figure(rel, mean, axes, path)
+        except (OSError, ValueError) as e:
+            raise SweepError(f"{path}: cannot write the plot: {e}") from None
+        err.print(f"plot: {path}")
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items()))
+    for row in summary.failures[:10]:
+        where = ", ".join(f"{a}={row.get(a)}" for a in axes)
+        err.print(f"[{'yellow' if row.get('status') == 'skipped' else 'red'}]"
+                  f"{row.get('status')}[/] {row.get('target')} ({where}): {row.get('error')}",
+                  highlight=False, markup=True)
+    err.print(f"{summary.total:,} points ({summary.cached:,} from the cache): {statuses}; "
+              f"results in {args.output}", highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

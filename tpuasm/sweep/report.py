@@ -1,0 +1,180 @@
+"""Sweep results for people: the CSV stream, a rich table, terminal and image plots.
+
+Performance relative to the baseline = baseline time / point time, per target; the
+baseline of a target is its point with every swept parameter at "1" (knobs) or "base"
+(fields, in `--each` grids), else its first point.  The weighted mean weights each app by
+its share of the paper's workload when every target is one of the six apps, else equally.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from .point import RESULT_COLUMNS
+
+
+class CsvStream:
+    """Rows written and flushed as they arrive (bounded memory for any sweep size)."""
+
+    def __init__(self, path: Path, axes: list[str]):
+        self.columns = ["target", *axes, *RESULT_COLUMNS, "cached"]
+        self.file = open(path, "w", newline="")
+        self.writer = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
+        self.writer.writeheader()
+
+    def write(self, row: dict) -> None:
+        self.writer.writerow(row)
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def factor(text: str) -> float | None:
+    """The x-axis value of a setting: a knob's factor, x0.5 -> 0.5, base -> 1, a number."""
+    if text in ("", None):
+        return None
+    if text == "base":
+        return 1.0
+    t = text[1:] if text[:1] in "xX*" else text
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _is_baseline(row: dict, axes: list[str]) -> bool:
+    return all(row.get(a) in ("1", "base", "x1") for a in axes)
+
+
+def relative(rows: list[dict], axes: list[str]) -> dict:
+    """{(target, axis): [(x, performance relative to baseline)]}, x sorted, ok rows only.
+    In an --each grid a row belongs to the axis that is off its baseline (the baseline
+    row to every axis)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("time_us")]
+    base: dict = {}
+    for r in ok:
+        if _is_baseline(r, axes):
+            base.setdefault(r["target"], float(r["time_us"]))
+    for r in ok:
+        base.setdefault(r["target"], float(r["time_us"]))
+    out: dict = {}
+    for r in ok:
+        off = [a for a in axes if r.get(a) not in ("1", "base", "x1")]
+        for a in (off if len(off) == 1 else axes if not off else []):
+            x = factor(r.get(a, ""))
+            if x is None:
+                continue
+            out.setdefault((r["target"], a), []).append((x, base[r["target"]] / float(r["time_us"])))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def weighted_mean(rel: dict, axes: list[str]) -> dict:
+    """{axis: [(x, weighted mean relative performance)]} over the targets."""
+    from ..apps.paper import WORKLOAD_SHARE
+    targets = sorted({t for t, _ in rel})
+    apps = all(t in WORKLOAD_SHARE for t in targets)
+    weight = {t: (WORKLOAD_SHARE[t] if apps else 1.0) for t in targets}
+    out = {}
+    for a in axes:
+        xs = sorted({x for t in targets for x, _ in rel.get((t, a), [])})
+        line = []
+        for x in xs:
+            vals = [(weight[t], y) for t in targets for xx, y in rel.get((t, a), []) if xx == x]
+            if len(vals) == len(targets):
+                line.append((x, sum(w * y for w, y in vals) / sum(w for w, _ in vals)))
+        if line:
+            out[a] = line
+    return out
+
+
+def rich_table(rows: list[dict], axes: list[str], limit: int = 60):
+    from rich.table import Table
+    t = Table(title=f"sweep results ({len(rows):,} points"
+                    f"{'' if len(rows) <= limit else f', first {limit} shown; all in the CSV'})",
+              title_justify="left")
+    for c in ("target", *axes, "status", "cycles", "time (us)", "TOPS", "active %",
+              "w.stall %", "w.shift %", "non-mat %"):
+        t.add_column(c, justify="left" if c in ("target", "status", *axes) else "right")
+    for r in rows[:limit]:
+        cyc = float(r.get("cycles") or 0)
+
+        def pct(k):
+            return f"{100 * float(r[k]) / cyc:.1f}" if cyc and r.get(k) not in (None, "") else ""
+        status = r.get("status", "")
+        style = {"ok": "", "skipped": "yellow"}.get(status, "red")
+        t.add_row(r.get("target", ""), *(r.get(a, "") for a in axes),
+                  f"[{style}]{status}[/]" if style else status,
+                  f"{int(cyc):,}" if cyc else "", r.get("time_us", ""), r.get("tops", ""),
+                  pct("array_active_cycles"), pct("weight_stall_cycles"),
+                  pct("weight_shift_cycles"), pct("non_matrix_cycles"))
+    return t
+
+
+def terminal_plot(rel: dict, mean: dict, axes: list[str]) -> str:
+    """Relative performance against log2 of the scale factor, one line per parameter
+    (weighted mean over the targets), as plotext text ('' when there is nothing to plot)."""
+    import math
+
+    import plotext
+    fig = plotext.figure
+    fig.clear()
+    shown = False
+    for a in axes:
+        line = mean.get(a)
+        if line and len(line) > 1:
+            fig.draw(fig.signal([math.log2(x) for x, _ in line], [y for _, y in line])
+                     .lines().label(a))
+            shown = True
+    if not shown:
+        return ""
+    fig.title("performance relative to the baseline (weighted mean over the targets)")
+    fig.label("log2 of the scale factor", axis=0)
+    text = fig.build().string(colorless=True)
+    fig.clear()
+    return text
+
+
+def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str = "") -> None:
+    """Figure 11's shape: a panel per target plus the weighted mean; in each, one line per
+    parameter, relative performance against the scale factor (log-log)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    targets = sorted({t for t, _ in rel}, key=_paper_order)
+    panels = targets + ["weighted mean"]
+    cols = min(4, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, grid = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False,
+                             sharex=True)
+    for i, name in enumerate(panels):
+        ax = grid[i // cols][i % cols]
+        for a in axes:
+            line = mean.get(a) if name == "weighted mean" else rel.get((name, a))
+            if line:
+                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", ms=3, label=a)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_title(name, fontsize=9)
+        ax.grid(True, which="both", lw=0.3)
+    for j in range(len(panels), rows * cols):
+        grid[j // cols][j % cols].axis("off")
+    grid[0][0].legend(fontsize=7)
+    fig.supxlabel("scale factor")
+    fig.supylabel("performance relative to the baseline")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _paper_order(name: str):
+    from ..apps.paper import APPS
+    return (APPS.index(name), name) if name in APPS else (len(APPS), name)
