@@ -80,6 +80,12 @@ def test_negative_and_absurd_shapes_are_refused(tmp_path):
     _npy_with_header(p, "{'descr': '|i1', 'fortran_order': False, 'shape': (-1, 256), }")
     with pytest.raises(DataFileError, match=r"impossible shape \(-1, 256\)"):
         load_npy(p)
+    # found by the fuzz suite: an empty array whose other dimension numpy cannot hold
+    z = tmp_path / "zero.npy"
+    _npy_with_header(z, "{'descr': '|i1', 'fortran_order': False, 'shape': (0, 10**30), }"
+                     .replace("10**30", str(10 ** 30)))
+    with pytest.raises(DataFileError, match=r"impossible shape \(0, 1000000000000000000000000000000\)"):
+        load_npy(z)
 
 
 def test_object_arrays_are_called_pickled_and_nothing_else_is(tmp_path):

@@ -126,9 +126,17 @@ def _read_header(fh, path, what: str) -> NpyHeader:
         raise DataFileError(f"{path}: {what} holds Python objects (pickled data); tpuasm "
                             "never unpickles: expected a plain numeric array")
     if not isinstance(shape, tuple) or len(shape) > limits.MAX_NPY_DIMS or any(
-            isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+            isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < 1 << 62
+            for d in shape) or _product(d for d in shape if d) * dtype.itemsize >= 1 << 62:
         raise DataFileError(f"{path}: {what} declares an impossible shape {shape!r}")
     return NpyHeader(shape, dtype, bool(fortran), fh.tell(), size)
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 def npy_header(path, *, what: str = "array file") -> NpyHeader:
