@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean digits bench-compile
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -36,6 +36,15 @@ fuzz: $(STAMP)
 .PHONY: bench-codegen
 bench-codegen: $(STAMP)
 	$(BIN)/python benchmarks/bench_codegen.py
+
+# The digits end-to-end check (programs/digits): both models compiled and run over the whole
+# test split on the emulator, accuracies next to the float models'.
+digits: $(STAMP)
+	$(BIN)/python programs/digits/evaluate.py
+
+# Front-end (and whole-compile) time and peak memory on a 100M-weight QDQ model.
+bench-compile: $(STAMP)
+	$(BIN)/python benchmarks/bench_compile.py
 
 # The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
 # findings next to the paper's (docs/sweep.md).  Long: six apps x 21 configurations.

@@ -108,6 +108,8 @@ class Builder:
             "pool_pad": lambda: self.integers(0, 2),
             "pool_pad_end": lambda: self.integers(0, 2),
             "pool_count_pad": lambda: self.integers(0, 1),
+            "act_ub_pitch": lambda: self.choice([0, 0, 1, 2, 3, 5]),
+            "act_ub_width": lambda: self.integers(1, 3),
         }
         return small[name]()
 
@@ -318,11 +320,21 @@ class Builder:
         if self.coin(0.2):
             self.set_some({"act_lo": [-128, -5, 0, 3], "act_hi": [127, 6, 100, 2 ** 31 - 1]}, 0.7)
         vectors = length if not ("M" in flags or "A" in flags) else self.pool_vectors(length)
+        if self.coin(0.2):          # outputs at a pitch (spec/isa.md 5.5)
+            self.set_some({"act_ub_pitch": [0, 2, 3, 5], "act_ub_width": [1, 2, 3]}, 0.8)
         per = 2 if self.regs["act_out"] == 2 else 1
+        pitch, width = self.regs["act_ub_pitch"], self.regs["act_ub_width"]
+        if pitch and per * ((vectors - 1) // width * pitch + width) > 24:
+            self.regs["act_ub_pitch"] = pitch = 0          # keep it inside the small UB
+            self.emit(cfg("act_ub_pitch", 0))
+
+        def out_row(o):
+            return o if pitch == 0 else (o // width) * pitch + o % width
+
         for repeat in (self.integers(1, 3), 1):
             acc_off = [i * self.regs["rep_acc_stride"] + r for i in range(repeat) for r in range(length)]
-            ub_off = [i * self.regs["rep_ub_stride"] + r
-                      for i in range(repeat) for r in range(per * vectors)]
+            ub_off = [i * self.regs["rep_ub_stride"] + per * out_row(o) + k
+                      for i in range(repeat) for o in range(vectors) for k in range(per)]
             acc, ub = self.place(acc_off, SHAPE.acc_rows), self.place(ub_off, SHAPE.ub_rows)
             r = self.recent_acc
             if acc is not None and r is not None and self.coin(0.7) and \

@@ -181,6 +181,20 @@ def test_conv_relu_maxpool_fused_into_one_activate():
     assert "ACT.PM" in program.source
 
 
+def test_padded_pool_into_a_padded_conv_like_a_resnet_stem():
+    # conv -> max pool 3x3 stride 2 pad 1 -> conv pad 1: the pooled image is written at the
+    # next convolution's padded pitch (act_ub_pitch), one Activate per band of samples
+    rng = np.random.default_rng(41)
+    x = Tensor("x", (3, 10, 10), qparams(rng))
+    c1 = conv(rng, "stem", x, 12, 3, 2, 1)                 # (12, 5, 5)
+    p1 = pool(rng, "pool", c1.output, "max", 3, 2, 1)       # (12, 3, 3)
+    c2 = conv(rng, "conv2", p1.output, 7, 3, 1, 1)
+    for machine in (SMALL, dict(SMALL, acc_rows=256)):      # pool alone, then fused
+        ours, theirs, program, _ = run(seg([c1, p1, c2]), 3, rng, **machine)
+        assert_close(ours, theirs)
+        assert "CFG act_ub_pitch, 5" in program.source      # 3 + 2 padding columns
+
+
 def test_chain_conv_pool_conv_globalpool_dense_lookup():
     rng = np.random.default_rng(21)
     x = Tensor("image", (3, 10, 10), qparams(rng, signed=False))

@@ -186,3 +186,23 @@ def test_parameter_rows_out_of_range_fault_first():
     ref = run_reference(program, host, IDENTITY)
     assert r.fault is not None and r.fault.kind == ref.fault_kind == "address"
     assert "UB address 128" in str(r.fault) and "128" in ref.fault_message
+
+
+def test_output_pitch_writes_an_image_into_a_padded_layout():
+    # 6 vectors as 2 rows of 3 at a pitch of 5 rows: rows 0,1,2 and 5,6,7 of ub.y; 3,4 kept
+    x = [[v, 2 * v, 0, 0] for v in range(1, 11)]
+    src = HEAD + """
+        RHM host.x, ub.y, 16             ; ub.y starts as a copy of the inputs (x rows)
+        CFG act_ub_pitch, 5
+        CFG act_ub_width, 3
+        CFG act_out, 2                   ; int16: two rows per vector, so rows 0..5, 10..15
+        ACT acc.a, ub.y, 6
+        HLT
+"""
+    m, _ = run_both(src, host_image(x))
+    y = m.ub[9 + 16 + 64:9 + 16 + 64 + 16].astype(np.int64)
+    values = y[0::2] + 256 * y[1::2]               # (low, high) pairs
+    assert values[[0, 1, 2, 5, 6, 7], 0].tolist() == [1, 2, 3, 4, 5, 6]
+    assert values[[0, 1, 2, 5, 6, 7], 1].tolist() == [2, 4, 6, 8, 10, 12]
+    # rows 6..9 (the gap the pitch leaves) still hold the inputs copied there
+    assert y[6:10, 0].tolist() == [7, 8, 9, 10]

@@ -40,9 +40,10 @@ REG_ACT_MULT, REG_ACT_SHIFT, REG_ACT_ZERO, REG_ACT_OUT, REG_FN_IN_FRAC, REG_POOL
             "rep_acc_stride", "rep_host_stride", "dma_host_stride", "dma_ub_stride"))
 # Registers added for compiled networks (spec/isa.md 5.5).
 REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_LO, REG_ACT_HI, REG_POOL_STRIDE, REG_POOL_PAD, \
-    REG_POOL_PAD_END, REG_POOL_COUNT_PAD = (_R[n].index for n in (
-        "act_params", "act_table", "act_lo", "act_hi", "pool_stride", "pool_pad",
-        "pool_pad_end", "pool_count_pad"))
+    REG_POOL_PAD_END, REG_POOL_COUNT_PAD, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH = (
+        _R[n].index for n in (
+            "act_params", "act_table", "act_lo", "act_hi", "pool_stride", "pool_pad",
+            "pool_pad_end", "pool_count_pad", "act_ub_pitch", "act_ub_width"))
 NREGS = max(r.index for r in _R.values()) + 1
 ACT_OUT_INT8, ACT_OUT_UINT8, ACT_OUT_INT16, ACT_OUT_WRAP8 = range(4)
 

@@ -81,8 +81,8 @@ from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT
                       REG_REP_ACC_STRIDE, REG_REP_HOST_STRIDE, REG_REP_UB_STRIDE,
                       register_limits)
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
-                      REG_ACT_TABLE, REG_POOL_COUNT_PAD, REG_POOL_PAD, REG_POOL_PAD_END,
-                      REG_POOL_STRIDE)
+                      REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
+                      REG_POOL_PAD, REG_POOL_PAD_END, REG_POOL_STRIDE)
 
 FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
 MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
@@ -236,11 +236,27 @@ def act_param_rows(flags, n):
 
 @njit(cache=True)
 def _act_ub_rows(row, regs, profile):
-    """UB rows one Activate iteration writes (the OpenTPU profile ignores act_out)."""
+    """UB rows one Activate iteration spans (the OpenTPU profile ignores act_out); with
+    act_ub_pitch, from its first row to one past its last."""
     ok, out_rows = _act_shape(row, regs)
-    if regs[REG_ACT_OUT] == ACT_OUT_INT16 and profile != PROFILE_OPENTPU:
-        return 2 * out_rows
-    return out_rows
+    per = 2 if regs[REG_ACT_OUT] == ACT_OUT_INT16 and profile != PROFILE_OPENTPU else 1
+    if regs[REG_ACT_UB_PITCH] == 0 or out_rows <= 0:
+        return per * out_rows
+    top = 0
+    for o in range(out_rows):
+        top = max(top, _act_out_row(o, regs))
+    return per * (top + 1)
+
+
+@njit(cache=True)
+def _act_out_row(o, regs):
+    """Row (in output vectors) of Activate's output vector o: o itself, or its place in an
+    image of act_ub_width vectors per row at act_ub_pitch (spec/isa.md 5.5)."""
+    pitch = regs[REG_ACT_UB_PITCH]
+    if pitch == 0:
+        return o
+    w = regs[REG_ACT_UB_WIDTH]
+    return (o // w) * pitch + o % w
 
 
 @njit(cache=True)
@@ -344,9 +360,31 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, pr
         if bad:
             _set_info(info, MEM_UB, addr, ub_rows)
             return FAULT_ADDRESS
+    if regs[REG_ACT_UB_PITCH] != 0:
+        return _check_act_pitched(row, regs, length, out_rows, acc_rows, ub_rows, info, profile)
     return _check_two_runs(reps, MEM_ACC, row[COL_ACC], regs[REG_REP_ACC_STRIDE], 1, length,
                            acc_rows, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], 1,
                            _act_ub_rows(row, regs, profile), ub_rows, info)
+
+
+@njit(cache=True)
+def _check_act_pitched(row, regs, length, out_rows, acc_rows, ub_rows, info, profile):
+    """Activate with act_ub_pitch: per iteration the accumulator rows, then each output
+    vector's UB row(s) in order."""
+    per = 2 if regs[REG_ACT_OUT] == ACT_OUT_INT16 and profile != PROFILE_OPENTPU else 1
+    for i in range(_iterations(row)):
+        bad, addr = _first_bad_run(row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE], 1, length,
+                                   acc_rows)
+        if bad:
+            _set_info(info, MEM_ACC, addr, acc_rows)
+            return FAULT_ADDRESS
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            bad, addr = _first_bad_run(u0 + per * _act_out_row(o, regs), 1, per, ub_rows)
+            if bad:
+                _set_info(info, MEM_UB, addr, ub_rows)
+                return FAULT_ADDRESS
+    return FAULT_NONE
 
 
 # ----------------------------------------------------------------------------- footprint
@@ -899,7 +937,7 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
                     count += 1
             if pool == _POOL_AVG and count_pad:
                 count = kh * kw
-            u = u0 + per * o
+            u = u0 + per * _act_out_row(o, regs)
             for j in range(n):
                 v = acc_buf[j]
                 if per_col:
@@ -931,6 +969,7 @@ def _uses_act_extensions(row, regs):
     compiled networks)."""
     return (row[COL_FLAGS] & (ACT_PER_COLUMN | ACT_LOOKUP)) != 0 \
         or regs[REG_ACT_LO] != _INT32_MIN or regs[REG_ACT_HI] != _INT32_MAX \
+        or regs[REG_ACT_UB_PITCH] != 0 \
         or (regs[REG_POOL_STRIDE] != 0 and regs[REG_POOL_WIDTH] != 0
             and (row[COL_FLAGS] & (ACT_MAXPOOL | ACT_AVGPOOL)) != 0)
 

@@ -456,11 +456,17 @@ class ReferenceMachine:
         if lookup:
             t = self.regs["act_table"]
             self.check_ub(range(t, t + -(-256 // self.n)))
+        pitch, width = self.regs["act_ub_pitch"], self.regs["act_ub_width"]
+
+        def out_row(r):                 # output vector r's row, in vectors (act_ub_pitch)
+            return r if pitch == 0 else (r // width) * pitch + r % width
+
         for i in range(ins.repeat):
             acc = ins["acc"] + i * acc_step
             ub = ins["ub"] + i * ub_step
             self.check_acc(range(acc, acc + length))
-            self.check_ub(range(ub, ub + rows_per_vector * out_vectors))
+            self.check_ub([ub + rows_per_vector * out_row(r) + k
+                           for r in range(out_vectors) for k in range(rows_per_vector)])
         groups = self._pool_groups(f, length)          # built only once the checks pass
         per_column = per_column and not opentpu
         lookup = lookup and not opentpu
@@ -513,10 +519,10 @@ class ReferenceMachine:
                 if table is not None:
                     bytes_ = [[table[b] for b in bs] for bs in bytes_]
                 if rows_per_vector == 1:
-                    self.ub[ub + r] = [b[0] for b in bytes_]
+                    self.ub[ub + out_row(r)] = [b[0] for b in bytes_]
                 else:
-                    self.ub[ub + 2 * r] = [b[0] for b in bytes_]
-                    self.ub[ub + 2 * r + 1] = [b[1] for b in bytes_]
+                    self.ub[ub + 2 * out_row(r)] = [b[0] for b in bytes_]
+                    self.ub[ub + 2 * out_row(r) + 1] = [b[1] for b in bytes_]
 
 
 def round_half_even(numerator: int, denominator: int) -> int:

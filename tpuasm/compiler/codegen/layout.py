@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..ir import Conv, Dense, Lookup, Pool, Segment, Tensor
+from ..ir import Conv, Segment, Tensor
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,3 @@ def output_hw(op) -> tuple[int, int]:
     sh, sw = op.strides
     return (h + t + b - kh) // sh + 1, (w + l + r - kw) // sw + 1
 
-
-__all__ = ["Pads", "Layout", "plan_layouts", "output_hw", "conv_pads", "Dense", "Conv",
-           "Pool", "Lookup"]

@@ -27,7 +27,7 @@ import numpy as np
 from ..ir import Conv, Dense, Lookup, Pool
 from . import quant
 from .layout import Layout, output_hw
-from .weights import conv_tile, dense_tile, identity_tile, strided_dense_tile
+from .weights import conv_tile, dense_tile, strided_dense_tile
 
 MAX_DMA = 65535             # RHM/WHM/RHMA length field
 MAX_REPEAT = 256
@@ -35,11 +35,6 @@ MAX_REPEAT = 256
 
 class CodegenError(ValueError):
     """An operator (or combination) the back end cannot map; names the node."""
-
-
-def flags(*parts: str) -> str:
-    s = "".join(parts)
-    return "." + s if s else ""
 
 
 def signed_flag(layout: Layout) -> str:
@@ -80,28 +75,27 @@ class Lowering:
                     comment: str):
         """Activate accumulator images into `dst`: sample b's image row y (width pixels) is
         at acc_first + (b - samples.start) * acc_stride + (y - rows.start) * width."""
+        self.activate_images(act_flags, acc_half, acc_first, acc_stride, dst, chunk, samples,
+                             rows[0], len(rows) * width, width, comment)
+
+    def activate_images(self, act_flags: str, acc_half: str, acc_first: int, acc_stride: int,
+                        dst: Layout, chunk: int, samples: range, first_row: int, length: int,
+                        out_width: int, comment: str):
+        """One Activate per 256 samples of `length` accumulator rows each: repeat walks the
+        samples, act_ub_pitch puts each output row (out_width vectors) at dst's padded
+        pitch, from image row first_row on."""
         e = self.e
-        name = dst.tensor.name
         p = self.c.batch
-        ny = len(rows)
-        if dst.pitch == width and (ny * width == acc_stride or len(samples) == 1):
-            # each sample's rows are contiguous in both memories: one Activate for all
-            for s0 in range(0, len(samples), MAX_REPEAT):
-                group = samples[s0:s0 + MAX_REPEAT]
-                e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows)
-                rep = f", repeat={len(group)}" if len(group) > 1 else ""
-                e.line(f"ACT{act_flags} {self.acc(acc_half, acc_first + s0 * acc_stride)}, "
-                       f"{self.ub(name, dst.pixel(p, chunk, group[0], rows[0], 0))}, "
-                       f"{ny * width}{rep}", comment)
-            return
-        for i, b in enumerate(samples):            # padded rows: one image row per iteration
-            for y0 in range(0, ny, MAX_REPEAT):
-                count = min(MAX_REPEAT, ny - y0)
-                e.cfg(rep_acc_stride=width, rep_ub_stride=dst.pitch)
-                rep = f", repeat={count}" if count > 1 else ""
-                e.line(f"ACT{act_flags} {self.acc(acc_half, acc_first + i * acc_stride + y0 * width)}, "
-                       f"{self.ub(name, dst.pixel(p, chunk, b, rows[y0], 0))}, {width}{rep}",
-                       comment if i == 0 and y0 == 0 else "")
+        pitch = 0 if dst.pitch == out_width else dst.pitch
+        for s0 in range(0, len(samples), MAX_REPEAT):
+            group = samples[s0:s0 + MAX_REPEAT]
+            e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows, act_ub_pitch=pitch)
+            if pitch:
+                e.cfg(act_ub_width=out_width)
+            rep = f", repeat={len(group)}" if len(group) > 1 else ""
+            e.line(f"ACT{act_flags} {self.acc(acc_half, acc_first + s0 * acc_stride)}, "
+                   f"{self.ub(dst.tensor.name, dst.pixel(p, chunk, group[0], first_row, 0))}, "
+                   f"{length}{rep}", comment)
 
     def fill_pads(self, layout: Layout):
         """Write the zero point into every padding row of an on-chip tensor (RHMA from one
@@ -206,6 +200,7 @@ class Lowering:
             params = self.requant_block(op.name, bias, real, j * n)
             self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
             act = "ACT.P" + ("L" if lookup else "")
+            e.cfg(act_ub_pitch=0)
             e.line(f"{act} {self.acc(half)}, {self.ub(dst.tensor.name, dst.pixel(p, j, 0, 0, 0))}, {p}",
                    f"cols {j * n}..{min(n_out, (j + 1) * n) - 1}: bias, requantize"
                    + (f", {lookup.function or 'lookup'}" if lookup else ""))
@@ -347,34 +342,10 @@ class Lowering:
                       what: str, out_row0: int = 0):
         """Pool each sample's height x width accumulator image into dst (its pooled rows
         from out_row0 on)."""
-        e = self.e
-        p = self.c.batch
-        hp, wp = output_hw_pool(pool, height, width)
+        _hp, wp = output_hw_pool(pool, height, width)
         self.pool_registers(pool, height, width)
-        name = dst.tensor.name
-        if dst.pitch == wp:
-            for s0 in range(0, len(samples), MAX_REPEAT):
-                group = samples[s0:s0 + MAX_REPEAT]
-                e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows)
-                rep = f", repeat={len(group)}" if len(group) > 1 else ""
-                e.line(f"ACT{act} {self.acc(half, acc_first + s0 * acc_stride)}, "
-                       f"{self.ub(name, dst.pixel(p, chunk, group[0], out_row0, 0))}, "
-                       f"{height * width}{rep}", what)
-            return
-        k, s = pool.kernel[0], pool.strides[0]
-        if pool.pads[0] or pool.pads[2]:
-            raise CodegenError(f"{pool.name}: a padded pooling whose output is padded for the "
-                               f"next convolution is not supported")
-        # one pooled row per iteration: k image rows in, Wp pixels out at the padded pitch
-        e.cfg(pool_size=k, pool_width=width, pool_stride=s, pool_pad=0, pool_pad_end=0)
-        for i, b in enumerate(samples):
-            for y0 in range(0, hp, MAX_REPEAT):
-                count = min(MAX_REPEAT, hp - y0)
-                e.cfg(rep_acc_stride=s * width, rep_ub_stride=dst.pitch)
-                rep = f", repeat={count}" if count > 1 else ""
-                e.line(f"ACT{act} {self.acc(half, acc_first + i * acc_stride + y0 * s * width)}, "
-                       f"{self.ub(name, dst.pixel(p, chunk, b, out_row0 + y0, 0))}, {k * width}{rep}",
-                       what if i == 0 and y0 == 0 else "")
+        self.activate_images(act, half, acc_first, acc_stride, dst, chunk, samples, out_row0,
+                             height * width, wp, what)
 
     def copy_to_acc(self, src: Layout, chunk: int, samples: range, rows: range, half: str,
                     first_switch: bool) -> int:
