@@ -86,7 +86,9 @@ async def test_step_keys_move_the_machine(here):
         assert "cycle 0" in status_text(app)
         await keys(pilot, "s", "s", "s")
         assert m.cycle == 3 and "cycle 3" in status_text(app)
-        await keys(pilot, "n")                               # the host read finishes
+        # the RWs issued at 1 and 2 (their own port); next: the TAG, then the first
+        # MatrixMultiply, which finishes after the host read it waits for
+        await keys(pilot, "n", "n")
         assert m.retired(0) and m.cycle > 3
         assert np.array_equal(m.ub[0:4].view(np.int8), small_data()[0][0:4])
         after_n = m.cycle

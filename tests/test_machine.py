@@ -299,13 +299,17 @@ def test_stall_texts():
     m.step(100)
     pipe = {s.name: s for s in m.pipeline()}
     assert pipe["matrix"].stall.startswith("waiting for weight tile 0 (fetching, 100/1350 cycles)")
-    assert pipe["weights"].text == "fetch tile 0"
+    # the RW of 5 tiles issued at 3 into the weight port: tiles 1-4 handed over, the fifth
+    # waits for tile 1 to begin shifting (after its arrival at 2700)
+    assert pipe["weights"].index == 3 and "Weight FIFO full" in pipe["weights"].stall
+    assert pipe["input"].index == 1 and pipe["input"].stall is None
     m.step(1700)                               # tile 0 ready, the RHM still running
     pipe = {s.name: s for s in m.pipeline()}
     assert pipe["matrix"].stall.startswith("RAW: UB rows 0-99 written by RHM (#1")
-    m.step(600)                                # the RHM finished at 2370; RW 5 tiles issued
+    m.step(1000)                               # 2800: the RW handed its last tile at 2700;
+    # the engine fetches its second tile (weight tile 1) 2700..4050
     pipe = {s.name: s for s in m.pipeline()}
-    assert pipe["input"].index == 3 and "Weight FIFO full" in pipe["input"].stall
+    assert pipe["weights"].index is None and pipe["weights"].text == "fetch tile 1"
     assert m.run().status == "halted"
 
 
@@ -357,9 +361,10 @@ def test_opentpu_timing_constants():
                    I("MMC", "SO", ub=0, acc=0, length=rows), I("HLT"), array_size=16),
            host=np.zeros((rows, 16), np.int8), weights=np.zeros((1, 16, 16), np.int8))
     assert m.run().status == "halted"
-    # RHM 0..10; the RW waits for the input stage and issues at 10 (the MMC behind it at
-    # 11); fetch 10..14, shift 14..17; 10 rows + 2N drain
-    assert tuple(int(t) for t in m.times[2]) == (11, 17, 17 + rows + 32)
+    # RHM 0..10; the RW issues at 1 (its own port, not the input stage): fetch 1..5, shift
+    # 5..8; the MMC issues at 2 and waits for the RHM's rows; 10 rows + 2N drain
+    assert tuple(int(t) for t in m.times[1]) == (1, 1, 2)
+    assert tuple(int(t) for t in m.times[2]) == (2, 10, 10 + rows + 32)
 
 
 def test_explicit_timing_constant_wins_over_opentpu_timing():

@@ -94,13 +94,42 @@ def test_second_shift_hidden_behind_long_multiply():
     assert c["busy_matrix"] == (last_in1 - 1) + 10
 
 
-def test_fifo_full_rw_waits_in_input_stage():
-    m = run(program(I("RW", repeat=5, tile=0), I("RHM", host=0, ub=0, length=1), I("HLT")))
+def _fifo_full_program():
+    # RW of 5 tiles (FIFO 4 + shadow), an RHM, a switch to tile 0, then RW of tile 5
+    return program(I("RW", repeat=5, tile=0), I("RHM", host=0, ub=0, length=1),
+                   I("MMC", "S", ub=0, acc=0, length=1), I("RW", tile=5), I("HLT"))
+
+
+def test_fifo_full_rw_waits_in_the_weight_port_not_the_input_stage():
+    m = run(_fifo_full_program())
     # tiles 0-3 handed at cycles 0-3; tile 4 waits until tile 0 starts shifting (1350)
     assert times(m, 0) == (0, 0, FETCH + 1)
-    assert times(m, 1)[0] == FETCH + 1                 # the RHM waited for the input stage
-    assert int(m.tl[3, 4]) == 5 * FETCH               # tile 4 arrives after 5 fetches
-    assert m.cycle == 5 * FETCH + 1                    # HLT waits for the last fetch
+    # the RHM does not wait for it: Read_Weights has its own port (spec/timing.md 5)
+    assert times(m, 1) == (1, 1, 1 + host_cycles(1))
+    # the MMC issues behind the RHM; tile 0 shifts 1350..1606
+    assert times(m, 2) == (2, FETCH + SHIFT, FETCH + SHIFT + 1 + DRAIN)
+    # the second RW waits for the port (the first one's last hand-off + 1), then for FIFO
+    # room: tile 5 may go once tile 1 begins shifting, at max(arrival 2700, switch 1606)
+    assert times(m, 3) == (FETCH + 1, 2 * FETCH, 2 * FETCH + 1)
+    assert int(m.tl[3, 4]) == 5 * FETCH                # tile 4 arrives after 5 fetches
+    assert m.cycle == 6 * FETCH + 1                    # HLT waits for the last fetch
+
+
+def test_pipeline_shows_the_rw_in_the_weight_port():
+    m = Machine()
+    m.load(_fifo_full_program(), host=_host(), weights=_weights())
+    m.step(100)
+    st = stages(m)
+    w = st["weights"]
+    assert (w.index, w.progress, w.total, w.unit) == (0, 4, 5, "tiles")
+    assert w.stall.startswith("Weight FIFO full (4 tiles): tile 4 waits")
+    assert st["input"].index == 1 and st["input"].stall is None
+    assert st["front"].index == 3 and st["front"].stall == "waiting for the weight port"
+    m.step(FETCH + 2 - 100)             # the first RW handed its last tile over at 1350
+    assert stages(m)["weights"].index == 3     # the second one holds the port, waiting
+    m.step(2 * FETCH - m.cycle + 1)
+    assert stages(m)["weights"].index is None
+    assert stages(m)["weights"].text.startswith("fetch tile")
 
 
 def test_raw_between_act_and_next_mmc():
@@ -329,16 +358,17 @@ def _same_accumulators(sync=()):
 def test_mmc_after_mmc_into_the_same_accumulators_does_not_stall():
     prog = _same_accumulators()
     m = run(prog)
-    rhm_fin = 2 + host_cycles(60)                # the RHM issues at 2, behind the RW: 1704
+    # the RHM issues at 1, while the RW hands its second tile over (its own port): 1703
+    rhm_fin = 1 + host_cycles(60)
     # MMC 1 waits for its UB rows (tile 0 was ready at 1606)
-    assert times(m, 2) == (3, rhm_fin, rhm_fin + 20 + DRAIN)             # (3, 1704, 2236)
+    assert times(m, 2) == (2, rhm_fin, rhm_fin + 20 + DRAIN)             # (2, 1703, 2235)
     # MMC 2 adds into the rows MMC 1 is still draining into: no wait (the array delivers
     # the partial sums in order), it streams right behind MMC 1's last vector
-    last_in1 = rhm_fin + 20                      # 1724
-    assert times(m, 3) == (last_in1, last_in1, last_in1 + 20 + DRAIN)    # (1724, 1724, 2256)
+    last_in1 = rhm_fin + 20                      # 1723
+    assert times(m, 3) == (last_in1, last_in1, last_in1 + 20 + DRAIN)    # (1723, 1723, 2255)
     # MMC 3 switches to tile 1: fetched 1350..2700, shifted 2700..2956
     tile1 = 2 * FETCH + SHIFT
-    assert times(m, 4) == (last_in1 + 20, tile1, tile1 + 20 + DRAIN)     # (1744, 2956, 3488)
+    assert times(m, 4) == (last_in1 + 20, tile1, tile1 + 20 + DRAIN)     # (1743, 2956, 3488)
     # the ACT reads the sum: it waits for the last of the three
     assert times(m, 5) == (last_in1 + 21, tile1 + 20 + DRAIN, tile1 + 20 + DRAIN + ACT_LAT + 20)
     ref = run_reference(prog, _host(), _weights())
@@ -355,7 +385,7 @@ def test_same_accumulator_writes_retire_in_issue_order():
     while (r := m.run(watch=[Watch("acc", 0, 1)])).status == "watchpoint":
         stops.append((r.index, r.cycle))
     assert r.status == "halted"
-    assert stops == [(2, 2236), (3, 2256), (4, 3488)]      # the finish cycles above
+    assert stops == [(2, 2235), (3, 2255), (4, 3488)]      # the finish cycles above
 
 
 def test_mmc_after_mmc_is_no_hazard_in_strict_mode():
@@ -363,10 +393,10 @@ def test_mmc_after_mmc_is_no_hazard_in_strict_mode():
     m = Machine(MachineConfig(hazards="error"))
     m.load(_same_accumulators([I("SYNC")]), host=_host(), weights=_weights())
     assert m.run().status == "halted"
-    # the SYNC issues when the RHM is done (1704) and takes a cycle: MMC 1 issues and
-    # streams at 1705, MMC 2 right behind it at 1725, while MMC 1 drains
-    assert times(m, 3) == (1705, 1705, 1725 + DRAIN)
-    assert times(m, 4) == (1725, 1725, 1745 + DRAIN)
+    # the SYNC issues when the RHM is done (1703) and takes a cycle: MMC 1 issues and
+    # streams at 1704, MMC 2 right behind it at 1724, while MMC 1 drains
+    assert times(m, 3) == (1704, 1704, 1724 + DRAIN)
+    assert times(m, 4) == (1724, 1724, 1744 + DRAIN)
     assert np.array_equal(m.acc, run_reference(_same_accumulators(), _host(), _weights()).acc)
 
 
@@ -384,16 +414,91 @@ def test_drain_ring_holds_every_draining_mmc():
     m = Machine.for_program(prog, mmc_latency_cycles=lat)
     m.load(prog, host=host, weights=weights)
     assert m.sg.shape[0] - 5 == lat              # ROW_DRAIN = 5: rows 0..3 stages, 4 front
-    # RHM 0..711 (700 + ceil(10 * 16 / 15.34)); the RW waits for the input stage: 711,
-    # fetch 711..717, shift 717..733; MMC k (index k + 2) streams at 733 + k
-    m.step(740)                                  # MMCs 4, 5, 6 drain (MMC 7 issues at 740)
+    # RHM 0..711 (700 + ceil(10 * 16 / 15.34)); the RW issues at 1 (its own port): fetch
+    # 1..7, shift 7..23; the MMCs wait for the RHM's rows: MMC k (index k + 2) streams at 711 + k
+    m.step(718)                                  # MMCs 4, 5, 6 drain (MMC 7 issues at 718)
     mat = stages(m)["matrix"]
-    assert mat.index == 6 and (mat.progress, mat.total) == (740 - 738, lat)
+    assert mat.index == 6 and (mat.progress, mat.total) == (718 - 716, lat)
     assert mat.stall.endswith("(1 cycle left; 2 more MMCs draining behind it)")
     assert m.run().status == "halted"
-    assert times(m, 2) == (712, 733, 733 + 1 + lat)      # issued behind the RW, waits for tile 0
+    assert times(m, 2) == (2, 711, 711 + 1 + lat)        # issued behind the RW, waits for the RHM
     for k in range(1, 10):
-        assert times(m, k + 2) == (733 + k, 733 + k, 733 + k + 1 + lat)
-    assert times(m, 12) == (743, 746, 746 + ACT_LAT + 3)
+        assert times(m, k + 2) == (711 + k, 711 + k, 711 + k + 1 + lat)
+    assert times(m, 12) == (721, 724, 724 + ACT_LAT + 3)
     ref = run_reference(prog, host, weights)
     assert np.array_equal(m.acc, ref.acc) and np.array_equal(m.ub, ref.ub)
+
+
+# ------------------------------------------------------------------ Read_Weights decoupled
+# from host DMA (spec/timing.md 5): a long RHM no longer holds back the weight stream
+
+def _host_then_weights(first):
+    """`first` (an RHM of 288 rows of the *next* batch into UB rows 2000.., or a NOP in its
+    place), then 9 RW/MMC pairs streaming tiles 0..8 over this batch's three 96-row chunks
+    (UB rows 0..287) into three output blocks (the LSTM1 shape), then one Activate of the
+    288 sums.  (MMCs that read the RHM's own rows would wait for it in the matrix stage and,
+    the front end being in order, hold back the RWs behind them: such a program issues its
+    RWs first, as programs/lstm1_600x600 does.)"""
+    body = [first]
+    for j in range(3):
+        for k in range(3):
+            body += [I("RW", tile=3 * j + k),
+                     I("MMC", "SO" if k == 0 else "S", ub=96 * k, acc=96 * j, length=96)]
+    return program(*body, I("ACT", "R", acc=0, ub=1000, length=288), I("HLT"))
+
+
+def _lstm_weights():
+    return np.random.default_rng(3).integers(-128, 128, (9, 256, 256)).astype(np.int8)
+
+
+def test_host_read_overlaps_the_weight_stream():
+    g = np.random.default_rng(4)
+    host = g.integers(-128, 128, (288, 256)).astype(np.int8)
+    batch = g.integers(0, 256, (288, 256)).astype(np.uint8)    # this batch, already in UB
+    prog = _host_then_weights(I("RHM", host=0, ub=2000, length=288))
+    m = Machine()
+    m.load(prog, host=host, weights=_lstm_weights())
+    m.ub[:288] = batch
+    assert m.run().status == "halted"
+    host_time = host_cycles(288)                 # 5,507: the RHM, issued at 0
+    weight_time = 9 * FETCH                      # 12,150: the fetch engine, from cycle 1 on
+    assert host_time < weight_time
+    # the first RW issues at cycle 1, behind the RHM's issue cycle, and its fetch starts at
+    # once; the fetch engine never idles (each RW is handed over long before the previous
+    # fetch ends).  Tail: the last tile's shift, its 96 rows, the drain, the Activate, HLT
+    tail = SHIFT + 96 + DRAIN + ACT_LAT + 288 + 1
+    assert m.cycle == max(host_time, 1 + weight_time) + tail            # 13,320
+    assert m.cycle < host_time + weight_time     # not the sum (18,826 when RW waited behind the RHM)
+    assert times(m, 1) == (1, 1, 2)              # RW 0 did not wait for the RHM
+    assert int(m.tl[2, 0]) == 1                  # tile 0's fetch starts at 1 (T_FS)
+    c = m.counters()
+    assert c["busy_weights"] == weight_time and c["busy_input"] == host_time
+    # the host time is hidden entirely: the same program with a NOP for the RHM (and its
+    # rows preloaded) takes exactly as long
+    n = Machine()
+    n.load(_host_then_weights(I("NOP")), weights=_lstm_weights())
+    n.ub[:288] = batch
+    assert n.run().status == "halted" and n.cycle == m.cycle
+    assert np.array_equal(n.acc, m.acc) and np.array_equal(m.ub[2000:2288], host.view(np.uint8))
+    x = batch.view(np.int8).astype(np.int64)
+    w = _lstm_weights().astype(np.int64)
+    for j in range(3):
+        want = sum(x[96 * k:96 * k + 96] @ w[3 * j + k] for k in range(3))
+        assert np.array_equal(m.acc[96 * j:96 * j + 96], want)
+
+
+def test_sync_waits_for_the_rw_hand_off_and_wsync_for_its_fetch():
+    # RW of 5 tiles: the fifth hand-off waits for tile 0 to begin shifting (1350)
+    m = run(program(I("RW", repeat=5, tile=0), I("SYNC"), I("WSYNC"), I("HLT")))
+    assert times(m, 0) == (0, 0, FETCH + 1)
+    assert times(m, 1) == (FETCH + 1, FETCH + 1, FETCH + 2)     # SYNC: every RW handed over
+    assert times(m, 2)[0] == 5 * FETCH                           # WSYNC: the last fetch
+
+
+def test_rw_deadlock_rule_still_applies_in_its_own_port():
+    m = Machine()
+    m.load(program(I("RHM", host=0, ub=0, length=4), I("RW", repeat=6, tile=0), I("HLT")),
+           host=_host(), weights=_weights())
+    r = m.run()
+    assert r.status == "fault" and r.fault.kind == "deadlock" and r.fault.index == 1
+    assert r.cycle == host_cycles(4)             # every earlier instruction completes first

@@ -102,15 +102,18 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from . import tmgrammar          # the editors' grammar is derived from the table too
     current = SPEC.read_text(encoding="utf-8")
     fresh = render(current)
     if "--check" in argv:
         if fresh != current:
             print(f"{SPEC} is out of date with spec/isa.toml: run `python -m tpuasm.docs`")
             return 1
-        return 0
+        return tmgrammar.main(["--check"])
     SPEC.write_text(fresh, encoding="utf-8")
     print(f"updated {SPEC}")
+    tmgrammar.main([])
+    print(f"updated {tmgrammar.TARGET}")
     return 0
 
 

@@ -3,6 +3,8 @@ generated from the ISA table and the assembler's directive list.
 
     python -m tpuasm.tmgrammar            # rewrite docs/editors/vscode/syntaxes/tasm.tmLanguage.json
     python -m tpuasm.tmgrammar --check    # exit 1 if the committed grammar is stale (a test runs it)
+
+`python -m tpuasm.docs`, which regenerates spec/isa.md's tables, rewrites it too.
 """
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
         if current != text():
-            print(f"{TARGET} is stale: run `python -m tpuasm.tmgrammar`", file=sys.stderr)
+            print(f"{TARGET} is out of date with spec/isa.toml: run `python -m tpuasm.docs` "
+                  "(or `python -m tpuasm.tmgrammar`)", file=sys.stderr)
             return 1
         return 0
     if argv:

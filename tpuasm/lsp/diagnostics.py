@@ -8,12 +8,12 @@ assembler attaches ("included from f:3", "in macro 'M' called at f:7:5").
 """
 from __future__ import annotations
 
-import os
 import re
 
 from lsprotocol import types as T
 from pygls.uris import from_fs_path
 
+from ..assembler.expand import _display, _file_key as _key
 from ..diagnostics import Diagnostic
 from .positions import Lines
 
@@ -80,16 +80,3 @@ def _place_range(lines: Lines, file: str, line: int, col: int | None) -> T.Range
     text = lines.of(file)[line - 1] if 1 <= line <= len(lines.of(file)) else ""
     m = re.match(r"[A-Za-z0-9_.]*", text[col - 1:])
     return lines.range(file, line, col, col + max(1, len(m.group()) if m else 1))
-
-
-def _key(file: str) -> str:
-    return file if file.startswith("<") else os.path.abspath(file)
-
-
-def _display(file: str) -> str:
-    if file.startswith("<"):
-        return file
-    try:
-        return os.path.relpath(file)
-    except ValueError:
-        return file

@@ -30,7 +30,10 @@ class Lines:
             return T.Position(line=row, character=0)
         text = lines[row]
         char = min(max(col - 1, 0), len(text))
-        return T.Position(line=row, character=self.codec.client_num_units(text[:char]))
+        prefix = text[:char]
+        # ASCII counts the same in UTF-8, UTF-16 and UTF-32 (and the codec counts per char)
+        units = char if prefix.isascii() else self.codec.client_num_units(prefix)
+        return T.Position(line=row, character=units)
 
     def range(self, file: str, line: int, col: int, end_col: int | None) -> T.Range:
         start = self.position(file, line, col)

@@ -40,7 +40,11 @@ INF = np.int64(1) << 62
 STAGE_INPUT, STAGE_MATRIX, STAGE_ACTIVATE, STAGE_OUTPUT = range(4)
 STAGE_NAMES = ("input", "matrix", "activate", "output")
 NSTAGES = 4
-_STAGE_OF = {"input": 0, "matrix": 1, "activate": 2, "output": 3, "front": -1}
+# Read_Weights is in no datapath stage: it issues into the weight-fetch engine's own address
+# port (spec/timing.md 5), so host DMA in the input stage never holds back a weight hand-off.
+PORT_WEIGHTS = -2
+_STAGE_OF = {"input": 0, "matrix": 1, "activate": 2, "output": 3, "front": -1,
+             "weights": PORT_WEIGHTS}
 OP_STAGE = np.full(256, -1, dtype=np.int64)
 for _spec in ISA_TABLE.instructions.values():
     OP_STAGE[_spec.opcode] = _STAGE_OF[_spec.stage]
@@ -61,7 +65,10 @@ for _spec in ISA_TABLE.instructions.values():
  K_ACC_ROWS, K_HOST_ROWS, K_NTILES, K_STRICT, K_PROFILE,
  # the ring of draining MatrixMultiplies (sg rows ROW_DRAIN...): oldest slot, how many
  S_DRAIN_HEAD, S_DRAIN_COUNT,
- ST_SIZE) = range(53)
+ # the weight port: the Read_Weights it holds (or last held), its first tile, its tile
+ # count, and the cycle it frees the port (its last hand-off + 1 = its finish)
+ S_RW_IDX, S_RW_TILE0, S_RW_NTILES, S_RW_FREE,
+ ST_SIZE) = range(57)
 
 # status codes
 RUNNING, HALTED, FAULTED, BREAKPOINT, WATCHPOINT, PAUSED = range(6)
@@ -110,6 +117,7 @@ def new_state() -> np.ndarray:
     st[S_SKIP_BP] = -1
     st[S_FAULT_INDEX] = -1
     st[S_INDEX] = -1
+    st[S_RW_IDX] = -1
     return st
 
 
@@ -182,11 +190,11 @@ def _conflict(fa, na, fb, nb, info):
 
 
 @njit(cache=True)
-def _inflight_finish(sg):
+def _inflight_finish(st, sg):
     """When every instruction issued so far has finished (finished ones included).  The
     draining MMCs need no look: they are older than the matrix stage's MMC, so they finish
-    no later than it does."""
-    f = np.int64(0)
+    no later than it does.  A Read_Weights finishes when it has handed over its last tile."""
+    f = st[S_RW_FREE]
     for s in range(NSTAGES):
         if sg[s, G_IDX] >= 0 and sg[s, G_FINISH] > f:
             f = sg[s, G_FINISH]
@@ -236,7 +244,7 @@ def _raise_fault(st, sg, kind, pc, t):
     st[S_FAULT_PENDING] = 1
     st[S_FAULT_KIND] = kind
     st[S_FAULT_INDEX] = pc
-    st[S_FAULT_CYCLE] = max(t, _inflight_finish(sg))
+    st[S_FAULT_CYCLE] = max(t, _inflight_finish(st, sg))
 
 
 @njit(cache=True)
@@ -252,10 +260,12 @@ def _next_issue_time(prog, st, sg):
         if sg[stage, G_IDX] >= 0:
             return max(front, sg[stage, G_FREE])
         return front
+    if stage == PORT_WEIGHTS:                   # one Read_Weights in the port at a time
+        return max(front, st[S_RW_FREE])
     if op == OP_SYNC or op == OP_INT:
-        return max(front, _inflight_finish(sg))
+        return max(front, _inflight_finish(st, sg))
     if op == OP_WSYNC or op == OP_HLT:
-        return max(front, _inflight_finish(sg), st[S_LAST_FETCH])
+        return max(front, _inflight_finish(st, sg), st[S_LAST_FETCH])
     return front
 
 
@@ -434,6 +444,30 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
         return False
     stage = OP_STAGE[op]
     regs = cregs[ROW_FRONT]
+    if stage == PORT_WEIGHTS:
+        # Read_Weights: one front-end cycle, then it hands its tile addresses to the fetch
+        # engine from its own port (no footprint, no scoreboard: it touches no memory the
+        # datapath stages use; its tiles' timelines are fixed by _issue_rw right now)
+        f = check_instruction(row, regs, st[K_UB_ROWS], st[K_ACC_ROWS], st[K_HOST_ROWS],
+                              st[K_NTILES], info, st[K_PROFILE])
+        if f != FAULT_NONE:
+            _raise_fault(st, sg, f, pc, t)
+            return False
+        q0 = st[S_NREQ]
+        f, start, fin = _issue_rw(prog, st, tl, pc, t)
+        if f != FAULT_NONE:
+            _raise_fault(st, sg, f, pc, t)
+            return False
+        st[S_RW_IDX] = pc
+        st[S_RW_TILE0] = q0
+        st[S_RW_NTILES] = row[COL_REPEAT]
+        st[S_RW_FREE] = fin
+        times[pc, TM_ISSUE] = t
+        times[pc, TM_START] = start
+        times[pc, TM_FINISH] = fin
+        st[S_FRONT] = t + 1
+        st[S_PC] = pc + 1
+        return True
     if stage < 0:
         fin = t + 1
         if op == OP_NOP:
@@ -498,14 +532,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             bop = prog[blocker, COL_OP]
             input_wait = bop == OP_RHM or bop == OP_RHMA
     free = np.int64(-1)
-    if op == OP_RW:
-        sg[stage, G_TILE0] = st[S_NREQ]
-        sg[stage, G_NTILES] = row[COL_REPEAT]
-        f, start, fin = _issue_rw(prog, st, tl, pc, t)
-        if f != FAULT_NONE:
-            _raise_fault(st, sg, f, pc, t)
-            return False
-    elif op == OP_MMC:
+    if op == OP_MMC:
         if sg[STAGE_MATRIX, G_PENDING] != 0:
             _push_drain(st, sg, cregs, fps)
         start, free, fin = _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait)
@@ -547,11 +574,10 @@ def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scrat
     idx = sg[r, G_IDX]
     row = prog[idx]
     op = row[COL_OP]
-    if op != OP_RW:
-        t0 = sg[r, G_TILE0]
-        nt = sg[r, G_NTILES] if op == OP_MMC else 0
-        execute_instruction(row, cregs[r], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
-                            st[S_ACTIVE:S_ACTIVE + 2], scratch, st[K_PROFILE])
+    t0 = sg[r, G_TILE0]
+    nt = sg[r, G_NTILES] if op == OP_MMC else 0
+    execute_instruction(row, cregs[r], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
+                        st[S_ACTIVE:S_ACTIVE + 2], scratch, st[K_PROFILE])
     if op == OP_MMC:
         # its matrix-stage cycles are folded when the next MMC issues (_fold_matrix_timeline)
         st[C_MACS] += mmc_vectors(row) * st[K_N] * st[K_N]

@@ -452,8 +452,6 @@ class Machine:
                 progress = int(min(max(c - start, 0), span) * total // span)
                 if c < start:
                     stall = self._hazard_text(s, row)
-                elif self.prog[idx, COL_OP] == OP_RW:
-                    stall = self._rw_stall(row, c)
             out.append(StageState(name, idx, self.text(idx), self.location(idx), progress,
                                   total, unit, c - issue, stall))
         out.append(self._weights_state(c))
@@ -475,9 +473,9 @@ class Machine:
         return StageState("matrix", idx, self.text(idx), self.location(idx), c - free,
                           finish - free, "cycles", c - int(row[core.G_ISSUE]), text)
 
-    def _rw_stall(self, row, c):
+    def _rw_stall(self, c):
         """An RW waits when its next tile's hand-off is later than this cycle (FIFO full)."""
-        q0, nt = int(row[core.G_TILE0]), int(row[core.G_NTILES])
+        q0, nt = int(self.st[core.S_RW_TILE0]), int(self.st[core.S_RW_NTILES])
         for q in range(q0, q0 + nt):
             req = int(self.tl[core.T_REQ, q])
             if req >= c:
@@ -537,7 +535,24 @@ class Machine:
                                     f"{min(a1, b1) - 1} {verb} by {self._where(blocker)}")
         return f"waiting for {self._where(blocker)}"
 
+    def _rw_in_port(self, c):
+        """Index of the Read_Weights holding the weight port at cycle c (still handing over
+        tiles), or None."""
+        idx = int(self.st[core.S_RW_IDX])
+        if idx < 0 or not (self.times[idx, core.TM_ISSUE] < c < self.st[core.S_RW_FREE]):
+            return None
+        return idx
+
     def _weights_state(self, c):
+        """The weight port and fetch engine: a Read_Weights still handing over its tiles
+        (progress in tiles, the FIFO-full wait as its stall), else the tile being fetched."""
+        idx = self._rw_in_port(c)
+        if idx is not None:
+            q0, nt = int(self.st[core.S_RW_TILE0]), int(self.st[core.S_RW_NTILES])
+            handed = int(np.count_nonzero(self.tl[core.T_REQ, q0:q0 + nt] < c))
+            return StageState("weights", idx, self.text(idx), self.location(idx), handed, nt,
+                              "tiles", c - int(self.times[idx, core.TM_ISSUE]),
+                              self._rw_stall(c))
         nreq, tl = self._tiles()
         fs, fe = tl[core.T_FS], tl[core.T_FE]
         qs = np.flatnonzero((fs < c) & (c < fe))
@@ -557,9 +572,11 @@ class Machine:
         stall = None
         if stage >= 0 and self._occupant(stage) is not None:
             stall = f"waiting for the {core.STAGE_NAMES[stage]} stage"
+        elif stage == core.PORT_WEIGHTS and self._rw_in_port(c) is not None:
+            stall = "waiting for the weight port"
         elif stage < 0 and op in _DRAINING_OPS:
             if any(self._occupant(s) is not None for s in range(core.NSTAGES)) or \
-                    self._draining_mmcs(c):
+                    self._draining_mmcs(c) or self._rw_in_port(c) is not None:
                 stall = "draining the pipeline"
         return StageState("front", pc, self.text(pc), self.location(pc), 0, 1, "instructions",
                           max(0, c - int(self.st[core.S_FRONT])), stall)

@@ -16,7 +16,8 @@ from . import core
 from .decoded import COL_OP
 
 _PID = 1
-_TRACKS = {"front": 0, "input": 1, "matrix": 2, "activate": 3, "output": 4, "weights": 5}
+_TRACKS = {"front": 0, "input": 1, "matrix": 2, "activate": 3, "output": 4, "weights": 5,
+           "weight port": 6}
 
 
 def trace_events(m) -> list[dict]:
@@ -36,7 +37,10 @@ def trace_events(m) -> list[dict]:
         if issue < 0 or issue >= c:
             continue
         stage = int(core.OP_STAGE[int(m.prog[i, COL_OP])])
-        tid = _TRACKS[core.STAGE_NAMES[stage]] if stage >= 0 else 0
+        if stage >= 0:
+            tid = _TRACKS[core.STAGE_NAMES[stage]]
+        else:       # Read_Weights on the weight port's track; the front end's own ops on 0
+            tid = _TRACKS["weight port"] if stage == core.PORT_WEIGHTS else 0
         # an MMC's finish is its last vector in + mmc_latency (spec/timing.md 6)
         free = finish - m.config.mmc_latency if stage == mmc else finish
         end = min(free, c)
