@@ -77,8 +77,14 @@ def timed_sweep(targets, grid, workers, out: Path, timing_only=False):
 
 
 def _warm():
-    from tpuasm.machine import Machine, MachineConfig  # noqa: F401
-    Machine(MachineConfig(array_size=16))
+    """Import the machine and run a tiny program once, so numba's compile (or cache load)
+    happens in every worker before the clock starts."""
+    from tpuasm.assembler import assemble
+    from tpuasm.machine import Machine, MachineConfig
+    m = Machine(MachineConfig(array_size=16))
+    m.load(assemble(TINY, "warm.tasm"), host=np.zeros((8, 16), np.int8),
+           weights=np.zeros((1, 16, 16), np.int8))
+    m.run()
 
 
 def scaling(points: int) -> None:

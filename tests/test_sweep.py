@@ -226,3 +226,18 @@ def test_regression_runner_on_a_dask_cluster(tmp_path, capsys):
         assert test_main([str(tmp_path), "--scheduler", cluster.scheduler_address, "-q"]) == 0
     assert "1 passed" in capsys.readouterr().out
     assert test_main([str(tmp_path), "--scheduler", "tcp://127.0.0.1:1", "-q"]) == 2
+
+
+def test_relative_performance_and_weighted_mean_by_hand():
+    from tpuasm.sweep.report import relative, weighted_mean
+    rows = [{"target": "MLP0", "memory": "1", "status": "ok", "time_us": "100"},
+            {"target": "MLP0", "memory": "4", "status": "ok", "time_us": "40"},
+            {"target": "CNN0", "memory": "1", "status": "ok", "time_us": "10"},
+            {"target": "CNN0", "memory": "4", "status": "ok", "time_us": "10"},
+            {"target": "CNN0", "memory": "2", "status": "error", "time_us": ""}]
+    rel = relative(rows, ["memory"])
+    assert rel[("MLP0", "memory")] == [(1.0, 1.0), (4.0, 2.5)]
+    assert rel[("CNN0", "memory")] == [(1.0, 1.0), (4.0, 1.0)]
+    mean = weighted_mean(rel, ["memory"])["memory"]
+    # workload shares: MLP0 30.5, CNN0 2.5
+    assert mean[1] == (4.0, pytest.approx((30.5 * 2.5 + 2.5 * 1.0) / 33.0))

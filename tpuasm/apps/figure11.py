@@ -32,6 +32,9 @@ def build_parser():
     p.add_argument("--workers", type=int, help="local workers (0: in this process)")
     p.add_argument("--timing-only", action="store_true")
     p.add_argument("--cache", type=Path, help="result cache (default: the sweep's)")
+    p.add_argument("--from-csv", type=Path, metavar="CSV",
+                   help="no runs: the plot and findings from a `tpuasm sweep` CSV of the "
+                        "knobs (e.g. from a TOML grid with a factor list per knob)")
     return p
 
 
@@ -53,6 +56,9 @@ def main(argv=None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.from_csv:
+        return report(args.from_csv, [k for k in knobs if k in _header(args.from_csv)],
+                      args.out)
     timing_only = args.timing_only and timing_only_supported()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     csv_path = args.out.with_suffix(".csv")
@@ -81,11 +87,21 @@ def main(argv=None) -> int:
     finally:
         out.close()
         cache.close()
+    return report(csv_path, knobs, args.out)
+
+
+def _header(path: Path) -> list[str]:
+    with open(path) as f:
+        return f.readline().strip().split(",")
+
+
+def report(csv_path: Path, knobs, out: Path) -> int:
+    from ..sweep.report import read_rows, relative, save_figure, weighted_mean
     rows = read_rows(csv_path)
     rel = relative(rows, knobs)
     mean = weighted_mean(rel, knobs)
     for suffix in (".png", ".svg"):
-        save_figure(rel, mean, knobs, args.out.with_suffix(suffix),
+        save_figure(rel, mean, knobs, out.with_suffix(suffix),
                     title="Figure 11 on the emulator: performance vs. scale factor")
     print(findings_text(rel, mean, knobs))
     print(lstm1_example_text())

@@ -25,8 +25,8 @@ the previous stream still in the array never see the new one.
 
 `streams(machine, index)` gives the timing model's streams of an issued MatrixMultiply and
 `array_view(machine, cycle)` which instruction, iteration and vector are in each cell at a
-cycle; the debugger's array view draws this, and tests/test_systolic.py checks it against a
-register-level simulation of every cell.
+cycle; the debugger's array view draws this, and tests/test_wavefront.py checks it against
+hand-computed cells and the timing model's start and finish cycles.
 """
 from __future__ import annotations
 

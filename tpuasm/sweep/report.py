@@ -167,7 +167,7 @@ def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str =
         grid[j // cols][j % cols].axis("off")
     grid[0][0].legend(fontsize=7)
     fig.supxlabel("scale factor")
-    fig.supylabel("performance relative to the baseline")
+    fig.supylabel("relative performance")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
