@@ -57,3 +57,6 @@ profile: $(STAMP)
 
 bench-sweep: $(STAMP)
 	$(BIN)/python benchmarks/bench_sweep.py
+
+bench-opentpu: $(STAMP)
+	$(BIN)/python benchmarks/bench_opentpu.py

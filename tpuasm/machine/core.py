@@ -24,7 +24,7 @@ All state lives in a few int64 arrays (layout below) so a call takes few argumen
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from ..isa import ISA_TABLE
 from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT, COL_TILE,

@@ -12,10 +12,10 @@ integer, so any BLAS (blocked, FMA, threaded) gives the exact result.
 
 numba cannot call np.matmul on its own, but numpy's wheel ships OpenBLAS
 (numpy.libs/libscipy_openblas64_*.so, ILP64 CBLAS).  We register its sgemm/dgemm
-addresses with LLVM under names of our own (`tpuasm_cblas_sgemm`/`..._dgemm`) and call
-them as numba ExternalFunctions.  Because the compiled code refers to the *symbol name*
-(resolved when the code is loaded) rather than to an address baked in at compile time,
-`cache=True` keeps working across processes.  When the library or symbol is missing, the
+addresses with LLVM under their own names (SGEMM_SYMBOL, DGEMM_SYMBOL) and call them as
+numba ExternalFunctions.  Because the compiled code refers to the *symbol name* (resolved
+when the code is loaded) rather than to an address baked in at compile time, `cache=True`
+and the ahead-of-time module (aot.py) keep working across processes.  When the library or symbol is missing, the
 names are bound to a do-nothing C callback and `HAVE_BLAS` is False; callers then use
 the register-blocked numba kernel `matmul_nt`.  Setting the
 environment variable TPUASM_NO_BLAS=1 forces that path (for tests of other platforms).
@@ -34,32 +34,17 @@ import ctypes
 import glob
 import os
 
-import llvmlite.binding as llvm
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+
+from .jit import njit, on_materialize
 
 CBLAS_ROW_MAJOR = 101
 CBLAS_NO_TRANS = 111
-
-_F32P = types.CPointer(types.float32)
-_F64P = types.CPointer(types.float64)
-# cblas_?gemm(order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) with
-# ILP64 integers for dimensions and 32-bit C enums.
-_SGEMM_SIG = types.void(types.int32, types.int32, types.int32, types.int64, types.int64,
-                        types.int64, types.float32, _F32P, types.int64, _F32P, types.int64,
-                        types.float32, _F32P, types.int64)
-_DGEMM_SIG = types.void(types.int32, types.int32, types.int32, types.int64, types.int64,
-                        types.int64, types.float64, _F64P, types.int64, _F64P, types.int64,
-                        types.float64, _F64P, types.int64)
-_C_SGEMM = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-                            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                            ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
-_C_DGEMM = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_double,
-                            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                            ctypes.c_double, ctypes.c_void_p, ctypes.c_int64)
+# OpenBLAS's own (ILP64) names: the compiled code refers to these symbols, resolved when it
+# is loaded -- by LLVM for the JIT (registered below), by the dynamic linker for the
+# ahead-of-time module (aot.py loads the library with RTLD_GLOBAL first).
+SGEMM_SYMBOL = "scipy_cblas_sgemm64_"
+DGEMM_SYMBOL = "scipy_cblas_dgemm64_"
 
 
 def _find_openblas() -> str | None:
@@ -73,29 +58,74 @@ def _find_openblas() -> str | None:
     return None
 
 
-def _bind_symbols():
-    """Register tpuasm_cblas_sgemm/dgemm with LLVM; returns (have_blas, keep_alive)."""
+def _open_blas():
+    """(path, library) of numpy's OpenBLAS with both GEMM symbols, or (None, None)."""
     path = None if os.environ.get("TPUASM_NO_BLAS") else _find_openblas()
     if path is not None:
         try:
             lib = ctypes.CDLL(path)
-            s = ctypes.cast(lib.scipy_cblas_sgemm64_, ctypes.c_void_p).value
-            d = ctypes.cast(lib.scipy_cblas_dgemm64_, ctypes.c_void_p).value
-            llvm.add_symbol("tpuasm_cblas_sgemm", s)
-            llvm.add_symbol("tpuasm_cblas_dgemm", d)
-            return True, lib
+            getattr(lib, SGEMM_SYMBOL)
+            getattr(lib, DGEMM_SYMBOL)
+            return path, lib
         except (OSError, AttributeError):
             pass
-    # Never called (use_blas is False), but the names must resolve for the code to link.
-    stubs = (_C_SGEMM(lambda *a: None), _C_DGEMM(lambda *a: None))
-    llvm.add_symbol("tpuasm_cblas_sgemm", ctypes.cast(stubs[0], ctypes.c_void_p).value)
-    llvm.add_symbol("tpuasm_cblas_dgemm", ctypes.cast(stubs[1], ctypes.c_void_p).value)
-    return False, stubs
+    return None, None
 
 
-HAVE_BLAS, _keep_alive = _bind_symbols()
-_sgemm = types.ExternalFunction("tpuasm_cblas_sgemm", _SGEMM_SIG)
-_dgemm = types.ExternalFunction("tpuasm_cblas_dgemm", _DGEMM_SIG)
+BLAS_PATH, _blas_lib = _open_blas()
+HAVE_BLAS = _blas_lib is not None
+_sgemm = _dgemm = None                       # numba ExternalFunctions, made by _bind_numba
+_keep_alive = _blas_lib
+
+
+def _bind_numba() -> None:
+    """Register the GEMM symbols with LLVM and declare them to numba (runs when numba is
+    first needed, see jit.py).  Without OpenBLAS the names are bound to a do-nothing C
+    callback: never called (use_blas is False), but the compiled code must link."""
+    global _sgemm, _dgemm, _keep_alive
+    import llvmlite.binding as llvm
+    from numba import types
+    from numba.extending import overload
+
+    f32p = types.CPointer(types.float32)
+    f64p = types.CPointer(types.float64)
+    # cblas_?gemm(order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) with
+    # ILP64 integers for dimensions and 32-bit C enums.
+    sgemm_sig = types.void(types.int32, types.int32, types.int32, types.int64, types.int64,
+                           types.int64, types.float32, f32p, types.int64, f32p, types.int64,
+                           types.float32, f32p, types.int64)
+    dgemm_sig = types.void(types.int32, types.int32, types.int32, types.int64, types.int64,
+                           types.int64, types.float64, f64p, types.int64, f64p, types.int64,
+                           types.float64, f64p, types.int64)
+    if HAVE_BLAS:
+        s = ctypes.cast(getattr(_blas_lib, SGEMM_SYMBOL), ctypes.c_void_p).value
+        d = ctypes.cast(getattr(_blas_lib, DGEMM_SYMBOL), ctypes.c_void_p).value
+    else:
+        args = (ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_int64)
+        c_sgemm = ctypes.CFUNCTYPE(None, *args, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
+                                   ctypes.c_void_p, ctypes.c_int64)
+        c_dgemm = ctypes.CFUNCTYPE(None, *args, ctypes.c_double, ctypes.c_void_p,
+                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_double, ctypes.c_void_p, ctypes.c_int64)
+        stubs = (c_sgemm(lambda *a: None), c_dgemm(lambda *a: None))
+        _keep_alive = stubs
+        s = ctypes.cast(stubs[0], ctypes.c_void_p).value
+        d = ctypes.cast(stubs[1], ctypes.c_void_p).value
+    llvm.add_symbol(SGEMM_SYMBOL, s)
+    llvm.add_symbol(DGEMM_SYMBOL, d)
+    _sgemm = types.ExternalFunction(SGEMM_SYMBOL, sgemm_sig)
+    _dgemm = types.ExternalFunction(DGEMM_SYMBOL, dgemm_sig)
+
+    @overload(gemm_blas)
+    def _gemm_blas_overload(a, b, c, m):
+        if a.dtype == types.float32:
+            return lambda a, b, c, m: gemm_f32(a, b, c, m)
+        return lambda a, b, c, m: gemm_f64(a, b, c, m)
+
+
+on_materialize(_bind_numba)
 
 
 @njit(cache=True, fastmath=True)
@@ -188,18 +218,11 @@ def gemm_blas(a, b, c, m):
         gemm_f64(a, b, c, m)
 
 
-@overload(gemm_blas)
-def _gemm_blas_overload(a, b, c, m):
-    if a.dtype == types.float32:
-        return lambda a, b, c, m: gemm_f32(a, b, c, m)
-    return lambda a, b, c, m: gemm_f64(a, b, c, m)
-
-
 def blas_threads() -> int | None:
     """OpenBLAS's thread count (shared with numpy), or None without OpenBLAS."""
     if not HAVE_BLAS:
         return None
-    return int(_keep_alive.scipy_openblas_get_num_threads64_())
+    return int(_blas_lib.scipy_openblas_get_num_threads64_())
 
 
 def set_blas_threads(n: int) -> int | None:
@@ -211,5 +234,5 @@ def set_blas_threads(n: int) -> int | None:
     if not HAVE_BLAS:
         return None
     previous = blas_threads()
-    _keep_alive.scipy_openblas_set_num_threads64_(int(n))
+    _blas_lib.scipy_openblas_set_num_threads64_(int(n))
     return previous

@@ -14,8 +14,10 @@ numba's global setting is restored, so other numba code in the process is unaffe
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,11 +25,26 @@ _PACKAGE = Path(__file__).resolve().parent.parent          # tpuasm/
 _DEPENDENCIES = ("machine/*.py", "functions.py", "function_tables.npz", "opentpu.py",
                  "isa.py", "isa.toml")
 _KEEP = 4                                                   # cache generations kept
+_GRACE_SECONDS = 3600                                       # ... and any used this recently
+
+
+def toolchain_version(package: str) -> bytes:
+    """The version file of an installed package (numba, llvmlite), read without importing
+    it: importing numba costs ~0.35 s, which a run served by the ahead-of-time module
+    (aot.py) must not pay."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        return b"none"
+    try:
+        return (Path(spec.origin).parent / "_version.py").read_bytes()
+    except OSError:
+        return spec.origin.encode()
 
 
 def source_digest() -> str:
-    import numba
-    h = hashlib.sha256(numba.__version__.encode())
+    h = hashlib.sha256()
+    for package in ("numba", "llvmlite"):
+        h.update(toolchain_version(package))
     for pattern in _DEPENDENCIES:
         for path in sorted(_PACKAGE.glob(pattern)):
             h.update(path.name.encode())
@@ -63,10 +80,12 @@ def keyed_cache_dir():
         config.CACHE_DIR = previous
 
 
-def _prune(current: Path) -> None:
-    """Drop all but the most recently used cache generations."""
-    generations = sorted(current.parent.glob("numba-*"), key=lambda p: p.stat().st_mtime,
+def _prune(current: Path, prefix: str = "numba-") -> None:
+    """Drop all but the most recently used cache generations, sparing any used within the
+    last hour: another process (another checkout, another branch) may be using it now."""
+    generations = sorted(current.parent.glob(prefix + "*"), key=lambda p: p.stat().st_mtime,
                          reverse=True)
+    recent = time.time() - _GRACE_SECONDS
     for old in generations[_KEEP:]:
-        if old != current:
+        if old != current and old.stat().st_mtime < recent:
             shutil.rmtree(old, ignore_errors=True)

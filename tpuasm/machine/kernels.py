@@ -60,7 +60,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from ..functions import SIGMOID_Q15, T_MAX, T_MIN, TANH_Q15
 from ..opentpu import INT32_MIN as OPENTPU_INT32_MIN

@@ -5,6 +5,7 @@ core's arrays (no copies) and words for the faces (pipeline stall texts, fault m
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,13 +13,14 @@ import numpy as np
 from ..binary import Program, SourceLoc
 from ..encoding import EncodingError, encode
 from ..limits import check_machine
-from . import core
+from . import aot, core
 from .config import MachineConfig
 from .data import load_host, load_weights
 from .decoded import (COL_FLAGS, COL_LEN, COL_OP, COL_REPEAT, MMC_WIDE_IN, MMC_WIDE_W, NCOLS,
                       NREGS, OP_HLT, OP_INT, OP_MMC, OP_RW, OP_SYNC, OP_TAG, OP_WSYNC,
                       decode_table, reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
+from .gemm import blas_threads, set_blas_threads
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
 from ..isa import ISA_TABLE
 
@@ -130,7 +132,12 @@ class Machine:
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"
-        self._scratch = make_scratch(self.config.array_size)
+        # One GEMM per MatrixMultiply iteration (an iteration writes at most acc_rows rows):
+        # every extra OpenBLAS call costs a wake-up of its worker threads, and between calls
+        # they spin while this thread converts (bench_emulator.py 1 measured 0.25 -> 0.8 of
+        # np.matmul's CPU time going from 1024-row chunks to whole 4096-row MMCs).
+        self._scratch = make_scratch(self.config.array_size,
+                                     chunk_rows=min(self.config.acc_rows, 4096))
         self._texts: dict[int, str] = {}
         self._no_watch = np.zeros((0, 4), dtype=np.int64)
         self._breaks_set = False
@@ -182,6 +189,7 @@ class Machine:
         self.st = st
         ops = self.prog[:, COL_OP]
         mmcs = int(np.count_nonzero(ops == OP_MMC))
+        self._mmcs = mmcs
         self.sg = core.new_stages(core.drain_slots(cfg.mmc_latency, mmcs))
         rows = self.sg.shape[0]                 # sg, cregs and fps share their row index
         self.cregs = np.zeros((rows, NREGS), dtype=np.int64)
@@ -254,12 +262,20 @@ class Machine:
         args[10] = watch_arr
         entry = self._entry
         if entry is None:
-            core.run_core(*args)
-            # numba's compiled entry point, or the dispatcher itself when numba does not
-            # say (so the lookup runs once per load, not on every call)
-            self._entry = _entry_point(args) or core.run_core
-        else:
-            entry(*args)
+            entry = aot.runner(args)        # the ahead-of-time core: no numba in the process
+        restore = _single_blas_thread() if self._mmcs else None
+        try:
+            if entry is None:
+                core.run_core(*args)
+                # numba's compiled entry point, or the dispatcher itself when numba does not
+                # say (so the lookup runs once per load, not on every call)
+                self._entry = _entry_point(args) or core.run_core
+            else:
+                self._entry = entry
+                entry(*args)
+        finally:
+            if restore is not None:
+                set_blas_threads(restore)
         code = int(st[core.S_STATUS])
         status = _STATUS[code]
         index = int(st[core.S_INDEX])
@@ -677,6 +693,33 @@ def _decode(instructions):
         except Exception:
             bad.append(i)
     return table, bad
+
+
+def _blas_threads_for_runs() -> int:
+    """OpenBLAS threads while the machine runs: TPUASM_BLAS_THREADS, default 1; 0 leaves
+    OpenBLAS's own setting.  Why 1: the machine interleaves GEMMs with single-threaded
+    work (conversions, Activate, the pipeline), and between GEMMs OpenBLAS's idle workers
+    spin.  On these shared 2-core machines that made a 64-layer OpenTPU program take
+    0.5-0.9 s of CPU with 2 threads against 0.03 s with 1 (and 20-30x the wall time);
+    bench_emulator.py 1 prints np.matmul at both settings next to the emulator."""
+    try:
+        return max(0, int(os.environ.get("TPUASM_BLAS_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+_RUN_THREADS = _blas_threads_for_runs()
+
+
+def _single_blas_thread():
+    """Set OpenBLAS to the run's thread count; the previous count to restore, or None."""
+    if not _RUN_THREADS:
+        return None
+    previous = blas_threads()
+    if previous is None or previous == _RUN_THREADS:
+        return None
+    set_blas_threads(_RUN_THREADS)
+    return previous
 
 
 def _entry_point(args):

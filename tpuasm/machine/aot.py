@@ -1,0 +1,230 @@
+"""The run loop (core.run_core) compiled ahead of time into a small extension module.
+
+Why.  A warm `tpuasm run` of a tiny program spent ~1.3 s, nearly all of it in numba:
+importing it (~0.35 s) and loading the cached run loop (~0.5 s, most of it numba refreshing
+every typing registry, which imports scipy).  numba's own ahead-of-time compiler (pycc)
+turns the very same njit functions into a CPython extension that needs only numpy at run
+time; importing it takes milliseconds.  It is the same engine -- the same source, the same
+numba compiler, host CPU and optimisation as the JIT -- not a second implementation.
+
+How.  The module is built the first time a machine runs after any change to the sources
+the core depends on (the jitcache digest, plus the CPU, Python, numpy and the toolchain),
+into ~/.cache/tpuasm/aot-<key>/, under a file lock so parallel processes build it once.
+The build imports numba and compiles the core like the JIT would (tens of seconds), then
+links it with the C compiler.  Without a working C compiler, or if anything about the
+build or the import fails, a FAILED note is left in that directory and the machine keeps
+using the JIT (with numba's cache), as before; TPUASM_AOT=0 chooses the JIT outright.
+
+The exported function takes run_core's arguments with fixed types (C-contiguous arrays of
+the dtypes the Machine makes, the weight image read-only).  `runner(args)` checks a
+machine's arguments against the layout recorded at build time and returns None when they
+do not match, so odd inputs fall back to the JIT rather than being misread.
+
+The compiled code calls OpenBLAS's sgemm/dgemm by name (gemm.py); the library numpy ships
+is loaded with RTLD_GLOBAL before the import so that the dynamic linker resolves them.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import gemm
+from .jitcache import _prune, cache_root, source_digest, toolchain_version
+
+MODULE = "tpuasm_core_aot"
+_LAYOUT = "layout.json"
+_FAILED = "FAILED"
+_loaded = None             # the module, False after a failure in this process, None untried
+
+
+def enabled() -> bool:
+    return os.environ.get("TPUASM_AOT", "1") != "0" and gemm.HAVE_BLAS
+
+
+def _cpu_fingerprint() -> bytes:
+    """What the host-tuned machine code depends on, read cheaply (no llvmlite)."""
+    text = platform.machine()             # (platform.processor() would spawn `uname -p`)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break                     # the first processor describes them all
+    except OSError:
+        pass
+    return text.encode()
+
+
+def build_key() -> str:
+    h = hashlib.sha256(source_digest().encode())
+    h.update(_cpu_fingerprint())
+    h.update(sys.version.encode())
+    h.update(np.__version__.encode())
+    h.update(toolchain_version("setuptools"))
+    return h.hexdigest()[:16]
+
+
+def directory() -> Path:
+    return cache_root() / f"aot-{build_key()}"
+
+
+def _library_path(where: Path) -> Path:
+    return where / (MODULE + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+# ------------------------------------------------------------------ argument layout
+def layout(args) -> list:
+    """(dtype, ndim, writeable) of every array argument, the scratch tuple's flattened;
+    None for a non-contiguous array (never served by the ahead-of-time code)."""
+    out = []
+    for a in args:
+        if isinstance(a, tuple):
+            out.extend(layout(a))
+        elif not a.flags.c_contiguous:
+            out.append(None)
+        else:
+            out.append([a.dtype.str, a.ndim, bool(a.flags.writeable)])
+    return out
+
+
+def _matches(expected, actual) -> bool:
+    if len(expected) != len(actual):
+        return False
+    for e, a in zip(expected, actual):
+        if a is None or e[0] != a[0] or e[1] != a[1] or (e[2] and not a[2]):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ loading
+def load():
+    """The compiled module (building it if needed), or None: then use the JIT."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded or None
+    _loaded = False
+    if not enabled():
+        return None
+    where = directory()
+    try:
+        if not _library_path(where).exists():
+            if (where / _FAILED).exists():
+                return None
+            _build_locked(where)
+        if not _library_path(where).exists():
+            return None
+        module = _import(where)
+    except Exception as e:              # any doubt: the JIT serves, and we say why once
+        _note_failure(where, e)
+        return None
+    try:
+        os.utime(where)                 # recently used: spared by other processes' pruning
+    except OSError:
+        pass
+    _loaded = module
+    return module
+
+
+def runner(args):
+    """The ahead-of-time run_core if it can take these arguments, else None."""
+    module = load()
+    if module is None or not _matches(module.LAYOUT, layout(args)):
+        return None
+    return module.run_core
+
+
+def _import(where: Path):
+    ctypes.CDLL(gemm.BLAS_PATH, mode=ctypes.RTLD_GLOBAL)    # sgemm/dgemm for the linker
+    spec = importlib.util.spec_from_file_location(MODULE, _library_path(where))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.LAYOUT = json.loads((where / _LAYOUT).read_text())
+    return module
+
+
+def _note_failure(where: Path, error: Exception) -> None:
+    warnings.warn(f"tpuasm: the ahead-of-time core is unavailable ({error}); using numba's "
+                  f"JIT (slower start-up)", RuntimeWarning, stacklevel=3)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        (where / _FAILED).write_text(f"{type(error).__name__}: {error}\n")
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------------ building
+def _build_locked(where: Path) -> None:
+    where.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = where.parent / ("lock-" + where.name)
+    with open(lock_path, "w") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it
+        except ImportError:
+            pass
+        if not _library_path(where).exists() and not (where / _FAILED).exists():
+            build(where)
+    try:
+        lock_path.unlink()
+    except OSError:
+        pass
+
+
+def build(where: Path) -> None:
+    """Compile core.run_core into `where` (atomically: a temporary directory renamed)."""
+    from . import core, jit
+    from .machine import Machine
+    jit.materialize()
+    sample = Machine()._args                 # the argument types every Machine passes
+    import numba
+    from numba.core import codegen
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # pycc's pending-deprecation notice
+        from numba.pycc import CC
+    signature = numba.types.void(*(numba.typeof(a) for a in sample))
+    tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
+    try:
+        cc = CC(MODULE)
+        cc.output_dir = str(tmp)
+        cc.output_file = _library_path(tmp).name
+        cc.target_cpu = "host"
+        cc.export("run_core", signature)(core.run_core.py_func)
+        # pycc tunes for the host CPU *model*; give it the host's actual feature list too,
+        # as the JIT does (a virtual machine may hide features its CPU model implies).
+        original = codegen.AOTCPUCodegen._customize_tm_features
+        codegen.AOTCPUCodegen._customize_tm_features = \
+            lambda self: self._get_host_cpu_features()
+        try:
+            cc.compile()
+        finally:
+            codegen.AOTCPUCodegen._customize_tm_features = original
+        (tmp / _LAYOUT).write_text(json.dumps(layout(sample)))
+        tmp.replace(where) if not where.exists() else _swap(tmp, where)
+        tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.utime(where)
+        _prune(where, "aot-")
+    except OSError:
+        pass
+
+
+def _swap(tmp: Path, where: Path) -> None:
+    """`where` exists (an earlier failure's note): put the new build in its place."""
+    shutil.rmtree(where, ignore_errors=True)
+    tmp.replace(where)
