@@ -25,6 +25,13 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
+# Long fuzz run (not part of `make test`): FUZZ_CASES cases per target, findings under
+# fuzz-findings/.  spec/limits.md says what is checked.
+FUZZ_CASES ?= 100000
+.PHONY: fuzz
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzzing/driver.py --cases $(FUZZ_CASES) --jobs 2 --out fuzz-findings
+
 # Compiler back end: codegen time and memory for a 100M-weight network (benchmarks/bench_codegen.py)
 .PHONY: bench-codegen
 bench-codegen: $(STAMP)

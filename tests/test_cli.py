@@ -193,10 +193,12 @@ def test_asm_and_help_do_not_load_the_machine(tmp_path, args):
 
 def test_the_program_file_is_read_once(project, monkeypatch, capsys):
     import pathlib
+    import tpuasm.files
     d, _ = project
     reads = []
-    real = pathlib.Path.read_bytes
-    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: reads.append(self.name) or real(self))
+    real = tpuasm.files.read_input
+    monkeypatch.setattr(tpuasm.files, "read_input",
+                        lambda path, **kw: reads.append(pathlib.Path(path).name) or real(path, **kw))
     run_cli("lint", d / "prog.tasm")
     assert reads.count("prog.tasm") == 1
 

@@ -272,10 +272,22 @@ def test_a_constant_defined_too_deeply_is_named_at_its_definition():
 
 def test_expansion_budget_exceeded(monkeypatch):
     import tpuasm.assembler.expand as expand
-    monkeypatch.setattr(expand, "MAX_STATEMENTS", 1000)     # the real 5,000,000 takes 20 s
+    monkeypatch.setattr(expand, "MAX_STATEMENTS", 1000)     # the real 1,000,000 takes 6 s
+    # counts known up front: refused before expanding (1000 x (2 + 1000 x 2) statements)
     with pytest.raises(AssemblyError) as exc:
         assemble(".rept 1000\n.rept 1000\nNOP\n.endr\n.endr\n", "t.tasm")
     first = exc.value.diagnostics[0]
     assert (first.line, first.col, first.message) == (
-        3, 1, "expansion produces more than 1,000 statements (a .rept count or a recursive macro "
-              "out of hand?)")
+        1, 7, ".rept would expand to about 2,002,000 statements, more than the 1,000 an "
+              "assembly may produce (counting nested .rept blocks)")
+    # an inner count known only in the iteration: refused when that iteration starts
+    with pytest.raises(AssemblyError) as exc:
+        assemble(".rept 10, i\n.rept i * 100\nNOP\n.endr\n.endr\n", "t.tasm")
+    first = exc.value.diagnostics[0]
+    assert first.line == 2 and first.message.startswith(".rept would expand to about")
+    # macro bodies are not counted ahead: expansion stops when the budget runs out
+    with pytest.raises(AssemblyError) as exc:
+        assemble(".macro m\nNOP\nNOP\n.endm\n.rept 400\nm\n.endr\n", "t.tasm")
+    first = exc.value.diagnostics[0]
+    assert first.message == ("expansion produces more than 1,000 statements (a .rept count or "
+                             "a recursive macro out of hand?)")

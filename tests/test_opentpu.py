@@ -282,7 +282,7 @@ def test_matsize_from_data(tmp_path):
         np.save(tmp_path / "h3d.npy", np.zeros((2, 3, 8), np.int8))
         matsize_from_data(host=tmp_path / "h3d.npy")
     (tmp_path / "text.npy").write_text("not numpy")
-    with pytest.raises(DataFileError, match="text.npy: not a readable .npy file"):
+    with pytest.raises(DataFileError, match="text.npy: weight image is not a .npy file"):
         matsize_from_data(weights=tmp_path / "text.npy")
-    with pytest.raises(DataFileError, match="missing.npy: not a readable .npy file"):
+    with pytest.raises(DataFileError, match="missing.npy: cannot read host image: No such file"):
         matsize_from_data(host=tmp_path / "missing.npy")

@@ -14,6 +14,7 @@ from pathlib import Path
 from .encoding import Instruction, decode, encode
 from .errors import BinaryFormatError, EncodingError
 from .isa import ISA_TABLE, WORD_BYTES
+from .limits import BYTES_PER_INSTRUCTION, check_allocation
 from .literals import parse_int
 
 MAGIC = b"TBIN"
@@ -232,15 +233,15 @@ class Program:
         return Program(list(self.instructions), self.shape)
 
     def save(self, path) -> None:
-        Path(path).write_bytes(self.to_bytes())
+        from .files import atomic_write
+        atomic_write(path, self.to_bytes())
 
 
 def load_binary(path) -> Program:
     """Read a .tbin file; BinaryFormatError (with the file name) if it is not a valid one."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BinaryFormatError(f"{path}: cannot read: {e.strerror}") from None
+    from .files import read_input
+    from .limits import MAX_BINARY_BYTES
+    data = read_input(path, what="binary", limit=MAX_BINARY_BYTES, error=BinaryFormatError)
     try:
         return Program.from_bytes(data)
     except BinaryFormatError as e:
@@ -307,6 +308,9 @@ class _Reader:
     def code(self, start, end):
         if (end - start) % WORD_BYTES:
             self.fail(f"code section is {end - start} bytes, not a multiple of {WORD_BYTES}")
+        count = (end - start) // WORD_BYTES
+        check_allocation(f"a code section of {count:,} instructions",
+                         count * BYTES_PER_INSTRUCTION)
         out = []
         for i, pos in enumerate(range(start, end, WORD_BYTES)):
             try:

@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     except TpuasmError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except MemoryError:     # the last line of defence: tpuasm.limits should have said so
+        print("error: out of memory (an input too large for this machine; "
+              "spec/limits.md)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -85,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--stats", type=Path, metavar="STATS.json", help="write statistics as JSON")
     r.add_argument("--trace", type=Path, metavar="TRACE.json",
                    help="write a Chrome trace (open in Perfetto or chrome://tracing)")
-    r.add_argument("--max-cycles", type=_positive_int, metavar="N", help="fault after N cycles")
+    r.add_argument("--max-cycles", type=_cycle_count, metavar="N", help="fault after N cycles")
     r.add_argument("--hazards", choices=("interlock", "error"), default="interlock",
                    help="'error': a dependency left to the interlocks without a sync is a fault")
     r.add_argument("-q", "--quiet", action="store_true", help="print only faults")
@@ -161,6 +165,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _cycle_count(text: str) -> int:
+    from .limits import MAX_CYCLES
+    value = _positive_int(text)
+    if value > MAX_CYCLES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_CYCLES} (2**62): {value}")
+    return value
+
+
 def parse_config(items: list[str]) -> dict:
     """`--config array_size=16,ub_rows=1024` -> {"array_size": 16, "ub_rows": 1024}: keys
     and numbers as `.config` reads them (binary.parse_setting)."""
@@ -181,11 +193,11 @@ def parse_config(items: list[str]) -> dict:
 
 
 def read_program(path: Path) -> bytes:
-    """The bytes of a program file (source or binary), read once."""
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise TpuasmError(f"{path}: cannot read: {e.strerror}") from None
+    """The bytes of a program file (source or binary), read once: a regular file of at
+    most limits.MAX_BINARY_BYTES (tpuasm.files.read_input)."""
+    from .files import read_input
+    from .limits import MAX_BINARY_BYTES
+    return read_input(path, what="program", limit=MAX_BINARY_BYTES)
 
 
 def _is_opentpu(path: Path, data: bytes, fmt: str | None) -> bool:
@@ -246,32 +258,39 @@ def load_program(path: Path, config: dict | None = None, fmt: str | None = None,
 
 def cmd_asm(args) -> int:
     from .assembler import assemble_file, listing, symbol_map
+    from .files import check_outputs
+    opentpu_out = args.format == "opentpu" or (args.format is None and args.output is not None
+                                               and args.output.suffix == ".out")
+    out = args.output or args.source.with_suffix(".out" if opentpu_out else ".tbin")
+    outputs = {"-o": out, "--listing": args.listing, "--symbols": args.symbols}
+    check_outputs(outputs, [args.source])              # before the work: fail fast
     program = assemble_file(args.source, config=_shape_config(args) or None)
+    check_outputs(outputs, [args.source, *program.sources])   # includes are inputs too
     if args.strip_nops:
         from .lint import strip_nops
         program = strip_nops(program)
-    if args.format == "opentpu" or (args.format is None and args.output is not None
-                                    and args.output.suffix == ".out"):
-        from .opentpu import EXTENSION, WORD_BYTES, opentpu_listing, to_opentpu_bytes
-        out = args.output or args.source.with_suffix(EXTENSION)
+    if opentpu_out:
+        from .opentpu import WORD_BYTES, opentpu_listing, to_opentpu_bytes
         data = to_opentpu_bytes(program)
         count = len(data) // WORD_BYTES
         make_listing = opentpu_listing          # the listing of the bytes written
     else:
-        out = args.output or args.source.with_suffix(".tbin")
         data = (program.stripped() if args.no_debug else program).to_bytes()
         count = len(program)
         make_listing = listing
-    _write(out, data)
-    if args.listing:
-        _write(args.listing, make_listing(program).encode())
-    if args.symbols:
-        _write(args.symbols, symbol_map(program).encode())
+    texts = {args.listing: make_listing(program) if args.listing else None,
+             args.symbols: symbol_map(program) if args.symbols else None}
+    _write(out, data)              # every output is rendered and checked before the first write
+    for path, text in texts.items():
+        if path is not None:
+            _write(path, text.encode())
     print(f"{out}: {count} instructions, {len(data)} bytes", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_disasm(args) -> int:
+    from .files import check_outputs
+    check_outputs({"-o": args.output}, [args.binary])
     data = read_program(args.binary)
     if _is_opentpu(args.binary, data, args.format):
         from .opentpu import from_opentpu_bytes, to_opentpu_source
@@ -288,7 +307,10 @@ def cmd_disasm(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from .files import check_outputs
     from .runreport import run_and_report, split_machine_settings
+    check_outputs({"--out": args.out, "--stats": args.stats, "--trace": args.trace},
+                  [args.program, args.host, args.weights])
     # --config also takes every other MachineConfig field (clock_hz=1.4e9, ...): the
     # machine gets those, the assembler the shape keys
     args.config, args.machine_config = split_machine_settings(args.config)
@@ -326,10 +348,8 @@ def cmd_demo(args) -> int:
 
 
 def _write(path: Path, data: bytes) -> None:
-    try:
-        path.write_bytes(data)
-    except OSError as e:
-        raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
+    from .files import atomic_write
+    atomic_write(path, data)
 
 
 def _color(stream) -> bool:

@@ -26,11 +26,25 @@ class DataFileError(TpuasmError):
 class AssemblyError(TpuasmError):
     """One or more diagnostics from the assembler; `diagnostics` holds all of them."""
 
-    def __init__(self, diagnostics, sources=None):
+    def __init__(self, diagnostics, sources=None, total: int | None = None):
         self.diagnostics = list(diagnostics)
         self.sources = sources or {}
+        self.total = max(total or 0, len(self.diagnostics))   # some may not have been kept
         super().__init__(self.render(color=False))
 
     def render(self, color: bool = False) -> str:
         from .diagnostics import render_all
-        return render_all(self.diagnostics, self.sources, color=color)
+        return render_all(self.diagnostics, self.sources, color=color, total=self.total)
+
+
+class InputFileError(TpuasmError):
+    """An input file that cannot be used: missing, not a regular file, too large, unreadable."""
+
+
+class OutputFileError(TpuasmError):
+    """An output path that cannot be written (checked before anything is written)."""
+
+
+class ResourceLimitError(TpuasmError):
+    """An input that would need more memory, time or size than tpuasm allows
+    (tpuasm.limits; spec/limits.md)."""

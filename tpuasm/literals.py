@@ -4,7 +4,10 @@ from __future__ import annotations
 
 
 def parse_int(text: str) -> int | None:
-    """Decimal, 0x, 0b or 0o with `_` separators; None if malformed."""
+    """Decimal, 0x, 0b or 0o with `_` separators; None if malformed or longer than
+    limits.MAX_LITERAL_CHARS (int() of a huge digit string is slow)."""
+    if len(text) > 200:          # tpuasm.limits.MAX_LITERAL_CHARS, kept free of imports here
+        return None
     try:
         return int(text, 0)
     except ValueError:

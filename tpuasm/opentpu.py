@@ -26,8 +26,9 @@ import numpy as np
 from .binary import MAGIC, MachineShape, Program
 from .diagnostics import Diagnostic
 from .encoding import Instruction
-from .errors import AssemblyError, BinaryFormatError, DataFileError, EncodingError
+from .errors import AssemblyError, BinaryFormatError, DataFileError, EncodingError, TpuasmError
 from .isa import ISA_TABLE
+from .limits import BYTES_PER_INSTRUCTION, check_allocation
 
 # ------------------------------------------------------------------ the 14-byte word
 WORD_BYTES = 14
@@ -228,6 +229,8 @@ def from_opentpu_bytes(data: bytes, shape: MachineShape | None = None) -> Progra
         raise BinaryFormatError(f"{len(data)} bytes is not a whole number of {WORD_BYTES}-byte "
                                 f"OpenTPU instructions: instruction {whole} is truncated "
                                 f"({rest} of {WORD_BYTES} bytes)")
+    count = len(data) // WORD_BYTES
+    check_allocation(f"{count:,} OpenTPU instructions", count * BYTES_PER_INSTRUCTION)
     instructions = [_decode_word(data[p:p + WORD_BYTES], p // WORD_BYTES)
                     for p in range(0, len(data), WORD_BYTES)]
     return Program(instructions, shape or MachineShape(array_size=8, profile="opentpu"))
@@ -245,22 +248,23 @@ def looks_like_opentpu(data: bytes) -> bool:
 
 def is_opentpu_file(path) -> bool:
     """An OpenTPU binary by extension (`.out`) or by content."""
+    from .files import read_input
+    from .limits import MAX_BINARY_BYTES
     path = Path(path)
     if path.suffix == EXTENSION:
         return True
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = read_input(path, what="binary", limit=MAX_BINARY_BYTES)
+    except TpuasmError:
         return False
     return looks_like_opentpu(data)
 
 
 def load_opentpu(path, shape: MachineShape | None = None) -> Program:
     """Read an OpenTPU binary; errors carry the file name."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BinaryFormatError(f"{path}: cannot read: {e.strerror}") from None
+    from .files import read_input
+    from .limits import MAX_BINARY_BYTES
+    data = read_input(path, what="binary", limit=MAX_BINARY_BYTES, error=BinaryFormatError)
     try:
         return from_opentpu_bytes(data, shape)
     except BinaryFormatError as e:
@@ -332,11 +336,10 @@ def opentpu_sigmoid(x) -> np.ndarray:
 MATSIZES = (8, 16)
 
 
-def _npy_shape(path) -> tuple[int, ...]:
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False).shape
-    except (OSError, ValueError) as e:
-        raise DataFileError(f"{path}: not a readable .npy file: {e}") from None
+def _npy_shape(path, what: str) -> tuple[int, ...]:
+    """The shape a .npy file declares, its header validated (tpuasm.files.npy_header)."""
+    from .files import npy_header
+    return npy_header(path, what=what).shape
 
 
 def matsize_from_data(host=None, weights=None) -> int | None:
@@ -346,16 +349,21 @@ def matsize_from_data(host=None, weights=None) -> int | None:
     """
     found = []
     if weights is not None:
-        shape = _npy_shape(weights)
+        shape = _npy_shape(weights, "weight image")
         if len(shape) != 3 or shape[1] != shape[2]:
             raise DataFileError(f"{weights}: weight image has shape {shape}, "
                                 "expected (tiles, N, N)")
         found.append((weights, shape[2]))
     if host is not None:
-        shape = _npy_shape(host)
+        shape = _npy_shape(host, "host image")
         if len(shape) != 2:
             raise DataFileError(f"{host}: host image has shape {shape}, expected (rows, N)")
         found.append((host, shape[1]))
+    for path, n in found:            # OpenTPU's array is 8 x 8 or 16 x 16, nothing else
+        if n not in MATSIZES:
+            raise DataFileError(f"{path}: its shape implies an array size N = {n}, but "
+                                f"OpenTPU's is {' or '.join(map(str, MATSIZES))} "
+                                "(or give --matsize)")
     if not found:
         return None
     sizes = {n for _, n in found}

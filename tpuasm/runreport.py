@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataFileError, TpuasmError
-
 EXIT_OK, EXIT_FAULT = 0, 1
 
 # The paper's Table 3 rows, in the order the paper lists them: the first four sum to 100 %.
@@ -80,10 +78,7 @@ def run_and_report(program, args) -> int:
     if args.stats:
         _write_text(args.stats, json.dumps(stats_document(machine), indent=2) + "\n")
     if args.trace:
-        try:
-            machine.write_trace(args.trace)
-        except OSError as e:
-            raise TpuasmError(f"{args.trace}: cannot write: {e.strerror}") from None
+        machine.write_trace(args.trace)
     return EXIT_FAULT if result.fault is not None else EXIT_OK
 
 
@@ -104,26 +99,14 @@ def instruction_cycles(machine) -> list[dict]:
 
 
 def save_host(machine, path: Path, like: Path | None) -> None:
-    """Final host memory, in the dtype of the --host image (raw bytes either way)."""
+    """Final host memory, in the dtype of the --host image (raw bytes either way), written
+    to exactly `path` (np.save would add `.npy`), atomically."""
+    from .files import atomic_write, npy_header
     dtype = np.uint8
     if like is not None:
-        try:
-            dtype = _npy_dtype(like)
-        except (OSError, ValueError) as e:
-            raise DataFileError(f"{like}: {e}") from None
-    try:
-        np.save(path, np.ascontiguousarray(machine.host).view(dtype))
-    except OSError as e:
-        raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
-
-
-def _npy_dtype(path: Path) -> np.dtype:
-    """The dtype a .npy file declares, from its header alone."""
-    fmt = np.lib.format
-    with open(path, "rb") as f:
-        version = fmt.read_magic(f)
-        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        return read_header(f)[2]
+        dtype = npy_header(like, what="host image").dtype
+    host = np.ascontiguousarray(machine.host).view(dtype)
+    atomic_write(path, lambda fh: np.save(fh, host, allow_pickle=False))
 
 
 def print_summary(machine, name: str) -> None:
@@ -157,7 +140,5 @@ def print_summary(machine, name: str) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as e:
-        raise TpuasmError(f"{path}: cannot write: {e.strerror}") from None
+    from .files import atomic_write
+    atomic_write(path, text)

@@ -15,6 +15,7 @@ from ..binary import (CONFIG_KEYS, PROFILES, MachineShape, Program, Symbol, conf
                       memory_limits, parse_setting)
 from ..diagnostics import Diagnostic
 from ..errors import AssemblyError
+from ..limits import MAX_SOURCE_BYTES
 from .encoder import Encoder
 from .expand import ConfigEntry, Expander
 from .listing import listing, symbol_map
@@ -38,12 +39,7 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
     try:
         if isinstance(source, os.PathLike):
             filename = os.fspath(source)
-            try:
-                data = Path(source).read_bytes()
-            except OSError as e:
-                raise AssemblyError([Diagnostic(f"cannot read '{filename}': {e.strerror or e}",
-                                                filename, 0, 0)])
-            text = decode_source(data, filename)
+            text = decode_source(read_source(filename), filename)
         else:
             text = source
         program = _run(text, filename, config or {}, reporter, sources)
@@ -51,6 +47,10 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
         raise
     except RecursionError:
         reporter.diagnostics.append(Diagnostic("input nested too deeply to assemble", filename, 1, 1))
+        program = None
+    except MemoryError:
+        reporter.diagnostics.append(Diagnostic(
+            "out of memory: the program is too large to assemble (spec/limits.md)", filename, 1, 1))
         program = None
     except Exception as e:          # never let a bug surface as a traceback to the user
         reporter.diagnostics.append(Diagnostic(
@@ -61,8 +61,22 @@ def assemble(source: str | os.PathLike, filename: str = "<input>", *,
         if gc_was_on:
             gc.enable()
     if reporter.diagnostics or program is None:
-        raise AssemblyError(reporter.diagnostics, sources)
+        raise AssemblyError(reporter.diagnostics, sources,
+                            total=len(reporter.diagnostics) + reporter.dropped)
     return program
+
+
+def read_source(path: str, span=None) -> bytes:
+    """The bytes of a source file (the program or an include): a regular file of at most
+    limits.MAX_SOURCE_BYTES; otherwise an AssemblyError at `span` (an include's file name)
+    or at the top of `path`."""
+    from ..errors import InputFileError
+    from ..files import read_input
+    try:
+        return read_input(path, what="source file", limit=MAX_SOURCE_BYTES)
+    except InputFileError as e:
+        where = (span.file, span.line, span.col, span.end_col) if span else (path, 0, 0, None)
+        raise AssemblyError([Diagnostic(str(e), *where)]) from None
 
 
 def decode_source(data: bytes, filename: str) -> str:

@@ -126,6 +126,9 @@ class Encoder:
         self._error(at, message, frame)
 
     def _mnemonic_error(self, st: Instr, frame, macros) -> None:
+        if self.reporter.full:           # only counted now: skip the suggestions' cost
+            self.reporter.dropped += 1
+            return
         base = st.name.partition(".")[0]
         sp = st.span
         macro = macros.get(base.upper())

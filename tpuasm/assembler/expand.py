@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .. import limits
 from ..binary import CONFIG_KEYS
+from ..errors import AssemblyError
 from ..isa import ISA_TABLE
-from .ast import Directive, Instr, Label, Name, Named, Node, Param, Span, Str
+from .ast import Binary, Directive, Instr, Label, Name, Named, Node, Num, Param, Span, Str
 from .parser import parse
 from .reporter import Reporter, did_you_mean
 from .symbols import MEMORIES, EvalError, Frame, Symbols, frame_notes
@@ -18,7 +20,10 @@ DIRECTIVES = ("include", "equ", "ub", "acc", "host", "tile", "config", "rept", "
               "node")
 OPENERS = {"rept": "endr", "macro": "endm"}
 MAX_REPT = 1_000_000
-MAX_STATEMENTS = 5_000_000      # expansion budget: a typo like `.rept 1<<40` must not hang
+# Expansion budget: every statement expanded and every .rept iteration costs one, and a
+# .rept whose whole expansion would overrun what is left is refused before it starts (so
+# `.rept 1000` three deep fails at once instead of after gigabytes).
+MAX_STATEMENTS = limits.MAX_STATEMENTS
 MAX_MACRO_DEPTH = 64
 
 
@@ -83,13 +88,16 @@ class Expander:
             names = [_display(c) for c in chain[chain.index(key):]] + [path]
             self._error(arg.span, "include cycle: " + " -> ".join(names), frame)
             return
+        from . import decode_source, read_source
         try:
-            if self.read_file is not None:
+            if self.read_file is not None:          # an editor's unsaved buffers
                 text = self.read_file(path)
             else:
-                with open(path, encoding="utf-8-sig") as fh:
-                    text = fh.read()
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+                text = decode_source(read_source(path, arg.span), path)
+        except AssemblyError as e:        # not a regular file, too large, not UTF-8, ...
+            self._error(arg.span, e.diagnostics[0].message, frame)
+            return
+        except (OSError, UnicodeDecodeError, ValueError) as e:   # from read_file
             why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
             if isinstance(e, UnicodeDecodeError):
                 why = "not valid UTF-8"
@@ -108,11 +116,11 @@ class Expander:
                 return
             st = statements[i]
             i += 1
+            self.budget -= 1
+            if self.budget < 0:
+                self._stop(st.span)
+                return
             if type(st) is Instr:
-                self.budget -= 1
-                if self.budget < 0:
-                    self._stop(st.span)
-                    return
                 macro = self.macros.get(st.name.upper()) if self.macros else None
                 if macro is not None:
                     self.call_macro(macro, st, frame, chain, depth)
@@ -242,12 +250,69 @@ class Expander:
             self._error(args[0].span, f".rept count {count} out of range 0..{MAX_REPT}", frame)
             return
         var = args[1].text if len(args) == 2 else None
+        need = count * self._static_size(body, frame, var)
+        if need > self.budget:
+            self._error(args[0].span, f".rept would expand to about {need:,} statements, more "
+                        f"than the {MAX_STATEMENTS:,} an assembly may produce (counting nested "
+                        ".rept blocks)", frame)
+            self.stopped = True
+            return
         where = f"{d.span.file}:{d.span.line}"
         for k in range(count):
-            if self.stopped:
+            self.budget -= 1                 # an iteration costs one even with an empty body
+            if self.stopped or self.budget < 0:
+                if not self.stopped:
+                    self._stop(d.span)
                 return
             note = f"in .rept iteration {var}={k} ({where})" if var else f"in .rept iteration {k} ({where})"
             self.expand(body, Frame(frame, {var: k} if var else None, None, note), chain, depth)
+
+    def _static_size(self, body, frame, var) -> int:
+        """A lower bound of the statements one expansion of `body` produces: 1 per
+        statement, nested .rept blocks multiplied by their counts when those are known
+        before expansion (a macro call counts 1: it is charged as it expands)."""
+        size, i, n = 1, 0, len(body)
+        while i < n:
+            st = body[i]
+            i += 1
+            size += 1
+            if type(st) is Directive and st.name in OPENERS:
+                end = self._block_end(body, i - 1)
+                if end is None:
+                    continue
+                if st.name == "rept" and st.args and not st.headed:
+                    count = self._known_count(st.args[0], frame, var)
+                    size += count * self._static_size(body[i:end], frame, var)
+                i = end + 1
+        return size
+
+    def _known_count(self, node, frame, var) -> int:
+        """A nested .rept count already known (literals, constants already evaluated,
+        outer variables other than this .rept's own), else 1.  No side effects: nothing
+        is evaluated early that expansion would evaluate later."""
+        count = self._peek(node, frame, var, 8)
+        return count if count is not None and 0 <= count <= MAX_REPT else 1
+
+    def _peek(self, node, frame, var, depth):
+        if depth < 0:
+            return None
+        if type(node) is Num:
+            return node.value
+        if type(node) is Name and node.text != var:
+            f = frame
+            while f is not None:
+                if node.text in f.vars:
+                    return f.vars[node.text]
+                f = f.parent
+            const = self.symbols.consts.get(node.text)
+            return const.value if const is not None and const.state == "done" else None
+        if type(node) is Binary and node.op in ("+", "*"):
+            a = self._peek(node.left, frame, var, depth - 1)
+            b = self._peek(node.right, frame, var, depth - 1)
+            if a is None or b is None or a.bit_length() + b.bit_length() > 64:
+                return None
+            return a + b if node.op == "+" else a * b
+        return None
 
     def define_macro(self, d: Directive, body, frame) -> None:
         args = d.args

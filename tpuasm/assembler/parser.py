@@ -17,7 +17,8 @@ from importlib import resources
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, shorten
+from ..limits import MAX_LITERAL_CHARS, MAX_VALUE_BITS
 from ..literals import parse_int
 from .ast import Binary, Directive, Instr, Label, Name, Named, Num, Param, Span, Str, Unary
 
@@ -106,9 +107,16 @@ class _Build(Transformer):
         span = self._span(tok)
         value = parse_int(tok.value)
         if value is None:
+            why = (f"longer than {MAX_LITERAL_CHARS} characters" if len(tok.value) > MAX_LITERAL_CHARS
+                   else "use decimal, 0x hex, 0b binary or 0o octal")
             self.diags.append(Diagnostic(
-                f"bad integer literal '{tok.value}' (use decimal, 0x hex, 0b binary or 0o octal)",
+                f"bad integer literal '{shorten(tok.value, 40)}' ({why})",
                 span.file, span.line, span.col, span.end_col))
+        elif value.bit_length() > MAX_VALUE_BITS:
+            self.diags.append(Diagnostic(
+                f"integer literal too large (more than {MAX_VALUE_BITS} bits)",
+                span.file, span.line, span.col, span.end_col))
+            value = None
             # value None: evaluation knows the error was reported and stays quiet
         return Num(value, span)
 
@@ -240,7 +248,9 @@ def _fast_atom(om, group, pos, file, lineno):
     span = _span(file, lineno, pos + om.start(group) + 1, lineno, pos + om.end(group) + 1)
     if text[0].isdigit():
         value = parse_int(text)
-        return None if value is None else Num(value, span)   # lark reports bad literals
+        if value is None or value.bit_length() > MAX_VALUE_BITS:
+            return None                                     # lark reports bad literals
+        return Num(value, span)
     return Name(text, span)
 
 
@@ -271,8 +281,18 @@ def _parse_lark(text: str, file: str, line_offset: int) -> tuple[list, list[Diag
                     diags += lit_diags
             if bad >= len(starts):
                 break
-            chunk = chunk[starts[bad]:]
-            line_offset += bad
+            rest = chunk[starts[bad]:]
+            first = line_offset + bad
+            for k, line in enumerate(rest.split("\n")):
+                if not line.strip():
+                    continue
+                ok, result, lit_diags = _try(parser, line + "\n", first + k)
+                if ok:
+                    statements += result
+                    diags += lit_diags
+                else:
+                    diags.append(_friendly(result, file, first + k, line + "\n"))
+            break
     return statements, diags
 
 
@@ -343,7 +363,7 @@ def _friendly(err: UnexpectedInput, file: str, line_offset: int, chunk: str) -> 
             what = "unexpected end of line"
             end = col + 1
         else:
-            what = f"unexpected {tok.value!r}"
+            what = f"unexpected {shorten(repr(tok.value), 60)}"
             end = tok.end_column if isinstance(tok.end_column, int) and tok.end_line == tok.line else col + 1
         message = f"{what}, expected {expected}" if expected else what
         return Diagnostic(message, file, line, col, end)

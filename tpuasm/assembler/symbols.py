@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..limits import MAX_VALUE_BITS
 from .ast import Binary, Name, Node, Num, Param, Span, Str, Unary
 from .reporter import Reporter, did_you_mean
 
 MEMORIES = ("ub", "acc", "host", "tile")
 MAX_SHIFT = 256            # bigger shifts only make huge integers, never a valid field
+# No value, final or on the way, may be wider than this: `.equ A, A0*A0` chains would
+# otherwise square their way to gigabytes (every field is at most 64 bits wide anyway).
+MAX_BITS = MAX_VALUE_BITS
 
 
 class EvalError(Exception):
@@ -141,7 +145,8 @@ class Symbols:
             return self._binary(node, frame)
         if isinstance(node, Unary):
             v = self.eval(node.operand, frame)
-            return -v if node.op == "-" else ~v if node.op == "~" else v
+            v = -v if node.op == "-" else ~v if node.op == "~" else v
+            return v if v.bit_length() <= MAX_BITS else _too_wide(node)
         if isinstance(node, Param):
             return self._param(node, frame)
         if isinstance(node, Str):
@@ -168,6 +173,10 @@ class Symbols:
                 self.reporter.error(e.span, e.message, list(e.notes) + frame_notes(const.frame))
 
     def _binary(self, node: Binary, frame) -> int:
+        v = self._binary_value(node, frame)
+        return v if v.bit_length() <= MAX_BITS else _too_wide(node)
+
+    def _binary_value(self, node: Binary, frame) -> int:
         a = self.eval(node.left, frame)
         b = self.eval(node.right, frame)
         op = node.op
@@ -176,6 +185,8 @@ class Symbols:
         if op == "-":
             return a - b
         if op == "*":
+            if a.bit_length() + b.bit_length() > MAX_BITS + 1:    # decided before the work
+                _too_wide(node)
             return a * b
         if op in ("/", "%"):
             if b == 0:
@@ -184,6 +195,8 @@ class Symbols:
         if op in ("<<", ">>"):
             if not 0 <= b <= MAX_SHIFT:
                 raise EvalError(node.span, f"shift count {b} out of range 0..{MAX_SHIFT}")
+            if op == "<<" and a.bit_length() + b > MAX_BITS + 1:
+                _too_wide(node)
             return a << b if op == "<<" else a >> b
         if op == "&":
             return a & b
@@ -340,6 +353,11 @@ class Symbols:
 
     def _first_region(self, kind):
         return next(iter(self.regions[kind].values()))
+
+
+def _too_wide(node: Node):
+    raise EvalError(node.span, f"value too large: more than {MAX_BITS} bits "
+                               "(no operand field is wider than 64)")
 
 
 def _where(span: Span) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 
 from ..binary import PROFILES, MachineShape
 from ..isa import ISA_TABLE
+from ..limits import MAX_RATE, MAX_TIMING_CYCLES
 
 _M = ISA_TABLE.machine
 TPU_CLOCK_HZ = 700e6
@@ -49,13 +50,17 @@ class MachineConfig:
             raise ValueError(f"hazards must be 'interlock' or 'error', not {self.hazards!r}")
         for name in ("clock_hz", "weight_bytes_per_cycle", "host_bytes_per_cycle"):
             v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"{name} must be positive")
+            # finite and bounded: the core turns these into int64 cycle counts
+            if v is not None and not 0 < v <= MAX_RATE:
+                raise ValueError(f"{name} must be positive and at most {MAX_RATE:g}")
         for name in ("host_latency_cycles", "shift_cycles", "mmc_latency_cycles",
                      "act_latency_cycles"):
             v = getattr(self, name)
-            if v is not None and (int(v) != v or v < 0):
-                raise ValueError(f"{name} must be a non-negative integer")
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                                  or not math.isfinite(v) or int(v) != v
+                                  or not 0 <= v <= MAX_TIMING_CYCLES):
+                raise ValueError(f"{name} must be a non-negative integer, at most "
+                                 f"{MAX_TIMING_CYCLES} (2**40)")
 
     def _timing_defaults(self) -> dict:
         """The timing constants of `timing` (TPU v1: spec/timing.md; OpenTPU: spec/opentpu.md

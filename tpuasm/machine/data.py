@@ -4,44 +4,28 @@ Host memory: (rows, N) int8 or uint8, copied (the machine writes it).
 Weights: (tiles, N, N) int8 or uint8, read-only; a path is opened with mmap_mode="r" so a
 multi-GiB weight image costs only the pages the program touches.
 Anything else raises DataFileError naming the file, the shape/dtype found and the one expected.
-Pickled objects are never loaded (allow_pickle=False).
+Files are read by tpuasm.files.load_npy: never pickle, the header checked first.
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataFileError
+from ..files import load_npy
+from ..limits import check_allocation
 
 _BYTE_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _open(path, what: str, mmap: bool) -> np.ndarray:
+    """A .npy image through tpuasm.files.load_npy: a regular file, its header checked
+    (dtype, shape, the data really there) before anything is allocated, never pickle."""
     if not isinstance(path, (str, os.PathLike)):
         raise DataFileError(f"{what}: expected a numpy array or the path of a .npy file, "
                             f"got {type(path).__name__}")
-    p = Path(path)
-    if not p.exists():
-        raise DataFileError(f"{p}: {what} file not found")
-    if p.is_dir():
-        raise DataFileError(f"{p}: {what} file is a directory")
-    try:
-        arr = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except ValueError as e:
-        text = str(e)
-        if "allow_pickle" in text or "pickle" in text.lower():
-            raise DataFileError(f"{p}: {what} file holds Python objects (pickled data), "
-                                f"expected a plain int8/uint8 array") from None
-        raise DataFileError(f"{p}: not a valid .npy {what} file ({text})") from None
-    except (OSError, EOFError) as e:
-        raise DataFileError(f"{p}: cannot read {what} file ({e})") from None
-    if not isinstance(arr, np.ndarray):          # a .npz archive: np.load opened a file
-        arr.close()
-        raise DataFileError(f"{p}: {what} file is a .npz archive, expected a numpy array "
-                            f"(.npy)")
-    return arr
+    return load_npy(path, what=f"{what} file", mmap=mmap)
 
 
 def _check(arr, name: str, expected: tuple, expected_text: str) -> np.ndarray:
@@ -64,6 +48,7 @@ def load_host(host, array_size: int) -> np.ndarray:
     name = str(host) if not isinstance(host, np.ndarray) else "host array"
     arr = host if isinstance(host, np.ndarray) else _open(host, "host memory", mmap=False)
     _check(arr, name, (None, n), f"(rows, {n})")
+    check_allocation(f"{name}: host image of shape {arr.shape}", arr.nbytes)   # the copy
     return np.ascontiguousarray(arr).view(np.uint8).copy()
 
 

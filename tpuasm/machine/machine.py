@@ -12,6 +12,7 @@ import numpy as np
 
 from ..binary import Program, SourceLoc
 from ..encoding import EncodingError, encode
+from ..limits import check_machine
 from . import aot, core
 from .config import MachineConfig
 from .data import load_host, load_weights
@@ -126,6 +127,8 @@ class Machine:
         # `trace` is accepted for compatibility only: the trace is always available after
         # a run (write_trace builds it from the core's arrays; spec/machine-api.md).
         self.config = config or MachineConfig()
+        check_machine("the machine", self.config.array_size, self.config.ub_rows,
+                      self.config.acc_rows)      # ResourceLimitError before any allocation
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"

@@ -27,6 +27,7 @@ active weights.  The deadlock rules of sections 5.3 and 5.4 are rules about that
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -85,6 +86,8 @@ class ReferenceMachine:
 
     def __init__(self, program: Program, host, weights):
         shape = program.shape
+        from ..limits import check_machine
+        check_machine("the reference machine", shape.array_size, shape.ub_rows, shape.acc_rows)
         self.profile = shape.profile
         self.program = program
         self.n = n = shape.array_size
@@ -101,7 +104,13 @@ class ReferenceMachine:
     # ------------------------------------------------------------------ checks
     @staticmethod
     def check_rows(memory: str, rows, limit: int) -> None:
-        """Every row in `rows` must be in 0..limit-1 (section 7: `address`)."""
+        """Every row in `rows` must be in 0..limit-1 (section 7: `address`).  A range is
+        checked at its ends (a 2**32-row range must not be walked row by row)."""
+        if isinstance(rows, (range, _Repeat)):
+            bad = _first_bad(rows, limit)
+            if bad is not None:
+                raise Fault("address", f"{memory} address {bad} out of range 0..{limit - 1}")
+            return
         for row in rows:
             if not 0 <= row < limit:
                 raise Fault("address", f"{memory} address {row} out of range 0..{limit - 1}")
@@ -154,13 +163,14 @@ class ReferenceMachine:
     # 5.1, 5.2 and section 3: contiguous host transfers --------------------------
     def _rows(self, ins, host_step: int, ub_step: int):
         """[(host rows, ub rows)] per iteration of a host transfer whose consecutive
-        vectors are `host_step` and `ub_step` rows apart."""
+        vectors are `host_step` and `ub_step` rows apart (lazy sequences: a length of
+        2**32 - 1 is checked without building 2**32 rows)."""
         out = []
         for i in range(ins.repeat):
             host = ins["host"] + i * self.regs["rep_host_stride"]
             ub = ins["ub"] + i * self.regs["rep_ub_stride"]
-            out.append(([host + k * host_step for k in range(ins["length"])],
-                        [ub + k * ub_step for k in range(ins["length"])]))
+            out.append((_stepped(host, ins["length"], host_step),
+                        _stepped(ub, ins["length"], ub_step)))
         return out
 
     def op_RHM(self, index, ins):
@@ -344,10 +354,11 @@ class ReferenceMachine:
             return int(TANH_Q15[to_q8(x, self.regs["fn_in_frac"]) - T_MIN])
         return x
 
-    def _pool_groups(self, flags: int, length: int) -> list[tuple[list[int], int]] | None:
+    def _pool_groups(self, flags: int, length: int, build: bool = True):
         """Step 2: for each output row, the input row offsets it pools and the count an
         average divides by (None: no pooling).  Raises a `shape` fault when the shape does
-        not divide."""
+        not divide.  build=False: the shape checks alone and how many output rows there
+        are (the groups are built only once the address checks have passed)."""
         if not flags & (ACT["M"] | ACT["A"]):
             return None
         k, width = self.regs["pool_size"], self.regs["pool_width"]
@@ -355,6 +366,8 @@ class ReferenceMachine:
             if length % k:
                 raise Fault("shape", f"pooling: length {length} is not a multiple of "
                                      f"pool_size {k}")
+            if not build:
+                return length // k
             return [([g * k + j for j in range(k)], k) for g in range(length // k)]
         if length % width:
             raise Fault("shape", f"pooling: length {length} is not a multiple of "
@@ -373,6 +386,8 @@ class ReferenceMachine:
                                      f"and {pad_end} has no {k} x {k} window of stride {stride}")
         out_h = (height + pad + pad_end - k) // stride + 1
         out_w = (width + pad + pad_end - k) // stride + 1
+        if not build:
+            return out_h * out_w
         whole = bool(self.regs["pool_count_pad"])
         groups = []
         for py in range(out_h):
@@ -430,8 +445,8 @@ class ReferenceMachine:
         opentpu = self.profile == "opentpu"
         f = ins.flags
         length = ins["length"]
-        groups = self._pool_groups(f, length)
-        out_vectors = length if groups is None else len(groups)
+        pooled = self._pool_groups(f, length, build=False)   # shape faults first (section 7)
+        out_vectors = length if pooled is None else pooled
         rows_per_vector = 2 if self.regs["act_out"] == 2 and not opentpu else 1
         acc_step, ub_step = self.regs["rep_acc_stride"], self.regs["rep_ub_stride"]
         per_column = bool(f & ACT["P"])
@@ -452,6 +467,7 @@ class ReferenceMachine:
             self.check_acc(range(acc, acc + length))
             self.check_ub([ub + rows_per_vector * out_row(r) + k
                            for r in range(out_vectors) for k in range(rows_per_vector)])
+        groups = self._pool_groups(f, length)          # built only once the checks pass
         per_column = per_column and not opentpu
         lookup = lookup and not opentpu
         if per_column:
@@ -554,12 +570,47 @@ def _validate(ins: Instruction) -> None:
             raise Fault("invalid_instruction", f"flags {''.join(chosen)} are exclusive")
 
 
+def _stepped(start: int, count: int, step: int):
+    """The rows start, start + step, ... (count of them), lazily."""
+    if step == 0:
+        return _Repeat(start, count)
+    return range(start, start + count * step, step)
+
+
+class _Repeat:
+    """One row, `count` times, without a list of `count` entries."""
+    __slots__ = ("row", "count")
+
+    def __init__(self, row: int, count: int):
+        self.row, self.count = row, count
+
+    def __iter__(self):
+        return itertools.repeat(self.row, self.count)
+
+    def __len__(self):
+        return self.count
+
+
+def _first_bad(rows, limit: int):
+    """The first row of a range or _Repeat outside 0..limit-1 (in order), or None."""
+    if len(rows) == 0:
+        return None
+    if isinstance(rows, _Repeat):
+        return None if 0 <= rows.row < limit else rows.row
+    start, step = rows.start, rows.step
+    if not 0 <= start < limit:
+        return start
+    k = -(-(limit - start) // step) if step > 0 else -(-(start + 1) // -step)
+    return rows[k] if k < len(rows) else None
+
+
 def _as_bytes(data, row_shape: tuple[int, ...], name: str, empty: tuple[int, ...]) -> np.ndarray:
     """A private uint8 copy of a host or weight image (int8 or uint8 array, or a .npy path)."""
     if data is None:
         return np.zeros(empty, dtype=np.uint8)
     if isinstance(data, (str, os.PathLike)):
-        data = np.load(data, allow_pickle=False)
+        from ..files import load_npy
+        data = load_npy(data, what=f"{name} image")
     data = np.asarray(data)
     if data.dtype not in (np.int8, np.uint8):
         raise ValueError(f"{name}: dtype {data.dtype}, expected int8 or uint8")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 
-from ..errors import TpuasmError
 from . import core
 from .decoded import COL_OP
 
@@ -87,11 +86,8 @@ def write_trace(m, path) -> None:
     """Write the Chrome trace to `path`; a path that cannot be written raises TpuasmError."""
     data = {"traceEvents": trace_events(m), "displayTimeUnit": "ns",
             "otherData": {"clock_hz": m.config.clock_hz, "cycles": m.cycle}}
-    try:
-        with open(path, "w") as f:
-            json.dump(data, f)
-    except OSError as e:
-        raise TpuasmError(f"{path}: cannot write the trace ({e.strerror or e})") from None
+    from ..files import atomic_write
+    atomic_write(path, json.dumps(data), what="the trace")        # temp file + rename; OutputFileError
 
 
 def stats(m) -> dict:

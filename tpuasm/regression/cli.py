@@ -135,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     if not manifests:
         err.print("error: no test.toml manifests selected")
         return EXIT_USAGE
+    from ..errors import TpuasmError
+    from ..files import atomic_write, check_outputs
+    try:                 # before anything runs: a bad report path must not cost a whole run
+        check_outputs({"--junit-xml": args.junit_xml}, [m.path for m in manifests])
+    except TpuasmError as e:
+        err.print(f"error: {e}", markup=False)
+        return EXIT_USAGE
     if args.list:
         for m in manifests:
             out.print(f"{m.name}  {m.path}", markup=False)
@@ -161,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         _update_golden(manifests, results, out)
     if args.junit_xml:
         try:
-            args.junit_xml.write_bytes(junit_xml(results, seconds))
-        except OSError as e:
-            err.print(f"error: {args.junit_xml}: cannot write: {e.strerror}", markup=False)
+            atomic_write(args.junit_xml, junit_xml(results, seconds))
+        except TpuasmError as e:
+            err.print(f"error: {e}", markup=False)
             return EXIT_USAGE
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAILED
 
@@ -225,20 +232,41 @@ def run_all(manifests, *, jobs: int, check_golden=True, keep_data=False, console
                 bar.update(task, description=f"running {manifests[i].name}")
                 done(i, _work(manifests[i], check_golden, keep_data))
         else:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(manifests))) as pool:
-                futures = {pool.submit(_work, manifests[i], check_golden, keep_data): i
-                           for i in order}
-                for f in as_completed(futures):
-                    i = futures[f]
-                    try:
-                        r = f.result()
-                    except Exception as e:      # a worker died (e.g. killed by the OS)
-                        from .runner import Result
-                        r = Result(manifests[i].name, str(manifests[i].path))
-                        r.error(f"worker process failed: {type(e).__name__}: {e}")
-                    done(i, r)
+            suspects = _run_pool(manifests, order, min(jobs, len(manifests)), check_golden,
+                                 keep_data, done)
+            # A worker that dies breaks the whole pool: every program it had not finished
+            # is re-run alone, so only the one that kills its worker is an ERROR.
+            for i in suspects:
+                again = _run_pool(manifests, [i], 1, check_golden, keep_data, done)
+                for j in again:
+                    from .runner import Result
+                    r = Result(manifests[j].name, str(manifests[j].path))
+                    r.error("its worker process died while running it (killed by the "
+                            "operating system, or code that ended the process)")
+                    done(j, r)
     return results
 
+
+def _run_pool(manifests, order, workers, check_golden, keep_data, done) -> list[int]:
+    """Run manifests[i] for i in order on a process pool; the indices whose worker died
+    (BrokenProcessPool) are returned, not reported."""
+    from concurrent.futures.process import BrokenProcessPool
+    broken = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_work, manifests[i], check_golden, keep_data): i for i in order}
+        for f in as_completed(futures):
+            i = futures[f]
+            try:
+                r = f.result()
+            except BrokenProcessPool:
+                broken.append(i)
+                continue
+            except Exception as e:      # the result could not come back (pickling, ...)
+                from .runner import Result
+                r = Result(manifests[i].name, str(manifests[i].path))
+                r.error(f"worker process failed: {type(e).__name__}: {e}")
+            done(i, r)
+    return sorted(broken, key=order.index)
 
 def _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done) -> None:
     """The same work on a Dask cluster (tpuasm.sweep's executor); a lost worker is an

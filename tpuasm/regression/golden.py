@@ -8,9 +8,11 @@ Expected data never lives in this table, so this can never overwrite an oracle.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
-from .manifest import DEFAULT_GOLDEN_TOLERANCE, load_manifest
+from ..files import atomic_write
+from .manifest import DEFAULT_GOLDEN_TOLERANCE, load_manifest, parse_manifest
 
 _TABLE_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 
@@ -66,12 +68,6 @@ def update_manifest(path: Path, cycles: int, counters: dict[str, int]) -> bool:
     new = replace_golden(text, render_golden(cycles, counters, tolerance))
     if new == text:
         return False
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(new, encoding="utf-8")
-    try:
-        load_manifest(tmp)
-    except Exception:
-        tmp.unlink()
-        raise
-    tmp.replace(path)
+    parse_manifest(path, tomllib.loads(new))      # never write a manifest that does not parse
+    atomic_write(path, new)                       # temp file + rename: never half written
     return True

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FAULT_KINDS
+from ..limits import MAX_CYCLES
 
 MANIFEST_NAME = "test.toml"
 DEFAULT_MAX_CYCLES = 20_000_000
@@ -145,10 +146,12 @@ class _Table:
             self.fail(name, f"must be {_names(types)}, not {_type_name(value)}")
         return value
 
-    def get_int(self, name: str, default=None, required=False, minimum=None):
+    def get_int(self, name: str, default=None, required=False, minimum=None, maximum=None):
         value = self.get(name, int, default, required)
         if value is not None and minimum is not None and value < minimum:
             self.fail(name, f"must be >= {minimum}, not {value}")
+        if value is not None and maximum is not None and value > maximum:
+            self.fail(name, f"must be <= {maximum:,}, not {value:,}")
         return value
 
     def get_choice(self, name: str, choices, default=None, required=False):
@@ -197,15 +200,23 @@ def _bound(table: _Table, name: str) -> Bound | None:
     return Bound(exact, exact)
 
 
+def _limit(kind: str) -> int:
+    from ..isa import ISA_TABLE
+    return ISA_TABLE.kind_limit(kind)
+
+
 # ---------------------------------------------------------------- the loader
 
 def load_manifest(path) -> Manifest:
     """Parse and validate one test.toml; ManifestError on anything wrong."""
+    from ..errors import InputFileError
+    from ..files import read_input
+    from ..limits import MAX_MANIFEST_BYTES
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ManifestError(path, None, f"cannot read: {e.strerror}") from None
+        text = read_input(path, what="manifest", limit=MAX_MANIFEST_BYTES).decode("utf-8")
+    except InputFileError as e:
+        raise ManifestError(path, None, str(e).removeprefix(f"{path}: ")) from None
     except UnicodeDecodeError:
         raise ManifestError(path, None, "is not valid UTF-8") from None
     try:
@@ -230,7 +241,8 @@ def parse_manifest(path: Path, data: dict) -> Manifest:
     if not all(isinstance(t, str) for t in tags):
         test.fail("tags", "must be an array of strings")
     out["tags"] = tuple(tags)
-    out["max_cycles"] = test.get_int("max_cycles", default=DEFAULT_MAX_CYCLES, minimum=1)
+    out["max_cycles"] = test.get_int("max_cycles", default=DEFAULT_MAX_CYCLES, minimum=1,
+                                     maximum=MAX_CYCLES)
     test.done()
 
     machine = top.sub("machine")
@@ -244,8 +256,9 @@ def parse_manifest(path: Path, data: dict) -> Manifest:
         out["generator"] = base / gen if gen else None
         out["host"] = data_t.get("host", str)
         out["weights"] = data_t.get("weights", str)
-        out["host_rows"] = data_t.get_int("host_rows", minimum=1)
-        out["weight_tiles"] = data_t.get_int("weight_tiles", minimum=1)
+        # no more rows / tiles than an instruction can address (memory: checked when run)
+        out["host_rows"] = data_t.get_int("host_rows", minimum=1, maximum=_limit("host"))
+        out["weight_tiles"] = data_t.get_int("weight_tiles", minimum=1, maximum=_limit("tile"))
         if out["host"] and out["host_rows"]:
             data_t.fail("host_rows", "cannot be combined with data.host")
         if out["weights"] and out["weight_tiles"]:

@@ -6,8 +6,9 @@ the machine are imported only here, inside the worker that runs a program.
 """
 from __future__ import annotations
 
-import importlib.util
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -17,6 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from ..binary import SYMBOL_KINDS
+from ..errors import TpuasmError
+from ..files import load_npy
+from ..limits import check_allocation
+from .generator_process import DONE
 from .manifest import GOLDEN_COUNTERS, Manifest, RowsExpectation
 
 SHAPE_KEYS = ("array_size", "ub_rows", "acc_rows", "fifo_depth", "profile")
@@ -87,22 +92,24 @@ def _run(m: Manifest, result: Result, check_golden: bool, data_dir: Path | None)
     if m.generator is not None:
         try:
             generate(m.generator, data_dir)
-        except Exception as e:      # the generator's own bug: show its traceback
-            result.error(f"{m.generator}: the data generator failed: {type(e).__name__}: {e}\n"
-                         f"{traceback.format_exc()}")
+        except GeneratorError as e:      # the generator's own bug: show what it printed
+            result.error(f"{m.generator}: the data generator failed: {e}")
             raise _Stop from None
-    host, weights = _data_images(m, program, data_dir, result)
+    try:
+        host, weights = _data_images(m, program, data_dir, result)
+    except TpuasmError as e:             # a zero image too large for this machine
+        result.error(f"{m.path}: data: {e}")
+        raise _Stop from None
 
-    from ..errors import DataFileError
     from ..machine import Machine
     try:
         machine = Machine.for_program(program, **overrides)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, TpuasmError) as e:
         result.error(f"{m.path}: machine: bad configuration override: {e}")
         raise _Stop from None
     try:
         machine.load(program, host=host, weights=weights)
-    except DataFileError as e:
+    except TpuasmError as e:             # a bad or oversized data image
         result.error(f"cannot load the data images: {e}")
         raise _Stop from None
     run = machine.run(max_cycles=m.max_cycles)
@@ -165,16 +172,39 @@ def _check_assembly_error(m: Manifest, result: Result, error) -> None:
 
 # ---------------------------------------------------------------- data
 
-def generate(generator: Path, out_dir: Path) -> None:
-    """Run a program's gen.py: its `generate(out_dir)` writes the .npy images."""
+GENERATOR_TIMEOUT = 600          # seconds
+
+
+class GeneratorError(Exception):
+    """A data generator that did not return normally; the message says how it ended."""
+
+
+def generate(generator: Path, out_dir: Path, timeout: float = GENERATOR_TIMEOUT) -> None:
+    """Run a program's gen.py in a child process (generator_process.py): its
+    `generate(out_dir)` writes the .npy images.  A generator is the user's code, and one
+    that calls sys.exit or os._exit, or crashes the interpreter, must cost its own
+    program (an ERROR with the reason) and nothing else: not the runner, not a worker
+    that other programs share.  GeneratorError (with the end of what it printed) unless
+    generate() returned."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"_tpuasm_gen_{generator.parent.name}_{abs(hash(str(generator)))}"
-    spec = importlib.util.spec_from_file_location(name, generator)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "generate"):
-        raise RuntimeError(f"{generator} defines no generate(out_dir) function")
-    module.generate(out_dir)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tpuasm.regression.generator_process",
+                               str(generator), str(out_dir)],
+                              capture_output=True, text=True, errors="replace",
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise GeneratorError(f"did not finish within {timeout:.0f} s") from None
+    if proc.returncode == 0 and proc.stdout.rstrip().endswith(DONE):
+        return
+    tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+    last = tail.splitlines()[-1] if tail else ""
+    if proc.returncode < 0:
+        why = f"its process was killed by signal {-proc.returncode}"
+    elif proc.returncode == 0:
+        why = "its process ended (exit status 0) before generate() returned (os._exit?)"
+    else:
+        why = last or f"its process ended with exit status {proc.returncode}"
+    raise GeneratorError(why + (f"\n{tail}" if tail and tail != why else ""))
 
 
 def _data_path(m: Manifest, name: str, data_dir: Path | None) -> Path:
@@ -189,12 +219,16 @@ def _data_images(m: Manifest, program, data_dir, result: Result):
     if m.host is not None:
         host = _existing(m, _data_path(m, m.host, data_dir), "data.host", result)
     elif m.host_rows is not None:
+        check_allocation(f"data.host_rows = {m.host_rows:,} (a host image of "
+                         f"{m.host_rows:,} x {n} bytes)", m.host_rows * n)
         host = np.zeros((m.host_rows, n), dtype=np.int8)
     elif m.generator is not None and (data_dir / "host.npy").is_file():
         host = data_dir / "host.npy"
     if m.weights is not None:
         weights = _existing(m, _data_path(m, m.weights, data_dir), "data.weights", result)
     elif m.weight_tiles is not None:
+        check_allocation(f"data.weight_tiles = {m.weight_tiles:,} (weights of "
+                         f"{m.weight_tiles:,} x {n} x {n} bytes)", m.weight_tiles * n * n)
         weights = np.zeros((m.weight_tiles, n, n), dtype=np.int8)
     elif m.generator is not None and (data_dir / "weights.npy").is_file():
         weights = data_dir / "weights.npy"
@@ -282,7 +316,11 @@ def _check_rows(m: Manifest, result: Result, program, machine, rows: RowsExpecta
     if not path.is_file():
         result.error(f"{m.path}: {rows.key}.expected: file not found: {path}")
         return
-    expected = np.load(path, allow_pickle=False)
+    try:
+        expected = load_npy(path, what="expected array")
+    except TpuasmError as e:
+        result.error(f"{m.path}: {rows.key}.expected: {e}")
+        return
     if rows.start is not None:
         start, label = rows.start, f"{rows.memory} rows"
     else:
