@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import TpuasmError
+
 EXIT_OK, EXIT_FAULT = 0, 1
 
 # The paper's Table 3 rows, in the order the paper lists them: the first four sum to 100 %.
