@@ -124,6 +124,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts (--batch, --jobs): a whole number, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
+    return n
+
+
 def _config_option(p: argparse.ArgumentParser, machine: bool = False) -> None:
     from .binary import CONFIG_KEYS
     more = ("; and any other MachineConfig field, e.g. clock_hz=1.4e9, "

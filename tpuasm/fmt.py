@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from .errors import OutputFileError
+from .files import atomic_write
 from .tokens import WORDS, line_tokens
 
 INSTRUCTION_INDENT = 8
@@ -197,30 +197,11 @@ def main(argv: list[str]) -> int:
             status = max(status, 1)
             continue
         try:
-            _write_atomically(path, after)
-        except OSError as e:
-            print(f"tpuasm fmt: {path}: cannot write: {e.strerror or e}", file=sys.stderr)
+            atomic_write(path, after)       # a crash leaves the old file or the new one
+        except OutputFileError as e:
+            print(f"tpuasm fmt: {e}", file=sys.stderr)
             status = 2
     return status
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory and rename it over `path`, so
-    a crash leaves the old file or the new one, never half of one."""
-    directory = path.parent if str(path.parent) else Path(".")
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 if __name__ == "__main__":

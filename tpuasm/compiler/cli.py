@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-EXIT_OK, EXIT_FAULT, EXIT_USAGE = 0, 1, 2
+from ..cli import EXIT_FAULT, EXIT_OK, EXIT_USAGE, positive_int
 
 
 def _parser_compile() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("model", help="the ONNX model (float with --calibrate, or QDQ/QOperator)")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR",
                    help="output directory (replaced if it holds an earlier compile)")
-    p.add_argument("--batch", type=_positive, metavar="B",
+    p.add_argument("--batch", type=positive_int, metavar="B",
                    help="batch size of the TPU programs (default: the model's fixed batch)")
     p.add_argument("--calibrate", metavar="DATA", help="calibration inputs for a float model: "
                    ".npy (one input, rows first) or .npz keyed by input name")
@@ -43,16 +43,6 @@ def _parser_infer() -> argparse.ArgumentParser:
                    help="run segments on the emulator (default) or with reference.py")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
-    return n
 
 
 def _parse(parser, argv):

@@ -14,10 +14,8 @@ it, then renamed into place), and read back by `load`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-import os
 import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,8 @@ from tpuasm.compiler.host import HostRunner
 from tpuasm.compiler.ir import (Activation, Conv, Dense, Lookup, Pool, QParams, Segment,
                                 Tensor)
 from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
+from tpuasm.errors import OutputFileError
+from tpuasm.files import atomic_directory
 
 FORMAT = "tpuasm-compiled-model"
 VERSION = 1
@@ -42,33 +42,16 @@ def save(model, outdir) -> Path:
     if outdir.is_dir() and any(outdir.iterdir()) and not (outdir / MANIFEST).is_file():
         raise CompileError(f"{outdir}: exists, is not empty and holds no compiled model; "
                            f"refusing to replace it")
-    parent = outdir.resolve().parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.", dir=parent))
-        tmp.chmod(0o755)
+        outdir.resolve().parent.mkdir(parents=True, exist_ok=True)
+        with atomic_directory(outdir) as tmp:
+            tmp.chmod(0o755)                # a directory for people, not mkdtemp's 0700
+            _write(model, tmp)
     except OSError as e:
-        raise CompileError(f"{outdir}: cannot write: {e.strerror}") from None
-    try:
-        _write(model, tmp)
-        _replace(tmp, outdir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise CompileError(f"{outdir}: cannot write: {e.strerror or e}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except OutputFileError as e:
+        raise CompileError(str(e)) from None
     return outdir
-
-
-def _replace(tmp: Path, outdir: Path) -> None:
-    if outdir.exists():
-        old = outdir.with_name(f".{outdir.name}.old-{os.getpid()}")
-        os.rename(outdir, old)
-        os.rename(tmp, outdir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, outdir)
 
 
 def _write(model, d: Path) -> None:

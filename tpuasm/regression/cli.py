@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from ..cli import positive_int
 from .manifest import Manifest, ManifestError, discover, load_manifest
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="manifests or directories to search (default: programs/)")
     p.add_argument("-k", dest="keyword", metavar="EXPR",
                    help="only programs matching EXPR (words, and, or, not, parentheses)")
-    p.add_argument("-j", "--jobs", type=_jobs, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="parallel processes (default: all cores)")
     p.add_argument("--junit-xml", type=Path, metavar="FILE", help="also write a JUnit XML report")
     p.add_argument("--update-golden", action="store_true",
@@ -105,16 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the programs on this Dask cluster (the sweep's executor; "
                         "also $TPUASM_SCHEDULER) instead of local processes")
     return p
-
-
-def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {n}")
-    return n
 
 
 def main(argv: list[str] | None = None) -> int:
