@@ -14,20 +14,10 @@ import pytest
 from debugger import main
 from debugger.commands import Engine
 from debugger.expr import ExprError
-from test_debugger_support import (FAULTY, LINE_ACT1, LINE_ACT2, LINE_MMC1, LINE_MMC2, LONG, SMALL,
+from test_debugger_support import (engine, run,  # noqa: F401
+                                   FAULTY, LINE_ACT1, LINE_ACT2, LINE_MMC1, LINE_MMC2, LONG, SMALL,
                                    assert_same_state, fresh_state_at, here, machine_state,  # noqa: F401
                                    make_session, oracle, small_data, write_program)
-
-
-@pytest.fixture
-def engine(here):
-    return Engine(make_session(here))
-
-
-def run(engine, line, ok=True):
-    r = engine.execute(line)
-    assert r.ok is ok, r.text()
-    return r
 
 
 # -- running and stopping ----------------------------------------------------------------------

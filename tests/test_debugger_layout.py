@@ -10,7 +10,7 @@ import pytest
 from debugger.app import DebuggerApp, HelpScreen
 from debugger.memory_view import MemoryView
 from debugger.source_view import SourceView
-from test_debugger_support import FAULTY, LINE_MMC1, here, make_session  # noqa: F401
+from test_debugger_support import FAULTY, LINE_MMC1, commands, here, make_session  # noqa: F401
 from test_debugger_ui import command, keys, log_text, open_app, pilot_test, settle, status_text
 
 SMALL_TERM = (80, 24)
@@ -85,16 +85,6 @@ async def test_timeline_toggle(here):
         assert visible(app, "#timeline") and not visible(app, "#source")
         await keys(pilot, "t")
         assert visible(app, "#source")
-
-
-def commands(*lines):
-    async def run_before(pilot):
-        await pilot.pause()
-        for line in lines:
-            pilot.app.execute(line)
-            await pilot.app.workers.wait_for_complete()
-            await pilot.pause()
-    return run_before
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 50)])

@@ -11,20 +11,10 @@ import numpy as np
 import pytest
 
 from debugger import main
-from debugger.commands import X_LIMIT, Engine
-from test_debugger_support import (LINE_ACT1, LINE_MMC1, LINE_RHM, here, make_session,  # noqa: F401
+from debugger.commands import X_LIMIT
+from test_debugger_support import (engine, run,  # noqa: F401
+                                   LINE_ACT1, LINE_MMC1, LINE_RHM, here, make_session,  # noqa: F401
                                    write_program)
-
-
-@pytest.fixture
-def engine(here):
-    return Engine(make_session(here))
-
-
-def run(engine, line, ok=True):
-    r = engine.execute(line)
-    assert r.ok is ok, r.text()
-    return r
 
 
 # -- problem 8: next ----------------------------------------------------------------------------

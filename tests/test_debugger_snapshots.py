@@ -4,20 +4,9 @@ checking the new pictures by eye."""
 from __future__ import annotations
 
 from debugger.app import DebuggerApp
-from test_debugger_support import FAULTY, LINE_MMC1, here, make_session  # noqa: F401 (here: a fixture)
+from test_debugger_support import FAULTY, LINE_MMC1, commands, here, make_session  # noqa: F401 (here: a fixture)
 
 SIZE = (160, 48)
-
-
-def commands(*lines):
-    """A run_before callback that types command lines and waits for the machine."""
-    async def run_before(pilot):
-        await pilot.pause()
-        for line in lines:
-            pilot.app.execute(line)
-            await pilot.app.workers.wait_for_complete()
-            await pilot.pause()
-    return run_before
 
 
 def test_after_load(here, snap_compare):

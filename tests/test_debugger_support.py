@@ -146,3 +146,28 @@ def fresh_state_at(here: Path, cycle: int, source: str = SMALL) -> dict:
     m.load(program, host=here / "host.npy", weights=here / "w.npy")
     m.step(cycle)
     return machine_state(m)
+
+
+@pytest.fixture
+def engine(here):
+    """A batch command engine over a session of the small program."""
+    from debugger.commands import Engine
+    return Engine(make_session(here))
+
+
+def run(engine, line, ok=True):
+    """Execute one command line, asserting it succeeds (or fails, with ok=False)."""
+    r = engine.execute(line)
+    assert r.ok is ok, r.text()
+    return r
+
+
+def commands(*lines):
+    """A snapshot run_before callback that types command lines and waits for the machine."""
+    async def run_before(pilot):
+        await pilot.pause()
+        for line in lines:
+            pilot.app.execute(line)
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+    return run_before
