@@ -31,6 +31,9 @@ def build_parser():
     p.add_argument("--scheduler", metavar="ADDR")
     p.add_argument("--workers", type=int, help="local workers (0: in this process)")
     p.add_argument("--timing-only", action="store_true")
+    p.add_argument("--apps-from", choices=("compiler", "generator"), default="compiler",
+                   help="the apps' programs: compiled from their ONNX models (default) or "
+                        "from the hand-written generator (tpuasm/apps/codegen.py)")
     p.add_argument("--cache", type=Path, help="result cache (default: the sweep's)")
     p.add_argument("--from-csv", type=Path, metavar="CSV",
                    help="no runs: the plot and findings from a `tpuasm sweep` CSV of the "
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
     csv_path = args.out.with_suffix(".csv")
     out = CsvStream(csv_path, knobs)
     cache = ResultCache(args.cache or default_path())
-    targets = [Target("app", a) for a in apps]
+    targets = [Target("app", a, origin=args.apps_from) for a in apps]
     done = 0
 
     def on_row(row):

@@ -37,6 +37,7 @@ class Target:
     host: str | None = None
     weights: str | None = None
     segment: str | None = None  # compiled models: the TPU segment
+    origin: str | None = None   # apps: "compiler" or "generator" (None: app_program's default)
 
     @property
     def label(self) -> str:
@@ -47,6 +48,9 @@ class Target:
         if self.kind == "compiled":
             return f"{Path(self.path).name}/{self.segment}"
         return Path(self.path).name
+
+    def _origin(self) -> dict:
+        return {} if self.origin is None else {"source": self.origin}
 
     def base_config(self) -> dict:
         """The MachineConfig settings the target brings: its program's shape (and a
@@ -65,7 +69,8 @@ class Target:
         if self.kind == "app":
             from ..apps.programs import CodegenError, app_program
             try:
-                h.update(app_program(self.path, **_app_shape(config)).digest.encode())
+                h.update(app_program(self.path, **_app_shape(config), **self._origin())
+                         .digest.encode())
             except CodegenError as e:
                 h.update(f"skip:{e}".encode())
         elif self.kind == "compiled":
@@ -188,7 +193,7 @@ def build(target: Target, config: dict):
     if target.kind == "app":
         from ..apps.programs import CodegenError, app_program
         try:
-            ap = app_program(target.path, **_app_shape(config))
+            ap = app_program(target.path, **_app_shape(config), **target._origin())
         except CodegenError as e:
             raise Skip(str(e)) from None
         host, weights = ap.data()
