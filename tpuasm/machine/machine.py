@@ -123,12 +123,16 @@ class Machine:
 
     _STATE_ARRAYS = ("st", "sg", "cregs", "fps", "times", "tl", "seg", "ev", "ub", "acc", "host")
 
-    def __init__(self, config: MachineConfig | None = None, trace: bool = False):
+    def __init__(self, config: MachineConfig | None = None, trace: bool = False,
+                 timing_only: bool = False):
         # `trace` is accepted for compatibility only: the trace is always available after
         # a run (write_trace builds it from the core's arrays; spec/machine-api.md).
+        # `timing_only`: cycles, counters, events, faults and the pipeline exactly as a full
+        # run, without the data path (ub, acc and host keep their loaded contents).
         self.config = config or MachineConfig()
         check_machine("the machine", self.config.array_size, self.config.ub_rows,
                       self.config.acc_rows)      # ResourceLimitError before any allocation
+        self.timing_only = bool(timing_only)
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"
@@ -144,8 +148,10 @@ class Machine:
         self.load(Program([], self.config.shape))
 
     @classmethod
-    def for_program(cls, program: Program, trace: bool = False, **overrides) -> "Machine":
-        return cls(MachineConfig.from_shape(program.shape, **overrides), trace=trace)
+    def for_program(cls, program: Program, trace: bool = False, timing_only: bool = False,
+                    **overrides) -> "Machine":
+        return cls(MachineConfig.from_shape(program.shape, **overrides), trace=trace,
+                   timing_only=timing_only)
 
     # -------------------------------------------------------------------- loading
     def load(self, program: Program, host=None, weights=None) -> None:
@@ -186,6 +192,7 @@ class Machine:
         st[core.K_NTILES] = weights_arr.shape[0]
         st[core.K_STRICT] = 1 if cfg.hazards == "error" else 0
         st[core.K_PROFILE] = 1 if cfg.profile == "opentpu" else 0
+        st[core.K_TIMING_ONLY] = 1 if self.timing_only else 0
         self.st = st
         ops = self.prog[:, COL_OP]
         mmcs = int(np.count_nonzero(ops == OP_MMC))
