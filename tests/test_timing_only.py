@@ -101,3 +101,23 @@ def test_cli_timing_only_with_out_is_a_usage_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--timing-only computes no memory contents" in err and "--out" in err
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_reloading_reuses_the_decoded_table_but_sees_a_changed_program():
+    # Machine.load caches the decoded table on the Program (sweeps reload one program many
+    # times); replacing an instruction must invalidate it, and invalid instructions stay
+    # flagged on every load
+    from tpuasm.binary import Program
+    from tpuasm.encoding import Instruction
+    prog = Program([Instruction("NOP"), Instruction("HLT")])
+    m = Machine()
+    m.load(prog)
+    assert m.run().status == "halted" and m.cycle > 0
+    prog.instructions[0] = Instruction("MMC", 0, 1, {"ub": 0, "acc": 0, "length": 0})
+    for _ in range(2):                   # a length of 0 is not encodable: it faults
+        m.load(prog)
+        assert m.run().status == "fault"
+        assert "invalid" in str(m.fault).lower() or "length" in str(m.fault).lower()
+    prog.instructions[0] = Instruction("NOP")
+    m.load(prog)
+    assert m.run().status == "halted"
