@@ -78,6 +78,9 @@ class Context:
         self._const_at: dict = {}
         self.zero_rows: list[int] = []             # host rows of one repeated byte (padding)
         self._region_names: dict[str, str] = {}
+        # UB slot -> padding_key of the padding its rows hold now: writers of a padded
+        # tensor touch only the interior, so the next tenant with the same layout keeps it
+        self.padded: dict[str, tuple | None] = {}
 
     def next_half(self) -> str:
         self._half ^= 1
@@ -188,6 +191,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
         for t in segment.inputs:
             lay = layouts[t.name]
             rows = lay.rows(p)
+            ctx.padded[alloc.of[t.name].name] = lay.padding_key   # loaded whole, padding too
             e.node(f"{segment.name}/inputs")
             for a in range(0, rows, MAX_DMA):
                 e.line(f"RHM {plus(f'host.in_{symbol(t.name)}', k * rows + a)}, {low.ub(t.name, a)}, "
@@ -199,6 +203,9 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
             e.comment(s.describe(layouts))
             e.node(s.op.name)
             s.lower(low)
+            slot = alloc.of.get(s.writes)
+            if slot is not None and layouts[s.writes].padding_key is None:
+                ctx.padded.pop(slot.name, None)      # written whole: its rows are data now
             if s.writes in outputs:
                 rows = layouts[s.writes].rows(p)
                 for a in range(0, rows, MAX_DMA):

@@ -99,13 +99,20 @@ class Lowering:
 
     def fill_pads(self, layout: Layout):
         """Write the zero point into every padding row of an on-chip tensor (RHMA from one
-        constant host row: dma_host_stride 0), before its producer writes the interior."""
+        constant host row: dma_host_stride 0), before its producer writes the interior;
+        nothing when the UB slot's padding rows already hold it (ctx.padded)."""
         if not layout.pads.any:
             return
         e = self.e
         p = self.c.batch
-        zp_row = self.c.zero_row(layout.tensor.quant.zero_point)
         name = layout.tensor.name
+        slot = self.c.alloc.of[name].name
+        if self.c.padded.get(slot) == layout.padding_key:
+            e.comment(f"  padding of {name}: already in place (the slot's previous tenant "
+                      f"had the same layout, and writers only touch the interior)")
+            return
+        self.c.padded[slot] = layout.padding_key
+        zp_row = self.c.zero_row(layout.tensor.quant.zero_point)
         e.comment(f"  padding of {name} := zero point {layout.tensor.quant.zero_point}")
         e.cfg(dma_host_stride=0, dma_ub_stride=1, rep_host_stride=0)
         images = layout.chunks * p
