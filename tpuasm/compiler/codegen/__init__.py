@@ -24,17 +24,18 @@ import numpy as np
 
 from ...isa import ISA_TABLE
 from ..ir import Conv, Dense, HostLayout, Lookup, Pool, Segment
-from .alloc import allocate
+from .alloc import allocate, load_points
 from .emit import Emitter
 from .fuse import Fusion, plan_fusion
 from .layout import plan_layouts
 from .lower import MAX_DMA, CodegenError, Lowering
 from .program import CompiledSegment
-from .weights import WeightImage, identity_tile
+from .weights import WEIGHT_MEMORY_BYTES, WeightImage, identity_tile
 
 DEFAULTS = ISA_TABLE.machine
 
-__all__ = ["generate", "supports", "CodegenError", "CompiledSegment"]
+__all__ = ["generate", "supports", "weight_tiles", "CodegenError", "CompiledSegment",
+           "WEIGHT_MEMORY_BYTES"]
 
 
 def supports(op) -> str | None:
@@ -58,6 +59,23 @@ def supports(op) -> str | None:
     if isinstance(op, Lookup):
         return None if len(op.table) == 256 else "a lookup table needs 256 entries"
     return f"{type(op).__name__} is not a TPU operator"
+
+
+def weight_tiles(op, n: int) -> int:
+    """The weight tiles `op` adds to the image on an n x n array (closed form, from shapes
+    alone: what lower.py registers; an identity copy shares one tile per segment)."""
+    def blocks(count):
+        return -(-count // n)
+    if isinstance(op, Dense):
+        k, m = op.weight.shape
+        if len(op.input.shape) == 3:                     # a flattened image, pixel by pixel
+            c, h, w = op.input.shape
+            return blocks(m) * blocks(c) * h * w
+        return blocks(m) * blocks(k)
+    if isinstance(op, Conv):
+        o, c, kh, kw = op.weight.shape
+        return blocks(o) * blocks(c) * kh * kw
+    return 0
 
 
 class Context:
@@ -185,9 +203,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     e.start_weights()
     e.blank()
     const_mark = None
-    first_reader = {}
-    for i, st in enumerate(steps):
-        first_reader.setdefault(st.reads, i)
+    load_at = load_points(order, inputs)
     for k in range(passes):
         if passes > 1:
             e.blank()
@@ -195,8 +211,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
         pending = list(segment.inputs)
 
         def load(names):
-            """Each segment input just before its first reader: the input stage loads the
-            next ones while the array works on the first."""
+            """Segment inputs at their load points (alloc.load_points)."""
             for t in [t for t in pending if t.name in names]:
                 pending.remove(t)
                 lay = layouts[t.name]
@@ -208,9 +223,8 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                            f"{low.ub(t.name, a)}, {min(MAX_DMA, rows - a)}",
                            f"input {t.name}" if a == 0 else "")
 
-        load({t.name for t in segment.inputs if t.name not in first_reader})
-        for s in steps:
-            load({s.reads})
+        for i, s in enumerate(steps):
+            load({t for t, at in load_at.items() if at == i})
             e.blank()
             e.comment(s.describe(layouts))
             e.node(s.op.name)

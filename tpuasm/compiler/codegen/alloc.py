@@ -23,20 +23,39 @@ class Allocation:
     rows: int                       # UB rows the slots take (from `base`)
 
 
+def load_points(order, inputs) -> dict[str, int]:
+    """Before which operator each segment input is loaded.  The input stage is one queue
+    and the front end issues in order, so an engineer loads the inputs in the order they
+    are needed, each as soon as the previous one's first reader has issued its work: the
+    DMA then overlaps every operator up to its own first reader.  (Loading all of them up
+    front would hold the first multiply behind every load.)"""
+    first = {}
+    for i, (reads, _) in enumerate(order):
+        for t in reads:
+            first.setdefault(t, i)
+    points, previous = {}, -1
+    for t in sorted((t for t in inputs if t in first), key=lambda t: first[t]):
+        points[t] = min(first[t], previous + 1)
+        previous = first[t]
+    for t in inputs:
+        points.setdefault(t, 0)
+    return points
+
+
 def lifetimes(order: list[tuple[list[str], list[str]]], inputs, outputs) -> dict[str, tuple[int, int]]:
     """(first, last) operator index of every tensor; order[i] = (reads, writes) of operator i.
-    Inputs live from their first reader (they are loaded just before it; an input nobody
-    reads from -1).  Outputs are written to the host right after their producer: they live
-    through the next operator too (the WHM overlaps it), then their slot is free; an output
-    that is also a segment input (never produced here) lives to the end."""
+    An input lives from the operator before its load point (load_points: its RHM must not
+    overwrite what that operator still reads).  Outputs are written to the host right after
+    their producer: they live through the next operator too (the WHM overlaps it), then
+    their slot is free; an output that is also a segment input lives to the end."""
     life: dict[str, list[int]] = {}
     for i, (reads, writes) in enumerate(order):
         for t in writes:
             life.setdefault(t, [i, i])
         for t in reads:
             life.setdefault(t, [i, i])[1] = i
-    for t in inputs:
-        life.setdefault(t, [-1, -1])
+    for t, at in load_points(order, inputs).items():
+        life.setdefault(t, [at, -1])[0] = at - 1
     for t in outputs:
         first, last = life[t]
         life[t][1] = len(order) if first < 0 else min(len(order), max(last, first + 1))
