@@ -176,7 +176,7 @@ def _codegen():
     return codegen if hasattr(codegen, "generate") else None
 
 
-def _generate_programs(steps, batch, machine, path) -> None:
+def _generate_programs(steps, batch, machine, path="the model") -> None:
     """The back end, when it is there: one SegmentProgram per segment."""
     codegen = _codegen()
     if codegen is None:
