@@ -29,6 +29,7 @@ from .emit import Emitter
 from .fuse import Fusion, plan_fusion
 from .layout import plan_layouts
 from .lower import MAX_DMA, CodegenError, Lowering
+from .pack import pack_segment
 from .program import CompiledSegment
 from .weights import WEIGHT_MEMORY_BYTES, WeightImage, identity_tile
 
@@ -63,7 +64,8 @@ def supports(op) -> str | None:
 
 def weight_tiles(op, n: int) -> int:
     """The weight tiles `op` adds to the image on an n x n array (closed form, from shapes
-    alone: what lower.py registers; an identity copy shares one tile per segment)."""
+    alone: what lower.py registers; an identity copy shares one tile per segment; a first
+    convolution whose taps pack.py packs takes fewer, so this is an upper bound there)."""
     def blocks(count):
         return -(-count // n)
     if isinstance(op, Dense):
@@ -167,6 +169,8 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
             raise CodegenError(f"{op.name}: {why}")
     n = array_size
     half_rows = acc_rows // 2
+    original = segment
+    segment, packings = pack_segment(segment, n)
     fusion = plan_fusion(segment, half_rows)
     layouts = plan_layouts(segment, n)
     steps = fusion.steps
@@ -175,17 +179,25 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     outputs = [t.name for t in segment.outputs]
     needs_dense = any(isinstance(s.op, Dense) for s in steps)
 
+    keys = {name: lay.padding_key for name, lay in layouts.items()}
+    load_at = load_points(order, inputs)
+
     def plan(p):
         sizes = {name: lay.rows(p) for name, lay in layouts.items()}
-        return allocate(order, sizes, inputs, outputs,
-                        keys={name: lay.padding_key for name, lay in layouts.items()})
+        return allocate(order, sizes, inputs, outputs, keys=keys, load_at=load_at)
 
-    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB
+    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB.
+    # Another pass streams every weight again, so before splitting the batch, inputs are
+    # loaded less far ahead of their readers (down to just in time)
     p = min(batch, half_rows) if needs_dense else batch
+    probe = Context(segment, n, p, layouts, plan(p), fifo_depth, half_rows)
+    const = _constant_rows(probe, fusion)
+    for lead in (None, 16, 8, 4, 2, 1, 0):
+        load_at = load_points(order, inputs, lead)
+        if plan(p).rows + const <= ub_rows:
+            break
     while True:
         alloc = plan(p)
-        probe = Context(segment, n, p, layouts, alloc, fifo_depth, half_rows)
-        const = _constant_rows(probe, fusion)
         if alloc.rows + const <= ub_rows or p == 1:
             break
         p = max(1, min(p - 1, p * (ub_rows - const) // max(1, alloc.rows)))
@@ -203,7 +215,6 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     e.start_weights()
     e.blank()
     const_mark = None
-    load_at = load_points(order, inputs)
     for k in range(passes):
         if passes > 1:
             e.blank()
@@ -271,7 +282,10 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     for t in segment.inputs:
         lay = layouts[t.name]
         base = host_region(f"in_{symbol(t.name)}", passes * lay.rows(p))
-        inputs_hl[t.name] = HostLayout(t, base, passes * lay.rows(p), lay.describe())
+        how = lay.describe()
+        if t.name in packings:
+            how = f"{packings[t.name].describe()}: {how}"
+        inputs_hl[t.name] = HostLayout(t, base, passes * lay.rows(p), how)
     for t in segment.outputs:
         lay = layouts[t.name]
         base = host_region(f"out_{symbol(t.name)}", passes * lay.rows(p))
@@ -285,7 +299,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                      layouts, alloc, fusion, host_regions, len(const_rows), half_rows) \
         + "\n".join(body) + "\n"
     weights = ctx.weights.build()
-    return CompiledSegment(segment=segment, batch=batch, source=source, weights=weights,
+    return CompiledSegment(segment=original, packings=packings, batch=batch, source=source, weights=weights,
                            host_rows=top, host_constants=constants, inputs=inputs_hl,
                            outputs=outputs_hl, array_size=n, layouts=layouts, pass_batch=p,
                            passes=passes, instructions=e.instructions)
