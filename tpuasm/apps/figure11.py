@@ -1,6 +1,7 @@
 """The paper's section 7 (Figure 11): alternative TPU designs, reproduced on the emulator.
 
-    python -m tpuasm.apps.figure11 [--apps A,B] [--out docs/figure11] [--timing-only]
+    python -m tpuasm.apps.figure11 [--apps A,B] [--out docs/figure11] [--full]
+                                   [--apps-from compiler|generator]
                                    [--scheduler ADDR] [--workers N] [--factors ...]
 
 Scales one parameter at a time from 0.25x to 4x over the six apps (tpuasm.sweep knobs:
@@ -30,7 +31,9 @@ def build_parser():
                    help="OUT.csv, OUT.png and OUT.svg (default: docs/figure11)")
     p.add_argument("--scheduler", metavar="ADDR")
     p.add_argument("--workers", type=int, help="local workers (0: in this process)")
-    p.add_argument("--timing-only", action="store_true")
+    p.add_argument("--full", action="store_true",
+                   help="run the arithmetic too (default: timing-only; the apps' data are "
+                        "zeros and data never change the cycles)")
     p.add_argument("--apps-from", choices=("compiler", "generator"), default="compiler",
                    help="the apps' programs: compiled from their ONNX models (default) or "
                         "from the hand-written generator (tpuasm/apps/codegen.py)")
@@ -46,7 +49,6 @@ def main(argv=None) -> int:
     from ..sweep.cache import ResultCache, default_path
     from ..sweep.engine import run_sweep
     from ..sweep.grid import Grid, SweepError, parse_set
-    from ..sweep.point import timing_only_supported
     from ..sweep.report import CsvStream, read_rows, relative, save_figure, weighted_mean
     from ..sweep.targets import Target
     apps = [a.strip().upper() for a in args.apps.split(",") if a.strip()]
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     if args.from_csv:
         return report(args.from_csv, [k for k in knobs if k in _header(args.from_csv)],
                       args.out)
-    timing_only = args.timing_only and timing_only_supported()
+    timing_only = not args.full
     args.out.parent.mkdir(parents=True, exist_ok=True)
     csv_path = args.out.with_suffix(".csv")
     out = CsvStream(csv_path, knobs)
