@@ -6,6 +6,7 @@ formulas (spec: tpuasm/sweep/grid.py docstrings), not through the sweep's own co
 from __future__ import annotations
 
 import csv
+import math
 
 import numpy as np
 import pytest
@@ -296,3 +297,15 @@ def test_figure11_script_relative_performance(tmp_path, capsys):
     assert f"| memory | x2 | {cycles[0] / cycles[1]:.2f}x |" in text
     assert out.with_suffix(".png").stat().st_size > 1000
     assert out.with_suffix(".svg").is_file()
+
+
+@pytest.mark.parametrize("source", ["generator", "compiler"])
+def test_lstm1_600x600_example_tiles_and_fragmentation(source):
+    """ceil(600/256)^2 = 9 tiles vs ceil(600/512)^2 = 4, each 4x the bytes: weight-bound,
+    so the 512 x 512 array takes longer, and at least the tiles' fetch time each."""
+    from tpuasm.apps.figure11 import lstm1_example
+    small, big = lstm1_example(256, source), lstm1_example(512, source)
+    assert (small["steps"], big["steps"]) == (9, 4)
+    assert small["fetch_cycles"] == math.ceil(256 * 256 / (34e9 / 700e6))   # 34 GB/s
+    assert small["cycles"] >= 9 * small["fetch_cycles"]
+    assert big["cycles"] >= 4 * big["fetch_cycles"] > small["cycles"]
