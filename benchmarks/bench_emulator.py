@@ -229,7 +229,7 @@ def bench_startup(runs=5):
 
 
 RSS_CHILD = r"""
-import resource, sys, numpy as np
+import sys, numpy as np
 sys.path.insert(0, sys.argv[2])
 from tpuasm.binary import Program
 from tpuasm.encoding import Instruction
@@ -243,15 +243,33 @@ m = Machine()
 m.load(Program(prog), weights=sys.argv[1])
 r = m.run()
 assert r.status == "halted", r
-# Peak RSS of this process alone: Linux keeps ru_maxrss across execve, so a child forked
-# from a large parent would report the parent's peak; VmHWM belongs to the new address space.
-try:
-    with open("/proc/self/status") as f:
-        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-except OSError:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(peak, m.weights.shape[0])
+print(peak_mb(), m.weights.shape[0])
 """
+
+# Appended to each measuring child.  Peak RSS of the child alone: Linux keeps ru_maxrss
+# across execve, so a child forked from a large parent would report the parent's peak;
+# VmHWM belongs to the new address space.
+PEAK_RSS = r"""
+def peak_mb():
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
+
+def _child(script: str, *args) -> tuple[list[str] | None, float, str]:
+    """Run `script` (with peak_mb()) in a fresh process: (its printed fields or None,
+    wall seconds, stderr's tail)."""
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS + script, *map(str, args)],
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        return None, wall, out.stderr.strip()[-300:]
+    return out.stdout.split(), wall, ""
 
 
 def bench_rss():
@@ -262,14 +280,12 @@ def bench_rss():
         del mm                                   # a sparse file: nothing written
         # warm the numba cache first (compiling in the measured process would count LLVM's
         # memory, not the machine's)
-        subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
-                       capture_output=True, text=True)
-        out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            print(f"5. peak RSS: failed: {out.stderr.strip()[-300:]}")
+        _child(RSS_CHILD, path, ROOT)
+        fields, _, err = _child(RSS_CHILD, path, ROOT)
+        if fields is None:
+            print(f"5. peak RSS: failed: {err}")
             return
-        rss, n = out.stdout.split()
+        rss, n = fields
         print(f"5. 2 GiB weight file ({int(n):,} tiles) mapped, 10 tiles touched: "
               f"peak RSS {float(rss):.0f} MB (target <= 400)")
 
@@ -332,9 +348,7 @@ m = Machine(timing_only=sys.argv[5] == "1")
 m.load(Program(prog), host=sys.argv[2], weights=sys.argv[1])
 r = m.run()
 assert r.status == "halted", r
-with open("/proc/self/status") as f:
-    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-print(peak, r.cycle)
+print(peak_mb(), r.cycle)
 """
 
 
@@ -351,18 +365,16 @@ def bench_big_program():
         h = np.lib.format.open_memmap(hpath, mode="w+", dtype=np.int8, shape=(hrows, 256))
         h[:64] = 1
         del h
-        base = [sys.executable, "-c", BIG_CHILD, str(wpath), str(hpath), str(ROOT), str(tiles)]
-        subprocess.run(base + ["0"], capture_output=True, text=True)   # warm the caches
+        args = (BIG_CHILD, wpath, hpath, ROOT, tiles)
+        _child(*args, 0)                                                # warm the caches
         print(f"7. {tiles * 256 * 256 / 1e6:.0f}M-weight program (every tile read), weight "
               f"image {tiles * 65536 / 2**20:.0f} MiB + host image 1024 MiB, memory-mapped:")
-        for label, flag in (("full run", "0"), ("timing-only", "1")):
-            t = time.perf_counter()
-            out = subprocess.run(base + [flag], capture_output=True, text=True)
-            wall = time.perf_counter() - t
-            if out.returncode != 0:
-                print(f"   {label}: failed: {out.stderr.strip()[-300:]}")
+        for label, flag in (("full run", 0), ("timing-only", 1)):
+            fields, wall, err = _child(*args, flag)
+            if fields is None:
+                print(f"   {label}: failed: {err}")
                 continue
-            rss, cycles = out.stdout.split()
+            rss, cycles = fields
             print(f"   {label:12s} peak RSS {float(rss):6.0f} MB, {wall:5.2f} s wall "
                   f"(whole process), {int(cycles):,} cycles")
 

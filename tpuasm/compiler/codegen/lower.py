@@ -98,9 +98,13 @@ class Lowering:
                    f"{length}{rep}", comment)
 
     def fill_pads(self, layout: Layout):
-        """Write the zero point into every padding row of an on-chip tensor (RHMA from one
-        constant host row: dma_host_stride 0), before its producer writes the interior;
-        nothing when the UB slot's padding rows already hold it (ctx.padded)."""
+        """Write the zero point into every padding row of an on-chip tensor before its
+        producer writes the interior; nothing when the UB slot's padding rows already hold
+        it (ctx.padded).  On the chip, not over PCIe: an Activate with act_mult = 0 writes
+        act_zero whatever the accumulator rows it reads hold, at one row per cycle (a host
+        DMA costs a round trip and 16.7 cycles per row).  Four Activates per tensor: the
+        side padding between image rows (act_ub_pitch), the runs between consecutive
+        images (repeat), the first image's head and the last image's tail."""
         if not layout.pads.any:
             return
         e = self.e
@@ -112,31 +116,56 @@ class Lowering:
                       f"had the same layout, and writers only touch the interior)")
             return
         self.c.padded[slot] = layout.padding_key
-        zp_row = self.c.zero_row(layout.tensor.quant.zero_point)
-        e.comment(f"  padding of {name} := zero point {layout.tensor.quant.zero_point}")
-        e.cfg(dma_host_stride=0, dma_ub_stride=1, rep_host_stride=0)
+        q = layout.tensor.quant
+        e.comment(f"  padding of {name} := zero point {q.zero_point} (Activate: 0 x acc + "
+                  f"zero point)")
+        # read the half the next multiply overwrites: its last writer finished long ago
+        half = f"half{self.c._half ^ 1}"
+        e.cfg(act_mult=0, act_shift=0, act_zero=q.zero_point, act_out=0 if q.signed else 1,
+              act_lo=q.qmin, act_hi=q.qmax)
         images = layout.chunks * p
-        head = layout.pads.top * layout.pitch + layout.pads.left
-        tail_start = (layout.pads.top + layout.height - 1) * layout.pitch + layout.pads.left \
-            + layout.width
-        gap = layout.pads.left + layout.pads.right
+        pitch, width, rows = layout.pitch, layout.width, layout.image_rows
+        head = layout.pads.top * pitch + layout.pads.left     # before the first pixel
+        span = (layout.height - 1) * pitch + width              # first to last pixel
+        gap = pitch - width
+        if gap and layout.height > 1:
+            self.zero_rows(half, name, head + width, gap, layout.height - 1, pitch, images,
+                           rows)
+        between = rows - span                        # an image's tail + the next's head
+        self.zero_rows(half, name, 0, head, 1, 0, 1, 0)
+        self.zero_rows(half, name, head + span, between, 1, 0, images - 1, rows)
+        self.zero_rows(half, name, (images - 1) * rows + head + span, between - head, 1, 0,
+                       1, 0)
 
-        def block(start, stop):
-            for a in range(start, stop, MAX_DMA):
-                e.line(f"RHMA {zp_row}, {self.ub(name, a)}, {min(MAX_DMA, stop - a)}")
+    def zero_rows(self, half: str, name: str, start: int, width: int, count: int,
+                  pitch: int, repeat: int, stride: int):
+        """Activate (registers set by fill_pads) writing `count` runs of `width` rows,
+        `pitch` apart, from row `start` of the tensor; the whole pattern `repeat` times,
+        `stride` rows apart.  Split to fit an accumulator half and the repeat field."""
+        if width <= 0 or count <= 0 or repeat <= 0:
+            return
+        e = self.e
+        half_rows = self.c.half_rows
+        if count == 1:                     # one contiguous run: pieces of a half at most
+            for a in range(0, width, half_rows):
+                self._zero_act(half, name, start + a, min(half_rows, width - a), 0, 0,
+                               repeat, stride)
+            return
+        per = max(1, half_rows // width)   # runs per Activate
+        for c0 in range(0, count, per):
+            runs = min(per, count - c0)
+            self._zero_act(half, name, start + c0 * pitch, width * runs, width, pitch,
+                           repeat, stride)
 
-        block(0, head)
-        for i in range(images):
-            base = i * layout.image_rows
-            if gap and layout.height > 1:
-                first = base + head + layout.width
-                for y0 in range(0, layout.height - 1, MAX_REPEAT):
-                    count = min(MAX_REPEAT, layout.height - 1 - y0)
-                    e.cfg(rep_ub_stride=layout.pitch)
-                    rep = f", repeat={count}" if count > 1 else ""
-                    e.line(f"RHMA {zp_row}, {self.ub(name, first + y0 * layout.pitch)}, {gap}{rep}")
-            nxt = (i + 1) * layout.image_rows + head if i + 1 < images else layout.rows(p)
-            block(base + tail_start, nxt)
+    def _zero_act(self, half, name, start, length, width, pitch, repeat, stride):
+        e = self.e
+        for r0 in range(0, repeat, MAX_REPEAT):
+            reps = min(MAX_REPEAT, repeat - r0)
+            e.cfg(act_ub_pitch=pitch, rep_acc_stride=0, rep_ub_stride=stride)
+            if pitch:
+                e.cfg(act_ub_width=width)
+            rep = f", repeat={reps}" if reps > 1 else ""
+            e.line(f"ACT {self.acc(half)}, {self.ub(name, start + r0 * stride)}, {length}{rep}")
 
     def tile_groups(self, count: int, row_len: int = 0) -> list[tuple[int, int]]:
         """Split `count` consecutive switches into MMCs of at most fifo_depth + 1 tiles;
@@ -258,7 +287,15 @@ class Lowering:
                                        op.output.quant.scale)
         lo, hi = quant.clip_bounds(op.activation, op.output.quant)
         table = c.table_block(lookup.name, lookup.table) if lookup else None
-        bands = self.conv_bands(op, ho, wo, rows_per_sample, pool is not None)
+        # several samples per band: stacked into one tall image, one MMC.C per tap group
+        # computes every sample, but also the (kh - 1) / stride rows between two samples,
+        # which are never read.  Where there are such rows, one MMC.C per sample and tap
+        # instead (the tap's tile switched in by the first sample, reused by the others):
+        # every row that enters the array is a useful one, as in the paper's CNN0 (row 1 =
+        # row 2), for more (short) instructions.
+        per_sample = rows_per_sample > ho and p > 1 and ho * wo <= half_rows
+        bands = self.conv_bands(op, ho, wo, ho if per_sample else rows_per_sample,
+                                pool is not None)
         tiles = self.conv_tiles(op, src)
         taps = kh * kw
         per_block = src.chunks * taps
@@ -270,34 +307,72 @@ class Lowering:
             params = self.requant_block(op.name, bias, real, j * n)
             for samples, rows in bands:
                 half = c.next_half()
-                if len(samples) > 1:
+                if per_sample:
+                    self.conv_per_sample(op, src, j, samples, half, view, ho, wo, tiles,
+                                         per_block)
+                    stride = ho * wo
+                elif len(samples) > 1:
                     height = (len(samples) - 1) * rows_per_sample + ho
                     band_base = src.pixel(p, 0, samples[0], 0, 0) - src.pixel(p, 0, 0, 0, 0)
                 else:
                     height = len(rows)
                     band_base = samples[0] * src.image_rows + rows[0] * sh * src.pitch
-                first = True
-                for chunk in range(src.chunks):
-                    chunk_base = chunk * src.chunk_rows(p) + view + band_base
-                    for q, t in self.tile_groups(taps, kw):
-                        dy, dx = divmod(q, kw)
-                        o = "O" if first else ""
-                        rep = f", repeat={t}" if t > 1 else ""
-                        k0 = j * per_block + chunk * taps + q
-                        e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
-                              f"{self.acc(half)}, {height}, {wo}{rep}", tiles[k0:k0 + t],
-                              f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
-                              if first else "")
-                        first = False
+                if not per_sample:
+                    self.conv_stacked(op, src, j, half, view + band_base, height, wo,
+                                      tiles, per_block)
+                    stride = rows_per_sample * wo
                 self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
                 act = ".P" + ("M" if pool else "") + ("L" if lookup else "")
                 what = f"out ch {j * n}..: bias, requantize" + (", max pool" if pool else "") \
                     + (f", {lookup.function or 'lookup'}" if lookup else "")
-                stride = rows_per_sample * wo
                 if pool is not None:
                     self.pool_activate(pool, act, half, 0, stride, dst, j, samples, ho, wo, what)
                 else:
                     self.write_image(act, half, 0, stride, dst, j, samples, rows, wo, what)
+
+    def conv_stacked(self, op, src, j, half, base, height, wo, tiles, per_block):
+        """The band's samples as one tall image: per input chunk, tap groups of at most
+        fifo_depth + 1 taps, each one MMC.C with S (repeat walks the taps)."""
+        n, p = self.c.n, self.c.batch
+        _o, _c, kh, kw = op.weight.shape
+        taps = kh * kw
+        u = signed_flag(src)
+        e = self.e
+        first = True
+        for chunk in range(src.chunks):
+            chunk_base = chunk * src.chunk_rows(p) + base
+            for q, t in self.tile_groups(taps, kw):
+                dy, dx = divmod(q, kw)
+                o = "O" if first else ""
+                rep = f", repeat={t}" if t > 1 else ""
+                k0 = j * per_block + chunk * taps + q
+                e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
+                      f"{self.acc(half)}, {height}, {wo}{rep}", tiles[k0:k0 + t],
+                      f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
+                      if first else "")
+                first = False
+
+    def conv_per_sample(self, op, src, j, samples, half, view, ho, wo, tiles, per_block):
+        """One MMC.C per sample and tap: sample i of the band at accumulator rows
+        i * ho * wo; the first sample's MMC switches to the tap's tile, the others reuse it."""
+        n, p = self.c.n, self.c.batch
+        _o, _c, kh, kw = op.weight.shape
+        taps = kh * kw
+        u = signed_flag(src)
+        e = self.e
+        for chunk in range(src.chunks):
+            for q in range(taps):
+                dy, dx = divmod(q, kw)
+                k0 = j * per_block + chunk * taps + q
+                o = "O" if chunk == 0 and q == 0 else ""
+                for i, b in enumerate(samples):
+                    ub = chunk * src.chunk_rows(p) + view + b * src.image_rows \
+                        + dy * src.pitch + dx
+                    e.mmc(f"MMC.C{'S' if i == 0 else ''}{o}{u} {self.ub(src.tensor.name, ub)}, "
+                          f"{self.acc(half, i * ho * wo)}, {ho}, {wo}",
+                          tiles[k0:k0 + 1] if i == 0 else [],
+                          f"out ch {j * n}.., in ch {chunk * n}.., tap {q}, samples "
+                          f"{samples[0]}..{samples[-1]}" if i == 0 else "")
 
     def conv_bands(self, op, ho, wo, rows_per_sample, pooled):
         """[(samples, output rows)]: whole samples while the tall image fits an accumulator
