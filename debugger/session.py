@@ -18,8 +18,8 @@ from tpuasm.disassembler import format_instruction
 from .expr import Evaluator, ExprError, Location, symbol_table
 
 CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interrupted
-HISTORY_INTERVAL = 20_000    # cycles between the library's snapshots: each costs a UB compare,
-                             # and a step back replays at most this many cycles
+HISTORY_INTERVAL = 5_000     # cycles between the library's checkpoints: each copies the rows
+                             # written since the last one; a step back replays at most this many
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
 
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decoded import COL_OP, COL_REG, COL_VALUE, OP_CFG, reset_registers
-from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, footprint
+from . import kernels
+from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB
+from .pure import python
 
 MEMORY_CODES = {"ub": MEM_UB, "acc": MEM_ACC, "host": MEM_HOST}
 
@@ -48,6 +50,8 @@ class AccessMap:
         self.machine = machine
         prog = machine.prog                       # decoded rows (the same the core runs)
         profile = 1 if machine.config.profile == "opentpu" else 0
+        n = machine.config.array_size
+        footprint = python(kernels.footprint)    # the core's own rule, without numba
         regs = reset_registers()
         out = np.zeros((MAX_FOOTPRINT, 4), dtype=np.int64)
         rows = []
@@ -56,7 +60,7 @@ class AccessMap:
             if row[COL_OP] == OP_CFG:
                 regs[row[COL_REG]] = row[COL_VALUE]
                 continue
-            for k in range(footprint(row, regs, out, profile)):
+            for k in range(footprint(row, regs, out, profile, n)):
                 mem, write, lo, hi = (int(x) for x in out[k])
                 if hi > lo:
                     rows.append((i, mem, write, lo, hi))

@@ -1,43 +1,59 @@
-"""Reverse execution: periodic snapshots plus deterministic replay.
+"""Reverse execution: checkpoints plus deterministic replay.
 
 The machine is deterministic and its state at cycle c does not depend on where earlier runs
-stopped (core.py), so going back to cycle c = restore the latest snapshot at or before c and
-step forward.  Snapshots keep the big memories (UB 24 MiB, accumulators 4 MiB, host) as the
-rows that differ from the snapshot taken when the History was created; at most
-`max_snapshots` are kept (when full, every other one is dropped and the interval doubles), so
-memory stays bounded while replay costs at most about `interval` cycles of emulation.
+stopped (core.py), so going back to cycle c = restore the latest checkpoint at or before c
+and step forward.
+
+What a checkpoint costs.  The big memories (UB 24 MiB, accumulators 4 MiB, host) change
+only when an instruction retires, and only in the rows its write footprint covers (core.py
+applies every effect in `_complete`, inside the footprint the scoreboard uses).  So a
+checkpoint keeps the small state arrays whole and, of the big memories, only the rows that
+instructions retiring since the previous checkpoint may have written (a chain of deltas
+over a base copy taken when the History is created): its cost follows what the program
+wrote, not the 28 MiB of memory.  Restoring one writes back only the rows that differ
+between the machine's present state and the checkpoint (again from the footprints of the
+instructions that retired in between), each from the newest delta holding it.
+
+At most `max_snapshots` checkpoints are kept: when full, neighbours are merged pairwise
+and the interval doubles, so memory stays bounded while replay costs at most about
+`interval` cycles of emulation.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .access import MEMORY_CODES, AccessMap
 from .machine import Machine, RunResult, Snapshot
 
 _BIG = ("ub", "acc", "host")
 
 
-class _Delta:
-    """A snapshot whose big memories are stored as changed rows against a base."""
+class _Checkpoint:
+    """The machine at one cycle: small arrays whole, big memories as the rows written since
+    the previous checkpoint (`rows[name]`, sorted) with their values now."""
 
-    def __init__(self, snap: Snapshot, base: Snapshot):
-        self.cycle = snap.cycle
-        self.small = {k: v for k, v in snap.arrays.items() if k not in _BIG}
-        self.rows = {}
-        for name in _BIG:
-            now, then = snap.arrays[name], base.arrays[name]
-            changed = np.flatnonzero((now != then).reshape(len(now), -1).any(axis=1)) \
-                if len(now) else np.zeros(0, np.int64)
-            self.rows[name] = (changed, now[changed].copy())
-        self.fault, self.status, self.at_break = snap.fault, snap.status, snap.at_break
+    def __init__(self, machine: Machine, rows: dict[str, np.ndarray]):
+        snap_small = {k: getattr(machine, k).copy() for k in machine._STATE_ARRAYS
+                      if k not in _BIG}
+        self.small = snap_small
+        self.rows = rows
+        self.values = {name: getattr(machine, name)[r] for name, r in rows.items()}
+        self.fault, self.status, self.at_break = machine.fault, machine.status, machine._at_break
 
-    def materialize(self, base: Snapshot) -> Snapshot:
-        arrays = dict(self.small)
+    @property
+    def cycle(self) -> int:
+        return Snapshot(self.small).cycle
+
+    def absorb(self, earlier: "_Checkpoint") -> None:
+        """Take over the rows of the checkpoint before this one (which is being dropped)."""
         for name in _BIG:
-            full = base.arrays[name].copy()
-            rows, values = self.rows[name]
-            full[rows] = values
-            arrays[name] = full
-        return Snapshot(arrays, self.fault, self.status, self.at_break)
+            rows = np.concatenate([self.rows[name], earlier.rows[name]])
+            values = np.concatenate([self.values[name], earlier.values[name]])
+            rows, first = np.unique(rows, return_index=True)    # this checkpoint's values win
+            self.rows[name], self.values[name] = rows, values[first]
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.values.values())
 
 
 class History:
@@ -50,11 +66,43 @@ class History:
         self.interval = int(interval)
         self.max_snapshots = max(2, int(max_snapshots))
         self.base = machine.snapshot()
-        self._deltas: list[_Delta] = []
+        self._deltas: list[_Checkpoint] = []
+        self._program = machine.program
+        self._writes = None                 # (index, memory code, lo, hi) of every write
+
+    # ------------------------------------------------------------------ footprints
+    def _write_table(self):
+        if self._writes is None:
+            a = AccessMap(self.machine)
+            w = a.write == 1
+            self._writes = (a.index[w], a.mem[w], a.lo[w], a.hi[w])
+        return self._writes
+
+    def _written(self, times: np.ndarray, first: int, last: int) -> dict[str, np.ndarray]:
+        """Rows (sorted, per big memory) that instructions retiring in cycles first..last
+        (by `times`, the later state's) may have written: their write footprints."""
+        index, mem, lo, hi = self._write_table()
+        n = len(self.machine.prog)
+        issue, finish = times[:n, 0], times[:n, 2]
+        done = (issue >= 0) & (finish >= first) & (finish <= last)
+        hit = done[index] if len(index) else np.zeros(0, bool)
+        out = {}
+        for name in _BIG:
+            size = getattr(self.machine, name).shape[0]
+            sel = hit & (mem == MEMORY_CODES[name])
+            if not sel.any():
+                out[name] = np.zeros(0, np.int64)
+                continue
+            # union of [lo, hi) ranges: +1 at each start, -1 at each end, covered where > 0
+            edges = np.zeros(size + 1, np.int64)
+            np.add.at(edges, np.clip(lo[sel], 0, size), 1)
+            np.add.at(edges, np.clip(hi[sel], 0, size), -1)
+            out[name] = np.flatnonzero(np.cumsum(edges[:size]) > 0)
+        return out
 
     # ------------------------------------------------------------------ forward
     def run(self, max_cycles=None, breakpoints=(), watch=()) -> RunResult:
-        """machine.run, in interval-sized pieces so that snapshots are spread out."""
+        """machine.run, in interval-sized pieces so that checkpoints are spread out."""
         m = self.machine
         while True:
             target = m.cycle + self.interval
@@ -77,33 +125,82 @@ class History:
         return r
 
     def record(self) -> None:
-        """Take a snapshot if the machine is `interval` cycles past the last one."""
+        """Take a checkpoint if the machine is `interval` cycles past the last one."""
         m = self.machine
+        self._check_program()
         last = self._deltas[-1].cycle if self._deltas else self.base.cycle
         if m.cycle < last + self.interval:
             return
-        self._deltas.append(_Delta(m.snapshot(), self.base))
+        self._deltas.append(_Checkpoint(m, self._written(m.times, last, m.cycle)))
         if len(self._deltas) > self.max_snapshots:
-            self._deltas = self._deltas[1::2]
+            merged = []
+            for k in range(0, len(self._deltas) - 1, 2):
+                later = self._deltas[k + 1]
+                later.absorb(self._deltas[k])
+                merged.append(later)
+            if len(self._deltas) % 2:
+                merged.append(self._deltas[-1])
+            self._deltas = merged
             self.interval *= 2
+
+    def _check_program(self) -> None:
+        if self.machine.program is not self._program:
+            raise RuntimeError("the machine was loaded with another program: make a new History")
 
     # ------------------------------------------------------------------ backward
     def goto(self, cycle: int) -> RunResult:
         """Put the machine in exactly the state it had at `cycle` (<= the latest recorded)."""
         m = self.machine
+        self._check_program()
         cycle = max(int(cycle), self.base.cycle)
         self._deltas = [d for d in self._deltas if d.cycle <= max(cycle, m.cycle)]
-        start = self.base
-        for d in self._deltas:
-            if d.cycle <= cycle:
-                start = d
-        snap = start if isinstance(start, Snapshot) else start.materialize(self.base)
-        m.restore(snap)
+        k = len(self._deltas)
+        while k and self._deltas[k - 1].cycle > cycle:
+            k -= 1
+        self._restore(k)
         m.fault = None
         m.status = "paused"
         m._at_break = -1
         # even a zero step: the core decides whether this cycle is a halt or a fault
         return m.step(cycle - m.cycle)
+
+    def _restore(self, k: int) -> None:
+        """Put the machine in the state of checkpoint k (0: the base, k: self._deltas[k-1])."""
+        m = self.machine
+        target = self._deltas[k - 1] if k else None
+        small = target.small if target else self.base.arrays
+        to = Snapshot(small).cycle
+        now = m.cycle
+        # the rows that can differ: those written by instructions retiring between the two
+        # states, as the later state's times record them
+        later_times = m.times if now >= to else small["times"]
+        changed = self._written(later_times, min(now, to), max(now, to))
+        for name in _BIG:
+            array = getattr(m, name)
+            pending = np.zeros(array.shape[0], bool)
+            pending[changed[name]] = True
+            left = len(changed[name])
+            for d in reversed(self._deltas[:k]):           # newest first: its values win
+                if not left:
+                    break
+                rows = d.rows[name]
+                if not len(rows):
+                    continue
+                take = pending[rows]
+                if take.any():
+                    array[rows[take]] = d.values[name][take]
+                    pending[rows[take]] = False
+                    left -= int(take.sum())
+            if left:
+                rest = np.flatnonzero(pending)
+                array[rest] = self.base.arrays[name][rest]
+        for name, arr in small.items():
+            mine = getattr(m, name)
+            if mine.shape != arr.shape:
+                raise ValueError("checkpoint belongs to another program or machine shape")
+            mine[...] = arr
+        source = target or self.base
+        m.fault, m.status, m._at_break = source.fault, source.status, source.at_break
 
     def back(self, cycles: int = 1) -> RunResult:
         return self.goto(self.machine.cycle - int(cycles))
