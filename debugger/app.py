@@ -83,6 +83,12 @@ KEYS = [
         title="Cycle radix", detail="hex / signed / unsigned in the memory view"),
     Key("w (memory)", "bytes as int8 or as int32 words", action="unit_toggle",
         title="Toggle int8 / int32", detail="unit of the memory view"),
+    Key("up / down (memory)", "move the marked row (g marks one too)"),
+    Key("W (memory)", "back to where the last write of the marked row completed (again: the "
+        "write before it); the source shows the writer", action="jump_writer",
+        title="Jump to last writer", detail="of the marked memory row (reverse execution)"),
+    Key("U (memory)", "the same for the last read of the marked row", action="jump_reader",
+        title="Jump to last reader", detail="of the marked memory row (reverse execution)"),
     Key("a", "the matrix unit: active tile heat map, the MMC's wavefront, shadow shift "
         "(+/- zoom, arrows pan)", "a", "show_array", "Array", "Systolic array",
         "the matrix unit's heat map and wavefront"),
@@ -391,6 +397,8 @@ class DebuggerApp(App):
             if len(result.ui) > 2:
                 view.unit = result.ui[2]
         self.refresh_all(follow=result.stop is not None)
+        if result.ui and result.ui[0] == "show-instruction":     # after the follow above
+            self.query_one(SourceView).show_instruction(result.ui[1])
 
     def _after_reload(self, ui: tuple) -> None:
         if ui[0] == "reload":
@@ -576,6 +584,11 @@ class DebuggerApp(App):
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.KEY_HELP))
 
+    @on(MemoryView.JumpToAccess)
+    def _jump_to_access(self, message: MemoryView.JumpToAccess) -> None:
+        kind = "writer" if message.write else "reader"
+        self.execute(f"jump {kind} {message.memory}[{message.row}]")
+
     @on(TimelinePane.Jump)
     def _jump_from_timeline(self, message: TimelinePane.Jump) -> None:
         self.execute(f"jump {message.cycle}")
@@ -637,6 +650,12 @@ class DebuggerApp(App):
 
     def action_radix_next(self) -> None:
         self.current_memory_view().action_cycle_radix()
+
+    def action_jump_writer(self) -> None:
+        self.current_memory_view().action_jump_to_access(True)
+
+    def action_jump_reader(self) -> None:
+        self.current_memory_view().action_jump_to_access(False)
 
     def action_unit_toggle(self) -> None:
         self.current_memory_view().action_toggle_unit()

@@ -511,6 +511,25 @@ class Session:
                 return stop
         return self._finish(Stop("paused", f"at cycle {m.cycle}"))
 
+    def jump_to_access(self, loc: Location, write: bool) -> tuple[Stop, int] | None:
+        """Back to the latest write (or read) of `loc`'s rows that completed before the
+        current cycle: the machine is put at the cycle it completed, its effects visible
+        (so going again walks further back).  (Stop, instruction index), or None if there
+        is no such access."""
+        m = self.machine
+        self._check_range(loc)
+        done = [a for a in self.accesses.history(loc.memory, loc.row, loc.row + loc.rows,
+                                                 write=write) if 0 <= a.finish < m.cycle]
+        if not done:
+            return None
+        a = done[-1]
+        self.history.goto(a.finish)
+        verb = "wrote" if write else "read"
+        rows = f"{loc.memory}[{loc.row}]" + (f"..[{loc.row + loc.rows - 1}]" if loc.rows > 1 else "")
+        return self._finish(Stop("paused", f"back to cycle {m.cycle}, where {self.where(a.index)} "
+                                           f"{verb} {rows} (issued at cycle {a.issue})",
+                                 a.index), reverse=True), a.index
+
     def reverse_cycles(self, n: int = 1) -> Stop:
         n = min(n, self.machine.cycle)
         if n <= 0:

@@ -263,6 +263,19 @@ class SourceView(ScrollView, can_focus=True):
             if marks.get(line) != old[1].get(line) and top < line <= top + self.size.height:
                 self.refresh(Region(0, line - 1 - top, self.size.width, 1))
 
+    def show_instruction(self, index: int) -> None:
+        """Put the cursor on instruction `index`'s line (a jump to its writer, say)."""
+        program = self.session.program
+        loc = program.locations[index] if 0 <= index < len(program) else None
+        if loc is not None and loc.file != self.listing.name and loc.file in program.sources:
+            self.show_file(loc.file)
+        line = self.listing.line_of.get(index)
+        if line is None:
+            return
+        self.cursor_line = line
+        self._keep_visible(line)
+        self._repaint_marks()
+
     def _keep_visible(self, line: int) -> None:
         top, height = int(self.scroll_offset.y), max(self.size.height, 1)
         if not top <= line - 1 < top + height:
