@@ -9,6 +9,10 @@
 4. start-up of `python -m tpuasm run` on a small program, whole fresh process, warm caches,
    median of 5, next to `python -c "import numpy"` (<= 0.5 s).
 5. a 2 GiB weight file mapped, a program touching 10 tiles: peak RSS (<= 400 MB).
+6. timing-only against full runs of MLP-shaped programs (the 8-layer 256-wide MLP of 1. and
+   the paper's MLP0 shape): wall and CPU time, the ratio (target >= 50x), equal cycles.
+7. a 100M-weight program (1,526 tiles, every one read) from a weight file with a 1 GiB
+   host image, both memory-mapped: peak RSS next to the image sizes, full and timing-only.
 """
 from __future__ import annotations
 
@@ -225,7 +229,7 @@ def bench_startup(runs=5):
 
 
 RSS_CHILD = r"""
-import resource, sys, numpy as np
+import sys, numpy as np
 sys.path.insert(0, sys.argv[2])
 from tpuasm.binary import Program
 from tpuasm.encoding import Instruction
@@ -239,15 +243,33 @@ m = Machine()
 m.load(Program(prog), weights=sys.argv[1])
 r = m.run()
 assert r.status == "halted", r
-# Peak RSS of this process alone: Linux keeps ru_maxrss across execve, so a child forked
-# from a large parent would report the parent's peak; VmHWM belongs to the new address space.
-try:
-    with open("/proc/self/status") as f:
-        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-except OSError:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(peak, m.weights.shape[0])
+print(peak_mb(), m.weights.shape[0])
 """
+
+# Appended to each measuring child.  Peak RSS of the child alone: Linux keeps ru_maxrss
+# across execve, so a child forked from a large parent would report the parent's peak;
+# VmHWM belongs to the new address space.
+PEAK_RSS = r"""
+def peak_mb():
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
+
+def _child(script: str, *args) -> tuple[list[str] | None, float, str]:
+    """Run `script` (with peak_mb()) in a fresh process: (its printed fields or None,
+    wall seconds, stderr's tail)."""
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS + script, *map(str, args)],
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        return None, wall, out.stderr.strip()[-300:]
+    return out.stdout.split(), wall, ""
 
 
 def bench_rss():
@@ -258,23 +280,111 @@ def bench_rss():
         del mm                                   # a sparse file: nothing written
         # warm the numba cache first (compiling in the measured process would count LLVM's
         # memory, not the machine's)
-        subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
-                       capture_output=True, text=True)
-        out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(path), str(ROOT)],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            print(f"5. peak RSS: failed: {out.stderr.strip()[-300:]}")
+        _child(RSS_CHILD, path, ROOT)
+        fields, _, err = _child(RSS_CHILD, path, ROOT)
+        if fields is None:
+            print(f"5. peak RSS: failed: {err}")
             return
-        rss, n = out.stdout.split()
+        rss, n = fields
         print(f"5. 2 GiB weight file ({int(n):,} tiles) mapped, 10 tiles touched: "
               f"peak RSS {float(rss):.0f} MB (target <= 400)")
 
 
+def _best(fn, repeats):
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        out = fn()
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+    return wall, cpu, out
+
+
+def _mlp0_program(batch=200):
+    """MLP0's shape (Table 1): five 2048-wide FC layers (here 8 x 8 tiles of 256 each),
+    batch 200, RW fetched a tile ahead, every layer followed by its ReLU Activate."""
+    return wide_mlp_program(5, 8, batch)
+
+
+def bench_timing_only(repeats=3):
+    rng = np.random.default_rng(0)
+    cases = [("MLP 8 x 256x256, B=4096", mlp_program(8, 4096), 8, 4096),
+             ("MLP0 shape 5 x 2048x2048, B=200", _mlp0_program(), 5 * 64, 200 * 8)]
+    print(f"6. timing-only vs full run, best of {repeats} (target >= 50x):")
+    for name, prog, tiles, rows in cases:
+        w = rng.integers(-128, 128, (tiles, 256, 256)).astype(np.int8)
+        x = rng.integers(-128, 128, (rows, 256)).astype(np.int8).view(np.uint8)
+        machines = {"full": Machine(), "timing-only": Machine(timing_only=True)}
+        figures = {}
+        for kind, m in machines.items():
+            def once(m=m, data=kind == "full"):
+                m.load(prog, weights=w)
+                if data:               # (timing never depends on data: sweeps load none)
+                    m.ub[:rows] = x
+                return m.run()
+            once()                                   # JIT / AOT warm-up
+            figures[kind] = _best(once, repeats)
+        (fw, fc, fr), (tw, tc, tr) = figures["full"], figures["timing-only"]
+        assert fr.status == tr.status == "halted" and fr.cycle == tr.cycle, (fr, tr)
+        print(f"   {name:32s} full {fw * 1e3:8.1f} ms wall {fc * 1e3:8.1f} ms cpu | "
+              f"timing-only {tw * 1e3:6.2f} ms wall {tc * 1e3:6.2f} ms cpu | "
+              f"{fw / tw:5.0f}x wall {fc / tc:5.0f}x cpu ({fr.cycle:,} cycles, equal)")
+
+
+BIG_CHILD = r"""
+import sys, numpy as np
+sys.path.insert(0, sys.argv[3])
+from tpuasm.binary import Program
+from tpuasm.encoding import Instruction
+from tpuasm.machine import Machine
+tiles = int(sys.argv[4])
+prog = [Instruction("RHM", 0, 1, {"host": 0, "ub": 0, "length": 64})]
+for t in range(tiles):               # every tile read once: a 100M-weight layer stack
+    prog += [Instruction("RW", 0, 1, {"tile": t}),
+             Instruction("MMC", 0x05, 1, {"ub": 0, "acc": 0, "length": 64})]
+prog += [Instruction("ACT", 0, 1, {"acc": 0, "ub": 64, "length": 64}),
+         Instruction("WHM", 0, 1, {"ub": 64, "host": 64, "length": 64}),
+         Instruction("HLT")]
+m = Machine(timing_only=sys.argv[5] == "1")
+m.load(Program(prog), host=sys.argv[2], weights=sys.argv[1])
+r = m.run()
+assert r.status == "halted", r
+print(peak_mb(), r.cycle)
+"""
+
+
+def bench_big_program():
+    tiles = 1526                                   # 1,526 x 256 x 256 = 100.0M weights
+    with tempfile.TemporaryDirectory() as d:
+        wpath, hpath = Path(d) / "w.npy", Path(d) / "h.npy"
+        w = np.lib.format.open_memmap(wpath, mode="w+", dtype=np.int8, shape=(tiles, 256, 256))
+        rng = np.random.default_rng(0)
+        for t in range(0, tiles, 64):               # real data: every page exists on disk
+            w[t:t + 64] = rng.integers(-128, 128, w[t:t + 64].shape, dtype=np.int8)
+        del w
+        hrows = (1 << 30) // 256
+        h = np.lib.format.open_memmap(hpath, mode="w+", dtype=np.int8, shape=(hrows, 256))
+        h[:64] = 1
+        del h
+        args = (BIG_CHILD, wpath, hpath, ROOT, tiles)
+        _child(*args, 0)                                                # warm the caches
+        print(f"7. {tiles * 256 * 256 / 1e6:.0f}M-weight program (every tile read), weight "
+              f"image {tiles * 65536 / 2**20:.0f} MiB + host image 1024 MiB, memory-mapped:")
+        for label, flag in (("full run", 0), ("timing-only", 1)):
+            fields, wall, err = _child(*args, flag)
+            if fields is None:
+                print(f"   {label}: failed: {err}")
+                continue
+            rss, cycles = fields
+            print(f"   {label:12s} peak RSS {float(rss):6.0f} MB, {wall:5.2f} s wall "
+                  f"(whole process), {int(cycles):,} cycles")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", nargs="*", type=int, default=[1, 2, 3, 4, 5])
+    ap.add_argument("which", nargs="*", type=int, default=[1, 2, 3, 4, 5, 6, 7])
     args = ap.parse_args()
-    table = {1: bench_mlp, 2: bench_small, 3: bench_step, 4: bench_startup, 5: bench_rss}
+    table = {1: bench_mlp, 2: bench_small, 3: bench_step, 4: bench_startup, 5: bench_rss,
+             6: bench_timing_only, 7: bench_big_program}
     for k in args.which:
         table[k]()
 

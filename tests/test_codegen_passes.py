@@ -71,11 +71,25 @@ def test_slots_are_reused_once_a_tensor_is_dead():
     assert a.rows == 18
 
 
-def test_segment_outputs_are_kept_to_the_end():
+def test_segment_outputs_live_through_the_next_operator_then_free_their_slot():
+    # a goes to the host right after op 0: its WHM overlaps op 1, so op 1 must not write
+    # a's slot; op 2 may (the scoreboard orders that write after the WHM); x lives to op 3
+    order = [(["x"], ["a"]), (["x"], ["b"]), (["b"], ["c"]), (["x"], ["d"])]
+    a = alloc.allocate(order, dict.fromkeys("xabcd", 5), ["x"], ["a", "c", "d"])
+    assert a.of["b"] is not a.of["a"]
+    assert a.of["c"] is a.of["a"]
+    assert a.rows == 15
+
+
+def test_a_slot_whose_padding_matches_is_preferred():
+    # when c is written, x's slot and a's slot are free and equal; best fit alone takes
+    # the first (x's); with padding keys c goes where a (the same key) left its padding
     order = [(["x"], ["a"]), (["a"], ["b"]), (["b"], ["c"])]
-    sizes = dict.fromkeys("xabc", 5)
-    a = alloc.allocate(order, sizes, ["x"], ["a", "c"])
-    assert a.of["c"] is not a.of["a"]
+    sizes = {"x": 5, "a": 5, "b": 9, "c": 5}
+    plain = alloc.allocate(order, sizes, ["x"], ["c"])
+    assert plain.of["c"] is plain.of["x"]
+    keyed = alloc.allocate(order, sizes, ["x"], ["c"], keys={"x": 1, "a": 2, "c": 2})
+    assert keyed.of["c"] is keyed.of["a"]
 
 
 # ----------------------------------------------------------------------------- weights

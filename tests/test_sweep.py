@@ -229,15 +229,21 @@ def test_regression_runner_on_a_dask_cluster(tmp_path, capsys):
 
 
 def test_relative_performance_and_weighted_mean_by_hand():
-    from tpuasm.sweep.report import relative, weighted_mean
+    from tpuasm.sweep.report import present, relative, weighted_mean
     rows = [{"target": "MLP0", "memory": "1", "status": "ok", "time_us": "100"},
             {"target": "MLP0", "memory": "4", "status": "ok", "time_us": "40"},
             {"target": "CNN0", "memory": "1", "status": "ok", "time_us": "10"},
             {"target": "CNN0", "memory": "4", "status": "ok", "time_us": "10"},
-            {"target": "CNN0", "memory": "2", "status": "error", "time_us": ""}]
+            {"target": "CNN0", "memory": "2", "status": "error", "time_us": ""},
+            {"target": "MLP0", "memory": "2", "status": "ok", "time_us": "50"}]
     rel = relative(rows, ["memory"])
-    assert rel[("MLP0", "memory")] == [(1.0, 1.0), (4.0, 2.5)]
+    assert rel[("MLP0", "memory")] == [(1.0, 1.0), (2.0, 2.0), (4.0, 2.5)]
     assert rel[("CNN0", "memory")] == [(1.0, 1.0), (4.0, 1.0)]
     mean = weighted_mean(rel, ["memory"])["memory"]
     # workload shares: MLP0 30.5, CNN0 2.5
     assert mean[1] == (4.0, pytest.approx((30.5 * 2.5 + 2.5 * 1.0) / 33.0))
+    assert [x for x, _ in mean] == [1.0, 4.0]          # x2: CNN0 failed, no mean
+    # partial: the mean of the apps a point has (Figure 11's marked means)
+    partial = dict(weighted_mean(rel, ["memory"], partial=True)["memory"])
+    assert partial[2.0] == pytest.approx(2.0) and present(rel, "memory", 2.0) == ["MLP0"]
+    assert present(rel, "memory", 4.0) == ["CNN0", "MLP0"]

@@ -135,6 +135,8 @@ class Program:
     sources: dict[str, str] = field(default_factory=dict)
     _lines: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _node_index: tuple = field(default=(), init=False, repr=False, compare=False)
+    # the machine's decoded table of these instructions (tpuasm.machine.machine._decoded)
+    _machine_table: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.locations:

@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timing", choices=("tpu", "opentpu"),
                    help="latencies: TPU v1's, or OpenTPU's documented ones "
                         "(default: the program's profile)")
+    r.add_argument("--timing-only", action="store_true",
+                   help="cycles, counters and faults without the data path (for sweeps; "
+                        "no memory contents, so not with --out)")
     _config_option(r, machine=True)
     _profile_options(r)
     r.set_defaults(handler=cmd_run)
@@ -320,6 +323,9 @@ def cmd_disasm(args) -> int:
 def cmd_run(args) -> int:
     from .files import check_outputs
     from .runreport import run_and_report, split_machine_settings
+    if args.timing_only and args.out:
+        raise TpuasmError("--timing-only computes no memory contents: there is no host "
+                          "memory to write with --out (drop one of the two)")
     check_outputs({"--out": args.out, "--stats": args.stats, "--trace": args.trace},
                   [args.program, args.host, args.weights])
     # --config also takes every other MachineConfig field (clock_hz=1.4e9, ...): the

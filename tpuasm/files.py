@@ -160,12 +160,13 @@ def _check_data_present(h: NpyHeader, path, what: str) -> None:
 
 
 def load_npy(path, *, what: str = "array file", dtypes: Iterable | None = None,
-             ndim: int | None = None, mmap: bool = False):
+             ndim: int | None = None, mmap: bool | str = False):
     """A numpy array from a .npy file, its header checked first (see the module doc).
 
     `dtypes`: the allowed dtypes (None: any plain dtype); `ndim`: the required number of
-    dimensions; `mmap`: a read-only memory map instead of a copy in memory (then nothing
-    is allocated for the data).  DataFileError names the file and what is wrong.
+    dimensions; `mmap`: a memory map instead of a copy in memory (then nothing is allocated
+    for the data): True or "r" read-only, "c" copy-on-write (writable, the file never
+    changes, and only the pages written cost memory).  DataFileError names the file and what is wrong.
     """
     import numpy as np
     fd = _open_regular(path, what, DataFileError)
@@ -185,7 +186,8 @@ def load_npy(path, *, what: str = "array file", dtypes: Iterable | None = None,
             if h.nbytes == 0:
                 arr = np.zeros(h.shape, dtype=h.dtype)
             elif mmap:
-                arr = np.memmap(fh, dtype=h.dtype, mode="r", offset=h.offset, shape=h.shape,
+                mode = "r" if mmap is True else mmap
+                arr = np.memmap(fh, dtype=h.dtype, mode=mode, offset=h.offset, shape=h.shape,
                                 order=order)
                 arr = np.asarray(arr)        # a plain ndarray view of the map (no copy)
             else:

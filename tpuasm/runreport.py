@@ -17,10 +17,11 @@ BREAKDOWN = (("array active", "array_active_cycles"), ("weight stall", "weight_s
 OVERLAPPING = (("RAW stalls", "raw_stall_cycles"), ("input (host) stalls", "input_stall_cycles"))
 
 
-def make_machine(program, *, hazards: str = "interlock", trace: bool = False, **overrides):
+def make_machine(program, *, hazards: str = "interlock", trace: bool = False,
+                 timing_only: bool = False, **overrides):
     from .machine import Machine, MachineConfig
     config = MachineConfig.from_shape(program.shape, hazards=hazards, **overrides)
-    return Machine(config, trace=trace)
+    return Machine(config, trace=trace, timing_only=timing_only)
 
 
 def split_machine_settings(items: list[str]) -> tuple[list[str], dict]:
@@ -68,7 +69,8 @@ def run_and_report(program, args) -> int:
     if "hazards" in overrides:
         args.hazards = overrides.pop("hazards")
     timing.update(overrides)
-    machine = make_machine(program, hazards=args.hazards, trace=bool(args.trace), **timing)
+    machine = make_machine(program, hazards=args.hazards, trace=bool(args.trace),
+                           timing_only=bool(getattr(args, "timing_only", False)), **timing)
     machine.load(program, host=args.host, weights=args.weights)
     result = machine.run(max_cycles=args.max_cycles)
     if not args.quiet:

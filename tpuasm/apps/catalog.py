@@ -41,12 +41,13 @@ def lstm_cells(tensors, layers, cell: int, x: str, hidden: int, fine: bool) -> s
             tensors[f"{p}.{t}"] = _vec(f"{p}.{t}", hidden)
         layers += [Vector(f"{p}.f*c", (f"{p}.f", f"{p}.c_prev"), f"{p}.fc"),
                    Vector(f"{p}.i*g", (f"{p}.i", f"{p}.g"), f"{p}.ig"),
-                   Vector(f"{p}.c", (f"{p}.fc", f"{p}.ig"), f"{p}.c"),
-                   Vector(f"{p}.tanh(c)", (f"{p}.c",), f"{p}.tc", "tanh"),
+                   Vector(f"{p}.c", (f"{p}.fc", f"{p}.ig"), f"{p}.c", op="add"),
+                   Vector(f"{p}.tanh(c)", (f"{p}.c",), f"{p}.tc", "tanh", "copy"),
                    Vector(f"{p}.h", (f"{p}.o", f"{p}.tc"), f"{p}.h")]
     else:
-        layers += [Vector(f"{p}.c", (f"{p}.f", f"{p}.c_prev", f"{p}.i", f"{p}.g"), f"{p}.c"),
-                   Vector(f"{p}.h", (f"{p}.o", f"{p}.c"), f"{p}.h", "tanh")]
+        layers += [Vector(f"{p}.c", (f"{p}.f", f"{p}.c_prev", f"{p}.i", f"{p}.g"), f"{p}.c",
+                          op="cell"),
+                   Vector(f"{p}.h", (f"{p}.o", f"{p}.c"), f"{p}.h", op="gate")]
     return f"{p}.h"
 
 
@@ -60,7 +61,7 @@ def lstm0() -> App:
         if cell >= 2:                       # residual connection (as in GNMT's stacks)
             r = f"c{cell}.res"
             tensors[r] = _vec(r, 1024)
-            layers.append(Vector(r, (h, x), r))
+            layers.append(Vector(r, (h, x), r, op="add"))
             h = r
         x = h
     inputs = ("x", *(f"c{i}.{t}" for i in range(6) for t in ("h_prev", "c_prev")))
@@ -78,7 +79,7 @@ def lstm1() -> App:
     tensors["logits"] = _vec("logits", 13500)
     tensors["scaled"] = _vec("scaled", 13500)
     layers.append(FC("out", (x,), "logits", "none"))
-    layers.append(Vector("out.scale", ("logits",), "scaled"))
+    layers.append(Vector("out.scale", ("logits",), "scaled", op="scale"))
     inputs = ("x", *(f"c{i}.{t}" for i in range(9) for t in ("h_prev", "c_prev")))
     return App("LSTM1", 96, tensors, layers, inputs, ("scaled",))
 

@@ -10,6 +10,7 @@ import json
 import sys
 
 from .paper import APPS, ROWS, TABLE3, measured_row
+from .programs import SOURCES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -21,8 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "emulator and print every Table 3 row next to the paper's, with the gap.")
     p.add_argument("--apps", default=",".join(APPS), metavar="A,B,...",
                    help=f"which apps (default: all six: {','.join(APPS)})")
-    p.add_argument("--timing-only", action="store_true",
-                   help="skip the arithmetic, keep the cycle counts (when the emulator has it)")
+    p.add_argument("--source", choices=SOURCES, default="compiler",
+                   help="compiler: the apps' ONNX models compiled by tpuasm.compile (default); "
+                        "generator: the older hand-written generator (tpuasm/apps/codegen.py)")
+    p.add_argument("--timing-only", action="store_true", default=True,
+                   help="skip the arithmetic, keep the cycle counts (the default: the profiled "
+                        "data are zeros, and values never change the timing)")
+    p.add_argument("--full", dest="timing_only", action="store_false",
+                   help="compute the arithmetic too (same cycle counts, slower)")
     p.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                    help="a MachineConfig setting for every app (repeatable)")
     fmt = p.add_mutually_exclusive_group()
@@ -55,11 +62,8 @@ def profile_main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    from ..sweep.point import timing_only_supported
     timing_only = args.timing_only and timing_only_supported()
-    if args.timing_only and not timing_only:
-        print("note: this emulator has no timing-only mode yet; running in full", file=sys.stderr)
-    results = {app: profile_app(app, config, timing_only) for app in apps}
+    results = {app: profile_app(app, config, timing_only, args.source) for app in apps}
     if args.json:
         print(json.dumps(results, indent=2))
     elif args.csv:
@@ -69,23 +73,44 @@ def profile_main(argv: list[str] | None = None) -> int:
     return EXIT_FAILED if any(r["status"] != "ok" for r in results.values()) else EXIT_OK
 
 
-def profile_app(app: str, config: dict, timing_only: bool = False) -> dict:
+def timing_only_supported() -> bool:
+    import inspect
+
+    from ..machine import Machine
+    return "timing_only" in inspect.signature(Machine.__init__).parameters
+
+
+def profile_app(app: str, config: dict, timing_only: bool = True,
+                source: str = "compiler") -> dict:
     """Run one app; {"status", "cycles", "rows": {key: {"measured", "paper", "gap"}}}."""
-    from ..sweep.point import run_point
-    from ..sweep.targets import Target
-    row = run_point({"target": Target("app", app), "settings": {}, "config": config,
-                     "key": "", "timing_only": timing_only})
-    out = {"status": row["status"], "error": row.get("error"), "cycles": row.get("cycles"),
-           "time_us": row.get("time_us"), "rows": {}}
-    if row["status"] != "ok":
-        return out
-    counters = {k: row[k] for k in ("cycles", "tops", "mxu_utilization", "array_active_cycles",
-                                    "weight_stall_cycles", "weight_shift_cycles",
-                                    "non_matrix_cycles", "raw_stall_cycles",
-                                    "input_stall_cycles")}
+    from ..errors import TpuasmError
+    from ..machine import Machine, MachineConfig
+    from .programs import CodegenError, app_program, shape_of
+    out = {"status": "ok", "error": None, "cycles": None, "time_us": None, "rows": {},
+           "source": source}
+    try:
+        machine_config = MachineConfig(**config)
+        ap = app_program(app, **shape_of(machine_config), source=source)
+        host, weights = ap.data()
+        machine = (Machine(machine_config, timing_only=True) if timing_only
+                   else Machine(machine_config))
+        machine.load(ap.assemble(), host=host, weights=weights)
+        result = machine.run()
+    except CodegenError as e:
+        return {**out, "status": "skipped", "error": str(e)}
+    except (TpuasmError, ValueError, OSError) as e:
+        return {**out, "status": "error", "error": f"{type(e).__name__}: {e}"}
+    if result.fault is not None:
+        return {**out, "status": "fault", "error": str(result.fault)}
+    counters = machine.counters()
+    cycles = int(counters["cycles"])
+    seconds = cycles / machine_config.clock_hz
+    # row 2 and TOPS count the network's own MACs, not the padding the array also multiplies
+    counters = dict(counters, tops=2.0 * ap.macs / max(seconds, 1e-30) / 1e12,
+                    mxu_utilization=ap.macs / max(cycles * ap.array_size ** 2, 1))
+    out.update(cycles=cycles, time_us=round(seconds * 1e6, 3), segments=ap.segments)
     for key, _, _, _ in ROWS:
-        measured = row["useful_pct"] if key == "useful" else measured_row(key, counters)
-        # row 2 and TOPS count the network's own MACs (run_point), not the padding
+        measured = measured_row(key, counters)
         paper = TABLE3[key][app]
         out["rows"][key] = {"measured": round(measured, 2), "paper": paper,
                             "gap": round(measured - paper, 2)}

@@ -31,6 +31,9 @@ def build_parser():
     p.add_argument("--scheduler", metavar="ADDR")
     p.add_argument("--workers", type=int, help="local workers (0: in this process)")
     p.add_argument("--timing-only", action="store_true")
+    p.add_argument("--apps-from", choices=("compiler", "generator"), default="compiler",
+                   help="the apps' programs: compiled from their ONNX models (default) or "
+                        "from the hand-written generator (tpuasm/apps/codegen.py)")
     p.add_argument("--cache", type=Path, help="result cache (default: the sweep's)")
     p.add_argument("--from-csv", type=Path, metavar="CSV",
                    help="no runs: the plot and findings from a `tpuasm sweep` CSV of the "
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
     csv_path = args.out.with_suffix(".csv")
     out = CsvStream(csv_path, knobs)
     cache = ResultCache(args.cache or default_path())
-    targets = [Target("app", a) for a in apps]
+    targets = [Target("app", a, origin=args.apps_from) for a in apps]
     done = 0
 
     def on_row(row):
@@ -99,13 +102,30 @@ def report(csv_path: Path, knobs, out: Path) -> int:
     from ..sweep.report import read_rows, relative, save_figure, weighted_mean
     rows = read_rows(csv_path)
     rel = relative(rows, knobs)
-    mean = weighted_mean(rel, knobs)
+    # a point some app could not run (skipped) still gets the mean of the apps it has,
+    # marked in the table, rather than leaving the knob's most telling factors blank
+    mean = weighted_mean(rel, knobs, partial=True)
     for suffix in (".png", ".svg"):
         save_figure(rel, mean, knobs, out.with_suffix(suffix),
-                    title="Figure 11 on the emulator: performance vs. scale factor")
+                    title="Figure 11 on the emulator: performance vs. scale factor",
+                    mean_label="weighted mean (of the apps run)")
     print(findings_text(rel, mean, knobs))
+    skipped = skipped_text(rows, knobs)
+    if skipped:
+        print(skipped)
     print(lstm1_example_text())
     return 0
+
+
+def skipped_text(rows, knobs) -> str:
+    """The points an app could not be built for, with the generator's reason."""
+    lines = []
+    for r in rows:
+        if r.get("status") in ("skipped", "error", "fault"):
+            setting = ", ".join(f"{k} x{r.get(k)}" for k in knobs if r.get(k) not in ("1", None))
+            lines.append(f"- {r.get('target')} {setting or 'baseline'}: {r.get('status')}, "
+                         f"{r.get('error')}")
+    return "\n".join(["Points not run:", *lines]) if lines else ""
 
 
 def at(line, x):
@@ -123,6 +143,7 @@ def findings_text(rel: dict, mean: dict, knobs) -> str:
              ("clock+", 4): FIGURE11["clock x4 (weighted mean)"],
              ("matrix", 2): FIGURE11["matrix 512x512 (weighted mean)"],
              ("matrix+", 2): FIGURE11["matrix 512x512 (weighted mean)"]}
+    from ..sweep.report import present
     apps = sorted({t for t, _ in rel}, key=lambda a: APPS.index(a) if a in APPS else 99)
     for knob in knobs:
         for x in (0.25, 0.5, 2, 4):
@@ -131,8 +152,11 @@ def findings_text(rel: dict, mean: dict, knobs) -> str:
                             if at(rel.get((a, knob)), x) is not None)
             if m is None and not per:
                 continue
-            lines.append(f"| {knob} | x{x:g} | {'' if m is None else f'{m:.2f}x'} | "
-                         f"{paper.get((knob, x), '')} | {per} |")
+            missing = [a for a in apps if a not in present(rel, knob, x)]
+            text = "" if m is None else f"{m:.2f}x"
+            if m is not None and missing:
+                text += f" (without {', '.join(missing)})"
+            lines.append(f"| {knob} | x{x:g} | {text} | {paper.get((knob, x), '')} | {per} |")
     return "\n".join(lines)
 
 

@@ -46,6 +46,8 @@ class Vector:
     inputs: tuple[str, ...]
     output: str
     fn: str = "none"
+    op: str = "mul"               # mul a*b | add a+b | cell a*b + c*d | gate a*tanh(b) |
+    #                               copy a | scale a*0.5 (then fn)
 
 
 @dataclass(frozen=True)

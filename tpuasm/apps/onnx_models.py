@@ -1,12 +1,26 @@
-"""The six apps as float ONNX models (onnx.helper), built from the same layer lists.
+"""The six apps as ONNX models (onnx.helper), built from the same layer lists.
 
-Random weights from a fixed seed (`seed`), generated on demand: nothing large is committed.
-`save(name, path)` writes MODEL.onnx with its weights as external data next to it (100M
-floats for CNN1 = 400 MB), so the compiler can memory-map them.  The graph per layer kind:
-FC -> MatMul (+ Relu / Sigmoid / Tanh), over a Concat when it has several inputs; conv ->
-Conv (same padding) + Relu; pool -> MaxPool; a vector layer -> Mul / Add of its inputs
-(then Tanh); image features into an FC layer -> Flatten (and Concat).  Inputs are
+Two forms of one graph:
+- `model(name)`: float, random weights from a fixed seed, for onnxruntime and for
+  `tpuasm compile --calibrate` like any user's model;
+- `quantized_model(name)`: the same graph in QDQ form with int8 weights drawn directly
+  (per-output-channel scales, fixed activation scales): what the paper's production
+  networks were, int8 models.  This is what `tpuasm profile` compiles: it needs no
+  calibration pass (which over CNN1's 5.4 GMAC per sample would cost minutes), and weight
+  or activation values never change the machine's timing.
+
+`save(name, path, quantized=...)` writes MODEL.onnx with its weights as external data
+next to it (100M weights for CNN1), so the compiler memory-maps them.  The graph per layer
+kind: FC -> MatMul (+ Relu / Sigmoid / Tanh), over a Concat when it has several inputs;
+conv -> Conv (same padding) + Relu; pool -> MaxPool; a vector layer -> its Mul / Add (/ Tanh)
+nodes; image features into an FC layer -> Flatten (and Concat).  Inputs are
 (batch, features) or (batch, C, H, W) float32.
+
+Quantization of the QDQ form (docs/apps.md): weights int8 uniform in [-127, 127] with scale
+g / (73.3 sqrt(fan-in)) per output channel (g = sqrt(2) before a ReLU, He's
+initialisation, else 1); model inputs uint8 in
+[0, 1]; ReLU outputs uint8 in [0, 8]; the input of a sigmoid / tanh and every vector-layer
+result int8 in [-8, 8]; sigmoid outputs uint8 in [0, 1], tanh outputs int8 in [-1, 1].
 """
 from __future__ import annotations
 
@@ -19,91 +33,218 @@ from .layers import FC, Conv, Pool, Vector
 
 OPSET = 17
 ACT_OP = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}
+# (scale, zero point, signed) of the quantized tensors, by what produced them
+Q_INPUT = (1 / 255, 0, False)
+Q_RELU = (8 / 255, 0, False)
+Q_WIDE = (8 / 127, 0, True)          # before a sigmoid/tanh, vector results, plain outputs
+Q_SIGMOID = (1 / 255, 0, False)
+Q_TANH = (1 / 127, 0, True)
+W_STD = 73.3                          # std of int8 uniform in [-127, 127]
 
 
 def model(name: str, seed: int = 0, batch: int | None = None):
-    """The app as an onnx.ModelProto (weights inside; use `save` for external data)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    app = build(name)
-    b = batch or app.batch
-    g = np.random.default_rng(seed)
-    nodes, inits = [], []
-
-    def shape(t):
-        return [b, t.channels] if not t.is_image else [b, t.channels, t.height, t.width]
-
-    def weight(wname, dims, fan_in):
-        w = (g.standard_normal(dims, dtype=np.float32) / np.sqrt(fan_in)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, wname))
-        return wname
-
-    def flat(tname):
-        t = app.t(tname)
-        if not t.is_image:
-            return tname
-        out = f"{tname}.flat"
-        if not any(n.output[0] == out for n in nodes):
-            nodes.append(helper.make_node("Flatten", [tname], [out], axis=1, name=out))
-        return out
-
-    for layer in app.layers:
-        if isinstance(layer, FC):
-            ins = [flat(x) for x in layer.inputs]
-            x = ins[0]
-            if len(ins) > 1:
-                x = f"{layer.name}.concat"
-                nodes.append(helper.make_node("Concat", ins, [x], axis=1, name=x))
-            k = sum(app.t(i).channels * app.t(i).pixels for i in layer.inputs)
-            m = app.t(layer.output).channels
-            w = weight(f"{layer.name}.W", (k, m), k)
-            pre = layer.output if layer.fn == "none" else f"{layer.name}.mm"
-            nodes.append(helper.make_node("MatMul", [x, w], [pre], name=layer.name))
-            if layer.fn != "none":
-                nodes.append(helper.make_node(ACT_OP[layer.fn], [pre], [layer.output],
-                                              name=f"{layer.name}.{layer.fn}"))
-        elif isinstance(layer, Conv):
-            c, o = app.t(layer.input).channels, app.t(layer.output).channels
-            k, p = layer.kernel, layer.kernel // 2
-            w = weight(f"{layer.name}.W", (o, c, k, k), c * k * k)
-            pre = f"{layer.name}.conv"
-            nodes.append(helper.make_node("Conv", [layer.input, w], [pre], name=layer.name,
-                                          kernel_shape=[k, k], pads=[p, p, p, p]))
-            nodes.append(helper.make_node("Relu", [pre], [layer.output], name=f"{layer.name}.relu"))
-        elif isinstance(layer, Pool):
-            nodes.append(helper.make_node("MaxPool", [layer.input], [layer.output],
-                                          name=layer.name, kernel_shape=[layer.size] * 2,
-                                          strides=[layer.size] * 2))
-        elif isinstance(layer, Vector):
-            ins = list(layer.inputs)
-            acc = ins[0]
-            for i, other in enumerate(ins[1:]):      # f*c + i*g style: alternate Mul, Add
-                op = "Mul" if i % 2 == 0 else "Add"
-                out = f"{layer.name}.{i}"
-                nodes.append(helper.make_node(op, [acc, other], [out], name=out))
-                acc = out
-            final = layer.output
-            if layer.fn != "none":
-                nodes.append(helper.make_node(ACT_OP[layer.fn], [acc], [final],
-                                              name=f"{layer.name}.{layer.fn}"))
-            else:
-                nodes.append(helper.make_node("Identity", [acc], [final], name=f"{layer.name}.id"))
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape(app.t(n)))
-              for n in app.inputs]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape(app.t(n)))
-               for n in app.outputs]
-    graph = helper.make_graph(nodes, app.name, inputs, outputs, inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                          producer_name="tpuasm.apps")
-    m.ir_version = min(m.ir_version, 9)
-    onnx.checker.check_model(m) if m.ByteSize() < 1_900_000_000 else None
-    return m
+    """The app as a float onnx.ModelProto (weights inside; use `save` for external data)."""
+    return _Builder(name, seed, batch, quantized=False).build()
 
 
-def save(name: str, path: Path, seed: int = 0, batch: int | None = None) -> Path:
+def quantized_model(name: str, seed: int = 0, batch: int | None = None):
+    """The app in QDQ form with int8 weights (what `tpuasm profile` compiles)."""
+    return _Builder(name, seed, batch, quantized=True).build()
+
+
+class _Builder:
+    def __init__(self, name, seed, batch, quantized):
+        self.app = build(name)
+        self.b = batch or self.app.batch
+        self.g = np.random.default_rng(seed)
+        self.quantized = quantized
+        self.nodes, self.inits = [], []
+        self.qparams = {}             # quantized tensor -> (scale, zero point, signed)
+        self.source = {}              # app tensor -> the graph tensor that holds it
+        self.names = set()
+        self.params = set()
+        self.concats = {}
+
+    # -- helpers -------------------------------------------------------------------------
+    def node(self, op, inputs, output, name=None, **attrs):
+        from onnx import helper
+        name = name or output
+        assert name not in self.names, name
+        self.names.add(name)
+        self.nodes.append(helper.make_node(op, inputs, [output], name=name, **attrs))
+        return output
+
+    def const(self, name, value):
+        from onnx import numpy_helper
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def scale_zp(self, q):
+        scale, zp, signed = q
+        key = f"q.{scale:.8g}.{'s' if signed else 'u'}{zp}"
+        if key not in self.params:
+            self.params.add(key)
+            self.const(key + ".scale", np.float32(scale))
+            self.const(key + ".zp", np.int8(zp) if signed else np.uint8(zp))
+        return key + ".scale", key + ".zp"
+
+    def quant(self, x, out, q):
+        """QuantizeLinear(x) -> out (quantized with q)."""
+        if not self.quantized:
+            return self.node("Identity", [x], out, name=f"{out}.id")
+        out = self.source.get(out, out)
+        s, z = self.scale_zp(q)
+        self.qparams[out] = q
+        return self.node("QuantizeLinear", [x, s, z], out, name=f"{out}.q")
+
+    def deq(self, t, consumer):
+        """The float value of tensor t as `consumer` reads it (one DequantizeLinear per
+        consumer, as the QDQ format has it)."""
+        t = self.source.get(t, t)
+        if not self.quantized or t not in self.qparams:
+            return t
+        s, z = self.scale_zp(self.qparams[t])
+        return self.node("DequantizeLinear", [t, s, z], f"{t}.dq.{consumer}")
+
+    def weight(self, wname, dims, fan_in, axis, fn):
+        gain = np.sqrt(2.0) if fn == "relu" else 1.0      # He's: keeps ReLU stacks alive
+        if not self.quantized:
+            w = (self.g.standard_normal(dims, dtype=np.float32) * gain / np.sqrt(fan_in))
+            return self.const(wname, w.astype(np.float32))
+        w = self.g.integers(-127, 128, dims, dtype=np.int8)
+        self.const(wname + ".q", w)
+        scale = np.full(dims[axis], gain / (W_STD * np.sqrt(fan_in)), np.float32)
+        self.const(wname + ".scale", scale)
+        self.const(wname + ".zp", np.zeros(dims[axis], np.int8))
+        return self.node("DequantizeLinear", [wname + ".q", wname + ".scale", wname + ".zp"],
+                         wname, axis=axis)
+
+    def flat(self, tname, consumer):
+        x = self.deq(tname, consumer)
+        if not self.rank4(tname):
+            return x
+        return self.node("Flatten", [x], f"{tname}.flat.{consumer}", axis=1)
+
+    def rank4(self, tname):
+        """Images, and what convolutions and pools produce (a 1 x 1 image too)."""
+        return self.app.t(tname).is_image or any(
+            isinstance(layer, (Conv, Pool)) and layer.output == tname for layer in self.app.layers)
+
+    def shape(self, t):
+        return [self.b, t.channels] if not self.rank4(t.name) else [self.b, t.channels,
+                                                                     t.height, t.width]
+
+    # -- layers --------------------------------------------------------------------------
+    def fc(self, layer):
+        app = self.app
+        if len(layer.inputs) == 1:
+            x = self.flat(layer.inputs[0], layer.name)
+        else:       # one Concat per input list: an LSTM cell's four gates read the same one
+            cat = self.concats.get(layer.inputs)
+            if cat is None:
+                ins = [self.flat(t, layer.name) for t in layer.inputs]
+                cat = self.node("Concat", ins, f"{layer.name}.concat", axis=1)
+                if self.quantized:
+                    cat = self.quant(cat, f"{layer.name}.cat", Q_WIDE)
+                self.concats[layer.inputs] = cat
+            x = self.deq(cat, layer.name)
+        k = sum(app.t(i).channels * app.t(i).pixels for i in layer.inputs)
+        m = app.t(layer.output).channels
+        w = self.weight(f"{layer.name}.W", (k, m), k, 1, layer.fn)
+        mm = self.node("MatMul", [x, w], f"{layer.name}.mm", name=layer.name)
+        self.activation(mm, layer.output, layer.fn, layer.name)
+
+    def activation(self, pre, out, fn, name):
+        """pre (float) -> fn -> out (quantized)."""
+        if fn == "none":
+            return self.quant(pre, out, Q_WIDE)
+        if fn == "relu":
+            r = self.node("Relu", [pre], f"{name}.relu.out", name=f"{name}.relu")
+            return self.quant(r, out, Q_RELU)
+        if self.quantized:        # sigmoid/tanh between QuantizeLinear and DequantizeLinear
+            pre = self.deq(self.quant(pre, f"{name}.pre", Q_WIDE), f"{name}.{fn}")
+        y = self.node(ACT_OP[fn], [pre], f"{name}.{fn}.out", name=f"{name}.{fn}")
+        return self.quant(y, out, Q_SIGMOID if fn == "sigmoid" else Q_TANH)
+
+    def conv(self, layer):
+        app = self.app
+        c, o = app.t(layer.input).channels, app.t(layer.output).channels
+        k, p = layer.kernel, layer.kernel // 2
+        w = self.weight(f"{layer.name}.W", (o, c, k, k), c * k * k, 0, layer.fn)
+        pre = self.node("Conv", [self.deq(layer.input, layer.name), w], f"{layer.name}.conv",
+                        name=layer.name, kernel_shape=[k, k], pads=[p, p, p, p])
+        self.activation(pre, layer.output, layer.fn, layer.name)
+
+    def pool(self, layer):
+        y = self.node("MaxPool", [self.deq(layer.input, layer.name)], f"{layer.name}.out",
+                      name=layer.name, kernel_shape=[layer.size] * 2,
+                      strides=[layer.size] * 2)
+        q = self.qparams.get(self.source.get(layer.input, layer.input), Q_RELU)
+        self.quant(y, layer.output, q)     # max pooling keeps its input's quantization
+
+    def vector(self, layer):
+        ins = [self.deq(x, layer.name) for x in layer.inputs]
+        n = layer.name
+        if layer.op == "mul":
+            y = self.node("Mul", ins, f"{n}.mul")
+        elif layer.op == "add":
+            y = self.node("Add", ins, f"{n}.add")
+        elif layer.op == "cell":                   # f * c_prev + i * g
+            y = self.node("Add", [self.node("Mul", ins[:2], f"{n}.mul0"),
+                                  self.node("Mul", ins[2:], f"{n}.mul1")], f"{n}.add")
+        elif layer.op == "gate":                   # o * tanh(c)
+            y = self.node("Mul", [ins[0], self.node("Tanh", ins[1:], f"{n}.tanh")], f"{n}.mul")
+        elif layer.op == "scale":
+            y = self.node("Mul", [ins[0], self.const(f"{n}.k", np.float32(0.5))], f"{n}.mul")
+        else:
+            y = ins[0]
+        if layer.fn != "none":
+            y = self.node(ACT_OP[layer.fn], [y], f"{n}.{layer.fn}")
+        self.quant(y, layer.output, Q_WIDE if layer.fn == "none" else Q_TANH)
+
+    def build(self):
+        import onnx
+        from onnx import TensorProto, helper
+        app = self.app
+        inputs = []
+        if self.quantized:
+            self.source.update({n: f"{n}.q" for n in app.outputs})
+        for n in app.inputs:
+            inputs.append(helper.make_tensor_value_info(n, TensorProto.FLOAT,
+                                                        self.shape(app.t(n))))
+            if self.quantized:
+                self.source[n] = self.quant(n, f"{n}.q", Q_INPUT)
+        for layer in app.layers:
+            if isinstance(layer, FC):
+                self.fc(layer)
+            elif isinstance(layer, Conv):
+                self.conv(layer)
+            elif isinstance(layer, Pool):
+                self.pool(layer)
+            elif isinstance(layer, Vector):
+                self.vector(layer)
+        outputs = []
+        for n in app.outputs:
+            out = n
+            if self.quantized:
+                s, z = self.scale_zp(self.qparams[f"{n}.q"])
+                self.node("DequantizeLinear", [f"{n}.q", s, z], n, name=f"{n}.dq")
+            outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT,
+                                                         self.shape(app.t(n))))
+        graph = helper.make_graph(self.nodes, app.name, inputs, outputs, self.inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="tpuasm.apps")
+        m.ir_version = min(m.ir_version, 9)
+        if m.ByteSize() < 1_900_000_000:
+            onnx.checker.check_model(m)
+        return m
+
+
+def save(name: str, path: Path, seed: int = 0, batch: int | None = None,
+         quantized: bool = False) -> Path:
     """Write the model to `path`, weights as external data in PATH.data."""
     import onnx
-    m = model(name, seed, batch)
+    m = (quantized_model if quantized else model)(name, seed, batch)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

@@ -1,13 +1,25 @@
 """The six apps as runnable programs for a given machine: source, Program and data images.
 
-Today the programs come from the hand-written generator (codegen.py); the compiler's
-output can replace it behind `app_program` without changing profile or sweep.
+The programs come from the compiler: each app's QDQ ONNX model (onnx_models.py, Table 1
+shapes) compiled by `tpuasm.compile` for the machine shape, its TPU segments joined into one
+program with the host parts as round trips (tpuasm/compiler/whole.py).  `source="generator"`
+selects the older hand-written generator (codegen.py) for comparison.
+
+Both steps are cached on disk under ~/.cache/tpuasm/apps/ (XDG_CACHE_HOME respected):
+the model file by a digest of the model builders' sources, name, seed and batch; each
+compiled program by that digest, the machine shape and a digest of the compiler's sources.
+A sweep's many configurations of one shape compile once, in any process.
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -15,7 +27,9 @@ from .catalog import PAPER_ORDER, build
 from .codegen import CodegenError, generate
 
 SHAPE_FIELDS = ("array_size", "ub_rows", "acc_rows", "fifo_depth")
-GENERATOR_VERSION = "codegen-1"
+SOURCES = ("compiler", "generator")
+SEED = 0
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def app_names() -> tuple[str, ...]:
@@ -34,6 +48,8 @@ class AppProgram:
     weight_tiles: int
     array_size: int
     macs: int                 # the network's own MACs per batch (padding not counted)
+    origin: str = "compiler"  # compiler | generator
+    segments: int = 1         # TPU segments joined (host parts between them)
 
     @property
     def digest(self) -> str:
@@ -45,24 +61,112 @@ class AppProgram:
 
     def data(self):
         """Zero host and weight images (values do not change timing); np.zeros maps
-        untouched pages lazily, so CNN1's 4,296 tiles cost no memory until read."""
+        untouched pages lazily, so CNN1's thousands of tiles cost no memory until read."""
         n = self.array_size
         return (np.zeros((self.host_rows, n), np.int8),
                 np.zeros((self.weight_tiles, n, n), np.int8))
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=32)
 def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows: int = 4096,
-                fifo_depth: int = 4) -> AppProgram:
+                fifo_depth: int = 4, source: str = "compiler") -> AppProgram:
     """The app's program for this machine shape; CodegenError when it does not fit."""
     app = build(name)
-    g = generate(app, array_size, ub_rows, acc_rows, fifo_depth)
-    return AppProgram(app.name, g.source, g.host_rows, g.weight_tiles, array_size,
-                      app.batch * app.macs_per_sample)
+    macs = app.batch * app.macs_per_sample
+    if source == "generator":
+        g = generate(app, array_size, ub_rows, acc_rows, fifo_depth)
+        return AppProgram(app.name, g.source, g.host_rows, g.weight_tiles, array_size, macs,
+                          "generator")
+    if source != "compiler":
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+    shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
+                 fifo_depth=fifo_depth)
+    model_dir = model_file(app.name).parent
+    key = hashlib.sha256(json.dumps([shape, compiler_digest()]).encode()).hexdigest()[:16]
+    cached = model_dir / f"program-{key}.json"
+    try:
+        record = json.loads(cached.read_text())
+    except (OSError, ValueError):
+        record = _compile(app, shape)
+        _write_atomic(cached, json.dumps(record))
+    if "error" in record:
+        raise CodegenError(record["error"])
+    return AppProgram(app.name, record["source"], record["host_rows"], record["weight_tiles"],
+                      array_size, macs, "compiler", record["segments"])
+
+
+def _compile(app, shape: dict) -> dict:
+    from ..compiler.errors import CompileError
+    from ..compiler.pipeline import compile_model
+    from ..compiler.whole import whole_program
+    try:
+        compiled = compile_model(model_file(app.name), batch=app.batch, config=shape)
+        whole = whole_program(compiled, f"{app.name}, batch {app.batch}")
+    except CompileError as e:
+        return {"error": f"{app.name}: {e}"}
+    return {"source": whole.source, "host_rows": whole.host_rows,
+            "weight_tiles": whole.weight_tiles, "segments": whole.segments}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tpuasm" / "apps"
+
+
+def _digest(paths) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p.relative_to(_PACKAGE)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def compiler_digest() -> str:
+    """The compiler's and the ISA's sources: a compiled program is stale when they change."""
+    return _digest([*(_PACKAGE / "compiler").rglob("*.py"), _PACKAGE / "isa.toml"])
+
+
+@lru_cache(maxsize=8)
+def model_file(name: str) -> Path:
+    """The app's QDQ model (weights as external data), written once into the cache."""
+    app = build(name)
+    here = Path(__file__).resolve().parent
+    builders = _digest([here / "onnx_models.py", here / "catalog.py", here / "layers.py"])
+    key = hashlib.sha256(f"{builders}:{app.name}:{SEED}:{app.batch}".encode()).hexdigest()[:16]
+    target = cache_dir() / f"{app.name.lower()}-{key}"
+    path = target / "model.onnx"
+    if path.exists():
+        return path
+    from .onnx_models import save
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save(app.name, tmp / "model.onnx", seed=SEED, batch=app.batch, quantized=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not path.exists():          # not a concurrent writer that won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def shape_of(config) -> dict:
     return {k: getattr(config, k) for k in SHAPE_FIELDS}
 
 
-__all__ = ["AppProgram", "CodegenError", "app_names", "app_program", "is_app", "shape_of"]
+__all__ = ["AppProgram", "CodegenError", "SOURCES", "app_names", "app_program", "is_app",
+           "shape_of"]

@@ -68,7 +68,9 @@ for _spec in ISA_TABLE.instructions.values():
  # the weight port: the Read_Weights it holds (or last held), its first tile, its tile
  # count, and the cycle it frees the port (its last hand-off + 1 = its finish)
  S_RW_IDX, S_RW_TILE0, S_RW_NTILES, S_RW_FREE,
- ST_SIZE) = range(57)
+ # 1: timing only (Machine(timing_only=True)): skip every data-path effect
+ K_TIMING_ONLY,
+ ST_SIZE) = range(58)
 
 # status codes
 RUNNING, HALTED, FAULTED, BREAKPOINT, WATCHPOINT, PAUSED = range(6)
@@ -574,10 +576,13 @@ def _complete(prog, st, sg, cregs, fps, tl, watch, ub, acc, host, weights, scrat
     idx = sg[r, G_IDX]
     row = prog[idx]
     op = row[COL_OP]
-    t0 = sg[r, G_TILE0]
-    nt = sg[r, G_NTILES] if op == OP_MMC else 0
-    execute_instruction(row, cregs[r], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
-                        st[S_ACTIVE:S_ACTIVE + 2], scratch, st[K_PROFILE])
+    if st[K_TIMING_ONLY] == 0:
+        # (timing only: no effects; every time and counter depends on instructions and
+        # addresses alone, never on data, so they are the same as a full run's)
+        t0 = sg[r, G_TILE0]
+        nt = sg[r, G_NTILES] if op == OP_MMC else 0
+        execute_instruction(row, cregs[r], ub, acc, host, weights, tl[T_TILE, t0:t0 + nt],
+                            st[S_ACTIVE:S_ACTIVE + 2], scratch, st[K_PROFILE])
     if op == OP_MMC:
         # its matrix-stage cycles are folded when the next MMC issues (_fold_matrix_timeline)
         st[C_MACS] += mmc_vectors(row) * st[K_N] * st[K_N]

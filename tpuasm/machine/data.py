@@ -1,6 +1,8 @@
 """Loading and validating host-memory and weight images (.npy or arrays).
 
-Host memory: (rows, N) int8 or uint8, copied (the machine writes it).
+Host memory: (rows, N) int8 or uint8, private to the machine (it writes it): an array is
+copied; a path is opened with mmap_mode="c" (copy-on-write: the file is never changed, and
+only the pages the program reads or writes cost memory).
 Weights: (tiles, N, N) int8 or uint8, read-only; a path is opened with mmap_mode="r" so a
 multi-GiB weight image costs only the pages the program touches.
 Anything else raises DataFileError naming the file, the shape/dtype found and the one expected.
@@ -19,7 +21,7 @@ from ..limits import check_allocation
 _BYTE_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
-def _open(path, what: str, mmap: bool) -> np.ndarray:
+def _open(path, what: str, mmap: bool | str) -> np.ndarray:
     """A .npy image through tpuasm.files.load_npy: a regular file, its header checked
     (dtype, shape, the data really there) before anything is allocated, never pickle."""
     if not isinstance(path, (str, os.PathLike)):
@@ -46,10 +48,16 @@ def load_host(host, array_size: int) -> np.ndarray:
     if host is None:
         return np.zeros((0, n), dtype=np.uint8)
     name = str(host) if not isinstance(host, np.ndarray) else "host array"
-    arr = host if isinstance(host, np.ndarray) else _open(host, "host memory", mmap=False)
-    _check(arr, name, (None, n), f"(rows, {n})")
-    check_allocation(f"{name}: host image of shape {arr.shape}", arr.nbytes)   # the copy
-    return np.ascontiguousarray(arr).view(np.uint8).copy()
+    if isinstance(host, np.ndarray):
+        _check(host, name, (None, n), f"(rows, {n})")
+        check_allocation(f"{name}: host image of shape {host.shape}", host.nbytes)  # the copy
+        return np.ascontiguousarray(host).view(np.uint8).copy()
+    arr = _check(_open(host, "host memory", mmap="c"), name, (None, n), f"(rows, {n})")
+    if not arr.flags.c_contiguous:              # (a Fortran-order file) a private copy
+        check_allocation(f"{name}: host image of shape {arr.shape}", arr.nbytes)
+        return np.ascontiguousarray(arr).view(np.uint8)
+    # a private copy-on-write map: the machine may write it, the file never changes
+    return arr.view(np.uint8)
 
 
 def load_weights(weights, array_size: int) -> np.ndarray:
@@ -60,7 +68,7 @@ def load_weights(weights, array_size: int) -> np.ndarray:
         out.flags.writeable = False
         return out
     name = str(weights) if not isinstance(weights, np.ndarray) else "weight array"
-    arr = weights if isinstance(weights, np.ndarray) else _open(weights, "weight", mmap=True)
+    arr = weights if isinstance(weights, np.ndarray) else _open(weights, "weight", mmap="r")
     _check(arr, name, (None, n, n), f"(tiles, {n}, {n})")
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)

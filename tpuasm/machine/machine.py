@@ -5,6 +5,7 @@ core's arrays (no copies) and words for the faces (pipeline stall texts, fault m
 """
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -126,12 +127,16 @@ class Machine:
 
     _STATE_ARRAYS = ("st", "sg", "cregs", "fps", "times", "tl", "seg", "ev", "ub", "acc", "host")
 
-    def __init__(self, config: MachineConfig | None = None, trace: bool = False):
+    def __init__(self, config: MachineConfig | None = None, trace: bool = False,
+                 timing_only: bool = False):
         # `trace` is accepted for compatibility only: the trace is always available after
         # a run (write_trace builds it from the core's arrays; spec/machine-api.md).
+        # `timing_only`: cycles, counters, events, faults and the pipeline exactly as a full
+        # run, without the data path (ub, acc and host keep their loaded contents).
         self.config = config or MachineConfig()
         check_machine("the machine", self.config.array_size, self.config.ub_rows,
                       self.config.acc_rows)      # ResourceLimitError before any allocation
+        self.timing_only = bool(timing_only)
         self.program: Program | None = None
         self.fault: MachineFault | None = None
         self.status = "paused"
@@ -147,8 +152,10 @@ class Machine:
         self.load(Program([], self.config.shape))
 
     @classmethod
-    def for_program(cls, program: Program, trace: bool = False, **overrides) -> "Machine":
-        return cls(MachineConfig.from_shape(program.shape, **overrides), trace=trace)
+    def for_program(cls, program: Program, trace: bool = False, timing_only: bool = False,
+                    **overrides) -> "Machine":
+        return cls(MachineConfig.from_shape(program.shape, **overrides), trace=trace,
+                   timing_only=timing_only)
 
     # -------------------------------------------------------------------- loading
     def load(self, program: Program, host=None, weights=None) -> None:
@@ -164,16 +171,10 @@ class Machine:
         self._breaks_set = False
         self._at_break = -1
         count = len(program.instructions)
-        self.prog, undecodable = _decode(program.instructions)
+        table, invalid = _decoded(program)
+        self.prog = table.copy()
         self.flags = np.zeros(count + 1, dtype=np.int8)
-        self.flags[undecodable] |= core.FLAG_INVALID
-        validity: dict = {}                    # programs repeat instructions: check each once
-        for i, ins in enumerate(program.instructions):
-            ok = validity.get(ins)
-            if ok is None:
-                ok = validity[ins] = _valid(ins)
-            if not ok:
-                self.flags[i] |= core.FLAG_INVALID
+        self.flags[invalid] |= core.FLAG_INVALID
         st = core.new_state()
         st[core.K_N] = n
         st[core.K_FIFO] = cfg.fifo_depth
@@ -189,6 +190,7 @@ class Machine:
         st[core.K_NTILES] = weights_arr.shape[0]
         st[core.K_STRICT] = 1 if cfg.hazards == "error" else 0
         st[core.K_PROFILE] = 1 if cfg.profile == "opentpu" else 0
+        st[core.K_TIMING_ONLY] = 1 if self.timing_only else 0
         self.st = st
         ops = self.prog[:, COL_OP]
         mmcs = int(np.count_nonzero(ops == OP_MMC))
@@ -205,8 +207,8 @@ class Machine:
         self.seg = np.zeros((core.MAX_SEGS, 3), dtype=np.int64)
         nev = int(np.isin(ops, (OP_INT, OP_TAG)).sum()) if count else 0
         self.ev = np.zeros((max(nev, 1), 4), dtype=np.int64)
-        self.ub = np.zeros((cfg.ub_rows, n), dtype=np.uint8)
-        self.acc = np.zeros((cfg.acc_rows, n), dtype=np.int32)
+        self.ub = _zeroed((cfg.ub_rows, n), np.uint8)
+        self.acc = _zeroed((cfg.acc_rows, n), np.int32)
         self.host = host_arr
         self.weights = weights_arr
         # The core's arguments never change identity (restore copies into them), so the
@@ -679,6 +681,42 @@ class Machine:
     def stats_json(self) -> dict:
         from .trace import stats
         return stats(self)
+
+
+def _zeroed(shape: tuple, dtype) -> np.ndarray:
+    """A zero-filled array on its own anonymous memory map: the kernel hands out zero pages
+    as they are first touched, so a 25 MiB Unified Buffer costs nothing until written and
+    a reload costs no memset.  (np.zeros may come from the heap after glibc raises its mmap
+    threshold, and then zeroes all of it: 1-130 ms per load, measured, which dominated
+    timing-only runs.)"""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes < (1 << 20):
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+
+
+def _decoded(program: Program):
+    """(decoded int64 table, indices of invalid instructions) of `program`, cached on it:
+    sweeps, profiles and the debugger's restarts load one program many times, and decoding
+    and validating every instruction dominated a timing-only run's cost.  Instructions are
+    frozen, so the identities of the list's items tell whether the program changed."""
+    key = tuple(map(id, program.instructions))
+    cached = program._machine_table
+    if cached and cached[0] == key:
+        return cached[1], cached[2]
+    table, undecodable = _decode(program.instructions)
+    invalid = set(undecodable)
+    validity: dict = {}                    # programs repeat instructions: check each once
+    for i, ins in enumerate(program.instructions):
+        ok = validity.get(ins)
+        if ok is None:
+            ok = validity[ins] = _valid(ins)
+        if not ok:
+            invalid.add(i)
+    invalid = np.array(sorted(invalid), dtype=np.int64)
+    table.flags.writeable = False
+    program._machine_table = (key, table, invalid)
+    return table, invalid
 
 
 def _decode(instructions):

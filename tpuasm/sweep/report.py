@@ -74,8 +74,10 @@ def relative(rows: list[dict], axes: list[str]) -> dict:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def weighted_mean(rel: dict, axes: list[str]) -> dict:
-    """{axis: [(x, weighted mean relative performance)]} over the targets."""
+def weighted_mean(rel: dict, axes: list[str], partial: bool = False) -> dict:
+    """{axis: [(x, weighted mean relative performance)]} over the targets: at the points
+    every target has, or with `partial` at every point over the targets it has
+    (`present` names them)."""
     from ..apps.paper import WORKLOAD_SHARE
     targets = sorted({t for t, _ in rel})
     apps = all(t in WORKLOAD_SHARE for t in targets)
@@ -86,11 +88,17 @@ def weighted_mean(rel: dict, axes: list[str]) -> dict:
         line = []
         for x in xs:
             vals = [(weight[t], y) for t in targets for xx, y in rel.get((t, a), []) if xx == x]
-            if len(vals) == len(targets):
+            if len(vals) == len(targets) or (partial and vals):
                 line.append((x, sum(w * y for w, y in vals) / sum(w for w, _ in vals)))
         if line:
             out[a] = line
     return out
+
+
+def present(rel: dict, axis: str, x: float) -> list[str]:
+    """The targets with a result at scale factor x of `axis`."""
+    return sorted(t for (t, a), line in rel.items()
+                  if a == axis and any(abs(xx - x) < 1e-9 for xx, _ in line))
 
 
 def rich_table(rows: list[dict], axes: list[str], limit: int = 60):
@@ -140,14 +148,15 @@ def terminal_plot(rel: dict, mean: dict, axes: list[str]) -> str:
     return text
 
 
-def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str = "") -> None:
+def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str = "",
+                mean_label: str = "weighted mean") -> None:
     """Figure 11's shape: a panel per target plus the weighted mean; in each, one line per
     parameter, relative performance against the scale factor (log-log)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     targets = sorted({t for t, _ in rel}, key=_paper_order)
-    panels = targets + ["weighted mean"]
+    panels = targets + [mean_label]
     cols = min(4, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig, grid = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False,
@@ -155,7 +164,7 @@ def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str =
     for i, name in enumerate(panels):
         ax = grid[i // cols][i % cols]
         for a in axes:
-            line = mean.get(a) if name == "weighted mean" else rel.get((name, a))
+            line = mean.get(a) if name == mean_label else rel.get((name, a))
             if line:
                 ax.plot([x for x, _ in line], [y for _, y in line], marker="o", ms=3, label=a)
         ax.set_xscale("log", base=2)

@@ -7,7 +7,9 @@ and `build(config)` (worker side) do the work.  Kinds:
   are: a shape they do not fit is reported as a skipped point);
 - `binary`: a .tbin file, its recorded shape replaced by the point's;
 - `manifest`: a regression program (a folder with test.toml), its data generated once per
-  worker.
+  worker;
+- `compiled`: one TPU segment of a compiled-model folder (`tpuasm compile -o OUTDIR`),
+  recompiled for every shape (sweep/compiled.py).
 """
 from __future__ import annotations
 
@@ -30,10 +32,12 @@ class Skip(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    kind: str                   # app | source | binary | manifest
-    path: str                   # the app's name for apps
+    kind: str                   # app | source | binary | manifest | compiled
+    path: str                   # the app's name for apps, OUTDIR for compiled models
     host: str | None = None
     weights: str | None = None
+    segment: str | None = None  # compiled models: the TPU segment
+    origin: str | None = None   # apps: "compiler" or "generator" (None: app_program's default)
 
     @property
     def label(self) -> str:
@@ -41,34 +45,46 @@ class Target:
             return self.path
         if self.kind == "manifest":
             return Path(self.path).parent.name
+        if self.kind == "compiled":
+            return f"{Path(self.path).name}/{self.segment}"
         return Path(self.path).name
+
+    def _origin(self) -> dict:
+        return {} if self.origin is None else {"source": self.origin}
 
     def base_config(self) -> dict:
         """The MachineConfig settings the target brings: its program's shape (and a
-        manifest's [machine] table); apps bring none (TPU v1)."""
+        manifest's [machine] table, the machine a model was compiled for); apps bring
+        none (TPU v1)."""
         if self.kind == "app":
             return {}
+        if self.kind == "compiled":
+            from . import compiled
+            return compiled.base_config(self.path)
         return dict(_base_config(self.kind, self.path))
 
     def digest(self, config: dict) -> str:
         """Identifies the program and data this target runs under `config`."""
         h = hashlib.sha256(self.kind.encode())
         if self.kind == "app":
-            from ..apps.codegen import CodegenError
-            from ..apps.programs import app_program
+            from ..apps.programs import CodegenError, app_program
             try:
-                h.update(app_program(self.path, **_app_shape(config)).digest.encode())
+                h.update(app_program(self.path, **_app_shape(config), **self._origin())
+                         .digest.encode())
             except CodegenError as e:
                 h.update(f"skip:{e}".encode())
+        elif self.kind == "compiled":
+            from . import compiled
+            h.update(compiled.digest(self.path, self.segment).encode())
         else:
-            h.update(_file_digest(self.path).encode())
+            h.update(file_digest(self.path).encode())
             for extra in (self.host, self.weights):
                 if extra:
-                    h.update(_file_digest(extra).encode())
+                    h.update(file_digest(extra).encode())
             if self.kind == "manifest":
                 for p in sorted(Path(self.path).parent.glob("*")):
                     if p.is_file():
-                        h.update(_file_digest(str(p)).encode())
+                        h.update(file_digest(str(p)).encode())
         return h.hexdigest()[:20]
 
 
@@ -81,7 +97,7 @@ def _base_config(kind: str, path: str) -> tuple:
             shape = load_binary(path).shape
             extra = {}
         elif kind == "source":
-            shape = _assembled_file(path, ()).shape
+            shape = assembled_file(path, ()).shape
             extra = {}
         else:
             from ..regression.manifest import ManifestError, load_manifest
@@ -89,7 +105,7 @@ def _base_config(kind: str, path: str) -> tuple:
                 m = load_manifest(Path(path))
             except ManifestError as e:
                 raise SweepError(str(e)) from None
-            shape = _assembled_file(str(m.program), ()).shape
+            shape = assembled_file(str(m.program), ()).shape
             extra = {k: v for k, v in m.machine.items()}
     except TpuasmError as e:
         raise SweepError(f"{path}: {e}") from None
@@ -98,7 +114,7 @@ def _base_config(kind: str, path: str) -> tuple:
     return tuple(sorted(out.items()))
 
 
-def _file_digest(path: str) -> str:
+def file_digest(path: str) -> str:
     p = Path(path)
     st = p.stat()
     if st.st_size > _BIG:
@@ -120,11 +136,7 @@ def resolve(items, host=None, weights=None) -> list[Target]:
             continue
         p = Path(text)
         if p.is_dir():
-            manifests = sorted(p.rglob("test.toml"))
-            if not manifests:
-                raise SweepError(f"{p}: a folder without test.toml manifests (a regression "
-                                 "folder or a compiled model is expected)")
-            out += [Target("manifest", str(m)) for m in manifests]
+            out += _folder_targets(p)
         elif p.is_file() and p.name == "test.toml":
             out.append(Target("manifest", str(p)))
         elif p.is_file() and p.suffix in (".tasm", ".tbin"):
@@ -140,6 +152,23 @@ def resolve(items, host=None, weights=None) -> list[Target]:
                              f"{', '.join(app_names())})")
     if not out:
         raise SweepError("no targets")
+    return out
+
+
+def _folder_targets(folder: Path) -> list[Target]:
+    """A compiled model's segments, or the regression manifests of a folder (compiled
+    models inside it count as models, their own regression/ manifests not again)."""
+    from . import compiled
+    models = sorted({m.parent for m in folder.rglob("manifest.json")
+                     if compiled.is_compiled_model(m.parent)})
+    out = [Target("compiled", str(m), segment=s) for m in models
+           for s in compiled.segments(str(m))]
+    for m in sorted(folder.rglob("test.toml")):
+        if not any(d == m.parent or d in m.parents for d in models):
+            out.append(Target("manifest", str(m)))
+    if not out:
+        raise SweepError(f"{folder}: a folder without test.toml manifests or compiled "
+                         "models (manifest.json from `tpuasm compile`)")
     return out
 
 
@@ -162,17 +191,19 @@ def build(target: Target, config: dict):
     """(program, host, weights, macs) for this point; Skip when it cannot be built for
     this shape.  `macs`: the network's own MACs when known (apps), else None."""
     if target.kind == "app":
-        from ..apps.codegen import CodegenError
-        from ..apps.programs import app_program
+        from ..apps.programs import CodegenError, app_program
         try:
-            ap = app_program(target.path, **_app_shape(config))
+            ap = app_program(target.path, **_app_shape(config), **target._origin())
         except CodegenError as e:
             raise Skip(str(e)) from None
         host, weights = ap.data()
         return _assembled_app(ap), host, weights, ap.macs
     if target.kind == "source":
-        return _assembled_file(target.path, tuple(sorted(_shape(config).items()))), \
+        return assembled_file(target.path, tuple(sorted(_shape(config).items()))), \
             target.host, target.weights, None
+    if target.kind == "compiled":
+        from . import compiled
+        return compiled.build(target.path, target.segment, config)
     if target.kind == "binary":
         from dataclasses import replace
 
@@ -189,7 +220,7 @@ def _assembled_app(ap):
 
 
 @lru_cache(maxsize=32)
-def _assembled_file(path: str, shape: tuple):
+def assembled_file(path: str, shape: tuple):
     from ..assembler import assemble_file
     return assemble_file(Path(path), config=dict(shape))
 
@@ -198,7 +229,7 @@ def _manifest_point(path: str, config: dict):
     from ..regression.manifest import load_manifest
     m = load_manifest(Path(path))
     shape = _shape(config)
-    program = _assembled_file(str(m.program), tuple(sorted(shape.items())))
+    program = assembled_file(str(m.program), tuple(sorted(shape.items())))
     data_dir = _manifest_data(path)
     host = weights = None
     n = shape["array_size"]

@@ -78,6 +78,9 @@ class Context:
         self._const_at: dict = {}
         self.zero_rows: list[int] = []             # host rows of one repeated byte (padding)
         self._region_names: dict[str, str] = {}
+        # UB slot -> padding_key of the padding its rows hold now: writers of a padded
+        # tensor touch only the interior, so the next tenant with the same layout keeps it
+        self.padded: dict[str, tuple | None] = {}
 
     def next_half(self) -> str:
         self._half ^= 1
@@ -156,7 +159,8 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
 
     def plan(p):
         sizes = {name: lay.rows(p) for name, lay in layouts.items()}
-        return allocate(order, sizes, inputs, outputs)
+        return allocate(order, sizes, inputs, outputs,
+                        keys={name: lay.padding_key for name, lay in layouts.items()})
 
     # samples per pass: the accumulators (a Dense block is one row per sample) and the UB
     p = min(batch, half_rows) if needs_dense else batch
@@ -181,24 +185,44 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     e.start_weights()
     e.blank()
     const_mark = None
+    first_reader = {}
+    for i, st in enumerate(steps):
+        first_reader.setdefault(st.reads, i)
     for k in range(passes):
         if passes > 1:
             e.blank()
             e.comment(f"==== pass {k + 1} of {passes}: samples {k * p}..{(k + 1) * p - 1}")
-        for t in segment.inputs:
-            lay = layouts[t.name]
-            rows = lay.rows(p)
-            e.node(f"{segment.name}/inputs")
-            for a in range(0, rows, MAX_DMA):
-                e.line(f"RHM {plus(f'host.in_{symbol(t.name)}', k * rows + a)}, {low.ub(t.name, a)}, "
-                       f"{min(MAX_DMA, rows - a)}", f"input {t.name}" if a == 0 else "")
-        if const_mark is None:        # the parameters follow the first input: the first
-            const_mark = len(e.items)     # multiply needs the input, not them
+        pending = list(segment.inputs)
+
+        def load(names):
+            """Each segment input just before its first reader: the input stage loads the
+            next ones while the array works on the first."""
+            for t in [t for t in pending if t.name in names]:
+                pending.remove(t)
+                lay = layouts[t.name]
+                rows = lay.rows(p)
+                ctx.padded[alloc.of[t.name].name] = lay.padding_key   # loaded whole
+                e.node(f"{segment.name}/inputs")
+                for a in range(0, rows, MAX_DMA):
+                    e.line(f"RHM {plus(f'host.in_{symbol(t.name)}', k * rows + a)}, "
+                           f"{low.ub(t.name, a)}, {min(MAX_DMA, rows - a)}",
+                           f"input {t.name}" if a == 0 else "")
+
+        load({t.name for t in segment.inputs if t.name not in first_reader})
         for s in steps:
+            load({s.reads})
             e.blank()
             e.comment(s.describe(layouts))
             e.node(s.op.name)
+            mark = len(e.items)
             s.lower(low)
+            if const_mark is None:        # the parameters after the first multiply: it
+                const_mark = next(        # needs the input, not them, and the in-order
+                    (i + 1 for i in range(mark, len(e.items))   # front end would hold it
+                     if isinstance(e.items[i], tuple)), mark)   # behind their load
+            slot = alloc.of.get(s.writes)
+            if slot is not None and layouts[s.writes].padding_key is None:
+                ctx.padded.pop(slot.name, None)      # written whole: its rows are data now
             if s.writes in outputs:
                 rows = layouts[s.writes].rows(p)
                 for a in range(0, rows, MAX_DMA):

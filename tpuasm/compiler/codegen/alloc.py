@@ -25,21 +25,31 @@ class Allocation:
 
 def lifetimes(order: list[tuple[list[str], list[str]]], inputs, outputs) -> dict[str, tuple[int, int]]:
     """(first, last) operator index of every tensor; order[i] = (reads, writes) of operator i.
-    Inputs live from -1, outputs to len(order)."""
-    life: dict[str, list[int]] = {t: [-1, -1] for t in inputs}
+    Inputs live from their first reader (they are loaded just before it; an input nobody
+    reads from -1).  Outputs are written to the host right after their producer: they live
+    through the next operator too (the WHM overlaps it), then their slot is free; an output
+    that is also a segment input (never produced here) lives to the end."""
+    life: dict[str, list[int]] = {}
     for i, (reads, writes) in enumerate(order):
         for t in writes:
             life.setdefault(t, [i, i])
         for t in reads:
             life.setdefault(t, [i, i])[1] = i
+    for t in inputs:
+        life.setdefault(t, [-1, -1])
     for t in outputs:
-        life[t][1] = len(order)
+        first, last = life[t]
+        life[t][1] = len(order) if first < 0 else min(len(order), max(last, first + 1))
     return {t: (a, b) for t, (a, b) in life.items()}
 
 
-def allocate(order, sizes: dict[str, int], inputs, outputs, base: int = 0) -> Allocation:
-    """Best-fit slot reuse in operator order; a slot grows only while it is the last one."""
+def allocate(order, sizes: dict[str, int], inputs, outputs, base: int = 0,
+             keys: dict | None = None) -> Allocation:
+    """Best-fit slot reuse in operator order; a slot grows only while it is the last one.
+    `keys` (tensor -> padding key, codegen/layout.py): among the free slots that fit, one
+    whose last tenant had the same key is preferred, so its padding rows need no refill."""
     life = lifetimes(order, inputs, outputs)
+    keys = keys or {}
     slots: list[Slot] = []
     of: dict[str, Slot] = {}
     top = base
@@ -49,6 +59,9 @@ def allocate(order, sizes: dict[str, int], inputs, outputs, base: int = 0) -> Al
         need = sizes[t]
         free = [s for s in slots if s.free_after < first]
         fit = [s for s in free if s.rows >= need]
+        key = keys.get(t)
+        if key is not None and any(keys.get(s.tensors[-1]) == key for s in fit):
+            fit = [s for s in fit if keys.get(s.tensors[-1]) == key]
         if fit:
             slot = min(fit, key=lambda s: s.rows)
         elif free and free[-1] is slots[-1]:

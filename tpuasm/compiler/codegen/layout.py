@@ -83,6 +83,15 @@ class Layout:
         return (c * self.chunk_rows(batch) + b * self.image_rows
                 + (self.pads.top + y) * self.pitch + self.pads.left + x)
 
+    @property
+    def padding_key(self) -> tuple | None:
+        """What decides which rows of a tensor's block are padding, and their byte: two
+        tensors with equal keys have the same padding rows holding the same value."""
+        if not self.pads.any:
+            return None
+        return (self.chunks, self.image_rows, self.pitch, self.pads, self.height,
+                self.width, self.tensor.quant.zero_point & 0xFF)
+
     def describe(self) -> str:
         p = self.pads
         pad = f", padded t{p.top} l{p.left} b{p.bottom} r{p.right}" if p.any else ""

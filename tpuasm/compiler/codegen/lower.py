@@ -98,38 +98,74 @@ class Lowering:
                    f"{length}{rep}", comment)
 
     def fill_pads(self, layout: Layout):
-        """Write the zero point into every padding row of an on-chip tensor (RHMA from one
-        constant host row: dma_host_stride 0), before its producer writes the interior."""
+        """Write the zero point into every padding row of an on-chip tensor before its
+        producer writes the interior; nothing when the UB slot's padding rows already hold
+        it (ctx.padded).  On the chip, not over PCIe: an Activate with act_mult = 0 writes
+        act_zero whatever the accumulator rows it reads hold, at one row per cycle (a host
+        DMA costs a round trip and 16.7 cycles per row).  Four Activates per tensor: the
+        side padding between image rows (act_ub_pitch), the runs between consecutive
+        images (repeat), the first image's head and the last image's tail."""
         if not layout.pads.any:
             return
         e = self.e
         p = self.c.batch
-        zp_row = self.c.zero_row(layout.tensor.quant.zero_point)
         name = layout.tensor.name
-        e.comment(f"  padding of {name} := zero point {layout.tensor.quant.zero_point}")
-        e.cfg(dma_host_stride=0, dma_ub_stride=1, rep_host_stride=0)
+        slot = self.c.alloc.of[name].name
+        if self.c.padded.get(slot) == layout.padding_key:
+            e.comment(f"  padding of {name}: already in place (the slot's previous tenant "
+                      f"had the same layout, and writers only touch the interior)")
+            return
+        self.c.padded[slot] = layout.padding_key
+        q = layout.tensor.quant
+        e.comment(f"  padding of {name} := zero point {q.zero_point} (Activate: 0 x acc + "
+                  f"zero point)")
+        # read the half the next multiply overwrites: its last writer finished long ago
+        half = f"half{self.c._half ^ 1}"
+        e.cfg(act_mult=0, act_shift=0, act_zero=q.zero_point, act_out=0 if q.signed else 1,
+              act_lo=q.qmin, act_hi=q.qmax)
         images = layout.chunks * p
-        head = layout.pads.top * layout.pitch + layout.pads.left
-        tail_start = (layout.pads.top + layout.height - 1) * layout.pitch + layout.pads.left \
-            + layout.width
-        gap = layout.pads.left + layout.pads.right
+        pitch, width, rows = layout.pitch, layout.width, layout.image_rows
+        head = layout.pads.top * pitch + layout.pads.left     # before the first pixel
+        span = (layout.height - 1) * pitch + width              # first to last pixel
+        gap = pitch - width
+        if gap and layout.height > 1:
+            self.zero_rows(half, name, head + width, gap, layout.height - 1, pitch, images,
+                           rows)
+        between = rows - span                        # an image's tail + the next's head
+        self.zero_rows(half, name, 0, head, 1, 0, 1, 0)
+        self.zero_rows(half, name, head + span, between, 1, 0, images - 1, rows)
+        self.zero_rows(half, name, (images - 1) * rows + head + span, between - head, 1, 0,
+                       1, 0)
 
-        def block(start, stop):
-            for a in range(start, stop, MAX_DMA):
-                e.line(f"RHMA {zp_row}, {self.ub(name, a)}, {min(MAX_DMA, stop - a)}")
+    def zero_rows(self, half: str, name: str, start: int, width: int, count: int,
+                  pitch: int, repeat: int, stride: int):
+        """Activate (registers set by fill_pads) writing `count` runs of `width` rows,
+        `pitch` apart, from row `start` of the tensor; the whole pattern `repeat` times,
+        `stride` rows apart.  Split to fit an accumulator half and the repeat field."""
+        if width <= 0 or count <= 0 or repeat <= 0:
+            return
+        e = self.e
+        half_rows = self.c.half_rows
+        if count == 1:                     # one contiguous run: pieces of a half at most
+            for a in range(0, width, half_rows):
+                self._zero_act(half, name, start + a, min(half_rows, width - a), 0, 0,
+                               repeat, stride)
+            return
+        per = max(1, half_rows // width)   # runs per Activate
+        for c0 in range(0, count, per):
+            runs = min(per, count - c0)
+            self._zero_act(half, name, start + c0 * pitch, width * runs, width, pitch,
+                           repeat, stride)
 
-        block(0, head)
-        for i in range(images):
-            base = i * layout.image_rows
-            if gap and layout.height > 1:
-                first = base + head + layout.width
-                for y0 in range(0, layout.height - 1, MAX_REPEAT):
-                    count = min(MAX_REPEAT, layout.height - 1 - y0)
-                    e.cfg(rep_ub_stride=layout.pitch)
-                    rep = f", repeat={count}" if count > 1 else ""
-                    e.line(f"RHMA {zp_row}, {self.ub(name, first + y0 * layout.pitch)}, {gap}{rep}")
-            nxt = (i + 1) * layout.image_rows + head if i + 1 < images else layout.rows(p)
-            block(base + tail_start, nxt)
+    def _zero_act(self, half, name, start, length, width, pitch, repeat, stride):
+        e = self.e
+        for r0 in range(0, repeat, MAX_REPEAT):
+            reps = min(MAX_REPEAT, repeat - r0)
+            e.cfg(act_ub_pitch=pitch, rep_acc_stride=0, rep_ub_stride=stride)
+            if pitch:
+                e.cfg(act_ub_width=width)
+            rep = f", repeat={reps}" if reps > 1 else ""
+            e.line(f"ACT {self.acc(half)}, {self.ub(name, start + r0 * stride)}, {length}{rep}")
 
     def tile_groups(self, count: int, row_len: int = 0) -> list[tuple[int, int]]:
         """Split `count` consecutive switches into MMCs of at most fifo_depth + 1 tiles;

@@ -1,0 +1,110 @@
+"""The six apps compiled from their ONNX models (tpuasm.apps.programs, tpuasm.compiler.whole).
+
+Oracles: onnxruntime running the same QDQ model (the compiled apps' outputs), the segments
+run one by one (the joined program), tile counts from the layer shapes (hand arithmetic)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_models import agreement, run_ort
+from tpuasm.apps import programs
+from tpuasm.apps.catalog import build
+from tpuasm.apps.onnx_models import calibration, save
+from tpuasm.assembler import assemble
+from tpuasm.compiler.pipeline import compile_model
+from tpuasm.compiler.runtime import TpuStep
+from tpuasm.compiler.whole import whole_program
+from tpuasm.machine import Machine, MachineConfig
+
+
+def _output_scale(model: onnx.ModelProto, name: str) -> float:
+    dq = next(n for n in model.graph.node if n.output[0] == name)
+    init = next(t for t in model.graph.initializer if t.name == dq.input[1])
+    return float(onnx.numpy_helper.to_array(init))
+
+
+def _compiled(tmp_path, name, batch):
+    path = save(name, tmp_path / f"{name}.onnx", batch=batch, quantized=True)
+    return path, compile_model(path, batch=batch)
+
+
+@pytest.mark.parametrize("name,batch", [("MLP1", 4), ("LSTM1", 3), ("CNN0", 1)])
+def test_compiled_app_agrees_with_onnxruntime(tmp_path, name, batch):
+    path, model = _compiled(tmp_path, name, batch)
+    x = calibration(name, batch, seed=5)
+    out = build(name).outputs[0]
+    ours = model.run(x)[out]
+    qdq = onnx.load(str(path))
+    (theirs,) = run_ort(qdq, x)
+    lsb = np.rint((ours.astype(np.float64) - theirs) / _output_scale(qdq, out))
+    same, worst = agreement(lsb, np.zeros_like(lsb))
+    assert worst <= 1 and same >= 0.999, (same, worst)
+    assert np.std(theirs) > 0                      # not a vacuous all-zero comparison
+
+
+def _run(source, host_rows, tiles, n=256):
+    m = Machine(MachineConfig(array_size=n))
+    m.load(assemble(source, "p.tasm"), host=np.zeros((host_rows, n), np.int8),
+           weights=np.zeros((tiles, n, n), np.int8))
+    assert m.run().status == "halted"
+    return m
+
+
+def test_joined_program_is_its_segments_with_host_round_trips(tmp_path):
+    _, model = _compiled(tmp_path, "LSTM1", 8)
+    segments = [s.program for s in model.steps if isinstance(s, TpuStep)]
+    whole = whole_program(model)
+    assert whole.segments == len(segments) == 10          # 9 cells and the output layer
+    assert whole.weight_tiles == sum(p.weights.shape[0] for p in segments)
+    joined = _run(whole.source, whole.host_rows, whole.weight_tiles)
+    alone = [_run(p.source, p.host_rows, p.weights.shape[0]).counters() for p in segments]
+    c = joined.counters()
+    for key in ("array_active_cycles", "useful_macs"):
+        assert c[key] == sum(a[key] for a in alone)
+    assert [e.value for e in joined.events if e.kind == "interrupt"] == list(range(1, 10))
+    # the round trips cost time, the overlap of weight fetches across them saves some:
+    # the joined run is within a few percent of the segments back to back
+    assert abs(c["cycles"] / sum(a["cycles"] for a in alone) - 1) < 0.05
+
+
+def _tiles(app, n):
+    from tpuasm.apps.layers import FC
+    total = 0
+    for layer in app.layers:
+        if isinstance(layer, FC):
+            k = sum(app.t(i).channels * app.t(i).pixels for i in layer.inputs)
+            total += -(-k // n) * -(-app.t(layer.output).channels // n)
+    return total
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(programs, "cache_dir", lambda: tmp_path / "cache")
+    programs.app_program.cache_clear()
+    programs.model_file.cache_clear()
+    yield tmp_path / "cache"
+    programs.app_program.cache_clear()
+    programs.model_file.cache_clear()
+
+
+def test_app_program_is_compiled_once_per_shape(cache, monkeypatch):
+    lstm1 = build("LSTM1")
+    for n in (256, 512):          # the paper: a 600 x 600 matrix is 9 tiles, or 4 at 512
+        ap = programs.app_program("LSTM1", array_size=n)
+        assert ap.weight_tiles == _tiles(lstm1, n) and ap.segments == 10
+        assert ap.macs == lstm1.batch * lstm1.weights
+    assert len(list(cache.glob("lstm1-*/program-*.json"))) == 2
+    programs.app_program.cache_clear()
+    monkeypatch.setattr(programs, "_compile", lambda *a: pytest.fail("compiled again"))
+    again = programs.app_program("LSTM1", array_size=512)
+    assert again.weight_tiles == _tiles(lstm1, 512)
+
+
+def test_app_that_does_not_fit_is_a_codegen_error(cache):
+    with pytest.raises(programs.CodegenError, match="CNN0.*UB"):
+        programs.app_program("CNN0", ub_rows=300)
+    programs.app_program.cache_clear()
+    with pytest.raises(programs.CodegenError, match="CNN0"):      # cached as an error too
+        programs.app_program("CNN0", ub_rows=300)
