@@ -9,8 +9,8 @@ only when an instruction retires, and only in the rows its write footprint cover
 applies every effect in `_complete`, inside the footprint the scoreboard uses).  So a
 checkpoint keeps the small state arrays whole and, of the big memories, only the rows that
 instructions retiring since the previous checkpoint may have written (a chain of deltas
-over a base copy taken when the History is created): its cost follows what the program
-wrote, not the 28 MiB of memory.  Restoring one writes back only the rows that differ
+over the start, which keeps its nonzero rows): its cost follows what the program wrote, not
+the 28 MiB of memory.  Restoring one writes back only the rows that differ
 between the machine's present state and the checkpoint (again from the footprints of the
 instructions that retired in between), each from the newest delta holding it.
 
@@ -56,6 +56,29 @@ class _Checkpoint:
         return sum(v.nbytes for v in self.values.values())
 
 
+_ALL_RETIRED = object()
+_TABLES: dict = {}          # the write tables of the few programs loaded last
+
+
+def _write_table(machine: Machine):
+    """(instruction, memory code, lo, hi) of every write access of the machine's program,
+    computed once per program and machine shape: a restart reuses it.  (Instructions are
+    frozen: the identities of the list's items tell whether the program changed.)"""
+    cfg, program = machine.config, machine.program
+    key = (id(program), cfg.array_size, cfg.profile, cfg.ub_rows, cfg.acc_rows)
+    ids = tuple(map(id, program.instructions))
+    cached = _TABLES.get(key)
+    if cached is not None and cached[0] is program and cached[1] == ids:
+        return cached[2]
+    a = AccessMap(machine)
+    w = a.write == 1
+    table = (a.index[w], a.mem[w], a.lo[w], a.hi[w])
+    _TABLES[key] = (program, ids, table)
+    while len(_TABLES) > 4:
+        del _TABLES[next(iter(_TABLES))]
+    return table
+
+
 class History:
     """Time travel over a Machine: forward through the History to record, then go back."""
 
@@ -65,27 +88,26 @@ class History:
         self.machine = machine
         self.interval = int(interval)
         self.max_snapshots = max(2, int(max_snapshots))
-        self.base = machine.snapshot()
-        self._deltas: list[_Checkpoint] = []
         self._program = machine.program
-        self._writes = None                 # (index, memory code, lo, hi) of every write
+        self._writes = _write_table(machine)   # (index, memory code, lo, hi) of every write
+        # the start, its big memories as the rows some instruction of the program may write
+        # (no other row ever changes): not the 28 MiB, most of them zero pages never touched
+        self.base = _Checkpoint(machine, self._written(_ALL_RETIRED, None, None))
+        self._deltas: list[_Checkpoint] = []
 
     # ------------------------------------------------------------------ footprints
-    def _write_table(self):
-        if self._writes is None:
-            a = AccessMap(self.machine)
-            w = a.write == 1
-            self._writes = (a.index[w], a.mem[w], a.lo[w], a.hi[w])
-        return self._writes
-
-    def _written(self, times: np.ndarray, first: int, last: int) -> dict[str, np.ndarray]:
+    def _written(self, times, first, last) -> dict[str, np.ndarray]:
         """Rows (sorted, per big memory) that instructions retiring in cycles first..last
-        (by `times`, the later state's) may have written: their write footprints."""
-        index, mem, lo, hi = self._write_table()
-        n = len(self.machine.prog)
-        issue, finish = times[:n, 0], times[:n, 2]
-        done = (issue >= 0) & (finish >= first) & (finish <= last)
-        hit = done[index] if len(index) else np.zeros(0, bool)
+        (by `times`, the later state's) may have written: their write footprints.  With
+        _ALL_RETIRED, those of every instruction."""
+        index, mem, lo, hi = self._writes
+        if times is _ALL_RETIRED:
+            hit = np.ones(len(index), bool)
+        else:
+            n = len(self.machine.prog)
+            issue, finish = times[:n, 0], times[:n, 2]
+            done = (issue >= 0) & (finish >= first) & (finish <= last)
+            hit = done[index] if len(index) else np.zeros(0, bool)
         out = {}
         for name in _BIG:
             size = getattr(self.machine, name).shape[0]
@@ -167,9 +189,9 @@ class History:
     def _restore(self, k: int) -> None:
         """Put the machine in the state of checkpoint k (0: the base, k: self._deltas[k-1])."""
         m = self.machine
-        target = self._deltas[k - 1] if k else None
-        small = target.small if target else self.base.arrays
-        to = Snapshot(small).cycle
+        target = self._deltas[k - 1] if k else self.base
+        small = target.small
+        to = target.cycle
         now = m.cycle
         # the rows that can differ: those written by instructions retiring between the two
         # states, as the later state's times record them
@@ -180,7 +202,7 @@ class History:
             pending = np.zeros(array.shape[0], bool)
             pending[changed[name]] = True
             left = len(changed[name])
-            for d in reversed(self._deltas[:k]):           # newest first: its values win
+            for d in [*reversed(self._deltas[:k]), self.base]:   # newest first: its values win
                 if not left:
                     break
                 rows = d.rows[name]
@@ -191,16 +213,14 @@ class History:
                     array[rows[take]] = d.values[name][take]
                     pending[rows[take]] = False
                     left -= int(take.sum())
-            if left:
-                rest = np.flatnonzero(pending)
-                array[rest] = self.base.arrays[name][rest]
+            if left:                                       # zero since the start
+                array[np.flatnonzero(pending)] = 0
         for name, arr in small.items():
             mine = getattr(m, name)
             if mine.shape != arr.shape:
                 raise ValueError("checkpoint belongs to another program or machine shape")
             mine[...] = arr
-        source = target or self.base
-        m.fault, m.status, m._at_break = source.fault, source.status, source.at_break
+        m.fault, m.status, m._at_break = target.fault, target.status, target.at_break
 
     def back(self, cycles: int = 1) -> RunResult:
         return self.goto(self.machine.cycle - int(cycles))
