@@ -463,8 +463,11 @@ class Session:
         idx = a.index[sel]
         fin = times[idx, 2]
         live = (times[idx, 0] >= 0) & (fin > m.cycle)
-        return [(int(i), int(lo), int(hi), int(f)) for i, lo, hi, f in
-                zip(idx[live], a.lo[sel][live], a.hi[sel][live], fin[live])]
+        spans: dict[int, list[int]] = {}          # a strided write is several runs: its span
+        for i, lo, hi, f in zip(idx[live], a.lo[sel][live], a.hi[sel][live], fin[live]):
+            span = spans.setdefault(int(i), [int(lo), int(hi), int(f)])
+            span[0], span[1] = min(span[0], int(lo)), max(span[1], int(hi))
+        return [(i, lo, hi, f) for i, (lo, hi, f) in spans.items()]
 
     def _watch_hit(self, index: int) -> Stop | None:
         for wp in self.watchpoints.values():
