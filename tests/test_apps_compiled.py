@@ -13,6 +13,7 @@ from tpuasm.apps import programs
 from tpuasm.apps.catalog import build
 from tpuasm.apps.onnx_models import calibration, save
 from tpuasm.assembler import assemble
+from tpuasm.compiler.codegen import weight_tiles
 from tpuasm.compiler.pipeline import compile_model
 from tpuasm.compiler.runtime import TpuStep
 from tpuasm.compiler.whole import whole_program
@@ -58,6 +59,8 @@ def test_joined_program_is_its_segments_with_host_round_trips(tmp_path):
     whole = whole_program(model)
     assert whole.segments == len(segments) == 10          # 9 cells and the output layer
     assert whole.weight_tiles == sum(p.weights.shape[0] for p in segments)
+    for p in segments:        # the closed form the Weight Memory check uses, per segment
+        assert sum(weight_tiles(op, 256) for op in p.segment.operators) == p.weights.shape[0]
     joined = _run(whole.source, whole.host_rows, whole.weight_tiles)
     alone = [_run(p.source, p.host_rows, p.weights.shape[0]).counters() for p in segments]
     c = joined.counters()

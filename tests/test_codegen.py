@@ -127,6 +127,40 @@ def test_conv_random_kernels_strides_padding(seed):
     assert_close(ours, theirs)
 
 
+@pytest.mark.parametrize("c, kernel, stride, pad, packed", [
+    (2, 2, 1, 1, "all taps"),                 # 2 x 2 x 2 = 8 rows of an 8-wide array
+    (1, 3, 2, 1, None),                        # 9 rows > 8, stride 2: no packing
+    (2, 3, 1, 1, "kernel row"),               # a kernel row: 3 x 2 = 6 rows
+    (3, 2, 2, 0, None)])                       # 12 > 8, stride 2
+def test_first_convolution_packed_on_the_host(c, kernel, stride, pad, packed):
+    # a segment input read by one convolution with few channels: its taps side by side in
+    # each host row (im2col on the host), the convolution 1x1 or kh x 1 on the chip
+    rng = np.random.default_rng(c * 100 + kernel * 10 + stride)
+    x = Tensor("x", (c, 7, 6), qparams(rng))
+    op = conv(rng, "conv", x, 5, kernel, stride, pad)
+    ours, theirs, program, _ = run(seg([op]), 3, rng, **SMALL)
+    assert_close(ours, theirs)
+    how = program.inputs["x"].layout
+    assert (packed is None and "packed" not in how) or \
+        (packed is not None and "packed" in how and (packed == "all taps") == ("all" in how))
+    taps = kernel * kernel
+    tiles = {None: taps, "all taps": 1, "kernel row": kernel}[packed]
+    assert program.weights.shape[0] == tiles
+
+
+def test_packing_is_im2col():
+    from tpuasm.compiler.codegen.pack import Packing
+    x = np.arange(2 * 2 * 4 * 5).reshape(2, 2, 4, 5)
+    p = Packing(3, 3, 2, (1, 1, 1, 1), (2, 3), zero_point=-1)
+    got = p.apply(x)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-1)
+    for dy in range(3):
+        for dx in range(3):
+            for ch in range(2):
+                want = xp[:, ch, dy:dy + 3:2, dx:dx + 5:2]
+                np.testing.assert_array_equal(got[:, (dy * 3 + dx) * 2 + ch], want)
+
+
 def test_conv_output_larger_than_an_accumulator_half_is_banded():
     rng = np.random.default_rng(7)
     x = Tensor("x", (5, 12, 11), qparams(rng))

@@ -235,3 +235,40 @@ def test_model_with_a_non_tensor_input(tmp_path, capsys):
     code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate",
                                tmp_path / "none.npy")
     assert code == 2 and "seq.onnx" in err
+
+
+def test_a_model_too_big_for_the_weight_memory(tmp_path, capsys):
+    # a 96,000 x 96,000 int8 MatMul (8.6 GiB, 140,625 tiles of 256 x 256) against the TPU's
+    # 8 GiB Weight Memory; its external data is a sparse file, so nothing is written or
+    # read: the check is on shapes, before a weight is touched or an image allocated
+    k = 96_000
+    data = tmp_path / "big.weights"
+    with open(data, "wb") as fh:
+        fh.truncate(k * k)
+    w = onnx.TensorProto(name="w", data_type=TensorProto.INT8, dims=[k, k],
+                         data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", data.name), ("offset", "0"), ("length", str(k * k))):
+        w.external_data.add(key=key, value=value)
+    inits = [w, onnx.numpy_helper.from_array(np.full(k, 1e-3, np.float32), "ws"),
+             onnx.numpy_helper.from_array(np.zeros(k, np.int8), "wz"),
+             onnx.numpy_helper.from_array(np.float32(0.02), "s"),
+             onnx.numpy_helper.from_array(np.uint8(128), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=1),
+             helper.make_node("MatMul", ["xf", "wf"], ["yf"], name="huge_fc"),
+             helper.make_node("QuantizeLinear", ["yf", "s", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, k])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, k])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "big.onnx"
+    path.write_bytes(model.SerializeToString())
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out")
+    assert code == 2
+    assert "big.onnx" in err and "huge_fc" in err and "Weight Memory" in err
+    assert "140,625 tiles" in err and "131,072" in err
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]

@@ -181,7 +181,7 @@ def load(outdir):
         raise CompileError(f"{path}: unreadable compiled model: {e}") from None
     if any(s.get("program") for s in manifest["steps"] if s["kind"] == "tpu"):
         from tpuasm.compiler.pipeline import _machine_config
-        _generate_programs(steps, batch, _machine_config(config))
+        _generate_programs(steps, batch, _machine_config(config), outdir)
     return CompiledModel(steps, batch, inputs, outputs, report, config,
                          outdir / manifest["reference_model"])
 

@@ -144,7 +144,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:
-        _generate_programs(steps, batch, machine)
+        _generate_programs(steps, batch, machine, path)
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source)
     inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
     outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
@@ -176,11 +176,12 @@ def _codegen():
     return codegen if hasattr(codegen, "generate") else None
 
 
-def _generate_programs(steps, batch, machine) -> None:
+def _generate_programs(steps, batch, machine, path="the model") -> None:
     """The back end, when it is there: one SegmentProgram per segment."""
     codegen = _codegen()
     if codegen is None:
         return
+    _check_weight_memory(steps, machine.array_size, path, codegen)
     for step in steps:
         if isinstance(step, TpuStep):
             try:
@@ -190,6 +191,25 @@ def _generate_programs(steps, batch, machine) -> None:
                     fifo_depth=machine.fifo_depth)
             except getattr(codegen, "CodegenError", ()) as e:
                 raise CompileError(f"{step.name}: {e}") from None
+
+
+def _check_weight_memory(steps, n: int, path, codegen) -> None:
+    """Every segment's tiles together must fit the Weight Memory: checked from the shapes,
+    before a weight is read or an image allocated; the error names the node that crosses."""
+    tile_bytes = n * n
+    limit = codegen.WEIGHT_MEMORY_BYTES // tile_bytes
+    used = 0
+    for step in steps:
+        if not isinstance(step, TpuStep):
+            continue
+        for op in step.segment.operators:
+            used += codegen.weight_tiles(op, n)
+            if used > limit:
+                raise CompileError(
+                    f"{path}: node {op.name}: the model's weights do not fit the Weight "
+                    f"Memory: {used:,} tiles of {n} x {n} ({used * tile_bytes / 2**30:,.1f} "
+                    f"GiB) by this node, the TPU's {codegen.WEIGHT_MEMORY_BYTES >> 30} GiB "
+                    f"hold {limit:,}")
 
 
 def backend_support(op) -> str | None:

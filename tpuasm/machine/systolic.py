@@ -115,7 +115,7 @@ def replay(machine, ub0: np.ndarray, acc0: np.ndarray, record_cells: bool = True
     # ---- the schedule: each pass of each vector entering cell (0, 0); tag = gv * 4 + pass
     regs = reset_registers().copy()
     entries = {}                        # cycle -> (tag, (N,) input values, switch bit)
-    acc_row, shift_of, overwrite_of = [], [], []   # per global vector: row; per tag below
+    acc_row = []                        # per global vector: its accumulator row
     tag_shift, tag_plane, tag_signed_w, tag_overwrite = {}, {}, {}, {}
     for i in range(len(prog)):
         row = prog[i]

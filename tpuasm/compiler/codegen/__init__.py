@@ -24,17 +24,19 @@ import numpy as np
 
 from ...isa import ISA_TABLE
 from ..ir import Conv, Dense, HostLayout, Lookup, Pool, Segment
-from .alloc import allocate
+from .alloc import allocate, load_points
 from .emit import Emitter
 from .fuse import Fusion, plan_fusion
 from .layout import plan_layouts
 from .lower import MAX_DMA, CodegenError, Lowering
+from .pack import pack_segment
 from .program import CompiledSegment
-from .weights import WeightImage, identity_tile
+from .weights import WEIGHT_MEMORY_BYTES, WeightImage, identity_tile
 
 DEFAULTS = ISA_TABLE.machine
 
-__all__ = ["generate", "supports", "CodegenError", "CompiledSegment"]
+__all__ = ["generate", "supports", "weight_tiles", "CodegenError", "CompiledSegment",
+           "WEIGHT_MEMORY_BYTES"]
 
 
 def supports(op) -> str | None:
@@ -58,6 +60,24 @@ def supports(op) -> str | None:
     if isinstance(op, Lookup):
         return None if len(op.table) == 256 else "a lookup table needs 256 entries"
     return f"{type(op).__name__} is not a TPU operator"
+
+
+def weight_tiles(op, n: int) -> int:
+    """The weight tiles `op` adds to the image on an n x n array (closed form, from shapes
+    alone: what lower.py registers; an identity copy shares one tile per segment; a first
+    convolution whose taps pack.py packs takes fewer, so this is an upper bound there)."""
+    def blocks(count):
+        return -(-count // n)
+    if isinstance(op, Dense):
+        k, m = op.weight.shape
+        if len(op.input.shape) == 3:                     # a flattened image, pixel by pixel
+            c, h, w = op.input.shape
+            return blocks(m) * blocks(c) * h * w
+        return blocks(m) * blocks(k)
+    if isinstance(op, Conv):
+        o, c, kh, kw = op.weight.shape
+        return blocks(o) * blocks(c) * kh * kw
+    return 0
 
 
 class Context:
@@ -149,6 +169,8 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
             raise CodegenError(f"{op.name}: {why}")
     n = array_size
     half_rows = acc_rows // 2
+    original = segment
+    segment, packings = pack_segment(segment, n)
     fusion = plan_fusion(segment, half_rows)
     layouts = plan_layouts(segment, n)
     steps = fusion.steps
@@ -157,17 +179,25 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     outputs = [t.name for t in segment.outputs]
     needs_dense = any(isinstance(s.op, Dense) for s in steps)
 
+    keys = {name: lay.padding_key for name, lay in layouts.items()}
+    load_at = load_points(order, inputs)
+
     def plan(p):
         sizes = {name: lay.rows(p) for name, lay in layouts.items()}
-        return allocate(order, sizes, inputs, outputs,
-                        keys={name: lay.padding_key for name, lay in layouts.items()})
+        return allocate(order, sizes, inputs, outputs, keys=keys, load_at=load_at)
 
-    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB
+    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB.
+    # Another pass streams every weight again, so before splitting the batch, inputs are
+    # loaded less far ahead of their readers (down to just in time)
     p = min(batch, half_rows) if needs_dense else batch
+    probe = Context(segment, n, p, layouts, plan(p), fifo_depth, half_rows)
+    const = _constant_rows(probe, fusion)
+    for lead in (None, 16, 8, 4, 2, 1, 0):
+        load_at = load_points(order, inputs, lead)
+        if plan(p).rows + const <= ub_rows:
+            break
     while True:
         alloc = plan(p)
-        probe = Context(segment, n, p, layouts, alloc, fifo_depth, half_rows)
-        const = _constant_rows(probe, fusion)
         if alloc.rows + const <= ub_rows or p == 1:
             break
         p = max(1, min(p - 1, p * (ub_rows - const) // max(1, alloc.rows)))
@@ -185,9 +215,6 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     e.start_weights()
     e.blank()
     const_mark = None
-    first_reader = {}
-    for i, st in enumerate(steps):
-        first_reader.setdefault(st.reads, i)
     for k in range(passes):
         if passes > 1:
             e.blank()
@@ -195,8 +222,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
         pending = list(segment.inputs)
 
         def load(names):
-            """Each segment input just before its first reader: the input stage loads the
-            next ones while the array works on the first."""
+            """Segment inputs at their load points (alloc.load_points)."""
             for t in [t for t in pending if t.name in names]:
                 pending.remove(t)
                 lay = layouts[t.name]
@@ -208,9 +234,8 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                            f"{low.ub(t.name, a)}, {min(MAX_DMA, rows - a)}",
                            f"input {t.name}" if a == 0 else "")
 
-        load({t.name for t in segment.inputs if t.name not in first_reader})
-        for s in steps:
-            load({s.reads})
+        for i, s in enumerate(steps):
+            load({t for t, at in load_at.items() if at == i})
             e.blank()
             e.comment(s.describe(layouts))
             e.node(s.op.name)
@@ -257,7 +282,10 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     for t in segment.inputs:
         lay = layouts[t.name]
         base = host_region(f"in_{symbol(t.name)}", passes * lay.rows(p))
-        inputs_hl[t.name] = HostLayout(t, base, passes * lay.rows(p), lay.describe())
+        how = lay.describe()
+        if t.name in packings:
+            how = f"{packings[t.name].describe()}: {how}"
+        inputs_hl[t.name] = HostLayout(t, base, passes * lay.rows(p), how)
     for t in segment.outputs:
         lay = layouts[t.name]
         base = host_region(f"out_{symbol(t.name)}", passes * lay.rows(p))
@@ -271,7 +299,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                      layouts, alloc, fusion, host_regions, len(const_rows), half_rows) \
         + "\n".join(body) + "\n"
     weights = ctx.weights.build()
-    return CompiledSegment(segment=segment, batch=batch, source=source, weights=weights,
+    return CompiledSegment(segment=original, packings=packings, batch=batch, source=source, weights=weights,
                            host_rows=top, host_constants=constants, inputs=inputs_hl,
                            outputs=outputs_hl, array_size=n, layouts=layouts, pass_batch=p,
                            passes=passes, instructions=e.instructions)

@@ -287,7 +287,15 @@ class Lowering:
                                        op.output.quant.scale)
         lo, hi = quant.clip_bounds(op.activation, op.output.quant)
         table = c.table_block(lookup.name, lookup.table) if lookup else None
-        bands = self.conv_bands(op, ho, wo, rows_per_sample, pool is not None)
+        # several samples per band: stacked into one tall image, one MMC.C per tap group
+        # computes every sample, but also the (kh - 1) / stride rows between two samples,
+        # which are never read.  Where there are such rows, one MMC.C per sample and tap
+        # instead (the tap's tile switched in by the first sample, reused by the others):
+        # every row that enters the array is a useful one, as in the paper's CNN0 (row 1 =
+        # row 2), for more (short) instructions.
+        per_sample = rows_per_sample > ho and p > 1 and ho * wo <= half_rows
+        bands = self.conv_bands(op, ho, wo, ho if per_sample else rows_per_sample,
+                                pool is not None)
         tiles = self.conv_tiles(op, src)
         taps = kh * kw
         per_block = src.chunks * taps
@@ -299,34 +307,72 @@ class Lowering:
             params = self.requant_block(op.name, bias, real, j * n)
             for samples, rows in bands:
                 half = c.next_half()
-                if len(samples) > 1:
+                if per_sample:
+                    self.conv_per_sample(op, src, j, samples, half, view, ho, wo, tiles,
+                                         per_block)
+                    stride = ho * wo
+                elif len(samples) > 1:
                     height = (len(samples) - 1) * rows_per_sample + ho
                     band_base = src.pixel(p, 0, samples[0], 0, 0) - src.pixel(p, 0, 0, 0, 0)
                 else:
                     height = len(rows)
                     band_base = samples[0] * src.image_rows + rows[0] * sh * src.pitch
-                first = True
-                for chunk in range(src.chunks):
-                    chunk_base = chunk * src.chunk_rows(p) + view + band_base
-                    for q, t in self.tile_groups(taps, kw):
-                        dy, dx = divmod(q, kw)
-                        o = "O" if first else ""
-                        rep = f", repeat={t}" if t > 1 else ""
-                        k0 = j * per_block + chunk * taps + q
-                        e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
-                              f"{self.acc(half)}, {height}, {wo}{rep}", tiles[k0:k0 + t],
-                              f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
-                              if first else "")
-                        first = False
+                if not per_sample:
+                    self.conv_stacked(op, src, j, half, view + band_base, height, wo,
+                                      tiles, per_block)
+                    stride = rows_per_sample * wo
                 self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
                 act = ".P" + ("M" if pool else "") + ("L" if lookup else "")
                 what = f"out ch {j * n}..: bias, requantize" + (", max pool" if pool else "") \
                     + (f", {lookup.function or 'lookup'}" if lookup else "")
-                stride = rows_per_sample * wo
                 if pool is not None:
                     self.pool_activate(pool, act, half, 0, stride, dst, j, samples, ho, wo, what)
                 else:
                     self.write_image(act, half, 0, stride, dst, j, samples, rows, wo, what)
+
+    def conv_stacked(self, op, src, j, half, base, height, wo, tiles, per_block):
+        """The band's samples as one tall image: per input chunk, tap groups of at most
+        fifo_depth + 1 taps, each one MMC.C with S (repeat walks the taps)."""
+        n, p = self.c.n, self.c.batch
+        _o, _c, kh, kw = op.weight.shape
+        taps = kh * kw
+        u = signed_flag(src)
+        e = self.e
+        first = True
+        for chunk in range(src.chunks):
+            chunk_base = chunk * src.chunk_rows(p) + base
+            for q, t in self.tile_groups(taps, kw):
+                dy, dx = divmod(q, kw)
+                o = "O" if first else ""
+                rep = f", repeat={t}" if t > 1 else ""
+                k0 = j * per_block + chunk * taps + q
+                e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
+                      f"{self.acc(half)}, {height}, {wo}{rep}", tiles[k0:k0 + t],
+                      f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
+                      if first else "")
+                first = False
+
+    def conv_per_sample(self, op, src, j, samples, half, view, ho, wo, tiles, per_block):
+        """One MMC.C per sample and tap: sample i of the band at accumulator rows
+        i * ho * wo; the first sample's MMC switches to the tap's tile, the others reuse it."""
+        n, p = self.c.n, self.c.batch
+        _o, _c, kh, kw = op.weight.shape
+        taps = kh * kw
+        u = signed_flag(src)
+        e = self.e
+        for chunk in range(src.chunks):
+            for q in range(taps):
+                dy, dx = divmod(q, kw)
+                k0 = j * per_block + chunk * taps + q
+                o = "O" if chunk == 0 and q == 0 else ""
+                for i, b in enumerate(samples):
+                    ub = chunk * src.chunk_rows(p) + view + b * src.image_rows \
+                        + dy * src.pitch + dx
+                    e.mmc(f"MMC.C{'S' if i == 0 else ''}{o}{u} {self.ub(src.tensor.name, ub)}, "
+                          f"{self.acc(half, i * ho * wo)}, {ho}, {wo}",
+                          tiles[k0:k0 + 1] if i == 0 else [],
+                          f"out ch {j * n}.., in ch {chunk * n}.., tap {q}, samples "
+                          f"{samples[0]}..{samples[-1]}" if i == 0 else "")
 
     def conv_bands(self, op, ho, wo, rows_per_sample, pooled):
         """[(samples, output rows)]: whole samples while the tall image fits an accumulator

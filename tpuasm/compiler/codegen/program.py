@@ -19,6 +19,7 @@ class CompiledSegment(SegmentProgram):
     pass_batch: int = 1                 # samples per pass
     passes: int = 1
     instructions: int = 0               # instructions in the source (after macro expansion)
+    packings: dict = field(default_factory=dict)   # input -> pack.Packing (host im2col)
 
     def host_image(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         host = np.zeros((self.host_rows, self.array_size), np.uint8)
@@ -28,6 +29,8 @@ class CompiledSegment(SegmentProgram):
             if name not in inputs:
                 raise ValueError(f"segment {self.segment.name}: no data for input {name!r}")
             data = np.asarray(inputs[name])
+            if name in self.packings:           # taps side by side in each row (pack.py)
+                data = self.packings[name].apply(data)
             shape = (self.batch, *h.tensor.shape)
             if data.shape != shape:
                 raise ValueError(f"segment {self.segment.name}: input {name!r} has shape "

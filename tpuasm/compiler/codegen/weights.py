@@ -11,6 +11,10 @@ import numpy as np
 
 Recipe = Callable[[np.ndarray], None]        # fills one zeroed (N, N) int8 tile
 
+# The TPU v1's Weight Memory: 8 GiB of DDR3 (the paper), so 131,072 tiles of 256 x 256.
+# A model whose tiles do not fit is refused before any weight is read or allocated.
+WEIGHT_MEMORY_BYTES = 8 << 30
+
 
 @dataclass
 class TileRegion:
