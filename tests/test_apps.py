@@ -97,6 +97,17 @@ def test_profile_prints_the_paper_next_to_the_measurement(capsys):
         assert r["gap"] == pytest.approx(r["measured"] - r["paper"], abs=0.011)
 
 
+def test_profile_runs_the_compiled_apps_and_the_generator_on_request(capsys):
+    assert cli.profile_main(["--apps", "mlp1", "--json", "--source", "generator"]) == 0
+    gen = json.loads(capsys.readouterr().out)["MLP1"]
+    assert cli.profile_main(["--apps", "mlp1", "--json"]) == 0
+    comp = json.loads(capsys.readouterr().out)["MLP1"]
+    assert (gen["source"], comp["source"]) == ("generator", "compiler")
+    # the same network (80 tiles of 168 rows: the same array-active cycles), two programs
+    assert gen["rows"]["active"]["measured"] * gen["cycles"] == \
+        pytest.approx(comp["rows"]["active"]["measured"] * comp["cycles"], rel=1e-3)
+
+
 def test_profile_rejects_unknown_apps(capsys):
     assert cli.profile_main(["--apps", "MLP9"]) == 2
     assert "unknown app" in capsys.readouterr().err

@@ -67,6 +67,12 @@ def test_joined_program_is_its_segments_with_host_round_trips(tmp_path):
     for key in ("array_active_cycles", "useful_macs"):
         assert c[key] == sum(a[key] for a in alone)
     assert [e.value for e in joined.events if e.kind == "interrupt"] == list(range(1, 10))
+    # the next segment's first tiles are requested before the round trip, not after it
+    code = [line.split(";")[0].split() for line in whole.source.splitlines()]
+    code = [c[0] for c in code if c and not c[0].startswith(".")]
+    for i, op in enumerate(code):
+        if op == "INT":
+            assert code[i - 1] == "RW" and code[i + 1] == "RHM"
     # the round trips cost time, the overlap of weight fetches across them saves some:
     # the joined run is within a few percent of the segments back to back
     assert abs(c["cycles"] / sum(a["cycles"] for a in alone) - 1) < 0.05

@@ -81,6 +81,19 @@ def test_segment_outputs_live_through_the_next_operator_then_free_their_slot():
     assert a.rows == 15
 
 
+def test_inputs_load_in_order_of_need_as_early_as_allowed():
+    # x is read by op 0, y by op 3, z by op 4: y's RHM goes right after op 0 (the input
+    # stage is one queue: placed earlier it would hold op 0 behind it), z's after op 3
+    order = [(["x"], ["a"]), (["a"], ["b"]), (["b"], ["c"]), (["y"], ["d"]), (["z"], ["e"])]
+    assert alloc.load_points(order, ["x", "y", "z"]) == {"x": 0, "y": 1, "z": 4}
+    assert alloc.load_points(order, ["x", "y", "z"], lead=1) == {"x": 0, "y": 2, "z": 4}
+    assert alloc.load_points(order, ["x", "y", "z"], lead=0) == {"x": 0, "y": 3, "z": 4}
+    # an input lives from the operator before its load point: y may not take a's slot
+    # (a is read by op 1, after y's RHM), nor b's
+    life = alloc.lifetimes(order, ["x", "y", "z"], ["e"])
+    assert life["y"] == (0, 3) and life["x"] == (-1, 0)
+
+
 def test_a_slot_whose_padding_matches_is_preferred():
     # when c is written, x's slot and a's slot are free and equal; best fit alone takes
     # the first (x's); with padding keys c goes where a (the same key) left its padding

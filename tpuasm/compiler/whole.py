@@ -29,7 +29,7 @@ from tpuasm.compiler.errors import CompileError
 
 _DIRECTIVE = re.compile(r"^\.(ub|host|tile|acc)\s+([A-Za-z_]\w*)\s*,\s*([^;]+?)\s*(;.*)?$")
 _REF = re.compile(r"\b(ub|host|tile)\.([A-Za-z_]\w*)\b")
-_INPUT_DMA = re.compile(r"^\s*RHM\s+host\.in_")
+_INPUT_DMA = re.compile(r"^\s*RHM\s+host\.s\d+_in_")
 
 
 @dataclass(frozen=True)
