@@ -4,7 +4,6 @@ from __future__ import annotations
 import textwrap
 
 from rich.text import Text
-
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
