@@ -12,12 +12,15 @@ Prints:
     paints while it runs (the screen stays live), and the whole-run timeline's redraw.
 
 Targets: step p95 <= 30 ms (issue 13), start-up <= 2 s with a warm numba cache.
-Usage: python benchmarks/bench_debugger.py [--steps 200] [--size 200x60]
+Usage: python benchmarks/bench_debugger.py [--steps 200] [--size 200x60] [--steps-only]
+       python benchmarks/bench_debugger.py --baseline DIR [--rounds 3] [--steps 40]
+(--baseline: the same step measurement of older code checked out in DIR, side by side.)
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -78,6 +81,9 @@ async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
     assert session.machine.ub.shape == (98_304, 256), session.machine.ub.shape
     app = DebuggerApp(session)
     handled: list[tuple[float, float]] = []       # (start, end) of each command handler
+    # wall and CPU time at the end of each paint: 2 shared cores, so CPU time says how
+    # much of the wall time was this process's own work
+
     original = app.execute
 
     def timed_execute(line, echo=True):
@@ -85,7 +91,7 @@ async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
         original(line, echo)
         handled.append((t, time.perf_counter()))
     app.execute = timed_execute
-    paints: list[float] = []
+    paints: list[tuple[float, float]] = []
     out: dict[str, list[float]] = {}
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -97,7 +103,7 @@ async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
 
         def timed_paint():
             paint()
-            paints.append(time.perf_counter())
+            paints.append((time.perf_counter(), time.process_time()))
         screen._compositor_refresh = timed_paint
         for key, label in (("s", "step cycle"), ("n", "step instruction"), ("b", "reverse step cycle"),
                            ("f12", "no-op key")):
@@ -106,11 +112,11 @@ async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
                 original("run 9000", False)
                 await app.workers.wait_for_complete()
                 await pilot.pause()
-            to_paint, handler, round_trip = [], [], []
+            to_paint, cpu, handler, round_trip = [], [], [], []
             for _ in range(steps):
                 handled.clear()
                 paints.clear()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 await pilot.press(key)
                 await app.workers.wait_for_complete()
                 await pilot.pause()
@@ -119,13 +125,16 @@ async def step_latency(data: Path, steps: int) -> dict[str, list[float]]:
                 if handled:
                     done = handled[-1][1]
                     handler.append(done - handled[-1][0])
-                    to_paint.append(next((p for p in paints if p >= done), end) - t)
+                    wall, cpu_end = next((p for p in paints if p[0] >= done), (end, time.process_time()))
+                    to_paint.append(wall - t)
+                    cpu.append(cpu_end - c)
                 if session.finished:
                     original("restart", False)
                     await app.workers.wait_for_complete()
                     await pilot.pause()
             if to_paint:
                 out[label + ": key to paint"] = to_paint
+                out[label + ": key to paint, CPU"] = cpu
                 out[label + ": handler"] = handler
             out[label + ": Pilot round trip"] = round_trip
     return out
@@ -186,43 +195,95 @@ async def long_run(data: Path, target_cycles: int = 500_000) -> dict:
     return out
 
 
+def _figures(times: list[float]) -> str:
+    ms = [1000 * t for t in times]
+    return (f" p50 {statistics.median(ms):6.1f} ms  p95 {percentile(ms, 0.95):6.1f} ms"
+            f"  max {max(ms):6.1f} ms")
+
+
+def compare(args, data: Path) -> tuple[dict, dict]:
+    """The step measurement of this code and of the code in args.baseline, each in child
+    processes (PYTHONPATH picks the code), alternating round by round so that both see the
+    same load on the shared machine."""
+    here, there = {}, {}
+    for _ in range(args.rounds):
+        for path, into in ((str(ROOT), here), (str(Path(args.baseline).resolve()), there)):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]))
+            child = subprocess.run([sys.executable, __file__, "--steps-json", str(data),
+                                    "--steps", str(args.steps), "--size", args.size],
+                                   env=env, capture_output=True, text=True, check=True)
+            for label, times in json.loads(child.stdout.strip().splitlines()[-1]).items():
+                into.setdefault(label, []).extend(times)
+    return here, there
+
+
 def main() -> int:
     global SIZE
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--size", default=f"{SIZE[0]}x{SIZE[1]}", help="terminal COLSxROWS")
     p.add_argument("--long-cycles", type=int, default=500_000)
+    p.add_argument("--steps-only", action="store_true",
+                   help="only the step latencies (no start-up, no long run)")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also measure the steps of the code checked out in DIR (e.g. `git "
+                        "worktree add /tmp/before <commit>`), alternating with this code in "
+                        "child processes, and print both side by side (implies --steps-only)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --baseline: alternate this many times (steps presses each)")
     p.add_argument("--first-frame", metavar="DATA", help=argparse.SUPPRESS)
+    p.add_argument("--steps-json", metavar="DATA", help=argparse.SUPPRESS)
     args = p.parse_args()
     SIZE = tuple(int(x) for x in args.size.lower().split("x"))
+    args.steps_only = args.steps_only or bool(args.baseline) or bool(args.steps_json)
+    if not args.baseline:
+        args.rounds = 1
     if args.first_frame:                       # the child process of the start-up measurement
         end = asyncio.run(first_frame(Path(args.first_frame)))
         print(f"{end - float(os.environ['BENCH_T0']):.3f}")
+        return 0
+    if args.steps_json:                        # a child of --baseline: the numbers only
+        print(json.dumps(asyncio.run(step_latency(Path(args.steps_json), args.steps))))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
         make_data(data)
         startups = []
-        for _ in range(3):                     # the first run also warms numba's cache
+        for _ in range(0 if args.steps_only else 3):   # the first run also warms numba's cache
             t0 = time.time()
             child = subprocess.run([sys.executable, __file__, "--first-frame", str(data)],
                                    env=dict(os.environ, BENCH_T0=repr(t0)),
                                    capture_output=True, text=True, check=True)
             startups.append((float(child.stdout.strip().splitlines()[-1]), time.time() - t0))
-        first, process_wall = min(startups[1:])
-        print(f"start-up to first frame (warm numba cache, best of 2): {first:.2f} s "
-              f"(process wall time {process_wall:.2f} s)  target <= 2 s")
-        results = asyncio.run(step_latency(data, args.steps))
+        if startups:
+            first, process_wall = min(startups[1:])
+            print(f"start-up to first frame (warm numba cache, best of 2): {first:.2f} s "
+                  f"(process wall time {process_wall:.2f} s)  target <= 2 s")
+        if args.baseline:
+            results, baseline = compare(args, data)
+        else:
+            results, baseline = asyncio.run(step_latency(data, args.steps)), None
         print(f"step latency, terminal {SIZE[0]}x{SIZE[1]}, all panes, UB view 98,304 x 256 focused, "
-              f"{args.steps} presses each:")
+              f"{args.steps * args.rounds} presses each (wall time; `CPU` = this process's CPU "
+              f"time over the same span, on {os.cpu_count()} cores shared with other work, load "
+              f"{os.getloadavg()[0]:.2f}):")
+        if baseline is not None:
+            print(f"  {'':<38}{'this code':<36}baseline ({args.baseline})")
         for label, times in results.items():
-            ms = [1000 * t for t in times]
-            print(f"  {label:<36} p50 {statistics.median(ms):6.1f} ms   p95 {percentile(ms, 0.95):6.1f} ms"
-                  f"   max {max(ms):6.1f} ms")
+            line = f"  {label:<36}" + _figures(times)
+            if baseline is not None and label in baseline:
+                line += "   |" + _figures(baseline[label])
+            print(line)
         p95 = max(percentile([1000 * t for t in results[k]], 0.95)
                   for k in ("step cycle: key to paint", "step instruction: key to paint"))
         print(f"step p95 = {p95:.1f} ms  (worst of cycle and instruction steps, key to paint; "
               f"target <= 30 ms)")
+        if baseline is not None:
+            old = max(percentile([1000 * t for t in baseline[k]], 0.95)
+                      for k in ("step cycle: key to paint", "step instruction: key to paint"))
+            print(f"baseline step p95 = {old:.1f} ms")
+        if args.steps_only:
+            return 0
         run = asyncio.run(long_run(data, args.long_cycles))
         print(f"long run: continue over {run['cycles']:,} cycles ({run['instructions']:,} "
               f"instructions) took {run['seconds']:.2f} s with {run['paints']} screen paints; "

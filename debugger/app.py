@@ -8,7 +8,6 @@ screen and `p`/Escape interrupts it.
 from __future__ import annotations
 
 import ast
-import gc
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -22,11 +21,13 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, RichLog, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from .commands import COMMANDS, Engine, Result, lookup
 from .formatting import event_text
+from .idle_gc import IdleCollector
+from .log_pane import LogPane
 from .memory_view import MemoryView
 from .panes import CountersPane, PipelinePane
 from .array_view import ArrayPane
@@ -82,6 +83,12 @@ KEYS = [
         title="Cycle radix", detail="hex / signed / unsigned in the memory view"),
     Key("w (memory)", "bytes as int8 or as int32 words", action="unit_toggle",
         title="Toggle int8 / int32", detail="unit of the memory view"),
+    Key("up / down (memory)", "move the marked row (g marks one too)"),
+    Key("W (memory)", "back to where the last write of the marked row completed (again: the "
+        "write before it); the source shows the writer", action="jump_writer",
+        title="Jump to last writer", detail="of the marked memory row (reverse execution)"),
+    Key("U (memory)", "the same for the last read of the marked row", action="jump_reader",
+        title="Jump to last reader", detail="of the marked memory row (reverse execution)"),
     Key("a", "the matrix unit: active tile heat map, the MMC's wavefront, shadow shift "
         "(+/- zoom, arrows pan)", "a", "show_array", "Array", "Systolic array",
         "the matrix unit's heat map and wavefront"),
@@ -223,6 +230,9 @@ class DebuggerApp(App):
         self._watcher = None                # the timer of `reload --watch`
         self._watched_mtime: float | None = None
         session.on_progress = self._progress_from_worker
+        self._collector = IdleCollector()
+        self._status_lines = 0              # the status line's height (0: not set yet)
+        self._keys_only = False             # the last command came from a key, not typed
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -242,7 +252,7 @@ class DebuggerApp(App):
                     yield ArrayPane(s, id="array")
             with Vertical(id="side"):
                 yield CountersPane(s, id="counters", classes="pane-title")
-                yield RichLog(id="log", markup=True, wrap=True, min_width=20, max_lines=2000,
+                yield LogPane(id="log", markup=True, wrap=True, min_width=20, max_lines=2000,
                               classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
                     id="command", select_on_focus=False)
@@ -275,12 +285,10 @@ class DebuggerApp(App):
                       "Press [b]?[/] for help, [b]:[/] for commands.")
         self._apply_layout()
         self.refresh_all(follow=True)
-        # Everything alive now (numba, Textual, the program) lives as long as the app: move it
-        # out of the collector's sight, or every few dozen steps a full collection walks it
-        # all and one repaint takes 60 ms instead of 10.
-        gc.freeze()
+        self._collector.start(self)     # full garbage collections only while idle
 
     def on_resize(self, event) -> None:
+        self._status_lines = 0              # wrapped anew at the new width
         self._apply_layout()
 
     def _apply_layout(self) -> None:
@@ -315,7 +323,7 @@ class DebuggerApp(App):
         self.call_after_refresh(timeline.update_state)
 
     def on_unmount(self) -> None:
-        gc.unfreeze()                   # hand it all back (tests start many apps in one process)
+        self._collector.stop()
 
     # -- running commands ----------------------------------------------------------------------
     def execute(self, line: str, echo: bool = True) -> None:
@@ -324,6 +332,7 @@ class DebuggerApp(App):
         line = line.strip()
         if not line:
             return
+        self._collector.activity()
         if echo:
             self.log_line(f"[bold]> {escape(line)}[/]")
         word, _, arg = line.partition(" ")
@@ -372,6 +381,7 @@ class DebuggerApp(App):
             if event.kind != "fault":           # a fault is reported by the stop itself
                 self.log_line(f"[cyan]{escape(event_text(self.session, event))}[/]")
         quiet = not echo and result.ok and result.stop is not None and result.stop.kind == "paused"
+        self._keys_only = not echo
         if not quiet:
             for line in result.lines:
                 self.log_line(line)
@@ -387,6 +397,8 @@ class DebuggerApp(App):
             if len(result.ui) > 2:
                 view.unit = result.ui[2]
         self.refresh_all(follow=result.stop is not None)
+        if result.ui and result.ui[0] == "show-instruction":     # after the follow above
+            self.query_one(SourceView).show_instruction(result.ui[1])
 
     def _after_reload(self, ui: tuple) -> None:
         if ui[0] == "reload":
@@ -417,7 +429,7 @@ class DebuggerApp(App):
             self.execute("reload")
 
     def log_line(self, markup: str) -> None:
-        self.query_one("#log", RichLog).write(Text.from_markup(markup))
+        self.query_one("#log", LogPane).write(Text.from_markup(markup))
 
     def _progress_from_worker(self, cycle: int, elapsed: float) -> None:
         self.call_from_thread(self._show_status, True, cycle)
@@ -462,8 +474,10 @@ class DebuggerApp(App):
             i, lo, hi, finish = pending[0]
             note = (f"#{i} writes {view.memory}[{lo}..{hi - 1}] at cycle {finish:,}"
                     + (f" (+{len(pending) - 1})" if len(pending) > 1 else "") + "  ")
-        self.query_one("#memories").border_subtitle = (f"{note}{what}  {view.describe()}  "
-                                                       "(x radix, w unit, g go to)")
+        subtitle = f"{note}{what}  {view.describe()}  (x radix, w unit, g go to)"
+        pane = self.query_one("#memories")
+        if pane.border_subtitle != subtitle:        # setting it repaints the whole pane
+            pane.border_subtitle = subtitle
 
     def _show_status(self, running: bool = False, cycle: int | None = None) -> None:
         m = self.session.machine
@@ -483,9 +497,16 @@ class DebuggerApp(App):
                 text.append(f"  — {stop.message}",
                             style="bold red" if stop.kind == "fault" else "grey70")
         status = self.query_one("#status", Static)
-        lines = len(text.wrap(self.console, max(self.size.width - 2, 10)))
-        status.update(text, layout=lines != getattr(status, "_lines", 1))
-        status._lines = lines
+        lines = min(3, len(text.wrap(self.console, max(self.size.width - 2, 10))))
+        if self._keys_only:
+            # while stepping with keys it only grows: a new height relays out the whole
+            # screen and moves every pane, and `next` messages wrap onto one line more or
+            # less from step to step
+            lines = max(lines, self._status_lines)
+        if lines != self._status_lines:
+            status.styles.height = lines
+            self._status_lines = lines
+        status.update(text, layout=False)
 
     def memory_views(self) -> list:
         """The memory views (looked up once: a query per step costs a few ms)."""
@@ -563,6 +584,11 @@ class DebuggerApp(App):
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.KEY_HELP))
 
+    @on(MemoryView.JumpToAccess)
+    def _jump_to_access(self, message: MemoryView.JumpToAccess) -> None:
+        kind = "writer" if message.write else "reader"
+        self.execute(f"jump {kind} {message.memory}[{message.row}]")
+
     @on(TimelinePane.Jump)
     def _jump_from_timeline(self, message: TimelinePane.Jump) -> None:
         self.execute(f"jump {message.cycle}")
@@ -624,6 +650,12 @@ class DebuggerApp(App):
 
     def action_radix_next(self) -> None:
         self.current_memory_view().action_cycle_radix()
+
+    def action_jump_writer(self) -> None:
+        self.current_memory_view().action_jump_to_access(True)
+
+    def action_jump_reader(self) -> None:
+        self.current_memory_view().action_jump_to_access(False)
 
     def action_unit_toggle(self) -> None:
         self.current_memory_view().action_toggle_unit()

@@ -102,8 +102,10 @@ COMMANDS = [
     Command(("info", "i"), "info pipeline|counters|breakpoints|registers|weights|events|symbols",
             "show machine state; `info writes ub[8]`, `info reads acc.sums`: who wrote / read "
             "those rows so far", "do_info"),
-    Command(("jump",), "jump CYCLE", "put the machine at a cycle, back (reverse execution) or "
-            "forward (breakpoints do not stop it)", "do_jump", True),
+    Command(("jump",), "jump CYCLE | jump writer|reader ADDR", "put the machine at a cycle, "
+            "back (reverse execution) or forward (breakpoints do not stop it); `jump writer ub[8]`: "
+            "back to where the last write of the row before now completed (reader: the last read)",
+            "do_jump", True),
     Command(("list", "l"), "list [LINE]", "source lines around the next instruction", "do_list"),
     Command(("goto", "g"), "goto ADDR", "show an address or symbol in the memory view", "do_goto"),
     Command(("radix",), "radix hex|signed|unsigned [int8|int32]", "number format of the focused "
@@ -449,10 +451,34 @@ class Engine:
     def do_jump(self, arg):
         if not arg:
             raise CommandError("jump CYCLE: which cycle?")
+        word, _, rest = arg.strip().partition(" ")
+        if word.lower() in ("writer", "reader"):
+            return self._jump_to_access(rest.strip(), word.lower() == "writer")
         cycle = self.session.eval.integer(arg)
         if cycle < 0:
             raise CommandError(f"jump: cycle must be 0 or more, got {cycle}")
         return self._stopped(self.session.goto_cycle(cycle))
+
+    def _jump_to_access(self, arg: str, write: bool) -> Result:
+        """`jump writer ub[8]`: back to the last write of the row before now; the memory
+        view shows the row and the source its writer (a screen's `W` / `U` keys)."""
+        kind = "writer" if write else "reader"
+        if not arg:
+            raise CommandError(f"jump {kind} ADDR, e.g. `ub[8]`, `acc.sums + 2`")
+        s = self.session
+        loc = s.eval.location(arg)
+        if loc.memory not in ("ub", "acc", "host"):
+            raise CommandError("access history covers ub, acc and host rows")
+        found = s.jump_to_access(loc, write)
+        if found is None:
+            verb = "written" if write else "read"
+            raise CommandError(f"{arg}: not {verb} by any instruction that finished before cycle "
+                               f"{s.machine.cycle}")
+        stop, index = found
+        result = self._stopped(stop)
+        result.goto = loc
+        result.ui = ("show-instruction", index)
+        return result
 
     def do_info(self, arg):
         what, _, rest = arg.strip().partition(" ")

@@ -3,7 +3,8 @@ formatted, so a 98,304 x 256 Unified Buffer scrolls and repaints as fast as a sm
 
 Per view: radix (hex, signed, unsigned), unit for byte memories (int8, or int32 from four
 little-endian bytes), values changed by the last step highlighted, a target row marked
-after `goto`.
+after `goto` and moved with up/down; `W` / `U` go back in time to the last write / read of
+that row (the debugger's `jump writer|reader`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ class MemoryView(ScrollView, can_focus=True):
     BINDINGS = [
         Binding("x", "cycle_radix", "Radix", tooltip="hex / signed / unsigned"),
         Binding("w", "toggle_unit", "int8/32", tooltip="bytes as int8 or as int32 words"),
+        Binding("up", "select(-1)", "Row up", show=False),
+        Binding("down", "select(1)", "Row down", show=False),
+        Binding("W", "jump_to_access(True)", "Writer", tooltip="back to the last write of the row"),
+        Binding("U", "jump_to_access(False)", "Reader", tooltip="back to the last read of the row"),
     ]
 
     DEFAULT_CSS = """
@@ -108,6 +113,35 @@ class MemoryView(ScrollView, can_focus=True):
 
     class FormatChanged(Message):
         """Radix or unit changed: the app shows them under the pane."""
+
+    class JumpToAccess(Message):
+        """`W` / `U`: go back to the last write (read) of the selected row."""
+
+        def __init__(self, memory: str, row: int, write: bool):
+            super().__init__()
+            self.memory, self.row, self.write = memory, row, write
+
+    def selected_row(self) -> int:
+        """The marked row (`goto`, up/down), else the first one on screen."""
+        return self.target_row if self.target_row is not None else int(self.scroll_offset.y)
+
+    def action_select(self, delta: int) -> None:
+        """Move the marked row, scrolling to keep it on screen."""
+        rows = self._shape[0]
+        if not rows:
+            return
+        row = min(max(self.selected_row() + delta, 0), rows - 1)
+        self.target_row = row
+        top, height = int(self.scroll_offset.y), max(self.size.height - 1, 1)   # - the header
+        if not top <= row < top + height:
+            self.scroll_to(y=row if row < top else row - height + 1, animate=False, immediate=True)
+        self.update_data()
+
+    def action_jump_to_access(self, write: bool) -> None:
+        if self.memory not in ("ub", "acc", "host"):
+            self.notify("access history covers ub, acc and host rows", timeout=2)
+            return
+        self.post_message(self.JumpToAccess(self.memory, self.selected_row(), write))
 
     def describe(self) -> str:
         a = self.source()

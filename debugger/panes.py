@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import Static
+from textual.widget import Widget
 from tpuasm.runreport import BREAKDOWN, OVERLAPPING
 
 from .formatting import weights_text
@@ -43,16 +43,13 @@ class PipelinePane(StripLines, ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._drawn = None
+        self.virtual_size = Size(0, 0)        # show() grows it back to what the text needs
         self.update_state()
 
     def _show(self, text: Text) -> None:
         """Line API: rich segments straight to strips (cheaper per step than a Static's
         update); the pane scrolls when the stalls need more lines than it has."""
-        self._strips = text_strips(self.app.console, text)
-        size = Size(max((s.cell_length for s in self._strips), default=0), len(self._strips))
-        if size != self.virtual_size:
-            self.virtual_size = size
-        self.refresh()
+        self.show(text_strips(self.app.console, text))
 
     def update_state(self) -> None:
         m = self.session.machine
@@ -117,12 +114,13 @@ def _fit(s: str, width: int) -> str:
     return s if len(s) <= width else s[:width - 1] + "…"
 
 
-class CountersPane(Static):
+class CountersPane(StripLines, Widget):
     """Cycle, retired instructions, MXU utilisation and the Table-3 cycle breakdown."""
 
     def __init__(self, session, **kwargs):
         super().__init__(**kwargs)
         self.session = session
+        self._strips: list[Strip] = []
 
     def on_resize(self) -> None:
         self.update_state()
@@ -148,4 +146,5 @@ class CountersPane(Static):
         text.append("  ".join(f"{short} {int(c.get(key, 0)):,}"
                               for short, (_, key) in zip(("RAW stall", "input stall"), OVERLAPPING)),
                     style="grey62")
-        self.update(text, layout=False)
+        base = self.rich_style                      # the pane's colours under the text's own
+        self.show([strip.apply_style(base) for strip in text_strips(self.app.console, text)])

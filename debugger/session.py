@@ -18,8 +18,8 @@ from tpuasm.disassembler import format_instruction
 from .expr import Evaluator, ExprError, Location, symbol_table
 
 CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interrupted
-HISTORY_INTERVAL = 20_000    # cycles between the library's snapshots: each costs a UB compare,
-                             # and a step back replays at most this many cycles
+HISTORY_INTERVAL = 5_000     # cycles between the library's checkpoints: each copies the rows
+                             # written since the last one; a step back replays at most this many
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
 
 
@@ -463,8 +463,11 @@ class Session:
         idx = a.index[sel]
         fin = times[idx, 2]
         live = (times[idx, 0] >= 0) & (fin > m.cycle)
-        return [(int(i), int(lo), int(hi), int(f)) for i, lo, hi, f in
-                zip(idx[live], a.lo[sel][live], a.hi[sel][live], fin[live])]
+        spans: dict[int, list[int]] = {}          # a strided write is several runs: its span
+        for i, lo, hi, f in zip(idx[live], a.lo[sel][live], a.hi[sel][live], fin[live]):
+            span = spans.setdefault(int(i), [int(lo), int(hi), int(f)])
+            span[0], span[1] = min(span[0], int(lo)), max(span[1], int(hi))
+        return [(i, lo, hi, f) for i, (lo, hi, f) in spans.items()]
 
     def _watch_hit(self, index: int) -> Stop | None:
         for wp in self.watchpoints.values():
@@ -510,6 +513,25 @@ class Session:
             if stop.kind != "paused":
                 return stop
         return self._finish(Stop("paused", f"at cycle {m.cycle}"))
+
+    def jump_to_access(self, loc: Location, write: bool) -> tuple[Stop, int] | None:
+        """Back to the latest write (or read) of `loc`'s rows that completed before the
+        current cycle: the machine is put at the cycle it completed, its effects visible
+        (so going again walks further back).  (Stop, instruction index), or None if there
+        is no such access."""
+        m = self.machine
+        self._check_range(loc)
+        done = [a for a in self.accesses.history(loc.memory, loc.row, loc.row + loc.rows,
+                                                 write=write) if 0 <= a.finish < m.cycle]
+        if not done:
+            return None
+        a = done[-1]
+        self.history.goto(a.finish)
+        verb = "wrote" if write else "read"
+        rows = f"{loc.memory}[{loc.row}]" + (f"..[{loc.row + loc.rows - 1}]" if loc.rows > 1 else "")
+        return self._finish(Stop("paused", f"back to cycle {m.cycle}, where {self.where(a.index)} "
+                                           f"{verb} {rows} (issued at cycle {a.issue})",
+                                 a.index), reverse=True), a.index
 
     def reverse_cycles(self, n: int = 1) -> Stop:
         n = min(n, self.machine.cycle)

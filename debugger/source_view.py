@@ -12,7 +12,7 @@ from pygments.token import Comment, Keyword, Name, Number, Operator, String
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -233,12 +233,48 @@ class SourceView(ScrollView, can_focus=True):
         if follow and self.next_line is not None:
             self.cursor_line = self.next_line
             self._keep_visible(self.next_line)
-        key = (self.listing.name, tuple(sorted(self.stages.items())), self.next_line, self.fault_line,
-               tuple(sorted((k, tuple(v)) for k, v in self.expansions.items())),
-               tuple(sorted(self.break_lines.items())), self.cursor_line)
-        if key != self._drawn:                  # most cycle steps change nothing here
-            self._drawn = key
+        self._repaint_marks()
+
+    def _marks(self) -> dict[int, tuple]:
+        """Everything drawn on a line besides its text, for the lines that carry any."""
+        out: dict[int, list] = {}
+        for field, values in ((0, self.stages), (1, self.expansions), (2, self.break_lines),
+                              (3, {self.next_line: True}), (4, {self.fault_line: True}),
+                              (5, {self.cursor_line: True})):
+            for line, value in values.items():
+                if line is not None:
+                    out.setdefault(line, [None] * 6)[field] = \
+                        tuple(value) if isinstance(value, list) else value
+        return {line: tuple(v) for line, v in out.items()}
+
+    def _repaint_marks(self) -> None:
+        """Repaint the lines whose marks changed (most cycle steps change none): a whole
+        repaint of the pane costs several milliseconds."""
+        marks = self._marks()
+        view = (self.listing.name, int(self.scroll_offset.x), int(self.scroll_offset.y),
+                self.size, self.has_focus)
+        old = self._drawn
+        self._drawn = (view, marks)
+        if old is None or old[0] != view:
             self.refresh()
+            return
+        top = view[2]
+        for line in {*marks, *old[1]}:
+            if marks.get(line) != old[1].get(line) and top < line <= top + self.size.height:
+                self.refresh(Region(0, line - 1 - top, self.size.width, 1))
+
+    def show_instruction(self, index: int) -> None:
+        """Put the cursor on instruction `index`'s line (a jump to its writer, say)."""
+        program = self.session.program
+        loc = program.locations[index] if 0 <= index < len(program) else None
+        if loc is not None and loc.file != self.listing.name and loc.file in program.sources:
+            self.show_file(loc.file)
+        line = self.listing.line_of.get(index)
+        if line is None:
+            return
+        self.cursor_line = line
+        self._keep_visible(line)
+        self._repaint_marks()
 
     def _keep_visible(self, line: int) -> None:
         top, height = int(self.scroll_offset.y), max(self.size.height, 1)

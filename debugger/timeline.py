@@ -209,8 +209,7 @@ class TimelinePane(StripLines, Widget, can_focus=True):
         cols = self.columns
         if self.follow:
             self.c0 = max(0, wave.now - (cols - 2) * self.zoom)
-        self._strips = text_strips(self.app.console, self.render_wave(wave, cols))
-        self.refresh()
+        self.show(text_strips(self.app.console, self.render_wave(wave, cols)))
 
     def render_wave(self, wave: Waveform, cols: int) -> Text:
         c0, zoom, now = self.c0, self.zoom, wave.now

@@ -82,3 +82,29 @@ def test_catch_unwritten(here):
     assert "ub rows from ub[4] (4 row(s))" in r.text()
     assert e.session.machine.issue_cycle(4) == -1
     assert e.execute("continue").stop.kind == "halted"
+
+
+def test_jump_writer_and_reader_walk_back_through_the_accesses(here):
+    """SMALL writes hidden (ub[4..7]) with #5 ACT.R then #7 ACT; #6 MMC and #8 WHM read
+    it (from the program text).  `jump writer` lands where each write completed, newest
+    first, with the value that write left; with none left it says so."""
+    from test_debugger_support import fresh_state_at, oracle, small_data
+    e = Engine(make_session(here))
+    e.execute("continue")
+    m = e.session.machine
+    expected = oracle(*small_data())
+    for writer, values in ((7, expected["hidden2"]), (5, expected["hidden1"])):
+        r = e.execute("jump writer hidden + 1")
+        assert r.ok and r.stop.index == writer and r.ui == ("show-instruction", writer)
+        assert m.cycle == m.finish_cycle(writer) and m.retired(writer)
+        assert r.goto.memory == "ub" and r.goto.row == 5
+        assert np.array_equal(m.ub[5].view(np.int8), values[1])
+        assert np.array_equal(m.ub, fresh_state_at(here, m.cycle)["ub"])
+    r = e.execute("jump writer hidden + 1")
+    assert not r.ok and "not written by any instruction that finished before cycle" in r.text()
+    e.execute("continue")
+    for reader in (8, 6):
+        r = e.execute("jump reader ub.hidden")
+        assert r.ok and r.stop.index == reader and m.cycle == m.finish_cycle(reader)
+    assert "access history covers" in e.execute("jump writer tile[0]").text()
+    assert not e.execute("jump writer").ok

@@ -27,3 +27,18 @@ def test_after_a_fault(here, snap_compare):
     app = DebuggerApp(make_session(here, FAULTY, "faulty.tasm"))
     assert snap_compare(app, terminal_size=SIZE, run_before=commands("continue"))
     assert app.session.machine.status == "fault"
+
+
+def test_after_jump_to_the_writer(here, snap_compare):
+    """`W` in the UB view on hidden + 1: back at the cycle #7 ACT's write landed, the row
+    marked, the source cursor on the writer's line."""
+    app = DebuggerApp(make_session(here))
+
+    async def run_before(pilot):
+        await commands("continue", "goto hidden + 1")(pilot)
+        await pilot.press("W")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    m = app.session.machine
+    assert m.cycle == m.finish_cycle(7)

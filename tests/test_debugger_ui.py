@@ -15,7 +15,7 @@ import debugger.session
 from debugger.app import DebuggerApp, HelpScreen
 from debugger.memory_view import MemoryView
 from debugger.source_view import SourceView
-from test_debugger_support import (FAULTY, LINE_ACT2, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, SMALL,
+from test_debugger_support import (FAULTY, LINE_ACT1, LINE_ACT2, LINE_MMC1, LINE_MMC2, LINE_RHM, LONG, SMALL,
                                    assert_same_state, fresh_state_at, here, machine_state,  # noqa: F401
                                    make_session, oracle, small_data)
 
@@ -422,3 +422,30 @@ async def test_tab_moves_focus_and_q_quits(here):
         await pilot.press("q")
         await pilot.pause()
         assert app.return_code == 0 and not app.is_running
+
+
+@pilot_test
+async def test_memory_view_W_and_U_jump_to_the_writer_and_reader(here):
+    """In the UB view, up/down move the marked row; W goes back to where its last write
+    completed (the source cursor on the writer's line), W again to the write before; U to
+    the last read.  Writers and readers of hidden (ub[4..7]) from SMALL's text."""
+    async with open_app(here) as (app, pilot):
+        m = app.session.machine
+        await command(pilot, "continue")
+        await command(pilot, "goto hidden")              # marks ub[4], focuses the UB view
+        view = app.query_one("#mem-ub", MemoryView)
+        assert app.focused is view and view.selected_row() == 4
+        await keys(pilot, "down")
+        assert view.selected_row() == 5
+        source = app.query_one(SourceView)
+        for writer, line in ((7, LINE_ACT2), (5, LINE_ACT1)):
+            await keys(pilot, "W")
+            assert m.cycle == m.finish_cycle(writer)
+            assert source.cursor_line == line and view.selected_row() == 5
+        await keys(pilot, "W")                            # nothing earlier: says so, stays
+        assert m.cycle == m.finish_cycle(5) and "not written" in log_text(app)
+        await command(pilot, "continue")
+        view.focus()
+        await keys(pilot, "U")
+        assert m.cycle == m.finish_cycle(8) and source.cursor_line == LINE_ACT2 + 1
+        assert "W (memory)" in HelpScreen(app.KEY_HELP).plain_text()

@@ -1,43 +1,82 @@
-"""Reverse execution: periodic snapshots plus deterministic replay.
+"""Reverse execution: checkpoints plus deterministic replay.
 
 The machine is deterministic and its state at cycle c does not depend on where earlier runs
-stopped (core.py), so going back to cycle c = restore the latest snapshot at or before c and
-step forward.  Snapshots keep the big memories (UB 24 MiB, accumulators 4 MiB, host) as the
-rows that differ from the snapshot taken when the History was created; at most
-`max_snapshots` are kept (when full, every other one is dropped and the interval doubles), so
-memory stays bounded while replay costs at most about `interval` cycles of emulation.
+stopped (core.py), so going back to cycle c = restore the latest checkpoint at or before c
+and step forward.
+
+What a checkpoint costs.  The big memories (UB 24 MiB, accumulators 4 MiB, host) change
+only when an instruction retires, and only in the rows its write footprint covers (core.py
+applies every effect in `_complete`, inside the footprint the scoreboard uses).  So a
+checkpoint keeps the small state arrays whole and, of the big memories, only the rows that
+instructions retiring since the previous checkpoint may have written (a chain of deltas
+over the start, which keeps its nonzero rows): its cost follows what the program wrote, not
+the 28 MiB of memory.  Restoring one writes back only the rows that differ
+between the machine's present state and the checkpoint (again from the footprints of the
+instructions that retired in between), each from the newest delta holding it.
+
+At most `max_snapshots` checkpoints are kept: when full, neighbours are merged pairwise
+and the interval doubles, so memory stays bounded while replay costs at most about
+`interval` cycles of emulation.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .access import MEMORY_CODES, AccessMap
 from .machine import Machine, RunResult, Snapshot
 
 _BIG = ("ub", "acc", "host")
 
 
-class _Delta:
-    """A snapshot whose big memories are stored as changed rows against a base."""
+class _Checkpoint:
+    """The machine at one cycle: small arrays whole, big memories as the rows written since
+    the previous checkpoint (`rows[name]`, sorted) with their values now."""
 
-    def __init__(self, snap: Snapshot, base: Snapshot):
-        self.cycle = snap.cycle
-        self.small = {k: v for k, v in snap.arrays.items() if k not in _BIG}
-        self.rows = {}
-        for name in _BIG:
-            now, then = snap.arrays[name], base.arrays[name]
-            changed = np.flatnonzero((now != then).reshape(len(now), -1).any(axis=1)) \
-                if len(now) else np.zeros(0, np.int64)
-            self.rows[name] = (changed, now[changed].copy())
-        self.fault, self.status, self.at_break = snap.fault, snap.status, snap.at_break
+    def __init__(self, machine: Machine, rows: dict[str, np.ndarray]):
+        snap_small = {k: getattr(machine, k).copy() for k in machine._STATE_ARRAYS
+                      if k not in _BIG}
+        self.small = snap_small
+        self.rows = rows
+        self.values = {name: getattr(machine, name)[r] for name, r in rows.items()}
+        self.fault, self.status, self.at_break = machine.fault, machine.status, machine._at_break
 
-    def materialize(self, base: Snapshot) -> Snapshot:
-        arrays = dict(self.small)
+    @property
+    def cycle(self) -> int:
+        return Snapshot(self.small).cycle
+
+    def absorb(self, earlier: "_Checkpoint") -> None:
+        """Take over the rows of the checkpoint before this one (which is being dropped)."""
         for name in _BIG:
-            full = base.arrays[name].copy()
-            rows, values = self.rows[name]
-            full[rows] = values
-            arrays[name] = full
-        return Snapshot(arrays, self.fault, self.status, self.at_break)
+            rows = np.concatenate([self.rows[name], earlier.rows[name]])
+            values = np.concatenate([self.values[name], earlier.values[name]])
+            rows, first = np.unique(rows, return_index=True)    # this checkpoint's values win
+            self.rows[name], self.values[name] = rows, values[first]
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.values.values())
+
+
+_ALL_RETIRED = object()
+_TABLES: dict = {}          # the write tables of the few programs loaded last
+
+
+def _write_table(machine: Machine):
+    """(instruction, memory code, lo, hi) of every write access of the machine's program,
+    computed once per program and machine shape: a restart reuses it.  (Instructions are
+    frozen: the identities of the list's items tell whether the program changed.)"""
+    cfg, program = machine.config, machine.program
+    key = (id(program), cfg.array_size, cfg.profile, cfg.ub_rows, cfg.acc_rows)
+    ids = tuple(map(id, program.instructions))
+    cached = _TABLES.get(key)
+    if cached is not None and cached[0] is program and cached[1] == ids:
+        return cached[2]
+    a = AccessMap(machine)
+    w = a.write == 1
+    table = (a.index[w], a.mem[w], a.lo[w], a.hi[w])
+    _TABLES[key] = (program, ids, table)
+    while len(_TABLES) > 4:
+        del _TABLES[next(iter(_TABLES))]
+    return table
 
 
 class History:
@@ -49,12 +88,43 @@ class History:
         self.machine = machine
         self.interval = int(interval)
         self.max_snapshots = max(2, int(max_snapshots))
-        self.base = machine.snapshot()
-        self._deltas: list[_Delta] = []
+        self._program = machine.program
+        self._writes = _write_table(machine)   # (index, memory code, lo, hi) of every write
+        # the start, its big memories as the rows some instruction of the program may write
+        # (no other row ever changes): not the 28 MiB, most of them zero pages never touched
+        self.base = _Checkpoint(machine, self._written(_ALL_RETIRED, None, None))
+        self._deltas: list[_Checkpoint] = []
+
+    # ------------------------------------------------------------------ footprints
+    def _written(self, times, first, last) -> dict[str, np.ndarray]:
+        """Rows (sorted, per big memory) that instructions retiring in cycles first..last
+        (by `times`, the later state's) may have written: their write footprints.  With
+        _ALL_RETIRED, those of every instruction."""
+        index, mem, lo, hi = self._writes
+        if times is _ALL_RETIRED:
+            hit = np.ones(len(index), bool)
+        else:
+            n = len(self.machine.prog)
+            issue, finish = times[:n, 0], times[:n, 2]
+            done = (issue >= 0) & (finish >= first) & (finish <= last)
+            hit = done[index] if len(index) else np.zeros(0, bool)
+        out = {}
+        for name in _BIG:
+            size = getattr(self.machine, name).shape[0]
+            sel = hit & (mem == MEMORY_CODES[name])
+            if not sel.any():
+                out[name] = np.zeros(0, np.int64)
+                continue
+            # union of [lo, hi) ranges: +1 at each start, -1 at each end, covered where > 0
+            edges = np.zeros(size + 1, np.int64)
+            np.add.at(edges, np.clip(lo[sel], 0, size), 1)
+            np.add.at(edges, np.clip(hi[sel], 0, size), -1)
+            out[name] = np.flatnonzero(np.cumsum(edges[:size]) > 0)
+        return out
 
     # ------------------------------------------------------------------ forward
     def run(self, max_cycles=None, breakpoints=(), watch=()) -> RunResult:
-        """machine.run, in interval-sized pieces so that snapshots are spread out."""
+        """machine.run, in interval-sized pieces so that checkpoints are spread out."""
         m = self.machine
         while True:
             target = m.cycle + self.interval
@@ -77,33 +147,80 @@ class History:
         return r
 
     def record(self) -> None:
-        """Take a snapshot if the machine is `interval` cycles past the last one."""
+        """Take a checkpoint if the machine is `interval` cycles past the last one."""
         m = self.machine
+        self._check_program()
         last = self._deltas[-1].cycle if self._deltas else self.base.cycle
         if m.cycle < last + self.interval:
             return
-        self._deltas.append(_Delta(m.snapshot(), self.base))
+        self._deltas.append(_Checkpoint(m, self._written(m.times, last, m.cycle)))
         if len(self._deltas) > self.max_snapshots:
-            self._deltas = self._deltas[1::2]
+            merged = []
+            for k in range(0, len(self._deltas) - 1, 2):
+                later = self._deltas[k + 1]
+                later.absorb(self._deltas[k])
+                merged.append(later)
+            if len(self._deltas) % 2:
+                merged.append(self._deltas[-1])
+            self._deltas = merged
             self.interval *= 2
+
+    def _check_program(self) -> None:
+        if self.machine.program is not self._program:
+            raise RuntimeError("the machine was loaded with another program: make a new History")
 
     # ------------------------------------------------------------------ backward
     def goto(self, cycle: int) -> RunResult:
         """Put the machine in exactly the state it had at `cycle` (<= the latest recorded)."""
         m = self.machine
+        self._check_program()
         cycle = max(int(cycle), self.base.cycle)
         self._deltas = [d for d in self._deltas if d.cycle <= max(cycle, m.cycle)]
-        start = self.base
-        for d in self._deltas:
-            if d.cycle <= cycle:
-                start = d
-        snap = start if isinstance(start, Snapshot) else start.materialize(self.base)
-        m.restore(snap)
+        k = len(self._deltas)
+        while k and self._deltas[k - 1].cycle > cycle:
+            k -= 1
+        self._restore(k)
         m.fault = None
         m.status = "paused"
         m._at_break = -1
         # even a zero step: the core decides whether this cycle is a halt or a fault
         return m.step(cycle - m.cycle)
+
+    def _restore(self, k: int) -> None:
+        """Put the machine in the state of checkpoint k (0: the base, k: self._deltas[k-1])."""
+        m = self.machine
+        target = self._deltas[k - 1] if k else self.base
+        small = target.small
+        to = target.cycle
+        now = m.cycle
+        # the rows that can differ: those written by instructions retiring between the two
+        # states, as the later state's times record them
+        later_times = m.times if now >= to else small["times"]
+        changed = self._written(later_times, min(now, to), max(now, to))
+        for name in _BIG:
+            array = getattr(m, name)
+            pending = np.zeros(array.shape[0], bool)
+            pending[changed[name]] = True
+            left = len(changed[name])
+            for d in [*reversed(self._deltas[:k]), self.base]:   # newest first: its values win
+                if not left:
+                    break
+                rows = d.rows[name]
+                if not len(rows):
+                    continue
+                take = pending[rows]
+                if take.any():
+                    array[rows[take]] = d.values[name][take]
+                    pending[rows[take]] = False
+                    left -= int(take.sum())
+            if left:                                       # zero since the start
+                array[np.flatnonzero(pending)] = 0
+        for name, arr in small.items():
+            mine = getattr(m, name)
+            if mine.shape != arr.shape:
+                raise ValueError("checkpoint belongs to another program or machine shape")
+            mine[...] = arr
+        m.fault, m.status, m._at_break = target.fault, target.status, target.at_break
 
     def back(self, cycles: int = 1) -> RunResult:
         return self.goto(self.machine.cycle - int(cycles))

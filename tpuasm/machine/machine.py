@@ -23,12 +23,15 @@ from .decoded import (COL_FLAGS, COL_LEN, COL_OP, COL_REPEAT, MMC_WIDE_IN, MMC_W
 from .faults import MEMORY_NAMES, MachineFault, describe
 from .gemm import blas_threads, set_blas_threads
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
+from .pure import python
 from ..isa import ISA_TABLE
 
 _MEMORIES = {"ub": MEM_UB, "acc": MEM_ACC, "host": MEM_HOST}
 _STATUS = {core.HALTED: "halted", core.FAULTED: "fault", core.BREAKPOINT: "breakpoint",
            core.WATCHPOINT: "watchpoint", core.PAUSED: "paused", core.RUNNING: "paused"}
 _DRAINING_OPS = (OP_SYNC, OP_WSYNC, OP_INT, OP_HLT)    # front-end ops that wait for the pipeline
+# the views ask the core's own rule, without numba: drawing a machine must not load it
+_mmc_vectors = python(core.mmc_vectors)
 
 
 # ------------------------------------------------------------------------ public records
@@ -506,7 +509,7 @@ class Machine:
     def _matrix_progress(self, idx, c):
         seg = self.seg[:int(self.st[core.S_NSEG])]
         row = self.prog[idx]
-        total = int(core.mmc_vectors(row))
+        total = int(_mmc_vectors(row))
         rate = (2 if row[COL_FLAGS] & MMC_WIDE_IN else 1) * (2 if row[COL_FLAGS] & MMC_WIDE_W else 1)
         active = 0
         stall = None
