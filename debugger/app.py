@@ -29,7 +29,7 @@ from .formatting import event_text
 from .idle_gc import IdleCollector
 from .log_pane import LogPane
 from .memory_view import MemoryView
-from .panes import CountersPane, PipelinePane
+from .panes import CountersPane, PipelinePane, StatusLine
 from .array_view import ArrayPane
 from .timeline import TimelinePane
 from .session import Session
@@ -237,7 +237,7 @@ class DebuggerApp(App):
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         s = self.session
-        yield Static(id="status")
+        yield StatusLine(id="status")
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
             with Vertical(id="right"):
@@ -496,8 +496,9 @@ class DebuggerApp(App):
                 # a fault's cause in full (the status wraps to 3 lines), no toast over panes
                 text.append(f"  — {stop.message}",
                             style="bold red" if stop.kind == "fault" else "grey70")
-        status = self.query_one("#status", Static)
-        lines = min(3, len(text.wrap(self.console, max(self.size.width - 2, 10))))
+        status = self.query_one("#status", StatusLine)
+        wrapped = text.wrap(self.console, max(self.size.width - 2, 10))
+        lines = min(3, len(wrapped))
         if self._keys_only:
             # while stepping with keys it only grows: a new height relays out the whole
             # screen and moves every pane, and `next` messages wrap onto one line more or
@@ -506,7 +507,7 @@ class DebuggerApp(App):
         if lines != self._status_lines:
             status.styles.height = lines
             self._status_lines = lines
-        status.update(text, layout=False)
+        status.update(text, wrapped)
 
     def memory_views(self) -> list:
         """The memory views (looked up once: a query per step costs a few ms)."""
