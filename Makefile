@@ -50,7 +50,7 @@ bench-compile: $(STAMP)
 # findings next to the paper's (docs/sweep.md).  Long: six apps x 21 configurations.
 .PHONY: figure11 profile bench-sweep
 figure11: $(STAMP)
-	$(BIN)/python -m tpuasm.apps.figure11 --timing-only --out docs/figure11
+	$(BIN)/python -m tpuasm.apps.figure11 --out docs/figure11
 
 profile: $(STAMP)
 	$(BIN)/python -m tpuasm profile --timing-only

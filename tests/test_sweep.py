@@ -6,6 +6,7 @@ formulas (spec: tpuasm/sweep/grid.py docstrings), not through the sweep's own co
 from __future__ import annotations
 
 import csv
+import math
 
 import numpy as np
 import pytest
@@ -247,3 +248,64 @@ def test_relative_performance_and_weighted_mean_by_hand():
     partial = dict(weighted_mean(rel, ["memory"], partial=True)["memory"])
     assert partial[2.0] == pytest.approx(2.0) and present(rel, "memory", 2.0) == ["MLP0"]
     assert present(rel, "memory", 4.0) == ["CNN0", "MLP0"]
+
+
+RESULT_ONLY = ("wall_s", "key", "cached")
+
+
+def test_timing_only_sweep_gives_the_full_sweeps_numbers(program):
+    """Cycles and every counter equal with and without the arithmetic: a program with
+    non-zero data, and an app (the generator's MLP1) on memory, clock and matrix points
+    (each run directly by the emulator's own tests/test_timing_only.py as well)."""
+    from tpuasm.sweep.targets import Target
+    src, host, weights = program
+    targets = resolve([src], host, weights) + [Target("app", "MLP1", origin="generator")]
+    grid = Grid([parse_set("memory=0.5,2"), parse_set("clock=2"), parse_set("matrix=0.5")],
+                {}, each=True)
+    full, s1 = collect(targets, grid)
+    fast, s2 = collect(targets, grid, timing_only=True)
+    # the program's data images are 16 wide: at matrix x0.5 (8 x 8) it is skipped
+    assert s1.by_status == s2.by_status == {"ok": 7, "skipped": 1}
+    (skipped,) = [r for r in fast if r["status"] == "skipped"]
+    assert skipped["target"] == "p.tasm" and "16-wide array, not 8" in skipped["error"]
+    for a, b in zip(full, fast):
+        assert a["key"] != b["key"]            # the mode is part of the cache key
+        assert {k: v for k, v in a.items() if k not in RESULT_ONLY} == \
+            {k: v for k, v in b.items() if k not in RESULT_ONLY}
+
+
+def test_figure11_script_relative_performance(tmp_path, capsys):
+    """python -m tpuasm.apps.figure11 on one app and two knobs: MLP1's relative performance
+    at memory x2 is the ratio of two direct Machine runs (bandwidth doubled by hand)."""
+    from tpuasm.apps import figure11
+    from tpuasm.apps.programs import app_program
+    out = tmp_path / "f11"
+    assert figure11.main(["--apps", "MLP1", "--apps-from", "generator", "--knobs",
+                          "memory,matrix", "--factors", "1,2", "--workers", "0",
+                          "--cache", str(tmp_path / "c.sqlite"), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+    assert [(r["memory"], r["matrix"], r["status"]) for r in rows] == [
+        ("1", "1", "ok"), ("2", "1", "ok"), ("1", "2", "ok")]
+    ap = app_program("MLP1", source="generator")
+    cycles = []
+    for bw in (34e9 / 700e6, 2 * 34e9 / 700e6):
+        m = Machine(MachineConfig(weight_bytes_per_cycle=bw), timing_only=True)
+        m.load(ap.assemble(), *ap.data())
+        m.run()
+        cycles.append(int(m.counters()["cycles"]))
+    text = capsys.readouterr().out
+    assert f"| memory | x2 | {cycles[0] / cycles[1]:.2f}x |" in text
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert out.with_suffix(".svg").is_file()
+
+
+@pytest.mark.parametrize("source", ["generator", "compiler"])
+def test_lstm1_600x600_example_tiles_and_fragmentation(source):
+    """ceil(600/256)^2 = 9 tiles vs ceil(600/512)^2 = 4, each 4x the bytes: weight-bound,
+    so the 512 x 512 array takes longer, and at least the tiles' fetch time each."""
+    from tpuasm.apps.figure11 import lstm1_example
+    small, big = lstm1_example(256, source), lstm1_example(512, source)
+    assert (small["steps"], big["steps"]) == (9, 4)
+    assert small["fetch_cycles"] == math.ceil(256 * 256 / (34e9 / 700e6))   # 34 GB/s
+    assert small["cycles"] >= 9 * small["fetch_cycles"]
+    assert big["cycles"] >= 4 * big["fetch_cycles"] > small["cycles"]

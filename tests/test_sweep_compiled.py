@@ -94,3 +94,17 @@ def test_useful_macs_are_the_networks_own(compiled, tmp_path):
     macs = 8 * (64 * 64 + 64 * 10)
     assert float(row["useful_pct"]) == pytest.approx(
         100 * macs / (int(row["cycles"]) * 16 * 16), abs=1e-3)
+
+
+def test_timing_only_equals_full_on_a_compiled_model(compiled, tmp_path):
+    """Real (non-zero) weights and inputs, at the compiled shape and recompiled."""
+    rows = {}
+    for mode in ("full", "timing-only"):
+        out = tmp_path / f"{mode}.csv"
+        extra = ["--timing-only"] if mode == "timing-only" else []
+        assert cli.main([str(compiled[16]), "--set", "array_size=16,32", "--set",
+                         "weight_bytes_per_cycle=2,48", "-o", str(out), "--workers", "0",
+                         "--no-cache", "--no-table", "-q", *extra]) == 0
+        rows[mode] = [{k: v for k, v in r.items() if k not in ("wall_s", "key")}
+                      for r in csv.DictReader(out.open())]
+    assert len(rows["full"]) == 4 and rows["full"] == rows["timing-only"]

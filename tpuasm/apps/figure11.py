@@ -1,6 +1,7 @@
 """The paper's section 7 (Figure 11): alternative TPU designs, reproduced on the emulator.
 
-    python -m tpuasm.apps.figure11 [--apps A,B] [--out docs/figure11] [--timing-only]
+    python -m tpuasm.apps.figure11 [--apps A,B] [--out docs/figure11] [--full]
+                                   [--apps-from compiler|generator]
                                    [--scheduler ADDR] [--workers N] [--factors ...]
 
 Scales one parameter at a time from 0.25x to 4x over the six apps (tpuasm.sweep knobs:
@@ -30,7 +31,9 @@ def build_parser():
                    help="OUT.csv, OUT.png and OUT.svg (default: docs/figure11)")
     p.add_argument("--scheduler", metavar="ADDR")
     p.add_argument("--workers", type=int, help="local workers (0: in this process)")
-    p.add_argument("--timing-only", action="store_true")
+    p.add_argument("--full", action="store_true",
+                   help="run the arithmetic too (default: timing-only; the apps' data are "
+                        "zeros and data never change the cycles)")
     p.add_argument("--apps-from", choices=("compiler", "generator"), default="compiler",
                    help="the apps' programs: compiled from their ONNX models (default) or "
                         "from the hand-written generator (tpuasm/apps/codegen.py)")
@@ -46,7 +49,6 @@ def main(argv=None) -> int:
     from ..sweep.cache import ResultCache, default_path
     from ..sweep.engine import run_sweep
     from ..sweep.grid import Grid, SweepError, parse_set
-    from ..sweep.point import timing_only_supported
     from ..sweep.report import CsvStream, read_rows, relative, save_figure, weighted_mean
     from ..sweep.targets import Target
     apps = [a.strip().upper() for a in args.apps.split(",") if a.strip()]
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     if args.from_csv:
         return report(args.from_csv, [k for k in knobs if k in _header(args.from_csv)],
                       args.out)
-    timing_only = args.timing_only and timing_only_supported()
+    timing_only = not args.full
     args.out.parent.mkdir(parents=True, exist_ok=True)
     csv_path = args.out.with_suffix(".csv")
     out = CsvStream(csv_path, knobs)
@@ -160,37 +162,83 @@ def findings_text(rel: dict, mean: dict, knobs) -> str:
     return "\n".join(lines)
 
 
-def lstm1_example(array_size: int) -> dict:
-    """LSTM1's 600 x 600 matrix times a batch of 96 on an N x N array (sigmoid gate)."""
+def lstm1_example(array_size: int, source: str = "generator") -> dict:
+    """LSTM1's 600 x 600 matrix times a batch of 96 on an N x N array (sigmoid gate), from
+    the hand-written generator or compiled from a one-layer QDQ ONNX model."""
+    import numpy as np
+
     from ..machine import Machine, MachineConfig
     from ..sweep.grid import config_for
-    from .codegen import generate
-    from .layers import FC, App, Tensor
-    app = App("LSTM1-600x600", 96, {"x": Tensor("x", 600), "g": Tensor("g", 600)},
-              [FC("gate", ("x",), "g", "sigmoid")], ("x",), ())
     config = config_for({"matrix": ("x", array_size / 256)}, {})
     c = MachineConfig(**config)
-    g = generate(app, c.array_size, c.ub_rows, c.acc_rows, c.fifo_depth)
+    shape = dict(array_size=c.array_size, ub_rows=c.ub_rows, acc_rows=c.acc_rows,
+                 fifo_depth=c.fifo_depth)
+    if source == "generator":
+        from .codegen import generate
+        from .layers import FC, App, Tensor
+        app = App("LSTM1-600x600", 96, {"x": Tensor("x", 600), "g": Tensor("g", 600)},
+                  [FC("gate", ("x",), "g", "sigmoid")], ("x",), ())
+        g = generate(app, **shape)
+        text, host_rows, tiles = g.source, g.host_rows, g.weight_tiles
+    else:
+        text, host_rows, tiles = _compiled_gate(shape)
     from ..assembler import assemble
-    import numpy as np
-    m = Machine(c)
-    m.load(assemble(g.source, "lstm1_600x600.tasm"),
-           host=np.zeros((g.host_rows, c.array_size), np.int8),
-           weights=np.zeros((g.weight_tiles, c.array_size, c.array_size), np.int8))
+    m = Machine(c, timing_only=True)
+    m.load(assemble(text, "lstm1_600x600.tasm"),
+           host=np.zeros((host_rows, c.array_size), np.int8),
+           weights=np.zeros((tiles, c.array_size, c.array_size), np.int8))
     m.run()
     cycles = int(m.counters()["cycles"])
-    return {"array": c.array_size, "steps": g.weight_tiles, "cycles": cycles,
+    return {"array": c.array_size, "steps": tiles, "cycles": cycles,
             "us": cycles / c.clock_hz * 1e6, "fetch_cycles": c.fetch_cycles}
 
 
+def _compiled_gate(shape: dict):
+    """(source, host rows, weight tiles) of y = sigmoid(x @ W), x (96, 600) uint8, W 600 x
+    600 int8, as a QDQ model through tpuasm.compile (Dense + its sigmoid lookup)."""
+    import tempfile
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ..compiler import compile as compile_model
+    w = np.random.default_rng(0).integers(-127, 128, (600, 600)).astype(np.int8)
+    inits = [numpy_helper.from_array(v, n) for n, v in (
+        ("s_in", np.float32(1 / 255)), ("z_u8", np.uint8(0)), ("s_mid", np.float32(8 / 127)),
+        ("z_i8", np.int8(0)), ("w", w), ("w_s", np.full(600, 1 / 1800, np.float32)),
+        ("w_z", np.zeros(600, np.int8)))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_in", "z_u8"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s_in", "z_u8"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["h"]),
+             helper.make_node("QuantizeLinear", ["h", "s_mid", "z_i8"], ["hq"]),
+             helper.make_node("DequantizeLinear", ["hq", "s_mid", "z_i8"], ["hd"]),
+             helper.make_node("Sigmoid", ["hd"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "s_in", "z_u8"], ["gq"]),
+             helper.make_node("DequantizeLinear", ["gq", "s_in", "z_u8"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "lstm1_gate", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [96, 600])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [96, 600])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/gate.onnx"
+        onnx.save(model, path)
+        compiled = compile_model(path, batch=96, config=shape)
+    (program,) = [s.program for s in compiled.steps if getattr(s, "program", None)]
+    return program.source, program.host_rows, int(program.weights.shape[0])
+
+
 def lstm1_example_text() -> str:
-    rows = ["| array | tile steps | fetch per tile | cycles | us at 700 MHz | paper |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| program | array | tile steps | fetch per tile | cycles | us at 700 MHz | paper |",
+            "|---|---|---|---|---|---|---|"]
     paper = {256: FIGURE11["LSTM1 600x600 at 256x256"], 512: FIGURE11["LSTM1 600x600 at 512x512"]}
-    for n in (256, 512):
-        r = lstm1_example(n)
-        rows.append(f"| {n} x {n} | {r['steps']} | {r['fetch_cycles']:,} | {r['cycles']:,} | "
-                    f"{r['us']:.1f} | {paper[n]} |")
+    for source in ("generator", "compiler"):
+        for n in (256, 512):
+            r = lstm1_example(n, source)
+            rows.append(f"| {source} | {n} x {n} | {r['steps']} | {r['fetch_cycles']:,} | "
+                        f"{r['cycles']:,} | {r['us']:.1f} | {paper[n]} |")
     return "\n".join(rows)
 
 

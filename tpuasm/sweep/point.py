@@ -6,7 +6,6 @@ that goes wrong is "error" with the message, so the other points always complete
 """
 from __future__ import annotations
 
-import inspect
 import time
 import traceback
 
@@ -20,13 +19,8 @@ RESULT_COLUMNS = ("status", "cycles", "time_us", "tops", "useful_pct", *COUNTERS
                   "array", "clock_mhz", "weight_bw", "acc", "wall_s", "error", "key")
 
 
-def timing_only_supported() -> bool:
-    from ..machine import Machine
-    return "timing_only" in inspect.signature(Machine.__init__).parameters
-
-
 def run_point(task: dict) -> dict:
-    from ..machine import MachineConfig
+    from ..machine import Machine, MachineConfig
     from .targets import Skip, build
     row = {"target": task["target"].label, **task["settings"], "key": task["key"]}
     start = time.perf_counter()
@@ -36,7 +30,9 @@ def run_point(task: dict) -> dict:
         row.update(array=config.array_size, clock_mhz=round(config.clock_hz / 1e6, 3),
                    weight_bw=round(config.weight_bandwidth, 4), acc=config.acc_rows)
         program, host, weights, macs = build(task["target"], task["config"])
-        machine = _machine(config, task.get("timing_only", False))
+        # timing-only: the same cycles, counters and faults without the arithmetic
+        # (the emulator's tests/test_timing_only.py; ours: tests/test_sweep.py)
+        machine = Machine(config, timing_only=bool(task.get("timing_only", False)))
         machine.load(program, host=host, weights=weights)
         result = machine.run(max_cycles=task.get("max_cycles"))
         row.update(_measures(machine.counters(), config, macs))
@@ -54,13 +50,6 @@ def run_point(task: dict) -> dict:
                                          f"({tb[-3].strip() if len(tb) > 2 else ''})")
     row["wall_s"] = round(time.perf_counter() - start, 3)
     return row
-
-
-def _machine(config, timing_only: bool):
-    from ..machine import Machine
-    if timing_only:
-        return Machine(config, timing_only=True)
-    return Machine(config)
 
 
 def _measures(c: dict, config, macs) -> dict:

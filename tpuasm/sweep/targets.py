@@ -199,6 +199,7 @@ def build(target: Target, config: dict):
         host, weights = ap.data()
         return _assembled_app(ap), host, weights, ap.macs
     if target.kind == "source":
+        _data_fits(target, _shape(config)["array_size"])
         return assembled_file(target.path, tuple(sorted(_shape(config).items()))), \
             target.host, target.weights, None
     if target.kind == "compiled":
@@ -208,10 +209,31 @@ def build(target: Target, config: dict):
         from dataclasses import replace
 
         from ..binary import load_binary
+        _data_fits(target, _shape(config)["array_size"])
         program = load_binary(target.path)
         program.shape = replace(program.shape, **_shape(config))
         return program, target.host, target.weights, None
     return _manifest_point(target.path, config)
+
+
+def _data_fits(target: Target, n: int) -> None:
+    """Skip a point whose array size the target's data images were not made for (their
+    rows are N wide); the machine's own load check stays the judge of everything else."""
+    for role, path, axes in (("host", target.host, 1), ("weight", target.weights, 2)):
+        width = _npy_shape(path)[-axes:] if path else ()
+        if width and any(w != n for w in width):
+            raise Skip(f"the {role} image {Path(path).name} is for a "
+                       f"{width[-1]}-wide array, not {n}")
+
+
+@lru_cache(maxsize=64)
+def _npy_shape(path: str) -> tuple:
+    """An .npy file's shape from its header (() when it is not one: load reports it)."""
+    import numpy as np
+    try:
+        return tuple(getattr(np.load(path, mmap_mode="r", allow_pickle=False), "shape", ()))
+    except (OSError, ValueError):
+        return ()
 
 
 @lru_cache(maxsize=8)
