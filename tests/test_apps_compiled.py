@@ -117,3 +117,11 @@ def test_app_that_does_not_fit_is_a_codegen_error(cache):
     programs.app_program.cache_clear()
     with pytest.raises(programs.CodegenError, match="CNN0"):      # cached as an error too
         programs.app_program("CNN0", ub_rows=300)
+
+
+def test_a_program_beyond_the_assembler_is_a_codegen_error(cache, monkeypatch):
+    # a tiny array makes every tile an instruction: beyond the assembler's statement cap
+    # the point is skipped with the count, not an assembly error later
+    monkeypatch.setattr(programs, "MAX_STATEMENTS", 50)
+    with pytest.raises(programs.CodegenError, match="instructions on a 256 x 256 array"):
+        programs.app_program("MLP1")

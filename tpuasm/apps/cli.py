@@ -68,6 +68,9 @@ def profile_main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
     elif args.csv:
         write_csv(results, sys.stdout)
+        for app, r in results.items():           # the CSV has rows for what ran only
+            if r["status"] != "ok":
+                print(f"{app}: {r['status']}: {r['error']}", file=sys.stderr)
     else:
         print_table(results)
     return EXIT_FAILED if any(r["status"] != "ok" for r in results.values()) else EXIT_OK

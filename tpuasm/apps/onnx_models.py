@@ -53,6 +53,10 @@ def quantized_model(name: str, seed: int = 0, batch: int | None = None):
 
 
 class _Builder:
+    """One app's graph, layer by layer, in float or QDQ form.  In QDQ form every app tensor
+    is an 8-bit tensor (`source` maps app names to graph names where they differ) and each
+    consumer reads it through a DequantizeLinear of its own."""
+
     def __init__(self, name, seed, batch, quantized):
         self.app = build(name)
         self.b = batch or self.app.batch

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..limits import MAX_STATEMENTS
 from .catalog import PAPER_ORDER, build
 from .codegen import CodegenError, generate
 
@@ -82,7 +83,8 @@ def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows
     shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
                  fifo_depth=fifo_depth)
     model_dir = model_file(app.name).parent
-    key = hashlib.sha256(json.dumps([shape, compiler_digest()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([shape, compiler_digest(), MAX_STATEMENTS]).encode()
+                         ).hexdigest()[:16]
     cached = model_dir / f"program-{key}.json"
     try:
         record = json.loads(cached.read_text())
@@ -104,6 +106,10 @@ def _compile(app, shape: dict) -> dict:
         whole = whole_program(compiled, f"{app.name}, batch {app.batch}")
     except CompileError as e:
         return {"error": f"{app.name}: {e}"}
+    if whole.instructions > MAX_STATEMENTS:     # e.g. a tiny array: every tile an MMC
+        return {"error": f"{app.name}: {whole.instructions:,} instructions on a "
+                         f"{shape['array_size']} x {shape['array_size']} array, more than the "
+                         f"assembler's {MAX_STATEMENTS:,}"}
     return {"source": whole.source, "host_rows": whole.host_rows,
             "weight_tiles": whole.weight_tiles, "segments": whole.segments}
 

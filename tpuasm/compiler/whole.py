@@ -38,6 +38,7 @@ class WholeProgram:
     host_rows: int
     weight_tiles: int
     segments: int
+    instructions: int = 0
 
 
 def whole_program(compiled, title: str = "") -> WholeProgram:
@@ -48,6 +49,7 @@ def whole_program(compiled, title: str = "") -> WholeProgram:
         raise CompileError("no TPU programs to join (compile with the back end)")
     head, declarations, bodies = [], [], []
     host_rows = tiles = 0
+    instructions = 1 + sum(p.instructions for p in programs)   # + the INTs, - the HLTs
     acc = None
     config = None
     for k, program in enumerate(programs):
@@ -77,7 +79,7 @@ def whole_program(compiled, title: str = "") -> WholeProgram:
         lines += body + [""]
     lines.append("        HLT")
     return WholeProgram("\n".join(lines) + "\n", max(host_rows, 1), max(tiles, 1),
-                        len(programs))
+                        len(programs), instructions)
 
 
 @dataclass

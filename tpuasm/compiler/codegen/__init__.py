@@ -96,7 +96,6 @@ class Context:
         self._half = 1
         self.const_rows: list[np.ndarray] = []     # UB-resident constants (params, tables)
         self._const_at: dict = {}
-        self.zero_rows: list[int] = []             # host rows of one repeated byte (padding)
         self._region_names: dict[str, str] = {}
         # UB slot -> padding_key of the padding its rows hold now: writers of a padded
         # tensor touch only the interior, so the next tenant with the same layout keeps it
@@ -124,13 +123,6 @@ class Context:
         rows = np.zeros(-(-256 // self.n) * self.n, np.uint8)
         rows[:256] = t.astype(np.int64) & 0xFF
         return self._const(("table", key), rows.reshape(-1, self.n))
-
-    def zero_row(self, value: int) -> str:
-        b = int(value) & 0xFF
-        if b not in self.zero_rows:
-            self.zero_rows.append(b)
-        i = self.zero_rows.index(b)
-        return f"host.zeros + {i}" if i else "host.zeros"
 
     def identity(self):
         return ("identity", 0)
@@ -267,7 +259,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                                       + head if head else [])
     e.instructions += len(head)
     body = e.finish()
-    # host memory: params, zero rows, then inputs and outputs
+    # host memory: params, then inputs and outputs
     host_layouts, host_regions, top = {}, [], 0
 
     def host_region(name, rows):
@@ -277,7 +269,6 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
         return top - rows
 
     params_at = host_region("params", max(1, len(const_rows)))
-    zeros_at = host_region("zeros", max(1, len(ctx.zero_rows)))
     inputs_hl, outputs_hl = {}, {}
     for t in segment.inputs:
         lay = layouts[t.name]
@@ -293,8 +284,6 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     constants = {}
     if len(const_rows):
         constants[params_at] = const_rows
-    if ctx.zero_rows:
-        constants[zeros_at] = np.repeat(np.array(ctx.zero_rows, np.uint8)[:, None], n, axis=1)
     source = _header(segment, batch, p, passes, n, ub_rows, acc_rows, fifo_depth, ctx,
                      layouts, alloc, fusion, host_regions, len(const_rows), half_rows) \
         + "\n".join(body) + "\n"
