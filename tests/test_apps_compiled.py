@@ -13,7 +13,8 @@ from tpuasm.apps import programs
 from tpuasm.apps.catalog import build
 from tpuasm.apps.onnx_models import calibration, save
 from tpuasm.assembler import assemble
-from tpuasm.compiler.codegen import weight_tiles
+from tpuasm.compiler.codegen import pack_segment, weight_tiles
+from tpuasm.compiler.ir import Lookup, Pool
 from tpuasm.compiler.pipeline import compile_model
 from tpuasm.compiler.runtime import TpuStep
 from tpuasm.compiler.whole import whole_program
@@ -43,6 +44,13 @@ def test_compiled_app_agrees_with_onnxruntime(tmp_path, name, batch):
     same, worst = agreement(lsb, np.zeros_like(lsb))
     assert worst <= 1 and same >= 0.999, (same, worst)
     assert np.std(theirs) > 0                      # not a vacuous all-zero comparison
+    for step in model.steps:      # the closed form of the Weight Memory check is exact
+        if isinstance(step, TpuStep):
+            ops = pack_segment(step.segment, 256)[0].operators
+            identity = any(isinstance(op, (Pool, Lookup)) for op in ops) and \
+                "identity" in step.program.source
+            assert sum(weight_tiles(op, 256) for op in ops) + identity == \
+                step.program.weights.shape[0]
 
 
 def _run(source, host_rows, tiles, n=256):

@@ -202,7 +202,7 @@ def _check_weight_memory(steps, n: int, path, codegen) -> None:
     for step in steps:
         if not isinstance(step, TpuStep):
             continue
-        for op in step.segment.operators:
+        for op in codegen.pack_segment(step.segment, n)[0].operators:
             used += codegen.weight_tiles(op, n)
             if used > limit:
                 raise CompileError(

@@ -35,8 +35,8 @@ from .weights import WEIGHT_MEMORY_BYTES, WeightImage, identity_tile
 
 DEFAULTS = ISA_TABLE.machine
 
-__all__ = ["generate", "supports", "weight_tiles", "CodegenError", "CompiledSegment",
-           "WEIGHT_MEMORY_BYTES"]
+__all__ = ["generate", "supports", "weight_tiles", "pack_segment", "CodegenError",
+           "CompiledSegment", "WEIGHT_MEMORY_BYTES"]
 
 
 def supports(op) -> str | None:
@@ -64,8 +64,8 @@ def supports(op) -> str | None:
 
 def weight_tiles(op, n: int) -> int:
     """The weight tiles `op` adds to the image on an n x n array (closed form, from shapes
-    alone: what lower.py registers; an identity copy shares one tile per segment; a first
-    convolution whose taps pack.py packs takes fewer, so this is an upper bound there)."""
+    alone: what lower.py registers; an identity copy shares one tile per segment).  For a
+    segment, count the operators of `pack_segment(segment, n)[0]`: packing changes them."""
     def blocks(count):
         return -(-count // n)
     if isinstance(op, Dense):
