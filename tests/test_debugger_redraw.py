@@ -69,3 +69,42 @@ async def test_log_keeps_its_last_line_in_view(here):
         log = app.query_one("#log")
         assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y
         assert "line 59" in log_text(app)
+
+
+@pilot_test
+async def test_memory_caption_repaints_its_border_line_only(here, monkeypatch):
+    import html
+    from debugger.app import MemoriesPane
+    async with open_app(here, session=make_session(here)) as (app, pilot):
+        pane = app.query_one("#memories", MemoriesPane)
+        spy = Spy(monkeypatch)
+        for k in range(3):
+            pane.set_subtitle(f"caption {k} here")
+            await pilot.pause()
+            screen = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+            assert f"caption {k} here" in screen and f"caption {k - 1} here" not in screen
+        mine = [regions for w, regions, _ in spy.calls if w is pane]
+        assert len(mine) == 3 and all(len(r) == 1 and r[0].height == 1 for r in mine)
+
+
+@pilot_test
+async def test_a_write_repaints_the_rows_it_changed(here, monkeypatch):
+    """SMALL's first RHM writes input (ub 0..3): stepping to its completion repaints those
+    view lines (1..4, under the header), then, on the next step, only them again (their
+    highlight goes)."""
+    async with open_app(here, session=make_session(here)) as (app, pilot):
+        m = app.session.machine
+        await keys(pilot, "s")
+        ub = app.query_one("#mem-ub", MemoryView)
+        app.execute(f"step {int(m.times[0, 2]) - m.cycle - 2}", echo=False)   # near its finish
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        spy = Spy(monkeypatch)
+        while not m.retired(0):
+            spy.calls.clear()
+            await keys(pilot, "s")
+        for _ in range(2):
+            lines = sorted(r.y for w, regions, _ in spy.calls if w is ub for r in regions)
+            assert lines == [1, 2, 3, 4] and not [c for c in spy.calls if c[0] is ub and not c[1]]
+            spy.calls.clear()
+            await keys(pilot, "s")
