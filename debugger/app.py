@@ -19,6 +19,7 @@ from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.geometry import Region
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
@@ -29,7 +30,7 @@ from .formatting import event_text
 from .idle_gc import IdleCollector
 from .log_pane import LogPane
 from .memory_view import MemoryView
-from .panes import CountersPane, PipelinePane
+from .panes import CountersPane, PipelinePane, StatusLine
 from .array_view import ArrayPane
 from .timeline import TimelinePane
 from .session import Session
@@ -169,6 +170,31 @@ class HelpScreen(ModalScreen):
                 "Escape or ? closes this help.", style="grey70"))
 
 
+class MemoriesPane(TabbedContent):
+    """The memory tabs, whose caption (border subtitle) changes as writes come and go."""
+
+    _caption_only = False
+
+    def set_subtitle(self, subtitle: str) -> None:
+        """Change the caption, repainting only the bottom border it sits on (Textual repaints
+        the whole pane when a border title changes)."""
+        if self.border_subtitle == subtitle:
+            return
+        self._caption_only = True
+        try:
+            self.border_subtitle = subtitle
+        finally:
+            self._caption_only = False
+
+    def refresh(self, *regions, **kwargs):
+        if self._caption_only and not regions and not kwargs and self.size.height:
+            # regions are relative to the content: the border line is below it
+            off = self.content_offset
+            height, width = self.outer_size.height, self.outer_size.width
+            return super().refresh(Region(-off.x, height - 1 - off.y, width, 1))
+        return super().refresh(*regions, **kwargs)
+
+
 class DebuggerApp(App):
     TITLE = "tpuasm debugger"
     # Wide screens (>= 120 x 36) show every pane at once (the timeline from 48 rows on);
@@ -237,14 +263,14 @@ class DebuggerApp(App):
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         s = self.session
-        yield Static(id="status")
+        yield StatusLine(id="status")
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
             with Vertical(id="right"):
                 yield PipelinePane(s, id="pipeline-box", classes="pane-title")
                 yield TimelinePane(s, id="timeline", classes="pane-title")
         with Horizontal(id="bottom"):
-            with TabbedContent(id="memories", classes="pane-title"):
+            with MemoriesPane(id="memories", classes="pane-title"):
                 for memory, title in MEMORY_TABS:
                     with TabPane(title, id=f"tab-{memory}"):
                         yield MemoryView(memory, self._memory_source(memory), id=f"mem-{memory}")
@@ -475,9 +501,7 @@ class DebuggerApp(App):
             note = (f"#{i} writes {view.memory}[{lo}..{hi - 1}] at cycle {finish:,}"
                     + (f" (+{len(pending) - 1})" if len(pending) > 1 else "") + "  ")
         subtitle = f"{note}{what}  {view.describe()}  (x radix, w unit, g go to)"
-        pane = self.query_one("#memories")
-        if pane.border_subtitle != subtitle:        # setting it repaints the whole pane
-            pane.border_subtitle = subtitle
+        self.query_one("#memories", MemoriesPane).set_subtitle(subtitle)
 
     def _show_status(self, running: bool = False, cycle: int | None = None) -> None:
         m = self.session.machine
@@ -496,8 +520,9 @@ class DebuggerApp(App):
                 # a fault's cause in full (the status wraps to 3 lines), no toast over panes
                 text.append(f"  — {stop.message}",
                             style="bold red" if stop.kind == "fault" else "grey70")
-        status = self.query_one("#status", Static)
-        lines = min(3, len(text.wrap(self.console, max(self.size.width - 2, 10))))
+        status = self.query_one("#status", StatusLine)
+        wrapped = text.wrap(self.console, max(self.size.width - 2, 10))
+        lines = min(3, len(wrapped))
         if self._keys_only:
             # while stepping with keys it only grows: a new height relays out the whole
             # screen and moves every pane, and `next` messages wrap onto one line more or
@@ -506,7 +531,7 @@ class DebuggerApp(App):
         if lines != self._status_lines:
             status.styles.height = lines
             self._status_lines = lines
-        status.update(text, layout=False)
+        status.update(text, wrapped)
 
     def memory_views(self) -> list:
         """The memory views (looked up once: a query per step costs a few ms)."""

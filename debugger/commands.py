@@ -17,7 +17,7 @@ from tpuasm.disassembler import format_instruction
 from .expr import ExprError, Location
 from .formatting import (counter_lines, event_text, examine, format_value, memory_array,
                          weights_text)
-from .session import ReloadError, Session, Stop
+from .session import ReloadError, Session, Stop, rows_text
 
 
 HISTORY_LINES = 20      # accesses `info writes/reads` lists (the latest)
@@ -422,17 +422,22 @@ class Engine:
         unit = m.group(3) or ("w" if loc.memory == "acc" else "b")
         return Result(examine(array, loc, count, radix, unit))
 
-    def _history(self, arg: str, write: bool) -> Result:
-        """`info writes ub[8]` / `info reads acc.sums`: who wrote (read) those rows, up to now."""
+    def _access_location(self, arg: str, usage: str) -> Location:
+        """The rows `info writes|reads` and `jump writer|reader` ask about."""
         if not arg:
-            raise CommandError(f"info {'writes' if write else 'reads'} ADDR, e.g. `ub[8]`, `acc.sums`")
-        s = self.session
-        loc = s.eval.location(arg)
+            raise CommandError(f"{usage}, e.g. `ub[8]`, `acc.sums + 2`")
+        loc = self.session.eval.location(arg)
         if loc.memory not in ("ub", "acc", "host"):
             raise CommandError("access history covers ub, acc and host rows")
-        s._check_range(loc)
+        self.session._check_range(loc)
+        return loc
+
+    def _history(self, arg: str, write: bool) -> Result:
+        """`info writes ub[8]` / `info reads acc.sums`: who wrote (read) those rows, up to now."""
+        s = self.session
+        loc = self._access_location(arg, f"info {'writes' if write else 'reads'} ADDR")
         events = s.accesses.history(loc.memory, loc.row, loc.row + loc.rows, write=write)
-        rows = f"{loc.memory}[{loc.row}]" + (f"..[{loc.row + loc.rows - 1}]" if loc.rows > 1 else "")
+        rows = rows_text(loc)
         verb = "written" if write else "read"
         if not events:
             return Result([escape(f"{rows}: not {verb} by any instruction issued so far "
@@ -462,13 +467,8 @@ class Engine:
     def _jump_to_access(self, arg: str, write: bool) -> Result:
         """`jump writer ub[8]`: back to the last write of the row before now; the memory
         view shows the row and the source its writer (a screen's `W` / `U` keys)."""
-        kind = "writer" if write else "reader"
-        if not arg:
-            raise CommandError(f"jump {kind} ADDR, e.g. `ub[8]`, `acc.sums + 2`")
         s = self.session
-        loc = s.eval.location(arg)
-        if loc.memory not in ("ub", "acc", "host"):
-            raise CommandError("access history covers ub, acc and host rows")
+        loc = self._access_location(arg, f"jump {'writer' if write else 'reader'} ADDR")
         found = s.jump_to_access(loc, write)
         if found is None:
             verb = "written" if write else "read"

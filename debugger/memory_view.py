@@ -14,7 +14,7 @@ import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -59,7 +59,6 @@ class MemoryView(ScrollView, can_focus=True):
         self._before: tuple[int, np.ndarray] | None = None   # rows captured before a step
         self._shape: tuple[int, int] = (0, 0)
         self._drawn = None               # what the last repaint showed (skip identical ones)
-        self._had_highlights = False
 
     # -- data --------------------------------------------------------------------------------
     def array(self) -> np.ndarray | None:
@@ -98,15 +97,22 @@ class MemoryView(ScrollView, can_focus=True):
             self.virtual_size = size
         top = int(self.scroll_offset.y)
         window = None if a is None else a[top:top + max(self.size.height, 1)]
-        key = (id(a) if a is None else a.shape, top, self.radix, self.unit, self.target_row,
-               None if window is None else hash(window.tobytes()))
-        highlights = self._before is not None and window is not None and \
-            self._before[0] == top and self._before[1].shape == window.shape and \
-            not np.array_equal(self._before[1], window)
-        if key != self._drawn or highlights or self._had_highlights:
-            self._drawn = key
-            self._had_highlights = highlights
+        view = (None if a is None else a.shape, a.dtype if a is not None else None, top,
+                int(self.scroll_offset.x), self.radix, self.unit, self.target_row, self.size)
+        marked = set()                  # rows on screen that changed in the last step
+        if self._before is not None and window is not None and self._before[0] == top \
+                and self._before[1].shape == window.shape:
+            marked = set(np.flatnonzero((self._before[1] != window).reshape(
+                len(window), -1).any(axis=1)).tolist())
+        old, self._drawn = self._drawn, (view, None if window is None else window.copy(), marked)
+        if old is None or old[0] != view or old[1] is None or window is None:
             self.refresh()
+            return
+        # the same view: repaint the rows whose values or highlight changed (line 0 is the
+        # column header)
+        changed = set(np.flatnonzero((old[1] != window).reshape(len(window), -1).any(axis=1)).tolist())
+        for row in changed | marked | old[2]:
+            self.refresh(Region(0, 1 + row, self.size.width, 1))
 
     def _gutter_width(self) -> int:
         return max(len(str(max(self._shape[0] - 1, 0))), 4) + 2

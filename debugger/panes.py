@@ -148,3 +148,23 @@ class CountersPane(StripLines, Widget):
                     style="grey62")
         base = self.rich_style                      # the pane's colours under the text's own
         self.show([strip.apply_style(base) for strip in text_strips(self.app.console, text)])
+
+
+class StatusLine(StripLines, Widget):
+    """The line above the panes: program, cycle, status and why the machine stopped, wrapped
+    (the app sets its height).  On the Line API: it changes on every step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._strips: list[Strip] = []
+        self._text = Text()
+
+    def update(self, text: Text, wrapped) -> None:
+        """Show `text`, already wrapped to the width (`wrapped`: its rich Lines)."""
+        self._text = text
+        base = self.rich_style
+        console = self.app.console
+        self.show([Strip(list(line.render(console))).apply_style(base) for line in wrapped])
+
+    def render(self) -> Text:
+        return self._text                   # what it says, for tests and screen readers

@@ -528,7 +528,7 @@ class Session:
         a = done[-1]
         self.history.goto(a.finish)
         verb = "wrote" if write else "read"
-        rows = f"{loc.memory}[{loc.row}]" + (f"..[{loc.row + loc.rows - 1}]" if loc.rows > 1 else "")
+        rows = rows_text(loc)
         return self._finish(Stop("paused", f"back to cycle {m.cycle}, where {self.where(a.index)} "
                                            f"{verb} {rows} (issued at cycle {a.issue})",
                                  a.index), reverse=True), a.index
@@ -681,6 +681,11 @@ class Session:
         self.samples[c] = sample
         while len(self._sample_order) > TIMELINE_DEPTH:
             self.samples.pop(self._sample_order.popleft(), None)
+
+
+def rows_text(loc: Location) -> str:
+    """`ub[8]`, or `ub[8]..[11]` for several rows."""
+    return f"{loc.memory}[{loc.row}]" + (f"..[{loc.row + loc.rows - 1}]" if loc.rows > 1 else "")
 
 
 def _watch(wp: Watchpoint):

@@ -22,13 +22,24 @@ class StripLines:
     """Mixin for a Widget (or ScrollView) that shows `self._strips`, one per line."""
 
     _strips: list[Strip]
+    _paint_style = None
+
+    def render_lines(self, crop):
+        # the widget's style, looked up once per paint (it walks the CSS ancestry: per line
+        # it cost more than the lines themselves)
+        self._paint_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint_style = None
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
+        style = self._paint_style or self.rich_style
         row = int(self.scroll_offset.y) + y
         if row >= len(self._strips):
-            return Strip.blank(width, self.rich_style)
-        return self._strips[row].crop(0, width).extend_cell_length(width, self.rich_style)
+            return Strip.blank(width, style)
+        return self._strips[row].crop(0, width).extend_cell_length(width, style)
 
     def show(self, strips: list[Strip]) -> None:
         """Show `strips`, repainting only the lines that changed.  (A ScrollView's on_resize

@@ -142,6 +142,20 @@ class Waveform:
                 - np.searchsorted(self.fifo_out, at, side="right")).tolist()
 
 
+def _append_runs(text: Text, cells: list[tuple[str, str]]) -> None:
+    """Append one-character cells, a span per run of equally styled ones (a span per cell
+    made rendering the pane cost more than computing it)."""
+    run, run_style = [], None
+    for ch, style in cells:
+        if style != run_style and run:
+            text.append("".join(run), style=run_style)
+            run = []
+        run_style = style
+        run.append(ch)
+    if run:
+        text.append("".join(run), style=run_style)
+
+
 class TimelinePane(StripLines, Widget, can_focus=True):
     """The waveform: scroll with left/right, zoom with +/-, `0` the whole run, `.` follow
     the current cycle; a click (or enter, at the cursor) jumps the machine to that cycle."""
@@ -237,14 +251,13 @@ class TimelinePane(StripLines, Widget, can_focus=True):
                         row[x] = ("s", "yellow")
                 if 0 <= now_x < cols:
                     row[now_x] = ("▼", "bold bright_white")
-                for ch, style in row:
-                    text.append(ch, style=style)
+                _append_runs(text, row)
             elif name == "w.fifo":
                 levels = wave.fifo_level(c0, zoom, cols)
-                for x, n in enumerate(levels):
-                    future = c0 + x * zoom >= now
-                    text.append(" " if future else ("·" if n == 0 else str(min(n, 9))),
-                                style="grey30" if n == 0 else "yellow")
+                _append_runs(text, [(" " if c0 + x * zoom >= now else
+                                     ("·" if n == 0 else str(min(n, 9))),
+                                     "grey30" if n == 0 else "yellow")
+                                    for x, n in enumerate(levels)])
             else:
                 self._draw_track(text, wave, name, c0, zoom, cols, now)
             text.append("\n")

@@ -108,3 +108,14 @@ def test_timing_only_equals_full_on_a_compiled_model(compiled, tmp_path):
         rows[mode] = [{k: v for k, v in r.items() if k not in ("wall_s", "key")}
                       for r in csv.DictReader(out.open())]
     assert len(rows["full"]) == 4 and rows["full"] == rows["timing-only"]
+
+
+def test_a_compiled_model_missing_a_file_is_one_clear_error(compiled, tmp_path, capsys):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(compiled[16], broken)
+    (broken / "segment0.ir.npz").unlink()
+    code = cli.main([str(broken), "--set", "memory=1", "-o", str(tmp_path / "r.csv"),
+                     "--workers", "0", "--no-cache"])
+    err = capsys.readouterr().err
+    assert code == 2 and "segment0 lacks its ir file" in err and "Traceback" not in err

@@ -115,10 +115,15 @@ class History:
             if not sel.any():
                 out[name] = np.zeros(0, np.int64)
                 continue
+            starts, ends = np.clip(lo[sel], 0, size), np.clip(hi[sel], 0, size)
+            if int((ends - starts).sum()) < size // 8:         # few rows: list them
+                out[name] = np.unique(np.concatenate(
+                    [np.arange(a, b) for a, b in zip(starts.tolist(), ends.tolist())]))
+                continue
             # union of [lo, hi) ranges: +1 at each start, -1 at each end, covered where > 0
             edges = np.zeros(size + 1, np.int64)
-            np.add.at(edges, np.clip(lo[sel], 0, size), 1)
-            np.add.at(edges, np.clip(hi[sel], 0, size), -1)
+            np.add.at(edges, starts, 1)
+            np.add.at(edges, ends, -1)
             out[name] = np.flatnonzero(np.cumsum(edges[:size]) > 0)
         return out
 

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", metavar="TARGET",
                    help="a .tasm/.tbin (with --host/--weights), a test.toml or a folder of "
-                        "them, an app name (MLP0 ... CNN1) or 'apps' for all six")
+                        "them, a compiled-model folder (tpuasm compile -o OUTDIR; recompiled "
+                        "for other shapes), an app name (MLP0 ... CNN1) or 'apps' for all six")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="values of one parameter (repeatable); x0.5 = half the baseline")
     p.add_argument("--grid", type=Path, metavar="GRID.toml", help="the grid from a TOML file")
