@@ -17,7 +17,8 @@ from ..limits import check_machine
 from . import aot, core
 from .config import MachineConfig
 from .data import load_host, load_weights
-from .decoded import (COL_FLAGS, COL_LEN, COL_OP, COL_REPEAT, MMC_WIDE_IN, MMC_WIDE_W, NCOLS,
+from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REPEAT, COL_WIDTH, MMC_CONV,
+                      MMC_WIDE_IN, MMC_WIDE_W, NCOLS,
                       NREGS, OP_HLT, OP_INT, OP_MMC, OP_RW, OP_SYNC, OP_TAG, OP_WSYNC,
                       decode_table, reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
@@ -195,6 +196,7 @@ class Machine:
         ops = self.prog[:, COL_OP]
         mmcs = int(np.count_nonzero(ops == OP_MMC))
         self._mmcs = mmcs
+        self._blas_threads = _run_blas_threads(self.prog, mmcs, self.timing_only)
         self.sg = core.new_stages(core.drain_slots(cfg.mmc_latency, mmcs))
         rows = self.sg.shape[0]                 # sg, cregs and fps share their row index
         self.cregs = np.zeros((rows, NREGS), dtype=np.int64)
@@ -268,7 +270,7 @@ class Machine:
         entry = self._entry
         if entry is None:
             entry = aot.runner(args)        # the ahead-of-time core: no numba in the process
-        restore = _single_blas_thread() if self._mmcs else None
+        restore = _set_blas_threads(self._blas_threads)
         try:
             if entry is None:
                 core.run_core(*args)
@@ -736,30 +738,48 @@ def _decode(instructions):
     return table, bad
 
 
-def _blas_threads_for_runs() -> int:
-    """OpenBLAS threads while the machine runs: TPUASM_BLAS_THREADS, default 1; 0 leaves
-    OpenBLAS's own setting.  Why 1: the machine interleaves GEMMs with single-threaded
-    work (conversions, Activate, the pipeline), and between GEMMs OpenBLAS's idle workers
-    spin.  On these shared 2-core machines that made a 64-layer OpenTPU program take
-    0.5-0.9 s of CPU with 2 threads against 0.03 s with 1 (and 20-30x the wall time);
-    bench_emulator.py 1 prints np.matmul at both settings next to the emulator."""
-    try:
-        return max(0, int(os.environ.get("TPUASM_BLAS_THREADS", "1")))
-    except ValueError:
-        return 1
+# A MatrixMultiply iteration is one GEMM of (vectors x N) by (N x N).  From this many
+# vectors per iteration on average, OpenBLAS's threads pay for themselves (measured on
+# the 2-core machine with bench_emulator.py 1: the 8 x 256x256 MLP at B = 4096 runs in 32 ms
+# with 2 threads against 61 ms with 1); below it, single-threaded (see _run_blas_threads).
+LARGE_GEMM_VECTORS = 512
 
 
-_RUN_THREADS = _blas_threads_for_runs()
+def _run_blas_threads(prog: np.ndarray, mmcs: int, timing_only: bool) -> int | None:
+    """OpenBLAS threads while this program runs: None leaves OpenBLAS's setting alone.
+
+    TPUASM_BLAS_THREADS=n forces n (0: leave OpenBLAS alone).  By default, 1 for programs
+    of small GEMMs, OpenBLAS's own count (all cores) for programs whose MatrixMultiplies
+    stream LARGE_GEMM_VECTORS vectors or more per iteration on average.  Why not always all
+    cores: the machine interleaves GEMMs with single-threaded work (conversions, Activate,
+    the pipeline), and between GEMMs OpenBLAS's idle workers spin; with small GEMMs that
+    made a 64-layer OpenTPU program take 0.5-0.9 s of CPU with 2 threads against 0.03 s
+    with 1 (and 20-30x the wall time on a shared machine).  bench_emulator.py 1 prints
+    np.matmul at both settings next to the emulator."""
+    if timing_only or not mmcs:
+        return None                                   # no GEMM runs
+    forced = os.environ.get("TPUASM_BLAS_THREADS")
+    if forced is not None:
+        try:
+            return max(0, int(forced)) or None
+        except ValueError:
+            pass
+    rows = prog[prog[:, COL_OP] == OP_MMC]
+    conv = (rows[:, COL_FLAGS] & MMC_CONV) != 0
+    per_iteration = np.where(conv, rows[:, COL_HEIGHT] * rows[:, COL_WIDTH], rows[:, COL_LEN])
+    vectors = float((per_iteration * rows[:, COL_REPEAT]).sum())
+    iterations = float(rows[:, COL_REPEAT].sum())
+    return None if vectors >= LARGE_GEMM_VECTORS * iterations else 1
 
 
-def _single_blas_thread():
-    """Set OpenBLAS to the run's thread count; the previous count to restore, or None."""
-    if not _RUN_THREADS:
+def _set_blas_threads(threads: int | None):
+    """Set OpenBLAS to `threads` for a run; the previous count to restore, or None."""
+    if threads is None:
         return None
     previous = blas_threads()
-    if previous is None or previous == _RUN_THREADS:
+    if previous is None or previous == threads:
         return None
-    set_blas_threads(_RUN_THREADS)
+    set_blas_threads(threads)
     return previous
 
 
