@@ -62,7 +62,7 @@ def main():
                        check=True, env=env, capture_output=True)
         ours = [sys.executable, "-m", "tpuasm", "run", str(d / "p.out"), "--host",
                 str(d / "h.npy"), "--weights", str(d / "w.npy"), "--out", str(d / "ours.npy"),
-                "-q"]
+                "--config", "array_size=256", "-q"]      # OpenTPU's own arrays are 8 or 16
         theirs = [sys.executable, str(ROOT / "benchmarks" / "opentpu_sim.py"), str(d / "p.out"),
                   str(d / "h.npy"), str(d / "w.npy"), str(d / "theirs.npy")]
         timed(ours, env)                       # warm the caches

@@ -363,7 +363,8 @@ def matsize_from_data(host=None, weights=None) -> int | None:
         if n not in MATSIZES:
             raise DataFileError(f"{path}: its shape implies an array size N = {n}, but "
                                 f"OpenTPU's is {' or '.join(map(str, MATSIZES))} "
-                                "(or give --matsize)")
+                                "(give --matsize, or --config array_size=N for a "
+                                "larger array)")
     if not found:
         return None
     sizes = {n for _, n in found}
