@@ -427,6 +427,17 @@ def _host_cycles(st, rows):
 
 
 @njit(cache=True)
+def _issued(st, times, pc, issue, start, finish, front):
+    """Record instruction pc's issue, start and finish, and move the front end on to pc + 1,
+    free again from cycle `front`."""
+    times[pc, TM_ISSUE] = issue
+    times[pc, TM_START] = start
+    times[pc, TM_FINISH] = finish
+    st[S_FRONT] = front
+    st[S_PC] = pc + 1
+
+
+@njit(cache=True)
 def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
     """Issue instruction pc at cycle t (its stage is free).  Returns False on a fault."""
     n = prog.shape[0]
@@ -464,11 +475,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
         st[S_RW_TILE0] = q0
         st[S_RW_NTILES] = row[COL_REPEAT]
         st[S_RW_FREE] = fin
-        times[pc, TM_ISSUE] = t
-        times[pc, TM_START] = start
-        times[pc, TM_FINISH] = fin
-        st[S_FRONT] = t + 1
-        st[S_PC] = pc + 1
+        _issued(st, times, pc, t, start, fin, t + 1)
         return True
     if stage < 0:
         fin = t + 1
@@ -489,11 +496,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
                 ev[k, 2] = pc
                 ev[k, 3] = row[COL_VALUE]
                 st[S_NEVENTS] = k + 1
-        times[pc, TM_ISSUE] = t
-        times[pc, TM_START] = t
-        times[pc, TM_FINISH] = fin
-        st[S_FRONT] = fin
-        st[S_PC] = pc + 1
+        _issued(st, times, pc, t, t, fin, fin)
         return True
 
     # ---- a staged instruction: checks first (nothing changes on a fault)
@@ -557,11 +560,7 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
     sg[stage, G_FREE] = free if op == OP_MMC else fin
     fps[stage, :, :] = mine
     cregs[stage, :] = regs
-    times[pc, TM_ISSUE] = t
-    times[pc, TM_START] = start
-    times[pc, TM_FINISH] = fin
-    st[S_FRONT] = t + 1
-    st[S_PC] = pc + 1
+    _issued(st, times, pc, t, start, fin, t + 1)
     return True
 
 
