@@ -108,6 +108,14 @@ def test_profile_runs_the_compiled_apps_and_the_generator_on_request(capsys):
         pytest.approx(comp["rows"]["active"]["measured"] * comp["cycles"], rel=1e-3)
 
 
+def test_profile_full_computes_the_same_table_as_timing_only(capsys):
+    # the default is timing-only (values never change timing); --full runs the arithmetic
+    assert cli.profile_main(["--apps", "mlp1", "--json", "--full"]) == 0
+    full = json.loads(capsys.readouterr().out)["MLP1"]
+    assert cli.profile_main(["--apps", "mlp1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["MLP1"] == full
+
+
 def test_profile_rejects_unknown_apps(capsys):
     assert cli.profile_main(["--apps", "MLP9"]) == 2
     assert "unknown app" in capsys.readouterr().err

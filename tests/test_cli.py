@@ -293,3 +293,15 @@ def test_demo_runs_and_checks_its_answer():
     done = subprocess.run([sys.executable, "-m", "tpuasm", "demo"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "identical to the independent numpy model" in " ".join(done.stdout.split())
+
+
+def test_parse_arguments_returns_argparse_exit_status_instead_of_exiting(capsys):
+    import argparse
+    from tpuasm.cli import parse_arguments
+    p = argparse.ArgumentParser(prog="tpuasm x")
+    p.add_argument("--n", type=int)
+    args, code = parse_arguments(p, ["--n", "3"])
+    assert code is None and args.n == 3
+    assert parse_arguments(p, ["--help"]) == (None, 0)
+    assert parse_arguments(p, ["--n", "three"]) == (None, 2)
+    assert "invalid int value: 'three'" in capsys.readouterr().err

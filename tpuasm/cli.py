@@ -127,6 +127,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv) -> tuple:
+    """(args, None), or (None, exit status) where argparse would exit the process: 0 after
+    --help, 2 after a usage error (argparse has printed its message).  The delegated commands
+    return their status instead of exiting, so they can be called as functions."""
+    try:
+        return parser.parse_args(argv), None
+    except SystemExit as e:
+        return None, int(e.code or 0)
+
+
 def positive_int(text: str) -> int:
     """An argparse type for counts (--batch, --jobs): a whole number, at least 1."""
     try:

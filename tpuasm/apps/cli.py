@@ -9,6 +9,7 @@ import csv
 import json
 import sys
 
+from ..cli import parse_arguments
 from .paper import APPS, ROWS, TABLE3, measured_row
 from .programs import SOURCES
 
@@ -39,11 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def profile_main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args, code = parse_arguments(build_parser(), argv)
+    if args is None:
+        return code
     from ..sweep.grid import SweepError, config_for, parse_value
     apps = [a.strip().upper() for a in args.apps.split(",") if a.strip()]
     bad = [a for a in apps if a not in APPS]

@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..cli import EXIT_FAULT, EXIT_OK, EXIT_USAGE, positive_int
+from ..cli import EXIT_FAULT, EXIT_OK, EXIT_USAGE, parse_arguments, positive_int
 
 
 def _parser_compile() -> argparse.ArgumentParser:
@@ -45,13 +45,6 @@ def _parser_infer() -> argparse.ArgumentParser:
     return p
 
 
-def _parse(parser, argv):
-    try:
-        return parser.parse_args(argv), None
-    except SystemExit as e:          # argparse: 2 on usage errors, 0 for --help
-        return None, int(e.code or 0)
-
-
 @contextmanager
 def _errors():
     """Turn the compiler's errors into a message and exit status 2 (1 for machine faults)."""
@@ -72,7 +65,7 @@ def _errors():
 
 
 def compile_main(argv: list[str] | None = None) -> int:
-    args, code = _parse(_parser_compile(), argv)
+    args, code = parse_arguments(_parser_compile(), argv)
     if args is None:
         return code
     with _errors() as state:
@@ -88,7 +81,7 @@ def compile_main(argv: list[str] | None = None) -> int:
 
 
 def infer_main(argv: list[str] | None = None) -> int:
-    args, code = _parse(_parser_infer(), argv)
+    args, code = parse_arguments(_parser_infer(), argv)
     if args is None:
         return code
     with _errors() as state:

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ..cli import positive_int
+from ..cli import parse_arguments, positive_int
 from .manifest import Manifest, ManifestError, discover, load_manifest
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -109,11 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:          # argparse exits 2 on usage errors, 0 for --help
-        return int(e.code or 0)
+    args, code = parse_arguments(build_parser(), argv)
+    if args is None:
+        return code
     from rich.console import Console
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..cli import parse_arguments
 from .grid import SweepError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -60,11 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args, code = parse_arguments(build_parser(), argv)
+    if args is None:
+        return code
     from rich.console import Console
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
