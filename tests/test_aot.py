@@ -21,6 +21,7 @@ from program_strategies import programs  # noqa: E402
 from tpuasm.binary import Program  # noqa: E402
 from tpuasm.encoding import Instruction  # noqa: E402
 from tpuasm.machine import Machine, aot, jit  # noqa: E402
+from tpuasm.machine.jitcache import FAILED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_aot = pytest.mark.skipif(aot.load() is None,
@@ -109,7 +110,7 @@ def test_arguments_the_build_did_not_see_go_to_the_jit():
 def test_a_failed_build_leaves_a_note_and_the_jit_serves(tmp_path, monkeypatch):
     where = tmp_path / "aot-x"
     where.mkdir()
-    (where / aot._FAILED).write_text("RuntimeError: no compiler\n")
+    (where / FAILED).write_text("RuntimeError: no compiler\n")
     monkeypatch.setattr(aot, "directory", lambda: where)
     monkeypatch.setattr(aot, "_loaded", None)
     assert aot.load() is None
@@ -127,7 +128,7 @@ def test_an_import_failure_is_noted_once(tmp_path, monkeypatch):
     monkeypatch.setattr(aot, "_loaded", None)
     with pytest.warns(RuntimeWarning, match="ahead-of-time core is unavailable"):
         assert aot.load() is None
-    assert (where / aot._FAILED).exists()
+    assert (where / FAILED).exists()
     assert aot.load() is None                   # decided for this process: no second try
 
 

@@ -12,13 +12,23 @@ from tpuasm.isa import ISA_TABLE
 from tpuasm.machine import decoded as D
 from tpuasm.machine import gemm as G
 from tpuasm.machine import kernels as K
+from tpuasm.machine import native as N
 
 RNG = np.random.default_rng(20260522)
 REG_NAMES = {name: getattr(D, "REG_" + name.upper()) for name in (
     "act_mult", "act_shift", "act_zero", "act_out", "fn_in_frac", "pool_size", "pool_width",
     "conv_pitch", "conv_kw", "conv_stride", "rep_ub_stride", "rep_acc_stride",
     "rep_host_stride", "dma_host_stride", "dma_ub_stride")}
-BLAS_MODES = [False, True] if G.HAVE_BLAS else [False]
+# MatrixMultiply's kernels: the portable numba one, OpenBLAS (float), the int8 one (C, VNNI;
+# 16-bit modes on that path still go through OpenBLAS)
+PATHS = ["portable"] + (["blas"] if G.HAVE_BLAS else []) + (["int8"] if N.supported() else [])
+
+
+def path_options(path):
+    if path is None:
+        return {}
+    return dict(use_blas=path == "blas" or (path == "int8" and G.HAVE_BLAS),
+                use_int8=path == "int8")
 
 
 # ----------------------------------------------------------------------------- builders
@@ -45,7 +55,7 @@ def make_regs(**values):
 class Machine:
     """Small machine state plus the arguments execute_instruction needs."""
 
-    def __init__(self, n, ub_rows=64, acc_rows=64, host_rows=32, tiles=4, use_blas=None,
+    def __init__(self, n, ub_rows=64, acc_rows=64, host_rows=32, tiles=4, path=None,
                  chunk_rows=1024):
         self.n = n
         self.ub = RNG.integers(0, 256, (ub_rows, n), dtype=np.uint8)
@@ -53,7 +63,7 @@ class Machine:
         self.host = RNG.integers(0, 256, (host_rows, n), dtype=np.uint8)
         self.weights = RNG.integers(0, 256, (tiles, n, n), dtype=np.uint8)
         self.active = np.array([0, -1], np.int64)
-        self.scratch = K.make_scratch(n, chunk_rows=chunk_rows, use_blas=use_blas)
+        self.scratch = K.make_scratch(n, chunk_rows=chunk_rows, **path_options(path))
 
     def check(self, row, regs):
         info = np.zeros(3, np.int64)
@@ -286,11 +296,11 @@ def test_mmc_16bit_hand_computed():
 FLAG_COMBOS = ["".join(c) for c in itertools.product(["", "U"], ["", "W"], ["", "H"], ["", "D"])]
 
 
-@pytest.mark.parametrize("use_blas", BLAS_MODES)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode", FLAG_COMBOS)
 @pytest.mark.parametrize("extra", ["S", "SO", "O", ""])
-def test_mmc_all_flag_combinations(use_blas, mode, extra):
-    m = Machine(16, ub_rows=80, acc_rows=40, use_blas=use_blas)
+def test_mmc_all_flag_combinations(path, mode, extra):
+    m = Machine(16, ub_rows=80, acc_rows=40, path=path)
     flags = extra + mode
     reps = 3
     row = make_row(D.OP_MMC, flags, repeat=reps, ub=4, acc=2, length=5)
@@ -351,7 +361,7 @@ def test_mmc_16x16_product_wraps_to_int32():
     assert (m.acc[0] == wrap32(5 + 16 * 32767 * 32767)).all()
 
 
-@pytest.mark.parametrize("use_blas", BLAS_MODES)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("flags", ["CSO", "CS", "CO", "CSOH", "CSOUW", "CSD", "CSOHD"])
 @pytest.mark.parametrize("conv", [
     dict(height=3, width=4, reps=9, kw=3, stride=1, pitch=6),
@@ -359,8 +369,8 @@ def test_mmc_16x16_product_wraps_to_int32():
     dict(height=2, width=2, reps=5, kw=3, stride=2, pitch=7),
     dict(height=1, width=5, reps=3, kw=3, stride=1, pitch=0),
 ])
-def test_mmc_convolve_against_oracle(use_blas, flags, conv):
-    m = Machine(8, ub_rows=160, acc_rows=32, tiles=12, use_blas=use_blas)
+def test_mmc_convolve_against_oracle(path, flags, conv):
+    m = Machine(16, ub_rows=160, acc_rows=32, tiles=12, path=path)
     row = make_row(D.OP_MMC, flags, repeat=conv["reps"], ub=3, acc=5, height=conv["height"],
                    width=conv["width"])
     regs = make_regs(conv_kw=conv["kw"], conv_stride=conv["stride"], conv_pitch=conv["pitch"],
@@ -390,11 +400,11 @@ def test_conv_3x3_is_a_convolution():
     assert np.array_equal(m.acc[:h * w], want.reshape(-1, n))
 
 
-@pytest.mark.parametrize("use_blas", BLAS_MODES)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("flags", ["SO", "SOUW", "SOH", "SOD", "S", "SCO"])
-def test_mmc_n256_chunked(use_blas, flags):
+def test_mmc_n256_chunked(path, flags):
     """Full-size array, more vectors than a staging chunk, mixed with accumulation."""
-    m = Machine(256, ub_rows=1000, acc_rows=340, tiles=3, use_blas=use_blas, chunk_rows=128)
+    m = Machine(256, ub_rows=1000, acc_rows=340, tiles=3, path=path, chunk_rows=128)
     if "C" in flags:
         row = make_row(D.OP_MMC, flags, repeat=4, ub=1, acc=2, height=10, width=30)
         regs = make_regs(conv_kw=2, conv_pitch=32)
@@ -408,11 +418,13 @@ def test_mmc_n256_chunked(use_blas, flags):
     assert np.array_equal(m.acc, want)
 
 
-def test_weight_cache_follows_tile_and_mode():
+@pytest.mark.parametrize("path", PATHS)
+def test_weight_cache_follows_tile_and_mode(path):
     """Reusing the cached conversion must not leak across tiles, U/W, or images."""
-    m = Machine(8, acc_rows=8)
+    m = Machine(16, acc_rows=8, path=path)
     for flags, tiles, active in [("SO", [0], None), ("O", [], None), ("SO", [1], None),
-                                 ("OW", [], None), ("O", [], None), ("SOD", [1, 2], None),
+                                 ("OW", [], None), ("OU", [], None), ("O", [], None),
+                                 ("OUW", [], None), ("SOD", [1, 2], None),
                                  ("SO", [1], None), ("O", [], [3, -1])]:
         if active is not None:
             m.active[:] = active
@@ -983,10 +995,10 @@ def test_opentpu_profile_changes_only_activate():
     assert K.footprint(act, regs, out) == 2 and out[1].tolist() == [K.MEM_UB, 1, 60, 68]
 
 
-@pytest.mark.parametrize("use_blas", BLAS_MODES)
-def test_mmc_array_larger_than_256_stays_exact(use_blas):
+@pytest.mark.parametrize("path", PATHS)
+def test_mmc_array_larger_than_256_stays_exact(path):
     """N = 512 unsigned: sums reach 512 * 255 * 255 > 2^24, past float32's exact range."""
-    m = Machine(512, ub_rows=4, acc_rows=4, tiles=1, use_blas=use_blas)
+    m = Machine(512, ub_rows=4, acc_rows=4, tiles=1, path=path)
     m.ub[:] = 255
     m.ub[1, 0] = 254
     m.weights[0] = 255

@@ -41,16 +41,19 @@ from pathlib import Path
 import numpy as np
 
 from . import gemm
-from .jitcache import _prune, cache_root, source_digest, toolchain_version
+from . import native
+from .jitcache import FAILED, build_once, cache_root, install, note_failure, source_digest, \
+    toolchain_version
 
 MODULE = "tpuasm_core_aot"
 _LAYOUT = "layout.json"
-_FAILED = "FAILED"
 _loaded = None             # the module, False after a failure in this process, None untried
 
 
 def enabled() -> bool:
-    return os.environ.get("TPUASM_AOT", "1") != "0" and gemm.HAVE_BLAS
+    # The compiled code calls OpenBLAS and the C kernels by name: both must be loadable.
+    return os.environ.get("TPUASM_AOT", "1") != "0" and gemm.HAVE_BLAS \
+        and native.library() is not None
 
 
 def _cpu_fingerprint() -> bytes:
@@ -121,14 +124,15 @@ def load():
     where = directory()
     try:
         if not _library_path(where).exists():
-            if (where / _FAILED).exists():
+            if (where / FAILED).exists():
                 return None
-            _build_locked(where)
+            build_once(where, _library_path(where), build)
         if not _library_path(where).exists():
             return None
         module = _import(where)
     except Exception as e:              # any doubt: the JIT serves, and we say why once
-        _note_failure(where, e)
+        note_failure(where, e, "the ahead-of-time core is unavailable; using numba's JIT "
+                               "(slower start-up)")
         return None
     try:
         os.utime(where)                 # recently used: spared by other processes' pruning
@@ -148,6 +152,7 @@ def runner(args):
 
 def _import(where: Path):
     ctypes.CDLL(gemm.BLAS_PATH, mode=ctypes.RTLD_GLOBAL)    # sgemm/dgemm for the linker
+    native.library()                    # loaded RTLD_GLOBAL: the int8 kernel for the linker
     spec = importlib.util.spec_from_file_location(MODULE, _library_path(where))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -155,34 +160,7 @@ def _import(where: Path):
     return module
 
 
-def _note_failure(where: Path, error: Exception) -> None:
-    warnings.warn(f"tpuasm: the ahead-of-time core is unavailable ({error}); using numba's "
-                  f"JIT (slower start-up)", RuntimeWarning, stacklevel=3)
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        (where / _FAILED).write_text(f"{type(error).__name__}: {error}\n")
-    except OSError:
-        pass
-
-
 # ------------------------------------------------------------------ building
-def _build_locked(where: Path) -> None:
-    where.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = where.parent / ("lock-" + where.name)
-    with open(lock_path, "w") as lock:
-        try:
-            import fcntl
-            fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it
-        except ImportError:
-            pass
-        if not _library_path(where).exists() and not (where / _FAILED).exists():
-            build(where)
-    try:
-        lock_path.unlink()
-    except OSError:
-        pass
-
-
 def build(where: Path) -> None:
     """Compile core.run_core into `where` (atomically: a temporary directory renamed)."""
     from . import core, jit
@@ -212,19 +190,8 @@ def build(where: Path) -> None:
         finally:
             codegen.AOTCPUCodegen._customize_tm_features = original
         (tmp / _LAYOUT).write_text(json.dumps(layout(sample)))
-        tmp.replace(where) if not where.exists() else _swap(tmp, where)
+        install(tmp, where, "aot-")
         tmp = None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        os.utime(where)
-        _prune(where, "aot-")
-    except OSError:
-        pass
-
-
-def _swap(tmp: Path, where: Path) -> None:
-    """`where` exists (an earlier failure's note): put the new build in its place."""
-    shutil.rmtree(where, ignore_errors=True)
-    tmp.replace(where)

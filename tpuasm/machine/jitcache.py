@@ -18,6 +18,7 @@ import importlib.util
 import os
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,3 +90,53 @@ def _prune(current: Path, prefix: str = "numba-") -> None:
     for old in generations[_KEEP:]:
         if old != current and old.stat().st_mtime < recent:
             shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ built artefacts
+# The ahead-of-time core (aot.py) and the C kernels (native.py) are built once per key into
+# cache_root()/<prefix><key>/: under a file lock so that parallel processes build once, into
+# a temporary directory renamed into place, and a failure leaves a FAILED note so that
+# later processes fall back at once instead of retrying a build that cannot work.
+FAILED = "FAILED"
+
+
+def build_once(where: Path, product: Path, build) -> None:
+    """Run `build(where)` unless `product` or a FAILED note exists, under a lock."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = where.parent / ("lock-" + where.name)
+    with open(lock_path, "w") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it
+        except ImportError:
+            pass
+        if not product.exists() and not (where / FAILED).exists():
+            build(where)
+    try:
+        lock_path.unlink()
+    except OSError:
+        pass
+
+
+def install(tmp: Path, where: Path, prefix: str) -> None:
+    """Move a finished build from `tmp` to `where` (replacing an earlier failure's note)
+    and prune old generations of `prefix`."""
+    if where.exists():
+        shutil.rmtree(where, ignore_errors=True)
+    tmp.replace(where)
+    try:
+        os.utime(where)
+        _prune(where, prefix)
+    except OSError:
+        pass
+
+
+def note_failure(where: Path, error: Exception, consequence: str) -> None:
+    """Say once (a RuntimeWarning) that a build or load failed and what happens instead,
+    and leave the FAILED note."""
+    warnings.warn(f"tpuasm: {consequence} ({error})", RuntimeWarning, stacklevel=4)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        (where / FAILED).write_text(f"{type(error).__name__}: {error}\n")
+    except OSError:
+        pass

@@ -40,20 +40,24 @@ execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, p
     Activate's Q is OpenTPU's sigmoid, no requantization, the low 8 bits, one UB row per
     vector; T, M and A work as in the tpu profile).  check_instruction and footprint take
     the same optional trailing `profile` (it changes ACT's UB row count when act_out = 2).
-make_scratch(array_size, chunk_rows=1024, use_blas=None) -> Scratch
+make_scratch(array_size, chunk_rows=1024, use_blas=None, use_int8=None) -> Scratch
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
-    the converted-weight cache, its key and the raw bytes it was converted from, options
-    (use_blas, chunk_rows), Activate's row buffer: about 7 MB for N = 256 (the float64
-    half is touched only by 16-bit modes).  use_blas=None means "if gemm.HAVE_BLAS".
-    Make one per machine and reuse it.
+    the converted-weight caches (float, and the int8 kernel's packed tile), their keys and
+    the raw bytes they were converted from, options (use_blas, chunk_rows, use_int8),
+    Activate's row buffer: about 7 MB for N = 256 (the float64 half is touched only by
+    16-bit modes).  use_blas=None means "if gemm.HAVE_BLAS", use_int8=None "if
+    native.enabled() and N is a multiple of 16".  Make one per machine and reuse it.
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
     image never needs an explicit invalidation.
 
-MatrixMultiply runs as an exact float GEMM (gemm.py): float32 for 8-bit operands, float64
-when either side is 16-bit (H or D), chunked `chunk_rows` output vectors at a time, then an
-int32 wrapping accumulate.  Register limits, opcodes and the sigmoid/tanh tables are
-module globals, which numba freezes into the compiled (and cached) code.
+MatrixMultiply on two 8-bit operands runs on the int8 kernel (native.py, mmc_int8.c:
+integer products summed in int32 by AVX-512 VNNI, straight from the UB into the
+accumulators) when use_int8 is set.  Otherwise it runs as an exact float GEMM (gemm.py):
+float32 for 8-bit operands, float64 when either side is 16-bit (H or D), chunked
+`chunk_rows` output vectors at a time, then an int32 wrapping accumulate.  Register limits,
+opcodes and the sigmoid/tanh tables are module globals, which numba freezes into the
+compiled (and cached) code.
 """
 from __future__ import annotations
 
@@ -68,6 +72,7 @@ from ..opentpu import SIGMOID_HI as OPENTPU_SIGMOID_HI
 from ..opentpu import SIGMOID_LO as OPENTPU_SIGMOID_LO
 from ..opentpu import SIGMOID_TABLE as _OPENTPU_SIGMOID_TABLE
 from . import gemm as _gemm
+from . import native as _native
 from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT_OUT_UINT8,
                       ACT_OUT_WRAP8,
                       ACT_RELU, ACT_SIGMOID, ACT_TANH, COL_ACC, COL_FLAGS, COL_HEIGHT,
@@ -98,10 +103,13 @@ TANH_TABLE = np.ascontiguousarray(TANH_Q15, dtype=np.int64)
 _KEY_EMPTY = -2
 
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
-                                 "raw32", "raw64", "options", "row_buf"])
+                                 "raw32", "raw64", "options", "row_buf", "packed8", "bias8",
+                                 "key8", "raw8", "rows8"])
+_OPT_BLAS, _OPT_CHUNK, _OPT_INT8 = 0, 1, 2
 
 
-def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None) -> Scratch:
+def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None,
+                 use_int8: bool | None = None) -> Scratch:
     """Preallocated buffers for execute_instruction (see the module docstring)."""
     n = int(array_size)
     chunk = max(1, int(chunk_rows))
@@ -109,14 +117,23 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         use_blas = _gemm.HAVE_BLAS
     if use_blas and not _gemm.HAVE_BLAS:
         raise RuntimeError("OpenBLAS from numpy's wheel was not found; use use_blas=False")
+    if use_int8 is None:
+        use_int8 = n % 16 == 0 and _native.enabled()
+    if use_int8 and not (n % 16 == 0 and _native.supported()):
+        raise RuntimeError("the int8 kernel needs AVX-512 VNNI, a C compiler and an array "
+                           "size that is a multiple of 16; use use_int8=False")
+    int8_n = n if use_int8 else 0               # nothing to allocate for an unused path
     return Scratch(
         x32=np.zeros((chunk, n), np.float32), c32=np.zeros((chunk, n), np.float32),
         x64=np.zeros((chunk, n), np.float64), c64=np.zeros((chunk, n), np.float64),
         w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
         key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
-        options=np.array([1 if use_blas else 0, chunk], np.int64),
-        row_buf=np.zeros((2, n), np.int64))
+        options=np.array([1 if use_blas else 0, chunk, 1 if use_int8 else 0], np.int64),
+        row_buf=np.zeros((2, n), np.int64),
+        packed8=np.zeros(int8_n * int8_n, np.int8), bias8=np.zeros(int8_n, np.int32),
+        key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((1, int8_n, int8_n), np.uint8),
+        rows8=np.zeros(chunk if use_int8 else 0, np.int64))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -553,25 +570,61 @@ def _same_bytes(a, b):
 
 
 @njit(cache=True)
-def _active_weights(weights, active, flags, transposed, w, key, raw):
-    """The converted active tile (the BLAS path wants (K, N), the portable kernel the
-    transpose), converting only on a change.  A hit needs the same tiles and mode *and* the
-    same bytes as when converted (kept in `raw`, compared in well under a microsecond): a
-    new weight image loaded at a reused address, or one modified in place, can never be
-    served stale values."""
-    mode = (flags & (MMC_UNSIGNED_W | MMC_WIDE_W)) | (1024 if transposed else 0)
+def _tile_unchanged(weights, active, wide, mode, key, raw):
+    """The active tile (and its high tile with a wide W) was converted last, in `mode`, and
+    its bytes are still those it was converted from (kept in `raw`, compared in well under a
+    microsecond): a new weight image loaded at a reused address, or one modified in place,
+    can never be served stale values."""
     lo = active[0]
-    wide = (flags & MMC_WIDE_W) != 0
     hi = active[1] if wide else -1
-    if key[0] == lo and key[1] == hi and key[2] == mode and _same_bytes(raw[0], weights[lo]) \
-            and (not wide or _same_bytes(raw[1], weights[hi])):
-        return w
-    _convert_weights(weights, lo, hi, (flags & MMC_UNSIGNED_W) != 0, wide, transposed, w)
+    return key[0] == lo and key[1] == hi and key[2] == mode \
+        and _same_bytes(raw[0], weights[lo]) and (not wide or _same_bytes(raw[1], weights[hi]))
+
+
+@njit(cache=True)
+def _remember_tile(weights, active, wide, mode, key, raw):
+    lo = active[0]
+    hi = active[1] if wide else -1
     raw[0, :, :] = weights[lo]
     if wide:
         raw[1, :, :] = weights[hi]
     key[0], key[1], key[2] = lo, hi, mode
+
+
+@njit(cache=True)
+def _active_weights(weights, active, flags, transposed, w, key, raw):
+    """The converted active tile for the float path (the BLAS path wants (K, N), the
+    portable kernel the transpose), converting only on a change."""
+    mode = (flags & (MMC_UNSIGNED_W | MMC_WIDE_W)) | (1024 if transposed else 0)
+    wide = (flags & MMC_WIDE_W) != 0
+    if not _tile_unchanged(weights, active, wide, mode, key, raw):
+        _convert_weights(weights, active[0], active[1], (flags & MMC_UNSIGNED_W) != 0, wide,
+                         transposed, w)
+        _remember_tile(weights, active, wide, mode, key, raw)
     return w
+
+
+@njit(cache=True)
+def _active_packed(weights, active, flags, scratch):
+    """The active 8-bit tile in the int8 kernel's layout (native.py), packed only on a
+    change; the packing depends on both operands' signedness."""
+    mode = flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN)
+    if not _tile_unchanged(weights, active, False, mode, scratch.key8, scratch.raw8):
+        _native.pack_tile(weights[active[0]], (flags & MMC_UNSIGNED_W) == 0,
+                          (flags & MMC_UNSIGNED_IN) == 0, scratch.packed8, scratch.bias8)
+        _remember_tile(weights, active, False, mode, scratch.key8, scratch.raw8)
+
+
+@njit(cache=True)
+def _input_row(j, ub_base, per, conv_width, pitch, stride, dy, dx):
+    """The UB row of output vector j's input (its low row when 16-bit).  conv_width 0
+    means a plain MatrixMultiply (vector j at UB row ub_base + j); otherwise the pixel of
+    tap (dy, dx) feeding output pixel j of a conv_width-wide image."""
+    if conv_width == 0:
+        return ub_base + per * j
+    y = j // conv_width
+    x = j - y * conv_width
+    return ub_base + per * ((y * stride + dy) * pitch + x * stride + dx)
 
 
 @njit(cache=True)
@@ -625,8 +678,8 @@ def _store_products(c, m, acc, acc_rows_base, first, overwrite):
 @njit(cache=True)
 def _mmc_iteration(ub, acc, w, x, c, use_blas, flags, ub_base, acc_base, count,
                    conv_width, pitch, stride, dy, dx, overwrite):
-    """One iteration: `count` output vectors, chunked through the staging buffers.
-    conv_width 0 means a plain MatrixMultiply (vector j at UB row ub_base + j)."""
+    """One iteration on the float path: `count` output vectors, chunked through the
+    staging buffers."""
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
     wide_in = (flags & MMC_WIDE_IN) != 0
     per = 2 if wide_in else 1
@@ -634,19 +687,30 @@ def _mmc_iteration(ub, acc, w, x, c, use_blas, flags, ub_base, acc_base, count,
     for first in range(0, count, chunk):
         m = min(chunk, count - first)
         for r in range(m):
-            j = first + r
-            if conv_width == 0:
-                v = j
-            else:
-                y = j // conv_width
-                xx = j - y * conv_width
-                v = (y * stride + dy) * pitch + xx * stride + dx
-            _load_vector(ub, ub_base + per * v, x, r, unsigned_in, wide_in)
+            u = _input_row(first + r, ub_base, per, conv_width, pitch, stride, dy, dx)
+            _load_vector(ub, u, x, r, unsigned_in, wide_in)
         if use_blas:
             _gemm.gemm_blas(x, w, c, m)
         else:
             _gemm.matmul_nt(x, w, c, m)            # w is transposed on this path
         _store_products(c, m, acc, acc_base, first, overwrite)
+
+
+@njit(cache=True)
+def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
+                        conv_width, pitch, stride, dy, dx, overwrite):
+    """One iteration of an 8-bit MatrixMultiply on the int8 kernel: the UB reads and
+    accumulator writes happen in C, this only lists the input rows."""
+    rows = scratch.rows8
+    chunk = rows.shape[0]
+    signed_x = (flags & MMC_UNSIGNED_IN) == 0
+    signed_w = (flags & MMC_UNSIGNED_W) == 0
+    for first in range(0, count, chunk):
+        m = min(chunk, count - first)
+        for r in range(m):
+            rows[r] = _input_row(first + r, ub_base, 1, conv_width, pitch, stride, dy, dx)
+        _native.mmc_rows(ub, rows, m, scratch.packed8, scratch.bias8, signed_x, signed_w,
+                         acc, acc_base + first, overwrite)
 
 
 @njit(cache=True)
@@ -661,7 +725,8 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
         x_max = 255 if flags & MMC_UNSIGNED_IN else 128
         w_max = 255 if flags & MMC_UNSIGNED_W else 128
         wide = ub.shape[1] * x_max * w_max > (1 << 24)
-    use_blas = scratch.options[0] != 0
+    use_blas = scratch.options[_OPT_BLAS] != 0
+    int8 = scratch.options[_OPT_INT8] != 0 and (flags & (MMC_WIDE_IN | MMC_WIDE_W)) == 0
     rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
     switch = (flags & MMC_SWITCH) != 0
@@ -676,7 +741,9 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             else:
                 active[1] = -1
         if switch or i == 0:        # without S the tile cannot change inside the instruction
-            if wide:
+            if int8:
+                _active_packed(weights, active, flags, scratch)
+            elif wide:
                 _active_weights(weights, active, flags, not use_blas, scratch.w64,
                                 scratch.key64, scratch.raw64)
             else:
@@ -690,7 +757,10 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             ub_base, acc_base, count, cw = row[COL_UB] + i * rep_ub, row[COL_ACC] + i * rep_acc, \
                 row[COL_LEN], 0
             dy, dx = 0, 0
-        if wide:
+        if int8:
+            _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count, cw, pitch,
+                                stride, dy, dx, overwrite)
+        elif wide:
             _mmc_iteration(ub, acc, scratch.w64, scratch.x64, scratch.c64, use_blas, flags,
                            ub_base, acc_base, count, cw, pitch, stride, dy, dx, overwrite)
         else:

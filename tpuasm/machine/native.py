@@ -1,0 +1,160 @@
+"""The machine's C kernel (mmc_int8.c): 8-bit MatrixMultiply as integer products summed in
+int32, on CPUs with AVX-512 VNNI.
+
+Why.  The float path (gemm.py) converts every input vector to float32, runs OpenBLAS's
+sgemm and converts the products back to int32: on the 2-core machines it reached 0.71-0.79
+of np.matmul's speed, the conversions running on one core while OpenBLAS's second thread
+spun.  vpdpbusd multiplies bytes and sums them into int32 lanes, four products per lane per
+instruction, which is what the TPU's array does: no conversion, no float, four times the
+multiplies per instruction of a float32 FMA.  One thread runs at ~180-220 GMAC/s where
+np.matmul with two reaches ~90 (benchmarks/bench_emulator.py 1).
+
+How.  The source is compiled once with the system C compiler (`cc -O3 -shared`; the vector
+code is enabled per function, so the build works on any x86-64 compiler and CPU) into
+~/.cache/tpuasm/native-<key>/, keyed by the source, and loaded with RTLD_GLOBAL; numba's
+JIT finds its functions through symbols registered with LLVM, the ahead-of-time core
+(aot.py) through the dynamic linker.  Without a compiler (the JIT then needs stubs for the
+names, which are never called), on another CPU, for 16-bit operands, for an array size that
+is not a multiple of 16, or with TPUASM_INT8=0, MatrixMultiply takes the float path.  Both
+paths are exact; the tests run both.
+
+Python helpers: library() (the loaded ctypes library or None), supported() (the CPU can run
+it), enabled() (the machine will use it: supported and not turned off).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .jit import njit, on_materialize
+from .jitcache import FAILED, build_once, cache_root, install, note_failure
+
+SOURCE = Path(__file__).with_name("mmc_int8.c")
+LIBRARY = "libtpuasm_mmc_int8.so"
+MMC_SYMBOL = "tpuasm_i8_mmc"
+PACK_SYMBOL = "tpuasm_i8_pack"
+_BUILD_SECONDS = 120
+
+_library = None          # the ctypes library, False after a failure in this process, None untried
+_keep_alive = None       # the JIT's stand-ins when the library is missing
+
+
+def _compiler() -> list[str]:
+    command = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return command.split()
+
+
+def directory() -> Path:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(platform.machine().encode())
+    h.update(" ".join(_compiler()).encode())
+    return cache_root() / f"native-{h.hexdigest()[:16]}"
+
+
+def build(where: Path) -> None:
+    """Compile the source into `where` (atomically: a temporary directory renamed)."""
+    tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
+    try:
+        command = [*_compiler(), "-O3", "-shared", "-fPIC", "-o", str(tmp / LIBRARY),
+                   str(SOURCE)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS)
+        if done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(command)}` failed: {done.stderr.strip()[-400:]}")
+        install(tmp, where, "native-")
+        tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def library():
+    """The loaded library (building it if needed), or None."""
+    global _library
+    if _library is not None:
+        return _library or None
+    _library = False
+    where = directory()
+    try:
+        if not (where / LIBRARY).exists():
+            if (where / FAILED).exists():
+                return None
+            build_once(where, where / LIBRARY, build)
+        if not (where / LIBRARY).exists():
+            return None
+        lib = ctypes.CDLL(str(where / LIBRARY), mode=ctypes.RTLD_GLOBAL)
+        lib.tpuasm_i8_supported.restype = ctypes.c_int
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+        note_failure(where, e, "the int8 MatrixMultiply kernel is unavailable; using the "
+                               "float path")
+        return None
+    _library = lib
+    return lib
+
+
+def supported() -> bool:
+    lib = library()
+    return lib is not None and bool(lib.tpuasm_i8_supported())
+
+
+def enabled() -> bool:
+    return os.environ.get("TPUASM_INT8", "1") != "0" and supported()
+
+
+def _bind_numba() -> None:
+    """Register the kernel's symbols with LLVM and declare them to numba (see jit.py).
+    Without the library the names are bound to do-nothing C callbacks: never called
+    (enabled() is False), but the compiled code must link."""
+    global _keep_alive, i8_mmc, i8_pack
+    import llvmlite.binding as llvm
+    from numba import types
+
+    u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
+    i32p, i64p = types.CPointer(types.int32), types.CPointer(types.int64)
+    i32, i64 = types.int32, types.int64
+    # tpuasm_i8_mmc(ub, ub_rows, m, n, packed, bias, signed_x, signed_w, acc, acc_row, overwrite)
+    mmc_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32)
+    # tpuasm_i8_pack(w, n, signed_w, signed_x, packed, bias)
+    pack_sig = types.void(u8p, i64, i32, i32, i8p, i32p)
+    lib = library()
+    if lib is not None:
+        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                     for name in (MMC_SYMBOL, PACK_SYMBOL)]
+    else:
+        p, i, i32c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+        stubs = (ctypes.CFUNCTYPE(None, p, p, i, i, p, p, i32c, i32c, p, i, i32c)(lambda *a: None),
+                 ctypes.CFUNCTYPE(None, p, i, i32c, i32c, p, p)(lambda *a: None))
+        _keep_alive = stubs
+        addresses = [ctypes.cast(s, ctypes.c_void_p).value for s in stubs]
+    llvm.add_symbol(MMC_SYMBOL, addresses[0])
+    llvm.add_symbol(PACK_SYMBOL, addresses[1])
+    i8_mmc = types.ExternalFunction(MMC_SYMBOL, mmc_sig)
+    i8_pack = types.ExternalFunction(PACK_SYMBOL, pack_sig)
+
+
+i8_mmc = i8_pack = None          # numba ExternalFunctions, made by _bind_numba
+on_materialize(_bind_numba)
+
+
+@njit(cache=True)
+def pack_tile(tile, signed_w, signed_x, packed, bias):
+    """packed, bias = the (n, n) uint8 weight tile in the kernel's layout (enabled() only)."""
+    i8_pack(tile.ctypes, tile.shape[0], np.int32(signed_w), np.int32(signed_x), packed.ctypes,
+            bias.ctypes)
+
+
+@njit(cache=True)
+def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, overwrite):
+    """acc[acc_row + r] (+)= ub[ub_rows[r]] @ the packed tile, for r < m, int32 wrapping."""
+    if m <= 0:
+        return
+    i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
+           np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite))
