@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/bench_kernels.py [--rows 1024] [--repeat 20] [--blas-threads 1]
 
-GEMM: the exact float32 GEMM behind MatrixMultiply (OpenBLAS through numba, and the portable
-numba kernel) against np.matmul on the same float32 operands.  MMC: whole instructions
-through execute_instruction (UB byte -> float conversion, GEMM, int32 accumulate).
+GEMM: the exact float32 GEMM behind MatrixMultiply's float path (OpenBLAS through numba, and
+the portable numba kernel) against np.matmul on the same float32 operands.  MMC: whole
+instructions through execute_instruction: on the int8 kernel (native.py) where this CPU has
+it and the operands are 8-bit, else on the float path (UB byte -> float conversion, GEMM,
+int32 accumulate), and MMC.O on each float path for comparison.
 ACT: Activate rows per second.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tpuasm.isa import ISA_TABLE
 from tpuasm.machine import decoded as D
 from tpuasm.machine import gemm as G
 from tpuasm.machine import kernels as K
+from tpuasm.machine import native as N
 
 
 def best_time(fn, repeat):
@@ -52,13 +55,13 @@ def bench_gemm(rows, n, repeat):
         print(f"  {name:28s} {macs / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
 
 
-def bench_mmc(rows, n, repeat, flags, use_blas):
+def bench_mmc(rows, n, repeat, flags, use_blas, use_int8):
     rng = np.random.default_rng(1)
     ub = rng.integers(0, 256, (2 * rows + 8, n), dtype=np.uint8)
     acc = np.zeros((rows + 8, n), np.int32)
     host = np.zeros((1, n), np.uint8)
     weights = rng.integers(0, 256, (4, n, n), dtype=np.uint8)
-    scratch = K.make_scratch(n, use_blas=use_blas)
+    scratch = K.make_scratch(n, use_blas=use_blas, use_int8=use_int8)
     regs = D.reset_registers()
     row = np.zeros(D.NCOLS, np.int64)
     row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_MMC, 1, rows
@@ -67,7 +70,9 @@ def bench_mmc(rows, n, repeat, flags, use_blas):
     tiles = np.zeros(0, np.int64)
     t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, host, weights, tiles, active,
                                                 scratch, 0), repeat)
-    label = f"MMC.{flags or '-'} {rows} rows, {'OpenBLAS' if use_blas else 'numba'}"
+    path = "int8 kernel" if use_int8 and not set(flags) & set("HD") else \
+        "OpenBLAS" if use_blas else "numba"
+    label = f"MMC.{flags or '-'} {rows} rows, {path}"
     print(f"  {label:34s} {rows * n * n / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
 
 
@@ -98,12 +103,16 @@ def main():
     args = ap.parse_args()
     if args.blas_threads is not None:
         G.set_blas_threads(args.blas_threads)
-    print(f"OpenBLAS: {'yes' if G.HAVE_BLAS else 'not found'}, threads {G.blas_threads()}")
+    print(f"OpenBLAS: {'yes' if G.HAVE_BLAS else 'not found'}, threads {G.blas_threads()}; "
+          f"int8 kernel: {'yes' if N.enabled() else 'no'}")
     bench_gemm(args.rows, args.n, args.repeat)
     print("MatrixMultiply (execute_instruction):")
+    int8 = N.enabled() and args.n % 16 == 0
     for flags in ("O", "", "U", "H", "D", "HD"):
-        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS)
-    bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False)
+        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, int8)
+    if int8 and G.HAVE_BLAS:
+        bench_mmc(args.rows, args.n, args.repeat, "O", True, False)
+    bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False, False)
     print("Activate (execute_instruction):")
     for flags, pool in (("", 1), ("R", 1), ("T", 1), ("Q", 1), ("RM", 2), ("A", 4)):
         bench_act(args.rows, args.n, args.repeat, flags, pool)
