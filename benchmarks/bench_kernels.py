@@ -55,13 +55,16 @@ def bench_gemm(rows, n, repeat):
         print(f"  {name:28s} {macs / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
 
 
-def bench_mmc(rows, n, repeat, flags, use_blas, use_int8):
+LEVEL_NAMES = {N.LEVEL_VNNI: "int8 kernel, VNNI", N.LEVEL_AVX2: "int8 kernel, AVX2"}
+
+
+def bench_mmc(rows, n, repeat, flags, use_blas, int8_level):
     rng = np.random.default_rng(1)
     ub = rng.integers(0, 256, (2 * rows + 8, n), dtype=np.uint8)
     acc = np.zeros((rows + 8, n), np.int32)
     host = np.zeros((1, n), np.uint8)
     weights = rng.integers(0, 256, (4, n, n), dtype=np.uint8)
-    scratch = K.make_scratch(n, use_blas=use_blas, use_int8=use_int8)
+    scratch = K.make_scratch(n, use_blas=use_blas, int8_level=int8_level)
     regs = D.reset_registers()
     row = np.zeros(D.NCOLS, np.int64)
     row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_MMC, 1, rows
@@ -70,7 +73,7 @@ def bench_mmc(rows, n, repeat, flags, use_blas, use_int8):
     tiles = np.zeros(0, np.int64)
     t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, host, weights, tiles, active,
                                                 scratch, 0), repeat)
-    path = "int8 kernel" if use_int8 and not set(flags) & set("HD") else \
+    path = LEVEL_NAMES[int8_level] if int8_level and not set(flags) & set("HD") else \
         "OpenBLAS" if use_blas else "numba"
     label = f"MMC.{flags or '-'} {rows} rows, {path}"
     print(f"  {label:34s} {rows * n * n / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
@@ -104,15 +107,17 @@ def main():
     if args.blas_threads is not None:
         G.set_blas_threads(args.blas_threads)
     print(f"OpenBLAS: {'yes' if G.HAVE_BLAS else 'not found'}, threads {G.blas_threads()}; "
-          f"int8 kernel: {'yes' if N.enabled() else 'no'}")
+          f"{LEVEL_NAMES.get(N.level(), 'no int8 kernel')}, {N.threads()} threads")
     bench_gemm(args.rows, args.n, args.repeat)
     print("MatrixMultiply (execute_instruction):")
-    int8 = N.enabled() and args.n % 16 == 0
+    level = N.level() if args.n % 16 == 0 else N.LEVEL_NONE
     for flags in ("O", "", "U", "H", "D", "HD"):
-        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, int8)
-    if int8 and G.HAVE_BLAS:
-        bench_mmc(args.rows, args.n, args.repeat, "O", True, False)
-    bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False, False)
+        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, level)
+    if level == N.LEVEL_VNNI:
+        bench_mmc(args.rows, args.n, args.repeat, "O", G.HAVE_BLAS, N.LEVEL_AVX2)
+    if level and G.HAVE_BLAS:
+        bench_mmc(args.rows, args.n, args.repeat, "O", True, N.LEVEL_NONE)
+    bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False, N.LEVEL_NONE)
     print("Activate (execute_instruction):")
     for flags, pool in (("", 1), ("R", 1), ("T", 1), ("Q", 1), ("RM", 2), ("A", 4)):
         bench_act(args.rows, args.n, args.repeat, flags, pool)

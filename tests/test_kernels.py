@@ -19,16 +19,19 @@ REG_NAMES = {name: getattr(D, "REG_" + name.upper()) for name in (
     "act_mult", "act_shift", "act_zero", "act_out", "fn_in_frac", "pool_size", "pool_width",
     "conv_pitch", "conv_kw", "conv_stride", "rep_ub_stride", "rep_acc_stride",
     "rep_host_stride", "dma_host_stride", "dma_ub_stride")}
-# MatrixMultiply's kernels: the portable numba one, OpenBLAS (float), the int8 one (C, VNNI;
-# 16-bit modes on that path still go through OpenBLAS)
-PATHS = ["portable"] + (["blas"] if G.HAVE_BLAS else []) + (["int8"] if N.supported() else [])
+# MatrixMultiply's kernels: the portable numba one, OpenBLAS (float), and the int8 kernel
+# (C) at each instruction-set level this CPU has (16-bit modes on those paths still go
+# through OpenBLAS)
+INT8_LEVELS = {"int8-avx2": N.LEVEL_AVX2, "int8-vnni": N.LEVEL_VNNI}
+PATHS = ["portable"] + (["blas"] if G.HAVE_BLAS else []) + \
+    [path for path, level in INT8_LEVELS.items() if level <= N.cpu_level()]
 
 
 def path_options(path):
     if path is None:
         return {}
-    return dict(use_blas=path == "blas" or (path == "int8" and G.HAVE_BLAS),
-                use_int8=path == "int8")
+    return dict(use_blas=path == "blas" or (path in INT8_LEVELS and G.HAVE_BLAS),
+                int8_level=INT8_LEVELS.get(path, 0))
 
 
 # ----------------------------------------------------------------------------- builders

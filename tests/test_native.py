@@ -12,20 +12,22 @@ from tpuasm.machine import Machine
 from tpuasm.machine import kernels as K
 from tpuasm.machine import native
 
-needs_int8 = pytest.mark.skipif(not native.supported(),
-                                reason="no AVX-512 VNNI or no C compiler on this machine")
+needs_int8 = pytest.mark.skipif(native.cpu_level() == native.LEVEL_NONE,
+                                reason="no AVX2 or no C compiler on this machine")
+LEVELS = [level for level in (native.LEVEL_AVX2, native.LEVEL_VNNI)
+          if level <= native.cpu_level()]
 
 
 def wrap32(values):
     return (np.asarray(values, np.int64) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
 
 
-def run_kernel(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite):
+def run_kernel(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite, level, threads=1):
     n = w.shape[0]
-    packed, bias = np.zeros(n * n, np.int8), np.zeros(n, np.int32)
-    native.pack_tile(w, signed_w, signed_x, packed, bias)
+    packed, bias = np.zeros(2 * n * n, np.int8), np.zeros(n, np.int32)
+    native.pack_tile(w, signed_w, signed_x, level, packed, bias)
     native.mmc_rows(x, rows, len(rows), packed, bias, signed_x, signed_w, acc, acc_row,
-                    overwrite)
+                    overwrite, level, threads)
 
 
 def oracle(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite):
@@ -39,39 +41,44 @@ def oracle(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite):
 
 
 @needs_int8
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("signed_x", [True, False])
 @pytest.mark.parametrize("signed_w", [True, False])
 @pytest.mark.parametrize("overwrite", [True, False])
-@pytest.mark.parametrize("n, m", [(16, 1), (16, 7), (48, 13), (64, 6), (80, 25), (256, 301),
-                                  (1024, 9)])
-def test_kernel_matches_int64_oracle(signed_x, signed_w, overwrite, n, m):
-    """Every signedness, row counts around the 6-row block, widths around the 64-column
-    panel, gathered (reversed, repeated) input rows, accumulating onto random int32s."""
+@pytest.mark.parametrize("n, m, threads", [
+    (16, 1, 1), (16, 7, 1), (48, 13, 1), (64, 6, 1), (80, 25, 1), (256, 301, 1),
+    (1024, 9, 1),
+    (256, 700, 2), (512, 130, 3)])     # over SPLIT_MACS (2^25): shared among threads
+def test_kernel_matches_int64_oracle(level, signed_x, signed_w, overwrite, n, m, threads):
+    """Every signedness, row counts around the 6-row groups and 96-row blocks, widths
+    around the 16- and 64-column panels, gathered (repeated, unordered) input rows,
+    accumulating onto random int32s, on one thread and shared among several."""
     rng = np.random.default_rng(n * 1000 + m)
     x = rng.integers(0, 256, (m + 5, n), dtype=np.uint8)
     w = rng.integers(0, 256, (n, n), dtype=np.uint8)
     rows = rng.integers(0, m + 5, m).astype(np.int64)
     acc = rng.integers(-2**31, 2**31, (m + 4, n)).astype(np.int32)
     want = oracle(x, rows, w, signed_x, signed_w, acc, 3, overwrite)
-    run_kernel(x, rows, w, signed_x, signed_w, acc, 3, overwrite)
+    run_kernel(x, rows, w, signed_x, signed_w, acc, 3, overwrite, level, threads)
     assert np.array_equal(acc, want)
 
 
 @needs_int8
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("byte_x, byte_w, signed_x, signed_w", [
     (0x80, 0x80, True, True),            # -128 * -128 everywhere: sums of +2^14 per term
     (0x80, 0x7F, True, True),
     (0xFF, 0xFF, False, False),          # 255 * 255 * 1024 > 2^26
     (0xFF, 0x80, False, True),
     (0x80, 0xFF, True, False)])
-def test_kernel_extremes_wrap_like_the_accumulators(byte_x, byte_w, signed_x, signed_w):
+def test_kernel_extremes_wrap_like_the_accumulators(level, byte_x, byte_w, signed_x, signed_w):
     n = 1024
     x = np.full((2, n), byte_x, np.uint8)
     w = np.full((n, n), byte_w, np.uint8)
     rows = np.array([0, 1], np.int64)
     acc = np.array([[2**31 - 1] * n, [-2**31] * n], np.int32)
     want = oracle(x, rows, w, signed_x, signed_w, acc, 0, False)
-    run_kernel(x, rows, w, signed_x, signed_w, acc, 0, False)
+    run_kernel(x, rows, w, signed_x, signed_w, acc, 0, False, level)
     assert np.array_equal(acc, want)
 
 
@@ -90,8 +97,8 @@ def mlp(batch=300):
     return Program(body + [I("HLT")])
 
 
-def run_machine(monkeypatch, int8: bool):
-    monkeypatch.setenv("TPUASM_INT8", "1" if int8 else "0")
+def run_machine(monkeypatch, setting: str):
+    monkeypatch.setenv("TPUASM_INT8", setting)
     m = Machine()
     rng = np.random.default_rng(7)
     weights = rng.integers(-128, 128, (4, 256, 256)).astype(np.int8)
@@ -103,19 +110,34 @@ def run_machine(monkeypatch, int8: bool):
 
 
 @needs_int8
-def test_machine_results_equal_on_both_paths(monkeypatch):
-    a, b = run_machine(monkeypatch, True), run_machine(monkeypatch, False)
-    assert a._scratch.options[2] == 1 and b._scratch.options[2] == 0
-    assert np.array_equal(a.acc, b.acc) and np.array_equal(a.ub, b.ub)
-    assert a.cycle == b.cycle and a.counters() == b.counters()
+def test_machine_results_equal_on_every_path(monkeypatch):
+    runs = {setting: run_machine(monkeypatch, setting) for setting in ("", "avx2", "0")}
+    assert runs[""]._scratch.options[2] == native.cpu_level()
+    assert runs["avx2"]._scratch.options[2] == native.LEVEL_AVX2
+    assert runs["0"]._scratch.options[2] == native.LEVEL_NONE
+    float_path = runs["0"]
+    for m in runs.values():
+        assert np.array_equal(m.acc, float_path.acc) and np.array_equal(m.ub, float_path.ub)
+        assert m.cycle == float_path.cycle and m.counters() == float_path.counters()
 
 
 def test_the_int8_path_is_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        K.make_scratch(8, use_int8=True)
+        K.make_scratch(8, int8_level=native.LEVEL_AVX2)
+    with pytest.raises(RuntimeError, match="this one"):
+        K.make_scratch(16, int8_level=native.cpu_level() + 1)
     assert K.make_scratch(8).options[2] == 0             # by default: the float path
     monkeypatch.setenv("TPUASM_INT8", "0")
-    assert not native.enabled() and K.make_scratch(256).options[2] == 0
+    assert native.level() == 0 and K.make_scratch(256).options[2] == 0
+
+
+def test_thread_count_setting(monkeypatch):
+    monkeypatch.setenv("TPUASM_INT8_THREADS", "3")
+    assert native.threads() == 3 and K.make_scratch(16).options[3] == 3
+    monkeypatch.setenv("TPUASM_INT8_THREADS", "100")
+    assert native.threads() == native.MAX_THREADS
+    monkeypatch.setenv("TPUASM_INT8_THREADS", "many")     # not a number: the default
+    assert 1 <= native.threads() <= native.MAX_THREADS
 
 
 def test_a_failed_build_is_noted_and_the_float_path_serves(tmp_path, monkeypatch):
@@ -125,6 +147,6 @@ def test_a_failed_build_is_noted_and_the_float_path_serves(tmp_path, monkeypatch
     with pytest.warns(RuntimeWarning, match="int8 MatrixMultiply kernel is unavailable"):
         assert native.library() is None
     assert (tmp_path / "native-x" / "FAILED").read_text().startswith("RuntimeError")
-    assert not native.supported() and K.make_scratch(256).options[2] == 0
+    assert native.cpu_level() == 0 and K.make_scratch(256).options[2] == 0
     monkeypatch.setattr(native, "_library", None)        # a later process: no second try
     assert native.library() is None

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent.parent          # tpuasm/
-_DEPENDENCIES = ("machine/*.py", "functions.py", "function_tables.npz", "opentpu.py",
+_DEPENDENCIES = ("machine/*.py", "machine/*.c", "functions.py", "function_tables.npz", "opentpu.py",
                  "isa.py", "isa.toml")
 _KEEP = 4                                                   # cache generations kept
 _GRACE_SECONDS = 3600                                       # ... and any used this recently

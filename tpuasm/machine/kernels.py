@@ -40,20 +40,21 @@ execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, p
     Activate's Q is OpenTPU's sigmoid, no requantization, the low 8 bits, one UB row per
     vector; T, M and A work as in the tpu profile).  check_instruction and footprint take
     the same optional trailing `profile` (it changes ACT's UB row count when act_out = 2).
-make_scratch(array_size, chunk_rows=1024, use_blas=None, use_int8=None) -> Scratch
+make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_threads=None)
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
     the converted-weight caches (float, and the int8 kernel's packed tile), their keys and
-    the raw bytes they were converted from, options (use_blas, chunk_rows, use_int8),
-    Activate's row buffer: about 7 MB for N = 256 (the float64 half is touched only by
-    16-bit modes).  use_blas=None means "if gemm.HAVE_BLAS", use_int8=None "if
-    native.enabled() and N is a multiple of 16".  Make one per machine and reuse it.
+    the raw bytes they were converted from, options (use_blas, chunk_rows, int8 level,
+    int8 threads), Activate's row buffer: about 7 MB for N = 256 (the float64 half is
+    touched only by 16-bit modes).  use_blas=None means "if gemm.HAVE_BLAS";
+    int8_level=None means native.level() when N is a multiple of 16 (0: the float path),
+    int8_threads=None native.threads().  Make one per machine and reuse it.
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
     image never needs an explicit invalidation.
 
 MatrixMultiply on two 8-bit operands runs on the int8 kernel (native.py, mmc_int8.c:
-integer products summed in int32 by AVX-512 VNNI, straight from the UB into the
-accumulators) when use_int8 is set.  Otherwise it runs as an exact float GEMM (gemm.py):
+integer products summed in int32 with AVX-512 VNNI or AVX2, straight from the UB into the
+accumulators) when the int8 level is not 0.  Otherwise it runs as an exact float GEMM (gemm.py):
 float32 for 8-bit operands, float64 when either side is 16-bit (H or D), chunked
 `chunk_rows` output vectors at a time, then an int32 wrapping accumulate.  Register limits,
 opcodes and the sigmoid/tanh tables are module globals, which numba freezes into the
@@ -105,11 +106,11 @@ _KEY_EMPTY = -2
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
                                  "raw32", "raw64", "options", "row_buf", "packed8", "bias8",
                                  "key8", "raw8", "rows8"])
-_OPT_BLAS, _OPT_CHUNK, _OPT_INT8 = 0, 1, 2
+_OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
 
 
 def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None,
-                 use_int8: bool | None = None) -> Scratch:
+                 int8_level: int | None = None, int8_threads: int | None = None) -> Scratch:
     """Preallocated buffers for execute_instruction (see the module docstring)."""
     n = int(array_size)
     chunk = max(1, int(chunk_rows))
@@ -117,23 +118,25 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         use_blas = _gemm.HAVE_BLAS
     if use_blas and not _gemm.HAVE_BLAS:
         raise RuntimeError("OpenBLAS from numpy's wheel was not found; use use_blas=False")
-    if use_int8 is None:
-        use_int8 = n % 16 == 0 and _native.enabled()
-    if use_int8 and not (n % 16 == 0 and _native.supported()):
-        raise RuntimeError("the int8 kernel needs AVX-512 VNNI, a C compiler and an array "
-                           "size that is a multiple of 16; use use_int8=False")
-    int8_n = n if use_int8 else 0               # nothing to allocate for an unused path
+    if int8_level is None:
+        int8_level = _native.level() if n % 16 == 0 else _native.LEVEL_NONE
+    if int8_level and not (n % 16 == 0 and int8_level <= _native.cpu_level()):
+        raise RuntimeError(f"the int8 kernel at level {int8_level} needs a C compiler, a CPU "
+                           f"with that level (this one: {_native.cpu_level()}) and an array "
+                           f"size that is a multiple of 16; use int8_level=0")
+    threads = _native.threads() if int8_threads is None else max(1, int(int8_threads))
+    int8_n = n if int8_level else 0             # nothing to allocate for an unused path
     return Scratch(
         x32=np.zeros((chunk, n), np.float32), c32=np.zeros((chunk, n), np.float32),
         x64=np.zeros((chunk, n), np.float64), c64=np.zeros((chunk, n), np.float64),
         w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
         key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
-        options=np.array([1 if use_blas else 0, chunk, 1 if use_int8 else 0], np.int64),
+        options=np.array([1 if use_blas else 0, chunk, int8_level, threads], np.int64),
         row_buf=np.zeros((2, n), np.int64),
-        packed8=np.zeros(int8_n * int8_n, np.int8), bias8=np.zeros(int8_n, np.int32),
+        packed8=np.zeros(2 * int8_n * int8_n, np.int8), bias8=np.zeros(int8_n, np.int32),
         key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((1, int8_n, int8_n), np.uint8),
-        rows8=np.zeros(chunk if use_int8 else 0, np.int64))
+        rows8=np.zeros(chunk if int8_level else 0, np.int64))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -611,7 +614,8 @@ def _active_packed(weights, active, flags, scratch):
     mode = flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN)
     if not _tile_unchanged(weights, active, False, mode, scratch.key8, scratch.raw8):
         _native.pack_tile(weights[active[0]], (flags & MMC_UNSIGNED_W) == 0,
-                          (flags & MMC_UNSIGNED_IN) == 0, scratch.packed8, scratch.bias8)
+                          (flags & MMC_UNSIGNED_IN) == 0, scratch.options[_OPT_INT8],
+                          scratch.packed8, scratch.bias8)
         _remember_tile(weights, active, False, mode, scratch.key8, scratch.raw8)
 
 
@@ -710,7 +714,8 @@ def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
         for r in range(m):
             rows[r] = _input_row(first + r, ub_base, 1, conv_width, pitch, stride, dy, dx)
         _native.mmc_rows(ub, rows, m, scratch.packed8, scratch.bias8, signed_x, signed_w,
-                         acc, acc_base + first, overwrite)
+                         acc, acc_base + first, overwrite, scratch.options[_OPT_INT8],
+                         scratch.options[_OPT_INT8_THREADS])
 
 
 @njit(cache=True)

@@ -1,61 +1,103 @@
-/* MatrixMultiply on 8-bit operands as the TPU does it: integer products summed in int32,
- * using the CPU's AVX-512 VNNI instruction vpdpbusd (unsigned byte x signed byte, four
- * products summed into each int32 lane).  Built and loaded by native.py; called from the
- * numba core (kernels.py) whenever both operands are 8-bit and the array size is a multiple
- * of 16.  The float path (gemm.py) serves every other case and every other CPU.
+/* MatrixMultiply on 8-bit operands as the TPU does it: integer products summed in int32.
+ * Built and loaded by native.py; called from the numba core (kernels.py) whenever both
+ * operands are 8-bit and the array size is a multiple of 16.  The float path (gemm.py)
+ * serves every other case and CPUs without AVX2.
  *
- * vpdpbusd wants one unsigned and one signed operand, whatever the instruction's U and W
- * flags say, so both are shifted into those ranges and the shift is paid back exactly:
- *     a = x + ox  (u8; ox = 128 for signed inputs, else 0: the byte XOR 0x80)
- *     b = w - ow  (s8; ow = 128 for unsigned weights, else 0: the byte XOR 0x80)
- *     sum_k a*b = sum_k x*w - ow * sum_k x + ox * sum_k w - ox * ow * K, and with
- *     sum_k x = sum_k a - ox * K the K terms cancel:
- *     sum_k x*w = sum_k a*b + ow * sum_k a - ox * sum_k w
- * The weight term (bias[j]) is computed once per tile by tpuasm_i8_pack; the input term
- * only exists with unsigned weights (ow = 128) and is summed per input row.  Every sum is exact modulo 2^32,
- * and the accumulators wrap modulo 2^32 anyway (spec/isa.md), so no bound on K is needed.
+ * Two instruction-set levels, chosen at run time (tpuasm_i8_level):
+ *
+ * LEVEL_VNNI (AVX-512 VNNI): vpdpbusd multiplies unsigned by signed bytes and sums four
+ *   products into each int32 lane.  Whatever the instruction's U and W flags say, both
+ *   operands are shifted into those ranges and the shift is paid back exactly:
+ *       a = x + ox  (u8; ox = 128 for signed inputs, else 0: the byte XOR 0x80)
+ *       b = w - ow  (s8; ow = 128 for unsigned weights, else 0: the byte XOR 0x80)
+ *       sum_k a*b = sum_k x*w - ow * sum_k x + ox * sum_k w - ox * ow * K, and with
+ *       sum_k x = sum_k a - ox * K the K terms cancel:
+ *       sum_k x*w = sum_k a*b + ow * sum_k a - ox * sum_k w
+ *   The weight term (bias[j]) is computed once per tile when it is packed; the input term
+ *   only exists with unsigned weights (ow = 128) and is summed per input row.
+ *
+ * LEVEL_AVX2: vpmaddwd multiplies int16 pairs and sums each pair into an int32 lane.  The
+ *   operands' true values fit int16, so no shift is needed: the weights are packed as
+ *   int16 pairs, each input row is widened to int16 once per group of rows.
+ *
+ * Every sum is exact modulo 2^32, and the accumulators wrap modulo 2^32 anyway
+ * (spec/isa.md), so no bound on K is needed.  A call of enough work splits its rows into
+ * blocks that the calling thread and one worker thread per extra core take in turn from a
+ * shared counter, so a core that another process keeps busy simply takes fewer blocks.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
+enum { LEVEL_NONE = 0, LEVEL_AVX2 = 1, LEVEL_VNNI = 2 };
+enum { MAX_THREADS = 8 };
+enum { BLOCK_ROWS = 96 };                 /* rows per work item: a multiple of both groups */
+static const int64_t SPLIT_MACS = 1 << 25;   /* below this, starting threads costs more */
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define TPUASM_VNNI 1
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define TPUASM_X86 1
 #define INLINE static inline __attribute__((always_inline))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define AVX2 __attribute__((target("avx2")))
 #endif
 
-enum { ROWS = 6, PANEL = 4 };   /* 6 rows x 64 columns: 24 accumulators + 4 weight registers */
-
-int tpuasm_i8_supported(void)
+int tpuasm_i8_level(void)
 {
-#ifdef TPUASM_VNNI
+#ifdef TPUASM_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vnni");
-#else
-    return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+            && __builtin_cpu_supports("avx512vnni"))
+        return LEVEL_VNNI;
+    if (__builtin_cpu_supports("avx2"))
+        return LEVEL_AVX2;
 #endif
+    return LEVEL_NONE;
 }
 
-/* packed[k/4][j][k%4] = b = w[k][j] - ow for the (n x n) tile w (row k feeds input k);
- * bias[j] = -ox * sum_k w[k][j].  Requires n % 4 == 0. */
-void tpuasm_i8_pack(const uint8_t *w, int64_t n, int32_t signed_w, int32_t signed_x,
-                    int8_t *packed, int32_t *bias)
+static int64_t true_value(uint8_t byte, int32_t is_signed)
 {
+    return is_signed ? (int8_t)byte : byte;
+}
+
+/* The (n x n) tile w (row k feeds input k) in the layout of `level`; n % 16 == 0.
+ * VNNI: packed int8 [k/4][j][k%4] = w - ow, bias[j] = -ox * sum_k w[k][j].
+ * AVX2: packed int16 [k/2][j][k%2] = w (2 n^2 bytes), bias unused. */
+void tpuasm_i8_pack(const uint8_t *w, int64_t n, int32_t signed_w, int32_t signed_x,
+                    int32_t level, int8_t *packed, int32_t *bias)
+{
+    int16_t *pairs = (int16_t *)packed;
     const uint32_t ox = signed_x ? 128u : 0u;
     for (int64_t j = 0; j < n; j++) {
         uint32_t column = 0;
         for (int64_t k = 0; k < n; k++) {
             uint8_t byte = w[k * n + j];
-            column += signed_w ? (uint32_t)(int32_t)(int8_t)byte : (uint32_t)byte;
-            packed[((k / 4) * n + j) * 4 + k % 4] = (int8_t)(byte ^ (signed_w ? 0 : 0x80));
+            column += (uint32_t)true_value(byte, signed_w);
+            if (level == LEVEL_VNNI)
+                packed[((k / 4) * n + j) * 4 + k % 4] = (int8_t)(byte ^ (signed_w ? 0 : 0x80));
+            else
+                pairs[((k / 2) * n + j) * 2 + k % 2] = (int16_t)true_value(byte, signed_w);
         }
         bias[j] = (int32_t)(0u - ox * column);
     }
 }
 
-#ifdef TPUASM_VNNI
+struct job {
+    const uint8_t *ub;
+    const int64_t *ub_rows;
+    int64_t m, n;
+    const void *packed;
+    const int32_t *bias;
+    int32_t signed_x, signed_w, overwrite, level;
+    int32_t *acc;
+    int64_t acc_row;
+    int64_t next_block;                   /* shared: the next block to take */
+};
+
+#ifdef TPUASM_X86
+/* ------------------------------------------------------------------ AVX-512 VNNI */
+enum { VNNI_ROWS = 6, VNNI_VECTORS = 4 };    /* 6 x 64: 24 accumulators + 4 weight registers */
+
 /* ow * sum_k a for one input row with unsigned weights (ow = 128). */
 static int32_t row_term(const uint8_t *x, int64_t n, int32_t signed_x)
 {
@@ -65,20 +107,20 @@ static int32_t row_term(const uint8_t *x, int64_t n, int32_t signed_x)
     return (int32_t)(128u * total);
 }
 
-/* `rows` (1..ROWS) input rows x `vectors` (1..PANEL) groups of 16 columns from column j0. */
-INLINE TARGET void block(int rows, int vectors, const uint8_t *const *x, int64_t n,
-                         const int32_t *packed, const int32_t *bias, int64_t j0,
-                         const int32_t *row_terms, __m512i flip, int32_t *const *out,
-                         int overwrite)
+/* `rows` input rows x `vectors` groups of 16 columns from column j0. */
+INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int64_t n,
+                            const int32_t *packed, const int32_t *bias, int64_t j0,
+                            const int32_t *row_terms, __m512i flip, int32_t *const *out,
+                            int overwrite)
 {
-    __m512i c[ROWS][PANEL];
+    __m512i c[VNNI_ROWS][VNNI_VECTORS];
     for (int i = 0; i < rows; i++) {
         const __m512i shift = _mm512_set1_epi32(row_terms[i]);
         for (int v = 0; v < vectors; v++)
             c[i][v] = _mm512_add_epi32(_mm512_loadu_si512(bias + j0 + 16 * v), shift);
     }
     for (int64_t k4 = 0; k4 < n / 4; k4++) {
-        __m512i b[PANEL];
+        __m512i b[VNNI_VECTORS];
         for (int v = 0; v < vectors; v++)
             b[v] = _mm512_loadu_si512(packed + k4 * n + j0 + 16 * v);
         for (int i = 0; i < rows; i++) {
@@ -97,61 +139,154 @@ INLINE TARGET void block(int rows, int vectors, const uint8_t *const *x, int64_t
         }
 }
 
-/* The compiler must see constant row and vector counts to keep the accumulators in
- * registers: one instantiation per count. */
-#define ROWS_CASES(V)                                                                   \
-    switch (rows) {                                                                     \
-    case 6: block(6, V, x, n, packed, bias, j0, row_terms, flip, out, overwrite); break; \
-    case 5: block(5, V, x, n, packed, bias, j0, row_terms, flip, out, overwrite); break; \
-    case 4: block(4, V, x, n, packed, bias, j0, row_terms, flip, out, overwrite); break; \
-    case 3: block(3, V, x, n, packed, bias, j0, row_terms, flip, out, overwrite); break; \
-    case 2: block(2, V, x, n, packed, bias, j0, row_terms, flip, out, overwrite); break; \
-    default: block(1, V, x, n, packed, bias, j0, row_terms, flip, out, overwrite); break; \
+/* The compiler must see constant counts to keep the accumulators in registers: one
+ * instantiation per count. */
+#define VNNI_ROWS_CASES(V)                                                                 \
+    switch (rows) {                                                                        \
+    case 6: vnni_block(6, V, x, n, packed, job->bias, j0, terms, flip, out, ov); break;   \
+    case 5: vnni_block(5, V, x, n, packed, job->bias, j0, terms, flip, out, ov); break;   \
+    case 4: vnni_block(4, V, x, n, packed, job->bias, j0, terms, flip, out, ov); break;   \
+    case 3: vnni_block(3, V, x, n, packed, job->bias, j0, terms, flip, out, ov); break;   \
+    case 2: vnni_block(2, V, x, n, packed, job->bias, j0, terms, flip, out, ov); break;   \
+    default: vnni_block(1, V, x, n, packed, job->bias, j0, terms, flip, out, ov); break;  \
     }
-#endif
 
-#ifdef TPUASM_VNNI
-static TARGET void mmc_vnni(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t n,
-                            const int32_t *packed, const int32_t *bias, int32_t signed_x,
-                            int32_t signed_w, int32_t *acc, int64_t acc_row, int32_t overwrite)
+/* Rows r0..r1-1: a 64-column panel of the tile (K x 64 bytes, 16 KB at n = 256, stays in
+ * L1) against every row of the range, then the next panel. */
+static VNNI void vnni_rows(const struct job *job, int64_t r0, int64_t r1)
 {
-    const __m512i flip = _mm512_set1_epi32(signed_x ? (int32_t)0x80808080u : 0);
-    for (int64_t j0 = 0; j0 < n; j0 += 16 * PANEL) {
-        int vectors = (n - j0) >= 16 * PANEL ? PANEL : (int)((n - j0) / 16);
-        for (int64_t r = 0; r < m; r += ROWS) {
-            int rows = (m - r) < ROWS ? (int)(m - r) : ROWS;
-            const uint8_t *x[ROWS];
-            int32_t *out[ROWS];
-            int32_t row_terms[ROWS];
+    const int64_t n = job->n;
+    const int32_t *packed = (const int32_t *)job->packed;
+    const __m512i flip = _mm512_set1_epi32(job->signed_x ? (int32_t)0x80808080u : 0);
+    const int ov = job->overwrite;
+    for (int64_t j0 = 0; j0 < n; j0 += 16 * VNNI_VECTORS) {
+        int vectors = (n - j0) >= 16 * VNNI_VECTORS ? VNNI_VECTORS : (int)((n - j0) / 16);
+        for (int64_t r = r0; r < r1; r += VNNI_ROWS) {
+            int rows = (r1 - r) < VNNI_ROWS ? (int)(r1 - r) : VNNI_ROWS;
+            const uint8_t *x[VNNI_ROWS];
+            int32_t *out[VNNI_ROWS];
+            int32_t terms[VNNI_ROWS];
             for (int i = 0; i < rows; i++) {
-                x[i] = ub + ub_rows[r + i] * n;
-                out[i] = acc + (acc_row + r + i) * n;
-                row_terms[i] = signed_w ? 0 : row_term(x[i], n, signed_x);
+                x[i] = job->ub + job->ub_rows[r + i] * n;
+                out[i] = job->acc + (job->acc_row + r + i) * n;
+                terms[i] = job->signed_w ? 0 : row_term(x[i], n, job->signed_x);
             }
             switch (vectors) {
-            case 4: ROWS_CASES(4) break;
-            case 3: ROWS_CASES(3) break;
-            case 2: ROWS_CASES(2) break;
-            default: ROWS_CASES(1) break;
+            case 4: VNNI_ROWS_CASES(4) break;
+            case 3: VNNI_ROWS_CASES(3) break;
+            case 2: VNNI_ROWS_CASES(2) break;
+            default: VNNI_ROWS_CASES(1) break;
             }
         }
     }
 }
+
+/* ------------------------------------------------------------------ AVX2 */
+enum { AVX2_ROWS = 4, AVX2_VECTORS = 2 };    /* 4 x 16: 8 accumulators, no spills (6 spilled) */
+
+/* `rows` widened input rows (x[i]: n int16) x 16 columns from column j0. */
+INLINE AVX2 void avx2_block(int rows, const int16_t *const *x, int64_t n,
+                            const int32_t *pairs, int64_t j0, int32_t *const *out,
+                            int overwrite)
+{
+    __m256i c[AVX2_ROWS][AVX2_VECTORS];
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < AVX2_VECTORS; v++)
+            c[i][v] = _mm256_setzero_si256();
+    for (int64_t k2 = 0; k2 < n / 2; k2++) {
+        const __m256i b0 = _mm256_loadu_si256((const __m256i *)(pairs + k2 * n + j0));
+        const __m256i b1 = _mm256_loadu_si256((const __m256i *)(pairs + k2 * n + j0 + 8));
+        for (int i = 0; i < rows; i++) {
+            int32_t two;
+            memcpy(&two, x[i] + 2 * k2, 4);
+            const __m256i a = _mm256_set1_epi32(two);
+            c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(a, b0));
+            c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(a, b1));
+        }
+    }
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < AVX2_VECTORS; v++) {
+            __m256i *p = (__m256i *)(out[i] + j0 + 8 * v);
+            __m256i sum = overwrite ? c[i][v] : _mm256_add_epi32(c[i][v], _mm256_loadu_si256(p));
+            _mm256_storeu_si256(p, sum);
+        }
+}
+
+/* Rows r0..r1-1, four at a time: widen them to int16 once (on the stack: 12 n bytes), then
+ * every 16-column panel. */
+static AVX2 void avx2_rows(const struct job *job, int64_t r0, int64_t r1)
+{
+    const int64_t n = job->n;
+    int16_t widened[AVX2_ROWS * n];
+    const int32_t *pairs = (const int32_t *)job->packed;
+    const int ov = job->overwrite;
+    for (int64_t r = r0; r < r1; r += AVX2_ROWS) {
+        int rows = (r1 - r) < AVX2_ROWS ? (int)(r1 - r) : AVX2_ROWS;
+        const int16_t *x[AVX2_ROWS];
+        int32_t *out[AVX2_ROWS];
+        for (int i = 0; i < rows; i++) {
+            const uint8_t *bytes = job->ub + job->ub_rows[r + i] * n;
+            int16_t *row = widened + i * n;
+            for (int64_t k = 0; k < n; k++)
+                row[k] = (int16_t)true_value(bytes[k], job->signed_x);
+            x[i] = row;
+            out[i] = job->acc + (job->acc_row + r + i) * n;
+        }
+        for (int64_t j0 = 0; j0 < n; j0 += 8 * AVX2_VECTORS)
+            switch (rows) {
+            case 4: avx2_block(4, x, n, pairs, j0, out, ov); break;
+            case 3: avx2_block(3, x, n, pairs, j0, out, ov); break;
+            case 2: avx2_block(2, x, n, pairs, j0, out, ov); break;
+            default: avx2_block(1, x, n, pairs, j0, out, ov); break;
+            }
+    }
+}
 #endif
 
+/* Take blocks from the shared counter until none is left. */
+static void work(struct job *job)
+{
+#ifdef TPUASM_X86
+    const int64_t blocks = (job->m + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    for (;;) {
+        int64_t b = __atomic_fetch_add(&job->next_block, 1, __ATOMIC_RELAXED);
+        if (b >= blocks)
+            break;
+        int64_t r0 = b * BLOCK_ROWS, r1 = r0 + BLOCK_ROWS < job->m ? r0 + BLOCK_ROWS : job->m;
+        if (job->level == LEVEL_VNNI)
+            vnni_rows(job, r0, r1);
+        else
+            avx2_rows(job, r0, r1);
+    }
+#else
+    (void)job;
+#endif
+}
+
+static void *worker(void *arg)
+{
+    work((struct job *)arg);
+    return NULL;
+}
+
 /* Accumulator rows acc_row + r (r < m) get (overwrite) or add (wrapping) the products of
- * UB row ub_rows[r] with the packed tile.  ub and acc are (rows x n) C arrays, n % 16 == 0.
- * Loop order: a 64-column panel of the tile (K x 64 bytes, 16 KB at n = 256, stays in L1)
- * against every input row, then the next panel.  Call only if tpuasm_i8_supported(). */
+ * UB row ub_rows[r] with the tile packed for `level`, on up to `threads` threads.  ub and
+ * acc are (rows x n) C arrays, n % 16 == 0.  Call only with 0 < level <= tpuasm_i8_level().
+ * A helper thread that cannot be started leaves its blocks to the others. */
 void tpuasm_i8_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t n,
                    const int8_t *packed, const int32_t *bias, int32_t signed_x,
-                   int32_t signed_w, int32_t *acc, int64_t acc_row, int32_t overwrite)
+                   int32_t signed_w, int32_t *acc, int64_t acc_row, int32_t overwrite,
+                   int32_t level, int32_t threads)
 {
-#ifdef TPUASM_VNNI
-    mmc_vnni(ub, ub_rows, m, n, (const int32_t *)packed, bias, signed_x, signed_w, acc,
-             acc_row, overwrite);
-#else
-    (void)ub; (void)ub_rows; (void)m; (void)n; (void)packed; (void)bias;
-    (void)signed_x; (void)signed_w; (void)acc; (void)acc_row; (void)overwrite;
-#endif
+    struct job job = {ub, ub_rows, m, n, packed, bias, signed_x, signed_w, overwrite, level,
+                      acc, acc_row, 0};
+    pthread_t helpers[MAX_THREADS];
+    int started = 0;
+    if (m * n * n >= SPLIT_MACS && m > BLOCK_ROWS)
+        while (started < threads - 1 && started < MAX_THREADS
+               && pthread_create(&helpers[started], NULL, worker, &job) == 0)
+            started++;
+    work(&job);
+    for (int i = 0; i < started; i++)
+        pthread_join(helpers[i], NULL);
 }

@@ -1,25 +1,30 @@
 """The machine's C kernel (mmc_int8.c): 8-bit MatrixMultiply as integer products summed in
-int32, on CPUs with AVX-512 VNNI.
+int32, the way the TPU's array computes.
 
 Why.  The float path (gemm.py) converts every input vector to float32, runs OpenBLAS's
 sgemm and converts the products back to int32: on the 2-core machines it reached 0.71-0.79
 of np.matmul's speed, the conversions running on one core while OpenBLAS's second thread
-spun.  vpdpbusd multiplies bytes and sums them into int32 lanes, four products per lane per
-instruction, which is what the TPU's array does: no conversion, no float, four times the
-multiplies per instruction of a float32 FMA.  One thread runs at ~180-220 GMAC/s where
-np.matmul with two reaches ~90 (benchmarks/bench_emulator.py 1).
+spun.  The integer kernel reads the UB's bytes and writes the accumulators directly:
+with AVX-512 VNNI (vpdpbusd: four byte products summed into each int32 lane) one thread
+runs at ~160-220 GMAC/s where np.matmul with two reaches ~95; with AVX2 (vpmaddwd on
+int16 pairs) at about sgemm's speed per thread, without the conversions.  Calls of enough
+work share their rows among the cores (benchmarks/bench_emulator.py 1, bench_kernels.py).
 
-How.  The source is compiled once with the system C compiler (`cc -O3 -shared`; the vector
-code is enabled per function, so the build works on any x86-64 compiler and CPU) into
-~/.cache/tpuasm/native-<key>/, keyed by the source, and loaded with RTLD_GLOBAL; numba's
-JIT finds its functions through symbols registered with LLVM, the ahead-of-time core
-(aot.py) through the dynamic linker.  Without a compiler (the JIT then needs stubs for the
-names, which are never called), on another CPU, for 16-bit operands, for an array size that
-is not a multiple of 16, or with TPUASM_INT8=0, MatrixMultiply takes the float path.  Both
-paths are exact; the tests run both.
+How.  The source is compiled once with the system C compiler (`cc -O3 -pthread -shared`;
+the vector code is enabled per function, so the build works with any x86-64 compiler on
+any CPU) into ~/.cache/tpuasm/native-<key>/, keyed by the source, and loaded with
+RTLD_GLOBAL: numba's JIT finds its functions through symbols registered with LLVM, the
+ahead-of-time core (aot.py) through the dynamic linker.  Without a compiler (the JIT then
+binds the names to stubs that are never called), on a CPU without AVX2, for 16-bit
+operands, for an array size that is not a multiple of 16, or with TPUASM_INT8=0,
+MatrixMultiply takes the float path.  TPUASM_INT8=avx2 caps the kernel at AVX2 (to measure
+or test that level on a VNNI machine); TPUASM_INT8_THREADS=n sets its thread count
+(default: the cores this process may run on, at most 8).  Every path is exact; the tests
+run each one this CPU has.
 
-Python helpers: library() (the loaded ctypes library or None), supported() (the CPU can run
-it), enabled() (the machine will use it: supported and not turned off).
+Python helpers: library() (the loaded ctypes library or None), cpu_level() (LEVEL_NONE,
+LEVEL_AVX2 or LEVEL_VNNI: what this CPU and build can run), level() (what the machine will
+use), threads().
 """
 from __future__ import annotations
 
@@ -38,6 +43,8 @@ import numpy as np
 from .jit import njit, on_materialize
 from .jitcache import FAILED, build_once, cache_root, install, note_failure
 
+LEVEL_NONE, LEVEL_AVX2, LEVEL_VNNI = 0, 1, 2          # as in mmc_int8.c
+MAX_THREADS = 8
 SOURCE = Path(__file__).with_name("mmc_int8.c")
 LIBRARY = "libtpuasm_mmc_int8.so"
 MMC_SYMBOL = "tpuasm_i8_mmc"
@@ -64,7 +71,7 @@ def build(where: Path) -> None:
     """Compile the source into `where` (atomically: a temporary directory renamed)."""
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
     try:
-        command = [*_compiler(), "-O3", "-shared", "-fPIC", "-o", str(tmp / LIBRARY),
+        command = [*_compiler(), "-O3", "-pthread", "-shared", "-fPIC", "-o", str(tmp / LIBRARY),
                    str(SOURCE)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS)
         if done.returncode != 0:
@@ -91,7 +98,7 @@ def library():
         if not (where / LIBRARY).exists():
             return None
         lib = ctypes.CDLL(str(where / LIBRARY), mode=ctypes.RTLD_GLOBAL)
-        lib.tpuasm_i8_supported.restype = ctypes.c_int
+        lib.tpuasm_i8_level.restype = ctypes.c_int
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         note_failure(where, e, "the int8 MatrixMultiply kernel is unavailable; using the "
                                "float path")
@@ -100,19 +107,41 @@ def library():
     return lib
 
 
-def supported() -> bool:
+def cpu_level() -> int:
+    """The best level this CPU and the built library can run."""
     lib = library()
-    return lib is not None and bool(lib.tpuasm_i8_supported())
+    return int(lib.tpuasm_i8_level()) if lib is not None else LEVEL_NONE
 
 
-def enabled() -> bool:
-    return os.environ.get("TPUASM_INT8", "1") != "0" and supported()
+def level() -> int:
+    """The level the machine uses: cpu_level(), capped by TPUASM_INT8 ("0": none,
+    "avx2": at most AVX2)."""
+    setting = os.environ.get("TPUASM_INT8", "").strip().lower()
+    if setting in ("0", "off", "no"):
+        return LEVEL_NONE
+    best = cpu_level()
+    return min(best, LEVEL_AVX2) if setting == "avx2" else best
+
+
+def threads() -> int:
+    """Threads a large MatrixMultiply may use: TPUASM_INT8_THREADS, else the cores this
+    process may run on (at most MAX_THREADS)."""
+    try:
+        wanted = int(os.environ.get("TPUASM_INT8_THREADS", "0"))
+    except ValueError:
+        wanted = 0
+    if wanted <= 0:
+        try:
+            wanted = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            wanted = os.cpu_count() or 1
+    return max(1, min(wanted, MAX_THREADS))
 
 
 def _bind_numba() -> None:
     """Register the kernel's symbols with LLVM and declare them to numba (see jit.py).
     Without the library the names are bound to do-nothing C callbacks: never called
-    (enabled() is False), but the compiled code must link."""
+    (level() is LEVEL_NONE), but the compiled code must link."""
     global _keep_alive, i8_mmc, i8_pack
     import llvmlite.binding as llvm
     from numba import types
@@ -120,18 +149,20 @@ def _bind_numba() -> None:
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
     i32p, i64p = types.CPointer(types.int32), types.CPointer(types.int64)
     i32, i64 = types.int32, types.int64
-    # tpuasm_i8_mmc(ub, ub_rows, m, n, packed, bias, signed_x, signed_w, acc, acc_row, overwrite)
-    mmc_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32)
-    # tpuasm_i8_pack(w, n, signed_w, signed_x, packed, bias)
-    pack_sig = types.void(u8p, i64, i32, i32, i8p, i32p)
+    # tpuasm_i8_mmc(ub, ub_rows, m, n, packed, bias, signed_x, signed_w, acc, acc_row,
+    #               overwrite, level, threads)
+    mmc_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32, i32, i32)
+    # tpuasm_i8_pack(w, n, signed_w, signed_x, level, packed, bias)
+    pack_sig = types.void(u8p, i64, i32, i32, i32, i8p, i32p)
     lib = library()
     if lib is not None:
         addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
                      for name in (MMC_SYMBOL, PACK_SYMBOL)]
     else:
         p, i, i32c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-        stubs = (ctypes.CFUNCTYPE(None, p, p, i, i, p, p, i32c, i32c, p, i, i32c)(lambda *a: None),
-                 ctypes.CFUNCTYPE(None, p, i, i32c, i32c, p, p)(lambda *a: None))
+        stubs = (ctypes.CFUNCTYPE(None, p, p, i, i, p, p, i32c, i32c, p, i, i32c, i32c,
+                                  i32c)(lambda *a: None),
+                 ctypes.CFUNCTYPE(None, p, i, i32c, i32c, i32c, p, p)(lambda *a: None))
         _keep_alive = stubs
         addresses = [ctypes.cast(s, ctypes.c_void_p).value for s in stubs]
     llvm.add_symbol(MMC_SYMBOL, addresses[0])
@@ -145,16 +176,19 @@ on_materialize(_bind_numba)
 
 
 @njit(cache=True)
-def pack_tile(tile, signed_w, signed_x, packed, bias):
-    """packed, bias = the (n, n) uint8 weight tile in the kernel's layout (enabled() only)."""
-    i8_pack(tile.ctypes, tile.shape[0], np.int32(signed_w), np.int32(signed_x), packed.ctypes,
-            bias.ctypes)
+def pack_tile(tile, signed_w, signed_x, level, packed, bias):
+    """packed, bias = the (n, n) uint8 weight tile in the layout of `level` (packed holds
+    2 n^2 bytes)."""
+    i8_pack(tile.ctypes, tile.shape[0], np.int32(signed_w), np.int32(signed_x),
+            np.int32(level), packed.ctypes, bias.ctypes)
 
 
 @njit(cache=True)
-def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, overwrite):
+def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, overwrite,
+             level, threads):
     """acc[acc_row + r] (+)= ub[ub_rows[r]] @ the packed tile, for r < m, int32 wrapping."""
     if m <= 0:
         return
     i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
-           np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite))
+           np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite),
+           np.int32(level), np.int32(threads))
