@@ -5,7 +5,8 @@ core.py inlines kernels from kernels.py and gemm.py and freezes module-level tab
 (ISA constants, the sigmoid/tanh tables, OpenTPU's sigmoid steps) into its machine code,
 so after an edit to any of those a plain `cache=True` would keep serving the old code.
 Instead, the machine's modules are compiled into a cache directory named by a hash of all
-of those sources: any edit starts a fresh cache, an unchanged tree starts warm.
+of those sources (and of the C kernel's, mmc_int8.c, which the compiled code calls by
+name): any edit starts a fresh cache, an unchanged tree starts warm.
 
 `NUMBA_CACHE_DIR`, when the user sets it, wins.  The directory is chosen only while this
 package's modules are being imported (their `@njit(cache=True)` decorators read it), then
@@ -23,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent.parent          # tpuasm/
-_DEPENDENCIES = ("machine/*.py", "machine/*.c", "functions.py", "function_tables.npz", "opentpu.py",
-                 "isa.py", "isa.toml")
+_DEPENDENCIES = ("machine/*.py", "machine/*.c", "functions.py", "function_tables.npz",
+                 "opentpu.py", "isa.py", "isa.toml")
 _KEEP = 4                                                   # cache generations kept
 _GRACE_SECONDS = 3600                                       # ... and any used this recently
 
