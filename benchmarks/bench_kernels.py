@@ -6,7 +6,9 @@ GEMM: the exact float32 GEMM behind MatrixMultiply's float path (OpenBLAS throug
 the portable numba kernel) against np.matmul on the same float32 operands.  MMC: whole
 instructions through execute_instruction: on the int8 kernel (native.py) where this CPU has
 it and the operands are 8-bit, else on the float path (UB byte -> float conversion, GEMM,
-int32 accumulate), and MMC.O on each float path for comparison.
+int32 accumulate), and MMC.O on each float path for comparison.  The int8 kernel runs
+first: after an OpenBLAS call OpenBLAS's idle workers spin for a while and would take the
+core its helper thread uses.
 ACT: Activate rows per second.
 """
 from __future__ import annotations
@@ -108,16 +110,21 @@ def main():
         G.set_blas_threads(args.blas_threads)
     print(f"OpenBLAS: {'yes' if G.HAVE_BLAS else 'not found'}, threads {G.blas_threads()}; "
           f"{LEVEL_NAMES.get(N.level(), 'no int8 kernel')}, {N.threads()} threads")
-    bench_gemm(args.rows, args.n, args.repeat)
-    print("MatrixMultiply (execute_instruction):")
     level = N.level() if args.n % 16 == 0 else N.LEVEL_NONE
-    for flags in ("O", "", "U", "H", "D", "HD"):
-        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, level)
+    # The int8 kernel first: after any OpenBLAS call its idle workers spin for a while
+    # (OPENBLAS_THREAD_TIMEOUT) and take the core the kernel's helper thread would use.
+    print("MatrixMultiply (execute_instruction):")
+    if level:
+        for flags in ("O", "", "U"):
+            bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, level)
     if level == N.LEVEL_VNNI:
         bench_mmc(args.rows, args.n, args.repeat, "O", G.HAVE_BLAS, N.LEVEL_AVX2)
+    for flags in ("H", "D", "HD") if level else ("O", "", "U", "H", "D", "HD"):
+        bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, level)
     if level and G.HAVE_BLAS:
         bench_mmc(args.rows, args.n, args.repeat, "O", True, N.LEVEL_NONE)
     bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False, N.LEVEL_NONE)
+    bench_gemm(args.rows, args.n, args.repeat)
     print("Activate (execute_instruction):")
     for flags, pool in (("", 1), ("R", 1), ("T", 1), ("Q", 1), ("RM", 2), ("A", 4)):
         bench_act(args.rows, args.n, args.repeat, flags, pool)

@@ -82,6 +82,75 @@ def test_kernel_extremes_wrap_like_the_accumulators(level, byte_x, byte_w, signe
     assert np.array_equal(acc, want)
 
 
+def _threaded_case(seed=0):
+    """A call big enough to be shared among threads: run() says whether it came out exact."""
+    rng = np.random.default_rng(seed)
+    n, m = 256, 700
+    x = rng.integers(0, 256, (m, n), dtype=np.uint8)
+    w = rng.integers(0, 256, (n, n), dtype=np.uint8)
+    rows = np.arange(m, dtype=np.int64)
+    acc = np.zeros((m, n), np.int32)
+    want = oracle(x, rows, w, True, True, acc, 0, True)
+
+    def run():
+        run_kernel(x, rows, w, True, True, acc, 0, True, native.cpu_level(), threads=2)
+        return np.array_equal(acc, want)
+    return run
+
+
+def _child_runs_threaded_kernel(queue):
+    queue.put(_threaded_case(1)())
+
+
+@needs_int8
+def test_kernel_threads_survive_fork():
+    """The helper threads do not exist in a forked child: it starts its own."""
+    import multiprocessing
+    assert _threaded_case()()                                    # the parent's helpers are running
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_runs_threaded_kernel, args=(queue,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "the forked child hung or failed"
+    assert queue.get(timeout=5) is True
+
+
+@needs_int8
+def test_kernel_called_from_two_threads_at_once():
+    """Two callers at once (ctypes releases the GIL during the call): one gets the helper
+    threads, the other works alone; both results are exact."""
+    import ctypes
+    import threading
+    lib = native.library()
+    lib.tpuasm_i8_mmc.restype = None
+    results = []
+
+    def call(seed):
+        rng = np.random.default_rng(seed)
+        n, m = 256, 700
+        x = rng.integers(0, 256, (m, n), dtype=np.uint8)
+        w = rng.integers(0, 256, (n, n), dtype=np.uint8)
+        rows = np.arange(m, dtype=np.int64)
+        acc = np.zeros((m, n), np.int32)
+        packed, bias = np.zeros(2 * n * n, np.int8), np.zeros(n, np.int32)
+        level = native.cpu_level()
+        native.pack_tile(w, True, True, level, packed, bias)
+        p = ctypes.c_void_p
+        for _ in range(5):
+            lib.tpuasm_i8_mmc(p(x.ctypes.data), p(rows.ctypes.data), ctypes.c_int64(m),
+                              ctypes.c_int64(n), p(packed.ctypes.data), p(bias.ctypes.data),
+                              1, 1, p(acc.ctypes.data), ctypes.c_int64(0), 1, level, 2)
+        results.append(np.array_equal(acc, oracle(x, rows, w, True, True, acc, 0, True)))
+
+    threads = [threading.Thread(target=call, args=(seed,)) for seed in (3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [True, True]
+
+
 def I(key, flags="", repeat=1, **operands):
     spec = ISA_TABLE.instructions[key]
     return Instruction(key, spec.flag_bits(flags), repeat, dict(operands))

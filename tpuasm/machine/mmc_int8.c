@@ -26,6 +26,7 @@
  * shared counter, so a core that another process keeps busy simply takes fewer blocks.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -263,16 +264,101 @@ static void work(struct job *job)
 #endif
 }
 
-static void *worker(void *arg)
+/* ------------------------------------------------------------------ helper threads
+ * Started on first need and kept: a thread created per call often starts on the caller's
+ * core and is not moved to the idle one before a sub-millisecond call is over.  Idle
+ * helpers sleep on a condition variable (no spinning: the emulator's other work runs
+ * single-threaded between MatrixMultiplies, and a spinning helper would take a core from
+ * the rest of the machine).  One job at a time: a call that finds the pool in use by
+ * another thread works alone.  After fork() the child starts without helpers. */
+static struct {
+    pthread_mutex_t in_use;                /* held by the call that owns the pool */
+    pthread_mutex_t lock;                  /* guards the fields below */
+    pthread_cond_t wake, done;
+    struct job *job;
+    uint64_t generation;                   /* bumped for every job */
+    int helpers;                           /* started so far */
+    int wanted;                            /* helpers that take part in the current job */
+    int running;                           /* of those, still working on it */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0};
+
+static void *helper(void *arg)
 {
-    work((struct job *)arg);
+    const int index = (int)(intptr_t)arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (pool.generation == seen)
+            pthread_cond_wait(&pool.wake, &pool.lock);
+        seen = pool.generation;
+        if (index >= pool.wanted)
+            continue;                      /* not needed for this job */
+        struct job *job = pool.job;
+        pthread_mutex_unlock(&pool.lock);
+        work(job);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.running == 0)
+            pthread_cond_signal(&pool.done);
+    }
     return NULL;
+}
+
+static void forget_helpers(void)           /* in a forked child: they do not exist there */
+{
+    pthread_mutex_init(&pool.in_use, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.helpers = pool.wanted = pool.running = 0;
+    pool.job = NULL;
+}
+
+/* Start helpers up to `count` (the pool lock held); returns how many there are. */
+static int start_helpers(int count)
+{
+    static int fork_handler;
+    if (!fork_handler)
+        fork_handler = pthread_atfork(NULL, NULL, forget_helpers) == 0 ? 1 : -1;
+    if (fork_handler < 0)
+        return 0;                          /* without the handler a child would hang */
+    while (pool.helpers < count) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, helper, (void *)(intptr_t)pool.helpers) != 0)
+            break;
+        pthread_detach(thread);
+        pool.helpers++;
+    }
+    return pool.helpers;
+}
+
+/* Run the job on this thread and up to `extra` helpers; returns when every block is done
+ * and no helper will touch the job again (it lives on the caller's stack). */
+static void share(struct job *job, int extra)
+{
+    if (extra <= 0 || pthread_mutex_trylock(&pool.in_use) != 0) {
+        work(job);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    int helpers = start_helpers(extra);
+    pool.job = job;
+    pool.wanted = pool.running = helpers < extra ? helpers : extra;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    work(job);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.running > 0)
+        pthread_cond_wait(&pool.done, &pool.lock);
+    pool.job = NULL;
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.in_use);
 }
 
 /* Accumulator rows acc_row + r (r < m) get (overwrite) or add (wrapping) the products of
  * UB row ub_rows[r] with the tile packed for `level`, on up to `threads` threads.  ub and
- * acc are (rows x n) C arrays, n % 16 == 0.  Call only with 0 < level <= tpuasm_i8_level().
- * A helper thread that cannot be started leaves its blocks to the others. */
+ * acc are (rows x n) C arrays, n % 16 == 0.  Call only with 0 < level <= tpuasm_i8_level(). */
 void tpuasm_i8_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t n,
                    const int8_t *packed, const int32_t *bias, int32_t signed_x,
                    int32_t signed_w, int32_t *acc, int64_t acc_row, int32_t overwrite,
@@ -280,13 +366,6 @@ void tpuasm_i8_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t
 {
     struct job job = {ub, ub_rows, m, n, packed, bias, signed_x, signed_w, overwrite, level,
                       acc, acc_row, 0};
-    pthread_t helpers[MAX_THREADS];
-    int started = 0;
-    if (m * n * n >= SPLIT_MACS && m > BLOCK_ROWS)
-        while (started < threads - 1 && started < MAX_THREADS
-               && pthread_create(&helpers[started], NULL, worker, &job) == 0)
-            started++;
-    work(&job);
-    for (int i = 0; i < started; i++)
-        pthread_join(helpers[i], NULL);
+    int extra = m * n * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
+    share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
 }
