@@ -82,15 +82,20 @@ def test_kernel_extremes_wrap_like_the_accumulators(level, byte_x, byte_w, signe
     assert np.array_equal(acc, want)
 
 
-def _threaded_case(seed=0):
-    """A call big enough to be shared among threads: run() says whether it came out exact."""
+def _big_case(seed):
+    """Operands of a call big enough to be shared among threads, and its expected result."""
     rng = np.random.default_rng(seed)
     n, m = 256, 700
     x = rng.integers(0, 256, (m, n), dtype=np.uint8)
     w = rng.integers(0, 256, (n, n), dtype=np.uint8)
     rows = np.arange(m, dtype=np.int64)
     acc = np.zeros((m, n), np.int32)
-    want = oracle(x, rows, w, True, True, acc, 0, True)
+    return x, w, rows, acc, oracle(x, rows, w, True, True, acc, 0, True)
+
+
+def _threaded_case(seed=0):
+    """run() makes the big call on two threads and says whether it came out exact."""
+    x, w, rows, acc, want = _big_case(seed)
 
     def run():
         run_kernel(x, rows, w, True, True, acc, 0, True, native.cpu_level(), threads=2)
@@ -127,12 +132,8 @@ def test_kernel_called_from_two_threads_at_once():
     results = []
 
     def call(seed):
-        rng = np.random.default_rng(seed)
-        n, m = 256, 700
-        x = rng.integers(0, 256, (m, n), dtype=np.uint8)
-        w = rng.integers(0, 256, (n, n), dtype=np.uint8)
-        rows = np.arange(m, dtype=np.int64)
-        acc = np.zeros((m, n), np.int32)
+        x, w, rows, acc, want = _big_case(seed)
+        m, n = x.shape
         packed, bias = np.zeros(2 * n * n, np.int8), np.zeros(n, np.int32)
         level = native.cpu_level()
         native.pack_tile(w, True, True, level, packed, bias)
@@ -141,7 +142,7 @@ def test_kernel_called_from_two_threads_at_once():
             lib.tpuasm_i8_mmc(p(x.ctypes.data), p(rows.ctypes.data), ctypes.c_int64(m),
                               ctypes.c_int64(n), p(packed.ctypes.data), p(bias.ctypes.data),
                               1, 1, p(acc.ctypes.data), ctypes.c_int64(0), 1, level, 2)
-        results.append(np.array_equal(acc, oracle(x, rows, w, True, True, acc, 0, True)))
+        results.append(np.array_equal(acc, want))
 
     threads = [threading.Thread(target=call, args=(seed,)) for seed in (3, 4)]
     for t in threads:
