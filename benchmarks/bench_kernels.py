@@ -75,8 +75,7 @@ def bench_mmc(rows, n, repeat, flags, use_blas, int8_level):
     tiles = np.zeros(0, np.int64)
     t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, host, weights, tiles, active,
                                                 scratch, 0), repeat)
-    path = LEVEL_NAMES[int8_level] if int8_level and not set(flags) & set("HD") else \
-        "OpenBLAS" if use_blas else "numba"
+    path = LEVEL_NAMES[int8_level] if int8_level else "OpenBLAS" if use_blas else "numba"
     label = f"MMC.{flags or '-'} {rows} rows, {path}"
     print(f"  {label:34s} {rows * n * n / t / 1e9:7.1f} GMAC/s  ({t * 1e3:.2f} ms)")
 
@@ -114,15 +113,14 @@ def main():
     # The int8 kernel first: after any OpenBLAS call its idle workers spin for a while
     # (OPENBLAS_THREAD_TIMEOUT) and take the core the kernel's helper thread would use.
     print("MatrixMultiply (execute_instruction):")
-    if level:
-        for flags in ("O", "", "U"):
-            bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, level)
-    if level == N.LEVEL_VNNI:
-        bench_mmc(args.rows, args.n, args.repeat, "O", G.HAVE_BLAS, N.LEVEL_AVX2)
-    for flags in ("H", "D", "HD") if level else ("O", "", "U", "H", "D", "HD"):
+    for flags in ("O", "", "U", "H", "D", "HD"):
         bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, level)
+    if level == N.LEVEL_VNNI:
+        for flags in ("O", "HD"):
+            bench_mmc(args.rows, args.n, args.repeat, flags, G.HAVE_BLAS, N.LEVEL_AVX2)
     if level and G.HAVE_BLAS:
-        bench_mmc(args.rows, args.n, args.repeat, "O", True, N.LEVEL_NONE)
+        for flags in ("O", "HD"):
+            bench_mmc(args.rows, args.n, args.repeat, flags, True, N.LEVEL_NONE)
     bench_mmc(args.rows, args.n, max(3, args.repeat // 4), "O", False, N.LEVEL_NONE)
     bench_gemm(args.rows, args.n, args.repeat)
     print("Activate (execute_instruction):")

@@ -22,19 +22,20 @@ def wrap32(values):
     return (np.asarray(values, np.int64) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
 
 
-def run_kernel(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite, level, threads=1):
+def run_kernel(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite, level, threads=1,
+               shift=0):
     n = w.shape[0]
     packed, bias = np.zeros(2 * n * n, np.int8), np.zeros(n, np.int32)
     native.pack_tile(w, signed_w, signed_x, level, packed, bias)
     native.mmc_rows(x, rows, len(rows), packed, bias, signed_x, signed_w, acc, acc_row,
-                    overwrite, level, threads)
+                    overwrite, shift, level, threads)
 
 
-def oracle(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite):
+def oracle(x, rows, w, signed_x, signed_w, acc, acc_row, overwrite, shift=0):
     xs = (x.view(np.int8) if signed_x else x).astype(np.int64)
     ws = (w.view(np.int8) if signed_w else w).astype(np.int64)
     want = acc.astype(np.int64)
-    products = xs[rows] @ ws
+    products = (xs[rows] @ ws) << shift
     end = acc_row + len(rows)
     want[acc_row:end] = products if overwrite else want[acc_row:end] + products
     return wrap32(want)
@@ -79,6 +80,23 @@ def test_kernel_extremes_wrap_like_the_accumulators(level, byte_x, byte_w, signe
     acc = np.array([[2**31 - 1] * n, [-2**31] * n], np.int32)
     want = oracle(x, rows, w, signed_x, signed_w, acc, 0, False)
     run_kernel(x, rows, w, signed_x, signed_w, acc, 0, False, level)
+    assert np.array_equal(acc, want)
+
+
+@needs_int8
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("shift", [8, 16])
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_kernel_shifts_products_by_a_bytes_weight(level, shift, overwrite):
+    """The high byte of a 16-bit operand: products times 2^8 or 2^16, wrapping."""
+    rng = np.random.default_rng(shift)
+    n, m = 64, 20
+    x = rng.integers(0, 256, (m, n), dtype=np.uint8)
+    w = rng.integers(0, 256, (n, n), dtype=np.uint8)
+    rows = np.arange(m, dtype=np.int64)
+    acc = rng.integers(-2**31, 2**31, (m, n)).astype(np.int32)
+    want = oracle(x, rows, w, True, False, acc, 0, overwrite, shift)
+    run_kernel(x, rows, w, True, False, acc, 0, overwrite, level, shift=shift)
     assert np.array_equal(acc, want)
 
 
@@ -141,7 +159,7 @@ def test_kernel_called_from_two_threads_at_once():
         for _ in range(5):
             lib.tpuasm_i8_mmc(p(x.ctypes.data), p(rows.ctypes.data), ctypes.c_int64(m),
                               ctypes.c_int64(n), p(packed.ctypes.data), p(bias.ctypes.data),
-                              1, 1, p(acc.ctypes.data), ctypes.c_int64(0), 1, level, 2)
+                              1, 1, p(acc.ctypes.data), ctypes.c_int64(0), 1, 0, level, 2)
         results.append(np.array_equal(acc, want))
 
     threads = [threading.Thread(target=call, args=(seed,)) for seed in (3, 4)]
@@ -164,6 +182,9 @@ def mlp(batch=300):
         body += [I("RW", tile=layer), I("MMC", flags, ub=src, acc=0, length=batch),
                  I("MMC", "U", ub=src, acc=batch, length=batch // 2),
                  I("ACT", "R", acc=0, ub=dst, length=batch)]
+    for flags in ("SOHD", "SH", "SOD", "SOHDUW"):       # 16-bit: two or four byte passes
+        body += [I("RW", tile=0), I("RW", tile=1)] if "D" in flags else [I("RW", tile=2)]
+        body += [I("MMC", flags, ub=0, acc=batch, length=batch // 2)]
     return Program(body + [I("HLT")])
 
 

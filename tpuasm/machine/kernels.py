@@ -52,9 +52,9 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_t
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
     image never needs an explicit invalidation.
 
-MatrixMultiply on two 8-bit operands runs on the int8 kernel (native.py, mmc_int8.c:
-integer products summed in int32 with AVX-512 VNNI or AVX2, straight from the UB into the
-accumulators) when the int8 level is not 0.  Otherwise it runs as an exact float GEMM (gemm.py):
+MatrixMultiply runs on the int8 kernel (native.py, mmc_int8.c: integer products summed in
+int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 16-bit
+operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact float GEMM (gemm.py):
 float32 for 8-bit operands, float64 when either side is 16-bit (H or D), chunked
 `chunk_rows` output vectors at a time, then an int32 wrapping accumulate.  Register limits,
 opcodes and the sigmoid/tanh tables are module globals, which numba freezes into the
@@ -134,8 +134,9 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
         options=np.array([1 if use_blas else 0, chunk, int8_level, threads], np.int64),
         row_buf=np.zeros((2, n), np.int64),
-        packed8=np.zeros(2 * int8_n * int8_n, np.int8), bias8=np.zeros(int8_n, np.int32),
-        key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((1, int8_n, int8_n), np.uint8),
+        packed8=np.zeros((4, 2 * int8_n * int8_n), np.int8),
+        bias8=np.zeros((4, int8_n), np.int32),
+        key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((2, int8_n, int8_n), np.uint8),
         rows8=np.zeros(chunk if int8_level else 0, np.int64))
 
 
@@ -608,15 +609,34 @@ def _active_weights(weights, active, flags, transposed, w, key, raw):
 
 
 @njit(cache=True)
+def _byte_part(part, wide, unsigned):
+    """(signed, shift) of byte `part` (0 low, 1 high) of an operand: an 8-bit operand is
+    its one byte; a 16-bit one is a low byte, always unsigned, and a high byte worth 256."""
+    if not wide:
+        return not unsigned, 0
+    if part == 0:
+        return False, 0
+    return not unsigned, 8
+
+
+@njit(cache=True)
 def _active_packed(weights, active, flags, scratch):
-    """The active 8-bit tile in the int8 kernel's layout (native.py), packed only on a
-    change; the packing depends on both operands' signedness."""
-    mode = flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN)
-    if not _tile_unchanged(weights, active, False, mode, scratch.key8, scratch.raw8):
-        _native.pack_tile(weights[active[0]], (flags & MMC_UNSIGNED_W) == 0,
-                          (flags & MMC_UNSIGNED_IN) == 0, scratch.options[_OPT_INT8],
-                          scratch.packed8, scratch.bias8)
-        _remember_tile(weights, active, False, mode, scratch.key8, scratch.raw8)
+    """The active tile(s) in the int8 kernel's layout (native.py), packed only on a change:
+    packed8[2 * weight byte + input byte], because the packing depends on both operands'
+    signedness, and a 16-bit operand has two bytes of different signedness."""
+    wide_w = (flags & MMC_WIDE_W) != 0
+    wide_in = (flags & MMC_WIDE_IN) != 0
+    mode = flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN | MMC_WIDE_W | MMC_WIDE_IN)
+    if _tile_unchanged(weights, active, wide_w, mode, scratch.key8, scratch.raw8):
+        return
+    for wp in range(2 if wide_w else 1):
+        signed_w, _ = _byte_part(wp, wide_w, (flags & MMC_UNSIGNED_W) != 0)
+        for xp in range(2 if wide_in else 1):
+            signed_x, _ = _byte_part(xp, wide_in, (flags & MMC_UNSIGNED_IN) != 0)
+            _native.pack_tile(weights[active[wp]], signed_w, signed_x,
+                              scratch.options[_OPT_INT8], scratch.packed8[2 * wp + xp],
+                              scratch.bias8[2 * wp + xp])
+    _remember_tile(weights, active, wide_w, mode, scratch.key8, scratch.raw8)
 
 
 @njit(cache=True)
@@ -703,19 +723,29 @@ def _mmc_iteration(ub, acc, w, x, c, use_blas, flags, ub_base, acc_base, count,
 @njit(cache=True)
 def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
                         conv_width, pitch, stride, dy, dx, overwrite):
-    """One iteration of an 8-bit MatrixMultiply on the int8 kernel: the UB reads and
-    accumulator writes happen in C, this only lists the input rows."""
+    """One iteration on the int8 kernel: the UB reads and accumulator writes happen in C,
+    this lists the input rows.  A 16-bit operand takes one pass per byte (low byte rows,
+    then high byte rows), each product shifted by its bytes' weight."""
     rows = scratch.rows8
     chunk = rows.shape[0]
-    signed_x = (flags & MMC_UNSIGNED_IN) == 0
-    signed_w = (flags & MMC_UNSIGNED_W) == 0
+    wide_in = (flags & MMC_WIDE_IN) != 0
+    wide_w = (flags & MMC_WIDE_W) != 0
+    per = 2 if wide_in else 1
     for first in range(0, count, chunk):
         m = min(chunk, count - first)
-        for r in range(m):
-            rows[r] = _input_row(first + r, ub_base, 1, conv_width, pitch, stride, dy, dx)
-        _native.mmc_rows(ub, rows, m, scratch.packed8, scratch.bias8, signed_x, signed_w,
-                         acc, acc_base + first, overwrite, scratch.options[_OPT_INT8],
-                         scratch.options[_OPT_INT8_THREADS])
+        first_pass = True
+        for xp in range(per):
+            signed_x, x_shift = _byte_part(xp, wide_in, (flags & MMC_UNSIGNED_IN) != 0)
+            for r in range(m):
+                rows[r] = xp + _input_row(first + r, ub_base, per, conv_width, pitch, stride,
+                                          dy, dx)
+            for wp in range(2 if wide_w else 1):
+                signed_w, w_shift = _byte_part(wp, wide_w, (flags & MMC_UNSIGNED_W) != 0)
+                _native.mmc_rows(ub, rows, m, scratch.packed8[2 * wp + xp],
+                                 scratch.bias8[2 * wp + xp], signed_x, signed_w, acc,
+                                 acc_base + first, overwrite and first_pass, x_shift + w_shift,
+                                 scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+                first_pass = False
 
 
 @njit(cache=True)
@@ -731,7 +761,7 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
         w_max = 255 if flags & MMC_UNSIGNED_W else 128
         wide = ub.shape[1] * x_max * w_max > (1 << 24)
     use_blas = scratch.options[_OPT_BLAS] != 0
-    int8 = scratch.options[_OPT_INT8] != 0 and (flags & (MMC_WIDE_IN | MMC_WIDE_W)) == 0
+    int8 = scratch.options[_OPT_INT8] != 0
     rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
     switch = (flags & MMC_SWITCH) != 0

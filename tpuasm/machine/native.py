@@ -15,9 +15,10 @@ the vector code is enabled per function, so the build works with any x86-64 comp
 any CPU) into ~/.cache/tpuasm/native-<key>/, keyed by the source, and loaded with
 RTLD_GLOBAL: numba's JIT finds its functions through symbols registered with LLVM, the
 ahead-of-time core (aot.py) through the dynamic linker.  Without a compiler (the JIT then
-binds the names to stubs that are never called), on a CPU without AVX2, for 16-bit
-operands, for an array size that is not a multiple of 16, or with TPUASM_INT8=0,
-MatrixMultiply takes the float path.  TPUASM_INT8=avx2 caps the kernel at AVX2 (to measure
+binds the names to stubs that are never called), on a CPU without AVX2, for an array size
+that is not a multiple of 16, or with TPUASM_INT8=0, MatrixMultiply takes the float path.
+16-bit operands (H, D) are two 8-bit ones, the low byte unsigned: their products are two
+or four kernel passes added with shifts of 8 and 16 bits, exact modulo 2^32.  TPUASM_INT8=avx2 caps the kernel at AVX2 (to measure
 or test that level on a VNNI machine); TPUASM_INT8_THREADS=n sets its thread count
 (default: the cores this process may run on, at most 8).  Every path is exact; the tests
 run each one this CPU has.
@@ -150,8 +151,9 @@ def _bind_numba() -> None:
     i32p, i64p = types.CPointer(types.int32), types.CPointer(types.int64)
     i32, i64 = types.int32, types.int64
     # tpuasm_i8_mmc(ub, ub_rows, m, n, packed, bias, signed_x, signed_w, acc, acc_row,
-    #               overwrite, level, threads)
-    mmc_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32, i32, i32)
+    #               overwrite, shift, level, threads)
+    mmc_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32, i32, i32,
+                         i32)
     # tpuasm_i8_pack(w, n, signed_w, signed_x, level, packed, bias)
     pack_sig = types.void(u8p, i64, i32, i32, i32, i8p, i32p)
     lib = library()
@@ -161,7 +163,7 @@ def _bind_numba() -> None:
     else:
         p, i, i32c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         stubs = (ctypes.CFUNCTYPE(None, p, p, i, i, p, p, i32c, i32c, p, i, i32c, i32c,
-                                  i32c)(lambda *a: None),
+                                  i32c, i32c)(lambda *a: None),
                  ctypes.CFUNCTYPE(None, p, i, i32c, i32c, i32c, p, p)(lambda *a: None))
         _keep_alive = stubs
         addresses = [ctypes.cast(s, ctypes.c_void_p).value for s in stubs]
@@ -185,10 +187,11 @@ def pack_tile(tile, signed_w, signed_x, level, packed, bias):
 
 @njit(cache=True)
 def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, overwrite,
-             level, threads):
-    """acc[acc_row + r] (+)= ub[ub_rows[r]] @ the packed tile, for r < m, int32 wrapping."""
+             shift, level, threads):
+    """acc[acc_row + r] (+)= (ub[ub_rows[r]] @ the packed tile) << shift, for r < m, int32
+    wrapping."""
     if m <= 0:
         return
     i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
            np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite),
-           np.int32(level), np.int32(threads))
+           np.int32(shift), np.int32(level), np.int32(threads))
