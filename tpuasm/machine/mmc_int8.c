@@ -1,7 +1,8 @@
-/* MatrixMultiply on 8-bit operands as the TPU does it: integer products summed in int32.
- * Built and loaded by native.py; called from the numba core (kernels.py) whenever both
- * operands are 8-bit and the array size is a multiple of 16.  The float path (gemm.py)
- * serves every other case and CPUs without AVX2.
+/* MatrixMultiply as the TPU does it: integer products summed in int32.  Built and loaded by
+ * native.py; called from the numba core (kernels.py) whenever the array size is a multiple
+ * of 16.  A 16-bit operand is two 8-bit ones (the low byte unsigned): its products are two
+ * or four passes of this kernel, shifted by 8 or 16 bits.  The float path (gemm.py) serves
+ * other array sizes and CPUs without AVX2.
  *
  * Two instruction-set levels, chosen at run time (tpuasm_i8_level):
  *
