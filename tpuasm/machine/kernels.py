@@ -761,7 +761,11 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
         w_max = 255 if flags & MMC_UNSIGNED_W else 128
         wide = ub.shape[1] * x_max * w_max > (1 << 24)
     use_blas = scratch.options[_OPT_BLAS] != 0
-    int8 = scratch.options[_OPT_INT8] != 0
+    level = scratch.options[_OPT_INT8]
+    both_wide = (flags & MMC_WIDE_IN) != 0 and (flags & MMC_WIDE_W) != 0
+    # H with D takes four byte passes: at the AVX2 level the float64 GEMM is faster
+    # (bench_kernels.py: 32 vs 49 GMAC/s); with VNNI the kernel is (85).
+    int8 = level != 0 and not (both_wide and level == _native.LEVEL_AVX2)
     rep_ub, rep_acc = regs[REG_REP_UB_STRIDE], regs[REG_REP_ACC_STRIDE]
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
     switch = (flags & MMC_SWITCH) != 0
