@@ -238,6 +238,7 @@ def test_a_failed_build_is_noted_and_the_float_path_serves(tmp_path, monkeypatch
     with pytest.warns(RuntimeWarning, match="int8 MatrixMultiply kernel is unavailable"):
         assert native.library() is None
     assert (tmp_path / "native-x" / "FAILED").read_text().startswith("RuntimeError")
+    assert not list(tmp_path.glob("lock-*")) and not list(tmp_path.glob("building-*"))
     assert native.cpu_level() == 0 and K.make_scratch(256).options[2] == 0
     monkeypatch.setattr(native, "_library", None)        # a later process: no second try
     assert native.library() is None

@@ -105,18 +105,20 @@ def build_once(where: Path, product: Path, build) -> None:
     """Run `build(where)` unless `product` or a FAILED note exists, under a lock."""
     where.parent.mkdir(parents=True, exist_ok=True)
     lock_path = where.parent / ("lock-" + where.name)
-    with open(lock_path, "w") as lock:
-        try:
-            import fcntl
-            fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it
-        except ImportError:
-            pass
-        if not product.exists() and not (where / FAILED).exists():
-            build(where)
     try:
-        lock_path.unlink()
-    except OSError:
-        pass
+        with open(lock_path, "w") as lock:
+            try:
+                import fcntl
+                fcntl.flock(lock, fcntl.LOCK_EX)      # another process may be building it
+            except ImportError:
+                pass
+            if not product.exists() and not (where / FAILED).exists():
+                build(where)
+    finally:                                          # a failed build leaves no lock file
+        try:
+            lock_path.unlink()
+        except OSError:
+            pass
 
 
 def install(tmp: Path, where: Path, prefix: str) -> None:
