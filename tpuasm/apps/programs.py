@@ -82,10 +82,7 @@ def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows
         raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
     shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
                  fifo_depth=fifo_depth)
-    model_dir = model_file(app.name).parent
-    key = hashlib.sha256(json.dumps([shape, compiler_digest(), MAX_STATEMENTS]).encode()
-                         ).hexdigest()[:16]
-    cached = model_dir / f"program-{key}.json"
+    cached = model_file(app.name).parent / f"program-{_compiled_key(shape)}.json"
     try:
         record = json.loads(cached.read_text())
     except (OSError, ValueError):
@@ -95,6 +92,29 @@ def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows
         raise CodegenError(record["error"])
     return AppProgram(app.name, record["source"], record["host_rows"], record["weight_tiles"],
                       array_size, macs, "compiler", record["segments"])
+
+
+def program_key(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows: int = 4096,
+                fifo_depth: int = 4, source: str = "compiler") -> str:
+    """Identifies what app_program returns for these arguments without compiling anything:
+    the model's and the compiler's sources (or the generator's) and the shape.  A sweep's
+    client keys its result cache by it, so only the workers that run a point compile."""
+    app = build(name)
+    shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
+                 fifo_depth=fifo_depth)
+    if source == "generator":
+        parts = ["generator", generator_digest(), app.name, shape]
+    elif source == "compiler":
+        parts = ["compiler", _model_key(app), _compiled_key(shape)]
+    else:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+
+
+def _compiled_key(shape: dict) -> str:
+    """A compiled program's name in its model's cache folder."""
+    return hashlib.sha256(json.dumps([shape, compiler_digest(), MAX_STATEMENTS]).encode()
+                          ).hexdigest()[:16]
 
 
 def _compile(app, shape: dict) -> dict:
@@ -133,14 +153,24 @@ def compiler_digest() -> str:
     return _digest([*(_PACKAGE / "compiler").rglob("*.py"), _PACKAGE / "isa.toml"])
 
 
+@lru_cache(maxsize=1)
+def generator_digest() -> str:
+    """The hand-written generator's sources (it lives among the apps' modules)."""
+    return _digest([*Path(__file__).resolve().parent.glob("*.py"), _PACKAGE / "isa.toml"])
+
+
+def _model_key(app) -> str:
+    """The app's model file: its builders' sources, name, seed and batch."""
+    here = Path(__file__).resolve().parent
+    builders = _digest([here / "onnx_models.py", here / "catalog.py", here / "layers.py"])
+    return hashlib.sha256(f"{builders}:{app.name}:{SEED}:{app.batch}".encode()).hexdigest()[:16]
+
+
 @lru_cache(maxsize=8)
 def model_file(name: str) -> Path:
     """The app's QDQ model (weights as external data), written once into the cache."""
     app = build(name)
-    here = Path(__file__).resolve().parent
-    builders = _digest([here / "onnx_models.py", here / "catalog.py", here / "layers.py"])
-    key = hashlib.sha256(f"{builders}:{app.name}:{SEED}:{app.batch}".encode()).hexdigest()[:16]
-    target = cache_dir() / f"{app.name.lower()}-{key}"
+    target = cache_dir() / f"{app.name.lower()}-{_model_key(app)}"
     path = target / "model.onnx"
     if path.exists():
         return path

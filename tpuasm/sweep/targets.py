@@ -66,13 +66,9 @@ class Target:
     def digest(self, config: dict) -> str:
         """Identifies the program and data this target runs under `config`."""
         h = hashlib.sha256(self.kind.encode())
-        if self.kind == "app":
-            from ..apps.programs import CodegenError, app_program
-            try:
-                h.update(app_program(self.path, **_app_shape(config), **self._origin())
-                         .digest.encode())
-            except CodegenError as e:
-                h.update(f"skip:{e}".encode())
+        if self.kind == "app":                # by its inputs: only workers compile
+            from ..apps.programs import program_key
+            h.update(program_key(self.path, **_app_shape(config), **self._origin()).encode())
         elif self.kind == "compiled":
             from . import compiled
             h.update(compiled.digest(self.path, self.segment).encode())
