@@ -54,11 +54,11 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_t
 
 MatrixMultiply runs on the int8 kernel (native.py, mmc_int8.c: integer products summed in
 int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 16-bit
-operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact float GEMM (gemm.py):
-float32 for 8-bit operands, float64 when either side is 16-bit (H or D), chunked
-`chunk_rows` output vectors at a time, then an int32 wrapping accumulate.  Register limits,
-opcodes and the sigmoid/tanh tables are module globals, which numba freezes into the
-compiled (and cached) code.
+operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact
+float GEMM (gemm.py): float32 for 8-bit operands, float64 when either side is 16-bit (H or
+D), chunked `chunk_rows` output vectors at a time, then an int32 wrapping accumulate.
+Register limits, opcodes and the sigmoid/tanh tables are module globals, which numba
+freezes into the compiled (and cached) code.
 """
 from __future__ import annotations
 

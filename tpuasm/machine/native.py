@@ -18,10 +18,11 @@ ahead-of-time core (aot.py) through the dynamic linker.  Without a compiler (the
 binds the names to stubs that are never called), on a CPU without AVX2, for an array size
 that is not a multiple of 16, or with TPUASM_INT8=0, MatrixMultiply takes the float path.
 16-bit operands (H, D) are two 8-bit ones, the low byte unsigned: their products are two
-or four kernel passes added with shifts of 8 and 16 bits, exact modulo 2^32.  TPUASM_INT8=avx2 caps the kernel at AVX2 (to measure
-or test that level on a VNNI machine); TPUASM_INT8_THREADS=n sets its thread count
-(default: the cores this process may run on, at most 8).  Every path is exact; the tests
-run each one this CPU has.
+or four kernel passes added with shifts of 8 and 16 bits, exact modulo 2^32 (at the AVX2
+level H with D keeps the float path, faster there).  TPUASM_INT8=avx2 caps the kernel at
+AVX2 (to measure or test that level on a VNNI machine); TPUASM_INT8_THREADS=n sets its
+thread count (default: the cores this process may run on, at most 8).  Every path is
+exact; the tests run each one this CPU has.
 
 Python helpers: library() (the loaded ctypes library or None), cpu_level() (LEVEL_NONE,
 LEVEL_AVX2 or LEVEL_VNNI: what this CPU and build can run), level() (what the machine will
