@@ -5,8 +5,8 @@
 GEMM: the exact float32 GEMM behind MatrixMultiply's float path (OpenBLAS through numba, and
 the portable numba kernel) against np.matmul on the same float32 operands.  MMC: whole
 instructions through execute_instruction: on the int8 kernel (native.py) where this CPU has
-it and the operands are 8-bit, else on the float path (UB byte -> float conversion, GEMM,
-int32 accumulate), and MMC.O on each float path for comparison.  The int8 kernel runs
+it (16-bit operands as two or four byte passes), else on the float path (UB byte -> float
+conversion, GEMM, int32 accumulate), and MMC.O and MMC.HD on each float path for comparison.  The int8 kernel runs
 first: after an OpenBLAS call OpenBLAS's idle workers spin for a while and would take the
 core its helper thread uses.
 ACT: Activate rows per second.

@@ -20,8 +20,8 @@ REG_NAMES = {name: getattr(D, "REG_" + name.upper()) for name in (
     "conv_pitch", "conv_kw", "conv_stride", "rep_ub_stride", "rep_acc_stride",
     "rep_host_stride", "dma_host_stride", "dma_ub_stride")}
 # MatrixMultiply's kernels: the portable numba one, OpenBLAS (float), and the int8 kernel
-# (C) at each instruction-set level this CPU has (16-bit modes on those paths still go
-# through OpenBLAS)
+# (C) at each instruction-set level this CPU has (16-bit operands as byte passes; H with D
+# at the AVX2 level goes through OpenBLAS)
 INT8_LEVELS = {"int8-avx2": N.LEVEL_AVX2, "int8-vnni": N.LEVEL_VNNI}
 PATHS = ["portable"] + (["blas"] if G.HAVE_BLAS else []) + \
     [path for path, level in INT8_LEVELS.items() if level <= N.cpu_level()]

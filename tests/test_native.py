@@ -2,6 +2,10 @@
 numpy int64 oracle, and the machine choosing it or the float path: same results either way."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -218,8 +222,9 @@ def test_the_int8_path_is_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(RuntimeError, match="this one"):
         K.make_scratch(16, int8_level=native.cpu_level() + 1)
     assert K.make_scratch(8).options[2] == 0             # by default: the float path
-    monkeypatch.setenv("TPUASM_INT8", "0")
-    assert native.level() == 0 and K.make_scratch(256).options[2] == 0
+    for off in ("0", "off", "no"):
+        monkeypatch.setenv("TPUASM_INT8", off)
+        assert native.level() == 0 and K.make_scratch(256).options[2] == 0
 
 
 def test_thread_count_setting(monkeypatch):
@@ -229,6 +234,38 @@ def test_thread_count_setting(monkeypatch):
     assert native.threads() == native.MAX_THREADS
     monkeypatch.setenv("TPUASM_INT8_THREADS", "many")     # not a number: the default
     assert 1 <= native.threads() <= native.MAX_THREADS
+
+
+def test_without_the_library_the_jit_links_and_the_float_path_serves(tmp_path):
+    """No C compiler in a fresh process: one warning, the kernel's names bound to
+    stand-ins so that numba's code links, and MatrixMultiply exact on the float path."""
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        import numpy as np
+        from tpuasm.machine import native
+        native.directory = lambda: Path({str(tmp_path)!r}) / "native-x"
+        native._compiler = lambda: ["false"]
+        from tpuasm.machine import kernels as K, decoded as D
+        s = K.make_scratch(16)
+        assert native.library() is None and s.options[2] == 0
+        rng = np.random.default_rng(3)
+        ub = rng.integers(0, 256, (8, 16), dtype=np.uint8)
+        w = rng.integers(0, 256, (1, 16, 16), dtype=np.uint8)
+        acc = np.zeros((8, 16), np.int32)
+        row = np.zeros(D.NCOLS, np.int64)
+        row[D.COL_OP], row[D.COL_FLAGS], row[D.COL_REPEAT], row[D.COL_LEN] = \\
+            D.OP_MMC, D.MMC_OVERWRITE | D.MMC_SWITCH, 1, 8
+        K.execute_instruction(row, D.reset_registers(), ub, acc, ub, w, np.zeros(1, np.int64),
+                              np.array([-1, -1]), s, 0)
+        want = ub.view(np.int8).astype(np.int64) @ w[0].view(np.int8).astype(np.int64)
+        assert np.array_equal(acc, want)
+        print("float path ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "float path ok" in out.stdout
+    assert out.stderr.count("int8 MatrixMultiply kernel is unavailable") == 1
 
 
 def test_a_failed_build_is_noted_and_the_float_path_serves(tmp_path, monkeypatch):

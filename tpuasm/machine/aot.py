@@ -42,7 +42,7 @@ import numpy as np
 
 from . import gemm
 from . import native
-from .jitcache import FAILED, build_once, cache_root, install, note_failure, source_digest, \
+from .jitcache import cache_root, ensure_built, install, note_failure, source_digest, \
     toolchain_version
 
 MODULE = "tpuasm_core_aot"
@@ -123,11 +123,7 @@ def load():
         return None
     where = directory()
     try:
-        if not _library_path(where).exists():
-            if (where / FAILED).exists():
-                return None
-            build_once(where, _library_path(where), build)
-        if not _library_path(where).exists():
+        if not ensure_built(where, _library_path(where), build):
             return None
         module = _import(where)
     except Exception as e:              # any doubt: the JIT serves, and we say why once

@@ -36,7 +36,7 @@ import os
 
 import numpy as np
 
-from .jit import njit, on_materialize
+from .jit import external, njit, on_materialize
 
 CBLAS_ROW_MAJOR = 101
 CBLAS_NO_TRANS = 111
@@ -75,15 +75,12 @@ def _open_blas():
 BLAS_PATH, _blas_lib = _open_blas()
 HAVE_BLAS = _blas_lib is not None
 _sgemm = _dgemm = None                       # numba ExternalFunctions, made by _bind_numba
-_keep_alive = _blas_lib
 
 
 def _bind_numba() -> None:
-    """Register the GEMM symbols with LLVM and declare them to numba (runs when numba is
-    first needed, see jit.py).  Without OpenBLAS the names are bound to a do-nothing C
-    callback: never called (use_blas is False), but the compiled code must link."""
-    global _sgemm, _dgemm, _keep_alive
-    import llvmlite.binding as llvm
+    """Declare the GEMM symbols to numba (runs when numba is first needed, see jit.py).
+    Without OpenBLAS they are stand-ins, never called (use_blas is False)."""
+    global _sgemm, _dgemm
     from numba import types
     from numba.extending import overload
 
@@ -97,26 +94,9 @@ def _bind_numba() -> None:
     dgemm_sig = types.void(types.int32, types.int32, types.int32, types.int64, types.int64,
                            types.int64, types.float64, f64p, types.int64, f64p, types.int64,
                            types.float64, f64p, types.int64)
-    if HAVE_BLAS:
-        s = ctypes.cast(getattr(_blas_lib, SGEMM_SYMBOL), ctypes.c_void_p).value
-        d = ctypes.cast(getattr(_blas_lib, DGEMM_SYMBOL), ctypes.c_void_p).value
-    else:
-        args = (ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
-                ctypes.c_int64)
-        c_sgemm = ctypes.CFUNCTYPE(None, *args, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64,
-                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
-                                   ctypes.c_void_p, ctypes.c_int64)
-        c_dgemm = ctypes.CFUNCTYPE(None, *args, ctypes.c_double, ctypes.c_void_p,
-                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                   ctypes.c_double, ctypes.c_void_p, ctypes.c_int64)
-        stubs = (c_sgemm(lambda *a: None), c_dgemm(lambda *a: None))
-        _keep_alive = stubs
-        s = ctypes.cast(stubs[0], ctypes.c_void_p).value
-        d = ctypes.cast(stubs[1], ctypes.c_void_p).value
-    llvm.add_symbol(SGEMM_SYMBOL, s)
-    llvm.add_symbol(DGEMM_SYMBOL, d)
-    _sgemm = types.ExternalFunction(SGEMM_SYMBOL, sgemm_sig)
-    _dgemm = types.ExternalFunction(DGEMM_SYMBOL, dgemm_sig)
+    library = _blas_lib if HAVE_BLAS else None
+    _sgemm = external(SGEMM_SYMBOL, sgemm_sig, library)
+    _dgemm = external(DGEMM_SYMBOL, dgemm_sig, library)
 
     @overload(gemm_blas)
     def _gemm_blas_overload(a, b, c, m):

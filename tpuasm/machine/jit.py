@@ -84,6 +84,30 @@ def on_materialize(hook) -> None:
             _BINDERS.append(hook)
 
 
+_STAND_IN = None                      # the do-nothing C function bound to missing symbols
+
+
+def external(name: str, signature, library=None):
+    """A numba ExternalFunction calling the C function `name` of the ctypes `library`, its
+    address registered with LLVM under that name (the ahead-of-time core finds the same name
+    through the dynamic linker).  Without the library the name is bound to a do-nothing
+    stand-in: the compiled code must link, and its callers never call it.  Only from
+    on_materialize hooks (it imports numba)."""
+    global _STAND_IN
+    import ctypes
+
+    import llvmlite.binding as llvm
+    from numba import types
+    if library is not None:
+        address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    else:
+        if _STAND_IN is None:
+            _STAND_IN = ctypes.CFUNCTYPE(None)(lambda: None)
+        address = ctypes.cast(_STAND_IN, ctypes.c_void_p).value
+    llvm.add_symbol(name, address)
+    return types.ExternalFunction(name, signature)
+
+
 def materialized() -> bool:
     return _DONE
 

@@ -101,6 +101,16 @@ def _prune(current: Path, prefix: str = "numba-") -> None:
 FAILED = "FAILED"
 
 
+def ensure_built(where: Path, product: Path, build) -> bool:
+    """Whether `product` exists, building it once (build_once) unless an earlier build
+    failed (its FAILED note).  Errors of the build propagate: the caller notes them."""
+    if not product.exists():
+        if (where / FAILED).exists():
+            return False
+        build_once(where, product, build)
+    return product.exists()
+
+
 def build_once(where: Path, product: Path, build) -> None:
     """Run `build(where)` unless `product` or a FAILED note exists, under a lock."""
     where.parent.mkdir(parents=True, exist_ok=True)

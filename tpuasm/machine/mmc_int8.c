@@ -109,6 +109,14 @@ static int32_t row_term(const uint8_t *x, int64_t n, int32_t signed_x)
     return (int32_t)(128u * total);
 }
 
+/* out[0..15] (+)= c << shift */
+INLINE VNNI void vnni_store(int32_t *p, __m512i c, int shift, int overwrite)
+{
+    if (shift)
+        c = _mm512_sll_epi32(c, _mm_cvtsi32_si128(shift));
+    _mm512_storeu_si512(p, overwrite ? c : _mm512_add_epi32(c, _mm512_loadu_si512(p)));
+}
+
 /* `rows` input rows x `vectors` groups of 16 columns from column j0. */
 INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int64_t n,
                             const int32_t *packed, const int32_t *bias, int64_t j0,
@@ -134,13 +142,8 @@ INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int6
         }
     }
     for (int i = 0; i < rows; i++)
-        for (int v = 0; v < vectors; v++) {
-            int32_t *p = out[i] + j0 + 16 * v;
-            __m512i product = shift ? _mm512_sll_epi32(c[i][v], _mm_cvtsi32_si128(shift))
-                                    : c[i][v];
-            __m512i sum = overwrite ? product : _mm512_add_epi32(product, _mm512_loadu_si512(p));
-            _mm512_storeu_si512(p, sum);
-        }
+        for (int v = 0; v < vectors; v++)
+            vnni_store(out[i] + j0 + 16 * v, c[i][v], shift, overwrite);
 }
 
 /* The full 6 x 64 block, the one nearly all the work goes through, with its 24
@@ -168,13 +171,6 @@ INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int6
     vnni_store(out[i] + j0 + 16, c##i##1, shift, overwrite);                               \
     vnni_store(out[i] + j0 + 32, c##i##2, shift, overwrite);                               \
     vnni_store(out[i] + j0 + 48, c##i##3, shift, overwrite);
-
-INLINE VNNI void vnni_store(int32_t *p, __m512i c, int shift, int overwrite)
-{
-    if (shift)
-        c = _mm512_sll_epi32(c, _mm_cvtsi32_si128(shift));
-    _mm512_storeu_si512(p, overwrite ? c : _mm512_add_epi32(c, _mm512_loadu_si512(p)));
-}
 
 static VNNI void vnni_6x64(const uint8_t *const *x, int64_t n, const int32_t *packed,
                            const int32_t *bias, int64_t j0, const int32_t *row_terms,
@@ -241,7 +237,16 @@ static VNNI void vnni_rows(const struct job *job, int64_t r0, int64_t r1)
 }
 
 /* ------------------------------------------------------------------ AVX2 */
-enum { AVX2_ROWS = 4, AVX2_VECTORS = 2 };    /* 4 x 16: 8 accumulators, no spills (6 spilled) */
+enum { AVX2_ROWS = 4, AVX2_VECTORS = 2 };    /* 4 x 16: 8 accumulators of 16 registers */
+
+/* out[0..7] (+)= c << shift */
+INLINE AVX2 void avx2_store(int32_t *p, __m256i c, int shift, int overwrite)
+{
+    if (shift)
+        c = _mm256_sll_epi32(c, _mm_cvtsi32_si128(shift));
+    __m256i *q = (__m256i *)p;
+    _mm256_storeu_si256(q, overwrite ? c : _mm256_add_epi32(c, _mm256_loadu_si256(q)));
+}
 
 /* `rows` widened input rows (x[i]: n int16) x 16 columns from column j0. */
 INLINE AVX2 void avx2_block(int rows, const int16_t *const *x, int64_t n,
@@ -264,12 +269,8 @@ INLINE AVX2 void avx2_block(int rows, const int16_t *const *x, int64_t n,
         }
     }
     for (int i = 0; i < rows; i++)
-        for (int v = 0; v < AVX2_VECTORS; v++) {
-            __m256i *p = (__m256i *)(out[i] + j0 + 8 * v);
-            __m256i product = _mm256_sll_epi32(c[i][v], _mm_cvtsi32_si128(shift));
-            __m256i sum = overwrite ? product : _mm256_add_epi32(product, _mm256_loadu_si256(p));
-            _mm256_storeu_si256(p, sum);
-        }
+        for (int v = 0; v < AVX2_VECTORS; v++)
+            avx2_store(out[i] + j0 + 8 * v, c[i][v], shift, overwrite);
 }
 
 /* The full 4 x 16 block with named accumulators (see vnni_6x64 for why). */
@@ -284,14 +285,6 @@ INLINE AVX2 void avx2_block(int rows, const int16_t *const *x, int64_t n,
 #define AVX2_STORE(i)                                                                      \
     avx2_store(out[i] + j0, c##i##0, shift, overwrite);                                    \
     avx2_store(out[i] + j0 + 8, c##i##1, shift, overwrite);
-
-INLINE AVX2 void avx2_store(int32_t *p, __m256i c, int shift, int overwrite)
-{
-    if (shift)
-        c = _mm256_sll_epi32(c, _mm_cvtsi32_si128(shift));
-    __m256i *q = (__m256i *)p;
-    _mm256_storeu_si256(q, overwrite ? c : _mm256_add_epi32(c, _mm256_loadu_si256(q)));
-}
 
 static AVX2 void avx2_4x16(const int16_t *const *x, int64_t n, const int32_t *pairs,
                            int64_t j0, int shift, int32_t *const *out, int overwrite)
@@ -318,7 +311,7 @@ typedef void avx2_kernel(const int16_t *const *, int64_t, const int32_t *, int64
 AVX2_KERNEL(1) AVX2_KERNEL(2) AVX2_KERNEL(3)
 static avx2_kernel *const avx2_kernels[AVX2_ROWS] = {avx2_1, avx2_2, avx2_3, avx2_4x16};
 
-/* Rows r0..r1-1, four at a time: widen them to int16 once (on the stack: 12 n bytes), then
+/* Rows r0..r1-1, four at a time: widen them to int16 once (on the stack: 8 n bytes), then
  * every 16-column panel. */
 static AVX2 void avx2_rows(const struct job *job, int64_t r0, int64_t r1)
 {

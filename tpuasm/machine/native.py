@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .jit import njit, on_materialize
-from .jitcache import FAILED, build_once, cache_root, install, note_failure
+from .jit import external, njit, on_materialize
+from .jitcache import cache_root, ensure_built, install, note_failure
 
 LEVEL_NONE, LEVEL_AVX2, LEVEL_VNNI = 0, 1, 2          # as in mmc_int8.c
 MAX_THREADS = 8
@@ -54,7 +54,6 @@ PACK_SYMBOL = "tpuasm_i8_pack"
 _BUILD_SECONDS = 120
 
 _library = None          # the ctypes library, False after a failure in this process, None untried
-_keep_alive = None       # the JIT's stand-ins when the library is missing
 
 
 def _compiler() -> list[str]:
@@ -93,11 +92,7 @@ def library():
     _library = False
     where = directory()
     try:
-        if not (where / LIBRARY).exists():
-            if (where / FAILED).exists():
-                return None
-            build_once(where, where / LIBRARY, build)
-        if not (where / LIBRARY).exists():
+        if not ensure_built(where, where / LIBRARY, build):
             return None
         lib = ctypes.CDLL(str(where / LIBRARY), mode=ctypes.RTLD_GLOBAL)
         lib.tpuasm_i8_level.restype = ctypes.c_int
@@ -141,11 +136,9 @@ def threads() -> int:
 
 
 def _bind_numba() -> None:
-    """Register the kernel's symbols with LLVM and declare them to numba (see jit.py).
-    Without the library the names are bound to do-nothing C callbacks: never called
-    (level() is LEVEL_NONE), but the compiled code must link."""
-    global _keep_alive, i8_mmc, i8_pack
-    import llvmlite.binding as llvm
+    """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
+    stand-ins, never called (level() is LEVEL_NONE)."""
+    global i8_mmc, i8_pack
     from numba import types
 
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
@@ -157,21 +150,8 @@ def _bind_numba() -> None:
                          i32)
     # tpuasm_i8_pack(w, n, signed_w, signed_x, level, packed, bias)
     pack_sig = types.void(u8p, i64, i32, i32, i32, i8p, i32p)
-    lib = library()
-    if lib is not None:
-        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                     for name in (MMC_SYMBOL, PACK_SYMBOL)]
-    else:
-        p, i, i32c = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-        stubs = (ctypes.CFUNCTYPE(None, p, p, i, i, p, p, i32c, i32c, p, i, i32c, i32c,
-                                  i32c, i32c)(lambda *a: None),
-                 ctypes.CFUNCTYPE(None, p, i, i32c, i32c, i32c, p, p)(lambda *a: None))
-        _keep_alive = stubs
-        addresses = [ctypes.cast(s, ctypes.c_void_p).value for s in stubs]
-    llvm.add_symbol(MMC_SYMBOL, addresses[0])
-    llvm.add_symbol(PACK_SYMBOL, addresses[1])
-    i8_mmc = types.ExternalFunction(MMC_SYMBOL, mmc_sig)
-    i8_pack = types.ExternalFunction(PACK_SYMBOL, pack_sig)
+    i8_mmc = external(MMC_SYMBOL, mmc_sig, library())
+    i8_pack = external(PACK_SYMBOL, pack_sig, library())
 
 
 i8_mmc = i8_pack = None          # numba ExternalFunctions, made by _bind_numba
