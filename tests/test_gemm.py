@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
+from fresh_process import exact_mmc_in_fresh_process
 
 from tpuasm.machine import gemm as G
 
@@ -94,27 +92,9 @@ def test_portable_kernel_tails(dtype):
 def test_without_openblas_falls_back():
     """With the library absent (forced by TPUASM_NO_BLAS), the names still link and the
     default scratch uses the numba kernel; MatrixMultiply stays exact."""
-    code = textwrap.dedent("""
-        import numpy as np
-        from tpuasm.machine import gemm as G, kernels as K, decoded as D
-        assert not G.HAVE_BLAS
-        s = K.make_scratch(16)
-        assert s.options[0] == 0
-        rng = np.random.default_rng(3)
-        ub = rng.integers(0, 256, (8, 16), dtype=np.uint8)
-        w = rng.integers(0, 256, (1, 16, 16), dtype=np.uint8)
-        acc = np.zeros((8, 16), np.int32)
-        row = np.zeros(D.NCOLS, np.int64)
-        row[D.COL_OP], row[D.COL_FLAGS], row[D.COL_REPEAT], row[D.COL_LEN] = \\
-            D.OP_MMC, D.MMC_OVERWRITE | D.MMC_SWITCH, 1, 8
-        K.execute_instruction(row, D.reset_registers(), ub, acc, ub, w, np.zeros(1, np.int64),
-                              np.array([-1, -1]), s, 0)
-        want = ub.view(np.int8).astype(np.int64) @ w[0].view(np.int8).astype(np.int64)
-        assert np.array_equal(acc, want)
-        print("fallback ok")
-    """)
     env = dict(os.environ, TPUASM_NO_BLAS="1", TPUASM_INT8="0")    # the numba kernel itself
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = exact_mmc_in_fresh_process(
+        "from tpuasm.machine import gemm as G\nassert not G.HAVE_BLAS\n",
+        "assert s.options[0] == 0", env)
     assert out.returncode == 0, out.stderr
-    assert "fallback ok" in out.stdout
+    assert "exact" in out.stdout

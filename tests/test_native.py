@@ -2,12 +2,9 @@
 numpy int64 oracle, and the machine choosing it or the float path: same results either way."""
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
+from fresh_process import exact_mmc_in_fresh_process
 
 from tpuasm.binary import Program
 from tpuasm.encoding import Instruction
@@ -239,32 +236,16 @@ def test_thread_count_setting(monkeypatch):
 def test_without_the_library_the_jit_links_and_the_float_path_serves(tmp_path):
     """No C compiler in a fresh process: one warning, the kernel's names bound to
     stand-ins so that numba's code links, and MatrixMultiply exact on the float path."""
-    code = textwrap.dedent(f"""
+    setup = f"""
         from pathlib import Path
-        import numpy as np
         from tpuasm.machine import native
         native.directory = lambda: Path({str(tmp_path)!r}) / "native-x"
         native._compiler = lambda: ["false"]
-        from tpuasm.machine import kernels as K, decoded as D
-        s = K.make_scratch(16)
-        assert native.library() is None and s.options[2] == 0
-        rng = np.random.default_rng(3)
-        ub = rng.integers(0, 256, (8, 16), dtype=np.uint8)
-        w = rng.integers(0, 256, (1, 16, 16), dtype=np.uint8)
-        acc = np.zeros((8, 16), np.int32)
-        row = np.zeros(D.NCOLS, np.int64)
-        row[D.COL_OP], row[D.COL_FLAGS], row[D.COL_REPEAT], row[D.COL_LEN] = \\
-            D.OP_MMC, D.MMC_OVERWRITE | D.MMC_SWITCH, 1, 8
-        K.execute_instruction(row, D.reset_registers(), ub, acc, ub, w, np.zeros(1, np.int64),
-                              np.array([-1, -1]), s, 0)
-        want = ub.view(np.int8).astype(np.int64) @ w[0].view(np.int8).astype(np.int64)
-        assert np.array_equal(acc, want)
-        print("float path ok")
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
+    """
+    out = exact_mmc_in_fresh_process(
+        setup, "assert native.library() is None and s.options[2] == 0")
     assert out.returncode == 0, out.stderr
-    assert "float path ok" in out.stdout
+    assert "exact" in out.stdout
     assert out.stderr.count("int8 MatrixMultiply kernel is unavailable") == 1
 
 
