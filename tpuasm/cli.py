@@ -198,22 +198,10 @@ def _cycle_count(text: str) -> int:
 
 
 def parse_config(items: list[str]) -> dict:
-    """`--config array_size=16,ub_rows=1024` -> {"array_size": 16, "ub_rows": 1024}: keys
-    and numbers as `.config` reads them (binary.parse_setting)."""
-    from .binary import CONFIG_KEYS, config_key, parse_setting
-    out: dict = {}
-    for item in items:
-        for part in filter(None, (s.strip() for s in item.split(","))):
-            key, sep, value = part.partition("=")
-            name = config_key(key)
-            if not sep or name is None:
-                raise TpuasmError(f"--config {part!r}: expected KEY=VALUE with KEY one of "
-                                  f"{', '.join(CONFIG_KEYS)}")
-            try:
-                out[name] = parse_setting(name, value)
-            except ValueError as e:
-                raise TpuasmError(f"--config {e}") from None
-    return out
+    """`--config array_size=16,ub_rows=1024` -> {"array_size": 16, "ub_rows": 1024}
+    (tpuasm.settings, the one parser every command shares)."""
+    from .settings import parse_shape
+    return parse_shape(items)
 
 
 def read_program(path: Path) -> bytes:

@@ -25,42 +25,10 @@ def make_machine(program, *, hazards: str = "interlock", trace: bool = False,
 
 
 def split_machine_settings(items: list[str]) -> tuple[list[str], dict]:
-    """`--config` items -> (the shape items, as given, for the assembler; the other
-    MachineConfig fields, parsed and checked).  A sweep point re-runs alone this way."""
-    from dataclasses import fields
-
-    from .binary import CONFIG_KEYS
-    from .machine import MachineConfig
-    names = {f.name: f for f in fields(MachineConfig)}
-    shape, machine = [], {}
-    for item in items:
-        for part in filter(None, (s.strip() for s in item.split(","))):
-            key, sep, value = part.partition("=")
-            key = key.strip().lower()
-            if key in CONFIG_KEYS or not sep:
-                shape.append(part)          # the assembler's keys (and its KEY=VALUE error)
-                continue
-            if key not in names:
-                raise TpuasmError(f"--config {part!r}: unknown setting {key!r} (MachineConfig "
-                                  f"fields: {', '.join(sorted(names))})")
-            machine[key] = _machine_value(key, value.strip(), part)
-    try:
-        MachineConfig(**machine)
-    except ValueError as e:
-        raise TpuasmError(f"--config: {e}") from None
-    return shape, machine
-
-
-def _machine_value(key: str, text: str, part: str):
-    if key in ("hazards", "timing"):
-        return text
-    try:
-        if key in ("clock_hz", "weight_bytes_per_cycle", "host_bytes_per_cycle"):
-            return float(text)
-        return int(text, 0)
-    except ValueError:
-        kind = "a number" if key.endswith(("hz", "per_cycle")) else "an integer"
-        raise TpuasmError(f"--config {part!r}: {key} must be {kind}") from None
+    """`--config` items -> (shape items for the assembler, other MachineConfig fields):
+    tpuasm.settings, the one parser every command shares."""
+    from .settings import split_settings
+    return split_settings(items)
 
 
 def run_and_report(program, args) -> int:

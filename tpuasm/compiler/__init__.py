@@ -17,5 +17,5 @@ def compile(path, batch=None, calibration=None, config=None):  # noqa: A001 (the
 
 def load(outdir):
     """A CompiledModel from a directory written by `CompiledModel.save` / `tpuasm compile`."""
-    from tpuasm.compiler.outdir import load as _load
+    from tpuasm.compiler.model import load as _load
     return _load(outdir)

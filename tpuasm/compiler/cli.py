@@ -75,8 +75,7 @@ def compile_main(argv: list[str] | None = None) -> int:
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text())
-        print(f"\nwrote {args.output}"
-              + ("" if model.has_programs else " (no TPU programs: the back end is missing)"))
+        print(f"\nwrote {args.output}")
     return state["code"]
 
 
@@ -85,7 +84,7 @@ def infer_main(argv: list[str] | None = None) -> int:
     if args is None:
         return code
     with _errors() as state:
-        from tpuasm.compiler.outdir import load
+        from tpuasm.compiler.model import load
         model = load(args.outdir)
         data = read_inputs(Path(args.inputs), [i.name for i in model.inputs])
         out = Path(args.output)

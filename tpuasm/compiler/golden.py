@@ -13,6 +13,7 @@ import numpy as np
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.runtime import TpuStep
+from tpuasm.regression import toml
 
 
 
@@ -60,23 +61,20 @@ def write_regression(step: TpuStep, outdir: Path, model) -> None:
         if layout.tensor.quant.signed:
             rows = rows.view(np.int8)
         np.save(folder / f"output{i}.npy", rows)
-        expects.append(f'[[expect.rows]]\n# {name}: {layout.layout}\nstart = {layout.base}\n'
-                       f'memory = "host"\nexpected = "output{i}.npy"\ntolerance = 0\n')
-    machine_keys = "".join(f"{k} = {_toml(v)}\n" for k, v in model.config.items())
+        expects.append(toml.table("expect.rows", {
+            "start": int(layout.base), "memory": "host", "expected": f"output{i}.npy",
+            "tolerance": 0}, comment=f"{name}: {layout.layout}", array=True))
     stem = Path(model.report.model).stem
-    text = (f'# Written by `tpuasm compile`: {step.name} of {model.report.model} on one batch\n'
-            f'# of sample inputs; expected rows recorded after agreeing with reference.py.\n'
-            f'[test]\nprogram = "../../{step.name}.tasm"\nname = "{stem}-{step.name}"\n'
-            f'description = "compiled {stem}: {step.name}"\n'
-            + (f"\n[machine]\n{machine_keys}" if machine_keys else "")
-            + f'\n[data]\nhost = "../../{step.name}.host.npy"\n'
-              f'weights = "../../{step.name}.weights.npy"\n\n' + "\n".join(expects))
+    parts = [toml.table("test", {
+        "program": f"../../{step.name}.tasm", "name": f"{stem}-{step.name}",
+        "description": f"compiled {stem}: {step.name}"},
+        comment=f"Written by `tpuasm compile`: {step.name} of {model.report.model} on one "
+                f"batch\nof sample inputs; expected rows recorded after agreeing with "
+                f"reference.py.")]
+    if model.config:
+        parts.append(toml.table("machine", dict(model.config)))
+    parts.append(toml.table("data", {"host": f"../../{step.name}.host.npy",
+                                     "weights": f"../../{step.name}.weights.npy"}))
+    text = "\n".join(parts + expects)
     (folder / "test.toml").write_text(text)
 
-
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,6 +1,6 @@
 """Partition: which nodes the host must run, and the order of TPU segments and host parts.
 
-The TPU operators come from lower.py.  The host runs exactly the nodes needed to produce the
+The TPU operators come from match.py.  The host runs exactly the nodes needed to produce the
 model's outputs and the TPU operators' inputs from what is available (model inputs and TPU
 outputs): a backward walk from those tensors.  Then the TPU operators and host nodes are
 scheduled greedily, alternating phases: as many TPU operators as are ready (one segment), then
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from tpuasm.compiler.graph import Graph, Node
 from tpuasm.compiler.ir import Operator, Segment
-from tpuasm.compiler.lower import Lowered
+from tpuasm.compiler.match import Lowered
 
 
 @dataclass

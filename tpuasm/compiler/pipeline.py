@@ -1,10 +1,10 @@
 """The compiler's pipeline and its result.
 
     read (load.py) -> [quantize a float model (quantize.py)] -> fix batch, infer shapes
-    -> lower QDQ / QOperator patterns to IR operators (lower.py)
+    -> match QDQ / QOperator patterns into IR operators (match.py)
     -> partition into TPU segments and host parts (partition.py)
     -> back end: each segment -> SegmentProgram (tpuasm.compiler.codegen)
-    -> CompiledModel: run (runtime.py), report (report.py), save (outdir.py)
+    -> CompiledModel (model.py): run (runtime.py), report (report.py), save (outdir.py)
 """
 from __future__ import annotations
 
@@ -13,93 +13,33 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuasm.compiler.backend import backend_support, generate_programs, machine_config
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
+from tpuasm.compiler.match import GLUE, Lowered, lower
+from tpuasm.compiler.model import CompiledModel
+from tpuasm.compiler.partition import HostPart, plan
 from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
                                     read_model)
-from tpuasm.compiler.lower import GLUE, Lowered, lower
-from tpuasm.compiler.partition import HostPart, plan
 from tpuasm.compiler.report import CompileReport, NodeRow, describe
-from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo, run_model
+from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
+from tpuasm.errors import TpuasmError
 
-
-
-class CompiledModel:
-    """A model compiled for the TPU: `run(inputs)`, `report`, `save(outdir)`."""
-
-    def __init__(self, steps, batch, inputs, outputs, report, config, reference_model,
-                 keep=None):
-        self.steps = steps
-        self.batch = batch
-        self.inputs: list[ValueInfo] = inputs
-        self.outputs: list[ValueInfo] = outputs
-        self.report: CompileReport = report
-        self.config: dict = dict(config or {})
-        self.reference_model = Path(reference_model)   # the QDQ model (onnxruntime's oracle)
-        self._keep = keep                               # a temporary directory to keep alive
-
-    @property
-    def segments(self):
-        return [s.segment for s in self.steps if isinstance(s, TpuStep)]
-
-    @property
-    def has_programs(self) -> bool:
-        return all(s.program is not None for s in self.steps if isinstance(s, TpuStep))
-
-    def run(self, inputs, progress=None, engine: str | None = None) -> dict[str, np.ndarray]:
-        """Float inputs (an array for a one-input model, else {name: array}), any number of
-        rows -> {output name: array}.  `engine`: "emulator" (default when the back end made
-        programs) or "reference" (reference.py's numpy semantics)."""
-        if not isinstance(inputs, dict):
-            if len(self.inputs) != 1:
-                raise CompileError(f"the model has {len(self.inputs)} inputs: pass a dict "
-                                   f"keyed by name ({', '.join(i.name for i in self.inputs)})")
-            inputs = {self.inputs[0].name: inputs}
-        if engine is None:
-            engine = "emulator" if self.has_programs else "reference"
-        if engine not in ("emulator", "reference"):
-            raise ValueError(f"engine must be 'emulator' or 'reference', not {engine!r}")
-        machine = {k: v for k, v in self.config.items()}
-        return run_model(self.steps, self.batch, self.inputs, self.outputs, inputs, engine,
-                         machine, progress)
-
-    def save(self, outdir) -> Path:
-        from tpuasm.compiler.outdir import save
-        return save(self, outdir)
 
 
 def parse_config(items) -> dict:
-    """`--config key=value` strings (or a dict) -> machine overrides with typed values."""
+    """`--config key=value[,key=value]` strings (or a dict) -> machine overrides with typed
+    values, by the same parser as `tpuasm run` (tpuasm.settings)."""
     if items is None:
         return {}
     if isinstance(items, dict):
         return dict(items)
-    config = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CompileError(f"--config {item!r}: expected KEY=VALUE")
-        key = key.strip().replace("-", "_")
-        value = value.strip()
-        for cast in (int, float):
-            try:
-                value = cast(value)
-                break
-            except ValueError:
-                continue
-        config[key] = value
-    return config
-
-
-def _machine_config(config: dict):
-    from tpuasm.machine import MachineConfig
+    from tpuasm.settings import parse_settings
     try:
-        return MachineConfig(**config)
-    except TypeError as e:
-        raise CompileError(f"--config: {e}") from None
-    except ValueError as e:
-        raise CompileError(f"--config: {e}") from None
+        return parse_settings(list(items))
+    except TpuasmError as e:
+        raise CompileError(str(e)) from None
 
 
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
@@ -107,7 +47,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     """Compile an ONNX model (float with a calibration set, or already quantized)."""
     path = Path(path)
     config = parse_config(config)
-    machine = _machine_config(config)
+    machine = machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
@@ -144,7 +84,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:
-        _generate_programs(steps, batch, machine, path)
+        generate_programs(steps, batch, machine, path)
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source)
     inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
     outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
@@ -165,58 +105,6 @@ def _runtime_steps(graph: Graph, the_plan) -> list:
             steps.append(TpuStep(step, {t.name: graph.sample_shape(t.name) or t.shape
                                         for t in tensors}))
     return steps
-
-
-def _codegen():
-    """The back end's module, or None while it is not there."""
-    try:
-        from tpuasm.compiler import codegen
-    except ImportError:
-        return None
-    return codegen if hasattr(codegen, "generate") else None
-
-
-def _generate_programs(steps, batch, machine, path="the model") -> None:
-    """The back end, when it is there: one SegmentProgram per segment."""
-    codegen = _codegen()
-    if codegen is None:
-        return
-    _check_weight_memory(steps, machine.array_size, path, codegen)
-    for step in steps:
-        if isinstance(step, TpuStep):
-            try:
-                step.program = codegen.generate(
-                    step.segment, batch, array_size=machine.array_size,
-                    ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
-                    fifo_depth=machine.fifo_depth)
-            except getattr(codegen, "CodegenError", ()) as e:
-                raise CompileError(f"{step.name}: {e}") from None
-
-
-def _check_weight_memory(steps, n: int, path, codegen) -> None:
-    """Every segment's tiles together must fit the Weight Memory: checked from the shapes,
-    before a weight is read or an image allocated; the error names the node that crosses."""
-    tile_bytes = n * n
-    limit = codegen.WEIGHT_MEMORY_BYTES // tile_bytes
-    used = 0
-    for step in steps:
-        if not isinstance(step, TpuStep):
-            continue
-        for op in codegen.pack_segment(step.segment, n)[0].operators:
-            used += codegen.weight_tiles(op, n)
-            if used > limit:
-                raise CompileError(
-                    f"{path}: node {op.name}: the model's weights do not fit the Weight "
-                    f"Memory: {used:,} tiles of {n} x {n} ({used * tile_bytes / 2**30:,.1f} "
-                    f"GiB) by this node, the TPU's {codegen.WEIGHT_MEMORY_BYTES >> 30} GiB "
-                    f"hold {limit:,}")
-
-
-def backend_support(op) -> str | None:
-    """None when the back end maps the operator, else its reason (shown in the report)."""
-    codegen = _codegen()
-    supports = getattr(codegen, "supports", None) if codegen else None
-    return supports(op) if supports else None
 
 
 def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source):

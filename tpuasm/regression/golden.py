@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from ..files import atomic_write
+from . import toml
 from .manifest import DEFAULT_GOLDEN_TOLERANCE, load_manifest, parse_manifest
 
 _TABLE_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
@@ -25,8 +26,7 @@ def render_golden(cycles: int, counters: dict[str, int], tolerance: float) -> st
              f"tolerance = {tolerance}"]
     if counters:
         lines.append("")
-        lines.append("[golden.counters]")
-        lines.extend(f"{name} = {value}" for name, value in counters.items())
+        lines.append(toml.table("golden.counters", counters).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""Pattern matching: ONNX nodes of a quantized model (QDQ or QOperator form) -> IR operators.
+"""Matching (the front end's last pass; the back end's codegen/lower.py lowers the IR to
+instructions): ONNX nodes of a quantized model (QDQ or QOperator form) -> IR operators.
 
 Every compute node is tried on its own ("anchor"): the QDQ pattern around it (DequantizeLinear
 on its activation input, weight and bias; QuantizeLinear on its output, with an optional
