@@ -1,0 +1,108 @@
+"""End-to-end inference: `CompiledModel.run` (the emulator running every segment, host parts
+in onnxruntime) against onnxruntime's own session on the SAME QDQ model (OUTDIR's
+model.qdq.onnx), in one run, on the same rows.  TPU v1's timing does not depend on the data,
+so everything tpuasm spends beyond onnxruntime is the price of emulating the chip's data path
+and of the work around it (batching, host images, host parts).
+
+    .venv/bin/python benchmarks/bench_infer.py [--repeat 3] [--only NAME]
+
+Prints, per model: rows and batch, tpuasm's time, onnxruntime's time, and the ratio (the
+issue's goal: <= 2x on MLP0/CNN0 shapes, <= 10x on digits-sized models).  The minimum of
+`--repeat` runs after one warm-up run is reported for each.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _digits(name: str, rows: int):
+    calib = np.load(ROOT / "programs" / "digits" / "calibration.npy")
+    x = np.resize(calib, (rows,) + calib.shape[1:]).astype(np.float32)
+    return ROOT / "programs" / "digits" / f"{name}.onnx", {"calibration": calib}, x
+
+
+def _app(name: str, rows: int):
+    from tpuasm.apps.onnx_models import calibration
+    from tpuasm.apps.programs import model_file
+    data = calibration(name, samples=rows, seed=3)
+    (x,) = data.values()
+    return model_file(name), {}, x
+
+
+CASES = [   # label, builder, name, rows, batch
+    ("digits MLP", _digits, "mlp", 512, 64),
+    ("digits CNN", _digits, "cnn", 512, 64),
+    ("MLP0 (Table 1)", _app, "MLP0", 2000, 200),
+    ("CNN0 (Table 1)", _app, "CNN0", 64, 8),
+]
+
+
+def _best(fn, repeat: int) -> float:
+    fn()                                     # warm-up: JIT, first-touch pages, sessions
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def _ort_run(session, x: np.ndarray) -> np.ndarray:
+    """The session on all rows: at once when its batch is dynamic, else batch by batch (the
+    last one padded), as the model was exported."""
+    feed = session.get_inputs()[0]
+    fixed = feed.shape[0] if isinstance(feed.shape[0], int) else None
+    if fixed is None:
+        return session.run(None, {feed.name: x})[0]
+    parts = []
+    for start in range(0, len(x), fixed):
+        chunk = x[start:start + fixed]
+        if len(chunk) < fixed:
+            chunk = np.concatenate([chunk, np.zeros((fixed - len(chunk),) + x.shape[1:],
+                                                    x.dtype)])
+        parts.append(session.run(None, {feed.name: chunk})[0])
+    return np.concatenate(parts)[:len(x)]
+
+
+def measure(label, build, name, rows, batch, repeat):
+    import onnxruntime as ort
+
+    import tpuasm
+    path, options, x = build(name, rows)
+    model = tpuasm.compile(path, batch=batch, **options)
+    ours = _best(lambda: model.run(x), repeat)
+    options = ort.SessionOptions()
+    session = ort.InferenceSession(str(model.reference_model), options,
+                                   providers=["CPUExecutionProvider"])
+    theirs = _best(lambda: _ort_run(session, x), repeat)
+    y_ours = next(iter(model.run(x).values()))
+    y_theirs = _ort_run(session, x)
+    same = float(np.mean(np.isclose(y_ours, y_theirs, rtol=0, atol=1e-6)))
+    return label, rows, batch, ours, theirs, same
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--only", help="run only the cases whose label contains this")
+    args = p.parse_args(argv)
+    print(f"{'model':<16} {'rows':>5} {'batch':>5} {'tpuasm':>10} {'onnxruntime':>12} "
+          f"{'ratio':>7} {'identical':>9}")
+    for case in CASES:
+        if args.only and args.only.lower() not in case[0].lower():
+            continue
+        label, rows, batch, ours, theirs, same = measure(*case, args.repeat)
+        print(f"{label:<16} {rows:>5} {batch:>5} {ours * 1e3:>8.1f}ms {theirs * 1e3:>10.2f}ms "
+              f"{ours / theirs:>6.1f}x {same:>9.2%}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
