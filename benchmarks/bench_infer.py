@@ -5,6 +5,7 @@ so everything tpuasm spends beyond onnxruntime is the price of emulating the chi
 and of the work around it (batching, host images, host parts).
 
     .venv/bin/python benchmarks/bench_infer.py [--repeat 3] [--only NAME]
+    .venv/bin/python benchmarks/bench_infer.py scaling [--rows 4000]   # infer on 1 -> 2 workers
 
 Prints, per model: rows and batch, tpuasm's time, onnxruntime's time, and the ratio (the
 issue's goal: <= 2x on MLP0/CNN0 shapes, <= 10x on digits-sized models).  The minimum of
@@ -88,11 +89,38 @@ def measure(label, build, name, rows, batch, repeat):
     return label, rows, batch, ours, theirs, same
 
 
+def scaling(rows: int) -> None:
+    """`tpuasm infer --workers 1` against `--workers 2` on the digits CNN (whole processes:
+    the cluster's start-up is part of what a user waits for, and is printed alone)."""
+    import subprocess
+    import tempfile
+
+    import tpuasm
+    path, options, x = _digits("cnn", rows)
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "cnn"
+        tpuasm.compile(path, batch=64, **options).save(out)
+        np.save(Path(d) / "x.npy", x)
+        base = [sys.executable, "-m", "tpuasm", "infer", str(out), str(Path(d) / "x.npy"),
+                "-o", str(Path(d) / "y.npy"), "-q"]
+        print(f"digits CNN, {rows} rows, batch 64, whole `tpuasm infer` processes")
+        for label, extra in (("one process", []), ("--workers 1", ["--workers", "1"]),
+                             ("--workers 2", ["--workers", "2"])):
+            t = time.perf_counter()
+            subprocess.run(base + extra, check=True)
+            print(f"  {label:<12} {time.perf_counter() - t:6.2f} s", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", nargs="?", choices=("table", "scaling"), default="table")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rows", type=int, default=4096, help="rows for `scaling`")
     p.add_argument("--only", help="run only the cases whose label contains this")
     args = p.parse_args(argv)
+    if args.mode == "scaling":
+        scaling(args.rows)
+        return 0
     print(f"{'model':<16} {'rows':>5} {'batch':>5} {'tpuasm':>10} {'onnxruntime':>12} "
           f"{'ratio':>7} {'identical':>9}")
     for case in CASES:

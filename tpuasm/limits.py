@@ -32,6 +32,8 @@ MAX_MANIFEST_BYTES = 1 * MiB         # a test.toml
 MAX_SCRIPT_BYTES = 16 * MiB          # a debugger batch script
 MAX_NPY_HEADER_BYTES = 64 * KiB      # a .npy header (numpy's own default is 10,000)
 MAX_NPY_DIMS = 8
+MAX_SHIPPED_MODEL_BYTES = 4 * GiB    # a compiled model sent to Dask workers (`infer --workers`)
+MAX_INFER_WORKERS = 1024             # `infer --workers`: local worker processes
 
 # ---- the assembler
 # Statements (and .rept iterations) one assembly may expand to: ~6 s and ~600 MB at the

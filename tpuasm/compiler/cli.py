@@ -41,8 +41,24 @@ def _parser_infer() -> argparse.ArgumentParser:
                    help="Y.npy (one output) or Y.npz (keyed by output name)")
     p.add_argument("--engine", choices=("emulator", "reference"), default=None,
                    help="run segments on the emulator (default) or with reference.py")
+    cluster = p.add_argument_group("data-parallel inference on Dask")
+    cluster.add_argument("--workers", type=_worker_count, metavar="N",
+                         help="spread the rows over a local cluster of N worker processes")
+    cluster.add_argument("--scheduler", metavar="ADDR",
+                         help="spread the rows over the Dask cluster at ADDR "
+                              "(e.g. tcp://host:8786)")
+    cluster.add_argument("--chunk-rows", type=positive_int, metavar="R",
+                         help="rows per task (default: whole batches, ~4 tasks per worker)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _worker_count(text: str) -> int:
+    from tpuasm.limits import MAX_INFER_WORKERS
+    n = positive_int(text)
+    if n > MAX_INFER_WORKERS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_INFER_WORKERS}: {n}")
+    return n
 
 
 @contextmanager
@@ -94,12 +110,32 @@ def infer_main(argv: list[str] | None = None) -> int:
             raise _error(f"{out}: the model has {len(model.outputs)} outputs "
                          f"({', '.join(o.name for o in model.outputs)}): write an .npz")
         with _progress(args.quiet) as progress:
-            results = model.run(data, progress=progress, engine=args.engine)
+            if args.workers or args.scheduler:
+                results = _run_on_cluster(args, model, data, progress)
+            else:
+                results = model.run(data, progress=progress, engine=args.engine)
         write_outputs(out, results)
         if not args.quiet:
             rows = len(next(iter(results.values()))) if results else 0
             print(f"wrote {out} ({rows} rows)", file=sys.stderr)
     return state["code"]
+
+
+def _run_on_cluster(args, model, data, progress) -> dict:
+    """The rows over Dask workers (tpuasm.compiler.distributed); the scheduler is reached
+    before anything is written."""
+    from tpuasm.compiler.distributed import run_on_cluster
+    from tpuasm.sweep.executor import dask_client
+    from tpuasm.sweep.grid import SweepError
+    if args.workers and args.scheduler:
+        raise _error("give --workers (a local cluster) or --scheduler (a running one), "
+                     "not both")
+    try:
+        with dask_client(args.scheduler, args.workers) as client:
+            return run_on_cluster(args.outdir, model, data, client, args.chunk_rows,
+                                  args.engine, progress)
+    except SweepError as e:                # the scheduler cannot be reached
+        raise _error(str(e)) from None
 
 
 def _error(message: str):

@@ -2,6 +2,7 @@
 `load` from an OUTDIR."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ class CompiledModel:
         self.config: dict = dict(config or {})
         self.reference_model = Path(reference_model)   # the QDQ model (onnxruntime's oracle)
         self._keep = keep                               # a temporary directory to keep alive
+        self._lock = threading.Lock()   # each segment keeps one Machine: one run at a time
 
     @property
     def segments(self):
@@ -49,8 +51,9 @@ class CompiledModel:
         if engine not in ("emulator", "reference"):
             raise ValueError(f"engine must be 'emulator' or 'reference', not {engine!r}")
         machine = {k: v for k, v in self.config.items()}
-        return run_model(self.steps, self.batch, self.inputs, self.outputs, inputs, engine,
-                         machine, progress)
+        with self._lock:
+            return run_model(self.steps, self.batch, self.inputs, self.outputs, inputs,
+                             engine, machine, progress)
 
     def save(self, outdir) -> Path:
         return save(self, outdir)

@@ -1,0 +1,118 @@
+"""`tpuasm infer --workers N / --scheduler ADDR`: rows spread over Dask workers give exactly
+the single-process answer, in input order; a scheduler that cannot be reached, workers on
+other code and a failing chunk are clear errors with nothing written."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+import float_models
+from tpuasm.compiler import load
+from tpuasm.compiler.cli import infer_main
+from tpuasm.compiler.distributed import (check_workers, chunk_ranges, code_digest,
+                                         outdir_files, run_on_cluster)
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.pipeline import compile_model
+
+LAYERS = [("gemm", 12), ("relu",), ("gemm", 5)]
+
+
+@pytest.fixture(scope="module")
+def outdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist")
+    path = float_models.save(float_models.build(LAYERS, (7,)), d / "mlp.onnx")
+    calib = np.random.default_rng(0).normal(0, 1, (40, 7)).astype(np.float32)
+    compile_model(path, batch=4, calibration=calib, config={"array_size": 16}).save(d / "out")
+    return d / "out"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return np.random.default_rng(1).normal(0, 1, (37, 7)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def threads_client():
+    from dask.distributed import Client, LocalCluster
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+def test_chunks_are_whole_batches_covering_every_row():
+    assert chunk_ranges(37, 4, 2, None) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 37)]
+    assert chunk_ranges(5, 4, 8, None) == [(0, 4), (4, 5)]
+    assert chunk_ranges(10, 4, 1, 3) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+
+
+def test_cluster_run_equals_one_process_in_order(outdir, rows, threads_client):
+    model = load(outdir)
+    seen = []
+    ours = run_on_cluster(outdir, model, {model.inputs[0].name: rows}, threads_client,
+                          chunk_rows=4, progress=lambda done, total: seen.append(done))
+    want = model.run(rows)
+    assert ours.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(ours[name], want[name])
+    assert seen[0] == 0 and seen[-1] == len(rows) and seen == sorted(seen)
+
+
+def test_a_failing_chunk_names_its_rows(outdir, rows, threads_client):
+    model = load(outdir)
+    with pytest.raises(CompileError, match=r"rows \d+-\d+ failed on the cluster: ValueError: engine"):
+        run_on_cluster(outdir, model, {model.inputs[0].name: rows[:8]}, threads_client,
+                       engine="abacus")
+
+
+def test_workers_on_other_code_are_refused():
+    class Client:
+        def run(self, fn):
+            return {"tcp://10.0.0.7:4000": "0" * 16, "tcp://10.0.0.8:4000": code_digest()}
+    with pytest.raises(CompileError, match=r"1 of 2 Dask workers run other tpuasm code.*"
+                                           r"10\.0\.0\.7"):
+        check_workers(Client())
+
+
+def test_only_what_a_run_reads_is_shipped(outdir):
+    files = outdir_files(outdir)
+    assert "manifest.json" in files and "model.qdq.onnx" in files
+    assert not any(n.startswith("regression/") or n.endswith(".host.npy") for n in files)
+
+
+def test_infer_with_local_worker_processes(outdir, rows, tmp_path):
+    np.save(tmp_path / "x.npy", rows)
+    assert infer_main([str(outdir), str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                       "--workers", "2", "-q"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"),
+                                  next(iter(load(outdir).run(rows).values())))
+
+
+def test_an_unreachable_scheduler_touches_no_output(outdir, rows, tmp_path, capsys):
+    with socket.socket() as s:              # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    np.save(tmp_path / "x.npy", rows)
+    keep = tmp_path / "y.npy"
+    keep.write_bytes(b"earlier results")
+    code = infer_main([str(outdir), str(tmp_path / "x.npy"), "-o", str(keep), "-q",
+                       "--scheduler", f"tcp://127.0.0.1:{port}"])
+    assert code == 2
+    assert "cannot reach the Dask scheduler" in capsys.readouterr().err
+    assert keep.read_bytes() == b"earlier results"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workers", "0"], "must be at least 1"),
+    (["--workers", "100000"], "at most"),
+    (["--chunk-rows", "-3"], "must be at least 1"),
+    (["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], "not both"),
+])
+def test_cluster_options_are_checked(outdir, rows, tmp_path, capsys, argv, words):
+    np.save(tmp_path / "x.npy", rows)
+    code = infer_main([str(outdir), str(tmp_path / "x.npy"), "-o",
+                       str(tmp_path / "y.npy"), "-q", *argv])
+    assert code == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "y.npy").exists()

@@ -1,0 +1,145 @@
+"""Data-parallel inference on Dask: the rows of a run split into chunks, each chunk run by a
+worker on its own copy of the compiled model, the outputs joined in input order.
+
+The compiled model travels as the bytes of its OUTDIR (broadcast once to every worker), so a
+cluster needs no shared disk; each worker process loads it once and keeps it for later chunks.
+Before any chunk runs, every worker must hold the same tpuasm code as the client (a worker on
+another version would compute other answers, or the same answers for other reasons).  A chunk
+whose worker dies is given to another worker by the scheduler; a chunk that fails names its
+rows, and nothing is returned for the run.
+"""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from tpuasm.compiler.errors import CompileError
+
+_SKIPPED = {"regression"}                  # OUTDIR folders a run never reads
+
+
+def outdir_files(outdir) -> dict[str, bytes]:
+    """The files a run of OUTDIR needs, {relative path: bytes}, read through tpuasm.files
+    within limits.MAX_SHIPPED_MODEL_BYTES in all."""
+    from tpuasm.files import read_input
+    from tpuasm.limits import MAX_SHIPPED_MODEL_BYTES
+    outdir = Path(outdir)
+    files, total = {}, 0
+    for path in sorted(outdir.rglob("*")):
+        rel = path.relative_to(outdir)
+        if rel.parts[0] in _SKIPPED or path.name.endswith(".host.npy") or not path.is_file():
+            continue
+        data = read_input(path, what="compiled-model file",
+                          limit=MAX_SHIPPED_MODEL_BYTES - total)
+        total += len(data)
+        files[rel.as_posix()] = data
+    return files
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """A digest of this tpuasm's code (every source, table and grammar of the package)."""
+    import tpuasm
+    root = Path(tpuasm.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".toml", ".lark", ".c") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0")
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+_MODELS: dict[str, object] = {}           # per worker process: model digest -> CompiledModel
+
+
+def _worker_model(key: str, files: dict[str, bytes]):
+    model = _MODELS.get(key)
+    if model is None:
+        from tpuasm.compiler.model import load
+        folder = Path(tempfile.mkdtemp(prefix="tpuasm-model-"))
+        for name, data in files.items():
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        _MODELS.clear()                   # one model at a time per worker
+        model = _MODELS[key] = load(folder)
+    return model
+
+
+def _run_chunk(key: str, files: dict[str, bytes], chunk: dict, engine: str | None):
+    return _worker_model(key, files).run(chunk, engine=engine)
+
+
+def chunk_ranges(rows: int, batch: int, workers: int, chunk_rows: int | None) -> list:
+    """[(start, stop), ...]: whole batches per chunk, about four chunks per worker."""
+    if chunk_rows is None:
+        per = -(-rows // max(4 * workers, 1))
+        chunk_rows = max(batch, -(-per // batch) * batch)
+    return [(s, min(s + chunk_rows, rows)) for s in range(0, rows, chunk_rows)]
+
+
+def check_workers(client) -> None:
+    """Every worker runs this tpuasm's code, or a CompileError names those that do not."""
+    ours = code_digest()
+    theirs = client.run(code_digest)
+    if not theirs:
+        raise CompileError("the Dask cluster has no workers")
+    other = sorted(w for w, d in theirs.items() if d != ours)
+    if other:
+        raise CompileError(f"{len(other)} of {len(theirs)} Dask workers run other tpuasm code "
+                           f"than this client (code {ours}): {', '.join(other[:4])}; install "
+                           f"the same version on every worker")
+
+
+def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = None,
+                   engine: str | None = None, progress=None) -> dict[str, np.ndarray]:
+    """`model.run(data)` with the rows spread over `client`'s workers; `model` is OUTDIR
+    loaded here (its inputs, outputs and batch).  Same result as one process, in order."""
+    from dask.distributed import as_completed
+    from tpuasm.compiler.runtime import check_inputs
+    rows = check_inputs(model.inputs, data)
+    check_workers(client)
+    files = outdir_files(outdir)
+    key = _digest(files)
+    workers = max(len(client.scheduler_info().get("workers", {})), 1)
+    ranges = chunk_ranges(rows, model.batch, workers, chunk_rows)
+    shipped = client.scatter(files, broadcast=True, hash=False)
+    futures = {}
+    for i, (start, stop) in enumerate(ranges):
+        chunk = {name: x[start:stop] for name, x in data.items()}
+        future = client.submit(_run_chunk, key, shipped, chunk, engine, pure=False,
+                               key=f"tpuasm-infer-{key[:8]}-{i}")
+        futures[future] = i
+    parts: list = [None] * len(ranges)
+    done = 0
+    if progress:
+        progress(0, rows)
+    try:
+        for future in as_completed(list(futures)):
+            i = futures[future]
+            start, stop = ranges[i]
+            try:
+                parts[i] = future.result()
+            except Exception as e:      # noqa: BLE001 - the worker's error, named by chunk
+                raise CompileError(f"rows {start}-{stop - 1} failed on the cluster: "
+                                   f"{type(e).__name__}: {e}") from None
+            future.release()
+            done += stop - start
+            if progress:
+                progress(done, rows)
+    finally:
+        for future in futures:
+            future.cancel()
+    return {o.name: np.concatenate([p[o.name] for p in parts]) if parts else
+            np.zeros((0,) + tuple(o.shape)) for o in model.outputs}
