@@ -39,8 +39,9 @@ def _parser_infer() -> argparse.ArgumentParser:
     p.add_argument("inputs", help="X.npy (one input) or X.npz keyed by input name")
     p.add_argument("-o", "--output", required=True, metavar="Y",
                    help="Y.npy (one output) or Y.npz (keyed by output name)")
-    p.add_argument("--engine", choices=("emulator", "reference"), default=None,
-                   help="run segments on the emulator (default) or with reference.py")
+    p.add_argument("--engine", choices=("emulator", "pipeline", "reference"), default=None,
+                   help="run segments on the emulator's data path (default), on its timed "
+                        "four-stage pipeline, or with reference.py")
     cluster = p.add_argument_group("data-parallel inference on Dask")
     cluster.add_argument("--workers", type=_worker_count, metavar="N",
                          help="spread the rows over a local cluster of N worker processes")

@@ -14,6 +14,11 @@ from tpuasm.compiler.report import CompileReport
 from tpuasm.compiler.runtime import TpuStep, ValueInfo, run_model
 
 
+# emulator: the programs' data path (timing proven once per program); pipeline: every batch
+# through the four-stage pipeline with its timing; reference: reference.py's numpy semantics
+ENGINES = ("emulator", "pipeline", "reference")
+
+
 class CompiledModel:
     """A model compiled for the TPU: `run(inputs)`, `report`, `save(outdir)`."""
 
@@ -39,8 +44,8 @@ class CompiledModel:
 
     def run(self, inputs, progress=None, engine: str | None = None) -> dict[str, np.ndarray]:
         """Float inputs (an array for a one-input model, else {name: array}), any number of
-        rows -> {output name: array}.  `engine`: "emulator" (default when the back end made
-        programs) or "reference" (reference.py's numpy semantics)."""
+        rows -> {output name: array}.  `engine` (ENGINES): "emulator" (default when the back
+        end made programs), "pipeline" or "reference" (reference.py's numpy semantics)."""
         if not isinstance(inputs, dict):
             if len(self.inputs) != 1:
                 raise CompileError(f"the model has {len(self.inputs)} inputs: pass a dict "
@@ -48,8 +53,8 @@ class CompiledModel:
             inputs = {self.inputs[0].name: inputs}
         if engine is None:
             engine = "emulator" if self.has_programs else "reference"
-        if engine not in ("emulator", "reference"):
-            raise ValueError(f"engine must be 'emulator' or 'reference', not {engine!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         machine = {k: v for k, v in self.config.items()}
         with self._lock:
             return run_model(self.steps, self.batch, self.inputs, self.outputs, inputs,
