@@ -1,4 +1,5 @@
-"""The run loop (core.run_core) compiled ahead of time into a small extension module.
+"""The run loop (core.run_core) and the data path (dataonly.run_sequential) compiled ahead of
+time into a small extension module.
 
 Why.  A warm `tpuasm run` of a tiny program spent ~1.3 s, nearly all of it in numba:
 importing it (~0.35 s) and loading the cached run loop (~0.5 s, most of it numba refreshing
@@ -138,12 +139,13 @@ def load():
     return module
 
 
-def runner(args):
-    """The ahead-of-time run_core if it can take these arguments, else None."""
+def runner(args, name: str = "run_core"):
+    """The ahead-of-time `name` (run_core, or dataonly's run_sequential) if it can take
+    these arguments, else None."""
     module = load()
-    if module is None or not _matches(module.LAYOUT, layout(args)):
+    if module is None or not _matches(module.LAYOUT[name], layout(args)):
         return None
-    return module.run_core
+    return getattr(module, name)
 
 
 def _import(where: Path):
@@ -158,17 +160,21 @@ def _import(where: Path):
 
 # ------------------------------------------------------------------ building
 def build(where: Path) -> None:
-    """Compile core.run_core into `where` (atomically: a temporary directory renamed)."""
-    from . import core, jit
+    """Compile core.run_core and dataonly.run_sequential into `where` (atomically: a
+    temporary directory renamed)."""
+    from . import core, dataonly, jit
     from .machine import Machine
     jit.materialize()
     sample = Machine()._args                 # the argument types every Machine passes
+    sequential = dataonly.arguments(sample)
     import numba
     from numba.core import codegen
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # pycc's pending-deprecation notice
         from numba.pycc import CC
     signature = numba.types.void(*(numba.typeof(a) for a in sample))
+    sequential_signature = numba.types.int64(*(numba.typeof(a) for a in sequential),
+                                             numba.types.int64)      # + the profile
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
     try:
         cc = CC(MODULE)
@@ -176,6 +182,7 @@ def build(where: Path) -> None:
         cc.output_file = _library_path(tmp).name
         cc.target_cpu = "host"
         cc.export("run_core", signature)(core.run_core.py_func)
+        cc.export("run_sequential", sequential_signature)(dataonly.run_sequential.py_func)
         # pycc tunes for the host CPU *model*; give it the host's actual feature list too,
         # as the JIT does (a virtual machine may hide features its CPU model implies).
         original = codegen.AOTCPUCodegen._customize_tm_features
@@ -185,7 +192,8 @@ def build(where: Path) -> None:
             cc.compile()
         finally:
             codegen.AOTCPUCodegen._customize_tm_features = original
-        (tmp / _LAYOUT).write_text(json.dumps(layout(sample)))
+        (tmp / _LAYOUT).write_text(json.dumps({"run_core": layout(sample),
+                                                "run_sequential": layout(sequential)}))
         install(tmp, where, "aot-")
         tmp = None
     finally:

@@ -48,13 +48,23 @@ def run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch, p
     return prog.shape[0]
 
 
-def run(prog: np.ndarray, ub, acc, host, weights, scratch, profile: int) -> int:
-    """run_sequential from the reset state (registers, empty weight queue, no active tile)."""
+def arguments(machine_args) -> tuple:
+    """run_sequential's arguments for a machine's core arguments (Machine._args), from the
+    reset state: registers, an empty weight queue, no active tile."""
+    prog, ub, acc, host, weights, scratch = (machine_args[i] for i in (0, 11, 12, 13, 14, 15))
     regs = reset_registers()
     tiles = np.full(max(_fetched_tiles(prog), 1), -1, dtype=np.int64)
     active = np.full(2, -1, dtype=np.int64)
-    return int(run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch,
-                              np.int64(profile)))
+    return prog, regs, tiles, ub, acc, host, weights, active, scratch
+
+
+def run(machine_args, profile: int) -> int:
+    """The program of a machine's core arguments through the data path (the ahead-of-time
+    build when it takes these arguments, else numba's JIT)."""
+    from . import aot
+    args = (*arguments(machine_args), np.int64(profile))
+    entry = aot.runner(args[:-1], "run_sequential") or run_sequential
+    return int(entry(*args))
 
 
 def _fetched_tiles(prog: np.ndarray) -> int:

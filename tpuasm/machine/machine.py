@@ -264,8 +264,7 @@ class Machine:
         from . import dataonly
         restore = _set_blas_threads(self._blas_threads)
         try:
-            dataonly.run(self.prog, self.ub, self.acc, self.host, self.weights, self._scratch,
-                         int(self.st[core.K_PROFILE]))
+            dataonly.run(self._args, int(self.st[core.K_PROFILE]))
         finally:
             if restore is not None:
                 set_blas_threads(restore)
