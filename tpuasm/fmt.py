@@ -28,8 +28,10 @@ import difflib
 import sys
 from pathlib import Path
 
-from .errors import OutputFileError
-from .files import atomic_write
+from .command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .errors import InputFileError, OutputFileError
+from .files import atomic_write, read_input, read_stream
+from .limits import MAX_SOURCE_BYTES
 from .tokens import WORDS, line_tokens
 
 INSTRUCTION_INDENT = 8
@@ -162,22 +164,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     p.add_argument("--diff", action="store_true", help="change nothing; print a unified diff")
     args = p.parse_args(argv)
-    status = 0
+    status = EXIT_OK
     for path in args.files:
-        try:
+        try:       # regular files of bounded size only: a FIFO or /dev/zero is refused
             if str(path) == "-":
-                data = sys.stdin.buffer.read()
+                data = read_stream(sys.stdin.buffer, limit=MAX_SOURCE_BYTES)
             else:
-                data = path.read_bytes()
-        except OSError as e:
-            print(f"tpuasm fmt: {path}: cannot read: {e.strerror or e}", file=sys.stderr)
-            status = 2
+                data = read_input(path, what="source file", limit=MAX_SOURCE_BYTES)
+        except InputFileError as e:
+            print(f"tpuasm fmt: {e}", file=sys.stderr)
+            status = EXIT_USAGE
             continue
         try:
             before = data.decode("utf-8-sig")
         except UnicodeDecodeError:
             print(f"tpuasm fmt: {path}: not valid UTF-8", file=sys.stderr)
-            status = 2
+            status = EXIT_USAGE
             continue
         after = format_source(before)
         if str(path) == "-" and not (args.check or args.diff):
@@ -194,15 +196,16 @@ def main(argv: list[str]) -> int:
         if args.check or args.diff:
             if args.check:
                 print(f"would reformat {path}", file=sys.stderr)
-            status = max(status, 1)
+            status = max(status, EXIT_FAILED)
             continue
         try:
             atomic_write(path, after)       # a crash leaves the old file or the new one
         except OutputFileError as e:
             print(f"tpuasm fmt: {e}", file=sys.stderr)
-            status = 2
+            status = EXIT_USAGE
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .command import exit_with
+    exit_with(main)

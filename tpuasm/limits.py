@@ -30,6 +30,8 @@ MAX_SOURCE_BYTES = 64 * MiB          # one .tasm file (the 100,000-line benchmar
 MAX_BINARY_BYTES = 256 * MiB         # a .tbin or OpenTPU binary
 MAX_MANIFEST_BYTES = 1 * MiB         # a test.toml
 MAX_SCRIPT_BYTES = 16 * MiB          # a debugger batch script
+MAX_GRID_BYTES = 1 * MiB             # a sweep's --grid TOML
+MAX_RESULTS_BYTES = 1 * GiB          # a sweep's results CSV read back (figure11 --from-csv)
 MAX_NPY_HEADER_BYTES = 64 * KiB      # a .npy header (numpy's own default is 10,000)
 MAX_NPY_DIMS = 8
 

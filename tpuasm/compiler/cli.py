@@ -9,7 +9,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..cli import EXIT_FAULT, EXIT_OK, EXIT_USAGE, parse_arguments, positive_int
+from ..cli import parse_arguments, positive_int
+from ..command import EXIT_FAILED as EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def _parser_compile() -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def _errors():
         state["code"] = EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        state["code"] = 130
+        state["code"] = EXIT_INTERRUPTED
 
 
 def compile_main(argv: list[str] | None = None) -> int:
