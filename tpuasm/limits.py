@@ -54,7 +54,20 @@ MAX_CYCLES = 1 << 62                 # --max-cycles, a manifest's max_cycles (in
 MAX_TIMING_CYCLES = 1 << 40          # a latency in cycles (MachineConfig)
 MAX_RATE = 1e15                      # clock_hz, bytes per cycle (MachineConfig)
 
+# ---- the compiler
+MAX_BATCH = 1 << 16                  # `compile --batch`, an OUTDIR's batch (~0.5 GB of rows
+#                                      for the corpus's models at the cap; 10**6 took 7 GB)
+# bytes of memory a compile needs per byte of model file: the weights as read, their
+# float32 and float64 copies in quantization and in the golden check (8 bytes per int8
+# weight), and the onnxruntime session of the reference model
+COMPILE_BYTES_PER_MODEL_BYTE = 12
+
 _ENV = "TPUASM_MEMORY_LIMIT"
+
+
+def compile_bytes(model_bytes: int) -> int:
+    """Memory a compile of a model file of this size needs (see COMPILE_BYTES_PER_MODEL_BYTE)."""
+    return model_bytes * COMPILE_BYTES_PER_MODEL_BYTE
 
 
 def check_int(what: str, value, lo: int, hi: int) -> int:
