@@ -46,8 +46,12 @@ _OPENERS = ("macro", "rept")
 _CLOSERS = ("endm", "endr")
 
 
-def format_source(text: str) -> str:
-    """`text` in the canonical layout (idempotent: formatting the result changes nothing)."""
+def format_source(text: str, path: str | None = None) -> str:
+    """`text` in the canonical layout (idempotent: formatting the result changes nothing).
+
+    `path`: the file's name (`tpuasm fmt FILE`): then every line the assembler reports an
+    error at (its `.include`s resolved beside it) is kept as written, so the error's line
+    and column, which a negative test's manifest pins, stay where they were."""
     from .assembler.parser import parse
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
@@ -58,6 +62,8 @@ def format_source(text: str) -> str:
         text = "\n".join("" if i + 1 in long_lines else line for i, line in enumerate(lines))
     _, diags = parse(text, "<fmt>")
     broken = {d.line for d in diags} | long_lines
+    if path is not None and not diags:     # a file (`tpuasm fmt`), not a snippet
+        broken |= _error_lines(text, path)
     level = 0
     rows: list[tuple[str, str | None] | None] = []      # (code, trailing comment) or None = blank
     for number, line in enumerate(lines, 1):
@@ -76,6 +82,19 @@ def format_source(text: str) -> str:
         code, level = _statement(tokens, level)
         rows.append((code, comment))
     return _assemble_rows(rows)
+
+
+def _error_lines(text: str, path: str | None) -> set[int]:
+    """The lines of this file the assembler reports an error at (an undefined symbol, an
+    overlap, a value out of range: errors the parser alone does not see)."""
+    from .assembler.analysis import analyze
+    name = path
+    try:
+        analysis = analyze(text, name, lint=False)
+    except Exception:        # analyze guards itself; formatting never depends on it
+        return set()
+    return {d.line for d in analysis.diagnostics
+            if d.severity == "error" and d.file == name}
 
 
 def _statement(tokens, level: int) -> tuple[str, int]:
@@ -181,7 +200,7 @@ def main(argv: list[str]) -> int:
             print(f"tpuasm fmt: {path}: not valid UTF-8", file=sys.stderr)
             status = EXIT_USAGE
             continue
-        after = format_source(before)
+        after = format_source(before, None if str(path) == "-" else str(path))
         if str(path) == "-" and not (args.check or args.diff):
             sys.stdout.write(after)
             continue
