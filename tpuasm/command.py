@@ -48,8 +48,9 @@ def run_face(face, argv=None) -> int:
 
 def _flush_stdout() -> None:
     """Flush now, inside the handlers: a broken pipe found at interpreter exit would print
-    "Exception ignored ... BrokenPipeError"."""
-    sys.stdout.flush()
+    "Exception ignored ... BrokenPipeError".  (The language server closes stdout itself.)"""
+    if sys.stdout is not None and not sys.stdout.closed:
+        sys.stdout.flush()
 
 
 def _silence_stdout() -> None:
