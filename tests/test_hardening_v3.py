@@ -396,7 +396,10 @@ def test_figure11_ctrl_c_is_a_clean_exit_130(tmp_path):
                              "--apps", "MLP0", "--out", str(tmp_path / "fig"), "--cache",
                              str(tmp_path / "c.sqlite")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    time.sleep(2.5)                           # well into the imports or the first point
+    deadline = time.monotonic() + 30          # the sweep has started: its cache exists
+    while not (tmp_path / "c.sqlite").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
