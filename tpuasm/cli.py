@@ -1,7 +1,8 @@
 """The `tpuasm` command line: thin faces over the library.
 
-Exit status: 0 success, 1 the machine faulted (or tests failed), 2 usage, assembly,
-binary-format or data-file errors.  Heavy modules (numba, the machine) are imported
+Exit status (tpuasm/command.py, the one place they are defined): 0 success, 1 the
+machine faulted (or tests failed), 2 usage, assembly, binary-format or data-file errors,
+130 interrupted.  Every command, the delegated ones too, ends through command.run_face.  Heavy modules (numba, the machine) are imported
 only by the commands that need them, so `tpuasm asm` and `--help` start fast.
 """
 from __future__ import annotations
@@ -11,13 +12,18 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import AssemblyError, TpuasmError
+from .command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_face
+from .errors import TpuasmError
 
-EXIT_OK, EXIT_FAULT, EXIT_USAGE = 0, 1, 2
+EXIT_FAULT = EXIT_FAILED     # the name the compiler's faces import
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The `tpuasm` command: every subcommand through the one command layer."""
+    return run_face(_main, sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
     # Faces with their own argument parsers take the rest of the command line as is.
     if argv and argv[0] in _DELEGATES:
         return _delegate(argv[0], argv[1:])
@@ -26,21 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
-    try:
-        return args.handler(args)
-    except AssemblyError as e:
-        print(e.render(color=_color(sys.stderr)), file=sys.stderr)
-        return EXIT_USAGE
-    except TpuasmError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except MemoryError:     # the last line of defence: tpuasm.limits should have said so
-        print("error: out of memory (an input too large for this machine; "
-              "spec/limits.md)", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return args.handler(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -270,7 +262,8 @@ def load_program(path: Path, config: dict | None = None, fmt: str | None = None,
 
 def cmd_asm(args) -> int:
     from .assembler import assemble_file, listing, symbol_map
-    from .files import check_outputs
+    from .files import check_input, check_outputs
+    check_input(args.source, what="source file")     # `tpuasm asm .`: a clear error first
     opentpu_out = args.format == "opentpu" or (args.format is None and args.output is not None
                                                and args.output.suffix == ".out")
     out = args.output or args.source.with_suffix(".out" if opentpu_out else ".tbin")
@@ -290,12 +283,11 @@ def cmd_asm(args) -> int:
         data = (program.stripped() if args.no_debug else program).to_bytes()
         count = len(program)
         make_listing = listing
-    texts = {args.listing: make_listing(program) if args.listing else None,
-             args.symbols: symbol_map(program) if args.symbols else None}
-    _write(out, data)              # every output is rendered and checked before the first write
-    for path, text in texts.items():
-        if path is not None:
-            _write(path, text.encode())
+    from .files import write_together
+    # every output is rendered and checked first, then all are committed or none
+    write_together([(out, data),
+                    (args.listing, make_listing(program) if args.listing else None),
+                    (args.symbols, symbol_map(program) if args.symbols else None)])
     print(f"{out}: {count} instructions, {len(data)} bytes", file=sys.stderr)
     return EXIT_OK
 

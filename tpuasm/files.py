@@ -49,6 +49,33 @@ def _open_regular(path, what: str, error: type[TpuasmError]) -> int:
     return fd
 
 
+def check_input(path, *, what: str = "file",
+                error: type[TpuasmError] = InputFileError) -> None:
+    """Refuse at once an input that is not a regular file (a folder, a FIFO, a device) or
+    cannot be opened, before a command works out anything from its name."""
+    os.close(_open_regular(path, what, error))
+
+
+def read_stream(stream, *, what: str = "standard input", limit: int,
+                error: type[TpuasmError] = InputFileError) -> bytes:
+    """At most `limit` bytes from a binary stream (stdin), `error` beyond: `cat /dev/zero |
+    tpuasm fmt -` stops at the limit instead of filling memory."""
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{what} is larger than the {limits.human_bytes(limit)} limit")
+    return data
+
+
+def read_text(path, *, what: str = "file", limit: int,
+              error: type[TpuasmError] = InputFileError) -> str:
+    """read_input decoded as UTF-8 (a BOM dropped), `error` when it is not UTF-8."""
+    data = read_input(path, what=what, limit=limit, error=error)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: {what} is not valid UTF-8 (byte {e.start})") from None
+
+
 def read_input(path, *, what: str = "file", limit: int,
                error: type[TpuasmError] = InputFileError) -> bytes:
     """The bytes of a regular file of at most `limit` bytes; `error` (naming the file and
@@ -271,21 +298,110 @@ def atomic_write(path, data: bytes | str | Callable, *, what: str = "") -> None:
         except OSError as e:
             raise OutputFileError(f"{path}: {verb}: {e.strerror or e}") from None
         return
+    tmp = _stage(path, data, verb)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OutputFileError(f"{path}: {verb}: {e.strerror or e}") from None
+
+
+def _stage(path: Path, data, verb: str) -> str:
+    """`data` written to a new temporary file beside `path` (its name holds this process's
+    id, so a later run can tell a killed run's leftover); its name.  OutputFileError, and
+    nothing left behind, on failure."""
+    remove_stale_temporaries(path)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.",
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=_temp_prefix(path),
                                    suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             _emit(fh, data)
         os.chmod(tmp, _mode_for(path))
-        os.replace(tmp, path)
-        tmp = None
+        staged, tmp = tmp, None
+        return staged
     except OSError as e:
         raise OutputFileError(f"{path}: {verb}: {e.strerror or e}") from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def write_together(outputs, *, what: str = "") -> None:
+    """Write several outputs of one command as one: every regular file is first written to
+    its temporary file, then devices and FIFOs are written, and only when all of that
+    succeeded are the temporary files renamed into place.  `outputs`: (path, data) pairs
+    (data as for atomic_write; None paths skipped).  On any failure no output is changed
+    (`asm -o P.tbin --listing FULL/P.lst` leaves no P.tbin)."""
+    items = [(Path(p), d) for p, d in outputs if p is not None]
+    verb = f"cannot write {what}" if what else "cannot write"
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in items:
+            if not _is_stream(path):
+                staged.append((_stage(path, data, verb), path))
+        for path, data in items:
+            if _is_stream(path):
+                atomic_write(path, data, what=what)
+        while staged:
+            tmp, path = staged[0]
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise OutputFileError(f"{path}: {verb}: {e.strerror or e}") from None
+            staged.pop(0)
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+# ------------------------------------------------------------------ temporaries of killed runs
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True            # someone else's process, or not a pid: leave it alone
+    return True
+
+
+def remove_stale_temporaries(path) -> list[Path]:
+    """Remove the temporary files and folders that a killed run left beside `path`
+    (`.NAME.PID.XXXX.tmp` whose process PID no longer exists: `kill -9` during
+    `tpuasm compile -o OUT` leaves `.OUT.PID.XXXX.tmp/`).  Those of live processes, and
+    anything not named that way, are kept.  The paths removed."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    head = f".{path.name}."
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(head) and name.endswith(".tmp")):
+            continue
+        pid_text = name[len(head):].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _pid_alive(int(pid_text)):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
 
 
 def _emit(fh, data) -> None:
@@ -314,8 +430,9 @@ def atomic_directory(path):
         raise OutputFileError(f"{path}: exists and is not a directory")
     if not path.parent.is_dir():
         raise OutputFileError(f"{path}: directory {path.parent} does not exist")
+    remove_stale_temporaries(path)
     try:
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp"))
     except OSError as e:
         raise OutputFileError(f"{path}: cannot create: {e.strerror or e}") from None
     try:
@@ -333,3 +450,70 @@ def atomic_directory(path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class StagedFile:
+    """An output written bit by bit (a sweep's CSV, row by row as points finish) that
+    appears under its name only when `commit()` is called: until then it is a temporary
+    file beside it (`.NAME.PID.XXXX.tmp`), and `discard()` (or a failure) removes it, so a
+    failed or interrupted command leaves the old file as it was.  A device or FIFO
+    (/dev/stdout, /dev/full) is written directly.  Write errors (a full disk) are
+    OutputFileError naming the file."""
+
+    def __init__(self, path, *, what: str = "", text: bool = True):
+        self.path = Path(path)
+        self.verb = f"cannot write {what}" if what else "cannot write"
+        self.tmp: str | None = None
+        try:
+            if _is_stream(self.path):
+                fd = os.open(self.path, os.O_WRONLY)
+            else:
+                remove_stale_temporaries(self.path)
+                fd, self.tmp = tempfile.mkstemp(dir=self.path.parent or ".",
+                                                prefix=_temp_prefix(self.path), suffix=".tmp")
+            self.file = os.fdopen(fd, "w", newline="") if text else os.fdopen(fd, "wb")
+        except OSError as e:
+            self._fail(e)
+
+    def _fail(self, e: OSError):
+        self.discard()
+        raise OutputFileError(f"{self.path}: {self.verb}: {e.strerror or e}") from None
+
+    def write(self, data) -> None:
+        try:
+            self.file.write(data)
+        except OSError as e:
+            self._fail(e)
+
+    def flush(self) -> None:
+        try:
+            self.file.flush()
+        except OSError as e:
+            self._fail(e)
+
+    def commit(self) -> None:
+        """Close the file and put it in place (OutputFileError, nothing changed, on failure)."""
+        try:
+            self.file.close()
+            if self.tmp is not None:
+                os.chmod(self.tmp, _mode_for(self.path))
+                os.replace(self.tmp, self.path)
+                self.tmp = None
+        except OSError as e:
+            self._fail(e)
+
+    def discard(self) -> None:
+        """Drop what was written; the old file (if any) is untouched."""
+        file = getattr(self, "file", None)
+        if file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                file.close()
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            self.tmp = None
+
+
+def is_stream(path) -> bool:
+    """A device or FIFO output (/dev/null, /dev/stdout): written in place, not renamed."""
+    return _is_stream(Path(path))

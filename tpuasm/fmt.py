@@ -28,8 +28,10 @@ import difflib
 import sys
 from pathlib import Path
 
-from .errors import OutputFileError
-from .files import atomic_write
+from .command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .errors import InputFileError, OutputFileError
+from .files import atomic_write, read_input, read_stream
+from .limits import MAX_SOURCE_BYTES
 from .tokens import WORDS, line_tokens
 
 INSTRUCTION_INDENT = 8
@@ -44,8 +46,12 @@ _OPENERS = ("macro", "rept")
 _CLOSERS = ("endm", "endr")
 
 
-def format_source(text: str) -> str:
-    """`text` in the canonical layout (idempotent: formatting the result changes nothing)."""
+def format_source(text: str, path: str | None = None) -> str:
+    """`text` in the canonical layout (idempotent: formatting the result changes nothing).
+
+    `path`: the file's name (`tpuasm fmt FILE`): then every line the assembler reports an
+    error at (its `.include`s resolved beside it) is kept as written, so the error's line
+    and column, which a negative test's manifest pins, stay where they were."""
     from .assembler.parser import parse
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
@@ -56,6 +62,8 @@ def format_source(text: str) -> str:
         text = "\n".join("" if i + 1 in long_lines else line for i, line in enumerate(lines))
     _, diags = parse(text, "<fmt>")
     broken = {d.line for d in diags} | long_lines
+    if path is not None and not diags:     # a file (`tpuasm fmt`), not a snippet
+        broken |= _error_lines(text, path)
     level = 0
     rows: list[tuple[str, str | None] | None] = []      # (code, trailing comment) or None = blank
     for number, line in enumerate(lines, 1):
@@ -74,6 +82,19 @@ def format_source(text: str) -> str:
         code, level = _statement(tokens, level)
         rows.append((code, comment))
     return _assemble_rows(rows)
+
+
+def _error_lines(text: str, path: str | None) -> set[int]:
+    """The lines of this file the assembler reports an error at (an undefined symbol, an
+    overlap, a value out of range: errors the parser alone does not see)."""
+    from .assembler.analysis import analyze
+    name = path
+    try:
+        analysis = analyze(text, name, lint=False)
+    except Exception:        # analyze guards itself; formatting never depends on it
+        return set()
+    return {d.line for d in analysis.diagnostics
+            if d.severity == "error" and d.file == name}
 
 
 def _statement(tokens, level: int) -> tuple[str, int]:
@@ -162,24 +183,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     p.add_argument("--diff", action="store_true", help="change nothing; print a unified diff")
     args = p.parse_args(argv)
-    status = 0
+    status = EXIT_OK
     for path in args.files:
-        try:
+        try:       # regular files of bounded size only: a FIFO or /dev/zero is refused
             if str(path) == "-":
-                data = sys.stdin.buffer.read()
+                data = read_stream(sys.stdin.buffer, limit=MAX_SOURCE_BYTES)
             else:
-                data = path.read_bytes()
-        except OSError as e:
-            print(f"tpuasm fmt: {path}: cannot read: {e.strerror or e}", file=sys.stderr)
-            status = 2
+                data = read_input(path, what="source file", limit=MAX_SOURCE_BYTES)
+        except InputFileError as e:
+            print(f"tpuasm fmt: {e}", file=sys.stderr)
+            status = EXIT_USAGE
             continue
         try:
             before = data.decode("utf-8-sig")
         except UnicodeDecodeError:
             print(f"tpuasm fmt: {path}: not valid UTF-8", file=sys.stderr)
-            status = 2
+            status = EXIT_USAGE
             continue
-        after = format_source(before)
+        after = format_source(before, None if str(path) == "-" else str(path))
         if str(path) == "-" and not (args.check or args.diff):
             sys.stdout.write(after)
             continue
@@ -194,15 +215,16 @@ def main(argv: list[str]) -> int:
         if args.check or args.diff:
             if args.check:
                 print(f"would reformat {path}", file=sys.stderr)
-            status = max(status, 1)
+            status = max(status, EXIT_FAILED)
             continue
         try:
             atomic_write(path, after)       # a crash leaves the old file or the new one
         except OutputFileError as e:
             print(f"tpuasm fmt: {e}", file=sys.stderr)
-            status = 2
+            status = EXIT_USAGE
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .command import exit_with
+    exit_with(main)

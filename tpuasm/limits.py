@@ -30,6 +30,8 @@ MAX_SOURCE_BYTES = 64 * MiB          # one .tasm file (the 100,000-line benchmar
 MAX_BINARY_BYTES = 256 * MiB         # a .tbin or OpenTPU binary
 MAX_MANIFEST_BYTES = 1 * MiB         # a test.toml
 MAX_SCRIPT_BYTES = 16 * MiB          # a debugger batch script
+MAX_GRID_BYTES = 1 * MiB             # a sweep's --grid TOML
+MAX_RESULTS_BYTES = 1 * GiB          # a sweep's results CSV read back (figure11 --from-csv)
 MAX_NPY_HEADER_BYTES = 64 * KiB      # a .npy header (numpy's own default is 10,000)
 MAX_NPY_DIMS = 8
 MAX_SHIPPED_MODEL_BYTES = 4 * GiB    # a compiled model sent to Dask workers (`infer --workers`)
@@ -54,7 +56,20 @@ MAX_CYCLES = 1 << 62                 # --max-cycles, a manifest's max_cycles (in
 MAX_TIMING_CYCLES = 1 << 40          # a latency in cycles (MachineConfig)
 MAX_RATE = 1e15                      # clock_hz, bytes per cycle (MachineConfig)
 
+# ---- the compiler
+MAX_BATCH = 1 << 16                  # `compile --batch`, an OUTDIR's batch (~0.5 GB of rows
+#                                      for the corpus's models at the cap; 10**6 took 7 GB)
+# bytes of memory a compile needs per byte of model file: the weights as read, their
+# float32 and float64 copies in quantization and in the golden check (8 bytes per int8
+# weight), and the onnxruntime session of the reference model
+COMPILE_BYTES_PER_MODEL_BYTE = 12
+
 _ENV = "TPUASM_MEMORY_LIMIT"
+
+
+def compile_bytes(model_bytes: int) -> int:
+    """Memory a compile of a model file of this size needs (see COMPILE_BYTES_PER_MODEL_BYTE)."""
+    return model_bytes * COMPILE_BYTES_PER_MODEL_BYTE
 
 
 def check_int(what: str, value, lo: int, hi: int) -> int:

@@ -9,7 +9,7 @@ import numpy as np
 
 from .errors import TpuasmError
 
-EXIT_OK, EXIT_FAULT = 0, 1
+from .command import EXIT_FAILED as EXIT_FAULT, EXIT_OK
 
 # The paper's Table 3 rows, in the order the paper lists them: the first four sum to 100 %.
 BREAKDOWN = (("array active", "array_active_cycles"), ("weight stall", "weight_stall_cycles"),

@@ -13,7 +13,7 @@ from ..cli import parse_arguments
 from .paper import APPS, ROWS, TABLE3, measured_row
 from .programs import SOURCES
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from ..command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..command import EXIT_OK, EXIT_USAGE
 from .paper import APPS, FIGURE11
 
 KNOB_ORDER = ("memory", "clock+", "clock", "matrix+", "matrix")
@@ -60,14 +61,21 @@ def main(argv=None) -> int:
         grid.validate()
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    from ..errors import OutputFileError
+    from ..files import check_outputs
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputFileError(f"{args.out.parent}: cannot create: {e.strerror or e}") from None
+    check_outputs({f"--out ({suffix})": args.out.with_suffix(suffix)
+                   for suffix in (".csv", ".png", ".svg")},
+                  [args.from_csv, args.cache or default_path()])
     if args.from_csv:
         return report(args.from_csv, [k for k in knobs if k in _header(args.from_csv)],
                       args.out)
     timing_only = not args.full
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     csv_path = args.out.with_suffix(".csv")
-    out = CsvStream(csv_path, knobs)
     cache = ResultCache(args.cache or default_path())
     targets = [Target("app", a, origin=args.apps_from) for a in apps]
     done = 0
@@ -81,23 +89,32 @@ def main(argv=None) -> int:
               f"{row.get('cycles', '')} cycles {row.get('error') or ''}", file=sys.stderr,
               flush=True)
 
+    out = None
     try:
         if args.workers == 0:
+            out = CsvStream(csv_path, knobs)
             run_sweep(targets, grid, on_row, cache=cache, timing_only=timing_only)
         else:
             from ..sweep.executor import dask_client
             with dask_client(args.scheduler, args.workers) as client:
+                out = CsvStream(csv_path, knobs)      # after connecting: see tpuasm sweep
                 run_sweep(targets, grid, on_row, cache=cache, client=client,
                           timing_only=timing_only)
+        out.close()                # the CSV appears only now, complete
+    except BaseException:          # Ctrl-C, a full disk: the old CSV stays as it was
+        if out is not None:
+            out.discard()
+        raise
     finally:
-        out.close()
         cache.close()
     return report(csv_path, knobs, args.out)
 
 
 def _header(path: Path) -> list[str]:
-    with open(path) as f:
-        return f.readline().strip().split(",")
+    from ..files import read_text
+    from ..limits import MAX_RESULTS_BYTES
+    text = read_text(path, what="results CSV", limit=MAX_RESULTS_BYTES)
+    return text.split("\n", 1)[0].strip().split(",")
 
 
 def report(csv_path: Path, knobs, out: Path) -> int:
@@ -116,7 +133,7 @@ def report(csv_path: Path, knobs, out: Path) -> int:
     if skipped:
         print(skipped)
     print(lstm1_example_text())
-    return 0
+    return EXIT_OK
 
 
 def skipped_text(rows, knobs) -> str:
@@ -242,5 +259,6 @@ def lstm1_example_text() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":         # Ctrl-C, a full disk, ...: the one command layer
+    from ..command import exit_with
+    exit_with(main)

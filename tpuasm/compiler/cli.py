@@ -5,11 +5,13 @@ calibration set, data file or OUTDIR the compiler cannot use, or bad arguments).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..cli import EXIT_FAULT, EXIT_OK, EXIT_USAGE, parse_arguments, positive_int
+from ..cli import parse_arguments, positive_int
+from ..command import EXIT_FAILED as EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def _parser_compile() -> argparse.ArgumentParser:
@@ -20,7 +22,7 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("model", help="the ONNX model (float with --calibrate, or QDQ/QOperator)")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR",
                    help="output directory (replaced if it holds an earlier compile)")
-    p.add_argument("--batch", type=positive_int, metavar="B",
+    p.add_argument("--batch", type=_batch, metavar="B",
                    help="batch size of the TPU programs (default: the model's fixed batch)")
     p.add_argument("--calibrate", metavar="DATA", help="calibration inputs for a float model: "
                    ".npy (one input, rows first) or .npz keyed by input name")
@@ -78,7 +80,48 @@ def _errors():
         state["code"] = EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        state["code"] = 130
+        state["code"] = EXIT_INTERRUPTED
+
+
+def _batch(text: str) -> int:
+    """--batch: a whole number 1..limits.MAX_BATCH, checked before anything is sized by it."""
+    import argparse
+
+    from tpuasm.limits import MAX_BATCH
+    value = positive_int(text)
+    if value > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"at most {MAX_BATCH:,}: {value:,}")
+    return value
+
+
+def _check_data_file(path, what: str) -> None:
+    """An input array file (.npy/.npz) checked before numpy opens it: a regular file (a
+    FIFO or /dev/zero is refused at once, by name), a .npy header validated (never called
+    "pickled" unless it holds objects) and its size within the memory budget."""
+    from tpuasm import limits
+    from tpuasm.files import check_input, npy_header
+    if not os.path.lexists(path):        # the compiler names a missing file in its order
+        return
+    check_input(path, what=what)
+    if Path(path).suffix == ".npz":
+        limits.check_allocation(f"{path}: {what}", os.stat(path).st_size)
+    else:
+        h = npy_header(path, what=what)
+        limits.check_allocation(f"{path}: {what} of shape {h.shape}", h.nbytes)
+
+
+def _check_model_file(path, batch) -> None:
+    """The model a regular file whose compile fits the memory budget (limits.compile_bytes:
+    its weights, their float copies and the golden check), checked before it is read."""
+    from tpuasm import limits
+    from tpuasm.files import check_input
+    if not os.path.lexists(path):        # "no such file": the compiler's own message
+        return
+    check_input(path, what="ONNX model")
+    size = os.stat(path).st_size
+    limits.check_allocation(f"{path}: compiling this {limits.human_bytes(size)} model "
+                            "(its weights, their float copies and the golden check)",
+                            limits.compile_bytes(size))
 
 
 def compile_main(argv: list[str] | None = None) -> int:
@@ -87,6 +130,9 @@ def compile_main(argv: list[str] | None = None) -> int:
         return code
     with _errors() as state:
         from tpuasm.compiler.pipeline import compile_model
+        _check_model_file(args.model, args.batch)
+        if args.calibrate is not None:
+            _check_data_file(args.calibrate, "calibration data")
         model = compile_model(args.model, batch=args.batch, calibration=args.calibrate,
                               config=args.config)
         model.save(args.output)
@@ -101,12 +147,16 @@ def infer_main(argv: list[str] | None = None) -> int:
     if args is None:
         return code
     with _errors() as state:
-        from tpuasm.compiler.model import load
-        model = load(args.outdir)
-        data = read_inputs(Path(args.inputs), [i.name for i in model.inputs])
+        from tpuasm.files import check_outputs
         out = Path(args.output)
         if out.suffix not in (".npy", ".npz"):
             raise _error(f"{out}: the output must be a .npy or .npz file")
+        outdir_files = check_outdir(Path(args.outdir))
+        # before anything is read or run: -o must not be X.npy or a file of OUTDIR
+        check_outputs({"-o": out}, [args.inputs, *outdir_files])
+        _check_data_file(args.inputs, "input data")
+        model = _load(args.outdir)
+        data = read_inputs(Path(args.inputs), [i.name for i in model.inputs])
         if out.suffix == ".npy" and len(model.outputs) != 1:
             raise _error(f"{out}: the model has {len(model.outputs)} outputs "
                          f"({', '.join(o.name for o in model.outputs)}): write an .npz")
@@ -139,6 +189,91 @@ def _run_on_cluster(args, model, data, progress) -> dict:
         raise _error(str(e)) from None
 
 
+def check_outdir(outdir: Path) -> list[Path]:
+    """Validate OUTDIR's manifest before the compiler reads it (a manifest that is `[]`,
+    `"batch": 10**12`, a FIFO or /dev/zero in place of one of its files): CompileError
+    naming the problem.  The files the manifest names (inputs of `infer`)."""
+    import json
+
+    from tpuasm.errors import InputFileError
+    from tpuasm.files import check_input, read_text
+    from tpuasm.limits import MAX_BATCH, MAX_MANIFEST_BYTES
+    manifest = outdir / "manifest.json"
+    if not outdir.is_dir() or not manifest.exists():
+        raise _error(f"{outdir}: not a compiled model (no manifest.json); make one with "
+                     f"`tpuasm compile MODEL.onnx -o {outdir}`")
+    try:
+        data = json.loads(read_text(manifest, what="compiled-model manifest",
+                                    limit=MAX_MANIFEST_BYTES))
+    except InputFileError as e:
+        raise _error(str(e)) from None
+    except ValueError as e:
+        raise _error(f"{manifest}: not valid JSON: {e}") from None
+
+    def bad(why: str):
+        return _error(f"{manifest}: not a valid compiled-model manifest: {why}")
+
+    if not isinstance(data, dict):
+        raise bad(f"expected a JSON object, found {type(data).__name__}")
+    batch = data.get("batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise bad(f"batch {batch!r} is not a whole number in 1..{MAX_BATCH:,}")
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise bad("'steps' is not a list of objects")
+    for key in ("inputs", "outputs"):
+        if not isinstance(data.get(key), list):
+            raise bad(f"{key!r} is not a list")
+    names = [data.get("reference_model"), "report.json"]
+    for step in steps:
+        names += [step.get(k) for k in ("model", "ir", "program", "weights", "host")]
+    files = [manifest]
+    for name in names:
+        if name is None:
+            continue
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise bad(f"file name {name!r} is not a name inside OUTDIR")
+        try:
+            check_input(outdir / name, what="a file of the compiled model")
+        except InputFileError as e:
+            raise _error(str(e)) from None
+        files.append(outdir / name)
+    for step in steps:            # host parts run late (onnxruntime): check them now
+        if step.get("kind") == "host" and step.get("model"):
+            _check_onnx(outdir / step["model"])
+    return files
+
+
+def _check_onnx(path: Path) -> None:
+    """A host part that onnx can parse and check (a truncated one fails here, not half
+    way through a run)."""
+    import onnx
+
+    from tpuasm.files import read_input
+    from tpuasm.limits import MAX_BINARY_BYTES
+    data = read_input(path, what="host model", limit=4 * MAX_BINARY_BYTES)
+    try:
+        onnx.checker.check_model(onnx.load_model_from_string(data))
+    except Exception as e:      # protobuf's and onnx's many kinds of "damaged"
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise _error(f"{path}: damaged host model ({text}); compile it again") from None
+
+
+def _load(outdir):
+    """outdir.load, whose decoders (onnx, numpy, zip) raise many kinds of exception on a
+    damaged file: each is the damaged OUTDIR's error, not a traceback."""
+    from tpuasm.compiler.model import load
+    from tpuasm.errors import TpuasmError
+    try:
+        return load(outdir)
+    except (TpuasmError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise _error(f"{outdir}: damaged compiled model ({type(e).__name__}"
+                     f"{': ' + text if text else ''}); compile it again") from None
+
+
 def _error(message: str):
     from tpuasm.compiler.errors import CompileError
     return CompileError(message)
@@ -151,13 +286,12 @@ def read_inputs(path: Path, names: list[str]) -> dict:
 
 def write_outputs(path: Path, results: dict) -> None:
     import numpy as np
-    try:
-        if path.suffix == ".npy":
-            np.save(path, next(iter(results.values())))
-        else:
-            np.savez(path, **results)
-    except OSError as e:
-        raise _error(f"{path}: cannot write: {e.strerror}") from None
+
+    from tpuasm.files import atomic_write
+    if path.suffix == ".npy":          # exactly this path, through a temporary file
+        atomic_write(path, lambda fh: np.save(fh, next(iter(results.values()))))
+    else:
+        atomic_write(path, lambda fh: np.savez(fh, **results))
 
 
 @contextmanager

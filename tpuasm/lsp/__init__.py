@@ -19,7 +19,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--debounce", type=float, default=0.15, metavar="SECONDS",
                    help="wait this long after the last edit before re-checking (default 0.15)")
     args = p.parse_args(argv)
+    import sys
+
+    from ..command import EXIT_OK
+    from .frames import BoundedInput
     from .server import make_server
     server = make_server(debounce=max(0.0, args.debounce))
-    server.start_io()
-    return 0
+    server.start_io(stdin=BoundedInput(sys.stdin.buffer))     # frames of bounded size
+    return EXIT_OK

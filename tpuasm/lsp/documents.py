@@ -3,6 +3,7 @@
 kept until the file or a file it includes changes."""
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +108,14 @@ class Documents:
         doc = self.server.workspace.text_documents.get(uri) if uri else None
         if doc is not None:
             return doc.source
-        text = Path(path).read_bytes().decode("utf-8-sig")
+        from ..errors import InputFileError
+        from ..files import read_text
+        from ..limits import MAX_SOURCE_BYTES
+        try:       # a FIFO or /dev/zero as an include must not hang or fill the server
+            text = read_text(path, what="included file", limit=MAX_SOURCE_BYTES)
+        except InputFileError as e:      # the assembler reports an OSError at the .include
+            reason = str(e).removeprefix(f"{path}: ")
+            raise OSError(errno.EINVAL, reason) from None
         return text.replace("\r\n", "\n").replace("\r", "\n")
 
     def dependents(self, uri: str) -> list[str]:

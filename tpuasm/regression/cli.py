@@ -15,7 +15,7 @@ from pathlib import Path
 from ..cli import parse_arguments, positive_int
 from .manifest import Manifest, ManifestError, discover, load_manifest
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from ..command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 class KeywordError(ValueError):

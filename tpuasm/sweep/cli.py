@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 from ..cli import parse_arguments
-from .grid import SweepError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from ..command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,19 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     if args is None:
         return code
     from rich.console import Console
+    from rich.markup import escape
+
+    from ..errors import TpuasmError
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return _run(args, err)
-    except SweepError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False)
+    except TpuasmError as e:       # SweepError, a file that cannot be read or written
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False)
         return EXIT_USAGE
     except KeyboardInterrupt:
         err.print("interrupted (finished points are cached; rerun to resume)")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _run(args, err) -> int:
+    from ..files import check_outputs
     from .cache import ResultCache, default_path
+    from .grid import SweepError
     from .engine import run_sweep
     from .grid import Grid, load_toml, parse_set
     from .report import CsvStream
@@ -95,17 +99,21 @@ def _run(args, err) -> int:
         grid.validate(target.base_config())
     if args.workers is not None and args.workers < 0:
         raise SweepError("--workers must be 0 or more")
-    cache = ResultCache(None if args.no_cache else (args.cache or default_path()))
-    try:
-        out = CsvStream(args.output, [a.name for a in grid.axes])
-    except OSError as e:
-        raise SweepError(f"{args.output}: cannot write: {e.strerror}") from None
+    cache_path = None if args.no_cache else (args.cache or default_path())
+    # every output checked before anything runs: none may be an input (the program, its
+    # data, the grid, the cache), none a folder, every folder writable
+    check_outputs({"-o": args.output, **{f"--plot {p}": p for p in args.plot}},
+                  [*(t for t in names if Path(t).exists()), args.host, args.weights,
+                   args.grid, cache_path, *_target_files(targets)])
+    cache = ResultCache(cache_path)
 
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True,
                    disable=args.quiet or not err.is_terminal)
+    axes = [a.name for a in grid.axes]
+    out = None
     with bar:
         job = bar.add_task("sweep", total=size)
 
@@ -113,21 +121,44 @@ def _run(args, err) -> int:
             out.write(row)
             bar.update(job, advance=1, description=f"{row.get('target', '')}: {row.get('status')}")
 
+        # -o is written to a temporary file and replaces RESULTS.csv only when the sweep
+        # ends (tpuasm.files.StagedFile): an unreachable scheduler, Ctrl-C or a full disk
+        # leave an old RESULTS.csv as it was
         try:
             if args.workers == 0:
+                out = CsvStream(args.output, axes)
                 summary = run_sweep(targets, grid, on_row, cache=cache,
                                     timing_only=args.timing_only, max_cycles=args.max_cycles)
             else:
                 from .executor import dask_client
                 with dask_client(args.scheduler, args.workers) as client:
+                    out = CsvStream(args.output, axes)     # connected first
                     summary = run_sweep(targets, grid, on_row, cache=cache, client=client,
                                         timing_only=args.timing_only,
                                         max_cycles=args.max_cycles)
-        finally:
             out.close()
+        except BaseException:
+            if out is not None:
+                out.discard()
+            raise
+        finally:
             cache.close()
     _report(args, grid, summary, err)
     return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+def _target_files(targets) -> list:
+    """The files the targets read (programs, manifests' folders' files, data images)."""
+    out = []
+    for t in targets:
+        for p in (getattr(t, "path", None), getattr(t, "host", None), getattr(t, "weights", None)):
+            if p and Path(p).is_file():
+                out.append(p)
+        if getattr(t, "path", None) and Path(t.path).is_dir():
+            out.extend(q for q in Path(t.path).iterdir() if q.is_file())
+        elif getattr(t, "path", None) and Path(t.path).name == "test.toml":
+            out.extend(q for q in Path(t.path).parent.iterdir() if q.is_file())
+    return out
 
 
 def _report(args, grid, summary, err) -> None:
@@ -149,6 +180,7 @@ def _report(args, grid, summary, err) -> None:
         try:
             save_figure(rel, mean, axes, path)
         except (OSError, ValueError) as e:
+            from .grid import SweepError
             raise SweepError(f"{path}: cannot write the plot: {e}") from None
         err.print(f"plot: {path}")
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary.by_status.items()))
@@ -162,4 +194,5 @@ def _report(args, grid, summary, err) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..command import exit_with
+    exit_with(main)

@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ..errors import TpuasmError
 from ..machine.config import TPU_CLOCK_HZ, MachineConfig
 
 BASE_UB_BYTES = 98304 * 256
@@ -24,8 +25,8 @@ BASE_ACC_ROWS = 4096
 BASE_ARRAY = 256
 
 
-class SweepError(ValueError):
-    """Bad sweep input: one message naming what is wrong."""
+class SweepError(TpuasmError, ValueError):
+    """Bad sweep input: one message naming what is wrong (exit status 2)."""
 
 
 _FIELDS = {f.name: f for f in fields(MachineConfig)}
@@ -256,10 +257,12 @@ def load_toml(path: Path) -> Grid:
         weight_bytes_per_cycle = ["x0.25", "x1", "x4"]
         memory = [0.5, 1, 2]
     """
+    from ..files import read_text
+    from ..limits import MAX_GRID_BYTES
+    # a regular file of bounded size: a FIFO or /dev/zero is refused at once
+    text = read_text(path, what="grid file", limit=MAX_GRID_BYTES, error=SweepError)
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise SweepError(f"{path}: cannot read: {e.strerror}") from None
+        data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SweepError(f"{path}: not valid TOML: {e}") from None
     unknown = set(data) - {"targets", "each", "base", "grid"}

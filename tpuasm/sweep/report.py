@@ -14,11 +14,16 @@ from .point import RESULT_COLUMNS
 
 
 class CsvStream:
-    """Rows written and flushed as they arrive (bounded memory for any sweep size)."""
+    """Rows written and flushed as they arrive (bounded memory for any sweep size), into a
+    temporary file beside `path` (tpuasm.files.StagedFile) that replaces `path` only at
+    `close()`: a sweep that fails to start, is interrupted or hits a full disk leaves an
+    existing `path` as it was (the finished points are in the cache).  `discard()` drops
+    the rows.  Write errors are OutputFileError."""
 
     def __init__(self, path: Path, axes: list[str]):
+        from ..files import StagedFile
         self.columns = ["target", *axes, *RESULT_COLUMNS, "cached"]
-        self.file = open(path, "w", newline="")
+        self.file = StagedFile(path, what="the results")
         self.writer = csv.DictWriter(self.file, self.columns, extrasaction="ignore")
         self.writer.writeheader()
 
@@ -27,12 +32,20 @@ class CsvStream:
         self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        self.file.commit()
+
+    def discard(self) -> None:
+        self.file.discard()
 
 
 def read_rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of a results CSV (a regular file of bounded size: tpuasm.files)."""
+    import io
+
+    from ..files import read_text
+    from ..limits import MAX_RESULTS_BYTES
+    text = read_text(path, what="results CSV", limit=MAX_RESULTS_BYTES)
+    return list(csv.DictReader(io.StringIO(text, newline="")))
 
 
 def factor(text: str) -> float | None:
@@ -180,8 +193,12 @@ def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str =
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from ..files import atomic_write
+    kind = Path(path).suffix.lstrip(".").lower() or "png"
+    try:             # through a temporary file: a failed save leaves no half image
+        atomic_write(path, lambda fh: fig.savefig(fh, format=kind), what="the plot")
+    finally:
+        plt.close(fig)
 
 
 def _paper_order(name: str):
