@@ -78,7 +78,7 @@ def test_workers_on_other_code_are_refused():
 def test_only_what_a_run_reads_is_shipped(outdir):
     files = outdir_files(outdir)
     assert "manifest.json" in files and "model.qdq.onnx" in files
-    assert not any(n.startswith("regression/") or n.endswith(".host.npy") for n in files)
+    assert not any(n.startswith("regression/") for n in files)
 
 
 def test_infer_with_local_worker_processes(outdir, rows, tmp_path):

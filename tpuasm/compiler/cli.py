@@ -151,11 +151,13 @@ def infer_main(argv: list[str] | None = None) -> int:
         out = Path(args.output)
         if out.suffix not in (".npy", ".npz"):
             raise _error(f"{out}: the output must be a .npy or .npz file")
+        from tpuasm.compiler.model import load
+        from tpuasm.compiler.outdir import check as check_outdir
         outdir_files = check_outdir(Path(args.outdir))
         # before anything is read or run: -o must not be X.npy or a file of OUTDIR
         check_outputs({"-o": out}, [args.inputs, *outdir_files])
         _check_data_file(args.inputs, "input data")
-        model = _load(args.outdir)
+        model = load(args.outdir)
         data = read_inputs(Path(args.inputs), [i.name for i in model.inputs])
         if out.suffix == ".npy" and len(model.outputs) != 1:
             raise _error(f"{out}: the model has {len(model.outputs)} outputs "
@@ -187,91 +189,6 @@ def _run_on_cluster(args, model, data, progress) -> dict:
                                   args.engine, progress)
     except SweepError as e:                # the scheduler cannot be reached
         raise _error(str(e)) from None
-
-
-def check_outdir(outdir: Path) -> list[Path]:
-    """Validate OUTDIR's manifest before the compiler reads it (a manifest that is `[]`,
-    `"batch": 10**12`, a FIFO or /dev/zero in place of one of its files): CompileError
-    naming the problem.  The files the manifest names (inputs of `infer`)."""
-    import json
-
-    from tpuasm.errors import InputFileError
-    from tpuasm.files import check_input, read_text
-    from tpuasm.limits import MAX_BATCH, MAX_MANIFEST_BYTES
-    manifest = outdir / "manifest.json"
-    if not outdir.is_dir() or not manifest.exists():
-        raise _error(f"{outdir}: not a compiled model (no manifest.json); make one with "
-                     f"`tpuasm compile MODEL.onnx -o {outdir}`")
-    try:
-        data = json.loads(read_text(manifest, what="compiled-model manifest",
-                                    limit=MAX_MANIFEST_BYTES))
-    except InputFileError as e:
-        raise _error(str(e)) from None
-    except ValueError as e:
-        raise _error(f"{manifest}: not valid JSON: {e}") from None
-
-    def bad(why: str):
-        return _error(f"{manifest}: not a valid compiled-model manifest: {why}")
-
-    if not isinstance(data, dict):
-        raise bad(f"expected a JSON object, found {type(data).__name__}")
-    batch = data.get("batch")
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
-        raise bad(f"batch {batch!r} is not a whole number in 1..{MAX_BATCH:,}")
-    steps = data.get("steps")
-    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
-        raise bad("'steps' is not a list of objects")
-    for key in ("inputs", "outputs"):
-        if not isinstance(data.get(key), list):
-            raise bad(f"{key!r} is not a list")
-    names = [data.get("reference_model"), "report.json"]
-    for step in steps:
-        names += [step.get(k) for k in ("model", "ir", "program", "weights", "host")]
-    files = [manifest]
-    for name in names:
-        if name is None:
-            continue
-        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
-            raise bad(f"file name {name!r} is not a name inside OUTDIR")
-        try:
-            check_input(outdir / name, what="a file of the compiled model")
-        except InputFileError as e:
-            raise _error(str(e)) from None
-        files.append(outdir / name)
-    for step in steps:            # host parts run late (onnxruntime): check them now
-        if step.get("kind") == "host" and step.get("model"):
-            _check_onnx(outdir / step["model"])
-    return files
-
-
-def _check_onnx(path: Path) -> None:
-    """A host part that onnx can parse and check (a truncated one fails here, not half
-    way through a run)."""
-    import onnx
-
-    from tpuasm.files import read_input
-    from tpuasm.limits import MAX_BINARY_BYTES
-    data = read_input(path, what="host model", limit=4 * MAX_BINARY_BYTES)
-    try:
-        onnx.checker.check_model(onnx.load_model_from_string(data))
-    except Exception as e:      # protobuf's and onnx's many kinds of "damaged"
-        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise _error(f"{path}: damaged host model ({text}); compile it again") from None
-
-
-def _load(outdir):
-    """outdir.load, whose decoders (onnx, numpy, zip) raise many kinds of exception on a
-    damaged file: each is the damaged OUTDIR's error, not a traceback."""
-    from tpuasm.compiler.model import load
-    from tpuasm.errors import TpuasmError
-    try:
-        return load(outdir)
-    except (TpuasmError, MemoryError, KeyboardInterrupt):
-        raise
-    except Exception as e:
-        text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-        raise _error(f"{outdir}: damaged compiled model ({type(e).__name__}"
-                     f"{': ' + text if text else ''}); compile it again") from None
 
 
 def _error(message: str):

@@ -31,7 +31,7 @@ def outdir_files(outdir) -> dict[str, bytes]:
     files, total = {}, 0
     for path in sorted(outdir.rglob("*")):
         rel = path.relative_to(outdir)
-        if rel.parts[0] in _SKIPPED or path.name.endswith(".host.npy") or not path.is_file():
+        if rel.parts[0] in _SKIPPED or not path.is_file():
             continue
         data = read_input(path, what="compiled-model file",
                           limit=MAX_SHIPPED_MODEL_BYTES - total)

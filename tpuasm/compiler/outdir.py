@@ -25,7 +25,7 @@ from tpuasm.compiler.host import HostRunner
 from tpuasm.compiler.ir import (Activation, Conv, Dense, Lookup, Pool, QParams, Segment,
                                 Tensor)
 from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
-from tpuasm.errors import OutputFileError
+from tpuasm.errors import OutputFileError, TpuasmError
 from tpuasm.files import atomic_directory
 
 FORMAT = "tpuasm-compiled-model"
@@ -148,15 +148,95 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
 
 # --- reading -------------------------------------------------------------------------------
 
+def check(outdir: Path) -> list[Path]:
+    """Validate OUTDIR's manifest before the compiler reads it (a manifest that is `[]`,
+    `"batch": 10**12`, a FIFO or /dev/zero in place of one of its files): CompileError
+    naming the problem.  The files the manifest names (inputs of `infer`)."""
+
+
+    from tpuasm.errors import InputFileError
+    from tpuasm.files import check_input, read_text
+    from tpuasm.limits import MAX_BATCH, MAX_MANIFEST_BYTES
+    manifest = outdir / "manifest.json"
+    if not outdir.is_dir() or not manifest.exists():
+        raise CompileError(f"{outdir}: not a compiled model (no manifest.json); make one with "
+                     f"`tpuasm compile MODEL.onnx -o {outdir}`")
+    try:
+        data = json.loads(read_text(manifest, what="compiled-model manifest",
+                                    limit=MAX_MANIFEST_BYTES))
+    except InputFileError as e:
+        raise CompileError(str(e)) from None
+    except ValueError as e:
+        raise CompileError(f"{manifest}: not valid JSON: {e}") from None
+
+    def bad(why: str):
+        return CompileError(f"{manifest}: not a valid compiled-model manifest: {why}")
+
+    if not isinstance(data, dict):
+        raise bad(f"expected a JSON object, found {type(data).__name__}")
+    batch = data.get("batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise bad(f"batch {batch!r} is not a whole number in 1..{MAX_BATCH:,}")
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise bad("'steps' is not a list of objects")
+    for key in ("inputs", "outputs"):
+        if not isinstance(data.get(key), list):
+            raise bad(f"{key!r} is not a list")
+    names = [data.get("reference_model"), "report.json"]
+    for step in steps:
+        names += [step.get(k) for k in ("model", "ir", "program", "weights", "host")]
+    files = [manifest]
+    for name in names:
+        if name is None:
+            continue
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise bad(f"file name {name!r} is not a name inside OUTDIR")
+        try:
+            check_input(outdir / name, what="a file of the compiled model")
+        except InputFileError as e:
+            raise CompileError(str(e)) from None
+        files.append(outdir / name)
+    for step in steps:            # host parts run late (onnxruntime): check them now
+        if step.get("kind") == "host" and step.get("model"):
+            _check_onnx(outdir / step["model"])
+    return files
+
+
+def _check_onnx(path: Path) -> None:
+    """A host part that onnx can parse and check (a truncated one fails here, not half
+    way through a run)."""
+    import onnx
+
+    from tpuasm.files import read_input
+    from tpuasm.limits import MAX_BINARY_BYTES
+    data = read_input(path, what="host model", limit=4 * MAX_BINARY_BYTES)
+    try:
+        onnx.checker.check_model(onnx.load_model_from_string(data))
+    except Exception as e:      # protobuf's and onnx's many kinds of "damaged"
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CompileError(f"{path}: damaged host model ({text}); compile it again") from None
+
+
+
 def read(outdir) -> dict:
     """What OUTDIR holds, as CompiledModel's arguments (model.load builds the model and
     regenerates its programs), and whether it has TPU programs."""
-    from tpuasm.compiler.report import CompileReport, NodeRow
     outdir = Path(outdir)
+    check(outdir)
+    try:
+        return _read(outdir)
+    except (TpuasmError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:      # onnx's, numpy's and zipfile's many kinds of "damaged"
+        text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise CompileError(f"{outdir}: damaged compiled model ({type(e).__name__}"
+                           f"{': ' + text if text else ''}); compile it again") from None
+
+
+def _read(outdir: Path) -> dict:
+    from tpuasm.compiler.report import CompileReport, NodeRow
     path = outdir / MANIFEST
-    if not path.is_file():
-        raise CompileError(f"{outdir}: not a compiled model (no {MANIFEST}); "
-                           f"make one with `tpuasm compile MODEL.onnx -o {outdir}`")
     try:
         manifest = json.loads(path.read_text())
         if manifest.get("format") != FORMAT:
