@@ -75,6 +75,8 @@ def compile_main(argv: list[str] | None = None) -> int:
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text())
+        for warning in model.report.all_warnings():     # even with -q: they need acting on
+            print(f"warning: {warning}", file=sys.stderr)
         print(f"\nwrote {args.output}"
               + ("" if model.has_programs else " (no TPU programs: the back end is missing)"))
     return state["code"]
