@@ -282,3 +282,23 @@ def test_a_validation_is_rendered_when_present(long_names, tmp_path):
         assert loaded.all_warnings() == report.all_warnings()
     finally:
         report.validation = None
+
+
+# --- one meaning of "useful MACs" -------------------------------------------------------
+
+def test_tpuasm_run_on_a_segment_counts_the_networks_macs(long_names, tmp_path, capsys):
+    """The machine's useful MACs of a compiled segment are the MACs the report counts from
+    the ONNX shapes; the array-active MAC slots (vectors x 16 x 16) are more."""
+    from tpuasm.cli import main
+    _, _, compiled = long_names
+    out = compiled.save(tmp_path / "out")
+    seg = compiled.report.segments[0]
+    code = main(["run", str(out / f"{seg.name}.tasm"), "--host", str(out / f"{seg.name}.host.npy"),
+                 "--weights", str(out / f"{seg.name}.weights.npy"),
+                 "--stats", str(tmp_path / "stats.json")])
+    assert code == 0
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["useful_macs"] == seg.macs == 8 * (20 * 24 + 24 * 16 + 16 * 10)
+    assert stats["array_mac_slots"] > stats["useful_macs"]          # the tiles' padding
+    printed = capsys.readouterr().out
+    assert f"{seg.macs:,} useful MACs" in printed and "array-active MAC slots" in printed
