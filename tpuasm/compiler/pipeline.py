@@ -285,8 +285,9 @@ def _compiled_rows(graph, lowered: Lowered, steps) -> list[NodeRow]:
 def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine):
     """Per TPU segment: its MACs and share, and its cycles from a timing-only run of its
     program (when the back end made one)."""
-    from tpuasm.compiler.timing import time_segment
+    from tpuasm.compiler.timing import time_segments
     n2 = machine.array_size ** 2
+    timings = time_segments(steps, machine)
     rows, warnings = [], []
     for step in steps:
         if not isinstance(step, TpuStep):
@@ -295,15 +296,14 @@ def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine):
                    if r.macs and r.where == "TPU" and r.step == step.name)
         row = SegmentRow(step.name, len(step.segment.operators), macs,
                          macs / total_macs if total_macs else 0.0)
-        if step.program is not None:
-            timing = time_segment(step, machine)
-            if timing.fault is not None:
-                warnings.append(f"{step.name}: its timing run did not halt: {timing.fault}")
-            else:
-                row.cycles = timing.cycles
-                row.time_us = round(timing.seconds * 1e6, 3)
-                row.array_active_cycles = timing.array_active_cycles
-                row.utilisation = macs / max(timing.cycles * n2, 1)
+        timing = timings.get(step.name)
+        if timing is not None and timing.fault is not None:
+            warnings.append(f"{step.name}: its timing run did not halt: {timing.fault}")
+        elif timing is not None:
+            row.cycles = timing.cycles
+            row.time_us = round(timing.seconds * 1e6, 3)
+            row.array_active_cycles = timing.array_active_cycles
+            row.utilisation = macs / max(timing.cycles * n2, 1)
         rows.append(row)
     return rows, warnings
 

@@ -25,15 +25,24 @@ class SegmentTiming:
         return self.cycles / self.clock_hz
 
 
-def time_segment(step, machine_config) -> SegmentTiming:
-    """Run one TpuStep's program timing-only on `machine_config` (a MachineConfig)."""
+def time_segments(steps, machine_config) -> dict:
+    """{segment name: SegmentTiming} for each TpuStep with a program, run timing-only on
+    `machine_config` (a MachineConfig), one machine reloaded for each."""
+    from tpuasm.compiler.runtime import TpuStep
     from tpuasm.machine import Machine
-    program = step.program
-    machine = Machine(machine_config, timing_only=True)
-    host = np.zeros((max(program.host_rows, 1), program.array_size), np.int8)
-    machine.load(step.binary(), host=host, weights=program.weights)
-    result = machine.run()
-    c = machine.counters()
-    fault = None if result.fault is None else str(result.fault)
-    return SegmentTiming(int(c["cycles"]), int(c["array_active_cycles"]),
-                         float(machine_config.clock_hz), fault)
+    machine = None
+    out = {}
+    for step in steps:
+        if not isinstance(step, TpuStep) or step.program is None:
+            continue
+        if machine is None:
+            machine = Machine(machine_config, timing_only=True)
+        program = step.program
+        host = np.zeros((max(program.host_rows, 1), program.array_size), np.int8)
+        machine.load(step.binary(), host=host, weights=program.weights)
+        result = machine.run()
+        c = machine.counters()
+        fault = None if result.fault is None else str(result.fault)
+        out[step.name] = SegmentTiming(int(c["cycles"]), int(c["array_active_cycles"]),
+                                       float(machine_config.clock_hz), fault)
+    return out
