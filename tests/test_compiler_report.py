@@ -302,3 +302,37 @@ def test_tpuasm_run_on_a_segment_counts_the_networks_macs(long_names, tmp_path, 
     assert stats["array_mac_slots"] > stats["useful_macs"]          # the tiles' padding
     printed = capsys.readouterr().out
     assert f"{seg.macs:,} useful MACs" in printed and "array-active MAC slots" in printed
+
+
+def test_quantization_provenance_chains_through_a_rewrite_before_it():
+    """A rewrite made the float model (the user's MatMul + Add became one Gemm "fc"; a
+    BatchNormalization folded away); quantization renamed nothing but added glue and dropped
+    a Relu: the quantized graph's nodes map to the user's nodes."""
+    from tpuasm.compiler.pipeline import _quantized_provenance
+    float_model = model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc"),
+                         helper.make_node("Relu", ["y"], ["r"], name="relu")],
+                        [value_info("x", np.float32, (1, 4))],
+                        [value_info("r", np.float32, (1, 3))], [])
+    base = Provenance([("mm", "MatMul"), ("add", "Add"), ("bn", "BatchNormalization"),
+                       ("relu", "Relu")])
+    base.derive("fc", "mm")
+    base.fold("add", "bias folded into fc")
+    base.fold("bn", "folded into mm")
+
+    class Quantized:             # the quantized graph: unnamed nodes renamed, glue added
+        nodes = [Node("x_QuantizeLinear", "QuantizeLinear", "", ["x"], ["xq"], {}, 0),
+                 Node("Gemm_3", "Gemm", "", ["xd", "w", "b"], ["y"], {}, 1),
+                 Node("y_QuantizeLinear", "QuantizeLinear", "", ["y"], ["yq"], {}, 2)]
+    prov = _quantized_provenance(float_model, Quantized, base)
+    assert prov.source("Gemm_3") == "mm"
+    assert prov.source("x_QuantizeLinear") is None
+    assert "removed when quantizing" in prov.folded["relu"] and "fc" in prov.folded["relu"]
+    rows = {r.node: r for r in input_rows(prov, [
+        NodeRow("x_QuantizeLinear", "QuantizeLinear", "host", "host0", "glue"),
+        NodeRow("Gemm_3", "Gemm", "TPU", "segment0", "Dense 4x3", 12),
+        NodeRow("y_QuantizeLinear", "QuantizeLinear", "TPU", "segment0", "fused")])}
+    assert list(rows) == ["mm", "add", "bn", "relu"]
+    assert (rows["mm"].where, rows["mm"].macs) == ("TPU", 12)
+    # their reasons name mm (a user node) and fc (made by the rewrite, from mm): with mm
+    assert all(rows[n].where == "TPU" and rows[n].step == "segment0"
+               for n in ("add", "bn", "relu"))

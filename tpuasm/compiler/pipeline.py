@@ -308,24 +308,44 @@ def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine):
     return rows, warnings
 
 
-def _quantized_provenance(input_model, graph: Graph) -> Provenance:
+def _quantized_provenance(float_model, graph: Graph, base: Provenance | None = None
+                          ) -> Provenance:
     """Which node of the float model each node of the quantized one came from: quantize_static
     keeps each node's outputs (unnamed nodes get different names in the two), adds the
-    Q/DQ glue (no source) and drops Relu/Clip whose range the quantization absorbs."""
-    provenance = Provenance.of(input_model)
-    by_output = {o: n for n in input_model.graph.node for o in n.output if o}
+    Q/DQ glue (no source) and drops Relu/Clip whose range the quantization absorbs.
+
+    `base`: when a rewrite made `float_model` from the user's model (folding, unrolling),
+    its Provenance; the result then maps the quantized graph to the user's nodes."""
+    provenance = Provenance.of(float_model)
+    by_output = {o: n for n in float_model.graph.node for o in n.output if o}
     for node in graph.nodes:
         made = next((by_output[o] for o in node.outputs if o in by_output), None)
         if made is not None and made.op_type == node.op_type:
             provenance.derive(node.name, made.name)
     covered = {provenance.source(n.name) for n in graph.nodes}
-    for node in input_model.graph.node:
+    for node in float_model.graph.node:
         if node.name not in covered:
             producer = next((by_output[i].name for i in node.input if i in by_output), None)
             provenance.fold(node.name, "removed when quantizing" + (
                 f": the quantized range of {producer}'s output does its work"
                 if producer else ""))
-    return provenance
+    return provenance if base is None else _through(base, provenance, graph)
+
+
+def _through(base: Provenance, step: Provenance, graph: Graph) -> Provenance:
+    """`step` (quantized graph -> float model) followed by `base` (float model -> the user's
+    model)."""
+    out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded))
+    for node in graph.nodes:
+        made = step.source(node.name)
+        source = base.source(made) if made is not None else None
+        if source is not None and source != node.name:
+            out.origin[node.name] = source
+    for name, why in step.folded.items():
+        source = base.source(name)
+        if source is not None:
+            out.folded.setdefault(source, why)
+    return out
 
 
 def _glue_reason(node) -> str:

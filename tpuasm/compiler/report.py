@@ -242,8 +242,12 @@ def input_rows(provenance, compiled: list[NodeRow]) -> list[NodeRow]:
             rows[name] = NodeRow(name, op_type, "unused", "-",
                                  "not in the compiled graph (removed before matching)")
             continue
-        absorber = _named_in(why, [n for n in rows if n != name], list(by_compiled))
-        target = rows.get(absorber) or by_compiled.get(absorber)
+        # what absorbed it: a node its reason names (an input-model node, a compiled one, or
+        # one a rewrite made on the way, which stands for its own source)
+        absorber = _named_in(why, [n for n in rows if n != name], list(by_compiled),
+                             list(provenance.origin))
+        target = rows.get(absorber) or by_compiled.get(absorber) or \
+            rows.get(provenance.source(absorber) if absorber else None)
         if target is None:
             # nothing at run time computes it (a constant folded when compiling)
             rows[name] = NodeRow(name, op_type, "host", "-", why)
