@@ -124,6 +124,15 @@ def test_macs_of_each_matrix_operator_by_hand():
     assert node_macs(_node("LSTM", ["xs", "W", "R"], ["Y"]), shapes) == \
         7 * 2 * 2 * 4 * 16 * (20 + 16)          # steps x batch x directions x gates
     assert node_macs(_node("GRU", ["xs", "Wg", "Rg"], ["Y"]), shapes) == 7 * 2 * 3 * 16 * 36
+    # the quantized forms count like the float ones (their weight at its own input)
+    s, z = "s", "z"
+    assert node_macs(_node("QLinearConv", ["x", s, z, "k", s, z, s, z], ["yc"], group=2),
+                     shapes) == 2 * 12 * 8 * 8 * 3 * 3 * 3
+    assert node_macs(_node("QGemm", ["at", s, z, "w", s, z], ["y"], transA=1), shapes) == \
+        8 * 64 * 10
+    assert node_macs(_node("MatMulInteger", ["a3", "w"], ["y3"]), shapes) == 8 * 5 * 32 * 16
+    assert node_macs(_node("ConvTranspose", ["yc", "k"], ["x"]), shapes) == \
+        2 * 12 * 8 * 8 * 3 * 3 * 3           # each input element meets 3 x 3 x 3 weights
     assert node_macs(_node("Relu", ["a"], ["y"]), shapes) is None
     assert node_macs(_node("MatMul", ["unknown", "w"], ["y"]), shapes) is None
 
