@@ -345,3 +345,31 @@ def test_quantization_provenance_chains_through_a_rewrite_before_it():
     # their reasons name mm (a user node) and fc (made by the rewrite, from mm): with mm
     assert all(rows[n].where == "TPU" and rows[n].step == "segment0"
                for n in ("add", "bn", "relu"))
+
+
+# --- the repo's own models from the CLI ---------------------------------------------------
+
+@pytest.mark.parametrize("name, per_sample", [
+    ("mlp", 64 * 64 + 64 * 10),                               # fc1 64 -> 64, fc2 64 -> 10
+    # conv1 1 -> 8 on 8x8 (3x3), conv2 8 -> 16 on 4x4 (3x3), fc 16x2x2 -> 10
+    ("cnn", 8 * 8 * 8 * 9 + 16 * 4 * 4 * 8 * 9 + 64 * 10)])
+def test_digits_from_the_cli(tmp_path, capsys, name, per_sample):
+    from pathlib import Path
+    digits = Path(__file__).resolve().parent.parent / "programs" / "digits"
+    out = tmp_path / name
+    assert compile_main([str(digits / f"{name}.onnx"), "-o", str(out), "--batch", "16",
+                         "--calibrate", str(digits / "calibration.npy")]) == 0
+    printed, err = capsys.readouterr()
+    assert "warning:" not in err
+    data = json.loads((out / "report.json").read_text())
+    user = onnx.load(str(digits / f"{name}.onnx"))
+    assert [(r["node"], r["op_type"]) for r in data["rows"]] == \
+        [(n.name, n.op_type) for n in user.graph.node]
+    for row in data["rows"]:
+        if row["op_type"] in ("Conv", "Gemm", "MatMul"):
+            assert row["where"] == "TPU", row
+    assert next(r for r in data["rows"] if r["op_type"] == "Softmax")["where"] == "host"
+    assert data["macs"] == data["tpu_macs"] == 16 * per_sample
+    (segment,) = data["segments"]
+    assert segment["cycles"] > 0 and segment["macs"] == data["macs"]
+    assert f"MACs per batch: {16 * per_sample:,} ({per_sample:,} per sample)" in printed
