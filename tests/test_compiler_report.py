@@ -373,3 +373,11 @@ def test_digits_from_the_cli(tmp_path, capsys, name, per_sample):
     (segment,) = data["segments"]
     assert segment["cycles"] > 0 and segment["macs"] == data["macs"]
     assert f"MACs per batch: {16 * per_sample:,} ({per_sample:,} per sample)" in printed
+
+
+def test_matrix_nodes_of_unknown_shape_are_named_in_a_warning(tmp_path, monkeypatch):
+    import tpuasm.compiler.pipeline as pipeline
+    monkeypatch.setattr(pipeline, "node_macs", lambda node, shapes: None)   # shapes unknown
+    report = compile_model(_matmul_integer(tmp_path), batch=2).report
+    assert report.macs == 0 and report.warnings == [
+        "the MACs of 1 matrix node are not counted (shapes unknown): mmi"]

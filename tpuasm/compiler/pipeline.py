@@ -20,7 +20,7 @@ from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, lo
                                     read_model)
 from tpuasm.compiler.lower import GLUE, Lowered, lower
 from tpuasm.compiler.partition import HostPart, plan
-from tpuasm.compiler.macs import node_macs
+from tpuasm.compiler.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.provenance import Provenance
 from tpuasm.compiler.report import (CompileReport, NodeRow, SegmentRow, describe, input_rows,
                                     mac_warnings)
@@ -247,6 +247,12 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
             step_rows.append({"name": step.name, "kind": "host", "items": list(step.nodes)})
     report = CompileReport(str(path), batch, array_size, source, rows, step_rows, compiled,
                            segments, macs, tpu_macs, float(machine.clock_hz))
+    unknown = [r.node for r in compiled
+               if r.op_type in MATRIX_OPS and r.macs is None and r.where != "unused"]
+    if unknown:
+        warnings.append(f"the MACs of {len(unknown)} matrix node{'s' if len(unknown) > 1 else ''}"
+                        f" are not counted (shapes unknown): {', '.join(unknown[:3])}"
+                        f"{' ...' if len(unknown) > 3 else ''}")
     report.warnings = warnings + mac_warnings(report)
     return report
 
