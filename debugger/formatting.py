@@ -78,7 +78,8 @@ def counter_lines(c: dict) -> list[str]:
     out = [f"cycles                {c.get('cycles', 0)}",
            f"instructions retired  {c.get('instructions', 0)}",
            f"MXU utilisation       {100 * float(c.get('mxu_utilization', 0)):.1f} %",
-           f"useful MACs           {c.get('useful_macs', 0)}",
+           f"useful MACs           {c.get('useful_macs', 0)}",     # tiles' real K x N
+           f"array-active MAC slots {c.get('array_mac_slots', 0)}",  # padding included
            f"TOPS                  {float(c.get('tops', 0)):.2f}",
            "cycle breakdown (Table 3):"]
     for label, key in BREAKDOWN:

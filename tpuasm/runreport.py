@@ -92,9 +92,14 @@ def print_summary(machine, name: str) -> None:
     state = "fault" if machine.fault is not None else "halted"
     console.print(f"[bold]{name}[/]: {state} after {c['cycles']:,} cycles "
                   f"({c['cycles'] / clock * 1e6:,.2f} us at {clock / 1e6:,.0f} MHz), "
-                  f"{c['instructions']:,} instructions retired")
-    console.print(f"  matrix unit: {c['useful_macs']:,} useful MACs, utilisation "
-                  f"{100 * c['mxu_utilization']:.1f} %, {c['tops']:.2f} TOPS")
+                  f"{c['instructions']:,} instructions retired", soft_wrap=True)
+    # useful MACs: inside each tile's real K x N (its non-zero extent); the array-active
+    # MAC slots count every input vector against the whole N x N tile, padding included
+    # (spec/timing.md section 8)
+    console.print(f"  matrix unit: {c['useful_macs']:,} useful MACs (each tile's real K x N; "
+                  f"{c['array_mac_slots']:,} array-active MAC slots), utilisation "
+                  f"{100 * c['mxu_utilization']:.1f} % of peak, {c['tops']:.2f} TOPS",
+                  soft_wrap=True)
     table = Table(title="where the cycles went (as in the paper's Table 3)", title_justify="left")
     table.add_column("cycles spent on")
     table.add_column("cycles", justify="right")

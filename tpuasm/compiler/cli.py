@@ -138,6 +138,8 @@ def compile_main(argv: list[str] | None = None) -> int:
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text())
+        for warning in model.report.all_warnings():     # even with -q: they need acting on
+            print(f"warning: {warning}", file=sys.stderr)
         print(f"\nwrote {args.output}")
     return state["code"]
 

@@ -235,7 +235,7 @@ def read(outdir) -> dict:
 
 
 def _read(outdir: Path) -> dict:
-    from tpuasm.compiler.report import CompileReport, NodeRow
+    from tpuasm.compiler.report import CompileReport
     path = outdir / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -245,10 +245,7 @@ def _read(outdir: Path) -> dict:
             raise ValueError(f"version {manifest.get('version')} (this tpuasm reads "
                              f"{VERSION})")
         steps = [_load_step(s, outdir) for s in manifest["steps"]]
-        report_json = json.loads((outdir / "report.json").read_text())
-        rows = [NodeRow(**r) for r in report_json.pop("rows")]
-        report_json.pop("summary", None)
-        report = CompileReport(rows=rows, **report_json)
+        report = CompileReport.from_json(json.loads((outdir / "report.json").read_text()))
         inputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
                   for v in manifest["inputs"]]
         outputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])

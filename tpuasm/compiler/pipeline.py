@@ -17,15 +17,17 @@ from tpuasm.compiler.backend import backend_support, generate_programs, machine_
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
+from tpuasm.compiler.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.match import GLUE, Lowered, lower
 from tpuasm.compiler.model import CompiledModel
 from tpuasm.compiler.partition import HostPart, plan
+from tpuasm.compiler.provenance import Provenance
 from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
                                     read_model)
-from tpuasm.compiler.report import CompileReport, NodeRow, describe
+from tpuasm.compiler.report import (CompileReport, NodeRow, SegmentRow, describe, input_rows,
+                                    mac_warnings)
 from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
 from tpuasm.errors import TpuasmError
-
 
 
 def parse_config(items) -> dict:
@@ -51,6 +53,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
+    input_model = model
     keep = None
     if is_quantized(model):
         if calibration is not None:
@@ -85,7 +88,10 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     steps = _runtime_steps(graph, the_plan)
     if codegen:
         generate_programs(steps, batch, machine, path)
-    report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source)
+    provenance = (Provenance.of(model) if input_model is model
+                  else _quantized_provenance(input_model, graph))
+    report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source,
+                     provenance, machine=machine)
     inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
     outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
                for n in graph.outputs]
@@ -107,32 +113,18 @@ def _runtime_steps(graph: Graph, the_plan) -> list:
     return steps
 
 
-def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source):
-    where_op = {}
-    for step in steps:
-        if isinstance(step, TpuStep):
-            for op in step.segment.operators:
-                where_op[op.name] = (step.name, op)
-    where_host = {}
-    for step in steps:
-        if isinstance(step, HostStep):
-            for name in step.nodes:
-                where_host[name] = step.name
-    rows = []
-    for node in graph.nodes:
-        if node.name in where_host:
-            reason = lowered.host_reasons.get(node.name)
-            if reason is None:
-                reason = _glue_reason(node) if node.op_type in GLUE else "needed by the host"
-            rows.append(NodeRow(node.name, node.op_type, "host", where_host[node.name], reason))
-        elif node.name in lowered.fused:
-            op_name = lowered.fused[node.name]
-            seg, op = where_op[op_name]
-            note = describe(op) if op_name == node.name else f"fused into {op_name}"
-            rows.append(NodeRow(node.name, node.op_type, "TPU", seg, note))
-        else:
-            rows.append(NodeRow(node.name, node.op_type, "unused", "-",
-                                "its result is not needed"))
+def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source,
+            provenance: Provenance | None = None, machine=None) -> CompileReport:
+    """The report: the compiled graph's rows aggregated to the input model's nodes through
+    `provenance` (identity when None), each segment timed on `machine` (a MachineConfig;
+    the default one of this array size when None), the MAC shares and their warnings."""
+    from tpuasm.machine import MachineConfig
+    compiled = _compiled_rows(graph, lowered, steps)
+    rows = input_rows(provenance or Provenance.of(graph.model), compiled)
+    macs = sum(r.macs for r in compiled if r.macs and r.where != "unused")
+    tpu_macs = sum(r.macs for r in compiled if r.macs and r.where == "TPU")
+    machine = machine or MachineConfig(array_size=array_size)
+    segments, warnings = _segment_rows(steps, compiled, macs, machine)
     step_rows = []
     for step in steps:
         if isinstance(step, TpuStep):
@@ -140,7 +132,113 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
                               "items": [op.name for op in step.segment.operators]})
         else:
             step_rows.append({"name": step.name, "kind": "host", "items": list(step.nodes)})
-    return CompileReport(str(path), batch, array_size, source, rows, step_rows)
+    report = CompileReport(str(path), batch, array_size, source, rows, step_rows, compiled,
+                           segments, macs, tpu_macs, float(machine.clock_hz))
+    unknown = [r.node for r in compiled
+               if r.op_type in MATRIX_OPS and r.macs is None and r.where != "unused"]
+    if unknown:
+        warnings.append(f"the MACs of {len(unknown)} matrix node{'s' if len(unknown) > 1 else ''}"
+                        f" are not counted (shapes unknown): {', '.join(unknown[:3])}"
+                        f"{' ...' if len(unknown) > 3 else ''}")
+    report.warnings = warnings + mac_warnings(report)
+    return report
+
+
+def _compiled_rows(graph, lowered: Lowered, steps) -> list[NodeRow]:
+    """One row per node of the compiled graph: where it runs, in which step, why."""
+    where_op = {}
+    where_host = {}
+    for step in steps:
+        if isinstance(step, TpuStep):
+            for op in step.segment.operators:
+                where_op[op.name] = (step.name, op)
+        else:
+            for name in step.nodes:
+                where_host[name] = step.name
+    rows = []
+    for node in graph.nodes:
+        macs = node_macs(node, graph.shapes)
+        if node.name in where_host:
+            reason = lowered.host_reasons.get(node.name)
+            if reason is None:
+                reason = _glue_reason(node) if node.op_type in GLUE else "needed by the host"
+            rows.append(NodeRow(node.name, node.op_type, "host", where_host[node.name], reason,
+                                macs))
+        elif node.name in lowered.fused:
+            op_name = lowered.fused[node.name]
+            seg, op = where_op[op_name]
+            note = describe(op) if op_name == node.name else f"fused into {op_name}"
+            rows.append(NodeRow(node.name, node.op_type, "TPU", seg, note, macs))
+        else:
+            rows.append(NodeRow(node.name, node.op_type, "unused", "-",
+                                "its result is not needed", macs))
+    return rows
+
+
+def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine):
+    """Per TPU segment: its MACs and share, and its cycles from a timing-only run of its
+    program (when the back end made one)."""
+    from tpuasm.compiler.timing import time_segments
+    n2 = machine.array_size ** 2
+    timings = time_segments(steps, machine)
+    rows, warnings = [], []
+    for step in steps:
+        if not isinstance(step, TpuStep):
+            continue
+        macs = sum(r.macs for r in compiled
+                   if r.macs and r.where == "TPU" and r.step == step.name)
+        row = SegmentRow(step.name, len(step.segment.operators), macs,
+                         macs / total_macs if total_macs else 0.0)
+        timing = timings.get(step.name)
+        if timing is not None and timing.fault is not None:
+            warnings.append(f"{step.name}: its timing run did not halt: {timing.fault}")
+        elif timing is not None:
+            row.cycles = timing.cycles
+            row.time_us = round(timing.seconds * 1e6, 3)
+            row.array_active_cycles = timing.array_active_cycles
+            row.utilisation = macs / max(timing.cycles * n2, 1)
+        rows.append(row)
+    return rows, warnings
+
+
+def _quantized_provenance(float_model, graph: Graph, base: Provenance | None = None
+                          ) -> Provenance:
+    """Which node of the float model each node of the quantized one came from: quantize_static
+    keeps each node's outputs (unnamed nodes get different names in the two), adds the
+    Q/DQ glue (no source) and drops Relu/Clip whose range the quantization absorbs.
+
+    `base`: when a rewrite made `float_model` from the user's model (folding, unrolling),
+    its Provenance; the result then maps the quantized graph to the user's nodes."""
+    provenance = Provenance.of(float_model)
+    by_output = {o: n for n in float_model.graph.node for o in n.output if o}
+    for node in graph.nodes:
+        made = next((by_output[o] for o in node.outputs if o in by_output), None)
+        if made is not None and made.op_type == node.op_type:
+            provenance.derive(node.name, made.name)
+    covered = {provenance.source(n.name) for n in graph.nodes}
+    for node in float_model.graph.node:
+        if node.name not in covered:
+            producer = next((by_output[i].name for i in node.input if i in by_output), None)
+            provenance.fold(node.name, "removed when quantizing" + (
+                f": the quantized range of {producer}'s output does its work"
+                if producer else ""))
+    return provenance if base is None else _through(base, provenance, graph)
+
+
+def _through(base: Provenance, step: Provenance, graph: Graph) -> Provenance:
+    """`step` (quantized graph -> float model) followed by `base` (float model -> the user's
+    model)."""
+    out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded))
+    for node in graph.nodes:
+        made = step.source(node.name)
+        source = base.source(made) if made is not None else None
+        if source is not None and source != node.name:
+            out.origin[node.name] = source
+    for name, why in step.folded.items():
+        source = base.source(name)
+        if source is not None:
+            out.folded.setdefault(source, why)
+    return out
 
 
 def _glue_reason(node) -> str:

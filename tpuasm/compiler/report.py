@@ -1,10 +1,24 @@
-"""The compile report, after the Edge TPU compiler's: every node, where it runs, and why it is
-not on the TPU."""
+"""The compile report, after the Edge TPU compiler's: every node of the user's model, where it
+runs and why, each TPU segment's cycles and utilisation, and the share of the network's MACs
+that the TPU does.
+
+Two levels of nodes.  The *compiled* graph is what the passes matched (the quantized model,
+after any rewrite: a BatchNormalization folded, an LSTM unrolled into per-step Gemms, the
+QuantizeLinear/DequantizeLinear glue); `compiled_nodes` keeps one row per node of it.  The
+*input* model is what the user wrote: `rows` has one row per node of it, aggregated through a
+Provenance (tpuasm/compiler/provenance.py).  Warnings are data (`warnings`): the CLI prints
+them to stderr, the library never prints.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
 
 from tpuasm.compiler.ir import Conv, Dense, Lookup, Pool
+
+# below this share of the network's MACs on the TPU the report warns
+MIN_TPU_MAC_SHARE = 0.5
 
 
 @dataclass
@@ -12,8 +26,25 @@ class NodeRow:
     node: str
     op_type: str
     where: str            # "TPU" | "host" | "unused"
-    step: str             # segment / host part name, or the operator it was fused into
-    note: str             # what it became on the TPU, or why it is on the host
+    step: str             # segment / host part name(s), "-" when it runs nowhere
+    reason: str           # what it became on the TPU, or why it is on the host
+    macs: int | None = None   # the network's MACs for this node (per batch), matrix ops only
+
+    @property
+    def note(self) -> str:            # the name the first reports used
+        return self.reason
+
+
+@dataclass
+class SegmentRow:
+    name: str
+    operators: int
+    macs: int                         # the network's MACs this segment performs (per batch)
+    share: float                      # of all the network's MACs
+    cycles: int | None = None         # per batch, timing-only run at compile time
+    time_us: float | None = None      # at the machine's clock
+    array_active_cycles: int | None = None
+    utilisation: float | None = None  # macs / (cycles x N x N): the paper's Table 3 row 2
 
 
 @dataclass
@@ -22,8 +53,15 @@ class CompileReport:
     batch: int
     array_size: int
     source: str                           # how the model was quantized
-    rows: list[NodeRow] = field(default_factory=list)
-    steps: list[dict] = field(default_factory=list)   # name, kind, operators / nodes
+    rows: list[NodeRow] = field(default_factory=list)        # one per input-model node
+    steps: list[dict] = field(default_factory=list)   # name, kind, items (operators / nodes)
+    compiled_nodes: list[NodeRow] = field(default_factory=list)   # the compiled graph's
+    segments: list[SegmentRow] = field(default_factory=list)
+    macs: int = 0                         # all the network's MACs per batch, host ones too
+    tpu_macs: int = 0                     # of which on the TPU
+    clock_hz: float = 700e6
+    warnings: list[str] = field(default_factory=list)
+    validation: object = None             # set by the validation pass: text(), to_json(), warnings
 
     @property
     def tpu_nodes(self) -> int:
@@ -33,38 +71,258 @@ class CompileReport:
     def host_nodes(self) -> int:
         return sum(r.where == "host" for r in self.rows)
 
+    @property
+    def tpu_mac_share(self) -> float | None:
+        return self.tpu_macs / self.macs if self.macs else None
+
+    def all_warnings(self) -> list[str]:
+        """The report's warnings and the validation's, in that order."""
+        extra = list(getattr(self.validation, "warnings", None) or [])
+        return list(self.warnings) + [w for w in extra if w not in self.warnings]
+
+    # ------------------------------------------------------------------ json
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["summary"] = {"tpu_nodes": self.tpu_nodes, "host_nodes": self.host_nodes,
-                        "segments": sum(s["kind"] == "tpu" for s in self.steps),
-                        "host_parts": sum(s["kind"] == "host" for s in self.steps)}
+        d = {"model": self.model, "batch": self.batch, "array_size": self.array_size,
+             "clock_hz": self.clock_hz, "source": self.source,
+             "summary": {"tpu_nodes": self.tpu_nodes, "host_nodes": self.host_nodes,
+                         "segments": sum(s["kind"] == "tpu" for s in self.steps),
+                         "host_parts": sum(s["kind"] == "host" for s in self.steps),
+                         "macs": self.macs, "tpu_macs": self.tpu_macs,
+                         "tpu_mac_share": self.tpu_mac_share},
+             "macs": self.macs, "tpu_macs": self.tpu_macs,
+             "warnings": self.all_warnings(),
+             "segments": [asdict(s) for s in self.segments],
+             "steps": self.steps,
+             "rows": [asdict(r) for r in self.rows],
+             "compiled_nodes": [asdict(r) for r in self.compiled_nodes]}
+        if self.validation is not None:
+            d["validation"] = self.validation.to_json()
+            d["validation_text"] = self.validation.text()
         return d
 
+    @classmethod
+    def from_json(cls, d: dict) -> "CompileReport":
+        """The report as report.json saved it (a validation comes back as its saved text)."""
+        d = dict(d)
+        d.pop("summary", None)
+        validation = d.pop("validation", None)
+        validation_text = d.pop("validation_text", None)
+        rows = [_node_row(r) for r in d.pop("rows", [])]
+        compiled = [_node_row(r) for r in d.pop("compiled_nodes", [])]
+        segments = [SegmentRow(**s) for s in d.pop("segments", [])]
+        known = {f.name for f in fields(cls)}
+        report = cls(rows=rows, compiled_nodes=compiled, segments=segments,
+                     **{k: v for k, v in d.items() if k in known})
+        if validation is not None:
+            # its warnings are already in report.warnings (saved by all_warnings)
+            report.validation = SavedValidation(validation, validation_text or "", [])
+        return report
+
+    # ------------------------------------------------------------------ text
     def text(self) -> str:
         segments = sum(s["kind"] == "tpu" for s in self.steps)
         lines = [f"Model: {self.model}",
                  f"Quantization: {self.source}",
-                 f"Batch {self.batch}, array {self.array_size}x{self.array_size}",
+                 f"Batch {self.batch}, array {self.array_size}x{self.array_size}, clock "
+                 f"{self.clock_hz / 1e6:,.0f} MHz",
                  f"Nodes on the TPU: {self.tpu_nodes} (in {segments} segment"
-                 f"{'s' if segments != 1 else ''}); on the host: {self.host_nodes}", "",
-                 "Execution order:"]
+                 f"{'s' if segments != 1 else ''}); on the host: {self.host_nodes}",
+                 _mac_line(self)]
+        warnings = self.all_warnings()
+        if warnings:
+            lines += ["", "Warnings:"] + [f"  - {w}" for w in warnings]
+        if self.validation is not None:
+            lines += ["", self.validation.text().rstrip()]
+        if self.segments:
+            lines += ["", _segment_table(self.segments, self.array_size)]
+        lines += ["", "Execution order:"]
         for s in self.steps:
             what = ", ".join(s["items"][:6]) + (" ..." if len(s["items"]) > 6 else "")
             lines.append(f"  {s['name']:<10} {s['kind']:<5} {what}")
-        lines += ["", _table(self.rows)]
+        lines += ["", "Nodes of the model (the reason below each):", _table(self.rows)]
         return "\n".join(lines) + "\n"
 
 
-def _table(rows: list[NodeRow]) -> str:
-    header = ("Node", "Operator", "Runs on", "Step", "Note")
-    cells = [header] + [(r.node, r.op_type, r.where, r.step, r.note) for r in rows]
-    widths = [min(max(len(c[i]) for c in cells), 40) for i in range(4)]
-    out = []
+@dataclass
+class SavedValidation:
+    """A validation read back from report.json: the same face as the live one."""
+    data: dict
+    saved_text: str
+    warnings: list[str]
+
+    def text(self) -> str:
+        return self.saved_text
+
+    def to_json(self) -> dict:
+        return self.data
+
+
+def _node_row(r: dict) -> NodeRow:
+    r = dict(r)
+    if "note" in r and "reason" not in r:          # report.json of the first format
+        r["reason"] = r.pop("note")
+    return NodeRow(**{k: v for k, v in r.items() if k in {f.name for f in fields(NodeRow)}})
+
+
+def _mac_line(report: CompileReport) -> str:
+    if not report.macs:
+        return "MACs: none (no Gemm, MatMul, Conv, LSTM or GRU with known shapes)"
+    per_sample = report.macs / max(report.batch, 1)
+    return (f"MACs per batch: {report.macs:,} ({per_sample:,.0f} per sample); on the TPU: "
+            f"{report.tpu_macs:,} ({100 * report.tpu_mac_share:.1f} %)")
+
+
+def _segment_table(segments: list[SegmentRow], n: int) -> str:
+    header = ("Segment", "Ops", "MACs", "Share", "Cycles", "Time", "Array active",
+              "Utilisation")
+    cells = [header]
+    for s in segments:
+        timed = s.cycles is not None
+        cells.append((s.name, str(s.operators), f"{s.macs:,}", f"{100 * s.share:.1f} %",
+                      f"{s.cycles:,}" if timed else "-",
+                      f"{s.time_us:,.2f} us" if timed else "-",
+                      f"{100 * s.array_active_cycles / max(s.cycles, 1):.1f} %" if timed
+                      else "-",
+                      f"{100 * s.utilisation:.2f} %" if s.utilisation is not None else "-"))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    left = {0}
+    out = [f"TPU segments (per batch; utilisation = the network's MACs / (cycles x {n} x {n}), "
+           f"the paper's Table 3 row 2):"]
     for i, c in enumerate(cells):
-        out.append("  ".join(c[j][:40].ljust(widths[j]) for j in range(4)) + "  " + c[4])
+        out.append("  " + "  ".join(c[j].ljust(widths[j]) if j in left else c[j].rjust(widths[j])
+                                    for j in range(len(c))).rstrip())
         if i == 0:
-            out.append("  ".join("-" * w for w in widths) + "  " + "-" * 4)
+            out.append("  " + "  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def _table(rows: list[NodeRow]) -> str:
+    """One line per node with its whole name last (names are never cut, however long), its
+    reason indented on the line below."""
+    header = ("Runs on", "Step", "Operator", "MACs", "Node")
+    cells = [(r.where, r.step, r.op_type, f"{r.macs:,}" if r.macs else "", r.node)
+             for r in rows]
+    widths = [max([len(header[i])] + [len(c[i]) for c in cells]) for i in range(4)]
+
+    def line(c):
+        return ("  " + "  ".join(c[j].rjust(widths[j]) if j == 3 else c[j].ljust(widths[j])
+                                 for j in range(4)) + "  " + c[4])
+    out = [line(header), "  " + "  ".join("-" * w for w in widths) + "  " + "-" * 4]
+    indent = " " * (4 + sum(widths[:2]) + 2 * 2)
+    for r, c in zip(rows, cells):
+        out.append(line(c))
+        if r.reason:
+            out.append(f"{indent}{r.reason}")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- aggregation
+
+def input_rows(provenance, compiled: list[NodeRow]) -> list[NodeRow]:
+    """One row per node of the input model (provenance.nodes), from the compiled graph's
+    rows.  A node whose compiled nodes run in several places is "TPU" when any of them is,
+    with a reason saying what ran where; glue the rewrites added (no source) gets no row; a
+    node folded away runs where the node its reason names runs."""
+    groups: dict[str, list[NodeRow]] = {}
+    for row in compiled:
+        source = provenance.source(row.node)
+        if source is not None:
+            groups.setdefault(source, []).append(row)
+    rows: dict[str, NodeRow] = {}
+    for name, op_type in provenance.nodes:
+        group = groups.get(name)
+        if group:
+            rows[name] = _aggregate(name, op_type, group)
+    by_compiled = {r.node: r for r in compiled}
+    for name, op_type in provenance.nodes:
+        if name in rows:
+            continue
+        why = provenance.folded.get(name)
+        if why is None:
+            rows[name] = NodeRow(name, op_type, "unused", "-",
+                                 "not in the compiled graph (removed before matching)")
+            continue
+        # what absorbed it: a node its reason names (an input-model node, a compiled one, or
+        # one a rewrite made on the way, which stands for its own source)
+        absorber = _named_in(why, [n for n in rows if n != name], list(by_compiled),
+                             list(provenance.origin))
+        target = rows.get(absorber) or by_compiled.get(absorber) or \
+            rows.get(provenance.source(absorber) if absorber else None)
+        if target is None:
+            # nothing at run time computes it (a constant folded when compiling)
+            rows[name] = NodeRow(name, op_type, "host", "-", why)
+        else:
+            rows[name] = NodeRow(name, op_type, target.where, target.step, why, 0)
+    return [rows[name] for name, _ in provenance.nodes]
+
+
+def _aggregate(name: str, op_type: str, group: list[NodeRow]) -> NodeRow:
+    macs = [r.macs for r in group if r.macs is not None]
+    total = sum(macs) if macs else None
+    steps = list(dict.fromkeys(r.step for r in group if r.step != "-")) or ["-"]
+    places = {r.where for r in group}
+    if len(group) == 1 and group[0].node == name:
+        r = group[0]
+        return NodeRow(name, op_type, r.where, r.step, r.reason, r.macs)
+    if len(places) == 1:
+        where = places.pop()
+        if where == "unused":
+            reason = "its result is not needed"
+        elif len(group) == 1:
+            reason = group[0].reason
+        else:
+            reason = (f"{len(group)} compiled nodes, all on the {where}: "
+                      f"{_counted(r.op_type for r in group)}")
+            if where == "host":
+                reasons = list(dict.fromkeys(r.reason for r in group))
+                reason += f" ({reasons[0]}{' ...' if len(reasons) > 1 else ''})"
+        return NodeRow(name, op_type, where, ", ".join(steps), reason, total)
+    on_tpu = [r for r in group if r.where == "TPU"]
+    on_host = [r for r in group if r.where == "host"]
+    parts = []
+    for kind, count in Counter(r.op_type for r in on_tpu).items():
+        of = sum(r.op_type == kind for r in group)
+        parts.append(f"{count} of {of} {kind} on the TPU")
+    tpu_kinds = {r.op_type for r in on_tpu}
+    host_only = [r for r in on_host if r.op_type not in tpu_kinds]
+    if host_only:
+        parts.append(f"on the host: {_counted(r.op_type for r in host_only)}")
+    where = "TPU" if on_tpu else "host"
+    return NodeRow(name, op_type, where, ", ".join(steps), "; ".join(parts), total)
+
+
+def _counted(kinds) -> str:
+    return ", ".join(f"{n} {k}" for k, n in Counter(kinds).items())
+
+
+def _named_in(text: str, *candidates: list[str]) -> str | None:
+    """The longest node name that `text` mentions as a whole word."""
+    best = None
+    for names in candidates:
+        for name in names:
+            if best is not None and len(name) <= len(best):
+                continue
+            if re.search(rf"(?<![\w./:-]){re.escape(name)}(?![\w./:-])", text):
+                best = name
+    return best
+
+
+# ---------------------------------------------------------------------- warnings
+
+def mac_warnings(report: CompileReport, limit: int = 3) -> list[str]:
+    """Less than half the network's MACs on the TPU: say so, and which host nodes weigh."""
+    share = report.tpu_mac_share
+    if share is None or share >= MIN_TPU_MAC_SHARE:
+        return []
+    heavy = sorted((r for r in report.rows if r.where == "host" and r.macs),
+                   key=lambda r: -r.macs)[:limit]
+    text = (f"only {100 * share:.1f} % of the model's {report.macs:,} MACs run on the TPU "
+            f"({report.tpu_macs:,})")
+    if heavy:
+        text += "; the largest on the host: " + "; ".join(
+            f"{r.node} ({r.op_type}, {100 * r.macs / report.macs:.1f} %): {r.reason}"
+            for r in heavy)
+    return [text]
 
 
 def describe(op) -> str:

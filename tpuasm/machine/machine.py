@@ -22,6 +22,7 @@ from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REPEAT, COL_WI
                       NREGS, OP_HLT, OP_INT, OP_MMC, OP_RW, OP_SYNC, OP_TAG, OP_WSYNC,
                       decode_table, reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
+from .macs import useful_macs
 from .gemm import blas_threads, set_blas_threads
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
 from .pure import python
@@ -214,6 +215,7 @@ class Machine:
         self.acc = _zeroed((cfg.acc_rows, n), np.int32)
         self.host = host_arr
         self.weights = weights_arr
+        self._tile_extents = {}                 # tile -> its real K x N (machine/macs.py)
         # The core's arguments never change identity (restore copies into them), so the
         # call reuses one list and, after the first call, the compiled entry point for
         # exactly these argument types (skipping numba's per-call type dispatch, ~3 us).
@@ -660,7 +662,9 @@ class Machine:
                     inp += d
         nreq, tl = self._tiles()
         busy_w = int(np.clip(np.minimum(tl[core.T_FE], c) - tl[core.T_FS], 0, None).sum()) if nreq else 0
-        macs = int(st[core.C_MACS])
+        slots = int(st[core.C_MACS])            # vectors x N x N per MMC: padding included
+        macs = useful_macs(self.prog, self.times, self.tl, nreq, self.weights, c,
+                           self._tile_extents)
         fin = self.times[:len(self.prog), core.TM_FINISH]
         n = self.config.array_size
         seconds = c / self.config.clock_hz
@@ -674,6 +678,7 @@ class Machine:
             "raw_stall_cycles": raw,
             "input_stall_cycles": inp,
             "useful_macs": macs,
+            "array_mac_slots": slots,
             "tops": (2 * macs / seconds / 1e12) if c else 0.0,
             "mxu_utilization": (macs / (c * n * n)) if c else 0.0,
             "busy_input": busy[0], "busy_matrix": busy[1], "busy_activate": busy[2],

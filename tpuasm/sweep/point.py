@@ -60,12 +60,14 @@ def _measures(c: dict, config, macs) -> dict:
     for name in COUNTERS:
         v = c[name]
         out[name] = round(float(v), 6) if name == "mxu_utilization" else int(v)
-    # Row 2 of Table 3 counts the network's own MACs; the machine counts every MAC the
-    # array did, padding included, so when the target knows its MACs use those.
-    # TOPS likewise (2 ops per MAC).
+    # Row 2 of Table 3 counts the network's own MACs.  The machine counts them from each
+    # tile's non-zero extent (spec/timing.md 8), which a zero weight image (an app's
+    # timing run) does not have: when the target knows its MACs, use those.  TOPS likewise.
     n2 = config.array_size ** 2
     useful = macs if macs is not None else int(c["useful_macs"])
     out["useful_pct"] = round(100.0 * useful / max(cycles * n2, 1), 4)
     if macs is not None:
+        out["useful_macs"] = int(macs)
+        out["mxu_utilization"] = round(macs / max(cycles * n2, 1), 6)
         out["tops"] = round(2.0 * macs / max(seconds, 1e-30) / 1e12, 4)
     return out

@@ -1,0 +1,60 @@
+"""The multiply-accumulates of an ONNX node, from its shapes.
+
+One meaning of "MACs" for the compiler's report: the products the network itself asks for
+(a Gemm of (M, K) by (K, N) is M x K x N), whatever array they land on and whatever padding
+the TPU program adds to fill its tiles.  The count is per batch of the shapes given (the
+compiled batch); the quantized forms count like their float ones.
+"""
+from __future__ import annotations
+
+from math import prod
+
+# op type -> index of the input that holds the weight (Conv-like) or the right operand
+_CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
+_MATMUL = {"MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul"}
+_GEMM = {"Gemm", "QGemm"}
+_RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose"})
+
+
+def node_macs(node, shapes: dict) -> int | None:
+    """MACs of one node, or None when it is not a matrix operator or a shape it needs is
+    unknown.  `node` has op_type, inputs, outputs and attr(); `shapes` maps tensor names to
+    full shapes (batch included)."""
+    op = node.op_type
+    if op not in MATRIX_OPS:
+        return None
+
+    def shape(name):
+        s = shapes.get(name) if name else None
+        return None if s is None or any(not isinstance(d, int) or d < 0 for d in s) \
+            else tuple(s)
+
+    y = shape(node.outputs[0]) if node.outputs else None
+    if op in _CONV_WEIGHT:
+        w = shape(node.input(_CONV_WEIGHT[op]))
+        # each output element: (C / groups) x kernel products
+        return None if y is None or w is None else prod(y) * prod(w[1:])
+    if op == "ConvTranspose":
+        x, w = shape(node.input(0)), shape(node.input(1))
+        # each input element meets (O / groups) x kernel weights
+        return None if x is None or w is None else prod(x) * prod(w[1:])
+    if op in _MATMUL:
+        a = shape(node.input(0))
+        if y is None or a is None or not a:
+            return None
+        return prod(y) * a[-1]
+    if op in _GEMM:
+        a = shape(node.input(0))
+        if y is None or a is None or len(a) != 2:
+            return None
+        k = a[0] if node.attr("transA", 0) else a[1]
+        return prod(y) * k
+    # LSTM / GRU / RNN: X (seq, batch, input) or batch-first with layout=1; W (dirs, G*H, I);
+    # R (dirs, G*H, H): every step multiplies the input and the state by each gate's weights
+    x, w, r = shape(node.input(0)), shape(node.input(1)), shape(node.input(2))
+    if x is None or w is None or r is None or len(x) != 3:
+        return None
+    steps_rows = x[0] * x[1]
+    return steps_rows * w[0] * w[1] * (w[2] + r[2])
