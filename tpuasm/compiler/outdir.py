@@ -169,6 +169,9 @@ def load(outdir):
         report_json = json.loads((outdir / "report.json").read_text())
         rows = [NodeRow(**r) for r in report_json.pop("rows")]
         report_json.pop("summary", None)
+        if report_json.get("validation") is not None:
+            from tpuasm.compiler.validate import Validation
+            report_json["validation"] = Validation.from_json(report_json["validation"])
         report = CompileReport(rows=rows, **report_json)
         inputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
                   for v in manifest["inputs"]]

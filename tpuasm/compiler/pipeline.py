@@ -103,9 +103,16 @@ def _machine_config(config: dict):
 
 
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
-                  codegen: bool = True) -> CompiledModel:
-    """Compile an ONNX model (float with a calibration set, or already quantized)."""
+                  codegen: bool = True, quantization=None, validate=None,
+                  min_agreement: float = 0.99, min_snr: float = 20.0) -> CompiledModel:
+    """Compile an ONNX model (float with a calibration set, or already quantized).
+    `quantization`: a quantize.QuantOptions for a float model; `validate`: None (check the
+    compiled model against the float one on the calibration data), False (no check), or
+    data (array, {input: array}, .npy/.npz path) to check it on."""
     path = Path(path)
+    from tpuasm.compiler.validate import check_thresholds
+    min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
+    float_check = None
     config = parse_config(config)
     machine = _machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
@@ -116,6 +123,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
                                f"models only")
+        if quantization is not None or validate not in (None, False):
+            raise CompileError(f"{path} is already quantized: quantization options and "
+                               f"--validate apply to float models only")
         source = "quantized model, taken with its own scales and zero points"
         reference = path
     else:
@@ -135,12 +145,21 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
             count = len(next(iter(samples.values())))
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        quantize(path, samples, signature, reference)
-        source = (f"float model quantized by onnxruntime (QDQ, int8 weights per output "
-                  f"channel, uint8 activations per tensor) from {count} calibration samples")
+        from tpuasm.compiler.quantize import QuantOptions
+        from tpuasm.compiler.prepare import prepare
+        options = quantization if quantization is not None else QuantOptions()
+        _load_weights(model, path)
+        float_check = (model.SerializeToString(), samples, "the calibration data")
+        prepared = prepare(model)
+        quantize(prepared.model, samples, signature, reference, options, path)
+        source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
+                  f"{options.describe()}) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model)
     lowered = lower(graph, lookup_table, backend_support)
+    if float_check is not None:      # a recurrent node left as it was: say why
+        lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
+                                     if k in lowered.host_reasons})
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:
@@ -149,7 +168,39 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
     outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
                for n in graph.outputs]
-    return CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    if float_check is not None:
+        compiled.provenance = prepared.provenance
+    if float_check is not None and validate is not False:
+        report.validation = _validation(compiled, float_check, validate, path, min_agreement,
+                                        min_snr)
+    return compiled
+
+
+def _load_weights(model, path) -> None:
+    """A float model's external weights, read into it (the rewrites rescale them)."""
+    import onnx
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        onnx.load_external_data_for_model(model, str(path.parent))
+
+
+def _validation(compiled, float_check, data, path, min_agreement, min_snr):
+    """The compiled model against the float model (validate.py)."""
+    from tpuasm.compiler.validate import validate
+    float_bytes, samples, what = float_check
+    if data is not None:
+        from tpuasm.compiler.quantize import check_samples
+        from tpuasm.compiler.arrays import read_named_arrays
+        names = [i.name for i in compiled.inputs]
+        if isinstance(data, (str, Path)):
+            what = str(data)
+            data = read_named_arrays(data, names)
+        elif not isinstance(data, dict):
+            what = "the validation data"
+            data = {names[0]: data} if len(names) == 1 else data
+        samples = check_samples(data, {i.name: [None, *i.shape] for i in compiled.inputs},
+                                what)
+    return validate(compiled, float_bytes, samples, what, min_agreement, min_snr)
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:

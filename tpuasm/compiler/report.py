@@ -24,6 +24,7 @@ class CompileReport:
     source: str                           # how the model was quantized
     rows: list[NodeRow] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)   # name, kind, operators / nodes
+    validation: object = None             # validate.Validation (a compiled float model)
 
     @property
     def tpu_nodes(self) -> int:
@@ -34,7 +35,10 @@ class CompileReport:
         return sum(r.where == "host" for r in self.rows)
 
     def to_json(self) -> dict:
+        validation, self.validation = self.validation, None
         d = asdict(self)
+        self.validation = validation
+        d["validation"] = validation.to_json() if validation is not None else None
         d["summary"] = {"tpu_nodes": self.tpu_nodes, "host_nodes": self.host_nodes,
                         "segments": sum(s["kind"] == "tpu" for s in self.steps),
                         "host_parts": sum(s["kind"] == "host" for s in self.steps)}
@@ -51,6 +55,8 @@ class CompileReport:
         for s in self.steps:
             what = ", ".join(s["items"][:6]) + (" ..." if len(s["items"]) > 6 else "")
             lines.append(f"  {s['name']:<10} {s['kind']:<5} {what}")
+        if self.validation is not None:
+            lines += ["", self.validation.text()]
         lines += ["", _table(self.rows)]
         return "\n".join(lines) + "\n"
 
