@@ -157,9 +157,13 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model)
     lowered = lower(graph, lookup_table, backend_support)
-    if float_check is not None:      # a recurrent node left as it was: say why
+    if float_check is not None:      # a recurrent node left as it was, a node kept float
         lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
                                      if k in lowered.host_reasons})
+        for node in graph.nodes:
+            if node.name in lowered.host_reasons and (node.name in options.keep_float or
+                                                      node.op_type in options.keep_float):
+                lowered.host_reasons[node.name] = "kept in float (--keep-float)"
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:

@@ -7,7 +7,11 @@ a percentile (QuantOptions).  The QDQ model it writes is the model the compiler 
 and the reference it is checked against."""
 from __future__ import annotations
 
+import contextlib
+import io
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -188,23 +192,45 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     logging.getLogger().setLevel(logging.ERROR)      # quantize_static's pre-processing hints
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
     try:
-        quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
-                        per_channel=options.per_channel,
-                        activation_type=QuantType.QInt8 if options.symmetric_activations
-                        else QuantType.QUInt8,
-                        weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
-                        op_types_to_quantize=op_types, calibrate_method=method,
-                        extra_options=extra)
+        with contextlib.redirect_stdout(io.StringIO()), \
+                tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
+            cache = None           # quantize_static's own calibration unless entropy (below)
+            if options.calibration_method == "entropy":
+                cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))
+            quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=options.per_channel,
+                            activation_type=QuantType.QInt8 if options.symmetric_activations
+                            else QuantType.QUInt8,
+                            weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
+                            op_types_to_quantize=op_types, calibrate_method=method,
+                            extra_options=extra, calibration_cache_path=cache)
         qdq = onnx.load(str(out_path))
         if fuse_bias_adds(qdq, model):
             onnx.save(qdq, str(out_path))
     except CompileError:
         raise
-    except Exception as e:
+    except Exception as e:      # onnxruntime's own errors have no common base
         raise CompileError(f"{path}: quantization failed: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
                            ) from None
     return nodes
+
+
+def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:
+    """Entropy calibration with a histogram of 2048 bins, written as onnxruntime's
+    calibration cache: quantize_static's own entropy calibrator has 128 bins for 128
+    quantized levels, one candidate range, the same as min-max."""
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, create_calibrator,
+                                                    save_tensors_data)
+    source = tmp / "model.onnx"
+    onnx.save(model, str(source))
+    calibrator = create_calibrator(source, op_types, augmented_model_path=str(
+        tmp / "augmented.onnx"), calibrate_method=CalibrationMethod.Entropy,
+        extra_options={"num_bins": 2048, "num_quantized_bins": 128})
+    calibrator.collect_data(reader)
+    cache = tmp / "ranges.json"
+    save_tensors_data(calibrator.compute_data(), cache)
+    return cache
 
 
 def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
