@@ -166,8 +166,9 @@ def test_rank_3_matmul_add_gets_the_int32_bias_pattern_onnxruntime_runs(tmp_path
 
 # --- recurrent classifiers ----------------------------------------------------------------
 
-def _rnn_classifier(tmp_path, kind, seed):
-    """x (N, S, I) -> Transpose -> LSTM/GRU (sequence-first) -> Y_h -> Gemm -> 3 classes."""
+def _rnn_classifier(tmp_path, kind, seed, state=False):
+    """x (N, S, I) -> Transpose -> LSTM/GRU (sequence-first) -> Y_h -> Gemm -> 3 classes;
+    with `state`, batch-first initial states (N, 1, H) transposed to the node's (1, N, H)."""
     rng = np.random.default_rng(seed)
     s, i, h = 5, 4, 8
     g = 4 if kind == "LSTM" else 3
@@ -177,27 +178,43 @@ def _rnn_classifier(tmp_path, kind, seed):
              _init("fw", rng.normal(0, 1, (h, 3))), _init("fb", rng.normal(0, 0.1, 3)),
              numpy_helper.from_array(np.array([0], np.int64), "ax0")]
     outs = ["", "yh"] + ([""] if kind == "LSTM" else [])
-    nodes = [helper.make_node("Transpose", ["x"], ["xt"], name="seq_first", perm=[1, 0, 2]),
-             helper.make_node(kind, ["xt", "W", "R", "B"], outs, name="rnn", hidden_size=h),
-             helper.make_node("Squeeze", ["yh", "ax0"], ["hl"], name="last"),
-             helper.make_node("MatMul", ["hl", "fw"], ["m"], name="fc"),
-             helper.make_node("Add", ["m", "fb"], ["y"], name="fc_bias")]
-    path, model = _save(tmp_path, nodes, [_f("x", ["N", s, i])], [_f("y", ["N", 3])], inits,
-                        kind.lower())
-    x = rng.normal(0, 1, (96, s, i)).astype(np.float32)
-    return path, model, x
+    ins = ["xt", "W", "R", "B"]
+    inputs = [_f("x", ["N", s, i])]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], name="seq_first", perm=[1, 0, 2])]
+    if state:
+        states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
+        ins += ["", *[f"{n}_t" for n in states]]
+        for n in states:
+            inputs.append(_f(n, ["N", 1, h]))
+            nodes.append(helper.make_node("Transpose", [n], [f"{n}_t"], name=f"{n}_first",
+                                          perm=[1, 0, 2]))
+    nodes += [helper.make_node(kind, ins, outs, name="rnn", hidden_size=h),
+              helper.make_node("Squeeze", ["yh", "ax0"], ["hl"], name="last"),
+              helper.make_node("MatMul", ["hl", "fw"], ["m"], name="fc"),
+              helper.make_node("Add", ["m", "fb"], ["y"], name="fc_bias")]
+    path, model = _save(tmp_path, nodes, inputs, [_f("y", ["N", 3])], inits, kind.lower())
+    feeds = {"x": rng.normal(0, 1, (96, s, i)).astype(np.float32)}
+    for v in inputs[1:]:
+        feeds[v.name] = rng.normal(0, 0.5, (96, 1, h)).astype(np.float32)
+    return path, model, feeds if state else feeds["x"]
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
-def test_recurrent_classifier_puts_its_gate_gemms_on_the_tpu(tmp_path, kind):
-    path, model, x = _rnn_classifier(tmp_path, kind, seed=5 if kind == "LSTM" else 6)
+@pytest.mark.parametrize("kind, state", [("LSTM", False), ("GRU", False), ("LSTM", True),
+                                         ("GRU", True)])
+def test_recurrent_classifier_puts_its_gate_gemms_on_the_tpu(tmp_path, kind, state):
+    path, model, x = _rnn_classifier(tmp_path, kind, seed=5 if kind == "LSTM" else 6,
+                                     state=state)
     compiled = tpu_compile(path, batch=16, calibration=x)
     tpu_gemms = [r for r in compiled.report.rows if r.op_type == "Gemm" and r.where == "TPU"]
     # 5 steps: one input product each, one recurrent product (LSTM) / two (GRU) after step 0
-    assert len(tpu_gemms) == (5 + 4 if kind == "LSTM" else 5 + 8) + 1, compiled.report.text()
+    # (and at step 0 too when there is an initial state)
+    steps_with_h = 5 if state else 4
+    per_step = 1 if kind == "LSTM" else 2
+    assert len(tpu_gemms) == 5 + per_step * steps_with_h + 1, compiled.report.text()
     assert all(compiled.provenance.source(r.node) in ("rnn", "fc") for r in tpu_gemms)
-    (want,) = _float(model, {"x": x})
-    got = compiled.run(x, engine="reference")["y"]
+    feeds = x if state else {"x": x}
+    (want,) = _float(model, feeds)
+    got = compiled.run(feeds, engine="reference")["y"]
     agree = np.mean(np.argmax(got, 1) == np.argmax(want, 1))
     assert agree >= 0.95
     assert compiled.report.validation.outputs[0].agreement == pytest.approx(agree)
