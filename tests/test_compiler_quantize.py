@@ -382,6 +382,7 @@ def test_calibration_methods_give_other_ranges_and_keep_the_answers(tmp_path, me
     ({"keep_float": "Nonesuch"}, "--keep-float Nonesuch"),
     ({"min_agreement": 1.5}, "min agreement 1.5"),
     ({"min_snr": "loud"}, "min SNR 'loud'"),
+    ({"validate": np.zeros((3, 5), np.float32)}, "the validation data: .* has shape \\(3, 5\\)"),
 ])
 def test_bad_options_are_one_clear_error(tmp_path, kwargs, words):
     path, _ = _cnn(tmp_path)

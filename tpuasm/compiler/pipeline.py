@@ -149,7 +149,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.prepare import prepare
         options = quantization if quantization is not None else QuantOptions()
         _load_weights(model, path)
-        float_check = (model.SerializeToString(), samples, "the calibration data")
+        float_check = (model.SerializeToString(),
+                       *_check_data(validate, signature, samples, "the calibration data"))
         prepared = prepare(model)
         quantize(prepared.model, samples, signature, reference, options, path)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
@@ -176,8 +177,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     if float_check is not None:
         compiled.provenance = prepared.provenance
     if float_check is not None and validate is not False:
-        report.validation = _validation(compiled, float_check, validate, path, min_agreement,
-                                        min_snr)
+        from tpuasm.compiler.validate import validate as check
+        report.validation = check(compiled, *float_check, min_agreement, min_snr)
     return compiled
 
 
@@ -188,23 +189,22 @@ def _load_weights(model, path) -> None:
         onnx.load_external_data_for_model(model, str(path.parent))
 
 
-def _validation(compiled, float_check, data, path, min_agreement, min_snr):
-    """The compiled model against the float model (validate.py)."""
-    from tpuasm.compiler.validate import validate
-    float_bytes, samples, what = float_check
-    if data is not None:
-        from tpuasm.compiler.quantize import check_samples
+def _check_data(data, signature: dict, samples: dict, what: str):
+    """(rows, what they are) to check the compiled model on: the calibration samples, or
+    the user's --validate data (read and checked before anything is compiled)."""
+    if data is None or data is False:
+        return samples, what
+    from tpuasm.compiler.quantize import check_samples
+    if isinstance(data, (str, Path)):
         from tpuasm.compiler.arrays import read_named_arrays
-        names = [i.name for i in compiled.inputs]
-        if isinstance(data, (str, Path)):
-            what = str(data)
-            data = read_named_arrays(data, names)
-        elif not isinstance(data, dict):
-            what = "the validation data"
-            data = {names[0]: data} if len(names) == 1 else data
-        samples = check_samples(data, {i.name: [None, *i.shape] for i in compiled.inputs},
-                                what)
-    return validate(compiled, float_bytes, samples, what, min_agreement, min_snr)
+        what = str(data)
+        data = read_named_arrays(data, list(signature))
+    elif not isinstance(data, dict):
+        what = "the validation data"
+        data = {next(iter(signature)): data}
+    else:
+        what = "the validation data"
+    return check_samples(data, signature, what), what
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:
