@@ -220,6 +220,19 @@ def test_recurrent_classifier_puts_its_gate_gemms_on_the_tpu(tmp_path, kind, sta
     assert compiled.report.validation.outputs[0].agreement == pytest.approx(agree)
 
 
+def test_keeping_a_recurrent_node_float_keeps_everything_unrolled_from_it(tmp_path):
+    path, model, x = _rnn_classifier(tmp_path, "GRU", seed=6)
+    compiled = tpu_compile(path, batch=16, calibration=x, keep_float="rnn", validate=False)
+    from_rnn = [r for r in compiled.report.rows if compiled.provenance.source(r.node) == "rnn"]
+    assert len(from_rnn) > 50 and not [r for r in from_rnn if r.where == "TPU"]
+    gemm = next(r for r in from_rnn if r.op_type == "Gemm")
+    assert gemm.where == "host" and gemm.note == "kept in float (--keep-float)"
+    assert _row(compiled.report, "fc").where == "TPU"
+    by_type = tpu_compile(path, batch=16, calibration=x, keep_float=["GRU"], validate=False)
+    assert [r.node for r in by_type.report.rows if r.where == "TPU" and r.op_type == "Gemm"] \
+        == ["fc"]
+
+
 def test_recurrent_node_left_alone_says_why(tmp_path):
     path, model, x = _rnn_classifier(tmp_path, "LSTM", seed=7)
     m = onnx.load(str(path))

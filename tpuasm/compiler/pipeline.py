@@ -152,7 +152,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         float_check = (model.SerializeToString(),
                        *_check_data(validate, signature, samples, "the calibration data"))
         prepared = prepare(model)
-        quantize(prepared.model, samples, signature, reference, options, path)
+        quantize(prepared.model, samples, signature, reference, options, path,
+                 prepared.provenance)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{options.describe()}) from {count} calibration samples")
         model = read_model(reference)
@@ -162,8 +163,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
                                      if k in lowered.host_reasons})
         for node in graph.nodes:
-            if node.name in lowered.host_reasons and (node.name in options.keep_float or
-                                                      node.op_type in options.keep_float):
+            if node.name in lowered.host_reasons and \
+                    options.keeps(node.name, node.op_type, prepared.provenance):
                 lowered.host_reasons[node.name] = "kept in float (--keep-float)"
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)

@@ -60,12 +60,9 @@ class _Index:
 
     def const(self, name: str) -> np.ndarray | None:
         t = self.inits.get(name) if name else None
-        if t is None or t.data_location == onnx.TensorProto.EXTERNAL and not t.external_data:
-            return None
-        try:
-            return numpy_helper.to_array(t)
-        except Exception:                       # external data that was not loaded
-            return None
+        if t is None or t.data_location == onnx.TensorProto.EXTERNAL:
+            return None                # not read into the model: no rewrite of its node
+        return numpy_helper.to_array(t)
 
     def sole_consumer(self, tensor: str):
         cons = self.consumers.get(tensor, [])

@@ -58,6 +58,15 @@ class QuantOptions:
         keep = tuple(k.strip() for k in (keep or ()) if k and k.strip())
         object.__setattr__(self, "keep_float", keep)
 
+    def keeps(self, name: str, op_type: str, provenance=None) -> bool:
+        """Is the node `name` kept in float: by its name or operator type, or by those of
+        the user's node it came from (`provenance`)?"""
+        if not self.keep_float:
+            return False
+        source = provenance.source(name) if provenance is not None else None
+        source_op = dict(provenance.nodes).get(source) if source is not None else None
+        return bool({name, op_type, source, source_op} & set(self.keep_float))
+
     def describe(self) -> str:
         """The report's words for these options."""
         weights = "per output channel" if self.per_channel else "per tensor"
@@ -102,25 +111,32 @@ def check_samples(data: dict, signature: dict, path) -> dict[str, np.ndarray]:
 
 
 
-def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model") -> list[str]:
+def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
+              provenance=None) -> list[str]:
     """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
     with a constant weight (a matrix for MatMul); the Relu/Clip, lookup-table operators,
     pooling and layout nodes that read such a node's output; the bias Add of a MatMul on a
     tensor of rank >= 3.  Never a MatMul of two activations, a Gather, OneHot, Softmax, the
     parts of a LayerNorm or an Add/Mul of activations: quantizing those costs the host parts
-    their float accuracy and gains the TPU nothing."""
+    their float accuracy and gains the TPU nothing.
+
+    `options.keep_float` names nodes or operator types of the prepared model or, through
+    `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
+    it float)."""
     from tpuasm.compiler.lower import LOOKUP_OPS
     from tpuasm.compiler.prepare import matmul_bias_pairs
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    _check_keep_float(model, options.keep_float, path)
-    keep = set(options.keep_float)
+    original = dict(provenance.nodes) if provenance is not None else {}
+    _check_keep_float(model, options.keep_float, path, original)
+
     producer = {o: n for n in g.node for o in n.output if o}
     bias_adds = {add.name for _, add, _, rank in matmul_bias_pairs(model) if rank >= 3}
     chosen: set[str] = set()
     names = []
     for node in g.node:
-        if node.name in keep or node.op_type in keep or node.domain not in ("", "ai.onnx"):
+        if options.keeps(node.name, node.op_type, provenance) or \
+                node.domain not in ("", "ai.onnx"):
             continue
         op = node.op_type
         src = producer.get(node.input[0]) if node.input and node.input[0] else None
@@ -139,9 +155,9 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model") -
     return names
 
 
-def _check_keep_float(model, keep, path) -> None:
-    names = {n.name for n in model.graph.node}
-    ops = {n.op_type for n in model.graph.node}
+def _check_keep_float(model, keep, path, original: dict) -> None:
+    names = {n.name for n in model.graph.node} | set(original)
+    ops = {n.op_type for n in model.graph.node} | set(original.values())
     for k in keep:
         if k not in names and k not in ops:
             raise CompileError(f"{path}: --keep-float {k}: no node or operator type of that "
@@ -149,9 +165,10 @@ def _check_keep_float(model, keep, path) -> None:
 
 
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
-             options: QuantOptions | None = None, path=None) -> list[str]:
+             options: QuantOptions | None = None, path=None, provenance=None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
-    prepare.py) calibrated on `samples` to `out_path`.  Returns the quantized nodes."""
+    prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples` to
+    `out_path`.  Returns the quantized nodes."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
                                           QuantFormat, QuantType, quantize_static)
     options = options or QuantOptions()
@@ -159,7 +176,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     model = _with_shapes(model)
-    nodes = tpu_nodes(model, options, path)
+    nodes = tpu_nodes(model, options, path, provenance)
     rows = len(next(iter(samples.values())))
     fixed = {n: d[0] for n, d in signature.items() if isinstance(d[0], int) and d[0] > 0}
     step = min(fixed.values()) if fixed else min(rows, 64)
@@ -269,7 +286,6 @@ def fuse_bias_adds(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> int:
         w_scale = numpy_helper.to_array(inits[w_dq.input[1]]).astype(np.float32).reshape(-1)
         scale = (x_scale[0] * w_scale).astype(np.float32)
         n = bias.size
-        scale = np.broadcast_to(scale, (n,)).astype(np.float32) if scale.size == 1 else scale
         q = np.rint(bias.astype(np.float64) / scale.astype(np.float64))
         q = np.clip(q, -2**31 + 1, 2**31 - 1).astype(np.int32)
         # the Add reads the MatMul's output directly, and the int32 bias
@@ -279,13 +295,17 @@ def fuse_bias_adds(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> int:
                 add.input[i] = mm_out
             else:
                 b_name = f"{add.name}_bias_int32"
-                inits_new = [numpy_helper.from_array(q, b_name),
-                             numpy_helper.from_array(scale, b_name + "_scale"),
-                             numpy_helper.from_array(np.zeros(n, np.int32), b_name + "_zero")]
-                g.initializer.extend(inits_new)
+                per_channel = scale.size > 1      # else scalars: no axis (any opset)
+                zero = np.zeros(n, np.int32) if per_channel else np.int32(0)
+                g.initializer.extend([
+                    numpy_helper.from_array(q, b_name),
+                    numpy_helper.from_array(scale if per_channel else scale[0],
+                                            b_name + "_scale"),
+                    numpy_helper.from_array(zero, b_name + "_zero")])
                 dq = helper.make_node("DequantizeLinear", [b_name, b_name + "_scale",
                                                            b_name + "_zero"],
-                                      [b_name + "_dequantized"], name=b_name + "_dq", axis=0)
+                                      [b_name + "_dequantized"], name=b_name + "_dq",
+                                      **({"axis": 0} if per_channel else {}))
                 g.node.insert(list(g.node).index(add), dq)
                 add.input[i] = dq.output[0]
         done += 1
