@@ -38,6 +38,7 @@ class CompiledModel:
         self.config: dict = dict(config or {})
         self.reference_model = Path(reference_model)   # the QDQ model (onnxruntime's oracle)
         self._keep = keep                               # a temporary directory to keep alive
+        self.provenance = None         # prepare.py's Provenance (a compiled float model)
 
     @property
     def segments(self):
