@@ -53,7 +53,8 @@ def _bn(prefix, x, y):
 def test_batch_norm_folds_into_conv_gemm_and_matmul_keeping_the_answers():
     rng = np.random.default_rng(0)
     inits = [_init("cw", rng.normal(0, 0.3, (6, 3, 3, 3))), _init("cb", rng.normal(0, 1, 6)),
-             _init("gw", rng.normal(0, 0.1, (5, 6 * 4 * 4))), _init("mw", rng.normal(0, 0.3, (5, 4))),
+             _init("gw", rng.normal(0, 0.1, (5, 6 * 4 * 4))),
+             _init("mw", rng.normal(0, 0.3, (5, 4))),
              *_bn_inits(rng, "bn1", 6), *_bn_inits(rng, "bn2", 5), *_bn_inits(rng, "bn3", 4)]
     nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              _bn("bn1", "c", "c_bn"),

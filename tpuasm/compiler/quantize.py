@@ -110,7 +110,6 @@ def check_samples(data: dict, signature: dict, path) -> dict[str, np.ndarray]:
     return out
 
 
-
 def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
               provenance=None) -> list[str]:
     """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
@@ -129,7 +128,6 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     inits = {t.name: t for t in g.initializer}
     original = dict(provenance.nodes) if provenance is not None else {}
     _check_keep_float(model, options.keep_float, path, original)
-
     producer = {o: n for n in g.node for o in n.output if o}
     bias_adds = {add.name for _, add, _, rank in matmul_bias_pairs(model) if rank >= 3}
     chosen: set[str] = set()
