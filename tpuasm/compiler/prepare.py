@@ -57,6 +57,7 @@ class _Index:
         self.outputs = {v.name for v in g.output}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           13)
+        self._taken: set | None = None         # every tensor and node name (unique())
 
     def const(self, name: str) -> np.ndarray | None:
         t = self.inits.get(name) if name else None
@@ -78,20 +79,17 @@ class _Index:
         return name
 
     def unique(self, name: str) -> str:
-        taken = self.names()
+        """`name`, or `name_1`, `name_2`, ...: no tensor or node of the model has it."""
+        if self._taken is None:
+            g = self.model.graph
+            self._taken = ({t.name for t in g.initializer} | {v.name for v in g.input}
+                           | {o for n in g.node for o in n.output} | {n.name for n in g.node})
         base, i = name, 1
-        while name in taken:
+        while name in self._taken:
             name = f"{base}_{i}"
             i += 1
-        taken.add(name)
+        self._taken.add(name)
         return name
-
-    def names(self) -> set:
-        if not hasattr(self, "_names"):
-            g = self.model.graph
-            self._names = ({t.name for t in g.initializer} | {v.name for v in g.input}
-                           | {o for n in g.node for o in n.output} | {n.name for n in g.node})
-        return self._names
 
 
 def _attr(node, name, default=None):

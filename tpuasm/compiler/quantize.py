@@ -54,8 +54,9 @@ class QuantOptions:
         object.__setattr__(self, "percentile", p)
         keep = self.keep_float
         if isinstance(keep, str):
-            keep = keep.split(",")
-        keep = tuple(k.strip() for k in (keep or ()) if k and k.strip())
+            keep = [keep]
+        keep = tuple(k.strip() for item in (keep or ()) for k in str(item).split(",")
+                     if k.strip())
         object.__setattr__(self, "keep_float", keep)
 
     def keeps(self, name: str, op_type: str, provenance=None) -> bool:
