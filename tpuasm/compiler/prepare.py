@@ -145,8 +145,9 @@ def fold_batch_norms(model: onnx.ModelProto, prov: Provenance) -> int:
     ranks = None
     gone = []
     for bn in list(model.graph.node):
-        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
-            continue
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1 \
+                or _attr(bn, "spatial", 1) == 0 or _attr(bn, "training_mode", 0):
+            continue                   # training outputs / per-element statistics: stays
         params = [idx.const(bn.input[i]) if i < len(bn.input) else None for i in range(1, 5)]
         if any(p is None for p in params):
             continue
