@@ -77,6 +77,21 @@ def test_batch_norm_folds_into_conv_gemm_and_matmul_keeping_the_answers():
                            "bn3": "folded into Gemm 'matmul'"}
 
 
+def test_batch_norm_folds_into_a_gemm_with_a_broadcast_bias_and_beta():
+    rng = np.random.default_rng(5)
+    inits = [_init("w", rng.normal(0, 0.3, (6, 4))), _init("c", rng.normal(0, 1, (1, 4))),
+             *_bn_inits(rng, "bn", 4)]
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["g"], name="gemm", beta=0.7),
+             _bn("bn", "g", "y")]
+    model = _model(nodes, [_f("x", [3, 6])], [_f("y", [3, 4])], inits)
+    x = rng.normal(0, 1, (3, 6)).astype(np.float32)
+    (want,) = _run(model, {"x": x})
+    folded = _copy(model)
+    assert fold_batch_norms(folded, Provenance.of(folded)) == 1
+    (got,) = _run(folded, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_batch_norm_whose_producer_has_other_readers_stays():
     rng = np.random.default_rng(1)
     inits = [_init("cw", rng.normal(0, 0.3, (4, 2, 1, 1))), *_bn_inits(rng, "bn", 4)]

@@ -95,6 +95,18 @@ def test_cnn_with_batch_norm_folds_it_and_keeps_the_float_answers(tmp_path):
     assert compiled.report.to_json()["validation"]["outputs"][0]["output"] == "y"
 
 
+def test_a_model_with_external_weights_is_prepared_too(tmp_path):
+    path, model = _cnn(tmp_path)
+    external = tmp_path / "ext" / "cnn.onnx"
+    external.parent.mkdir()
+    onnx.save(model, str(external), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="cnn.weights", size_threshold=0)
+    x = np.random.default_rng(1).normal(0, 1, (32, 2, 6, 6)).astype(np.float32)
+    compiled = tpu_compile(external, batch=8, calibration=x)
+    assert compiled.provenance.folded == {"bn": "folded into Conv 'conv'"}
+    assert compiled.report.validation.outputs[0].agreement >= 0.95
+
+
 # --- an MLP of MatMul + Add: one TPU segment ----------------------------------------------
 
 def test_mlp_bias_adds_fold_into_gemms_in_one_segment(tmp_path):
