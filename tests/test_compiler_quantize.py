@@ -475,3 +475,25 @@ def test_cli_warns_on_stderr_when_an_output_drifts_past_the_bar(tmp_path, capsys
     err = capsys.readouterr().err
     assert "warning: output 'y': SNR against the float model is" in err
     assert "below 300 dB (--min-snr)" in err
+
+
+# --- the same QDQ model on the emulator and in onnxruntime ---------------------------------
+
+@pytest.mark.parametrize("which", ["cnn-symmetric", "gru-state"])
+def test_emulator_gives_onnxruntimes_answers_on_the_qdq_model(tmp_path, which):
+    if which == "cnn-symmetric":
+        path, _ = _cnn(tmp_path)
+        feeds = {"x": np.random.default_rng(14).normal(0, 1, (24, 2, 6, 6)).astype(np.float32)}
+        compiled = tpu_compile(path, batch=8, calibration=feeds["x"], per_channel=False,
+                               symmetric_activations=True, validate=False)
+    else:
+        path, _, feeds = _rnn_classifier(tmp_path, "GRU", seed=15, state=True)
+        feeds = {k: v[:32] for k, v in feeds.items()}
+        compiled = tpu_compile(path, batch=16, calibration=feeds, validate=False)
+    assert compiled.has_programs
+    got = compiled.run(feeds, engine="emulator")["y"]
+    (want,) = session(onnx.load(str(compiled.reference_model))).run(None, feeds)
+    y_scale = next(numpy_helper.to_array(t) for t in onnx.load(
+        str(compiled.reference_model)).graph.initializer if t.name == "y_scale")
+    assert np.mean(got == want) >= 0.999
+    assert np.abs(got - want).max() <= float(y_scale) * 1.0001
