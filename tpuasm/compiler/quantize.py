@@ -233,7 +233,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
 
 
 def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:
-    """Entropy calibration with a histogram of 2048 bins, written as onnxruntime's
+    """Entropy calibration with a histogram of 512 bins, written as onnxruntime's
     calibration cache: quantize_static's own entropy calibrator has 128 bins for 128
     quantized levels, one candidate range, the same as min-max."""
     from onnxruntime.quantization.calibrate import (CalibrationMethod, create_calibrator,
@@ -242,7 +242,7 @@ def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path
     onnx.save(model, str(source))
     calibrator = create_calibrator(source, op_types, augmented_model_path=str(
         tmp / "augmented.onnx"), calibrate_method=CalibrationMethod.Entropy,
-        extra_options={"num_bins": 2048, "num_quantized_bins": 128})
+        extra_options={"num_bins": 512, "num_quantized_bins": 128})
     calibrator.collect_data(reader)
     cache = tmp / "ranges.json"
     save_tensors_data(calibrator.compute_data(), cache)
