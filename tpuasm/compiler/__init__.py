@@ -8,11 +8,33 @@ layout).
 from __future__ import annotations
 
 
-def compile(path, batch=None, calibration=None, config=None):  # noqa: A001 (the API's name)
+def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (the API's name)
+            per_channel=True, symmetric_activations=False, calibration_method="minmax",
+            percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
+            min_snr=20.0):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
-    or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel."""
+    or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
+
+    For a float model: `per_channel` (int8 weights per output channel, else per tensor),
+    `symmetric_activations` (int8 activations with zero point 0, else uint8),
+    `calibration_method` ("minmax", "entropy", "percentile" with `percentile`),
+    `keep_float` (node names or operator types left in float on the host).  The compiled
+    model is checked against the float one on the calibration data, or on `validate` (data,
+    or False for no check): `model.report.validation`, whose `warnings` name each output
+    below `min_agreement` (top-1, a share) or `min_snr` (dB)."""
     from tpuasm.compiler.pipeline import compile_model
-    return compile_model(path, batch=batch, calibration=calibration, config=config)
+    quantization = None
+    custom = (not per_channel or symmetric_activations or calibration_method != "minmax"
+              or percentile != 99.999 or keep_float)
+    if calibration is not None or custom:
+        from tpuasm.compiler.quantize import QuantOptions
+        quantization = QuantOptions(bool(per_channel), bool(symmetric_activations),
+                                    calibration_method, percentile,
+                                    keep_float if isinstance(keep_float, str)
+                                    else tuple(keep_float or ()))
+    return compile_model(path, batch=batch, calibration=calibration, config=config,
+                         quantization=quantization, validate=validate,
+                         min_agreement=min_agreement, min_snr=min_snr)
 
 
 def load(outdir):

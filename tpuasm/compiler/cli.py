@@ -28,8 +28,46 @@ def _parser_compile() -> argparse.ArgumentParser:
                    ".npy (one input, rows first) or .npz keyed by input name")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine configuration, e.g. array_size=16 (repeatable)")
+    q = p.add_argument_group("quantization of a float model")
+    q.add_argument("--per-tensor", action="store_true",
+                   help="one weight scale per tensor (default: per output channel)")
+    q.add_argument("--symmetric-activations", action="store_true",
+                   help="int8 activations with zero point 0 (default: uint8, asymmetric)")
+    q.add_argument("--calibration-method", choices=("minmax", "entropy", "percentile"),
+                   default="minmax", help="how activation ranges are chosen (default minmax)")
+    q.add_argument("--percentile", type=float, default=None, metavar="P",
+                   help="the share of values the range covers with --calibration-method "
+                        "percentile, in [50, 100] (default 99.999)")
+    q.add_argument("--keep-float", default="", metavar="NAME_OR_OPTYPE,...",
+                   help="nodes or operator types left in float on the host")
+    v = p.add_argument_group("checking the compiled model against the float model")
+    v.add_argument("--validate", metavar="DATA", default=None,
+                   help="inputs to compare on (.npy/.npz; default: the calibration data)")
+    v.add_argument("--no-validate", action="store_true", help="skip the comparison")
+    v.add_argument("--min-agreement", type=float, default=0.99, metavar="A",
+                   help="warn when top-1 agreement with the float model falls below A "
+                        "(a share in [0, 1], default 0.99)")
+    v.add_argument("--min-snr", type=float, default=20.0, metavar="DB",
+                   help="warn when an output's SNR against the float model falls below DB "
+                        "(default 20)")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
     return p
+
+
+def _quantization(args):
+    """QuantOptions from the flags, or None when none was given and nothing is quantized."""
+    from tpuasm.compiler.errors import CompileError
+    from tpuasm.compiler.quantize import QuantOptions
+    if args.percentile is not None and args.calibration_method != "percentile":
+        raise CompileError("--percentile applies with --calibration-method percentile")
+    custom = (args.per_tensor or args.symmetric_activations or args.percentile is not None
+              or args.calibration_method != "minmax" or args.keep_float)
+    if args.calibrate is None and not custom:
+        return None
+    return QuantOptions(not args.per_tensor, args.symmetric_activations,
+                        args.calibration_method,
+                        99.999 if args.percentile is None else args.percentile,
+                        args.keep_float)
 
 
 def _parser_infer() -> argparse.ArgumentParser:
@@ -130,11 +168,15 @@ def compile_main(argv: list[str] | None = None) -> int:
         return code
     with _errors() as state:
         from tpuasm.compiler.pipeline import compile_model
+        if args.no_validate and args.validate:
+            raise _error("--validate and --no-validate: choose one")
         _check_model_file(args.model, args.batch)
         if args.calibrate is not None:
             _check_data_file(args.calibrate, "calibration data")
         model = compile_model(args.model, batch=args.batch, calibration=args.calibrate,
-                              config=args.config)
+                              config=args.config, quantization=_quantization(args),
+                              validate=False if args.no_validate else args.validate,
+                              min_agreement=args.min_agreement, min_snr=args.min_snr)
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text())

@@ -33,6 +33,7 @@ class CompiledModel:
         self.reference_model = Path(reference_model)   # the QDQ model (onnxruntime's oracle)
         self._keep = keep                               # a temporary directory to keep alive
         self._lock = threading.Lock()   # each segment keeps one Machine: one run at a time
+        self.provenance = None          # prepare.py's Provenance (a compiled float model)
 
     @property
     def segments(self):

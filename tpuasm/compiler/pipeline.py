@@ -45,9 +45,16 @@ def parse_config(items) -> dict:
 
 
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
-                  codegen: bool = True) -> CompiledModel:
-    """Compile an ONNX model (float with a calibration set, or already quantized)."""
+                  codegen: bool = True, quantization=None, validate=None,
+                  min_agreement: float = 0.99, min_snr: float = 20.0) -> CompiledModel:
+    """Compile an ONNX model (float with a calibration set, or already quantized).
+    `quantization`: a quantize.QuantOptions for a float model; `validate`: None (check the
+    compiled model against the float one on the calibration data), False (no check), or
+    data (array, {input: array}, .npy/.npz path) to check it on."""
     path = Path(path)
+    from tpuasm.compiler.validate import check_thresholds
+    min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
+    float_check = None
     config = parse_config(config)
     machine = machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
@@ -59,6 +66,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
                                f"models only")
+        if quantization is not None or validate not in (None, False):
+            raise CompileError(f"{path} is already quantized: quantization options and "
+                               f"--validate apply to float models only")
         source = "quantized model, taken with its own scales and zero points"
         reference = path
     else:
@@ -78,24 +88,72 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
             count = len(next(iter(samples.values())))
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        quantize(path, samples, signature, reference)
-        source = (f"float model quantized by onnxruntime (QDQ, int8 weights per output "
-                  f"channel, uint8 activations per tensor) from {count} calibration samples")
+        from tpuasm.compiler.quantize import QuantOptions
+        from tpuasm.compiler.prepare import prepare
+        options = quantization if quantization is not None else QuantOptions()
+        _load_weights(model, path)
+        float_check = (model.SerializeToString(),
+                       *_check_data(validate, signature, samples, "the calibration data"))
+        prepared = prepare(model)
+        quantize(prepared.model, samples, signature, reference, options, path,
+                 prepared.provenance)
+        source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
+                  f"{options.describe()}) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model)
     lowered = lower(graph, lookup_table, backend_support)
+    if float_check is not None:      # a recurrent node left as it was, a node kept float
+        lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
+                                     if k in lowered.host_reasons})
+        for node in graph.nodes:
+            if node.name in lowered.host_reasons and \
+                    options.keeps(node.name, node.op_type, prepared.provenance):
+                lowered.host_reasons[node.name] = "kept in float (--keep-float)"
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:
         generate_programs(steps, batch, machine, path)
-    provenance = (Provenance.of(model) if input_model is model
-                  else _quantized_provenance(input_model, graph))
+    # a float model was rewritten in place (prepare) and then quantized: the report maps the
+    # quantized graph through both steps back to the user's nodes
+    provenance = (Provenance.of(model) if float_check is None
+                  else _quantized_provenance(input_model, graph, base=prepared.provenance))
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source,
                      provenance, machine=machine)
     inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
     outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
                for n in graph.outputs]
-    return CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    if float_check is not None:
+        compiled.provenance = prepared.provenance
+    if float_check is not None and validate is not False:
+        from tpuasm.compiler.validate import validate as check
+        report.validation = check(compiled, *float_check, min_agreement, min_snr)
+    return compiled
+
+
+def _load_weights(model, path) -> None:
+    """A float model's external weights, read into it (the rewrites rescale them)."""
+    import onnx
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        onnx.load_external_data_for_model(model, str(path.parent))
+
+
+def _check_data(data, signature: dict, samples: dict, what: str):
+    """(rows, what they are) to check the compiled model on: the calibration samples, or
+    the user's --validate data (read and checked before anything is compiled)."""
+    if data is None or data is False:
+        return samples, what
+    from tpuasm.compiler.quantize import check_samples
+    if isinstance(data, (str, Path)):
+        from tpuasm.compiler.arrays import read_named_arrays
+        what = str(data)
+        data = read_named_arrays(data, list(signature))
+    elif not isinstance(data, dict):
+        what = "the validation data"
+        data = {next(iter(signature)): data}
+    else:
+        what = "the validation data"
+    return check_samples(data, signature, what), what
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:

@@ -1,14 +1,84 @@
 """Post-training static int8 quantization of a float model from a calibration set, by
-onnxruntime.quantization.quantize_static: QDQ format, weights int8 symmetric per output
-channel, activations uint8 per tensor (MinMax calibration).  The QDQ model it writes is the
-model the compiler then compiles and the reference it is checked against."""
+onnxruntime.quantization.quantize_static (QDQ format): only the nodes the TPU can take are
+quantized (tpu_nodes), everything the host runs stays float, so the host parts compute what
+the float model computes.  Weights int8 symmetric per output channel (or per tensor),
+activations uint8 per tensor (or int8 with zero point 0), calibrated by min-max, entropy or
+a percentile (QuantOptions).  The QDQ model it writes is the model the compiler then compiles
+and the reference it is checked against."""
 from __future__ import annotations
 
+import contextlib
+import io
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.reader import input_signature
+
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
+# element-wise ops the TPU runs as a 256-entry lookup table (lower.LOOKUP_OPS) and the ones
+# that keep a TPU value on the TPU when they read one: pooling, layout
+_POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+_LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze"}
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """How a float model is quantized (the CLI's --per-tensor, --symmetric-activations,
+    --calibration-method, --percentile, --keep-float)."""
+    per_channel: bool = True
+    symmetric_activations: bool = False
+    calibration_method: str = "minmax"
+    percentile: float = 99.999
+    keep_float: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
+        if method not in CALIBRATION_METHODS:
+            raise CompileError(f"calibration method {self.calibration_method!r}: expected one "
+                               f"of {', '.join(CALIBRATION_METHODS)}")
+        object.__setattr__(self, "calibration_method", method)
+        try:
+            p = float(self.percentile)
+        except (TypeError, ValueError):
+            raise CompileError(f"percentile {self.percentile!r} is not a number") from None
+        if not 50.0 <= p <= 100.0 or p != p:
+            raise CompileError(f"percentile {self.percentile!r}: expected a number in "
+                               f"[50, 100] (the share of values the range covers)")
+        object.__setattr__(self, "percentile", p)
+        keep = self.keep_float
+        if isinstance(keep, str):
+            keep = [keep]
+        keep = tuple(k.strip() for item in (keep or ()) for k in str(item).split(",")
+                     if k.strip())
+        object.__setattr__(self, "keep_float", keep)
+
+    def keeps(self, name: str, op_type: str, provenance=None) -> bool:
+        """Is the node `name` kept in float: by its name or operator type, or by those of
+        the user's node it came from (`provenance`)?"""
+        if not self.keep_float:
+            return False
+        source = provenance.source(name) if provenance is not None else None
+        source_op = dict(provenance.nodes).get(source) if source is not None else None
+        return bool({name, op_type, source, source_op} & set(self.keep_float))
+
+    def describe(self) -> str:
+        """The report's words for these options."""
+        weights = "per output channel" if self.per_channel else "per tensor"
+        acts = "int8 activations symmetric (zero point 0)" if self.symmetric_activations \
+            else "uint8 activations per tensor"
+        method = {"minmax": "min-max", "entropy": "entropy",
+                  "percentile": f"{self.percentile:g}th percentile"}[self.calibration_method]
+        text = f"int8 weights {weights}, {acts}, {method} calibration"
+        if self.keep_float:
+            text += f", kept in float: {', '.join(self.keep_float)}"
+        return text
 
 
 def read_calibration(path, model, model_path) -> dict[str, np.ndarray]:
@@ -41,10 +111,71 @@ def check_samples(data: dict, signature: dict, path) -> dict[str, np.ndarray]:
     return out
 
 
-def quantize(model_path, samples: dict[str, np.ndarray], signature: dict, out_path) -> None:
-    """Write the QDQ model for `model_path` calibrated on `samples` to `out_path`."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
+              provenance=None) -> list[str]:
+    """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
+    with a constant weight (a matrix for MatMul); the Relu/Clip, lookup-table operators,
+    pooling and layout nodes that read such a node's output; the bias Add of a MatMul on a
+    tensor of rank >= 3.  Never a MatMul of two activations, a Gather, OneHot, Softmax, the
+    parts of a LayerNorm or an Add/Mul of activations: quantizing those costs the host parts
+    their float accuracy and gains the TPU nothing.
+
+    `options.keep_float` names nodes or operator types of the prepared model or, through
+    `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
+    it float)."""
+    from tpuasm.compiler.match import LOOKUP_OPS
+    from tpuasm.compiler.prepare import matmul_bias_pairs
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    original = dict(provenance.nodes) if provenance is not None else {}
+    _check_keep_float(model, options.keep_float, path, original)
+    producer = {o: n for n in g.node for o in n.output if o}
+    bias_adds = {add.name for _, add, _, rank in matmul_bias_pairs(model) if rank >= 3}
+    chosen: set[str] = set()
+    names = []
+    for node in g.node:
+        if options.keeps(node.name, node.op_type, provenance) or \
+                node.domain not in ("", "ai.onnx"):
+            continue
+        op = node.op_type
+        src = producer.get(node.input[0]) if node.input and node.input[0] else None
+        from_tpu = src is not None and src.name in chosen
+        take = False
+        if op in MATRIX_OPS:
+            w = inits.get(node.input[1]) if len(node.input) > 1 else None
+            take = w is not None and (op != "MatMul" or len(w.dims) == 2)
+        elif op in LOOKUP_OPS or op in _POOL_OPS or op in _LAYOUT_OPS:
+            take = from_tpu
+        elif op == "Add" and node.name in bias_adds:      # its MatMul is chosen
+            take = any(i in producer and producer[i].name in chosen for i in node.input)
+        if take:
+            chosen.add(node.name)
+            names.append(node.name)
+    return names
+
+
+def _check_keep_float(model, keep, path, original: dict) -> None:
+    names = {n.name for n in model.graph.node} | set(original)
+    ops = {n.op_type for n in model.graph.node} | set(original.values())
+    for k in keep:
+        if k not in names and k not in ops:
+            raise CompileError(f"{path}: --keep-float {k}: no node or operator type of that "
+                               f"name in the model")
+
+
+def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
+             options: QuantOptions | None = None, path=None, provenance=None) -> list[str]:
+    """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
+    prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples` to
+    `out_path`.  Returns the quantized nodes."""
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
+                                          QuantFormat, QuantType, quantize_static)
+    options = options or QuantOptions()
+    path = path if path is not None else model
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model))
+    model = _with_shapes(model)
+    nodes = tpu_nodes(model, options, path, provenance)
     rows = len(next(iter(samples.values())))
     fixed = {n: d[0] for n, d in signature.items() if isinstance(d[0], int) and d[0] > 0}
     step = min(fixed.values()) if fixed else min(rows, 64)
@@ -65,13 +196,144 @@ def quantize(model_path, samples: dict[str, np.ndarray], signature: dict, out_pa
             self.start += step
             return feed
 
+    if not nodes:
+        # nothing the TPU can take: the model stays float (onnxruntime needs one node)
+        onnx.save(model, str(out_path))
+        return []
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[options.calibration_method]
+    extra = {"ActivationSymmetric": options.symmetric_activations,
+             "WeightSymmetric": True, "CalibPercentile": options.percentile}
     import logging
     logging.getLogger().setLevel(logging.ERROR)      # quantize_static's pre-processing hints
+    op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
     try:
-        quantize_static(str(model_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
-    except Exception as e:
-        raise CompileError(f"{model_path}: quantization failed: "
+        with contextlib.redirect_stdout(io.StringIO()), \
+                tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
+            cache = None           # quantize_static's own calibration unless entropy (below)
+            if options.calibration_method == "entropy":
+                cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))
+            quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=options.per_channel,
+                            activation_type=QuantType.QInt8 if options.symmetric_activations
+                            else QuantType.QUInt8,
+                            weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
+                            op_types_to_quantize=op_types, calibrate_method=method,
+                            extra_options=extra, calibration_cache_path=cache)
+        qdq = onnx.load(str(out_path))
+        if fuse_bias_adds(qdq, model):
+            onnx.save(qdq, str(out_path))
+    except CompileError:
+        raise
+    except Exception as e:      # onnxruntime's own errors have no common base
+        raise CompileError(f"{path}: quantization failed: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
                            ) from None
+    return nodes
+
+
+def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:
+    """Entropy calibration with a histogram of 512 bins, written as onnxruntime's
+    calibration cache: quantize_static's own entropy calibrator has 128 bins for 128
+    quantized levels, one candidate range, the same as min-max."""
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, create_calibrator,
+                                                    save_tensors_data)
+    source = tmp / "model.onnx"
+    onnx.save(model, str(source))
+    calibrator = create_calibrator(source, op_types, augmented_model_path=str(
+        tmp / "augmented.onnx"), calibrate_method=CalibrationMethod.Entropy,
+        extra_options={"num_bins": 512, "num_quantized_bins": 128})
+    calibrator.collect_data(reader)
+    cache = tmp / "ranges.json"
+    save_tensors_data(calibrator.compute_data(), cache)
+    return cache
+
+
+def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx shape inference, as onnxruntime's pre-processing does (a model it cannot infer
+    is quantized as it is: onnxruntime infers again itself)."""
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return model
+
+
+def fuse_bias_adds(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> int:
+    """Give the bias Add after a MatMul on a rank >= 3 tensor its fused form:
+
+        DequantizeLinear(x) -> MatMul(., DequantizeLinear(W)) -> Add(., DequantizeLinear(
+        b int32, scale x.scale * w.scale[n], zero point 0)) -> QuantizeLinear
+
+    (quantize_static quantized the MatMul output and the bias like activations; the
+    QuantizeLinear/DequantizeLinear pair between them goes).  Returns how many."""
+    from tpuasm.compiler.prepare import matmul_bias_pairs
+    g = qdq.graph
+    nodes = {n.name: n for n in g.node}
+    producer = {o: n for n in g.node for o in n.output if o}
+    inits = {t.name: t for t in g.initializer}
+    done = 0
+    for mm_f, add_f, bias, rank in matmul_bias_pairs(float_model):
+        mm, add = nodes.get(mm_f.name), nodes.get(add_f.name)
+        if rank < 3 or mm is None or add is None:
+            continue
+        x_dq, w_dq = producer.get(mm.input[0]), producer.get(mm.input[1])
+        if x_dq is None or w_dq is None or "DequantizeLinear" not in (x_dq.op_type,
+                                                                        w_dq.op_type) \
+                or x_dq.op_type != w_dq.op_type:
+            continue
+        x_scale = numpy_helper.to_array(inits[x_dq.input[1]]).astype(np.float32).reshape(-1)
+        w_scale = numpy_helper.to_array(inits[w_dq.input[1]]).astype(np.float32).reshape(-1)
+        scale = (x_scale[0] * w_scale).astype(np.float32)
+        n = bias.size
+        q = np.rint(bias.astype(np.float64) / scale.astype(np.float64))
+        q = np.clip(q, -2**31 + 1, 2**31 - 1).astype(np.int32)
+        # the Add reads the MatMul's output directly, and the int32 bias
+        mm_out = mm.output[0]
+        for i, name in enumerate(add.input):
+            if name == mm_out or _reads(producer, name, mm_out):
+                add.input[i] = mm_out
+            else:
+                b_name = f"{add.name}_bias_int32"
+                per_channel = scale.size > 1      # else scalars: no axis (any opset)
+                zero = np.zeros(n, np.int32) if per_channel else np.int32(0)
+                g.initializer.extend([
+                    numpy_helper.from_array(q, b_name),
+                    numpy_helper.from_array(scale if per_channel else scale[0],
+                                            b_name + "_scale"),
+                    numpy_helper.from_array(zero, b_name + "_zero")])
+                dq = helper.make_node("DequantizeLinear", [b_name, b_name + "_scale",
+                                                           b_name + "_zero"],
+                                      [b_name + "_dequantized"], name=b_name + "_dq",
+                                      **({"axis": 0} if per_channel else {}))
+                g.node.insert(list(g.node).index(add), dq)
+                add.input[i] = dq.output[0]
+        done += 1
+    if done:
+        _drop_dead(qdq)
+    return done
+
+
+def _reads(producer, name: str, source: str) -> bool:
+    """`name` is `source` through a QuantizeLinear -> DequantizeLinear pair."""
+    dq = producer.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return False
+    q = producer.get(dq.input[0])
+    return q is not None and q.op_type == "QuantizeLinear" and q.input[0] == source
+
+
+def _drop_dead(model: onnx.ModelProto) -> None:
+    """Nodes whose outputs nothing reads, and initializers nothing reads."""
+    g = model.graph
+    outputs = {v.name for v in g.output}
+    while True:
+        used = {i for n in g.node for i in n.input} | outputs
+        dead = [n for n in g.node if not any(o in used for o in n.output if o)]
+        if not dead:
+            break
+        for n in dead:
+            g.node.remove(n)
+    used = {i for n in g.node for i in n.input} | outputs
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)

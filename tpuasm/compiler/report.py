@@ -114,8 +114,7 @@ class CompileReport:
         report = cls(rows=rows, compiled_nodes=compiled, segments=segments,
                      **{k: v for k, v in d.items() if k in known})
         if validation is not None:
-            # its warnings are already in report.warnings (saved by all_warnings)
-            report.validation = SavedValidation(validation, validation_text or "", [])
+            report.validation = _saved_validation(validation, validation_text)
         return report
 
     # ------------------------------------------------------------------ text
@@ -155,6 +154,16 @@ class SavedValidation:
 
     def to_json(self) -> dict:
         return self.data
+
+
+def _saved_validation(data: dict, text: str | None):
+    """validate.Validation as report.json saved it; a validation of another shape comes back
+    as its saved text (its warnings are already in report.warnings: all_warnings saved them)."""
+    from tpuasm.compiler.validate import Validation
+    try:
+        return Validation.from_json(data)
+    except (KeyError, TypeError, ValueError):
+        return SavedValidation(data, text or "", [])
 
 
 def _node_row(r: dict) -> NodeRow:

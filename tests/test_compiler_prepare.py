@@ -1,0 +1,254 @@
+"""The float rewrites before quantization (tpuasm/compiler/prepare.py), each checked against
+onnxruntime running the original float model."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpuasm.compiler.host import session
+from tpuasm.compiler.prepare import (fold_batch_norms, fuse_matmul_bias, prepare,
+                                     unroll_recurrent)
+from tpuasm.compiler.provenance import Provenance
+
+
+def _model(nodes, inputs, outputs, inits, opset=17):
+    g = helper.make_graph(nodes, "m", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _run(model, feeds):
+    return session(model).run(None, feeds)
+
+
+def _copy(model):
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    return m
+
+
+def _init(name, array):
+    return numpy_helper.from_array(np.asarray(array, np.float32), name)
+
+
+def _f(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+# --- BatchNormalization -----------------------------------------------------------------
+
+def _bn_inits(rng, prefix, c):
+    return [_init(f"{prefix}_g", rng.uniform(0.5, 2, c)), _init(f"{prefix}_b", rng.normal(0, 1, c)),
+            _init(f"{prefix}_m", rng.normal(0, 1, c)), _init(f"{prefix}_v", rng.uniform(0.1, 3, c))]
+
+
+def _bn(prefix, x, y):
+    return helper.make_node("BatchNormalization", [x, f"{prefix}_g", f"{prefix}_b",
+                                                   f"{prefix}_m", f"{prefix}_v"], [y],
+                            name=prefix, epsilon=1e-3)
+
+
+def test_batch_norm_folds_into_conv_gemm_and_matmul_keeping_the_answers():
+    rng = np.random.default_rng(0)
+    inits = [_init("cw", rng.normal(0, 0.3, (6, 3, 3, 3))), _init("cb", rng.normal(0, 1, 6)),
+             _init("gw", rng.normal(0, 0.1, (5, 6 * 4 * 4))),
+             _init("mw", rng.normal(0, 0.3, (5, 4))),
+             *_bn_inits(rng, "bn1", 6), *_bn_inits(rng, "bn2", 5), *_bn_inits(rng, "bn3", 4)]
+    nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             _bn("bn1", "c", "c_bn"),
+             helper.make_node("Relu", ["c_bn"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "gw"], ["g"], name="gemm", transB=1, alpha=0.5),
+             _bn("bn2", "g", "g_bn"),
+             helper.make_node("MatMul", ["g_bn", "mw"], ["m"], name="matmul"),
+             _bn("bn3", "m", "y")]
+    model = _model(nodes, [_f("x", [2, 3, 4, 4])], [_f("y", [2, 4])], inits)
+    x = rng.normal(0, 1, (2, 3, 4, 4)).astype(np.float32)
+    (want,) = _run(model, {"x": x})
+    prov = Provenance.of(model)
+    folded = _copy(model)
+    assert fold_batch_norms(folded, prov) == 3
+    assert [n.op_type for n in folded.graph.node] == ["Conv", "Relu", "Flatten", "Gemm", "Gemm"]
+    (got,) = _run(folded, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert prov.folded == {"bn1": "folded into Conv 'conv'", "bn2": "folded into Gemm 'gemm'",
+                           "bn3": "folded into Gemm 'matmul'"}
+
+
+def test_batch_norm_folds_into_a_gemm_with_a_broadcast_bias_and_beta():
+    rng = np.random.default_rng(5)
+    inits = [_init("w", rng.normal(0, 0.3, (6, 4))), _init("c", rng.normal(0, 1, (1, 4))),
+             *_bn_inits(rng, "bn", 4)]
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["g"], name="gemm", beta=0.7),
+             _bn("bn", "g", "y")]
+    model = _model(nodes, [_f("x", [3, 6])], [_f("y", [3, 4])], inits)
+    x = rng.normal(0, 1, (3, 6)).astype(np.float32)
+    (want,) = _run(model, {"x": x})
+    folded = _copy(model)
+    assert fold_batch_norms(folded, Provenance.of(folded)) == 1
+    (got,) = _run(folded, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_whose_producer_has_other_readers_stays():
+    rng = np.random.default_rng(1)
+    inits = [_init("cw", rng.normal(0, 0.3, (4, 2, 1, 1))), *_bn_inits(rng, "bn", 4)]
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv"), _bn("bn", "c", "b"),
+             helper.make_node("Add", ["b", "c"], ["y"], name="add")]
+    model = _model(nodes, [_f("x", [1, 2, 3, 3])], [_f("y", [1, 4, 3, 3])], inits)
+    assert fold_batch_norms(model, Provenance.of(model)) == 0
+    assert "BatchNormalization" in [n.op_type for n in model.graph.node]
+
+
+# --- MatMul + Add -------------------------------------------------------------------------
+
+def test_matmul_bias_add_becomes_gemm_on_rank_2_and_stays_on_rank_3():
+    rng = np.random.default_rng(2)
+    inits = [_init("w1", rng.normal(0, 0.3, (8, 6))), _init("b1", rng.normal(0, 1, 6)),
+             _init("w2", rng.normal(0, 0.3, (6, 5))), _init("b2", rng.normal(0, 1, (1, 5))),
+             _init("w3", rng.normal(0, 0.3, (4, 3))), _init("b3", rng.normal(0, 1, 3))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"),
+             helper.make_node("Add", ["m1", "b1"], ["a1"], name="add1"),
+             helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+             helper.make_node("MatMul", ["r1", "w2"], ["m2"], name="mm2"),
+             helper.make_node("Add", ["b2", "m2"], ["y"], name="add2"),
+             helper.make_node("MatMul", ["s", "w3"], ["m3"], name="mm3"),
+             helper.make_node("Add", ["m3", "b3"], ["z"], name="add3")]
+    model = _model(nodes, [_f("x", [3, 8]), _f("s", [3, 7, 4])], [_f("y", [3, 5]),
+                                                                  _f("z", [3, 7, 3])], inits)
+    feeds = {"x": rng.normal(0, 1, (3, 8)).astype(np.float32),
+             "s": rng.normal(0, 1, (3, 7, 4)).astype(np.float32)}
+    want = _run(model, feeds)
+    prov = Provenance.of(model)
+    fused = _copy(model)
+    assert fuse_matmul_bias(fused, prov) == 2
+    assert [n.op_type for n in fused.graph.node] == ["Gemm", "Relu", "Gemm", "MatMul", "Add"]
+    for got, ref in zip(_run(fused, feeds), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert prov.source("mm1") == "mm1" and prov.folded["add2"] == "folded into Gemm 'mm2'"
+
+
+# --- LSTM / GRU -------------------------------------------------------------------------
+
+def _recurrent(kind, seq, batch, inp, hidden, direction, layout, state, seed, lbr=0,
+               seq_lens=False):
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    g = 4 if kind == "LSTM" else 3
+    inits = [_init("W", rng.normal(0, 0.5, (dirs, g * hidden, inp))),
+             _init("R", rng.normal(0, 0.5, (dirs, g * hidden, hidden))),
+             _init("B", rng.normal(0, 0.5, (dirs, 2 * g * hidden)))]
+    x_shape = [batch, seq, inp] if layout else [seq, batch, inp]
+    s_shape = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
+    ins = ["X", "W", "R", "B", "", "", ""][:4 + (kind == "LSTM") * 3 + (kind == "GRU") * 2]
+    graph_inputs = [_f("X", x_shape)]
+    if seq_lens:
+        inits.append(numpy_helper.from_array(np.full(batch, seq, np.int32), "lens"))
+        ins[4] = "lens"
+    if state:
+        ins[5] = "h0"
+        graph_inputs.append(_f("h0", s_shape))
+        if kind == "LSTM":
+            ins[6] = "c0"
+            graph_inputs.append(_f("c0", s_shape))
+    while ins and ins[-1] == "":
+        ins.pop()
+    outs = ["Y", "Y_h", "Y_c"] if kind == "LSTM" else ["Y", "Y_h"]
+    attrs = dict(hidden_size=hidden, direction=direction)
+    if layout:
+        attrs["layout"] = 1
+    if kind == "GRU":
+        attrs["linear_before_reset"] = lbr
+    node = helper.make_node(kind, ins, outs, name="rnn", **attrs)
+    y_shape = [batch, seq, dirs, hidden] if layout else [seq, dirs, batch, hidden]
+    outputs = [_f("Y", y_shape), _f("Y_h", s_shape)] + ([_f("Y_c", s_shape)]
+                                                         if kind == "LSTM" else [])
+    model = _model([node], graph_inputs, outputs, inits)
+    feeds = {"X": rng.normal(0, 1, x_shape).astype(np.float32)}
+    if state:
+        feeds["h0"] = rng.normal(0, 1, s_shape).astype(np.float32)
+        if kind == "LSTM":
+            feeds["c0"] = rng.normal(0, 1, s_shape).astype(np.float32)
+    return model, feeds
+
+
+def _reference(model, feeds, kind, seq, batch, inp, hidden, direction, layout, state, lbr):
+    """onnxruntime's answer; it has no batch-first (layout=1) kernel, so for those the same
+    node with layout 0 runs on transposed inputs and its outputs are transposed back."""
+    if not layout:
+        return _run(model, feeds)
+    twin, _ = _recurrent(kind, seq, batch, inp, hidden, direction, 0, state, seed=0, lbr=lbr)
+    del twin.graph.initializer[:]
+    twin.graph.initializer.extend(model.graph.initializer)
+    del twin.graph.node[0].input[:]
+    twin.graph.node[0].input.extend(model.graph.node[0].input)
+    swapped = {k: np.ascontiguousarray(v.transpose(1, 0, 2)) for k, v in feeds.items()}
+    outs = _run(twin, swapped)
+    return [outs[0].transpose(2, 0, 1, 3)] + [o.transpose(1, 0, 2) for o in outs[1:]]
+
+
+CASES = [("LSTM", 5, 3, 4, 6, "forward", 0, False, 0),
+         ("LSTM", 4, 2, 3, 5, "reverse", 1, True, 0),
+         ("LSTM", 3, 2, 4, 3, "bidirectional", 0, True, 0),
+         ("LSTM", 6, 1, 2, 4, "bidirectional", 1, False, 0),
+         ("GRU", 5, 3, 4, 6, "forward", 0, True, 0),
+         ("GRU", 4, 2, 3, 5, "reverse", 1, False, 0),
+         ("GRU", 3, 2, 4, 3, "bidirectional", 0, False, 1),
+         ("GRU", 4, 3, 5, 4, "bidirectional", 1, True, 1)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_unrolled_recurrent_nodes_match_onnxruntime(case):
+    kind, seq, batch, inp, hidden, direction, layout, state, lbr = case
+    model, feeds = _recurrent(kind, seq, batch, inp, hidden, direction, layout, state,
+                              seed=seq * 7 + hidden, lbr=lbr, seq_lens=(seq % 2 == 0))
+    want = _reference(model, feeds, kind, seq, batch, inp, hidden, direction, layout, state,
+                      lbr)
+    prov = Provenance.of(model)
+    unrolled = _copy(model)
+    reasons = {}
+    assert unroll_recurrent(unrolled, prov, reasons) == 1, reasons
+    ops = [n.op_type for n in unrolled.graph.node]
+    assert kind not in ops
+    dirs = 2 if direction == "bidirectional" else 1
+    gemms_per_step = (2 if kind == "LSTM" else 3)
+    # the first step of each direction without a state has no recurrent product
+    expected = dirs * (seq * gemms_per_step - (0 if state else gemms_per_step - 1))
+    assert ops.count("Gemm") == expected
+    onnx.checker.check_model(unrolled)
+    got = _run(unrolled, feeds)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=0, atol=2e-5)
+    assert all(prov.source(n.name) == "rnn" for n in unrolled.graph.node)
+
+
+def test_gemm_inputs_of_the_unrolled_lstm_are_batch_first():
+    model, feeds = _recurrent("LSTM", 3, 2, 4, 5, "forward", 0, True, seed=3)
+    unroll_recurrent(model, Provenance.of(model))
+    shapes = {}
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for v in inferred.graph.value_info:
+        shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+    shapes.update({v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                   for v in model.graph.input})
+    for n in model.graph.node:
+        if n.op_type == "Gemm":
+            assert shapes[n.input[0]][0] == 2 and len(shapes[n.input[0]]) == 2
+
+
+def test_recurrent_nodes_that_cannot_be_unrolled_stay_with_a_reason():
+    model, _ = _recurrent("LSTM", 3, 2, 4, 5, "forward", 0, False, seed=4)
+    node = model.graph.node[0]
+    node.attribute.append(helper.make_attribute("clip", 3.0))
+    prepared = prepare(model)
+    assert [n.op_type for n in prepared.model.graph.node] == ["LSTM"]
+    assert prepared.reasons == {"rnn": "LSTM not unrolled: cell clipping (clip)"}
+    model, _ = _recurrent("GRU", 3, 2, 4, 5, "forward", 0, False, seed=4)
+    node = model.graph.node[0]
+    node.attribute.append(helper.make_attribute("activations", ["Relu", "Tanh"]))
+    reasons = {}
+    unroll_recurrent(model, Provenance.of(model), reasons)
+    assert "only the defaults" in reasons["rnn"]

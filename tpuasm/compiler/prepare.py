@@ -1,0 +1,523 @@
+"""Rewrites of the FLOAT model before quantization, so that its matrix work has the forms the
+TPU maps (docs/compiler.md, "Preparing a float model"):
+
+- a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
+- MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
+  x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
+- LSTM and GRU nodes unrolled over their static sequence into per-step Gemms (constant
+  weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub).
+
+Each rewrite is one function over the ModelProto that records, in a Provenance, which input
+node each new node came from and which nodes disappeared.  The rewrites never change what
+the model computes beyond float rounding (the tests compare with onnxruntime)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler.provenance import Provenance
+
+
+@dataclass
+class Prepared:
+    """The rewritten model, where its nodes came from, and why some were left alone."""
+    model: onnx.ModelProto
+    provenance: Provenance
+    reasons: dict[str, str] = field(default_factory=dict)   # node -> why it was not rewritten
+
+
+def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Prepared:
+    """Apply every rewrite, in place, in the order that lets each feed the next (a
+    BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
+    prov = provenance if provenance is not None else Provenance.of(model)
+    reasons: dict[str, str] = {}
+    unroll_recurrent(model, prov, reasons)
+    fold_batch_norms(model, prov)
+    fuse_matmul_bias(model, prov)
+    drop_unused_initializers(model)
+    return Prepared(model, prov, reasons)
+
+
+# --- the model as a small mutable index ------------------------------------------------
+
+class _Index:
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        self.model = model
+        self.inits = {t.name: t for t in g.initializer}
+        self.producer = {o: n for n in g.node for o in n.output if o}
+        self.consumers: dict[str, list] = {}
+        for n in g.node:
+            for i in n.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(n)
+        self.outputs = {v.name for v in g.output}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                          13)
+        self._taken: set | None = None         # every tensor and node name (unique())
+
+    def const(self, name: str) -> np.ndarray | None:
+        t = self.inits.get(name) if name else None
+        if t is None or t.data_location == onnx.TensorProto.EXTERNAL:
+            return None                # not read into the model: no rewrite of its node
+        return numpy_helper.to_array(t)
+
+    def sole_consumer(self, tensor: str):
+        cons = self.consumers.get(tensor, [])
+        if len(cons) != 1 or tensor in self.outputs:
+            return None
+        return cons[0]
+
+    def add_init(self, array: np.ndarray, name: str) -> str:
+        name = self.unique(name)
+        t = numpy_helper.from_array(array, name)
+        self.model.graph.initializer.append(t)
+        self.inits[name] = t
+        return name
+
+    def unique(self, name: str) -> str:
+        """`name`, or `name_1`, `name_2`, ...: no tensor or node of the model has it."""
+        if self._taken is None:
+            g = self.model.graph
+            self._taken = ({t.name for t in g.initializer} | {v.name for v in g.input}
+                           | {o for n in g.node for o in n.output} | {n.name for n in g.node})
+        base, i = name, 1
+        while name in self._taken:
+            name = f"{base}_{i}"
+            i += 1
+        self._taken.add(name)
+        return name
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _set_attr(node, name, value) -> None:
+    for i, a in enumerate(node.attribute):
+        if a.name == name:
+            del node.attribute[i]
+            break
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
+    """Tensor -> dims (ints or None) from onnx shape inference ({} when it fails)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return {}
+    out = {}
+    g = inferred.graph
+    for v in [*g.input, *g.value_info, *g.output]:
+        t = v.type.tensor_type
+        if v.type.HasField("tensor_type") and t.HasField("shape"):
+            out[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                for d in t.shape.dim)
+    for t in g.initializer:
+        out[t.name] = tuple(t.dims)
+    return out
+
+
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Initializers no node reads any more (weights replaced by their rescaled copies)."""
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {v.name for v in g.output}
+    declared = {v.name for v in g.input}
+    keep = [t for t in g.initializer if t.name in used or t.name in declared]
+    if len(keep) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(keep)
+
+
+# --- BatchNormalization folding --------------------------------------------------------
+
+def fold_batch_norms(model: onnx.ModelProto, prov: Provenance) -> int:
+    """Fold each inference-mode BatchNormalization into the Conv, Gemm or MatMul (constant
+    weight, (batch, K) input) whose output only it reads.  Returns how many were folded."""
+    idx = _Index(model)
+    ranks = None
+    gone = []
+    for bn in list(model.graph.node):
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1 \
+                or _attr(bn, "spatial", 1) == 0 or _attr(bn, "training_mode", 0):
+            continue                   # training outputs / per-element statistics: stays
+        params = [idx.const(bn.input[i]) if i < len(bn.input) else None for i in range(1, 5)]
+        if any(p is None for p in params):
+            continue
+        producer = idx.producer.get(bn.input[0])
+        if producer is None or idx.sole_consumer(bn.input[0]) is not bn:
+            continue
+        gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+        eps = float(_attr(bn, "epsilon", 1e-5))
+        factor = gamma / np.sqrt(var + eps)
+        shift = beta - mean * factor
+        if producer.op_type == "MatMul" and ranks is None:
+            ranks = _ranks(model)
+        if not _fold_into(idx, producer, factor, shift, ranks or {}):
+            continue
+        producer.output[0] = bn.output[0]
+        prov.fold(bn.name, f"folded into {producer.op_type} '{producer.name}'")
+        gone.append(bn)
+    for bn in gone:
+        model.graph.node.remove(bn)
+    return len(gone)
+
+
+def _fold_into(idx: _Index, node, factor, shift, ranks) -> bool:
+    """Rescale `node`'s weight and bias (float64, written as float32); False if it cannot."""
+    w = idx.const(node.input[1]) if len(node.input) > 1 else None
+    if w is None:
+        return False
+    n = factor.size
+    w64 = w.astype(np.float64)
+    if node.op_type == "Conv":
+        if w.ndim < 3 or w.shape[0] != n:
+            return False
+        bias = idx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if len(node.input) > 2 and node.input[2] and bias is None:
+            return False
+        b = np.zeros(n) if bias is None else bias.astype(np.float64).reshape(-1)
+        new_w = w64 * factor.reshape((n,) + (1,) * (w.ndim - 1))
+        new_b = b * factor + shift
+        _set_inputs(idx, node, new_w, new_b)
+        return True
+    if node.op_type == "Gemm":
+        if w.ndim != 2 or _attr(node, "transA", 0):
+            return False
+        trans_b = _attr(node, "transB", 0)
+        if (w.shape[0] if trans_b else w.shape[1]) != n:
+            return False
+        alpha, beta = float(_attr(node, "alpha", 1.0)), float(_attr(node, "beta", 1.0))
+        c = None
+        if len(node.input) > 2 and node.input[2]:
+            c = idx.const(node.input[2])
+            if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
+                return False
+        b = np.zeros(n) if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), n)
+        scale = (factor[:, None] if trans_b else factor[None, :]) * alpha
+        _set_inputs(idx, node, w64 * scale, beta * b * factor + shift)
+        _set_attr(node, "alpha", 1.0)
+        _set_attr(node, "beta", 1.0)
+        return True
+    if node.op_type == "MatMul":
+        x_rank = len(ranks.get(node.input[0], ()))
+        if w.ndim != 2 or w.shape[1] != n or x_rank != 2:
+            return False                 # BN's channel axis 1 is MatMul's N only for rank 2
+        # MatMul has no bias: it becomes a Gemm with one
+        node.op_type = "Gemm"
+        _set_inputs(idx, node, w64 * factor[None, :], shift)
+        return True
+    return False
+
+
+def _set_inputs(idx: _Index, node, w: np.ndarray, b: np.ndarray) -> None:
+    """New weight and bias initializers for `node` (the old ones may be shared)."""
+    w_name = idx.add_init(w.astype(np.float32), f"{node.name}_w_bn")
+    b_name = idx.add_init(b.astype(np.float32), f"{node.name}_b_bn")
+    inputs = [node.input[0], w_name, b_name]
+    del node.input[:]
+    node.input.extend(inputs)
+
+
+# --- MatMul + bias Add ------------------------------------------------------------------
+
+def matmul_bias_pairs(model: onnx.ModelProto, ranks: dict | None = None):
+    """(MatMul node, Add node, bias (N,) array, x rank) for every MatMul with a constant 2-D
+    weight whose output only an Add reads, the Add's other input a constant broadcast over
+    the last axis."""
+    idx = _Index(model)
+    ranks = _ranks(model) if ranks is None else ranks
+    pairs = []
+    for mm in model.graph.node:
+        if mm.op_type != "MatMul" or len(mm.input) != 2:
+            continue
+        w = idx.const(mm.input[1])
+        if w is None or w.ndim != 2:
+            continue
+        add = idx.sole_consumer(mm.output[0])
+        if add is None or add.op_type != "Add" or len(add.input) != 2:
+            continue
+        other = add.input[1] if add.input[0] == mm.output[0] else add.input[0]
+        b = idx.const(other)
+        x_rank = len(ranks.get(mm.input[0], ()))
+        n = w.shape[1]
+        if b is None or b.size != n or (b.ndim and b.shape[-1] != n) or x_rank < 2 \
+                or b.ndim > x_rank or b.dtype != w.dtype:
+            continue
+        pairs.append((mm, add, b.reshape(n), x_rank))
+    return pairs
+
+
+def fuse_matmul_bias(model: onnx.ModelProto, prov: Provenance) -> int:
+    """MatMul(x, W) + Add(b) on a (batch, K) x -> one Gemm(x, W, b).  Pairs on x of rank
+    >= 3 stay (quantize.py gives their Add an int32 bias, the fused-bias QDQ pattern)."""
+    idx = _Index(model)
+    fused = 0
+    for mm, add, b, x_rank in matmul_bias_pairs(model):
+        if x_rank != 2:
+            continue
+        b_name = idx.add_init(b, f"{mm.name}_bias")
+        gemm = helper.make_node("Gemm", [mm.input[0], mm.input[1], b_name], [add.output[0]],
+                                name=mm.name)
+        pos = list(model.graph.node).index(mm)
+        model.graph.node.remove(mm)
+        model.graph.node.insert(pos, gemm)
+        model.graph.node.remove(add)
+        prov.derive(gemm.name, mm.name)
+        prov.fold(add.name, f"folded into Gemm '{gemm.name}'")
+        fused += 1
+    return fused
+
+
+# --- LSTM and GRU unrolled --------------------------------------------------------------
+
+class NotUnrolled(Exception):
+    """Why a recurrent node stays as it is (on the host)."""
+
+
+_DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
+
+
+def unroll_recurrent(model: onnx.ModelProto, prov: Provenance,
+                     reasons: dict[str, str] | None = None) -> int:
+    """Every LSTM / GRU node that can be unrolled, unrolled; the others keep their reason."""
+    reasons = {} if reasons is None else reasons
+    if not any(n.op_type in ("LSTM", "GRU") for n in model.graph.node):
+        return 0
+    ranks = _ranks(model)
+    idx = _Index(model)
+    new_nodes, done = [], 0
+    for node in model.graph.node:
+        if node.op_type not in ("LSTM", "GRU") or node.domain not in ("", "ai.onnx"):
+            new_nodes.append(node)
+            continue
+        try:
+            steps = _Unroller(idx, node, ranks).run()
+        except NotUnrolled as e:
+            reasons[node.name] = f"{node.op_type} not unrolled: {e}"
+            new_nodes.append(node)
+            continue
+        for n in steps:
+            prov.derive(n.name, node.name)
+        new_nodes.extend(steps)
+        done += 1
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    return done
+
+
+class _Unroller:
+    """One LSTM/GRU node -> its per-step nodes (ONNX operator semantics, opset 7..22)."""
+
+    def __init__(self, idx: _Index, node, ranks: dict):
+        self.idx, self.node, self.ranks = idx, node, ranks
+        self.nodes: list = []
+        self.kind = node.op_type
+        self.gates = 4 if self.kind == "LSTM" else 3
+
+    # node builders: unique names under the recurrent node's name
+    def _emit(self, op, inputs, tag, **attrs) -> str:
+        name = self.idx.unique(f"{self.node.name}/{tag}")
+        out = self.idx.unique(f"{self.node.name}/{tag}:0")
+        self.nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        return out
+
+    def _const(self, array, tag) -> str:
+        return self.idx.add_init(np.asarray(array), f"{self.node.name}/{tag}")
+
+    def _take(self, tensor, axis, i, tag) -> str:
+        """tensor[..., i, ...] along `axis`, that axis removed (Slice + Squeeze)."""
+        starts = self._const(np.array([i], np.int64), f"{tag}_start")
+        ends = self._const(np.array([i + 1], np.int64), f"{tag}_end")
+        axes = self._const(np.array([axis], np.int64), f"{tag}_axis")
+        part = self._emit("Slice", [tensor, starts, ends, axes], f"{tag}_slice")
+        return self._squeeze(part, axis, tag)
+
+    def _squeeze(self, tensor, axis, tag) -> str:
+        if self.idx.opset >= 13:
+            axes = self._const(np.array([axis], np.int64), f"{tag}_sq_axes")
+            return self._emit("Squeeze", [tensor, axes], f"{tag}_squeeze")
+        return self._emit("Squeeze", [tensor], f"{tag}_squeeze", axes=[axis])
+
+    def _unsqueeze(self, tensor, axes, tag) -> str:
+        if self.idx.opset >= 13:
+            a = self._const(np.array(axes, np.int64), f"{tag}_unsq_axes")
+            return self._emit("Unsqueeze", [tensor, a], f"{tag}_unsqueeze")
+        return self._emit("Unsqueeze", [tensor], f"{tag}_unsqueeze", axes=list(axes))
+
+    def _cols(self, tensor, start, stop, tag) -> str:
+        """tensor[:, start:stop] (one gate's columns of a (batch, k*H) product)."""
+        starts = self._const(np.array([start], np.int64), f"{tag}_start")
+        ends = self._const(np.array([stop], np.int64), f"{tag}_end")
+        axes = self._const(np.array([1], np.int64), f"{tag}_axis")
+        return self._emit("Slice", [tensor, starts, ends, axes], tag)
+
+    def _gemm(self, x, w_t: np.ndarray, b: np.ndarray | None, tag) -> str:
+        ins = [x, self._const(w_t.astype(np.float32), f"{tag}_w")]
+        if b is not None:
+            ins.append(self._const(b.astype(np.float32), f"{tag}_b"))
+        return self._emit("Gemm", ins, tag)
+
+    def _concat(self, parts, axis, out, tag) -> None:
+        name = self.idx.unique(f"{self.node.name}/{tag}")
+        self.nodes.append(helper.make_node("Concat", parts, [out], name=name, axis=axis))
+
+    # the checks that decide whether the node is unrolled
+    def _check(self):
+        node, idx = self.node, self.idx
+        inputs = list(node.input) + [""] * (8 - len(node.input))
+        w, r = idx.const(inputs[1]), idx.const(inputs[2])
+        if w is None or r is None:
+            raise NotUnrolled("its weights W and R are not constants")
+        b = idx.const(inputs[3]) if inputs[3] else None
+        if inputs[3] and b is None:
+            raise NotUnrolled("its bias B is not a constant")
+        if self.kind == "LSTM" and inputs[7]:
+            raise NotUnrolled("peephole weights P")
+        if _attr(node, "clip") is not None:
+            raise NotUnrolled("cell clipping (clip)")
+        if _attr(node, "input_forget", 0):
+            raise NotUnrolled("input_forget=1")
+        direction = _attr(node, "direction", b"forward")
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise NotUnrolled(f"direction {direction!r}")
+        dirs = 2 if direction == "bidirectional" else 1
+        acts = _attr(node, "activations")
+        if acts is not None:
+            acts = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in acts]
+            if acts != _DEFAULT_ACTS[self.kind] * dirs:
+                raise NotUnrolled(f"activations {acts} (only the defaults are unrolled)")
+        if _attr(node, "activation_alpha") or _attr(node, "activation_beta"):
+            raise NotUnrolled("activation_alpha / activation_beta")
+        layout = _attr(node, "layout", 0)
+        hidden = _attr(node, "hidden_size")
+        h = r.shape[-1]
+        if hidden is not None and hidden != h:
+            raise NotUnrolled(f"hidden_size {hidden} does not match R's {h}")
+        if w.shape[:2] != (dirs, self.gates * h) or r.shape != (dirs, self.gates * h, h):
+            raise NotUnrolled(f"W {w.shape} / R {r.shape} do not match {dirs} direction(s)")
+        if b is None:
+            b = np.zeros((dirs, 2 * self.gates * h), np.float32)
+        if b.shape != (dirs, 2 * self.gates * h):
+            raise NotUnrolled(f"B has shape {b.shape}")
+        x_dims = self.ranks.get(inputs[0])
+        if x_dims is None or len(x_dims) != 3:
+            raise NotUnrolled("the shape of its input X is unknown")
+        seq = x_dims[1 if layout else 0]
+        if not isinstance(seq, int) or seq <= 0:
+            raise NotUnrolled("its sequence length is not static")
+        if inputs[4]:
+            lens = idx.const(inputs[4])
+            if lens is None or np.any(lens != seq):
+                raise NotUnrolled("sequence_lens that are not all the full length")
+        return inputs, w, r, b, dirs, direction, layout, h, seq
+
+    def run(self) -> list:
+        inputs, w, r, b, dirs, direction, layout, h, seq = self._check()
+        outs = list(self.node.output) + [""] * (3 - len(self.node.output))
+        ys = [[None] * dirs for _ in range(seq)]
+        finals = []
+        for d in range(dirs):
+            reverse = direction == "reverse" or d == 1
+            state_axis = 1 if layout else 0
+            h_prev = self._take(inputs[5], state_axis, d, f"d{d}/h0") if inputs[5] else None
+            c_prev = None
+            if self.kind == "LSTM" and inputs[6]:
+                c_prev = self._take(inputs[6], state_axis, d, f"d{d}/c0")
+            order = range(seq - 1, -1, -1) if reverse else range(seq)
+            for t in order:
+                tag = f"t{t}/d{d}"
+                x_t = self._take(inputs[0], 1 if layout else 0, t, f"{tag}/x")
+                if self.kind == "LSTM":
+                    h_prev, c_prev = self._lstm_step(x_t, h_prev, c_prev, w[d], r[d], b[d],
+                                                     h, tag)
+                else:
+                    h_prev = self._gru_step(x_t, h_prev, w[d], r[d], b[d], h, tag)
+                ys[t][d] = h_prev
+            finals.append((h_prev, c_prev))
+        if outs[0]:                        # Y: (S, D, N, H) or (N, S, D, H)
+            per_t = []
+            for t in range(seq):
+                parts = [self._unsqueeze(ys[t][d], [1, 2] if layout else [0, 1],
+                                         f"t{t}/d{d}/y") for d in range(dirs)]
+                if dirs == 1:
+                    per_t.append(parts[0])
+                else:
+                    out = self.idx.unique(f"{self.node.name}/t{t}/y:0")
+                    self._concat(parts, 2 if layout else 1, out, f"t{t}/y_concat")
+                    per_t.append(out)
+            self._concat(per_t, 1 if layout else 0, outs[0], "Y_concat")
+        for k, out in ((0, outs[1]), (1, outs[2] if self.kind == "LSTM" else "")):
+            if out:                        # Y_h / Y_c: (D, N, H) or (N, D, H)
+                parts = [self._unsqueeze(finals[d][k], [1 if layout else 0],
+                                         f"d{d}/final{k}") for d in range(dirs)]
+                self._concat(parts, 1 if layout else 0, out, f"final{k}_concat")
+        return self.nodes
+
+    def _lstm_step(self, x_t, h_prev, c_prev, w, r, b, h, tag):
+        # gate order i, o, f, c; B = [Wb, Rb]
+        wb, rb = b[:4 * h], b[4 * h:]
+        if h_prev is None:       # zero state: R h = 0, the recurrent bias joins the input's
+            gates = self._gemm(x_t, w.T, wb + rb, f"{tag}/gemm_x")
+        else:
+            gx = self._gemm(x_t, w.T, wb, f"{tag}/gemm_x")
+            gh = self._gemm(h_prev, r.T, rb, f"{tag}/gemm_h")
+            gates = self._emit("Add", [gx, gh], f"{tag}/gates")
+        i = self._emit("Sigmoid", [self._cols(gates, 0, h, f"{tag}/i_cols")], f"{tag}/i")
+        o = self._emit("Sigmoid", [self._cols(gates, h, 2 * h, f"{tag}/o_cols")], f"{tag}/o")
+        f = self._emit("Sigmoid", [self._cols(gates, 2 * h, 3 * h, f"{tag}/f_cols")],
+                       f"{tag}/f")
+        g = self._emit("Tanh", [self._cols(gates, 3 * h, 4 * h, f"{tag}/c_cols")], f"{tag}/g")
+        ig = self._emit("Mul", [i, g], f"{tag}/i_g")
+        if c_prev is None:
+            c = ig
+        else:
+            fc = self._emit("Mul", [f, c_prev], f"{tag}/f_c")
+            c = self._emit("Add", [fc, ig], f"{tag}/c")
+        h_new = self._emit("Mul", [o, self._emit("Tanh", [c], f"{tag}/tanh_c")], f"{tag}/h")
+        return h_new, c
+
+    def _gru_step(self, x_t, h_prev, w, r, b, h, tag):
+        # gate order z, r, h; B = [Wb, Rb]
+        lbr = _attr(self.node, "linear_before_reset", 0)
+        wb, rb = b[:3 * h], b[3 * h:]
+        gx = self._gemm(x_t, w.T, wb, f"{tag}/gemm_x")
+        if h_prev is None:
+            # zero state: R h = 0; r (.) (R_h h + Rb_h) = r (.) Rb_h with linear_before_reset
+            zr = self._emit("Add", [self._cols(gx, 0, 2 * h, f"{tag}/zr_x"),
+                                    self._const(rb[:2 * h].astype(np.float32),
+                                                f"{tag}/rb_zr")], f"{tag}/zr")
+            rh = self._const(rb[2 * h:].astype(np.float32), f"{tag}/rb_h")
+        else:
+            r_zr = r[:2 * h]
+            gh = self._gemm(h_prev, r_zr.T, rb[:2 * h], f"{tag}/gemm_h")
+            zr = self._emit("Add", [self._cols(gx, 0, 2 * h, f"{tag}/zr_x"), gh], f"{tag}/zr")
+        z = self._emit("Sigmoid", [self._cols(zr, 0, h, f"{tag}/z_cols")], f"{tag}/z")
+        rg = self._emit("Sigmoid", [self._cols(zr, h, 2 * h, f"{tag}/r_cols")], f"{tag}/r")
+        if h_prev is not None:
+            if lbr:
+                rh = self._gemm(h_prev, r[2 * h:].T, rb[2 * h:], f"{tag}/gemm_hh")
+                rh = self._emit("Mul", [rg, rh], f"{tag}/r_hh")
+            else:
+                reset = self._emit("Mul", [rg, h_prev], f"{tag}/r_h")
+                rh = self._gemm(reset, r[2 * h:].T, rb[2 * h:], f"{tag}/gemm_hh")
+        elif lbr:
+            rh = self._emit("Mul", [rg, rh], f"{tag}/r_hh")
+        cand_x = self._cols(gx, 2 * h, 3 * h, f"{tag}/h_x")
+        cand = self._emit("Tanh", [self._emit("Add", [cand_x, rh], f"{tag}/h_pre")],
+                          f"{tag}/h_cand")
+        # H = (1 - z) (.) cand + z (.) H_prev = cand - z (.) (cand - H_prev)
+        if h_prev is None:
+            return self._emit("Sub", [cand, self._emit("Mul", [z, cand], f"{tag}/z_cand")],
+                              f"{tag}/h")
+        diff = self._emit("Sub", [cand, h_prev], f"{tag}/cand_minus_h")
+        return self._emit("Sub", [cand, self._emit("Mul", [z, diff], f"{tag}/z_diff")],
+                          f"{tag}/h")

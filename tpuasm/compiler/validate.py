@@ -1,0 +1,204 @@
+"""The compiled model checked against the float model it came from: both run over the same
+data (the calibration set, or the user's --validate DATA), onnxruntime on the float model,
+the compiled model with reference.py's engine (bit-identical to the emulator, and fast).
+
+Per output: top-1 agreement for classifier-like outputs (rank-2 float outputs with two or more
+columns: the arg-max of each row), exact agreement for integer outputs (labels), and the
+signal-to-noise ratio in dB of every float output (the float answer is the signal, the
+difference the noise).  A figure below the user's bar (--min-agreement, --min-snr) is a
+warning: the library returns it, the CLI prints it on stderr."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tpuasm.compiler.errors import CompileError
+
+DEFAULT_MIN_AGREEMENT = 0.99
+DEFAULT_MIN_SNR = 20.0
+_CHUNK = 256                       # rows per onnxruntime call for a dynamic batch
+
+
+@dataclass
+class OutputCheck:
+    """One output's figures."""
+    name: str
+    kind: str                        # "top-1" | "exact" | "snr"
+    agreement: float | None = None   # share of rows that agree (top-1 / exact)
+    snr_db: float | None = None      # float outputs; inf when identical
+    max_abs_error: float | None = None
+
+    def text(self) -> str:
+        parts = []
+        if self.agreement is not None:
+            what = "top-1 agreement" if self.kind == "top-1" else "rows identical"
+            parts.append(f"{what} {100 * self.agreement:.2f} %")
+        if self.snr_db is not None:
+            parts.append("SNR identical" if math.isinf(self.snr_db) and self.snr_db > 0
+                         else f"SNR {self.snr_db:.1f} dB")
+        if self.max_abs_error is not None:
+            parts.append(f"max |error| {self.max_abs_error:.3g}")
+        return f"{self.name}: " + ", ".join(parts)
+
+    def to_json(self) -> dict:
+        snr = self.snr_db
+        return {"output": self.name, "kind": self.kind, "agreement": self.agreement,
+                "snr_db": snr if snr is None or math.isfinite(snr) else None,
+                "identical": snr is not None and math.isinf(snr) and snr > 0,
+                "max_abs_error": self.max_abs_error}
+
+
+@dataclass
+class Validation:
+    """The compiled model against the float model, per output; `warnings` for the CLI."""
+    rows: int
+    data: str                                  # where the rows came from
+    min_agreement: float
+    min_snr: float
+    outputs: list[OutputCheck] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        lines = [f"Against the float model (onnxruntime) on {self.rows} rows of {self.data}:"]
+        lines += [f"  {o.text()}" for o in self.outputs]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Validation":
+        outputs = [OutputCheck(o["output"], o["kind"], o["agreement"],
+                               math.inf if o["identical"] else o["snr_db"], o["max_abs_error"])
+                   for o in d["outputs"]]
+        return cls(d["rows"], d["data"], d["min_agreement"], d["min_snr_db"], outputs,
+                   list(d["warnings"]))
+
+    def to_json(self) -> dict:
+        return {"rows": self.rows, "data": self.data, "min_agreement": self.min_agreement,
+                "min_snr_db": self.min_snr, "outputs": [o.to_json() for o in self.outputs],
+                "warnings": list(self.warnings)}
+
+
+def check_thresholds(min_agreement, min_snr) -> tuple[float, float]:
+    """Range checks of the user's bars (one clear error each)."""
+    try:
+        a = float(min_agreement)
+    except (TypeError, ValueError):
+        raise CompileError(f"min agreement {min_agreement!r} is not a number") from None
+    if not 0.0 <= a <= 1.0:
+        raise CompileError(f"min agreement {min_agreement!r}: expected a share in [0, 1] "
+                           f"(0.99 = 99 %)")
+    try:
+        s = float(min_snr)
+    except (TypeError, ValueError):
+        raise CompileError(f"min SNR {min_snr!r} is not a number") from None
+    if not -200.0 <= s <= 400.0:
+        raise CompileError(f"min SNR {min_snr!r}: expected dB in [-200, 400]")
+    return a, s
+
+
+def compare(float_out: dict, compiled_out: dict, names: list[str]) -> list[OutputCheck]:
+    """The figures of each output (arrays of the same rows)."""
+    checks = []
+    for name in names:
+        ref = np.asarray(float_out[name])
+        got = np.asarray(compiled_out[name])
+        if ref.shape != got.shape:
+            raise CompileError(f"output '{name}': the compiled model gives shape {got.shape}, "
+                               f"the float model {ref.shape}")
+        if ref.dtype.kind in "iub":
+            rows = ref.reshape(len(ref), -1) if ref.ndim else ref.reshape(1, -1)
+            same = np.all(rows == got.reshape(rows.shape), axis=1)
+            checks.append(OutputCheck(name, "exact", float(np.mean(same)) if len(same) else 1.0))
+            continue
+        ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+        noise = float(np.sum((ref64 - got64) ** 2))
+        signal = float(np.sum(ref64 ** 2))
+        snr = math.inf if noise == 0 else (-math.inf if signal == 0 else
+                                           10 * math.log10(signal / noise))
+        err = float(np.max(np.abs(ref64 - got64))) if ref.size else 0.0
+        if ref.ndim == 2 and ref.shape[1] >= 2:
+            agree = float(np.mean(np.argmax(ref, 1) == np.argmax(got, 1))) if len(ref) else 1.0
+            checks.append(OutputCheck(name, "top-1", agree, snr, err))
+        else:
+            checks.append(OutputCheck(name, "snr", None, snr, err))
+    return checks
+
+
+def validate(compiled, float_model, data: dict, what: str,
+             min_agreement: float = DEFAULT_MIN_AGREEMENT,
+             min_snr: float = DEFAULT_MIN_SNR) -> Validation:
+    """Run `compiled` (engine "reference") and onnxruntime on `float_model` (a ModelProto
+    or its bytes) over `data` ({input: rows}); the figures and warnings."""
+    min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
+    names = [o.name for o in compiled.outputs]
+    rows = len(next(iter(data.values()))) if data else 0
+    result = Validation(rows, what, min_agreement, min_snr)
+    feeds = {i.name: np.asarray(data[i.name]).astype(np.dtype(i.dtype), copy=False)
+             for i in compiled.inputs if i.name in data}
+    try:
+        ref = run_float(float_model, data, names)
+    except CompileError as e:
+        result.warnings.append(f"the float model could not be run for the check: {e}")
+        return result
+    try:
+        got = compiled.run(feeds, engine="reference")
+    except CompileError as e:           # the compile itself succeeded: say so, do not fail
+        result.warnings.append(f"the compiled model could not be run on {what}: {e}")
+        return result
+    result.outputs = compare(ref, got, names)
+    for o in result.outputs:
+        if o.agreement is not None and o.agreement < min_agreement:
+            what_ = "top-1 agreement" if o.kind == "top-1" else "exact agreement"
+            result.warnings.append(
+                f"output '{o.name}': {what_} with the float model is {100 * o.agreement:.2f} "
+                f"%, below {100 * min_agreement:g} % (--min-agreement); try --keep-float, "
+                f"--calibration-method, or more calibration rows")
+        elif o.kind == "snr" and o.snr_db is not None and o.snr_db < min_snr:
+            result.warnings.append(
+                f"output '{o.name}': SNR against the float model is {o.snr_db:.1f} dB, below "
+                f"{min_snr:g} dB (--min-snr)")
+    return result
+
+
+def run_float(float_model, data: dict, names: list[str]) -> dict[str, np.ndarray]:
+    """onnxruntime on the float model, in chunks of its fixed batch (the last one padded)
+    or of _CHUNK rows when the batch is dynamic."""
+    from tpuasm.compiler.host import session
+    try:
+        sess = session(float_model)
+    except Exception as e:
+        raise CompileError(str(e).strip().splitlines()[0] if str(e).strip() else repr(e)) \
+            from None
+    infos = {i.name: i for i in sess.get_inputs()}
+    dtypes = {n: _np_type(i.type) for n, i in infos.items()}
+    fixed = [i.shape[0] for i in infos.values() if i.shape and isinstance(i.shape[0], int)
+             and i.shape[0] > 0]
+    step = min(fixed) if fixed else _CHUNK
+    rows = len(next(iter(data.values())))
+    parts = {n: [] for n in names}
+    for start in range(0, rows, step):
+        take = min(step, rows - start)
+        feed = {}
+        for name in infos:
+            x = np.asarray(data[name][start:start + take]).astype(dtypes[name], copy=False)
+            if fixed and take < step:
+                pad = np.zeros((step - take,) + x.shape[1:], x.dtype)
+                x = np.concatenate([x, pad])
+            feed[name] = x
+        try:
+            outs = sess.run(names, feed)
+        except Exception as e:
+            raise CompileError(str(e).strip().splitlines()[0]) from None
+        for n, o in zip(names, outs):
+            parts[n].append(np.asarray(o)[:take])
+    return {n: np.concatenate(p) for n, p in parts.items()}
+
+
+def _np_type(ort_type: str):
+    table = {"tensor(float)": np.float32, "tensor(double)": np.float64,
+             "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+             "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+             "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+    return table.get(ort_type, np.float32)
