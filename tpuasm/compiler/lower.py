@@ -415,23 +415,28 @@ class Lowerer:
         return add, name
 
     def _image_source(self, source: Source, node: Node):
-        shape, last = self.natural(source.tensor)
-        if len(shape) != 3 or last:
-            raise NotMapped(f"its input has shape {self.g.sample_shape(source.tensor)}, not "
-                            f"(C, H, W)")
-        if source.index is not None or source.shape != self.g.sample_shape(source.tensor):
-            raise NotMapped("its input is rearranged by a layout node")
-        return self.tensor(source.tensor, source.quant, shape)
+        """The (C, H, W) image a Conv/Pool reads: the consumer's view of its source, which
+        layout nodes may reshape but not reorder (the same bytes in the same order)."""
+        if len(source.shape) != 3:
+            raise NotMapped(f"its input has shape {source.shape}, not (C, H, W)")
+        return self._view_source(source, tuple(source.shape))
 
     def _line_source(self, source: Source) -> Tensor:
         """A 1-D signal (C, L) as the image (C, 1, L)."""
-        onnx_shape = self.g.sample_shape(source.tensor)
-        if onnx_shape is None or len(onnx_shape) != 2:
-            raise NotMapped(f"its input has shape {onnx_shape}, not (C, L)")
-        if source.index is not None or source.shape != onnx_shape:
+        if len(source.shape) != 2:
+            raise NotMapped(f"its input has shape {source.shape}, not (C, L)")
+        c, length = source.shape
+        return self._view_source(source, (c, 1, length))
+
+    def _view_source(self, source: Source, shape: tuple) -> Tensor:
+        if source.index is not None:
             raise NotMapped("its input is rearranged by a layout node")
-        c, length = onnx_shape
-        return self.ir_tensor(source.tensor, source.quant, (c, 1, length))
+        known = self.tensors.get(source.tensor)
+        if known is not None and (known.channels_last or known.shape != shape):
+            raise NotMapped(f"its input '{source.tensor}' is laid out as "
+                            f"{_layout(known.shape, known.channels_last)}, not as the image "
+                            f"{shape}")
+        return self.ir_tensor(source.tensor, source.quant, shape)
 
     def _conv_geometry(self, node: Node, kernel, image_hw):
         """(strides, pads) of a 2-D window; a 1-D one (kernel (k,), image (L,)) as the 2-D
