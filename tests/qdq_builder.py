@@ -42,11 +42,15 @@ class QDQBuilder:
         return out
 
     # --- quantization --------------------------------------------------------------------
-    def quantize(self, signed=False, name=None) -> str:
+    def quantize(self, signed=False, name=None, same=False) -> str:
         """QuantizeLinear + DequantizeLinear of the current float tensor (per tensor, range
-        from the calibration batch); returns the dequantized tensor, now current."""
+        from the calibration batch, or `same` as the last quantization: quantize_static's
+        choice for Pad, Reshape, MaxPool); returns the dequantized tensor, now current."""
         lo, hi = min(float(self.value.min()), 0.0), max(float(self.value.max()), 0.0)
-        if signed:
+        if same:
+            scale, zp = float(self.scale), self.zero_point
+            dtype = np.int8 if signed else np.uint8
+        elif signed:
             scale = max(abs(lo), abs(hi)) / 127 or 1.0
             zp, dtype = 0, np.int8
         else:
@@ -124,6 +128,15 @@ class QDQBuilder:
                          {"a": self.value, "w": wreal, "b": breal})
         self.current = self.node("Conv", [self.current, wdq, bdq], name=name, value=value,
                                  **attrs)
+        return self.current
+
+    def pad(self, pads, name=None) -> str:
+        """A constant Pad of zeros (ONNX pads: every axis' begin, then every end)."""
+        rank = self.value.ndim
+        widths = [(pads[i], pads[i + rank]) for i in range(rank)]
+        self.current = self.node("Pad", [self.current, self._const(np.asarray(pads, np.int64),
+                                                                   "pads")],
+                                 name=name, value=np.pad(self.value, widths))
         return self.current
 
     def unary(self, op: str, name=None, **attrs) -> str:

@@ -196,6 +196,43 @@ def test_qlinear_conv1d_and_grouped(tmp_path):
     assert_matches(compiled_model, m, x, 0.1)
 
 
+@pytest.mark.parametrize("rank", [1, 2])
+def test_zero_pad_before_a_conv_is_folded_into_its_padding(tmp_path, rank):
+    b = QDQBuilder((3, 9) if rank == 1 else (3, 9, 8), seed=13)
+    b.quantize()
+    b.pad([0, 0, 2, 0, 0, 1] if rank == 1 else [0, 0, 1, 2, 0, 0, 2, 0], name="pad")
+    b.quantize(same=True)                        # quantize_static: the Pad's input's
+    b.conv(5, (3,) * rank, stride=2, auto_pad="SAME_UPPER", name="conv")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["pad"].where == "TPU" and placed["pad"].note == "fused into conv"
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
+def test_qlinear_pad_of_the_zero_point_is_folded(tmp_path):
+    rng = np.random.default_rng(14)
+    w = rng.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)
+    inits = [*qparams_inputs("x", 0.02, 128, False), const("w", w),
+             const("w_scale", rng.uniform(0.002, 0.01, 4).astype(np.float32)),
+             const("w_zp", np.zeros(4, np.int8)),
+             const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
+             *qparams_inputs("y", 0.05, 100, False)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"], name="q"),
+             helper.make_node("Pad", ["xq", "pads", "x_zp"], ["xp"], name="pad"),
+             helper.make_node("QLinearConv", ["xp", "x_scale", "x_zp", "w", "w_scale", "w_zp",
+                                              "y_scale", "y_zp"], ["yq"], name="conv",
+                              kernel_shape=[3, 3]),
+             helper.make_node("DequantizeLinear", ["yq", "y_scale", "y_zp"], ["y"], name="dq")]
+    m = model(nodes, [value_info("x", np.float32, ("N", 2, 6, 6))],
+              [value_info("y", np.float32, ("N", 4, 6, 6))], inits)
+    compiled_model = compiled(tmp_path, m)
+    placed = rows(compiled_model)
+    assert placed["conv"].where == "TPU" and placed["pad"].where == "TPU"
+    x = np.random.default_rng(15).normal(0, 1, (5, 2, 6, 6)).astype(np.float32)
+    assert_matches(compiled_model, m, x, 0.05)
+
+
 # --- grouped and depthwise Conv -------------------------------------------------------------
 
 @pytest.mark.parametrize("channels, out, groups", [(20, 20, 20), (36, 24, 4), (12, 24, 3)])

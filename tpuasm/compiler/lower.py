@@ -40,6 +40,8 @@ class Source:
     shape: tuple                      # the consumer-side sample shape (ONNX)
     index: np.ndarray | None
     nodes: list[str] = field(default_factory=list)
+    pads: tuple[int, ...] = ()        # a zero Pad folded into the consumer (a convolution):
+    #                                   spatial begins then ends, ONNX order
 
 
 @dataclass
@@ -136,11 +138,14 @@ class Lowerer:
 
     # --- tracing inputs -----------------------------------------------------------------
 
-    def trace(self, name: str, quant: QParams | None = None) -> Source:
+    def trace(self, name: str, quant: QParams | None = None, allow_pad: bool = False) -> Source:
         """Follow an activation input back through DequantizeLinear, layout-only nodes and
-        QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads."""
+        QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads.  With
+        `allow_pad` (a convolution's input) one Pad of real zeros is folded too, into the
+        consumer's padding (`Source.pads`)."""
         layout: list[Node] = []
         folded: list[str] = []
+        pad = None                      # (folded depth, layout depth, spatial pads)
         current = name
         # the deepest quantized tensor reached so far: (tensor, layout depth, folded depth);
         # a walk that ends on a float tensor (a layout node before the model's quantization)
@@ -163,10 +168,13 @@ class Lowerer:
                 q = self.qparams(node.input(1), node.input(2), node.outputs[0], node)
                 inner = self.g.producer.get(node.inputs[0])
                 if q != quant or inner is None or not (
-                        inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"):
+                        inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"
+                        or (allow_pad and pad is None and inner.op_type == "Pad")):
                     break                       # a real quantization: the source
             elif op in LAYOUT_OPS:
                 layout.append(node)
+            elif op == "Pad" and allow_pad and pad is None and quant is not None:
+                pad = (len(folded), len(layout), self._zero_pads(node, quant))
             else:
                 break
             folded.append(node.name)
@@ -175,6 +183,11 @@ class Lowerer:
             raise NotMapped("its input is not quantized (no DequantizeLinear before it)")
         current, depth, count = best
         layout, folded = layout[:depth], folded[:count]
+        pads = ()
+        if pad is not None and pad[0] < count:
+            if depth:
+                raise NotMapped("a Pad and layout nodes between its input and the convolution")
+            pads = pad[2]
         src = self.tensors.get(current)
         src_shape = src.shape if src is not None else self.g.sample_shape(current)
         onnx_shape = self.g.sample_shape(current)
@@ -186,7 +199,30 @@ class Lowerer:
         shape = tuple(index.shape[1:])
         flat = index.reshape(-1)
         identity = bool(np.array_equal(flat, np.arange(flat.size)))
-        return Source(current, quant, shape, None if identity else flat, folded)
+        return Source(current, quant, shape, None if identity else flat, folded, pads)
+
+    def _zero_pads(self, node: Node, quant: QParams) -> tuple[int, ...]:
+        """The spatial pads of a Pad that adds real zeros on the spatial axes only."""
+        mode = node.attr("mode", b"constant")
+        if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+            raise NotMapped("a Pad that is not constant")
+        if node.input(3):
+            raise NotMapped("a Pad with axes")
+        pads = node.attr("pads") if len(node.inputs) < 2 or not node.input(1) else \
+            self._const(node.input(1), "pads", node).reshape(-1).tolist()
+        value = node.attr("value", 0.0)
+        if node.input(2):
+            value = self._const(node.input(2), "pad value", node).reshape(-1)[0]
+        if self.g.dtypes.get(node.inputs[0]) in _INT8:
+            if int(value) != quant.zero_point:
+                raise NotMapped("a Pad whose value is not the zero point")
+        elif float(value) != 0.0:
+            raise NotMapped("a Pad whose value is not 0")
+        rank = len(pads) // 2
+        begin, end = pads[:rank], pads[rank:]
+        if rank < 3 or any(begin[:2]) or any(end[:2]) or min(pads) < 0:
+            raise NotMapped("a Pad of the batch or channel axis, or a negative one")
+        return tuple(int(v) for v in begin[2:] + end[2:])
 
     def _apply_layout(self, node: Node, index: np.ndarray) -> np.ndarray:
         if node.op_type == "Transpose":
@@ -467,7 +503,7 @@ class Lowerer:
         return tuple(int(v) for v in strides), tuple(int(p) for p in pads)
 
     def lower_conv(self, node: Node) -> Operator:
-        source = self.trace(node.inputs[0])
+        source = self.trace(node.inputs[0], allow_pad=True)
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 0)
         self._check_symmetric(zp)
         w_scale = self._per_channel(scale, w.shape[0])
@@ -480,16 +516,22 @@ class Lowerer:
                 nodes) -> Conv:
         """A 2-D or 1-D (as height 1) convolution with any number of groups."""
         groups = int(node.attr("group", 1))
+        if w.ndim not in (3, 4):
+            raise NotMapped(f"a {w.ndim - 2}-D convolution (the TPU maps 1-D and 2-D)")
+        extra = (0, 0, 0, 0)
+        if source.pads:                                   # a folded Pad of zeros
+            if len(source.pads) != 2 * (w.ndim - 2):
+                raise NotMapped("a Pad of another rank than the convolution")
+            extra = source.pads if w.ndim == 4 else (0, source.pads[0], 0, source.pads[1])
         if w.ndim == 3:
             x = self._line_source(source)
             weight = w.reshape(w.shape[0], w.shape[1], 1, w.shape[2])
-            strides, pads = self._conv_geometry(node, w.shape[2:], x.shape[2:])
-        elif w.ndim == 4:
+        else:
             x = self._image_source(source, node)
             weight = w
-            strides, pads = self._conv_geometry(node, w.shape[2:], x.shape[1:])
-        else:
-            raise NotMapped(f"a {w.ndim - 2}-D convolution (the TPU maps 1-D and 2-D)")
+        padded = (x.shape[1] + extra[0] + extra[2], x.shape[2] + extra[1] + extra[3])
+        strides, pads = self._conv_geometry(node, w.shape[2:], padded[2 - (w.ndim - 2):])
+        pads = tuple(a + b for a, b in zip(pads, extra))
         o, cg, kh, kw = weight.shape
         if groups < 1 or o % groups or cg * groups != x.shape[0]:
             raise NotMapped(f"weight {tuple(w.shape)} with group={groups} does not fit "
@@ -581,7 +623,7 @@ class Lowerer:
                 raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
             self._check_symmetric(self.g.constant(node.input(5)) if node.input(5) else None)
             yq = self.qparams(node.input(6), node.input(7), node.outputs[0], node)
-            source = self.trace(node.inputs[0], xq)
+            source = self.trace(node.inputs[0], xq, allow_pad=op == "QLinearConv")
             n_axis = 0 if op == "QLinearConv" else 1
             w_scale = self._per_channel(self._const(node.input(4), "weight scale", node),
                                         w.shape[n_axis])
