@@ -338,3 +338,27 @@ def test_saved_model_keeps_rows_layout_and_groups(tmp_path, layer):
     x = inputs(b, 7)
     np.testing.assert_array_equal(model.run(x)["y"], again.run(x)["y"])
     assert_matches(again, m, x, b.scale)
+
+
+# --- a transformer encoder block ------------------------------------------------------------
+
+def test_transformer_block_maps_every_constant_weight_matmul(tmp_path):
+    # the example (0 of 88 nodes on the TPU before): a float model quantized by the
+    # pipeline (quantize_static), every MatMul/Gemm with constant weights on the array, the
+    # attention's activation x activation MatMuls on the host, outputs as onnxruntime's
+    from transformer_model import transformer_block
+    path = tmp_path / "transformer.onnx"
+    onnx.save(transformer_block(), str(path))
+    calibration = np.random.default_rng(0).normal(0, 1, (48, 8, 32)).astype(np.float32)
+    model = compile_model(path, batch=16, calibration=calibration, config=["array_size=16"])
+    placed = rows(model)
+    for name in ("q_mm", "k_mm", "v_mm", "proj_mm", "ffn1_mm", "ffn2_mm", "classifier"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    for name in ("scores", "context"):
+        assert placed[name].where == "host" and "two activations" in placed[name].note
+    assert "element-wise Add of activations" in placed["residual1"].note
+    x = np.random.default_rng(1).normal(0, 1, (20, 8, 32)).astype(np.float32)
+    (want,) = run_ort(onnx.load(str(model.reference_model)), {"x": x})
+    for engine in ("emulator", "reference"):
+        got = model.run(x, engine=engine)["y"]
+        assert np.mean(got == want) >= 0.999, engine

@@ -138,11 +138,13 @@ class Lowerer:
 
     # --- tracing inputs -----------------------------------------------------------------
 
-    def trace(self, name: str, quant: QParams | None = None, allow_pad: bool = False) -> Source:
+    def trace(self, name: str, quant: QParams | None = None, allow_pad: bool = False,
+              through_layout: bool = True) -> Source:
         """Follow an activation input back through DequantizeLinear, layout-only nodes and
         QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads.  With
         `allow_pad` (a convolution's input) one Pad of real zeros is folded too, into the
-        consumer's padding (`Source.pads`)."""
+        consumer's padding (`Source.pads`); without `through_layout` the walk stops at the
+        first layout node (the host then makes the consumer's own layout)."""
         layout: list[Node] = []
         folded: list[str] = []
         pad = None                      # (folded depth, layout depth, spatial pads)
@@ -171,7 +173,7 @@ class Lowerer:
                         inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"
                         or (allow_pad and pad is None and inner.op_type == "Pad")):
                     break                       # a real quantization: the source
-            elif op in LAYOUT_OPS:
+            elif op in LAYOUT_OPS and through_layout:
                 layout.append(node)
             elif op == "Pad" and allow_pad and pad is None and quant is not None:
                 pad = (len(folded), len(layout), self._zero_pads(node, quant))
@@ -398,6 +400,10 @@ class Lowerer:
             raise NotMapped("MatMul of a tensor without a batch dimension")
         self._constant_operand(node)
         source = self.trace(node.inputs[0])
+        if source.index is not None and len(source.shape) >= 2:
+            # rows reordered by a Transpose (attention heads merged): read the quantized
+            # tensor after the layout nodes, which the host makes in the MatMul's layout
+            source = self.trace(node.inputs[0], through_layout=False)
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 1)
         if w.ndim != 2:
             raise NotMapped("its weight is not a matrix")
@@ -732,11 +738,22 @@ LAYOUT_HOST_OPS = {"Concat", "Split", "Slice", "Pad", "Gather", "Tile", "Expand"
                    "QLinearConcat"}
 
 
-def host_reason(op_type: str) -> str:
+def host_reason(node: Node, graph: Graph) -> str:
     """Why a node with no TPU pattern runs on the host (the report's reason)."""
+    op_type = node.op_type
     if op_type in ELEMENTWISE_OPS:
-        return (f"{op_type} of two activations runs on the host: the TPU v1 has no "
-                f"element-wise vector unit (a bias Add after a MatMul is fused into it)")
+        def constant(name):
+            dq = graph.producer.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                name = dq.inputs[0]
+            return graph.is_constant(name)
+        what = ("of an activation and a constant" if any(constant(i) for i in node.inputs if i)
+                else "of activations")
+        fused = (" (a bias Add directly after a MatMul's float output is fused into it; "
+                 "this one comes after a QuantizeLinear)" if op_type == "Add" and
+                 what.endswith("constant") else "")
+        return (f"element-wise {op_type} {what} runs on the host: the TPU v1 has no vector "
+                f"unit for it (the vector operations are another issue){fused}")
     if op_type in LAYOUT_HOST_OPS:
         return (f"{op_type} moves data between tensors; runs on the host (an IR operator "
                 f"writes one whole tensor)")
@@ -755,7 +772,7 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
             continue                 # a Relu/Clip already fused into its producer
         if node.op_type not in CANDIDATES:
             if node.op_type not in GLUE:
-                reasons[node.name] = host_reason(node.op_type)
+                reasons[node.name] = host_reason(node, graph)
             continue
         before = dict(lw.tensors)
         try:
