@@ -98,6 +98,25 @@ def test_mlp_with_bias_adds_is_one_segment(tmp_path):
     assert_matches(model, m, inputs(b, 45), b.scale)
 
 
+def test_rows_flattened_into_a_gemm(tmp_path):
+    # a channels-last (rows, C) tensor read whole by a Gemm after Flatten: the Gemm's weight
+    # rows follow ONNX's (row, channel) order, the IR image is (C, rows, 1)
+    b = QDQBuilder((6, 20), seed=5)
+    b.quantize()
+    b.matmul(12, "int32", name="fc")
+    b.quantize()
+    b.current = b.node("Flatten", [b.current], name="flat",
+                       value=b.value.reshape(len(b.value), -1))
+    b.quantize(same=True)                        # quantize_static: Flatten keeps its input's
+    b.matmul(7, "int32", name="head")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["fc"].where == "TPU" and placed["head"].where == "TPU"
+    assert len(model.segments) == 1
+    assert_matches(model, m, inputs(b, 11), b.scale)
+
+
 def test_float_constant_bias_is_requantized(tmp_path):
     # a float bias operand of the Add: rounded to x.scale * w.scale (as a Gemm's float
     # bias), so near-ties may differ from onnxruntime's float Add by 1 LSB
