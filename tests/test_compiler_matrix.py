@@ -182,6 +182,34 @@ def test_conv1d(tmp_path, kernel, stride, pads, auto_pad):
     assert_matches(model, m, inputs(b, 9), b.scale)
 
 
+@pytest.mark.parametrize("shape, kernel, perm", [((5, 23), (3,), [0, 2, 1]),
+                                                 ((4, 5, 6), (3, 3), [0, 2, 3, 1])])
+def test_conv_then_dense_over_its_pixels_stays_on_the_chip(tmp_path, shape, kernel, perm):
+    # a Conv front end, its channels moved last by a Transpose, Dense layers per position
+    # (the 1-D conv audio classifier's pattern): the MatMul is a 1x1 Conv over the conv's
+    # own image, no host round trip
+    b = QDQBuilder(shape, seed=16)
+    b.quantize()
+    b.conv(20, kernel, pads=[1] * 2 * len(kernel), name="conv")
+    b.unary("Relu")
+    b.quantize()
+    b.current = b.node("Transpose", [b.current], name="channels_last", perm=perm,
+                       value=b.value.transpose(perm))
+    b.quantize(same=True)
+    b.matmul(12, "int32", name="fc1")
+    b.quantize()
+    b.unary("Tanh", name="act")
+    b.quantize()
+    b.matmul(6, "int32", name="fc2")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    for name in ("conv", "channels_last", "fc1", "act", "fc2"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert len(model.segments) == 1
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
 def test_qlinear_conv1d_and_grouped(tmp_path):
     rng = np.random.default_rng(6)
     w1 = rng.integers(-127, 128, (8, 2, 3)).astype(np.int8)          # 1-D, 2 groups of 2

@@ -369,11 +369,22 @@ class Lowerer:
         k, n = w_kn.shape
         if source.shape[-1] != k:
             raise NotMapped(f"its input has shape {source.shape}, expected (..., {k})")
+        image = self._channels_moved_last(source, k)
+        if image is not None:        # an image read as (*pixels, C): a 1x1 Conv over it
+            x = self.ir_tensor(source.tensor, source.quant, image)
+            y = self.ir_tensor(out_name, out_quant, (n,) + image[1:], True)
+            weight = np.ascontiguousarray(w_kn.T).reshape(n, k, 1, 1)
+            return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
+                        tuple(nodes))
         if source.index is not None:
             raise NotMapped("its input's rows are rearranged by a layout node (Transpose)")
         total = int(np.prod(source.shape))
-        x = self.ir_tensor(source.tensor, source.quant, (k, total // k, 1), True)
-        y = self.ir_tensor(out_name, out_quant, (n, total // k, 1), True)
+        shape = (k, total // k, 1)
+        known = self.tensors.get(source.tensor)
+        if known is not None and known.channels_last and known.shape[0] == k:
+            shape = known.shape             # rows of a Conv's pixels, (k, H, W)
+        x = self.ir_tensor(source.tensor, source.quant, shape, True)
+        y = self.ir_tensor(out_name, out_quant, (n,) + shape[1:], True)
         out_shape = self.g.sample_shape(out_name)
         if out_shape is not None and int(np.prod(out_shape)) != n * (total // k):
             raise NotMapped(f"its output has shape {out_shape}, expected {total // k} rows "
@@ -381,6 +392,30 @@ class Lowerer:
         weight = np.ascontiguousarray(w_kn.T).reshape(n, k, 1, 1)
         return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
                     tuple(nodes))
+
+    def _channels_moved_last(self, source: Source, k: int):
+        """The IR image (C, H, W) when the consumer reads an image (C, H, W) or a 1-D
+        signal (C, L) with its channels moved last by a Transpose ((N, L, C): a Conv1d
+        before a Dense), so that a 1x1 Conv reads it in place; else None."""
+        if source.index is None:
+            return None
+        known = self.tensors.get(source.tensor)
+        if known is not None:
+            if known.channels_last or len(known.shape) != 3:
+                return None
+            image = known.shape
+        else:
+            onnx_shape = self.g.sample_shape(source.tensor)
+            if onnx_shape is None or len(onnx_shape) not in (2, 3):
+                return None
+            image = tuple(onnx_shape) if len(onnx_shape) == 3 else \
+                (onnx_shape[0], 1, onnx_shape[1])
+        c = image[0]
+        pixels = int(np.prod(image[1:]))
+        moved = np.arange(c * pixels).reshape(c, pixels).T.reshape(-1)
+        if c != k or not np.array_equal(source.index, moved):
+            return None
+        return tuple(int(d) for d in image)
 
     def lower_gemm(self, node: Node) -> Operator:
         if node.attr("transA", 0):
@@ -400,7 +435,8 @@ class Lowerer:
             raise NotMapped("MatMul of a tensor without a batch dimension")
         self._constant_operand(node)
         source = self.trace(node.inputs[0])
-        if source.index is not None and len(source.shape) >= 2:
+        if source.index is not None and len(source.shape) >= 2 and \
+                self._channels_moved_last(source, source.shape[-1]) is None:
             # rows reordered by a Transpose (attention heads merged): read the quantized
             # tensor after the layout nodes, which the host makes in the MatMul's layout
             source = self.trace(node.inputs[0], through_layout=False)
