@@ -210,6 +210,19 @@ def test_conv_then_dense_over_its_pixels_stays_on_the_chip(tmp_path, shape, kern
     assert_matches(model, m, inputs(b, 9), b.scale)
 
 
+def test_lookup_before_a_conv1d_takes_the_signal_layout(tmp_path):
+    b = QDQBuilder((5, 17), seed=17)
+    b.quantize()
+    b.unary("Sigmoid", name="act")
+    b.quantize()
+    b.conv(6, (3,), pads=[1, 1], name="conv")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["act"].where == "TPU" and placed["conv"].where == "TPU"
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
 def test_qlinear_conv1d_and_grouped(tmp_path):
     rng = np.random.default_rng(6)
     w1 = rng.integers(-127, 128, (8, 2, 3)).astype(np.int8)          # 1-D, 2 groups of 2

@@ -646,8 +646,22 @@ class Lowerer:
         if source.index is not None:
             raise NotMapped("its input is rearranged by a layout node")
         shape, last = self.natural(source.tensor)
+        onnx_shape = self.g.sample_shape(source.tensor)
+        if source.tensor not in self.tensors and last and len(onnx_shape) == 2 and \
+                self._read_by_conv(out):
+            shape, last = (onnx_shape[0], 1, onnx_shape[1]), False     # a 1-D signal
         x = self.ir_tensor(source.tensor, source.quant, shape, last)
         return x, self.ir_tensor(out, out_q, shape, last)
+
+    def _read_by_conv(self, name: str) -> bool:
+        """Whether a quantized tensor feeds a convolution (through its DequantizeLinear)."""
+        for node in self.g.consumers.get(name, []):
+            if node.op_type in ("Conv", "QLinearConv"):
+                return True
+            if node.op_type == "DequantizeLinear" and any(
+                    c.op_type == "Conv" for c in self.g.consumers.get(node.outputs[0], [])):
+                return True
+        return False
 
     def _table(self, node: Node, x: Tensor, out_q: QParams) -> np.ndarray:
         if self.table_builder is None:
