@@ -223,6 +223,22 @@ def test_lookup_before_a_conv1d_takes_the_signal_layout(tmp_path):
     assert_matches(model, m, inputs(b, 9), b.scale)
 
 
+def test_conv1d_over_a_transposed_sequence_reads_the_host_layout(tmp_path):
+    # (N, L, C) -> Transpose -> (N, C, L) -> Conv1d: the quantized tensor after the
+    # Transpose is made on the host, the Conv reads it
+    b = QDQBuilder((19, 6), seed=18)
+    b.quantize()
+    b.current = b.node("Transpose", [b.current], name="to_channels", perm=[0, 2, 1],
+                       value=b.value.transpose(0, 2, 1))
+    b.quantize(same=True)
+    b.conv(8, (3,), stride=2, pads=[1, 1], name="conv")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["conv"].where == "TPU" and placed["to_channels"].where == "host"
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
 def test_qlinear_conv1d_and_grouped(tmp_path):
     rng = np.random.default_rng(6)
     w1 = rng.integers(-127, 128, (8, 2, 3)).astype(np.int8)          # 1-D, 2 groups of 2

@@ -139,7 +139,7 @@ class Lowerer:
     # --- tracing inputs -----------------------------------------------------------------
 
     def trace(self, name: str, quant: QParams | None = None, allow_pad: bool = False,
-              through_layout: bool = True) -> Source:
+              through_layout: bool = True, reorder_fallback: bool = False) -> Source:
         """Follow an activation input back through DequantizeLinear, layout-only nodes and
         QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads.  With
         `allow_pad` (a convolution's input) one Pad of real zeros is folded too, into the
@@ -201,7 +201,15 @@ class Lowerer:
         shape = tuple(index.shape[1:])
         flat = index.reshape(-1)
         identity = bool(np.array_equal(flat, np.arange(flat.size)))
-        return Source(current, quant, shape, None if identity else flat, folded, pads)
+        source = Source(current, quant, shape, None if identity else flat, folded, pads)
+        if source.index is not None and reorder_fallback:
+            # a layout node reorders the elements: read the quantized tensor after it, which
+            # the host makes in the consumer's layout (when the model quantizes it)
+            try:
+                return self.trace(name, quant, allow_pad, through_layout=False)
+            except NotMapped:
+                return source
+        return source
 
     def _zero_pads(self, node: Node, quant: QParams) -> tuple[int, ...]:
         """The spatial pads of a Pad that adds real zeros on the spatial axes only."""
@@ -545,7 +553,7 @@ class Lowerer:
         return tuple(int(v) for v in strides), tuple(int(p) for p in pads)
 
     def lower_conv(self, node: Node) -> Operator:
-        source = self.trace(node.inputs[0], allow_pad=True)
+        source = self.trace(node.inputs[0], allow_pad=True, reorder_fallback=True)
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 0)
         self._check_symmetric(zp)
         w_scale = self._per_channel(scale, w.shape[0])
@@ -593,7 +601,7 @@ class Lowerer:
 
     def lower_pool(self, node: Node, quant_in=None, out=None, out_q=None, fused=()) -> Operator:
         op = node.op_type.replace("QLinear", "")
-        source = self.trace(node.inputs[0], quant_in)
+        source = self.trace(node.inputs[0], quant_in, reorder_fallback=True)
         x = self._image_source(source, node)
         if out is None:
             out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
@@ -633,7 +641,7 @@ class Lowerer:
         return tuple(pads)
 
     def lower_lookup(self, node: Node) -> Operator:
-        source = self.trace(node.inputs[0])
+        source = self.trace(node.inputs[0], reorder_fallback=True)
         out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
         x, y = self._elementwise(source, out, out_q)
         table = self._table(node, x, out_q)
@@ -679,7 +687,8 @@ class Lowerer:
                 raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
             self._check_symmetric(self.g.constant(node.input(5)) if node.input(5) else None)
             yq = self.qparams(node.input(6), node.input(7), node.outputs[0], node)
-            source = self.trace(node.inputs[0], xq, allow_pad=op == "QLinearConv")
+            source = self.trace(node.inputs[0], xq, allow_pad=op == "QLinearConv",
+                                reorder_fallback=op == "QLinearConv")
             n_axis = 0 if op == "QLinearConv" else 1
             w_scale = self._per_channel(self._const(node.input(4), "weight scale", node),
                                         w.shape[n_axis])
@@ -724,7 +733,7 @@ class Lowerer:
         if op in QLINEAR_LOOKUP_OPS:
             xq = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
             yq = self.qparams(node.input(3), node.input(4), node.outputs[0], node)
-            source = self.trace(node.inputs[0], xq)
+            source = self.trace(node.inputs[0], xq, reorder_fallback=True)
             x, y = self._elementwise(source, node.outputs[0], yq)
             table = self._table(node, x, yq)
             return Lookup(node.name, x, y, table, op.replace("QLinear", "").lower(),
