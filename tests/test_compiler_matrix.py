@@ -311,7 +311,8 @@ def test_qlinear_pad_of_the_zero_point_is_folded(tmp_path):
 
 # --- grouped and depthwise Conv -------------------------------------------------------------
 
-@pytest.mark.parametrize("channels, out, groups", [(20, 20, 20), (36, 24, 4), (12, 24, 3)])
+@pytest.mark.parametrize("channels, out, groups", [(20, 20, 20), (36, 24, 4), (12, 24, 3),
+                                                   (40, 32, 2)])
 def test_grouped_conv_on_the_array(tmp_path, channels, out, groups):
     # channels > the 16-wide array: blocks of outputs read only their groups' input chunks
     b = QDQBuilder((channels, 7, 7), seed=groups)
@@ -327,6 +328,40 @@ def test_grouped_conv_on_the_array(tmp_path, channels, out, groups):
     program = model.steps[1].program
     assert program.weights.shape[0] == codegen.weight_tiles(op, 16)
     assert_matches(model, m, inputs(b, 8), b.scale)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grouped_conv_in_the_back_end_against_the_reference(seed):
+    # random groups, strides and padding straight through codegen (8-wide array, small
+    # accumulators: banded outputs), against reference.py's grouped convolution
+    from test_codegen import assert_close, qparams, run, seg
+    from tpuasm.compiler.ir import Activation, Tensor
+    rng = np.random.default_rng(seed)
+    groups = int(rng.choice([2, 3, 5]))
+    cg, og = int(rng.integers(1, 7)), int(rng.integers(1, 6))
+    kernel, stride, pad = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(0, 2))
+    h = int(rng.integers(kernel, 12))
+    x = Tensor("x", (cg * groups, h, h + 1), qparams(rng))
+    ho, wo = (h + 2 * pad - kernel) // stride + 1, (h + 1 + 2 * pad - kernel) // stride + 1
+    op = Conv("g", x, Tensor("y", (og * groups, ho, wo), qparams(rng)),
+              rng.integers(-127, 128, (og * groups, cg, kernel, kernel)).astype(np.int8),
+              rng.uniform(0.001, 0.01, og * groups).astype(np.float32),
+              rng.integers(-2000, 2000, og * groups).astype(np.int32), (stride, stride),
+              (pad,) * 4, Activation("none"), ("g",), groups)
+    ours, theirs, program, _ = run(seg([op]), 5, rng, array_size=8, acc_rows=64, ub_rows=4096)
+    assert_close(ours, theirs)
+    assert program.weights.shape[0] == codegen.weight_tiles(op, 8)
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (2, 3, 4, 5), (30,), (3, 5, 7)])
+def test_back_end_lookup_of_any_ir_rank(shape):
+    # the back end packs tensors of any rank (rank 2 crashed the host packing before)
+    from test_codegen import assert_close, lookup, qparams, run, seg
+    from tpuasm.compiler.ir import Tensor
+    rng = np.random.default_rng(len(shape))
+    op = lookup(rng, "f", Tensor("x", shape, qparams(rng)))
+    ours, theirs, _, _ = run(seg([op]), 6, rng, array_size=8, acc_rows=64, ub_rows=4096)
+    assert_close(ours, theirs)
 
 
 def test_depthwise_weight_tiles_stay_sane():
