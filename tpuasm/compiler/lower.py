@@ -324,8 +324,9 @@ class Lowerer:
             zp = self.g.constant(dq.input(2)) if dq.input(2) else None
             real = (b.astype(np.float64) - (0 if zp is None else zp.astype(np.float64))) * scale
             node = dq.name
-            if b.size == len(w_scale) and b.dtype == np.int32 and (zp is None or not np.any(zp)) and \
-                    np.allclose(scale, target, rtol=1e-6, atol=0):
+            if b.size == len(w_scale) and b.dtype == np.int32 and \
+                    (zp is None or not np.any(zp)) and np.allclose(scale, target, rtol=1e-6,
+                                                                   atol=0):
                 return b.astype(np.int32).reshape(-1), node
         else:
             real = self._const(name, "bias", None).astype(np.float64)
