@@ -457,7 +457,7 @@ def test_transformer_block_maps_every_constant_weight_matmul(tmp_path):
     # the example (0 of 88 nodes on the TPU before): a float model quantized by the
     # pipeline (quantize_static), every MatMul/Gemm with constant weights on the array, the
     # attention's activation x activation MatMuls on the host, outputs as onnxruntime's
-    from transformer_model import transformer_block
+    from architectures import transformer_block
     path = tmp_path / "transformer.onnx"
     onnx.save(transformer_block(), str(path))
     calibration = np.random.default_rng(0).normal(0, 1, (48, 8, 32)).astype(np.float32)
@@ -473,3 +473,24 @@ def test_transformer_block_maps_every_constant_weight_matmul(tmp_path):
     for engine in ("emulator", "reference"):
         got = model.run(x, engine=engine)["y"]
         assert np.mean(got == want) >= 0.999, engine
+
+
+@pytest.mark.parametrize("build, shape, on_tpu", [
+    ("inverted_residual", (16, 12, 12), ("expand", "dw", "project", "gap", "fc")),
+    ("audio_classifier", (4, 64), ("conv1", "dwconv", "to_rows", "fc1", "fc2"))])
+def test_float_architectures_through_the_quantizer(tmp_path, build, shape, on_tpu):
+    # float models quantized by the pipeline: every Conv (depthwise, 1-D) and constant-weight
+    # MatMul/Gemm on the array; outputs identical to onnxruntime on the QDQ model
+    import architectures
+    path = tmp_path / "net.onnx"
+    onnx.save(getattr(architectures, build)(), str(path))
+    calibration = np.random.default_rng(0).normal(0, 1, (48,) + shape).astype(np.float32)
+    model = compile_model(path, batch=8, calibration=calibration, config=["array_size=16"])
+    placed = rows(model)
+    for name in on_tpu:
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert "depthwise conv" in placed["dw" if "dw" in placed else "dwconv"].note
+    x = np.random.default_rng(1).normal(0, 1, (20,) + shape).astype(np.float32)
+    (want,) = run_ort(onnx.load(str(model.reference_model)), {"x": x})
+    for engine in ("emulator", "reference"):
+        assert np.mean(model.run(x, engine=engine)["y"] == want) >= 0.999, engine

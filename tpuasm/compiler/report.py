@@ -77,9 +77,10 @@ def describe(op) -> str:
         return f"Dense {k}x{n}{bias}{act}"
     if isinstance(op, Conv):
         o, c, kh, kw = op.weight.shape
-        if op.input.channels_last and (kh, kw) == (1, 1):
-            return (f"Dense {c}x{o}{bias}{act} on each of {op.input.shape[1]} rows (a 1x1 "
-                    f"Conv over the channels-last rows)")
+        if (op.input.channels_last or op.output.channels_last) and (kh, kw) == (1, 1):
+            positions = op.input.shape[1] * op.input.shape[2]
+            return (f"Dense {c}x{o}{bias}{act} on each of {positions} rows (a 1x1 Conv over "
+                    f"the {'channels-last rows' if op.input.channels_last else 'image'})")
         return (f"Conv {c * op.groups}x{op.input.shape[1]}x{op.input.shape[2]} -> "
                 f"{o}x{op.output.shape[1]}x{op.output.shape[2]}, {kh}x{kw} kernel, stride "
                 f"{op.strides[0]}x{op.strides[1]}{bias}{act}{grouped(op)}")
