@@ -126,7 +126,7 @@ def test_float_constant_bias_is_requantized(tmp_path):
     m = b.model()
     model = compiled(tmp_path, m)
     placed = rows(model)
-    assert placed["fc"].where == "TPU"
+    assert placed["fc"].where == "TPU" and "bias requantized" in placed["fc"].note
     assert [r.where for r in model.report.rows if r.op_type == "Add"] == ["TPU"]
     assert_matches(model, m, inputs(b, 200), b.scale)
 

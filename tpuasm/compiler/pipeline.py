@@ -240,7 +240,8 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
         elif node.name in lowered.fused:
             op_name = lowered.fused[node.name]
             seg, op = where_op[op_name]
-            note = describe(op) if op_name == node.name else f"fused into {op_name}"
+            note = describe(op) + "".join(f"; {n}" for n in lowered.notes.get(op_name, [])) \
+                if op_name == node.name else f"fused into {op_name}"
             rows.append(NodeRow(node.name, node.op_type, "TPU", seg, note))
         else:
             rows.append(NodeRow(node.name, node.op_type, "unused", "-",
