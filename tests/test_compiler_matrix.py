@@ -178,8 +178,42 @@ def test_conv1d(tmp_path, kernel, stride, pads, auto_pad):
     model = compiled(tmp_path, m)
     placed = rows(model)
     assert placed["conv"].where == "TPU" and placed["conv2"].where == "TPU"
-    assert "1x" in placed["conv"].note
+    assert f"{kernel}x1 kernel" in placed["conv"].note
     assert_matches(model, m, inputs(b, 9), b.scale)
+
+
+def test_conv2d_of_height_one_is_a_conv1d(tmp_path):
+    # Conv1d exported as a 2-D conv over (C, 1, L) with a (1, k) kernel, strides (1, 2)
+    # (different per axis: the back end has one stride, but the vertical one never moves)
+    b = QDQBuilder((3, 1, 40), seed=20)
+    b.quantize()
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (6, 3, 1, 5)).astype(np.float32)
+    wdq, wreal = b.weight(w, 0)
+    from qdq_builder import _run_one
+    attrs = dict(kernel_shape=[1, 5], strides=[1, 2], pads=[0, 2, 0, 1])
+    value = _run_one(helper.make_node("Conv", ["a", "w"], ["y"], **attrs),
+                     {"a": b.value, "w": wreal})
+    b.current = b.node("Conv", [b.current, wdq], name="conv", value=value, **attrs)
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["conv"].where == "TPU" and "5x1 kernel" in placed["conv"].note
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_long_conv1d_is_banded_by_rows(tmp_path, stride):
+    # a signal of 300 samples on a machine whose accumulator half holds 32 rows: the
+    # output is cut into bands of rows (a pixel per row)
+    b = QDQBuilder((3, 300), seed=19)
+    b.quantize()
+    b.conv(6, (5,), stride=stride, pads=[2, 2], name="conv")
+    b.unary("Relu")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=4)
+    assert rows(model)["conv"].where == "TPU"
+    assert_matches(model, m, inputs(b, 6), b.scale)
 
 
 @pytest.mark.parametrize("shape, kernel, perm", [((5, 23), (3,), [0, 2, 1]),
@@ -240,9 +274,11 @@ def test_conv1d_over_a_transposed_sequence_reads_the_host_layout(tmp_path):
 
 
 def test_qlinear_conv1d_and_grouped(tmp_path):
+    # a grouped QLinearConv 1-D, then a depthwise one written as a 2-D conv of height 1
+    # over the reshaped signal (how some exporters write Conv1d): both over (C, L, 1)
     rng = np.random.default_rng(6)
     w1 = rng.integers(-127, 128, (8, 2, 3)).astype(np.int8)          # 1-D, 2 groups of 2
-    w2 = rng.integers(-127, 128, (8, 1, 3, 3)).astype(np.int8)       # depthwise 2-D
+    w2 = rng.integers(-127, 128, (8, 1, 1, 3)).astype(np.int8)       # depthwise (1, 3)
     inits = [*qparams_inputs("x", 0.02, 128, False), const("w1", w1),
              const("w1_scale", rng.uniform(0.002, 0.01, 8).astype(np.float32)),
              const("w1_zp", np.zeros(8, np.int8)), const("b1", rng.integers(-300, 300, 8),
@@ -258,7 +294,7 @@ def test_qlinear_conv1d_and_grouped(tmp_path):
              helper.make_node("Reshape", ["c", "shape"], ["img"], name="as_image"),
              helper.make_node("QLinearConv", ["img", "c_scale", "c_zp", "w2", "w2_scale",
                                               "w2_zp", "y_scale", "y_zp"], ["yq"],
-                              name="depthwise", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              name="depthwise", kernel_shape=[1, 3], pads=[0, 1, 0, 1],
                               group=8),
              helper.make_node("DequantizeLinear", ["yq", "y_scale", "y_zp"], ["y"], name="dq")]
     m = model(nodes, [value_info("x", np.float32, ("N", 4, 12))],

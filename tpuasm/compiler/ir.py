@@ -11,7 +11,7 @@ Conventions (the same as ONNX's QLinear operators and onnxruntime's QDQ kernels)
 - A bias is int32 in units of `input.scale * weight_scale[n]`.
 - Shapes are per sample, without the batch dimension: `(K,)` for vectors, `(C, H, W)` for
   images (ONNX's NCHW order; how the back end lays them out in memory is its own business).
-  A 1-D signal (C, L) is the image (C, 1, L).  A tensor whose ONNX layout is channels-last,
+  A 1-D signal (C, L) is the image (C, L, 1) (a pixel per row).  A tensor whose ONNX layout is channels-last,
   `(*rows, C)` per sample (the activations of a MatMul over rank 3 and up: every leading
   dimension is a row), is the image (C, rows, 1) with `channels_last` set: the runtime
   converts at a segment's boundary (`ir_array` / `onnx_array`), and a Dense applied to each

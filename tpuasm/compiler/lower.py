@@ -418,7 +418,7 @@ class Lowerer:
             if onnx_shape is None or len(onnx_shape) not in (2, 3):
                 return None
             image = tuple(onnx_shape) if len(onnx_shape) == 3 else \
-                (onnx_shape[0], 1, onnx_shape[1])
+                (onnx_shape[0], onnx_shape[1], 1)
         c = image[0]
         pixels = int(np.prod(image[1:]))
         moved = np.arange(c * pixels).reshape(c, pixels).T.reshape(-1)
@@ -509,11 +509,12 @@ class Lowerer:
         return self._view_source(source, tuple(source.shape))
 
     def _line_source(self, source: Source) -> Tensor:
-        """A 1-D signal (C, L) as the image (C, 1, L)."""
+        """A 1-D signal (C, L) as the image (C, L, 1): one pixel per row, so that a long
+        signal is banded by rows and samples stack into one tall image like images do."""
         if len(source.shape) != 2:
             raise NotMapped(f"its input has shape {source.shape}, not (C, L)")
         c, length = source.shape
-        return self._view_source(source, (c, 1, length))
+        return self._view_source(source, (c, length, 1))
 
     def _view_source(self, source: Source, shape: tuple) -> Tensor:
         if source.index is not None:
@@ -527,7 +528,8 @@ class Lowerer:
 
     def _conv_geometry(self, node: Node, kernel, image_hw):
         """(strides, pads) of a 2-D window; a 1-D one (kernel (k,), image (L,)) as the 2-D
-        window (1, k) over an image of height 1: strides (s, s), pads (0, begin, 0, end)."""
+        window (k, 1) over an image of width 1: strides (s, s) (the horizontal one never
+        moves), pads (begin, 0, end, 0)."""
         d = len(kernel)
         if d not in (1, 2) or len(image_hw) != d:
             raise NotMapped("not a 1-D or 2-D operation")
@@ -550,7 +552,7 @@ class Lowerer:
         elif auto == "VALID":
             pads = [0] * 2 * d
         if d == 1:
-            return (int(strides[0]),) * 2, (0, int(pads[0]), 0, int(pads[1]))
+            return (int(strides[0]),) * 2, (int(pads[0]), 0, int(pads[1]), 0)
         return tuple(int(v) for v in strides), tuple(int(p) for p in pads)
 
     def lower_conv(self, node: Node) -> Operator:
@@ -565,7 +567,7 @@ class Lowerer:
 
     def conv_op(self, node: Node, source: Source, w, w_scale, bias, out, out_q, act,
                 nodes) -> Conv:
-        """A 2-D or 1-D (as height 1) convolution with any number of groups."""
+        """A 2-D or 1-D (as width 1) convolution with any number of groups."""
         groups = int(node.attr("group", 1))
         if w.ndim not in (3, 4):
             raise NotMapped(f"a {w.ndim - 2}-D convolution (the TPU maps 1-D and 2-D)")
@@ -573,16 +575,28 @@ class Lowerer:
         if source.pads:                                   # a folded Pad of zeros
             if len(source.pads) != 2 * (w.ndim - 2):
                 raise NotMapped("a Pad of another rank than the convolution")
-            extra = source.pads if w.ndim == 4 else (0, source.pads[0], 0, source.pads[1])
+            extra = source.pads if w.ndim == 4 else (source.pads[0], 0, source.pads[1], 0)
         if w.ndim == 3:
             x = self._line_source(source)
-            weight = w.reshape(w.shape[0], w.shape[1], 1, w.shape[2])
+            weight = w.reshape(w.shape[0], w.shape[1], w.shape[2], 1)
+            padded = (x.shape[1] + extra[0] + extra[2],)
         else:
+            if len(source.shape) != 3:
+                raise NotMapped(f"its input has shape {source.shape}, not (C, H, W)")
+            padded = (source.shape[1] + extra[0] + extra[2],
+                      source.shape[2] + extra[1] + extra[3])
+        strides, pads = self._conv_geometry(node, w.shape[2:], padded)
+        pads = tuple(a + b for a, b in zip(pads, extra))
+        if w.ndim == 4 and source.shape[1] == 1 and w.shape[2] == 1 and not (pads[0] or
+                                                                             pads[2]):
+            # a 1-D signal as a 2-D conv of height 1 (a Conv1d exported as Conv2d): the
+            # same bytes as the signal (C, W, 1) with the kernel turned (k, 1)
+            x = self._view_source(source, (source.shape[0], source.shape[2], 1))
+            weight = w.transpose(0, 1, 3, 2)
+            strides, pads = (strides[1],) * 2, (pads[1], 0, pads[3], 0)
+        elif w.ndim == 4:
             x = self._image_source(source, node)
             weight = w
-        padded = (x.shape[1] + extra[0] + extra[2], x.shape[2] + extra[1] + extra[3])
-        strides, pads = self._conv_geometry(node, w.shape[2:], padded[2 - (w.ndim - 2):])
-        pads = tuple(a + b for a, b in zip(pads, extra))
         o, cg, kh, kw = weight.shape
         if groups < 1 or o % groups or cg * groups != x.shape[0]:
             raise NotMapped(f"weight {tuple(w.shape)} with group={groups} does not fit "
@@ -593,7 +607,7 @@ class Lowerer:
         if ho < 1 or wo < 1:
             raise NotMapped("the kernel is larger than the padded input")
         onnx_out = self.g.sample_shape(out)
-        expected = (o, wo) if w.ndim == 3 else (o, ho, wo)
+        expected = (o, ho) if w.ndim == 3 else (o, 1, ho) if weight is not w else (o, ho, wo)
         if onnx_out is not None and tuple(onnx_out) != expected:
             raise NotMapped(f"output shape {onnx_out} is not the convolution's {expected}")
         y = self.ir_tensor(out, out_q, (o, ho, wo))
@@ -658,7 +672,7 @@ class Lowerer:
         onnx_shape = self.g.sample_shape(source.tensor)
         if source.tensor not in self.tensors and last and len(onnx_shape) == 2 and \
                 self._read_by_conv(out):
-            shape, last = (onnx_shape[0], 1, onnx_shape[1]), False     # a 1-D signal
+            shape, last = (onnx_shape[0], onnx_shape[1], 1), False     # a 1-D signal
         x = self.ir_tensor(source.tensor, source.quant, shape, last)
         return x, self.ir_tensor(out, out_q, shape, last)
 
