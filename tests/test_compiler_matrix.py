@@ -530,3 +530,48 @@ def test_float_architectures_through_the_quantizer(tmp_path, build, shape, on_tp
     (want,) = run_ort(onnx.load(str(model.reference_model)), {"x": x})
     for engine in ("emulator", "reference"):
         assert np.mean(model.run(x, engine=engine)["y"] == want) >= 0.999, engine
+
+
+# --- random shapes --------------------------------------------------------------------------
+
+def _random_model(rng, seed):
+    """A random chain over rows (MatMul + bias, lookups) or over a 1-D signal (Conv1d with
+    random kernel, stride, padding or auto_pad, groups)."""
+    if rng.random() < 0.5:
+        lead = tuple(int(v) for v in rng.integers(1, 6, size=rng.integers(1, 3)))
+        b = QDQBuilder(lead + (int(rng.integers(3, 40)),), seed=seed)
+        b.quantize()
+        for _ in range(rng.integers(1, 4)):
+            b.matmul(int(rng.integers(2, 40)), rng.choice(["int32", None]))
+            b.quantize()
+            if rng.random() < 0.4:
+                b.unary(str(rng.choice(["Relu", "Tanh", "Sigmoid"])))
+                b.quantize()
+        return b
+    b = QDQBuilder((int(rng.integers(1, 20)), int(rng.integers(12, 90))), seed=seed)
+    b.quantize()
+    for _ in range(rng.integers(1, 3)):
+        cin = b.value.shape[1]
+        groups = int(rng.choice([d for d in (1, 2, 3, cin) if cin % d == 0]))
+        k, s = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        auto = str(rng.choice(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+        pads = [int(rng.integers(0, k)), int(rng.integers(0, k))]
+        b.conv(groups * int(rng.integers(1, 5)), (k,), stride=s, groups=groups,
+               pads=pads if auto == "NOTSET" else None,
+               auto_pad=None if auto == "NOTSET" else auto)
+        b.quantize()
+    return b
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_rows_and_signals_against_onnxruntime(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    b = _random_model(rng, seed)
+    m = b.model()
+    batch = int(rng.integers(1, 9))
+    model = compiled(tmp_path, m, batch=batch,
+                     config=[f"array_size={rng.choice([8, 16])}", "acc_rows=64"])
+    host = [r.node for r in model.report.rows if r.where == "host"
+            and r.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+    assert not host
+    assert_matches(model, m, inputs(b, 2 * batch + 1), b.scale)
