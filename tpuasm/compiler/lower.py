@@ -9,6 +9,11 @@ Layout-only nodes (Flatten, Reshape, Transpose, Squeeze, Unsqueeze, Identity) be
 quantized tensor and a Gemm/MatMul are folded: the consumer's weights are reordered so that it
 reads the producer's tensor in its own layout, and a Gemm over an image becomes a Conv whose
 kernel covers the whole image.
+
+Tensors of other ranks: a MatMul over (N, *rows, K) reads the channels-last image (K, rows, 1)
+(`Tensor.channels_last`) as a 1x1 Conv, a bias Add after it joins it; a 1-D signal (C, L) is
+the image (C, L, 1) and a Conv1d the kernel (k, 1) over it; grouped convolutions keep their
+(O, C/G, kh, kw) weights and `groups`; a Pad of zeros before a convolution joins its padding.
 """
 from __future__ import annotations
 
