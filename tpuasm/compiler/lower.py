@@ -462,13 +462,18 @@ class Lowerer:
 
     def _constant_operand(self, node: Node) -> None:
         """A MatMul/Gemm whose second operand changes per sample stays on the host."""
-        name = node.inputs[1]
-        dq = self.g.producer.get(name)
-        if dq is not None and dq.op_type == "DequantizeLinear":
-            name = dq.inputs[0]
-        if not self.g.is_constant(name):
-            raise NotMapped(f"{node.op_type} of two activations (e.g. attention scores): "
-                            f"the array's weights are constants, so it runs on the host")
+        def constant(name):
+            dq = self.g.producer.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                name = dq.inputs[0]
+            return self.g.is_constant(name)
+        if constant(node.inputs[1]):
+            return
+        if constant(node.inputs[0]):
+            raise NotMapped(f"{node.op_type} of a constant by an activation (W @ x): the "
+                            f"TPU maps x @ W")
+        raise NotMapped(f"{node.op_type} of two activations (e.g. attention scores): "
+                        f"the array's weights are constants, so it runs on the host")
 
     def _finish_dense(self, node, source, w_kn, scale, bias_name, extra_nodes):
         w_scale = self._per_channel(scale, w_kn.shape[1])
