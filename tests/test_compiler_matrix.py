@@ -117,6 +117,21 @@ def test_rows_flattened_into_a_gemm(tmp_path):
     assert_matches(model, m, inputs(b, 11), b.scale)
 
 
+@pytest.mark.parametrize("shape", [(6, 20), (2, 3, 5, 4)])
+def test_host_made_tensor_flattened_into_a_gemm_is_a_vector(tmp_path, shape):
+    # a tensor of rank 3 or 5 made on the host and read whole: the host delivers it flat
+    b = QDQBuilder(shape, seed=3)
+    b.quantize()
+    b.current = b.node("Flatten", [b.current], name="flat",
+                       value=b.value.reshape(len(b.value), -1))
+    b.quantize(same=True)
+    b.matmul(9, "int32", name="fc")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=4)
+    assert rows(model)["fc"].note == f"Dense {int(np.prod(shape))}x9 + bias"
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
 def test_float_constant_bias_is_requantized(tmp_path):
     # a float bias operand of the Add: rounded to x.scale * w.scale (as a Gemm's float
     # bias), so near-ties may differ from onnxruntime's float Add by 1 LSB

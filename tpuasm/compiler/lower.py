@@ -359,6 +359,8 @@ class Lowerer:
         if len(source.shape) != 1 or source.shape[0] != k:
             raise NotMapped(f"its input has shape {source.shape}, expected ({k},)")
         src_shape, last = self.natural(source.tensor)
+        if last and source.tensor not in self.tensors:      # made on the host: a vector
+            src_shape, last = (int(np.prod(src_shape)),), False
         if source.index is not None:
             w_kn = w_kn[np.argsort(source.index)]           # row j reads source element j
         x = self.ir_tensor(source.tensor, source.quant, src_shape, last)
