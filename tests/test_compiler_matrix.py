@@ -337,6 +337,21 @@ def test_zero_pad_before_a_conv_is_folded_into_its_padding(tmp_path, rank):
     assert_matches(model, m, inputs(b, 9), b.scale)
 
 
+def test_reflect_pad_stays_on_the_host_and_the_conv_reads_its_result(tmp_path):
+    b = QDQBuilder((3, 9, 8), seed=21)
+    b.quantize()
+    pads = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)
+    b.current = b.node("Pad", [b.current, b._const(pads, "pads")], name="pad", mode="reflect",
+                       value=np.pad(b.value, [(0, 0), (0, 0), (1, 1), (1, 1)], mode="reflect"))
+    b.quantize(same=True)
+    b.conv(5, (3, 3), name="conv")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["pad"].where == "host" and placed["conv"].where == "TPU"
+    assert_matches(model, m, inputs(b, 9), b.scale)
+
+
 def test_qlinear_pad_of_the_zero_point_is_folded(tmp_path):
     rng = np.random.default_rng(14)
     w = rng.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)

@@ -181,7 +181,10 @@ class Lowerer:
             elif op in LAYOUT_OPS and through_layout:
                 layout.append(node)
             elif op == "Pad" and allow_pad and pad is None and quant is not None:
-                pad = (len(folded), len(layout), self._zero_pads(node, quant))
+                try:
+                    pad = (len(folded), len(layout), self._zero_pads(node, quant))
+                except NotMapped:
+                    break                   # the host pads: read its quantized result
             else:
                 break
             folded.append(node.name)
