@@ -99,5 +99,6 @@ def grouped(op) -> str:
         return ""
     o, cg = op.weight.shape[:2]
     kind = "depthwise conv" if cg == 1 and o == g else "grouped conv"
-    return (f"; {kind}, {g} groups: block-diagonal weights, 1/{g} of the array's weights "
-            f"are non-zero (all-zero tiles skipped)")
+    return (f"; {kind}, {g} groups: block-diagonal {cg * g}x{o} weights per tap, 1/{g} of "
+            f"them non-zero, so at most 1/{g} of the array's weights do work (all-zero "
+            f"tiles skipped)")
