@@ -193,7 +193,8 @@ def test_conv1d(tmp_path, kernel, stride, pads, auto_pad):
     model = compiled(tmp_path, m)
     placed = rows(model)
     assert placed["conv"].where == "TPU" and placed["conv2"].where == "TPU"
-    assert f"{kernel}x1 kernel" in placed["conv"].note
+    assert f"{kernel}x1 kernel" in placed["conv"].note and "a 1-D convolution" in \
+        placed["conv"].note
     assert_matches(model, m, inputs(b, 9), b.scale)
 
 

@@ -626,6 +626,10 @@ class Lowerer:
         if onnx_out is not None and tuple(onnx_out) != expected:
             raise NotMapped(f"output shape {onnx_out} is not the convolution's {expected}")
         y = self.ir_tensor(out, out_q, (o, ho, wo))
+        if weight is not w:
+            self.notes.setdefault(node.name, []).append(
+                f"a 1-D convolution: the signal ({x.shape[0]}, {h}) as the image "
+                f"({x.shape[0]}, {h}, 1), a pixel per row")
         return Conv(node.name, x, y, weight, w_scale, bias, strides, pads, act, tuple(nodes),
                     groups)
 
