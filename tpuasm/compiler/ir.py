@@ -11,6 +11,11 @@ Conventions (the same as ONNX's QLinear operators and onnxruntime's QDQ kernels)
 - A bias is int32 in units of `input.scale * weight_scale[n]`.
 - Shapes are per sample, without the batch dimension: `(K,)` for vectors, `(C, H, W)` for
   images (ONNX's NCHW order; how the back end lays them out in memory is its own business).
+  A 1-D signal (C, L) is the image (C, L, 1) (a pixel per row).  A tensor whose ONNX layout is channels-last,
+  `(*rows, C)` per sample (the activations of a MatMul over rank 3 and up: every leading
+  dimension is a row), is the image (C, rows, 1) with `channels_last` set: the runtime
+  converts at a segment's boundary (`ir_array` / `onnx_array`), and a Dense applied to each
+  row is a 1x1 Conv over it.
 
 Semantics every back end must reproduce (`reference.py` evaluates them in numpy; the
 tolerance against them is one unit in the last place, on rounding ties only):
@@ -21,7 +26,9 @@ Dense and Conv, for each output element n:
     y_q  = clamp(round_half_even(real / y.scale) + y.zero_point, lo, hi)
 where [lo, hi] is the output type's range narrowed by the activation: "relu" lo >= the
 quantized 0, "clip" the quantized bounds (round_half_even(bound / y.scale) + zero_point).
-Convolution pads with real zeros (quantized: x.zero_point), as ONNX does.
+Convolution pads with real zeros (quantized: x.zero_point), as ONNX does.  A grouped
+convolution (`groups` = G) sums output channel o over input channels of its group only,
+g(o) * C/G .. (g(o) + 1) * C/G - 1, with g(o) = o // (O/G); its weight is (O, C/G, kh, kw).
 
 Pool: max pooling on the quantized values (input and output share quantization); average
 pooling as onnxruntime's QLinearAveragePool:
@@ -69,6 +76,24 @@ class Tensor:
     name: str
     shape: tuple[int, ...]            # (K,) or (C, H, W)
     quant: QParams
+    channels_last: bool = False       # ONNX holds it as (*rows, C): shape is (C, rows, 1)
+
+
+def ir_array(t: Tensor, x: np.ndarray, batch: int) -> np.ndarray:
+    """A batch of tensor `t` in its ONNX layout -> (batch, *t.shape)."""
+    x = np.asarray(x)
+    if t.channels_last:
+        rows = x.reshape(batch, -1, t.shape[0])
+        return np.ascontiguousarray(rows.transpose(0, 2, 1)).reshape((batch,) + t.shape)
+    return x.reshape((batch,) + tuple(t.shape))
+
+
+def onnx_array(t: Tensor, y: np.ndarray, batch: int, onnx_shape) -> np.ndarray:
+    """(batch, *t.shape) -> the same values in the ONNX layout (batch, *onnx_shape)."""
+    y = np.asarray(y)
+    if t.channels_last:
+        y = np.ascontiguousarray(y.reshape(batch, t.shape[0], -1).transpose(0, 2, 1))
+    return y.reshape((batch,) + tuple(onnx_shape))
 
 
 @dataclass(frozen=True)
@@ -93,11 +118,11 @@ class Dense:
 
 @dataclass
 class Conv:
-    """2-D convolution, groups = 1, dilation 1: x (C, H, W) -> y (O, Ho, Wo)."""
+    """2-D convolution, dilation 1: x (C, H, W) -> y (O, Ho, Wo)."""
     name: str
     input: Tensor
     output: Tensor
-    weight: np.ndarray                # (O, C, kh, kw) int8
+    weight: np.ndarray                # (O, C / groups, kh, kw) int8
     weight_scale: np.ndarray          # (O,) float32
     bias: np.ndarray | None = None    # (O,) int32
     strides: tuple[int, int] = (1, 1)
@@ -105,6 +130,7 @@ class Conv:
     #                                                   is begin_h, begin_w, end_h, end_w)
     activation: Activation = field(default_factory=Activation)
     nodes: tuple[str, ...] = ()
+    groups: int = 1                   # grouped / depthwise (groups = C) convolution
 
 
 @dataclass

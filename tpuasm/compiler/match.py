@@ -10,10 +10,15 @@ Layout-only nodes (Flatten, Reshape, Transpose, Squeeze, Unsqueeze, Identity) be
 quantized tensor and a Gemm/MatMul are folded: the consumer's weights are reordered so that it
 reads the producer's tensor in its own layout, and a Gemm over an image becomes a Conv whose
 kernel covers the whole image.
+
+Tensors of other ranks: a MatMul over (N, *rows, K) reads the channels-last image (K, rows, 1)
+(`Tensor.channels_last`) as a 1x1 Conv, a bias Add after it joins it; a 1-D signal (C, L) is
+the image (C, L, 1) and a Conv1d the kernel (k, 1) over it; grouped convolutions keep their
+(O, C/G, kh, kw) weights and `groups`; a Pad of zeros before a convolution joins its padding.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -41,6 +46,8 @@ class Source:
     shape: tuple                      # the consumer-side sample shape (ONNX)
     index: np.ndarray | None
     nodes: list[str] = field(default_factory=list)
+    pads: tuple[int, ...] = ()        # a zero Pad folded into the consumer (a convolution):
+    #                                   spatial begins then ends, ONNX order
 
 
 @dataclass
@@ -52,6 +59,16 @@ class Lowered:
     host_reasons: dict[str, str]                   # compute node name -> why not on the TPU
     tensors: dict[str, Tensor]                     # IR tensors by name
     notes: dict[str, list[str]] = field(default_factory=dict)   # operator -> remarks
+
+
+def rows_shape(onnx_shape) -> tuple[int, int, int]:
+    """The IR shape (C, rows, 1) of a channels-last ONNX sample shape (*rows, C)."""
+    c = int(onnx_shape[-1]) if len(onnx_shape) else 1
+    return c, int(np.prod(onnx_shape, dtype=np.int64)) // max(c, 1), 1
+
+
+def _layout(shape, channels_last: bool) -> str:
+    return f"{shape} {'channels-last rows' if channels_last else 'channels-first'}"
 
 
 class Lowerer:
@@ -101,13 +118,42 @@ class Lowerer:
             raise NotMapped(f"'{name}' is read with two different quantizations")
         return t
 
+    def ir_tensor(self, name: str, quant: QParams, shape, channels_last: bool = False) -> Tensor:
+        """`tensor` with an explicit IR shape and layout flag: one layout per tensor."""
+        fresh = name not in self.tensors
+        t = self.tensor(name, quant, shape)
+        if fresh and channels_last:
+            t = self.tensors[name] = replace(t, channels_last=True)
+        if t.channels_last != channels_last or t.shape != tuple(shape):
+            raise NotMapped(f"'{name}' is read in two layouts ({_layout(t.shape, t.channels_last)}"
+                            f" and {_layout(tuple(shape), channels_last)})")
+        return t
+
+    def natural(self, name: str) -> tuple[tuple, bool]:
+        """A tensor's IR (shape, channels_last): as registered, else from its ONNX shape:
+        (K,) a vector, (C, H, W) an image, any other rank rows of its last dimension."""
+        t = self.tensors.get(name)
+        if t is not None:
+            return t.shape, t.channels_last
+        shape = self.g.sample_shape(name)
+        if shape is None:
+            raise NotMapped(f"the shape of '{name}' is unknown")
+        if len(shape) in (1, 3):
+            return tuple(int(d) for d in shape), False
+        return rows_shape(shape), True
+
     # --- tracing inputs -----------------------------------------------------------------
 
-    def trace(self, name: str, quant: QParams | None = None) -> Source:
+    def trace(self, name: str, quant: QParams | None = None, allow_pad: bool = False,
+              through_layout: bool = True, reorder_fallback: bool = False) -> Source:
         """Follow an activation input back through DequantizeLinear, layout-only nodes and
-        QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads."""
+        QuantizeLinear(DequantizeLinear) identities to the quantized tensor it reads.  With
+        `allow_pad` (a convolution's input) one Pad of real zeros is folded too, into the
+        consumer's padding (`Source.pads`); without `through_layout` the walk stops at the
+        first layout node (the host then makes the consumer's own layout)."""
         layout: list[Node] = []
         folded: list[str] = []
+        pad = None                      # (folded depth, layout depth, spatial pads)
         current = name
         # the deepest quantized tensor reached so far: (tensor, layout depth, folded depth);
         # a walk that ends on a float tensor (a layout node before the model's quantization)
@@ -130,10 +176,16 @@ class Lowerer:
                 q = self.qparams(node.input(1), node.input(2), node.outputs[0], node)
                 inner = self.g.producer.get(node.inputs[0])
                 if q != quant or inner is None or not (
-                        inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"):
+                        inner.op_type in LAYOUT_OPS or inner.op_type == "DequantizeLinear"
+                        or (allow_pad and pad is None and inner.op_type == "Pad")):
                     break                       # a real quantization: the source
-            elif op in LAYOUT_OPS:
+            elif op in LAYOUT_OPS and through_layout:
                 layout.append(node)
+            elif op == "Pad" and allow_pad and pad is None and quant is not None:
+                try:
+                    pad = (len(folded), len(layout), self._zero_pads(node, quant))
+                except NotMapped:
+                    break                   # the host pads: read its quantized result
             else:
                 break
             folded.append(node.name)
@@ -142,6 +194,11 @@ class Lowerer:
             raise NotMapped("its input is not quantized (no DequantizeLinear before it)")
         current, depth, count = best
         layout, folded = layout[:depth], folded[:count]
+        pads = ()
+        if pad is not None and pad[0] < count:
+            if depth:
+                raise NotMapped("a Pad and layout nodes between its input and the convolution")
+            pads = pad[2]
         src = self.tensors.get(current)
         src_shape = src.shape if src is not None else self.g.sample_shape(current)
         onnx_shape = self.g.sample_shape(current)
@@ -153,7 +210,38 @@ class Lowerer:
         shape = tuple(index.shape[1:])
         flat = index.reshape(-1)
         identity = bool(np.array_equal(flat, np.arange(flat.size)))
-        return Source(current, quant, shape, None if identity else flat, folded)
+        source = Source(current, quant, shape, None if identity else flat, folded, pads)
+        if source.index is not None and reorder_fallback:
+            # a layout node reorders the elements: read the quantized tensor after it, which
+            # the host makes in the consumer's layout (when the model quantizes it)
+            try:
+                return self.trace(name, quant, allow_pad, through_layout=False)
+            except NotMapped:
+                return source
+        return source
+
+    def _zero_pads(self, node: Node, quant: QParams) -> tuple[int, ...]:
+        """The spatial pads of a Pad that adds real zeros on the spatial axes only."""
+        mode = node.attr("mode", b"constant")
+        if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+            raise NotMapped("a Pad that is not constant")
+        if node.input(3):
+            raise NotMapped("a Pad with axes")
+        pads = node.attr("pads") if len(node.inputs) < 2 or not node.input(1) else \
+            self._const(node.input(1), "pads", node).reshape(-1).tolist()
+        value = node.attr("value", 0.0)
+        if node.input(2):
+            value = self._const(node.input(2), "pad value", node).reshape(-1)[0]
+        if self.g.dtypes.get(node.inputs[0]) in _INT8:
+            if int(value) != quant.zero_point:
+                raise NotMapped("a Pad whose value is not the zero point")
+        elif float(value) != 0.0:
+            raise NotMapped("a Pad whose value is not 0")
+        rank = len(pads) // 2
+        begin, end = pads[:rank], pads[rank:]
+        if rank < 3 or any(begin[:2]) or any(end[:2]) or min(pads) < 0:
+            raise NotMapped("a Pad of the batch or channel axis, or a negative one")
+        return tuple(int(v) for v in begin[2:] + end[2:])
 
     def _apply_layout(self, node: Node, index: np.ndarray) -> np.ndarray:
         if node.op_type == "Transpose":
@@ -170,9 +258,10 @@ class Lowerer:
 
     # --- outputs, weights, bias ---------------------------------------------------------
 
-    def quantized_output(self, node: Node, allow_activation: bool):
-        """(output tensor name, its QParams, fused activation, fused node names)."""
-        out = node.outputs[0]
+    def quantized_output(self, node: Node, allow_activation: bool, out: str | None = None):
+        """(output tensor name, its QParams, fused activation, fused node names); `out`: the
+        float tensor to start from (a fused bias Add's output), else the node's output."""
+        out = out or node.outputs[0]
         act, fused = Activation(), []
         cons = self.g.consumers.get(out, [])
         if out in self.g.outputs:
@@ -244,12 +333,15 @@ class Lowerer:
             zp = self.g.constant(dq.input(2)) if dq.input(2) else None
             real = (b.astype(np.float64) - (0 if zp is None else zp.astype(np.float64))) * scale
             node = dq.name
-            if b.dtype == np.int32 and (zp is None or not np.any(zp)) and \
-                    np.allclose(scale, target, rtol=1e-6, atol=0):
+            if b.size == len(w_scale) and b.dtype == np.int32 and \
+                    (zp is None or not np.any(zp)) and np.allclose(scale, target, rtol=1e-6,
+                                                                   atol=0):
                 return b.astype(np.int32).reshape(-1), node
         else:
             real = self._const(name, "bias", None).astype(np.float64)
             node = None
+        if real.size != len(w_scale):
+            raise NotMapped(f"its bias has {real.size} values for {len(w_scale)} outputs")
         q = np.rint(real.reshape(-1) / target.astype(np.float64))
         if np.abs(q).max(initial=0) > 2**31 - 1:
             raise NotMapped("its bias does not fit int32 at scale x.scale * w.scale")
@@ -261,19 +353,28 @@ class Lowerer:
 
     def dense_or_conv(self, node: Node, source: Source, w_kn: np.ndarray, w_scale,
                       bias, out_name: str, out_quant: QParams, act, nodes):
-        """A Gemm/MatMul: Dense over a vector, Conv with a whole-image kernel over an image.
+        """A Gemm/MatMul: Dense over a vector, Conv with a whole-image kernel over an image,
+        a 1x1 Conv over the rows of a rank-3+ activation (a Dense applied to every row).
         w_kn is (K, N) in the consumer's order (a view; copied once here if reordered)."""
         k, n = w_kn.shape
+        if len(source.shape) >= 2:
+            return self._dense_rows(node, source, w_kn, w_scale, bias, out_name, out_quant,
+                                    act, nodes)
         if len(source.shape) != 1 or source.shape[0] != k:
             raise NotMapped(f"its input has shape {source.shape}, expected ({k},)")
-        src = self.tensors.get(source.tensor)
-        src_shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
+        src_shape, last = self.natural(source.tensor)
+        if last and source.tensor not in self.tensors:      # made on the host: a vector
+            src_shape, last = (int(np.prod(src_shape)),), False
         if source.index is not None:
             w_kn = w_kn[np.argsort(source.index)]           # row j reads source element j
-        x = self.tensor(source.tensor, source.quant, src_shape)
+        x = self.ir_tensor(source.tensor, source.quant, src_shape, last)
         if len(src_shape) == 3:
             c, h, wd = src_shape
-            weight = np.ascontiguousarray(w_kn.T).reshape(n, c, h, wd)
+            if last:       # ONNX flat order (rows, C): element j is channel j % C of row j // C
+                weight = np.ascontiguousarray(w_kn.reshape(h * wd, c, n).transpose(2, 1, 0)
+                                              ).reshape(n, c, h, wd)
+            else:
+                weight = np.ascontiguousarray(w_kn.T).reshape(n, c, h, wd)
             y = self.tensor(out_name, out_quant, (n, 1, 1))
             return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
                         tuple(nodes))
@@ -282,12 +383,67 @@ class Lowerer:
         y = self.tensor(out_name, out_quant, (n,))
         return Dense(node.name, x, y, w_kn, w_scale, bias, act, tuple(nodes))
 
+    def _dense_rows(self, node, source, w_kn, w_scale, bias, out_name, out_quant, act, nodes):
+        """MatMul over (*rows, K): every leading dimension is a row.  The activation is the
+        channels-last image (K, rows, 1), the MatMul a 1x1 Conv over it."""
+        k, n = w_kn.shape
+        if source.shape[-1] != k:
+            raise NotMapped(f"its input has shape {source.shape}, expected (..., {k})")
+        image = self._channels_moved_last(source, k)
+        if image is not None:        # an image read as (*pixels, C): a 1x1 Conv over it
+            x = self.ir_tensor(source.tensor, source.quant, image)
+            y = self.ir_tensor(out_name, out_quant, (n,) + image[1:], True)
+            weight = np.ascontiguousarray(w_kn.T).reshape(n, k, 1, 1)
+            return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
+                        tuple(nodes))
+        if source.index is not None:
+            raise NotMapped("its input's rows are rearranged by a layout node (Transpose)")
+        total = int(np.prod(source.shape))
+        shape = (k, total // k, 1)
+        known = self.tensors.get(source.tensor)
+        if known is not None and known.channels_last and known.shape[0] == k:
+            shape = known.shape             # rows of a Conv's pixels, (k, H, W)
+        x = self.ir_tensor(source.tensor, source.quant, shape, True)
+        y = self.ir_tensor(out_name, out_quant, (n,) + shape[1:], True)
+        out_shape = self.g.sample_shape(out_name)
+        if out_shape is not None and int(np.prod(out_shape)) != n * (total // k):
+            raise NotMapped(f"its output has shape {out_shape}, expected {total // k} rows "
+                            f"of {n}")
+        weight = np.ascontiguousarray(w_kn.T).reshape(n, k, 1, 1)
+        return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
+                    tuple(nodes))
+
+    def _channels_moved_last(self, source: Source, k: int):
+        """The IR image (C, H, W) when the consumer reads an image (C, H, W) or a 1-D
+        signal (C, L) with its channels moved last by a Transpose ((N, L, C): a Conv1d
+        before a Dense), so that a 1x1 Conv reads it in place; else None."""
+        if source.index is None:
+            return None
+        known = self.tensors.get(source.tensor)
+        if known is not None:
+            if known.channels_last or len(known.shape) != 3:
+                return None
+            image = known.shape
+        else:
+            onnx_shape = self.g.sample_shape(source.tensor)
+            if onnx_shape is None or len(onnx_shape) not in (2, 3):
+                return None
+            image = tuple(onnx_shape) if len(onnx_shape) == 3 else \
+                (onnx_shape[0], onnx_shape[1], 1)
+        c = image[0]
+        pixels = int(np.prod(image[1:]))
+        moved = np.arange(c * pixels).reshape(c, pixels).T.reshape(-1)
+        if c != k or not np.array_equal(source.index, moved):
+            return None
+        return tuple(int(d) for d in image)
+
     def lower_gemm(self, node: Node) -> Operator:
         if node.attr("transA", 0):
             raise NotMapped("transA=1")
         if node.attr("alpha", 1.0) != 1.0 or (node.input(2) and node.attr("beta", 1.0) != 1.0):
             raise NotMapped("alpha or beta is not 1")
         trans_b = node.attr("transB", 0)
+        self._constant_operand(node)
         source = self.trace(node.inputs[0])
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 0 if trans_b else 1)
         self._check_symmetric(zp)
@@ -295,71 +451,192 @@ class Lowerer:
         return self._finish_dense(node, source, w_kn, scale, node.input(2), [wnode])
 
     def lower_matmul(self, node: Node) -> Operator:
-        if len(self.g.shapes.get(node.inputs[0], ())) != 2:
-            raise NotMapped("MatMul of a tensor that is not (batch, K)")
+        if len(self.g.shapes.get(node.inputs[0], ())) < 2:
+            raise NotMapped("MatMul of a tensor without a batch dimension")
+        self._constant_operand(node)
         source = self.trace(node.inputs[0])
+        if source.index is not None and len(source.shape) >= 2 and \
+                self._channels_moved_last(source, source.shape[-1]) is None:
+            # rows reordered by a Transpose (attention heads merged): read the quantized
+            # tensor after the layout nodes, which the host makes in the MatMul's layout
+            source = self.trace(node.inputs[0], through_layout=False)
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 1)
         if w.ndim != 2:
             raise NotMapped("its weight is not a matrix")
         self._check_symmetric(zp)
         return self._finish_dense(node, source, w, scale, "", [wnode])
 
+    def _constant_operand(self, node: Node) -> None:
+        """A MatMul/Gemm whose second operand changes per sample stays on the host."""
+        def constant(name):
+            dq = self.g.producer.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                name = dq.inputs[0]
+            return self.g.is_constant(name)
+        if constant(node.inputs[1]):
+            return
+        if constant(node.inputs[0]):
+            raise NotMapped(f"{node.op_type} of a constant by an activation (W @ x): the "
+                            f"TPU maps x @ W")
+        raise NotMapped(f"{node.op_type} of two activations (e.g. attention scores): "
+                        f"the array's weights are constants, so it runs on the host")
+
     def _finish_dense(self, node, source, w_kn, scale, bias_name, extra_nodes):
         w_scale = self._per_channel(scale, w_kn.shape[1])
+        start, add = None, []
+        if not bias_name:
+            found = self._bias_add(node, w_kn.shape[1])
+            if found is not None:
+                add_node, bias_name = found
+                start, add = add_node.outputs[0], [add_node.name]
         bias, bnode = self.bias(bias_name, source.quant.scale, w_scale, node.name)
-        out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
-        nodes = [node.name, *source.nodes, *extra_nodes, *([bnode] if bnode else []), *fused]
+        out, out_q, act, fused = self.quantized_output(node, allow_activation=True, out=start)
+        nodes = [node.name, *source.nodes, *extra_nodes, *([bnode] if bnode else []), *add,
+                 *fused]
         return self.dense_or_conv(node, source, w_kn, w_scale, bias, out, out_q, act, nodes)
 
+    def _bias_add(self, node: Node, n: int):
+        """An Add right after a MatMul whose other operand is a constant of n values along
+        the last axis (DequantizeLinear of an int32 bias, or a float constant): (the Add,
+        the bias operand) to fuse, else None."""
+        out = node.outputs[0]
+        cons = self.g.consumers.get(out, [])
+        if out in self.g.outputs or len(cons) != 1 or cons[0].op_type != "Add":
+            return None
+        add = cons[0]
+        others = [i for i in add.inputs if i != out]
+        if len(others) != 1 or len(add.inputs) != 2:
+            return None
+        name = others[0]
+        dq = self.g.producer.get(name)
+        value = self.g.constant(dq.inputs[0] if dq is not None and
+                                dq.op_type == "DequantizeLinear" else name)
+        if value is None or value.size != n or (value.ndim and value.shape[-1] != n):
+            return None
+        if self.g.shapes.get(add.outputs[0]) != self.g.shapes.get(out):
+            return None                     # the constant broadcasts the output up
+        return add, name
+
     def _image_source(self, source: Source, node: Node):
-        src = self.tensors.get(source.tensor)
-        shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
-        if len(shape) != 3:
-            raise NotMapped(f"its input has shape {shape}, not (C, H, W)")
-        if source.index is not None or source.shape != self.g.sample_shape(source.tensor):
+        """The (C, H, W) image a Conv/Pool reads: the consumer's view of its source, which
+        layout nodes may reshape but not reorder (the same bytes in the same order)."""
+        if len(source.shape) != 3:
+            raise NotMapped(f"its input has shape {source.shape}, not (C, H, W)")
+        return self._view_source(source, tuple(source.shape))
+
+    def _line_source(self, source: Source) -> Tensor:
+        """A 1-D signal (C, L) as the image (C, L, 1): one pixel per row, so that a long
+        signal is banded by rows and samples stack into one tall image like images do."""
+        if len(source.shape) != 2:
+            raise NotMapped(f"its input has shape {source.shape}, not (C, L)")
+        c, length = source.shape
+        return self._view_source(source, (c, length, 1))
+
+    def _view_source(self, source: Source, shape: tuple) -> Tensor:
+        if source.index is not None:
             raise NotMapped("its input is rearranged by a layout node")
-        return self.tensor(source.tensor, source.quant, shape)
+        known = self.tensors.get(source.tensor)
+        if known is not None and (known.channels_last or known.shape != shape):
+            raise NotMapped(f"its input '{source.tensor}' is laid out as "
+                            f"{_layout(known.shape, known.channels_last)}, not as the image "
+                            f"{shape}")
+        return self.ir_tensor(source.tensor, source.quant, shape)
 
     def _conv_geometry(self, node: Node, kernel, image_hw):
-        if any(d != 1 for d in node.attr("dilations", [1, 1])):
+        """(strides, pads) of a 2-D window; a 1-D one (kernel (k,), image (L,)) as the 2-D
+        window (k, 1) over an image of width 1: strides (s, s) (the horizontal one never
+        moves), pads (begin, 0, end, 0)."""
+        d = len(kernel)
+        if d not in (1, 2) or len(image_hw) != d:
+            raise NotMapped("not a 1-D or 2-D operation")
+        if any(v != 1 for v in node.attr("dilations", [1] * d)):
             raise NotMapped("dilation is not 1")
-        strides = tuple(node.attr("strides", [1, 1]))
-        pads = list(node.attr("pads", [0, 0, 0, 0]))
+        strides = tuple(node.attr("strides", [1] * d))
+        pads = list(node.attr("pads", [0] * 2 * d))
         auto = node.attr("auto_pad", b"NOTSET")
         auto = auto.decode() if isinstance(auto, bytes) else auto
-        if len(kernel) != 2 or len(strides) != 2:
-            raise NotMapped("not a 2-D operation")
+        if len(strides) != d or len(pads) != 2 * d:
+            raise NotMapped(f"strides {strides} or pads {pads} do not fit a {d}-D kernel")
         if auto in ("SAME_UPPER", "SAME_LOWER"):
-            pads = []
+            begin, end = [], []
             for size, k, s in zip(image_hw, kernel, strides):
                 total = max((-(-size // s) - 1) * s + k - size, 0)
                 small, big = total // 2, total - total // 2
-                pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
-            pads = [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]
+                begin.append(small if auto == "SAME_UPPER" else big)
+                end.append(big if auto == "SAME_UPPER" else small)
+            pads = begin + end
         elif auto == "VALID":
-            pads = [0, 0, 0, 0]
-        return strides, tuple(int(p) for p in pads)
+            pads = [0] * 2 * d
+        if d == 1:
+            return (int(strides[0]),) * 2, (int(pads[0]), 0, int(pads[1]), 0)
+        return tuple(int(v) for v in strides), tuple(int(p) for p in pads)
 
     def lower_conv(self, node: Node) -> Operator:
-        if node.attr("group", 1) != 1:
-            raise NotMapped(f"groups={node.attr('group')} (the TPU maps groups=1)")
-        source = self.trace(node.inputs[0])
-        x = self._image_source(source, node)
+        source = self.trace(node.inputs[0], allow_pad=True, reorder_fallback=True)
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 0)
-        if w.ndim != 4:
-            raise NotMapped("not a 2-D convolution")
         self._check_symmetric(zp)
         w_scale = self._per_channel(scale, w.shape[0])
         bias, bnode = self.bias(node.input(2), source.quant.scale, w_scale, node.name)
         out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
-        strides, pads = self._conv_geometry(node, w.shape[2:], x.shape[1:])
-        y = self.tensor(out, out_q)
         nodes = [node.name, *source.nodes, wnode, *([bnode] if bnode else []), *fused]
-        return Conv(node.name, x, y, w, w_scale, bias, strides, pads, act, tuple(nodes))
+        return self.conv_op(node, source, w, w_scale, bias, out, out_q, act, nodes)
+
+    def conv_op(self, node: Node, source: Source, w, w_scale, bias, out, out_q, act,
+                nodes) -> Conv:
+        """A 2-D or 1-D (as width 1) convolution with any number of groups."""
+        groups = int(node.attr("group", 1))
+        if w.ndim not in (3, 4):
+            raise NotMapped(f"a {w.ndim - 2}-D convolution (the TPU maps 1-D and 2-D)")
+        extra = (0, 0, 0, 0)
+        if source.pads:                                   # a folded Pad of zeros
+            if len(source.pads) != 2 * (w.ndim - 2):
+                raise NotMapped("a Pad of another rank than the convolution")
+            extra = source.pads if w.ndim == 4 else (source.pads[0], 0, source.pads[1], 0)
+        if w.ndim == 3:
+            x = self._line_source(source)
+            weight = w.reshape(w.shape[0], w.shape[1], w.shape[2], 1)
+            padded = (x.shape[1] + extra[0] + extra[2],)
+        else:
+            if len(source.shape) != 3:
+                raise NotMapped(f"its input has shape {source.shape}, not (C, H, W)")
+            padded = (source.shape[1] + extra[0] + extra[2],
+                      source.shape[2] + extra[1] + extra[3])
+        strides, pads = self._conv_geometry(node, w.shape[2:], padded)
+        pads = tuple(a + b for a, b in zip(pads, extra))
+        if w.ndim == 4 and source.shape[1] == 1 and w.shape[2] == 1 and not (pads[0] or
+                                                                             pads[2]):
+            # a 1-D signal as a 2-D conv of height 1 (a Conv1d exported as Conv2d): the
+            # same bytes as the signal (C, W, 1) with the kernel turned (k, 1)
+            x = self._view_source(source, (source.shape[0], source.shape[2], 1))
+            weight = w.transpose(0, 1, 3, 2)
+            strides, pads = (strides[1],) * 2, (pads[1], 0, pads[3], 0)
+        elif w.ndim == 4:
+            x = self._image_source(source, node)
+            weight = w
+        o, cg, kh, kw = weight.shape
+        if groups < 1 or o % groups or cg * groups != x.shape[0]:
+            raise NotMapped(f"weight {tuple(w.shape)} with group={groups} does not fit "
+                            f"{x.shape[0]} input channels")
+        _c, h, wd = x.shape
+        ho = (h + pads[0] + pads[2] - kh) // strides[0] + 1
+        wo = (wd + pads[1] + pads[3] - kw) // strides[1] + 1
+        if ho < 1 or wo < 1:
+            raise NotMapped("the kernel is larger than the padded input")
+        onnx_out = self.g.sample_shape(out)
+        expected = (o, ho) if w.ndim == 3 else (o, 1, ho) if weight is not w else (o, ho, wo)
+        if onnx_out is not None and tuple(onnx_out) != expected:
+            raise NotMapped(f"output shape {onnx_out} is not the convolution's {expected}")
+        y = self.ir_tensor(out, out_q, (o, ho, wo))
+        if weight is not w:
+            self.notes.setdefault(node.name, []).append(
+                f"a 1-D convolution: the signal ({x.shape[0]}, {h}) as the image "
+                f"({x.shape[0]}, {h}, 1), a pixel per row")
+        return Conv(node.name, x, y, weight, w_scale, bias, strides, pads, act, tuple(nodes),
+                    groups)
 
     def lower_pool(self, node: Node, quant_in=None, out=None, out_q=None, fused=()) -> Operator:
         op = node.op_type.replace("QLinear", "")
-        source = self.trace(node.inputs[0], quant_in)
+        source = self.trace(node.inputs[0], quant_in, reorder_fallback=True)
         x = self._image_source(source, node)
         if out is None:
             out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
@@ -399,17 +676,35 @@ class Lowerer:
         return tuple(pads)
 
     def lower_lookup(self, node: Node) -> Operator:
-        source = self.trace(node.inputs[0])
-        if source.index is not None:
-            raise NotMapped("its input is rearranged by a layout node")
-        src = self.tensors.get(source.tensor)
-        shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
-        x = self.tensor(source.tensor, source.quant, shape)
+        source = self.trace(node.inputs[0], reorder_fallback=True)
         out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
+        x, y = self._elementwise(source, out, out_q)
         table = self._table(node, x, out_q)
-        y = self.tensor(out, out_q, shape)
         return Lookup(node.name, x, y, table, node.op_type.lower(), (node.name, *source.nodes,
                                                                      *fused))
+
+    def _elementwise(self, source: Source, out: str, out_q: QParams):
+        """Input and output tensors of an element-wise operator: the output in the input's
+        IR shape and layout (any ONNX rank: the same bytes in the same order)."""
+        if source.index is not None:
+            raise NotMapped("its input is rearranged by a layout node")
+        shape, last = self.natural(source.tensor)
+        onnx_shape = self.g.sample_shape(source.tensor)
+        if source.tensor not in self.tensors and last and len(onnx_shape) == 2 and \
+                self._read_by_conv(out):
+            shape, last = (onnx_shape[0], onnx_shape[1], 1), False     # a 1-D signal
+        x = self.ir_tensor(source.tensor, source.quant, shape, last)
+        return x, self.ir_tensor(out, out_q, shape, last)
+
+    def _read_by_conv(self, name: str) -> bool:
+        """Whether a quantized tensor feeds a convolution (through its DequantizeLinear)."""
+        for node in self.g.consumers.get(name, []):
+            if node.op_type in ("Conv", "QLinearConv"):
+                return True
+            if node.op_type == "DequantizeLinear" and any(
+                    c.op_type == "Conv" for c in self.g.consumers.get(node.outputs[0], [])):
+                return True
+        return False
 
     def _table(self, node: Node, x: Tensor, out_q: QParams) -> np.ndarray:
         if self.table_builder is None:
@@ -427,25 +722,22 @@ class Lowerer:
                 raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
             self._check_symmetric(self.g.constant(node.input(5)) if node.input(5) else None)
             yq = self.qparams(node.input(6), node.input(7), node.outputs[0], node)
-            source = self.trace(node.inputs[0], xq)
+            source = self.trace(node.inputs[0], xq, allow_pad=op == "QLinearConv",
+                                reorder_fallback=op == "QLinearConv")
             n_axis = 0 if op == "QLinearConv" else 1
             w_scale = self._per_channel(self._const(node.input(4), "weight scale", node),
                                         w.shape[n_axis])
             y_name = node.outputs[0]
             if op == "QLinearMatMul":
-                if w.ndim != 2 or len(self.g.shapes.get(node.inputs[0], ())) != 2:
-                    raise NotMapped("QLinearMatMul that is not (batch, K) x (K, N)")
+                if w.ndim != 2 or len(self.g.shapes.get(node.inputs[0], ())) < 2:
+                    raise NotMapped("QLinearMatMul that is not (batch, ..., K) x (K, N)")
                 return self.dense_or_conv(node, source, w, w_scale, None, y_name, yq,
                                           Activation(), [node.name, *source.nodes])
-            if node.attr("group", 1) != 1:
-                raise NotMapped(f"groups={node.attr('group')} (the TPU maps groups=1)")
-            x = self._image_source(source, node)
             bias = None
             if node.input(8):
                 bias = self._const(node.input(8), "bias", node).astype(np.int32).reshape(-1)
-            strides, pads = self._conv_geometry(node, w.shape[2:], x.shape[1:])
-            return Conv(node.name, x, self.tensor(y_name, yq), w, w_scale, bias, strides, pads,
-                        Activation(), (node.name, *source.nodes))
+            return self.conv_op(node, source, w, w_scale, bias, y_name, yq, Activation(),
+                                (node.name, *source.nodes))
         if op == "QGemm":
             if node.attr("transA", 0) or node.attr("alpha", 1.0) != 1.0:
                 raise NotMapped("transA or alpha")
@@ -476,15 +768,11 @@ class Lowerer:
         if op in QLINEAR_LOOKUP_OPS:
             xq = self.qparams(node.input(1), node.input(2), node.inputs[0], node)
             yq = self.qparams(node.input(3), node.input(4), node.outputs[0], node)
-            source = self.trace(node.inputs[0], xq)
-            if source.index is not None:
-                raise NotMapped("its input is rearranged by a layout node")
-            src = self.tensors.get(source.tensor)
-            shape = src.shape if src is not None else self.g.sample_shape(source.tensor)
-            x = self.tensor(source.tensor, xq, shape)
+            source = self.trace(node.inputs[0], xq, reorder_fallback=True)
+            x, y = self._elementwise(source, node.outputs[0], yq)
             table = self._table(node, x, yq)
-            return Lookup(node.name, x, self.tensor(node.outputs[0], yq, shape), table,
-                          op.replace("QLinear", "").lower(), (node.name, *source.nodes))
+            return Lookup(node.name, x, y, table, op.replace("QLinear", "").lower(),
+                          (node.name, *source.nodes))
         raise NotMapped(f"{op} has no TPU mapping")
 
     def lower_int_maxpool(self, node: Node) -> Operator:
@@ -538,9 +826,39 @@ CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAverage
 GLUE = {"QuantizeLinear", "DequantizeLinear", "Constant", *LAYOUT_OPS}
 
 
+ELEMENTWISE_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean",
+                   "QLinearAdd", "QLinearMul"}
+LAYOUT_HOST_OPS = {"Concat", "Split", "Slice", "Pad", "Gather", "Tile", "Expand",
+                   "QLinearConcat"}
+
+
+def host_reason(node: Node, graph: Graph) -> str:
+    """Why a node with no TPU pattern runs on the host (the report's reason)."""
+    op_type = node.op_type
+    if op_type in ELEMENTWISE_OPS:
+        def constant(name):
+            dq = graph.producer.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                name = dq.inputs[0]
+            return graph.is_constant(name)
+        what = ("of an activation and a constant" if any(constant(i) for i in node.inputs if i)
+                else "of activations")
+        fused = (" (a bias Add directly after a MatMul's float output is fused into it; "
+                 "this one comes after a QuantizeLinear)" if op_type == "Add" and
+                 what.endswith("constant") else "")
+        return (f"element-wise {op_type} {what} runs on the host: the TPU v1 has no vector "
+                f"unit for it (the vector operations are another issue){fused}")
+    if op_type in LAYOUT_HOST_OPS:
+        return (f"{op_type} moves data between tensors; runs on the host (an IR operator "
+                f"writes one whole tensor)")
+    return f"{op_type} has no TPU mapping (runs on the host)"
+
+
 def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
     """Try every compute node; return the operators and the reasons for the rest.
-    `supported(op)`: None if the back end maps the operator, else why not."""
+    `supported(op)`: None if the back end maps the operator, else why not.  A node whose
+    lowering raises anything but NotMapped (a bug) stays on the host with the reason
+    "internal: <message>": a model is never refused for it."""
     lw = Lowerer(graph, table_builder)
     operators, anchor, fused, reasons = [], {}, {}, {}
     for node in graph.nodes:
@@ -548,7 +866,7 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
             continue                 # a Relu/Clip already fused into its producer
         if node.op_type not in CANDIDATES:
             if node.op_type not in GLUE:
-                reasons[node.name] = f"{node.op_type} has no TPU mapping (runs on the host)"
+                reasons[node.name] = host_reason(node, graph)
             continue
         before = dict(lw.tensors)
         try:
@@ -558,7 +876,13 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
                 raise NotMapped(f"the back end does not map it: {why}")
         except NotMapped as e:
             lw.tensors = before
+            lw.notes.pop(node.name, None)
             reasons[node.name] = str(e)
+            continue
+        except Exception as e:     # noqa: BLE001 - a lowering bug: this node to the host
+            lw.tensors = before
+            lw.notes.pop(node.name, None)
+            reasons[node.name] = f"internal: {e or type(e).__name__}"
             continue
         operators.append(op)
         anchor[op.name] = node

@@ -96,7 +96,8 @@ def _copy_reference(src: Path, dst: Path) -> None:
 
 def _tensor_json(t: Tensor) -> dict:
     return {"name": t.name, "shape": list(t.shape), "scale": t.quant.scale,
-            "zero_point": t.quant.zero_point, "signed": t.quant.signed}
+            "zero_point": t.quant.zero_point, "signed": t.quant.signed,
+            "channels_last": t.channels_last}
 
 
 def _write_segment(step: TpuStep, d: Path, model) -> dict:
@@ -114,7 +115,7 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
             entry["activation"] = {"kind": op.activation.kind, "lo": op.activation.lo,
                                    "hi": op.activation.hi}
         if isinstance(op, Conv):
-            entry.update(strides=list(op.strides), pads=list(op.pads))
+            entry.update(strides=list(op.strides), pads=list(op.pads), groups=op.groups)
         if isinstance(op, Pool):
             entry.update(kind=op.kind, kernel=list(op.kernel), strides=list(op.strides),
                          pads=list(op.pads), count_include_pad=op.count_include_pad)
@@ -267,7 +268,8 @@ def _load_step(s: dict, outdir: Path):
                             s["name"])
         return HostStep(runner, s["nodes"], {k: tuple(v) for k, v in s["input_shapes"].items()})
     tensors = {t["name"]: Tensor(t["name"], tuple(t["shape"]),
-                                 QParams(t["scale"], t["zero_point"], t["signed"]))
+                                 QParams(t["scale"], t["zero_point"], t["signed"]),
+                                 bool(t.get("channels_last", False)))
                for t in s["tensors"]}
     with np.load(outdir / s["ir"], allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
@@ -283,7 +285,7 @@ def _load_step(s: dict, outdir: Path):
                 ops.append(Dense(e["name"], x, y, w, ws, bias, act, nodes))
             else:
                 ops.append(Conv(e["name"], x, y, w, ws, bias, tuple(e["strides"]),
-                                tuple(e["pads"]), act, nodes))
+                                tuple(e["pads"]), act, nodes, int(e.get("groups", 1))))
         elif kind == "Pool":
             ops.append(Pool(e["name"], x, y, e["kind"], tuple(e["kernel"]), tuple(e["strides"]),
                             tuple(e["pads"]), e["count_include_pad"], nodes))

@@ -225,7 +225,8 @@ def _compiled_rows(graph, lowered: Lowered, steps) -> list[NodeRow]:
         elif node.name in lowered.fused:
             op_name = lowered.fused[node.name]
             seg, op = where_op[op_name]
-            note = describe(op) if op_name == node.name else f"fused into {op_name}"
+            note = describe(op) + "".join(f"; {n}" for n in lowered.notes.get(op_name, [])) \
+                if op_name == node.name else f"fused into {op_name}"
             rows.append(NodeRow(node.name, node.op_type, "TPU", seg, note, macs))
         else:
             rows.append(NodeRow(node.name, node.op_type, "unused", "-",

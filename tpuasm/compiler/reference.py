@@ -95,9 +95,17 @@ def conv(op: Conv, x: np.ndarray) -> np.ndarray:
     ho = _out_size(x.shape[2], top, bottom, kh, op.strides[0])
     wo = _out_size(x.shape[3], left, right, kw, op.strides[1])
     w = op.weight.astype(np.float64)
-    acc = np.zeros((len(x), ho, wo, o), np.float64)
+    g = op.groups
+    if g < 1 or o % g or x.shape[1] != c * g:
+        raise ValueError(f"{op.name}: weight {op.weight.shape} with {g} groups does not fit "
+                         f"an input of {x.shape[1]} channels")
+    acc = np.zeros((len(x), ho, wo, g, o // g), np.float64)
+    wg = w.reshape(g, o // g, c, kh, kw)
     for i, j, view in _taps(xp, (kh, kw), op.strides, (ho, wo)):
-        acc += np.einsum("bchw,oc->bhwo", view, w[:, :, i, j], optimize=True)
+        # group k: its output channels read only its own c input channels
+        vg = view.reshape(len(x), g, c, ho, wo)
+        acc += np.einsum("bgchw,goc->bhwgo", vg, wg[:, :, :, i, j], optimize=True)
+    acc = acc.reshape(len(x), ho, wo, o)
     if op.bias is not None:
         acc += op.bias.astype(np.float64)
     y = requantize(acc, op.input.quant.scale, op.weight_scale, op.output.quant, op.activation)

@@ -338,17 +338,34 @@ def describe(op) -> str:
     """One line saying what an IR operator computes."""
     act = "" if getattr(op, "activation", None) is None or op.activation.kind == "none" \
         else f" + {op.activation.kind}"
+    bias = " + bias" if getattr(op, "bias", None) is not None else ""
     if isinstance(op, Dense):
         k, n = op.weight.shape
-        return f"Dense {k}x{n}{' + bias' if op.bias is not None else ''}{act}"
+        return f"Dense {k}x{n}{bias}{act}"
     if isinstance(op, Conv):
         o, c, kh, kw = op.weight.shape
-        return (f"Conv {c}x{op.input.shape[1]}x{op.input.shape[2]} -> "
+        if (op.input.channels_last or op.output.channels_last) and (kh, kw) == (1, 1):
+            positions = op.input.shape[1] * op.input.shape[2]
+            return (f"Dense {c}x{o}{bias}{act} on each of {positions} rows (a 1x1 Conv over "
+                    f"the {'channels-last rows' if op.input.channels_last else 'image'})")
+        return (f"Conv {c * op.groups}x{op.input.shape[1]}x{op.input.shape[2]} -> "
                 f"{o}x{op.output.shape[1]}x{op.output.shape[2]}, {kh}x{kw} kernel, stride "
-                f"{op.strides[0]}x{op.strides[1]}{act}")
+                f"{op.strides[0]}x{op.strides[1]}{bias}{act}{grouped(op)}")
     if isinstance(op, Pool):
         return (f"{op.kind} pool {op.kernel[0]}x{op.kernel[1]} stride "
                 f"{op.strides[0]}x{op.strides[1]} -> {'x'.join(map(str, op.output.shape))}")
     if isinstance(op, Lookup):
         return f"{op.function or 'element-wise'} lookup table"
     return type(op).__name__
+
+
+def grouped(op) -> str:
+    """A grouped convolution's array utilisation (nothing for groups = 1)."""
+    g = op.groups
+    if g == 1:
+        return ""
+    o, cg = op.weight.shape[:2]
+    kind = "depthwise conv" if cg == 1 and o == g else "grouped conv"
+    return (f"; {kind}, {g} groups: block-diagonal {cg * g}x{o} weights per tap, 1/{g} of "
+            f"them non-zero, so at most 1/{g} of the array's weights do work (all-zero "
+            f"tiles skipped)")

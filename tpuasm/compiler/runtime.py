@@ -4,7 +4,8 @@ segments (the emulator running the back end's programs, or reference.py's numpy 
 Every value between steps is held in its ONNX layout, (batch, *onnx shape): quantized tensors
 as their 8-bit integers, float tensors as float32.  A segment's inputs and outputs are reshaped
 to the IR's shapes at its boundary (a Gemm over an image yields (N, 1, 1) on the TPU and (N,)
-in ONNX; the bytes are the same)."""
+in ONNX; the bytes are the same), and a channels-last tensor (ONNX (*rows, C), IR (C, rows, 1))
+is transposed there."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ import numpy as np
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.host import HostRunner
-from tpuasm.compiler.ir import Segment, SegmentProgram
+from tpuasm.compiler.ir import Segment, SegmentProgram, ir_array, onnx_array
 from tpuasm.errors import TpuasmError
 
 
@@ -43,16 +44,14 @@ class TpuStep:
         return self.segment.name
 
     def run(self, values: dict, batch: int, engine: str, config) -> None:
-        inputs = {t.name: values[t.name].reshape((batch,) + t.shape)
-                  for t in self.segment.inputs}
+        inputs = {t.name: ir_array(t, values[t.name], batch) for t in self.segment.inputs}
         if engine == "reference":
             from tpuasm.compiler.reference import run_segment
             outputs = run_segment(self.segment, inputs)
         else:
             outputs = self._run_emulator(inputs, config, timed=engine == "pipeline")
         for t in self.segment.outputs:
-            values[t.name] = np.asarray(outputs[t.name]).reshape(
-                (batch,) + tuple(self.onnx_shapes[t.name]))
+            values[t.name] = onnx_array(t, outputs[t.name], batch, self.onnx_shapes[t.name])
 
     def binary(self):
         if self._binary is None:

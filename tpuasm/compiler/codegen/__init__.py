@@ -31,7 +31,7 @@ from .layout import plan_layouts
 from .lower import MAX_DMA, CodegenError, Lowering
 from .pack import pack_segment
 from .program import CompiledSegment
-from .weights import WEIGHT_MEMORY_BYTES, WeightImage, identity_tile
+from .weights import WEIGHT_MEMORY_BYTES, WeightImage, group_chunks, identity_tile
 
 DEFAULTS = ISA_TABLE.machine
 
@@ -76,6 +76,8 @@ def weight_tiles(op, n: int) -> int:
         return blocks(m) * blocks(k)
     if isinstance(op, Conv):
         o, c, kh, kw = op.weight.shape
+        if op.groups != 1:            # block-diagonal: only the chunks a block's groups read
+            return kh * kw * sum(len(group_chunks(op, j, n)) for j in range(blocks(o)))
         return blocks(o) * blocks(c) * kh * kw
     return 0
 

@@ -60,7 +60,10 @@ class Step:
             what = f"Dense {k} -> {m}"
         elif isinstance(op, Conv):
             o, c, kh, kw = op.weight.shape
-            what = f"Conv {c} -> {o}, {kh}x{kw} stride {op.strides[0]}, pads {op.pads}"
+            what = (f"Conv {c * op.groups} -> {o}, {kh}x{kw} stride {op.strides[0]}, "
+                    f"pads {op.pads}")
+            if op.groups != 1:
+                what += f", {op.groups} groups"
         elif isinstance(op, Pool):
             what = f"{op.kind} Pool {op.kernel} stride {op.strides} pads {op.pads}"
         else:

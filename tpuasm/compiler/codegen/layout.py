@@ -47,13 +47,17 @@ class Layout:
     def channels(self) -> int:
         return self.tensor.shape[0]
 
+    # any rank: (K,) one pixel, (C, L) one row of L pixels, (C, H, W), (C, H, *rest) rows
+    # of prod(rest) pixels (the bytes are the same; element-wise operators need no more)
     @property
     def height(self) -> int:
-        return self.tensor.shape[1] if len(self.tensor.shape) == 3 else 1
+        return self.tensor.shape[1] if len(self.tensor.shape) >= 3 else 1
 
     @property
     def width(self) -> int:
-        return self.tensor.shape[2] if len(self.tensor.shape) == 3 else 1
+        shape = self.tensor.shape
+        return int(math.prod(shape[2:])) if len(shape) >= 3 else (shape[1] if len(shape) == 2
+                                                                  else 1)
 
     @property
     def chunks(self) -> int:

@@ -27,7 +27,8 @@ import numpy as np
 from ..ir import Conv, Dense, Lookup, Pool
 from . import quant
 from .layout import Layout, output_hw
-from .weights import conv_tile, dense_tile, strided_dense_tile
+from .weights import (conv_tile, dense_tile, group_chunks, grouped_conv_tile,
+                      strided_dense_tile)
 
 MAX_DMA = 65535             # RHM/WHM/RHMA length field
 MAX_REPEAT = 256
@@ -274,9 +275,9 @@ class Lowering:
         sh, sw = op.strides
         if sh != sw:
             raise CodegenError(f"{op.name}: strides {op.strides} differ (MMC.C has one stride)")
-        if c_total != src.channels:
-            raise CodegenError(f"{op.name}: weight has {c_total} input channels, "
-                               f"{src.tensor.name} has {src.channels}")
+        if c_total * op.groups != src.channels:
+            raise CodegenError(f"{op.name}: weight has {c_total} input channels x "
+                               f"{op.groups} groups, {src.tensor.name} has {src.channels}")
         ho, wo = output_hw(op)
         pt, pl = op.pads[0], op.pads[1]
         view = (src.pads.top - pt) * src.pitch + (src.pads.left - pl)   # the conv's (0, 0)
@@ -297,9 +298,6 @@ class Lowering:
         bands = self.conv_bands(op, ho, wo, ho if per_sample else rows_per_sample,
                                 pool is not None)
         tiles = self.conv_tiles(op, src)
-        taps = kh * kw
-        per_block = src.chunks * taps
-        u = signed_flag(src)
         e = self.e
         self.fill_pads(dst)
         e.cfg(conv_pitch=src.pitch, conv_kw=kw, conv_stride=sh)
@@ -308,8 +306,7 @@ class Lowering:
             for samples, rows in bands:
                 half = c.next_half()
                 if per_sample:
-                    self.conv_per_sample(op, src, j, samples, half, view, ho, wo, tiles,
-                                         per_block)
+                    self.conv_per_sample(op, src, j, samples, half, view, ho, wo, tiles)
                     stride = ho * wo
                 elif len(samples) > 1:
                     height = (len(samples) - 1) * rows_per_sample + ho
@@ -319,7 +316,7 @@ class Lowering:
                     band_base = samples[0] * src.image_rows + rows[0] * sh * src.pitch
                 if not per_sample:
                     self.conv_stacked(op, src, j, half, view + band_base, height, wo,
-                                      tiles, per_block)
+                                      tiles)
                     stride = rows_per_sample * wo
                 self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
                 act = ".P" + ("M" if pool else "") + ("L" if lookup else "")
@@ -330,29 +327,30 @@ class Lowering:
                 else:
                     self.write_image(act, half, 0, stride, dst, j, samples, rows, wo, what)
 
-    def conv_stacked(self, op, src, j, half, base, height, wo, tiles, per_block):
-        """The band's samples as one tall image: per input chunk, tap groups of at most
-        fifo_depth + 1 taps, each one MMC.C with S (repeat walks the taps)."""
+    def conv_stacked(self, op, src, j, half, base, height, wo, tiles):
+        """The band's samples as one tall image: per input chunk (of those output block j
+        reads: a grouped conv skips the zero tiles), tap groups of at most fifo_depth + 1
+        taps, each one MMC.C with S (repeat walks the taps).  tiles[j]: block j's tiles."""
         n, p = self.c.n, self.c.batch
         _o, _c, kh, kw = op.weight.shape
         taps = kh * kw
         u = signed_flag(src)
         e = self.e
         first = True
-        for chunk in range(src.chunks):
+        for ci, chunk in enumerate(group_chunks(op, j, n)):
             chunk_base = chunk * src.chunk_rows(p) + base
             for q, t in self.tile_groups(taps, kw):
                 dy, dx = divmod(q, kw)
                 o = "O" if first else ""
                 rep = f", repeat={t}" if t > 1 else ""
-                k0 = j * per_block + chunk * taps + q
+                k0 = ci * taps + q
                 e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
-                      f"{self.acc(half)}, {height}, {wo}{rep}", tiles[k0:k0 + t],
+                      f"{self.acc(half)}, {height}, {wo}{rep}", tiles[j][k0:k0 + t],
                       f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
                       if first else "")
                 first = False
 
-    def conv_per_sample(self, op, src, j, samples, half, view, ho, wo, tiles, per_block):
+    def conv_per_sample(self, op, src, j, samples, half, view, ho, wo, tiles):
         """One MMC.C per sample and tap: sample i of the band at accumulator rows
         i * ho * wo; the first sample's MMC switches to the tap's tile, the others reuse it."""
         n, p = self.c.n, self.c.batch
@@ -360,17 +358,17 @@ class Lowering:
         taps = kh * kw
         u = signed_flag(src)
         e = self.e
-        for chunk in range(src.chunks):
+        for ci, chunk in enumerate(group_chunks(op, j, n)):
             for q in range(taps):
                 dy, dx = divmod(q, kw)
-                k0 = j * per_block + chunk * taps + q
-                o = "O" if chunk == 0 and q == 0 else ""
+                k0 = ci * taps + q
+                o = "O" if ci == 0 and q == 0 else ""
                 for i, b in enumerate(samples):
                     ub = chunk * src.chunk_rows(p) + view + b * src.image_rows \
                         + dy * src.pitch + dx
                     e.mmc(f"MMC.C{'S' if i == 0 else ''}{o}{u} {self.ub(src.tensor.name, ub)}, "
                           f"{self.acc(half, i * ho * wo)}, {ho}, {wo}",
-                          tiles[k0:k0 + 1] if i == 0 else [],
+                          tiles[j][k0:k0 + 1] if i == 0 else [],
                           f"out ch {j * n}.., in ch {chunk * n}.., tap {q}, samples "
                           f"{samples[0]}..{samples[-1]}" if i == 0 else "")
 
@@ -397,13 +395,18 @@ class Lowering:
         n = self.c.n
         o_total, _c, kh, kw = op.weight.shape
         region = self.c.tile_region_name(op.name)
-        refs = []
+        refs = []                     # per output block j: its chunks' taps, in order
         for j in range(-(-o_total // n)):
-            for chunk in range(src.chunks):
+            block = []
+            for chunk in group_chunks(op, j, n):
                 for dy in range(kh):
                     for dx in range(kw):
-                        refs.append(self.c.weights.add(
-                            region, conv_tile(op.weight, j * n, chunk * n, dy, dx, n)))
+                        recipe = (conv_tile(op.weight, j * n, chunk * n, dy, dx, n)
+                                  if op.groups == 1 else
+                                  grouped_conv_tile(op.weight, op.groups, j * n, chunk * n,
+                                                    dy, dx, n))
+                        block.append(self.c.weights.add(region, recipe))
+            refs.append(block)
         self.c.tiles[op.name] = refs
         return refs
 

@@ -80,7 +80,7 @@ def _pack_conv(op: Conv, n: int):
     sh, sw = op.strides
     _c, h, w = op.input.shape
     t, l, b, r = op.pads
-    if sh != sw or kh * kw == 1:
+    if sh != sw or kh * kw == 1 or op.groups != 1:
         return None
     ho = (h + t + b - kh) // sh + 1
     wo = (w + l + r - kw) // sw + 1

@@ -92,3 +92,34 @@ def identity_tile(n: int) -> Recipe:
     def fill(out):
         np.fill_diagonal(out, 1)
     return fill
+
+
+def grouped_conv_tile(weight: np.ndarray, groups: int, o0: int, c0: int, dy: int, dx: int,
+                      n: int) -> Recipe:
+    """Tap (dy, dx) of a grouped (O, C/G, kh, kw) kernel as a tile of its block-diagonal
+    (C, O) matrix: output o reads input channels g(o) * C/G .. only (zero elsewhere)."""
+    o_total, cg = weight.shape[:2]
+    og = o_total // groups
+
+    def fill(out):
+        for o in range(o0, min(o0 + n, o_total)):
+            first = (o // og) * cg                       # its group's first input channel
+            lo, hi = max(first, c0), min(first + cg, c0 + n)
+            if lo < hi:
+                out[lo - c0:hi - c0, o - o0] = weight[o, lo - first:hi - first, dy, dx]
+    return fill
+
+
+def group_chunks(op, j: int, n: int) -> range:
+    """The input-channel chunks that output block j (channels j*n ..) of a Conv reads:
+    all of them for groups = 1, only those its groups' channels fall in otherwise."""
+    o_total, cg = op.weight.shape[:2]
+    groups = op.groups
+    chunks = -(-cg * groups // n)
+    if groups == 1:
+        return range(chunks)
+    og = o_total // groups
+    o0, o1 = j * n, min(o_total, (j + 1) * n) - 1
+    first = (o0 // og) * cg
+    last = (o1 // og + 1) * cg - 1
+    return range(first // n, last // n + 1)
