@@ -21,7 +21,11 @@ initializer bounds (ReLU6), Pad whose pads are computed by Constant/Concat nodes
 Deterministic (fixed seeds); each builds in well under a second."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -386,7 +390,7 @@ def _recurrent(kind: str) -> RealModel:
     r = net.init(f"{kind.lower()}.weight_hh",
                  net.rng.uniform(-scale, scale, (1, gates * hidden, hidden)))
     b = net.init(f"{kind.lower()}.bias", net.rng.normal(0, 0.1, (1, 2 * gates * hidden)))
-    inputs = [_input("x", TensorProto.FLOAT, ["seq", "batch", features]),
+    inputs = [_input("x", TensorProto.FLOAT, [steps, "batch", features]),
               _input("h0", TensorProto.FLOAT, [1, "batch", hidden])]
     args = ["x", w, r, b, "", "h0"]
     if kind == "LSTM":
@@ -613,3 +617,156 @@ def constant_weight_nodes(m: onnx.ModelProto) -> list[tuple[str, str]]:
 def save_data(path, arrays: dict[str, np.ndarray]) -> str:
     np.savez(path, **arrays)
     return str(path)
+
+
+# --- through the CLI, and the oracles (shared by tests/test_real_models.py and
+# benchmarks/real_models.py) ------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """One model compiled with `tpuasm compile` and run with `tpuasm infer`."""
+    model: RealModel
+    outdir: Path
+    compile: subprocess.CompletedProcess
+    compile_seconds: float
+    infer: subprocess.CompletedProcess | None = None
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def failure(self) -> str | None:
+        """None when both commands exited 0 without a traceback, else the last stderr line."""
+        for what in (self.compile, self.infer):
+            if what is None:
+                return "tpuasm infer did not run"
+            if what.returncode != 0 or "Traceback" in what.stderr:
+                last = (what.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+                return f"`tpuasm {what.args[3]}` exit {what.returncode}: {last}"
+        return None
+
+    def report(self) -> dict:
+        return json.loads((self.outdir / "report.json").read_text())
+
+
+def tpuasm(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpuasm", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def compile_and_infer(m: RealModel, work: Path) -> Outcome:
+    """`tpuasm compile MODEL -o OUT --batch B [--calibrate CAL.npz]`, then `tpuasm infer OUT
+    X.npz -o Y.npz` on the evaluation rows, in subprocesses."""
+    work = Path(work)
+    path = work / f"{m.name}.onnx"
+    onnx.save(m.model, str(path))
+    out = work / "out"
+    args = ["compile", path, "-o", out, "--batch", m.batch, "-q"]
+    if not m.quantized:      # QDQ / QOperator models are taken with their own scales
+        args += ["--calibrate", save_data(work / "cal.npz", m.calibration)]
+    start = time.perf_counter()
+    done = tpuasm(*args)
+    outcome = Outcome(m, out, done, time.perf_counter() - start)
+    if done.returncode != 0:
+        return outcome
+    x = save_data(work / "x.npz", m.evaluation)
+    outcome.infer = tpuasm("infer", out, x, "-o", work / "y.npz", "-q")
+    if outcome.infer.returncode == 0:
+        with np.load(work / "y.npz", allow_pickle=False) as y:
+            outcome.outputs = {k: y[k] for k in y.files}
+    return outcome
+
+
+def nodes_on_tpu(outcome: Outcome) -> tuple[list[tuple[str, str]], dict[str, tuple]]:
+    """(the matrix nodes with constant weights, {those not on the TPU: (where, note)})."""
+    where = {row["node"]: (row["where"], row.get("note", ""))
+             for row in outcome.report()["rows"]}
+    wanted = constant_weight_nodes(outcome.model.model)
+    missing = {n: where.get(n, ("no row", "")) for n, _ in wanted
+               if where.get(n, ("",))[0] != "TPU"}
+    return wanted, missing
+
+
+def top1_agreement(outcome: Outcome) -> float:
+    """Share of evaluation rows whose top-1 class equals the float model's (onnxruntime)."""
+    m = outcome.model
+    names = [o.name for o in m.reference.graph.output]
+    want = m.top1(run(m.reference, m.evaluation)[names.index(m.output)])
+    return float(np.mean(m.top1(outcome.outputs[m.output]) == want))
+
+
+def output_steps(qdq: onnx.ModelProto) -> dict[str, float]:
+    """Each graph output's quantization step: the scale of the DequantizeLinear making it."""
+    scales = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    outputs = {o.name for o in qdq.graph.output}
+    return {n.output[0]: float(np.max(scales[n.input[1]])) for n in qdq.graph.node
+            if n.op_type == "DequantizeLinear" and n.output[0] in outputs
+            and n.input[1] in scales}
+
+
+def qdq_agreement(outcome: Outcome) -> dict[str, tuple[float, float | None]]:
+    """Per tensor output: (share identical to onnxruntime on OUTDIR/model.qdq.onnx, worst
+    difference in output steps; None for integer outputs such as class labels).  A float
+    output not made by a DequantizeLinear (host ops after the last quantized tensor) is
+    measured in one 8-bit step of its range."""
+    qdq = onnx.load(str(outcome.outdir / "model.qdq.onnx"))
+    want = dict(zip([o.name for o in qdq.graph.output], run(qdq, outcome.model.evaluation)))
+    steps = output_steps(qdq)
+    result = {}
+    for name, theirs in want.items():
+        if not isinstance(theirs, np.ndarray):      # ZipMap's list of dicts: not a tensor
+            continue
+        ours = outcome.outputs.get(name)
+        if ours is None or ours.shape != theirs.shape:
+            result[name] = (0.0, float("inf"))
+            continue
+        diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
+        if theirs.dtype.kind in "iub":
+            result[name] = (float(np.mean(diff == 0)), None)
+        else:
+            step = steps.get(name) or float(np.ptp(theirs)) / 255 or 1.0
+            result[name] = (float(np.mean(diff <= 1e-6 * step)),
+                            float(diff.max(initial=0)) / step)
+    return result
+
+
+def macs(m: onnx.ModelProto, batch_axis: dict[str, int], feeds: dict[str, np.ndarray]
+         ) -> dict[str, int]:
+    """Multiply-accumulates per sample of every matrix node of a float model, from the shapes
+    onnxruntime computes for one row of `feeds` (exact where shape inference is not)."""
+    one = {k: np.take(v, [0], axis=batch_axis.get(k, 0)) for k, v in feeds.items()}
+    inferred = onnx.shape_inference.infer_shapes(m)
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    known = {o.name for o in probe.graph.output}
+    wanted = set()
+    for n in m.graph.node:
+        if n.op_type in ("Conv", "MatMul", "Gemm", "LSTM", "GRU"):
+            wanted |= {n.input[0], n.output[0]}
+    for name in sorted(wanted - known - set(one)):
+        if types.get(name):
+            probe.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
+    names = [o.name for o in probe.graph.output]
+    values = dict(zip(names, run(probe, one)))
+    values.update(one)
+    inits = {t.name: t for t in m.graph.initializer}
+    shape = lambda t: tuple(values[t].shape) if t in values else tuple(inits[t].dims)  # noqa
+    count = {}
+    for n in m.graph.node:
+        if n.op_type == "Conv":
+            w = shape(n.input[1])
+            count[n.name] = int(np.prod(shape(n.output[0])) * np.prod(w[1:]))
+        elif n.op_type in ("MatMul", "Gemm"):
+            a = shape(n.input[0])
+            trans = any(x.name == "transA" and x.i for x in n.attribute)
+            k = a[-2] if trans else a[-1]
+            count[n.name] = int(np.prod(shape(n.output[0])) * k)
+        elif n.op_type in ("LSTM", "GRU"):
+            s, b, f = shape(n.input[0])
+            w = shape(n.input[1])
+            hidden = shape(n.input[2])[2]
+            count[n.name] = int(s * b * w[1] * (f + hidden))
+        elif n.op_type == "LinearClassifier":
+            coefficients = next(x for x in n.attribute if x.name == "coefficients")
+            count[n.name] = len(coefficients.floats)
+    return count
