@@ -164,6 +164,22 @@ class Net:
         return self.op("Add", [y, self.init(f"{scope}.bias",
                                             self.rng.normal(0, 0.05, width))], s)
 
+    def layernorm_flax(self, x: str, scope: str, width: int) -> str:
+        """flax.linen.LayerNorm as jax2onnx writes it: var = max(0, E[x^2] - E[x]^2),
+        (x - mean) * rsqrt(var + eps) * scale + bias."""
+        s = f"/{scope}"
+        mean = self.op("ReduceMean", [x], s, axes=[-1], keepdims=1)
+        mean2 = self.op("ReduceMean", [self.op("Mul", [x, x], s)], s, axes=[-1], keepdims=1)
+        var = self.op("Sub", [mean2, self.op("Mul", [mean, mean], s)], s)
+        var = self.op("Max", [var, self.constant(np.float32(0), s, np.float32)], s)
+        var = self.op("Add", [var, self.constant(np.float32(1e-6), s, np.float32)], s)
+        inv = self.op("Reciprocal", [self.op("Sqrt", [var], s)], s)
+        inv = self.op("Mul", [inv, self.init(f"{scope}.scale",
+                                             self.rng.uniform(0.8, 1.2, width))], s)
+        y = self.op("Mul", [self.op("Sub", [x, mean], s), inv], s)
+        return self.op("Add", [y, self.init(f"{scope}.bias", self.rng.normal(0, 0.05, width))],
+                       s)
+
     def gelu(self, x: str, scope: str) -> str:
         s = f"/{scope}"
         y = self.op("Div", [x, self.constant(np.float32(np.sqrt(2)), s, np.float32)], s)
@@ -511,6 +527,46 @@ def token_embedding() -> RealModel:
                      "logits")
 
 
+def byte_classifier() -> RealModel:
+    """A file-type classifier as jax2onnx/tf2onnx write it (the issue's first case, scaled
+    down): int32 nibbles (N, 64), jax.nn.one_hot as Unsqueeze/Equal-with-iota/Cast,
+    a decomposed LayerNorm, NWC <-> NCW Transposes around a Conv over the sequence, Tanh on
+    the rank-3 activation, mean over the sequence, Dense (MatMul + Add) + Tanh, Dense."""
+    length, depth, classes = 64, 16, 4
+    rng = np.random.default_rng(9)
+    y_all = rng.integers(0, classes, TRAIN + CALIBRATE + EVALUATE)
+    # each "file type" has its own nibble distribution and a run-length habit
+    profiles = rng.dirichlet(np.full(depth, 0.4), classes)
+    ids = np.empty((len(y_all), length), np.int32)
+    for i, c in enumerate(y_all):
+        ids[i] = rng.choice(depth, length, p=profiles[c])
+        if c % 2:                                    # runs: repeat the previous nibble
+            repeat = rng.random(length) < 0.5
+            for j in range(1, length):
+                if repeat[j]:
+                    ids[i, j] = ids[i, j - 1]
+    train, cal, ev = _split(ids, y_all)
+    net = Net(19)
+    inputs = [_input("bytes", TensorProto.INT32, ["batch", length])]
+    s = "/jax2onnx/one_hot"
+    expanded = net.op("Unsqueeze", ["bytes", net.constant([-1], s)], s)
+    iota = net.constant(np.arange(depth), s, np.int32)
+    h = net.op("Cast", [net.op("Equal", [expanded, iota], s)], s, to=TensorProto.FLOAT)
+    h = net.layernorm_flax(h, "jax2onnx.LayerNorm_0", depth)            # (N, L, 16)
+    h = net.op("Transpose", [h], "/jax2onnx/Conv_0", perm=[0, 2, 1])     # NWC -> NCW
+    h = net.conv(h, "jax2onnx.Conv_0", depth, 32, 5, 1, 2, dims=1)
+    h = net.op("Transpose", [h], "/jax2onnx/Conv_0", perm=[0, 2, 1])     # NCW -> NWC
+    h = net.op("Tanh", [h], "/jax2onnx")                                 # rank 3
+    h = net.op("ReduceMean", [h], "/jax2onnx", axes=[1], keepdims=0)
+    h = net.op("Tanh", [net.dense_random(h, "jax2onnx.Dense_0", 32, 32)], "/jax2onnx")
+    w, b = fit_head(net.run(inputs, h, {"bytes": train[0]}), train[1], classes)
+    net.linear(h, "jax2onnx.Dense_1", w, b, style="matmul")
+    net.nodes[-1].output[0] = "logits"
+    m = net.model(inputs, [_output("logits", ["batch", classes])], "byte_classifier")
+    return RealModel("byte_classifier", m, {"bytes": cal[0]}, {"bytes": ev[0]}, ev[1],
+                     "logits")
+
+
 def _digits_flat():
     x, y = digits()
     return x.reshape(len(x), 64), y
@@ -542,7 +598,7 @@ def sklearn_logistic() -> RealModel:
     """skl2onnx's default export of a LogisticRegression (ai.onnx.ml LinearClassifier,
     Normalizer, ZipMap) trained on sklearn's digits."""
     from sklearn.linear_model import LogisticRegression
-    return _skl2onnx(LogisticRegression(), "sklearn_logistic")
+    return _skl2onnx(LogisticRegression(max_iter=40), "sklearn_logistic")
 
 
 def qoperator_cnn() -> RealModel:
@@ -590,7 +646,7 @@ def qoperator_cnn() -> RealModel:
 BUILDERS = {f.__name__: f for f in (mobilenet_v2_block, resnet_basic_block, conv1d_audio,
                                      lstm_classifier, gru_classifier, transformer_encoder,
                                      sklearn_mlp, sklearn_logistic, qoperator_cnn,
-                                     token_embedding)}
+                                     token_embedding, byte_classifier)}
 
 # op types whose constant-weight nodes must run on the TPU (the issue's "done means")
 MATRIX_OPS = {"Conv", "MatMul", "Gemm", "BatchNormalization", "LSTM", "GRU", "QLinearConv",

@@ -33,6 +33,8 @@ XFAIL = {
                             "operator domain 'ai.onnx.ml'",
         "token_embedding": "compile exit 2: quantization failed: Unexpected input data type. "
                            "Actual: (tensor(float)), expected: (tensor(int32))",
+        "byte_classifier": "compile exit 2: quantization failed: Unexpected input data type. "
+                           "Actual: (tensor(float)), expected: (tensor(int32))",
     },
     "on_tpu": {
         "mobilenet_v2_block": "6 of 11 on the host: 5 x 'BatchNormalization has no TPU "
@@ -103,3 +105,23 @@ def test_outputs_equal_onnxruntime_on_the_saved_qdq_model(outcome, name):
     for out, (same, worst) in compared.items():
         assert same >= 0.999, f"{out}: {same:.2%} identical"
         assert worst is None or worst <= 1 + 1e-4, f"{out}: worst difference {worst:.2f} steps"
+
+
+def test_mac_counts_match_the_layer_shapes():
+    """benchmarks/real_models.py's MACs per sample (shapes from onnxruntime), against counts
+    written out from the builders' layer shapes."""
+    from real_models import macs, mobilenet_v2_block, lstm_classifier, transformer_encoder
+    m = mobilenet_v2_block()
+    pixels = 12 * 12
+    want = (pixels * 16 * 3 * 9 + pixels * 64 * 16 + pixels * 64 * 9 + pixels * 16 * 64
+            + pixels * 48 * 16 + 48 * 6)
+    assert sum(macs(m.model, m.batch_axis, m.evaluation).values()) == want
+    m = lstm_classifier()
+    counted = macs(m.model, m.batch_axis, m.evaluation)
+    assert counted == {"/lstm/LSTM": 10 * 4 * 32 * (8 + 32), "/fc/Gemm": 32 * 5}
+    m = transformer_encoder()
+    tokens, width, heads = 8, 32, 2
+    want = (4 * tokens * width * width                          # Q, K, V, output
+            + 2 * heads * tokens * tokens * (width // heads)    # scores, context
+            + 2 * tokens * width * 4 * width + width * 4)       # MLP, classifier
+    assert sum(macs(m.model, m.batch_axis, m.evaluation).values()) == want
