@@ -9,6 +9,11 @@
 - outputs vs onnxruntime on OUTDIR/model.qdq.onnx: >= 99.9 % identical, none more than one
   step of the output's quantization apart.
 
+The data files hold each input in the model's own layout, what onnxruntime takes: a
+sequence-first input keeps its rows on its batch axis (the LSTM's `x` is (10, rows, 8), its
+`h0`/`c0` (1, rows, 32); the graph names that dimension `batch` in every input), int32
+inputs stay int32.  `--batch B` sets that dimension.
+
 A check that fails on this branch is marked xfail(strict) with the failure measured here, so
 that a feature landing turns it into an XPASS (a failure, strict) that asks for the marker to
 go.  Each model is compiled and run once per test session (a module fixture); the whole file
@@ -17,8 +22,9 @@ from __future__ import annotations
 
 import pytest
 
-from real_models import (BUILDERS, Outcome, compile_and_infer, nodes_on_tpu, qdq_agreement,
-                         top1_agreement)
+from real_models import (BUILDERS, Outcome, compile_and_infer, lstm_classifier, macs,
+                         mobilenet_v2_block, nodes_on_tpu, qdq_agreement, top1_agreement,
+                         transformer_encoder)
 
 # check -> model -> the failure measured on this branch (before the issue-20 features merge)
 XFAIL = {
@@ -110,7 +116,6 @@ def test_outputs_equal_onnxruntime_on_the_saved_qdq_model(outcome, name):
 def test_mac_counts_match_the_layer_shapes():
     """benchmarks/real_models.py's MACs per sample (shapes from onnxruntime), against counts
     written out from the builders' layer shapes."""
-    from real_models import macs, mobilenet_v2_block, lstm_classifier, transformer_encoder
     m = mobilenet_v2_block()
     pixels = 12 * 12
     want = (pixels * 16 * 3 * 9 + pixels * 64 * 16 + pixels * 64 * 9 + pixels * 16 * 64
