@@ -51,12 +51,16 @@ def measure(name: str, work: Path) -> dict:
     return row
 
 
+def _short(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def _fmt(row: dict) -> list[str]:
     head = [row["model"], f"{row['nodes']}", f"{row['macs']:,}", f"{row['accuracy']:.1%}"]
     if "failure" in row:
         reason = row["failure"].split(": ", 1)[-1].replace("error: ", "")
         reason = reason.split(".onnx: ", 1)[-1]
-        return head + ["-", "-", "-", f"{row['compile_s']:.1f} s (refused: {reason[:90]})"]
+        return head + ["-", "-", "-", f"{row['compile_s']:.1f} s (refused: {_short(reason)})"]
     identical = "-" if row["identical"] is None else f"{row['identical']:.2%}"
     if row.get("worst_steps") is not None:
         identical += f" (worst {row['worst_steps']:.0f} LSB)"
