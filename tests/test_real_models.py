@@ -20,11 +20,13 @@ go.  Each model is compiled and run once per test session (a module fixture); th
 runs in about a minute on one core."""
 from __future__ import annotations
 
+from functools import cache
+
+import numpy as np
 import pytest
 
-from real_models import (BUILDERS, Outcome, compile_and_infer, lstm_classifier, macs,
-                         mobilenet_v2_block, nodes_on_tpu, qdq_agreement, top1_agreement,
-                         transformer_encoder)
+from real_models import (BUILDERS, Outcome, RealModel, compile_and_infer, macs, nodes_on_tpu,
+                         qdq_agreement, run, top1_agreement)
 
 # check -> model -> the failure measured on this branch (before the issue-20 features merge)
 XFAIL = {
@@ -64,6 +66,11 @@ for _name in XFAIL["runs"]:
         XFAIL[_check].setdefault(_name, "does not compile: " + XFAIL["runs"][_name])
 
 
+@cache
+def build(name: str) -> RealModel:
+    return BUILDERS[name]()
+
+
 def cases(check: str):
     return [pytest.param(name, id=name, marks=[pytest.mark.xfail(strict=True, reason=why)]
                          if (why := XFAIL[check].get(name)) else [])
@@ -76,7 +83,7 @@ def outcome(tmp_path_factory):
 
     def get(name: str) -> Outcome:
         if name not in done:
-            done[name] = compile_and_infer(BUILDERS[name](), tmp_path_factory.mktemp(name))
+            done[name] = compile_and_infer(build(name), tmp_path_factory.mktemp(name))
         result = done[name]
         if result.failure:
             pytest.fail(result.failure)
@@ -113,18 +120,29 @@ def test_outputs_equal_onnxruntime_on_the_saved_qdq_model(outcome, name):
         assert worst is None or worst <= 1 + 1e-4, f"{out}: worst difference {worst:.2f} steps"
 
 
+def test_the_float_models_are_trained_classifiers():
+    """Top-1 agreement means something only if the float models predict their data: each
+    is >= 90 % accurate on its evaluation rows, and no class takes more than half of them."""
+    for name in BUILDERS:
+        m = build(name)
+        names = [o.name for o in m.reference.graph.output]
+        predicted = m.top1(run(m.reference, m.evaluation)[names.index(m.output)])
+        assert np.mean(predicted == m.labels) >= 0.9, name
+        assert np.bincount(predicted).max() <= len(predicted) / 2, name
+
+
 def test_mac_counts_match_the_layer_shapes():
     """benchmarks/real_models.py's MACs per sample (shapes from onnxruntime), against counts
     written out from the builders' layer shapes."""
-    m = mobilenet_v2_block()
+    m = build("mobilenet_v2_block")
     pixels = 12 * 12
     want = (pixels * 16 * 3 * 9 + pixels * 64 * 16 + pixels * 64 * 9 + pixels * 16 * 64
             + pixels * 48 * 16 + 48 * 6)
     assert sum(macs(m.model, m.batch_axis, m.evaluation).values()) == want
-    m = lstm_classifier()
+    m = build("lstm_classifier")
     counted = macs(m.model, m.batch_axis, m.evaluation)
     assert counted == {"/lstm/LSTM": 10 * 4 * 32 * (8 + 32), "/fc/Gemm": 32 * 5}
-    m = transformer_encoder()
+    m = build("transformer_encoder")
     tokens, width, heads = 8, 32, 2
     want = (4 * tokens * width * width                          # Q, K, V, output
             + 2 * heads * tokens * tokens * (width // heads)    # scores, context
