@@ -651,17 +651,23 @@ BUILDERS = {f.__name__: f for f in (mobilenet_v2_block, resnet_basic_block, conv
 # op types whose constant-weight nodes must run on the TPU (the issue's "done means")
 MATRIX_OPS = {"Conv", "MatMul", "Gemm", "BatchNormalization", "LSTM", "GRU", "QLinearConv",
               "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger"}
+# ai.onnx.ml's linear models: their weights are attributes, always constant
+ATTRIBUTE_WEIGHT_OPS = {"LinearClassifier", "LinearRegressor"}
 
 
 def constant_weight_nodes(m: onnx.ModelProto) -> list[tuple[str, str]]:
     """(name, op_type) of the matrix nodes whose weight input is an initializer (or a
-    Constant): the nodes the issue's acceptance wants on the TPU."""
+    Constant): the nodes the issue's acceptance wants on the TPU.  ai.onnx.ml's
+    LinearClassifier/LinearRegressor count too (a LogisticRegression's whole matrix work,
+    beyond the issue's list of op types, but within its goal)."""
     consts = {t.name for t in m.graph.initializer}
     consts |= {o for n in m.graph.node if n.op_type == "Constant" for o in n.output}
     weight_index = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3, "ConvInteger": 1,
                     "MatMulInteger": 1}
     found = []
     for n in m.graph.node:
+        if n.op_type in ATTRIBUTE_WEIGHT_OPS:
+            found.append((n.name, n.op_type))
         if n.op_type not in MATRIX_OPS:
             continue
         i = weight_index.get(n.op_type, 1)
@@ -758,13 +764,47 @@ def output_steps(qdq: onnx.ModelProto) -> dict[str, float]:
             and n.input[1] in scales}
 
 
+def run_in_batches(m: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                   batch_axis: dict[str, int], batch: int) -> list:
+    """onnxruntime on `feeds`; a model whose batch dimension is fixed (a compiler may write
+    its QDQ model at the compiled batch) runs in chunks of `batch` rows, the last one padded
+    by repeating rows, and its outputs (batch-first) are joined."""
+    fixed = False
+    for v in m.graph.input:
+        if v.name in feeds:
+            dims = v.type.tensor_type.shape.dim
+            axis = batch_axis.get(v.name, 0)
+            fixed |= len(dims) > axis and dims[axis].HasField("dim_value")
+    if not fixed:
+        return run(m, feeds)
+    name = next(iter(feeds))
+    rows = feeds[name].shape[batch_axis.get(name, 0)]
+    parts = []
+    for start in range(0, rows, batch):
+        index = np.arange(start, start + batch) % rows
+        parts.append(run(m, {k: np.take(v, index, axis=batch_axis.get(k, 0))
+                             for k, v in feeds.items()}))
+    keep = rows - len(parts) * batch + batch
+    joined = []
+    for i, first in enumerate(parts[0]):
+        if not isinstance(first, np.ndarray):            # ZipMap's list of dicts
+            joined.append([x for j, p in enumerate(parts)
+                           for x in (p[i] if j < len(parts) - 1 else p[i][:keep])])
+        else:
+            chunks = [p[i] for p in parts[:-1]] + [parts[-1][i][:keep]]
+            joined.append(np.concatenate(chunks))
+    return joined
+
+
 def qdq_agreement(outcome: Outcome) -> dict[str, tuple[float, float | None]]:
     """Per tensor output: (share identical to onnxruntime on OUTDIR/model.qdq.onnx, worst
     difference in output steps; None for integer outputs such as class labels).  A float
     output not made by a DequantizeLinear (host ops after the last quantized tensor) is
     measured in one 8-bit step of its range."""
+    m = outcome.model
     qdq = onnx.load(str(outcome.outdir / "model.qdq.onnx"))
-    want = dict(zip([o.name for o in qdq.graph.output], run(qdq, outcome.model.evaluation)))
+    want = dict(zip([o.name for o in qdq.graph.output],
+                    run_in_batches(qdq, m.evaluation, m.batch_axis, m.batch)))
     steps = output_steps(qdq)
     result = {}
     for name, theirs in want.items():
