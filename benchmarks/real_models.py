@@ -60,7 +60,7 @@ def _fmt(row: dict) -> list[str]:
     if "failure" in row:
         reason = row["failure"].split(": ", 1)[-1].replace("error: ", "")
         reason = reason.split(".onnx: ", 1)[-1]
-        return head + ["-", "-", "-", f"{row['compile_s']:.1f} s (refused: {_short(reason)})"]
+        return head + ["-", "-", "-", f"{row['compile_s']:.1f} s (failed: {_short(reason)})"]
     identical = "-" if row["identical"] is None else f"{row['identical']:.2%}"
     if row.get("worst_steps") is not None:
         identical += f" (worst {row['worst_steps']:.0f} LSB)"

@@ -696,13 +696,20 @@ class Outcome:
 
     @property
     def failure(self) -> str | None:
-        """None when both commands exited 0 without a traceback, else the last stderr line."""
+        """None when both commands exited 0 without a traceback and infer wrote the compared
+        output with one row per evaluation row, else what went wrong."""
         for what in (self.compile, self.infer):
             if what is None:
                 return "tpuasm infer did not run"
             if what.returncode != 0 or "Traceback" in what.stderr:
                 last = (what.stderr.strip().splitlines() or ["(no stderr)"])[-1]
                 return f"`tpuasm {what.args[3]}` exit {what.returncode}: {last}"
+        got = self.outputs.get(self.model.output)
+        if got is None:
+            return f"tpuasm infer wrote no '{self.model.output}' (wrote {sorted(self.outputs)})"
+        if len(got) != len(self.model.labels):
+            return (f"tpuasm infer returned {len(got)} rows of '{self.model.output}' for "
+                    f"{len(self.model.labels)} input rows")
         return None
 
     def report(self) -> dict:

@@ -2,7 +2,7 @@
 (issue 20's acceptance): each model compiled with `python -m tpuasm compile` and run with
 `python -m tpuasm infer` in subprocesses, then checked against independent oracles:
 
-- both commands exit 0 without a traceback;
+- both commands exit 0 without a traceback, and infer writes one output row per input row;
 - report.json says `TPU` for every Conv/MatMul/Gemm/BatchNormalization/LSTM/GRU node (and
   QLinear form, and ai.onnx.ml LinearClassifier) whose weights are constants;
 - top-1 agreement with onnxruntime on the FLOAT model >= 99 %;
@@ -96,9 +96,8 @@ def outcome(tmp_path_factory):
 
 @pytest.mark.parametrize("name", cases("runs"))
 def test_compiles_and_infers_from_the_cli(outcome, name):
-    result = outcome(name)
-    assert result.model.output in result.outputs, sorted(result.outputs)
-    assert len(result.outputs[result.model.output]) == len(result.model.labels)
+    result = outcome(name)      # fails unless both exit 0, no traceback, one row per row
+    assert result.outputs[result.model.output].dtype.kind in "fiu"
 
 
 @pytest.mark.parametrize("name", cases("on_tpu"))
