@@ -46,6 +46,16 @@ digits: $(STAMP)
 bench-compile: $(STAMP)
 	$(BIN)/python benchmarks/bench_compile.py
 
+# Compile cost of a ~3 MB float model next to onnxruntime's own quantize_static (whole
+# processes, peak RSS), and the corpus of real architectures (tests/real_models.py) through
+# the CLI: MACs on the TPU, agreement with the float model and with the QDQ model, compile time.
+.PHONY: bench-compile-float bench-real
+bench-compile-float: $(STAMP)
+	$(BIN)/python benchmarks/bench_compile.py --float
+
+bench-real: $(STAMP)
+	$(BIN)/python benchmarks/real_models.py --markdown
+
 # The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
 # findings next to the paper's (docs/sweep.md).  Six apps x 21 configurations, timing-only:
 # seconds once the apps are compiled for their 13 machine shapes (cached), minutes before.

@@ -6,14 +6,30 @@ codegen=False) and, when the back end is there, the whole compile; and each run'
 resident memory (measured in a child process, VmHWM) against the weights' size.
 
     .venv/bin/python benchmarks/bench_compile.py [--width 3162] [--layers 10] [--repeat 3]
+
+With --float (issue 20, item 7: compile cost): two ~3 MB FLOAT models, an MLP
+(512-640-512-256-10, 789k float32 weights) and a sequence CNN shaped like the issue's
+file-type classifier ((N, 1024, 16) input, three Conv1d over the sequence, 709k weights),
+each with a calibration set of 256 rows.  Times the whole `tpuasm compile` process
+(quantization, lowering, code generation, OUTDIR) next to processes that run only
+onnxruntime's own quantize_static on the same model with the same rows and options (QDQ,
+int8 weights per channel, uint8 activations, MinMax), fed in chunks of 64 rows as tpuasm's
+quantize.py feeds it, and again in chunks of 16 (its peak memory follows a chunk's
+activations, not the weights), in the same run.  Each process's peak resident memory is the
+kernel's (wait4's ru_maxrss); a process that only imports onnxruntime's quantization tools
+is the floor.
+
+    .venv/bin/python benchmarks/bench_compile.py --float [--model mlp|seqcnn] [--repeat 3]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +81,177 @@ def build(path: Path, width: int, layers: int) -> int:
     return width * width * layers
 
 
+FLOAT_WIDTHS = (512, 640, 512, 256, 10)
+SEQ_LENGTH, SEQ_DEPTH = 1024, 16
+SEQ_CONVS = ((16, 128, 9), (128, 256, 9), (256, 256, 5))     # (in, out, kernel) Conv1d layers
+
+ORT_QUANTIZE = r"""
+import sys
+import numpy as np
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                      quantize_static)
+model, data, out = sys.argv[1:4]
+chunk = int(sys.argv[4]) if len(sys.argv) > 4 else 64
+x = np.load(data)
+
+
+class Reader(CalibrationDataReader):
+    def __init__(self):
+        self.start = 0
+
+    def get_next(self):
+        if self.start >= len(x):
+            return None
+        self.start += chunk
+        return {"x": x[self.start - chunk:self.start]}
+
+
+quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+"""
+
+
+def _save(path: Path, nodes, inits, input_shape, outputs: int) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+    nodes[-1].output[0] = "logits"
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", *input_shape])], [helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["N", outputs])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _gemm(rng, nodes, inits, act: str, k: int, n: int, name: str, relu: bool) -> tuple[str, int]:
+    """torch Linear (Gemm transB=1), optionally + Relu; returns the output and the weights."""
+    from onnx import helper, numpy_helper
+    w = rng.normal(0, np.sqrt(2 / k), (n, k)).astype(np.float32)
+    inits += [numpy_helper.from_array(w, f"{name}.weight"),
+              numpy_helper.from_array(rng.normal(0, 0.05, n).astype(np.float32),
+                                      f"{name}.bias")]
+    out = f"/{name}/Gemm_output_0"
+    nodes.append(helper.make_node("Gemm", [act, f"{name}.weight", f"{name}.bias"], [out],
+                                  name=f"/{name}/Gemm", transB=1))
+    if relu:
+        nodes.append(helper.make_node("Relu", [out], [f"/{name}/Relu_output_0"],
+                                      name=f"/{name}/Relu"))
+        out = f"/{name}/Relu_output_0"
+    return out, w.size
+
+
+def build_float_mlp(path: Path, calibration: Path, rows: int = 256) -> int:
+    """A float MLP as torch exports Linear layers (Gemm transB=1) with Relus, and its
+    calibration rows; returns the number of weights."""
+    rng = np.random.default_rng(0)
+    nodes, inits, act, count = [], [], "x", 0
+    layers = list(zip(FLOAT_WIDTHS, FLOAT_WIDTHS[1:]))
+    for i, (k, n) in enumerate(layers):
+        act, size = _gemm(rng, nodes, inits, act, k, n, f"fc{i}", relu=i < len(layers) - 1)
+        count += size
+    _save(path, nodes, inits, [FLOAT_WIDTHS[0]], FLOAT_WIDTHS[-1])
+    np.save(calibration, rng.normal(0, 1, (rows, FLOAT_WIDTHS[0])).astype(np.float32))
+    return count
+
+
+def build_sequence_cnn(path: Path, calibration: Path, rows: int = 256) -> int:
+    """The shape of the issue's file-type classifier: a (N, 1024, 16) one-hot-like sequence
+    (NWC, as JAX writes it) transposed to NCW, three Conv1d + Relu over the sequence, a mean
+    over time, two Dense layers; returns the number of weights."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Transpose", ["x"], ["/Transpose_output_0"], name="/Transpose",
+                              perm=[0, 2, 1])]
+    inits, act, count = [], "/Transpose_output_0", 0
+    for i, (cin, cout, k) in enumerate(SEQ_CONVS):
+        w = rng.normal(0, np.sqrt(2 / (cin * k)), (cout, cin, k)).astype(np.float32)
+        count += w.size
+        inits += [numpy_helper.from_array(w, f"conv{i}.weight"),
+                  numpy_helper.from_array(rng.normal(0, 0.05, cout).astype(np.float32),
+                                          f"conv{i}.bias")]
+        nodes += [helper.make_node("Conv", [act, f"conv{i}.weight", f"conv{i}.bias"],
+                                   [f"/conv{i}/Conv_output_0"], name=f"/conv{i}/Conv",
+                                   kernel_shape=[k], pads=[k // 2, k // 2], strides=[1]),
+                  helper.make_node("Relu", [f"/conv{i}/Conv_output_0"],
+                                   [f"/conv{i}/Relu_output_0"], name=f"/conv{i}/Relu")]
+        act = f"/conv{i}/Relu_output_0"
+    nodes.append(helper.make_node("ReduceMean", [act], ["/pool/ReduceMean_output_0"],
+                                  name="/pool/ReduceMean", axes=[2], keepdims=0))
+    act, size = _gemm(rng, nodes, inits, "/pool/ReduceMean_output_0", SEQ_CONVS[-1][1], 256,
+                      "dense0", relu=True)
+    count += size
+    act, size = _gemm(rng, nodes, inits, act, 256, 10, "dense1", relu=False)
+    count += size
+    _save(path, nodes, inits, [SEQ_LENGTH, SEQ_DEPTH], 10)
+    nibbles = rng.integers(0, SEQ_DEPTH, (rows, SEQ_LENGTH))
+    np.save(calibration, np.eye(SEQ_DEPTH, dtype=np.float32)[nibbles])
+    return count
+
+
+def timed_process(argv: list[str], timeout: float = 900) -> tuple[float, float, int, str]:
+    """(wall seconds, peak RSS in MiB, exit status, last stderr line) of one whole child
+    process; its peak memory is the kernel's (wait4's ru_maxrss)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        last = (err.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+    return elapsed, usage.ru_maxrss / 1024, child.returncode, last
+
+
+MODELS = {"mlp": ("float MLP " + "-".join(map(str, FLOAT_WIDTHS)), build_float_mlp, 64),
+          "seqcnn": (f"sequence CNN ({SEQ_LENGTH}x{SEQ_DEPTH} input, 3 Conv1d, 2 Dense)",
+                     build_sequence_cnn, 64)}
+
+
+def compile_cost(repeat: int, models: list[str]) -> int:
+    """tpuasm compile vs onnxruntime's quantize_static on the same ~3 MB float models."""
+    failed = 0
+    for key in models:
+        title, build, batch = MODELS[key]
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            model, data = d / f"{key}.onnx", d / "calibration.npy"
+            weights = build(model, data)
+            print(f"{title}: {weights:,} float32 weights, {model.stat().st_size / 1e6:.2f} MB "
+                  f"file; calibration {np.load(data, mmap_mode='r').shape[0]} rows; "
+                  f"{repeat} runs each, whole processes")
+            runs = {
+                f"tpuasm compile --batch {batch} (whole compile, OUTDIR)":
+                    [sys.executable, "-m", "tpuasm", "compile", str(model), "-o",
+                     str(d / "out"), "--batch", str(batch), "--calibrate", str(data), "-q"],
+                "onnxruntime quantize_static alone":
+                    [sys.executable, "-c", ORT_QUANTIZE, str(model), str(data),
+                     str(d / "q.onnx")],
+                "  the same, calibration chunks of 16 rows":
+                    [sys.executable, "-c", ORT_QUANTIZE, str(model), str(data),
+                     str(d / "q16.onnx"), "16"],
+                "import onnxruntime.quantization (floor)":
+                    [sys.executable, "-c", "import onnxruntime.quantization"],
+            }
+            results = {}
+            for label, argv in runs.items():
+                got = [timed_process(argv) for _ in range(repeat)]
+                secs = sorted(g[0] for g in got)
+                peak = max(g[1] for g in got)
+                results[label] = (secs, peak)
+                bad = [g for g in got if g[2] != 0]
+                note = f"   FAILED (exit {bad[0][2]}): {bad[0][3]}" if bad else ""
+                failed += bool(bad)
+                print(f"  {label:<52} {secs[0]:6.2f}-{secs[-1]:6.2f} s   peak {peak:6.0f} MiB"
+                      f"{note}")
+            (ours, ours_peak), (ort, ort_peak) = list(results.values())[:2]
+            met = ours[-1] < 10 and ours_peak < 500
+            print(f"  tpuasm compile / quantize_static: {ours[0] / ort[0]:.1f}x the time, "
+                  f"{ours_peak / ort_peak:.1f}x the peak memory (issue 20's bar, seconds and "
+                  f"under 500 MB: {'met' if met else 'NOT met'})")
+    return 1 if failed else 0
+
+
 def _fail(mode):
     raise SystemExit(f"{mode}: the child process failed")
 
@@ -74,7 +261,14 @@ def main() -> int:
     p.add_argument("--width", type=int, default=3162)
     p.add_argument("--layers", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--float", action="store_true",
+                   help="compile cost of a ~3 MB float model next to onnxruntime's "
+                        "quantize_static (issue 20, item 7)")
+    p.add_argument("--model", dest="models", action="append", choices=list(MODELS),
+                   help="with --float: which model (repeatable; default all)")
     args = p.parse_args()
+    if args.float:
+        return compile_cost(args.repeat, args.models or list(MODELS))
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "big.onnx"
         weights = build(path, args.width, args.layers)
