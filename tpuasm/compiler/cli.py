@@ -26,6 +26,9 @@ def _parser_compile() -> argparse.ArgumentParser:
                    ".npy (one input, rows first) or .npz keyed by input name")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine configuration, e.g. array_size=16 (repeatable)")
+    p.add_argument("--batch-axis", action="append", default=[], metavar="NAME=AXIS",
+                   help="the batch axis of input NAME, or 'none' for an input passed whole "
+                        "to every batch (default: inferred; repeatable)")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
     return p
 
@@ -71,7 +74,7 @@ def compile_main(argv: list[str] | None = None) -> int:
     with _errors() as state:
         from tpuasm.compiler.pipeline import compile_model
         model = compile_model(args.model, batch=args.batch, calibration=args.calibrate,
-                              config=args.config)
+                              config=args.config, batch_axes=args.batch_axis)
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text())
@@ -96,7 +99,8 @@ def infer_main(argv: list[str] | None = None) -> int:
                          f"({', '.join(o.name for o in model.outputs)}): write an .npz")
         with _progress(args.quiet) as progress:
             results = model.run(data, progress=progress, engine=args.engine)
-        write_outputs(out, results)
+        for note in write_outputs(out, results):
+            print(f"note: {note}", file=sys.stderr)
         if not args.quiet:
             rows = len(next(iter(results.values()))) if results else 0
             print(f"wrote {out} ({rows} rows)", file=sys.stderr)
@@ -113,15 +117,42 @@ def read_inputs(path: Path, names: list[str]) -> dict:
     return read_named_arrays(path, names)
 
 
-def write_outputs(path: Path, results: dict) -> None:
+def write_outputs(path: Path, results: dict) -> list[str]:
+    """Write Y.npy / Y.npz (never pickles); the notes to show.  A sequence of maps (ZipMap's
+    {class: probability} per row) becomes a (rows, classes) array in key order, with its
+    keys beside it as NAME.keys."""
     import numpy as np
+    arrays, notes = {}, []
+    for name, value in results.items():
+        if isinstance(value, list):
+            table, keys = _sequence_table(name, value)
+            arrays[name] = table
+            arrays[f"{name}.keys"] = keys
+            notes.append(f"output '{name}' (a sequence of maps) written as a "
+                         f"{table.shape} array, one column per key ({name}.keys)")
+        else:
+            arrays[name] = np.asarray(value)
     try:
         if path.suffix == ".npy":
-            np.save(path, next(iter(results.values())))
+            np.save(path, next(iter(arrays.values())))
         else:
-            np.savez(path, **results)
+            np.savez(path, **arrays)
     except OSError as e:
         raise _error(f"{path}: cannot write: {e.strerror}") from None
+    return notes
+
+
+def _sequence_table(name: str, rows: list):
+    import numpy as np
+    if not rows:
+        return np.zeros((0, 0), np.float32), np.zeros(0)
+    if not all(isinstance(r, dict) for r in rows):
+        return np.asarray(rows), np.zeros(0)
+    keys = list(rows[0])
+    if any(list(r) != keys for r in rows):
+        raise _error(f"output '{name}': its maps have different keys; write them from "
+                     f"the Python API")
+    return np.array([[r[k] for k in keys] for r in rows]), np.array(keys)
 
 
 @contextmanager

@@ -45,14 +45,19 @@ def _np_dtype(elem_type: int):
 class Graph:
     """The graph of one model (shapes inferred, batch fixed) and its constants."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: Path, shapes: dict, dtypes: dict):
+    def __init__(self, model: onnx.ModelProto, base_dir: Path, shapes: dict, dtypes: dict,
+                 batch_axis: dict | None = None):
         self.model = model
         self.base_dir = Path(base_dir)
-        self.shapes: dict[str, tuple] = shapes        # tensor -> full shape (batch first)
+        self.shapes: dict[str, tuple] = shapes        # tensor -> full shape (batch fixed)
         self.dtypes: dict[str, np.dtype] = dtypes
         g = model.graph
         self.initializers = {t.name: t for t in g.initializer}
         self.inputs = [v.name for v in g.input if v.name not in self.initializers]
+        # tensor -> its batch axis (None: no batch dimension, the same for every batch), for
+        # every tensor whose axis is known (batch.py); the inputs always
+        self.batch_axis: dict[str, int | None] = dict(batch_axis) if batch_axis is not None \
+            else {n: 0 for n in self.inputs}
         self.outputs = [v.name for v in g.output]
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
@@ -95,9 +100,37 @@ class Graph:
         return value
 
     def sample_shape(self, name: str) -> tuple[int, ...] | None:
-        """A tensor's shape without its batch dimension."""
+        """A tensor's shape without its (first) batch dimension."""
         shape = self.shapes.get(name)
         return None if shape is None else tuple(shape[1:])
+
+    @property
+    def batched(self) -> bool:
+        """Whether any model input has a batch axis (else the model runs once)."""
+        return any(self.batch_axis.get(n) is not None for n in self.inputs)
+
+    def output_axis(self, name: str) -> int | None:
+        """A model output's batch axis: the inferred one, else the first when the model
+        has a batch (shape inference lost the batch's symbol on the way)."""
+        if name in self.batch_axis:
+            return self.batch_axis[name]
+        return 0 if self.batched else None
+
+    def not_batch_first(self, name: str) -> str | None:
+        """Why a tensor cannot go to the TPU, whose programs take the batch first (None when
+        it can: batch axis 0, unknown, or a model without a batch whose tensor has one
+        leading row)."""
+        if name not in self.batch_axis:
+            return None
+        axis = self.batch_axis[name]
+        if axis == 0:
+            return None
+        if axis is None:
+            shape = self.shapes.get(name)
+            if not self.batched and shape and shape[0] == 1:
+                return None
+            return f"'{name}' has no batch dimension (the same for every batch)"
+        return f"its batch dimension is axis {axis} (tensor '{name}')"
 
 
 def tensor_array(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:

@@ -34,7 +34,12 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
     inits = [_initializer(graph, i) for i in sorted(wanted) if i in graph.initializers
              and i not in inputs]
 
+    declared = {v.name: v for v in graph.model.graph.output
+                if not v.type.HasField("tensor_type")}
+
     def info(tensor: str):
+        if tensor in declared:           # a sequence or map output (ZipMap's): as declared
+            return declared[tensor]
         dtype = graph.dtypes.get(tensor)
         if dtype is None:
             raise CompileError(f"the element type of '{tensor}' is unknown")

@@ -90,6 +90,9 @@ class Lowerer:
     def tensor(self, name: str, quant: QParams, shape=None) -> Tensor:
         """The IR tensor of a quantized ONNX tensor (one object per name)."""
         if name not in self.tensors:
+            why = self.g.not_batch_first(name)        # TPU programs take the batch first
+            if why:
+                raise NotMapped(why)
             if shape is None:
                 shape = self.g.sample_shape(name)
                 if shape is None:
@@ -558,6 +561,10 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
         except NotMapped as e:
             lw.tensors = before
             reasons[node.name] = str(e)
+            continue
+        except Exception as e:       # a case the matcher mishandles: the host runs it
+            lw.tensors = before
+            reasons[node.name] = f"the TPU lowering failed ({type(e).__name__}: {e})"
             continue
         operators.append(op)
         anchor[op.name] = node

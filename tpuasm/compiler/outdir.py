@@ -77,7 +77,8 @@ def _write(model, d: Path) -> None:
 
 
 def _value(v: ValueInfo) -> dict:
-    return {"name": v.name, "shape": list(v.shape), "dtype": v.dtype}
+    return {"name": v.name, "shape": list(v.shape), "dtype": v.dtype,
+            "batch_axis": v.batch_axis}
 
 
 def _copy_reference(src: Path, dst: Path) -> None:
@@ -170,10 +171,8 @@ def load(outdir):
         rows = [NodeRow(**r) for r in report_json.pop("rows")]
         report_json.pop("summary", None)
         report = CompileReport(rows=rows, **report_json)
-        inputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
-                  for v in manifest["inputs"]]
-        outputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
-                   for v in manifest["outputs"]]
+        inputs = [_value_info(v) for v in manifest["inputs"]]
+        outputs = [_value_info(v) for v in manifest["outputs"]]
         batch, config = int(manifest["batch"]), dict(manifest["config"])
     except CompileError:
         raise
@@ -184,6 +183,16 @@ def load(outdir):
         _generate_programs(steps, batch, _machine_config(config), outdir)
     return CompiledModel(steps, batch, inputs, outputs, report, config,
                          outdir / manifest["reference_model"])
+
+
+def _value_info(v: dict) -> ValueInfo:
+    """A manifest's input/output; an OUTDIR written before batch axes were saved is batch
+    first."""
+    axis = v.get("batch_axis", 0)
+    if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)
+                             or not 0 <= axis <= len(v["shape"])):
+        raise ValueError(f"input/output {v['name']!r}: bad batch_axis {axis!r}")
+    return ValueInfo(v["name"], tuple(v["shape"]), v["dtype"], axis)
 
 
 def _load_step(s: dict, outdir: Path):

@@ -16,6 +16,9 @@ import numpy as np
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
+from tpuasm.compiler.batch import input_axes, parse_batch_axes
+from tpuasm.compiler.fold import fold_float_model
+from tpuasm.compiler.provenance import Provenance
 from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
                                     read_model)
 from tpuasm.compiler.lower import GLUE, Lowered, lower
@@ -38,6 +41,7 @@ class CompiledModel:
         self.config: dict = dict(config or {})
         self.reference_model = Path(reference_model)   # the QDQ model (onnxruntime's oracle)
         self._keep = keep                               # a temporary directory to keep alive
+        self.provenance = None                          # input-model nodes (provenance.py)
 
     @property
     def segments(self):
@@ -48,8 +52,9 @@ class CompiledModel:
         return all(s.program is not None for s in self.steps if isinstance(s, TpuStep))
 
     def run(self, inputs, progress=None, engine: str | None = None) -> dict[str, np.ndarray]:
-        """Float inputs (an array for a one-input model, else {name: array}), any number of
-        rows -> {output name: array}.  `engine`: "emulator" (default when the back end made
+        """Inputs in the model's layout and element types (an array for a one-input model,
+        else {name: array}), any number of rows along each input's batch axis -> {output
+        name: array (a list for a sequence output)}.  `engine`: "emulator" (default when the back end made
         programs) or "reference" (reference.py's numpy semantics)."""
         if not isinstance(inputs, dict):
             if len(self.inputs) != 1:
@@ -103,14 +108,18 @@ def _machine_config(config: dict):
 
 
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
-                  codegen: bool = True) -> CompiledModel:
-    """Compile an ONNX model (float with a calibration set, or already quantized)."""
+                  codegen: bool = True, batch_axes=None) -> CompiledModel:
+    """Compile an ONNX model (float with a calibration set, or already quantized).
+    `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
+    batch axes (batch.py) are not the right ones."""
     path = Path(path)
     config = parse_config(config)
     machine = _machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
+    provenance = Provenance.of(model)
+    axes = input_axes(model, parse_batch_axes(batch_axes), path)
     keep = None
     if is_quantized(model):
         if calibration is not None:
@@ -122,34 +131,78 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if calibration is None:
             raise CompileError(f"{path} is a float model: pass --calibrate DATA.npy|.npz "
                                f"(calibration inputs, rows first) to quantize it to int8")
-        fix_batch(model, batch, path, apply=False)    # dynamic shapes: fail before quantizing
-        from tpuasm.compiler.quantize import check_samples, quantize, read_calibration
-        signature = input_signature(model)
+        fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
+        from tpuasm.compiler.quantize import quantize
+        from tpuasm.compiler.samples import (check_samples, input_types, read_calibration,
+                                             sample_rows)
         if isinstance(calibration, (str, Path)):
-            samples = read_calibration(calibration, model, path)
-            count = len(next(iter(samples.values())))
+            samples = read_calibration(calibration, model, path, axes)
         else:
+            signature = input_signature(model)
             data = calibration if isinstance(calibration, dict) else \
                 {next(iter(signature)): calibration}
-            samples = check_samples(data, signature, "calibration")
-            count = len(next(iter(samples.values())))
+            samples = check_samples(data, signature, "calibration", input_types(model), axes)
+        count = sample_rows(samples, axes)
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
+        # shapes made static before quantizing (fold.py): the quantizer then sees them too
+        float_path, float_model = fold_float_model(path, model, batch, axes, provenance,
+                                                   Path(keep.name))
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        quantize(path, samples, signature, reference)
+        quantize(float_path, samples, input_signature(float_model), reference,
+                 batch_axes=axes)
         source = (f"float model quantized by onnxruntime (QDQ, int8 weights per output "
                   f"channel, uint8 activations per tensor) from {count} calibration samples")
         model = read_model(reference)
-    graph, batch = load_graph(reference, batch, model)
+    graph, batch = load_graph(reference, batch, model, axes, provenance)
     lowered = lower(graph, lookup_table, backend_support)
     the_plan = plan(graph, lowered)
     steps = _runtime_steps(graph, the_plan)
     if codegen:
         _generate_programs(steps, batch, machine, path)
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source)
-    inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
-    outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
-               for n in graph.outputs]
-    return CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    inputs, outputs = model_values(graph)
+    compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    compiled.provenance = provenance
+    return compiled
+
+
+def model_values(graph: Graph) -> tuple[list[ValueInfo], list[ValueInfo]]:
+    """The compiled model's inputs and outputs: per-sample shapes along their batch axes,
+    element types kept (an ONNX type name for a non-tensor output such as ZipMap's)."""
+    def info(name, axis):
+        shape = graph.shapes.get(name)
+        if shape is None:
+            shape = ()
+        elif axis is not None:
+            shape = shape[:axis] + shape[axis + 1:]
+        dtype = graph.dtypes.get(name)
+        if dtype is None:
+            dtype = _onnx_type(graph, name)
+        return ValueInfo(name, tuple(shape), str(dtype), axis)
+    inputs = [info(n, graph.batch_axis.get(n)) for n in graph.inputs]
+    outputs = [info(n, graph.output_axis(n)) for n in graph.outputs]
+    return inputs, outputs
+
+
+def _onnx_type(graph: Graph, name: str) -> str:
+    for v in graph.model.graph.output:
+        if v.name == name and not v.type.HasField("tensor_type"):
+            return _type_text(v.type)
+    return "float32"
+
+
+def _type_text(t) -> str:
+    """An ONNX TypeProto as text: seq(map(int64,tensor(float)))."""
+    from onnx import helper
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({helper.tensor_dtype_to_string(t.tensor_type.elem_type).split('.')[-1].lower()})"
+    if kind == "sequence_type":
+        return f"seq({_type_text(t.sequence_type.elem_type)})"
+    if kind == "map_type":
+        key = helper.tensor_dtype_to_string(t.map_type.key_type).split('.')[-1].lower()
+        return f"map({key},{_type_text(t.map_type.value_type)})"
+    return kind or "unknown"
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:

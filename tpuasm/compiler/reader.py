@@ -17,7 +17,6 @@ from tpuasm.compiler.graph import Graph
 
 MIN_OPSET = 10                     # QuantizeLinear / QLinearConv / MatMulInteger appear in 10
 MAX_OPSET = onnx.defs.onnx_opset_version()
-KNOWN_DOMAINS = {"", "ai.onnx", "com.microsoft"}
 _SMALL = 4096                      # initializers kept in the shape-inference skeleton
 
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
@@ -60,14 +59,37 @@ def check_opsets(model: onnx.ModelProto, path) -> None:
     default = versions.get("", versions.get("ai.onnx"))
     if default is None:
         raise CompileError(f"{path}: the model imports no ONNX opset")
+    if default < MIN_OPSET and _upgrade(model):
+        return
     if not MIN_OPSET <= default <= MAX_OPSET:
         raise CompileError(f"{path}: opset {default} is not supported (supported: "
                            f"{MIN_OPSET}-{MAX_OPSET}); convert it with "
                            f"onnx.version_converter")
-    for node in model.graph.node:
-        if (node.domain or "") not in KNOWN_DOMAINS:
-            raise CompileError(f"{path}: node '{node.name or node.op_type}' uses the unknown "
-                               f"operator domain '{node.domain}'")
+    # other operator domains (ai.onnx.ml, com.microsoft, a vendor's) are accepted: their
+    # nodes run on the host, where onnxruntime runs whatever it knows
+
+
+UPGRADED = "tpuasm.upgraded_from_opset"
+_UPGRADE_TO = 13                   # per-axis DequantizeLinear (per-channel weights) from 13
+
+
+def _upgrade(model: onnx.ModelProto) -> bool:
+    """A model older than QuantizeLinear (opset < 10: scikit-learn exports of linear models
+    use 9) converted in place by onnx's version converter; False when it cannot be."""
+    versions = {o.domain or "": o.version for o in model.opset_import}
+    try:
+        from onnx import version_converter
+        converted = version_converter.convert_version(model, _UPGRADE_TO)
+    except Exception:
+        return False
+    model.CopyFrom(converted)
+    model.metadata_props.add(key=UPGRADED, value=str(versions.get("", "")))
+    return True
+
+
+def upgraded(model: onnx.ModelProto) -> bool:
+    """Whether read_model converted the model to a newer opset (the file is the old one)."""
+    return any(p.key == UPGRADED for p in model.metadata_props)
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
@@ -97,47 +119,51 @@ def input_signature(model: onnx.ModelProto) -> dict[str, list]:
     return {v.name: _dims(v) for v in model.graph.input if v.name not in inits}
 
 
-def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = True) -> int:
-    """Set every graph input's first dimension to the batch; return it.  Without `batch`,
-    the model's own fixed batch is used; a dynamic one is an error that says what to pass.
-    `apply=False` only checks."""
+def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = True,
+              axes: dict | None = None) -> int:
+    """Set every graph input's batch dimension (`axes`: input -> axis or None, from
+    batch.input_axes; default: the first) to the batch; return it.  Without `batch`, the
+    model's own fixed batch is used; a dynamic one is an error that says what to pass.  A
+    model with no batch axis at all runs once: batch 1.  `apply=False` only checks."""
+    from tpuasm.compiler.batch import input_axes
+    if axes is None:
+        axes = input_axes(model, None, path)
     inits = {t.name for t in model.graph.initializer}
     chosen = batch
+    batched = False
     for v in model.graph.input:
-        if v.name in inits:
+        if v.name in inits or axes.get(v.name) is None:
             continue
-        if not v.type.HasField("tensor_type"):
-            raise CompileError(f"{path}: input '{v.name}' is not a tensor")
-        dims = _dims(v)
-        if len(dims) < 2:
-            raise CompileError(f"{path}: input '{v.name}' has shape {dims}: expected a batch "
-                               f"dimension first and at least one more")
-        for axis, d in enumerate(dims[1:], start=1):
-            if not isinstance(d, int) or d <= 0:
-                raise CompileError(f"{path}: input '{v.name}' dimension {axis} is dynamic "
-                                   f"({d!r}): only the batch dimension may be; export the "
-                                   f"model with a fixed shape")
-        first = dims[0]
+        batched = True
+        axis = axes[v.name]
+        first = _dims(v)[axis]
         if chosen is None:
             if not isinstance(first, int) or first <= 0:
-                raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension "
-                                   f"({first!r}): pass --batch B (batch=B)")
+                where = "" if axis == 0 else f" (axis {axis})"
+                raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension"
+                                   f"{where} ({first!r}): pass --batch B (batch=B)")
             chosen = first
         if not apply:
             continue
-        dim = v.type.tensor_type.shape.dim[0]
+        dim = v.type.tensor_type.shape.dim[axis]
         dim.Clear()
         dim.dim_value = chosen
+    if not batched:
+        return 1
     if chosen is None or chosen <= 0:
         raise CompileError(f"{path}: batch must be a positive integer, not {chosen}")
     for v in model.graph.output if apply else ():   # re-inferred with the new batch
         if v.type.HasField("tensor_type") and v.type.tensor_type.shape.dim:
-            v.type.tensor_type.shape.dim[0].Clear()
+            for dim in v.type.tensor_type.shape.dim:
+                dim.Clear()
+    if apply:
+        del model.graph.value_info[:]                # declared with the old batch
     return chosen
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph with large initializers turned into declared inputs (no data copied)."""
+def skeleton(model: onnx.ModelProto, known=()) -> onnx.ModelProto:
+    """The graph with large initializers turned into declared inputs (no data copied);
+    `known`: value infos learned elsewhere (ortshapes) declared in it."""
     g = model.graph
     small, declared = [], []
     for t in g.initializer:
@@ -148,17 +174,36 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
             declared.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     inits = {t.name for t in g.initializer}
     inputs = [v for v in g.input if v.name not in inits] + declared
-    graph = helper.make_graph(list(g.node), g.name or "model", inputs, list(g.output), small)
-    skeleton = helper.make_model(graph, opset_imports=list(model.opset_import))
-    skeleton.ir_version = model.ir_version
-    return skeleton
+    graph = helper.make_graph(list(g.node), g.name or "model", inputs, list(g.output), small,
+                              value_info=list(known))
+    probe = helper.make_model(graph, opset_imports=list(model.opset_import))
+    probe.ir_version = model.ir_version
+    return probe
 
 
 def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
-    """(tensor -> shape tuple, tensor -> numpy dtype) for every tensor whose shape is known."""
-    skeleton = _skeleton(model)
+    """(tensor -> shape tuple, tensor -> numpy dtype) for every tensor whose shape is known.
+    Nodes onnx does not know (contrib operators) are run alone by onnxruntime on zeros to
+    learn their outputs (ortshapes.py), and inference goes on from there."""
+    from tpuasm.compiler import ortshapes
+    known: list = []
+    tried: set[str] = set()
+    while True:
+        shapes, dtypes = _infer_once(model, path, known)
+        todo = [n for n in ortshapes.unknown_nodes(model, shapes, dtypes)
+                if n.name not in tried]
+        if not todo:
+            return shapes, dtypes
+        for node in todo:
+            tried.add(node.name)
+            known += ortshapes.value_infos(ortshapes.run_alone(
+                node, model, Path(path).parent, shapes, dtypes))
+
+
+def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
+    probe = skeleton(model, known)
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True,
+        inferred = onnx.shape_inference.infer_shapes(probe, check_type=True,
                                                      strict_mode=True, data_prop=True)
     except Exception as e:
         raise CompileError(f"{path}: shape inference failed: {_first_line(e)}") from None
@@ -181,11 +226,17 @@ def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
     return shapes, dtypes
 
 
-def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None
-               ) -> tuple[Graph, int]:
-    """Read (or take) a model, fix its batch, infer shapes: the graph the compiler works on."""
+def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
+               batch_axes: dict | None = None, provenance=None) -> tuple[Graph, int]:
+    """Read (or take) a model, find each tensor's batch axis (batch.py), fix the batch, fold
+    constant subgraphs (fold.py), infer shapes: the graph the compiler works on."""
+    from tpuasm.compiler.batch import input_axes, tensor_axes
+    from tpuasm.compiler.fold import fold_constants
     path = Path(path)
     model = read_model(path) if model is None else model
-    batch = fix_batch(model, batch, path)
+    axes = input_axes(model, batch_axes, path)
+    tensor_axis = tensor_axes(model, axes)
+    batch = fix_batch(model, batch, path, axes=axes)
+    fold_constants(model, path, provenance)
     shapes, dtypes = infer_shapes(model, path)
-    return Graph(model, path.parent, shapes, dtypes), batch
+    return Graph(model, path.parent, shapes, dtypes, tensor_axis), batch
