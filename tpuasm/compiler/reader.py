@@ -66,7 +66,26 @@ def check_opsets(model: onnx.ModelProto, path) -> None:
                            f"{MIN_OPSET}-{MAX_OPSET}); convert it with "
                            f"onnx.version_converter")
     # other operator domains (ai.onnx.ml, com.microsoft, a vendor's) are accepted: their
-    # nodes run on the host, where onnxruntime runs whatever it knows
+    # nodes run on the host, so onnxruntime must know them (or the model define them)
+    local = {(f.domain, f.name) for f in model.functions}
+    known = _runtime_operators()
+    for node in model.graph.node:
+        domain = node.domain or ""
+        if domain in ("", "ai.onnx") or (domain, node.op_type) in local or known is None:
+            continue
+        if (domain, node.op_type) not in known:
+            raise CompileError(f"{path}: node '{node.name or node.op_type}' uses operator "
+                               f"{node.op_type} of domain '{domain}', which onnxruntime "
+                               f"does not know (so the host could not run it either)")
+
+
+def _runtime_operators() -> set | None:
+    """(domain, op_type) of every operator onnxruntime's CPU build knows (None: unknown)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+        return {(s.domain, s.name) for s in ort_state.get_all_operator_schema()}
+    except Exception:             # an onnxruntime without the listing: let it decide later
+        return None
 
 
 UPGRADED = "tpuasm.upgraded_from_opset"
