@@ -102,9 +102,18 @@ def infer_main(argv: list[str] | None = None) -> int:
         for note in write_outputs(out, results):
             print(f"note: {note}", file=sys.stderr)
         if not args.quiet:
-            rows = len(next(iter(results.values()))) if results else 0
+            rows = _rows(model, results)
             print(f"wrote {out} ({rows} rows)", file=sys.stderr)
     return state["code"]
+
+
+def _rows(model, results: dict) -> int:
+    """Rows of the first output with a batch axis (1 for a model without one)."""
+    for o in model.outputs:
+        value = results.get(o.name)
+        if o.batch_axis is not None and value is not None:
+            return len(value) if isinstance(value, list) else value.shape[o.batch_axis]
+    return 1
 
 
 def _error(message: str):
