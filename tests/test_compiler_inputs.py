@@ -433,3 +433,36 @@ def test_a_node_the_lowering_mishandles_stays_on_the_host(tmp_path, monkeypatch)
     (want,) = run_ort(onnx.load(str(compiled.reference_model)), {"x": x})
     assert_within_lsb(compiled.run(x, engine="reference")["y"], want,
                       output_lsb(compiled.reference_model, "y"))
+
+
+def test_a_segment_the_back_end_mishandles_goes_back_to_the_host(tmp_path, monkeypatch,
+                                                                  capsys):
+    from tpuasm.compiler import codegen
+    rng = np.random.default_rng(8)
+    path = save(tmp_path, [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Tanh", ["c"], ["t"], name="squash"),
+        helper.make_node("Conv", ["t", "w2"], ["y"], name="conv2")],
+        [vi("x", T.FLOAT, ["N", 2, 5, 5])], [vi("y", T.FLOAT, ["N", 3, 3, 3])],
+        [numpy_helper.from_array(rng.normal(0, 0.4, (3, 2, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(0, 0.4, (3, 3, 3, 3)).astype(np.float32), "w2")],
+        "convtanh")
+    original = codegen.generate
+
+    def broken(segment, batch, **kw):
+        if any(op.name == "squash" for op in segment.operators):
+            raise ValueError("cannot reshape array of size 8192 into shape (64,8,1,1)")
+        return original(segment, batch, **kw)
+
+    monkeypatch.setattr(codegen, "generate", broken)
+    x = rng.normal(0, 1, (6, 2, 5, 5)).astype(np.float32)
+    calib = tmp_path / "x.npy"
+    np.save(calib, x)
+    out, y, text, _ = cli(capsys, tmp_path, path, calib, "--batch", "3",
+                          "--config", "array_size=16", engine="emulator")
+    squash = rows_of(text, "squash")[0]
+    assert "host" in squash and "ValueError: cannot reshape" in squash
+    # only the operator that fails alone leaves the TPU
+    assert "TPU" in rows_of(text, "conv")[0] and "TPU" in rows_of(text, "conv2")[0]
+    (want,) = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": x[:3]})
+    assert_within_lsb(y["y"][:3], want, output_lsb(out / "model.qdq.onnx", "y"))

@@ -8,11 +8,15 @@ layout).
 from __future__ import annotations
 
 
-def compile(path, batch=None, calibration=None, config=None):  # noqa: A001 (the API's name)
+def compile(path, batch=None, calibration=None, config=None,  # noqa: A001 (the API's name)
+            batch_axes=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
-    or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel."""
+    or a .npy/.npz path), or a quantized QDQ/QOperator model.  `batch_axes`: {input: axis
+    or None} where the inferred batch axes are not the right ones.  Returns a
+    CompiledModel."""
     from tpuasm.compiler.pipeline import compile_model
-    return compile_model(path, batch=batch, calibration=calibration, config=config)
+    return compile_model(path, batch=batch, calibration=calibration, config=config,
+                         batch_axes=batch_axes)
 
 
 def load(outdir):

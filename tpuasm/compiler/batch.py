@@ -17,7 +17,6 @@ dimension becomes one symbolic name and a tensor's batch axis is the axis that c
 from __future__ import annotations
 
 import onnx
-from onnx import helper
 
 from tpuasm.compiler.errors import CompileError
 
@@ -140,11 +139,3 @@ def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None]) -> dict[str
     for t in model.graph.initializer:
         result.setdefault(t.name, None)
     return result
-
-
-def describe_axes(axes: dict[str, int | None]) -> str:
-    return ", ".join(f"{n}: {'whole' if a is None else f'axis {a}'}" for n, a in axes.items())
-
-
-def value_info(name: str, elem_type: int, dims) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem_type, dims)

@@ -18,9 +18,11 @@ from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
 from tpuasm.compiler.batch import input_axes, parse_batch_axes
 from tpuasm.compiler.fold import fold_float_model
+from tpuasm.compiler.values import model_values
 from tpuasm.compiler.provenance import Provenance
 from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
                                     read_model)
+from tpuasm.compiler.ir import Segment
 from tpuasm.compiler.lower import GLUE, Lowered, lower
 from tpuasm.compiler.partition import HostPart, plan
 from tpuasm.compiler.report import CompileReport, NodeRow, describe
@@ -54,8 +56,8 @@ class CompiledModel:
     def run(self, inputs, progress=None, engine: str | None = None) -> dict[str, np.ndarray]:
         """Inputs in the model's layout and element types (an array for a one-input model,
         else {name: array}), any number of rows along each input's batch axis -> {output
-        name: array (a list for a sequence output)}.  `engine`: "emulator" (default when the back end made
-        programs) or "reference" (reference.py's numpy semantics)."""
+        name: array (a list for a sequence output)}.  `engine`: "emulator" (default when
+        the back end made programs) or "reference" (reference.py's numpy semantics)."""
         if not isinstance(inputs, dict):
             if len(self.inputs) != 1:
                 raise CompileError(f"the model has {len(self.inputs)} inputs: pass a dict "
@@ -154,55 +156,12 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   f"channel, uint8 activations per tensor) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes, provenance)
-    lowered = lower(graph, lookup_table, backend_support)
-    the_plan = plan(graph, lowered)
-    steps = _runtime_steps(graph, the_plan)
-    if codegen:
-        _generate_programs(steps, batch, machine, path)
+    lowered, the_plan, steps = _lower_and_generate(graph, batch, machine, path, codegen)
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source)
     inputs, outputs = model_values(graph)
     compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
     compiled.provenance = provenance
     return compiled
-
-
-def model_values(graph: Graph) -> tuple[list[ValueInfo], list[ValueInfo]]:
-    """The compiled model's inputs and outputs: per-sample shapes along their batch axes,
-    element types kept (an ONNX type name for a non-tensor output such as ZipMap's)."""
-    def info(name, axis):
-        shape = graph.shapes.get(name)
-        if shape is None:
-            shape = ()
-        elif axis is not None:
-            shape = shape[:axis] + shape[axis + 1:]
-        dtype = graph.dtypes.get(name)
-        if dtype is None:
-            dtype = _onnx_type(graph, name)
-        return ValueInfo(name, tuple(shape), str(dtype), axis)
-    inputs = [info(n, graph.batch_axis.get(n)) for n in graph.inputs]
-    outputs = [info(n, graph.output_axis(n)) for n in graph.outputs]
-    return inputs, outputs
-
-
-def _onnx_type(graph: Graph, name: str) -> str:
-    for v in graph.model.graph.output:
-        if v.name == name and not v.type.HasField("tensor_type"):
-            return _type_text(v.type)
-    return "float32"
-
-
-def _type_text(t) -> str:
-    """An ONNX TypeProto as text: seq(map(int64,tensor(float)))."""
-    from onnx import helper
-    kind = t.WhichOneof("value")
-    if kind == "tensor_type":
-        return f"tensor({helper.tensor_dtype_to_string(t.tensor_type.elem_type).split('.')[-1].lower()})"
-    if kind == "sequence_type":
-        return f"seq({_type_text(t.sequence_type.elem_type)})"
-    if kind == "map_type":
-        key = helper.tensor_dtype_to_string(t.map_type.key_type).split('.')[-1].lower()
-        return f"map({key},{_type_text(t.map_type.value_type)})"
-    return kind or "unknown"
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:
@@ -229,21 +188,72 @@ def _codegen():
     return codegen if hasattr(codegen, "generate") else None
 
 
-def _generate_programs(steps, batch, machine, path="the model") -> None:
-    """The back end, when it is there: one SegmentProgram per segment."""
+def _lower_and_generate(graph: Graph, batch, machine, path, codegen: bool):
+    """Lower, partition and generate the programs.  A segment the back end fails on (an
+    exception other than its CodegenError: a case it mishandles) is not a traceback: its
+    operators go back to the host, with the failure as their reason, and the model is
+    lowered again without them."""
+    refused: dict[str, str] = {}
+
+    def supported(op):
+        return refused.get(op.name) or backend_support(op)
+
+    while True:
+        lowered = lower(graph, lookup_table, supported)
+        the_plan = plan(graph, lowered)
+        steps = _runtime_steps(graph, the_plan)
+        if not codegen:
+            return lowered, the_plan, steps
+        failed = _generate_programs(steps, batch, machine, path, fall_back=True)
+        if not failed:
+            return lowered, the_plan, steps
+        refused.update(failed)
+
+
+def _generate_programs(steps, batch, machine, path="the model", fall_back: bool = False
+                       ) -> dict[str, str]:
+    """The back end, when it is there: one SegmentProgram per segment.  With `fall_back`,
+    an unexpected failure on a segment is returned ({operator: why}) instead of raised."""
     codegen = _codegen()
     if codegen is None:
-        return
+        return {}
     _check_weight_memory(steps, machine.array_size, path, codegen)
+    failed = {}
+
+    def generate(segment):
+        return codegen.generate(segment, batch, array_size=machine.array_size,
+                                ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
+                                fifo_depth=machine.fifo_depth)
+
     for step in steps:
         if isinstance(step, TpuStep):
             try:
-                step.program = codegen.generate(
-                    step.segment, batch, array_size=machine.array_size,
-                    ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
-                    fifo_depth=machine.fifo_depth)
+                step.program = generate(step.segment)
             except getattr(codegen, "CodegenError", ()) as e:
                 raise CompileError(f"{step.name}: {e}") from None
+            except Exception as e:    # a case the back end mishandles
+                why = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
+                if not fall_back:
+                    raise CompileError(f"{path}: {step.name}: {why}") from None
+                failed.update(_culprits(step.segment, generate, why))
+    return failed
+
+
+def _culprits(segment: Segment, generate, why: str) -> dict[str, str]:
+    """The operators of a failing segment that fail alone ({name: why}); all of them when
+    none does (the failure needs their company)."""
+    found = {}
+    for op in segment.operators:
+        try:
+            generate(Segment(f"{segment.name}_{op.name}", [op], [op.input], [op.output]))
+        except Exception as e:
+            found[op.name] = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
+    return found or {op.name: why for op in segment.operators}
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _check_weight_memory(steps, n: int, path, codegen) -> None:
