@@ -466,3 +466,80 @@ def test_a_segment_the_back_end_mishandles_goes_back_to_the_host(tmp_path, monke
     assert "TPU" in rows_of(text, "conv")[0] and "TPU" in rows_of(text, "conv2")[0]
     (want,) = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": x[:3]})
     assert_within_lsb(y["y"][:3], want, output_lsb(out / "model.qdq.onnx", "y"))
+
+
+def test_batch_axis_through_an_operator_onnx_does_not_know(tmp_path):
+    # onnx loses the batch symbol at the contrib node; two fixed batch sizes find it again
+    path = save(tmp_path, [
+        helper.make_node("FusedMatMul", ["x", "w"], ["h"], domain="com.microsoft",
+                         name="fused"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        [vi("x", T.FLOAT, [5, "N", 6])], [vi("y", T.FLOAT, [5, "N", 4])],
+        [numpy_helper.from_array(np.ones((6, 4), np.float32), "w")], "lost",
+        domains=["com.microsoft"])
+    model = read_model(path)
+    axes = input_axes(model, None, path)
+    assert "y" not in tensor_axes(model, axes)
+    found = tensor_axes(model, axes, path)
+    assert found["h"] == 1 and found["y"] == 1 and found["w"] is None
+
+
+def test_rank1_scalar_and_boolean_inputs(tmp_path, capsys):
+    rng = np.random.default_rng(9)
+    path = save(tmp_path, [
+        helper.make_node("Unsqueeze", ["a", "one"], ["a2"], name="unsq"),
+        helper.make_node("Mul", ["x", "a2"], ["xa"], name="mul"),
+        helper.make_node("Add", ["xa", "s"], ["xs"], name="add"),
+        helper.make_node("Where", ["mask", "xs", "zero"], ["xm"], name="where"),
+        helper.make_node("Gemm", ["xm", "w"], ["y"], transB=1, name="fc")],
+        [vi("x", T.FLOAT, ["N", 8]), vi("a", T.FLOAT, ["N"]), vi("s", T.FLOAT, []),
+         vi("mask", T.BOOL, ["N", 8])], [vi("y", T.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.float32(0), "zero"),
+         numpy_helper.from_array(rng.normal(0, 0.4, (3, 8)).astype(np.float32), "w")], "mixed")
+    feeds = {"x": rng.normal(0, 1, (10, 8)).astype(np.float32),
+             "a": rng.normal(0, 1, 10).astype(np.float32),
+             "s": np.array(0.5, np.float32), "mask": rng.random((10, 8)) > 0.3}
+    calib = tmp_path / "data.npz"
+    np.savez(calib, **feeds)
+    out, y, text, _ = cli(capsys, tmp_path, path, calib, "--batch", "4")
+    assert "TPU" in rows_of(text, "fc")[0]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(v["name"], v["shape"], v["dtype"], v["batch_axis"])
+            for v in manifest["inputs"]] == [("x", [8], "float32", 0), ("a", [], "float32", 0),
+                                             ("s", [], "float32", None),
+                                             ("mask", [8], "bool", 0)]
+    qdq = onnx.load(str(out / "model.qdq.onnx"))
+    want = np.concatenate([run_ort(qdq, {k: (v if k == "s" else np.resize(v[i:i + 4], (
+        4,) + v.shape[1:])) for k, v in feeds.items()})[0][:min(4, 10 - i)]
+        for i in range(0, 10, 4)])
+    assert_within_lsb(y["y"], want, output_lsb(out / "model.qdq.onnx", "y"))
+
+
+def test_lstm_with_sequence_first_input_and_state(tmp_path, capsys):
+    rng = np.random.default_rng(10)
+    s, f, h = 4, 5, 6
+    path = save(tmp_path, [
+        helper.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["Y", "Yh", "Yc"],
+                         hidden_size=h, name="lstm"),
+        helper.make_node("Squeeze", ["Yh", "zero"], ["hn"], name="last"),
+        helper.make_node("Gemm", ["hn", "wo"], ["y"], transB=1, name="classifier")],
+        [vi("x", T.FLOAT, [s, "N", f]), vi("h0", T.FLOAT, [1, "N", h]),
+         vi("c0", T.FLOAT, [1, "N", h])],
+        [vi("y", T.FLOAT, ["N", 3]), vi("Yh", T.FLOAT, [1, "N", h])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (1, 4 * h, f)).astype(np.float32), "W"),
+         numpy_helper.from_array(rng.normal(0, 0.3, (1, 4 * h, h)).astype(np.float32), "R"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(rng.normal(0, 0.4, (3, h)).astype(np.float32), "wo")], "lstm")
+    feeds = {"x": rng.normal(0, 1, (s, 10, f)).astype(np.float32),
+             "h0": rng.normal(0, 1, (1, 10, h)).astype(np.float32),
+             "c0": rng.normal(0, 1, (1, 10, h)).astype(np.float32)}
+    calib = tmp_path / "data.npz"
+    np.savez(calib, **feeds)
+    out, y, text, _ = cli(capsys, tmp_path, path, calib, "--batch", "4")
+    assert "TPU" in rows_of(text, "classifier")[0]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [v["batch_axis"] for v in manifest["inputs"] + manifest["outputs"]] == [1, 1, 1, 0, 1]
+    theirs = run_ort(onnx.load(str(out / "model.qdq.onnx")), feeds)
+    for name, want in zip(("y", "Yh"), theirs):
+        assert_within_lsb(y[name], want, output_lsb(out / "model.qdq.onnx", name))

@@ -21,6 +21,7 @@ import onnx
 from tpuasm.compiler.errors import CompileError
 
 SYMBOL = "tpuasm_batch"
+_PROBES = (7, 11)                  # two batch sizes no fixed dimension is likely to equal
 
 
 def _dims(value_info) -> list:
@@ -105,9 +106,11 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
     return {n: axes[n] for n in names}
 
 
-def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None]) -> dict[str, int | None]:
+def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None], path=None
+                ) -> dict[str, int | None]:
     """Tensor -> batch axis for every tensor whose axis shape inference can tell (the
-    model's inputs always); `model` is not changed (its skeleton is)."""
+    model's inputs always); `model` is not changed (its skeleton is).  With the model's
+    `path`, tensors the symbol does not reach are probed at two batch sizes."""
     from tpuasm.compiler.reader import skeleton
     result = dict(axes)
     if not any(a is not None for a in axes.values()):
@@ -123,10 +126,10 @@ def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None]) -> dict[str
             v.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
-    except Exception:                             # unknown to onnx: the inputs' axes only
-        return result
-    g = inferred.graph
-    for v in list(g.value_info) + list(g.output):
+        values = list(inferred.graph.value_info) + list(inferred.graph.output)
+    except Exception:                             # unknown to onnx: the fallback below
+        values = []
+    for v in values:
         if v.name in result or not v.type.HasField("tensor_type") or \
                 not v.type.tensor_type.HasField("shape"):
             continue
@@ -138,4 +141,32 @@ def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None]) -> dict[str
             result[v.name] = None
     for t in model.graph.initializer:
         result.setdefault(t.name, None)
+    if path is not None and any(o.name not in result for o in model.graph.output):
+        _by_two_batches(model, axes, path, result)
     return result
+
+
+def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> None:
+    """Where the symbol was lost (a contrib operator onnx does not know, a Reshape to a
+    computed shape), the model's shapes at two batch sizes, from reader.infer_shapes (which
+    asks onnxruntime about unknown operators): the batch axis is the one that changes."""
+    from tpuasm.compiler.reader import fix_batch, infer_shapes
+    seen = []
+    for size in _PROBES:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        fix_batch(copy, size, path, axes=axes)
+        try:
+            seen.append(infer_shapes(copy, path)[0])
+        except Exception:                          # left unknown: the runtime's default
+            return
+    small, large = seen
+    for name, shape in small.items():
+        other = large.get(name)
+        if name in result or other is None or len(other) != len(shape):
+            continue
+        moved = [i for i, (a, b) in enumerate(zip(shape, other)) if a != b]
+        if not moved:
+            result[name] = None
+        elif len(moved) == 1 and (shape[moved[0]], other[moved[0]]) == _PROBES:
+            result[name] = moved[0]           # else the batch is mixed into a dimension

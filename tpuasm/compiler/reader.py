@@ -254,7 +254,7 @@ def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
     path = Path(path)
     model = read_model(path) if model is None else model
     axes = input_axes(model, batch_axes, path)
-    tensor_axis = tensor_axes(model, axes)
+    tensor_axis = tensor_axes(model, axes, path)
     batch = fix_batch(model, batch, path, axes=axes)
     fold_constants(model, path, provenance)
     shapes, dtypes = infer_shapes(model, path)
