@@ -68,11 +68,11 @@ def check_opsets(model: onnx.ModelProto, path) -> None:
     # other operator domains (ai.onnx.ml, com.microsoft, a vendor's) are accepted: their
     # nodes run on the host, so onnxruntime must know them (or the model define them)
     local = {(f.domain, f.name) for f in model.functions}
-    known = _runtime_operators()
-    for node in model.graph.node:
-        domain = node.domain or ""
-        if domain in ("", "ai.onnx") or (domain, node.op_type) in local or known is None:
-            continue
+    others = [n for n in model.graph.node if (n.domain or "") not in ("", "ai.onnx")
+              and (n.domain, n.op_type) not in local]
+    known = _runtime_operators() if others else None   # importing onnxruntime costs 20 MB
+    for node in others if known is not None else ():
+        domain = node.domain
         if (domain, node.op_type) not in known:
             raise CompileError(f"{path}: node '{node.name or node.op_type}' uses operator "
                                f"{node.op_type} of domain '{domain}', which onnxruntime "
