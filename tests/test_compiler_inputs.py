@@ -543,3 +543,28 @@ def test_lstm_with_sequence_first_input_and_state(tmp_path, capsys):
     theirs = run_ort(onnx.load(str(out / "model.qdq.onnx")), feeds)
     for name, want in zip(("y", "Yh"), theirs):
         assert_within_lsb(y[name], want, output_lsb(out / "model.qdq.onnx", name))
+
+
+def test_int32_bytes_feeding_a_one_hot(tmp_path):
+    rng = np.random.default_rng(11)
+    path = save(tmp_path, [
+        helper.make_node("OneHot", ["b", "depth", "values"], ["oh"], axis=-1, name="onehot"),
+        helper.make_node("Reshape", ["oh", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "w"], ["h"], transB=1, name="dense"),
+        helper.make_node("Tanh", ["h"], ["t"], name="tanh"),
+        helper.make_node("Gemm", ["t", "w2"], ["y"], transB=1, name="logits")],
+        [vi("b", T.INT32, ["N", 16])], [vi("y", T.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.array(8, np.int32), "depth"),
+         numpy_helper.from_array(np.array([0, 1], np.float32), "values"),
+         numpy_helper.from_array(np.array([-1, 128], np.int64), "flat_shape"),
+         numpy_helper.from_array(rng.normal(0, 0.2, (32, 128)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(0, 0.2, (4, 32)).astype(np.float32), "w2")],
+        "onehot")
+    b = rng.integers(0, 8, (50, 16)).astype(np.int32)
+    compiled = compile_model(path, batch=8, calibration=b, codegen=False)
+    assert {r.node: r.where for r in compiled.report.rows}["dense"] == "TPU"
+    y = compiled.run(b, engine="reference")["y"]
+    (want,) = run_ort(onnx.load(str(compiled.reference_model)), {"b": b})
+    assert_within_lsb(y, want, output_lsb(compiled.reference_model, "y"))
+    (float_y,) = run_ort(onnx.load(path), {"b": b})
+    assert np.mean(np.argmax(y, 1) == np.argmax(float_y, 1)) >= 0.95
