@@ -568,3 +568,23 @@ def test_int32_bytes_feeding_a_one_hot(tmp_path):
     assert_within_lsb(y, want, output_lsb(compiled.reference_model, "y"))
     (float_y,) = run_ort(onnx.load(path), {"b": b})
     assert np.mean(np.argmax(y, 1) == np.argmax(float_y, 1)) >= 0.95
+
+
+def test_a_model_without_a_batch_runs_once_and_writes_its_sequence(tmp_path, capsys):
+    rng = np.random.default_rng(12)
+    path = save(tmp_path, [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Sigmoid", ["x"], ["g"], name="gate"),
+        helper.make_node("SequenceConstruct", ["r", "g"], ["parts"], name="pack")],
+        [vi("x", T.FLOAT, [2, 3])],
+        [helper.make_tensor_sequence_value_info("parts", T.FLOAT, [2, 3])], [], "packed")
+    x = rng.normal(0, 1, (2, 3)).astype(np.float32)
+    calib = tmp_path / "x.npy"
+    np.save(calib, x)
+    out, y, _, _ = cli(capsys, tmp_path, path, calib, "--batch-axis", "x=none")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["batch"] == 1 and manifest["inputs"][0]["batch_axis"] is None
+    assert manifest["outputs"][0]["dtype"] == "seq(tensor(float))"
+    parts = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": x})[0]
+    assert y["parts"].shape == (2, 2, 3)
+    np.testing.assert_array_equal(y["parts"], np.stack(parts))

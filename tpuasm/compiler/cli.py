@@ -133,12 +133,15 @@ def write_outputs(path: Path, results: dict) -> list[str]:
     import numpy as np
     arrays, notes = {}, []
     for name, value in results.items():
+        if isinstance(value, dict):
+            value = [value]
         if isinstance(value, list):
             table, keys = _sequence_table(name, value)
             arrays[name] = table
-            arrays[f"{name}.keys"] = keys
-            notes.append(f"output '{name}' (a sequence of maps) written as a "
-                         f"{table.shape} array, one column per key ({name}.keys)")
+            if keys is not None:
+                arrays[f"{name}.keys"] = keys
+                notes.append(f"output '{name}' (a sequence of maps) written as a "
+                             f"{table.shape} array, one column per key ({name}.keys)")
         else:
             arrays[name] = np.asarray(value)
     try:
@@ -152,15 +155,20 @@ def write_outputs(path: Path, results: dict) -> list[str]:
 
 
 def _sequence_table(name: str, rows: list):
+    """(array, keys or None) of a sequence of maps (or of equal-shaped tensors)."""
     import numpy as np
     if not rows:
-        return np.zeros((0, 0), np.float32), np.zeros(0)
+        return np.zeros((0, 0), np.float32), None
     if not all(isinstance(r, dict) for r in rows):
-        return np.asarray(rows), np.zeros(0)
+        try:
+            return np.stack([np.asarray(r) for r in rows]), None
+        except ValueError:
+            raise _error(f"output '{name}' is a sequence of tensors of different shapes: "
+                         f"take it from the Python API (CompiledModel.run)") from None
     keys = list(rows[0])
     if any(list(r) != keys for r in rows):
-        raise _error(f"output '{name}': its maps have different keys; write them from "
-                     f"the Python API")
+        raise _error(f"output '{name}': its maps have different keys; take them from "
+                     f"the Python API (CompiledModel.run)")
     return np.array([[r[k] for k in keys] for r in rows]), np.array(keys)
 
 

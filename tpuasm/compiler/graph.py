@@ -109,6 +109,15 @@ class Graph:
         """Whether any model input has a batch axis (else the model runs once)."""
         return any(self.batch_axis.get(n) is not None for n in self.inputs)
 
+    @property
+    def batch_size(self) -> int | None:
+        """The fixed batch (read off the first input with a batch axis)."""
+        for n in self.inputs:
+            axis = self.batch_axis.get(n)
+            if axis is not None and n in self.shapes:
+                return self.shapes[n][axis]
+        return None
+
     def output_axis(self, name: str) -> int | None:
         """A model output's batch axis: the inferred one, else the first when the model
         has a batch (shape inference lost the batch's symbol on the way)."""
@@ -120,9 +129,15 @@ class Graph:
         """Why a tensor cannot go to the TPU, whose programs take the batch first (None when
         it can: batch axis 0, unknown, or a model without a batch whose tensor has one
         leading row)."""
-        if name not in self.batch_axis:
+        if name in self.batch_axis:
+            axis = self.batch_axis[name]
+        elif not self.batched:
+            axis = None                   # a model that runs once: no tensor has a batch
+        else:                             # unknown: batch-first unless its shape says not
+            shape = self.shapes.get(name)
+            if shape is not None and (not shape or shape[0] != self.batch_size):
+                return f"'{name}' of shape {shape} is not batch-first"
             return None
-        axis = self.batch_axis[name]
         if axis == 0:
             return None
         if axis is None:

@@ -23,7 +23,13 @@ def model_values(graph: Graph) -> tuple[list[ValueInfo], list[ValueInfo]]:
             dtype = _onnx_type(graph, name)
         return ValueInfo(name, tuple(shape), str(dtype), axis)
     inputs = [info(n, graph.batch_axis.get(n)) for n in graph.inputs]
-    outputs = [info(n, graph.output_axis(n)) for n in graph.outputs]
+    outputs = []
+    for n in graph.outputs:
+        kind = None if n in graph.dtypes else _onnx_type(graph, n)
+        # a sequence of maps (ZipMap) holds one map per row; other non-tensor outputs (a
+        # sequence of tensors, a map) are not rows: the first batch's, whole
+        per_row = kind is None or kind.startswith("seq(map(")
+        outputs.append(info(n, graph.output_axis(n) if per_row else None))
     return inputs, outputs
 
 
