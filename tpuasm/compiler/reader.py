@@ -60,7 +60,7 @@ def check_opsets(model: onnx.ModelProto, path) -> None:
     if default is None:
         raise CompileError(f"{path}: the model imports no ONNX opset")
     if default < MIN_OPSET and _upgrade(model):
-        return
+        default = _UPGRADE_TO
     if not MIN_OPSET <= default <= MAX_OPSET:
         raise CompileError(f"{path}: opset {default} is not supported (supported: "
                            f"{MIN_OPSET}-{MAX_OPSET}); convert it with "
