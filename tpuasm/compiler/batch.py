@@ -150,11 +150,10 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
     """Where the symbol was lost (a contrib operator onnx does not know, a Reshape to a
     computed shape), the model's shapes at two batch sizes, from reader.infer_shapes (which
     asks onnxruntime about unknown operators): the batch axis is the one that changes."""
-    from tpuasm.compiler.reader import fix_batch, infer_shapes
+    from tpuasm.compiler.reader import fix_batch, infer_shapes, skeleton
     seen = []
     for size in _PROBES:
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
+        copy = skeleton(model)                     # large weights only declared: no copy
         fix_batch(copy, size, path, axes=axes)
         try:
             seen.append(infer_shapes(copy, path)[0])
