@@ -588,3 +588,32 @@ def test_a_model_without_a_batch_runs_once_and_writes_its_sequence(tmp_path, cap
     parts = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": x})[0]
     assert y["parts"].shape == (2, 2, 3)
     np.testing.assert_array_equal(y["parts"], np.stack(parts))
+
+
+def test_an_if_whose_branches_read_outer_tensors(tmp_path):
+    # the branches read 'h' from outside (an implicit input: partition and the host parts
+    # must see it); onnxruntime's quantizer orders the If by its explicit inputs only, and
+    # declares the branches' outputs at the compiled batch
+    rng = np.random.default_rng(13)
+    then_g = helper.make_graph([helper.make_node("Relu", ["h"], ["o1"])], "then", [],
+                               [vi("o1", T.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Mul", ["h", "k"], ["o2"])], "else", [],
+                               [vi("o2", T.FLOAT, None)])
+    path = save(tmp_path, [
+        helper.make_node("Gemm", ["x", "w"], ["h"], transB=1, name="fc"),
+        helper.make_node("Greater", ["k", "zero"], ["cond"], name="gt"),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g,
+                         name="branch")],
+        [vi("x", T.FLOAT, ["N", 4])], [vi("y", T.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(rng.normal(0, 0.5, (3, 4)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.float32(0), "zero"),
+         numpy_helper.from_array(np.float32(2), "k")], "iff")
+    x = rng.normal(0, 1, (12, 4)).astype(np.float32)
+    compiled = compile_model(path, batch=4, calibration=x, codegen=False)
+    assert compiled.outputs[0].batch_axis == 0
+    y = compiled.run(x, engine="reference")["y"]
+    qdq = onnx.load(str(compiled.reference_model))
+    want = np.concatenate([run_ort(qdq, {"x": x[i:i + 4]})[0] for i in range(0, 12, 4)])
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    (float_y,) = run_ort(onnx.load(path), {"x": x})
+    assert np.abs(y - float_y).max() < 0.05

@@ -116,6 +116,7 @@ def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None], path=None
     if not any(a is not None for a in axes.values()):
         return result
     probe = skeleton(model)
+    forget_inner_shapes(probe.graph)
     for v in probe.graph.input:
         if v.name in axes and axes[v.name] is not None:
             dim = v.type.tensor_type.shape.dim[axes[v.name]]
@@ -154,6 +155,7 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
     seen = []
     for size in _PROBES:
         copy = skeleton(model)                     # large weights only declared: no copy
+        forget_inner_shapes(copy.graph)
         fix_batch(copy, size, path, axes=axes)
         try:
             seen.append(infer_shapes(copy, path)[0])
@@ -169,3 +171,18 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
             result[name] = None
         elif len(moved) == 1 and (shape[moved[0]], other[moved[0]]) == _PROBES:
             result[name] = moved[0]           # else the batch is mixed into a dimension
+
+
+def forget_inner_shapes(graph: onnx.GraphProto) -> None:
+    """Subgraphs (If/Loop/Scan bodies) as shape inference will redo them: their declared
+    shapes, written at one batch size (onnxruntime's quantizer does), would hide the batch."""
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+            for sub in subs:
+                del sub.value_info[:]
+                for v in sub.output:
+                    if v.type.HasField("tensor_type"):
+                        v.type.tensor_type.ClearField("shape")
+                forget_inner_shapes(sub)

@@ -65,7 +65,11 @@ class Graph:
         self._constants: dict[str, np.ndarray] = {}
         for i, proto in enumerate(g.node):
             attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
-            node = Node(proto.name, proto.op_type, proto.domain or "", list(proto.input),
+            # an If/Loop/Scan reads outer tensors inside its subgraphs: listed after its own
+            # inputs so that partition and the host parts see what it needs
+            inputs = list(proto.input) + [t for t in implicit_inputs(proto)
+                                          if t not in proto.input]
+            node = Node(proto.name, proto.op_type, proto.domain or "", inputs,
                         list(proto.output), attrs, i, proto)
             self.nodes.append(node)
             for out in node.outputs:
@@ -146,6 +150,22 @@ class Graph:
                 return None
             return f"'{name}' has no batch dimension (the same for every batch)"
         return f"its batch dimension is axis {axis} (tensor '{name}')"
+
+
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope tensors the subgraphs of a node read (none for a node without any)."""
+    found: list[str] = []
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        for sub in graphs:
+            defined = {v.name for v in sub.input} | {t.name for t in sub.initializer}
+            for inner in sub.node:
+                for name in list(inner.input) + implicit_inputs(inner):
+                    if name and name not in defined and name not in found:
+                        found.append(name)
+                defined.update(inner.output)
+    return found
 
 
 def tensor_array(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:

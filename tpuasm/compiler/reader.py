@@ -39,14 +39,49 @@ def read_model(path) -> onnx.ModelProto:
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise CompileError(f"{path}: not an ONNX model with a graph (empty or truncated file?)")
     check_opsets(model, path)
+    reordered = _sort_nodes(model)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     try:
         # by path when weights live in external files: the checker resolves them beside it
-        onnx.checker.check_model(str(path) if external else model)
+        onnx.checker.check_model(str(path) if external and not reordered else model)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _name_nodes(model)
     return model
+
+
+def _sort_nodes(model: onnx.ModelProto) -> bool:
+    """Put the nodes in an order where each comes after what it reads, its subgraphs'
+    outer-scope reads included (onnxruntime's quantizer orders an If/Loop by its explicit
+    inputs only); the model's own order wherever it is one.  Whether anything moved."""
+    from tpuasm.compiler.graph import implicit_inputs
+    nodes = list(model.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    needs = [{producer[t] for t in list(n.input) + implicit_inputs(n)
+              if t in producer and producer[t] != i} for i, n in enumerate(nodes)]
+    if all(all(j < i for j in deps) for i, deps in enumerate(needs)):
+        return False
+    import heapq
+    waiting = [len(deps) for deps in needs]
+    users: dict[int, list[int]] = {}
+    for i, deps in enumerate(needs):
+        for j in deps:
+            users.setdefault(j, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in users.get(i, ()):
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                heapq.heappush(ready, k)
+    if len(order) != len(nodes):              # a cycle: the checker will say so
+        return False
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[i] for i in order)
+    return True
 
 
 def _first_line(e: Exception) -> str:
@@ -176,7 +211,9 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
             for dim in v.type.tensor_type.shape.dim:
                 dim.Clear()
     if apply:
+        from tpuasm.compiler.batch import forget_inner_shapes
         del model.graph.value_info[:]                # declared with the old batch
+        forget_inner_shapes(model.graph)
     return chosen
 
 
