@@ -23,7 +23,8 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=positive_int, metavar="B",
                    help="batch size of the TPU programs (default: the model's fixed batch)")
     p.add_argument("--calibrate", metavar="DATA", help="calibration inputs for a float model: "
-                   ".npy (one input, rows first) or .npz keyed by input name")
+                   ".npy (one input) or .npz keyed by input name, in the model's "
+                   "layout and element types (rows along each input's batch axis)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine configuration, e.g. array_size=16 (repeatable)")
     p.add_argument("--batch-axis", action="append", default=[], metavar="NAME=AXIS",
@@ -36,8 +37,9 @@ def _parser_compile() -> argparse.ArgumentParser:
 def _parser_infer() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tpuasm infer",
-        description="Run a compiled model on the emulator: float32 inputs in the model's own "
-                    "layout, any number of rows, in batches of the compiled size.")
+        description="Run a compiled model on the emulator: inputs in the model's own "
+                    "layout and element types, any number of rows along each input's batch "
+                    "axis, in batches of the compiled size.")
     p.add_argument("outdir", help="a directory written by `tpuasm compile`")
     p.add_argument("inputs", help="X.npy (one input) or X.npz keyed by input name")
     p.add_argument("-o", "--output", required=True, metavar="Y",

@@ -1,6 +1,8 @@
 """The compiler's pipeline and its result.
 
-    read (load.py) -> [quantize a float model (quantize.py)] -> fix batch, infer shapes
+    read (reader.py) -> batch axes (batch.py) -> [float model: fix the batch and fold
+    constants (fold.py), quantize (quantize.py) from checked samples (samples.py)]
+    -> fix batch, fold constants, infer shapes (reader.py, ortshapes.py)
     -> lower QDQ / QOperator patterns to IR operators (lower.py)
     -> partition into TPU segments and host parts (partition.py)
     -> back end: each segment -> SegmentProgram (tpuasm.compiler.codegen)
@@ -132,7 +134,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     else:
         if calibration is None:
             raise CompileError(f"{path} is a float model: pass --calibrate DATA.npy|.npz "
-                               f"(calibration inputs, rows first) to quantize it to int8")
+                               f"(calibration inputs in the model's layout) to quantize it to int8")
         fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
         from tpuasm.compiler.quantize import quantize
         from tpuasm.compiler.samples import (check_samples, input_types, read_calibration,
