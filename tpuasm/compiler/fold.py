@@ -13,7 +13,8 @@ A value is computed only when shape inference already says how large it is, and 
 MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised).
 Quantization glue (QuantizeLinear/DequantizeLinear of a weight: the matcher reads those) and
 model outputs are kept.  Every removed node is recorded in the Provenance.  Values are
-computed by onnx's reference evaluator on a one-node model.
+computed on a one-node model: integer ones by onnx's reference evaluator (exact), float ones
+by onnxruntime (the kernels the unfolded model would have run).
 """
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, ma
         outs = [o for o in node.output if o]
         if _foldable_kind(node) and not any(o in outputs for o in outs) and \
                 all(_small(o, shapes, dtypes, max_elements) for o in outs):
-            values = _evaluate(node, shapes, value_of, inits, constants, opset)
+            values = _evaluate(node, shapes, dtypes, value_of, inits, constants, opset)
         if values is None:
             keep.append(node)
             continue
@@ -146,7 +147,7 @@ def _small(name, shapes, dtypes, max_elements) -> bool:
         int(np.prod(shape, dtype=np.int64)) <= max_elements
 
 
-def _evaluate(node, shapes, value_of, inits, constants, opset):
+def _evaluate(node, shapes, dtypes, value_of, inits, constants, opset):
     """The node's output values, or None when they are not constant (or not computable)."""
     if node.op_type in _SHAPE_OPS:
         shape = shapes.get(node.input[0])
@@ -168,15 +169,22 @@ def _evaluate(node, shapes, value_of, inits, constants, opset):
         if value is None:
             return None
         feeds[name] = value
+    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                            list(v.shape)) for n, v in feeds.items()]
+    outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    one = helper.make_model(helper.make_graph([node], "fold", inputs, outs),
+                            opset_imports=[helper.make_opsetid("", opset)])
+    # integer results (shape arithmetic) from onnx's evaluator: exact and quick; any float
+    # from onnxruntime, whose kernels the unfolded model would have run
+    exact = all(dtypes.get(o, np.dtype(np.float32)).kind in "iub"
+                for o in node.output if o)
     try:
-        from onnx.reference import ReferenceEvaluator
-        inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                                list(v.shape)) for n, v in feeds.items()]
-        outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-        one = helper.make_model(helper.make_graph([node], "fold", inputs, outs),
-                                opset_imports=[helper.make_opsetid("", opset)])
-        return ReferenceEvaluator(one).run(None, feeds)
-    except Exception:              # the evaluator cannot: the node stays, onnxruntime runs it
+        if exact:
+            from onnx.reference import ReferenceEvaluator
+            return ReferenceEvaluator(one).run(None, feeds)
+        from tpuasm.compiler.host import session
+        return session(one).run(None, feeds)
+    except Exception:              # it cannot: the node stays, onnxruntime runs it later
         return None
 
 
