@@ -64,7 +64,8 @@ def _write(model, d: Path) -> None:
             (d / f"{step.name}.onnx").write_bytes(step.runner.model_bytes)
             steps.append({"kind": "host", "name": step.name, "model": f"{step.name}.onnx",
                           "inputs": step.runner.inputs, "outputs": step.runner.outputs,
-                          "input_shapes": {k: list(v) for k, v in step.input_shapes.items()},
+                          "input_shapes": {k: None if v is None else list(v)
+                                           for k, v in step.input_shapes.items()},
                           "nodes": step.nodes})
         else:
             steps.append(_write_segment(step, d, model))
@@ -199,7 +200,8 @@ def _load_step(s: dict, outdir: Path):
     if s["kind"] == "host":
         runner = HostRunner((outdir / s["model"]).read_bytes(), s["inputs"], s["outputs"],
                             s["name"])
-        return HostStep(runner, s["nodes"], {k: tuple(v) for k, v in s["input_shapes"].items()})
+        return HostStep(runner, s["nodes"], {k: None if v is None else tuple(v)
+                                             for k, v in s["input_shapes"].items()})
     tensors = {t["name"]: Tensor(t["name"], tuple(t["shape"]),
                                  QParams(t["scale"], t["zero_point"], t["signed"]))
                for t in s["tensors"]}

@@ -172,7 +172,7 @@ def _runtime_steps(graph: Graph, the_plan) -> list:
         if isinstance(step, HostPart):
             model = submodel(graph, step.nodes, step.inputs, step.outputs, step.name)
             runner = HostRunner(model.SerializeToString(), step.inputs, step.outputs, step.name)
-            shapes = {t: graph.shapes[t] for t in step.inputs}
+            shapes = {t: graph.shapes.get(t) for t in step.inputs}   # None: at run time
             steps.append(HostStep(runner, [n.name for n in step.nodes], shapes))
         else:
             tensors = [*step.inputs, *step.outputs]

@@ -105,16 +105,24 @@ class TpuStep:
 class HostStep:
     runner: HostRunner
     nodes: list[str]
-    input_shapes: dict[str, tuple]            # tensor -> ONNX shape (batch first)
+    input_shapes: dict[str, tuple]            # tensor -> ONNX shape (batch fixed)
 
     @property
     def name(self) -> str:
         return self.runner.name
 
     def run(self, values: dict, batch: int, engine: str, config) -> None:
-        feeds = {t: values[t].reshape(tuple(self.input_shapes[t]))
+        feeds = {t: _as_shape(values[t], self.input_shapes.get(t))
                  for t in self.runner.inputs}
         values.update(self.runner.run(feeds))
+
+
+def _as_shape(value, shape):
+    """A value in its ONNX shape (a TPU output arrives in the IR's); as it is when the shape
+    is unknown (computed at run time) or the value is not a tensor (a sequence)."""
+    if shape is None or not isinstance(value, np.ndarray):
+        return value
+    return value.reshape(tuple(shape))
 
 
 Progress = Callable[[int, int], None]
