@@ -152,7 +152,9 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
             step.run(values, batch, engine, config)
         for o in outputs:
             value = values[o.name]
-            if o.batch_axis is None or not batched:
+            whole = o.batch_axis is None or not batched or (
+                isinstance(value, np.ndarray) and value.ndim <= o.batch_axis)
+            if whole:
                 if not results[o.name]:
                     results[o.name].append(value)
             elif isinstance(value, list):                # a sequence (of maps): row by row
@@ -183,7 +185,8 @@ def _join(o: ValueInfo, parts: list):
         if not o.is_tensor:
             return []
         return np.zeros(o.full_shape(0), np.dtype(o.dtype))
-    if o.batch_axis is None or len(parts) == 1:
+    if o.batch_axis is None or len(parts) == 1 or (
+            isinstance(parts[0], np.ndarray) and parts[0].ndim <= o.batch_axis):
         return parts[0]
     if isinstance(parts[0], list):
         return [item for part in parts for item in part]

@@ -29,6 +29,8 @@ def model_values(graph: Graph) -> tuple[list[ValueInfo], list[ValueInfo]]:
         # a sequence of maps (ZipMap) holds one map per row; other non-tensor outputs (a
         # sequence of tensors, a map) are not rows: the first batch's, whole
         per_row = kind is None or kind.startswith("seq(map(")
+        if graph.shapes.get(n) == ():             # a scalar has no rows
+            per_row = False
         outputs.append(info(n, graph.output_axis(n) if per_row else None))
     return inputs, outputs
 
