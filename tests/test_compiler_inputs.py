@@ -617,3 +617,43 @@ def test_an_if_whose_branches_read_outer_tensors(tmp_path):
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
     (float_y,) = run_ort(onnx.load(path), {"x": x})
     assert np.abs(y - float_y).max() < 0.05
+
+
+def test_a_qoperator_contrib_node_does_not_hide_the_types_after_it(tmp_path):
+    # QLinearAdd (com.microsoft) on the host: onnx cannot type its output, onnxruntime can,
+    # so the QLinearConv after it still maps to the TPU
+    from onnx_models import const, model, qparams_inputs, value_info
+    rng = np.random.default_rng(14)
+
+    def conv(name, x, y, xq, yq):
+        w = rng.integers(-127, 128, (4, 4, 3, 3)).astype(np.int8)
+        inits = [const(f"{name}_w", w), const(f"{name}_ws", np.float32(0.004)),
+                 const(f"{name}_wz", np.int8(0))]
+        node = helper.make_node("QLinearConv", [x, f"{xq}_scale", f"{xq}_zp", f"{name}_w",
+                                                f"{name}_ws", f"{name}_wz", f"{yq}_scale",
+                                                f"{yq}_zp"], [y], name=name,
+                                kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        return node, inits
+
+    c1, i1 = conv("conv1", "xq", "a", "x", "a")
+    c2, i2 = conv("conv2", "r", "b", "r", "b")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"], name="q"),
+             c1,
+             helper.make_node("QLinearAdd", ["a", "a_scale", "a_zp", "xq", "x_scale", "x_zp",
+                                             "r_scale", "r_zp"], ["r"], domain="com.microsoft",
+                              name="residual"),
+             c2,
+             helper.make_node("DequantizeLinear", ["b", "b_scale", "b_zp"], ["y"], name="dq")]
+    inits = [*qparams_inputs("x", 0.02, 128, False), *qparams_inputs("a", 0.05, 120, False),
+             *qparams_inputs("r", 0.06, 110, False), *qparams_inputs("b", 0.1, 128, False),
+             *i1, *i2]
+    m = model(nodes, [value_info("x", np.float32, ("N", 4, 6, 6))],
+              [value_info("y", np.float32, ("N", 4, 6, 6))], inits, ms_domain=True)
+    path = tmp_path / "qres.onnx"
+    onnx.save(m, str(path))
+    compiled = compile_model(path, batch=2, codegen=False)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert where["residual"] == "host" and where["conv1"] == "TPU" and where["conv2"] == "TPU"
+    x = rng.normal(0, 1, (5, 4, 6, 6)).astype(np.float32)
+    (want,) = run_ort(m, {"x": x})
+    assert_within_lsb(compiled.run(x, engine="reference")["y"], want, 0.1)
