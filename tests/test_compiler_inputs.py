@@ -657,3 +657,30 @@ def test_a_qoperator_contrib_node_does_not_hide_the_types_after_it(tmp_path):
     x = rng.normal(0, 1, (5, 4, 6, 6)).astype(np.float32)
     (want,) = run_ort(m, {"x": x})
     assert_within_lsb(compiled.run(x, engine="reference")["y"], want, 0.1)
+
+
+def test_a_weight_quantized_in_the_graph_folds_and_maps(tmp_path):
+    # some exporters store the float weight and quantize it in the graph:
+    # QuantizeLinear(W) -> DequantizeLinear -> MatMul; folded, the weight is int8
+    from onnx_models import const, model, qparams_inputs, value_info
+    rng = np.random.default_rng(15)
+    w = rng.normal(0, 0.3, (8, 5)).astype(np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xf"], name="dqx"),
+             helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zp"], ["wq"], name="qw"),
+             helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wf"], name="dqw"),
+             helper.make_node("MatMul", ["xf", "wf"], ["h"], name="fc"),
+             helper.make_node("QuantizeLinear", ["h", "y_scale", "y_zp"], ["hq"], name="qy"),
+             helper.make_node("DequantizeLinear", ["hq", "y_scale", "y_zp"], ["y"], name="dqy")]
+    inits = [*qparams_inputs("x", 0.02, 128, False), *qparams_inputs("w", 0.005, 0, True),
+             *qparams_inputs("y", 0.05, 128, False), const("w", w)]
+    m = model(nodes, [value_info("x", np.float32, ("N", 8))],
+              [value_info("y", np.float32, ("N", 5))], inits)
+    path = tmp_path / "qw.onnx"
+    onnx.save(m, str(path))
+    compiled = compile_model(path, batch=4, codegen=False)
+    assert {r.node: r.where for r in compiled.report.rows}["fc"] == "TPU"
+    assert "qw" in compiled.provenance.folded
+    x = rng.normal(0, 1, (9, 8)).astype(np.float32)
+    (want,) = run_ort(m, {"x": x})
+    assert_within_lsb(compiled.run(x, engine="reference")["y"], want, 0.05)

@@ -11,8 +11,9 @@ replaces each node whose result is known by an initializer:
 
 A value is computed only when shape inference already says how large it is, and only up to
 MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised).
-Quantization glue (QuantizeLinear/DequantizeLinear of a weight: the matcher reads those) and
-model outputs are kept.  Every removed node is recorded in the Provenance.  Values are
+The DequantizeLinear of a weight (the matcher reads those) and model outputs are kept; a
+QuantizeLinear of a constant float weight does fold (into the int8 weight the matcher looks
+for behind its DequantizeLinear).  Every removed node is recorded in the Provenance.  Values are
 computed on a one-node model: integer ones by onnx's reference evaluator (exact), float ones
 by onnxruntime (the kernels the unfolded model would have run).
 """
@@ -26,7 +27,7 @@ from onnx import helper, numpy_helper
 
 MAX_ELEMENTS = 1 << 20
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
-KEEP = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Constant",
+KEEP = {"DequantizeLinear", "DynamicQuantizeLinear", "Constant",
         "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
         "Multinomial", "Bernoulli", "If", "Loop", "Scan"}
 _SHAPE_OPS = {"Shape", "Size"}
