@@ -684,3 +684,55 @@ def test_a_weight_quantized_in_the_graph_folds_and_maps(tmp_path):
     x = rng.normal(0, 1, (9, 8)).astype(np.float32)
     (want,) = run_ort(m, {"x": x})
     assert_within_lsb(compiled.run(x, engine="reference")["y"], want, 0.05)
+
+
+def test_a_flatten_computed_from_the_shape_maps(tmp_path):
+    # PyTorch's x.view(x.size(0), -1): Shape -> Gather -> Unsqueeze -> Concat -> Reshape
+    rng = np.random.default_rng(16)
+    path = save(tmp_path, [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Shape", ["r"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0, name="batch_size"),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"], name="as_list"),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0, name="target"),
+        helper.make_node("Reshape", ["r", "target"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w2"], ["y"], transB=1, name="fc")],
+        [vi("x", T.FLOAT, ["N", 2, 4, 4])], [vi("y", T.FLOAT, ["N", 5])],
+        [numpy_helper.from_array(rng.normal(0, 0.4, (3, 2, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(0, 0.2, (5, 48)).astype(np.float32), "w2"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array([0], np.int64), "axes0"),
+         numpy_helper.from_array(np.array([-1], np.int64), "minus1")], "view")
+    x = rng.normal(0, 1, (10, 2, 4, 4)).astype(np.float32)
+    compiled = compile_model(path, batch=5, calibration=x, codegen=False)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert where["conv"] == "TPU" and where["fc"] == "TPU"
+    assert {"shape", "batch_size", "as_list", "target"} <= set(compiled.provenance.folded)
+    y = compiled.run(x, engine="reference")["y"]
+    qdq = onnx.load(str(compiled.reference_model))
+    want = np.concatenate([run_ort(qdq, {"x": x[i:i + 5]})[0] for i in (0, 5)])
+    assert_within_lsb(y, want, output_lsb(compiled.reference_model, "y"))
+
+
+def test_a_fixed_batch_baked_into_a_reshape_still_maps(tmp_path):
+    # exported with batch 1: Reshape(x, [1, -1]) hides the batch from shape inference; a
+    # model with a fixed batch keeps the batch-first convention
+    rng = np.random.default_rng(17)
+    path = save(tmp_path, [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "target"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w2"], ["y"], transB=1, name="fc")],
+        [vi("x", T.FLOAT, [1, 2, 4, 4])], [vi("y", T.FLOAT, [1, 5])],
+        [numpy_helper.from_array(rng.normal(0, 0.4, (3, 2, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(0, 0.2, (5, 48)).astype(np.float32), "w2"),
+         numpy_helper.from_array(np.array([1, -1], np.int64), "target")], "baked")
+    x = rng.normal(0, 1, (6, 2, 4, 4)).astype(np.float32)
+    compiled = compile_model(path, calibration=x, codegen=False)
+    assert compiled.batch == 1
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert where["conv"] == "TPU" and where["fc"] == "TPU"
+    y = compiled.run(x, engine="reference")["y"]
+    qdq = onnx.load(str(compiled.reference_model))
+    want = np.concatenate([run_ort(qdq, {"x": x[i:i + 1]})[0] for i in range(6)])
+    assert_within_lsb(y, want, output_lsb(compiled.reference_model, "y"))

@@ -106,6 +106,17 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
     return {n: axes[n] for n in names}
 
 
+def has_fixed_batch(model: onnx.ModelProto, given: dict | None) -> bool:
+    """A model exported with a fixed batch (no input has a dynamic dimension, and the user
+    named no axis): its batch is axis 0 by convention, and exporters bake it into constants
+    (a Reshape to [1, -1]) where inference cannot follow it."""
+    if given:
+        return False
+    inits = {t.name for t in model.graph.initializer}
+    return all(v.type.HasField("tensor_type") and not any(_dynamic(d) for d in _dims(v))
+               for v in model.graph.input if v.name not in inits)
+
+
 def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None], path=None
                 ) -> dict[str, int | None]:
     """Tensor -> batch axis for every tensor whose axis shape inference can tell (the
@@ -186,3 +197,26 @@ def forget_inner_shapes(graph: onnx.GraphProto) -> None:
                     if v.type.HasField("tensor_type"):
                         v.type.tensor_type.ClearField("shape")
                 forget_inner_shapes(sub)
+
+
+def carry_axes(model: onnx.ModelProto, known: dict, inferred: dict) -> dict:
+    """Axes found on the model before its batch was folded into constants (a Reshape's
+    target [B, -1] hides the batch from any later inference) carried over to its quantized
+    form: the same tensor names, and across the quantizer's QuantizeLinear/DequantizeLinear
+    nodes (it renames a node's output when it quantizes it: `y` becomes the DequantizeLinear
+    of `y_QuantizeLinear_Output` of `y_QuantizeLinear_Input`), both ways."""
+    result = dict(inferred)
+    result.update(known)
+    sure = set(known)
+    glue = [(n.input[0], n.output[0]) for n in model.graph.node
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input and n.output]
+    changed = True
+    while changed:
+        changed = False
+        for a, b in glue:
+            for src, dst in ((a, b), (b, a)):
+                if src in sure and dst not in sure:
+                    result[dst] = result[src]
+                    sure.add(dst)
+                    changed = True
+    return result

@@ -46,7 +46,7 @@ class Graph:
     """The graph of one model (shapes inferred, batch fixed) and its constants."""
 
     def __init__(self, model: onnx.ModelProto, base_dir: Path, shapes: dict, dtypes: dict,
-                 batch_axis: dict | None = None):
+                 batch_axis: dict | None = None, fixed_batch: bool = False):
         self.model = model
         self.base_dir = Path(base_dir)
         self.shapes: dict[str, tuple] = shapes        # tensor -> full shape (batch fixed)
@@ -58,6 +58,9 @@ class Graph:
         # every tensor whose axis is known (batch.py); the inputs always
         self.batch_axis: dict[str, int | None] = dict(batch_axis) if batch_axis is not None \
             else {n: 0 for n in self.inputs}
+        # exported with a fixed batch (batch.has_fixed_batch): axis 0 by convention, and the
+        # batch may hide in constants (a Reshape to [1, -1]) where no inference follows it
+        self.fixed_batch = fixed_batch
         self.outputs = [v.name for v in g.output]
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
@@ -123,8 +126,11 @@ class Graph:
         return None
 
     def output_axis(self, name: str) -> int | None:
-        """A model output's batch axis: the inferred one, else the first when the model
-        has a batch (shape inference lost the batch's symbol on the way)."""
+        """A model output's batch axis: the first in a model exported with a fixed batch,
+        else the inferred one, else the first when the model has a batch (shape inference
+        lost the batch's symbol on the way)."""
+        if self.fixed_batch and self.batched:     # the batch-first convention
+            return 0
         if name in self.batch_axis:
             return self.batch_axis[name]
         return 0 if self.batched else None
@@ -133,6 +139,11 @@ class Graph:
         """Why a tensor cannot go to the TPU, whose programs take the batch first (None when
         it can: batch axis 0, unknown, or a model without a batch whose tensor has one
         leading row)."""
+        if self.fixed_batch and self.batched:     # the batch-first convention
+            shape = self.shapes.get(name)
+            if shape is not None and (not shape or shape[0] != self.batch_size):
+                return f"'{name}' of shape {shape} is not batch-first"
+            return None
         if name in self.batch_axis:
             axis = self.batch_axis[name]
         elif not self.batched:

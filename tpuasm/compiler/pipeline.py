@@ -18,7 +18,8 @@ import numpy as np
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
-from tpuasm.compiler.batch import input_axes, parse_batch_axes
+from tpuasm.compiler.batch import (has_fixed_batch, input_axes, parse_batch_axes,
+                                   tensor_axes)
 from tpuasm.compiler.fold import fold_float_model
 from tpuasm.compiler.values import model_values
 from tpuasm.compiler.provenance import Provenance
@@ -123,8 +124,10 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
     provenance = Provenance.of(model)
-    axes = input_axes(model, parse_batch_axes(batch_axes), path)
-    keep = None
+    given = parse_batch_axes(batch_axes)
+    axes = input_axes(model, given, path)
+    fixed_batch = has_fixed_batch(model, given)
+    keep = known_axes = None
     if is_quantized(model):
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
@@ -151,13 +154,16 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         # shapes made static before quantizing (fold.py): the quantizer then sees them too
         float_path, float_model = fold_float_model(path, model, batch, axes, provenance,
                                                    Path(keep.name))
+        if float_model is not model:          # the batch is in its constants now
+            known_axes = tensor_axes(model, axes, path)
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
         quantize(float_path, samples, input_signature(float_model), reference,
                  batch_axes=axes)
         source = (f"float model quantized by onnxruntime (QDQ, int8 weights per output "
                   f"channel, uint8 activations per tensor) from {count} calibration samples")
         model = read_model(reference)
-    graph, batch = load_graph(reference, batch, model, axes, provenance)
+    graph, batch = load_graph(reference, batch, model, axes, provenance, known_axes,
+                              fixed_batch)
     lowered, the_plan, steps = _lower_and_generate(graph, batch, machine, path, codegen)
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source)
     inputs, outputs = model_values(graph)

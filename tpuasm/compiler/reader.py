@@ -283,16 +283,23 @@ def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
 
 
 def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
-               batch_axes: dict | None = None, provenance=None) -> tuple[Graph, int]:
-    """Read (or take) a model, find each tensor's batch axis (batch.py), fix the batch, fold
-    constant subgraphs (fold.py), infer shapes: the graph the compiler works on."""
-    from tpuasm.compiler.batch import input_axes, tensor_axes
+               batch_axes: dict | None = None, provenance=None, known_axes=None,
+               fixed_batch: bool | None = None) -> tuple[Graph, int]:
+    """Read (or take) a model, find each tensor's batch axis (batch.py; `known_axes`: found
+    on the float model before its batch was folded in; `fixed_batch`: whether the model as
+    the user gave it had one, default: read off this model), fix the batch, fold constant
+    subgraphs (fold.py), infer shapes: the graph the compiler works on."""
+    from tpuasm.compiler.batch import carry_axes, has_fixed_batch, input_axes, tensor_axes
     from tpuasm.compiler.fold import fold_constants
     path = Path(path)
     model = read_model(path) if model is None else model
+    if fixed_batch is None:
+        fixed_batch = has_fixed_batch(model, batch_axes)
     axes = input_axes(model, batch_axes, path)
     tensor_axis = tensor_axes(model, axes, path)
+    if known_axes:
+        tensor_axis = carry_axes(model, known_axes, tensor_axis)
     batch = fix_batch(model, batch, path, axes=axes)
     fold_constants(model, path, provenance)
     shapes, dtypes = infer_shapes(model, path)
-    return Graph(model, path.parent, shapes, dtypes, tensor_axis), batch
+    return Graph(model, path.parent, shapes, dtypes, tensor_axis, fixed_batch), batch
