@@ -12,7 +12,11 @@ batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` fi
 
 The axis of every other tensor is read off onnx shape inference: each input's batch
 dimension becomes one symbolic name and a tensor's batch axis is the axis that carries it
-(None when its shape is known and none does: a constant, a state passed whole).
+(None when its shape is known and none does: a constant, a state passed whole).  Where the
+symbol is lost (an operator onnx does not know), the shapes at two batch sizes tell.  Axes
+found before the batch is folded into constants are carried to the quantized model
+(carry_axes); a model exported with a fixed batch keeps the batch-first convention
+(has_fixed_batch, Graph.not_batch_first).
 """
 from __future__ import annotations
 
@@ -167,8 +171,8 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
     for size in _PROBES:
         copy = skeleton(model)                     # large weights only declared: no copy
         forget_inner_shapes(copy.graph)
-        fix_batch(copy, size, path, axes=axes)
         try:
+            fix_batch(copy, size, path, axes=axes)
             seen.append(infer_shapes(copy, path)[0])
         except Exception:                          # left unknown: the runtime's default
             return

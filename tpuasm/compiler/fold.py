@@ -112,9 +112,9 @@ def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, ma
     def value_of(name):
         if name in inits:
             return np.asarray(tensor_array(inits[name], base_dir))
-        node = constants[name]
-        attr = node.attribute[0]
-        return np.asarray(numpy_helper.to_array(attr.t)) if attr.name == "value" else None
+        attrs = {a.name: a for a in constants[name].attribute}
+        return np.asarray(numpy_helper.to_array(attrs["value"].t)) if "value" in attrs \
+            else None                      # value_float, sparse_value, ...: left alone
 
     for node in g.node:
         values = None
@@ -198,8 +198,10 @@ def _attr(node, name, default):
 
 def _drop_unused(model: onnx.ModelProto, made: set) -> None:
     """Folded values that no node reads any more (the inside of a folded chain)."""
+    from tpuasm.compiler.graph import implicit_inputs
     g = model.graph
-    read = {i for n in g.node for i in n.input} | {v.name for v in g.output}
+    read = {i for n in g.node for i in list(n.input) + implicit_inputs(n)}
+    read |= {v.name for v in g.output}
     kept = [t for t in g.initializer if t.name not in made or t.name in read]
     if len(kept) != len(g.initializer):
         del g.initializer[:]
