@@ -107,9 +107,10 @@ def check_samples(data: dict, signature: dict, path, types: dict | None = None,
             raise CompileError(f"{path}: calibration data for '{name}' must be finite numbers")
         if count is not None:
             if count == 0 or (rows is not None and count != rows):
+                have = f"'{name}' has {count}" + ("" if rows is None else
+                                                  f", the inputs before it {rows}")
                 raise CompileError(f"{path}: calibration inputs need the same, non-zero "
-                                   f"number of rows along their batch axes "
-                                   f"({name}: {count}, before: {rows})")
+                                   f"number of rows along their batch axes ({have})")
             rows = count
         out[name] = x
     return out
