@@ -736,3 +736,28 @@ def test_a_fixed_batch_baked_into_a_reshape_still_maps(tmp_path):
     qdq = onnx.load(str(compiled.reference_model))
     want = np.concatenate([run_ort(qdq, {"x": x[i:i + 1]})[0] for i in range(6)])
     assert_within_lsb(y, want, output_lsb(compiled.reference_model, "y"))
+
+
+def test_data_in_the_wrong_layout_names_the_input_and_the_shapes(tmp_path, capsys):
+    rng = np.random.default_rng(18)
+    path = seq_first_model(tmp_path, rng)
+    calib = tmp_path / "rows_first.npz"
+    np.savez(calib, x=np.zeros((30, 5, 6), np.float32), h=np.zeros((1, 1, 4), np.float32))
+    code = compile_main([path, "-o", str(tmp_path / "out"), "--calibrate", str(calib),
+                         "--batch", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "rows_first.npz" in err and "'x'" in err
+    assert "(30, 5, 6)" in err and "expected (5, rows, 6)" in err
+    assert not (tmp_path / "out").exists()
+    good = tmp_path / "good.npz"
+    np.savez(good, x=rng.normal(0, 1, (5, 12, 6)).astype(np.float32),
+             h=np.zeros((1, 1, 4), np.float32))
+    assert compile_main([path, "-o", str(tmp_path / "out"), "--calibrate", str(good),
+                         "--batch", "8", "-q"]) == 0
+    capsys.readouterr()
+    np.savez(tmp_path / "x.npz", x=np.zeros((5, 3, 6), np.float32),
+             h=np.zeros((2, 1, 4), np.float32))          # a whole input of the wrong shape
+    code = infer_main([str(tmp_path / "out"), str(tmp_path / "x.npz"), "-o",
+                       str(tmp_path / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and "'h'" in err and "expected (1, 1, 4)" in err
