@@ -137,7 +137,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     else:
         if calibration is None:
             raise CompileError(f"{path} is a float model: pass --calibrate DATA.npy|.npz "
-                               f"(calibration inputs in the model's layout) to quantize it to int8")
+                               f"(calibration inputs in the model's layout) to quantize it "
+                               f"to int8")
         fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
         from tpuasm.compiler.quantize import quantize
         from tpuasm.compiler.samples import (check_samples, input_types, read_calibration,
