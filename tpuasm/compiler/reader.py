@@ -193,9 +193,10 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
         first = _dims(v)[axis]
         if chosen is None:
             if not isinstance(first, int) or first <= 0:
-                where = "" if axis == 0 else f" (axis {axis})"
+                where = "" if axis == 0 else f" on axis {axis}"
+                named = f" ({first!r})" if first else ""
                 raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension"
-                                   f"{where} ({first!r}): pass --batch B (batch=B)")
+                                   f"{where}{named}: pass --batch B (batch=B)")
             chosen = first
         if not apply:
             continue
