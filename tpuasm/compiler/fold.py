@@ -66,10 +66,15 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
     if external or not _candidates(model):
         copy = model
     else:
+        from tpuasm.compiler.errors import CompileError
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         fix_batch(copy, batch, path, axes=axes)
-        if not fold_constants(copy, path, provenance):
+        try:
+            folded = fold_constants(copy, path, provenance)
+        except CompileError:          # shape inference fails: the quantized model will say
+            folded = 0
+        if not folded:
             copy = model
     if copy is model and not upgraded(model):    # as it is on disk
         return path, model
