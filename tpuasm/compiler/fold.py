@@ -70,12 +70,17 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         fix_batch(copy, batch, path, axes=axes)
+        from tpuasm.compiler.provenance import Provenance
+        scratch = Provenance.of(model)             # recorded only if the copy is taken
         try:
-            folded = fold_constants(copy, path, provenance)
+            folded = fold_constants(copy, path, scratch)
         except CompileError:          # shape inference fails: the quantized model will say
             folded = 0
         if not folded:
             copy = model
+        elif provenance is not None:
+            for name, why in scratch.folded.items():
+                provenance.fold(name, why)
     if copy is model and not upgraded(model):    # as it is on disk
         return path, model
     out = Path(workdir) / (path.stem + ".folded.onnx")
