@@ -25,6 +25,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.provenance import Provenance
+
 MAX_ELEMENTS = 1 << 20
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
 KEEP = {"DequantizeLinear", "DynamicQuantizeLinear", "Constant",
@@ -66,11 +69,9 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
     if external or not _candidates(model):
         copy = model
     else:
-        from tpuasm.compiler.errors import CompileError
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         fix_batch(copy, batch, path, axes=axes)
-        from tpuasm.compiler.provenance import Provenance
         scratch = Provenance.of(model)             # recorded only if the copy is taken
         try:
             folded = fold_constants(copy, path, scratch)
