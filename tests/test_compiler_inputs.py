@@ -31,7 +31,8 @@ from tpuasm.compiler.reader import load_graph, read_model
 
 def save(tmp_path, nodes, inputs, outputs, inits, name, domains=(), opset=17) -> str:
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    opsets = [helper.make_opsetid("", opset)] + [
+        helper.make_opsetid(*(d if isinstance(d, tuple) else (d, 1))) for d in domains]
     m = helper.make_model(graph, opset_imports=opsets)
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -761,3 +762,29 @@ def test_data_in_the_wrong_layout_names_the_input_and_the_shapes(tmp_path, capsy
                        str(tmp_path / "y.npz")])
     err = capsys.readouterr().err
     assert code == 2 and "'h'" in err and "expected (1, 1, 4)" in err
+
+
+def test_a_string_input_feeding_an_ai_onnx_ml_encoder(tmp_path, capsys):
+    rng = np.random.default_rng(19)
+    words = ["cat", "dog", "emu", "yak"]
+    path = save(tmp_path, [
+        helper.make_node("LabelEncoder", ["s"], ["ids"], domain="ai.onnx.ml", name="encode",
+                         keys_strings=words, values_int64s=[0, 1, 2, 3], default_int64=0),
+        helper.make_node("OneHot", ["ids", "depth", "values"], ["oh"], axis=-1, name="onehot"),
+        helper.make_node("Reshape", ["oh", "flat_shape"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w"], ["y"], transB=1, name="fc")],
+        [vi("s", T.STRING, ["N", 3])], [vi("y", T.FLOAT, ["N", 2])],
+        [numpy_helper.from_array(np.array(4, np.int64), "depth"),
+         numpy_helper.from_array(np.array([0, 1], np.float32), "values"),
+         numpy_helper.from_array(np.array([-1, 12], np.int64), "flat_shape"),
+         numpy_helper.from_array(rng.normal(0, 0.5, (2, 12)).astype(np.float32), "w")],
+        "words", domains=[("ai.onnx.ml", 2)])
+    s = np.array(rng.choice(words, (20, 3)))
+    calib = tmp_path / "s.npy"
+    np.save(calib, s)
+    out, y, text, _ = cli(capsys, tmp_path, path, calib, "--batch", "8")
+    assert "TPU" in rows_of(text, "fc")[0] and "host" in rows_of(text, "encode")[0]
+    (want,) = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"s": s})
+    assert_within_lsb(y["y"], want, output_lsb(out / "model.qdq.onnx", "y"))
+    with pytest.raises(CompileError, match="expected strings"):
+        load(out).run(np.zeros((2, 3), np.float32), engine="reference")

@@ -52,6 +52,12 @@ def convert(x, dtype: np.dtype, name: str, where) -> np.ndarray:
     they are whole numbers in range (no silent truncation)."""
     x = np.asarray(x)
     dtype = np.dtype(dtype)
+    if dtype.kind in "OUS":                     # a string input (text pipelines)
+        if x.dtype.kind not in "US" and not (x.dtype.kind == "O" and all(
+                isinstance(v, str) for v in x.reshape(-1))):
+            raise CompileError(f"{_at(where)}data for '{name}' has dtype {x.dtype}: "
+                               f"expected strings")
+        return x.astype(str)
     if x.dtype.kind not in "fiub":
         raise CompileError(f"{_at(where)}data for '{name}' has dtype {x.dtype}: expected "
                            f"numbers ({dtype})")
