@@ -489,7 +489,7 @@ def test_an_internal_lowering_error_puts_the_node_on_the_host(tmp_path, monkeypa
     model = compiled(tmp_path, m)
     placed = rows(model)
     assert placed["conv"].where == "host"
-    assert placed["conv"].note == "internal: tuple index out of range"
+    assert placed["conv"].note == "internal: IndexError: tuple index out of range"
     assert placed["act"].where == "TPU"
     assert_matches(model, m, inputs(b, 6), b.scale)
 

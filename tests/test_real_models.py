@@ -30,39 +30,7 @@ from real_models import (BUILDERS, Outcome, RealModel, compile_and_infer, macs, 
                          qdq_agreement, run, top1_agreement)
 
 # check -> model -> the failure measured on this branch (before the issue-20 features merge)
-XFAIL = {
-    "runs": {
-        "lstm_classifier": "compile exit 2: input 'x' dimension 1 is dynamic ('batch'): only "
-                           "the batch dimension may be (sequence-first input refused)",
-        "gru_classifier": "compile exit 2: input 'x' dimension 1 is dynamic ('batch'): only "
-                          "the batch dimension may be (sequence-first input refused)",
-        "sklearn_mlp": "compile exit 2: node 'ZipMap' uses the unknown operator domain "
-                       "'ai.onnx.ml'",
-        "sklearn_logistic": "compile exit 2: node 'LinearClassifier' uses the unknown "
-                            "operator domain 'ai.onnx.ml'",
-        "token_embedding": "compile exit 2: quantization failed: Unexpected input data type. "
-                           "Actual: (tensor(float)), expected: (tensor(int32))",
-        "byte_classifier": "compile exit 2: quantization failed: Unexpected input data type. "
-                           "Actual: (tensor(float)), expected: (tensor(int32))",
-    },
-    "on_tpu": {
-        "mobilenet_v2_block": "6 of 11 on the host: 5 x 'BatchNormalization has no TPU "
-                              "mapping', the depthwise Conv 'groups=64 (the TPU maps "
-                              "groups=1)'",
-        "resnet_basic_block": "3 of 7 on the host: 'BatchNormalization has no TPU mapping'",
-        "conv1d_audio": "4 of 4 on the host: \"the shape of '/frontend/pad/Pad_output_0_"
-                        "QuantizeLinear_Output' is unknown\" (computed pads), head MatMul "
-                        "'not (batch, K)'",
-        "transformer_encoder": "6 of 7 on the host: 'MatMul of a tensor that is not "
-                               "(batch, K)' (rank-3 activations)",
-        "sklearn_logistic": "does not compile here; then LinearClassifier (ai.onnx.ml, the "
-                            "model's only matrix node) has no TPU mapping",
-        "qoperator_cnn": "2 of 4 on the host: \"tensor '/pool/MaxPool_output_0_quantized' is "
-                         "None, not 8-bit\" (after the host QLinearAdd)",
-    },
-    "top1": {},
-    "identical": {},
-}
+XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {}}
 # a model that does not compile fails every later check too
 for _name in XFAIL["runs"]:
     for _check in ("on_tpu", "top1", "identical"):

@@ -24,19 +24,50 @@ def codegen_module():
     return importlib.import_module("tpuasm.compiler.codegen")
 
 
-def generate_programs(steps, batch, machine, path="the model") -> None:
-    """The back end: one SegmentProgram per segment."""
+def generate_programs(steps, batch, machine, path="the model", fall_back: bool = False
+                      ) -> dict[str, str]:
+    """The back end: one SegmentProgram per segment.  The back end's CodegenError is a clear
+    error; any other failure (a case it mishandles) is one too, or with `fall_back` its
+    culprits are returned ({operator: why}) for the pipeline to put on the host."""
     codegen = codegen_module()
     check_weight_memory(steps, machine.array_size, path, codegen)
+    failed = {}
+
+    def generate(segment):
+        return codegen.generate(segment, batch, array_size=machine.array_size,
+                                ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
+                                fifo_depth=machine.fifo_depth)
+
     for step in steps:
         if isinstance(step, TpuStep):
             try:
-                step.program = codegen.generate(
-                    step.segment, batch, array_size=machine.array_size,
-                    ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
-                    fifo_depth=machine.fifo_depth)
+                step.program = generate(step.segment)
             except codegen.CodegenError as e:
                 raise CompileError(f"{step.name}: {e}") from None
+            except Exception as e:    # noqa: BLE001 - a case the back end mishandles
+                why = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
+                if not fall_back:
+                    raise CompileError(f"{path}: {step.name}: {why}") from None
+                failed.update(_culprits(step.segment, generate, why))
+    return failed
+
+
+def _culprits(segment, generate, why: str) -> dict[str, str]:
+    """The operators of a failing segment that fail alone ({name: why}); all of them when
+    none does (the failure needs their company)."""
+    from tpuasm.compiler.ir import Segment
+    found = {}
+    for op in segment.operators:
+        try:
+            generate(Segment(f"{segment.name}_{op.name}", [op], [op.input], [op.output]))
+        except Exception as e:       # noqa: BLE001 - as above, operator by operator
+            found[op.name] = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
+    return found or {op.name: why for op in segment.operators}
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def check_weight_memory(steps, n: int, path, codegen) -> None:

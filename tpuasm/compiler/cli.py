@@ -25,9 +25,13 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_batch, metavar="B",
                    help="batch size of the TPU programs (default: the model's fixed batch)")
     p.add_argument("--calibrate", metavar="DATA", help="calibration inputs for a float model: "
-                   ".npy (one input, rows first) or .npz keyed by input name")
+                   ".npy (one input) or .npz keyed by input name, in the model's "
+                   "layout and element types (rows along each input's batch axis)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="machine configuration, e.g. array_size=16 (repeatable)")
+    p.add_argument("--batch-axis", action="append", default=[], metavar="NAME=AXIS",
+                   help="the batch axis of input NAME, or 'none' for an input passed whole "
+                        "to every batch (default: inferred; repeatable)")
     q = p.add_argument_group("quantization of a float model")
     q.add_argument("--per-tensor", action="store_true",
                    help="one weight scale per tensor (default: per output channel)")
@@ -73,8 +77,9 @@ def _quantization(args):
 def _parser_infer() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tpuasm infer",
-        description="Run a compiled model on the emulator: float32 inputs in the model's own "
-                    "layout, any number of rows, in batches of the compiled size.")
+        description="Run a compiled model on the emulator: inputs in the model's own "
+                    "layout and element types, any number of rows along each input's batch "
+                    "axis, in batches of the compiled size.")
     p.add_argument("outdir", help="a directory written by `tpuasm compile`")
     p.add_argument("inputs", help="X.npy (one input) or X.npz keyed by input name")
     p.add_argument("-o", "--output", required=True, metavar="Y",
@@ -174,7 +179,8 @@ def compile_main(argv: list[str] | None = None) -> int:
         if args.calibrate is not None:
             _check_data_file(args.calibrate, "calibration data")
         model = compile_model(args.model, batch=args.batch, calibration=args.calibrate,
-                              config=args.config, quantization=_quantization(args),
+                              config=args.config, batch_axes=args.batch_axis,
+                              quantization=_quantization(args),
                               validate=False if args.no_validate else args.validate,
                               min_agreement=args.min_agreement, min_snr=args.min_snr)
         model.save(args.output)
@@ -211,9 +217,10 @@ def infer_main(argv: list[str] | None = None) -> int:
                 results = _run_on_cluster(args, model, data, progress)
             else:
                 results = model.run(data, progress=progress, engine=args.engine)
-        write_outputs(out, results)
+        for note in write_outputs(out, results):
+            print(f"note: {note}", file=sys.stderr)
         if not args.quiet:
-            rows = len(next(iter(results.values()))) if results else 0
+            rows = _rows(model, results)
             print(f"wrote {out} ({rows} rows)", file=sys.stderr)
     return state["code"]
 
@@ -235,6 +242,15 @@ def _run_on_cluster(args, model, data, progress) -> dict:
         raise _error(str(e)) from None
 
 
+def _rows(model, results: dict) -> int:
+    """Rows of the first output with a batch axis (1 for a model without one)."""
+    for o in model.outputs:
+        value = results.get(o.name)
+        if o.batch_axis is not None and value is not None:
+            return len(value) if isinstance(value, list) else value.shape[o.batch_axis]
+    return 1
+
+
 def _error(message: str):
     from tpuasm.compiler.errors import CompileError
     return CompileError(message)
@@ -245,14 +261,48 @@ def read_inputs(path: Path, names: list[str]) -> dict:
     return read_named_arrays(path, names)
 
 
-def write_outputs(path: Path, results: dict) -> None:
+def write_outputs(path: Path, results: dict) -> list[str]:
+    """Write Y.npy / Y.npz (never pickles); the notes to show.  A sequence of maps (ZipMap's
+    {class: probability} per row) becomes a (rows, classes) array in key order, with its
+    keys beside it as NAME.keys."""
     import numpy as np
-
+    arrays, notes = {}, []
+    for name, value in results.items():
+        if isinstance(value, dict):
+            value = [value]
+        if isinstance(value, list):
+            table, keys = _sequence_table(name, value)
+            arrays[name] = table
+            if keys is not None:
+                arrays[f"{name}.keys"] = keys
+                notes.append(f"output '{name}' (a sequence of maps) written as a "
+                             f"{table.shape} array, one column per key ({name}.keys)")
+        else:
+            arrays[name] = np.asarray(value)
     from tpuasm.files import atomic_write
     if path.suffix == ".npy":          # exactly this path, through a temporary file
-        atomic_write(path, lambda fh: np.save(fh, next(iter(results.values()))))
+        atomic_write(path, lambda fh: np.save(fh, next(iter(arrays.values()))))
     else:
-        atomic_write(path, lambda fh: np.savez(fh, **results))
+        atomic_write(path, lambda fh: np.savez(fh, **arrays))
+    return notes
+
+
+def _sequence_table(name: str, rows: list):
+    """(array, keys or None) of a sequence of maps (or of equal-shaped tensors)."""
+    import numpy as np
+    if not rows:
+        return np.zeros((0, 0), np.float32), None
+    if not all(isinstance(r, dict) for r in rows):
+        try:
+            return np.stack([np.asarray(r) for r in rows]), None
+        except ValueError:
+            raise _error(f"output '{name}' is a sequence of tensors of different shapes: "
+                         f"take it from the Python API (CompiledModel.run)") from None
+    keys = list(rows[0])
+    if any(list(r) != keys for r in rows):
+        raise _error(f"output '{name}': its maps have different keys; take them from "
+                     f"the Python API (CompiledModel.run)")
+    return np.array([[r[k] for k in keys] for r in rows]), np.array(keys)
 
 
 @contextmanager

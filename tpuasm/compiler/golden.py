@@ -34,7 +34,10 @@ def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
         got = np.asarray(ours[name]).reshape(want.shape)
         diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
         same = float(np.mean(diff == 0)) if diff.size else 1.0
-        if diff.size and (diff.max() > 1 or same < 0.999):
+        # rounding near-ties (docs/compiler.md, Rounding) are 1 LSB and rare: a small
+        # sample batch may hold one or two of them, a back-end bug makes many
+        ties = int(np.count_nonzero(diff)) <= max(2, int(0.001 * diff.size))
+        if diff.size and (diff.max() > 1 or not ties):
             raise CompileError(f"{step.name}: the generated program disagrees with the "
                                f"reference on '{name}': {same:.2%} identical, worst "
                                f"{int(diff.max())} LSB (a back-end bug)")

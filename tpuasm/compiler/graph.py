@@ -45,14 +45,22 @@ def _np_dtype(elem_type: int):
 class Graph:
     """The graph of one model (shapes inferred, batch fixed) and its constants."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: Path, shapes: dict, dtypes: dict):
+    def __init__(self, model: onnx.ModelProto, base_dir: Path, shapes: dict, dtypes: dict,
+                 batch_axis: dict | None = None, fixed_batch: bool = False):
         self.model = model
         self.base_dir = Path(base_dir)
-        self.shapes: dict[str, tuple] = shapes        # tensor -> full shape (batch first)
+        self.shapes: dict[str, tuple] = shapes        # tensor -> full shape (batch fixed)
         self.dtypes: dict[str, np.dtype] = dtypes
         g = model.graph
         self.initializers = {t.name: t for t in g.initializer}
         self.inputs = [v.name for v in g.input if v.name not in self.initializers]
+        # tensor -> its batch axis (None: no batch dimension, the same for every batch), for
+        # every tensor whose axis is known (batch.py); the inputs always
+        self.batch_axis: dict[str, int | None] = dict(batch_axis) if batch_axis is not None \
+            else {n: 0 for n in self.inputs}
+        # exported with a fixed batch (batch.has_fixed_batch): axis 0 by convention, and the
+        # batch may hide in constants (a Reshape to [1, -1]) where no inference follows it
+        self.fixed_batch = fixed_batch
         self.outputs = [v.name for v in g.output]
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
@@ -60,7 +68,11 @@ class Graph:
         self._constants: dict[str, np.ndarray] = {}
         for i, proto in enumerate(g.node):
             attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
-            node = Node(proto.name, proto.op_type, proto.domain or "", list(proto.input),
+            # an If/Loop/Scan reads outer tensors inside its subgraphs: listed after its own
+            # inputs so that partition and the host parts see what it needs
+            inputs = list(proto.input) + [t for t in implicit_inputs(proto)
+                                          if t not in proto.input]
+            node = Node(proto.name, proto.op_type, proto.domain or "", inputs,
                         list(proto.output), attrs, i, proto)
             self.nodes.append(node)
             for out in node.outputs:
@@ -95,9 +107,76 @@ class Graph:
         return value
 
     def sample_shape(self, name: str) -> tuple[int, ...] | None:
-        """A tensor's shape without its batch dimension."""
+        """A tensor's shape without its (first) batch dimension."""
         shape = self.shapes.get(name)
         return None if shape is None else tuple(shape[1:])
+
+    @property
+    def batched(self) -> bool:
+        """Whether any model input has a batch axis (else the model runs once)."""
+        return any(self.batch_axis.get(n) is not None for n in self.inputs)
+
+    @property
+    def batch_size(self) -> int | None:
+        """The fixed batch (read off the first input with a batch axis)."""
+        for n in self.inputs:
+            axis = self.batch_axis.get(n)
+            if axis is not None and n in self.shapes:
+                return self.shapes[n][axis]
+        return None
+
+    def output_axis(self, name: str) -> int | None:
+        """A model output's batch axis: the first in a model exported with a fixed batch,
+        else the inferred one, else the first when the model has a batch (shape inference
+        lost the batch's symbol on the way)."""
+        if self.fixed_batch and self.batched:     # the batch-first convention
+            return 0
+        if name in self.batch_axis:
+            return self.batch_axis[name]
+        return 0 if self.batched else None
+
+    def not_batch_first(self, name: str) -> str | None:
+        """Why a tensor cannot go to the TPU, whose programs take the batch first (None when
+        it can: batch axis 0, unknown, or a model without a batch whose tensor has one
+        leading row)."""
+        if self.fixed_batch and self.batched:     # the batch-first convention
+            shape = self.shapes.get(name)
+            if shape is not None and (not shape or shape[0] != self.batch_size):
+                return f"'{name}' of shape {shape} is not batch-first"
+            return None
+        if name in self.batch_axis:
+            axis = self.batch_axis[name]
+        elif not self.batched:
+            axis = None                   # a model that runs once: no tensor has a batch
+        else:                             # unknown: batch-first unless its shape says not
+            shape = self.shapes.get(name)
+            if shape is not None and (not shape or shape[0] != self.batch_size):
+                return f"'{name}' of shape {shape} is not batch-first"
+            return None
+        if axis == 0:
+            return None
+        if axis is None:
+            shape = self.shapes.get(name)
+            if not self.batched and shape and shape[0] == 1:
+                return None
+            return f"'{name}' has no batch dimension (the same for every batch)"
+        return f"its batch dimension is axis {axis} (tensor '{name}')"
+
+
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope tensors the subgraphs of a node read (none for a node without any)."""
+    found: list[str] = []
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        for sub in graphs:
+            defined = {v.name for v in sub.input} | {t.name for t in sub.initializer}
+            for inner in sub.node:
+                for name in list(inner.input) + implicit_inputs(inner):
+                    if name and name not in defined and name not in found:
+                        found.append(name)
+                defined.update(inner.output)
+    return found
 
 
 def tensor_array(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:

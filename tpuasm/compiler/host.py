@@ -34,7 +34,12 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
     inits = [_initializer(graph, i) for i in sorted(wanted) if i in graph.initializers
              and i not in inputs]
 
+    declared = {v.name: v for v in graph.model.graph.output
+                if not v.type.HasField("tensor_type")}
+
     def info(tensor: str):
+        if tensor in declared:           # a sequence or map output (ZipMap's): as declared
+            return declared[tensor]
         dtype = graph.dtypes.get(tensor)
         if dtype is None:
             raise CompileError(f"the element type of '{tensor}' is unknown")
@@ -67,9 +72,13 @@ class HostRunner:
         self._session = None
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._session is None:
-            self._session = session(self.model_bytes)
-        results = self._session.run(self.outputs, {k: feeds[k] for k in self.inputs})
+        try:
+            if self._session is None:
+                self._session = session(self.model_bytes)
+            results = self._session.run(self.outputs, {k: feeds[k] for k in self.inputs})
+        except Exception as e:        # onnxruntime's errors have no common public base
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CompileError(f"host part {self.name}: onnxruntime failed: {text}") from None
         return dict(zip(self.outputs, results))
 
 

@@ -108,6 +108,9 @@ class Lowerer:
     def tensor(self, name: str, quant: QParams, shape=None) -> Tensor:
         """The IR tensor of a quantized ONNX tensor (one object per name)."""
         if name not in self.tensors:
+            why = self.g.not_batch_first(name)        # TPU programs take the batch first
+            if why:
+                raise NotMapped(why)
             if shape is None:
                 shape = self.g.sample_shape(name)
                 if shape is None:
@@ -882,7 +885,7 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
         except Exception as e:     # noqa: BLE001 - a lowering bug: this node to the host
             lw.tensors = before
             lw.notes.pop(node.name, None)
-            reasons[node.name] = f"internal: {e or type(e).__name__}"
+            reasons[node.name] = f"internal: {type(e).__name__}: {e}"
             continue
         operators.append(op)
         anchor[op.name] = node

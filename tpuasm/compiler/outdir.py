@@ -64,7 +64,8 @@ def _write(model, d: Path) -> None:
             (d / f"{step.name}.onnx").write_bytes(step.runner.model_bytes)
             steps.append({"kind": "host", "name": step.name, "model": f"{step.name}.onnx",
                           "inputs": step.runner.inputs, "outputs": step.runner.outputs,
-                          "input_shapes": {k: list(v) for k, v in step.input_shapes.items()},
+                          "input_shapes": {k: None if v is None else list(v)
+                                           for k, v in step.input_shapes.items()},
                           "nodes": step.nodes})
         else:
             steps.append(_write_segment(step, d, model))
@@ -77,7 +78,8 @@ def _write(model, d: Path) -> None:
 
 
 def _value(v: ValueInfo) -> dict:
-    return {"name": v.name, "shape": list(v.shape), "dtype": v.dtype}
+    return {"name": v.name, "shape": list(v.shape), "dtype": v.dtype,
+            "batch_axis": v.batch_axis}
 
 
 def _copy_reference(src: Path, dst: Path) -> None:
@@ -213,7 +215,9 @@ def _check_onnx(path: Path) -> None:
     from tpuasm.limits import MAX_BINARY_BYTES
     data = read_input(path, what="host model", limit=4 * MAX_BINARY_BYTES)
     try:
-        onnx.checker.check_model(onnx.load_model_from_string(data))
+        model = onnx.load_model_from_string(data)
+        if not model.HasField("graph") or not model.graph.node:
+            raise ValueError("no graph")
     except Exception as e:      # protobuf's and onnx's many kinds of "damaged"
         text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CompileError(f"{path}: damaged host model ({text}); compile it again") from None
@@ -247,10 +251,8 @@ def _read(outdir: Path) -> dict:
                              f"{VERSION})")
         steps = [_load_step(s, outdir) for s in manifest["steps"]]
         report = CompileReport.from_json(json.loads((outdir / "report.json").read_text()))
-        inputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
-                  for v in manifest["inputs"]]
-        outputs = [ValueInfo(v["name"], tuple(v["shape"]), v["dtype"])
-                   for v in manifest["outputs"]]
+        inputs = [_value_info(v) for v in manifest["inputs"]]
+        outputs = [_value_info(v) for v in manifest["outputs"]]
         batch, config = int(manifest["batch"]), dict(manifest["config"])
     except CompileError:
         raise
@@ -262,11 +264,22 @@ def _read(outdir: Path) -> dict:
                 has_programs=has_programs)
 
 
+def _value_info(v: dict) -> ValueInfo:
+    """A manifest's input/output; an OUTDIR written before batch axes were saved is batch
+    first."""
+    axis = v.get("batch_axis", 0)
+    if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)
+                             or not 0 <= axis <= len(v["shape"])):
+        raise ValueError(f"input/output {v['name']!r}: bad batch_axis {axis!r}")
+    return ValueInfo(v["name"], tuple(v["shape"]), v["dtype"], axis)
+
+
 def _load_step(s: dict, outdir: Path):
     if s["kind"] == "host":
         runner = HostRunner((outdir / s["model"]).read_bytes(), s["inputs"], s["outputs"],
                             s["name"])
-        return HostStep(runner, s["nodes"], {k: tuple(v) for k, v in s["input_shapes"].items()})
+        return HostStep(runner, s["nodes"], {k: None if v is None else tuple(v)
+                                             for k, v in s["input_shapes"].items()})
     tensors = {t["name"]: Tensor(t["name"], tuple(t["shape"]),
                                  QParams(t["scale"], t["zero_point"], t["signed"]),
                                  bool(t.get("channels_last", False)))

@@ -1,6 +1,9 @@
 """The compiler's pipeline and its result.
 
-    read (load.py) -> [quantize a float model (quantize.py)] -> fix batch, infer shapes
+    read (reader.py) -> batch axes (batch.py) -> [a float model: samples checked
+    (samples.py), the batch fixed and constants folded (fold.py), rewritten (prepare.py),
+    the TPU's nodes quantized (quantize.py)] -> fix batch, fold constants, infer shapes
+    (reader.py, ortshapes.py)
     -> match QDQ / QOperator patterns into IR operators (match.py)
     -> partition into TPU segments and host parts (partition.py)
     -> back end: each segment -> SegmentProgram (tpuasm.compiler.codegen)
@@ -17,6 +20,9 @@ from tpuasm.compiler.backend import backend_support, generate_programs, machine_
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
 from tpuasm.compiler.host import HostRunner, lookup_table, submodel
+from tpuasm.compiler.batch import (has_fixed_batch, input_axes, parse_batch_axes,
+                                   tensor_axes)
+from tpuasm.compiler.fold import fold_float_model
 from tpuasm.compiler.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.match import GLUE, Lowered, lower
 from tpuasm.compiler.model import CompiledModel
@@ -26,7 +32,8 @@ from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, lo
                                     read_model)
 from tpuasm.compiler.report import (CompileReport, NodeRow, SegmentRow, describe, input_rows,
                                     mac_warnings)
-from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
+from tpuasm.compiler.runtime import HostStep, TpuStep
+from tpuasm.compiler.values import model_values
 from tpuasm.errors import TpuasmError
 
 
@@ -45,12 +52,15 @@ def parse_config(items) -> dict:
 
 
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
-                  codegen: bool = True, quantization=None, validate=None,
-                  min_agreement: float = 0.99, min_snr: float = 20.0) -> CompiledModel:
+                  codegen: bool = True, batch_axes=None, quantization=None,
+                  validate=None, min_agreement: float = 0.99, min_snr: float = 20.0
+                  ) -> CompiledModel:
     """Compile an ONNX model (float with a calibration set, or already quantized).
-    `quantization`: a quantize.QuantOptions for a float model; `validate`: None (check the
-    compiled model against the float one on the calibration data), False (no check), or
-    data (array, {input: array}, .npy/.npz path) to check it on."""
+    `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
+    batch axes (batch.py) are not the right ones.  `quantization`: a quantize.QuantOptions
+    for a float model; `validate`: None (check the compiled model against the float one on
+    the calibration data), False (no check), or data (array, {input: array}, .npy/.npz path)
+    to check it on."""
     path = Path(path)
     from tpuasm.compiler.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
@@ -60,8 +70,11 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
-    input_model = model
-    keep = None
+    provenance = Provenance.of(model)       # every rewrite below records into it
+    given = parse_batch_axes(batch_axes)
+    axes = input_axes(model, given, path)
+    fixed_batch = has_fixed_batch(model, given)
+    keep = known_axes = prepared = None
     if is_quantized(model):
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
@@ -74,57 +87,54 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     else:
         if calibration is None:
             raise CompileError(f"{path} is a float model: pass --calibrate DATA.npy|.npz "
-                               f"(calibration inputs, rows first) to quantize it to int8")
-        fix_batch(model, batch, path, apply=False)    # dynamic shapes: fail before quantizing
-        from tpuasm.compiler.quantize import check_samples, quantize, read_calibration
-        signature = input_signature(model)
+                               f"(calibration inputs in the model's layout) to quantize it "
+                               f"to int8")
+        fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
+        from tpuasm.compiler.quantize import quantize
+        from tpuasm.compiler.samples import (check_samples, input_types, read_calibration,
+                                             sample_rows)
         if isinstance(calibration, (str, Path)):
-            samples = read_calibration(calibration, model, path)
-            count = len(next(iter(samples.values())))
+            samples = read_calibration(calibration, model, path, axes)
         else:
+            signature = input_signature(model)
             data = calibration if isinstance(calibration, dict) else \
                 {next(iter(signature)): calibration}
-            samples = check_samples(data, signature, "calibration")
-            count = len(next(iter(samples.values())))
+            samples = check_samples(data, signature, "calibration", input_types(model), axes)
+        count = sample_rows(samples, axes)
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
+        _load_weights(model, path)          # the rewrites rescale them
+        original = model.SerializeToString()   # the float model, for the validation
+        # shapes made static before quantizing (fold.py): the quantizer then sees them too
+        _, float_model = fold_float_model(path, model, batch, axes, provenance,
+                                          Path(keep.name))
+        if float_model is not model:          # the batch is in its constants now
+            known_axes = tensor_axes(model, axes, path)
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        from tpuasm.compiler.quantize import QuantOptions
         from tpuasm.compiler.prepare import prepare
+        from tpuasm.compiler.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
-        _load_weights(model, path)
-        float_check = (model.SerializeToString(),
-                       *_check_data(validate, signature, samples, "the calibration data"))
-        prepared = prepare(model)
-        quantize(prepared.model, samples, signature, reference, options, path,
-                 prepared.provenance)
+        float_check = (original, *_check_data(validate, model, samples, axes,
+                                              "the calibration data"))
+        prepared = prepare(float_model, provenance)
+        quantize(prepared.model, samples, input_signature(float_model), reference, options,
+                 path, provenance, batch_axes=axes)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{options.describe()}) from {count} calibration samples")
         model = read_model(reference)
-    graph, batch = load_graph(reference, batch, model)
-    lowered = lower(graph, lookup_table, backend_support)
-    if float_check is not None:      # a recurrent node left as it was, a node kept float
-        lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
-                                     if k in lowered.host_reasons})
-        for node in graph.nodes:
-            if node.name in lowered.host_reasons and \
-                    options.keeps(node.name, node.op_type, prepared.provenance):
-                lowered.host_reasons[node.name] = "kept in float (--keep-float)"
-    the_plan = plan(graph, lowered)
-    steps = _runtime_steps(graph, the_plan)
-    if codegen:
-        generate_programs(steps, batch, machine, path)
-    # a float model was rewritten in place (prepare) and then quantized: the report maps the
-    # quantized graph through both steps back to the user's nodes
-    provenance = (Provenance.of(model) if float_check is None
-                  else _quantized_provenance(input_model, graph, base=prepared.provenance))
+    graph, batch = load_graph(reference, batch, model, axes,
+                              provenance if prepared is None else None, known_axes, fixed_batch)
+    lowered, the_plan, steps = _lower_and_generate(
+        graph, batch, machine, path, codegen,
+        None if prepared is None else (prepared, options, provenance))
+    # a float model was rewritten (fold, prepare) and quantized: the report maps the
+    # quantized graph back through those steps to the user's nodes
+    report_provenance = (provenance if prepared is None
+                         else _quantized_provenance(prepared.model, graph, base=provenance))
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source,
-                     provenance, machine=machine)
-    inputs = [ValueInfo(n, graph.sample_shape(n), str(graph.dtypes[n])) for n in graph.inputs]
-    outputs = [ValueInfo(n, graph.sample_shape(n) or (), str(graph.dtypes.get(n, "float32")))
-               for n in graph.outputs]
+                     report_provenance, machine=machine)
+    inputs, outputs = model_values(graph)
     compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
-    if float_check is not None:
-        compiled.provenance = prepared.provenance
+    compiled.provenance = provenance
     if float_check is not None and validate is not False:
         from tpuasm.compiler.validate import validate as check
         report.validation = check(compiled, *float_check, min_agreement, min_snr)
@@ -138,12 +148,13 @@ def _load_weights(model, path) -> None:
         onnx.load_external_data_for_model(model, str(path.parent))
 
 
-def _check_data(data, signature: dict, samples: dict, what: str):
+def _check_data(data, model, samples: dict, axes, what: str):
     """(rows, what they are) to check the compiled model on: the calibration samples, or
     the user's --validate data (read and checked before anything is compiled)."""
     if data is None or data is False:
         return samples, what
-    from tpuasm.compiler.quantize import check_samples
+    from tpuasm.compiler.samples import check_samples, input_types
+    signature = input_signature(model)
     if isinstance(data, (str, Path)):
         from tpuasm.compiler.arrays import read_named_arrays
         what = str(data)
@@ -153,7 +164,7 @@ def _check_data(data, signature: dict, samples: dict, what: str):
         data = {next(iter(signature)): data}
     else:
         what = "the validation data"
-    return check_samples(data, signature, what), what
+    return check_samples(data, signature, what, input_types(model), axes), what
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:
@@ -162,13 +173,49 @@ def _runtime_steps(graph: Graph, the_plan) -> list:
         if isinstance(step, HostPart):
             model = submodel(graph, step.nodes, step.inputs, step.outputs, step.name)
             runner = HostRunner(model.SerializeToString(), step.inputs, step.outputs, step.name)
-            shapes = {t: graph.shapes[t] for t in step.inputs}
+            shapes = {t: graph.shapes.get(t) for t in step.inputs}   # None: at run time
             steps.append(HostStep(runner, [n.name for n in step.nodes], shapes))
         else:
             tensors = [*step.inputs, *step.outputs]
             steps.append(TpuStep(step, {t.name: graph.sample_shape(t.name) or t.shape
                                         for t in tensors}))
     return steps
+
+
+def _lower_and_generate(graph: Graph, batch, machine, path, codegen: bool, rewritten=None):
+    """Match, partition and generate the programs.  A segment the back end fails on (an
+    exception other than its CodegenError: a case it mishandles) is not a traceback: its
+    operators go back to the host, with the failure as their reason, and the model is
+    matched again without them.  `rewritten`: (prepare.Prepared, QuantOptions, Provenance)
+    of a float model, whose host reasons say what the rewrites and options decided."""
+    refused: dict[str, str] = {}
+
+    def supported(op):
+        return refused.get(op.name) or backend_support(op)
+
+    while True:
+        lowered = lower(graph, lookup_table, supported)
+        if rewritten is not None:
+            _prepared_reasons(graph, lowered, *rewritten)
+        the_plan = plan(graph, lowered)
+        steps = _runtime_steps(graph, the_plan)
+        if not codegen:
+            return lowered, the_plan, steps
+        failed = generate_programs(steps, batch, machine, path, fall_back=True)
+        if not failed:
+            return lowered, the_plan, steps
+        refused.update(failed)
+
+
+def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provenance) -> None:
+    """Why a rewritten float model's node is on the host: a recurrent node left as it was,
+    a node kept in float (--keep-float)."""
+    lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
+                                 if k in lowered.host_reasons})
+    for node in graph.nodes:
+        if node.name in lowered.host_reasons and \
+                options.keeps(node.name, node.op_type, provenance):
+            lowered.host_reasons[node.name] = "kept in float (--keep-float)"
 
 
 def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source,

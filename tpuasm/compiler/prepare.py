@@ -128,12 +128,24 @@ def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
 def drop_unused_initializers(model: onnx.ModelProto) -> None:
     """Initializers no node reads any more (weights replaced by their rescaled copies)."""
     g = model.graph
-    used = {i for n in g.node for i in n.input} | {v.name for v in g.output}
+    used = _names_read(g.node) | {v.name for v in g.output}
     declared = {v.name for v in g.input}
     keep = [t for t in g.initializer if t.name in used or t.name in declared]
     if len(keep) != len(g.initializer):
         del g.initializer[:]
         g.initializer.extend(keep)
+
+
+def _names_read(nodes) -> set[str]:
+    """Every tensor name the nodes read, the subgraphs' (If, Loop, Scan bodies: they may read
+    the outer graph's tensors by name) included."""
+    names = set()
+    for n in nodes:
+        names.update(i for i in n.input if i)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                names |= _names_read(sub.node)
+    return names
 
 
 # --- BatchNormalization folding --------------------------------------------------------

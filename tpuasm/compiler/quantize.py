@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.reader import input_signature
+from tpuasm.compiler.samples import calibration_feeds, check_samples, read_calibration  # noqa: F401
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
@@ -81,36 +81,6 @@ class QuantOptions:
         return text
 
 
-def read_calibration(path, model, model_path) -> dict[str, np.ndarray]:
-    """DATA.npy (one input) or DATA.npz (keyed by input name) -> {input: (rows, *shape)}."""
-    from tpuasm.compiler.arrays import read_named_arrays
-    signature = input_signature(model)
-    data = read_named_arrays(path, list(signature))
-    return check_samples(data, signature, path)
-
-
-def check_samples(data: dict, signature: dict, path) -> dict[str, np.ndarray]:
-    missing = [n for n in signature if n not in data]
-    if missing:
-        raise CompileError(f"{path}: no calibration data for input(s) {', '.join(missing)}")
-    rows = None
-    out = {}
-    for name, dims in signature.items():
-        x = np.asarray(data[name])
-        want = tuple(dims[1:])
-        if x.ndim != len(dims) or tuple(x.shape[1:]) != want:
-            raise CompileError(f"{path}: calibration data for '{name}' has shape {x.shape}, "
-                               f"expected (rows, {', '.join(map(str, want))})")
-        if x.dtype.kind not in "fiu" or not np.all(np.isfinite(x)):
-            raise CompileError(f"{path}: calibration data for '{name}' must be finite numbers")
-        if len(x) == 0 or (rows is not None and len(x) != rows):
-            raise CompileError(f"{path}: calibration inputs need the same, non-zero number "
-                               f"of rows")
-        rows = len(x)
-        out[name] = x.astype(np.float32)
-    return out
-
-
 def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
               provenance=None) -> list[str]:
     """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
@@ -164,10 +134,12 @@ def _check_keep_float(model, keep, path, original: dict) -> None:
 
 
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
-             options: QuantOptions | None = None, path=None, provenance=None) -> list[str]:
+             options: QuantOptions | None = None, path=None, provenance=None,
+             batch_axes: dict | None = None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
-    prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples` to
-    `out_path`.  Returns the quantized nodes."""
+    prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples`
+    (in the model's own layout and types; `batch_axes`: input -> batch axis or None, default
+    batch first) to `out_path`.  Returns the quantized nodes."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
                                           QuantFormat, QuantType, quantize_static)
     options = options or QuantOptions()
@@ -176,25 +148,13 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
         model = onnx.load(str(model))
     model = _with_shapes(model)
     nodes = tpu_nodes(model, options, path, provenance)
-    rows = len(next(iter(samples.values())))
-    fixed = {n: d[0] for n, d in signature.items() if isinstance(d[0], int) and d[0] > 0}
-    step = min(fixed.values()) if fixed else min(rows, 64)
 
-    class Reader(CalibrationDataReader):
+    class Reader(CalibrationDataReader):       # a fresh pass over the samples each time
         def __init__(self):
-            self.start = 0
+            self.feeds = calibration_feeds(samples, signature, batch_axes)
 
         def get_next(self):
-            if self.start >= rows:
-                return None
-            feed = {}
-            for name, x in samples.items():
-                chunk = x[self.start:self.start + step]
-                if len(chunk) < step and name in fixed:   # repeat rows: min/max unchanged
-                    chunk = np.concatenate([chunk, x[:step - len(chunk)]])
-                feed[name] = chunk
-            self.start += step
-            return feed
+            return next(self.feeds, None)
 
     if not nodes:
         # nothing the TPU can take: the model stays float (onnxruntime needs one node)

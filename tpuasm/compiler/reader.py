@@ -17,7 +17,6 @@ from tpuasm.compiler.graph import Graph
 
 MIN_OPSET = 10                     # QuantizeLinear / QLinearConv / MatMulInteger appear in 10
 MAX_OPSET = onnx.defs.onnx_opset_version()
-KNOWN_DOMAINS = {"", "ai.onnx", "com.microsoft"}
 _SMALL = 4096                      # initializers kept in the shape-inference skeleton
 
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
@@ -40,14 +39,49 @@ def read_model(path) -> onnx.ModelProto:
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise CompileError(f"{path}: not an ONNX model with a graph (empty or truncated file?)")
     check_opsets(model, path)
+    reordered = _sort_nodes(model)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     try:
         # by path when weights live in external files: the checker resolves them beside it
-        onnx.checker.check_model(str(path) if external else model)
+        onnx.checker.check_model(str(path) if external and not reordered else model)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _name_nodes(model)
     return model
+
+
+def _sort_nodes(model: onnx.ModelProto) -> bool:
+    """Put the nodes in an order where each comes after what it reads, its subgraphs'
+    outer-scope reads included (onnxruntime's quantizer orders an If/Loop by its explicit
+    inputs only); the model's own order wherever it is one.  Whether anything moved."""
+    from tpuasm.compiler.graph import implicit_inputs
+    nodes = list(model.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    needs = [{producer[t] for t in list(n.input) + implicit_inputs(n)
+              if t in producer and producer[t] != i} for i, n in enumerate(nodes)]
+    if all(all(j < i for j in deps) for i, deps in enumerate(needs)):
+        return False
+    import heapq
+    waiting = [len(deps) for deps in needs]
+    users: dict[int, list[int]] = {}
+    for i, deps in enumerate(needs):
+        for j in deps:
+            users.setdefault(j, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in users.get(i, ()):
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                heapq.heappush(ready, k)
+    if len(order) != len(nodes):              # a cycle: the checker will say so
+        return False
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[i] for i in order)
+    return True
 
 
 def _first_line(e: Exception) -> str:
@@ -60,14 +94,56 @@ def check_opsets(model: onnx.ModelProto, path) -> None:
     default = versions.get("", versions.get("ai.onnx"))
     if default is None:
         raise CompileError(f"{path}: the model imports no ONNX opset")
+    if default < MIN_OPSET and _upgrade(model):
+        default = _UPGRADE_TO
     if not MIN_OPSET <= default <= MAX_OPSET:
         raise CompileError(f"{path}: opset {default} is not supported (supported: "
                            f"{MIN_OPSET}-{MAX_OPSET}); convert it with "
                            f"onnx.version_converter")
-    for node in model.graph.node:
-        if (node.domain or "") not in KNOWN_DOMAINS:
-            raise CompileError(f"{path}: node '{node.name or node.op_type}' uses the unknown "
-                               f"operator domain '{node.domain}'")
+    # other operator domains (ai.onnx.ml, com.microsoft, a vendor's) are accepted: their
+    # nodes run on the host, so onnxruntime must know them (or the model define them)
+    local = {(f.domain, f.name) for f in model.functions}
+    others = [n for n in model.graph.node if (n.domain or "") not in ("", "ai.onnx")
+              and (n.domain, n.op_type) not in local]
+    known = _runtime_operators() if others else None   # importing onnxruntime costs 20 MB
+    for node in others if known is not None else ():
+        domain = node.domain
+        if (domain, node.op_type) not in known:
+            raise CompileError(f"{path}: node '{node.name or node.op_type}' uses operator "
+                               f"{node.op_type} of domain '{domain}', which onnxruntime "
+                               f"does not know (so the host could not run it either)")
+
+
+def _runtime_operators() -> set | None:
+    """(domain, op_type) of every operator onnxruntime's CPU build knows (None: unknown)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+        return {(s.domain, s.name) for s in ort_state.get_all_operator_schema()}
+    except Exception:             # an onnxruntime without the listing: let it decide later
+        return None
+
+
+UPGRADED = "tpuasm.upgraded_from_opset"
+_UPGRADE_TO = 13                   # per-axis DequantizeLinear (per-channel weights) from 13
+
+
+def _upgrade(model: onnx.ModelProto) -> bool:
+    """A model older than QuantizeLinear (opset < 10: scikit-learn exports of linear models
+    use 9) converted in place by onnx's version converter; False when it cannot be."""
+    versions = {o.domain or "": o.version for o in model.opset_import}
+    try:
+        from onnx import version_converter
+        converted = version_converter.convert_version(model, _UPGRADE_TO)
+    except Exception:
+        return False
+    model.CopyFrom(converted)
+    model.metadata_props.add(key=UPGRADED, value=str(versions.get("", "")))
+    return True
+
+
+def upgraded(model: onnx.ModelProto) -> bool:
+    """Whether read_model converted the model to a newer opset (the file is the old one)."""
+    return any(p.key == UPGRADED for p in model.metadata_props)
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
@@ -97,47 +173,54 @@ def input_signature(model: onnx.ModelProto) -> dict[str, list]:
     return {v.name: _dims(v) for v in model.graph.input if v.name not in inits}
 
 
-def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = True) -> int:
-    """Set every graph input's first dimension to the batch; return it.  Without `batch`,
-    the model's own fixed batch is used; a dynamic one is an error that says what to pass.
-    `apply=False` only checks."""
+def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = True,
+              axes: dict | None = None) -> int:
+    """Set every graph input's batch dimension (`axes`: input -> axis or None, from
+    batch.input_axes; default: the first) to the batch; return it.  Without `batch`, the
+    model's own fixed batch is used; a dynamic one is an error that says what to pass.  A
+    model with no batch axis at all runs once: batch 1.  `apply=False` only checks."""
+    from tpuasm.compiler.batch import input_axes
+    if axes is None:
+        axes = input_axes(model, None, path)
     inits = {t.name for t in model.graph.initializer}
     chosen = batch
+    batched = False
     for v in model.graph.input:
-        if v.name in inits:
+        if v.name in inits or axes.get(v.name) is None:
             continue
-        if not v.type.HasField("tensor_type"):
-            raise CompileError(f"{path}: input '{v.name}' is not a tensor")
-        dims = _dims(v)
-        if len(dims) < 2:
-            raise CompileError(f"{path}: input '{v.name}' has shape {dims}: expected a batch "
-                               f"dimension first and at least one more")
-        for axis, d in enumerate(dims[1:], start=1):
-            if not isinstance(d, int) or d <= 0:
-                raise CompileError(f"{path}: input '{v.name}' dimension {axis} is dynamic "
-                                   f"({d!r}): only the batch dimension may be; export the "
-                                   f"model with a fixed shape")
-        first = dims[0]
+        batched = True
+        axis = axes[v.name]
+        first = _dims(v)[axis]
         if chosen is None:
             if not isinstance(first, int) or first <= 0:
-                raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension "
-                                   f"({first!r}): pass --batch B (batch=B)")
+                where = "" if axis == 0 else f" on axis {axis}"
+                named = f" ({first!r})" if first else ""
+                raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension"
+                                   f"{where}{named}: pass --batch B (batch=B)")
             chosen = first
         if not apply:
             continue
-        dim = v.type.tensor_type.shape.dim[0]
+        dim = v.type.tensor_type.shape.dim[axis]
         dim.Clear()
         dim.dim_value = chosen
+    if not batched:
+        return 1
     if chosen is None or chosen <= 0:
         raise CompileError(f"{path}: batch must be a positive integer, not {chosen}")
     for v in model.graph.output if apply else ():   # re-inferred with the new batch
         if v.type.HasField("tensor_type") and v.type.tensor_type.shape.dim:
-            v.type.tensor_type.shape.dim[0].Clear()
+            for dim in v.type.tensor_type.shape.dim:
+                dim.Clear()
+    if apply:
+        from tpuasm.compiler.batch import forget_inner_shapes
+        del model.graph.value_info[:]                # declared with the old batch
+        forget_inner_shapes(model.graph)
     return chosen
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph with large initializers turned into declared inputs (no data copied)."""
+def skeleton(model: onnx.ModelProto, known=()) -> onnx.ModelProto:
+    """The graph with large initializers turned into declared inputs (no data copied);
+    `known`: value infos learned elsewhere (ortshapes) declared in it."""
     g = model.graph
     small, declared = [], []
     for t in g.initializer:
@@ -148,17 +231,36 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
             declared.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     inits = {t.name for t in g.initializer}
     inputs = [v for v in g.input if v.name not in inits] + declared
-    graph = helper.make_graph(list(g.node), g.name or "model", inputs, list(g.output), small)
-    skeleton = helper.make_model(graph, opset_imports=list(model.opset_import))
-    skeleton.ir_version = model.ir_version
-    return skeleton
+    graph = helper.make_graph(list(g.node), g.name or "model", inputs, list(g.output), small,
+                              value_info=list(known))
+    probe = helper.make_model(graph, opset_imports=list(model.opset_import))
+    probe.ir_version = model.ir_version
+    return probe
 
 
 def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
-    """(tensor -> shape tuple, tensor -> numpy dtype) for every tensor whose shape is known."""
-    skeleton = _skeleton(model)
+    """(tensor -> shape tuple, tensor -> numpy dtype) for every tensor whose shape is known.
+    Nodes onnx does not know (contrib operators) are run alone by onnxruntime on zeros to
+    learn their outputs (ortshapes.py), and inference goes on from there."""
+    from tpuasm.compiler import ortshapes
+    known: list = []
+    tried: set[str] = set()
+    while True:
+        shapes, dtypes = _infer_once(model, path, known)
+        todo = [n for n in ortshapes.unknown_nodes(model, shapes, dtypes)
+                if n.name not in tried]
+        if not todo:
+            return shapes, dtypes
+        for node in todo:
+            tried.add(node.name)
+            known += ortshapes.value_infos(ortshapes.run_alone(
+                node, model, Path(path).parent, shapes, dtypes))
+
+
+def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
+    probe = skeleton(model, known)
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True,
+        inferred = onnx.shape_inference.infer_shapes(probe, check_type=True,
                                                      strict_mode=True, data_prop=True)
     except Exception as e:
         raise CompileError(f"{path}: shape inference failed: {_first_line(e)}") from None
@@ -181,11 +283,24 @@ def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
     return shapes, dtypes
 
 
-def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None
-               ) -> tuple[Graph, int]:
-    """Read (or take) a model, fix its batch, infer shapes: the graph the compiler works on."""
+def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
+               batch_axes: dict | None = None, provenance=None, known_axes=None,
+               fixed_batch: bool | None = None) -> tuple[Graph, int]:
+    """Read (or take) a model, find each tensor's batch axis (batch.py; `known_axes`: found
+    on the float model before its batch was folded in; `fixed_batch`: whether the model as
+    the user gave it had one, default: read off this model), fix the batch, fold constant
+    subgraphs (fold.py), infer shapes: the graph the compiler works on."""
+    from tpuasm.compiler.batch import carry_axes, has_fixed_batch, input_axes, tensor_axes
+    from tpuasm.compiler.fold import fold_constants
     path = Path(path)
     model = read_model(path) if model is None else model
-    batch = fix_batch(model, batch, path)
+    if fixed_batch is None:
+        fixed_batch = has_fixed_batch(model, batch_axes)
+    axes = input_axes(model, batch_axes, path)
+    tensor_axis = tensor_axes(model, axes, path)
+    if known_axes:
+        tensor_axis = carry_axes(model, known_axes, tensor_axis)
+    batch = fix_batch(model, batch, path, axes=axes)
+    fold_constants(model, path, provenance)
     shapes, dtypes = infer_shapes(model, path)
-    return Graph(model, path.parent, shapes, dtypes), batch
+    return Graph(model, path.parent, shapes, dtypes, tensor_axis, fixed_batch), batch

@@ -25,10 +25,30 @@ class InferenceFault(TpuasmError):
 
 @dataclass
 class ValueInfo:
-    """A model input or output: its name, per-sample shape and element type."""
+    """A model input or output: its name, per-sample shape (the shape without the batch
+    axis; the whole shape when it has none), element type (numpy's name; an ONNX type such
+    as `seq(map(int64,tensor(float)))` for a non-tensor output) and batch axis (None: the
+    same for every batch, given once and passed whole)."""
     name: str
     shape: tuple[int, ...]
     dtype: str
+    batch_axis: int | None = 0
+
+    def full_shape(self, batch: int) -> tuple[int, ...]:
+        """The shape of one batch of `batch` rows."""
+        if self.batch_axis is None:
+            return tuple(self.shape)
+        shape = list(self.shape)
+        shape.insert(self.batch_axis, batch)
+        return tuple(shape)
+
+    @property
+    def is_tensor(self) -> bool:
+        try:
+            np.dtype(self.dtype)
+        except TypeError:
+            return False
+        return True
 
 
 @dataclass
@@ -87,16 +107,24 @@ class TpuStep:
 class HostStep:
     runner: HostRunner
     nodes: list[str]
-    input_shapes: dict[str, tuple]            # tensor -> ONNX shape (batch first)
+    input_shapes: dict[str, tuple]            # tensor -> ONNX shape (batch fixed)
 
     @property
     def name(self) -> str:
         return self.runner.name
 
     def run(self, values: dict, batch: int, engine: str, config) -> None:
-        feeds = {t: values[t].reshape(tuple(self.input_shapes[t]))
+        feeds = {t: _as_shape(values[t], self.input_shapes.get(t))
                  for t in self.runner.inputs}
         values.update(self.runner.run(feeds))
+
+
+def _as_shape(value, shape):
+    """A value in its ONNX shape (a TPU output arrives in the IR's); as it is when the shape
+    is unknown (computed at run time) or the value is not a tensor (a sequence)."""
+    if shape is None or not isinstance(value, np.ndarray):
+        return value
+    return value.reshape(tuple(shape))
 
 
 Progress = Callable[[int, int], None]
@@ -105,55 +133,74 @@ Progress = Callable[[int, int], None]
 def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[ValueInfo],
               data: dict[str, np.ndarray], engine: str = "emulator", config=None,
               progress: Progress | None = None) -> dict[str, np.ndarray]:
-    """Run `data` (float32 in the model's layout, any number of rows) in batches of `batch`;
-    the last batch is padded with zeros and its padding dropped."""
-    rows = check_inputs(inputs, data)
+    """Run `data` (in the model's layout and element types, any number of rows along each
+    input's batch axis) in batches of `batch`: each input is cut along its batch axis (the
+    last batch padded with zeros), inputs without one are passed whole to every batch, and
+    the outputs are joined along theirs (padding dropped; an output without a batch axis is
+    the first batch's).  A model with no batch axis at all runs once."""
+    data, rows = prepare_inputs(inputs, data)
+    batched = any(i.batch_axis is not None for i in inputs)
+    total = rows if batched else 1
     results = {o.name: [] for o in outputs}
     done = 0
     if progress:
-        progress(0, rows)
-    while done < rows:
-        take = min(batch, rows - done)
+        progress(0, total)
+    while done < total:
+        take = min(batch, rows - done) if batched else 1
         values = {}
         for info in inputs:
-            chunk = np.zeros((batch,) + info.shape, np.dtype(info.dtype))
-            chunk[:take] = data[info.name][done:done + take]
-            values[info.name] = chunk
+            values[info.name] = _batch_of(info, data[info.name], done, take, batch)
         for step in steps:
             step.run(values, batch, engine, config)
         for o in outputs:
-            results[o.name].append(np.asarray(values[o.name])[:take])
+            value = values[o.name]
+            whole = o.batch_axis is None or not batched or (
+                isinstance(value, np.ndarray) and value.ndim <= o.batch_axis)
+            if whole:
+                if not results[o.name]:
+                    results[o.name].append(value)
+            elif isinstance(value, list):                # a sequence (of maps): row by row
+                results[o.name].append(value[:take])
+            else:
+                results[o.name].append(np.take(np.asarray(value), np.arange(take),
+                                               axis=o.batch_axis))
         done += take
         if progress:
-            progress(done, rows)
-    return {name: (np.concatenate(parts) if parts else
-                   np.zeros((0,) + next(o.shape for o in outputs if o.name == name)))
-            for name, parts in results.items()}
+            progress(done, total)
+    return {o.name: _join(o, results[o.name]) for o in outputs}
+
+
+def _batch_of(info: ValueInfo, x: np.ndarray, start: int, take: int, batch: int):
+    if info.batch_axis is None:
+        return x
+    chunk = np.zeros(info.full_shape(batch), x.dtype)
+    index = [slice(None)] * chunk.ndim
+    index[info.batch_axis] = slice(0, take)
+    source = [slice(None)] * x.ndim
+    source[info.batch_axis] = slice(start, start + take)
+    chunk[tuple(index)] = x[tuple(source)]
+    return chunk
+
+
+def _join(o: ValueInfo, parts: list):
+    if not parts:
+        if not o.is_tensor:
+            return []
+        return np.zeros(o.full_shape(0), np.dtype(o.dtype))
+    if o.batch_axis is None or len(parts) == 1 or (
+            isinstance(parts[0], np.ndarray) and parts[0].ndim <= o.batch_axis):
+        return parts[0]
+    if isinstance(parts[0], list):
+        return [item for part in parts for item in part]
+    return np.concatenate(parts, axis=o.batch_axis)
+
+
+def prepare_inputs(inputs: list[ValueInfo], data: dict) -> tuple[dict, int]:
+    """The data checked (samples.check_data) in the inputs' element types, and its rows."""
+    from tpuasm.compiler.samples import check_data
+    return check_data(inputs, data)
 
 
 def check_inputs(inputs: list[ValueInfo], data: dict[str, np.ndarray]) -> int:
-    """The number of rows; a clear error for a missing input or a wrong shape."""
-    missing = [i.name for i in inputs if i.name not in data]
-    if missing:
-        raise CompileError(f"missing input(s) {', '.join(missing)} (the model's inputs: "
-                           f"{', '.join(i.name for i in inputs)})")
-    extra = sorted(set(data) - {i.name for i in inputs})
-    if extra:
-        raise CompileError(f"unknown input(s) {', '.join(extra)} (the model's inputs: "
-                           f"{', '.join(i.name for i in inputs)})")
-    rows = None
-    for info in inputs:
-        x = np.asarray(data[info.name])
-        if x.shape[1:] != tuple(info.shape):
-            if x.shape == tuple(info.shape):
-                raise CompileError(f"input '{info.name}' has shape {x.shape}: expected "
-                                   f"(rows, {', '.join(map(str, info.shape))}); add the rows "
-                                   f"dimension")
-            raise CompileError(f"input '{info.name}' has shape {x.shape}: expected "
-                               f"(rows, {', '.join(map(str, info.shape))})")
-        if x.dtype.kind not in "fiub":
-            raise CompileError(f"input '{info.name}' has dtype {x.dtype}: expected numbers")
-        if rows is not None and len(x) != rows:
-            raise CompileError(f"inputs have different numbers of rows ({rows} and {len(x)})")
-        rows = len(x)
-    return rows or 0
+    """The number of rows; a clear error for a missing input or a wrong shape or type."""
+    return prepare_inputs(inputs, data)[1]

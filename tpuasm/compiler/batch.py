@@ -1,0 +1,226 @@
+"""Which axis of each tensor is the batch.
+
+Exported models are not all batch-first: a sequence-first input (S, N, F) has its batch on
+axis 1, a recurrent state of fixed shape (1, 1, 128) has none (it is passed whole to every
+batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` first):
+
+- exactly one dynamic dimension: that one is the batch axis;
+- several dynamic dimensions: the first is taken as the batch, the others are an error
+  (only the batch may be dynamic; name the axis with --batch-axis to choose another);
+- every dimension fixed: no batch axis when another input has a dynamic one; when none has
+  (a model exported with a fixed batch), axis 0 as before: the model's own batch.
+
+The axis of every other tensor is read off onnx shape inference: each input's batch
+dimension becomes one symbolic name and a tensor's batch axis is the axis that carries it
+(None when its shape is known and none does: a constant, a state passed whole).  Where the
+symbol is lost (an operator onnx does not know), the shapes at two batch sizes tell.  Axes
+found before the batch is folded into constants are carried to the quantized model
+(carry_axes); a model exported with a fixed batch keeps the batch-first convention
+(has_fixed_batch, Graph.not_batch_first).
+"""
+from __future__ import annotations
+
+import onnx
+
+from tpuasm.compiler.errors import CompileError
+
+SYMBOL = "tpuasm_batch"
+_PROBES = (7, 11)                  # two batch sizes no fixed dimension is likely to equal
+
+
+def _dims(value_info) -> list:
+    shape = value_info.type.tensor_type.shape
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in shape.dim]
+
+
+def _dynamic(d) -> bool:
+    return not (isinstance(d, int) and d > 0)
+
+
+def parse_batch_axes(items) -> dict[str, int | None]:
+    """`--batch-axis NAME=AXIS|none` strings (or a dict) -> {input: axis or None}."""
+    if items is None:
+        return {}
+    if isinstance(items, dict):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items:
+            name, sep, value = str(item).rpartition("=")
+            if not sep or not name:
+                raise CompileError(f"--batch-axis {item!r}: expected NAME=AXIS "
+                                   f"(AXIS an integer or 'none')")
+            pairs.append((name, value.strip()))
+    axes = {}
+    for name, value in pairs:
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            axes[name] = None
+            continue
+        try:
+            if isinstance(value, bool) or isinstance(value, float):
+                raise ValueError
+            axes[name] = int(value)
+        except (TypeError, ValueError):
+            raise CompileError(f"--batch-axis {name}={value!r}: AXIS must be an integer or "
+                               f"'none'") from None
+    return axes
+
+
+def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, int | None]:
+    """Every graph input's batch axis (None: passed whole), by the rules above."""
+    given = dict(given or {})
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in inits]
+    names = [v.name for v in inputs]
+    unknown = [n for n in given if n not in names]
+    if unknown:
+        raise CompileError(f"{path}: --batch-axis names no input of the model: "
+                           f"{', '.join(unknown)} (its inputs: {', '.join(names)})")
+    axes: dict[str, int | None] = {}
+    pending = []
+    for v in inputs:
+        if not v.type.HasField("tensor_type"):
+            raise CompileError(f"{path}: input '{v.name}' is not a tensor")
+        dims = _dims(v)
+        dynamic = [i for i, d in enumerate(dims) if _dynamic(d)]
+        if v.name in given:
+            axis = given[v.name]
+            if axis is not None:
+                if not -len(dims) <= axis < len(dims):
+                    raise CompileError(f"{path}: --batch-axis {v.name}={axis}: the input has "
+                                       f"{len(dims)} dimensions {dims}")
+                axis %= len(dims)
+        elif dynamic:
+            axis = dynamic[0]
+        else:
+            pending.append(v.name)
+            continue
+        for i in dynamic:
+            if i != axis:
+                raise CompileError(f"{path}: input '{v.name}' dimension {i} is dynamic "
+                                   f"({dims[i]!r}): only the batch dimension may be; export "
+                                   f"the model with a fixed shape (or name its batch axis: "
+                                   f"--batch-axis {v.name}=AXIS)")
+        axes[v.name] = axis
+    batched = any(a is not None for a in axes.values())
+    for v in inputs:
+        if v.name in pending:
+            axes[v.name] = None if batched or not _dims(v) else 0
+    return {n: axes[n] for n in names}
+
+
+def has_fixed_batch(model: onnx.ModelProto, given: dict | None) -> bool:
+    """A model exported with a fixed batch (no input has a dynamic dimension, and the user
+    named no axis): its batch is axis 0 by convention, and exporters bake it into constants
+    (a Reshape to [1, -1]) where inference cannot follow it."""
+    if given:
+        return False
+    inits = {t.name for t in model.graph.initializer}
+    return all(v.type.HasField("tensor_type") and not any(_dynamic(d) for d in _dims(v))
+               for v in model.graph.input if v.name not in inits)
+
+
+def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None], path=None
+                ) -> dict[str, int | None]:
+    """Tensor -> batch axis for every tensor whose axis shape inference can tell (the
+    model's inputs always); `model` is not changed (its skeleton is).  With the model's
+    `path`, tensors the symbol does not reach are probed at two batch sizes."""
+    from tpuasm.compiler.reader import skeleton
+    result = dict(axes)
+    if not any(a is not None for a in axes.values()):
+        return result
+    probe = skeleton(model)
+    forget_inner_shapes(probe.graph)
+    for v in probe.graph.input:
+        if v.name in axes and axes[v.name] is not None:
+            dim = v.type.tensor_type.shape.dim[axes[v.name]]
+            dim.Clear()
+            dim.dim_param = SYMBOL
+    for v in probe.graph.output:                 # declared fixed sizes would hide the symbol
+        if v.type.HasField("tensor_type"):
+            v.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+        values = list(inferred.graph.value_info) + list(inferred.graph.output)
+    except Exception:                             # unknown to onnx: the fallback below
+        values = []
+    for v in values:
+        if v.name in result or not v.type.HasField("tensor_type") or \
+                not v.type.tensor_type.HasField("shape"):
+            continue
+        dims = _dims(v)
+        carry = [i for i, d in enumerate(dims) if d == SYMBOL]
+        if len(carry) == 1:
+            result[v.name] = carry[0]
+        elif not carry and all(isinstance(d, int) for d in dims):
+            result[v.name] = None
+    for t in model.graph.initializer:
+        result.setdefault(t.name, None)
+    if path is not None and any(o.name not in result for o in model.graph.output):
+        _by_two_batches(model, axes, path, result)
+    return result
+
+
+def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> None:
+    """Where the symbol was lost (a contrib operator onnx does not know, a Reshape to a
+    computed shape), the model's shapes at two batch sizes, from reader.infer_shapes (which
+    asks onnxruntime about unknown operators): the batch axis is the one that changes."""
+    from tpuasm.compiler.reader import fix_batch, infer_shapes, skeleton
+    seen = []
+    for size in _PROBES:
+        copy = skeleton(model)                     # large weights only declared: no copy
+        forget_inner_shapes(copy.graph)
+        try:
+            fix_batch(copy, size, path, axes=axes)
+            seen.append(infer_shapes(copy, path)[0])
+        except Exception:                          # left unknown: the runtime's default
+            return
+    small, large = seen
+    for name, shape in small.items():
+        other = large.get(name)
+        if name in result or other is None or len(other) != len(shape):
+            continue
+        moved = [i for i, (a, b) in enumerate(zip(shape, other)) if a != b]
+        if not moved:
+            result[name] = None
+        elif len(moved) == 1 and (shape[moved[0]], other[moved[0]]) == _PROBES:
+            result[name] = moved[0]           # else the batch is mixed into a dimension
+
+
+def forget_inner_shapes(graph: onnx.GraphProto) -> None:
+    """Subgraphs (If/Loop/Scan bodies) as shape inference will redo them: their declared
+    shapes, written at one batch size (onnxruntime's quantizer does), would hide the batch."""
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+            for sub in subs:
+                del sub.value_info[:]
+                for v in sub.output:
+                    if v.type.HasField("tensor_type"):
+                        v.type.tensor_type.ClearField("shape")
+                forget_inner_shapes(sub)
+
+
+def carry_axes(model: onnx.ModelProto, known: dict, inferred: dict) -> dict:
+    """Axes found on the model before its batch was folded into constants (a Reshape's
+    target [B, -1] hides the batch from any later inference) carried over to its quantized
+    form: the same tensor names, and across the quantizer's QuantizeLinear/DequantizeLinear
+    nodes (it renames a node's output when it quantizes it: `y` becomes the DequantizeLinear
+    of `y_QuantizeLinear_Output` of `y_QuantizeLinear_Input`), both ways."""
+    result = dict(inferred)
+    result.update(known)
+    sure = set(known)
+    glue = [(n.input[0], n.output[0]) for n in model.graph.node
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input and n.output]
+    changed = True
+    while changed:
+        changed = False
+        for a, b in glue:
+            for src, dst in ((a, b), (b, a)):
+                if src in sure and dst not in sure:
+                    result[dst] = result[src]
+                    sure.add(dst)
+                    changed = True
+    return result

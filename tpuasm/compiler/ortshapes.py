@@ -1,0 +1,67 @@
+"""Output types and shapes of nodes that onnx shape inference does not know (contrib operators
+of com.microsoft, a vendor's domain), read off onnxruntime: the node alone, as a one-node
+model, run on zeros of its input shapes (its constant inputs with their real values).
+
+onnx stops propagating at such a node, so the caller alternates: onnx inference, then this
+for the nodes whose inputs are all known, until nothing new is learned."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+_MAX_ELEMENTS = 1 << 22        # zero inputs of at most this many elements (16 MB of float32)
+
+
+def _elem(dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def unknown_nodes(model: onnx.ModelProto, shapes: dict, dtypes: dict) -> list:
+    """Nodes with an output of unknown type whose inputs all have known types and shapes."""
+    out = []
+    for node in model.graph.node:
+        if all(not o or o in dtypes for o in node.output):
+            continue
+        if all(not i or (i in dtypes and i in shapes) for i in node.input):
+            out.append(node)
+    return out
+
+
+def run_alone(node: onnx.NodeProto, model: onnx.ModelProto, base_dir: Path, shapes: dict,
+              dtypes: dict) -> dict[str, tuple[tuple, np.dtype]]:
+    """{output: (shape, dtype)} of `node` run by onnxruntime on zeros; {} when it cannot."""
+    from tpuasm.compiler.graph import tensor_array
+    from tpuasm.compiler.host import session
+    inits = {t.name: t for t in model.graph.initializer}
+    feeds, inputs, consts = {}, [], []
+    for name in dict.fromkeys(i for i in node.input if i):
+        if name in inits:
+            consts.append(numpy_helper.from_array(np.asarray(tensor_array(inits[name],
+                                                                          base_dir)), name))
+            continue
+        shape = shapes[name]
+        if int(np.prod(shape, dtype=np.int64)) > _MAX_ELEMENTS:
+            return {}
+        feeds[name] = np.zeros(shape, dtypes[name])
+        inputs.append(helper.make_tensor_value_info(name, _elem(dtypes[name]), list(shape)))
+    outputs = [o for o in node.output if o]
+    graph = helper.make_graph([node], "one_node", inputs,
+                              [helper.make_empty_tensor_value_info(o) for o in outputs], consts)
+    one = helper.make_model(graph, opset_imports=list(model.opset_import))
+    one.ir_version = model.ir_version
+    try:
+        results = session(one).run(outputs, feeds)
+    except Exception:            # onnxruntime does not know it either: left unknown
+        return {}
+    found = {}
+    for name, value in zip(outputs, results):
+        if isinstance(value, np.ndarray):
+            found[name] = (tuple(value.shape), value.dtype)
+    return found
+
+
+def value_infos(found: dict) -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info(n, _elem(d), list(s)) for n, (s, d) in found.items()]
