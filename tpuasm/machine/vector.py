@@ -66,3 +66,22 @@ def fixed_point(ratios, max_shift: int = 62) -> tuple[list[int], int]:
         if all(-(1 << 31) <= m < (1 << 31) for m in mults):
             return mults, shift
     raise ValueError(f"scale ratios {ratios} are too large for a 32-bit multiplier")
+
+
+def qlinear_registers(op: str, a_scale: float, a_zero: int, b_scale: float, b_zero: int,
+                      c_scale: float, c_zero: int) -> dict[str, int]:
+    """The configuration registers that make VADD ("add", also "sub") or VMUL ("mul")
+    compute onnxruntime's QLinearAdd / QLinearMul (and a Sub with B negated) with these
+    scales and zero points: {register name: value} for CFG (spec/isa.md 5.11)."""
+    if op in ("add", "sub"):
+        ratios = [a_scale / c_scale, (-1 if op == "sub" else 1) * b_scale / c_scale]
+    elif op == "mul":
+        ratios = [a_scale * b_scale / c_scale]
+    else:
+        raise ValueError(f"unknown vector operation {op!r} (add, sub, mul)")
+    mults, shift = fixed_point(ratios)
+    regs = {"vec_mult_a": mults[0], "vec_shift": shift, "vec_zero_a": int(a_zero),
+            "vec_zero_b": int(b_zero), "vec_zero_c": int(c_zero)}
+    if len(mults) > 1:
+        regs["vec_mult_b"] = mults[1]
+    return regs
