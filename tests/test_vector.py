@@ -284,3 +284,22 @@ def test_in_place_disjoint_and_broadcast_overlaps_assemble():
 ])
 def test_diagnostics(source, message):
     assert message in diagnostics(source + "\n")
+
+
+# ------------------------------------------------------------------ editor support
+
+
+def test_hover_and_formatter_know_the_vector_operations():
+    from tpuasm.fmt import format_source
+    from tpuasm.isa import ISA_TABLE
+    from tpuasm.lsp.hover import instruction, register
+    text = instruction(ISA_TABLE.lookup("Vector_Multiply"), "B")
+    assert "opcode `0x0f`" in text and "stage *activate*" in text
+    assert "`VMUL[.UBL] a, b, c, length`" in text and "**`B` broadcast**" in text
+    assert "`c` is the rows of `a` (in place) or does not overlap them." in text
+    assert "0 .. 62" in register("vec_shift") and "-128 .. 255" in register("vec_zero_a")
+    src = "vmul.ub   src=1,src2=20 ,dst=40,n=4\n  VADD 0,4,8,4,repeat=2\n"
+    out = format_source(src)
+    assert out == ("        vmul.ub src=1, src2=20, dst=40, n=4\n"
+                   "        VADD    0, 4, 8, 4, repeat=2\n")
+    assert assemble(out).instructions == assemble(src).instructions
