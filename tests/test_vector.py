@@ -104,6 +104,18 @@ def test_broadcast_lookup_in_place_and_repeat():
     assert np.array_equal(m.ub[0:4], want)
 
 
+def test_one_minus_z_for_a_gru_needs_no_constant_row():
+    # z = sigmoid output, int8 at scale 1/256, zero point -128; 1 - z in the same type:
+    # vec_mult_a = -1, vec_mult_b = 0, vec_zero_c = -128 + 1/(1/256) = 128 (spec/isa.md 5.11)
+    z = np.arange(-128, 128).reshape(-1, N).astype(np.int8)
+    m = both(small(I("RHM", host=0, ub=0, length=len(z)), cfg("vec_mult_a", -1),
+                   cfg("vec_mult_b", 0), cfg("vec_zero_a", -128), cfg("vec_zero_c", 128),
+                   I("VADD", a=0, b=0, c=len(z), length=len(z)), ub_rows=128), z)
+    real = 1 - (z.astype(float) + 128) / 256
+    want = np.clip(np.rint(real * 256) - 128, -128, 127)
+    assert np.array_equal(m.ub[len(z):2 * len(z)].view(np.int8), want)
+
+
 def test_a_hand_made_shifted_overlap_reads_before_it_writes():
     # the assembler rejects c = a + 1; the machine defines it (every read first)
     host = rows([1, 2], [10, 20], [30, 40])
