@@ -513,13 +513,14 @@ class Case(NamedTuple):
 
 @st.composite
 def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0.2,
-             fault_kind: str | None = None, profile: str = "tpu"):
+             fault_kind: str | None = None, profile: str = "tpu", vector_share: float = 0.0):
     """A Case: a Program on SHAPE (with `profile`) with its host and weight images.
 
     A share `fault_share` of programs holds one instruction built to fault (kind drawn from
     FAULT_KINDS); `fault_kind` makes every program hold one of that kind.  The programs are
     the same for both profiles (the opentpu profile changes only what Activate computes,
-    spec/opentpu.md section 4; the requantization registers it ignores are still set)."""
+    spec/opentpu.md section 4; the requantization registers it ignores are still set).
+    `vector_share` of the instructions (beyond the usual mix) are VADD/VMUL."""
     b = Builder(draw)
     if draw(st.sampled_from(range(100))) < 85:
         # Most programs start by filling the UB from the host, so that MatrixMultiply and
@@ -545,7 +546,10 @@ def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0
     for position in range(size):
         if position == fault_at:
             break
-        b.gen_valid()
+        if vector_share and draw(st.sampled_from(range(100))) < vector_share * 100:
+            b.gen_vector()
+        else:
+            b.gen_valid()
     if fault:
         b.gen_fault(planned)
         b.gen_tail()
