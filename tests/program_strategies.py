@@ -9,7 +9,8 @@ program faults is for the model under test to say.
 
 Every instruction and flag is reachable: RHM/WHM/RHMA/WHMA with repeats and strides
 (negative and zero), RW with repeat, MMC with S C O U W H D, conv taps with pitch and
-stride, VADD/VMUL with U B L, requantization and repeats, ACT with each function, max/avg pooling in 1-D and 2-D (strided and padded too), per-column
+stride, VADD/VMUL with U B L, requantization and repeats, ACT with each function, max/avg
+pooling in 1-D and 2-D (strided and padded too), per-column
 parameters (P), lookup tables (L), clip bounds and every act_out, CFG of
 every register, NOP (repeat), SYNC, WSYNC, INT, TAG and HLT.
 """
@@ -110,7 +111,8 @@ class Builder:
             "pool_count_pad": lambda: self.integers(0, 1),
             "act_ub_pitch": lambda: self.choice([0, 0, 1, 2, 3, 5]),
             "act_ub_width": lambda: self.integers(1, 3),
-            "vec_mult_a": lambda: self.choice([1, -1, 3, 1 << 20, 3 << 27, -(5 << 26), 2 ** 31 - 1]),
+            "vec_mult_a": lambda: self.choice([1, -1, 3, 1 << 20, 3 << 27, -(5 << 26),
+                                               2 ** 31 - 1]),
             "vec_mult_b": lambda: self.choice([1, 0, -1, 1 << 20, -(3 << 27), 5 << 26]),
             "vec_shift": lambda: self.choice([0, 0, 1, 2, 20, 29, 30, 31, 35, 45, 62]),
             "vec_zero_a": lambda: self.choice([0, 0, -128, 3, 127, 255]),

@@ -141,7 +141,8 @@ def test_emulator_matches_reference_on_random_programs():
     assert count >= EXAMPLES
     # The generator reaches every instruction, flag, register and planned fault kind.
     missing = [k for k in ISA_TABLE.instructions if not seen[k]]
-    missing += [f"{k}.{c}" for k in ("MMC", "ACT", "VADD", "VMUL") for c in ISA_TABLE.instructions[k].flags
+    missing += [f"{k}.{c}" for k in ("MMC", "ACT", "VADD", "VMUL")
+                for c in ISA_TABLE.instructions[k].flags
                 if not seen[f"{k}.{c}"]]
     missing += [f"reg{r.index}" for r in ISA_TABLE.registers.values() if not seen[f"reg{r.index}"]]
     missing += [f"fault:{k}" for k in ("None", "address") if not seen[f"fault:{k}"]]
