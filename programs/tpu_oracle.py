@@ -151,6 +151,32 @@ def activate(acc, fn=None, in_frac=0, mult=1, shift=0, zero=0, out="int8"):
     return requantize(apply_function(acc, fn, in_frac), mult, shift, zero, out)
 
 
+# ---------------------------------------------------------------- vector unit (5.11)
+
+def _round_half_even_shift(t: np.ndarray, shift: int) -> np.ndarray:
+    """t / 2^shift to the nearest integer, ties to even (exact: floor division)."""
+    if shift == 0:
+        return t
+    d = 1 << shift
+    q = t // d
+    r = t - q * d
+    up = (2 * r > d) | ((2 * r == d) & (q % 2 == 1))
+    return q + up
+
+
+def vector(op: str, a, b, mult_a=1, mult_b=1, shift=0, zero_a=0, zero_b=0, zero_c=0,
+           unsigned=False, table=None) -> np.ndarray:
+    """VADD ("add") / VMUL ("mul") of int8 (uint8) arrays, spec/isa.md 5.11."""
+    x = np.asarray(a, np.int64) - zero_a
+    y = np.asarray(b, np.int64) - zero_b
+    t = x * mult_a + y * mult_b if op == "add" else x * y * mult_a
+    v = _round_half_even_shift(t, shift) + zero_c
+    out = np.clip(v, 0, 255).astype(np.uint8) if unsigned else np.clip(v, -128, 127).astype(np.int8)
+    if table is not None:
+        out = np.asarray(table, np.uint8)[out.view(np.uint8)].view(out.dtype)
+    return out
+
+
 # ---------------------------------------------------------------- files
 
 def save(out_dir: Path, **arrays) -> None:

@@ -9,7 +9,8 @@ program faults is for the model under test to say.
 
 Every instruction and flag is reachable: RHM/WHM/RHMA/WHMA with repeats and strides
 (negative and zero), RW with repeat, MMC with S C O U W H D, conv taps with pitch and
-stride, ACT with each function, max/avg pooling in 1-D and 2-D (strided and padded too), per-column
+stride, VADD/VMUL with U B L, requantization and repeats, ACT with each function, max/avg
+pooling in 1-D and 2-D (strided and padded too), per-column
 parameters (P), lookup tables (L), clip bounds and every act_out, CFG of
 every register, NOP (repeat), SYNC, WSYNC, INT, TAG and HLT.
 """
@@ -110,6 +111,13 @@ class Builder:
             "pool_count_pad": lambda: self.integers(0, 1),
             "act_ub_pitch": lambda: self.choice([0, 0, 1, 2, 3, 5]),
             "act_ub_width": lambda: self.integers(1, 3),
+            "vec_mult_a": lambda: self.choice([1, -1, 3, 1 << 20, 3 << 27, -(5 << 26),
+                                               2 ** 31 - 1]),
+            "vec_mult_b": lambda: self.choice([1, 0, -1, 1 << 20, -(3 << 27), 5 << 26]),
+            "vec_shift": lambda: self.choice([0, 0, 1, 2, 20, 29, 30, 31, 35, 45, 62]),
+            "vec_zero_a": lambda: self.choice([0, 0, -128, 3, 127, 255]),
+            "vec_zero_b": lambda: self.choice([0, 0, -7, 128, 255]),
+            "vec_zero_c": lambda: self.choice([0, 0, -128, 5, 200, 300, -65536]),
         }
         return small[name]()
 
@@ -345,6 +353,50 @@ class Builder:
                 return
         raise AssertionError("ACT of at most 16 rows, repeat 1, always fits")
 
+    # -------------------------------------------------------------- vector operations
+    def gen_vector(self):
+        """VADD or VMUL (spec/isa.md 5.11): requantization as a layer sets it, or the
+        identity; c in place on a or b, or disjoint; B, U, L; repeats with a UB stride."""
+        key = self.choice(["VADD", "VMUL"])
+        flags = "".join(c for c in "UBL" if self.coin(0.3))
+        if self.coin(0.6):        # a quantized Add/Mul: 2^k-scaled ratios near 1
+            k = self.choice([0, 8, 20, 30])
+            self.set_some({"vec_shift": [k]}, 1.0)
+            self.set_some({"vec_mult_a": [max(1, (3 << k) // 4), (5 << k) // 3, 1 << k],
+                           "vec_mult_b": [-(1 << k), (1 << k) // 2 + 1, 0],
+                           "vec_zero_a": [0, 3, -128, 200], "vec_zero_b": [0, -5, 128],
+                           "vec_zero_c": [0, 7, -100, 300]}, 0.7)
+        if "L" in flags:
+            self.set_some({"act_table": list(range(SHAPE.ub_rows - 256 // N))}, 0.6)
+        repeat = self.integers(1, 3)
+        if repeat > 1:
+            self.set_some({"rep_ub_stride": [-6, 0, 3, 8]}, 0.5)
+        step = self.regs["rep_ub_stride"]
+        for length in (self.integers(1, 6), 1):
+            run = [i * step + r for i in range(repeat) for r in range(length)]
+            a = self.place(run, SHAPE.ub_rows)
+            b = self.place(run if "B" not in flags else [0], SHAPE.ub_rows)   # B: one row
+            c = self.place(run, SHAPE.ub_rows)
+            if a is None or b is None or c is None:
+                continue
+            if self.coin(0.3):
+                b = a                                     # squares, doubles
+            n = length
+
+            def shifted(x, y, m=n):
+                return x != y and x < y + m and y < x + m
+
+            if shifted(c, a) or ("B" not in flags and shifted(c, b)):
+                c = a if self.coin() else (b if "B" not in flags and not shifted(b, a) else a)
+                if "B" not in flags and shifted(c, b):
+                    b = c
+            elif self.coin(0.3):
+                c = a                                     # in place
+                if "B" not in flags and shifted(c, b):
+                    b = c
+            self.emit(ins(key, flags, repeat=repeat, a=a, b=b, c=c, length=length))
+            return
+
     # -------------------------------------------------------------- the rest
     def gen_misc(self):
         kind = self.choice(["NOP", "SYNC", "WSYNC", "INT", "TAG"])
@@ -360,7 +412,7 @@ class Builder:
         gen = self.choice([self.gen_cfg, self.gen_cfg, self.gen_cfg, self.gen_transfer,
                            self.gen_transfer, self.gen_rw, self.gen_rw, self.gen_mmc,
                            self.gen_mmc, self.gen_mmc, self.gen_act, self.gen_act,
-                           self.gen_act, self.gen_misc])
+                           self.gen_act, self.gen_vector, self.gen_vector, self.gen_misc])
         gen()
 
     # -------------------------------------------------------------- faults
@@ -376,7 +428,7 @@ class Builder:
                 name, options = "act_out", [4, -1, 1000]
             self.emit(cfg(name, self.choice(options)))
         elif kind == "address":
-            which = self.choice(["RHM", "WHM", "RHMA", "WHMA", "RW", "MMC", "ACT"])
+            which = self.choice(["RHM", "WHM", "RHMA", "WHMA", "RW", "MMC", "ACT", "VADD"])
             if which == "RW":
                 if self.room() < 1:
                     return self.gen_fault("deadlock")
@@ -389,6 +441,12 @@ class Builder:
                 self.emit(ins("MMC", "S", ub=SHAPE.ub_rows - 1 if ub_bad else 0,
                               acc=0 if ub_bad else SHAPE.acc_rows - 1, length=2))
                 self.pending -= 1
+            elif which == "VADD":
+                self.emit(cfg("rep_ub_stride", self.choice([0, 4])))
+                bad = self.choice(["a", "b", "c"])
+                rows = {k: (SHAPE.ub_rows - 2 if k == bad else 8 * j)
+                        for j, k in enumerate("abc")}
+                self.emit(ins(self.choice(["VADD", "VMUL"]), repeat=2, length=3, **rows))
             elif which == "ACT":
                 self.emit(cfg("pool_width", 0))
                 self.emit(cfg("act_out", self.integers(0, 3)))
@@ -457,13 +515,14 @@ class Case(NamedTuple):
 
 @st.composite
 def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0.2,
-             fault_kind: str | None = None, profile: str = "tpu"):
+             fault_kind: str | None = None, profile: str = "tpu", vector_share: float = 0.0):
     """A Case: a Program on SHAPE (with `profile`) with its host and weight images.
 
     A share `fault_share` of programs holds one instruction built to fault (kind drawn from
     FAULT_KINDS); `fault_kind` makes every program hold one of that kind.  The programs are
     the same for both profiles (the opentpu profile changes only what Activate computes,
-    spec/opentpu.md section 4; the requantization registers it ignores are still set)."""
+    spec/opentpu.md section 4; the requantization registers it ignores are still set).
+    `vector_share` of the instructions (beyond the usual mix) are VADD/VMUL."""
     b = Builder(draw)
     if draw(st.sampled_from(range(100))) < 85:
         # Most programs start by filling the UB from the host, so that MatrixMultiply and
@@ -489,7 +548,10 @@ def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0
     for position in range(size):
         if position == fault_at:
             break
-        b.gen_valid()
+        if vector_share and draw(st.sampled_from(range(100))) < vector_share * 100:
+            b.gen_vector()
+        else:
+            b.gen_valid()
     if fault:
         b.gen_fault(planned)
         b.gen_tail()

@@ -52,6 +52,20 @@ def instruction_of(draw, spec: InstructionSpec, shape: MachineShape | None = DEF
         reg = ISA_TABLE.register_by_index[operands["reg"]]
         operands["value"] = draw(st.one_of(st.sampled_from([reg.min, reg.max, reg.reset]),
                                            st.integers(reg.min, reg.max)))
+    if spec.same_or_disjoint and not raw:
+        # VADD/VMUL: a destination that shifts over an operand is an assembly error;
+        # make it in place or disjoint (either is drawn)
+        n = operands["length"]
+        broadcast = "B" in spec.flag_letters(flags)
+
+        def shifted(x, y):
+            return x != y and x < y + n and y < x + n
+
+        if shifted(operands["c"], operands["a"]) or \
+                (not broadcast and shifted(operands["c"], operands["b"])):
+            operands["c"] = operands["a"]                       # in place on a
+            if not broadcast and shifted(operands["c"], operands["b"]):
+                operands["b"] = operands["a"]
     return Instruction(spec.key, flags, repeat, operands)
 
 

@@ -172,6 +172,21 @@ def test_pitched_activate_and_strided_pooling_rows_are_exact():
     assert amap.history("ub", 42, write=True) == [] and amap.history("acc", 18, write=False) == []
 
 
+def test_repeated_vector_operation_rows_are_exact():
+    """VADD.BL repeat=2 at rep_ub_stride 5: a reads 0, 1, 5, 6; B's constant row 20 once;
+    L's table (256 / 8 = 32 rows at act_table 32); c writes 10, 11, 15, 16."""
+    prog = program(cfg("rep_ub_stride", 5), cfg("act_table", 32),
+                   I("VADD", "BL", repeat=2, a=0, b=20, c=10, length=2), I("HLT"),
+                   **STRIDED_SHAPE)
+    rows, amap, m = exact_rows(prog)
+    assert rows[(2, "ub", False)] == {0, 1, 5, 6, 20} | set(range(32, 64))
+    assert rows[(2, "ub", True)] == {10, 11, 15, 16}
+    m.run()
+    assert m.status == "halted"
+    assert [a.index for a in amap.history("ub", 16, write=True)] == [2]
+    assert amap.history("ub", 12, write=True) == [] and amap.history("ub", 3, write=False) == []
+
+
 def test_exact_runs_lie_in_the_footprint_and_cover_every_written_row():
     """Random programs (strides, repeats, convolutions, pooling): every exact run lies in
     its access's bounding range, and every row that differs after the run lies in an exact

@@ -30,6 +30,7 @@ from tpuasm.machine.reference import run_reference  # noqa: E402
 EXAMPLES = 300                  # random programs, about a fifth of them built to fault
 FAULT_EXAMPLES = 15             # and this many more per fault kind
 OPENTPU_EXAMPLES = 60           # and this many under the OpenTPU profile
+VECTOR_EXAMPLES = 60            # and this many with half their instructions VADD/VMUL
 MAX_CYCLES = 2_000_000
 
 
@@ -140,7 +141,8 @@ def test_emulator_matches_reference_on_random_programs():
     assert count >= EXAMPLES
     # The generator reaches every instruction, flag, register and planned fault kind.
     missing = [k for k in ISA_TABLE.instructions if not seen[k]]
-    missing += [f"{k}.{c}" for k in ("MMC", "ACT") for c in ISA_TABLE.instructions[k].flags
+    missing += [f"{k}.{c}" for k in ("MMC", "ACT", "VADD", "VMUL")
+                for c in ISA_TABLE.instructions[k].flags
                 if not seen[f"{k}.{c}"]]
     missing += [f"reg{r.index}" for r in ISA_TABLE.registers.values() if not seen[f"reg{r.index}"]]
     missing += [f"fault:{k}" for k in ("None", "address") if not seen[f"fault:{k}"]]
@@ -164,6 +166,23 @@ def test_emulator_matches_reference_on_faulting_programs(kind):
 
     check()
     assert faults[kind] > 0, f"no program faulted with {kind}: {dict(faults)}"
+
+
+def test_emulator_matches_reference_on_vector_heavy_programs():
+    # half the instructions VADD/VMUL (spec/isa.md 5.11), between the layers that feed them
+    vectors = collections.Counter()
+
+    @settings(max_examples=VECTOR_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(programs(vector_share=0.5, fault_share=0.1))
+    def check(case):
+        vectors.update(i.key for i in case.program.instructions if i.key in ("VADD", "VMUL"))
+        problems, _ref = compare(case)
+        assert not problems, ("emulator and reference disagree on\n" + listing(case.program)
+                              + "\n" + "\n".join(problems))
+
+    check()
+    assert vectors["VADD"] > VECTOR_EXAMPLES and vectors["VMUL"] > VECTOR_EXAMPLES
 
 
 def test_emulator_matches_reference_under_the_opentpu_profile():

@@ -58,6 +58,16 @@ CASES = {
     "INT": (I("INT", 0, 1, {"code": 0xDEADBEEF}), "INT 0xdeadbeef",
             "0c 00 00 ef be ad de 00 00 00 00 00"),
     "TAG": (I("TAG", 0, 1, {"tag": 42}), "TAG 42", "0d 00 00 2a 00 00 00 00 00 00 00 00"),
+    # U|B = 0x03, repeat 2; a (bits 24..43) 0x12345: bytes 3, 4 and the low nibble of 5;
+    # b (44..63) 0x0bcde: the high nibble of byte 5 (e), bytes 6..7 (cd, 0b); c (64..83)
+    # 0x14321: bytes 8, 9 and the low nibble of 10; length (84..95) 0xfed: the high nibble
+    # of byte 10 (d) and byte 11 (fe)
+    "VADD": (I("VADD", 0x03, 2, {"a": 0x12345, "b": 0x0BCDE, "c": 0x14321, "length": 0xFED}),
+             "VADD.UB 0x12345, 0xbcde, 0x14321, 0xfed, repeat=2",
+             "0e 03 01 45 23 e1 cd 0b 21 43 d1 fe"),
+    # L = 0x04; a 1, b 2 (high nibble of byte 5), c 3, length 1 (high nibble of byte 10)
+    "VMUL": (I("VMUL", 0x04, 1, {"a": 1, "b": 2, "c": 3, "length": 1}), "VMUL.L 1, 2, 3, 1",
+             "0f 04 00 01 00 20 00 00 03 00 10 00"),
 }
 
 
@@ -95,7 +105,8 @@ def _word(hexbytes: str) -> bytes:
 
 
 @pytest.mark.parametrize("hexbytes, message", [
-    ("0e 00 00 00 00 00 00 00 00 00 00 00", "invalid opcode 0x0e"),
+    ("10 00 00 00 00 00 00 00 00 00 00 00", "invalid opcode 0x10"),
+    ("0e 00 00 00 00 00 00 00 00 00 00 00", "length is 0"),                   # VADD length 0
     ("ff 00 00 00 00 00 00 00 00 00 00 00", "invalid opcode 0xff"),
     ("03 80 00 00 00 00 00 00 01 00 00 00", "undefined flag bits 0x80"),      # MMC has no 0x80
     ("06 01 00 00 00 00 00 00 00 00 01 00", "undefined flag bits 0x01"),      # RHM has no flags

@@ -34,14 +34,20 @@ def random_instruction(g):
                      height=int(g.integers(1, 4)), width=int(g.integers(1, 4)))
         return I("MMC", flags, repeat=int(g.integers(1, 3)), ub=int(g.integers(0, UB)),
                  acc=int(g.integers(0, ACC)), length=int(g.integers(1, 9)))
-    if k < 78:
+    if k < 72:
         return I("ACT", str(g.choice(["", "R", "Q", "T", "M", "RA"])), acc=int(g.integers(0, ACC)),
                  ub=int(g.integers(0, UB)), length=int(g.integers(1, 9)))
+    if k < 78:                                  # any overlap: a hand-made binary may have one
+        return I(str(g.choice(["VADD", "VMUL"])), str(g.choice(["", "U", "B", "L", "UB"])),
+                 repeat=int(g.integers(1, 3)), a=int(g.integers(0, UB)),
+                 b=int(g.integers(0, UB)), c=int(g.integers(0, UB)),
+                 length=int(g.integers(1, 9)))
     if k < 88:
         name = str(g.choice(["rep_ub_stride", "rep_acc_stride", "rep_host_stride",
                              "act_shift", "act_out", "conv_kw", "conv_stride", "pool_size",
-                             "dma_ub_stride", "dma_host_stride"]))
-        if name in ("act_shift", "act_out"):
+                             "dma_ub_stride", "dma_host_stride", "vec_shift", "vec_mult_a",
+                             "vec_zero_b"]))
+        if name in ("act_shift", "act_out", "vec_shift", "vec_zero_b"):
             value = int(g.integers(0, 4))
         elif name in ("conv_kw", "conv_stride", "pool_size"):
             value = int(g.integers(1, 4))
@@ -120,7 +126,8 @@ def test_random_watchpoints_match_finish_cycles(seed):
         hits.append((r.index, r.cycle))
         assert m.finish_cycle(r.index) == r.cycle
     writers = [i for i, ins in enumerate(prog.instructions)
-               if ins.key in ("RHM", "RHMA", "WHM", "WHMA", "MMC", "ACT") and m.retired(i)]
+               if ins.key in ("RHM", "RHMA", "WHM", "WHMA", "MMC", "ACT", "VADD", "VMUL")
+               and m.retired(i)]
     # one stop per cycle: writers finishing in the same cycle report the first of them
     assert {m.finish_cycle(i) for i in writers} == {c for _, c in hits}
     assert {i for i, _ in hits} <= set(writers)

@@ -59,6 +59,8 @@ class InstructionSpec:
     conv_operands: tuple[str, ...] = ()
     conv_fields: tuple[Field, ...] = ()
     timing: str = ""              # duration in short (spec/timing.md section 4)
+    # pairs of UB operands (destination, source) that must be the same rows or disjoint
+    same_or_disjoint: tuple[tuple[str, str], ...] = ()
 
     @property
     def long_name(self) -> str:
@@ -117,7 +119,8 @@ class ISA:
                 fields=_fields(t["fields"]), flags=flags,
                 exclusive=tuple(tuple(g) for g in t.get("exclusive", ())),
                 conv_operands=tuple(t.get("conv_operands", ())),
-                conv_fields=_fields(t.get("conv_fields", ())), timing=t.get("timing", ""))
+                conv_fields=_fields(t.get("conv_fields", ())), timing=t.get("timing", ""),
+                same_or_disjoint=tuple(tuple(p) for p in t.get("same_or_disjoint", ())))
         self.registers: dict[str, Register] = {
             name: Register(name, r["index"], r["reset"], r["min"], r["max"], r["doc"])
             for name, r in table["registers"].items()}

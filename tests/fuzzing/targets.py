@@ -22,6 +22,7 @@ PROGRAMS = ROOT / "programs"
 # ------------------------------------------------------------------ shared pieces
 FRAGMENTS = [
     "MMC", ".SO", "ACT.R", "ACT.A", "RHM", "WHM", "RHMA", "CFG", "act_shift", "pool_size", "RW",
+    "VADD", "VMUL", ".UBL", ".B", "vec_shift", "vec_mult_b", "vec_zero_c", "act_table",
     "HLT", "NOP", "SYNC", "INT", "TAG", "repeat=", "len=", "length=", ".equ", ".ub", ".acc",
     ".host", ".tile", ".config", "array_size=", "ub_rows=", "acc_rows=", "fifo_depth=",
     "profile=", '"opentpu"', ".rept", ".endr", ".macro", ".endm", ".include", '"x.tasm"',

@@ -150,6 +150,7 @@ class Encoder:
         spec = form.spec
         names, fields = form.names, form.fields
         values: dict[str, int] = {}
+        nodes: dict = {}                  # field name -> its value's node (for carets)
         repeat = 1
         ok = True
         positional = 0
@@ -191,6 +192,7 @@ class Encoder:
                 if v is None:
                     ok = False
                 values[field.name] = v
+                nodes[field.name] = arg.value
                 continue
             if seen_named:
                 self._error(arg.span, "positional operand after a named one", frame)
@@ -205,6 +207,7 @@ class Encoder:
             if v is None:
                 ok = False
             values[field.name] = v
+            nodes[field.name] = arg
         missing = [n for n in names if n not in values]
         if missing and ok:              # after another operand error "missing" is only noise
             self._error(st.span, self._count_message(spec, names, len(names) - len(missing))
@@ -215,7 +218,29 @@ class Encoder:
         ins = Instruction(spec.key, form.flags, repeat, values)
         if spec.key == "CFG" and not self._check_cfg_value(ins, st, frame):
             return None
+        if spec.same_or_disjoint and not self._check_overlap(ins, nodes, frame):
+            return None
         return ins
+
+    def _check_overlap(self, ins: Instruction, nodes: dict, frame) -> bool:
+        """VADD/VMUL: the destination is an operand's very rows or disjoint from them
+        (spec/isa.md 5.11); checked for the first iteration, whose addresses are known."""
+        ok = True
+        length = ins.operands["length"]
+        broadcast = "B" in ins.flag_letters
+        for dst, src in ins.spec.same_or_disjoint:
+            if broadcast and src == "b":
+                continue                      # the constant row is read once, first
+            d, s = ins.operands[dst], ins.operands[src]
+            if d == s:
+                continue                      # in place: row r is read before it is written
+            if d < s + length and s < d + length:
+                self._error(nodes[dst].span,
+                            f"{ins.spec.key} destination rows {d}..{d + length - 1} overlap "
+                            f"operand '{src}' rows {s}..{s + length - 1} without being the same "
+                            f"rows (in place is allowed, a shifted overlap is not)", frame)
+                ok = False
+        return ok
 
     @staticmethod
     def _count_message(spec, names, got) -> str:

@@ -41,6 +41,8 @@ def instruction(spec: InstructionSpec, letters: str = "") -> str:
             f"`{f.name}` ({_FIELD_WORDS.get(f.kind, f.kind)}, {f.width} bits"
             + (f"; also `{'=`, `'.join(f.aliases)}=`" if f.aliases else "") + ")"
             for f in fields.values()))
+        for dst, src in spec.same_or_disjoint:
+            out.append(f"`{dst}` is the rows of `{src}` (in place) or does not overlap them.")
         out.append("")
     if spec.flags:
         out.append("Flags:")

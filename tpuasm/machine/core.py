@@ -30,9 +30,10 @@ from ..isa import ISA_TABLE
 from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT, COL_TILE,
                       COL_VALUE, COL_WIDTH, MMC_CONV, MMC_SWITCH, MMC_WIDE_IN, MMC_WIDE_W,
                       NREGS, OP_ACT, OP_CFG, OP_HLT, OP_INT, OP_MMC, OP_NOP, OP_RHM, OP_RHMA,
-                      OP_RW, OP_SYNC, OP_TAG, OP_WSYNC)
+                      OP_RW, OP_SYNC, OP_TAG, OP_VADD, OP_VMUL, OP_WSYNC)
 from .kernels import (FAULT_ADDRESS, FAULT_CONFIG, FAULT_NONE, FAULT_SHAPE, MAX_FOOTPRINT,
-                      act_param_rows, check_instruction, execute_instruction, footprint)
+                      act_param_rows, check_instruction, execute_instruction, footprint,
+                      vector_cycles)
 
 INF = np.int64(1) << 62
 
@@ -548,6 +549,9 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             # P and L first read their parameter rows (spec/timing.md 4)
             p_rows, t_rows = act_param_rows(row[COL_FLAGS], st[K_N])
             fin = start + st[K_ACT_LAT] + rows + p_rows + t_rows
+        elif op == OP_VADD or op == OP_VMUL:
+            # the Activation pipeline reads two operand rows per output row (spec/timing.md 4)
+            fin = start + st[K_ACT_LAT] + vector_cycles(row, st[K_N])
         else:
             fin = start + _host_cycles(st, rows)
     sg[stage, G_IDX] = pc

@@ -11,17 +11,24 @@ from ..isa import ISA_TABLE
 
 # Columns of the decoded table.  Unused operands are 0.
 COL_OP, COL_FLAGS, COL_REPEAT, COL_UB, COL_ACC, COL_HOST, COL_TILE, COL_LEN, \
-    COL_HEIGHT, COL_WIDTH, COL_REG, COL_VALUE, NCOLS = range(13)
+    COL_HEIGHT, COL_WIDTH, COL_REG, COL_VALUE, COL_VA, COL_VB, COL_VC, NCOLS = range(16)
 
 _OPERAND_COLUMN = {"ub": COL_UB, "acc": COL_ACC, "host": COL_HOST, "tile": COL_TILE,
                    "length": COL_LEN, "height": COL_HEIGHT, "width": COL_WIDTH,
-                   "reg": COL_REG, "value": COL_VALUE, "code": COL_VALUE, "tag": COL_VALUE}
+                   "reg": COL_REG, "value": COL_VALUE, "code": COL_VALUE, "tag": COL_VALUE,
+                   "a": COL_VA, "b": COL_VB, "c": COL_VC}
 
 _I = ISA_TABLE.instructions
 OP_NOP, OP_WHM, OP_RW, OP_MMC, OP_ACT, OP_SYNC, OP_RHM, OP_HLT, OP_RHMA, OP_WHMA, OP_CFG, \
     OP_WSYNC, OP_INT, OP_TAG = (_I[k].opcode for k in (
         "NOP", "WHM", "RW", "MMC", "ACT", "SYNC", "RHM", "HLT", "RHMA", "WHMA", "CFG",
         "WSYNC", "INT", "TAG"))
+
+# VADD and VMUL (spec/isa.md 5.11): one layout, one set of flags
+OP_VADD, OP_VMUL = _I["VADD"].opcode, _I["VMUL"].opcode
+_VF = _I["VADD"].flags
+assert _VF == _I["VMUL"].flags
+VEC_UNSIGNED, VEC_BROADCAST, VEC_LOOKUP = (_VF[c].bit for c in "UBL")
 
 _MF, _AF = _I["MMC"].flags, _I["ACT"].flags
 MMC_SWITCH, MMC_CONV, MMC_OVERWRITE, MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, \
@@ -44,6 +51,9 @@ REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_LO, REG_ACT_HI, REG_POOL_STRIDE, REG_POOL
         _R[n].index for n in (
             "act_params", "act_table", "act_lo", "act_hi", "pool_stride", "pool_pad",
             "pool_pad_end", "pool_count_pad", "act_ub_pitch", "act_ub_width"))
+REG_VEC_MULT_A, REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B, \
+    REG_VEC_ZERO_C = (_R[n].index for n in (
+        "vec_mult_a", "vec_mult_b", "vec_shift", "vec_zero_a", "vec_zero_b", "vec_zero_c"))
 NREGS = max(r.index for r in _R.values()) + 1
 ACT_OUT_INT8, ACT_OUT_UINT8, ACT_OUT_INT16, ACT_OUT_WRAP8 = range(4)
 

@@ -29,7 +29,8 @@ footprint(row, regs, out, profile=0) -> count
     out: int64[8, 4]; entries (MEM_*, is_write, start, stop), stop exclusive: the bounding
     row range over all iterations.  RHM/RHMA read host, write UB; WHM/WHMA read UB, write
     host; MMC reads UB, writes ACC (one write entry also stands for the accumulate's read);
-    ACT reads ACC, writes UB.  Weight traffic is not included.  Other instructions: 0.
+    ACT reads ACC, writes UB; VADD/VMUL read UB (a, b, the L table), write UB (c).
+    Weight traffic is not included.  Other instructions: 0.
 execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, profile)
     Runs every iteration.  ub uint8[:, :], acc int32[:, :], host uint8[:, :],
     weights uint8[:, :, :] (the weight image), tiles int64[:] (the tiles the switches
@@ -86,6 +87,10 @@ from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT
                       REG_DMA_UB_STRIDE, REG_FN_IN_FRAC, REG_POOL_SIZE, REG_POOL_WIDTH,
                       REG_REP_ACC_STRIDE, REG_REP_HOST_STRIDE, REG_REP_UB_STRIDE,
                       register_limits)
+from .decoded import (COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, REG_VEC_MULT_A,
+                      REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B,
+                      REG_VEC_ZERO_C, VEC_BROADCAST, VEC_LOOKUP, VEC_UNSIGNED)
+from .vector import OP_ADD as _VEC_ADD, OP_MUL as _VEC_MUL, vector_row as _vector_row
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
                       REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
                       REG_POOL_PAD, REG_POOL_PAD_END, REG_POOL_STRIDE)
@@ -351,11 +356,13 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, pr
             return FAULT_ADDRESS
         return FAULT_NONE
     if op != OP_RHM and op != OP_RHMA and op != OP_WHM and op != OP_WHMA and op != OP_MMC \
-            and op != OP_ACT:
+            and op != OP_ACT and op != OP_VADD and op != OP_VMUL:
         return FAULT_NONE
     fault = _check_registers(regs, info)
     if fault != FAULT_NONE:
         return fault
+    if op == OP_VADD or op == OP_VMUL:
+        return _check_vector(row, regs, ub_rows, info, array_size)
     reps = _iterations(row)
     length = row[COL_LEN]
     ub_step, host_step = _dma_steps(op, regs)
@@ -386,6 +393,43 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, pr
     return _check_two_runs(reps, MEM_ACC, row[COL_ACC], regs[REG_REP_ACC_STRIDE], 1, length,
                            acc_rows, MEM_UB, row[COL_UB], regs[REG_REP_UB_STRIDE], 1,
                            _act_ub_rows(row, regs, profile), ub_rows, info)
+
+
+@njit(cache=True)
+def vector_table_rows(flags, n):
+    """UB rows of the lookup table a VADD/VMUL with L reads first."""
+    return (256 + n - 1) // n if flags & VEC_LOOKUP else 0
+
+
+@njit(cache=True)
+def vector_cycles(row, n):
+    """Cycles a VADD/VMUL streams after act_latency (spec/timing.md 4): two operand rows
+    per output row (the constant row once with B), then the table rows with L."""
+    rows = row[COL_LEN] * _iterations(row)
+    reads = rows + 1 if row[COL_FLAGS] & VEC_BROADCAST else 2 * rows
+    return reads + vector_table_rows(row[COL_FLAGS], n)
+
+
+@njit(cache=True)
+def _check_vector(row, regs, ub_rows, info, array_size):
+    """VADD/VMUL: the table rows (L), then per iteration a's rows, b's, c's."""
+    bad, addr = _first_bad_run(regs[REG_ACT_TABLE], 1,
+                               vector_table_rows(row[COL_FLAGS], array_size), ub_rows)
+    if bad:
+        _set_info(info, MEM_UB, addr, ub_rows)
+        return FAULT_ADDRESS
+    length = row[COL_LEN]
+    step = regs[REG_REP_UB_STRIDE]
+    broadcast = (row[COL_FLAGS] & VEC_BROADCAST) != 0
+    for i in range(_iterations(row)):
+        for base, n in ((row[COL_VA] + i * step, length),
+                        (row[COL_VB] + (0 if broadcast else i * step), 1 if broadcast else length),
+                        (row[COL_VC] + i * step, length)):
+            bad, addr = _first_bad_run(base, 1, n, ub_rows)
+            if bad:
+                _set_info(info, MEM_UB, addr, ub_rows)
+                return FAULT_ADDRESS
+    return FAULT_NONE
 
 
 @njit(cache=True)
@@ -475,6 +519,22 @@ def footprint(row, regs, out, profile=0, array_size=256):
             return k
         u0, u1 = _bounds(row[COL_UB], regs[REG_REP_UB_STRIDE], reps, 1, n_ub)
         return _put(out, k, MEM_UB, 1, u0, u1)
+    if op == OP_VADD or op == OP_VMUL:
+        if length <= 0:
+            return 0
+        step = regs[REG_REP_UB_STRIDE]
+        a0, a1 = _bounds(row[COL_VA], step, reps, 1, length)
+        k = _put(out, 0, MEM_UB, 0, a0, a1)
+        if row[COL_FLAGS] & VEC_BROADCAST:
+            k = _put(out, k, MEM_UB, 0, row[COL_VB], row[COL_VB] + 1)
+        else:
+            b0, b1 = _bounds(row[COL_VB], step, reps, 1, length)
+            k = _put(out, k, MEM_UB, 0, b0, b1)
+        t_rows = vector_table_rows(row[COL_FLAGS], array_size)
+        if t_rows > 0:
+            k = _put(out, k, MEM_UB, 0, regs[REG_ACT_TABLE], regs[REG_ACT_TABLE] + t_rows)
+        c0, c1 = _bounds(row[COL_VC], step, reps, 1, length)
+        return _put(out, k, MEM_UB, 1, c0, c1)
     return 0
 
 
@@ -1117,6 +1177,49 @@ def _execute_act(row, regs, acc, ub, buf, profile):
             _requantize_store(buf[0], ub, u0 + per * o, mult, shift, zero, out_kind)
 
 
+@njit(cache=True)
+def _overlaps_shifted(x, y, n):
+    """Rows x..x+n-1 and y..y+n-1 overlap but are not the same rows."""
+    return x != y and x < y + n and y < x + n
+
+
+@njit(cache=True)
+def _execute_vector(row, regs, ub):
+    """VADD / VMUL (spec/isa.md 5.11): per iteration, every read before any write."""
+    flags = row[COL_FLAGS]
+    n = ub.shape[1]
+    kind = _VEC_ADD if row[COL_OP] == OP_VADD else _VEC_MUL
+    unsigned = (flags & VEC_UNSIGNED) != 0
+    broadcast = (flags & VEC_BROADCAST) != 0
+    lookup = (flags & VEC_LOOKUP) != 0
+    table = np.zeros(256, np.int64)
+    if lookup:
+        t0 = regs[REG_ACT_TABLE]
+        for i in range(256):
+            table[i] = ub[t0 + i // n, i % n]
+    ma, mb, shift = regs[REG_VEC_MULT_A], regs[REG_VEC_MULT_B], regs[REG_VEC_SHIFT]
+    za, zb, zc = regs[REG_VEC_ZERO_A], regs[REG_VEC_ZERO_B], regs[REG_VEC_ZERO_C]
+    length = row[COL_LEN]
+    step = regs[REG_REP_UB_STRIDE]
+    out = np.empty(n, np.uint8)
+    for i in range(_iterations(row)):
+        a0 = row[COL_VA] + i * step
+        b0 = row[COL_VB] if broadcast else row[COL_VB] + i * step
+        c0 = row[COL_VC] + i * step
+        a = ub[a0:a0 + length]
+        b = ub[b0:b0 + (1 if broadcast else length)]
+        # a shifted overlap with the destination (only a hand-made binary has one: the
+        # assembler rejects it) must still read the old rows; in place needs no copy
+        if _overlaps_shifted(a0, c0, length):
+            a = a.copy()
+        if _overlaps_shifted(b0, c0, length) or (broadcast and c0 <= b0 < c0 + length):
+            b = b.copy()
+        for r in range(length):
+            _vector_row(kind, a[r], b[0] if broadcast else b[r], out, ma, mb, za, zb,
+                               shift, zc, unsigned, table, lookup)
+            ub[c0 + r, :] = out
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 
@@ -1127,5 +1230,7 @@ def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratc
         _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
     elif op == OP_ACT:
         _execute_act(row, regs, acc, ub, scratch.row_buf, profile)
+    elif op == OP_VADD or op == OP_VMUL:
+        _execute_vector(row, regs, ub)
     elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:
         _execute_dma(row, regs, ub, host)

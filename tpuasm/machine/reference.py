@@ -524,6 +524,51 @@ class ReferenceMachine:
                     self.ub[ub + 2 * out_row(r)] = [b[0] for b in bytes_]
                     self.ub[ub + 2 * out_row(r) + 1] = [b[1] for b in bytes_]
 
+    # 5.11: element-wise vector operations ------------------------------------------
+    def op_VADD(self, index, ins):
+        self._vector(ins, lambda x, y, r: (x - r["vec_zero_a"]) * r["vec_mult_a"]
+                     + (y - r["vec_zero_b"]) * r["vec_mult_b"])
+
+    def op_VMUL(self, index, ins):
+        self._vector(ins, lambda x, y, r: (x - r["vec_zero_a"]) * (y - r["vec_zero_b"])
+                     * r["vec_mult_a"])
+
+    def _vector(self, ins, combine):
+        f = ins.flags
+        unsigned, broadcast, lookup = (bool(f & VEC[c]) for c in "UBL")
+        length, step = ins["length"], self.regs["rep_ub_stride"]
+        if lookup:
+            t = self.regs["act_table"]
+            self.check_ub(range(t, t + -(-256 // self.n)))
+        plan = []
+        for i in range(ins.repeat):
+            a = ins["a"] + i * step
+            b = ins["b"] if broadcast else ins["b"] + i * step
+            c = ins["c"] + i * step
+            self.check_ub(range(a, a + length))
+            self.check_ub(range(b, b + (1 if broadcast else length)))
+            self.check_ub(range(c, c + length))
+            plan.append((a, b, c))
+        table = self._lookup_table() if lookup else None
+        shift, zc = self.regs["vec_shift"], self.regs["vec_zero_c"]
+        lo, hi = (0, 255) if unsigned else (-128, 127)
+
+        def value(byte):
+            return byte if unsigned or byte < 128 else byte - 256
+
+        for a, b, c in plan:
+            # every read of an iteration before its writes (spec/isa.md 5.11)
+            rows_a = [[value(int(v)) for v in self.ub[a + r]] for r in range(length)]
+            rows_b = [[value(int(v)) for v in self.ub[b + (0 if broadcast else r)]]
+                      for r in range(length)]
+            for r in range(length):
+                out = []
+                for x, y in zip(rows_a[r], rows_b[r]):
+                    q = round_half_even(combine(x, y, self.regs), 1 << shift) + zc
+                    byte = min(max(q, lo), hi) & 0xFF
+                    out.append(table[byte] if table is not None else byte)
+                self.ub[c + r] = out
+
 
 def round_half_even(numerator: int, denominator: int) -> int:
     """numerator / denominator (> 0) rounded to the nearest integer, ties to even."""
@@ -554,6 +599,7 @@ def opentpu_sigmoid(x: int) -> int:
 
 MMC = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["MMC"].flags.items()}
 ACT = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["ACT"].flags.items()}
+VEC = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["VADD"].flags.items()}
 
 
 def _validate(ins: Instruction) -> None:

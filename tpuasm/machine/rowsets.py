@@ -21,6 +21,7 @@ from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT16, REG_ACT_OUT, COL_
                       OP_WHMA, REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_POOL_PAD, REG_POOL_SIZE,
                       REG_POOL_STRIDE, REG_POOL_WIDTH, REG_REP_ACC_STRIDE, REG_REP_HOST_STRIDE,
                       REG_REP_UB_STRIDE)
+from .decoded import COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, VEC_BROADCAST
 from .kernels import MEM_ACC, MEM_HOST, MEM_UB
 from .pure import python
 
@@ -32,6 +33,7 @@ _act_param_rows = python(kernels.act_param_rows)
 _act_ub_rows = python(kernels._act_ub_rows)
 _pool_grid = python(kernels._pool_grid)
 _uses_ext = python(kernels._uses_act_extensions)
+_vector_table_rows = python(kernels.vector_table_rows)
 
 
 def strided(row, regs) -> bool:
@@ -122,6 +124,22 @@ def exact_runs(row, regs, profile: int = 0, array_size: int = 256) -> list:
         u0 = _grid(int(row[COL_UB]), int(regs[REG_REP_UB_STRIDE]), reps, 0, 1).ravel()
         rows = np.array([_act_out_row(o, regs) for o in range(int(out_rows))], np.int64)
         out.append((MEM_UB, True, runs_of(u0[:, None] + per * rows[None, :], per)))
+        return out
+    if op in (OP_VADD, OP_VMUL):
+        if length <= 0:
+            return []
+        step = int(regs[REG_REP_UB_STRIDE])
+        flags = int(row[COL_FLAGS])
+        a = runs_of(_grid(int(row[COL_VA]), step, reps, 0, 1), length)
+        if flags & VEC_BROADCAST:
+            b = runs_of([int(row[COL_VB])], 1)
+        else:
+            b = runs_of(_grid(int(row[COL_VB]), step, reps, 0, 1), length)
+        out = [(MEM_UB, False, a), (MEM_UB, False, b)]
+        t_rows = int(_vector_table_rows(flags, array_size))
+        if t_rows > 0:
+            out.append((MEM_UB, False, runs_of([int(regs[REG_ACT_TABLE])], t_rows)))
+        out.append((MEM_UB, True, runs_of(_grid(int(row[COL_VC]), step, reps, 0, 1), length)))
         return out
     return []
 
