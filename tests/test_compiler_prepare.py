@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_models import run_ort
 from tpuasm.compiler.host import session
 from tpuasm.compiler.prepare import (fold_batch_norms, fuse_matmul_bias, prepare,
                                      unroll_recurrent)
@@ -252,3 +253,54 @@ def test_recurrent_nodes_that_cannot_be_unrolled_stay_with_a_reason():
     reasons = {}
     unroll_recurrent(model, Provenance.of(model), reasons)
     assert "only the defaults" in reasons["rnn"]
+
+
+# --- scikit-learn's linear models (ai.onnx.ml) -------------------------------------------
+
+def _zipmap_rows(value):
+    return np.array([[row[k] for k in sorted(row)] for row in value])
+
+
+@pytest.mark.parametrize("dataset, kind", [("digits", "logistic"), ("iris", "logistic"),
+                                           ("digits", "linear")])
+def test_linear_models_become_a_gemm_with_the_same_answers(dataset, kind):
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn import datasets
+    from sklearn.linear_model import LinearRegression, LogisticRegression
+
+    from tpuasm.compiler.prepare import prepare
+    data = getattr(datasets, f"load_{dataset}")()
+    x = data.data.astype(np.float32)
+    est = LogisticRegression(max_iter=300) if kind == "logistic" else LinearRegression()
+    onx = skl2onnx.to_onnx(est.fit(x, data.target), x[:1])
+    want = run_ort(onx, {"X": x})
+    original = onx.graph.node[0].name
+    prepared = prepare(onx)                          # (in place)
+    assert not any(n.domain == "ai.onnx.ml" and n.op_type.startswith("Linear")
+                   for n in prepared.model.graph.node)
+    gemm = next(n for n in prepared.model.graph.node if n.op_type == "Gemm")
+    assert prepared.provenance.source(gemm.name) == original
+    got = run_ort(prepared.model, {"X": x})
+    for a, b in zip(want, got):
+        if isinstance(a, list):                      # ZipMap's {class: probability} rows
+            np.testing.assert_allclose(_zipmap_rows(b), _zipmap_rows(a), atol=1e-6)
+        elif a.dtype.kind in "iu":
+            np.testing.assert_array_equal(b, a)
+        else:
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_one_row_binary_linear_classifier_stays_with_its_reason():
+    from tpuasm.compiler.prepare import prepare
+    node = helper.make_node("LinearClassifier", ["X"], ["label", "scores"], name="lin",
+                            domain="ai.onnx.ml", classlabels_ints=[0, 1],
+                            coefficients=[0.5, -1.0, 2.0], intercepts=[0.1])
+    graph = helper.make_graph(
+        [node], "binary", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    prepared = prepare(model)
+    assert [n.op_type for n in prepared.model.graph.node] == ["LinearClassifier"]
+    assert "binary classifier (one coefficient row)" in prepared.reasons["lin"]

@@ -5,7 +5,9 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
 - LSTM and GRU nodes unrolled over their static sequence into per-step Gemms (constant
-  weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub).
+  weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub);
+- scikit-learn's linear models as skl2onnx writes them (ai.onnx.ml LinearClassifier and
+  LinearRegressor): a Gemm, its post-transform, and an ArgMax over the class labels.
 
 Each rewrite is one function over the ModelProto that records, in a Provenance, which input
 node each new node came from and which nodes disappeared.  The rewrites never change what
@@ -34,6 +36,7 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
+    rewrite_linear_models(model, prov, reasons)
     unroll_recurrent(model, prov, reasons)
     fold_batch_norms(model, prov)
     fuse_matmul_bias(model, prov)
@@ -286,6 +289,91 @@ def fuse_matmul_bias(model: onnx.ModelProto, prov: Provenance) -> int:
         prov.fold(add.name, f"folded into Gemm '{gemm.name}'")
         fused += 1
     return fused
+
+
+# --- scikit-learn's linear models ---------------------------------------------------------
+
+_POST_TRANSFORMS = {"NONE": None, "SOFTMAX": "Softmax", "LOGISTIC": "Sigmoid"}
+
+
+def rewrite_linear_models(model: onnx.ModelProto, prov: Provenance,
+                          reasons: dict[str, str] | None = None) -> int:
+    """ai.onnx.ml LinearClassifier (multi-class) and LinearRegressor as standard operators:
+    scores = Gemm(X, coefficients^T, intercepts) (a constant weight: the TPU's), the
+    post-transform (Softmax, Sigmoid) on the scores, and for a classifier the label
+    Gather(classlabels, ArgMax(scores)).  A binary classifier (one coefficient row), another
+    post-transform or input type stays as it is, on the host, with its reason."""
+    reasons = {} if reasons is None else reasons
+    idx = _Index(model)
+    types = _value_types(model)
+    new_nodes, done = [], 0
+    for node in model.graph.node:
+        if node.domain != "ai.onnx.ml" or node.op_type not in ("LinearClassifier",
+                                                                "LinearRegressor"):
+            new_nodes.append(node)
+            continue
+        try:
+            made = _linear_nodes(idx, node, types.get(node.input[0]))
+        except NotUnrolled as e:
+            reasons[node.name] = f"{node.op_type} not rewritten: {e}"
+            new_nodes.append(node)
+            continue
+        for n in made:
+            prov.derive(n.name, node.name)
+        new_nodes.extend(made)
+        done += 1
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(new_nodes)
+    return done
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+    g = model.graph
+    return {v.name: v.type.tensor_type.elem_type
+            for v in list(g.input) + list(g.value_info) + list(g.output)
+            if v.type.HasField("tensor_type")}
+
+
+def _linear_nodes(idx: "_Index", node, x_type) -> list:
+    if x_type != onnx.TensorProto.FLOAT:
+        raise NotUnrolled("its input is not float32")
+    coef = np.asarray(_attr(node, "coefficients", []), np.float32)
+    classifier = node.op_type == "LinearClassifier"
+    labels = len(_attr(node, "classlabels_ints", []) or _attr(node, "classlabels_strings", []))
+    given = _attr(node, "intercepts", [])
+    targets = len(given) if given else (labels if classifier else _attr(node, "targets", 1))
+    intercepts = np.asarray(given or [0.0] * targets, np.float32)
+    post = _attr(node, "post_transform", b"NONE")
+    post = post.decode() if isinstance(post, bytes) else post
+    if post not in _POST_TRANSFORMS:
+        raise NotUnrolled(f"post_transform {post}")
+    if classifier and targets != labels:
+        raise NotUnrolled("a binary classifier (one coefficient row)" if targets == 1 else
+                          f"{targets} coefficient rows for {labels} classes")
+    if not targets or coef.size % targets:
+        raise NotUnrolled("coefficients and intercepts of other shapes")
+    w = coef.reshape(targets, -1)
+    scores_out = node.output[1] if classifier else node.output[0]
+    raw = idx.unique(f"{node.name}_scores") if _POST_TRANSFORMS[post] else scores_out
+    made = [helper.make_node("Gemm", [node.input[0], idx.add_init(w, f"{node.name}_W"),
+                                      idx.add_init(intercepts, f"{node.name}_b")],
+                             [raw], name=idx.unique(f"{node.name}_gemm"), transB=1)]
+    if _POST_TRANSFORMS[post]:
+        made.append(helper.make_node(_POST_TRANSFORMS[post], [raw], [scores_out],
+                                     name=idx.unique(f"{node.name}_{post.lower()}"),
+                                     **({"axis": 1} if post == "SOFTMAX" else {})))
+    if classifier:
+        ints = _attr(node, "classlabels_ints", [])
+        labels = (np.asarray(ints, np.int64) if ints else
+                  np.asarray([t.decode() if isinstance(t, bytes) else t
+                              for t in _attr(node, "classlabels_strings")], dtype=object))
+        best = idx.unique(f"{node.name}_argmax")
+        made += [helper.make_node("ArgMax", [raw], [best], name=best, axis=1, keepdims=0),
+                 helper.make_node("Gather", [idx.add_init(labels, f"{node.name}_labels"),
+                                             best], [node.output[0]],
+                                  name=idx.unique(f"{node.name}_label"), axis=0)]
+    return made
 
 
 # --- LSTM and GRU unrolled --------------------------------------------------------------
