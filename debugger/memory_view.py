@@ -102,15 +102,14 @@ class MemoryView(ScrollView, can_focus=True):
         marked = set()                  # rows on screen that changed in the last step
         if self._before is not None and window is not None and self._before[0] == top \
                 and self._before[1].shape == window.shape:
-            marked = set(np.flatnonzero((self._before[1] != window).reshape(
-                len(window), -1).any(axis=1)).tolist())
+            marked = _changed_rows(self._before[1], window)
         old, self._drawn = self._drawn, (view, None if window is None else window.copy(), marked)
         if old is None or old[0] != view or old[1] is None or window is None:
             self.refresh()
             return
         # the same view: repaint the rows whose values or highlight changed (line 0 is the
         # column header)
-        changed = set(np.flatnonzero((old[1] != window).reshape(len(window), -1).any(axis=1)).tolist())
+        changed = _changed_rows(old[1], window)
         for row in changed | marked | old[2]:
             self.refresh(Region(0, 1 + row, self.size.width, 1))
 
@@ -228,3 +227,11 @@ class MemoryView(ScrollView, can_focus=True):
         if run:
             segments.append(Segment(" ".join(run), run_style))
         return Strip(segments).crop(0, width).extend_cell_length(width)
+
+
+def _changed_rows(before: np.ndarray, after: np.ndarray) -> set[int]:
+    """Rows (of two same-shaped 2-D windows) that differ.  A memory may have no columns
+    (no host image given): no rows differ then, and nothing is reshaped."""
+    if before.size == 0:
+        return set()
+    return set(np.flatnonzero((before != after).any(axis=1)).tolist())
