@@ -375,7 +375,7 @@ def test_missing_weights_and_a_script_that_is_not_utf8(here, capsys):
     (here / "latin1.tdb").write_bytes("echo caf\xe9\n".encode("latin-1"))
     assert main([str(args.program), "--batch", "latin1.tdb"]) == 2
     err = capsys.readouterr().err
-    assert "error: --batch latin1.tdb: cannot read:" in err and "Traceback" not in err
+    assert "error: --batch latin1.tdb: not UTF-8 text" in err and "Traceback" not in err
 
 
 def test_tbin_with_debug_info_debugs_at_source_level(here, capsys):
