@@ -17,7 +17,7 @@ from tpuasm.disassembler import format_instruction
 from .expr import ExprError, Location
 from .formatting import (counter_lines, event_text, examine, format_value, memory_array,
                          weights_text)
-from .session import ReloadError, Session, Stop, rows_text
+from .session import ANYWHERE, ReloadError, Session, Stop, rows_text
 
 
 HISTORY_LINES = 20      # accesses `info writes/reads` lists (the latest)
@@ -61,7 +61,8 @@ COMMANDS = [
             "event, halt or fault", "do_continue", True),
     Command(("run",), "run N", "run N cycles (stops early at breakpoints)", "do_run", True),
     Command(("until", "u", "advance"), "until LOCATION", "run until a line, label or *index is "
-            "about to issue (run to cursor); refused if it already issued", "do_until", True),
+            "about to issue (run to cursor; refused if it already issued), or `until cycle N`",
+            "do_until", True),
     Command(("reverse-step", "rs"), "reverse-step [N]", "go back N cycles", "do_reverse_step", True),
     Command(("reverse-next", "reverse-stepi", "rn"), "reverse-next [N]", "go back N instructions",
             "do_reverse_next", True),
@@ -74,7 +75,8 @@ COMMANDS = [
             "do_reload"),
     Command(("break", "b"), "break LOCATION [if COND]", "stop before the instruction(s) of a line "
             "(`12`, `prog.tasm:12`), a label, `*INDEX` or `node NAME` (its first instruction) "
-            "issue", "do_break"),
+            "issue; `cycle N`: at that cycle; `break if COND` alone: wherever COND holds",
+            "do_break"),
     Command(("tbreak",), "tbreak LOCATION [if COND]", "a breakpoint that deletes itself when hit",
             "do_tbreak"),
     Command(("condition",), "condition N [COND]", "set or clear breakpoint N's condition",
@@ -157,9 +159,9 @@ class Engine:
         style = {"fault": "bold red", "error": "red", "breakpoint": "yellow",
                  "watchpoint": "yellow", "tag": "cyan", "interrupt": "cyan", "unwritten": "yellow",
                  "halted": "green"}.get(stop.kind, "")
-        msg = escape(stop.message)
-        line = f"[{style}]{msg}[/]" if style else msg
-        return Result([line], ok=stop.kind != "error", stop=stop)
+        lines = [f"[{style}]{escape(m)}[/]" if style else escape(m)
+                 for m in stop.message.splitlines()]
+        return Result(lines, ok=stop.kind != "error", stop=stop)
 
     def _numbers(self, arg: str) -> list[int]:
         try:
@@ -226,6 +228,9 @@ class Engine:
         return self._stopped(self.session.finish_in_flight())
 
     def do_until(self, arg):
+        cycle = self._cycle_location(arg)
+        if cycle is not None:
+            return self._stopped(self.session.run_to((), f"cycle {cycle}", cycle=cycle))
         indices, where = self.resolve_location(arg)
         cycle = self.session.issued_already(indices)
         if cycle is not None:
@@ -262,14 +267,44 @@ class Engine:
         return self._stopped(self.session.restart())
 
     # -- breakpoints --------------------------------------------------------------------------
+    def _cycle_location(self, text: str) -> int | None:
+        """`cycle N` -> N (a cycle still ahead), else None (not a cycle location)."""
+        word, _, rest = text.strip().partition(" ")
+        if word.lower() != "cycle":
+            return None
+        if not rest.strip():
+            raise CommandError("cycle N: which cycle?")
+        cycle = self.session.eval.integer(rest)
+        now = self.session.machine.cycle
+        if cycle <= now:
+            raise CommandError(f"cycle {cycle} is not ahead (now cycle {now}); "
+                               f"`jump {cycle}` goes there")
+        return cycle
+
     def _break(self, arg, temporary):
         where, _, cond = arg.partition(" if ")
         if arg.startswith("if "):
             where, cond = "", arg[3:]
-        indices, desc = self.resolve_location(where)
-        bp = self.session.add_breakpoint(indices, desc, cond.strip() or None, temporary)
+        cond = cond.strip()
         kind = "temporary breakpoint" if temporary else "breakpoint"
-        extra = f" if {bp.condition}" if bp.condition else ""
+        extra = f" if {cond}" if cond else ""
+        cycle = self._cycle_location(where)
+        if cycle is None and not where.strip() and cond:
+            # `break if COND`: wherever the condition holds.  `cycle >= N` (or > N, == N)
+            # alone is a cycle breakpoint, exact to the cycle; anything else is checked
+            # before every instruction issues.
+            m = re.fullmatch(r"cycle\s*(>=|==|>)\s*(\d+)", cond)
+            if m and int(m.group(2)) + (m.group(1) == ">") > self.session.machine.cycle:
+                cycle = int(m.group(2)) + (m.group(1) == ">")
+            else:
+                bp = self.session.add_breakpoint((), ANYWHERE, cond, temporary)
+                return Result([f"{kind} {bp.number} before any instruction issues{escape(extra)}"])
+        if cycle is not None:
+            bp = self.session.add_breakpoint((), f"cycle {cycle}", cond or None, temporary,
+                                             cycle=cycle)
+            return Result([f"{kind} {bp.number} at cycle {cycle}{escape(extra)}"])
+        indices, desc = self.resolve_location(where)
+        bp = self.session.add_breakpoint(indices, desc, cond or None, temporary)
         return Result([f"{kind} {bp.number} at {escape(desc)} "
                        f"(instruction {', '.join(f'#{i}' for i in bp.indices)}){escape(extra)}"])
 

@@ -21,6 +21,7 @@ CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interr
 HISTORY_INTERVAL = 5_000     # cycles between the library's checkpoints: each copies the rows
                              # written since the last one; a step back replays at most this many
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
+ANYWHERE = "anywhere"        # where a `break if COND` without a location stops: before any issue
 
 
 class ReloadError(Exception):
@@ -37,11 +38,16 @@ class Breakpoint:
     temporary: bool = False
     enabled: bool = True
     hits: int = 0
+    cycle: int | None = None       # a cycle breakpoint (`break cycle N`): no instructions
 
     def describe(self) -> str:
+        if self.cycle is not None or self.where == ANYWHERE:
+            what = ""
+        else:
+            what = f"  (instr {', '.join(f'#{i}' for i in self.indices[:8])}" + \
+                   (" ...)" if len(self.indices) > 8 else ")")
         parts = [f"{self.number:<3} {'tbreak' if self.temporary else 'break':<6} "
-                 f"{'y' if self.enabled else 'n'}  {self.where}"
-                 f"  (instr {', '.join(f'#{i}' for i in self.indices)})"]
+                 f"{'y' if self.enabled else 'n'}  {self.where}{what}"]
         if self.condition:
             parts.append(f"if {self.condition}")
         if self.ignore:
@@ -71,11 +77,24 @@ class Watchpoint:
 
 @dataclass
 class Stop:
-    """Why the machine stopped, in words for the log and as a kind for code."""
+    """Why the machine stopped, in words for the log and as a kind for code.  Several
+    breakpoints and watchpoints hit in the same cycle are one stop: `message` has one line
+    per hit, in the order they happened, and `numbers` lists them all."""
     kind: str                  # breakpoint watchpoint halted fault paused interrupted tag interrupt error
     message: str
     index: int | None = None
-    number: int | None = None  # breakpoint or watchpoint number
+    number: int | None = None  # breakpoint or watchpoint number (the first hit's)
+    numbers: tuple[int, ...] = ()
+    cycle: int | None = None   # the machine's cycle when it stopped
+
+    @classmethod
+    def of_hits(cls, hits: list[tuple[str, str, int | None, int | None]]) -> "Stop | None":
+        """One stop for (kind, message, index, number) hits, in order; None for none."""
+        if not hits:
+            return None
+        kind, _, index, number = hits[0]
+        return cls(kind, "\n".join(h[1] for h in hits), index, number,
+                   tuple(h[3] for h in hits if h[3] is not None))
 
 
 @dataclass(frozen=True)
@@ -183,12 +202,22 @@ class Session:
         self._next_number += 1
         return n
 
-    def add_breakpoint(self, indices, where, condition=None, temporary=False) -> Breakpoint:
+    def add_breakpoint(self, indices, where, condition=None, temporary=False,
+                       cycle: int | None = None) -> Breakpoint:
+        """A breakpoint before `indices` issue, or at the start of `cycle` (no indices)."""
         if condition:
             self.eval.check(condition)           # a malformed condition fails now, not mid-run
-        bp = Breakpoint(self._number(), tuple(indices), where, condition, temporary=temporary)
+        bp = Breakpoint(self._number(), tuple(indices), where, condition, temporary=temporary,
+                        cycle=cycle)
         self.breakpoints[bp.number] = bp
         return bp
+
+    def _next_cycle_break(self) -> int | None:
+        """The earliest cycle after now at which an enabled cycle breakpoint stops."""
+        now = self.machine.cycle
+        cycles = [bp.cycle for bp in self.breakpoints.values()
+                  if bp.enabled and bp.cycle is not None and bp.cycle > now]
+        return min(cycles) if cycles else None
 
     def _check_range(self, loc: Location) -> None:
         limit = self._rows(loc.memory)
@@ -221,7 +250,11 @@ class Session:
         out = set()
         for bp in self.breakpoints.values():
             if bp.enabled:
-                out.update(bp.indices)
+                if bp.where == ANYWHERE:      # only the instructions still to issue
+                    nxt = self.next_to_issue()
+                    out.update(range(nxt, len(self.program)) if nxt is not None else ())
+                else:
+                    out.update(bp.indices)
         for kind, key in (("tag", "TAG"), ("interrupt", "INT")):
             if kind in self.catch:
                 out.update(i for i, ins in enumerate(self.program.instructions) if ins.key == key)
@@ -348,10 +381,10 @@ class Session:
             if progress is not None:
                 progress(self.machine.cycle, time.perf_counter() - started)
 
-    def run_to(self, indices: list[int], where: str) -> Stop:
-        """Run to cursor: a temporary breakpoint on `indices`."""
+    def run_to(self, indices: list[int], where: str, cycle: int | None = None) -> Stop:
+        """Run to cursor: a temporary breakpoint on `indices` (or at `cycle`)."""
         # number 0: internal, never listed, never takes a user-visible number
-        self.breakpoints[0] = Breakpoint(0, tuple(indices), where, temporary=True)
+        self.breakpoints[0] = Breakpoint(0, tuple(indices), where, temporary=True, cycle=cycle)
         try:
             return self.run()
         finally:
@@ -369,7 +402,11 @@ class Session:
         sitting = self._at_breakpoint()
         while m.cycle < end:
             start = m.cycle
-            r = self.history.step(end - start, breakpoints=self._armed_indices(),
+            limit = end
+            at_cycle = self._next_cycle_break()
+            if at_cycle is not None and at_cycle < limit:
+                limit = at_cycle                  # a cycle breakpoint: the run ends there
+            r = self.history.step(limit - start, breakpoints=self._armed_indices(),
                                   watch=self._armed_watches())
             if r.status == "breakpoint" and r.index == sitting and m.cycle == start:
                 # History.goto forgets that the machine sat at a breakpoint: step it out
@@ -380,14 +417,59 @@ class Session:
             sitting = None
             if r.status in ("halted", "fault"):
                 return self._finished_stop()
-            stop = None
+            hits = []
             if r.status == "breakpoint":
-                stop = self._breakpoint_hit(r.index)
+                hits = self._breakpoint_hits(r.index)
             elif r.status == "watchpoint":
-                stop = self._watch_hit(r.index)
+                hits = self._watch_hits(r.index)
+            if hits and hits[0][0] == "error":
+                return Stop.of_hits(hits[:1])
+            # a cycle breakpoint at this cycle stops with them (after the completions
+            # that stopped a watch: they happened first, at the start of the cycle)
+            hits += self._cycle_hits()
+            stop = Stop.of_hits(hits)
             if stop is not None:
                 return stop
         return self._finished_stop() if self.finished else None
+
+    def _cycle_hits(self) -> list:
+        """The cycle breakpoints at the current cycle whose conditions hold."""
+        now = self.machine.cycle
+        return self._take_hits([bp for bp in self.breakpoints.values()
+                                if bp.enabled and bp.cycle == now], None)
+
+    def _take_hits(self, candidates, index: int | None) -> list:
+        """(kind, message, index, number) for each breakpoint of `candidates` that stops:
+        its condition holds and no ignore count lets it pass (those are counted down)."""
+        hits = []
+        now = self.machine.cycle
+        for bp in sorted(candidates, key=lambda b: b.number):
+            if bp.condition:
+                try:
+                    holds = self.eval.truth(bp.condition)
+                except ExprError as e:
+                    return [("error", f"breakpoint {bp.number}: condition `{bp.condition}`: {e}",
+                             index, bp.number)]
+                if not holds:
+                    continue
+            if bp.ignore > 0:
+                bp.ignore -= 1
+                continue
+            bp.hits += 1
+            if bp.temporary:
+                del self.breakpoints[bp.number]
+            at = self.where(index) if index is not None else f"cycle {now}"
+            label = "temporary breakpoint" if bp.temporary else "breakpoint"
+            if bp.number == 0:
+                hits.append(("breakpoint", f"reached {bp.where}: {at}, cycle {now}"
+                             if index is not None else f"reached cycle {now}", index, None))
+            elif index is None:
+                hits.append(("breakpoint", f"{label} {bp.number} at cycle {now}", None, bp.number))
+            else:
+                hits.append(("breakpoint", f"{label} {bp.number} at {at}, cycle {now}"
+                             + (f" ({bp.where} if {bp.condition})" if bp.where == ANYWHERE else ""),
+                             index, bp.number))
+        return hits
 
     def _at_breakpoint(self) -> int | None:
         """The instruction a run starts in front of: like the machine's own rule (and gdb's),
@@ -399,47 +481,37 @@ class Session:
         if nxt is None or self.machine.issue_cycle(nxt) >= 0:
             return None
         stop = self.last_stop
+        if stop is not None and stop.kind == "watchpoint" and stop.cycle == self.machine.cycle:
+            # a watch stopped the run at the start of this cycle, before anything issued in
+            # it: a breakpoint on the next issue has not been reported yet
+            return None
         if stop is not None and stop.index == nxt and stop.kind != "watchpoint":
             return nxt
         return nxt if self.machine.cycle > 0 else None
 
-    def _breakpoint_hit(self, index: int) -> Stop | None:
+    def _breakpoint_hits(self, index: int) -> list:
+        """Everything that stops before instruction `index` issues: caught events, then
+        every breakpoint on it whose condition holds, in number order."""
         ins = self.program.instructions[index]
+        now = self.machine.cycle
+        hits = []
         for kind, key, name in (("tag", "TAG", "Debug_Tag"), ("interrupt", "INT", "Interrupt_Host")):
             if kind in self.catch and ins.key == key:
                 value = next(iter(ins.operands.values()), 0)
-                return Stop(kind, f"caught {name} {value}: {self.where(index)} about to issue "
-                                  f"at cycle {self.machine.cycle}", index)
+                hits.append((kind, f"caught {name} {value}: {self.where(index)} about to issue "
+                                   f"at cycle {now}", index, None))
         if "unwritten" in self.catch and index in self.unwritten_reads():
             rows = "; ".join(f"{u.memory} rows from {u.memory}[{u.start}] ({u.count} row(s))"
                              for u in self.unwritten_reads()[index])
-            return Stop("unwritten", f"caught a read of rows never written since load: "
-                                     f"{self.where(index)} reads {rows}; about to issue at "
-                                     f"cycle {self.machine.cycle}", index)
-        for bp in sorted(self.breakpoints.values(), key=lambda b: b.number):
-            if not bp.enabled or index not in bp.indices:
-                continue
-            if bp.condition:
-                try:
-                    holds = self.eval.truth(bp.condition)
-                except ExprError as e:
-                    return Stop("error", f"breakpoint {bp.number}: condition `{bp.condition}`: {e}",
-                                index, bp.number)
-                if not holds:
-                    continue
-            if bp.ignore > 0:
-                bp.ignore -= 1
-                continue
-            bp.hits += 1
-            if bp.temporary:
-                del self.breakpoints[bp.number]
-            label = "temporary breakpoint" if bp.temporary else "breakpoint"
-            if bp.number == 0:
-                return Stop("breakpoint", f"reached {bp.where}: {self.where(index)}, cycle "
-                                          f"{self.machine.cycle}", index, None)
-            return Stop("breakpoint", f"{label} {bp.number} at {self.where(index)}, cycle "
-                                      f"{self.machine.cycle}", index, bp.number)
-        return None
+            hits.append(("unwritten", f"caught a read of rows never written since load: "
+                                      f"{self.where(index)} reads {rows}; about to issue at "
+                                      f"cycle {now}", index, None))
+        candidates = [bp for bp in self.breakpoints.values() if bp.enabled and bp.cycle is None
+                      and (index in bp.indices or bp.where == ANYWHERE)]
+        found = self._take_hits(candidates, index)
+        if found and found[0][0] == "error":
+            return found
+        return hits + found
 
     @property
     def accesses(self):
@@ -469,36 +541,39 @@ class Session:
             span[0], span[1] = min(span[0], int(lo)), max(span[1], int(hi))
         return [(i, lo, hi, f) for i, (lo, hi, f) in spans.items()]
 
-    def _watch_hit(self, index: int) -> Stop | None:
-        for wp in self.watchpoints.values():
+    def _watch_hits(self, first: int) -> list:
+        """Every watchpoint that the instructions completing at this cycle hit, in the
+        order they completed (`first`, the one the machine names, first) and by number.
+        The machine stops at the cycle of the first watched access but completes every
+        instruction that finishes in that cycle, so one stop must report them all."""
+        m = self.machine
+        times = m.intervals()
+        done = [first] + [int(i) for i in np.flatnonzero(times[:, 2] == m.cycle) if int(i) != first]
+        order = {index: k for k, index in enumerate(done)}
+        found = []
+        for wp in sorted(self.watchpoints.values(), key=lambda w: w.number):
             if not wp.enabled:
                 continue
             new = self._rows_of(wp)
+            write = {"change": True, "write": True, "read": False, "access": None}[wp.access]
+            who = next((i for i in done if self.accesses.touches(i, wp.memory, wp.start,
+                                                                  wp.stop, write)), None)
+            if who is None:
+                continue
             if wp.access != "change":
                 # watch -w / rwatch / awatch: any access of that kind, whatever the values
-                write = {"write": True, "read": False, "access": None}[wp.access]
-                if not self.accesses.touches(index, wp.memory, wp.start, wp.stop, write):
-                    continue
-                wp.old = new.copy()
-                wp.hits += 1
                 verb = {"write": "written", "read": "read", "access": "accessed"}[wp.access]
-                return Stop("watchpoint", f"watchpoint {wp.number} {wp.text} {verb} by "
-                                          f"{self.where(index)} at cycle {self.machine.cycle}",
-                            index, wp.number)
-            if wp.old is not None and np.array_equal(new, wp.old):
-                continue                    # written, but with the same values: not a change
-            diff = np.argwhere(new != wp.old) if wp.old is not None else np.zeros((0, 2), int)
-            detail = ""
-            if len(diff):
-                r, c = (int(x) for x in diff[0])
-                detail = (f"; {len(diff)} value(s) changed, first {wp.memory}[{wp.start + r}][{c}]: "
-                          f"{_show(wp.memory, wp.old[r, c])} -> {_show(wp.memory, new[r, c])}")
+                message = (f"watchpoint {wp.number} {wp.text} {verb} by {self.where(who)} "
+                           f"at cycle {m.cycle}")
+            else:
+                if wp.old is not None and np.array_equal(new, wp.old):
+                    continue                # written, but with the same values: not a change
+                message = (f"watchpoint {wp.number} {wp.text} written by {self.where(who)} at "
+                           f"cycle {m.cycle}{_change_detail(wp, new)}")
             wp.old = new.copy()
             wp.hits += 1
-            return Stop("watchpoint", f"watchpoint {wp.number} {wp.text} written by "
-                                      f"{self.where(index)} at cycle {self.machine.cycle}{detail}",
-                        index, wp.number)
-        return None
+            found.append((order[who], wp.number, ("watchpoint", message, who, wp.number)))
+        return [hit for _, _, hit in sorted(found)]
 
     # -- reverse -------------------------------------------------------------------------
     def goto_cycle(self, cycle: int) -> Stop:
@@ -549,15 +624,43 @@ class Session:
                                            f"{self.where(self.next_to_issue())} next"), reverse=True)
 
     def reverse_continue(self) -> Stop:
+        now = self.machine.cycle
         r = self.history.reverse_continue(self._armed_indices(), self._armed_watches())
+        m = self.machine
+        # a cycle breakpoint between that hit and now is the previous hit
+        cycles = [bp.cycle for bp in self.breakpoints.values()
+                  if bp.enabled and bp.cycle is not None and m.cycle < bp.cycle < now]
+        if cycles:
+            self.history.goto(max(cycles))
+            return self._finish(Stop("breakpoint", f"reverse: breakpoint at cycle {m.cycle}"),
+                                reverse=True)
         if r.status == "breakpoint":
-            msg = f"reverse: breakpoint at {self.where(r.index)}, cycle {self.machine.cycle}"
+            msg = f"reverse: breakpoint at {self.where(r.index)}, cycle {m.cycle}"
         elif r.status == "watchpoint":
-            msg = f"reverse: watched rows written by {self.where(r.index)}, cycle {self.machine.cycle}"
+            msg = "\n".join(self._reverse_watch_lines(r.index)) or \
+                f"reverse: watched rows accessed by {self.where(r.index)}, cycle {m.cycle}"
         else:
-            msg = f"reverse: reached cycle {self.machine.cycle}"
+            msg = f"reverse: reached cycle {m.cycle}"
         return self._finish(Stop(r.status if r.status in ("breakpoint", "watchpoint") else "paused",
                                  msg, r.index), reverse=True)
+
+    def _reverse_watch_lines(self, index: int) -> list[str]:
+        """What instruction `index` did to each armed watchpoint: an rwatch was *read*."""
+        lines = []
+        for wp in sorted(self.watchpoints.values(), key=lambda w: w.number):
+            if not wp.enabled:
+                continue
+            reads = self.accesses.touches(index, wp.memory, wp.start, wp.stop, False)
+            writes = self.accesses.touches(index, wp.memory, wp.start, wp.stop, True)
+            verb = {"change": "written" if writes else None,
+                    "write": "written" if writes else None,
+                    "read": "read" if reads else None,
+                    "access": ("read and written" if reads and writes else
+                               "read" if reads else "written" if writes else None)}[wp.access]
+            if verb:
+                lines.append(f"reverse: watchpoint {wp.number} {wp.text} {verb} by "
+                             f"{self.where(index)}, cycle {self.machine.cycle}")
+        return lines
 
     def reload(self) -> tuple[Stop, list[str]]:
         """Re-read and re-assemble the program's file and start it again at cycle 0,
@@ -593,6 +696,8 @@ class Session:
         notes = []
         maps: dict[str, dict[int, int]] = {}
         for bp in sorted(list(self.breakpoints.values()), key=lambda b: b.number):
+            if bp.cycle is not None or bp.where == ANYWHERE:
+                continue                      # not tied to the program's text
             where, new_indices, why = bp.where, None, None
             m = re.fullmatch(r"(.+):(\d+)", bp.where)
             if bp.where.startswith("node "):
@@ -660,6 +765,7 @@ class Session:
             self._record()
         for wp in self.watchpoints.values():
             wp.old = self._rows_of(wp).copy()
+        stop.cycle = self.machine.cycle
         self.last_stop = stop
         return stop
 
@@ -698,3 +804,15 @@ def _show(memory: str, v) -> str:
     if memory in ("ub", "host") and v > 127:
         v -= 256
     return str(v)
+
+
+def _change_detail(wp: Watchpoint, new: np.ndarray) -> str:
+    """`; 32 value(s) changed, first acc[0][0]: -3 -> -41`."""
+    if wp.old is None:
+        return ""
+    diff = np.argwhere(new != wp.old)
+    if not len(diff):
+        return ""
+    r, c = (int(x) for x in diff[0])
+    return (f"; {len(diff)} value(s) changed, first {wp.memory}[{wp.start + r}][{c}]: "
+            f"{_show(wp.memory, wp.old[r, c])} -> {_show(wp.memory, new[r, c])}")
