@@ -39,6 +39,7 @@ from .source_view import SourceView
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
 WATCH_INTERVAL = 1.0   # seconds between looks at the source file under `reload --watch`
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
+LOG_READABLE = (40, 5)  # columns x lines below which typed output takes the whole bottom row
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class DebuggerApp(App):
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
     #counters { height: 9; border: round $primary; }
-    #log { height: 1fr; border: round $primary; }
+    #log { height: 1fr; border: round $primary; scrollbar-gutter: stable; }
     #command { height: 3; border: round $secondary; }
     .pane-title { border-title-align: left; }
     Screen.show-timeline #source, Screen.show-timeline #pipeline-box { display: none; }
@@ -222,6 +223,7 @@ class DebuggerApp(App):
     Screen.show-timeline #timeline { height: 1fr; }
     Screen.show-log #memories { display: none; }
     Screen.show-log #side { width: 100%; }
+    Screen.show-log #counters { display: none; }
     Screen.narrow #top { height: 1fr; }
     Screen.narrow #bottom { height: 1fr; }
     Screen.narrow #source { width: 1fr; }
@@ -326,6 +328,15 @@ class DebuggerApp(App):
     def narrow(self) -> bool:
         return self.screen.has_class("narrow")
 
+    def _log_too_small(self) -> bool:
+        """Whether the log is hidden or too small to read command output in (the narrow
+        layout, or 120 x 40 where it shares a corner with the counters)."""
+        if self.narrow:
+            return True
+        log = self.query_one("#log", LogPane)
+        return not self.screen.has_class("show-log") and (log.size.height < LOG_READABLE[1]
+                                                          or log.size.width < LOG_READABLE[0])
+
     def show_bottom(self, what: str) -> None:
         """The bottom row shows the memories or the log."""
         self.screen.set_class(what == "log", "show-log")
@@ -406,12 +417,16 @@ class DebuggerApp(App):
         for event in self.session.new_events():
             if event.kind != "fault":           # a fault is reported by the stop itself
                 self.log_line(f"[cyan]{escape(event_text(self.session, event))}[/]")
-        quiet = not echo and result.ok and result.stop is not None and result.stop.kind == "paused"
+        # a reload's notes (a breakpoint moved or deleted) are logged even from a key
+        notes = bool(result.ui and result.ui[0] == "reload" and len(result.lines) > 1)
+        quiet = not echo and result.ok and result.stop is not None and \
+            result.stop.kind == "paused" and not notes
         self._keys_only = not echo
         if not quiet:
             for line in result.lines:
                 self.log_line(line)
-            if echo and result.lines and result.goto is None and self.narrow:
+            if result.lines and result.goto is None and (echo or not result.ok or notes) \
+                    and self._log_too_small():
                 self.show_bottom("log")         # a typed command's output must be seen
         if result.goto is not None:
             self.go_to(result.goto)

@@ -255,6 +255,10 @@ class Engine:
             stop, notes = self.session.reload()
         except ReloadError as e:
             lines = str(e).splitlines()
+            # the status line says so too (not the stop before the reload)
+            first = next((x for x in lines if x.strip()), "")
+            self.session.last_stop = Stop("error", f"reload failed, the program runs as it was: "
+                                                   f"{first}", cycle=self.session.machine.cycle)
             return Result(["[bold red]reload failed; the session goes on with the program "
                            "as it was:[/]", *(escape(x) for x in lines)], ok=False,
                           ui=("reload-watch", watch) if watch is not None else None)

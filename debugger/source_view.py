@@ -172,6 +172,9 @@ class SourceView(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._resize_virtual()          # the node column narrows with the pane
+        # the first follow ran before the pane had a size (scrolling then does nothing);
+        # a new height must keep the cursor's line in view too
+        self.call_after_refresh(self._keep_visible, self.cursor_line)
 
     def action_pan(self, delta: int) -> None:
         self.scroll_to(x=max(0, int(self.scroll_offset.x) + delta), animate=False)
@@ -277,8 +280,12 @@ class SourceView(ScrollView, can_focus=True):
         self._repaint_marks()
 
     def _keep_visible(self, line: int) -> None:
+        """Scroll so that `line` is in view with a few lines after it (the instructions
+        that issue next); when it is not, it goes a third of the way down."""
         top, height = int(self.scroll_offset.y), max(self.size.height, 1)
-        if not top <= line - 1 < top + height:
+        after = min(3, height // 3)                 # lines kept visible below it
+        before = min(1, height // 4)
+        if not top + before <= line - 1 < top + height - after:
             self.scroll_to(y=max(line - 1 - height // 3, 0), animate=False, immediate=True)
 
     def action_cursor(self, delta: int) -> None:
