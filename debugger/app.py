@@ -102,6 +102,9 @@ KEYS = [
         "toggle_timeline", "Timeline", "Toggle timeline", "the waveform of the whole run"),
     Key(":", "command line (`help` lists the commands); up/down recall history", "colon",
         "prompt('')", "Command", "Command line", "type a debugger command"),
+    Key("/", "search the source; then n / N next / previous match, Escape ends the search",
+        "slash", "prompt('/')", "Search", "Search the source", "find text in the source",
+        show=False),
     Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),
     Key("ctrl+p", "command palette: every action"),
     Key("", action="cmd('info counters')", title="Info counters",
@@ -422,6 +425,10 @@ class DebuggerApp(App):
         quiet = not echo and result.ok and result.stop is not None and \
             result.stop.kind == "paused" and not notes
         self._keys_only = not echo
+        if quiet and self.session.displays:
+            # `display` expressions after every stop, a key's step too
+            for line in result.lines[-len(self.session.displays):]:
+                self.log_line(line)
         if not quiet:
             for line in result.lines:
                 self.log_line(line)
@@ -432,6 +439,14 @@ class DebuggerApp(App):
             self.go_to(result.goto)
         if result.ui and result.ui[0] in ("reload", "reload-watch"):
             self._after_reload(result.ui)
+        if result.ui and result.ui[0] == "search":
+            view = self.query_one(SourceView)
+            view.start_search(result.ui[1])
+            view.focus()
+        if result.ui and result.ui[0] == "mismatches":
+            _, memory, cells = result.ui
+            for view in self.memory_views():
+                view.mark_cells(cells if view.memory == memory else ())
         if result.ui and result.ui[0] == "radix":
             view = self.current_memory_view()
             view.radix = result.ui[1]

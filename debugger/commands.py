@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.markup import escape
 from tpuasm.disassembler import format_instruction
@@ -82,8 +83,9 @@ COMMANDS = [
     Command(("condition",), "condition N [COND]", "set or clear breakpoint N's condition",
             "do_condition"),
     Command(("ignore",), "ignore N COUNT", "let breakpoint N pass COUNT times", "do_ignore"),
-    Command(("watch",), "watch [-w] RANGE", "stop when a write changes rows: `ub[0:16]`, `acc[4]`, "
-            "`input`; -w: after any write, even of the same values", "do_watch"),
+    Command(("watch",), "watch [-w] RANGE | watch COND", "stop when a write changes rows: "
+            "`ub[0:16]`, `acc[4]`, `input`; -w: after any write, even of the same values; "
+            "`watch acc[3][7] < 0`: when a write changes whether COND holds", "do_watch"),
     Command(("rwatch",), "rwatch RANGE", "stop after an instruction that reads the rows finishes",
             "do_rwatch"),
     Command(("awatch",), "awatch RANGE", "stop after an instruction that reads or writes them "
@@ -101,6 +103,14 @@ COMMANDS = [
     Command(("x",), "x/NFU ADDR", "examine memory: N count, F x|d|u, U b (byte) or w (int32): "
             "`x/16d ub[0]`, `x/8x acc.sums`", "do_x"),
     Command(("expect",), "expect EXPR", "fail (batch exit 1) unless EXPR holds", "do_expect"),
+    Command(("compare",), "compare RANGE FILE.npy", "compare memory from RANGE with an expected "
+            "array (its shape says how much): differences listed and marked in the memory view",
+            "do_compare"),
+    Command(("dump",), "dump RANGE FILE.npy", "save the rows of RANGE (`ub.y`, `acc[0:16]`, "
+            "`tile[3]`) as .npy: ub/host int8, acc int32", "do_dump"),
+    Command(("display",), "display [EXPR]", "print EXPR after every stop (no EXPR: list them)",
+            "do_display"),
+    Command(("undisplay",), "undisplay [N...]", "stop displaying (all without N)", "do_undisplay"),
     Command(("info", "i"), "info pipeline|counters|breakpoints|registers|weights|events|symbols",
             "show machine state; `info writes ub[8]`, `info reads acc.sums`: who wrote / read "
             "those rows so far", "do_info"),
@@ -112,6 +122,9 @@ COMMANDS = [
     Command(("goto", "g"), "goto ADDR", "show an address or symbol in the memory view", "do_goto"),
     Command(("radix",), "radix hex|signed|unsigned [int8|int32]", "number format of the focused "
             "memory view", "do_radix"),
+    Command(("search", "/"), "search TEXT (/TEXT)", "find TEXT in the source (case-insensitive); "
+            "on the screen the cursor goes there and n / N find the next / previous until Escape",
+            "do_search"),
     Command(("echo",), "echo TEXT", "print TEXT", "do_echo"),
     Command(("help", "h", "?"), "help [COMMAND]", "list commands", "do_help"),
 ]
@@ -132,6 +145,8 @@ class Engine:
         line = line.strip()
         if not line or line.startswith("#"):
             return Result()
+        if line.startswith("/") and len(line) > 1:         # `/text`: search, as in less and vi
+            line = "search " + line[1:]
         word, _, rest = line.partition(" ")
         fmt = ""
         if word.startswith("x/"):
@@ -155,13 +170,24 @@ class Engine:
             raise CommandError(f"count must be at least 1, got {n}")
         return n
 
+    def display_lines(self) -> list[str]:
+        """`display` expressions, evaluated now (after a stop)."""
+        out = []
+        for number, text in self.session.displays.items():
+            try:
+                value = format_value(self.session.eval.value(text))
+            except ExprError as e:
+                value = f"<{e}>"
+            out.append(escape(f"{number}: {text} = {value}"))
+        return out
+
     def _stopped(self, stop: Stop) -> Result:
         style = {"fault": "bold red", "error": "red", "breakpoint": "yellow",
                  "watchpoint": "yellow", "tag": "cyan", "interrupt": "cyan", "unwritten": "yellow",
                  "halted": "green"}.get(stop.kind, "")
         lines = [f"[{style}]{escape(m)}[/]" if style else escape(m)
                  for m in stop.message.splitlines()]
-        return Result(lines, ok=stop.kind != "error", stop=stop)
+        return Result(lines + self.display_lines(), ok=stop.kind != "error", stop=stop)
 
     def _numbers(self, arg: str) -> list[int]:
         try:
@@ -348,6 +374,12 @@ class Engine:
     def _watch(self, arg: str, access: str, name: str):
         if not arg:
             raise CommandError(f"{name} what? e.g. `{name} ub[0:16]`")
+        if access == "change" and _is_condition(arg):
+            wp = self.session.add_condition_watch(arg)
+            spans = ", ".join(f"{m}[{a}:{b}]" for m, a, b in wp.spans)
+            return Result([f"watchpoint {wp.number}: {escape(arg)} (now "
+                           f"{'true' if wp.truth else 'false'}; stops when a write to "
+                           f"{escape(spans)} changes that)"])
         loc = self.session.eval.location(arg)
         wp = self.session.add_watchpoint(loc, arg, access)
         what = {"change": "a change", "write": "any write", "read": "any read",
@@ -428,6 +460,57 @@ class Engine:
             return Result([f"[green]ok[/] {escape(arg)}"])
         detail = self._explain(arg)
         return Result([f"[bold red]expect failed:[/] {escape(arg)}{escape(detail)}"], ok=False)
+
+    def _range_and_file(self, arg: str, usage: str) -> tuple[Location, Path]:
+        expr, _, file = arg.strip().rpartition(" ")
+        if not expr.strip() or not file.endswith(".npy"):
+            raise CommandError(f"usage: {usage}, e.g. `{usage.split()[0]} ub.y expected.npy`")
+        return self.session.eval.location(expr.strip(), default_memory="ub"), Path(file)
+
+    def do_compare(self, arg):
+        from .data_files import compare, comparison_lines
+        loc, path = self._range_and_file(arg, "compare RANGE FILE.npy")
+        c = compare(self.session, loc, path)
+        ok = not len(c.mismatches)
+        lines = [escape(x) for x in comparison_lines(c)]
+        if not ok:
+            lines[0] = f"[bold red]{lines[0]}[/]"
+            r, col = (int(x) for x in c.mismatches[0])
+            goto = Location(loc.memory, r if loc.memory != "tile" else loc.row, col)
+        else:
+            lines[0] = f"[green]{lines[0]}[/]"
+            goto = None
+        cells = [(int(r), int(col)) for r, col in c.mismatches]
+        return Result(lines, ok=ok, goto=goto, ui=("mismatches", loc.memory, cells))
+
+    def do_dump(self, arg):
+        from .data_files import dump
+        loc, path = self._range_and_file(arg, "dump RANGE FILE.npy")
+        shape = dump(self.session, loc, path, self.session.inputs())
+        what = (f"tile {loc.row}" if loc.memory == "tile" else
+                f"{loc.memory} rows {loc.row}..{loc.row + shape[0] - 1}")
+        return Result([escape(f"saved {what} ({shape[0]} x {shape[1]}) to {path}")])
+
+    def do_display(self, arg):
+        s = self.session
+        if not arg:
+            return Result(self.display_lines() or ["no display expressions"])
+        s.eval.check(arg)
+        s.eval.value(arg)                   # fails now if it cannot be evaluated
+        number = max(s.displays, default=0) + 1
+        s.displays[number] = arg.strip()
+        return Result(self.display_lines()[-1:])
+
+    def do_undisplay(self, arg):
+        s = self.session
+        if not arg:
+            n = len(s.displays)
+            s.displays.clear()
+            return Result([f"deleted {n} display expression(s)"])
+        for n in self._numbers(arg):
+            if s.displays.pop(n, None) is None:
+                raise CommandError(f"no display {n}")
+        return Result([f"undisplay {arg}"])
 
     def _explain(self, arg: str) -> str:
         """For `a == b`, the value of each side, like pytest's assertion rewriting."""
@@ -625,6 +708,25 @@ class Engine:
             raise CommandError("radix hex|signed|unsigned [int8|int32]")
         return Result([f"radix {' '.join(parts)}"], ui=("radix", *parts))
 
+    def do_search(self, arg):
+        if not arg:
+            raise CommandError("search TEXT: what?")
+        s = self.session
+        file = s.main_file()
+        text = s.program.sources.get(file) if file else None
+        if text is None:
+            file = "(disassembly)"
+            lines = [format_instruction(ins) for ins in s.program.instructions]
+        else:
+            lines = text.splitlines()
+        hits = [(n, line) for n, line in enumerate(lines, 1) if arg.lower() in line.lower()]
+        if not hits:
+            raise CommandError(f"{arg!r} not found in {file}")
+        out = [escape(f"{file}:{n}: {line.strip()}") for n, line in hits[:10]]
+        if len(hits) > 10:
+            out.append(f"... {len(hits) - 10} more")
+        return Result(out, ui=("search", arg))
+
     def do_echo(self, arg):
         return Result([escape(arg)])
 
@@ -636,6 +738,17 @@ class Engine:
             return Result([escape(f"{cmd.usage}: {cmd.summary}"),
                            escape(f"  aliases: {', '.join(cmd.names)}")])
         return Result([escape(f"{c.usage:<34}{c.summary}") for c in COMMANDS])
+
+
+def _is_condition(text: str) -> bool:
+    """`acc[3][7] < 0`, `sum(ub[0]) == 0`: not a plain range (a comparison or a call)."""
+    import ast
+    try:
+        body = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return False
+    return isinstance(body, (ast.Compare, ast.BoolOp, ast.Call)) or \
+        (isinstance(body, ast.UnaryOp) and isinstance(body.op, ast.Not))
 
 
 def split_script(text: str) -> list[tuple[int, str]]:

@@ -68,9 +68,20 @@ class Watchpoint:
     enabled: bool = True
     hits: int = 0
     access: str = "change"      # change (watch), write (watch -w), read (rwatch), access (awatch)
+    # a value condition (`watch acc[3][7] < 0`): the rows it reads, and whether it held
+    condition: str | None = None
+    spans: tuple[tuple[str, int, int], ...] = ()
+    truth: bool = False
+
+    def ranges(self) -> tuple[tuple[str, int, int], ...]:
+        return self.spans or ((self.memory, self.start, self.stop),)
 
     def describe(self) -> str:
         kind = {"change": "watch", "write": "watch-w", "read": "rwatch", "access": "awatch"}[self.access]
+        if self.condition:
+            return (f"{self.number:<3} {kind:<7}{'y' if self.enabled else 'n'}  {self.condition} "
+                    f"(now {'true' if self.truth else 'false'})"
+                    + (f"  hit {self.hits}x" if self.hits else ""))
         return (f"{self.number:<3} {kind:<7}{'y' if self.enabled else 'n'}  {self.text} "
                 f"= {self.memory}[{self.start}:{self.stop}]" + (f"  hit {self.hits}x" if self.hits else ""))
 
@@ -120,6 +131,7 @@ class Session:
         self.cancel = threading.Event()      # set from another thread to interrupt a run;
                                              # whoever starts a run clears it first
         self.last_stop: Stop | None = None
+        self.displays: dict[int, str] = {}   # `display` expressions, printed after every stop
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
 
     def _use_program(self, program) -> None:
@@ -235,6 +247,47 @@ class Session:
         self.watchpoints[wp.number] = wp
         return wp
 
+    def add_condition_watch(self, condition: str) -> Watchpoint:
+        """`watch acc[3][7] < 0`: stop after a write to the rows the condition reads that
+        changes whether it holds."""
+        self.eval.check(condition)
+        spans = self._condition_spans(condition)
+        wp = Watchpoint(self._number(), spans[0][0], spans[0][1], spans[0][2], condition,
+                        condition=condition, spans=spans, truth=self.eval.truth(condition))
+        self.watchpoints[wp.number] = wp
+        return wp
+
+    def _condition_spans(self, condition: str) -> tuple[tuple[str, int, int], ...]:
+        """The memory rows an expression reads: each `ub[r]`, `acc[a:b]`... (a memory
+        without a subscript: all its rows)."""
+        import ast
+        tree = self.eval._parse(condition)
+        bases = {"ub": "ub", "ubu": "ub", "acc": "acc", "host": "host", "hostu": "host"}
+        spans, subscripted = [], set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                    and node.value.id in bases:
+                subscripted.add(id(node.value))
+                row, rows = self.eval._row_range(node.slice)
+                loc = Location(bases[node.value.id], row, 0, rows)
+                self._check_range(loc)
+                spans.append((loc.memory, row, row + rows))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in bases and id(node) not in subscripted:
+                memory = bases[node.id]
+                spans.append((memory, 0, self._rows(memory)))
+        spans = [sp for sp in dict.fromkeys(spans) if sp[2] > sp[1]]
+        if not spans:
+            raise ExprError(f"`{condition}` reads no memory rows: `break if {condition}` "
+                            "checks it before every instruction")
+        return tuple(spans)
+
+    def inputs(self) -> list:
+        """The files this session reads (no output may replace one)."""
+        from pathlib import Path
+        paths = [self.reload_from[0] if self.reload_from else None, self.host_arg, self.weights_arg]
+        return [p for p in paths if isinstance(p, (str, Path))]
+
     def delete(self, number: int) -> None:
         if self.breakpoints.pop(number, None) is None and self.watchpoints.pop(number, None) is None:
             raise KeyError(number)
@@ -272,7 +325,13 @@ class Session:
         return self._unwritten
 
     def _armed_watches(self):
-        return [_watch(w) for w in self.watchpoints.values() if w.enabled]
+        from tpuasm.machine import Watch
+        out = []
+        for w in self.watchpoints.values():
+            if w.enabled:
+                mode = {"change": "write"}.get(w.access, w.access)
+                out += [Watch(memory, a, b, mode) for memory, a, b in w.ranges()]
+        return out
 
     # -- running -------------------------------------------------------------------------
     @property
@@ -556,11 +615,23 @@ class Session:
                 continue
             new = self._rows_of(wp)
             write = {"change": True, "write": True, "read": False, "access": None}[wp.access]
-            who = next((i for i in done if self.accesses.touches(i, wp.memory, wp.start,
-                                                                  wp.stop, write)), None)
+            who = next((i for i in done for memory, a, b in wp.ranges()
+                        if self.accesses.touches(i, memory, a, b, write)), None)
             if who is None:
                 continue
-            if wp.access != "change":
+            if wp.condition:
+                try:
+                    truth = self.eval.truth(wp.condition)
+                except ExprError as e:
+                    truth = wp.truth
+                    message = f"watchpoint {wp.number} `{wp.condition}`: {e}"
+                if truth == wp.truth:
+                    continue
+                message = (f"watchpoint {wp.number} `{wp.condition}` became "
+                           f"{'true' if truth else 'false'} after a write by {self.where(who)} "
+                           f"at cycle {m.cycle}")
+                wp.truth = truth
+            elif wp.access != "change":
                 # watch -w / rwatch / awatch: any access of that kind, whatever the values
                 verb = {"write": "written", "read": "read", "access": "accessed"}[wp.access]
                 message = (f"watchpoint {wp.number} {wp.text} {verb} by {self.where(who)} "
@@ -733,6 +804,14 @@ class Session:
                 notes.append(f"breakpoint {bp.number} moved from {bp.where} to {where}")
             bp.where, bp.indices = where, tuple(new_indices)
         for wp in sorted(list(self.watchpoints.values()), key=lambda w: w.number):
+            if wp.condition:
+                try:
+                    wp.spans = self._condition_spans(wp.condition)
+                    wp.memory, wp.start, wp.stop = wp.spans[0]
+                except ExprError as e:
+                    del self.watchpoints[wp.number]
+                    notes.append(f"watchpoint {wp.number} on {wp.condition} deleted: {e}")
+                continue
             try:
                 loc = self.eval.location(wp.text)
                 self._check_range(loc)
@@ -765,6 +844,11 @@ class Session:
             self._record()
         for wp in self.watchpoints.values():
             wp.old = self._rows_of(wp).copy()
+            if wp.condition:
+                try:
+                    wp.truth = self.eval.truth(wp.condition)
+                except ExprError:
+                    pass
         stop.cycle = self.machine.cycle
         self.last_stop = stop
         return stop

@@ -82,6 +82,11 @@ class Listing:
     node_of: dict[int, str]                 # 1-based line -> graph node (`.node`) of its first
                                             # instruction; empty when the program names none
 
+    @property
+    def plain(self) -> list[str]:
+        """The lines as plain text (search)."""
+        return ["".join(seg.text for seg in line) for line in self.lines]
+
 
 def build_listing(session, file: str | None = None) -> Listing:
     program = session.program
@@ -117,6 +122,11 @@ class SourceView(ScrollView, can_focus=True):
         Binding("pageup", "cursor(-20)", show=False),
         Binding("pagedown", "cursor(20)", show=False),
         Binding("space", "toggle_break", "Break", tooltip="toggle a breakpoint on the cursor line"),
+        # while a search (`/text`) is on: n / N go to the next / previous match (the app's
+        # n, next instruction, again once Escape has ended the search)
+        Binding("n", "search(1)", "Next match", show=False),
+        Binding("N", "search(-1)", "Previous match", show=False),
+        Binding("escape", "end_search", "End search", show=False),
         Binding("left", "pan(-8)", show=False),
         Binding("right", "pan(8)", show=False),
         Binding("home", "pan(-10000)", show=False),
@@ -142,6 +152,7 @@ class SourceView(ScrollView, can_focus=True):
         self._drawn = None
         self.fault_line: int | None = None        # the line of the instruction that faulted
         self.expansions: dict[int, list[str]] = {}  # line -> "▶ 3/4000": which expansion
+        self.search_term: str | None = None       # `/text`: n / N find it again
         self._resize_virtual()
 
     @property
@@ -292,6 +303,37 @@ class SourceView(ScrollView, can_focus=True):
         self.cursor_line = min(max(self.cursor_line + delta, 1), max(len(self.listing.lines), 1))
         self._keep_visible(self.cursor_line)
         self.refresh()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action in ("search", "end_search"):
+            return self.search_term is not None      # otherwise the key goes to the app
+        return True
+
+    def start_search(self, term: str) -> int | None:
+        """Search for `term` (case-insensitive) from the line after the cursor, wrapping;
+        n / N repeat it until Escape.  The line found, or None."""
+        self.search_term = term
+        return self.action_search(1)
+
+    def action_search(self, direction: int) -> int | None:
+        term = (self.search_term or "").lower()
+        lines = self.listing.plain
+        count = len(lines)
+        for step in range(1, count + 1):
+            line = (self.cursor_line - 1 + direction * step) % count + 1
+            if term in lines[line - 1].lower():
+                self.cursor_line = line
+                self._keep_visible(line)
+                self._drawn = None
+                self._repaint_marks()
+                self.border_subtitle = f"/{self.search_term}  n next, N previous, Esc ends"
+                return line
+        self.border_subtitle = f"/{self.search_term}: not found (Esc ends)"
+        return None
+
+    def action_end_search(self) -> None:
+        self.search_term = None
+        self.border_subtitle = ""
 
     def action_toggle_break(self) -> None:
         self.post_message(self.ToggleBreakpoint(self.cursor_line))
