@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tpuasm debug",
         description="Step-debug a TPU program: source, pipeline, timeline, memories, counters.  "
                     "With --batch, run a script of debugger commands without a screen.")
-    p.add_argument("program", type=Path, help="PROG.tasm or PROG.tbin")
+    p.add_argument("program", type=Path, help="PROG.tasm, PROG.tbin, or OUTDIR (a compiled model: "
+                   "its first TPU segment with that segment's data; `segment NAME` switches)")
+    p.add_argument("--segment", metavar="NAME", help="with OUTDIR: the segment to open first")
     p.add_argument("--host", type=Path, metavar="HOST.npy", help="host memory image (rows, N) int8/uint8")
     p.add_argument("--weights", type=Path, metavar="W.npy", help="weight image (tiles, N, N) int8/uint8")
     p.add_argument("--batch", type=Path, metavar="SCRIPT",
@@ -82,6 +84,17 @@ def load_session(args):
     shape, overrides = split_config(args.config)
     if not args.program.exists():
         raise InputError(f"{args.program}: no such file")
+    segment = None
+    if args.program.is_dir() or getattr(args, "segment", None):
+        # a compiled model: a segment's program, with its own data unless given
+        from tpuasm.compiler.outdir import segment_files
+        try:
+            segment = segment_files(args.program, getattr(args, "segment", None))
+        except TpuasmError as e:
+            raise InputError(str(e)) from None
+        args.program = segment.program
+        args.host = args.host or segment.host
+        args.weights = args.weights or segment.weights
     for label, path in (("--host", args.host), ("--weights", args.weights)):
         if path is not None and not path.exists():
             raise InputError(f"{label} {path}: no such file")
@@ -92,8 +105,11 @@ def load_session(args):
     except TpuasmError as e:
         raise InputError(str(e)) from None
     try:
-        return Session(program, host=args.host, weights=args.weights, overrides=overrides,
-                       source_name=str(args.program), reload_from=(args.program, shape))
+        session = Session(program, host=args.host, weights=args.weights, overrides=overrides,
+                          source_name=str(args.program), reload_from=(args.program, shape))
+        if segment is not None:
+            session.outdir, session.segment = segment.program.parent, segment.name
+        return session
     except TpuasmError as e:
         raise InputError(str(e)) from None
     except TypeError as e:          # an unknown --config key reaches MachineConfig
@@ -182,6 +198,8 @@ def read_script(path: Path) -> str:
 def session_inputs(args) -> list[Path]:
     """Every file the session reads: no output may replace one of them."""
     paths = [args.program, args.host, args.weights]
+    if args.program.is_dir():                   # a compiled model: every file in it
+        paths += [p for p in args.program.iterdir() if p.is_file()]
     if args.batch is not None and str(args.batch) != "-":
         paths.append(args.batch)
     return [p for p in paths if p is not None]

@@ -125,6 +125,8 @@ COMMANDS = [
     Command(("search", "/"), "search TEXT (/TEXT)", "find TEXT in the source (case-insensitive); "
             "on the screen the cursor goes there and n / N find the next / previous until Escape",
             "do_search"),
+    Command(("segment",), "segment [NAME]", "a compiled model (`tpuasm debug OUTDIR`): list its "
+            "segments, or open segment NAME with its data at cycle 0", "do_segment"),
     Command(("echo",), "echo TEXT", "print TEXT", "do_echo"),
     Command(("help", "h", "?"), "help [COMMAND]", "list commands", "do_help"),
 ]
@@ -207,6 +209,12 @@ class Engine:
         if text.startswith("node ") or text == "node":
             name = text[5:].strip()
             runs = s.program.node_runs(name) if name else []
+            if not runs and name and s.outdir is not None:
+                elsewhere = _segment_with_node(s.outdir, name)
+                if elsewhere:
+                    raise CommandError(f"node {name} is in {elsewhere}: `segment {elsewhere}` "
+                                       "opens it (a `node` breakpoint set there stays across "
+                                       "segments)")
             if not runs:
                 known = s.program.nodes()
                 hint = (f"; nodes: {', '.join(known[:8])}" + (" ..." if len(known) > 8 else "")
@@ -727,6 +735,38 @@ class Engine:
             out.append(f"... {len(hits) - 10} more")
         return Result(out, ui=("search", arg))
 
+    def do_segment(self, arg):
+        import json
+        from tpuasm.errors import TpuasmError
+        s = self.session
+        if s.outdir is None:
+            raise CommandError("not a compiled model: open one with `tpuasm debug OUTDIR`")
+        if not arg:
+            try:
+                steps = json.loads((s.outdir / "manifest.json").read_text())["steps"]
+            except (OSError, ValueError, KeyError) as e:
+                raise CommandError(f"{s.outdir}: unreadable manifest: {e}") from None
+            out = []
+            for step in steps:
+                mark = "=>" if step.get("name") == s.segment else "  "
+                if step.get("kind") == "tpu":
+                    what = step.get("program") or "(no program)"
+                else:
+                    what = (f"host part: {', '.join(step.get('inputs', []))} -> "
+                            f"{', '.join(step.get('outputs', []))}")
+                out.append(escape(f"{mark} {step.get('name', '?'):<10} {what}"))
+            return Result(out)
+        from tpuasm.compiler.outdir import segment_files
+        try:
+            files = segment_files(s.outdir, arg.strip())
+            stop, notes = s.open_segment(files)
+        except (TpuasmError, ReloadError) as e:
+            raise CommandError(str(e)) from None
+        result = self._stopped(stop)
+        result.lines += [f"[yellow]{escape(n)}[/]" for n in notes]
+        result.ui = ("reload", None)
+        return result
+
     def do_echo(self, arg):
         return Result([escape(arg)])
 
@@ -738,6 +778,18 @@ class Engine:
             return Result([escape(f"{cmd.usage}: {cmd.summary}"),
                            escape(f"  aliases: {', '.join(cmd.names)}")])
         return Result([escape(f"{c.usage:<34}{c.summary}") for c in COMMANDS])
+
+
+def _segment_with_node(outdir, name: str) -> str | None:
+    """The segment of a compiled model whose program names graph node `name` (`.node`)."""
+    for path in sorted(outdir.glob("segment*.tasm")):
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if re.search(rf"^\s*\.node\s+\"?{re.escape(name)}\"?\s*(;|$)", text, re.M):
+            return path.stem
+    return None
 
 
 def _is_condition(text: str) -> bool:

@@ -43,6 +43,8 @@ class Breakpoint:
     def describe(self) -> str:
         if self.cycle is not None or self.where == ANYWHERE:
             what = ""
+        elif not self.indices:
+            what = "  (waits: not in this segment)"
         else:
             what = f"  (instr {', '.join(f'#{i}' for i in self.indices[:8])}" + \
                    (" ...)" if len(self.indices) > 8 else ")")
@@ -132,6 +134,8 @@ class Session:
                                              # whoever starts a run clears it first
         self.last_stop: Stop | None = None
         self.displays: dict[int, str] = {}   # `display` expressions, printed after every stop
+        self.outdir = None                   # a compiled model's directory (`segment NAME`)
+        self.segment: str | None = None      # ... and the segment open now
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
 
     def _use_program(self, program) -> None:
@@ -760,6 +764,25 @@ class Session:
                                            "restarted at cycle 0"), reverse=True)
         return stop, notes
 
+    def open_segment(self, files) -> tuple[Stop, list[str]]:
+        """Another segment of the compiled model (tpuasm.compiler.outdir.SegmentFiles): its
+        program and data at cycle 0; breakpoints carried over like `reload` (a `node`
+        breakpoint waits, dormant, in a segment without its node)."""
+        saved = (self.reload_from, self.host_arg, self.weights_arg, self.source_name)
+        shape = self.reload_from[1] if self.reload_from else {}
+        self.reload_from, self.source_name = (files.program, shape), str(files.program)
+        self.host_arg, self.weights_arg = files.host, files.weights
+        try:
+            stop, notes = self.reload()
+        except ReloadError:
+            self.reload_from, self.host_arg, self.weights_arg, self.source_name = saved
+            self._use_program(self.program)
+            raise
+        self.segment = files.name
+        stop.message = (f"opened {files.name} ({files.program.name}): {len(self.program)} "
+                        "instructions, at cycle 0")
+        return stop, notes
+
     def _carry_over(self, old) -> list[str]:
         """Re-place every breakpoint and watchpoint on the new program; the notes say what moved
         and what was deleted."""
@@ -775,6 +798,11 @@ class Session:
                 runs = self.program.node_runs(bp.where[5:])
                 new_indices = [r.start for r in runs] or None
                 why = None if runs else "the node is gone"
+                if not runs and self.outdir is not None:
+                    bp.indices = ()             # its node is in another segment: dormant
+                    notes.append(f"breakpoint {bp.number} at {bp.where} waits: the node is "
+                                 f"not in this segment")
+                    continue
             elif bp.where.startswith("*"):
                 i = int(bp.where[1:])
                 new_indices = [i] if i < len(self.program) else None
@@ -784,7 +812,9 @@ class Session:
                 if file not in maps:
                     maps[file] = line_map(old.sources.get(file, ""), self.program.sources.get(file, ""))
                 new_line = maps[file].get(line)
-                if new_line is None:
+                if file not in self.program.sources:
+                    why = f"{file} is not part of this program"
+                elif new_line is None:
                     why = f"line {line} was edited or deleted"
                 else:
                     new_indices = self.indices_for_line(file, new_line) or None
