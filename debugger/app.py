@@ -102,7 +102,7 @@ KEYS = [
         "toggle_timeline", "Timeline", "Toggle timeline", "the waveform of the whole run"),
     Key(":", "command line (`help` lists the commands); up/down recall history", "colon",
         "prompt('')", "Command", "Command line", "type a debugger command"),
-    Key("/", "search the source; then n / N next / previous match, Escape ends the search",
+    Key("/", "search the source; then n / N: next / previous match, escape ends the search",
         "slash", "prompt('/')", "Search", "Search the source", "find text in the source",
         show=False),
     Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),

@@ -636,7 +636,8 @@ class Engine:
                 body = "idle"
             else:
                 loc = f" ({st.location})" if st.location else ""
-                body = f"#{st.index} {st.text}{loc}" if st.index is not None else st.text
+                body = (f"#{st.index} {self.session.symbolic(st.index) or st.text}{loc}"
+                        if st.index is not None else st.text)
                 if st.total:
                     body += f"  {st.progress}/{st.total} {st.unit}"
                 body += f"  {st.cycles_in_stage} cycles in stage"
@@ -739,6 +740,8 @@ class Engine:
         import json
         from tpuasm.errors import TpuasmError
         s = self.session
+        if s.outdir is None and not arg:
+            return Result(["one program, not a compiled model (`tpuasm debug OUTDIR` opens one)"])
         if s.outdir is None:
             raise CommandError("not a compiled model: open one with `tpuasm debug OUTDIR`")
         if not arg:

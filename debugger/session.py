@@ -178,11 +178,24 @@ class Session:
         if index is None or not 0 <= index < len(self.program):
             return "-"
         loc = self.program.locations[index]
-        text = format_instruction(self.program.instructions[index])
+        text = self.symbolic(index) or format_instruction(self.program.instructions[index])
         node = self.program.node_of(index)
         where = ", ".join(x for x in ((f"{loc.file}:{loc.line}" if loc else ""),
                                       (f"node {node}" if node else "")) if x)
         return f"#{index} `{text}`" + (f" ({where})" if where else "")
+
+    def symbolic(self, index: int) -> str | None:
+        """Instruction `index` as its source line writes it (`MMC.SO ub.x, acc.y + B, B`:
+        the program's names, not numbers), or None when the line is not that instruction
+        (a macro call, a binary without sources)."""
+        cache = self.__dict__.setdefault("_symbolic", {})
+        if cache.get("program") is not self.program:
+            cache.clear()
+            cache["program"] = self.program
+        if index in cache:
+            return cache[index]
+        cache[index] = text = _statement(self.program, index)
+        return text
 
     def indices_for_line(self, file: str | None, line: int) -> list[int]:
         if file is None:
@@ -930,3 +943,23 @@ def _change_detail(wp: Watchpoint, new: np.ndarray) -> str:
     r, c = (int(x) for x in diff[0])
     return (f"; {len(diff)} value(s) changed, first {wp.memory}[{wp.start + r}][{c}]: "
             f"{_show(wp.memory, wp.old[r, c])} -> {_show(wp.memory, new[r, c])}")
+
+
+def _statement(program, index: int) -> str | None:
+    """The source statement of instruction `index` if it spells that instruction."""
+    if not 0 <= index < len(program):
+        return None
+    loc = program.locations[index]
+    text = program.sources.get(loc.file) if loc is not None else None
+    if text is None:
+        return None
+    lines = text.splitlines()
+    if not 0 < loc.line <= len(lines):
+        return None
+    statement = lines[loc.line - 1].split(";", 1)[0].strip()
+    statement = re.sub(r"^[A-Za-z_.$][\w.$]*:\s*", "", statement)     # a label before it
+    word = statement.split(None, 1)[0] if statement else ""
+    canonical = format_instruction(program.instructions[index]).split(None, 1)[0]
+    if word.upper().split(".")[0] != canonical.upper().split(".")[0]:
+        return None
+    return " ".join(statement.split())

@@ -131,3 +131,28 @@ async def test_goto_honours_the_column_and_compare_marks_cells(here):
         host = app.query_one("#mem-host", MemoryView)
         nonzero = {int(c) for c in np.flatnonzero(args.host_array[0])}
         assert set(host.mismatches[0]) == nonzero and app.query_one("#memories").active == "tab-host"
+
+
+def test_operands_are_shown_with_the_programs_names(engine, here):
+    run(engine, f"break {LINE_MMC1}")
+    r = run(engine, "continue")
+    assert "#4 `MMC.SO input, sums, 4`" in r.text()
+    run(engine, "step 5")
+    text = run(engine, "info pipeline").text()
+    assert "#4 MMC.SO input, sums, 4" in text and "#5 ACT.R sums, hidden, 4" in text
+    # a binary without sources: numbers, as the disassembler writes them
+    from tpuasm.assembler import assemble_file
+    from tpuasm.machine import Machine  # noqa: F401
+    assemble_file(here / "small.tasm").stripped().save(here / "bare.tbin")
+    (here / "b.tdb").write_text("break *4\ncontinue\n")
+    assert main(["bare.tbin", "--host", "host.npy", "--weights", "w.npy", "--batch", "b.tdb"]) == 0
+
+
+@pilot_test
+async def test_the_pipeline_pane_shows_symbolic_operands(here):
+    async with open_app(here, size=(120, 40)) as (app, pilot):
+        await command(pilot, f"until {LINE_MMC1}")
+        await command(pilot, "step 3")
+        pane = app.query_one("#pipeline-box")
+        text = "\n".join(strip.text for strip in pane._strips)
+        assert "MMC.SO input, sums" in text
