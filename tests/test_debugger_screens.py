@@ -97,3 +97,24 @@ async def test_reload_by_key_reports_a_dropped_breakpoint_and_a_failure(here):
         await keys(pilot, "R")
         assert "reload failed" in status_text(app) and "reloaded" not in status_text(app)
         assert "^" in log_text(app)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_readme_screenshot_at_every_size(tmp_path, size, capsys):
+    """docs/debugger.md's picture, made the way the doc says, at the three sizes: the
+    breakpoint's line with the next-instruction mark, the pipeline's stall, the memories."""
+    from debugger.cli import main
+    from tpuasm.regression.runner import generate
+    from test_debugger_support import MATMUL_TILED
+    generate(MATMUL_TILED.parent / "gen.py", tmp_path)
+    (tmp_path / "shot.tdb").write_text("break 26\nwatch acc.y + 128\ncontinue\nstep 40\ngoto ub.x\n")
+    out = tmp_path / "shot.svg"
+    code = main([str(MATMUL_TILED), "--host", str(tmp_path / "host.npy"), "--weights",
+                 str(tmp_path / "weights.npy"), "--batch", str(tmp_path / "shot.tdb"),
+                 "--screenshot", str(out), "--size", f"{size[0]}x{size[1]}"])
+    assert code == 0, capsys.readouterr()
+    svg = out.read_text().replace("&#160;", " ")
+    for visible in ("MMC.SO", "●", "▶", "pipeline", "memories", "paused"):
+        assert visible in svg, visible
+    if size[0] >= 120:
+        assert "counters" in svg and "log" in svg
