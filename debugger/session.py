@@ -117,6 +117,28 @@ class StageSample:
     stalled: bool
 
 
+@dataclass
+class RecordedRun:
+    """The run as far as the session has seen it, kept when it goes back in time: the
+    timeline still shows the whole run (a program runs the same way every time).  It
+    answers the few questions the timeline asks a machine."""
+    program: object
+    cycle: int
+    times: np.ndarray
+    tiles: np.ndarray
+    events: list
+    fault: object
+
+    def intervals(self) -> np.ndarray:
+        return self.times
+
+    def tile_intervals(self) -> np.ndarray:
+        return self.tiles
+
+    def issue_cycle(self, index: int) -> int:
+        return int(self.times[index, 0])
+
+
 class Session:
     def __init__(self, program, host=None, weights=None, overrides: dict | None = None,
                  source_name: str | None = None, reload_from=None):
@@ -134,6 +156,7 @@ class Session:
                                              # whoever starts a run clears it first
         self.last_stop: Stop | None = None
         self.displays: dict[int, str] = {}   # `display` expressions, printed after every stop
+        self.recorded: RecordedRun | None = None   # the furthest run seen, for the timeline
         self.outdir = None                   # a compiled model's directory (`segment NAME`)
         self.segment: str | None = None      # ... and the segment open now
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
@@ -664,11 +687,19 @@ class Session:
         return [hit for _, _, hit in sorted(found)]
 
     # -- reverse -------------------------------------------------------------------------
+    def _remember_run(self) -> None:
+        """Before going back: keep the run seen so far if it is the furthest yet."""
+        m, far = self.machine, self.recorded
+        if far is None or far.program is not self.program or far.cycle < m.cycle:
+            self.recorded = RecordedRun(self.program, m.cycle, m.intervals().copy(),
+                                        m.tile_intervals().copy(), list(m.events), m.fault)
+
     def goto_cycle(self, cycle: int) -> Stop:
         """`jump`: exactly the state at `cycle`: back through the History, or forward by
         stepping (a jump passes breakpoints, like a step)."""
         m = self.machine
         if cycle < m.cycle:
+            self._remember_run()
             self.history.goto(cycle)
             return self._finish(Stop("paused", f"jumped back to cycle {m.cycle}"), reverse=True)
         if cycle > m.cycle:
@@ -689,6 +720,7 @@ class Session:
         if not done:
             return None
         a = done[-1]
+        self._remember_run()
         self.history.goto(a.finish)
         verb = "wrote" if write else "read"
         rows = rows_text(loc)
@@ -700,10 +732,12 @@ class Session:
         n = min(n, self.machine.cycle)
         if n <= 0:
             return self._finish(Stop("paused", "at cycle 0: nothing to undo"))
+        self._remember_run()
         self.history.back(cycles=n)
         return self._finish(Stop("paused", f"back to cycle {self.machine.cycle}"), reverse=True)
 
     def reverse_instructions(self, n: int = 1) -> Stop:
+        self._remember_run()
         for _ in range(n):
             if self.machine.cycle == 0:
                 break
@@ -713,6 +747,7 @@ class Session:
 
     def reverse_continue(self) -> Stop:
         now = self.machine.cycle
+        self._remember_run()
         r = self.history.reverse_continue(self._armed_indices(), self._armed_watches())
         m = self.machine
         # a cycle breakpoint between that hit and now is the previous hit
@@ -869,6 +904,7 @@ class Session:
         return notes
 
     def restart(self) -> Stop:
+        self._remember_run()
         self.machine.load(self.program, host=self.host_arg, weights=self.weights_arg)
         from tpuasm.machine import History
         self.history = History(self.machine, interval=HISTORY_INTERVAL)
