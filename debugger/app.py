@@ -39,6 +39,7 @@ from .source_view import SourceView
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
 WATCH_INTERVAL = 1.0   # seconds between looks at the source file under `reload --watch`
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
+STATUS_SHRINK_DELAY = 1.0   # seconds without a key step before the status line shrinks back
 LOG_READABLE = (40, 5)  # columns x lines below which typed output takes the whole bottom row
 
 
@@ -264,6 +265,7 @@ class DebuggerApp(App):
         self._collector = IdleCollector()
         self._status_lines = 0              # the status line's height (0: not set yet)
         self._keys_only = False             # the last command came from a key, not typed
+        self._shrink_timer = None           # shrinks the status line when keys pause
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -553,15 +555,29 @@ class DebuggerApp(App):
         status = self.query_one("#status", StatusLine)
         wrapped = text.wrap(self.console, max(self.size.width - 2, 10))
         lines = min(3, len(wrapped))
-        if self._keys_only:
+        if self._keys_only and lines < self._status_lines:
             # while stepping with keys it only grows: a new height relays out the whole
             # screen and moves every pane, and `next` messages wrap onto one line more or
-            # less from step to step
-            lines = max(lines, self._status_lines)
+            # less from step to step.  It shrinks back once the keys pause.
+            lines = self._status_lines
+            if self._shrink_timer is not None:
+                self._shrink_timer.stop()
+            self._shrink_timer = self.set_timer(STATUS_SHRINK_DELAY, self._shrink_status)
         if lines != self._status_lines:
             status.styles.height = lines
             self._status_lines = lines
         status.update(text, wrapped)
+
+    def _shrink_status(self) -> None:
+        """The status line back to the height its text needs (keys have paused)."""
+        self._shrink_timer = None
+        if self.running:
+            return
+        keys, self._keys_only = self._keys_only, False
+        try:
+            self._show_status()
+        finally:
+            self._keys_only = keys
 
     def memory_views(self) -> list:
         """The memory views (looked up once: a query per step costs a few ms)."""

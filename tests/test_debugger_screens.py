@@ -118,3 +118,18 @@ def test_the_readme_screenshot_at_every_size(tmp_path, size, capsys):
         assert visible in svg, visible
     if size[0] >= 120:
         assert "counters" in svg and "log" in svg
+
+
+@pilot_test
+async def test_the_status_line_shrinks_back_when_the_keys_pause(here):
+    import asyncio
+    from test_debugger_support import FAULTY
+    async with open_app(here, FAULTY, "faulty.tasm", size=(80, 24)) as (app, pilot):
+        await keys(pilot, "c")                        # a fault: its message over 2 lines
+        status = app.query_one("#status")
+        tall = status.size.height
+        await keys(pilot, "b")                        # "back to cycle N": one line
+        assert status.size.height == tall             # not while stepping
+        await asyncio.sleep(1.3)
+        await settle(pilot)
+        assert tall > 1 and status.size.height == 1
