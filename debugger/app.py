@@ -63,6 +63,8 @@ KEYS = [
     Key("n", "next: issue the next instruction, run until it has finished its stage", "n",
         "cmd('next')", "Next instr", "Next instruction",
         "issue the next instruction and run until it has finished its stage"),
+    Key("i", "run until the next instruction has issued", "i", "cmd('issue')", "Issue",
+        "Next issue", "run until the next instruction has issued", show=False),
     Key("c", "continue to a breakpoint, watchpoint, caught event, halt or fault", "c",
         "cmd('continue')", "Continue", "Continue", "run to a breakpoint, watchpoint, halt or fault"),
     Key("r", "run N cycles (asks for N)", "r", "prompt('run ')", "Run N", "Run N cycles", "asks for N"),
@@ -125,7 +127,7 @@ KEYS = [
 def _quick(cmd, arg: str) -> bool:
     """Steps of a few cycles or instructions (forward or back) take a millisecond or two;
     everything else (continue, run, until, reverse-continue) runs in a worker."""
-    if cmd.names[0] not in ("step", "next", "reverse-step", "reverse-next"):
+    if cmd.names[0] not in ("step", "next", "reverse-step", "reverse-next", "issue"):
         return False
     arg = arg.strip()
     return not arg or (arg.isdigit() and int(arg) <= QUICK_LIMIT)

@@ -56,6 +56,8 @@ COMMANDS = [
             "do_step", True),
     Command(("next", "n", "stepi", "si"), "next [N]", "issue the next instruction and run until it "
             "has finished its stage (N times; earlier ones may retire meanwhile)", "do_next", True),
+    Command(("issue",), "issue", "run until the next instruction has issued (however long the "
+            "front end waits for it)", "do_issue", True),
     Command(("finish", "fin"), "finish", "run until every instruction issued so far has finished",
             "do_finish", True),
     Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
@@ -255,6 +257,11 @@ class Engine:
         if not arg:
             raise CommandError("run N: how many cycles?")
         return self._stopped(self.session.run(max_cycles=self._count(arg)))
+
+    def do_issue(self, arg):
+        if arg:
+            raise CommandError("issue takes no argument")
+        return self._stopped(self.session.step_issue())
 
     def do_finish(self, arg):
         if arg:

@@ -428,6 +428,34 @@ class Session:
         return self._finish(Stop("paused", f"cycle {m.cycle}: {what}{count} instruction(s) "
                                            f"retired; {self.where(self.next_to_issue())} next"))
 
+    def step_issue(self) -> Stop:
+        """`issue`: run until the next instruction has issued (the cycle after its issue
+        cycle), however long the front end waits for it; breakpoints do not stop it."""
+        m = self.machine
+        if self.finished:
+            return self._finish(self._finished_stop())
+        nxt = self.next_to_issue()
+        if nxt is None:
+            return self._finish(Stop("paused", f"cycle {m.cycle}: nothing left to issue"))
+        stop = self.last_stop
+        sitting = (m.status == "breakpoint" and stop is not None and stop.index == nxt
+                   and stop.cycle == m.cycle)     # the machine would issue it and run on
+        while m.issue_cycle(nxt) < 0 and not self.finished and not sitting:
+            r = self.history.step(CHUNK_CYCLES, breakpoints=[nxt])
+            if r.status == "breakpoint" or m.issue_cycle(nxt) >= 0:
+                break
+            if self.cancel.is_set():
+                self._record()
+                return self._finish(Stop("interrupted", f"interrupted at cycle {m.cycle}"))
+        if m.issue_cycle(nxt) < 0 and not self.finished:
+            self.history.step(1)               # at its issue cycle: one more and it has issued
+        self._record()
+        if self.finished and m.issue_cycle(nxt) < 0:
+            return self._finish(self._finished_stop())
+        return self._finish(Stop("paused", f"cycle {m.cycle}: {self.where(nxt)} issued at cycle "
+                                           f"{m.issue_cycle(nxt)}; "
+                                           f"{self.where(self.next_to_issue())} next"))
+
     def issued_already(self, indices) -> int | None:
         """The cycle at which the last of `indices` issued if all have (a TPU program has no
         branches: such a line is never reached again), else None."""

@@ -120,3 +120,23 @@ def test_reverse_continue_says_read_by_for_a_read_watch(engine):
     run(engine, "continue")
     r = run(engine, "reverse-continue")
     assert "watchpoint 1 input read by #4" in r.text() and "written" not in r.text()
+
+
+def test_issue_runs_until_the_next_instruction_has_issued(engine, here):
+    times = reference_intervals(here)
+    m = engine.session.machine
+    seen = []
+    while m.status not in ("halted", "fault"):
+        nxt = engine.session.next_to_issue()
+        if nxt is None:
+            break
+        run(engine, "issue")
+        assert m.issue_cycle(nxt) == times[nxt, 0] and m.cycle == times[nxt, 0] + 1, nxt
+        seen.append(nxt)
+    assert seen == list(range(len(times)))[:len(seen)] and len(seen) >= len(times) - 1
+    # from a breakpoint in front of it, too
+    run(engine, "restart")
+    run(engine, f"break *{MMC2}")
+    run(engine, "continue")
+    run(engine, "issue")
+    assert m.cycle == times[MMC2, 0] + 1

@@ -370,7 +370,7 @@ EVERY_COMMAND = {
     "x": "x/4d ub[0]", "expect": "expect cycle >= 0", "info": "info breakpoints", "list": "list",
     "goto": "goto acc[1]", "radix": "radix unsigned", "echo": "echo hello", "help": "help break",
     "compare": "compare ub[60] zeros.npy", "dump": "dump ub[0:2] d.npy", "display": "display cycle",
-    "undisplay": "undisplay", "search": "search MMC", "segment": "segment",
+    "undisplay": "undisplay", "search": "search MMC", "segment": "segment", "issue": "issue",
 }
 
 
