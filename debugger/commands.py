@@ -321,6 +321,9 @@ class Engine:
             raise CommandError("cycle N: which cycle?")
         cycle = self.session.eval.integer(rest)
         now = self.session.machine.cycle
+        from tpuasm.limits import MAX_CYCLES
+        if not 0 <= cycle <= MAX_CYCLES:
+            raise CommandError(f"cycle {cycle} out of range 0..{MAX_CYCLES}")
         if cycle <= now:
             raise CommandError(f"cycle {cycle} is not ahead (now cycle {now}); "
                                f"`jump {cycle}` goes there")
@@ -338,7 +341,7 @@ class Engine:
             # `break if COND`: wherever the condition holds.  `cycle >= N` (or > N, == N)
             # alone is a cycle breakpoint, exact to the cycle; anything else is checked
             # before every instruction issues.
-            m = re.fullmatch(r"cycle\s*(>=|==|>)\s*(\d+)", cond)
+            m = re.fullmatch(r"cycle\s*(>=|==|>)\s*(\d{1,18})", cond)
             if m and int(m.group(2)) + (m.group(1) == ">") > self.session.machine.cycle:
                 cycle = int(m.group(2)) + (m.group(1) == ">")
             else:
