@@ -25,6 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program", type=Path, help="PROG.tasm, PROG.tbin, or OUTDIR (a compiled model: "
                    "its first TPU segment with that segment's data; `segment NAME` switches)")
     p.add_argument("--segment", metavar="NAME", help="with OUTDIR: the segment to open first")
+    p.add_argument("--input", type=Path, metavar="X.npy|X.npz",
+                   help="with OUTDIR: the model's inputs (float, rows first; the first batch is "
+                        "used): each segment gets the host image it sees when the model runs "
+                        "on them, instead of the sample batch saved in OUTDIR")
     p.add_argument("--host", type=Path, metavar="HOST.npy", help="host memory image (rows, N) int8/uint8")
     p.add_argument("--weights", type=Path, metavar="W.npy", help="weight image (tiles, N, N) int8/uint8")
     p.add_argument("--batch", type=Path, metavar="SCRIPT",
@@ -93,10 +97,21 @@ def load_session(args):
         except TpuasmError as e:
             raise InputError(str(e)) from None
         args.program = segment.program
-        args.host = args.host or segment.host
         args.weights = args.weights or segment.weights
+        images = None
+        if getattr(args, "input", None) is not None:
+            from .model_inputs import segment_host_images
+            try:
+                images = segment_host_images(segment.program.parent, args.input)
+            except TpuasmError as e:
+                raise InputError(f"--input {e}") from None
+            except (ValueError, KeyError) as e:
+                raise InputError(f"--input {args.input}: {e}") from None
+            args.host = images[segment.name]
+        else:
+            args.host = args.host or segment.host
     for label, path in (("--host", args.host), ("--weights", args.weights)):
-        if path is not None and not path.exists():
+        if isinstance(path, Path) and not path.exists():
             raise InputError(f"{label} {path}: no such file")
     try:
         program = load_program(args.program, shape or None)
@@ -109,6 +124,7 @@ def load_session(args):
                           source_name=str(args.program), reload_from=(args.program, shape))
         if segment is not None:
             session.outdir, session.segment = segment.program.parent, segment.name
+            session.segment_hosts = images or {}
         return session
     except TpuasmError as e:
         raise InputError(str(e)) from None
@@ -197,7 +213,7 @@ def read_script(path: Path) -> str:
 
 def session_inputs(args) -> list[Path]:
     """Every file the session reads: no output may replace one of them."""
-    paths = [args.program, args.host, args.weights]
+    paths = [args.program, args.host, args.weights, getattr(args, "input", None)]
     if args.program.is_dir():                   # a compiled model: every file in it
         paths += [p for p in args.program.iterdir() if p.is_file()]
     if args.batch is not None and str(args.batch) != "-":

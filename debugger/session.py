@@ -159,6 +159,7 @@ class Session:
         self.recorded: RecordedRun | None = None   # the furthest run seen, for the timeline
         self.outdir = None                   # a compiled model's directory (`segment NAME`)
         self.segment: str | None = None      # ... and the segment open now
+        self.segment_hosts: dict = {}        # segment -> host image from `--input` (else its file)
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
 
     def _use_program(self, program) -> None:
@@ -847,7 +848,8 @@ class Session:
         saved = (self.reload_from, self.host_arg, self.weights_arg, self.source_name)
         shape = self.reload_from[1] if self.reload_from else {}
         self.reload_from, self.source_name = (files.program, shape), str(files.program)
-        self.host_arg, self.weights_arg = files.host, files.weights
+        self.host_arg = self.segment_hosts.get(files.name, files.host)
+        self.weights_arg = files.weights
         try:
             stop, notes = self.reload()
         except ReloadError:

@@ -97,3 +97,39 @@ async def test_switching_segments_on_the_screen(outdir):
         assert "opened segment1" in log_text(app)
         assert view.next_line is not None and \
             int(view.scroll_offset.y) < view.next_line <= int(view.scroll_offset.y) + view.size.height
+
+
+def test_input_gives_each_segment_the_host_image_of_those_inputs(outdir, tmp_path):
+    """The last segment, run in the debugger on `--input` data, ends with what `tpuasm
+    infer` computes for the same rows (the host part after it applied)."""
+    from tpuasm.compiler.outdir import load
+    from tpuasm.compiler.runtime import HostStep, TpuStep
+    x = np.random.default_rng(5).normal(0, 1, (3, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    session = load_session(Namespace(program=outdir, host=None, weights=None, config=[],
+                                     segment="segment1", input=tmp_path / "x.npy"))
+    engine = Engine(session)
+    assert run(engine, "continue").stop.kind == "halted"
+    model = load(outdir)
+    last_tpu = [s for s in model.steps if isinstance(s, TpuStep)][-1]
+    tail = model.steps[model.steps.index(last_tpu) + 1:]
+    values = dict(last_tpu.program.read_outputs(session.machine.host))
+    values = {k: np.asarray(v).reshape((model.batch,) + tuple(last_tpu.onnx_shapes[k]))
+              for k, v in values.items()}
+    for step in tail:
+        assert isinstance(step, HostStep)
+        step.run(values, model.batch, "emulator", dict(model.config))
+    want = model.run(x[:model.batch])
+    for name, y in want.items():
+        np.testing.assert_array_equal(values[name][:len(y)], y)
+    # not the sample batch saved in OUTDIR: the image of these inputs
+    first = load_session(Namespace(program=outdir, host=None, weights=None, config=[],
+                                   segment=None, input=tmp_path / "x.npy"))
+    saved = np.load(outdir / "segment0.host.npy").view(np.uint8)
+    assert first.machine.host.shape == saved.shape
+    assert not np.array_equal(first.machine.host, saved)
+    # a wrong input file: one clear error
+    np.save(tmp_path / "bad.npy", np.zeros((2, 5), np.float32))
+    with pytest.raises(Exception, match="--input"):
+        load_session(Namespace(program=outdir, host=None, weights=None, config=[],
+                               segment=None, input=tmp_path / "bad.npy"))
