@@ -40,6 +40,7 @@ MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile",
 WATCH_INTERVAL = 1.0   # seconds between looks at the source file under `reload --watch`
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
 STATUS_SHRINK_DELAY = 1.0   # seconds without a key step before the status line shrinks back
+PIPELINE_MIN = 56      # columns the pipeline pane keeps when the source pane widens
 LOG_READABLE = (40, 5)  # columns x lines below which typed output takes the whole bottom row
 
 
@@ -324,12 +325,29 @@ class DebuggerApp(App):
 
     def on_resize(self, event) -> None:
         self._status_lines = 0              # wrapped anew at the new width
-        self._apply_layout()
+        self._apply_layout(event.size)
 
-    def _apply_layout(self) -> None:
-        width, height = self.size
+    def _apply_layout(self, size=None) -> None:
+        width, height = size or self.size
         self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
         self.screen.set_class(height < self.TALL, "short")
+        self._balance_panes(width)
+
+    def _balance_panes(self, width: int | None = None) -> None:
+        """On a wide screen the source pane takes what its instruction lines need (a
+        compiled program's node column too) between 42 % and 60 % of the width, leaving
+        the pipeline at least PIPELINE_MIN columns; elsewhere the stylesheet decides."""
+        source, right = self.query_one(SourceView), self.query_one("#right")
+        width = width or self.size.width
+        if self.narrow or self.screen.has_class("show-timeline") or not width:
+            source.styles.width = None
+            right.styles.width = None
+            return
+        cols = max(int(width * 0.42), min(source.wanted_width(), int(width * 0.6),
+                                          width - PIPELINE_MIN))
+        if source.styles.width is None or source.styles.width.value != cols:
+            source.styles.width = cols
+            right.styles.width = "1fr"
 
     @property
     def narrow(self) -> bool:
@@ -359,6 +377,7 @@ class DebuggerApp(App):
 
     def action_toggle_timeline(self) -> None:
         self.screen.toggle_class("show-timeline")
+        self._balance_panes()
         timeline = self.query_one(TimelinePane)
         if self.screen.has_class("show-timeline"):
             timeline.focus()                # its keys: scroll, zoom, jump
@@ -463,6 +482,7 @@ class DebuggerApp(App):
     def _after_reload(self, ui: tuple) -> None:
         if ui[0] == "reload":
             self.query_one(SourceView).reload()
+            self._balance_panes()
             self.query_one(TimelinePane).reload()
             self.session.new_events()
         watch = ui[1]

@@ -163,6 +163,16 @@ class SourceView(ScrollView, can_focus=True):
         longest = max(len(n) for n in self.listing.node_of.values())
         return min(longest, 8 if (self.size.width or 80) < 60 else 16) + 1
 
+    def wanted_width(self) -> int:
+        """Columns that show every instruction line whole (its code, not a trailing comment)
+        with the full node column, the border and the scrollbar."""
+        plain = self.listing.plain
+        code = max((len(plain[line - 1].split(";", 1)[0].rstrip())
+                    for line in self.listing.indices_of if 0 < line <= len(plain)), default=40)
+        nodes = self.listing.node_of
+        node = min(max((len(n) for n in nodes.values()), default=0), 16) + 1 if nodes else 0
+        return max(3, len(str(len(self.listing.lines)))) + GUTTER_MARKS + node + code + 3
+
     @property
     def gutter_width(self) -> int:
         return max(3, len(str(len(self.listing.lines)))) + GUTTER_MARKS + self.node_width

@@ -133,3 +133,17 @@ def test_input_gives_each_segment_the_host_image_of_those_inputs(outdir, tmp_pat
     with pytest.raises(Exception, match="--input"):
         load_session(Namespace(program=outdir, host=None, weights=None, config=[],
                                segment=None, input=tmp_path / "bad.npy"))
+
+
+@pilot_test
+async def test_the_source_pane_widens_for_compiled_code(outdir):
+    async with open_app(None, session=open_outdir(outdir), size=(120, 40)) as (app, pilot):
+        view = app.query_one(SourceView)
+        pipeline = app.query_one("#pipeline-box")
+        # the node column and the instruction fit, and the pipeline keeps its columns
+        assert view.outer_size.width >= min(view.wanted_width(), 120 - 56)
+        assert view.outer_size.width > 0.42 * 120 + 1
+        assert pipeline.outer_size.width >= 56
+        await pilot.resize_terminal(80, 24)                 # narrow: halves again
+        await pilot.pause()
+        assert abs(view.outer_size.width - pipeline.outer_size.width) <= 2
