@@ -171,6 +171,7 @@ class Session:
             self.machine = Machine.for_program(program, **self.overrides)
         self.machine.load(program, host=self.host_arg, weights=self.weights_arg)
         self.program = program
+        self._symbolic: dict[int, str | None] = {}     # symbolic(): per instruction, on demand
         self.history = History(self.machine, interval=HISTORY_INTERVAL)
         self.symbols = symbol_table(program)
         self.eval = Evaluator(self.machine, self.symbols)
@@ -212,14 +213,9 @@ class Session:
         """Instruction `index` as its source line writes it (`MMC.SO ub.x, acc.y + B, B`:
         the program's names, not numbers), or None when the line is not that instruction
         (a macro call, a binary without sources)."""
-        cache = self.__dict__.setdefault("_symbolic", {})
-        if cache.get("program") is not self.program:
-            cache.clear()
-            cache["program"] = self.program
-        if index in cache:
-            return cache[index]
-        cache[index] = text = _statement(self.program, index)
-        return text
+        if index not in self._symbolic:
+            self._symbolic[index] = _statement(self.program, index)
+        return self._symbolic[index]
 
     def indices_for_line(self, file: str | None, line: int) -> list[int]:
         if file is None:
@@ -691,9 +687,8 @@ class Session:
             if wp.condition:
                 try:
                     truth = self.eval.truth(wp.condition)
-                except ExprError as e:
-                    truth = wp.truth
-                    message = f"watchpoint {wp.number} `{wp.condition}`: {e}"
+                except ExprError:
+                    truth = wp.truth        # checked when set; cannot fail on new values
                 if truth == wp.truth:
                     continue
                 message = (f"watchpoint {wp.number} `{wp.condition}` became "
