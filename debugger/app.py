@@ -39,6 +39,9 @@ from .source_view import SourceView
 MEMORY_TABS = (("ub", "UB"), ("acc", "Accumulators"), ("host", "Host"), ("tile", "Weights"))
 WATCH_INTERVAL = 1.0   # seconds between looks at the source file under `reload --watch`
 QUICK_LIMIT = 64       # single steps run on the UI thread: a worker's hand-off costs more
+STATUS_SHRINK_DELAY = 1.0   # seconds without a key step before the status line shrinks back
+PIPELINE_MIN = 56      # columns the pipeline pane keeps when the source pane widens
+LOG_READABLE = (40, 5)  # columns x lines below which typed output takes the whole bottom row
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ KEYS = [
     Key("n", "next: issue the next instruction, run until it has finished its stage", "n",
         "cmd('next')", "Next instr", "Next instruction",
         "issue the next instruction and run until it has finished its stage"),
+    Key("i", "run until the next instruction has issued", "i", "cmd('issue')", "Issue",
+        "Next issue", "run until the next instruction has issued", show=False),
     Key("c", "continue to a breakpoint, watchpoint, caught event, halt or fault", "c",
         "cmd('continue')", "Continue", "Continue", "run to a breakpoint, watchpoint, halt or fault"),
     Key("r", "run N cycles (asks for N)", "r", "prompt('run ')", "Run N", "Run N cycles", "asks for N"),
@@ -101,6 +106,9 @@ KEYS = [
         "toggle_timeline", "Timeline", "Toggle timeline", "the waveform of the whole run"),
     Key(":", "command line (`help` lists the commands); up/down recall history", "colon",
         "prompt('')", "Command", "Command line", "type a debugger command"),
+    Key("/", "search the source; then n / N: next / previous match, escape ends the search",
+        "slash", "prompt('/')", "Search", "Search the source", "find text in the source",
+        show=False),
     Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),
     Key("ctrl+p", "command palette: every action"),
     Key("", action="cmd('info counters')", title="Info counters",
@@ -120,7 +128,7 @@ KEYS = [
 def _quick(cmd, arg: str) -> bool:
     """Steps of a few cycles or instructions (forward or back) take a millisecond or two;
     everything else (continue, run, until, reverse-continue) runs in a worker."""
-    if cmd.names[0] not in ("step", "next", "reverse-step", "reverse-next"):
+    if cmd.names[0] not in ("step", "next", "reverse-step", "reverse-next", "issue"):
         return False
     arg = arg.strip()
     return not arg or (arg.isdigit() and int(arg) <= QUICK_LIMIT)
@@ -214,7 +222,7 @@ class DebuggerApp(App):
     #memories { width: 60%; border: round $primary; }
     #side { width: 40%; }
     #counters { height: 9; border: round $primary; }
-    #log { height: 1fr; border: round $primary; }
+    #log { height: 1fr; border: round $primary; scrollbar-gutter: stable; }
     #command { height: 3; border: round $secondary; }
     .pane-title { border-title-align: left; }
     Screen.show-timeline #source, Screen.show-timeline #pipeline-box { display: none; }
@@ -222,6 +230,7 @@ class DebuggerApp(App):
     Screen.show-timeline #timeline { height: 1fr; }
     Screen.show-log #memories { display: none; }
     Screen.show-log #side { width: 100%; }
+    Screen.show-log #counters { display: none; }
     Screen.narrow #top { height: 1fr; }
     Screen.narrow #bottom { height: 1fr; }
     Screen.narrow #source { width: 1fr; }
@@ -259,6 +268,7 @@ class DebuggerApp(App):
         self._collector = IdleCollector()
         self._status_lines = 0              # the status line's height (0: not set yet)
         self._keys_only = False             # the last command came from a key, not typed
+        self._shrink_timer = None           # shrinks the status line when keys pause
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -315,16 +325,42 @@ class DebuggerApp(App):
 
     def on_resize(self, event) -> None:
         self._status_lines = 0              # wrapped anew at the new width
-        self._apply_layout()
+        self._apply_layout(event.size)
 
-    def _apply_layout(self) -> None:
-        width, height = self.size
+    def _apply_layout(self, size=None) -> None:
+        width, height = size or self.size
         self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
         self.screen.set_class(height < self.TALL, "short")
+        self._balance_panes(width)
+
+    def _balance_panes(self, width: int | None = None) -> None:
+        """On a wide screen the source pane takes what its instruction lines need (a
+        compiled program's node column too) between 42 % and 60 % of the width, leaving
+        the pipeline at least PIPELINE_MIN columns; elsewhere the stylesheet decides."""
+        source, right = self.query_one(SourceView), self.query_one("#right")
+        width = width or self.size.width
+        if self.narrow or self.screen.has_class("show-timeline") or not width:
+            source.styles.width = None
+            right.styles.width = None
+            return
+        cols = max(int(width * 0.42), min(source.wanted_width(), int(width * 0.6),
+                                          width - PIPELINE_MIN))
+        if source.styles.width is None or source.styles.width.value != cols:
+            source.styles.width = cols
+            right.styles.width = "1fr"
 
     @property
     def narrow(self) -> bool:
         return self.screen.has_class("narrow")
+
+    def _log_too_small(self) -> bool:
+        """Whether the log is hidden or too small to read command output in (the narrow
+        layout, or 120 x 40 where it shares a corner with the counters)."""
+        if self.narrow:
+            return True
+        log = self.query_one("#log", LogPane)
+        return not self.screen.has_class("show-log") and (log.size.height < LOG_READABLE[1]
+                                                          or log.size.width < LOG_READABLE[0])
 
     def show_bottom(self, what: str) -> None:
         """The bottom row shows the memories or the log."""
@@ -341,6 +377,7 @@ class DebuggerApp(App):
 
     def action_toggle_timeline(self) -> None:
         self.screen.toggle_class("show-timeline")
+        self._balance_panes()
         timeline = self.query_one(TimelinePane)
         if self.screen.has_class("show-timeline"):
             timeline.focus()                # its keys: scroll, zoom, jump
@@ -406,17 +443,33 @@ class DebuggerApp(App):
         for event in self.session.new_events():
             if event.kind != "fault":           # a fault is reported by the stop itself
                 self.log_line(f"[cyan]{escape(event_text(self.session, event))}[/]")
-        quiet = not echo and result.ok and result.stop is not None and result.stop.kind == "paused"
+        # a reload's notes (a breakpoint moved or deleted) are logged even from a key
+        notes = bool(result.ui and result.ui[0] == "reload" and len(result.lines) > 1)
+        quiet = not echo and result.ok and result.stop is not None and \
+            result.stop.kind == "paused" and not notes
         self._keys_only = not echo
+        if quiet and self.session.displays:
+            # `display` expressions after every stop, a key's step too
+            for line in result.lines[-len(self.session.displays):]:
+                self.log_line(line)
         if not quiet:
             for line in result.lines:
                 self.log_line(line)
-            if echo and result.lines and result.goto is None and self.narrow:
+            if result.lines and result.goto is None and (echo or not result.ok or notes) \
+                    and self._log_too_small():
                 self.show_bottom("log")         # a typed command's output must be seen
         if result.goto is not None:
             self.go_to(result.goto)
         if result.ui and result.ui[0] in ("reload", "reload-watch"):
             self._after_reload(result.ui)
+        if result.ui and result.ui[0] == "search":
+            view = self.query_one(SourceView)
+            view.start_search(result.ui[1])
+            view.focus()
+        if result.ui and result.ui[0] == "mismatches":
+            _, memory, cells = result.ui
+            for view in self.memory_views():
+                view.mark_cells(cells if view.memory == memory else ())
         if result.ui and result.ui[0] == "radix":
             view = self.current_memory_view()
             view.radix = result.ui[1]
@@ -429,6 +482,7 @@ class DebuggerApp(App):
     def _after_reload(self, ui: tuple) -> None:
         if ui[0] == "reload":
             self.query_one(SourceView).reload()
+            self._balance_panes()
             self.query_one(TimelinePane).reload()
             self.session.new_events()
         watch = ui[1]
@@ -523,15 +577,29 @@ class DebuggerApp(App):
         status = self.query_one("#status", StatusLine)
         wrapped = text.wrap(self.console, max(self.size.width - 2, 10))
         lines = min(3, len(wrapped))
-        if self._keys_only:
+        if self._keys_only and lines < self._status_lines:
             # while stepping with keys it only grows: a new height relays out the whole
             # screen and moves every pane, and `next` messages wrap onto one line more or
-            # less from step to step
-            lines = max(lines, self._status_lines)
+            # less from step to step.  It shrinks back once the keys pause.
+            lines = self._status_lines
+            if self._shrink_timer is not None:
+                self._shrink_timer.stop()
+            self._shrink_timer = self.set_timer(STATUS_SHRINK_DELAY, self._shrink_status)
         if lines != self._status_lines:
             status.styles.height = lines
             self._status_lines = lines
         status.update(text, wrapped)
+
+    def _shrink_status(self) -> None:
+        """The status line back to the height its text needs (keys have paused)."""
+        self._shrink_timer = None
+        if self.running:
+            return
+        keys, self._keys_only = self._keys_only, False
+        try:
+            self._show_status()
+        finally:
+            self._keys_only = keys
 
     def memory_views(self) -> list:
         """The memory views (looked up once: a query per step costs a few ms)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.markup import escape
 from tpuasm.disassembler import format_instruction
@@ -17,7 +18,7 @@ from tpuasm.disassembler import format_instruction
 from .expr import ExprError, Location
 from .formatting import (counter_lines, event_text, examine, format_value, memory_array,
                          weights_text)
-from .session import ReloadError, Session, Stop, rows_text
+from .session import ANYWHERE, ReloadError, Session, Stop, rows_text
 
 
 HISTORY_LINES = 20      # accesses `info writes/reads` lists (the latest)
@@ -55,13 +56,16 @@ COMMANDS = [
             "do_step", True),
     Command(("next", "n", "stepi", "si"), "next [N]", "issue the next instruction and run until it "
             "has finished its stage (N times; earlier ones may retire meanwhile)", "do_next", True),
+    Command(("issue",), "issue", "run until the next instruction has issued (however long the "
+            "front end waits for it)", "do_issue", True),
     Command(("finish", "fin"), "finish", "run until every instruction issued so far has finished",
             "do_finish", True),
     Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
             "event, halt or fault", "do_continue", True),
     Command(("run",), "run N", "run N cycles (stops early at breakpoints)", "do_run", True),
     Command(("until", "u", "advance"), "until LOCATION", "run until a line, label or *index is "
-            "about to issue (run to cursor); refused if it already issued", "do_until", True),
+            "about to issue (run to cursor; refused if it already issued), or `until cycle N`",
+            "do_until", True),
     Command(("reverse-step", "rs"), "reverse-step [N]", "go back N cycles", "do_reverse_step", True),
     Command(("reverse-next", "reverse-stepi", "rn"), "reverse-next [N]", "go back N instructions",
             "do_reverse_next", True),
@@ -74,14 +78,16 @@ COMMANDS = [
             "do_reload"),
     Command(("break", "b"), "break LOCATION [if COND]", "stop before the instruction(s) of a line "
             "(`12`, `prog.tasm:12`), a label, `*INDEX` or `node NAME` (its first instruction) "
-            "issue", "do_break"),
+            "issue; `cycle N`: at that cycle; `break if COND` alone: wherever COND holds",
+            "do_break"),
     Command(("tbreak",), "tbreak LOCATION [if COND]", "a breakpoint that deletes itself when hit",
             "do_tbreak"),
     Command(("condition",), "condition N [COND]", "set or clear breakpoint N's condition",
             "do_condition"),
     Command(("ignore",), "ignore N COUNT", "let breakpoint N pass COUNT times", "do_ignore"),
-    Command(("watch",), "watch [-w] RANGE", "stop when a write changes rows: `ub[0:16]`, `acc[4]`, "
-            "`input`; -w: after any write, even of the same values", "do_watch"),
+    Command(("watch",), "watch [-w] RANGE | watch COND", "stop when a write changes rows: "
+            "`ub[0:16]`, `acc[4]`, `input`; -w: after any write, even of the same values; "
+            "`watch acc[3][7] < 0`: when a write changes whether COND holds", "do_watch"),
     Command(("rwatch",), "rwatch RANGE", "stop after an instruction that reads the rows finishes",
             "do_rwatch"),
     Command(("awatch",), "awatch RANGE", "stop after an instruction that reads or writes them "
@@ -99,6 +105,14 @@ COMMANDS = [
     Command(("x",), "x/NFU ADDR", "examine memory: N count, F x|d|u, U b (byte) or w (int32): "
             "`x/16d ub[0]`, `x/8x acc.sums`", "do_x"),
     Command(("expect",), "expect EXPR", "fail (batch exit 1) unless EXPR holds", "do_expect"),
+    Command(("compare",), "compare RANGE FILE.npy", "compare memory from RANGE with an expected "
+            "array (its shape says how much): differences listed and marked in the memory view",
+            "do_compare"),
+    Command(("dump",), "dump RANGE FILE.npy", "save the rows of RANGE (`ub.y`, `acc[0:16]`, "
+            "`tile[3]`) as .npy: ub/host int8, acc int32", "do_dump"),
+    Command(("display",), "display [EXPR]", "print EXPR after every stop (no EXPR: list them)",
+            "do_display"),
+    Command(("undisplay",), "undisplay [N...]", "stop displaying (all without N)", "do_undisplay"),
     Command(("info", "i"), "info pipeline|counters|breakpoints|registers|weights|events|symbols",
             "show machine state; `info writes ub[8]`, `info reads acc.sums`: who wrote / read "
             "those rows so far", "do_info"),
@@ -110,6 +124,11 @@ COMMANDS = [
     Command(("goto", "g"), "goto ADDR", "show an address or symbol in the memory view", "do_goto"),
     Command(("radix",), "radix hex|signed|unsigned [int8|int32]", "number format of the focused "
             "memory view", "do_radix"),
+    Command(("search", "/"), "search TEXT (/TEXT)", "find TEXT in the source (case-insensitive); "
+            "on the screen the cursor goes there and n / N find the next / previous until Escape",
+            "do_search"),
+    Command(("segment",), "segment [NAME]", "a compiled model (`tpuasm debug OUTDIR`): list its "
+            "segments, or open segment NAME with its data at cycle 0", "do_segment"),
     Command(("echo",), "echo TEXT", "print TEXT", "do_echo"),
     Command(("help", "h", "?"), "help [COMMAND]", "list commands", "do_help"),
 ]
@@ -130,6 +149,8 @@ class Engine:
         line = line.strip()
         if not line or line.startswith("#"):
             return Result()
+        if line.startswith("/") and len(line) > 1:         # `/text`: search, as in less and vi
+            line = "search " + line[1:]
         word, _, rest = line.partition(" ")
         fmt = ""
         if word.startswith("x/"):
@@ -153,13 +174,24 @@ class Engine:
             raise CommandError(f"count must be at least 1, got {n}")
         return n
 
+    def display_lines(self) -> list[str]:
+        """`display` expressions, evaluated now (after a stop)."""
+        out = []
+        for number, text in self.session.displays.items():
+            try:
+                value = format_value(self.session.eval.value(text))
+            except ExprError as e:
+                value = f"<{e}>"
+            out.append(escape(f"{number}: {text} = {value}"))
+        return out
+
     def _stopped(self, stop: Stop) -> Result:
         style = {"fault": "bold red", "error": "red", "breakpoint": "yellow",
                  "watchpoint": "yellow", "tag": "cyan", "interrupt": "cyan", "unwritten": "yellow",
                  "halted": "green"}.get(stop.kind, "")
-        msg = escape(stop.message)
-        line = f"[{style}]{msg}[/]" if style else msg
-        return Result([line], ok=stop.kind != "error", stop=stop)
+        lines = [f"[{style}]{escape(m)}[/]" if style else escape(m)
+                 for m in stop.message.splitlines()]
+        return Result(lines + self.display_lines(), ok=stop.kind != "error", stop=stop)
 
     def _numbers(self, arg: str) -> list[int]:
         try:
@@ -179,6 +211,12 @@ class Engine:
         if text.startswith("node ") or text == "node":
             name = text[5:].strip()
             runs = s.program.node_runs(name) if name else []
+            if not runs and name and s.outdir is not None:
+                elsewhere = _segment_with_node(s.outdir, name)
+                if elsewhere:
+                    raise CommandError(f"node {name} is in {elsewhere}: `segment {elsewhere}` "
+                                       "opens it (a `node` breakpoint set there stays across "
+                                       "segments)")
             if not runs:
                 known = s.program.nodes()
                 hint = (f"; nodes: {', '.join(known[:8])}" + (" ..." if len(known) > 8 else "")
@@ -220,12 +258,20 @@ class Engine:
             raise CommandError("run N: how many cycles?")
         return self._stopped(self.session.run(max_cycles=self._count(arg)))
 
+    def do_issue(self, arg):
+        if arg:
+            raise CommandError("issue takes no argument")
+        return self._stopped(self.session.step_issue())
+
     def do_finish(self, arg):
         if arg:
             raise CommandError("finish takes no argument")
         return self._stopped(self.session.finish_in_flight())
 
     def do_until(self, arg):
+        cycle = self._cycle_location(arg)
+        if cycle is not None:
+            return self._stopped(self.session.run_to((), f"cycle {cycle}", cycle=cycle))
         indices, where = self.resolve_location(arg)
         cycle = self.session.issued_already(indices)
         if cycle is not None:
@@ -250,6 +296,10 @@ class Engine:
             stop, notes = self.session.reload()
         except ReloadError as e:
             lines = str(e).splitlines()
+            # the status line says so too (not the stop before the reload)
+            first = next((x for x in lines if x.strip()), "")
+            self.session.last_stop = Stop("error", f"reload failed, the program runs as it was: "
+                                                   f"{first}", cycle=self.session.machine.cycle)
             return Result(["[bold red]reload failed; the session goes on with the program "
                            "as it was:[/]", *(escape(x) for x in lines)], ok=False,
                           ui=("reload-watch", watch) if watch is not None else None)
@@ -262,14 +312,47 @@ class Engine:
         return self._stopped(self.session.restart())
 
     # -- breakpoints --------------------------------------------------------------------------
+    def _cycle_location(self, text: str) -> int | None:
+        """`cycle N` -> N (a cycle still ahead), else None (not a cycle location)."""
+        word, _, rest = text.strip().partition(" ")
+        if word.lower() != "cycle":
+            return None
+        if not rest.strip():
+            raise CommandError("cycle N: which cycle?")
+        cycle = self.session.eval.integer(rest)
+        now = self.session.machine.cycle
+        from tpuasm.limits import MAX_CYCLES
+        if not 0 <= cycle <= MAX_CYCLES:
+            raise CommandError(f"cycle {cycle} out of range 0..{MAX_CYCLES}")
+        if cycle <= now:
+            raise CommandError(f"cycle {cycle} is not ahead (now cycle {now}); "
+                               f"`jump {cycle}` goes there")
+        return cycle
+
     def _break(self, arg, temporary):
         where, _, cond = arg.partition(" if ")
         if arg.startswith("if "):
             where, cond = "", arg[3:]
-        indices, desc = self.resolve_location(where)
-        bp = self.session.add_breakpoint(indices, desc, cond.strip() or None, temporary)
+        cond = cond.strip()
         kind = "temporary breakpoint" if temporary else "breakpoint"
-        extra = f" if {bp.condition}" if bp.condition else ""
+        extra = f" if {cond}" if cond else ""
+        cycle = self._cycle_location(where)
+        if cycle is None and not where.strip() and cond:
+            # `break if COND`: wherever the condition holds.  `cycle >= N` (or > N, == N)
+            # alone is a cycle breakpoint, exact to the cycle; anything else is checked
+            # before every instruction issues.
+            m = re.fullmatch(r"cycle\s*(>=|==|>)\s*(\d{1,18})", cond)
+            if m and int(m.group(2)) + (m.group(1) == ">") > self.session.machine.cycle:
+                cycle = int(m.group(2)) + (m.group(1) == ">")
+            else:
+                bp = self.session.add_breakpoint((), ANYWHERE, cond, temporary)
+                return Result([f"{kind} {bp.number} before any instruction issues{escape(extra)}"])
+        if cycle is not None:
+            bp = self.session.add_breakpoint((), f"cycle {cycle}", cond or None, temporary,
+                                             cycle=cycle)
+            return Result([f"{kind} {bp.number} at cycle {cycle}{escape(extra)}"])
+        indices, desc = self.resolve_location(where)
+        bp = self.session.add_breakpoint(indices, desc, cond or None, temporary)
         return Result([f"{kind} {bp.number} at {escape(desc)} "
                        f"(instruction {', '.join(f'#{i}' for i in bp.indices)}){escape(extra)}"])
 
@@ -309,6 +392,12 @@ class Engine:
     def _watch(self, arg: str, access: str, name: str):
         if not arg:
             raise CommandError(f"{name} what? e.g. `{name} ub[0:16]`")
+        if access == "change" and _is_condition(arg):
+            wp = self.session.add_condition_watch(arg)
+            spans = ", ".join(f"{m}[{a}:{b}]" for m, a, b in wp.spans)
+            return Result([f"watchpoint {wp.number}: {escape(arg)} (now "
+                           f"{'true' if wp.truth else 'false'}; stops when a write to "
+                           f"{escape(spans)} changes that)"])
         loc = self.session.eval.location(arg)
         wp = self.session.add_watchpoint(loc, arg, access)
         what = {"change": "a change", "write": "any write", "read": "any read",
@@ -389,6 +478,57 @@ class Engine:
             return Result([f"[green]ok[/] {escape(arg)}"])
         detail = self._explain(arg)
         return Result([f"[bold red]expect failed:[/] {escape(arg)}{escape(detail)}"], ok=False)
+
+    def _range_and_file(self, arg: str, usage: str) -> tuple[Location, Path]:
+        expr, _, file = arg.strip().rpartition(" ")
+        if not expr.strip() or not file.endswith(".npy"):
+            raise CommandError(f"usage: {usage}, e.g. `{usage.split()[0]} ub.y expected.npy`")
+        return self.session.eval.location(expr.strip(), default_memory="ub"), Path(file)
+
+    def do_compare(self, arg):
+        from .data_files import compare, comparison_lines
+        loc, path = self._range_and_file(arg, "compare RANGE FILE.npy")
+        c = compare(self.session, loc, path)
+        ok = not len(c.mismatches)
+        lines = [escape(x) for x in comparison_lines(c)]
+        if not ok:
+            lines[0] = f"[bold red]{lines[0]}[/]"
+            r, col = (int(x) for x in c.mismatches[0])
+            goto = Location(loc.memory, r if loc.memory != "tile" else loc.row, col)
+        else:
+            lines[0] = f"[green]{lines[0]}[/]"
+            goto = None
+        cells = [(int(r), int(col)) for r, col in c.mismatches]
+        return Result(lines, ok=ok, goto=goto, ui=("mismatches", loc.memory, cells))
+
+    def do_dump(self, arg):
+        from .data_files import dump
+        loc, path = self._range_and_file(arg, "dump RANGE FILE.npy")
+        shape = dump(self.session, loc, path, self.session.inputs())
+        what = (f"tile {loc.row}" if loc.memory == "tile" else
+                f"{loc.memory} rows {loc.row}..{loc.row + shape[0] - 1}")
+        return Result([escape(f"saved {what} ({shape[0]} x {shape[1]}) to {path}")])
+
+    def do_display(self, arg):
+        s = self.session
+        if not arg:
+            return Result(self.display_lines() or ["no display expressions"])
+        s.eval.check(arg)
+        s.eval.value(arg)                   # fails now if it cannot be evaluated
+        number = max(s.displays, default=0) + 1
+        s.displays[number] = arg.strip()
+        return Result(self.display_lines()[-1:])
+
+    def do_undisplay(self, arg):
+        s = self.session
+        if not arg:
+            n = len(s.displays)
+            s.displays.clear()
+            return Result([f"deleted {n} display expression(s)"])
+        for n in self._numbers(arg):
+            if s.displays.pop(n, None) is None:
+                raise CommandError(f"no display {n}")
+        return Result([f"undisplay {arg}"])
 
     def _explain(self, arg: str) -> str:
         """For `a == b`, the value of each side, like pytest's assertion rewriting."""
@@ -506,7 +646,8 @@ class Engine:
                 body = "idle"
             else:
                 loc = f" ({st.location})" if st.location else ""
-                body = f"#{st.index} {st.text}{loc}" if st.index is not None else st.text
+                body = (f"#{st.index} {self.session.symbolic(st.index) or st.text}{loc}"
+                        if st.index is not None else st.text)
                 if st.total:
                     body += f"  {st.progress}/{st.total} {st.unit}"
                 body += f"  {st.cycles_in_stage} cycles in stage"
@@ -586,6 +727,59 @@ class Engine:
             raise CommandError("radix hex|signed|unsigned [int8|int32]")
         return Result([f"radix {' '.join(parts)}"], ui=("radix", *parts))
 
+    def do_search(self, arg):
+        if not arg:
+            raise CommandError("search TEXT: what?")
+        s = self.session
+        file = s.main_file()
+        text = s.program.sources.get(file) if file else None
+        if text is None:
+            file = "(disassembly)"
+            lines = [format_instruction(ins) for ins in s.program.instructions]
+        else:
+            lines = text.splitlines()
+        hits = [(n, line) for n, line in enumerate(lines, 1) if arg.lower() in line.lower()]
+        if not hits:
+            raise CommandError(f"{arg!r} not found in {file}")
+        out = [escape(f"{file}:{n}: {line.strip()}") for n, line in hits[:10]]
+        if len(hits) > 10:
+            out.append(f"... {len(hits) - 10} more")
+        return Result(out, ui=("search", arg))
+
+    def do_segment(self, arg):
+        import json
+        from tpuasm.errors import TpuasmError
+        s = self.session
+        if s.outdir is None and not arg:
+            return Result(["one program, not a compiled model (`tpuasm debug OUTDIR` opens one)"])
+        if s.outdir is None:
+            raise CommandError("not a compiled model: open one with `tpuasm debug OUTDIR`")
+        if not arg:
+            try:
+                steps = json.loads((s.outdir / "manifest.json").read_text())["steps"]
+            except (OSError, ValueError, KeyError) as e:
+                raise CommandError(f"{s.outdir}: unreadable manifest: {e}") from None
+            out = []
+            for step in steps:
+                mark = "=>" if step.get("name") == s.segment else "  "
+                if step.get("kind") == "tpu":
+                    what = step.get("program") or "(no program)"
+                else:
+                    what = (f"host part: {', '.join(step.get('inputs', []))} -> "
+                            f"{', '.join(step.get('outputs', []))}")
+                out.append(escape(f"{mark} {step.get('name', '?'):<10} {what}"))
+            return Result(out)
+        from tpuasm.compiler.outdir import segment_files
+        try:
+            files = segment_files(s.outdir, arg.strip())
+            stop, notes = s.open_segment(files)
+        except (TpuasmError, ReloadError) as e:
+            raise CommandError(str(e)) from None
+        result = self._stopped(stop)
+        result.lines += [f"[yellow]{escape(n)}[/]" for n in notes]
+        result.ui = ("reload", None)
+        return result
+
     def do_echo(self, arg):
         return Result([escape(arg)])
 
@@ -597,6 +791,29 @@ class Engine:
             return Result([escape(f"{cmd.usage}: {cmd.summary}"),
                            escape(f"  aliases: {', '.join(cmd.names)}")])
         return Result([escape(f"{c.usage:<34}{c.summary}") for c in COMMANDS])
+
+
+def _segment_with_node(outdir, name: str) -> str | None:
+    """The segment of a compiled model whose program names graph node `name` (`.node`)."""
+    for path in sorted(outdir.glob("segment*.tasm")):
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if re.search(rf"^\s*\.node\s+\"?{re.escape(name)}\"?\s*(;|$)", text, re.M):
+            return path.stem
+    return None
+
+
+def _is_condition(text: str) -> bool:
+    """`acc[3][7] < 0`, `sum(ub[0]) == 0`: not a plain range (a comparison or a call)."""
+    import ast
+    try:
+        body = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return False
+    return isinstance(body, (ast.Compare, ast.BoolOp, ast.Call)) or \
+        (isinstance(body, ast.UnaryOp) and isinstance(body.op, ast.Not))
 
 
 def split_script(text: str) -> list[tuple[int, str]]:

@@ -29,6 +29,8 @@ _ZERO = Style(color="grey42")
 _VALUE = Style()
 _CHANGED = Style(color="black", bgcolor="bright_yellow", bold=True)
 _HEADER = Style(color="cyan", bold=True)
+_MISMATCH = Style(color="white", bgcolor="red", bold=True)
+_TARGET_CELL = Style(color="black", bgcolor="yellow", bold=True)
 
 
 class MemoryView(ScrollView, can_focus=True):
@@ -56,9 +58,11 @@ class MemoryView(ScrollView, can_focus=True):
         self.memory = memory
         self.source = source
         self.target_row: int | None = None
+        self.target_col: int | None = None          # `goto ub[r][c]`: that cell is marked
         self._before: tuple[int, np.ndarray] | None = None   # rows captured before a step
         self._shape: tuple[int, int] = (0, 0)
         self._drawn = None               # what the last repaint showed (skip identical ones)
+        self.mismatches: dict[int, set[int]] = {}   # row -> columns `compare` found different
 
     # -- data --------------------------------------------------------------------------------
     def array(self) -> np.ndarray | None:
@@ -102,17 +106,24 @@ class MemoryView(ScrollView, can_focus=True):
         marked = set()                  # rows on screen that changed in the last step
         if self._before is not None and window is not None and self._before[0] == top \
                 and self._before[1].shape == window.shape:
-            marked = set(np.flatnonzero((self._before[1] != window).reshape(
-                len(window), -1).any(axis=1)).tolist())
+            marked = _changed_rows(self._before[1], window)
         old, self._drawn = self._drawn, (view, None if window is None else window.copy(), marked)
         if old is None or old[0] != view or old[1] is None or window is None:
             self.refresh()
             return
         # the same view: repaint the rows whose values or highlight changed (line 0 is the
         # column header)
-        changed = set(np.flatnonzero((old[1] != window).reshape(len(window), -1).any(axis=1)).tolist())
+        changed = _changed_rows(old[1], window)
         for row in changed | marked | old[2]:
             self.refresh(Region(0, 1 + row, self.size.width, 1))
+
+    def mark_cells(self, cells) -> None:
+        """Highlight (row, column) cells: the differences the last `compare` found."""
+        self.mismatches = {}
+        for r, c in cells:
+            self.mismatches.setdefault(r, set()).add(c)
+        self._drawn = None
+        self.refresh()
 
     def _gutter_width(self) -> int:
         return max(len(str(max(self._shape[0] - 1, 0))), 4) + 2
@@ -177,11 +188,12 @@ class MemoryView(ScrollView, can_focus=True):
     def go_to(self, row: int, col: int = 0) -> None:
         """Scroll so that `row` is near the top and mark it."""
         self.target_row = row
+        self.target_col = col or None           # a column was asked for: mark its cell
         cw = cell_width(self.radix, self.bits) + 1
         if self.unit == "int32" and self.bits == 32 and (self.source() is not None
                                                          and self.source().dtype.itemsize == 1):
             col //= 4
-        self.scroll_to(x=col * cw, y=max(row - 2, 0), animate=False, immediate=True)
+        self.scroll_to(x=max(col - 2, 0) * cw, y=max(row - 2, 0), animate=False, immediate=True)
         self.refresh()
 
     # -- Line API ----------------------------------------------------------------------------
@@ -199,7 +211,7 @@ class MemoryView(ScrollView, can_focus=True):
         first = scroll_x // (cw + 1)
         count = max(0, min(cols - first, (width - gutter) // (cw + 1) + 1))
         if y == 0:                       # column header, stays put while scrolling down
-            head = " " * gutter + "".join(f"{c:>{cw}} "[-(cw + 1):] for c in range(first, first + count))
+            head = " " * gutter + "".join(_column_label(c, cw) for c in range(first, first + count))
             return Strip([Segment(head[:width].ljust(width), _HEADER)])
         row = scroll_y + y - 1
         if row >= rows:
@@ -212,13 +224,19 @@ class MemoryView(ScrollView, can_focus=True):
             if top <= row < top + len(before) and before.shape[1:] == a.shape[1:]:
                 changed = (before[row - top, first:first + count] != values).tolist()
         zero = (values == 0).tolist()
+        wrong = self.mismatches.get(row, ())
+        target_col = self.target_col
+        if target_col is not None and a.dtype.itemsize == 4 and self.source().dtype.itemsize == 1:
+            target_col //= 4                  # bytes shown as int32 words
         addr_style = _TARGET_ADDRESS if row == self.target_row else _ADDRESS
         segments = [Segment(f"{row:>{gutter - 2}}: ", addr_style)]
         # one segment per run of equally styled cells: a 256-wide row is a handful of
         # segments, not hundreds, which is what keeps the repaint cheap
         run_style, run = None, []
         for k, text in enumerate(texts):
-            style = _CHANGED if changed and changed[k] else (_ZERO if zero[k] else _VALUE)
+            style = (_MISMATCH if first + k in wrong else
+                     _TARGET_CELL if row == self.target_row and first + k == target_col else
+                     _CHANGED if changed and changed[k] else (_ZERO if zero[k] else _VALUE))
             if style is not run_style and run:
                 segments.append(Segment(" ".join(run), run_style))
                 segments.append(Segment(" "))
@@ -228,3 +246,18 @@ class MemoryView(ScrollView, can_focus=True):
         if run:
             segments.append(Segment(" ".join(run), run_style))
         return Strip(segments).crop(0, width).extend_cell_length(width)
+
+
+def _column_label(c: int, cw: int) -> str:
+    """A column number in a cell `cw` wide (and its space).  A hex byte cell is 2 wide:
+    its columns are numbered in hex (column 200 is `c8`, not a cut-off `00`)."""
+    text = f"{c:02x}" if cw < 3 else str(c)
+    return f"{text[-cw:]:>{cw}} "
+
+
+def _changed_rows(before: np.ndarray, after: np.ndarray) -> set[int]:
+    """Rows (of two same-shaped 2-D windows) that differ.  A memory may have no columns
+    (no host image given): no rows differ then, and nothing is reshaped."""
+    if before.size == 0:
+        return set()
+    return set(np.flatnonzero((before != after).any(axis=1)).tolist())

@@ -75,7 +75,8 @@ class PipelinePane(StripLines, ScrollView, can_focus=True):
                 text.append(f"{'idle':<{w_instr + 1 + 15 + 6}}", style="grey50")
             else:
                 line = f" :{st.location.line}" if st.location else ""
-                label = f"#{st.index} {st.text}" if st.index is not None else st.text
+                label = (f"#{st.index} {self.session.symbolic(st.index) or st.text}"
+                         if st.index is not None else st.text)
                 instr = _fit(f"{label}{line}", w_instr)
                 progress = _fit(f"{st.progress}/{st.total} {st.unit}" if st.total else "", 14)
                 text.append(f"{instr:<{w_instr}} {progress:<14} {st.cycles_in_stage:>6}")
@@ -90,8 +91,7 @@ class PipelinePane(StripLines, ScrollView, can_focus=True):
         self._show(text)
 
 
-    @staticmethod
-    def _compact(states, weights: Text, width: int) -> Text:
+    def _compact(self, states, weights: Text, width: int) -> Text:
         """For narrow terminals: stage and instruction on one line, the stall under it."""
         text = Text(no_wrap=True, overflow="crop")
         for st in states:
@@ -101,7 +101,8 @@ class PipelinePane(StripLines, ScrollView, can_focus=True):
                 text.append("idle", style="grey50")
             else:
                 progress = f" {st.progress}/{st.total}" if st.total else ""
-                label = f"#{st.index} {st.text}" if st.index is not None else st.text
+                label = (f"#{st.index} {self.session.symbolic(st.index) or st.text}"
+                         if st.index is not None else st.text)
                 text.append(_fit(f"{label}{progress} ({st.cycles_in_stage})", width - 9))
             for chunk in textwrap.wrap(st.stall or "", max(width - 2, 10)):
                 text.append("\n  " + chunk, style="bold red")

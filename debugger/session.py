@@ -21,6 +21,7 @@ CHUNK_CYCLES = 5_000         # a long run is cut into chunks so it can be interr
 HISTORY_INTERVAL = 5_000     # cycles between the library's checkpoints: each copies the rows
                              # written since the last one; a step back replays at most this many
 TIMELINE_DEPTH = 512         # recorded per-cycle pipeline states kept for the timeline
+ANYWHERE = "anywhere"        # where a `break if COND` without a location stops: before any issue
 
 
 class ReloadError(Exception):
@@ -37,11 +38,18 @@ class Breakpoint:
     temporary: bool = False
     enabled: bool = True
     hits: int = 0
+    cycle: int | None = None       # a cycle breakpoint (`break cycle N`): no instructions
 
     def describe(self) -> str:
+        if self.cycle is not None or self.where == ANYWHERE:
+            what = ""
+        elif not self.indices:
+            what = "  (waits: not in this segment)"
+        else:
+            what = f"  (instr {', '.join(f'#{i}' for i in self.indices[:8])}" + \
+                   (" ...)" if len(self.indices) > 8 else ")")
         parts = [f"{self.number:<3} {'tbreak' if self.temporary else 'break':<6} "
-                 f"{'y' if self.enabled else 'n'}  {self.where}"
-                 f"  (instr {', '.join(f'#{i}' for i in self.indices)})"]
+                 f"{'y' if self.enabled else 'n'}  {self.where}{what}"]
         if self.condition:
             parts.append(f"if {self.condition}")
         if self.ignore:
@@ -62,20 +70,44 @@ class Watchpoint:
     enabled: bool = True
     hits: int = 0
     access: str = "change"      # change (watch), write (watch -w), read (rwatch), access (awatch)
+    # a value condition (`watch acc[3][7] < 0`): the rows it reads, and whether it held
+    condition: str | None = None
+    spans: tuple[tuple[str, int, int], ...] = ()
+    truth: bool = False
+
+    def ranges(self) -> tuple[tuple[str, int, int], ...]:
+        return self.spans or ((self.memory, self.start, self.stop),)
 
     def describe(self) -> str:
         kind = {"change": "watch", "write": "watch-w", "read": "rwatch", "access": "awatch"}[self.access]
+        if self.condition:
+            return (f"{self.number:<3} {kind:<7}{'y' if self.enabled else 'n'}  {self.condition} "
+                    f"(now {'true' if self.truth else 'false'})"
+                    + (f"  hit {self.hits}x" if self.hits else ""))
         return (f"{self.number:<3} {kind:<7}{'y' if self.enabled else 'n'}  {self.text} "
                 f"= {self.memory}[{self.start}:{self.stop}]" + (f"  hit {self.hits}x" if self.hits else ""))
 
 
 @dataclass
 class Stop:
-    """Why the machine stopped, in words for the log and as a kind for code."""
+    """Why the machine stopped, in words for the log and as a kind for code.  Several
+    breakpoints and watchpoints hit in the same cycle are one stop: `message` has one line
+    per hit, in the order they happened, and `numbers` lists them all."""
     kind: str                  # breakpoint watchpoint halted fault paused interrupted tag interrupt error
     message: str
     index: int | None = None
-    number: int | None = None  # breakpoint or watchpoint number
+    number: int | None = None  # breakpoint or watchpoint number (the first hit's)
+    numbers: tuple[int, ...] = ()
+    cycle: int | None = None   # the machine's cycle when it stopped
+
+    @classmethod
+    def of_hits(cls, hits: list[tuple[str, str, int | None, int | None]]) -> "Stop | None":
+        """One stop for (kind, message, index, number) hits, in order; None for none."""
+        if not hits:
+            return None
+        kind, _, index, number = hits[0]
+        return cls(kind, "\n".join(h[1] for h in hits), index, number,
+                   tuple(h[3] for h in hits if h[3] is not None))
 
 
 @dataclass(frozen=True)
@@ -83,6 +115,28 @@ class StageSample:
     """What one stage held at the end of one cycle (recorded for the timeline)."""
     index: int | None
     stalled: bool
+
+
+@dataclass
+class RecordedRun:
+    """The run as far as the session has seen it, kept when it goes back in time: the
+    timeline still shows the whole run (a program runs the same way every time).  It
+    answers the few questions the timeline asks a machine."""
+    program: object
+    cycle: int
+    times: np.ndarray
+    tiles: np.ndarray
+    events: list
+    fault: object
+
+    def intervals(self) -> np.ndarray:
+        return self.times
+
+    def tile_intervals(self) -> np.ndarray:
+        return self.tiles
+
+    def issue_cycle(self, index: int) -> int:
+        return int(self.times[index, 0])
 
 
 class Session:
@@ -101,6 +155,11 @@ class Session:
         self.cancel = threading.Event()      # set from another thread to interrupt a run;
                                              # whoever starts a run clears it first
         self.last_stop: Stop | None = None
+        self.displays: dict[int, str] = {}   # `display` expressions, printed after every stop
+        self.recorded: RecordedRun | None = None   # the furthest run seen, for the timeline
+        self.outdir = None                   # a compiled model's directory (`segment NAME`)
+        self.segment: str | None = None      # ... and the segment open now
+        self.segment_hosts: dict = {}        # segment -> host image from `--input` (else its file)
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
 
     def _use_program(self, program) -> None:
@@ -112,6 +171,7 @@ class Session:
             self.machine = Machine.for_program(program, **self.overrides)
         self.machine.load(program, host=self.host_arg, weights=self.weights_arg)
         self.program = program
+        self._symbolic: dict[int, str | None] = {}     # symbolic(): per instruction, on demand
         self.history = History(self.machine, interval=HISTORY_INTERVAL)
         self.symbols = symbol_table(program)
         self.eval = Evaluator(self.machine, self.symbols)
@@ -143,11 +203,19 @@ class Session:
         if index is None or not 0 <= index < len(self.program):
             return "-"
         loc = self.program.locations[index]
-        text = format_instruction(self.program.instructions[index])
+        text = self.symbolic(index) or format_instruction(self.program.instructions[index])
         node = self.program.node_of(index)
         where = ", ".join(x for x in ((f"{loc.file}:{loc.line}" if loc else ""),
                                       (f"node {node}" if node else "")) if x)
         return f"#{index} `{text}`" + (f" ({where})" if where else "")
+
+    def symbolic(self, index: int) -> str | None:
+        """Instruction `index` as its source line writes it (`MMC.SO ub.x, acc.y + B, B`:
+        the program's names, not numbers), or None when the line is not that instruction
+        (a macro call, a binary without sources)."""
+        if index not in self._symbolic:
+            self._symbolic[index] = _statement(self.program, index)
+        return self._symbolic[index]
 
     def indices_for_line(self, file: str | None, line: int) -> list[int]:
         if file is None:
@@ -183,12 +251,22 @@ class Session:
         self._next_number += 1
         return n
 
-    def add_breakpoint(self, indices, where, condition=None, temporary=False) -> Breakpoint:
+    def add_breakpoint(self, indices, where, condition=None, temporary=False,
+                       cycle: int | None = None) -> Breakpoint:
+        """A breakpoint before `indices` issue, or at the start of `cycle` (no indices)."""
         if condition:
             self.eval.check(condition)           # a malformed condition fails now, not mid-run
-        bp = Breakpoint(self._number(), tuple(indices), where, condition, temporary=temporary)
+        bp = Breakpoint(self._number(), tuple(indices), where, condition, temporary=temporary,
+                        cycle=cycle)
         self.breakpoints[bp.number] = bp
         return bp
+
+    def _next_cycle_break(self) -> int | None:
+        """The earliest cycle after now at which an enabled cycle breakpoint stops."""
+        now = self.machine.cycle
+        cycles = [bp.cycle for bp in self.breakpoints.values()
+                  if bp.enabled and bp.cycle is not None and bp.cycle > now]
+        return min(cycles) if cycles else None
 
     def _check_range(self, loc: Location) -> None:
         limit = self._rows(loc.memory)
@@ -206,6 +284,47 @@ class Session:
         self.watchpoints[wp.number] = wp
         return wp
 
+    def add_condition_watch(self, condition: str) -> Watchpoint:
+        """`watch acc[3][7] < 0`: stop after a write to the rows the condition reads that
+        changes whether it holds."""
+        self.eval.check(condition)
+        spans = self._condition_spans(condition)
+        wp = Watchpoint(self._number(), spans[0][0], spans[0][1], spans[0][2], condition,
+                        condition=condition, spans=spans, truth=self.eval.truth(condition))
+        self.watchpoints[wp.number] = wp
+        return wp
+
+    def _condition_spans(self, condition: str) -> tuple[tuple[str, int, int], ...]:
+        """The memory rows an expression reads: each `ub[r]`, `acc[a:b]`... (a memory
+        without a subscript: all its rows)."""
+        import ast
+        tree = self.eval._parse(condition)
+        bases = {"ub": "ub", "ubu": "ub", "acc": "acc", "host": "host", "hostu": "host"}
+        spans, subscripted = [], set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                    and node.value.id in bases:
+                subscripted.add(id(node.value))
+                row, rows = self.eval._row_range(node.slice)
+                loc = Location(bases[node.value.id], row, 0, rows)
+                self._check_range(loc)
+                spans.append((loc.memory, row, row + rows))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in bases and id(node) not in subscripted:
+                memory = bases[node.id]
+                spans.append((memory, 0, self._rows(memory)))
+        spans = [sp for sp in dict.fromkeys(spans) if sp[2] > sp[1]]
+        if not spans:
+            raise ExprError(f"`{condition}` reads no memory rows: `break if {condition}` "
+                            "checks it before every instruction")
+        return tuple(spans)
+
+    def inputs(self) -> list:
+        """The files this session reads (no output may replace one)."""
+        from pathlib import Path
+        paths = [self.reload_from[0] if self.reload_from else None, self.host_arg, self.weights_arg]
+        return [p for p in paths if isinstance(p, (str, Path))]
+
     def delete(self, number: int) -> None:
         if self.breakpoints.pop(number, None) is None and self.watchpoints.pop(number, None) is None:
             raise KeyError(number)
@@ -221,7 +340,11 @@ class Session:
         out = set()
         for bp in self.breakpoints.values():
             if bp.enabled:
-                out.update(bp.indices)
+                if bp.where == ANYWHERE:      # only the instructions still to issue
+                    nxt = self.next_to_issue()
+                    out.update(range(nxt, len(self.program)) if nxt is not None else ())
+                else:
+                    out.update(bp.indices)
         for kind, key in (("tag", "TAG"), ("interrupt", "INT")):
             if kind in self.catch:
                 out.update(i for i, ins in enumerate(self.program.instructions) if ins.key == key)
@@ -239,7 +362,13 @@ class Session:
         return self._unwritten
 
     def _armed_watches(self):
-        return [_watch(w) for w in self.watchpoints.values() if w.enabled]
+        from tpuasm.machine import Watch
+        out = []
+        for w in self.watchpoints.values():
+            if w.enabled:
+                mode = {"change": "write"}.get(w.access, w.access)
+                out += [Watch(memory, a, b, mode) for memory, a, b in w.ranges()]
+        return out
 
     # -- running -------------------------------------------------------------------------
     @property
@@ -296,6 +425,34 @@ class Session:
         return self._finish(Stop("paused", f"cycle {m.cycle}: {what}{count} instruction(s) "
                                            f"retired; {self.where(self.next_to_issue())} next"))
 
+    def step_issue(self) -> Stop:
+        """`issue`: run until the next instruction has issued (the cycle after its issue
+        cycle), however long the front end waits for it; breakpoints do not stop it."""
+        m = self.machine
+        if self.finished:
+            return self._finish(self._finished_stop())
+        nxt = self.next_to_issue()
+        if nxt is None:
+            return self._finish(Stop("paused", f"cycle {m.cycle}: nothing left to issue"))
+        stop = self.last_stop
+        sitting = (m.status == "breakpoint" and stop is not None and stop.index == nxt
+                   and stop.cycle == m.cycle)     # the machine would issue it and run on
+        while m.issue_cycle(nxt) < 0 and not self.finished and not sitting:
+            r = self.history.step(CHUNK_CYCLES, breakpoints=[nxt])
+            if r.status == "breakpoint" or m.issue_cycle(nxt) >= 0:
+                break
+            if self.cancel.is_set():
+                self._record()
+                return self._finish(Stop("interrupted", f"interrupted at cycle {m.cycle}"))
+        if m.issue_cycle(nxt) < 0 and not self.finished:
+            self.history.step(1)               # at its issue cycle: one more and it has issued
+        self._record()
+        if self.finished and m.issue_cycle(nxt) < 0:
+            return self._finish(self._finished_stop())
+        return self._finish(Stop("paused", f"cycle {m.cycle}: {self.where(nxt)} issued at cycle "
+                                           f"{m.issue_cycle(nxt)}; "
+                                           f"{self.where(self.next_to_issue())} next"))
+
     def issued_already(self, indices) -> int | None:
         """The cycle at which the last of `indices` issued if all have (a TPU program has no
         branches: such a line is never reached again), else None."""
@@ -348,10 +505,10 @@ class Session:
             if progress is not None:
                 progress(self.machine.cycle, time.perf_counter() - started)
 
-    def run_to(self, indices: list[int], where: str) -> Stop:
-        """Run to cursor: a temporary breakpoint on `indices`."""
+    def run_to(self, indices: list[int], where: str, cycle: int | None = None) -> Stop:
+        """Run to cursor: a temporary breakpoint on `indices` (or at `cycle`)."""
         # number 0: internal, never listed, never takes a user-visible number
-        self.breakpoints[0] = Breakpoint(0, tuple(indices), where, temporary=True)
+        self.breakpoints[0] = Breakpoint(0, tuple(indices), where, temporary=True, cycle=cycle)
         try:
             return self.run()
         finally:
@@ -369,7 +526,11 @@ class Session:
         sitting = self._at_breakpoint()
         while m.cycle < end:
             start = m.cycle
-            r = self.history.step(end - start, breakpoints=self._armed_indices(),
+            limit = end
+            at_cycle = self._next_cycle_break()
+            if at_cycle is not None and at_cycle < limit:
+                limit = at_cycle                  # a cycle breakpoint: the run ends there
+            r = self.history.step(limit - start, breakpoints=self._armed_indices(),
                                   watch=self._armed_watches())
             if r.status == "breakpoint" and r.index == sitting and m.cycle == start:
                 # History.goto forgets that the machine sat at a breakpoint: step it out
@@ -380,14 +541,59 @@ class Session:
             sitting = None
             if r.status in ("halted", "fault"):
                 return self._finished_stop()
-            stop = None
+            hits = []
             if r.status == "breakpoint":
-                stop = self._breakpoint_hit(r.index)
+                hits = self._breakpoint_hits(r.index)
             elif r.status == "watchpoint":
-                stop = self._watch_hit(r.index)
+                hits = self._watch_hits(r.index)
+            if hits and hits[0][0] == "error":
+                return Stop.of_hits(hits[:1])
+            # a cycle breakpoint at this cycle stops with them (after the completions
+            # that stopped a watch: they happened first, at the start of the cycle)
+            hits += self._cycle_hits()
+            stop = Stop.of_hits(hits)
             if stop is not None:
                 return stop
         return self._finished_stop() if self.finished else None
+
+    def _cycle_hits(self) -> list:
+        """The cycle breakpoints at the current cycle whose conditions hold."""
+        now = self.machine.cycle
+        return self._take_hits([bp for bp in self.breakpoints.values()
+                                if bp.enabled and bp.cycle == now], None)
+
+    def _take_hits(self, candidates, index: int | None) -> list:
+        """(kind, message, index, number) for each breakpoint of `candidates` that stops:
+        its condition holds and no ignore count lets it pass (those are counted down)."""
+        hits = []
+        now = self.machine.cycle
+        for bp in sorted(candidates, key=lambda b: b.number):
+            if bp.condition:
+                try:
+                    holds = self.eval.truth(bp.condition)
+                except ExprError as e:
+                    return [("error", f"breakpoint {bp.number}: condition `{bp.condition}`: {e}",
+                             index, bp.number)]
+                if not holds:
+                    continue
+            if bp.ignore > 0:
+                bp.ignore -= 1
+                continue
+            bp.hits += 1
+            if bp.temporary:
+                del self.breakpoints[bp.number]
+            at = self.where(index) if index is not None else f"cycle {now}"
+            label = "temporary breakpoint" if bp.temporary else "breakpoint"
+            if bp.number == 0:
+                hits.append(("breakpoint", f"reached {bp.where}: {at}, cycle {now}"
+                             if index is not None else f"reached cycle {now}", index, None))
+            elif index is None:
+                hits.append(("breakpoint", f"{label} {bp.number} at cycle {now}", None, bp.number))
+            else:
+                hits.append(("breakpoint", f"{label} {bp.number} at {at}, cycle {now}"
+                             + (f" ({bp.where} if {bp.condition})" if bp.where == ANYWHERE else ""),
+                             index, bp.number))
+        return hits
 
     def _at_breakpoint(self) -> int | None:
         """The instruction a run starts in front of: like the machine's own rule (and gdb's),
@@ -399,47 +605,37 @@ class Session:
         if nxt is None or self.machine.issue_cycle(nxt) >= 0:
             return None
         stop = self.last_stop
+        if stop is not None and stop.kind == "watchpoint" and stop.cycle == self.machine.cycle:
+            # a watch stopped the run at the start of this cycle, before anything issued in
+            # it: a breakpoint on the next issue has not been reported yet
+            return None
         if stop is not None and stop.index == nxt and stop.kind != "watchpoint":
             return nxt
         return nxt if self.machine.cycle > 0 else None
 
-    def _breakpoint_hit(self, index: int) -> Stop | None:
+    def _breakpoint_hits(self, index: int) -> list:
+        """Everything that stops before instruction `index` issues: caught events, then
+        every breakpoint on it whose condition holds, in number order."""
         ins = self.program.instructions[index]
+        now = self.machine.cycle
+        hits = []
         for kind, key, name in (("tag", "TAG", "Debug_Tag"), ("interrupt", "INT", "Interrupt_Host")):
             if kind in self.catch and ins.key == key:
                 value = next(iter(ins.operands.values()), 0)
-                return Stop(kind, f"caught {name} {value}: {self.where(index)} about to issue "
-                                  f"at cycle {self.machine.cycle}", index)
+                hits.append((kind, f"caught {name} {value}: {self.where(index)} about to issue "
+                                   f"at cycle {now}", index, None))
         if "unwritten" in self.catch and index in self.unwritten_reads():
             rows = "; ".join(f"{u.memory} rows from {u.memory}[{u.start}] ({u.count} row(s))"
                              for u in self.unwritten_reads()[index])
-            return Stop("unwritten", f"caught a read of rows never written since load: "
-                                     f"{self.where(index)} reads {rows}; about to issue at "
-                                     f"cycle {self.machine.cycle}", index)
-        for bp in sorted(self.breakpoints.values(), key=lambda b: b.number):
-            if not bp.enabled or index not in bp.indices:
-                continue
-            if bp.condition:
-                try:
-                    holds = self.eval.truth(bp.condition)
-                except ExprError as e:
-                    return Stop("error", f"breakpoint {bp.number}: condition `{bp.condition}`: {e}",
-                                index, bp.number)
-                if not holds:
-                    continue
-            if bp.ignore > 0:
-                bp.ignore -= 1
-                continue
-            bp.hits += 1
-            if bp.temporary:
-                del self.breakpoints[bp.number]
-            label = "temporary breakpoint" if bp.temporary else "breakpoint"
-            if bp.number == 0:
-                return Stop("breakpoint", f"reached {bp.where}: {self.where(index)}, cycle "
-                                          f"{self.machine.cycle}", index, None)
-            return Stop("breakpoint", f"{label} {bp.number} at {self.where(index)}, cycle "
-                                      f"{self.machine.cycle}", index, bp.number)
-        return None
+            hits.append(("unwritten", f"caught a read of rows never written since load: "
+                                      f"{self.where(index)} reads {rows}; about to issue at "
+                                      f"cycle {now}", index, None))
+        candidates = [bp for bp in self.breakpoints.values() if bp.enabled and bp.cycle is None
+                      and (index in bp.indices or bp.where == ANYWHERE)]
+        found = self._take_hits(candidates, index)
+        if found and found[0][0] == "error":
+            return found
+        return hits + found
 
     @property
     def accesses(self):
@@ -469,43 +665,65 @@ class Session:
             span[0], span[1] = min(span[0], int(lo)), max(span[1], int(hi))
         return [(i, lo, hi, f) for i, (lo, hi, f) in spans.items()]
 
-    def _watch_hit(self, index: int) -> Stop | None:
-        for wp in self.watchpoints.values():
+    def _watch_hits(self, first: int) -> list:
+        """Every watchpoint that the instructions completing at this cycle hit, in the
+        order they completed (`first`, the one the machine names, first) and by number.
+        The machine stops at the cycle of the first watched access but completes every
+        instruction that finishes in that cycle, so one stop must report them all."""
+        m = self.machine
+        times = m.intervals()
+        done = [first] + [int(i) for i in np.flatnonzero(times[:, 2] == m.cycle) if int(i) != first]
+        order = {index: k for k, index in enumerate(done)}
+        found = []
+        for wp in sorted(self.watchpoints.values(), key=lambda w: w.number):
             if not wp.enabled:
                 continue
             new = self._rows_of(wp)
-            if wp.access != "change":
-                # watch -w / rwatch / awatch: any access of that kind, whatever the values
-                write = {"write": True, "read": False, "access": None}[wp.access]
-                if not self.accesses.touches(index, wp.memory, wp.start, wp.stop, write):
+            write = {"change": True, "write": True, "read": False, "access": None}[wp.access]
+            who = next((i for i in done for memory, a, b in wp.ranges()
+                        if self.accesses.touches(i, memory, a, b, write)), None)
+            if who is None:
+                continue
+            if wp.condition:
+                try:
+                    truth = self.eval.truth(wp.condition)
+                except ExprError:
+                    truth = wp.truth        # checked when set; cannot fail on new values
+                if truth == wp.truth:
                     continue
-                wp.old = new.copy()
-                wp.hits += 1
+                message = (f"watchpoint {wp.number} `{wp.condition}` became "
+                           f"{'true' if truth else 'false'} after a write by {self.where(who)} "
+                           f"at cycle {m.cycle}")
+                wp.truth = truth
+            elif wp.access != "change":
+                # watch -w / rwatch / awatch: any access of that kind, whatever the values
                 verb = {"write": "written", "read": "read", "access": "accessed"}[wp.access]
-                return Stop("watchpoint", f"watchpoint {wp.number} {wp.text} {verb} by "
-                                          f"{self.where(index)} at cycle {self.machine.cycle}",
-                            index, wp.number)
-            if wp.old is not None and np.array_equal(new, wp.old):
-                continue                    # written, but with the same values: not a change
-            diff = np.argwhere(new != wp.old) if wp.old is not None else np.zeros((0, 2), int)
-            detail = ""
-            if len(diff):
-                r, c = (int(x) for x in diff[0])
-                detail = (f"; {len(diff)} value(s) changed, first {wp.memory}[{wp.start + r}][{c}]: "
-                          f"{_show(wp.memory, wp.old[r, c])} -> {_show(wp.memory, new[r, c])}")
+                message = (f"watchpoint {wp.number} {wp.text} {verb} by {self.where(who)} "
+                           f"at cycle {m.cycle}")
+            else:
+                if wp.old is not None and np.array_equal(new, wp.old):
+                    continue                # written, but with the same values: not a change
+                message = (f"watchpoint {wp.number} {wp.text} written by {self.where(who)} at "
+                           f"cycle {m.cycle}{_change_detail(wp, new)}")
             wp.old = new.copy()
             wp.hits += 1
-            return Stop("watchpoint", f"watchpoint {wp.number} {wp.text} written by "
-                                      f"{self.where(index)} at cycle {self.machine.cycle}{detail}",
-                        index, wp.number)
-        return None
+            found.append((order[who], wp.number, ("watchpoint", message, who, wp.number)))
+        return [hit for _, _, hit in sorted(found)]
 
     # -- reverse -------------------------------------------------------------------------
+    def _remember_run(self) -> None:
+        """Before going back: keep the run seen so far if it is the furthest yet."""
+        m, far = self.machine, self.recorded
+        if far is None or far.program is not self.program or far.cycle < m.cycle:
+            self.recorded = RecordedRun(self.program, m.cycle, m.intervals().copy(),
+                                        m.tile_intervals().copy(), list(m.events), m.fault)
+
     def goto_cycle(self, cycle: int) -> Stop:
         """`jump`: exactly the state at `cycle`: back through the History, or forward by
         stepping (a jump passes breakpoints, like a step)."""
         m = self.machine
         if cycle < m.cycle:
+            self._remember_run()
             self.history.goto(cycle)
             return self._finish(Stop("paused", f"jumped back to cycle {m.cycle}"), reverse=True)
         if cycle > m.cycle:
@@ -526,6 +744,7 @@ class Session:
         if not done:
             return None
         a = done[-1]
+        self._remember_run()
         self.history.goto(a.finish)
         verb = "wrote" if write else "read"
         rows = rows_text(loc)
@@ -537,10 +756,12 @@ class Session:
         n = min(n, self.machine.cycle)
         if n <= 0:
             return self._finish(Stop("paused", "at cycle 0: nothing to undo"))
+        self._remember_run()
         self.history.back(cycles=n)
         return self._finish(Stop("paused", f"back to cycle {self.machine.cycle}"), reverse=True)
 
     def reverse_instructions(self, n: int = 1) -> Stop:
+        self._remember_run()
         for _ in range(n):
             if self.machine.cycle == 0:
                 break
@@ -549,15 +770,44 @@ class Session:
                                            f"{self.where(self.next_to_issue())} next"), reverse=True)
 
     def reverse_continue(self) -> Stop:
+        now = self.machine.cycle
+        self._remember_run()
         r = self.history.reverse_continue(self._armed_indices(), self._armed_watches())
+        m = self.machine
+        # a cycle breakpoint between that hit and now is the previous hit
+        cycles = [bp.cycle for bp in self.breakpoints.values()
+                  if bp.enabled and bp.cycle is not None and m.cycle < bp.cycle < now]
+        if cycles:
+            self.history.goto(max(cycles))
+            return self._finish(Stop("breakpoint", f"reverse: breakpoint at cycle {m.cycle}"),
+                                reverse=True)
         if r.status == "breakpoint":
-            msg = f"reverse: breakpoint at {self.where(r.index)}, cycle {self.machine.cycle}"
+            msg = f"reverse: breakpoint at {self.where(r.index)}, cycle {m.cycle}"
         elif r.status == "watchpoint":
-            msg = f"reverse: watched rows written by {self.where(r.index)}, cycle {self.machine.cycle}"
+            msg = "\n".join(self._reverse_watch_lines(r.index)) or \
+                f"reverse: watched rows accessed by {self.where(r.index)}, cycle {m.cycle}"
         else:
-            msg = f"reverse: reached cycle {self.machine.cycle}"
+            msg = f"reverse: reached cycle {m.cycle}"
         return self._finish(Stop(r.status if r.status in ("breakpoint", "watchpoint") else "paused",
                                  msg, r.index), reverse=True)
+
+    def _reverse_watch_lines(self, index: int) -> list[str]:
+        """What instruction `index` did to each armed watchpoint: an rwatch was *read*."""
+        lines = []
+        for wp in sorted(self.watchpoints.values(), key=lambda w: w.number):
+            if not wp.enabled:
+                continue
+            reads = self.accesses.touches(index, wp.memory, wp.start, wp.stop, False)
+            writes = self.accesses.touches(index, wp.memory, wp.start, wp.stop, True)
+            verb = {"change": "written" if writes else None,
+                    "write": "written" if writes else None,
+                    "read": "read" if reads else None,
+                    "access": ("read and written" if reads and writes else
+                               "read" if reads else "written" if writes else None)}[wp.access]
+            if verb:
+                lines.append(f"reverse: watchpoint {wp.number} {wp.text} {verb} by "
+                             f"{self.where(index)}, cycle {self.machine.cycle}")
+        return lines
 
     def reload(self) -> tuple[Stop, list[str]]:
         """Re-read and re-assemble the program's file and start it again at cycle 0,
@@ -586,6 +836,26 @@ class Session:
                                            "restarted at cycle 0"), reverse=True)
         return stop, notes
 
+    def open_segment(self, files) -> tuple[Stop, list[str]]:
+        """Another segment of the compiled model (tpuasm.compiler.outdir.SegmentFiles): its
+        program and data at cycle 0; breakpoints carried over like `reload` (a `node`
+        breakpoint waits, dormant, in a segment without its node)."""
+        saved = (self.reload_from, self.host_arg, self.weights_arg, self.source_name)
+        shape = self.reload_from[1] if self.reload_from else {}
+        self.reload_from, self.source_name = (files.program, shape), str(files.program)
+        self.host_arg = self.segment_hosts.get(files.name, files.host)
+        self.weights_arg = files.weights
+        try:
+            stop, notes = self.reload()
+        except ReloadError:
+            self.reload_from, self.host_arg, self.weights_arg, self.source_name = saved
+            self._use_program(self.program)
+            raise
+        self.segment = files.name
+        stop.message = (f"opened {files.name} ({files.program.name}): {len(self.program)} "
+                        "instructions, at cycle 0")
+        return stop, notes
+
     def _carry_over(self, old) -> list[str]:
         """Re-place every breakpoint and watchpoint on the new program; the notes say what moved
         and what was deleted."""
@@ -593,12 +863,19 @@ class Session:
         notes = []
         maps: dict[str, dict[int, int]] = {}
         for bp in sorted(list(self.breakpoints.values()), key=lambda b: b.number):
+            if bp.cycle is not None or bp.where == ANYWHERE:
+                continue                      # not tied to the program's text
             where, new_indices, why = bp.where, None, None
             m = re.fullmatch(r"(.+):(\d+)", bp.where)
             if bp.where.startswith("node "):
                 runs = self.program.node_runs(bp.where[5:])
                 new_indices = [r.start for r in runs] or None
                 why = None if runs else "the node is gone"
+                if not runs and self.outdir is not None:
+                    bp.indices = ()             # its node is in another segment: dormant
+                    notes.append(f"breakpoint {bp.number} at {bp.where} waits: the node is "
+                                 f"not in this segment")
+                    continue
             elif bp.where.startswith("*"):
                 i = int(bp.where[1:])
                 new_indices = [i] if i < len(self.program) else None
@@ -608,7 +885,9 @@ class Session:
                 if file not in maps:
                     maps[file] = line_map(old.sources.get(file, ""), self.program.sources.get(file, ""))
                 new_line = maps[file].get(line)
-                if new_line is None:
+                if file not in self.program.sources:
+                    why = f"{file} is not part of this program"
+                elif new_line is None:
                     why = f"line {line} was edited or deleted"
                 else:
                     new_indices = self.indices_for_line(file, new_line) or None
@@ -628,6 +907,14 @@ class Session:
                 notes.append(f"breakpoint {bp.number} moved from {bp.where} to {where}")
             bp.where, bp.indices = where, tuple(new_indices)
         for wp in sorted(list(self.watchpoints.values()), key=lambda w: w.number):
+            if wp.condition:
+                try:
+                    wp.spans = self._condition_spans(wp.condition)
+                    wp.memory, wp.start, wp.stop = wp.spans[0]
+                except ExprError as e:
+                    del self.watchpoints[wp.number]
+                    notes.append(f"watchpoint {wp.number} on {wp.condition} deleted: {e}")
+                continue
             try:
                 loc = self.eval.location(wp.text)
                 self._check_range(loc)
@@ -642,6 +929,7 @@ class Session:
         return notes
 
     def restart(self) -> Stop:
+        self._remember_run()
         self.machine.load(self.program, host=self.host_arg, weights=self.weights_arg)
         from tpuasm.machine import History
         self.history = History(self.machine, interval=HISTORY_INTERVAL)
@@ -660,6 +948,12 @@ class Session:
             self._record()
         for wp in self.watchpoints.values():
             wp.old = self._rows_of(wp).copy()
+            if wp.condition:
+                try:
+                    wp.truth = self.eval.truth(wp.condition)
+                except ExprError:
+                    pass
+        stop.cycle = self.machine.cycle
         self.last_stop = stop
         return stop
 
@@ -698,3 +992,35 @@ def _show(memory: str, v) -> str:
     if memory in ("ub", "host") and v > 127:
         v -= 256
     return str(v)
+
+
+def _change_detail(wp: Watchpoint, new: np.ndarray) -> str:
+    """`; 32 value(s) changed, first acc[0][0]: -3 -> -41`."""
+    if wp.old is None:
+        return ""
+    diff = np.argwhere(new != wp.old)
+    if not len(diff):
+        return ""
+    r, c = (int(x) for x in diff[0])
+    return (f"; {len(diff)} value(s) changed, first {wp.memory}[{wp.start + r}][{c}]: "
+            f"{_show(wp.memory, wp.old[r, c])} -> {_show(wp.memory, new[r, c])}")
+
+
+def _statement(program, index: int) -> str | None:
+    """The source statement of instruction `index` if it spells that instruction."""
+    if not 0 <= index < len(program):
+        return None
+    loc = program.locations[index]
+    text = program.sources.get(loc.file) if loc is not None else None
+    if text is None:
+        return None
+    lines = text.splitlines()
+    if not 0 < loc.line <= len(lines):
+        return None
+    statement = lines[loc.line - 1].split(";", 1)[0].strip()
+    statement = re.sub(r"^[A-Za-z_.$][\w.$]*:\s*", "", statement)     # a label before it
+    word = statement.split(None, 1)[0] if statement else ""
+    canonical = format_instruction(program.instructions[index]).split(None, 1)[0]
+    if word.upper().split(".")[0] != canonical.upper().split(".")[0]:
+        return None
+    return " ".join(statement.split())

@@ -82,6 +82,11 @@ class Listing:
     node_of: dict[int, str]                 # 1-based line -> graph node (`.node`) of its first
                                             # instruction; empty when the program names none
 
+    @property
+    def plain(self) -> list[str]:
+        """The lines as plain text (search)."""
+        return ["".join(seg.text for seg in line) for line in self.lines]
+
 
 def build_listing(session, file: str | None = None) -> Listing:
     program = session.program
@@ -117,6 +122,11 @@ class SourceView(ScrollView, can_focus=True):
         Binding("pageup", "cursor(-20)", show=False),
         Binding("pagedown", "cursor(20)", show=False),
         Binding("space", "toggle_break", "Break", tooltip="toggle a breakpoint on the cursor line"),
+        # while a search (`/text`) is on: n / N go to the next / previous match (the app's
+        # n, next instruction, again once Escape has ended the search)
+        Binding("n", "search(1)", "Next match", show=False),
+        Binding("N", "search(-1)", "Previous match", show=False),
+        Binding("escape", "end_search", "End search", show=False),
         Binding("left", "pan(-8)", show=False),
         Binding("right", "pan(8)", show=False),
         Binding("home", "pan(-10000)", show=False),
@@ -142,6 +152,7 @@ class SourceView(ScrollView, can_focus=True):
         self._drawn = None
         self.fault_line: int | None = None        # the line of the instruction that faulted
         self.expansions: dict[int, list[str]] = {}  # line -> "▶ 3/4000": which expansion
+        self.search_term: str | None = None       # `/text`: n / N find it again
         self._resize_virtual()
 
     @property
@@ -151,6 +162,16 @@ class SourceView(ScrollView, can_focus=True):
             return 0
         longest = max(len(n) for n in self.listing.node_of.values())
         return min(longest, 8 if (self.size.width or 80) < 60 else 16) + 1
+
+    def wanted_width(self) -> int:
+        """Columns that show every instruction line whole (its code, not a trailing comment)
+        with the full node column, the border and the scrollbar."""
+        plain = self.listing.plain
+        code = max((len(plain[line - 1].split(";", 1)[0].rstrip())
+                    for line in self.listing.indices_of if 0 < line <= len(plain)), default=40)
+        nodes = self.listing.node_of
+        node = min(max((len(n) for n in nodes.values()), default=0), 16) + 1 if nodes else 0
+        return max(3, len(str(len(self.listing.lines)))) + GUTTER_MARKS + node + code + 3
 
     @property
     def gutter_width(self) -> int:
@@ -172,6 +193,9 @@ class SourceView(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._resize_virtual()          # the node column narrows with the pane
+        # the first follow ran before the pane had a size (scrolling then does nothing);
+        # a new height must keep the cursor's line in view too
+        self.call_after_refresh(self._keep_visible, self.cursor_line)
 
     def action_pan(self, delta: int) -> None:
         self.scroll_to(x=max(0, int(self.scroll_offset.x) + delta), animate=False)
@@ -277,14 +301,49 @@ class SourceView(ScrollView, can_focus=True):
         self._repaint_marks()
 
     def _keep_visible(self, line: int) -> None:
+        """Scroll so that `line` is in view with a few lines after it (the instructions
+        that issue next); when it is not, it goes a third of the way down."""
         top, height = int(self.scroll_offset.y), max(self.size.height, 1)
-        if not top <= line - 1 < top + height:
+        after = min(3, height // 3)                 # lines kept visible below it
+        before = min(1, height // 4)
+        if not top + before <= line - 1 < top + height - after:
             self.scroll_to(y=max(line - 1 - height // 3, 0), animate=False, immediate=True)
 
     def action_cursor(self, delta: int) -> None:
         self.cursor_line = min(max(self.cursor_line + delta, 1), max(len(self.listing.lines), 1))
         self._keep_visible(self.cursor_line)
         self.refresh()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action in ("search", "end_search"):
+            return self.search_term is not None      # otherwise the key goes to the app
+        return True
+
+    def start_search(self, term: str) -> int | None:
+        """Search for `term` (case-insensitive) from the line after the cursor, wrapping;
+        n / N repeat it until Escape.  The line found, or None."""
+        self.search_term = term
+        return self.action_search(1)
+
+    def action_search(self, direction: int) -> int | None:
+        term = (self.search_term or "").lower()
+        lines = self.listing.plain
+        count = len(lines)
+        for step in range(1, count + 1):
+            line = (self.cursor_line - 1 + direction * step) % count + 1
+            if term in lines[line - 1].lower():
+                self.cursor_line = line
+                self._keep_visible(line)
+                self._drawn = None
+                self._repaint_marks()
+                self.border_subtitle = f"/{self.search_term}  n next, N previous, Esc ends"
+                return line
+        self.border_subtitle = f"/{self.search_term}: not found (Esc ends)"
+        return None
+
+    def action_end_search(self) -> None:
+        self.search_term = None
+        self.border_subtitle = ""
 
     def action_toggle_break(self) -> None:
         self.post_message(self.ToggleBreakpoint(self.cursor_line))

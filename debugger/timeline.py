@@ -9,6 +9,7 @@ not started) is coloured by its cause: RAW hazard, weights, host data.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,9 +53,10 @@ class Waveform:
     """The run's tracks at the machine's current cycle, built with numpy from the machine's
     intervals (no per-instruction Python loop: a 500k-cycle run stays quick)."""
 
-    def __init__(self, session, stage_codes: np.ndarray, host_ops: np.ndarray, mmc: np.ndarray):
+    def __init__(self, session, stage_codes: np.ndarray, host_ops: np.ndarray, mmc: np.ndarray,
+                 machine=None):
         s = session
-        m = s.machine
+        m = machine or s.machine          # or a session.RecordedRun: the run seen so far
         self.session = session
         self.now = now = m.cycle
         times = m.intervals()
@@ -199,13 +201,27 @@ class TimelinePane(StripLines, Widget, can_focus=True):
         self._mmc = np.array([ins.key == "MMC" for ins in instructions], bool)
         self._wave = None
         self._wave_key = None
+        self._furthest = None           # (session.recorded, its Waveform) after a jump back
 
     def wave(self) -> Waveform:
+        """The waveform up to now; after a jump back, the whole run recorded so far with
+        `now` where the machine is (a program runs the same way every time: what was seen
+        after now is what will happen again)."""
         s = self.session
         key = (id(s.machine), id(s.program), s.machine.cycle, s.machine.status,
                tuple((n, b.enabled, b.indices) for n, b in s.breakpoints.items()))
         if key != self._wave_key:
-            self._wave = Waveform(s, self._stage_codes, self._host_ops, self._mmc)
+            wave = Waveform(s, self._stage_codes, self._host_ops, self._mmc)
+            run = s.recorded
+            if run is not None and run.program is s.program and run.cycle > wave.now:
+                if self._furthest is None or self._furthest[0] is not run:
+                    self._furthest = (run, Waveform(s, self._stage_codes, self._host_ops,
+                                                    self._mmc, machine=run))
+                shown = copy.copy(self._furthest[1])
+                shown.now = wave.now
+                shown.marks = wave.marks + [mark for mark in shown.marks if mark[0] >= wave.now]
+                wave = shown
+            self._wave = wave
             self._wave_key = key
         return self._wave
 

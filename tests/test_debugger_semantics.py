@@ -111,7 +111,7 @@ def test_batch_x_huge_fails_fast(here, capsys):
     assert len(out.splitlines()) < 12
 
 
-@pytest.mark.parametrize("where, why", [("/nonexistent/x.svg", "no such directory /nonexistent"),
+@pytest.mark.parametrize("where, why", [("/nonexistent/x.svg", "directory /nonexistent does not exist"),
                                         (".", "is a directory")])
 def test_screenshot_to_an_unwritable_place_is_a_usage_error(here, capsys, where, why):
     args = write_program(here)

@@ -73,3 +73,23 @@ async def test_zoom_fit_and_click_to_jump(here):
         m = app.session.machine
         assert m.cycle == target
         assert_same_state(machine_state(m), fresh_state_at(here, target))
+
+
+@pilot_test
+async def test_a_jump_back_keeps_the_whole_recorded_run(here):
+    async with open_app(here, size=(120, 40)) as (app, pilot):
+        await keys(pilot, "c")                       # to the halt
+        m = app.session.machine
+        end, times = m.cycle, m.intervals().copy()
+        app.execute("jump 100")
+        await settle(pilot)
+        pane = app.query_one(TimelinePane)
+        wave = pane.wave()
+        assert m.cycle == 100 and wave.now == 100
+        # the matrix track still holds both MatrixMultiplies, which ran long after cycle 100
+        mmc = [i for i, ins in enumerate(app.session.program.instructions) if ins.key == "MMC"]
+        for i in mmc:
+            start, finish = int(times[i, 1]), int(times[i, 2])
+            assert start > 100
+            cells = wave.cells(wave.tracks["matrix"], start, 1, finish - start)
+            assert [wave.tracks["matrix"].ids[k] for k in cells] == [i] * (finish - start)

@@ -275,7 +275,7 @@ async def test_help_lists_every_key(here):
         assert "Keys" in screen and "reverse-continue" in screen
         for binding in DebuggerApp.BINDINGS:
             for key in binding.key.split(","):
-                label = {"colon": ":", "question_mark": "?", "escape": "Escape",
+                label = {"colon": ":", "question_mark": "?", "escape": "Escape", "slash": "/",
                          "f9": "F9", "tab": "tab"}.get(key, key)
                 assert label in text, key
         for binding in SourceView.BINDINGS + MemoryView.BINDINGS:
@@ -369,6 +369,8 @@ EVERY_COMMAND = {
     "disable": "disable 1", "enable": "enable 1", "print": "print acc[0][0:4]",
     "x": "x/4d ub[0]", "expect": "expect cycle >= 0", "info": "info breakpoints", "list": "list",
     "goto": "goto acc[1]", "radix": "radix unsigned", "echo": "echo hello", "help": "help break",
+    "compare": "compare ub[60] zeros.npy", "dump": "dump ub[0:2] d.npy", "display": "display cycle",
+    "undisplay": "undisplay", "search": "search MMC", "segment": "segment", "issue": "issue",
 }
 
 
@@ -376,6 +378,7 @@ EVERY_COMMAND = {
 async def test_every_command_runs_on_the_command_line(here):
     from debugger.commands import COMMANDS
     assert set(EVERY_COMMAND) == {c.names[0] for c in COMMANDS}
+    np.save(here / "zeros.npy", np.zeros((1, 8), np.int8))
     async with open_app(here) as (app, pilot):
         results = []
         original = app.show_result

@@ -1,0 +1,36 @@
+"""`tpuasm debug OUTDIR --input X.npy`: every TPU segment of a compiled model with the host
+image it sees when the model runs on those inputs (the first batch), instead of the sample
+batch saved in OUTDIR.  The model runs once, on the emulator, through the compiler's own
+runtime (tpuasm.compiler): the host parts before a segment compute what it reads."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def segment_host_images(outdir: Path, data_path: Path) -> dict[str, np.ndarray]:
+    """{segment name: its host image} for the first batch of the inputs in `data_path`
+    (.npy for a one-input model, .npz keyed by input name; fewer rows than a batch are
+    padded with zeros).  TpuasmError (CompileError, DataFileError) when they do not fit."""
+    from tpuasm.compiler.arrays import read_named_arrays
+    from tpuasm.compiler.outdir import load
+    from tpuasm.compiler.runtime import TpuStep, check_inputs
+    model = load(outdir)
+    data = read_named_arrays(data_path, [i.name for i in model.inputs])
+    rows = check_inputs(model.inputs, data)
+    batch, take = model.batch, min(model.batch, rows)
+    values = {}
+    for info in model.inputs:
+        chunk = np.zeros((batch,) + tuple(info.shape), np.dtype(info.dtype))
+        chunk[:take] = data[info.name][:take]
+        values[info.name] = chunk
+    images = {}
+    config = dict(model.config)
+    for step in model.steps:
+        if isinstance(step, TpuStep) and step.program is not None:
+            inputs = {t.name: values[t.name].reshape((batch,) + tuple(t.shape))
+                      for t in step.segment.inputs}
+            images[step.name] = step.program.host_image(inputs)
+        step.run(values, batch, "emulator", config)
+    return images
