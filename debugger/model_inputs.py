@@ -14,23 +14,19 @@ def segment_host_images(outdir: Path, data_path: Path) -> dict[str, np.ndarray]:
     (.npy for a one-input model, .npz keyed by input name; fewer rows than a batch are
     padded with zeros).  TpuasmError (CompileError, DataFileError) when they do not fit."""
     from tpuasm.compiler.arrays import read_named_arrays
-    from tpuasm.compiler.outdir import load
-    from tpuasm.compiler.runtime import TpuStep, check_inputs
+    from tpuasm.compiler.ir import ir_array
+    from tpuasm.compiler.model import load
+    from tpuasm.compiler.runtime import TpuStep, batch_values, prepare_inputs
     model = load(outdir)
     data = read_named_arrays(data_path, [i.name for i in model.inputs])
-    rows = check_inputs(model.inputs, data)
-    batch, take = model.batch, min(model.batch, rows)
-    values = {}
-    for info in model.inputs:
-        chunk = np.zeros((batch,) + tuple(info.shape), np.dtype(info.dtype))
-        chunk[:take] = data[info.name][:take]
-        values[info.name] = chunk
+    data, rows = prepare_inputs(model.inputs, data)
+    batch = model.batch
+    values = batch_values(model.inputs, data, 0, min(batch, rows), batch)
     images = {}
     config = dict(model.config)
     for step in model.steps:
         if isinstance(step, TpuStep) and step.program is not None:
-            inputs = {t.name: values[t.name].reshape((batch,) + tuple(t.shape))
-                      for t in step.segment.inputs}
+            inputs = {t.name: ir_array(t, values[t.name], batch) for t in step.segment.inputs}
             images[step.name] = step.program.host_image(inputs)
         step.run(values, batch, "emulator", config)
     return images

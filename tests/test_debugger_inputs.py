@@ -30,7 +30,10 @@ async def test_a_program_without_host_or_weights_opens_and_steps(here, size):
     session = load_session(Namespace(program=Path("nodata.tasm"), host=None, weights=None, config=[]))
     async with open_app(here, session=session, size=size) as (app, pilot):
         app.show_bottom("log")
-        await pilot.pause()
+        for _ in range(40):                  # the log is drawn after a layout pass or two
+            await pilot.pause(0.05)
+            if "loaded nodata.tasm" in log_text(app):
+                break
         assert "loaded nodata.tasm" in log_text(app)
         for tab in ("tab-host", "tab-tile", "tab-ub"):        # the empty memories drawn too
             app.query_one("#memories").active = tab

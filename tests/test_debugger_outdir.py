@@ -102,7 +102,7 @@ async def test_switching_segments_on_the_screen(outdir):
 def test_input_gives_each_segment_the_host_image_of_those_inputs(outdir, tmp_path):
     """The last segment, run in the debugger on `--input` data, ends with what `tpuasm
     infer` computes for the same rows (the host part after it applied)."""
-    from tpuasm.compiler.outdir import load
+    from tpuasm.compiler.model import load
     from tpuasm.compiler.runtime import HostStep, TpuStep
     x = np.random.default_rng(5).normal(0, 1, (3, 12)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)

@@ -147,9 +147,7 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
         progress(0, total)
     while done < total:
         take = min(batch, rows - done) if batched else 1
-        values = {}
-        for info in inputs:
-            values[info.name] = _batch_of(info, data[info.name], done, take, batch)
+        values = batch_values(inputs, data, done, take, batch)
         for step in steps:
             step.run(values, batch, engine, config)
         for o in outputs:
@@ -168,6 +166,14 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
         if progress:
             progress(done, total)
     return {o.name: _join(o, results[o.name]) for o in outputs}
+
+
+def batch_values(inputs: list[ValueInfo], data: dict, start: int, take: int, batch: int
+                 ) -> dict:
+    """One batch of checked data (prepare_inputs): `take` rows from `start` along each
+    input's batch axis, padded with zeros to `batch`; inputs without one whole."""
+    return {info.name: _batch_of(info, data[info.name], start, take, batch)
+            for info in inputs}
 
 
 def _batch_of(info: ValueInfo, x: np.ndarray, start: int, take: int, batch: int):
