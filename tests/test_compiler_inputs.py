@@ -133,7 +133,7 @@ def test_skl2onnx_mlp_classifier_default_export(tmp_path, capsys):
     assert sorted(result["output_probability"][0]) == list(range(10))
 
 
-def test_skl2onnx_logistic_regression_opset9_runs_on_the_host(tmp_path, capsys):
+def test_skl2onnx_logistic_regression_opset9_maps_its_gemm(tmp_path, capsys):
     from sklearn.datasets import load_iris
     from sklearn.linear_model import LogisticRegression
     x, labels = load_iris(return_X_y=True)
@@ -145,11 +145,12 @@ def test_skl2onnx_logistic_regression_opset9_runs_on_the_host(tmp_path, capsys):
     calib = tmp_path / "x.npy"
     np.save(calib, x.astype(np.float32))
     _, y, text, _ = cli(capsys, tmp_path, str(path), calib, "--batch", "8")
-    assert "Nodes on the TPU: 0" in text            # LinearClassifier has no TPU mapping
+    # LinearClassifier becomes a Gemm (prepare.py): its matrix work on the TPU
+    assert rows_of(text, "LinearClassifier")[0].split()[0] == "TPU"
     label, prob = run_ort(exported, {"X": x.astype(np.float32)})
-    assert np.array_equal(y["output_label"], label)
+    assert np.mean(y["output_label"] == label) >= 0.98
     table = np.array([[p[k] for k in range(3)] for p in prob], np.float32)
-    np.testing.assert_allclose(y["output_probability"], table, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(y["output_probability"], table, atol=0.05)
 
 
 def test_an_operator_onnxruntime_does_not_know_is_refused_by_name(tmp_path, capsys):
