@@ -113,3 +113,34 @@ def test_tpu_prime_means_from_sweep_rows():
     assert not v["tpu'-both"].match                # GM 2.72 -> 2.0: it fell
     p["both"].update(geometric=2.72 * 1.12, weighted=4.0 * 1.03)
     assert verdicts(results(PAPERLIKE), prime=p)["tpu'-both"].match
+
+
+def test_table8_verdict_is_the_14_mib_bound():
+    fits = {"MLP0": 0.9, "CNN1": 13.9}
+    v = verdicts(results(PAPERLIKE), ub_mib=fits)["table8-ub"]
+    assert v.match and "CNN1 13.9 MiB" in v.ours and "MLP0 11" in v.paper
+    assert not verdicts(results(PAPERLIKE), ub_mib={"CNN1": 14.1})["table8-ub"].match
+
+
+def test_unified_buffer_bytes_a_program_touches():
+    """The union of the rows read and written, gaps of a strided access left out.
+    Oracle: the rows each instruction names, counted by hand."""
+    import numpy as np
+
+    from tpuasm.apps.figure11 import ub_bytes_touched
+    from tpuasm.assembler import assemble
+    from tpuasm.machine import Machine, MachineConfig
+    source = """\
+.config array_size=16
+        RW      0
+        RHM     0, 0, 8               ; UB rows 0-7
+        MMC.SO  4, 0, 8               ; reads 4-11: 8-11 are new
+        ACT.R   0, 40, 8              ; writes 40-47
+        CFG     rep_ub_stride, 4
+        RHM     8, 100, 2, repeat=3   ; 100-101, 104-105, 108-109
+        HLT
+"""
+    m = Machine(MachineConfig(array_size=16), timing_only=True)
+    m.load(assemble(source, "ub.tasm"), host=np.zeros((16, 16), np.int8),
+           weights=np.zeros((1, 16, 16), np.int8))
+    assert ub_bytes_touched(m) == (12 + 8 + 6) * 16

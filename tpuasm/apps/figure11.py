@@ -159,10 +159,37 @@ def report(csv_path: Path, knobs, out: Path) -> int:
     example = lstm1_examples()
     print()
     print(lstm1_example_text(example))
+    apps = sorted({t for t, _ in rel if t in APPS}, key=APPS.index)
+    ub = {a: ub_mib(a) for a in apps}
     print()
-    print(claims_text(evaluate(rel, mean, geo, {(k[0], k[1]): v for k, v in example.items()},
-                               prime)))
+    print(claims_text(evaluate(rel, mean, geo, example, prime, ub)))
     return EXIT_OK
+
+
+def ub_mib(app: str) -> float:
+    """MiB of the Unified Buffer the app's TPU v1 program touches, for Table 8."""
+    from ..machine import Machine, MachineConfig
+    from .programs import app_program
+    ap = app_program(app)
+    machine = Machine(MachineConfig(), timing_only=True)
+    machine.load(ap.assemble(), *ap.data())
+    return ub_bytes_touched(machine) / 2 ** 20
+
+
+def ub_bytes_touched(machine) -> int:
+    """Bytes of the Unified Buffer the loaded program reads or writes: the union of every
+    instruction's UB rows (exact for strided accesses), known from the program alone
+    (tpuasm.machine.access), times the row width."""
+    import numpy as np
+
+    from ..machine.access import MEMORY_CODES, AccessMap
+    access = AccessMap(machine)
+    ub = access.mem == MEMORY_CODES["ub"]
+    lo, hi = access.lo[ub], access.hi[ub]
+    used = np.zeros(int(hi.max(initial=0)), bool)
+    for a, b in zip(lo, hi):
+        used[a:b] = True
+    return int(used.sum()) * machine.config.array_size
 
 
 def tpu_prime_text(prime: dict) -> str:

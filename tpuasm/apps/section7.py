@@ -69,10 +69,11 @@ def _all(vals: dict, rule, apps) -> bool | None:
 
 
 def evaluate(rel: dict, weighted: dict, geometric: dict, example: dict | None = None,
-             prime: dict | None = None) -> list[Verdict]:
+             prime: dict | None = None, ub_mib: dict | None = None) -> list[Verdict]:
     """rel / weighted / geometric: tpuasm.sweep.report's relative() and means of a Figure
     11 sweep; example: {(program, array): {"steps", "us"}} (the LSTM1 600 x 600 layer);
-    prime: tpu_prime()'s {"clock"|"memory"|"both": {"weighted", "geometric", "apps"}}."""
+    prime: tpu_prime()'s {"clock"|"memory"|"both": {"weighted", "geometric", "apps"}};
+    ub_mib: {app: MiB of the Unified Buffer its program touches} (Table 8)."""
     out: list[Verdict] = []
 
     def mean_row(key, claim, paper, knob, x, rule):
@@ -121,6 +122,15 @@ def evaluate(rel: dict, weighted: dict, geometric: dict, example: dict | None = 
             r["steps"] == paper_steps and _about(r["us"], paper_us)))
     if prime:
         out += _prime_rows(prime)
+    if ub_mib:
+        from .paper import TABLE8_SUFFICIENT_MIB, TABLE8_UB_MIB
+        out.append(Verdict(
+            "table8-ub", "Table 8: the most of the 24 MiB Unified Buffer each app uses; "
+            f"\"a {TABLE8_SUFFICIENT_MIB:g} MiB Unified Buffer is sufficient for these apps\"",
+            ", ".join(f"{a} {TABLE8_UB_MIB[a]:g}" for a in ub_mib if a in TABLE8_UB_MIB)
+            + f" MiB (all <= {TABLE8_SUFFICIENT_MIB:g})",
+            ", ".join(f"{a} {v:.1f}" for a, v in ub_mib.items()) + " MiB",
+            all(v <= TABLE8_SUFFICIENT_MIB for v in ub_mib.values())))
     return out
 
 
