@@ -3,7 +3,8 @@
     python benchmarks/bench_sweep.py [scaling|memory|all] [--points N]
 
 scaling: the same >= 100-point sweep (full arithmetic: a 3-layer MLP of 4096 x 4096 at
-         batch 256, one point ~0.5 s on an idle core; smaller programs now run in
+         batch 256, its QDQ ONNX model compiled by tpuasm.compile as the apps are, one
+         point ~0.5 s on an idle core; smaller programs now run in
          milliseconds, so the sweep's own per-point overhead would be what is measured)
          on a LocalCluster of 1 worker, then of every core; prints both wall times and
          the speed-up, next to the ideal (the core count).
@@ -26,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from tpuasm.apps.catalog import mlp  # noqa: E402
-from tpuasm.apps.codegen import generate  # noqa: E402
+from tpuasm.apps.onnx_models import quantized_model  # noqa: E402
 from tpuasm.sweep.engine import run_sweep  # noqa: E402
 from tpuasm.sweep.executor import dask_client  # noqa: E402
 from tpuasm.sweep.grid import Grid, parse_set  # noqa: E402
@@ -87,12 +88,25 @@ def _warm():
     m.run()
 
 
+def compiled_mlp(folder: Path, widths: list[int], batch: int):
+    """(source, host rows, weight tiles) of an FC stack, compiled from its QDQ ONNX model
+    (tpuasm.apps.onnx_models, the apps' builder) by tpuasm.compile."""
+    import onnx
+
+    from tpuasm.compiler import compile as compile_model
+    path = folder / "mlp.onnx"
+    onnx.save(quantized_model(mlp("bench", widths, batch)), str(path))
+    compiled = compile_model(path, batch=batch)
+    (program,) = [s.program for s in compiled.steps if getattr(s, "program", None)]
+    return program.source, program.host_rows, int(program.weights.shape[0])
+
+
 def scaling(points: int) -> None:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        g = generate(mlp("bench", [4096] * 4, 256))
-        targets = write_target(d, g.source, g.host_rows, g.weight_tiles, 256)
+        source, host_rows, tiles = compiled_mlp(d, [4096] * 4, 256)
+        targets = write_target(d, source, host_rows, tiles, 256)
         grid = grid_of(points)
         t1, s1 = timed_sweep(targets, grid, 1, d / "one.csv")
         tn, sn = timed_sweep(targets, grid, cores, d / "all.csv")

@@ -1,4 +1,4 @@
-"""The six apps (tpuasm.apps): Table 1 totals, the generated programs' cycle structure,
+"""The six apps (tpuasm.apps): Table 1 totals, the compiled programs' cycle structure,
 and `tpuasm profile`.  Oracles: hand-computed shape arithmetic and closed-form counts."""
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ import json
 import pytest
 
 from tpuasm.apps import cli
-from tpuasm.apps.catalog import build, mlp
-from tpuasm.apps.codegen import CodegenError, generate
-from tpuasm.apps.layers import App, Conv, FC, Pool, Tensor
+from tpuasm.apps.catalog import build
 from tpuasm.apps.paper import TABLE1
-from tpuasm.assembler import assemble
 from tpuasm.machine import Machine, MachineConfig
 
 # weights, ops per weight byte: hand-computed from the shapes in docs/apps.md
@@ -45,44 +42,32 @@ def test_layer_counts_as_in_table1():
     assert abs(cnn1.ops_per_weight_byte / 1750 - 1) < 0.01
 
 
-def run(app: App, n: int = 16, **shape):
-    g = generate(app, array_size=n, **shape)
-    program = assemble(g.source, "app.tasm")
-    import numpy as np
-    m = Machine(MachineConfig(array_size=n, **shape))
-    m.load(program, host=np.zeros((g.host_rows, n), np.int8),
-           weights=np.zeros((g.weight_tiles, n, n), np.int8))
+def test_compiled_fc_program_streams_every_tile_once():
+    """MLP1 compiled for TPU v1: every 256 x 256 tile of its four matrices is fetched
+    once and multiplied by the whole batch once (hand arithmetic: ceil(K/256) x
+    ceil(N/256) tiles per layer)."""
+    import math
+
+    from tpuasm.apps.programs import app_program
+    widths = [1000, 1000, 1500, 1000, 1000]
+    tiles = sum(math.ceil(k / 256) * math.ceil(n / 256) for k, n in zip(widths, widths[1:]))
+    assert tiles == 80
+    ap = app_program("MLP1")
+    assert ap.weight_tiles == tiles
+    m = Machine(MachineConfig(), timing_only=True)
+    m.load(ap.assemble(), *ap.data())
     assert m.run().status == "halted"
-    return g, m.counters()
+    c = m.counters()
+    assert c["array_active_cycles"] == tiles * 168        # batch 168 rows per tile
+    assert c["cycles"] >= tiles * MachineConfig().fetch_cycles
 
 
-def test_fc_program_streams_every_tile_once():
-    app = mlp("tiny", [40, 33, 16], batch=8)      # K, N not multiples of 16
-    g, c = run(app)
-    tiles = 3 * 3 + 3 * 1                          # ceil(40/16) x ceil(33/16), then 3 x 1
-    assert g.weight_tiles == tiles
-    assert c["array_active_cycles"] == tiles * 8  # B rows per tile
-    fetch = MachineConfig(array_size=16).fetch_cycles
-    assert c["cycles"] >= tiles * fetch
-
-
-def test_conv_program_one_tile_per_tap_and_chunk():
-    t = {"x": Tensor("x", 20, 4, 4), "y": Tensor("y", 16, 4, 4), "z": Tensor("z", 16, 4, 4),
-         "p": Tensor("p", 16, 2, 2), "f": Tensor("f", 10)}
-    layers = [Conv("y", "x", "y", 3), Conv("z", "y", "z", 3), Pool("p", "z", "p", 2),
-              FC("f", ("p",), "f")]
-    app = App("tinycnn", 2, t, layers, ("x",), ("f",))
-    g, c = run(app)
-    # conv1: 9 taps x 2 input chunks (20 channels) x 1 output chunk; conv2: 9 x 1 x 1;
-    # the FC: 4 pooled pixels x 1 chunk = 4 K tiles, 1 N tile
-    assert g.weight_tiles == 18 + 9 + 4
-    pixels = 16 * 2                                # 4 x 4 outputs x batch 2
-    assert c["array_active_cycles"] == 18 * pixels + 9 * pixels + 4 * 2
-
-
-def test_too_small_machine_is_a_codegen_error():
-    with pytest.raises(CodegenError, match="accumulator"):
-        generate(mlp("tiny", [16, 16], batch=8), array_size=16, acc_rows=8)
+def test_the_hand_generator_is_gone():
+    """One pipeline for the apps: the compiler's.  The old generator is not importable
+    and `tpuasm profile` has no --source."""
+    import importlib.util
+    assert importlib.util.find_spec("tpuasm.apps.codegen") is None
+    assert cli.profile_main(["--apps", "mlp1", "--source", "generator"]) == 2
 
 
 def test_profile_prints_the_paper_next_to_the_measurement(capsys):
@@ -95,17 +80,6 @@ def test_profile_prints_the_paper_next_to_the_measurement(capsys):
     assert parts == pytest.approx(100, abs=0.05)
     for r in rows.values():
         assert r["gap"] == pytest.approx(r["measured"] - r["paper"], abs=0.011)
-
-
-def test_profile_runs_the_compiled_apps_and_the_generator_on_request(capsys):
-    assert cli.profile_main(["--apps", "mlp1", "--json", "--source", "generator"]) == 0
-    gen = json.loads(capsys.readouterr().out)["MLP1"]
-    assert cli.profile_main(["--apps", "mlp1", "--json"]) == 0
-    comp = json.loads(capsys.readouterr().out)["MLP1"]
-    assert (gen["source"], comp["source"]) == ("generator", "compiler")
-    # the same network (80 tiles of 168 rows: the same array-active cycles), two programs
-    assert gen["rows"]["active"]["measured"] * gen["cycles"] == \
-        pytest.approx(comp["rows"]["active"]["measured"] * comp["cycles"], rel=1e-3)
 
 
 def test_profile_full_computes_the_same_table_as_timing_only(capsys):

@@ -137,23 +137,17 @@ def test_a_program_beyond_the_assembler_is_a_codegen_error(cache, monkeypatch):
 
 def test_program_key_names_the_program_without_compiling(cache, monkeypatch):
     """A sweep's client keys results by program_key: it must not compile or write, must
-    tell shapes, sources and apps apart, and must change with the compiler."""
+    tell shapes and apps apart, and must change with the compiler."""
     from tpuasm.sweep.targets import Target
     monkeypatch.setattr(programs, "_compile", lambda *a: pytest.fail("compiled"))
-    monkeypatch.setattr(programs, "generate", lambda *a: pytest.fail("generated"))
     key = programs.program_key("MLP1")
     assert key == programs.program_key("MLP1", array_size=256)
     others = {programs.program_key("MLP1", array_size=512),
               programs.program_key("MLP1", fifo_depth=2),
-              programs.program_key("MLP1", source="generator"),
               programs.program_key("LSTM1")}
-    assert key not in others and len(others) == 4
+    assert key not in others and len(others) == 3
     config = {"array_size": 512}
     assert Target("app", "MLP1").digest(config) != Target("app", "MLP1").digest({})
-    assert Target("app", "MLP1", origin="generator").digest(config) != \
-        Target("app", "MLP1").digest(config)
     assert not cache.exists() or not any(cache.iterdir())          # nothing written
     monkeypatch.setattr(programs, "compiler_digest", lambda: "another compiler")
     assert programs.program_key("MLP1") != key
-    with pytest.raises(ValueError, match="source must be"):
-        programs.program_key("MLP1", source="hand")

@@ -109,8 +109,16 @@ def test_knobs_follow_their_formulas():
     assert c["host_latency_cycles"] == 1400
     m = config_for({"matrix": ("x", 2.0)}, {})
     assert (m["array_size"], m["acc_rows"], m["ub_rows"]) == (512, 2048, 49152)
-    assert config_for({"matrix+": ("x", 2.0)}, {})["acc_rows"] == 4096
     assert config_for({"clock+": ("x", 4.0)}, {})["acc_rows"] == 16384
+    # matrix+: accumulators "with the square of the rise in one dimension" (section 7):
+    # 32-bit accumulators per multiplier stay at TPU v1's 4096 x 256 / 256^2 = 16
+    for s, n, rows in ((0.25, 64, 1024), (0.5, 128, 2048), (2.0, 512, 8192),
+                       (4.0, 1024, 16384)):
+        c = config_for({"matrix+": ("x", s)}, {})
+        assert (c["array_size"], c["acc_rows"]) == (n, rows)
+        assert c["acc_rows"] * n / n ** 2 == 16
+        plain = config_for({"matrix": ("x", s)}, {})
+        assert c["acc_rows"] == plain["acc_rows"] * s * s
 
 
 @pytest.mark.parametrize("args, message", [
@@ -166,6 +174,12 @@ def test_cli_writes_csv_table_and_plot(program, tmp_path, capsys):
     assert png.stat().st_size > 1000
     text = capsys.readouterr().out
     assert "sweep results" in text and "performance relative" in text
+    # one target: both means are its own relative performance, side by side
+    rel = direct_cycles(src, host, weights) / direct_cycles(
+        src, host, weights, weight_bytes_per_cycle=2 * MachineConfig().weight_bandwidth)
+    assert "geometric mean" in text
+    assert any(line.split("│")[1:5] and [c.strip() for c in line.split("│")[1:5]] ==
+               ["memory", "2", f"{rel:.3f}", f"{rel:.3f}"] for line in text.splitlines())
 
 
 def test_toml_grid_parses(tmp_path):
@@ -250,16 +264,72 @@ def test_relative_performance_and_weighted_mean_by_hand():
     assert present(rel, "memory", 4.0) == ["CNN0", "MLP0"]
 
 
+def test_geometric_mean_by_hand():
+    """Every target counts once (the paper's geometric means); the same points as the
+    weighted mean, with partial means over the targets a point has."""
+    from tpuasm.sweep.report import geometric_mean, relative, weighted_mean
+    rows = [{"target": t, "memory": m, "status": "ok", "time_us": str(us)}
+            for t, m, us in (("MLP0", "1", 100), ("MLP0", "4", 40), ("CNN0", "1", 10),
+                             ("CNN0", "4", 10), ("LSTM1", "1", 90), ("LSTM1", "4", 45),
+                             ("MLP0", "2", 50))]
+    rel = relative(rows, ["memory"])
+    geo = dict(geometric_mean(rel, ["memory"])["memory"])
+    assert set(geo) == {1.0, 4.0}                      # x2: only MLP0 has it
+    assert geo[4.0] == pytest.approx((2.5 * 1.0 * 2.0) ** (1 / 3))
+    assert geo[1.0] == pytest.approx(1.0)
+    assert dict(geometric_mean(rel, ["memory"], partial=True)["memory"])[2.0] == \
+        pytest.approx(2.0)
+    wm = dict(weighted_mean(rel, ["memory"])["memory"])
+    assert wm[4.0] == pytest.approx((30.5 * 2.5 + 2.5 * 1.0 + 14.5 * 2.0) / 47.5)
+
+
+def test_figure11_runs_the_tpu_prime_point(tmp_path, capsys):
+    """TPU' (section 7): clock 1050 MHz, GDDR5 (ridge 1350 -> 250: bandwidth x5.4), both.
+    Oracle: MLP1 run directly on machines configured by hand from those numbers."""
+    from tpuasm.apps import figure11
+    from tpuasm.apps.programs import app_program
+    out = tmp_path / "f11"
+    assert figure11.main(["--apps", "MLP1", "--knobs", "memory,clock", "--factors", "1",
+                          "--workers", "0", "--cache", str(tmp_path / "c.sqlite"),
+                          "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+    assert sorted((r["clock"], r["memory"]) for r in rows) == [
+        ("1", "1"), ("1", "5.4"), ("1.5", "1"), ("1.5", "5.4")]
+    ap = app_program("MLP1")
+    base = MachineConfig()
+
+    def seconds(**config):
+        c = MachineConfig(**config)
+        m = Machine(c, timing_only=True)
+        m.load(ap.assemble(), *ap.data())
+        m.run()
+        return int(m.counters()["cycles"]) / c.clock_hz
+
+    t0 = seconds()
+    fast_clock = dict(clock_hz=1.05e9, weight_bytes_per_cycle=base.weight_bandwidth / 1.5,
+                      host_bytes_per_cycle=base.host_bandwidth / 1.5,
+                      host_latency_cycles=round(base.host_latency * 1.5))
+    gddr5 = dict(weight_bytes_per_cycle=base.weight_bandwidth * 1350 / 250)
+    both = dict(fast_clock, weight_bytes_per_cycle=base.weight_bandwidth * 5.4 / 1.5)
+    text = capsys.readouterr().out
+    for name, config in (("clock 1050 MHz (x1.5), DDR3", fast_clock),
+                         ("GDDR5 (x5.4), 700 MHz", gddr5), ("GDDR5 and 1050 MHz", both)):
+        r = t0 / seconds(**config)
+        assert f"| {name} | {r:.2f}x | {r:.2f}x |" in text
+    # memory-bound: GDDR5 helps, the clock alone does not
+    assert t0 / seconds(**gddr5) > 2 and t0 / seconds(**fast_clock) < 1.05
+
+
 RESULT_ONLY = ("wall_s", "key", "cached")
 
 
 def test_timing_only_sweep_gives_the_full_sweeps_numbers(program):
     """Cycles and every counter equal with and without the arithmetic: a program with
-    non-zero data, and an app (the generator's MLP1) on memory, clock and matrix points
+    non-zero data, and an app (the compiled MLP1) on memory, clock and matrix points
     (each run directly by the emulator's own tests/test_timing_only.py as well)."""
     from tpuasm.sweep.targets import Target
     src, host, weights = program
-    targets = resolve([src], host, weights) + [Target("app", "MLP1", origin="generator")]
+    targets = resolve([src], host, weights) + [Target("app", "MLP1")]
     grid = Grid([parse_set("memory=0.5,2"), parse_set("clock=2"), parse_set("matrix=0.5")],
                 {}, each=True)
     full, s1 = collect(targets, grid)
@@ -280,13 +350,13 @@ def test_figure11_script_relative_performance(tmp_path, capsys):
     from tpuasm.apps import figure11
     from tpuasm.apps.programs import app_program
     out = tmp_path / "f11"
-    assert figure11.main(["--apps", "MLP1", "--apps-from", "generator", "--knobs",
+    assert figure11.main(["--apps", "MLP1", "--knobs",
                           "memory,matrix", "--factors", "1,2", "--workers", "0",
                           "--cache", str(tmp_path / "c.sqlite"), "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.with_suffix(".csv").open()))
     assert [(r["memory"], r["matrix"], r["status"]) for r in rows] == [
         ("1", "1", "ok"), ("2", "1", "ok"), ("1", "2", "ok")]
-    ap = app_program("MLP1", source="generator")
+    ap = app_program("MLP1")
     cycles = []
     for bw in (34e9 / 700e6, 2 * 34e9 / 700e6):
         m = Machine(MachineConfig(weight_bytes_per_cycle=bw), timing_only=True)
@@ -294,12 +364,15 @@ def test_figure11_script_relative_performance(tmp_path, capsys):
         m.run()
         cycles.append(int(m.counters()["cycles"]))
     text = capsys.readouterr().out
-    assert f"| memory | x2 | {cycles[0] / cycles[1]:.2f}x |" in text
+    # one app: its weighted and geometric means are its own value
+    r = cycles[0] / cycles[1]
+    assert f"| memory | x2 | {r:.2f}x | {r:.2f}x |" in text
+    assert "| LSTM1's 600x600 matrix on a 512x512 unit (hand) | 4 steps, 32 us |" in text
     assert out.with_suffix(".png").stat().st_size > 1000
     assert out.with_suffix(".svg").is_file()
 
 
-@pytest.mark.parametrize("source", ["generator", "compiler"])
+@pytest.mark.parametrize("source", ["hand", "compiler"])
 def test_lstm1_600x600_example_tiles_and_fragmentation(source):
     """ceil(600/256)^2 = 9 tiles vs ceil(600/512)^2 = 4, each 4x the bytes: weight-bound,
     so the 512 x 512 array takes longer, and at least the tiles' fetch time each."""

@@ -11,7 +11,6 @@ import sys
 
 from ..cli import parse_arguments
 from .paper import APPS, ROWS, TABLE3, measured_row
-from .programs import SOURCES
 
 from ..command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
@@ -23,9 +22,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "emulator and print every Table 3 row next to the paper's, with the gap.")
     p.add_argument("--apps", default=",".join(APPS), metavar="A,B,...",
                    help=f"which apps (default: all six: {','.join(APPS)})")
-    p.add_argument("--source", choices=SOURCES, default="compiler",
-                   help="compiler: the apps' ONNX models compiled by tpuasm.compile (default); "
-                        "generator: the older hand-written generator (tpuasm/apps/codegen.py)")
     p.add_argument("--timing-only", action="store_true", default=True,
                    help="skip the arithmetic, keep the cycle counts (the default: the profiled "
                         "data are zeros, and values never change the timing)")
@@ -62,7 +58,7 @@ def profile_main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     timing_only = args.timing_only and timing_only_supported()
-    results = {app: profile_app(app, config, timing_only, args.source) for app in apps}
+    results = {app: profile_app(app, config, timing_only) for app in apps}
     if args.json:
         print(json.dumps(results, indent=2))
     elif args.csv:
@@ -82,17 +78,15 @@ def timing_only_supported() -> bool:
     return "timing_only" in inspect.signature(Machine.__init__).parameters
 
 
-def profile_app(app: str, config: dict, timing_only: bool = True,
-                source: str = "compiler") -> dict:
+def profile_app(app: str, config: dict, timing_only: bool = True) -> dict:
     """Run one app; {"status", "cycles", "rows": {key: {"measured", "paper", "gap"}}}."""
     from ..errors import TpuasmError
     from ..machine import Machine, MachineConfig
     from .programs import CodegenError, app_program, shape_of
-    out = {"status": "ok", "error": None, "cycles": None, "time_us": None, "rows": {},
-           "source": source}
+    out = {"status": "ok", "error": None, "cycles": None, "time_us": None, "rows": {}}
     try:
         machine_config = MachineConfig(**config)
-        ap = app_program(app, **shape_of(machine_config), source=source)
+        ap = app_program(app, **shape_of(machine_config))
         host, weights = ap.data()
         machine = (Machine(machine_config, timing_only=True) if timing_only
                    else Machine(machine_config))

@@ -1,13 +1,16 @@
 """The paper's section 7 (Figure 11): alternative TPU designs, reproduced on the emulator.
 
     python -m tpuasm.apps.figure11 [--apps A,B] [--out docs/figure11] [--full]
-                                   [--apps-from compiler|generator]
                                    [--scheduler ADDR] [--workers N] [--factors ...]
+                                   [--no-tpu-prime] [--from-csv CSV]
 
 Scales one parameter at a time from 0.25x to 4x over the six apps (tpuasm.sweep knobs:
-memory, clock, clock+, matrix, matrix+; their formulas are in tpuasm/sweep/grid.py), writes
-OUT.csv, OUT.png and OUT.svg, and prints the findings next to the paper's, plus the LSTM1
-600 x 600 example at 256 x 256 and 512 x 512.
+memory, clock, clock+, matrix, matrix+; their formulas are in tpuasm/sweep/grid.py), and
+runs the paper's TPU' design point (GDDR5 Weight Memory, x5.4, and a 1050 MHz clock, alone
+and together: section7.TPU_PRIME).  Writes OUT.csv, OUT.png and OUT.svg, and prints every
+point's weighted and geometric means, section 7's claims one by one with the emulator's
+figure (section7.py), and the LSTM1 600 x 600 example at 256 x 256 and 512 x 512 for the
+hand-written program (programs/lstm1_600x600) and the compiler.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from ..command import EXIT_OK, EXIT_USAGE
 from .paper import APPS, FIGURE11
+from .section7 import TPU_PRIME, TPU_PRIME_TEXT
 
 KNOB_ORDER = ("memory", "clock+", "clock", "matrix+", "matrix")
 FACTORS = (0.25, 0.5, 1, 2, 4)
@@ -35,9 +39,8 @@ def build_parser():
     p.add_argument("--full", action="store_true",
                    help="run the arithmetic too (default: timing-only; the apps' data are "
                         "zeros and data never change the cycles)")
-    p.add_argument("--apps-from", choices=("compiler", "generator"), default="compiler",
-                   help="the apps' programs: compiled from their ONNX models (default) or "
-                        "from the hand-written generator (tpuasm/apps/codegen.py)")
+    p.add_argument("--no-tpu-prime", action="store_true",
+                   help="skip the TPU' points (run when both memory and clock are swept)")
     p.add_argument("--cache", type=Path, help="result cache (default: the sweep's)")
     p.add_argument("--from-csv", type=Path, metavar="CSV",
                    help="no runs: the plot and findings from a `tpuasm sweep` CSV of the "
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
     from ..sweep.cache import ResultCache, default_path
     from ..sweep.engine import run_sweep
     from ..sweep.grid import Grid, SweepError, parse_set
-    from ..sweep.report import CsvStream, read_rows, relative, save_figure, weighted_mean
+    from ..sweep.report import CsvStream
     from ..sweep.targets import Target
     apps = [a.strip().upper() for a in args.apps.split(",") if a.strip()]
     knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
@@ -77,13 +80,16 @@ def main(argv=None) -> int:
     timing_only = not args.full
     csv_path = args.out.with_suffix(".csv")
     cache = ResultCache(args.cache or default_path())
-    targets = [Target("app", a, origin=args.apps_from) for a in apps]
+    targets = [Target("app", a) for a in apps]
+    grids = [grid]
+    if not args.no_tpu_prime and all(k in knobs for k in TPU_PRIME):
+        grids += tpu_prime_grids()
     done = 0
 
     def on_row(row):
         nonlocal done
         done += 1
-        out.write(row)
+        out.write({k: "1" for k in knobs} | row)     # TPU' points set two knobs only
         setting = ", ".join(f"{k}={row.get(k)}" for k in knobs if row.get(k) not in ("1",))
         print(f"[{done}] {row.get('target')} {setting or 'baseline'}: {row.get('status')} "
               f"{row.get('cycles', '')} cycles {row.get('error') or ''}", file=sys.stderr,
@@ -93,13 +99,15 @@ def main(argv=None) -> int:
     try:
         if args.workers == 0:
             out = CsvStream(csv_path, knobs)
-            run_sweep(targets, grid, on_row, cache=cache, timing_only=timing_only)
+            for g in grids:
+                run_sweep(targets, g, on_row, cache=cache, timing_only=timing_only)
         else:
             from ..sweep.executor import dask_client
             with dask_client(args.scheduler, args.workers) as client:
                 out = CsvStream(csv_path, knobs)      # after connecting: see tpuasm sweep
-                run_sweep(targets, grid, on_row, cache=cache, client=client,
-                          timing_only=timing_only)
+                for g in grids:
+                    run_sweep(targets, g, on_row, cache=cache, client=client,
+                              timing_only=timing_only)
         out.close()                # the CSV appears only now, complete
     except BaseException:          # Ctrl-C, a full disk: the old CSV stays as it was
         if out is not None:
@@ -117,23 +125,88 @@ def _header(path: Path) -> list[str]:
     return text.split("\n", 1)[0].strip().split(",")
 
 
+def tpu_prime_grids():
+    """TPU' (section 7): the clock at 1050 MHz alone, GDDR5 alone (each one knob), and
+    both together (one point of a two-knob product)."""
+    from ..sweep.grid import Grid, parse_set
+    clock = parse_set(f"clock={TPU_PRIME_TEXT['clock']}")
+    memory = parse_set(f"memory={TPU_PRIME_TEXT['memory']}")
+    return [Grid([clock, memory], {}, each=True), Grid([clock, memory], {}, each=False)]
+
+
 def report(csv_path: Path, knobs, out: Path) -> int:
-    from ..sweep.report import read_rows, relative, save_figure, weighted_mean
+    from ..sweep.report import geometric_mean, read_rows, relative, save_figure, weighted_mean
+    from .section7 import claims_text, evaluate, is_tpu_prime_row, tpu_prime
     rows = read_rows(csv_path)
-    rel = relative(rows, knobs)
+    figure_rows = [r for r in rows if not is_tpu_prime_row(r, knobs)]
+    rel = relative(figure_rows, knobs)
     # a point some app could not run (skipped) still gets the mean of the apps it has,
     # marked in the table, rather than leaving the knob's most telling factors blank
     mean = weighted_mean(rel, knobs, partial=True)
+    geo = geometric_mean(rel, knobs, partial=True)
     for suffix in (".png", ".svg"):
         save_figure(rel, mean, knobs, out.with_suffix(suffix),
                     title="Figure 11 on the emulator: performance vs. scale factor",
-                    mean_label="weighted mean (of the apps run)")
-    print(findings_text(rel, mean, knobs))
+                    mean_label="weighted mean (of the apps run)", geo=geo)
+    print(findings_text(rel, mean, knobs, geo))
     skipped = skipped_text(rows, knobs)
     if skipped:
         print(skipped)
-    print(lstm1_example_text())
+    prime = tpu_prime(rows, knobs)
+    if prime:
+        print()
+        print(tpu_prime_text(prime))
+    example = lstm1_examples()
+    print()
+    print(lstm1_example_text(example))
+    apps = sorted({t for t, _ in rel if t in APPS}, key=APPS.index)
+    ub = {a: ub_mib(a) for a in apps}
+    print()
+    print(claims_text(evaluate(rel, mean, geo, example, prime, ub)))
     return EXIT_OK
+
+
+def ub_mib(app: str) -> float:
+    """MiB of the Unified Buffer the app's TPU v1 program touches, for Table 8."""
+    from ..machine import Machine, MachineConfig
+    from .programs import app_program
+    ap = app_program(app)
+    machine = Machine(MachineConfig(), timing_only=True)
+    machine.load(ap.assemble(), *ap.data())
+    return ub_bytes_touched(machine) / 2 ** 20
+
+
+def ub_bytes_touched(machine) -> int:
+    """Bytes of the Unified Buffer the loaded program reads or writes: the union of every
+    instruction's UB rows (exact for strided accesses), known from the program alone
+    (tpuasm.machine.access), times the row width."""
+    import numpy as np
+
+    from ..machine.access import MEMORY_CODES, AccessMap
+    access = AccessMap(machine)
+    ub = access.mem == MEMORY_CODES["ub"]
+    lo, hi = access.lo[ub], access.hi[ub]
+    used = np.zeros(int(hi.max(initial=0)), bool)
+    for a, b in zip(lo, hi):
+        used[a:b] = True
+    return int(used.sum()) * machine.config.array_size
+
+
+def tpu_prime_text(prime: dict) -> str:
+    lines = ["| TPU' design point | weighted mean | geometric mean | paper | per app |",
+             "|---|---|---|---|---|"]
+    paper = {"clock": "almost no change", "memory": "GM 2.6, WM 3.9",
+             "both": "GM 2.9, WM not raised"}
+    names = {"clock": "clock 1050 MHz (x1.5), DDR3", "memory": "GDDR5 (x5.4), 700 MHz",
+             "both": "GDDR5 and 1050 MHz"}
+    for which in ("clock", "memory", "both"):
+        p = prime.get(which)
+        if p:
+            per = ", ".join(f"{a} {y:.2f}" for a, y in sorted(
+                p["apps"].items(), key=lambda i: APPS.index(i[0]) if i[0] in APPS else 99))
+            lines.append(f"| {names[which]} | {p['weighted']:.2f}x | {p['geometric']:.2f}x | "
+                         f"{paper[which]} | {per} |")
+    return "\n".join(lines)
 
 
 def skipped_text(rows, knobs) -> str:
@@ -154,9 +227,9 @@ def at(line, x):
     return None
 
 
-def findings_text(rel: dict, mean: dict, knobs) -> str:
-    lines = ["| parameter | factor | weighted mean (emulator) | paper | per app |",
-             "|---|---|---|---|---|"]
+def findings_text(rel: dict, mean: dict, knobs, geo: dict | None = None) -> str:
+    lines = ["| parameter | factor | weighted mean | geometric mean | paper | per app |",
+             "|---|---|---|---|---|---|"]
     paper = {("memory", 4): FIGURE11["memory x4 (weighted mean)"],
              ("clock", 4): FIGURE11["clock x4 (weighted mean)"],
              ("clock+", 4): FIGURE11["clock x4 (weighted mean)"],
@@ -167,21 +240,25 @@ def findings_text(rel: dict, mean: dict, knobs) -> str:
     for knob in knobs:
         for x in (0.25, 0.5, 2, 4):
             m = at(mean.get(knob), x)
+            g = at((geo or {}).get(knob), x)
             per = ", ".join(f"{a} {at(rel.get((a, knob)), x):.2f}" for a in apps
                             if at(rel.get((a, knob)), x) is not None)
             if m is None and not per:
                 continue
             missing = [a for a in apps if a not in present(rel, knob, x)]
             text = "" if m is None else f"{m:.2f}x"
+            gtext = "" if g is None else f"{g:.2f}x"
             if m is not None and missing:
                 text += f" (without {', '.join(missing)})"
-            lines.append(f"| {knob} | x{x:g} | {text} | {paper.get((knob, x), '')} | {per} |")
+            lines.append(f"| {knob} | x{x:g} | {text} | {gtext} | {paper.get((knob, x), '')} "
+                         f"| {per} |")
     return "\n".join(lines)
 
 
-def lstm1_example(array_size: int, source: str = "generator") -> dict:
-    """LSTM1's 600 x 600 matrix times a batch of 96 on an N x N array (sigmoid gate), from
-    the hand-written generator or compiled from a one-layer QDQ ONNX model."""
+def lstm1_example(array_size: int, source: str = "hand") -> dict:
+    """LSTM1's 600 x 600 matrix times a batch of 96 on an N x N array (sigmoid gate): the
+    hand-written program (programs/lstm1_600x600, one .tasm per array size) or compiled
+    from a one-layer QDQ ONNX model.  Timing-only on zero data."""
     import numpy as np
 
     from ..machine import Machine, MachineConfig
@@ -190,24 +267,40 @@ def lstm1_example(array_size: int, source: str = "generator") -> dict:
     c = MachineConfig(**config)
     shape = dict(array_size=c.array_size, ub_rows=c.ub_rows, acc_rows=c.acc_rows,
                  fifo_depth=c.fifo_depth)
-    if source == "generator":
-        from .codegen import generate
-        from .layers import FC, App, Tensor
-        app = App("LSTM1-600x600", 96, {"x": Tensor("x", 600), "g": Tensor("g", 600)},
-                  [FC("gate", ("x",), "g", "sigmoid")], ("x",), ())
-        g = generate(app, **shape)
-        text, host_rows, tiles = g.source, g.host_rows, g.weight_tiles
-    else:
+    if source == "hand":
+        from ..assembler import assemble_file
+        program = assemble_file(hand_written_example(array_size), config=shape)
+        host_rows, tiles = _declared(program, "host"), _declared(program, "tile")
+    elif source == "compiler":
+        from ..assembler import assemble
         text, host_rows, tiles = _compiled_gate(shape)
-    from ..assembler import assemble
+        program = assemble(text, "lstm1_600x600.tasm")
+    else:
+        raise ValueError(f"source must be hand or compiler, not {source!r}")
     m = Machine(c, timing_only=True)
-    m.load(assemble(text, "lstm1_600x600.tasm"),
-           host=np.zeros((host_rows, c.array_size), np.int8),
+    m.load(program, host=np.zeros((host_rows, c.array_size), np.int8),
            weights=np.zeros((tiles, c.array_size, c.array_size), np.int8))
     m.run()
     cycles = int(m.counters()["cycles"])
     return {"array": c.array_size, "steps": tiles, "cycles": cycles,
             "us": cycles / c.clock_hz * 1e6, "fetch_cycles": c.fetch_cycles}
+
+
+def hand_written_example(array_size: int) -> Path:
+    """programs/lstm1_600x600's program for this array (256: the regression program;
+    512: its 2 x 2-tile twin)."""
+    from ..errors import InputFileError
+    folder = Path(__file__).resolve().parents[2] / "programs" / "lstm1_600x600"
+    name = "lstm1_600x600.tasm" if array_size == 256 else f"lstm1_600x600_{array_size}.tasm"
+    if not (folder / name).is_file():
+        raise InputFileError(f"{folder / name}: no hand-written LSTM1 example for a "
+                             f"{array_size} x {array_size} array (256 and 512 exist)")
+    return folder / name
+
+
+def _declared(program, kind: str) -> int:
+    """Rows (host) or tiles (weights) the program's regions of that kind reach."""
+    return max((s.value + s.size for s in program.symbols if s.kind == kind), default=1)
 
 
 def _compiled_gate(shape: dict):
@@ -247,15 +340,21 @@ def _compiled_gate(shape: dict):
     return program.source, program.host_rows, int(program.weights.shape[0])
 
 
-def lstm1_example_text() -> str:
+def lstm1_examples() -> dict:
+    """{(program, array): lstm1_example(...)} for both programs at 256 and 512."""
+    return {(source, n): lstm1_example(n, source)
+            for source in ("hand", "compiler") for n in (256, 512)}
+
+
+def lstm1_example_text(example: dict | None = None) -> str:
+    example = example or lstm1_examples()
     rows = ["| program | array | tile steps | fetch per tile | cycles | us at 700 MHz | paper |",
             "|---|---|---|---|---|---|---|"]
     paper = {256: FIGURE11["LSTM1 600x600 at 256x256"], 512: FIGURE11["LSTM1 600x600 at 512x512"]}
-    for source in ("generator", "compiler"):
-        for n in (256, 512):
-            r = lstm1_example(n, source)
-            rows.append(f"| {source} | {n} x {n} | {r['steps']} | {r['fetch_cycles']:,} | "
-                        f"{r['cycles']:,} | {r['us']:.1f} | {paper[n]} |")
+    names = {"hand": "hand-written (programs/lstm1_600x600)", "compiler": "compiled app layer"}
+    for (source, n), r in example.items():
+        rows.append(f"| {names[source]} | {n} x {n} | {r['steps']} | {r['fetch_cycles']:,} | "
+                    f"{r['cycles']:,} | {r['us']:.1f} | {paper[n]} |")
     return "\n".join(rows)
 
 

@@ -1,12 +1,16 @@
 """The layer vocabulary of the paper's six applications, and their totals.
 
+A description, not a code generator: catalog.py writes Table 1's apps in it, onnx_models.py
+turns them into ONNX graphs, and the compiler (`tpuasm.compile`) makes the programs, as for
+any user's model.  Table 1's layer counts and totals are computed from it.
+
 An application is a list of layers over named tensors.  A tensor is a per-sample vector of
 `width` features, or an image `channels x height x width`.  Layers:
-- `FC`: y = act(concat(inputs) @ W); weights K x M.
-- `Vector`: an element-wise step without weights (the LSTM's gate arithmetic) that the
-  Activate unit streams: one accumulator row in, one UB row out per cycle.
+- `FC`: y = act(concat(inputs) @ W); weights K x M (ONNX: MatMul over a Concat).
+- `Vector`: an element-wise step without weights (the LSTM's gate arithmetic: ONNX Mul,
+  Add, Tanh); Table 1 counts these as the LSTMs' "vector" layers.
 - `Conv`: 2-D convolution, kernel kh x kw, stride 1, "same" padding; weights C x O x kh x kw.
-- `Pool`: 2 x 2 max pooling, window = stride (the Activate unit's pooling).
+- `Pool`: max pooling, window = stride.
 
 `ops_per_weight_byte` counts one op per MAC, as the paper's Table 1 and roofline do
 (int8 weights, so a weight is a byte): batch x the output pixels each weight meets.

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .catalog import build
-from .layers import FC, Conv, Pool, Vector
+from .layers import FC, App, Conv, Pool, Vector
 
 OPSET = 17
 ACT_OP = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}
@@ -42,12 +42,13 @@ Q_TANH = (1 / 127, 0, True)
 W_STD = 73.3                          # std of int8 uniform in [-127, 127]
 
 
-def model(name: str, seed: int = 0, batch: int | None = None):
-    """The app as a float onnx.ModelProto (weights inside; use `save` for external data)."""
+def model(name, seed: int = 0, batch: int | None = None):
+    """The app (a name, or an App of catalog.py's kinds) as a float onnx.ModelProto
+    (weights inside; use `save` for external data)."""
     return _Builder(name, seed, batch, quantized=False).build()
 
 
-def quantized_model(name: str, seed: int = 0, batch: int | None = None):
+def quantized_model(name, seed: int = 0, batch: int | None = None):
     """The app in QDQ form with int8 weights (what `tpuasm profile` compiles)."""
     return _Builder(name, seed, batch, quantized=True).build()
 
@@ -58,7 +59,7 @@ class _Builder:
     consumer reads it through a DequantizeLinear of its own."""
 
     def __init__(self, name, seed, batch, quantized):
-        self.app = build(name)
+        self.app = name if isinstance(name, App) else build(name)
         self.b = batch or self.app.batch
         self.g = np.random.default_rng(seed)
         self.quantized = quantized

@@ -1,9 +1,9 @@
 """The six apps as runnable programs for a given machine: source, Program and data images.
 
-The programs come from the compiler: each app's QDQ ONNX model (onnx_models.py, Table 1
-shapes) compiled by `tpuasm.compile` for the machine shape, its TPU segments joined into one
-program with the host parts as round trips (tpuasm/compiler/whole.py).  `source="generator"`
-selects the older hand-written generator (codegen.py) for comparison.
+The programs come from the compiler, the same path as any user's model: each app's QDQ
+ONNX model (onnx_models.py, Table 1 shapes) compiled by `tpuasm.compile` for the machine
+shape, its TPU segments joined into one program with the host parts as round trips
+(tpuasm/compiler/whole.py).  There is no second code generator.
 
 Both steps are cached on disk under ~/.cache/tpuasm/apps/ (XDG_CACHE_HOME respected):
 the model file by a digest of the model builders' sources, name, seed and batch; each
@@ -25,12 +25,15 @@ import numpy as np
 
 from ..limits import MAX_STATEMENTS
 from .catalog import PAPER_ORDER, build
-from .codegen import CodegenError, generate
 
 SHAPE_FIELDS = ("array_size", "ub_rows", "acc_rows", "fifo_depth")
-SOURCES = ("compiler", "generator")
 SEED = 0
 _PACKAGE = Path(__file__).resolve().parent.parent
+
+
+class CodegenError(ValueError):
+    """The app cannot be compiled for this machine shape (a sweep reports the point as
+    skipped, with this message)."""
 
 
 def app_names() -> tuple[str, ...]:
@@ -49,7 +52,6 @@ class AppProgram:
     weight_tiles: int
     array_size: int
     macs: int                 # the network's own MACs per batch (padding not counted)
-    origin: str = "compiler"  # compiler | generator
     segments: int = 1         # TPU segments joined (host parts between them)
 
     @property
@@ -70,16 +72,10 @@ class AppProgram:
 
 @lru_cache(maxsize=32)
 def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows: int = 4096,
-                fifo_depth: int = 4, source: str = "compiler") -> AppProgram:
+                fifo_depth: int = 4) -> AppProgram:
     """The app's program for this machine shape; CodegenError when it does not fit."""
     app = build(name)
     macs = app.batch * app.macs_per_sample
-    if source == "generator":
-        g = generate(app, array_size, ub_rows, acc_rows, fifo_depth)
-        return AppProgram(app.name, g.source, g.host_rows, g.weight_tiles, array_size, macs,
-                          "generator")
-    if source != "compiler":
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
     shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
                  fifo_depth=fifo_depth)
     cached = model_file(app.name).parent / f"program-{_compiled_key(shape)}.json"
@@ -91,23 +87,18 @@ def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows
     if "error" in record:
         raise CodegenError(record["error"])
     return AppProgram(app.name, record["source"], record["host_rows"], record["weight_tiles"],
-                      array_size, macs, "compiler", record["segments"])
+                      array_size, macs, record["segments"])
 
 
 def program_key(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows: int = 4096,
-                fifo_depth: int = 4, source: str = "compiler") -> str:
+                fifo_depth: int = 4) -> str:
     """Identifies what app_program returns for these arguments without compiling anything:
-    the model's and the compiler's sources (or the generator's) and the shape.  A sweep's
-    client keys its result cache by it, so only the workers that run a point compile."""
+    the model's and the compiler's sources and the shape.  A sweep's client keys its
+    result cache by it, so only the workers that run a point compile."""
     app = build(name)
     shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
                  fifo_depth=fifo_depth)
-    if source == "generator":
-        parts = ["generator", generator_digest(), app.name, shape]
-    elif source == "compiler":
-        parts = ["compiler", _model_key(app), _compiled_key(shape)]
-    else:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+    parts = ["compiler", _model_key(app), _compiled_key(shape)]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 
@@ -151,12 +142,6 @@ def _digest(paths) -> str:
 def compiler_digest() -> str:
     """The compiler's and the ISA's sources: a compiled program is stale when they change."""
     return _digest([*(_PACKAGE / "compiler").rglob("*.py"), _PACKAGE / "isa.toml"])
-
-
-@lru_cache(maxsize=1)
-def generator_digest() -> str:
-    """The hand-written generator's sources (it lives among the apps' modules)."""
-    return _digest([*Path(__file__).resolve().parent.glob("*.py"), _PACKAGE / "isa.toml"])
 
 
 def _model_key(app) -> str:
@@ -204,5 +189,4 @@ def shape_of(config) -> dict:
     return {k: getattr(config, k) for k in SHAPE_FIELDS}
 
 
-__all__ = ["AppProgram", "CodegenError", "SOURCES", "app_names", "app_program", "is_app",
-           "shape_of"]
+__all__ = ["AppProgram", "CodegenError", "app_names", "app_program", "is_app", "shape_of"]

@@ -164,7 +164,8 @@ def _target_files(targets) -> list:
 def _report(args, grid, summary, err) -> None:
     from rich.console import Console
 
-    from .report import read_rows, relative, rich_table, save_figure, terminal_plot, weighted_mean
+    from .report import (geometric_mean, means_table, read_rows, relative, rich_table,
+                         save_figure, terminal_plot, weighted_mean)
     console = Console(highlight=False)
     axes = [a.name for a in grid.axes]
     rows = read_rows(args.output)
@@ -172,13 +173,16 @@ def _report(args, grid, summary, err) -> None:
         console.print(rich_table(rows, axes))
     rel = relative(rows, axes)
     mean = weighted_mean(rel, axes)
+    geo = geometric_mean(rel, axes)
     if not args.no_table and rel:
         text = terminal_plot(rel, mean, axes)
         if text:
             console.print(text, markup=False, highlight=False)
+        if mean:
+            console.print(means_table(mean, geo, axes))
     for path in args.plot:
         try:
-            save_figure(rel, mean, axes, path)
+            save_figure(rel, mean, axes, path, geo=geo)
         except (OSError, ValueError) as e:
             from .grid import SweepError
             raise SweepError(f"{path}: cannot write the plot: {e}") from None

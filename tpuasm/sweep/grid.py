@@ -62,18 +62,27 @@ def knob_matrix(s: float, base: MachineConfig) -> dict:
             "acc_rows": max(1, base.acc_rows * base.array_size // n)}
 
 
-def _more_accumulators(knob):
+def _more_accumulators(knob, power: int):
+    """`knob`, and the accumulator storage (its 32-bit accumulators) x s**power as well."""
     def scaled(s: float, base: MachineConfig) -> dict:
         out = knob(s, base)
         acc = out.get("acc_rows", base.acc_rows)
-        out["acc_rows"] = max(1, min(65535, round(acc * s)))
+        out["acc_rows"] = max(1, min(65535, round(acc * s ** power)))
         return out
-    scaled.__doc__ = (knob.__doc__ or "") + "  Accumulator storage x s as well."
+    scaled.__doc__ = ((knob.__doc__ or "") +
+                      f"  Accumulator storage x s{'' if power == 1 else '^' + str(power)} "
+                      "as well.")
     return scaled
 
 
-KNOBS = {"memory": knob_memory, "clock": knob_clock, "clock+": _more_accumulators(knob_clock),
-         "matrix": knob_matrix, "matrix+": _more_accumulators(knob_matrix)}
+# Section 7: clock+ scales "the number of accumulators correspondingly" (x s, so the
+# compiler keeps more memory references in flight); matrix+ increases them "with the
+# square of the rise in one dimension, since the number of multipliers in the matrix
+# grows in both dimensions" (x s^2: 16 32-bit accumulators per multiplier at every size,
+# e.g. 8,192 rows of 512 at s = 2 where matrix alone keeps the bytes, 2,048 rows).
+KNOBS = {"memory": knob_memory, "clock": knob_clock,
+         "clock+": _more_accumulators(knob_clock, 1),
+         "matrix": knob_matrix, "matrix+": _more_accumulators(knob_matrix, 2)}
 
 
 def parameter_names() -> list[str]:

@@ -90,11 +90,28 @@ def relative(rows: list[dict], axes: list[str]) -> dict:
 def weighted_mean(rel: dict, axes: list[str], partial: bool = False) -> dict:
     """{axis: [(x, weighted mean relative performance)]} over the targets: at the points
     every target has, or with `partial` at every point over the targets it has
-    (`present` names them)."""
+    (`present` names them).  Weights: each app's share of the paper's workload when every
+    target is one of the six apps, else equal."""
     from ..apps.paper import WORKLOAD_SHARE
     targets = sorted({t for t, _ in rel})
     apps = all(t in WORKLOAD_SHARE for t in targets)
     weight = {t: (WORKLOAD_SHARE[t] if apps else 1.0) for t in targets}
+    return _mean(rel, axes, partial, weight,
+                 lambda vals: sum(w * y for w, y in vals) / sum(w for w, _ in vals))
+
+
+def geometric_mean(rel: dict, axes: list[str], partial: bool = False) -> dict:
+    """{axis: [(x, geometric mean relative performance)]}: every target counts once, as
+    in the paper's geometric means (its Table 6 and section 7 give both); the same points
+    as weighted_mean."""
+    import math
+    weight = {t: 1.0 for t, _ in rel}
+    return _mean(rel, axes, partial, weight,
+                 lambda vals: math.exp(sum(math.log(y) for _, y in vals) / len(vals)))
+
+
+def _mean(rel: dict, axes: list[str], partial: bool, weight: dict, combine) -> dict:
+    targets = sorted(weight)
     out = {}
     for a in axes:
         xs = sorted({x for t in targets for x, _ in rel.get((t, a), [])})
@@ -102,10 +119,25 @@ def weighted_mean(rel: dict, axes: list[str], partial: bool = False) -> dict:
         for x in xs:
             vals = [(weight[t], y) for t in targets for xx, y in rel.get((t, a), []) if xx == x]
             if len(vals) == len(targets) or (partial and vals):
-                line.append((x, sum(w * y for w, y in vals) / sum(w for w, _ in vals)))
+                line.append((x, combine(vals)))
         if line:
             out[a] = line
     return out
+
+
+def means_table(weighted: dict, geometric: dict, axes: list[str]):
+    """A rich table: each parameter's value (factor) with both means side by side."""
+    from rich.table import Table
+    t = Table(title="performance relative to the baseline: weighted and geometric means "
+                    "over the targets", title_justify="left")
+    for c in ("parameter", "factor", "weighted mean", "geometric mean"):
+        t.add_column(c, justify="left" if c == "parameter" else "right")
+    for a in axes:
+        geo = dict(geometric.get(a, []))
+        for x, y in weighted.get(a, []):
+            g = geo.get(x)
+            t.add_row(a, f"{x:g}", f"{y:.3f}", "" if g is None else f"{g:.3f}")
+    return t
 
 
 def present(rel: dict, axis: str, x: float) -> list[str]:
@@ -162,9 +194,10 @@ def terminal_plot(rel: dict, mean: dict, axes: list[str]) -> str:
 
 
 def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str = "",
-                mean_label: str = "weighted mean") -> None:
+                mean_label: str = "weighted mean", geo: dict | None = None) -> None:
     """Figure 11's shape: a panel per target plus the weighted mean; in each, one line per
-    parameter, relative performance against the scale factor (log-log)."""
+    parameter, relative performance against the scale factor (log-log).  `geo`: the
+    geometric mean, drawn dashed in the mean's panel (same colour per parameter)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -179,11 +212,17 @@ def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str =
         for a in axes:
             line = mean.get(a) if name == mean_label else rel.get((name, a))
             if line:
-                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", ms=3, label=a)
+                drawn = ax.plot([x for x, _ in line], [y for _, y in line], marker="o", ms=3,
+                                label=a)
+                g = (geo or {}).get(a) if name == mean_label else None
+                if g:
+                    ax.plot([x for x, _ in g], [y for _, y in g], ls="--", lw=0.8,
+                            color=drawn[0].get_color())
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.axhline(1.0, color="grey", lw=0.5)
-        ax.set_title(name, fontsize=9)
+        ax.set_title(f"{name} (dashed: geometric)" if name == mean_label and geo else name,
+                     fontsize=9)
         ax.grid(True, which="both", lw=0.3)
     for j in range(len(panels), rows * cols):
         grid[j // cols][j % cols].axis("off")

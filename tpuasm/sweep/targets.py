@@ -37,7 +37,6 @@ class Target:
     host: str | None = None
     weights: str | None = None
     segment: str | None = None  # compiled models: the TPU segment
-    origin: str | None = None   # apps: "compiler" or "generator" (None: app_program's default)
 
     @property
     def label(self) -> str:
@@ -48,9 +47,6 @@ class Target:
         if self.kind == "compiled":
             return f"{Path(self.path).name}/{self.segment}"
         return Path(self.path).name
-
-    def _origin(self) -> dict:
-        return {} if self.origin is None else {"source": self.origin}
 
     def base_config(self) -> dict:
         """The MachineConfig settings the target brings: its program's shape (and a
@@ -68,7 +64,7 @@ class Target:
         h = hashlib.sha256(self.kind.encode())
         if self.kind == "app":                # by its inputs: only workers compile
             from ..apps.programs import program_key
-            h.update(program_key(self.path, **_app_shape(config), **self._origin()).encode())
+            h.update(program_key(self.path, **_app_shape(config)).encode())
         elif self.kind == "compiled":
             from . import compiled
             h.update(compiled.digest(self.path, self.segment).encode())
@@ -189,7 +185,7 @@ def build(target: Target, config: dict):
     if target.kind == "app":
         from ..apps.programs import CodegenError, app_program
         try:
-            ap = app_program(target.path, **_app_shape(config), **target._origin())
+            ap = app_program(target.path, **_app_shape(config))
         except CodegenError as e:
             raise Skip(str(e)) from None
         host, weights = ap.data()
