@@ -499,3 +499,20 @@ def test_emulator_gives_onnxruntimes_answers_on_the_qdq_model(tmp_path, which):
         str(compiled.reference_model)).graph.initializer if t.name == "y_scale")
     assert np.mean(got == want) >= 0.999
     assert np.abs(got - want).max() <= float(y_scale) * 1.0001
+
+
+def test_calibration_chunks_shrink_with_the_activations_per_row():
+    from tpuasm.compiler.quantize import (CALIBRATION_BYTES, MAX_CALIBRATION_ROWS,
+                                          calibration_rows)
+
+    def model_with(rows_shape):
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", *rows_shape])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", *rows_shape])])
+        return onnx.shape_inference.infer_shapes(helper.make_model(graph))
+
+    assert calibration_rows(model_with((16,))) == MAX_CALIBRATION_ROWS
+    big = model_with((1024, 512))                  # 2 MiB of float32 per row in 'h'
+    assert calibration_rows(big) == CALIBRATION_BYTES // (4 * 1024 * 512)
+    assert calibration_rows(model_with((4096, 4096))) == 1
