@@ -149,3 +149,38 @@ def test_lazy_njit_becomes_numba_and_keeps_old_references_working():
         return early(v)                                  # typed as the dispatcher
 
     assert calls_the_early_reference(255) == -1
+
+
+def test_scipy_lapack_still_works_after_the_core_runs():
+    # The module once reached numpy's OpenBLAS through RTLD_GLOBAL: its unprefixed internals
+    # then served scipy's own OpenBLAS, and scipy's LAPACK failed later in the same process
+    # ("Memory error in scipy.linalg.solve", "Too large work array required").  A fresh
+    # process: run a program on the core (the ahead-of-time one when it builds), then
+    # scipy's solve and lstsq, first imported after it.
+    import subprocess
+    import sys
+    code = """
+import numpy as np
+from tpuasm import assemble
+from tpuasm.machine import Machine, aot
+program = assemble('''
+.config array_size=16, ub_rows=64, acc_rows=64
+    RW 0
+    MMC.SO 0, 0, 8
+    HLT
+''')
+m = Machine.for_program(program)
+m.load(program, host=np.ones((8, 16), np.int8), weights=np.ones((1, 16, 16), np.int8))
+assert m.run().status == "halted" and int(m.acc[0, 0]) == 0
+import scipy.linalg
+rng = np.random.default_rng(0)
+a, b = rng.random((300, 300)), rng.random(300)
+assert np.allclose(a @ scipy.linalg.solve(a, b), b)
+x = rng.random((1797, 64))
+coef = scipy.linalg.lstsq(x, rng.random(1797))[0]
+assert coef.shape == (64,)
+print("ok", aot.load() is not None)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]

@@ -26,7 +26,6 @@ is loaded with RTLD_GLOBAL before the import so that the dynamic linker resolves
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.util
 import json
@@ -78,6 +77,7 @@ def build_key() -> str:
     h.update(sys.version.encode())
     h.update(np.__version__.encode())
     h.update(toolchain_version("setuptools"))
+    h.update(str(gemm.BLAS_PATH).encode())    # linked by path (build): one build per numpy
     return h.hexdigest()[:16]
 
 
@@ -149,7 +149,9 @@ def runner(args, name: str = "run_core"):
 
 
 def _import(where: Path):
-    ctypes.CDLL(gemm.BLAS_PATH, mode=ctypes.RTLD_GLOBAL)    # sgemm/dgemm for the linker
+    # numpy's OpenBLAS is a dependency the module was linked against (build): never loaded
+    # RTLD_GLOBAL, which put its unprefixed internals (blas_memory_alloc, exec_blas, ...)
+    # before scipy's own OpenBLAS's and broke scipy's LAPACK later in the same process
     native.library()                    # loaded RTLD_GLOBAL: the int8 kernel for the linker
     spec = importlib.util.spec_from_file_location(MODULE, _library_path(where))
     module = importlib.util.module_from_spec(spec)
@@ -178,6 +180,11 @@ def build(where: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
     try:
         cc = CC(MODULE)
+        # numpy's OpenBLAS as a needed library found by its directory (rpath): the module's
+        # sgemm/dgemm resolve in its own scope, no global symbols (_import)
+        blas = Path(gemm.BLAS_PATH)
+        cc._extra_ldflags = {"linux": ["-Wl,--no-as-needed", str(blas),
+                                       f"-Wl,-rpath,{blas.parent}"]}
         cc.output_dir = str(tmp)
         cc.output_file = _library_path(tmp).name
         cc.target_cpu = "host"
