@@ -12,13 +12,20 @@ bit for bit except on a few rounding near-ties:
   value = float32(acc) * multiplier, rounded half to even, plus the zero point, clamped;
 - average pooling is onnxruntime's float kernel (a float32 sum of dequantized values), which
   an integer machine matches except on rounding near-ties; global average pooling is MLAS's
-  integer sum with a float32 multiplier.
+  integer sum with a float32 multiplier;
+- Elementwise is MLAS's QLinearAdd / QLinearMul in float32: the scale ratios
+  s_a / s_c, s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32, times the centred
+  integers, summed in float32, rounded half to even, plus z_c, clamped.  The chip (VADD /
+  VMUL) computes the exact real value with 31-bit ratios instead: the two differ by one unit
+  where float32's error moves a value across a rounding boundary (a near-tie; spec/isa.md
+  5.11 measures 99.9998 % identical).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tpuasm.compiler.ir import Activation, Conv, Dense, Lookup, Operator, Pool, QParams, Segment
+from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Operator, Pool,
+                                QParams, Segment)
 
 
 def _as_int32(acc: np.ndarray) -> np.ndarray:
@@ -165,16 +172,41 @@ def lookup(op: Lookup, x: np.ndarray) -> np.ndarray:
     return np.asarray(op.table)[index].astype(_dtype(op.output.quant))
 
 
+def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """onnxruntime's QLinearAdd / QLinearMul (MLAS, float32), then the fused clamp."""
+    qa, qb, qc = op.a.quant, op.b.quant, op.output.quant
+    ca = (np.asarray(a, np.int32) - qa.zero_point).astype(np.float32)
+    cb = (np.asarray(b, np.int32) - qb.zero_point).astype(np.float32)
+    if op.op == "add":
+        ratio_a = np.float32(qa.scale) / np.float32(qc.scale)
+        ratio_b = np.float32(qb.scale) / np.float32(qc.scale)
+        value = ca * ratio_a + cb * ratio_b
+    elif op.op == "mul":
+        ratio = np.float32(qa.scale) * np.float32(qb.scale) / np.float32(qc.scale)
+        value = (ca * cb) * np.float32(ratio)
+    else:
+        raise ValueError(f"{op.name}: unknown element-wise operation {op.op!r}")
+    q = np.rint(value.astype(np.float32)).astype(np.float64) + qc.zero_point
+    lo, hi = activation_bounds(op.activation, qc)
+    return np.clip(q, lo, hi).astype(_dtype(qc))
+
+
 _EVALUATORS = {Dense: dense, Conv: conv, Pool: pool, Lookup: lookup}
 
 
-def evaluate(op: Operator, x: np.ndarray) -> np.ndarray:
-    """One operator on a batch of quantized inputs (B, *op.input.shape)."""
-    x = np.asarray(x)
-    expected = (len(x),) + tuple(op.input.shape)
-    if x.ndim < 1 or x.shape != expected:
-        raise ValueError(f"{op.name}: input of shape {x.shape}, expected {expected}")
-    return _EVALUATORS[type(op)](op, x)
+def evaluate(op: Operator, *xs: np.ndarray) -> np.ndarray:
+    """One operator on a batch of quantized inputs, one (B, *shape) array per op.inputs."""
+    xs = [np.asarray(x) for x in xs]
+    if len(xs) != len(op.inputs):
+        raise ValueError(f"{op.name}: {len(xs)} inputs, expected {len(op.inputs)}")
+    for x, t in zip(xs, op.inputs):
+        expected = (len(xs[0]),) + tuple(t.shape)
+        if x.ndim < 1 or x.shape != expected:
+            raise ValueError(f"{op.name}: input {t.name} of shape {x.shape}, expected "
+                             f"{expected}")
+    if isinstance(op, Elementwise):
+        return elementwise(op, *xs)
+    return _EVALUATORS[type(op)](op, xs[0])
 
 
 def run_segment(segment: Segment, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -182,5 +214,5 @@ def run_segment(segment: Segment, inputs: dict[str, np.ndarray]) -> dict[str, np
     name, each (B, *shape) in the tensor's integer type."""
     values = {t.name: np.asarray(inputs[t.name]) for t in segment.inputs}
     for op in segment.operators:
-        values[op.output.name] = evaluate(op, values[op.input.name])
+        values[op.output.name] = evaluate(op, *(values[t.name] for t in op.inputs))
     return {t.name: values[t.name] for t in segment.outputs}
