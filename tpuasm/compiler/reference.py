@@ -14,8 +14,10 @@ bit for bit except on a few rounding near-ties:
   an integer machine matches except on rounding near-ties; global average pooling is MLAS's
   integer sum with a float32 multiplier;
 - Elementwise is MLAS's QLinearAdd / QLinearMul in float32: the scale ratios
-  s_a / s_c, s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32, times the centred
-  integers, summed in float32, rounded half to even, plus z_c, clamped.  The chip (VADD /
+  s_a / s_c, s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32; add as MLAS's x86
+  kernel (z_c - the zero points' share folded into one constant, two fused multiply-adds of
+  the raw integers), mul as the product of the centred integers times the ratio; rounded
+  half to even, clamped.  The chip (VADD /
   VMUL) computes the exact real value with 31-bit ratios instead: the two differ by one unit
   where float32's error moves a value across a rounding boundary (a near-tie; spec/isa.md
   5.11 measures 99.9998 % identical).
@@ -175,18 +177,24 @@ def lookup(op: Lookup, x: np.ndarray) -> np.ndarray:
 def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """onnxruntime's QLinearAdd / QLinearMul (MLAS, float32), then the fused clamp."""
     qa, qb, qc = op.a.quant, op.b.quant, op.output.quant
-    ca = (np.asarray(a, np.int32) - qa.zero_point).astype(np.float32)
-    cb = (np.asarray(b, np.int32) - qb.zero_point).astype(np.float32)
+    f32 = np.float32
     if op.op == "add":
-        ratio_a = np.float32(qa.scale) / np.float32(qc.scale)
-        ratio_b = np.float32(qb.scale) / np.float32(qc.scale)
-        value = ca * ratio_a + cb * ratio_b
+        # MLAS's x86 kernel: uncentred integers, the zero points folded into one float32
+        # constant, two fused multiply-adds (b's first), each rounded once to float32
+        ratio_a = f32(qa.scale) / f32(qc.scale)
+        ratio_b = f32(qb.scale) / f32(qc.scale)
+        fixed = f32(qc.zero_point) - (ratio_a * f32(qa.zero_point) + ratio_b * f32(qb.zero_point))
+        inner = (np.asarray(b, np.float64) * float(ratio_b) + float(fixed)).astype(f32)
+        value = (np.asarray(a, np.float64) * float(ratio_a) + inner.astype(np.float64)
+                 ).astype(f32)
+        q = np.rint(value).astype(np.float64)
     elif op.op == "mul":
-        ratio = np.float32(qa.scale) * np.float32(qb.scale) / np.float32(qc.scale)
-        value = (ca * cb) * np.float32(ratio)
+        ca = (np.asarray(a, np.int32) - qa.zero_point).astype(f32)
+        cb = (np.asarray(b, np.int32) - qb.zero_point).astype(f32)
+        ratio = f32(qa.scale) * f32(qb.scale) / f32(qc.scale)
+        q = np.rint((ca * cb) * ratio).astype(np.float64) + qc.zero_point
     else:
         raise ValueError(f"{op.name}: unknown element-wise operation {op.op!r}")
-    q = np.rint(value.astype(np.float32)).astype(np.float64) + qc.zero_point
     lo, hi = activation_bounds(op.activation, qc)
     return np.clip(q, lo, hi).astype(_dtype(qc))
 
@@ -202,8 +210,8 @@ def evaluate(op: Operator, *xs: np.ndarray) -> np.ndarray:
     for x, t in zip(xs, op.inputs):
         expected = (len(xs[0]),) + tuple(t.shape)
         if x.ndim < 1 or x.shape != expected:
-            raise ValueError(f"{op.name}: input {t.name} of shape {x.shape}, expected "
-                             f"{expected}")
+            which = f" ({t.name})" if len(xs) > 1 else ""
+            raise ValueError(f"{op.name}: input of shape {x.shape}, expected {expected}{which}")
     if isinstance(op, Elementwise):
         return elementwise(op, *xs)
     return _EVALUATORS[type(op)](op, xs[0])
