@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpuasm.compiler.graph import Graph, Node
-from tpuasm.compiler.ir import Operator, Segment
+from tpuasm.compiler.ir import Elementwise, Operator, Segment
 from tpuasm.compiler.match import Lowered
 
 
@@ -28,6 +28,19 @@ class Plan:
     steps: list                                   # Segment | HostPart, in execution order
     host_nodes: set[str] = field(default_factory=set)
     unused: set[str] = field(default_factory=set)
+
+
+def lone_elementwise(lowered: Lowered) -> dict[str, str]:
+    """Elementwise operators (VADD / VMUL) that neither read a TPU operator's output nor
+    feed one: alone they are a segment of their own, a host round trip that costs more
+    than the host's own Add.  {operator name: why}, for the pipeline to put on the host."""
+    made = {op.output.name for op in lowered.operators}
+    read = {t.name for op in lowered.operators for t in op.inputs}
+    return {op.name: ("element-wise operator between host nodes: on the TPU alone it would "
+                      "cost a host round trip (its operands come from the host and only the "
+                      "host reads it)")
+            for op in lowered.operators if isinstance(op, Elementwise)
+            and not any(t.name in made for t in op.inputs) and op.output.name not in read}
 
 
 def host_closure(graph: Graph, lowered: Lowered) -> set[str]:
