@@ -183,6 +183,28 @@ def test_elementwise_mul_of_two_branches(tmp_path):
     assert_matches(model, m, {"x": x_of(b, 7)}, b.scale)
 
 
+def test_lookup_fused_after_the_add_and_a_padded_output(tmp_path):
+    # Add -> Sigmoid (the VADD's L table) -> a padded conv: the table moves the padding
+    # byte, so it is written again after the VADD
+    b = QDQBuilder((6, 5, 5), seed=13)
+    x = b.quantize()
+    xv = b.value
+    b.conv(6, (3, 3), pads=[1] * 4, name="conv1")
+    b.quantize()
+    binary(b, "Add", x, xv, "residual")
+    b.quantize()
+    b.unary("Sigmoid", name="gate")
+    b.quantize()
+    b.conv(6, (3, 3), pads=[2] * 4, name="conv2")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=4)
+    placed = rows(model)
+    for name in ("conv1", "residual", "gate", "conv2"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert "VADD.UL " in programs(model)
+    assert_matches(model, m, {"x": x_of(b, 6)}, b.scale)
+
+
 def test_vectors_and_many_rows_use_repeat_and_several_instructions(tmp_path):
     # (40,) vectors with batch 300 on a 16-wide array: 3 chunks x 300 rows = 900 rows each;
     # and an image big enough for more than one 4095-row iteration
@@ -301,3 +323,60 @@ def test_saved_model_keeps_the_elementwise_operator(tmp_path):
     x = x_of(b, 5)
     np.testing.assert_array_equal(model.run(x)["y"], again.run(x)["y"])
     assert any(isinstance(op, Elementwise) for op in tpu_ops(again))
+
+
+
+# --- a float ResNet-style block, quantized by the pipeline -------------------------------------
+
+def _float_resnet_block(seed=20, c=8, classes=5):
+    rng = np.random.default_rng(seed)
+    inits: list = []
+
+    def conv(name, x, cin, cout):
+        w = rng.normal(0, 1 / np.sqrt(cin * 9), (cout, cin, 3, 3)).astype(np.float32)
+        b = rng.normal(0, 0.1, cout).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}_w"),
+                      numpy_helper.from_array(b, f"{name}_b")])
+        return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_y"],
+                                name=name, pads=[1] * 4, kernel_shape=[3, 3])
+
+    fc_w = rng.normal(0, 0.5, (classes, c)).astype(np.float32)
+    inits += [numpy_helper.from_array(fc_w, "fc_w"),
+              numpy_helper.from_array(np.zeros(classes, np.float32), "fc_b")]
+    nodes = [conv("stem", "x", 3, c),
+             helper.make_node("Relu", ["stem_y"], ["s"], name="stem_relu"),
+             conv("conv1", "s", c, c),
+             helper.make_node("Relu", ["conv1_y"], ["h"], name="relu1"),
+             conv("conv2", "h", c, c),
+             helper.make_node("Add", ["conv2_y", "s"], ["sum"], name="residual"),
+             helper.make_node("Relu", ["sum"], ["r"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], name="fc", transB=1)]
+    g = helper.make_graph(nodes, "resnet", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", classes])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_float_resnet_block_keeps_its_skip_add_on_the_tpu_and_its_answers(tmp_path):
+    m = _float_resnet_block()
+    rng = np.random.default_rng(21)
+    calibration = rng.normal(0, 1, (64, 3, 8, 8)).astype(np.float32)
+    model = compiled(tmp_path, m, batch=16, config=["array_size=16"], calibration=calibration)
+    placed = rows(model)
+    for name in ("stem", "conv1", "conv2", "residual", "fc"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert len(model.segments) == 1                 # the whole block: no host round trip
+    x = rng.normal(0, 1, (48, 3, 8, 8)).astype(np.float32)
+    (want,) = run_ort(m, {"x": x})
+    assert np.mean(np.argmax(model.run(x)["y"], 1) == np.argmax(want, 1)) >= 0.95
+    qdq = onnx.load(str(model.reference_model))
+    (want_q,) = run_ort(qdq, {"x": x})
+    for engine in ("emulator", "reference"):
+        got = model.run(x, engine=engine)["y"]
+        step = np.min(np.diff(np.unique(want_q))) if len(np.unique(want_q)) > 1 else 1.0
+        diff = np.rint(np.abs(got - want_q) / step)
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (engine, diff.max())

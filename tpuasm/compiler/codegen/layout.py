@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..ir import Conv, Dense, Elementwise, Segment, Tensor
+from ..ir import Conv, Dense, Elementwise, Lookup, Segment, Tensor
 
 
 @dataclass(frozen=True)
@@ -150,14 +150,20 @@ def plan_layouts(segment: Segment, n: int) -> dict[str, Layout]:
 
 
 def _elementwise_classes(segment: Segment) -> dict[str, list[str]]:
-    """Tensor -> the tensors that must share its layout (linked by Elementwise operators),
-    as one list object per class."""
+    """Tensor -> the tensors that must share its layout (linked by Elementwise operators,
+    and a Lookup's output after one: fuse.py may make it the VADD's L table, which writes
+    it row for row), as one list object per class."""
     cls: dict[str, list[str]] = {}
+    made = {op.output.name for op in segment.operators if isinstance(op, Elementwise)}
     for op in segment.operators:
-        if not isinstance(op, Elementwise):
+        if isinstance(op, Elementwise):
+            names = (op.a.name, op.b.name, op.output.name)
+        elif isinstance(op, Lookup) and op.input.name in made:
+            names = (op.input.name, op.output.name)
+        else:
             continue
         merged: list[str] = []
-        for name in (op.a.name, op.b.name, op.output.name):
+        for name in names:
             members = cls.get(name, [name])
             for m in members:
                 if m not in merged:
