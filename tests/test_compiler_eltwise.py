@@ -205,6 +205,45 @@ def test_lookup_fused_after_the_add_and_a_padded_output(tmp_path):
     assert_matches(model, m, {"x": x_of(b, 6)}, b.scale)
 
 
+def test_an_add_read_by_a_flattening_gemm_shares_the_padded_layout(tmp_path):
+    # x is padded for conv1 and the Add shares x's layout; the Gemm over its flattened
+    # output is a whole-image Conv, which reads the padded image in place
+    b = QDQBuilder((4, 5, 5), seed=14)
+    x = b.quantize()
+    xv = b.value
+    b.conv(4, (3, 3), pads=[1] * 4, name="conv1")
+    b.quantize()
+    binary(b, "Add", x, xv, "residual")
+    b.quantize()
+    b.current = b.node("Flatten", [b.current], name="flat",
+                       value=b.value.reshape(len(b.value), -1))
+    b.matmul(6, "int32", name="fc")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=3)
+    placed = rows(model)
+    for name in ("conv1", "residual", "fc"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert_matches(model, m, {"x": x_of(b, 5)}, b.scale)
+
+
+def test_a_dense_reading_a_padded_shared_layout_refuses_the_elementwise():
+    # a Dense cannot read a padded image: the back end names the Elementwise (Refused), for
+    # the pipeline to put it on the host
+    from tpuasm.compiler import codegen
+    from tpuasm.compiler.ir import Conv, Dense, Segment
+    q = QParams(0.05, 128, False)
+    x, c, y = (Tensor(n, (4, 3, 3), q) for n in ("x", "c", "y"))
+    conv = Conv("conv", x, c, np.ones((4, 4, 3, 3), np.int8), np.full(4, 0.01, np.float32),
+                pads=(1, 1, 1, 1))
+    add = Elementwise("add", x, c, y, "add")
+    dense = Dense("fc", y, Tensor("out", (5,), q), np.ones((36, 5), np.int8),
+                  np.full(5, 0.01, np.float32))
+    segment = Segment("s", [conv, add, dense], [x], [dense.output])
+    with pytest.raises(codegen.Refused) as caught:
+        codegen.generate(segment, 2, array_size=16)
+    assert caught.value.operator == "add" and "padded image" in str(caught.value)
+
+
 def test_vectors_and_many_rows_use_repeat_and_several_instructions(tmp_path):
     # (40,) vectors with batch 300 on a 16-wide array: 3 chunks x 300 rows = 900 rows each;
     # and an image big enough for more than one 4095-row iteration
