@@ -759,7 +759,7 @@ class Lowerer:
                                 f"runs on the host (VADD/VMUL read two activation tensors)")
         sa, sb = self.g.sample_shape(a), self.g.sample_shape(b)
         if sa is None or sb is None:
-            raise NotMapped(f"the shapes of its operands are unknown")
+            raise NotMapped("the shapes of its operands are unknown")
         if tuple(sa) != tuple(sb):
             raise NotMapped(f"element-wise {node.op_type} broadcasts {tuple(sa)} with "
                             f"{tuple(sb)}; runs on the host (VADD/VMUL need one shape)")
@@ -769,9 +769,10 @@ class Lowerer:
         a_src, b_src = sources
         for src in sources:
             if src.quant.signed != out_q.signed:
-                raise NotMapped(f"operand '{src.tensor}' is {'int8' if src.quant.signed else 'uint8'}"
-                                f" and the output {'int8' if out_q.signed else 'uint8'}: "
-                                f"VADD/VMUL take one signedness (U flag)")
+                kind = {True: "int8", False: "uint8"}
+                raise NotMapped(f"operand '{src.tensor}' is {kind[src.quant.signed]} and the "
+                                f"output {kind[out_q.signed]}: VADD/VMUL take one signedness "
+                                f"(U flag)")
             if src.index is not None:
                 raise NotMapped("an operand is rearranged by a layout node")
         a, y = self._elementwise(a_src, out, out_q)
