@@ -183,6 +183,26 @@ def test_elementwise_mul_of_two_branches(tmp_path):
     assert_matches(model, m, {"x": x_of(b, 7)}, b.scale)
 
 
+def test_square_of_one_tensor_in_several_passes(tmp_path):
+    # Mul(c, c): one operand read twice (VMUL c, c, y); a small Unified Buffer cuts the
+    # batch into passes, each VMUL over its own pass's rows
+    b = QDQBuilder((6, 6, 6), seed=15)
+    b.quantize()
+    b.conv(6, (3, 3), pads=[1] * 4, name="conv")
+    b.quantize()
+    c, cv = b.current, b.value
+    binary(b, "Mul", c, cv, "square")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=16, config=SMALL + ["ub_rows=1200"])
+    assert rows(model)["square"].where == "TPU", rows(model)["square"].note
+    source = programs(model)
+    assert "pass 2 of" in source
+    vmuls = [line.split(";")[0].split() for line in source.splitlines()
+             if line.strip().startswith("VMUL")]
+    assert vmuls and all(v[1] == v[2] for v in vmuls)        # a, b: the same rows
+    assert_matches(model, m, {"x": x_of(b, 16)}, b.scale)
+
+
 def test_lookup_fused_after_the_add_and_a_padded_output(tmp_path):
     # Add -> Sigmoid (the VADD's L table) -> a padded conv: the table moves the padding
     # byte, so it is written again after the VADD
