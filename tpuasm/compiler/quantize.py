@@ -137,11 +137,28 @@ def _vector_operands(node, producer, chosen, graph_inputs, shapes) -> bool:
     if len(node.input) != 2 or not all(node.input):
         return False
     from_tpu = [i in producer and producer[i].name in chosen for i in node.input]
-    if not any(from_tpu) or not all(t or i in graph_inputs
+    if not any(from_tpu) or not all(t or _from_input(i, producer, graph_inputs)
                                     for t, i in zip(from_tpu, node.input)):
         return False
     a, b = (shapes.get(i) for i in node.input)
     return a is None or b is None or a == b
+
+
+_SELECT_OPS = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Identity"}
+
+
+def _from_input(name: str, producer: dict, graph_inputs: set) -> bool:
+    """A model input, or a part of one the host selects (an LSTM's initial state: Slice and
+    Squeeze of the input): the runtime quantizes it for the TPU at no cost in float accuracy
+    elsewhere (its float value stays where the host reads it)."""
+    for _ in range(16):
+        if name in graph_inputs:
+            return True
+        node = producer.get(name)
+        if node is None or node.op_type not in _SELECT_OPS or not node.input:
+            return False
+        name = node.input[0]
+    return False
 
 
 def _known_shapes(model) -> dict[str, tuple]:
