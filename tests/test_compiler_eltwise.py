@@ -439,3 +439,22 @@ def test_float_resnet_block_keeps_its_skip_add_on_the_tpu_and_its_answers(tmp_pa
         step = np.min(np.diff(np.unique(want_q))) if len(np.unique(want_q)) > 1 else 1.0
         diff = np.rint(np.abs(got - want_q) / step)
         assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (engine, diff.max())
+
+
+def test_unrolled_lstm_cell_runs_on_the_tpu_in_one_segment(tmp_path):
+    # the corpus's 10-step LSTM classifier: per-gate Gemms, gate Adds (VADD + sigmoid/tanh
+    # table), f*c, i*g, o*tanh(c) (VMUL) and the cell sum (VADD) all on the chip
+    import real_models
+    m = real_models.lstm_classifier()
+    path = tmp_path / "lstm.onnx"
+    onnx.save(m.model, str(path))
+    model = compile_model(path, batch=m.batch, calibration=m.calibration)
+    assert len(model.segments) == 2, [s.name for s in model.segments]   # the LSTM, the fc
+    ops = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    # 10 steps (an initial state: every step has its recurrent products): 4 gate Adds and
+    # the cell sum per step; f*c, i*g and o*tanh(c) per step
+    assert sum(op.op == "mul" for op in ops) == 30 and sum(op.op == "add" for op in ops) == 50
+    names = [o.name for o in m.reference.graph.output]
+    want = m.top1(run_ort(m.reference, m.evaluation)[names.index(m.output)])
+    got = m.top1(model.run(m.evaluation)[m.output])
+    assert np.mean(got == want) >= 0.99
