@@ -651,8 +651,8 @@ def test_an_if_whose_branches_read_outer_tensors(tmp_path):
 
 
 def test_a_qoperator_contrib_node_does_not_hide_the_types_after_it(tmp_path):
-    # QLinearAdd (com.microsoft) on the host: onnx cannot type its output, onnxruntime can,
-    # so the QLinearConv after it still maps to the TPU
+    # QLinearAdd (com.microsoft): onnx cannot type its output, onnxruntime can, so the
+    # QLinearConv after it still maps to the TPU (and the QLinearAdd itself, as a VADD)
     from onnx_models import const, model, qparams_inputs, value_info
     rng = np.random.default_rng(14)
 
@@ -684,7 +684,7 @@ def test_a_qoperator_contrib_node_does_not_hide_the_types_after_it(tmp_path):
     onnx.save(m, str(path))
     compiled = compile_model(path, batch=2, codegen=False)
     where = {r.node: r.where for r in compiled.report.rows}
-    assert where["residual"] == "host" and where["conv1"] == "TPU" and where["conv2"] == "TPU"
+    assert where["residual"] == "TPU" and where["conv1"] == "TPU" and where["conv2"] == "TPU"
     x = rng.normal(0, 1, (5, 4, 6, 6)).astype(np.float32)
     (want,) = run_ort(m, {"x": x})
     assert_within_lsb(compiled.run(x, engine="reference")["y"], want, 0.1)

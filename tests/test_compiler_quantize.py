@@ -218,11 +218,12 @@ def test_recurrent_classifier_puts_its_gate_gemms_on_the_tpu(tmp_path, kind, sta
                                      state=state)
     compiled = tpu_compile(path, batch=16, calibration=x)
     tpu_gemms = [r for r in compiled.report.compiled_nodes if r.op_type == "Gemm" and r.where == "TPU"]
-    # 5 steps: one input product each, one recurrent product (LSTM) / two (GRU) after step 0
-    # (and at step 0 too when there is an initial state)
+    # 5 steps: the input products (LSTM: one per gate, 4; GRU: one), the recurrent ones
+    # (LSTM: 4, one per gate; GRU: two) after step 0 (and at step 0 too when there is an
+    # initial state)
     steps_with_h = 5 if state else 4
-    per_step = 1 if kind == "LSTM" else 2
-    assert len(tpu_gemms) == 5 + per_step * steps_with_h + 1, compiled.report.text()
+    per_x, per_h = (4, 4) if kind == "LSTM" else (1, 2)
+    assert len(tpu_gemms) == 5 * per_x + per_h * steps_with_h + 1, compiled.report.text()
     assert all(compiled.provenance.source(r.node) in ("rnn", "fc") for r in tpu_gemms)
     (rnn,) = [r for r in compiled.report.rows if r.node == "rnn"]      # the user's node
     assert rnn.where == "TPU" and "on the TPU" in rnn.reason
@@ -347,12 +348,30 @@ def test_tpu_nodes_never_take_activation_products_gathers_or_softmax(tmp_path):
     _, model = _save(tmp_path, nodes, [_f("x", [2, 4]), _f("x2", [4, 3])],
                      [_f("b", [2, 3]), _f("gt", [2, 4])] +
                      [_f(t, [2, 4]) for t in ("s", "sg", "sh", "r")], inits, "sel")
-    assert tpu_nodes(model, QuantOptions()) == ["mm_const", "sig_after_tpu", "relu_after_tpu"]
-    assert tpu_nodes(model, QuantOptions(keep_float=("Sigmoid",))) == ["mm_const",
-                                                                       "relu_after_tpu"]
+    # an Add/Mul of two activations the TPU makes is a VADD/VMUL now: taken, and what
+    # reads it too; the MatMul of two activations, the Gather and the Softmax stay float
+    assert tpu_nodes(model, QuantOptions()) == ["mm_const", "add_act", "mul_act",
+                                                "sig_after_tpu", "sig_after_host",
+                                                "relu_after_tpu"]
+    assert tpu_nodes(model, QuantOptions(keep_float=("Sigmoid", "Mul"))) == [
+        "mm_const", "add_act", "relu_after_tpu"]
     assert tpu_nodes(model, QuantOptions(keep_float="mm_const")) == []
     with pytest.raises(CompileError, match="--keep-float nope: no node or operator type"):
         tpu_nodes(model, QuantOptions(keep_float="nope"))
+
+
+def test_tpu_nodes_take_an_add_of_two_tpu_values_but_not_a_broadcast_or_a_constant(tmp_path):
+    rng = np.random.default_rng(10)
+    inits = [_init("w", rng.normal(0, 1, (4, 4))), _init("c", rng.normal(0, 1, (2, 4))),
+             _init("w1", rng.normal(0, 1, (4, 1)))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("MatMul", ["x", "w1"], ["n"], name="mm_narrow"),
+             helper.make_node("Add", ["a", "x"], ["r"], name="skip"),         # + model input
+             helper.make_node("Mul", ["a", "n"], ["m"], name="broadcast"),    # (2,4) * (2,1)
+             helper.make_node("Add", ["a", "c"], ["k"], name="constant")]
+    _, model = _save(tmp_path, nodes, [_f("x", [2, 4])],
+                     [_f("r", [2, 4]), _f("m", [2, 4]), _f("k", [2, 4])], inits, "skip")
+    assert tpu_nodes(model, QuantOptions()) == ["mm", "mm_narrow", "skip"]
 
 
 # --- options -------------------------------------------------------------------------------

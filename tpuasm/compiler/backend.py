@@ -42,6 +42,10 @@ def generate_programs(steps, batch, machine, path="the model", fall_back: bool =
         if isinstance(step, TpuStep):
             try:
                 step.program = generate(step.segment)
+            except codegen.Refused as e:      # one operator, in this company: to the host
+                if not fall_back:
+                    raise CompileError(f"{step.name}: {e}") from None
+                failed[e.operator] = f"the back end does not map it: {e}"
             except codegen.CodegenError as e:
                 raise CompileError(f"{step.name}: {e}") from None
             except Exception as e:    # noqa: BLE001 - a case the back end mishandles
@@ -59,7 +63,8 @@ def _culprits(segment, generate, why: str) -> dict[str, str]:
     found = {}
     for op in segment.operators:
         try:
-            generate(Segment(f"{segment.name}_{op.name}", [op], [op.input], [op.output]))
+            generate(Segment(f"{segment.name}_{op.name}", [op], list(dict.fromkeys(op.inputs)),
+                             [op.output]))
         except Exception as e:       # noqa: BLE001 - as above, operator by operator
             found[op.name] = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
     return found or {op.name: why for op in segment.operators}

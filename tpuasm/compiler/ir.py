@@ -38,6 +38,14 @@ with the mean over the window's elements inside the image unless `count_include_
 Lookup: y_q = table[x_q] element-wise (table indexed by the input's integer value: for int8
 inputs, `table[(x_q + 256) % 256]`).  The front end fills the table exactly as onnxruntime's
 quantized sigmoid / tanh do, so the back end needs no floating point.
+
+Elementwise (two inputs a, b of one shape; every other operator reads one tensor: passes that
+walk the dataflow use `op.inputs`, a tuple):
+    add: real = a.dequantize(a_q) + b.dequantize(b_q)      (float32, as onnxruntime)
+    mul: real = a.dequantize(a_q) * b.dequantize(b_q)
+    y_q  = clamp(round_half_even(real / y.scale) + y.zero_point, lo, hi)
+with [lo, hi] as for Dense (a fused Relu / Clip).  The chip computes the exact real value with
+31-bit multipliers (VADD / VMUL, spec/isa.md 5.11): one unit apart on near-ties only.
 """
 from __future__ import annotations
 
@@ -103,8 +111,17 @@ class Activation:
     hi: float | None = None
 
 
+class _OneInput:
+    """An operator that reads one tensor (`input`); `inputs` is what every pass that walks
+    a segment's dataflow uses (an Elementwise reads two)."""
+
+    @property
+    def inputs(self) -> tuple:
+        return (self.input,)
+
+
 @dataclass
-class Dense:
+class Dense(_OneInput):
     """y = x @ weight (+ bias): x (K,), y (N,)."""
     name: str                         # the ONNX node it came from (first of a fused group)
     input: Tensor
@@ -117,7 +134,7 @@ class Dense:
 
 
 @dataclass
-class Conv:
+class Conv(_OneInput):
     """2-D convolution, dilation 1: x (C, H, W) -> y (O, Ho, Wo)."""
     name: str
     input: Tensor
@@ -134,7 +151,7 @@ class Conv:
 
 
 @dataclass
-class Pool:
+class Pool(_OneInput):
     """Max or average pooling of an image x (C, H, W); global pooling is kernel = (H, W)."""
     name: str
     input: Tensor
@@ -148,7 +165,7 @@ class Pool:
 
 
 @dataclass
-class Lookup:
+class Lookup(_OneInput):
     """Element-wise y = table[x] (quantized sigmoid, tanh, ...); shape unchanged."""
     name: str
     input: Tensor
@@ -158,7 +175,25 @@ class Lookup:
     nodes: tuple[str, ...] = ()
 
 
-Operator = Dense | Conv | Pool | Lookup
+@dataclass
+class Elementwise:
+    """y = a + b or a * b element by element (onnxruntime's QLinearAdd / QLinearMul): two
+    tensors of the same shape and layout, each with its own quantization, the output with
+    its own; an optional fused Relu / Clip (`activation`) clamps the result."""
+    name: str
+    a: Tensor
+    b: Tensor
+    output: Tensor
+    op: str = "add"                   # "add" | "mul"
+    activation: Activation = field(default_factory=Activation)
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def inputs(self) -> tuple:
+        return (self.a, self.b)
+
+
+Operator = Dense | Conv | Pool | Lookup | Elementwise
 
 
 @dataclass

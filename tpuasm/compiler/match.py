@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tpuasm.compiler.graph import Graph, Node
-from tpuasm.compiler.ir import Activation, Conv, Dense, Lookup, Operator, Pool, QParams, Tensor
+from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Operator, Pool,
+                                QParams, Tensor)
 
 LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 LOOKUP_OPS = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
@@ -714,6 +715,70 @@ class Lowerer:
             raise NotMapped("no table builder (onnxruntime) available")
         return self.table_builder(self.g, node, x.quant, out_q)
 
+    # --- element-wise Add / Mul of two activations (VADD / VMUL) -------------------------
+
+    def lower_binary(self, node: Node) -> Operator:
+        """DequantizeLinear(a), DequantizeLinear(b) -> Add | Mul (-> Relu | Clip) ->
+        QuantizeLinear: an Elementwise over two quantized tensors of one shape."""
+        kind = node.op_type.lower()
+        if len(node.inputs) != 2 or not all(node.inputs):
+            raise NotMapped(f"{node.op_type} without two inputs")
+        self._binary_operands(node.inputs[0], node.inputs[1], node)
+        try:
+            sources = [self.trace(name) for name in node.inputs]
+            out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
+        except NotMapped as e:
+            raise NotMapped(f"element-wise {node.op_type} of activations runs on the host: "
+                            f"{e}") from None
+        return self._binary(node, kind, sources, out, out_q, act,
+                            [node.name, *sources[0].nodes, *sources[1].nodes, *fused])
+
+    def lower_qlinear_binary(self, node: Node) -> Operator:
+        """com.microsoft QLinearAdd / QLinearMul (A, A_scale, A_zp, B, B_scale, B_zp,
+        C_scale, C_zp)."""
+        if len(node.inputs) < 7 or not node.input(0) or not node.input(3):
+            raise NotMapped(f"{node.op_type} without two inputs and an output scale")
+        self._binary_operands(node.input(0), node.input(3), node)
+        aq = self.qparams(node.input(1), node.input(2), node.input(0), node)
+        bq = self.qparams(node.input(4), node.input(5), node.input(3), node)
+        yq = self.qparams(node.input(6), node.input(7) if len(node.inputs) > 7 else "",
+                          node.outputs[0], node)
+        sources = [self.trace(node.input(0), aq), self.trace(node.input(3), bq)]
+        kind = node.op_type.replace("QLinear", "").lower()
+        return self._binary(node, kind, sources, node.outputs[0], yq, Activation(),
+                            [node.name, *sources[0].nodes, *sources[1].nodes])
+
+    def _binary_operands(self, a: str, b: str, node: Node):
+        """Two activations of one shape: a constant operand or a broadcast stays on the host."""
+        for name in (a, b):
+            dq = self.g.producer.get(name)
+            inner = dq.inputs[0] if dq is not None and dq.op_type == "DequantizeLinear" \
+                else name
+            if self.g.is_constant(name) or self.g.is_constant(inner):
+                raise NotMapped(f"element-wise {node.op_type} of an activation and a constant "
+                                f"runs on the host (VADD/VMUL read two activation tensors)")
+        sa, sb = self.g.sample_shape(a), self.g.sample_shape(b)
+        if sa is None or sb is None:
+            raise NotMapped("the shapes of its operands are unknown")
+        if tuple(sa) != tuple(sb):
+            raise NotMapped(f"element-wise {node.op_type} broadcasts {tuple(sa)} with "
+                            f"{tuple(sb)}; runs on the host (VADD/VMUL need one shape)")
+
+    def _binary(self, node: Node, kind: str, sources, out: str, out_q: QParams,
+                act: Activation, nodes) -> Operator:
+        a_src, b_src = sources
+        for src in sources:
+            if src.quant.signed != out_q.signed:
+                kind = {True: "int8", False: "uint8"}
+                raise NotMapped(f"operand '{src.tensor}' is {kind[src.quant.signed]} and the "
+                                f"output {kind[out_q.signed]}: VADD/VMUL take one signedness "
+                                f"(U flag)")
+            if src.index is not None:
+                raise NotMapped("an operand is rearranged by a layout node")
+        a, y = self._elementwise(a_src, out, out_q)
+        b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
+        return Elementwise(node.name, a, b, y, kind, act, tuple(dict.fromkeys(nodes)))
+
     # --- QOperator forms ----------------------------------------------------------------
 
     def lower_qlinear(self, node: Node) -> Operator:
@@ -814,6 +879,10 @@ class Lowerer:
             return self.lower_pool(node)
         if op in LOOKUP_OPS:
             return self.lower_lookup(node)
+        if op in BINARY_OPS:
+            return self.lower_binary(node)
+        if op in QLINEAR_BINARY_OPS:
+            return self.lower_qlinear_binary(node)
         if op.startswith("QLinear") or op == "QGemm":
             return self.lower_qlinear(node)
         if op in ("MatMulInteger", "ConvInteger"):
@@ -822,10 +891,12 @@ class Lowerer:
         raise NotMapped(f"{op} has no TPU mapping")
 
 
+BINARY_OPS = {"Add", "Mul"}                    # two activations: VADD / VMUL
+QLINEAR_BINARY_OPS = {"QLinearAdd", "QLinearMul"}
 CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
               "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAveragePool",
               "QLinearGlobalAveragePool", "MatMulInteger", "ConvInteger",
-              *LOOKUP_OPS, *QLINEAR_LOOKUP_OPS}
+              *LOOKUP_OPS, *QLINEAR_LOOKUP_OPS, *BINARY_OPS, *QLINEAR_BINARY_OPS}
 GLUE = {"QuantizeLinear", "DequantizeLinear", "Constant", *LAYOUT_OPS}
 
 
@@ -849,8 +920,8 @@ def host_reason(node: Node, graph: Graph) -> str:
         fused = (" (a bias Add directly after a MatMul's float output is fused into it; "
                  "this one comes after a QuantizeLinear)" if op_type == "Add" and
                  what.endswith("constant") else "")
-        return (f"element-wise {op_type} {what} runs on the host: the TPU v1 has no vector "
-                f"unit for it (the vector operations are another issue){fused}")
+        return (f"element-wise {op_type} {what} runs on the host: VADD/VMUL take an Add or "
+                f"Mul of two quantized activations of one shape only{fused}")
     if op_type in LAYOUT_HOST_OPS:
         return (f"{op_type} moves data between tensors; runs on the host (an IR operator "
                 f"writes one whole tensor)")

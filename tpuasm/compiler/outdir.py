@@ -22,8 +22,8 @@ import numpy as np
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.host import HostRunner
-from tpuasm.compiler.ir import (Activation, Conv, Dense, Lookup, Pool, QParams, Segment,
-                                Tensor)
+from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Pool, QParams,
+                                Segment, Tensor)
 from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
 from tpuasm.errors import OutputFileError, TpuasmError
 from tpuasm.files import atomic_directory
@@ -106,8 +106,12 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
     seg = step.segment
     arrays, ops = {}, []
     for i, op in enumerate(seg.operators):
-        entry = {"type": type(op).__name__, "name": op.name, "input": op.input.name,
+        entry = {"type": type(op).__name__, "name": op.name, "input": op.inputs[0].name,
                  "output": op.output.name, "nodes": list(op.nodes)}
+        if isinstance(op, Elementwise):
+            entry.update(input_b=op.b.name, op=op.op,
+                         activation={"kind": op.activation.kind, "lo": op.activation.lo,
+                                     "hi": op.activation.hi})
         if isinstance(op, (Dense, Conv)):
             arrays[f"op{i}.weight"] = op.weight
             arrays[f"op{i}.weight_scale"] = op.weight_scale
@@ -127,7 +131,7 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
         ops.append(entry)
     tensors = {}
     for op in seg.operators:
-        for t in (op.input, op.output):
+        for t in (*op.inputs, op.output):
             tensors[t.name] = _tensor_json(t)
     np.savez(d / f"{seg.name}.ir.npz", **arrays)
     entry = {"kind": "tpu", "name": seg.name, "ir": f"{seg.name}.ir.npz", "operators": ops,
@@ -304,6 +308,9 @@ def _load_step(s: dict, outdir: Path):
                             tuple(e["pads"]), e["count_include_pad"], nodes))
         elif kind == "Lookup":
             ops.append(Lookup(e["name"], x, y, arrays[f"op{i}.table"], e["function"], nodes))
+        elif kind == "Elementwise":
+            ops.append(Elementwise(e["name"], x, tensors[e["input_b"]], y, e["op"],
+                                   Activation(**e["activation"]), nodes))
         else:
             raise ValueError(f"unknown operator type {kind!r}")
     segment = Segment(s["name"], ops, [tensors[n] for n in s["inputs"]],

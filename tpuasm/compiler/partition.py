@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpuasm.compiler.graph import Graph, Node
-from tpuasm.compiler.ir import Operator, Segment
+from tpuasm.compiler.ir import Elementwise, Operator, Segment
 from tpuasm.compiler.match import Lowered
 
 
@@ -30,11 +30,24 @@ class Plan:
     unused: set[str] = field(default_factory=set)
 
 
+def lone_elementwise(lowered: Lowered) -> dict[str, str]:
+    """Elementwise operators (VADD / VMUL) that neither read a TPU operator's output nor
+    feed one: alone they are a segment of their own, a host round trip that costs more
+    than the host's own Add.  {operator name: why}, for the pipeline to put on the host."""
+    made = {op.output.name for op in lowered.operators}
+    read = {t.name for op in lowered.operators for t in op.inputs}
+    return {op.name: ("element-wise operator between host nodes: on the TPU alone it would "
+                      "cost a host round trip (its operands come from the host and only the "
+                      "host reads it)")
+            for op in lowered.operators if isinstance(op, Elementwise)
+            and not any(t.name in made for t in op.inputs) and op.output.name not in read}
+
+
 def host_closure(graph: Graph, lowered: Lowered) -> set[str]:
     """Names of the nodes the host must run."""
     available = set(graph.inputs) | set(graph.initializers)
     available |= {op.output.name for op in lowered.operators}
-    needed = list(graph.outputs) + [op.input.name for op in lowered.operators]
+    needed = list(graph.outputs) + [t.name for op in lowered.operators for t in op.inputs]
     host: set[str] = set()
     seen: set[str] = set()
     while needed:
@@ -60,11 +73,13 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
                         if o and n.name not in constant}
 
     def deps_of_op(op: Operator):
-        if op.input.name in produced_by_op:
-            return {("op", produced_by_op[op.input.name].name)}
-        if op.input.name in produced_by_host:
-            return {("host", produced_by_host[op.input.name].name)}
-        return set()
+        deps = set()
+        for t in op.inputs:               # one tensor, or two (an Elementwise)
+            if t.name in produced_by_op:
+                deps.add(("op", produced_by_op[t.name].name))
+            elif t.name in produced_by_host:
+                deps.add(("host", produced_by_host[t.name].name))
+        return deps
 
     def deps_of_node(node: Node):
         deps = set()
@@ -92,7 +107,7 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
     consumed_at: dict[str, set[int]] = {}
     for i, group in enumerate(steps):
         for item in group:
-            reads = [item.input.name] if not isinstance(item, Node) else item.inputs
+            reads = [t.name for t in item.inputs] if not isinstance(item, Node) else item.inputs
             for t in reads:
                 consumed_at.setdefault(t, set()).add(i)
     final = set(graph.outputs)
@@ -113,8 +128,9 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
             made = {op.output.name for op in group}
             seg_inputs, seg_outputs = [], []
             for op in group:
-                if op.input.name not in made and op.input not in seg_inputs:
-                    seg_inputs.append(op.input)
+                for t in op.inputs:
+                    if t.name not in made and t not in seg_inputs:
+                        seg_inputs.append(t)
                 if later(op.output.name):
                     seg_outputs.append(op.output)
             result.append(Segment(f"segment{seg_count}", group, seg_inputs, seg_outputs))

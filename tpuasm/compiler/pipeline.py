@@ -26,7 +26,7 @@ from tpuasm.compiler.fold import fold_float_model
 from tpuasm.compiler.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.match import GLUE, Lowered, lower
 from tpuasm.compiler.model import CompiledModel
-from tpuasm.compiler.partition import HostPart, plan
+from tpuasm.compiler.partition import HostPart, lone_elementwise, plan
 from tpuasm.compiler.provenance import Provenance
 from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
                                     read_model)
@@ -195,6 +195,10 @@ def _lower_and_generate(graph: Graph, batch, machine, path, codegen: bool, rewri
 
     while True:
         lowered = lower(graph, lookup_table, supported)
+        lone = lone_elementwise(lowered)
+        if lone:                 # until none is left: removing one may leave another alone
+            refused.update(lone)
+            continue
         if rewritten is not None:
             _prepared_reasons(graph, lowered, *rewritten)
         the_plan = plan(graph, lowered)

@@ -563,19 +563,23 @@ class _Unroller:
         return self.nodes
 
     def _lstm_step(self, x_t, h_prev, c_prev, w, r, b, h, tag):
-        # gate order i, o, f, c; B = [Wb, Rb]
+        # gate order i, o, f, c; B = [Wb, Rb].  One Gemm pair per gate (not one Gemm and
+        # four column Slices): each gate is then a whole tensor, so its Add, Sigmoid/Tanh
+        # and the cell's Mul/Add chain can stay on the TPU (VADD / VMUL, lookup tables)
         wb, rb = b[:4 * h], b[4 * h:]
-        if h_prev is None:       # zero state: R h = 0, the recurrent bias joins the input's
-            gates = self._gemm(x_t, w.T, wb + rb, f"{tag}/gemm_x")
-        else:
-            gx = self._gemm(x_t, w.T, wb, f"{tag}/gemm_x")
-            gh = self._gemm(h_prev, r.T, rb, f"{tag}/gemm_h")
-            gates = self._emit("Add", [gx, gh], f"{tag}/gates")
-        i = self._emit("Sigmoid", [self._cols(gates, 0, h, f"{tag}/i_cols")], f"{tag}/i")
-        o = self._emit("Sigmoid", [self._cols(gates, h, 2 * h, f"{tag}/o_cols")], f"{tag}/o")
-        f = self._emit("Sigmoid", [self._cols(gates, 2 * h, 3 * h, f"{tag}/f_cols")],
-                       f"{tag}/f")
-        g = self._emit("Tanh", [self._cols(gates, 3 * h, 4 * h, f"{tag}/c_cols")], f"{tag}/g")
+
+        def gate(k, name):
+            cols = slice(k * h, (k + 1) * h)
+            if h_prev is None:   # zero state: R h = 0, the recurrent bias joins the input's
+                return self._gemm(x_t, w.T[:, cols], wb[cols] + rb[cols], f"{tag}/{name}_x")
+            gx = self._gemm(x_t, w.T[:, cols], wb[cols], f"{tag}/{name}_x")
+            gh = self._gemm(h_prev, r.T[:, cols], rb[cols], f"{tag}/{name}_h")
+            return self._emit("Add", [gx, gh], f"{tag}/{name}_gates")
+
+        i = self._emit("Sigmoid", [gate(0, "i")], f"{tag}/i")
+        o = self._emit("Sigmoid", [gate(1, "o")], f"{tag}/o")
+        f = self._emit("Sigmoid", [gate(2, "f")], f"{tag}/f")
+        g = self._emit("Tanh", [gate(3, "c")], f"{tag}/g")
         ig = self._emit("Mul", [i, g], f"{tag}/i_g")
         if c_prev is None:
             c = ig

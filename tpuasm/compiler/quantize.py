@@ -86,9 +86,11 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
     with a constant weight (a matrix for MatMul); the Relu/Clip, lookup-table operators,
     pooling and layout nodes that read such a node's output; the bias Add of a MatMul on a
-    tensor of rank >= 3.  Never a MatMul of two activations, a Gather, OneHot, Softmax, the
-    parts of a LayerNorm or an Add/Mul of activations: quantizing those costs the host parts
-    their float accuracy and gains the TPU nothing.
+    tensor of rank >= 3; an Add/Mul of two activations of one shape (VADD/VMUL) that each
+    come from such a node or a model input, one at least from such a node (a residual
+    block's skip Add).  Never a MatMul of two activations, a Gather, OneHot, Softmax, the
+    parts of a LayerNorm, an Add/Mul with a constant or a broadcast one: quantizing those
+    costs the host parts their float accuracy and gains the TPU nothing.
 
     `options.keep_float` names nodes or operator types of the prepared model or, through
     `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
@@ -102,6 +104,8 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     producer = {o: n for n in g.node for o in n.output if o}
     bias_adds = {add.name for _, add, _, rank in matmul_bias_pairs(model) if rank >= 3}
     chosen: set[str] = set()
+    graph_inputs = {v.name for v in g.input if v.name not in inits}
+    shapes = _known_shapes(model)
     names = []
     for node in g.node:
         if options.keeps(node.name, node.op_type, provenance) or \
@@ -118,10 +122,61 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
             take = from_tpu
         elif op == "Add" and node.name in bias_adds:      # its MatMul is chosen
             take = any(i in producer and producer[i].name in chosen for i in node.input)
+        elif op in ("Add", "Mul"):
+            take = _vector_operands(node, producer, chosen, graph_inputs, shapes)
         if take:
             chosen.add(node.name)
             names.append(node.name)
     return names
+
+
+def _vector_operands(node, producer, chosen, graph_inputs, shapes) -> bool:
+    """An Add/Mul the TPU's VADD/VMUL take once quantized: two activation operands, each
+    made by a chosen node or a model input (quantized anyway), at least one by a chosen
+    node, of one shape when the shapes are known (a broadcast stays float)."""
+    if len(node.input) != 2 or not all(node.input):
+        return False
+    from_tpu = [i in producer and producer[i].name in chosen for i in node.input]
+    if not any(from_tpu) or not all(t or _from_input(i, producer, graph_inputs)
+                                    for t, i in zip(from_tpu, node.input)):
+        return False
+    a, b = (shapes.get(i) for i in node.input)
+    return a is None or b is None or a == b
+
+
+_SELECT_OPS = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Identity"}
+
+
+def _from_input(name: str, producer: dict, graph_inputs: set) -> bool:
+    """A model input, or a part of one the host selects (an LSTM's initial state: Slice and
+    Squeeze of the input): the runtime quantizes it for the TPU at no cost in float accuracy
+    elsewhere (its float value stays where the host reads it)."""
+    for _ in range(16):
+        if name in graph_inputs:
+            return True
+        node = producer.get(name)
+        if node is None or node.op_type not in _SELECT_OPS or not node.input:
+            return False
+        name = node.input[0]
+    return False
+
+
+def _known_shapes(model) -> dict[str, tuple]:
+    """Tensor name -> its shape where shape inference knows every dimension (symbolic
+    dimensions by name), for telling a broadcast apart; {} when inference fails."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:                     # noqa: BLE001 - no shapes: decide without them
+        return {}
+    shapes = {}
+    g = inferred.graph
+    for v in list(g.input) + list(g.value_info) + list(g.output):
+        dims = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else ()
+        shape = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                      for d in dims)
+        if dims and all(d is not None for d in shape):
+            shapes[v.name] = shape
+    return shapes
 
 
 def _check_keep_float(model, keep, path, original: dict) -> None:

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
-from tpuasm.compiler.ir import Conv, Dense, Lookup, Pool
+from tpuasm.compiler.ir import Conv, Dense, Elementwise, Lookup, Pool
 
 # below this share of the network's MACs on the TPU the report warns
 MIN_TPU_MAC_SHARE = 0.5
@@ -356,6 +356,9 @@ def describe(op) -> str:
                 f"{op.strides[0]}x{op.strides[1]} -> {'x'.join(map(str, op.output.shape))}")
     if isinstance(op, Lookup):
         return f"{op.function or 'element-wise'} lookup table"
+    if isinstance(op, Elementwise):
+        return (f"element-wise {op.op} of two tensors {'x'.join(map(str, op.output.shape))}"
+                f" ({'VADD' if op.op == 'add' else 'VMUL'}){act}")
     return type(op).__name__
 
 

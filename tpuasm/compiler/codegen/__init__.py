@@ -23,19 +23,19 @@ import re
 import numpy as np
 
 from ...isa import ISA_TABLE
-from ..ir import Conv, Dense, HostLayout, Lookup, Pool, Segment
+from ..ir import Conv, Dense, Elementwise, HostLayout, Lookup, Pool, Segment
 from .alloc import allocate, load_points
 from .emit import Emitter
 from .fuse import Fusion, plan_fusion
 from .layout import plan_layouts
-from .lower import MAX_DMA, CodegenError, Lowering
+from .lower import MAX_DMA, CodegenError, Lowering, Refused
 from .pack import pack_segment
 from .program import CompiledSegment
 from .weights import WEIGHT_MEMORY_BYTES, WeightImage, group_chunks, identity_tile
 
 DEFAULTS = ISA_TABLE.machine
 
-__all__ = ["generate", "supports", "weight_tiles", "pack_segment", "CodegenError",
+__all__ = ["generate", "supports", "weight_tiles", "pack_segment", "CodegenError", "Refused",
            "CompiledSegment", "WEIGHT_MEMORY_BYTES"]
 
 
@@ -59,6 +59,14 @@ def supports(op) -> str | None:
         return None
     if isinstance(op, Lookup):
         return None if len(op.table) == 256 else "a lookup table needs 256 entries"
+    if isinstance(op, Elementwise):
+        if op.op not in ("add", "mul"):
+            return f"element-wise {op.op!r} (VADD adds, VMUL multiplies)"
+        if not (op.a.shape == op.b.shape == op.output.shape):
+            return "operands of different shapes (VADD/VMUL read equal row ranges)"
+        if not (op.a.quant.signed == op.b.quant.signed == op.output.quant.signed):
+            return "operands of different signedness (one U flag for A, B and C)"
+        return None
     return f"{type(op).__name__} is not a TPU operator"
 
 
@@ -168,7 +176,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     fusion = plan_fusion(segment, half_rows)
     layouts = plan_layouts(segment, n)
     steps = fusion.steps
-    order = [([s.reads], [s.writes]) for s in steps]
+    order = [(s.reads, [s.writes]) for s in steps]
     inputs = [t.name for t in segment.inputs]
     outputs = [t.name for t in segment.outputs]
     needs_dense = any(isinstance(s.op, Dense) for s in steps)

@@ -7,25 +7,27 @@
   then requantizing equals requantizing then pooling.  Average pooling is not fused: its
   mean of requantized values rounds twice.  Fusion needs a sample's whole conv output in one
   accumulator half.
+- A Lookup after an Elementwise (read by nothing else) becomes its VADD/VMUL's L table.
 Each remaining group is a `Step`: one operator plus what is fused into it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Conv, Dense, Lookup, Pool, Segment
+from ..ir import Conv, Dense, Elementwise, Lookup, Pool, Segment
 from .layout import output_hw
 
 
 @dataclass
 class Step:
-    op: Dense | Conv | Pool | Lookup
+    op: Dense | Conv | Pool | Lookup | Elementwise
     pool: Pool | None = None
     lookup: Lookup | None = None
 
     @property
-    def reads(self) -> str:
-        return self.op.input.name
+    def reads(self) -> list[str]:
+        """The tensors the step reads: one, or an Elementwise's two."""
+        return list(dict.fromkeys(t.name for t in self.op.inputs))
 
     @property
     def writes(self) -> str:
@@ -41,8 +43,9 @@ class Step:
         return [o.name for o in (self.op, self.pool, self.lookup) if o is not None]
 
     def constant_rows(self, n: int) -> int:
-        table = -(-256 // n) if (self.lookup is not None or isinstance(self.op, Lookup)) else 0
         op = self.op
+        table = -(-256 // n) if (self.lookup is not None or isinstance(op, Lookup) or (
+            isinstance(op, Elementwise) and op.activation.kind != "none")) else 0
         if isinstance(op, Dense):
             blocks = -(-op.weight.shape[1] // n)
         elif isinstance(op, Conv):
@@ -66,6 +69,8 @@ class Step:
                 what += f", {op.groups} groups"
         elif isinstance(op, Pool):
             what = f"{op.kind} Pool {op.kernel} stride {op.strides} pads {op.pads}"
+        elif isinstance(op, Elementwise):
+            what = f"element-wise {op.op} ({'VADD' if op.op == 'add' else 'VMUL'})"
         else:
             what = f"Lookup ({op.function or 'table'})"
         act = getattr(op, "activation", None)
@@ -80,7 +85,7 @@ class Step:
     def describe(self, layouts) -> str:
         fused = self.op.nodes if self.op.nodes else ()
         extra = f" (ONNX nodes {', '.join(fused)})" if fused else ""
-        return f"---- {self.summary()}{extra}\n     {self.reads} -> {self.writes}"
+        return f"---- {self.summary()}{extra}\n     {', '.join(self.reads)} -> {self.writes}"
 
     def lower(self, low):
         op = self.op
@@ -90,6 +95,8 @@ class Step:
             low.conv(op, self.pool, self.lookup)
         elif isinstance(op, Pool):
             low.pool(op, self.lookup)
+        elif isinstance(op, Elementwise):
+            low.elementwise(op, self.lookup)
         else:
             low.lookup(op)
 
@@ -102,7 +109,8 @@ class Fusion:
 def plan_fusion(segment: Segment, half_rows: int) -> Fusion:
     readers: dict[str, list] = {}
     for op in segment.operators:
-        readers.setdefault(op.input.name, []).append(op)
+        for name in dict.fromkeys(t.name for t in op.inputs):
+            readers.setdefault(name, []).append(op)
     outputs = {t.name for t in segment.outputs}
 
     def only_reader(tensor) -> object | None:
@@ -124,7 +132,7 @@ def plan_fusion(segment: Segment, half_rows: int) -> Fusion:
                 step.pool = nxt
                 fused.add(id(nxt))
                 last = nxt
-        if isinstance(op, (Dense, Conv, Pool)):
+        if isinstance(op, (Dense, Conv, Pool, Elementwise)):
             nxt = only_reader(last.output)
             if isinstance(nxt, Lookup):
                 step.lookup = nxt

@@ -11,13 +11,17 @@ of every sample with one MMC.C: the samples' padded images are stacked into one 
 (image_rows = height * pitch, height a multiple of every consumer's stride).  The padding
 holds the tensor's zero point (real zero), as ONNX pads.  Host memory uses the same layout,
 one pass of samples after another.
+
+An Elementwise (VADD / VMUL) reads its two operands and writes its output row for row, so the
+three share one layout: the union of their padding and the lcm of their row multiples.  Its
+padding then comes out right by itself: (z_a - z_a) and (z_b - z_b) give z_c.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from ..ir import Conv, Segment, Tensor
+from ..ir import Conv, Dense, Elementwise, Lookup, Segment, Tensor
 
 
 @dataclass(frozen=True)
@@ -117,14 +121,56 @@ def plan_layouts(segment: Segment, n: int) -> dict[str, Layout]:
     for t in segment.inputs:
         tensors[t.name] = t
     for op in segment.operators:
-        tensors.setdefault(op.input.name, op.input)
+        for t in op.inputs:
+            tensors.setdefault(t.name, t)
         tensors.setdefault(op.output.name, op.output)
         if isinstance(op, Conv):
             name = op.input.name
             pads[name] = pads.get(name, Pads()).union(conv_pads(op))
             multiple[name] = math.lcm(multiple.get(name, 1), op.strides[0])
-    return {name: Layout(t, n, pads.get(name, Pads()), multiple.get(name, 1))
-            for name, t in tensors.items()}
+    shared = _elementwise_classes(segment)
+    for members in {id(c): c for c in shared.values()}.values():
+        union, lcm = Pads(), 1
+        for name in members:
+            union = union.union(pads.get(name, Pads()))
+            lcm = math.lcm(lcm, multiple.get(name, 1))
+        for name in members:
+            pads[name], multiple[name] = union, lcm
+    layouts = {name: Layout(t, n, pads.get(name, Pads()), multiple.get(name, 1))
+               for name, t in tensors.items()}
+    for op in segment.operators:
+        if isinstance(op, Dense) and op.input.name in shared and layouts[op.input.name].pads.any:
+            culprit = next(e for e in segment.operators if isinstance(e, Elementwise)
+                           and op.input.name in shared[e.output.name])
+            from .lower import Refused
+            raise Refused(culprit.name, f"{culprit.name}: its operands and output share one "
+                          f"padded layout (a convolution reads one of them), and the Dense "
+                          f"{op.name} cannot read a padded image")
+    return layouts
+
+
+def _elementwise_classes(segment: Segment) -> dict[str, list[str]]:
+    """Tensor -> the tensors that must share its layout (linked by Elementwise operators,
+    and a Lookup's output after one: fuse.py may make it the VADD's L table, which writes
+    it row for row), as one list object per class."""
+    cls: dict[str, list[str]] = {}
+    made = {op.output.name for op in segment.operators if isinstance(op, Elementwise)}
+    for op in segment.operators:
+        if isinstance(op, Elementwise):
+            names = (op.a.name, op.b.name, op.output.name)
+        elif isinstance(op, Lookup) and op.input.name in made:
+            names = (op.input.name, op.output.name)
+        else:
+            continue
+        merged: list[str] = []
+        for name in names:
+            members = cls.get(name, [name])
+            for m in members:
+                if m not in merged:
+                    merged.append(m)
+        for m in merged:
+            cls[m] = merged
+    return cls
 
 
 def output_hw(op) -> tuple[int, int]:

@@ -16,6 +16,10 @@ the whole batch's output, the rows are cut into bands (the taps are fetched agai
 Activate applies P's per-channel bias and requantization (the input zero point folded into
 the bias), the clip bounds, a fused max pooling (M) and a fused lookup table (L).
 
+Elementwise: the operands and the output share one layout (layout.py), so one VADD / VMUL
+walks all their rows, padding included (it comes out as z_c), in iterations of at most 4095
+rows (the length field), repeat walking them; a fused Relu / Clip / Lookup is the L table.
+
 Pool / Lookup that could not be fused: an identity tile copies the image into the
 accumulators (MMC.C with one tap skips the padding), then Activate pools (max: exact; average:
 P with bias -z_x and the count folded into the division, one rounding) or looks up.
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Conv, Dense, Lookup, Pool
+from ...machine.vector import qlinear_registers
+from ..ir import Conv, Dense, Elementwise, Lookup, Pool
+from ..reference import activation_bounds
 from . import quant
 from .layout import Layout, output_hw
 from .weights import (conv_tile, dense_tile, group_chunks, grouped_conv_tile,
@@ -32,10 +38,20 @@ from .weights import (conv_tile, dense_tile, group_chunks, grouped_conv_tile,
 
 MAX_DMA = 65535             # RHM/WHM/RHMA length field
 MAX_REPEAT = 256
+MAX_VECTOR = 4095           # VADD/VMUL length field (12 bits)
 
 
 class CodegenError(ValueError):
     """An operator (or combination) the back end cannot map; names the node."""
+
+
+class Refused(CodegenError):
+    """One operator the back end cannot map in this segment's company (`operator`): the
+    pipeline puts it on the host and compiles the rest again."""
+
+    def __init__(self, operator: str, message: str):
+        super().__init__(message)
+        self.operator = operator
 
 
 def signed_flag(layout: Layout) -> str:
@@ -527,6 +543,52 @@ class Lowering:
                                    range(b, b + 1), len(rows), src.width,
                                    f"{op.kind} pool rows {oy0}..{oy1 - 1}", oy0)
 
+    # ------------------------------------------------------------------ Elementwise
+    def elementwise(self, op: Elementwise, lookup: Lookup | None):
+        c = self.c
+        p = c.batch
+        lay_a, lay_b = c.layouts[op.a.name], c.layouts[op.b.name]
+        final = lookup.output if lookup else op.output
+        dst = c.layouts[final.name]
+        rows = dst.rows(p)
+        if not (lay_a.rows(p) == lay_b.rows(p) == rows and lay_a.pads == lay_b.pads == dst.pads
+                and lay_a.image_rows == lay_b.image_rows == dst.image_rows):
+            raise CodegenError(f"{op.name}: operands and output in different layouts "
+                               f"({lay_a.describe()}; {lay_b.describe()}; {dst.describe()})")
+        qa, qb, qc = op.a.quant, op.b.quant, op.output.quant
+        e = self.e
+        e.cfg(**qlinear_registers(op.op, qa.scale, qa.zero_point, qb.scale, qb.zero_point,
+                                  qc.scale, qc.zero_point))
+        table = elementwise_table(op, lookup)
+        flags = ("" if qc.signed else "U") + ("L" if table is not None else "")
+        if table is not None:
+            e.cfg(act_table=c.table_block(("elementwise", op.name), table))
+        name = "VADD" if op.op == "add" else "VMUL"
+        mnemonic = f"{name}.{flags}" if flags else name
+        what = (f"{op.op}, requantized" + (f", {op.activation.kind}" if op.activation.kind
+                                           != "none" else "")
+                + (f", {lookup.function or 'lookup'}" if lookup else ""))
+        at = 0
+        while at < rows:             # whole iterations of MAX_VECTOR rows, then the rest
+            length = min(MAX_VECTOR, rows - at)
+            reps = min(MAX_REPEAT, (rows - at) // length)
+            rep = ""
+            if reps > 1:
+                e.cfg(rep_ub_stride=length)
+                rep = f", repeat={reps}"
+            e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {self.ub(op.b.name, at)}, "
+                   f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
+                   f"{what}: rows {at}..{at + reps * length - 1}")
+            at += reps * length
+        slot = c.alloc.of[dst.tensor.name].name
+        if dst.pads.any:
+            if table is not None and table[qc.zero_point & 0xFF] != \
+                    (dst.tensor.quant.zero_point & 0xFF):
+                c.padded.pop(slot, None)   # the table moved the padding: write it again
+                self.fill_pads(dst)
+            else:
+                c.padded[slot] = dst.padding_key
+
     # ------------------------------------------------------------------ Lookup
     def lookup(self, op: Lookup):
         c = self.c
@@ -561,6 +623,21 @@ class Lowering:
                 switched = True
                 self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
                                  src.width, f"{what} {chunk * c.n}..")
+
+
+def elementwise_table(op: Elementwise, lookup: Lookup | None) -> np.ndarray | None:
+    """The L table of a VADD / VMUL, indexed by the stored output byte: the fused clamp
+    (Relu / Clip), then a fused Lookup's table; None when neither is fused."""
+    if op.activation.kind == "none" and lookup is None:
+        return None
+    q = op.output.quant
+    stored = np.arange(256)
+    value = stored - 256 * (stored >= 128) if q.signed else stored
+    lo, hi = activation_bounds(op.activation, q)
+    byte = np.clip(value, lo, hi) & 0xFF
+    if lookup is not None:
+        return np.asarray(lookup.table).astype(np.int64)[byte] & 0xFF
+    return byte
 
 
 def output_hw_pool(pool: Pool, height: int, width: int) -> tuple[int, int]:

@@ -54,7 +54,8 @@ def pack_segment(segment: Segment, n: int) -> tuple[Segment, dict[str, Packing]]
     (same tensor name, packed shape), and the host packing of each such input."""
     readers: dict[str, list] = {}
     for op in segment.operators:
-        readers.setdefault(op.input.name, []).append(op)
+        for name in dict.fromkeys(t.name for t in op.inputs):
+            readers.setdefault(name, []).append(op)
     outputs = {t.name for t in segment.outputs}
     packings: dict[str, Packing] = {}
     new_ops, new_inputs = list(segment.operators), list(segment.inputs)

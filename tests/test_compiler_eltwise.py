@@ -1,0 +1,460 @@
+"""Element-wise Add and Mul of two quantized activations on the chip (VADD / VMUL): QDQ and
+QOperator (com.microsoft QLinearAdd / QLinearMul) models compiled end to end, the emulator
+and the numpy reference against onnxruntime on the same quantized model."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("tpuasm.compiler.codegen")
+
+from onnx_models import run_ort  # noqa: E402
+from qdq_builder import QDQBuilder  # noqa: E402
+from tpuasm.compiler import reference  # noqa: E402
+from tpuasm.compiler.ir import Activation, Elementwise, QParams, Tensor  # noqa: E402
+from tpuasm.compiler.pipeline import compile_model  # noqa: E402
+
+SMALL = ["array_size=16", "acc_rows=64"]
+
+
+def compiled(tmp_path, m, batch=5, config=SMALL, **kw):
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    return compile_model(path, batch=batch, config=config, **kw)
+
+
+def assert_matches(model, m, feeds, y_scale, identical=0.999, output="y"):
+    """Emulator and reference against onnxruntime on the same quantized model, in LSB."""
+    want = run_ort(m, feeds)[0]
+    x = feeds if len(feeds) > 1 else next(iter(feeds.values()))
+    for engine in ("emulator", "reference"):
+        got = model.run(x, engine=engine)[output]
+        assert got.shape == want.shape, (engine, got.shape, want.shape)
+        diff = np.rint(np.abs(got.astype(np.float64) - want.astype(np.float64)) / y_scale)
+        same = float(np.mean(diff == 0))
+        assert diff.max() <= 1 and same >= identical, (engine, same, diff.max())
+
+
+def rows(model):
+    return {r.node: r for r in model.report.rows}
+
+
+def tpu_ops(model):
+    return [op for seg in model.segments for op in seg.operators]
+
+
+def programs(model) -> str:
+    return "\n".join(s.program.source for s in model.steps if getattr(s, "program", None))
+
+
+def x_of(b: QDQBuilder, count: int, seed: int = 7) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 1.1, (count,) + b.x_shape).astype(np.float32)
+
+
+def binary(b: QDQBuilder, op: str, other: str, other_value, name: str):
+    value = b.value + other_value if op == "Add" else b.value * other_value
+    b.current = b.node(op, [b.current, other], name=name, value=value)
+
+
+# --- the numpy reference against onnxruntime's QLinearAdd / QLinearMul ------------------------
+
+def _qlinear_model(op, aq, bq, cq, shape):
+    dt = TensorProto.INT8 if cq.signed else TensorProto.UINT8
+    np_t = np.int8 if cq.signed else np.uint8
+    inits = []
+    names = []
+    for tag, q in (("a", aq), ("b", bq)):
+        inits += [numpy_helper.from_array(np.float32(q.scale), f"{tag}_s"),
+                  numpy_helper.from_array(np.asarray(q.zero_point, np_t), f"{tag}_z")]
+        names += [tag, f"{tag}_s", f"{tag}_z"]
+    inits += [numpy_helper.from_array(np.float32(cq.scale), "c_s"),
+              numpy_helper.from_array(np.asarray(cq.zero_point, np_t), "c_z")]
+    node = helper.make_node(f"QLinear{op.capitalize()}", names + ["c_s", "c_z"], ["y"],
+                            domain="com.microsoft")
+    g = helper.make_graph([node], "q", [helper.make_tensor_value_info(t, dt, list(shape))
+                                        for t in ("a", "b")],
+                          [helper.make_tensor_value_info("y", dt, list(shape))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+@pytest.mark.parametrize("signed", [False, True])
+def test_reference_elementwise_is_onnxruntime_qlinear(op, signed):
+    rng = np.random.default_rng(3)
+    shape = (4, 6, 5, 5)
+    for _ in range(12):
+        zp = (lambda: 0) if signed else (lambda: int(rng.integers(0, 256)))
+        aq, bq = QParams(float(rng.uniform(0.005, 0.1)), zp(), signed), \
+            QParams(float(rng.uniform(0.005, 0.1)), zp(), signed)
+        cq = QParams(float(rng.uniform(0.01, 0.2) * (0.1 if op == "mul" else 1)), zp(), signed)
+        lo, hi = (-128, 128) if signed else (0, 256)
+        dt = np.int8 if signed else np.uint8
+        a = rng.integers(lo, hi, shape).astype(dt)
+        b = rng.integers(lo, hi, shape).astype(dt)
+        e = Elementwise("e", Tensor("a", shape[1:], aq), Tensor("b", shape[1:], bq),
+                        Tensor("y", shape[1:], cq), op)
+        (want,) = run_ort(_qlinear_model(op, aq, bq, cq, shape), {"a": a, "b": b})
+        got = reference.evaluate(e, a, b)
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.999
+
+
+def test_reference_add_follows_onnxruntime_on_exact_ties():
+    # scale ratios 5/6 and 1/3: a sixth of the real results are exact ties, which
+    # onnxruntime's float32 kernel rounds by its own rounding errors; the reference repeats
+    # them (the chip, exact with 31-bit ratios, does not: docs/compiler.md)
+    aq, bq, cq = QParams(0.05, 120, False), QParams(0.02, 128, False), QParams(0.06, 110, False)
+    rng = np.random.default_rng(5)
+    shape = (3, 4, 6, 6)
+    a, b = (rng.integers(0, 256, shape).astype(np.uint8) for _ in range(2))
+    e = Elementwise("e", Tensor("a", shape[1:], aq), Tensor("b", shape[1:], bq),
+                    Tensor("y", shape[1:], cq), "add")
+    (want,) = run_ort(_qlinear_model("add", aq, bq, cq, shape), {"a": a, "b": b})
+    np.testing.assert_array_equal(reference.evaluate(e, a, b), want)
+
+
+def test_reference_elementwise_relu_clamps_at_the_zero_point():
+    q = QParams(0.1, 10, False)
+    t = Tensor("a", (3,), q)
+    e = Elementwise("e", t, Tensor("b", (3,), q), Tensor("y", (3,), q), "add",
+                    Activation("relu"))
+    a = np.array([[0, 10, 200]], np.uint8)
+    b = np.array([[0, 10, 100]], np.uint8)
+    # reals -1 + -1 = -2 -> relu 0 -> zp 10; 0 + 0 -> 10; 19 + 9 = 28 -> 290 -> 255
+    np.testing.assert_array_equal(reference.evaluate(e, a, b), [[10, 10, 255]])
+
+
+# --- QDQ models ---------------------------------------------------------------------------------
+
+def residual_block(relu=True, seed=1, channels=6, hw=6):
+    """x -> conv 3x3 -> relu -> conv 3x3 -> Add(skip x) (-> Relu), QDQ throughout."""
+    b = QDQBuilder((channels, hw, hw), seed=seed)
+    skip = b.quantize()
+    skip_value = b.value
+    b.conv(channels, (3, 3), pads=[1] * 4, name="conv1")
+    b.unary("Relu", name="relu1")
+    b.quantize()
+    b.conv(channels, (3, 3), pads=[1] * 4, name="conv2")
+    b.quantize()
+    binary(b, "Add", skip, skip_value, "residual")
+    if relu:
+        b.unary("Relu", name="relu2")
+    return b
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_residual_add_runs_on_the_tpu(tmp_path, relu):
+    b = residual_block(relu)
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["residual"].where == "TPU", placed["residual"].note
+    if relu:
+        assert placed["relu2"].where == "TPU"
+    ops = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    assert [op.op for op in ops] == ["add"]
+    assert len(model.segments) == 1                 # no host round trip for the skip
+    source = programs(model)
+    assert "VADD.UL " in source if relu else "VADD.U " in source    # uint8; relu: L table
+    assert_matches(model, m, {"x": x_of(b, 9)}, b.scale)
+
+
+def test_elementwise_mul_of_two_branches(tmp_path):
+    b = QDQBuilder((8, 5, 5), seed=4)
+    x = b.quantize()
+    xv = b.value
+    b.conv(8, (1, 1), name="gate_conv")
+    b.unary("Sigmoid", name="gate")
+    b.quantize()
+    gate, gate_value = b.current, b.value
+    b.current, b.value = x, xv
+    b.conv(8, (3, 3), pads=[1] * 4, name="body")
+    b.quantize()
+    binary(b, "Mul", gate, gate_value, "scale")
+    m = b.model(signed_output=False)
+    model = compiled(tmp_path, m, batch=3)
+    assert rows(model)["scale"].where == "TPU", rows(model)["scale"].note
+    assert [op.op for op in tpu_ops(model) if isinstance(op, Elementwise)] == ["mul"]
+    assert_matches(model, m, {"x": x_of(b, 7)}, b.scale)
+
+
+def test_square_of_one_tensor_in_several_passes(tmp_path):
+    # Mul(c, c): one operand read twice (VMUL c, c, y); a small Unified Buffer cuts the
+    # batch into passes, each VMUL over its own pass's rows
+    b = QDQBuilder((6, 6, 6), seed=15)
+    b.quantize()
+    b.conv(6, (3, 3), pads=[1] * 4, name="conv")
+    b.quantize()
+    c, cv = b.current, b.value
+    binary(b, "Mul", c, cv, "square")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=16, config=SMALL + ["ub_rows=1200"])
+    assert rows(model)["square"].where == "TPU", rows(model)["square"].note
+    source = programs(model)
+    assert "pass 2 of" in source
+    vmuls = [line.split(";")[0].split() for line in source.splitlines()
+             if line.strip().startswith("VMUL")]
+    assert vmuls and all(v[1] == v[2] for v in vmuls)        # a, b: the same rows
+    assert_matches(model, m, {"x": x_of(b, 16)}, b.scale)
+
+
+def test_lookup_fused_after_the_add_and_a_padded_output(tmp_path):
+    # Add -> Sigmoid (the VADD's L table) -> a padded conv: the table moves the padding
+    # byte, so it is written again after the VADD
+    b = QDQBuilder((6, 5, 5), seed=13)
+    x = b.quantize()
+    xv = b.value
+    b.conv(6, (3, 3), pads=[1] * 4, name="conv1")
+    b.quantize()
+    binary(b, "Add", x, xv, "residual")
+    b.quantize()
+    b.unary("Sigmoid", name="gate")
+    b.quantize()
+    b.conv(6, (3, 3), pads=[2] * 4, name="conv2")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=4)
+    placed = rows(model)
+    for name in ("conv1", "residual", "gate", "conv2"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert "VADD.UL " in programs(model)
+    assert_matches(model, m, {"x": x_of(b, 6)}, b.scale)
+
+
+def test_an_add_read_by_a_flattening_gemm_shares_the_padded_layout(tmp_path):
+    # x is padded for conv1 and the Add shares x's layout; the Gemm over its flattened
+    # output is a whole-image Conv, which reads the padded image in place
+    b = QDQBuilder((4, 5, 5), seed=14)
+    x = b.quantize()
+    xv = b.value
+    b.conv(4, (3, 3), pads=[1] * 4, name="conv1")
+    b.quantize()
+    binary(b, "Add", x, xv, "residual")
+    b.quantize()
+    b.current = b.node("Flatten", [b.current], name="flat",
+                       value=b.value.reshape(len(b.value), -1))
+    b.matmul(6, "int32", name="fc")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=3)
+    placed = rows(model)
+    for name in ("conv1", "residual", "fc"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert_matches(model, m, {"x": x_of(b, 5)}, b.scale)
+
+
+def test_a_dense_reading_a_padded_shared_layout_refuses_the_elementwise():
+    # a Dense cannot read a padded image: the back end names the Elementwise (Refused), for
+    # the pipeline to put it on the host
+    from tpuasm.compiler import codegen
+    from tpuasm.compiler.ir import Conv, Dense, Segment
+    q = QParams(0.05, 128, False)
+    x, c, y = (Tensor(n, (4, 3, 3), q) for n in ("x", "c", "y"))
+    conv = Conv("conv", x, c, np.ones((4, 4, 3, 3), np.int8), np.full(4, 0.01, np.float32),
+                pads=(1, 1, 1, 1))
+    add = Elementwise("add", x, c, y, "add")
+    dense = Dense("fc", y, Tensor("out", (5,), q), np.ones((36, 5), np.int8),
+                  np.full(5, 0.01, np.float32))
+    segment = Segment("s", [conv, add, dense], [x], [dense.output])
+    with pytest.raises(codegen.Refused) as caught:
+        codegen.generate(segment, 2, array_size=16)
+    assert caught.value.operator == "add" and "padded image" in str(caught.value)
+
+
+def test_vectors_and_many_rows_use_repeat_and_several_instructions(tmp_path):
+    # (40,) vectors with batch 300 on a 16-wide array: 3 chunks x 300 rows = 900 rows each;
+    # and an image big enough for more than one 4095-row iteration
+    b = QDQBuilder((40,), seed=5)
+    x = b.quantize()
+    xv = b.value
+    b.matmul(40, "int32", name="fc")
+    b.quantize()
+    binary(b, "Add", x, xv, "residual")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=300)
+    assert rows(model)["residual"].where == "TPU"
+    assert_matches(model, m, {"x": x_of(b, 300)}, b.scale)
+
+    big = residual_block(False, seed=6, channels=20, hw=16)   # 2 chunks x B x 18 x 18
+    m2 = big.model()
+    model2 = compiled(tmp_path, m2, batch=8, config=["array_size=16"])
+    source = programs(model2)
+    vadds = [line for line in source.splitlines() if line.strip().startswith("VADD")]
+    assert len(vadds) >= 2 or any("repeat=" in line for line in vadds), vadds
+    assert_matches(model2, m2, {"x": x_of(big, 8)}, big.scale)
+
+
+def test_broadcast_and_constant_operands_stay_on_the_host(tmp_path):
+    b = QDQBuilder((4, 5, 5), seed=8)
+    b.quantize()
+    b.conv(4, (1, 1), name="conv")
+    b.quantize()
+    cq = b._const(np.full((4, 1, 1), 3, np.uint8), "cq")
+    s, z = b._const(np.float32(0.05), "cs"), b._const(np.asarray(0, np.uint8), "cz")
+    c = b.node("DequantizeLinear", [cq, s, z], name="const_dq")
+    binary(b, "Mul", c, np.float32(0.15), "by_constant")
+    b.quantize()
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["conv"].where == "TPU"
+    assert placed["by_constant"].where == "host"
+    assert "constant" in placed["by_constant"].note
+    assert_matches(model, m, {"x": x_of(b, 4)}, b.scale)
+
+
+def test_different_signedness_stays_on_the_host(tmp_path):
+    b = QDQBuilder((4, 5, 5), seed=9)
+    x = b.quantize(signed=True)
+    xv = b.value
+    b.conv(4, (3, 3), pads=[1] * 4, name="conv")
+    b.quantize(signed=False)
+    binary(b, "Add", x, xv, "residual")
+    m = b.model()
+    model = compiled(tmp_path, m)
+    placed = rows(model)
+    assert placed["residual"].where == "host"
+    assert "signedness" in placed["residual"].note
+    assert_matches(model, m, {"x": x_of(b, 4)}, b.scale)
+
+
+# --- QOperator forms -----------------------------------------------------------------------------
+
+def qoperator_model(op: str, signed: bool, shape=(6, 4, 4)):
+    """x float -> QuantizeLinear -> QLinearConv -> QLinear{Add,Mul}(conv, x) ->
+    DequantizeLinear -> y."""
+    rng = np.random.default_rng(11)
+    dt = np.int8 if signed else np.uint8
+    tdt = TensorProto.INT8 if signed else TensorProto.UINT8
+    zx = 0 if signed else 128
+    zc = 0 if signed else 100
+    c = shape[0]
+    w = rng.integers(-60, 60, (c, c, 3, 3)).astype(np.int8)
+    inits = [numpy_helper.from_array(np.float32(0.02), "xs"),
+             numpy_helper.from_array(np.asarray(zx, dt), "xz"),
+             numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(np.full(c, 0.004, np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
+             numpy_helper.from_array(np.float32(0.05), "cs"),
+             numpy_helper.from_array(np.asarray(zc, dt), "cz"),
+             numpy_helper.from_array(np.float32(0.031 if op == "Add" else 0.0021), "ys"),
+             numpy_helper.from_array(np.asarray(zc, dt), "yz")]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="quant"),
+        helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "cs", "cz"],
+                         ["cq"], name="conv", pads=[1] * 4, kernel_shape=[3, 3]),
+        helper.make_node(f"QLinear{op}", ["cq", "cs", "cz", "xq", "xs", "xz", "ys", "yz"],
+                         ["yq"], name="eltwise", domain="com.microsoft"),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"], name="dequant"),
+    ]
+    g = helper.make_graph(nodes, "qop", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", *shape])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", *shape])], inits,
+        value_info=[helper.make_tensor_value_info(t, tdt, ["N", *shape])
+                    for t in ("xq", "cq", "yq")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m, (0.031 if op == "Add" else 0.0021)
+
+
+@pytest.mark.parametrize("op, signed", [("Add", False), ("Mul", True), ("Add", True)])
+def test_qoperator_qlinear_add_and_mul(tmp_path, op, signed):
+    m, y_scale = qoperator_model(op, signed)
+    model = compiled(tmp_path, m, batch=4)
+    placed = rows(model)
+    assert placed["eltwise"].where == "TPU", placed["eltwise"].note
+    assert placed["conv"].where == "TPU"
+    x = np.random.default_rng(2).normal(0, 1.0, (6, 6, 4, 4)).astype(np.float32)
+    assert_matches(model, m, {"x": x}, y_scale)
+
+
+def test_saved_model_keeps_the_elementwise_operator(tmp_path):
+    from tpuasm.compiler import load
+    b = residual_block(True, seed=12)
+    m = b.model()
+    model = compiled(tmp_path, m)
+    model.save(tmp_path / "out")
+    again = load(tmp_path / "out")
+    x = x_of(b, 5)
+    np.testing.assert_array_equal(model.run(x)["y"], again.run(x)["y"])
+    assert any(isinstance(op, Elementwise) for op in tpu_ops(again))
+
+
+
+# --- a float ResNet-style block, quantized by the pipeline -------------------------------------
+
+def _float_resnet_block(seed=20, c=8, classes=5):
+    rng = np.random.default_rng(seed)
+    inits: list = []
+
+    def conv(name, x, cin, cout):
+        w = rng.normal(0, 1 / np.sqrt(cin * 9), (cout, cin, 3, 3)).astype(np.float32)
+        b = rng.normal(0, 0.1, cout).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}_w"),
+                      numpy_helper.from_array(b, f"{name}_b")])
+        return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_y"],
+                                name=name, pads=[1] * 4, kernel_shape=[3, 3])
+
+    fc_w = rng.normal(0, 0.5, (classes, c)).astype(np.float32)
+    inits += [numpy_helper.from_array(fc_w, "fc_w"),
+              numpy_helper.from_array(np.zeros(classes, np.float32), "fc_b")]
+    nodes = [conv("stem", "x", 3, c),
+             helper.make_node("Relu", ["stem_y"], ["s"], name="stem_relu"),
+             conv("conv1", "s", c, c),
+             helper.make_node("Relu", ["conv1_y"], ["h"], name="relu1"),
+             conv("conv2", "h", c, c),
+             helper.make_node("Add", ["conv2_y", "s"], ["sum"], name="residual"),
+             helper.make_node("Relu", ["sum"], ["r"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], name="fc", transB=1)]
+    g = helper.make_graph(nodes, "resnet", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", classes])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_float_resnet_block_keeps_its_skip_add_on_the_tpu_and_its_answers(tmp_path):
+    m = _float_resnet_block()
+    rng = np.random.default_rng(21)
+    calibration = rng.normal(0, 1, (64, 3, 8, 8)).astype(np.float32)
+    model = compiled(tmp_path, m, batch=16, config=["array_size=16"], calibration=calibration)
+    placed = rows(model)
+    for name in ("stem", "conv1", "conv2", "residual", "fc"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert len(model.segments) == 1                 # the whole block: no host round trip
+    x = rng.normal(0, 1, (48, 3, 8, 8)).astype(np.float32)
+    (want,) = run_ort(m, {"x": x})
+    assert np.mean(np.argmax(model.run(x)["y"], 1) == np.argmax(want, 1)) >= 0.95
+    qdq = onnx.load(str(model.reference_model))
+    (want_q,) = run_ort(qdq, {"x": x})
+    for engine in ("emulator", "reference"):
+        got = model.run(x, engine=engine)["y"]
+        step = np.min(np.diff(np.unique(want_q))) if len(np.unique(want_q)) > 1 else 1.0
+        diff = np.rint(np.abs(got - want_q) / step)
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (engine, diff.max())
+
+
+def test_unrolled_lstm_cell_runs_on_the_tpu_in_one_segment(tmp_path):
+    # the corpus's 10-step LSTM classifier: per-gate Gemms, gate Adds (VADD + sigmoid/tanh
+    # table), f*c, i*g, o*tanh(c) (VMUL) and the cell sum (VADD) all on the chip
+    import real_models
+    m = real_models.lstm_classifier()
+    path = tmp_path / "lstm.onnx"
+    onnx.save(m.model, str(path))
+    model = compile_model(path, batch=m.batch, calibration=m.calibration)
+    assert len(model.segments) == 2, [s.name for s in model.segments]   # the LSTM, the fc
+    ops = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    # 10 steps (an initial state: every step has its recurrent products): 4 gate Adds and
+    # the cell sum per step; f*c, i*g and o*tanh(c) per step
+    assert sum(op.op == "mul" for op in ops) == 30 and sum(op.op == "add" for op in ops) == 50
+    names = [o.name for o in m.reference.graph.output]
+    want = m.top1(run_ort(m.reference, m.evaluation)[names.index(m.output)])
+    got = m.top1(model.run(m.evaluation)[m.output])
+    assert np.mean(got == want) >= 0.99
