@@ -129,7 +129,7 @@ def compare(float_out: dict, compiled_out: dict, names: list[str]) -> list[Outpu
 def validate(compiled, float_model, data: dict, what: str,
              min_agreement: float = DEFAULT_MIN_AGREEMENT,
              min_snr: float = DEFAULT_MIN_SNR) -> Validation:
-    """Run `compiled` (engine "reference") and onnxruntime on `float_model` (a ModelProto
+    """Run `compiled` (on the emulator's data path) and onnxruntime on `float_model` (a ModelProto
     or its bytes) over `data` ({input: rows}); the figures and warnings."""
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
     names = [o.name for o in compiled.outputs]
@@ -148,7 +148,7 @@ def validate(compiled, float_model, data: dict, what: str,
                                f"{_first_line(e)}")
         return result
     try:
-        got = compiled.run(feeds, engine="reference")
+        got = compiled.run(feeds)          # the programs on the data path: what infer runs
     except Exception as e:                # noqa: BLE001 - as above
         result.warnings.append(f"the compiled model could not be run on {what}: "
                                f"{_first_line(e)}")
