@@ -6,6 +6,7 @@ and of the work around it (batching, host images, host parts).
 
     .venv/bin/python benchmarks/bench_infer.py [--repeat 3] [--only NAME]
     .venv/bin/python benchmarks/bench_infer.py scaling [--rows 4000]   # infer on 1 -> 2 workers
+    .venv/bin/python benchmarks/bench_infer.py paths    # one batch: timed pipeline vs data path
 
 Prints, per model: rows and batch, tpuasm's time, onnxruntime's time, and the ratio (the
 issue's goal: <= 2x on MLP0/CNN0 shapes, <= 10x on digits-sized models).  The minimum of
@@ -111,15 +112,46 @@ def scaling(rows: int) -> None:
             print(f"  {label:<12} {time.perf_counter() - t:6.2f} s", flush=True)
 
 
+def paths(repeat: int) -> None:
+    """One batch of each digits segment through the timed four-stage pipeline (Machine.run)
+    and through the data path alone (Machine.run_data), the same memories asserted."""
+    import tpuasm
+    from tpuasm.compiler.runtime import TpuStep
+    for name in ("mlp", "cnn"):
+        path, options, x = _digits(name, 64)
+        model = tpuasm.compile(path, batch=64, **options)
+        for step in (s for s in model.steps if isinstance(s, TpuStep)):
+            rng = np.random.default_rng(0)
+            inputs = {t.name: rng.integers(t.quant.qmin, t.quant.qmax + 1, (64,) + t.shape)
+                      .astype(np.int8 if t.quant.signed else np.uint8)
+                      for t in step.segment.inputs}
+            host, binary, machine = step.program.host_image(inputs), step.binary(), \
+                step.machine({})
+            results = {}
+            for label, run in (("pipeline", machine.run), ("data path", machine.run_data)):
+                def once():
+                    machine.load(binary, host=host, weights=step.program.weights)
+                    run()
+                seconds = _best(once, repeat)
+                results[label] = (seconds, machine.ub.copy(), machine.acc.copy())
+            (t1, ub1, acc1), (t2, ub2, acc2) = results.values()
+            assert np.array_equal(ub1, ub2) and np.array_equal(acc1, acc2)
+            print(f"digits {name.upper()} {step.name}: pipeline {t1 * 1e3:.2f} ms, data path "
+                  f"{t2 * 1e3:.2f} ms ({t1 / t2:.1f} x), identical memories", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", nargs="?", choices=("table", "scaling"), default="table")
+    p.add_argument("mode", nargs="?", choices=("table", "scaling", "paths"), default="table")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--rows", type=int, default=4096, help="rows for `scaling`")
     p.add_argument("--only", help="run only the cases whose label contains this")
     args = p.parse_args(argv)
     if args.mode == "scaling":
         scaling(args.rows)
+        return 0
+    if args.mode == "paths":
+        paths(args.repeat)
         return 0
     print(f"{'model':<16} {'rows':>5} {'batch':>5} {'tpuasm':>10} {'onnxruntime':>12} "
           f"{'ratio':>7} {'identical':>9}")
