@@ -306,16 +306,25 @@ def rewrite_linear_models(model: onnx.ModelProto, prov: Provenance,
     reasons = {} if reasons is None else reasons
     idx = _Index(model)
     types = _value_types(model)
+    return _expand_nodes(model, prov, reasons, "rewritten",
+                         lambda n: n.domain == "ai.onnx.ml" and n.op_type in (
+                             "LinearClassifier", "LinearRegressor"),
+                         lambda n: _linear_nodes(idx, n, types.get(n.input[0])))
+
+
+def _expand_nodes(model: onnx.ModelProto, prov: Provenance, reasons: dict, verb: str,
+                  wanted, expand) -> int:
+    """Replace each node `wanted(node)` picks by the nodes `expand(node)` makes (in place,
+    in order, each derived from it); a NotRewritten keeps the node, its reason recorded."""
     new_nodes, done = [], 0
     for node in model.graph.node:
-        if node.domain != "ai.onnx.ml" or node.op_type not in ("LinearClassifier",
-                                                                "LinearRegressor"):
+        if not wanted(node):
             new_nodes.append(node)
             continue
         try:
-            made = _linear_nodes(idx, node, types.get(node.input[0]))
-        except NotUnrolled as e:
-            reasons[node.name] = f"{node.op_type} not rewritten: {e}"
+            made = expand(node)
+        except NotRewritten as e:
+            reasons[node.name] = f"{node.op_type} not {verb}: {e}"
             new_nodes.append(node)
             continue
         for n in made:
@@ -337,7 +346,7 @@ def _value_types(model: onnx.ModelProto) -> dict[str, int]:
 
 def _linear_nodes(idx: "_Index", node, x_type) -> list:
     if x_type != onnx.TensorProto.FLOAT:
-        raise NotUnrolled("its input is not float32")
+        raise NotRewritten("its input is not float32")
     coef = np.asarray(_attr(node, "coefficients", []), np.float32)
     classifier = node.op_type == "LinearClassifier"
     labels = len(_attr(node, "classlabels_ints", []) or _attr(node, "classlabels_strings", []))
@@ -347,12 +356,12 @@ def _linear_nodes(idx: "_Index", node, x_type) -> list:
     post = _attr(node, "post_transform", b"NONE")
     post = post.decode() if isinstance(post, bytes) else post
     if post not in _POST_TRANSFORMS:
-        raise NotUnrolled(f"post_transform {post}")
+        raise NotRewritten(f"post_transform {post}")
     if classifier and targets != labels:
-        raise NotUnrolled("a binary classifier (one coefficient row)" if targets == 1 else
+        raise NotRewritten("a binary classifier (one coefficient row)" if targets == 1 else
                           f"{targets} coefficient rows for {labels} classes")
     if not targets or coef.size % targets:
-        raise NotUnrolled("coefficients and intercepts of other shapes")
+        raise NotRewritten("coefficients and intercepts of other shapes")
     w = coef.reshape(targets, -1)
     scores_out = node.output[1] if classifier else node.output[0]
     raw = idx.unique(f"{node.name}_scores") if _POST_TRANSFORMS[post] else scores_out
@@ -378,8 +387,9 @@ def _linear_nodes(idx: "_Index", node, x_type) -> list:
 
 # --- LSTM and GRU unrolled --------------------------------------------------------------
 
-class NotUnrolled(Exception):
-    """Why a recurrent node stays as it is (on the host)."""
+class NotRewritten(Exception):
+    """Why a node stays as it is (on the host): a recurrent node not unrolled, a linear
+    model not rewritten."""
 
 
 _DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
@@ -393,24 +403,9 @@ def unroll_recurrent(model: onnx.ModelProto, prov: Provenance,
         return 0
     ranks = _ranks(model)
     idx = _Index(model)
-    new_nodes, done = [], 0
-    for node in model.graph.node:
-        if node.op_type not in ("LSTM", "GRU") or node.domain not in ("", "ai.onnx"):
-            new_nodes.append(node)
-            continue
-        try:
-            steps = _Unroller(idx, node, ranks).run()
-        except NotUnrolled as e:
-            reasons[node.name] = f"{node.op_type} not unrolled: {e}"
-            new_nodes.append(node)
-            continue
-        for n in steps:
-            prov.derive(n.name, node.name)
-        new_nodes.extend(steps)
-        done += 1
-    del model.graph.node[:]
-    model.graph.node.extend(new_nodes)
-    return done
+    return _expand_nodes(model, prov, reasons, "unrolled",
+                         lambda n: n.op_type in ("LSTM", "GRU") and n.domain in ("", "ai.onnx"),
+                         lambda n: _Unroller(idx, n, ranks).run())
 
 
 class _Unroller:
@@ -475,49 +470,49 @@ class _Unroller:
         inputs = list(node.input) + [""] * (8 - len(node.input))
         w, r = idx.const(inputs[1]), idx.const(inputs[2])
         if w is None or r is None:
-            raise NotUnrolled("its weights W and R are not constants")
+            raise NotRewritten("its weights W and R are not constants")
         b = idx.const(inputs[3]) if inputs[3] else None
         if inputs[3] and b is None:
-            raise NotUnrolled("its bias B is not a constant")
+            raise NotRewritten("its bias B is not a constant")
         if self.kind == "LSTM" and inputs[7]:
-            raise NotUnrolled("peephole weights P")
+            raise NotRewritten("peephole weights P")
         if _attr(node, "clip") is not None:
-            raise NotUnrolled("cell clipping (clip)")
+            raise NotRewritten("cell clipping (clip)")
         if _attr(node, "input_forget", 0):
-            raise NotUnrolled("input_forget=1")
+            raise NotRewritten("input_forget=1")
         direction = _attr(node, "direction", b"forward")
         direction = direction.decode() if isinstance(direction, bytes) else direction
         if direction not in ("forward", "reverse", "bidirectional"):
-            raise NotUnrolled(f"direction {direction!r}")
+            raise NotRewritten(f"direction {direction!r}")
         dirs = 2 if direction == "bidirectional" else 1
         acts = _attr(node, "activations")
         if acts is not None:
             acts = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in acts]
             if acts != _DEFAULT_ACTS[self.kind] * dirs:
-                raise NotUnrolled(f"activations {acts} (only the defaults are unrolled)")
+                raise NotRewritten(f"activations {acts} (only the defaults are unrolled)")
         if _attr(node, "activation_alpha") or _attr(node, "activation_beta"):
-            raise NotUnrolled("activation_alpha / activation_beta")
+            raise NotRewritten("activation_alpha / activation_beta")
         layout = _attr(node, "layout", 0)
         hidden = _attr(node, "hidden_size")
         h = r.shape[-1]
         if hidden is not None and hidden != h:
-            raise NotUnrolled(f"hidden_size {hidden} does not match R's {h}")
+            raise NotRewritten(f"hidden_size {hidden} does not match R's {h}")
         if w.shape[:2] != (dirs, self.gates * h) or r.shape != (dirs, self.gates * h, h):
-            raise NotUnrolled(f"W {w.shape} / R {r.shape} do not match {dirs} direction(s)")
+            raise NotRewritten(f"W {w.shape} / R {r.shape} do not match {dirs} direction(s)")
         if b is None:
             b = np.zeros((dirs, 2 * self.gates * h), np.float32)
         if b.shape != (dirs, 2 * self.gates * h):
-            raise NotUnrolled(f"B has shape {b.shape}")
+            raise NotRewritten(f"B has shape {b.shape}")
         x_dims = self.ranks.get(inputs[0])
         if x_dims is None or len(x_dims) != 3:
-            raise NotUnrolled("the shape of its input X is unknown")
+            raise NotRewritten("the shape of its input X is unknown")
         seq = x_dims[1 if layout else 0]
         if not isinstance(seq, int) or seq <= 0:
-            raise NotUnrolled("its sequence length is not static")
+            raise NotRewritten("its sequence length is not static")
         if inputs[4]:
             lens = idx.const(inputs[4])
             if lens is None or np.any(lens != seq):
-                raise NotUnrolled("sequence_lens that are not all the full length")
+                raise NotRewritten("sequence_lens that are not all the full length")
         return inputs, w, r, b, dirs, direction, layout, h, seq
 
     def run(self) -> list:

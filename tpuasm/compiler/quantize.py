@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.samples import calibration_feeds, check_samples, read_calibration  # noqa: F401
+from tpuasm.compiler.samples import calibration_feeds
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
