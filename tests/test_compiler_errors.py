@@ -85,10 +85,12 @@ def test_float_model_without_calibration_says_what_to_pass(tmp_path, capsys, mlp
     assert code == 2 and "float model" in err and "--calibrate" in err
 
 
-def test_dynamic_batch_without_batch(tmp_path, capsys, mlp, calib):
-    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib)
-    assert code == 2 and "dynamic batch dimension" in err and "--batch" in err
-    assert not (tmp_path / "out").exists()
+def test_dynamic_batch_without_batch_takes_the_default(tmp_path, capsys, mlp, calib):
+    from tpuasm.compiler import load
+    from tpuasm.compiler.reader import DEFAULT_BATCH
+    code, out, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 0, err
+    assert load(tmp_path / "out").batch == DEFAULT_BATCH and f"Batch {DEFAULT_BATCH}," in out
 
 
 def test_dynamic_inner_dimension(tmp_path, capsys, calib):

@@ -23,7 +23,8 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR",
                    help="output directory (replaced if it holds an earlier compile)")
     p.add_argument("--batch", type=_batch, metavar="B",
-                   help="batch size of the TPU programs (default: the model's fixed batch)")
+                   help="batch size of the TPU programs (default: the model's fixed batch, "
+                        "else 64)")
     p.add_argument("--calibrate", metavar="DATA", help="calibration inputs for a float model: "
                    ".npy (one input) or .npz keyed by input name, in the model's "
                    "layout and element types (rows along each input's batch axis)")

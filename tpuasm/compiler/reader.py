@@ -173,11 +173,14 @@ def input_signature(model: onnx.ModelProto) -> dict[str, list]:
     return {v.name: _dims(v) for v in model.graph.input if v.name not in inits}
 
 
+DEFAULT_BATCH = 64        # the TPU programs' batch when neither --batch nor the model fixes it
+
+
 def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = True,
               axes: dict | None = None) -> int:
     """Set every graph input's batch dimension (`axes`: input -> axis or None, from
     batch.input_axes; default: the first) to the batch; return it.  Without `batch`, the
-    model's own fixed batch is used; a dynamic one is an error that says what to pass.  A
+    model's own fixed batch is used, DEFAULT_BATCH for a dynamic one.  A
     model with no batch axis at all runs once: batch 1.  `apply=False` only checks."""
     from tpuasm.compiler.batch import input_axes
     if axes is None:
@@ -192,12 +195,8 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
         axis = axes[v.name]
         first = _dims(v)[axis]
         if chosen is None:
-            if not isinstance(first, int) or first <= 0:
-                where = "" if axis == 0 else f" on axis {axis}"
-                named = f" ({first!r})" if first else ""
-                raise CompileError(f"{path}: input '{v.name}' has a dynamic batch dimension"
-                                   f"{where}{named}: pass --batch B (batch=B)")
-            chosen = first
+            # a dynamic batch (what exporters write) gets the default; --batch sets another
+            chosen = first if isinstance(first, int) and first > 0 else DEFAULT_BATCH
         if not apply:
             continue
         dim = v.type.tensor_type.shape.dim[axis]
