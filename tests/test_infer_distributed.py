@@ -116,3 +116,50 @@ def test_cluster_options_are_checked(outdir, rows, tmp_path, capsys, argv, words
     assert code == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "y.npy").exists()
+
+
+def test_inputs_cut_along_their_own_batch_axes_and_maps_chained(tmp_path, threads_client):
+    # a sequence-first input (rows on axis 1) and a state passed whole; the cluster's
+    # chunks follow the same axes as one process, and a ZipMap's maps come back as maps
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (6, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "h"],
+                                                                        ["y"])],
+        "seq", [helper.make_tensor_value_info("x", T.FLOAT, [3, "N", 6]),
+                helper.make_tensor_value_info("h", T.FLOAT, [1, 1, 4])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [3, "N", 4])], [w])
+    path = tmp_path / "seq.onnx"
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    import onnx
+    onnx.save(onnx_model, str(path))
+    calib = {"x": rng.normal(0, 1, (3, 20, 6)).astype(np.float32),
+             "h": rng.normal(0, 1, (1, 1, 4)).astype(np.float32)}
+    compile_model(path, batch=4, calibration=calib, config={"array_size": 16}).save(
+        tmp_path / "out")
+    model = load(tmp_path / "out")
+    data = {"x": rng.normal(0, 1, (3, 11, 6)).astype(np.float32), "h": calib["h"]}
+    ours = run_on_cluster(tmp_path / "out", model, data, threads_client, chunk_rows=4)
+    np.testing.assert_array_equal(ours["y"], model.run(data)["y"])
+    assert ours["y"].shape == (3, 11, 4)
+
+
+def test_sequence_outputs_come_back_as_sequences(tmp_path, threads_client):
+    skl2onnx = pytest.importorskip("skl2onnx")
+    import onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+    x, labels = load_iris(return_X_y=True)
+    x = x.astype(np.float32)
+    path = tmp_path / "lr.onnx"
+    onnx.save(skl2onnx.to_onnx(LogisticRegression(max_iter=300).fit(x, labels), x[:1]),
+              str(path))
+    compile_model(path, batch=8, calibration=x).save(tmp_path / "out")
+    model = load(tmp_path / "out")
+    ours = run_on_cluster(tmp_path / "out", model, {"X": x}, threads_client, chunk_rows=16)
+    want = model.run(x)
+    np.testing.assert_array_equal(ours["output_label"], want["output_label"])
+    assert isinstance(ours["output_probability"], list)
+    assert ours["output_probability"] == want["output_probability"]

@@ -271,6 +271,8 @@ def write_outputs(path: Path, results: dict) -> list[str]:
     for name, value in results.items():
         if isinstance(value, dict):
             value = [value]
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            value = list(value)        # never pickled: the maps become a table below
         if isinstance(value, list):
             table, keys = _sequence_table(name, value)
             arrays[name] = table

@@ -107,24 +107,30 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
     """`model.run(data)` with the rows spread over `client`'s workers; `model` is OUTDIR
     loaded here (its inputs, outputs and batch).  Same result as one process, in order."""
     from dask.distributed import as_completed
-    from tpuasm.compiler.runtime import check_inputs
-    rows = check_inputs(model.inputs, data)
+
+    from tpuasm.compiler.runtime import join_parts, prepare_inputs
+    from tpuasm.compiler.samples import take_rows
+    data, rows = prepare_inputs(model.inputs, data)
+    axes = {i.name: i.batch_axis for i in model.inputs}
     check_workers(client)
     files = outdir_files(outdir)
     key = _digest(files)
     workers = max(len(client.scheduler_info().get("workers", {})), 1)
-    ranges = chunk_ranges(rows, model.batch, workers, chunk_rows)
+    batched = any(a is not None for a in axes.values())
+    ranges = chunk_ranges(rows, model.batch, workers, chunk_rows) if batched else [(0, 1)]
     shipped = client.scatter(files, broadcast=True, hash=False)
     futures = {}
     for i, (start, stop) in enumerate(ranges):
-        chunk = {name: x[start:stop] for name, x in data.items()}
+        # each input cut along its own batch axis; one without a batch axis goes whole
+        chunk = {name: take_rows(x, axes.get(name, 0), start, stop) for name, x in data.items()}
         future = client.submit(_run_chunk, key, shipped, chunk, engine, pure=False,
                                key=f"tpuasm-infer-{key[:8]}-{i}")
         futures[future] = i
     parts: list = [None] * len(ranges)
     done = 0
+    total = rows if batched else 1
     if progress:
-        progress(0, rows)
+        progress(0, total)
     try:
         for future in as_completed(list(futures)):
             i = futures[future]
@@ -137,9 +143,8 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
             future.release()
             done += stop - start
             if progress:
-                progress(done, rows)
+                progress(min(done, total), total)
     finally:
         for future in futures:
             future.cancel()
-    return {o.name: np.concatenate([p[o.name] for p in parts]) if parts else
-            np.zeros((0,) + tuple(o.shape)) for o in model.outputs}
+    return {o.name: join_parts(o, [p[o.name] for p in parts]) for o in model.outputs}

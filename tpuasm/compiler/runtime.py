@@ -165,7 +165,7 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
         done += take
         if progress:
             progress(done, total)
-    return {o.name: _join(o, results[o.name]) for o in outputs}
+    return {o.name: join_parts(o, results[o.name]) for o in outputs}
 
 
 def batch_values(inputs: list[ValueInfo], data: dict, start: int, take: int, batch: int
@@ -188,7 +188,9 @@ def _batch_of(info: ValueInfo, x: np.ndarray, start: int, take: int, batch: int)
     return chunk
 
 
-def _join(o: ValueInfo, parts: list):
+def join_parts(o: ValueInfo, parts: list):
+    """An output's parts (one per batch or chunk, in order) joined along its batch axis: a
+    sequence output's lists chained, an output without a batch axis the first part."""
     if not parts:
         if not o.is_tensor:
             return []
