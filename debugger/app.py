@@ -22,12 +22,13 @@ from textual.binding import Binding
 from textual.geometry import Region
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+from textual.widgets import Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from .commands import COMMANDS, Engine, Result, lookup
 from .formatting import event_text
 from .idle_gc import IdleCollector
+from .key_bar import KeyBar
 from .log_pane import LogPane
 from .memory_view import MemoryView
 from .panes import CountersPane, PipelinePane, StatusLine
@@ -273,6 +274,9 @@ class DebuggerApp(App):
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         s = self.session
+        # the layout classes before any pane is mounted: set afterwards, they restyle every
+        # widget on the screen (70-90 ms of the first frame)
+        self._layout_classes(self.size)
         yield StatusLine(id="status")
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
@@ -292,7 +296,8 @@ class DebuggerApp(App):
                               classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
                     id="command", select_on_focus=False)
-        yield Footer()
+        yield KeyBar([(k.key.split()[0], k.footer, k.action) for k in KEYS
+                      if k.bind and k.show and k.footer], id="keys")
 
     def _memory_source(self, memory: str):
         # the machine is looked up on every call: a reload may bring a new one (a new shape)
@@ -328,10 +333,13 @@ class DebuggerApp(App):
         self._apply_layout(event.size)
 
     def _apply_layout(self, size=None) -> None:
-        width, height = size or self.size
+        self._layout_classes(size or self.size)
+        self._balance_panes((size or self.size).width)
+
+    def _layout_classes(self, size) -> None:
+        width, height = size
         self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
         self.screen.set_class(height < self.TALL, "short")
-        self._balance_panes(width)
 
     def _balance_panes(self, width: int | None = None) -> None:
         """On a wide screen the source pane takes what its instruction lines need (a
