@@ -110,6 +110,9 @@ KEYS = [
     Key("/", "search the source; then n / N: next / previous match, escape ends the search",
         "slash", "prompt('/')", "Search", "Search the source", "find text in the source",
         show=False),
+    Key("?", "search the source backwards (up from the cursor); n goes on up, N down", "question_mark",
+        "prompt('?')", "Search back", "Search the source backwards", "find text above the cursor",
+        show=False),
     Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),
     Key("ctrl+p", "command palette: every action"),
     Key("", action="cmd('info counters')", title="Info counters",
@@ -121,7 +124,8 @@ KEYS = [
     Key("", action="cmd('restart')", title="Restart",
         detail="the program as loaded, at cycle 0 (Reload re-reads an edited file)"),
     Key("", action="screenshot", title="Save screenshot (SVG)", detail="writes tpuasm-debugger.svg"),
-    Key("?", "this help", "question_mark", "help", "Help", "Help", "every key and command"),
+    Key("F1 / h", "this help (`:help` lists the commands)", "f1,h", "help", "Help", "Help",
+        "every key and command"),
     Key("q", "quit", "q", "quit", "Quit"),
 ]
 
@@ -136,9 +140,9 @@ def _quick(cmd, arg: str) -> bool:
 
 
 class HelpScreen(ModalScreen):
-    """`?`: every key and every command."""
+    """F1 or `h`: every key and every command."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,f1,h", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 100%; max-width: 110; height: 90%; border: thick $accent;
@@ -176,7 +180,7 @@ class HelpScreen(ModalScreen):
                 "the program's symbols (input, ub.input, acc.sums + 8), ub[r][c] and host[r] (int8; "
                 "ubu, hostu: uint8), acc[r][c] (int32), tile[t], slices, lists, "
                 "sum/min/max/abs/any/all/count.  E.g. `break 12 if acc[3][7] < 0`.\n"
-                "Escape or ? closes this help.", style="grey70"))
+                "Escape, q, F1 or h closes this help.", style="grey70"))
 
 
 class MemoriesPane(TabbedContent):
@@ -323,7 +327,7 @@ class DebuggerApp(App):
         self.query_one(SourceView).focus()
         self.log_line(f"loaded {escape(self.session.source_name or 'program')}: "
                       f"{len(self.session.program)} instructions, N = {self.session.machine.config.array_size}. "
-                      "Press [b]?[/] for help, [b]:[/] for commands.")
+                      "Press [b]F1[/] or [b]h[/] for help, [b]:[/] for commands.")
         self._apply_layout()
         self.refresh_all(follow=True)
         self._collector.start(self)     # full garbage collections only while idle
@@ -472,7 +476,7 @@ class DebuggerApp(App):
             self._after_reload(result.ui)
         if result.ui and result.ui[0] == "search":
             view = self.query_one(SourceView)
-            view.start_search(result.ui[1])
+            view.start_search(result.ui[1], result.ui[2])
             view.focus()
         if result.ui and result.ui[0] == "mismatches":
             _, memory, cells = result.ui

@@ -127,6 +127,9 @@ COMMANDS = [
     Command(("search", "/"), "search TEXT (/TEXT)", "find TEXT in the source (case-insensitive); "
             "on the screen the cursor goes there and n / N find the next / previous until Escape",
             "do_search"),
+    Command(("reverse-search", "rsearch"), "reverse-search TEXT (?TEXT)", "the same backwards: "
+            "on the screen from the cursor up (n goes on up, N down); in batch the lines last "
+            "first", "do_reverse_search"),
     Command(("segment",), "segment [NAME]", "a compiled model (`tpuasm debug OUTDIR`): list its "
             "segments, or open segment NAME with its data at cycle 0", "do_segment"),
     Command(("echo",), "echo TEXT", "print TEXT", "do_echo"),
@@ -151,6 +154,8 @@ class Engine:
             return Result()
         if line.startswith("/") and len(line) > 1:         # `/text`: search, as in less and vi
             line = "search " + line[1:]
+        elif line.startswith("?") and len(line) > 1 and not line[1].isspace():
+            line = "reverse-search " + line[1:]             # `?text`: backwards (`?` alone: help)
         word, _, rest = line.partition(" ")
         fmt = ""
         if word.startswith("x/"):
@@ -727,9 +732,12 @@ class Engine:
             raise CommandError("radix hex|signed|unsigned [int8|int32]")
         return Result([f"radix {' '.join(parts)}"], ui=("radix", *parts))
 
-    def do_search(self, arg):
+    def do_reverse_search(self, arg):
+        return self.do_search(arg, direction=-1)
+
+    def do_search(self, arg, direction: int = 1):
         if not arg:
-            raise CommandError("search TEXT: what?")
+            raise CommandError(f"{'search' if direction > 0 else 'reverse-search'} TEXT: what?")
         s = self.session
         file = s.main_file()
         text = s.program.sources.get(file) if file else None
@@ -741,10 +749,11 @@ class Engine:
         hits = [(n, line) for n, line in enumerate(lines, 1) if arg.lower() in line.lower()]
         if not hits:
             raise CommandError(f"{arg!r} not found in {file}")
+        hits = hits[::direction]
         out = [escape(f"{file}:{n}: {line.strip()}") for n, line in hits[:10]]
         if len(hits) > 10:
             out.append(f"... {len(hits) - 10} more")
-        return Result(out, ui=("search", arg))
+        return Result(out, ui=("search", arg, direction))
 
     def do_segment(self, arg):
         import json
