@@ -63,9 +63,10 @@ COMMANDS = [
     Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
             "event, halt or fault", "do_continue", True),
     Command(("run",), "run N", "run N cycles (stops early at breakpoints)", "do_run", True),
-    Command(("until", "u", "advance"), "until LOCATION", "run until a line, label or *index is "
-            "about to issue (run to cursor; refused if it already issued), or `until cycle N`",
-            "do_until", True),
+    Command(("until", "u", "advance"), "until N | until LOCATION", "run to cycle N (`until 5000`, "
+            "`until cycle 5000`), or until a line (`until line 26`, `until :26`, `until prog.tasm:26`), "
+            "label, *index or `node NAME` is about to issue (run to cursor; refused if it already "
+            "issued)", "do_until", True),
     Command(("reverse-step", "rs"), "reverse-step [N]", "go back N cycles", "do_reverse_step", True),
     Command(("reverse-next", "reverse-stepi", "rn"), "reverse-next [N]", "go back N instructions",
             "do_reverse_next", True),
@@ -274,15 +275,42 @@ class Engine:
         return self._stopped(self.session.finish_in_flight())
 
     def do_until(self, arg):
-        cycle = self._cycle_location(arg)
+        """`until N` runs to cycle N (issue 23: a cycle, as `break cycle N` stops at one);
+        `until line N`, `until :N` or `until FILE:N` to a line, and labels, `*I`, `node X`
+        as `break` takes them."""
+        text = arg.strip()
+        line = re.fullmatch(r"(?:line\s+|:)\s*(\d+)", text, re.I)
+        if line:
+            text = line.group(1)
+        elif re.fullmatch(r"\d[\d_]*", text):
+            return self._until_cycle(text)
+        cycle = self._cycle_location(text)
         if cycle is not None:
             return self._stopped(self.session.run_to((), f"cycle {cycle}", cycle=cycle))
-        indices, where = self.resolve_location(arg)
+        indices, where = self.resolve_location(text)
         cycle = self.session.issued_already(indices)
         if cycle is not None:
             raise CommandError(f"{where} already issued (cycle {cycle}); a program runs straight "
                                "through, so it is not reached again: nothing to run to")
         return self._stopped(self.session.run_to(indices, where))
+
+    def _until_cycle(self, number: str) -> Result:
+        """`until N`: to cycle N.  Before scripts of the first debugger (where `until N`
+        meant line N) run on silently to a cycle, a number that is also a line with
+        instructions gets a note, and one that is not ahead says what to type instead."""
+        s = self.session
+        file = s.main_file()
+        is_line = bool(file and s.indices_for_line(None, int(number.replace("_", ""))))
+        hint = f" (line {number}: `until line {number}`)" if is_line else ""
+        try:
+            cycle = self._cycle_location(f"cycle {number}")
+        except CommandError as e:
+            raise CommandError(f"until {number}: {e}{hint}") from None
+        result = self._stopped(s.run_to((), f"cycle {cycle}", cycle=cycle))
+        if is_line:
+            result.lines.append(f"[yellow]`until {number}` ran to cycle {cycle:,}; "
+                                f"`until line {number}` runs to line {number}[/]")
+        return result
 
     def do_reverse_step(self, arg):
         return self._stopped(self.session.reverse_cycles(self._count(arg)))

@@ -177,7 +177,7 @@ def test_operands_are_shown_with_the_programs_names(engine, here):
 @pilot_test
 async def test_the_pipeline_pane_shows_symbolic_operands(here):
     async with open_app(here, size=(120, 40)) as (app, pilot):
-        await command(pilot, f"until {LINE_MMC1}")
+        await command(pilot, f"until line {LINE_MMC1}")
         await command(pilot, "step 3")
         pane = app.query_one("#pipeline-box")
         text = "\n".join(strip.text for strip in pane._strips)

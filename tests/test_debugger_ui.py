@@ -364,7 +364,7 @@ async def test_source_pane_follows_the_next_instruction_into_an_included_file(he
 # One example of every command, typed on the screen's command line.  A new command must be
 # added here, so that none ships without having run in the UI.
 EVERY_COMMAND = {
-    "step": "step", "next": "next 2", "until": f"until {LINE_MMC2}", "finish": "finish",
+    "step": "step", "next": "next 2", "until": f"until line {LINE_MMC2}", "finish": "finish",
     "continue": "continue", "run": "run 10", "reverse-step": "reverse-step 3", "reverse-next": "reverse-next",
     "reverse-continue": "reverse-continue", "restart": "restart", "break": f"break {LINE_MMC1}",
     "tbreak": f"tbreak {LINE_MMC2}", "condition": "condition 1 cycle >= 0", "ignore": "ignore 1 0",
