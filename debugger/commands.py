@@ -257,7 +257,59 @@ class Engine:
     def do_continue(self, arg):
         if arg:
             raise CommandError("continue takes no argument (use `ignore` to skip hits)")
-        return self._stopped(self.session.run())
+        result = self._stopped(self.session.run())
+        if result.stop.kind == "halted" and self.session.outdir is not None:
+            result = self._next_segments(result)
+        return result
+
+    def _waiting_nodes(self) -> list[str]:
+        """Graph nodes of enabled `node` breakpoints that wait (their node is in no
+        instruction of the segment open now)."""
+        return [bp.where[5:] for bp in self.session.breakpoints.values()
+                if bp.enabled and bp.where.startswith("node ") and not bp.indices]
+
+    def _next_segments(self, result: Result) -> Result:
+        """`continue` at the end of a segment while a `node` breakpoint waits for a later
+        one: on through the host parts (shown with their tensors) to the next segment,
+        opened with its data, and on running there; segment after segment until a stop
+        that is not the end of one, or no waiting node lies ahead."""
+        from tpuasm.compiler.outdir import segment_files
+        from tpuasm.errors import TpuasmError
+        from .model_steps import ModelStepsError, host_part_lines, manifest_steps, segment_names_node
+        s = self.session
+        try:
+            steps = manifest_steps(s.outdir)
+        except ModelStepsError as e:
+            result.lines.append(f"[red]{escape(str(e))}[/]")
+            return result
+        lines, opened = list(result.lines), False
+        while result.stop.kind == "halted" and not s.cancel.is_set():
+            waiting = self._waiting_nodes()
+            here = next((i for i, st in enumerate(steps) if st.get("name") == s.segment), None)
+            if not waiting or here is None:
+                break
+            ahead = steps[here + 1:]
+            if not any(segment_names_node(s.outdir, st, n) for st in ahead for n in waiting):
+                break
+            nxt = next(i for i, st in enumerate(ahead) if st.get("kind") == "tpu" and st.get("program"))
+            for part in ahead[:nxt]:
+                if part.get("kind") == "host":
+                    lines.append(escape(f"host part {part.get('name', '?')}:"))
+                    lines += [escape(f"  {x}") for x in host_part_lines(part, s.host_parts.get(part.get("name")))]
+            try:
+                stop, notes = s.open_segment(segment_files(s.outdir, ahead[nxt]["name"]))
+            except (TpuasmError, ReloadError) as e:
+                lines.append(f"[red]{escape(str(e))}[/]")
+                break
+            opened = True
+            lines += [escape(stop.message)] + [f"[yellow]{escape(n)}[/]" for n in notes
+                                               if "waits" not in n]
+            result = self._stopped(s.run())
+            lines += result.lines
+        result.lines = lines
+        if opened:
+            result.ui = ("reload", None)        # the screen shows the new segment's source
+        return result
 
     def do_run(self, arg):
         if not arg:
@@ -384,10 +436,30 @@ class Engine:
             bp = self.session.add_breakpoint((), f"cycle {cycle}", cond or None, temporary,
                                              cycle=cycle)
             return Result([f"{kind} {bp.number} at cycle {cycle}{escape(extra)}"])
+        waiting = self._node_elsewhere(where)
+        if waiting is not None:
+            name, segment = waiting
+            bp = self.session.add_breakpoint((), f"node {name}", cond or None, temporary)
+            return Result([f"{kind} {bp.number} at node {escape(name)}{escape(extra)} waits: the "
+                           f"node is in {segment} (`continue` at the end of this segment goes "
+                           f"on there; `segment {segment}` opens it now)"])
         indices, desc = self.resolve_location(where)
         bp = self.session.add_breakpoint(indices, desc, cond or None, temporary)
         return Result([f"{kind} {bp.number} at {escape(desc)} "
                        f"(instruction {', '.join(f'#{i}' for i in bp.indices)}){escape(extra)}"])
+
+    def _node_elsewhere(self, where: str) -> tuple[str, str] | None:
+        """`node NAME` of a compiled model whose node is not in the segment open now but in
+        another one: (NAME, that segment); else None."""
+        where = where.strip()
+        s = self.session
+        if s.outdir is None or not where.startswith("node "):
+            return None
+        name = where[5:].strip()
+        if not name or s.program.node_runs(name):
+            return None
+        segment = _segment_with_node(s.outdir, name)
+        return (name, segment) if segment else None
 
     def do_break(self, arg):
         return self._break(arg, False)
@@ -784,7 +856,6 @@ class Engine:
         return Result(out, ui=("search", arg, direction))
 
     def do_segment(self, arg):
-        import json
         from tpuasm.errors import TpuasmError
         s = self.session
         if s.outdir is None and not arg:
@@ -792,10 +863,11 @@ class Engine:
         if s.outdir is None:
             raise CommandError("not a compiled model: open one with `tpuasm debug OUTDIR`")
         if not arg:
+            from .model_steps import ModelStepsError, host_part_lines, manifest_steps
             try:
-                steps = json.loads((s.outdir / "manifest.json").read_text())["steps"]
-            except (OSError, ValueError, KeyError) as e:
-                raise CommandError(f"{s.outdir}: unreadable manifest: {e}") from None
+                steps = manifest_steps(s.outdir)
+            except ModelStepsError as e:
+                raise CommandError(str(e)) from None
             out = []
             for step in steps:
                 mark = "=>" if step.get("name") == s.segment else "  "
@@ -805,6 +877,11 @@ class Engine:
                     what = (f"host part: {', '.join(step.get('inputs', []))} -> "
                             f"{', '.join(step.get('outputs', []))}")
                 out.append(escape(f"{mark} {step.get('name', '?'):<10} {what}"))
+                if step.get("kind") == "host":
+                    out += [escape(f"{'':<14}{x}")
+                            for x in host_part_lines(step, s.host_parts.get(step.get("name")))]
+            if not s.host_parts:
+                out.append("(the host parts' values: `tpuasm debug OUTDIR --input X.npy`)")
             return Result(out)
         from tpuasm.compiler.outdir import segment_files
         try:
