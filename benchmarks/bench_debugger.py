@@ -59,9 +59,14 @@ def percentile(values, q):
 async def first_frame(data: Path, size: tuple[int, int]) -> dict:
     """Run inside a fresh process: the time from the parent's start of the process to the
     first painted frame, in parts: interpreter start, imports, load (assemble + data), the
-    first frame; and this process's CPU time over all of it, and which heavy modules got
+    first frame; and this process's CPU time up to that paint, and which heavy modules got
     imported on the way."""
     t0 = time.time()
+    try:                                     # what `tpuasm debug` does first (not in older code)
+        from debugger import blas_start
+        blas_start.start_single_threaded()
+    except ImportError:
+        pass
     from argparse import Namespace
     from debugger.app import DebuggerApp
     from debugger.cli import load_session
@@ -69,15 +74,32 @@ async def first_frame(data: Path, size: tuple[int, int]) -> dict:
     session = load_session(Namespace(program=PROGRAM, host=data / "host.npy",
                                      weights=data / "weights.npy", config=[]))
     t2 = time.time()
+    # the first frame: the first screen paint after the app's on_mount (which fills the
+    # panes) has run -- not the idle point after it, where work deferred past the first
+    # paint would count too
+    from textual.screen import Screen
+    mounted, painted = [], []
+    on_mount, paint = DebuggerApp.on_mount, Screen._compositor_refresh
+
+    def timed_mount(self):
+        on_mount(self)
+        mounted.append(True)
+
+    def timed_paint(self):
+        paint(self)
+        if mounted and not painted:
+            painted.append((time.time(), time.process_time()))
+    DebuggerApp.on_mount, Screen._compositor_refresh = timed_mount, timed_paint
     app = DebuggerApp(session)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        t3, cpu = time.time(), time.process_time()
+        t3, cpu = painted[0] if painted else (time.time(), time.process_time())
+        settled = time.time()
     start = float(os.environ["BENCH_T0"])
     heavy = [m for m in ("numba", "onnx", "onnxruntime", "matplotlib", "dask", "scipy")
              if m in sys.modules]
     return dict(total=t3 - start, interpreter=t0 - start, imports=t1 - t0, load=t2 - t1,
-                frame=t3 - t2, cpu=cpu, heavy=heavy)
+                frame=t3 - t2, cpu=cpu, settled=settled - start, heavy=heavy)
 
 
 def first_mmc_view(data: Path) -> tuple[float, bool]:
@@ -286,11 +308,12 @@ def startup(args, data: Path) -> None:
         parts = "  ".join(
             f"{part} {min(r[part] for r in results):.2f}/"
             f"{statistics.median(r[part] for r in results):.2f}"
-            for part in ("total", "interpreter", "imports", "load", "frame", "cpu"))
+            for part in ("total", "interpreter", "imports", "load", "frame", "cpu", "settled"))
         heavy = sorted({m for r in results for m in r["heavy"]})
         print(f"  {name:<10} {parts}  heavy imports: {', '.join(heavy) or 'none'}")
-    print("  (total: wall time from the process's start to the first paint, target <= 0.6 s; "
-          "cpu: the process's own CPU time)")
+    print("  (total: wall time from the process's start to the first paint after the app's "
+          "on_mount, target <= 0.6 s; cpu: the process's own CPU time up to it; settled: wall "
+          "time until the app is idle after it, work deferred past the first paint included)")
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ from .key_bar import KeyBar
 from .log_pane import LogPane
 from .memory_view import MemoryView
 from .panes import CountersPane, PipelinePane, StatusLine
+from . import blas_start
 from .array_view import ArrayPane
 from .timeline import TimelinePane
 from .session import Session
@@ -331,6 +332,7 @@ class DebuggerApp(App):
         self._apply_layout()
         self.refresh_all(follow=True)
         self._collector.start(self)     # full garbage collections only while idle
+        self.call_after_refresh(blas_start.restore)     # OpenBLAS's threads, after the first paint
 
     def on_resize(self, event) -> None:
         self._status_lines = 0              # wrapped anew at the new width

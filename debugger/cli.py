@@ -136,6 +136,16 @@ def load_session(args):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import blas_start
+    blas_start.start_single_threaded()      # before numpy: its threads wait for the screen
+    try:
+        return _main(argv)
+    finally:
+        blas_start.restore()
+
+
+def _main(argv: list[str] | None) -> int:
+    from . import blas_start
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -150,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshot is not None:
         return screenshot(session, script or "", args.screenshot, size)
     if script is not None:
+        blas_start.restore()
         from .batch import run_batch
         return run_batch(session, script, name=str(args.batch))
     from .app import DebuggerApp

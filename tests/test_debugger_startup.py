@@ -54,3 +54,34 @@ async def test_key_bar_shows_the_main_keys_and_runs_them_on_a_click(here):
         await pilot.click("#keys", offset=(text.index("Step cycle"), 0))
         await pilot.pause()
         assert app.session.machine.cycle == 1
+
+
+BLAS_CHECK = """
+import os, sys
+from debugger import blas_start
+blas_start.start_single_threaded()
+import numpy
+from tpuasm.machine.gemm import blas_threads
+during = blas_threads()
+blas_start.restore()
+print(during, blas_threads(), "OPENBLAS_NUM_THREADS" in os.environ)
+"""
+
+
+def test_openblas_starts_on_one_thread_and_gets_its_cores_back():
+    """numpy's OpenBLAS starts its worker threads at import (~60 ms of start-up on 2 cores):
+    one thread until the screen is up, then one per core; a user's own setting is kept."""
+    import os
+    import pytest
+    from tpuasm.machine.gemm import HAVE_BLAS
+    cores = len(os.sched_getaffinity(0))
+    if not HAVE_BLAS or cores < 2:
+        pytest.skip("needs OpenBLAS and 2 cores")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", BLAS_CHECK], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.stdout.split() == ["1", str(cores), "False"], out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", BLAS_CHECK], capture_output=True, text=True,
+                         env={**env, "OPENBLAS_NUM_THREADS": "1"}, timeout=60)
+    assert out.stdout.split() == ["1", "1", "True"], out.stderr[-2000:]      # the user's choice
