@@ -301,8 +301,10 @@ class DebuggerApp(App):
                               classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
                     id="command", select_on_focus=False)
-        yield KeyBar([(k.key.split()[0], k.footer, k.action) for k in KEYS
-                      if k.bind and k.show and k.footer], id="keys")
+        shown = [(k.key.split()[0], k.footer, k.action) for k in KEYS
+                 if k.bind and k.show and k.footer]
+        # help first: at 80 columns the bar has room for six keys
+        yield KeyBar(sorted(shown, key=lambda k: k[2] != "help"), id="keys")
 
     def _memory_source(self, memory: str):
         # the machine is looked up on every call: a reload may bring a new one (a new shape)

@@ -46,6 +46,7 @@ async def test_key_bar_shows_the_main_keys_and_runs_them_on_a_click(here):
         bar = app.query_one("#keys")
         text = bar.render().plain
         assert bar.region.y == 23 and len(text) <= 80
+        assert text.startswith(" F1  Help ")                 # help first
         for key, label in (("s", "Step cycle"), ("n", "Next instr"), ("c", "Continue")):
             assert f" {key}  {label} " in text
         x = text.index("Next instr")
