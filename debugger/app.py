@@ -22,15 +22,17 @@ from textual.binding import Binding
 from textual.geometry import Region
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+from textual.widgets import Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from .commands import COMMANDS, Engine, Result, lookup
 from .formatting import event_text
 from .idle_gc import IdleCollector
+from .key_bar import KeyBar
 from .log_pane import LogPane
 from .memory_view import MemoryView
 from .panes import CountersPane, PipelinePane, StatusLine
+from . import blas_start
 from .array_view import ArrayPane
 from .timeline import TimelinePane
 from .session import Session
@@ -109,6 +111,9 @@ KEYS = [
     Key("/", "search the source; then n / N: next / previous match, escape ends the search",
         "slash", "prompt('/')", "Search", "Search the source", "find text in the source",
         show=False),
+    Key("?", "search the source backwards (up from the cursor); n goes on up, N down", "question_mark",
+        "prompt('?')", "Search back", "Search the source backwards", "find text above the cursor",
+        show=False),
     Key("tab", "move focus between panes", "tab", "app.focus_next", "Focus", show=False),
     Key("ctrl+p", "command palette: every action"),
     Key("", action="cmd('info counters')", title="Info counters",
@@ -120,7 +125,8 @@ KEYS = [
     Key("", action="cmd('restart')", title="Restart",
         detail="the program as loaded, at cycle 0 (Reload re-reads an edited file)"),
     Key("", action="screenshot", title="Save screenshot (SVG)", detail="writes tpuasm-debugger.svg"),
-    Key("?", "this help", "question_mark", "help", "Help", "Help", "every key and command"),
+    Key("F1 / h", "this help (`:help` lists the commands)", "f1,h", "help", "Help", "Help",
+        "every key and command"),
     Key("q", "quit", "q", "quit", "Quit"),
 ]
 
@@ -135,9 +141,9 @@ def _quick(cmd, arg: str) -> bool:
 
 
 class HelpScreen(ModalScreen):
-    """`?`: every key and every command."""
+    """F1 or `h`: every key and every command."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,f1,h", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 100%; max-width: 110; height: 90%; border: thick $accent;
@@ -175,7 +181,7 @@ class HelpScreen(ModalScreen):
                 "the program's symbols (input, ub.input, acc.sums + 8), ub[r][c] and host[r] (int8; "
                 "ubu, hostu: uint8), acc[r][c] (int32), tile[t], slices, lists, "
                 "sum/min/max/abs/any/all/count.  E.g. `break 12 if acc[3][7] < 0`.\n"
-                "Escape or ? closes this help.", style="grey70"))
+                "Escape, q, F1 or h closes this help.", style="grey70"))
 
 
 class MemoriesPane(TabbedContent):
@@ -273,6 +279,9 @@ class DebuggerApp(App):
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         s = self.session
+        # the layout classes before any pane is mounted: set afterwards, they restyle every
+        # widget on the screen (70-90 ms of the first frame)
+        self._layout_classes(self.size)
         yield StatusLine(id="status")
         with Horizontal(id="top"):
             yield SourceView(s, id="source", classes="pane-title")
@@ -292,7 +301,10 @@ class DebuggerApp(App):
                               classes="pane-title")
         yield Input(placeholder="command (help, break 12, x/16d ub[0], print acc[0][0:8], ...)",
                     id="command", select_on_focus=False)
-        yield Footer()
+        shown = [(k.key.split()[0], k.footer, k.action) for k in KEYS
+                 if k.bind and k.show and k.footer]
+        # help first: at 80 columns the bar has room for six keys
+        yield KeyBar(sorted(shown, key=lambda k: k[2] != "help"), id="keys")
 
     def _memory_source(self, memory: str):
         # the machine is looked up on every call: a reload may bring a new one (a new shape)
@@ -318,20 +330,24 @@ class DebuggerApp(App):
         self.query_one(SourceView).focus()
         self.log_line(f"loaded {escape(self.session.source_name or 'program')}: "
                       f"{len(self.session.program)} instructions, N = {self.session.machine.config.array_size}. "
-                      "Press [b]?[/] for help, [b]:[/] for commands.")
+                      "Press [b]F1[/] or [b]h[/] for help, [b]:[/] for commands.")
         self._apply_layout()
         self.refresh_all(follow=True)
         self._collector.start(self)     # full garbage collections only while idle
+        self.call_after_refresh(blas_start.restore)     # OpenBLAS's threads, after the first paint
 
     def on_resize(self, event) -> None:
         self._status_lines = 0              # wrapped anew at the new width
         self._apply_layout(event.size)
 
     def _apply_layout(self, size=None) -> None:
-        width, height = size or self.size
+        self._layout_classes(size or self.size)
+        self._balance_panes((size or self.size).width)
+
+    def _layout_classes(self, size) -> None:
+        width, height = size
         self.screen.set_class(width < self.NARROW[0] or height < self.NARROW[1], "narrow")
         self.screen.set_class(height < self.TALL, "short")
-        self._balance_panes(width)
 
     def _balance_panes(self, width: int | None = None) -> None:
         """On a wide screen the source pane takes what its instruction lines need (a
@@ -464,7 +480,7 @@ class DebuggerApp(App):
             self._after_reload(result.ui)
         if result.ui and result.ui[0] == "search":
             view = self.query_one(SourceView)
-            view.start_search(result.ui[1])
+            view.start_search(result.ui[1], result.ui[2])
             view.focus()
         if result.ui and result.ui[0] == "mismatches":
             _, memory, cells = result.ui

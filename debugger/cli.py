@@ -98,11 +98,11 @@ def load_session(args):
             raise InputError(str(e)) from None
         args.program = segment.program
         args.weights = args.weights or segment.weights
-        images = None
+        images, parts = None, {}
         if getattr(args, "input", None) is not None:
-            from .model_inputs import segment_host_images
+            from .model_inputs import model_run
             try:
-                images = segment_host_images(segment.program.parent, args.input)
+                images, parts = model_run(segment.program.parent, args.input)
             except TpuasmError as e:
                 raise InputError(f"--input {e}") from None
             except (ValueError, KeyError) as e:
@@ -125,6 +125,7 @@ def load_session(args):
         if segment is not None:
             session.outdir, session.segment = segment.program.parent, segment.name
             session.segment_hosts = images or {}
+            session.host_parts = parts
         return session
     except TpuasmError as e:
         raise InputError(str(e)) from None
@@ -135,6 +136,16 @@ def load_session(args):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import blas_start
+    blas_start.start_single_threaded()      # before numpy: its threads wait for the screen
+    try:
+        return _main(argv)
+    finally:
+        blas_start.restore()
+
+
+def _main(argv: list[str] | None) -> int:
+    from . import blas_start
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -149,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.screenshot is not None:
         return screenshot(session, script or "", args.screenshot, size)
     if script is not None:
+        blas_start.restore()
         from .batch import run_batch
         return run_batch(session, script, name=str(args.batch))
     from .app import DebuggerApp

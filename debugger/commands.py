@@ -63,9 +63,10 @@ COMMANDS = [
     Command(("continue", "c", "cont"), "continue", "run until a breakpoint, watchpoint, caught "
             "event, halt or fault", "do_continue", True),
     Command(("run",), "run N", "run N cycles (stops early at breakpoints)", "do_run", True),
-    Command(("until", "u", "advance"), "until LOCATION", "run until a line, label or *index is "
-            "about to issue (run to cursor; refused if it already issued), or `until cycle N`",
-            "do_until", True),
+    Command(("until", "u", "advance"), "until N | until LOCATION", "run to cycle N (`until 5000`, "
+            "`until cycle 5000`), or until a line (`until line 26`, `until :26`, `until prog.tasm:26`), "
+            "label, *index or `node NAME` is about to issue (run to cursor; refused if it already "
+            "issued)", "do_until", True),
     Command(("reverse-step", "rs"), "reverse-step [N]", "go back N cycles", "do_reverse_step", True),
     Command(("reverse-next", "reverse-stepi", "rn"), "reverse-next [N]", "go back N instructions",
             "do_reverse_next", True),
@@ -127,6 +128,9 @@ COMMANDS = [
     Command(("search", "/"), "search TEXT (/TEXT)", "find TEXT in the source (case-insensitive); "
             "on the screen the cursor goes there and n / N find the next / previous until Escape",
             "do_search"),
+    Command(("reverse-search", "rsearch"), "reverse-search TEXT (?TEXT)", "the same backwards: "
+            "on the screen from the cursor up (n goes on up, N down); in batch the lines last "
+            "first", "do_reverse_search"),
     Command(("segment",), "segment [NAME]", "a compiled model (`tpuasm debug OUTDIR`): list its "
             "segments, or open segment NAME with its data at cycle 0", "do_segment"),
     Command(("echo",), "echo TEXT", "print TEXT", "do_echo"),
@@ -151,6 +155,8 @@ class Engine:
             return Result()
         if line.startswith("/") and len(line) > 1:         # `/text`: search, as in less and vi
             line = "search " + line[1:]
+        elif line.startswith("?") and len(line) > 1 and not line[1].isspace():
+            line = "reverse-search " + line[1:]             # `?text`: backwards (`?` alone: help)
         word, _, rest = line.partition(" ")
         fmt = ""
         if word.startswith("x/"):
@@ -251,7 +257,59 @@ class Engine:
     def do_continue(self, arg):
         if arg:
             raise CommandError("continue takes no argument (use `ignore` to skip hits)")
-        return self._stopped(self.session.run())
+        result = self._stopped(self.session.run())
+        if result.stop.kind == "halted" and self.session.outdir is not None:
+            result = self._next_segments(result)
+        return result
+
+    def _waiting_nodes(self) -> list[str]:
+        """Graph nodes of enabled `node` breakpoints that wait (their node is in no
+        instruction of the segment open now)."""
+        return [bp.where[5:] for bp in self.session.breakpoints.values()
+                if bp.enabled and bp.where.startswith("node ") and not bp.indices]
+
+    def _next_segments(self, result: Result) -> Result:
+        """`continue` at the end of a segment while a `node` breakpoint waits for a later
+        one: on through the host parts (shown with their tensors) to the next segment,
+        opened with its data, and on running there; segment after segment until a stop
+        that is not the end of one, or no waiting node lies ahead."""
+        from tpuasm.compiler.outdir import segment_files
+        from tpuasm.errors import TpuasmError
+        from .model_steps import ModelStepsError, host_part_lines, manifest_steps, segment_names_node
+        s = self.session
+        try:
+            steps = manifest_steps(s.outdir)
+        except ModelStepsError as e:
+            result.lines.append(f"[red]{escape(str(e))}[/]")
+            return result
+        lines, opened = list(result.lines), False
+        while result.stop.kind == "halted" and not s.cancel.is_set():
+            waiting = self._waiting_nodes()
+            here = next((i for i, st in enumerate(steps) if st.get("name") == s.segment), None)
+            if not waiting or here is None:
+                break
+            ahead = steps[here + 1:]
+            if not any(segment_names_node(s.outdir, st, n) for st in ahead for n in waiting):
+                break
+            nxt = next(i for i, st in enumerate(ahead) if st.get("kind") == "tpu" and st.get("program"))
+            for part in ahead[:nxt]:
+                if part.get("kind") == "host":
+                    lines.append(escape(f"host part {part.get('name', '?')}:"))
+                    lines += [escape(f"  {x}") for x in host_part_lines(part, s.host_parts.get(part.get("name")))]
+            try:
+                stop, notes = s.open_segment(segment_files(s.outdir, ahead[nxt]["name"]))
+            except (TpuasmError, ReloadError) as e:
+                lines.append(f"[red]{escape(str(e))}[/]")
+                break
+            opened = True
+            lines += [escape(stop.message)] + [f"[yellow]{escape(n)}[/]" for n in notes
+                                               if "waits" not in n]
+            result = self._stopped(s.run())
+            lines += result.lines
+        result.lines = lines
+        if opened:
+            result.ui = ("reload", None)        # the screen shows the new segment's source
+        return result
 
     def do_run(self, arg):
         if not arg:
@@ -269,15 +327,42 @@ class Engine:
         return self._stopped(self.session.finish_in_flight())
 
     def do_until(self, arg):
-        cycle = self._cycle_location(arg)
+        """`until N` runs to cycle N (issue 23: a cycle, as `break cycle N` stops at one);
+        `until line N`, `until :N` or `until FILE:N` to a line, and labels, `*I`, `node X`
+        as `break` takes them."""
+        text = arg.strip()
+        line = re.fullmatch(r"(?:line\s+|:)\s*(\d+)", text, re.I)
+        if line:
+            text = line.group(1)
+        elif re.fullmatch(r"\d[\d_]*", text):
+            return self._until_cycle(text)
+        cycle = self._cycle_location(text)
         if cycle is not None:
             return self._stopped(self.session.run_to((), f"cycle {cycle}", cycle=cycle))
-        indices, where = self.resolve_location(arg)
+        indices, where = self.resolve_location(text)
         cycle = self.session.issued_already(indices)
         if cycle is not None:
             raise CommandError(f"{where} already issued (cycle {cycle}); a program runs straight "
                                "through, so it is not reached again: nothing to run to")
         return self._stopped(self.session.run_to(indices, where))
+
+    def _until_cycle(self, number: str) -> Result:
+        """`until N`: to cycle N.  Before scripts of the first debugger (where `until N`
+        meant line N) run on silently to a cycle, a number that is also a line with
+        instructions gets a note, and one that is not ahead says what to type instead."""
+        s = self.session
+        file = s.main_file()
+        is_line = bool(file and s.indices_for_line(None, int(number.replace("_", ""))))
+        hint = f" (line {number}: `until line {number}`)" if is_line else ""
+        try:
+            cycle = self._cycle_location(f"cycle {number}")
+        except CommandError as e:
+            raise CommandError(f"until {number}: {e}{hint}") from None
+        result = self._stopped(s.run_to((), f"cycle {cycle}", cycle=cycle))
+        if is_line:
+            result.lines.append(f"[yellow]`until {number}` ran to cycle {cycle:,}; "
+                                f"`until line {number}` runs to line {number}[/]")
+        return result
 
     def do_reverse_step(self, arg):
         return self._stopped(self.session.reverse_cycles(self._count(arg)))
@@ -351,10 +436,30 @@ class Engine:
             bp = self.session.add_breakpoint((), f"cycle {cycle}", cond or None, temporary,
                                              cycle=cycle)
             return Result([f"{kind} {bp.number} at cycle {cycle}{escape(extra)}"])
+        waiting = self._node_elsewhere(where)
+        if waiting is not None:
+            name, segment = waiting
+            bp = self.session.add_breakpoint((), f"node {name}", cond or None, temporary)
+            return Result([f"{kind} {bp.number} at node {escape(name)}{escape(extra)} waits: the "
+                           f"node is in {segment} (`continue` at the end of this segment goes "
+                           f"on there; `segment {segment}` opens it now)"])
         indices, desc = self.resolve_location(where)
         bp = self.session.add_breakpoint(indices, desc, cond or None, temporary)
         return Result([f"{kind} {bp.number} at {escape(desc)} "
                        f"(instruction {', '.join(f'#{i}' for i in bp.indices)}){escape(extra)}"])
+
+    def _node_elsewhere(self, where: str) -> tuple[str, str] | None:
+        """`node NAME` of a compiled model whose node is not in the segment open now but in
+        another one: (NAME, that segment); else None."""
+        where = where.strip()
+        s = self.session
+        if s.outdir is None or not where.startswith("node "):
+            return None
+        name = where[5:].strip()
+        if not name or s.program.node_runs(name):
+            return None
+        segment = _segment_with_node(s.outdir, name)
+        return (name, segment) if segment else None
 
     def do_break(self, arg):
         return self._break(arg, False)
@@ -727,9 +832,12 @@ class Engine:
             raise CommandError("radix hex|signed|unsigned [int8|int32]")
         return Result([f"radix {' '.join(parts)}"], ui=("radix", *parts))
 
-    def do_search(self, arg):
+    def do_reverse_search(self, arg):
+        return self.do_search(arg, direction=-1)
+
+    def do_search(self, arg, direction: int = 1):
         if not arg:
-            raise CommandError("search TEXT: what?")
+            raise CommandError(f"{'search' if direction > 0 else 'reverse-search'} TEXT: what?")
         s = self.session
         file = s.main_file()
         text = s.program.sources.get(file) if file else None
@@ -741,13 +849,13 @@ class Engine:
         hits = [(n, line) for n, line in enumerate(lines, 1) if arg.lower() in line.lower()]
         if not hits:
             raise CommandError(f"{arg!r} not found in {file}")
+        hits = hits[::direction]
         out = [escape(f"{file}:{n}: {line.strip()}") for n, line in hits[:10]]
         if len(hits) > 10:
             out.append(f"... {len(hits) - 10} more")
-        return Result(out, ui=("search", arg))
+        return Result(out, ui=("search", arg, direction))
 
     def do_segment(self, arg):
-        import json
         from tpuasm.errors import TpuasmError
         s = self.session
         if s.outdir is None and not arg:
@@ -755,10 +863,11 @@ class Engine:
         if s.outdir is None:
             raise CommandError("not a compiled model: open one with `tpuasm debug OUTDIR`")
         if not arg:
+            from .model_steps import ModelStepsError, host_part_lines, manifest_steps
             try:
-                steps = json.loads((s.outdir / "manifest.json").read_text())["steps"]
-            except (OSError, ValueError, KeyError) as e:
-                raise CommandError(f"{s.outdir}: unreadable manifest: {e}") from None
+                steps = manifest_steps(s.outdir)
+            except ModelStepsError as e:
+                raise CommandError(str(e)) from None
             out = []
             for step in steps:
                 mark = "=>" if step.get("name") == s.segment else "  "
@@ -768,6 +877,11 @@ class Engine:
                     what = (f"host part: {', '.join(step.get('inputs', []))} -> "
                             f"{', '.join(step.get('outputs', []))}")
                 out.append(escape(f"{mark} {step.get('name', '?'):<10} {what}"))
+                if step.get("kind") == "host":
+                    out += [escape(f"{'':<14}{x}")
+                            for x in host_part_lines(step, s.host_parts.get(step.get("name")))]
+            if not s.host_parts:
+                out.append("(the host parts' values: `tpuasm debug OUTDIR --input X.npy`)")
             return Result(out)
         from tpuasm.compiler.outdir import segment_files
         try:

@@ -160,6 +160,7 @@ class Session:
         self.outdir = None                   # a compiled model's directory (`segment NAME`)
         self.segment: str | None = None      # ... and the segment open now
         self.segment_hosts: dict = {}        # segment -> host image from `--input` (else its file)
+        self.host_parts: dict = {}           # host part -> its tensors in the `--input` run
         self.on_progress = None      # progress(cycle, seconds) between chunks of a long run
 
     def _use_program(self, program) -> None:

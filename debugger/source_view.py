@@ -122,7 +122,7 @@ class SourceView(ScrollView, can_focus=True):
         Binding("pageup", "cursor(-20)", show=False),
         Binding("pagedown", "cursor(20)", show=False),
         Binding("space", "toggle_break", "Break", tooltip="toggle a breakpoint on the cursor line"),
-        # while a search (`/text`) is on: n / N go to the next / previous match (the app's
+        # while a search (`/text`, `?text`) is on: n / N go to the next / previous match (the app's
         # n, next instruction, again once Escape has ended the search)
         Binding("n", "search(1)", "Next match", show=False),
         Binding("N", "search(-1)", "Previous match", show=False),
@@ -152,7 +152,8 @@ class SourceView(ScrollView, can_focus=True):
         self._drawn = None
         self.fault_line: int | None = None        # the line of the instruction that faulted
         self.expansions: dict[int, list[str]] = {}  # line -> "▶ 3/4000": which expansion
-        self.search_term: str | None = None       # `/text`: n / N find it again
+        self.search_term: str | None = None       # `/text`, `?text`: n / N find it again
+        self.search_direction = 1                 # 1: `/` (down), -1: `?` (up)
         self._resize_virtual()
 
     @property
@@ -319,14 +320,19 @@ class SourceView(ScrollView, can_focus=True):
             return self.search_term is not None      # otherwise the key goes to the app
         return True
 
-    def start_search(self, term: str) -> int | None:
-        """Search for `term` (case-insensitive) from the line after the cursor, wrapping;
-        n / N repeat it until Escape.  The line found, or None."""
+    def start_search(self, term: str, direction: int = 1) -> int | None:
+        """Search for `term` (case-insensitive) from the line after the cursor (direction 1,
+        `/`) or before it (-1, `?`), wrapping; n repeats it the same way, N the other way,
+        until Escape (as in vi and less).  The line found, or None."""
         self.search_term = term
+        self.search_direction = 1 if direction >= 0 else -1
         return self.action_search(1)
 
     def action_search(self, direction: int) -> int | None:
+        """direction 1: n (the way the search went), -1: N."""
         term = (self.search_term or "").lower()
+        direction *= self.search_direction
+        prompt = "/" if self.search_direction > 0 else "?"
         lines = self.listing.plain
         count = len(lines)
         for step in range(1, count + 1):
@@ -336,9 +342,9 @@ class SourceView(ScrollView, can_focus=True):
                 self._keep_visible(line)
                 self._drawn = None
                 self._repaint_marks()
-                self.border_subtitle = f"/{self.search_term}  n next, N previous, Esc ends"
+                self.border_subtitle = f"{prompt}{self.search_term}  n next, N previous, Esc ends"
                 return line
-        self.border_subtitle = f"/{self.search_term}: not found (Esc ends)"
+        self.border_subtitle = f"{prompt}{self.search_term}: not found (Esc ends)"
         return None
 
     def action_end_search(self) -> None:

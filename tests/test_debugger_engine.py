@@ -79,7 +79,7 @@ def test_condition_on_cycle_and_ignore_count(here):
 
 
 def test_continue_from_a_breakpoint_location_does_not_stop_there_again(engine):
-    run(engine, f"until {LINE_MMC1}")
+    run(engine, f"until line {LINE_MMC1}")
     assert engine.session.next_to_issue() == 4
     run(engine, f"break {LINE_MMC1}")
     assert run(engine, "continue").stop.kind == "halted"
@@ -93,7 +93,7 @@ def test_tbreak_until_delete_disable(engine):
     run(engine, f"tbreak {LINE_MMC1}")
     assert run(engine, "continue").stop.index == 4
     assert not engine.session.breakpoints                   # temporary: gone
-    r = run(engine, f"until {LINE_MMC2}")
+    r = run(engine, f"until line {LINE_MMC2}")
     assert r.stop.index == 6 and engine.session.next_to_issue() == 6
     run(engine, "break 18")
     run(engine, "disable 2")

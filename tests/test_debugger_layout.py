@@ -60,7 +60,7 @@ async def test_80x24_goto_shows_the_target_row(here):
 @pilot_test
 async def test_80x24_help_fits_in_80_columns(here):
     async with open_app(here, size=SMALL_TERM) as (app, pilot):
-        await keys(pilot, "question_mark")
+        await keys(pilot, "f1")
         assert isinstance(app.screen, HelpScreen)
         box = app.screen.query_one("VerticalScroll")
         assert box.region.right <= 80 and box.virtual_size.width <= box.size.width

@@ -4,6 +4,7 @@ across segments.  The outputs are checked against the compiler's own golden file
 from __future__ import annotations
 
 import json
+import re
 from argparse import Namespace
 from pathlib import Path
 
@@ -51,8 +52,6 @@ def test_outdir_opens_segment0_with_its_data_and_runs_to_the_halt(outdir):
 
 def test_segment_switches_and_node_breakpoints_follow_their_node(outdir):
     engine = Engine(open_outdir(outdir))
-    r = run(engine, "break node gemm2", ok=False)
-    assert "node gemm2 is in segment1" in r.text()
     run(engine, "segment segment1")
     s = engine.session
     assert s.segment == "segment1" and s.machine.cycle == 0
@@ -61,7 +60,10 @@ def test_segment_switches_and_node_breakpoints_follow_their_node(outdir):
     run(engine, "break node gemm2")
     run(engine, "segment segment0")
     assert "waits: not in this segment" in run(engine, "info breakpoints").text()
-    assert run(engine, "continue").stop.kind == "halted"          # dormant here
+    run(engine, "disable 1")
+    assert run(engine, "continue").stop.kind == "halted"          # disabled: no move on
+    assert s.segment == "segment0"
+    run(engine, "enable 1")
     run(engine, "segment segment1")
     stop = run(engine, "continue").stop
     assert stop.kind == "breakpoint" and "node gemm2" in stop.message
@@ -147,3 +149,65 @@ async def test_the_source_pane_widens_for_compiled_code(outdir):
         await pilot.resize_terminal(80, 24)                 # narrow: halves again
         await pilot.pause()
         assert abs(view.outer_size.width - pipeline.outer_size.width) <= 2
+
+
+def test_continue_goes_on_to_the_segment_a_node_breakpoint_waits_in(outdir, tmp_path):
+    """`break node gemm2` in segment0 waits; `continue` runs segment0 to its end, shows
+    host part host1's tensors and goes on in segment1 (its data: the image of --input) to
+    gemm2's first instruction.  host1's input is what segment0 computed on the emulator."""
+    x = np.random.default_rng(7).normal(0, 1, (2, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    session = load_session(Namespace(program=outdir, host=None, weights=None, config=[],
+                                     segment=None, input=tmp_path / "x.npy"))
+    engine = Engine(session)
+    r = run(engine, "break node gemm2")
+    assert "waits: the node is in segment1" in r.text()
+    from tpuasm.compiler.model import load
+    from tpuasm.compiler.runtime import TpuStep
+    first = next(st for st in load(outdir).steps if isinstance(st, TpuStep))
+    r = run(engine, "continue")
+    text = r.text()
+    assert session.segment == "segment1" and r.ui == ("reload", None)
+    assert r.stop.kind == "breakpoint" and r.stop.index == session.program.node_runs("gemm2")[0].start
+    assert text.index("halted") < text.index("host part host1:") < text.index("opened segment1")
+    image = np.asarray(session.segment_hosts["segment1"])
+    assert np.array_equal(session.machine.host[:len(image)].view(np.int8), image.view(np.int8))
+    # host1's input, as the listing prints it, is segment0's output on the emulator
+    fresh = load_session(Namespace(program=outdir, host=None, weights=None, config=[],
+                                   segment=None, input=tmp_path / "x.npy"))
+    assert run(Engine(fresh), "continue").stop.kind == "halted"
+    (name, computed), = first.program.read_outputs(fresh.machine.host).items()
+    recorded = session.host_parts["host1"]["inputs"][name]
+    assert np.array_equal(np.asarray(computed).reshape(recorded.shape), recorded)
+    from debugger.model_steps import tensor_text
+    assert f"in  {tensor_text(name, recorded)}" in text and str(recorded.shape) in text
+    listing = run(engine, "segment").text()
+    assert "=> segment1" in listing and f"in  {tensor_text(name, recorded)}" in listing
+    out_name, out = next(iter(session.host_parts["host1"]["outputs"].items()))
+    assert f"out {tensor_text(out_name, out)}" in listing
+    assert run(engine, "continue").stop.kind == "halted" and session.segment == "segment1"
+
+
+def test_segment_listing_without_input_names_the_host_tensors_and_shapes(outdir):
+    text = run(Engine(open_outdir(outdir)), "segment").text()
+    assert "in  t0_QuantizeLinear_Output (2, 8)" in text.replace("[", "(").replace("]", ")") or \
+        re.search(r"in  \S+ \(2, 8\)", text)
+    assert "--input X.npy" in text
+
+
+@pilot_test
+async def test_continue_key_moves_the_screen_on_to_the_waiting_node(outdir):
+    async with open_app(None, session=open_outdir(outdir), size=(80, 24)) as (app, pilot):
+        view = app.query_one(SourceView)
+        await command(pilot, "break node gemm2")
+        await pilot.press("c")
+        await app.workers.wait_for_complete()
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if view.listing.name.endswith("segment1.tasm"):
+                break
+        assert view.listing.name.endswith("segment1.tasm") and app.session.segment == "segment1"
+        assert "host part host1:" in log_text(app) and "opened segment1" in log_text(app)
+        runs = app.session.program.node_runs("gemm2")
+        assert app.session.next_to_issue() == runs[0].start
+        assert "internal error" not in log_text(app)

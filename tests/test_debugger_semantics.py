@@ -79,10 +79,10 @@ def test_good_conditions_are_accepted(engine):
 
 def test_until_a_line_that_already_issued_says_so_and_does_not_run(engine):
     m = engine.session.machine
-    run(engine, f"until {LINE_MMC1}")
+    run(engine, f"until line {LINE_MMC1}")
     run(engine, "step 3")
     cycle = m.cycle
-    r = run(engine, f"until {LINE_RHM}", ok=False)
+    r = run(engine, f"until line {LINE_RHM}", ok=False)
     assert "already issued" in r.text() and m.cycle == cycle and m.status != "halted"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from tpuasm.assembler import assemble_file
 from tpuasm.machine import Machine
-from test_debugger_support import LINE_ACT1, LINE_MMC1, engine, here, run  # noqa: F401
+from test_debugger_support import LINE_ACT1, LINE_MMC1, LINE_MMC2, engine, here, run  # noqa: F401
 
 MMC1, MMC2 = 4, 6          # instruction indices of the two MatrixMultiplies of SMALL
 
@@ -63,6 +63,29 @@ def test_cycle_breakpoints_stop_exactly_there(engine, here):
     assert "cycle 300" not in run(engine, "info breakpoints").text()        # tbreak is gone
     run(engine, "break cycle 10", ok=False)                                  # not ahead
     run(engine, "break cycle", ok=False)
+
+
+def test_until_a_number_is_a_cycle_and_until_line_a_line(engine, here):
+    """`until N` runs to cycle N (issue 23); `until line N` / `until :N` to line N, stopping
+    when its instruction is about to issue (the cycle the reference machine issued it)."""
+    times = reference_intervals(here)
+    m = engine.session.machine
+    r = run(engine, "until 500")
+    assert m.cycle == 500 and "reached cycle 500" in r.text()
+    r = run(engine, f"until {LINE_MMC1}", ok=False)         # not ahead: says what to type
+    assert "not ahead" in r.text() and f"`until line {LINE_MMC1}`" in r.text() and m.cycle == 500
+    run(engine, "restart")
+    r = run(engine, f"until :{LINE_MMC1}")
+    assert engine.session.next_to_issue() == 4 and m.cycle == times[4, 0]
+    run(engine, "restart")
+    r = run(engine, f"until line {LINE_MMC2}")
+    assert engine.session.next_to_issue() == 6 and m.cycle == times[6, 0]
+    run(engine, "restart")
+    r = run(engine, f"until {LINE_MMC2}")                   # a line number too: a note
+    assert m.cycle == LINE_MMC2 and f"`until line {LINE_MMC2}` runs to line" in r.text()
+    assert "no instruction on line 2 " in run(engine, "until line 2", ok=False).text() + " "
+    run(engine, "until 1_000")
+    assert m.cycle == 1000
 
 
 def test_until_cycle_and_a_condition_on_the_cycle(engine, here):

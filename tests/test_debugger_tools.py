@@ -95,6 +95,32 @@ def test_search_in_batch_mode_lists_the_lines(engine):
     r = run(engine, "/mmc.so")
     assert [line.split(":")[1] for line in r.text().splitlines()] == [str(LINE_MMC1), str(LINE_MMC2)]
     run(engine, "search nothing-like-this", ok=False)
+    back = run(engine, "?mmc.so")                       # backwards: the last match first
+    assert [line.split(":")[1] for line in back.text().splitlines()] == [str(LINE_MMC2), str(LINE_MMC1)]
+    assert back.ui == ("search", "mmc.so", -1)
+    assert "reverse-search TEXT: what?" in run(engine, "reverse-search", ok=False).text()
+    assert "reverse-search" in run(engine, "?").text()     # `?` alone is still help
+
+
+@pilot_test
+async def test_question_mark_searches_backwards_from_the_cursor(here):
+    async with open_app(here, size=(80, 24)) as (app, pilot):
+        view = app.query_one(SourceView)
+        acts = [n for n, line in enumerate(view.listing.plain, 1) if "act" in line.lower()]
+        assert len(acts) >= 2 and LINE_ACT2 in acts
+        view.cursor_line = len(view.listing.plain)          # the last line: up finds the last ACT
+        await keys(pilot, "question_mark")
+        box = app.query_one("#command")
+        assert box.value == "?"
+        box.value = "?ACT"
+        await keys(pilot, "enter")
+        assert view.cursor_line == acts[-1] and view.border_subtitle.startswith("?ACT")
+        await keys(pilot, "n")                              # n goes on up
+        assert view.cursor_line == acts[-2] and app.session.machine.cycle == 0
+        await keys(pilot, "N")                              # N back down
+        assert view.cursor_line == acts[-1]
+        await keys(pilot, "escape", "n")                    # n steps again
+        assert app.session.machine.cycle > 0
 
 
 @pilot_test
@@ -151,7 +177,7 @@ def test_operands_are_shown_with_the_programs_names(engine, here):
 @pilot_test
 async def test_the_pipeline_pane_shows_symbolic_operands(here):
     async with open_app(here, size=(120, 40)) as (app, pilot):
-        await command(pilot, f"until {LINE_MMC1}")
+        await command(pilot, f"until line {LINE_MMC1}")
         await command(pilot, "step 3")
         pane = app.query_one("#pipeline-box")
         text = "\n".join(strip.text for strip in pane._strips)

@@ -268,7 +268,7 @@ async def test_interrupt_a_long_run(here, monkeypatch):
 @pilot_test
 async def test_help_lists_every_key(here):
     async with open_app(here) as (app, pilot):
-        await keys(pilot, "question_mark")
+        await keys(pilot, "f1")
         assert isinstance(app.screen, HelpScreen)
         text = app.screen.plain_text()
         screen = app.export_screenshot().replace("&#160;", " ")
@@ -276,12 +276,16 @@ async def test_help_lists_every_key(here):
         for binding in DebuggerApp.BINDINGS:
             for key in binding.key.split(","):
                 label = {"colon": ":", "question_mark": "?", "escape": "Escape", "slash": "/",
-                         "f9": "F9", "tab": "tab"}.get(key, key)
+                         "f9": "F9", "f1": "F1", "tab": "tab"}.get(key, key)
                 assert label in text, key
         for binding in SourceView.BINDINGS + MemoryView.BINDINGS:
             assert binding.key.split(",")[0] in text, binding.key
         assert "x/NFU ADDR" in text and "reverse-continue" in text
         await keys(pilot, "escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await keys(pilot, "h")                  # h opens it too, and closes it
+        assert isinstance(app.screen, HelpScreen)
+        await keys(pilot, "h")
         assert not isinstance(app.screen, HelpScreen)
 
 
@@ -360,7 +364,7 @@ async def test_source_pane_follows_the_next_instruction_into_an_included_file(he
 # One example of every command, typed on the screen's command line.  A new command must be
 # added here, so that none ships without having run in the UI.
 EVERY_COMMAND = {
-    "step": "step", "next": "next 2", "until": f"until {LINE_MMC2}", "finish": "finish",
+    "step": "step", "next": "next 2", "until": f"until line {LINE_MMC2}", "finish": "finish",
     "continue": "continue", "run": "run 10", "reverse-step": "reverse-step 3", "reverse-next": "reverse-next",
     "reverse-continue": "reverse-continue", "restart": "restart", "break": f"break {LINE_MMC1}",
     "tbreak": f"tbreak {LINE_MMC2}", "condition": "condition 1 cycle >= 0", "ignore": "ignore 1 0",
@@ -370,7 +374,8 @@ EVERY_COMMAND = {
     "x": "x/4d ub[0]", "expect": "expect cycle >= 0", "info": "info breakpoints", "list": "list",
     "goto": "goto acc[1]", "radix": "radix unsigned", "echo": "echo hello", "help": "help break",
     "compare": "compare ub[60] zeros.npy", "dump": "dump ub[0:2] d.npy", "display": "display cycle",
-    "undisplay": "undisplay", "search": "search MMC", "segment": "segment", "issue": "issue",
+    "undisplay": "undisplay", "search": "search MMC", "reverse-search": "?MMC", "segment": "segment",
+    "issue": "issue",
 }
 
 
