@@ -193,7 +193,7 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
     if not batch_first:
         feed = {n: np.asarray(data[n]).astype(dtypes[n], copy=False) for n in infos}
         return dict(zip(names, sess.run(names, feed)))
-    step = min(fixed) if fixed else _CHUNK
+    step = min(fixed) if fixed else _chunk_rows(float_model)
     rows = len(next(iter(data.values())))
     parts = {n: [] for n in names}
     for start in range(0, rows, step):
@@ -212,6 +212,18 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
         for n, o in zip(names, outs):
             parts[n].append(np.asarray(o)[:take])
     return {n: np.concatenate(p) for n, p in parts.items()}
+
+
+def _chunk_rows(float_model) -> int:
+    """Rows per onnxruntime call: as many as the model's activations allow in the
+    calibration's memory budget (quantize.calibration_rows), at most _CHUNK."""
+    import onnx
+
+    from tpuasm.compiler.quantize import _with_shapes, calibration_rows
+    model = float_model
+    if isinstance(model, (bytes, bytearray)):
+        model = onnx.load_model_from_string(bytes(model))
+    return max(1, min(_CHUNK, calibration_rows(_with_shapes(model)) * 4))
 
 
 def _np_type(ort_type: str):
