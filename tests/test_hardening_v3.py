@@ -110,9 +110,8 @@ def test_sweep_scheduler_that_is_not_dask_fails_fast(tiny, reply, words):
 @pytest.mark.parametrize("address", ["bogus://::::", "tcp://::1:8786", "tcp://host:99999",
                                      "tcp://"])
 def test_scheduler_addresses_dask_cannot_use(address):
-    from tpuasm.sweep.executor import probe_scheduler
-    from tpuasm.sweep.grid import SweepError
-    with pytest.raises(SweepError, match="--scheduler"):
+    from tpuasm.cluster import ClusterError, probe_scheduler
+    with pytest.raises(ClusterError, match="--scheduler"):
         probe_scheduler(address)
 
 

@@ -262,8 +262,7 @@ def _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done) -> 
     error Result for its program, the others complete."""
     from dask.distributed import as_completed
 
-    from ..sweep.executor import dask_client
-    from ..sweep.grid import SweepError
+    from ..cluster import ClusterError, dask_client
     try:
         with dask_client(scheduler) as client:
             futures = {client.submit(_work, manifests[i], check_golden, keep_data,
@@ -277,7 +276,7 @@ def _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done) -> 
                     r = Result(manifests[i].name, str(manifests[i].path))
                     r.error(f"Dask worker failed: {type(e).__name__}: {e}")
                 done(i, r)
-    except SweepError as e:
+    except ClusterError as e:
         raise ManifestError("--scheduler", None, str(e)) from None
 
 
