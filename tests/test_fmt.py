@@ -227,3 +227,36 @@ def test_the_token_lexer_cuts_names_and_numbers_as_the_parser_does():
                     assert (sp.col, lines[sp.line - 1][sp.col - 1:sp.end_col - 1]) in tokens
                     checked += 1
     assert checked > 500
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\r", "\n"])
+@pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"])
+def test_fmt_keeps_the_files_line_endings_and_bom(tmp_path, ending, bom):
+    messy = ".equ  X,2\n  RHM   0,0,X   ; in\nHLT\n"
+    path = tmp_path / "p.tasm"
+    path.write_bytes(bom + messy.replace("\n", ending).encode())
+    assert main([str(path)]) == 0
+    want = bom + format_source(messy).replace("\n", ending).encode()
+    assert path.read_bytes() == want
+    from tpuasm.assembler import decode_source     # as `tpuasm asm` reads the file
+    assert assembled(decode_source(path.read_bytes(), "p.tasm"), "p.tasm") == \
+        assembled(messy, "p.tasm")
+    assert main([str(path), "--check"]) == 0              # formatted: nothing to change
+    before = path.stat().st_mtime_ns
+    assert main([str(path)]) == 0 and path.stat().st_mtime_ns == before
+
+
+def test_fmt_diff_of_a_crlf_file_shows_only_layout(tmp_path, capsys):
+    path = tmp_path / "p.tasm"
+    path.write_bytes(b".equ  X,2\r\n        HLT\r\n")
+    assert main([str(path), "--diff"]) == 1
+    out = capsys.readouterr().out
+    assert "-.equ  X,2\n+.equ   X, 2\n" in out            # the one line whose layout changes
+    assert "-        HLT" not in out and "\r" not in out
+
+
+def test_a_file_mixing_line_endings_gets_its_first_one(tmp_path):
+    path = tmp_path / "p.tasm"
+    path.write_bytes(b"HLT\r\nHLT\nHLT\r")
+    assert main([str(path)]) == 0
+    assert path.read_bytes() == b"        HLT\r\n        HLT\r\n        HLT\r\n"

@@ -174,6 +174,31 @@ def _assemble_rows(rows) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+# ------------------------------------------------------------------ the file's conventions
+BOM = "\ufeff"
+
+
+def line_ending(data: bytes) -> str:
+    """The file's line ending: that of its first line break ("\r\n", "\r" or "\n"); a
+    file without one gets "\n"."""
+    for i, byte in enumerate(data):
+        if byte == 0x0A:
+            return "\n"
+        if byte == 0x0D:
+            return "\r\n" if data[i + 1:i + 2] == b"\n" else "\r"
+    return "\n"
+
+
+def in_file_convention(text: str, data: bytes) -> str:
+    """Formatted `text` (lines ending in "\n") with the line ending and the byte-order mark
+    of the file it came from (`data`): fmt changes layout, not the file's conventions.  A
+    file mixing line endings gets its first one throughout."""
+    ending = line_ending(data)
+    if ending != "\n":
+        text = text.replace("\n", ending)
+    return BOM + text if data.startswith(b"\xef\xbb\xbf") else text
+
+
 # ------------------------------------------------------------------ the command
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tpuasm fmt", description=(
@@ -201,16 +226,16 @@ def main(argv: list[str]) -> int:
             status = EXIT_USAGE
             continue
         after = format_source(before, None if str(path) == "-" else str(path))
+        written = in_file_convention(after, data)
         if str(path) == "-" and not (args.check or args.diff):
-            sys.stdout.write(after)
+            sys.stdout.write(written)
             continue
-        changed = after != before.replace("\r\n", "\n").replace("\r", "\n") or data.startswith(b"\xef\xbb\xbf") \
-            or b"\r" in data
-        if not changed:
+        if written.encode("utf-8") == data:
             continue
         if args.diff:
+            plain = before.replace("\r\n", "\n").replace("\r", "\n")   # endings kept anyway
             sys.stdout.writelines(difflib.unified_diff(
-                before.splitlines(keepends=True), after.splitlines(keepends=True),
+                plain.splitlines(keepends=True), after.splitlines(keepends=True),
                 f"{path}", f"{path} (formatted)"))
         if args.check or args.diff:
             if args.check:
@@ -218,7 +243,7 @@ def main(argv: list[str]) -> int:
             status = max(status, EXIT_FAILED)
             continue
         try:
-            atomic_write(path, after)       # a crash leaves the old file or the new one
+            atomic_write(path, written)     # a crash leaves the old file or the new one
         except OutputFileError as e:
             print(f"tpuasm fmt: {e}", file=sys.stderr)
             status = EXIT_USAGE
