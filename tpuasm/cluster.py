@@ -102,7 +102,8 @@ def dask_client(scheduler: str | None = None, workers: int | None = None,
 
     from dask.distributed import Client, LocalCluster
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    address = scheduler or os.environ.get(SCHEDULER_ENV)
+    from .environment import raw
+    address = scheduler or raw("TPUASM_SCHEDULER")
     if address:
         probe_scheduler(address)          # <= PROBE_SECONDS; Dask's own connect may hang
         try:

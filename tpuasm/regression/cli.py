@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from ..cli import parse_arguments, positive_int
+from ..environment import raw
 from .manifest import Manifest, ManifestError, discover, load_manifest
 
 from ..command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run_all(manifests, jobs=args.jobs, check_golden=not args.update_golden,
                           keep_data=args.keep_data, console=err, progress=not args.quiet,
-                          scheduler=args.scheduler or os.environ.get("TPUASM_SCHEDULER"))
+                          scheduler=args.scheduler or raw("TPUASM_SCHEDULER"))
     except ManifestError as e:            # the cluster could not be reached
         err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
         return EXIT_USAGE

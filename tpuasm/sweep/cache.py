@@ -26,8 +26,8 @@ def point_key(target_digest: str, config: dict, timing_only: bool, max_cycles,
 
 
 def default_path() -> Path:
-    from ..machine.jitcache import cache_root
-    return cache_root() / "sweep-results.sqlite"
+    from ..cache import root
+    return root() / "sweep-results.sqlite"
 
 
 def machine_settings(config: dict) -> dict:
