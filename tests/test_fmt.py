@@ -76,10 +76,32 @@ def test_the_canonical_layout():
 
 
 def test_a_line_with_a_syntax_error_is_kept_as_written():
-    src = "        RHM   0,,1   \n.equ X  ,  2\n"
+    # exactly, trailing blanks too: "unexpected end of line" points past them
+    src = "        RHM   0,,1   \n.equ X  ,  2\n        MMC   0, 0,  \n"
     out = format_source(src)
-    assert out.split("\n")[0] == "        RHM   0,,1"
+    assert out.split("\n")[0] == "        RHM   0,,1   "
     assert out.split("\n")[1] == ".equ   X, 2"
+    assert out.split("\n")[2] == "        MMC   0, 0,  "
+
+
+def test_errors_keep_their_lines_and_columns(tmp_path):
+    # blank lines are not folded in a file with errors (that would move the errors'
+    # lines), and a semantic error's line is kept with a syntax error elsewhere
+    src = "\n\n.equ A, 1\n\n\n\nact_shift\n   FROB ((\n\n\n"
+    path = tmp_path / "bad.tasm"
+    path.write_text(src)
+
+    def positions():
+        try:
+            assemble(path.read_text(), str(path))
+        except AssemblyError as e:
+            return sorted((d.line, d.col, d.message) for d in e.diagnostics)
+    before = positions()
+    assert len(before) == 2
+    assert main([str(path)]) == 0
+    assert positions() == before
+    assert path.read_text().split("\n")[2] == ".equ   A, 1"          # the rest is formatted
+    assert main([str(path), "--check"]) == 0
 
 
 def test_strings_with_comment_characters_and_crlf():

@@ -13,10 +13,11 @@ column (8 and 7 characters); operands are separated by `, `, binary operators ha
 space on each side, unary operators, `name=value` and parentheses none.  Trailing comments
 of a paragraph (lines between blank lines) line up at one column (at least 32).  A
 full-line comment keeps column 0 if it had it, else takes the instruction column.  Runs of
-blank lines become one; none at the start or end.
+blank lines become one; none at the start or end (in a file the assembler reports errors
+in, every line stays where it is, so no error moves: spec/limits.md).
 
 Only whitespace between tokens changes, and only on lines the assembler's parser reads
-without a syntax error (a line with one is kept as it is, bar trailing blanks), so the
+without a syntax error (a line with one is kept exactly as it is), so the
 assembled program is the same: tests/test_fmt.py assembles every program of the library
 and random programs before and after and compares the code byte for byte.  Comments,
 literals, names and their case are kept exactly as written.
@@ -61,18 +62,21 @@ def format_source(text: str, path: str | None = None) -> str:
     if long_lines:
         text = "\n".join("" if i + 1 in long_lines else line for i, line in enumerate(lines))
     _, diags = parse(text, "<fmt>")
-    broken = {d.line for d in diags} | long_lines
-    if path is not None and not diags:     # a file (`tpuasm fmt`), not a snippet
-        broken |= _error_lines(text, path)
+    errors = {d.line for d in diags}
+    if path is not None:     # a file (`tpuasm fmt`), not a snippet: with syntax errors too,
+        errors |= _error_lines(text, path)       # as `tpuasm asm` reports the others then
+    broken = errors | long_lines
     level = 0
     rows: list[tuple[str, str | None] | None] = []      # (code, trailing comment) or None = blank
+    if lines and lines[-1] == "":
+        lines.pop()                  # what follows the last line break is not a line
     for number, line in enumerate(lines, 1):
         if not line.strip(" \t\f"):
             rows.append(None)
             continue
         tokens = None if number in broken else [t[:2] for t in line_tokens(line) or ()] or None
-        if tokens is None:
-            rows.append((line.rstrip(), None))          # kept as written
+        if tokens is None:      # kept as written (an error at its end stays in its column)
+            rows.append((line if number in errors else line.rstrip(), None))
             continue
         comment = tokens.pop()[1] if tokens and tokens[-1][0] == "comment" else None
         if not tokens:
@@ -81,7 +85,8 @@ def format_source(text: str, path: str | None = None) -> str:
             continue
         code, level = _statement(tokens, level)
         rows.append((code, comment))
-    return _assemble_rows(rows)
+    # a file with errors keeps its blank lines: folding them would move the errors' lines
+    return _assemble_rows(rows, keep_lines=bool(errors))
 
 
 def _error_lines(text: str, path: str | None) -> set[int]:
@@ -144,8 +149,9 @@ def _args(tokens) -> str:
     return "".join(out)
 
 
-def _assemble_rows(rows) -> str:
-    """Lines from (code, comment) rows: blank runs folded, each paragraph's comments aligned."""
+def _assemble_rows(rows, keep_lines: bool = False) -> str:
+    """Lines from (code, comment) rows: blank runs folded (unless `keep_lines`: every line
+    stays where it was), each paragraph's comments aligned."""
     lines: list[str] = []
     paragraph: list[tuple[str, str | None]] = []
 
@@ -164,12 +170,12 @@ def _assemble_rows(rows) -> str:
     for row in rows:
         if row is None:
             flush()
-            if lines and lines[-1] != "":
+            if keep_lines or (lines and lines[-1] != ""):
                 lines.append("")
             continue
         paragraph.append(row)
     flush()
-    while lines and lines[-1] == "":
+    while lines and lines[-1] == "" and not keep_lines:
         lines.pop()
     return "\n".join(lines) + "\n" if lines else ""
 
