@@ -422,6 +422,30 @@ def test_language_server_survives_a_huge_content_length():
     assert "over the" in err and code == 0
 
 
+def test_language_server_logs_a_bad_frame_in_one_line():
+    def frame(body: bytes) -> bytes:
+        return b"Content-Length: %d\r\n\r\n" % len(body) + body
+    init = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                       "params": {"processId": None, "rootUri": None, "capabilities": {}}})
+    list_id = json.dumps({"jsonrpc": "2.0", "id": [1], "method": "textDocument/hover",
+                          "params": {"textDocument": {"uri": "file:///x.tasm"},
+                                     "position": {"line": 0, "character": 0}}})
+    big = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "textDocument/hover",
+                      "params": {"textDocument": {"uri": "file:///x.tasm"},
+                                 "position": {"line": 2 ** 31, "character": 0}}})
+    session = b"".join(frame(m.encode()) for m in (init, "{bad json", list_id, big)) + \
+        frame(b'{"jsonrpc": "2.0", "id": 3, "method": "shutdown"}') + \
+        frame(b'{"jsonrpc": "2.0", "method": "exit"}')
+    r = subprocess.run([sys.executable, "-m", "tpuasm", "lsp"], input=session,
+                       capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and all(line.startswith("tpuasm lsp: ") for line in lines), err
+    assert any("JSONDecodeError" in line for line in lines), err
+    assert b'"id": 3' in r.stdout or b'"id":3' in r.stdout      # it answered the shutdown
+
+
 def test_bounded_input_drops_an_oversized_message_and_stays_in_step():
     import io
 

@@ -10,7 +10,13 @@ import sys
 
 class OneLineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        text = f"tpuasm lsp: {record.getMessage()}"
+        # pygls sometimes formats the traceback into the message itself: keep its first
+        # line and the exception the traceback ends with
+        lines = [line.strip(" |") for line in record.getMessage().splitlines()
+                 if line.strip(" |")]
+        text = f"tpuasm lsp: {lines[0] if lines else ''}"
+        if len(lines) > 1:
+            text += f" ({lines[-1]})"
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             cause = error.__cause__ or error.__context__
