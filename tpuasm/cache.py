@@ -12,6 +12,10 @@ entry's content (`key(...)`): a changed input is a new entry, never a stale one.
 | compiled apps (apps/programs.py) | `apps/<app>-<model key>/` and `program-<key>.json` in it | `install`-like rename, `write_file` |
 | the sweep's results (sweep/cache.py) | `sweep-results.sqlite` | SQLite (one writer: the client) |
 
+`key()` makes the sweep's point keys; the build caches hash what their entries are built
+from themselves (source files, CPU, compiler, toolchain versions) and name the entry with
+`entry()`.
+
 A directory entry is built in a temporary folder beside it and renamed into place
 (`install`), under a file lock so that parallel processes build it once (`build_once`);
 a failed build leaves a FAILED note so that later processes fall back at once.  A file

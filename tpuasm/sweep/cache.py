@@ -9,7 +9,6 @@ give; rows of failed points are not stored, so a rerun retries them.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -19,10 +18,9 @@ from .grid import SweepError
 
 def point_key(target_digest: str, config: dict, timing_only: bool, max_cycles,
               code: str) -> str:
-    text = json.dumps({"t": target_digest, "c": machine_settings(config),
-                       "timing_only": timing_only,
-                       "max": max_cycles, "code": code}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    from ..cache import key
+    return key({"t": target_digest, "c": machine_settings(config), "timing_only": timing_only,
+                "max": max_cycles, "code": code}, length=24)
 
 
 def default_path() -> Path:
