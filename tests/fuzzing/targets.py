@@ -758,8 +758,11 @@ def run_lsp(case: bytes, tmp: Path) -> int:
     print(shown.getvalue())                        # judged like any tool's output
     for record in records:
         if record.exc_info and record.exc_info[2] is not None:
+            # the record's own exception and its explicit cause: an error a handler
+            # raises on purpose (rename to '' answers the client with an error) is only
+            # the context of pygls's own failure on a request whose id is a list
             frames = traceback.extract_tb(record.exc_info[2])
-            cause = record.exc_info[1].__cause__ or record.exc_info[1].__context__
+            cause = record.exc_info[1].__cause__
             if cause is not None and cause.__traceback__ is not None:
                 frames += traceback.extract_tb(cause.__traceback__)
             ours = [f for f in frames if "/tpuasm/" in f.filename.replace("\\", "/")
