@@ -730,6 +730,8 @@ def run_lsp(case: bytes, tmp: Path) -> int:
     import io
     import logging
     import traceback
+
+    from pygls.exceptions import JsonRpcException
     from tpuasm.lsp import logs
     from tpuasm.lsp.frames import BoundedInput
     from tpuasm.lsp.server import make_server
@@ -761,6 +763,8 @@ def run_lsp(case: bytes, tmp: Path) -> int:
             # the record's own exception and its explicit cause: an error a handler
             # raises on purpose (rename to '' answers the client with an error) is only
             # the context of pygls's own failure on a request whose id is a list
+            if isinstance(record.exc_info[1], JsonRpcException):
+                continue                           # a protocol error answered on purpose
             frames = traceback.extract_tb(record.exc_info[2])
             cause = record.exc_info[1].__cause__
             if cause is not None and cause.__traceback__ is not None:
