@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
+from .environment import raw
 from .errors import TpuasmError
 
 
@@ -102,7 +103,6 @@ def dask_client(scheduler: str | None = None, workers: int | None = None,
 
     from dask.distributed import Client, LocalCluster
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    from .environment import raw
     address = scheduler or raw("TPUASM_SCHEDULER")
     if address:
         probe_scheduler(address)          # <= PROBE_SECONDS; Dask's own connect may hang
