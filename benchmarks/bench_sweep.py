@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 from tpuasm.apps.catalog import mlp  # noqa: E402
 from tpuasm.apps.onnx_models import quantized_model  # noqa: E402
 from tpuasm.sweep.engine import run_sweep  # noqa: E402
-from tpuasm.sweep.executor import dask_client  # noqa: E402
+from tpuasm.cluster import dask_client  # noqa: E402
 from tpuasm.sweep.grid import Grid, parse_set  # noqa: E402
 from tpuasm.sweep.report import CsvStream  # noqa: E402
 from tpuasm.sweep.targets import resolve  # noqa: E402

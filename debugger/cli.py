@@ -82,7 +82,7 @@ def _machine_settings() -> list[str]:
 def load_session(args):
     """Program + data -> Session, turning every library error into an InputError."""
     from tpuasm.errors import AssemblyError, TpuasmError
-    from tpuasm.cli import load_program
+    from tpuasm.program import load_program
     from .session import Session
 
     shape, overrides = split_config(args.config)

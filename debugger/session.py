@@ -818,7 +818,7 @@ class Session:
         from tpuasm.errors import AssemblyError, TpuasmError
         if self.reload_from is None:
             raise ReloadError("this program was not loaded from a file: nothing to reload")
-        from tpuasm.cli import load_program
+        from tpuasm.program import load_program
         path, shape = self.reload_from
         try:
             program = load_program(path, shape or None)

@@ -21,7 +21,7 @@ from program_strategies import programs  # noqa: E402
 from tpuasm.binary import Program  # noqa: E402
 from tpuasm.encoding import Instruction  # noqa: E402
 from tpuasm.machine import Machine, aot, jit  # noqa: E402
-from tpuasm.machine.jitcache import FAILED  # noqa: E402
+from tpuasm.cache import FAILED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_aot = pytest.mark.skipif(aot.load() is None,

@@ -204,7 +204,7 @@ def test_the_program_file_is_read_once(project, monkeypatch, capsys):
 
 
 def test_includes_resolve_next_to_the_program_file(tmp_path, capsys):
-    from tpuasm.cli import load_program
+    from tpuasm.program import load_program
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "inc.tasm").write_text("NOP\n")
     (tmp_path / "sub" / "main.tasm").write_text('.include "inc.tasm"\nHLT\n')
@@ -255,7 +255,7 @@ def test_write_errors_exit_2_naming_the_file(project, capsys, args):
 
 
 def test_config_on_a_binary_overrides_its_shape(project, capsys):
-    from tpuasm.cli import load_program
+    from tpuasm.program import load_program
     d, _ = project
     run_cli("asm", d / "prog.tasm", "-o", d / "p.tbin")
     assert load_program(d / "p.tbin", {"ub_rows": 128}).shape.ub_rows == 128

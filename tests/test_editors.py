@@ -48,8 +48,53 @@ def test_mnemonics_flags_and_directives_of_the_library_are_highlighted():
         m = mnemonic.fullmatch(head)
         assert (m is not None) == (ISA_TABLE.lookup(base) is not None), head
         if m and "." in head:
-            assert m.group(3) == head.partition(".")[2]
+            assert m.group(5) == head.partition(".")[2]
     assert mnemonic.fullmatch("FOO") is None and mnemonic.fullmatch("MMC.SO") is not None
+
+
+def _mnemonics_scoped(line: str) -> list[str]:
+    """The words the grammar scopes as mnemonics in `line`: TextMate tries a `^` pattern
+    at the line's start only, as Python's re.finditer does without re.MULTILINE."""
+    return [m.group(3) for m in _pattern("mnemonic").finditer(line)]
+
+
+def test_a_mnemonic_is_scoped_only_in_mnemonic_position():
+    names = [n for s in ISA_TABLE.instructions.values() for n in s.names]
+    word = next(n for n in names if n.isalpha())
+    assert _mnemonics_scoped(f".equ {word.lower()}, 3") == []
+    assert _mnemonics_scoped(f"        MMC.SO act, 0, {word.lower()}") == ["MMC"]
+    assert _mnemonics_scoped(f"        RW {word}") == ["RW"]
+    m = _pattern("mnemonic").match("loop:   HLT   ; HLT again")
+    assert (m.group(1), m.group(3)) == ("loop", "HLT")
+    assert _mnemonics_scoped("; MMC.SO in a comment") == []
+    assert _mnemonics_scoped("x: .equ y, 2") == []
+
+
+def test_the_extension_packages_with_license_and_ignore_file():
+    manifest = json.loads((VSCODE / "package.json").read_text())
+    license_text = (ROOT / "LICENSE").read_text()
+    assert (VSCODE / "LICENSE").read_text() == license_text
+    assert manifest["license"] == "MIT" and license_text.startswith("MIT License")
+    ignored = [line.strip() for line in (VSCODE / ".vscodeignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    shipped = [manifest["main"], manifest["contributes"]["grammars"][0]["path"],
+               manifest["contributes"]["languages"][0]["configuration"], "LICENSE",
+               "package.json", "node_modules/vscode-languageclient/package.json"]
+    import fnmatch
+    for path in shipped:
+        path = path.removeprefix("./")
+        assert not any(fnmatch.fnmatch(path, pattern.replace("**/", "*")) or
+                       fnmatch.fnmatch(path, pattern) for pattern in ignored), path
+
+
+def test_the_setuptools_floor_reads_an_spdx_license():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert isinstance(project["project"]["license"], str)       # PEP 639: setuptools >= 77
+    [floor] = [r for r in project["build-system"]["requires"] if r.startswith("setuptools")]
+    version = tuple(int(x) for x in floor.partition(">=")[2].split("."))
+    assert version >= (77,)
+    assert all((ROOT / f).is_file() for f in project["project"]["license-files"])
 
 
 def test_every_directive_has_hover_text_and_a_grammar_entry():

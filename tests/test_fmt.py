@@ -76,10 +76,32 @@ def test_the_canonical_layout():
 
 
 def test_a_line_with_a_syntax_error_is_kept_as_written():
-    src = "        RHM   0,,1   \n.equ X  ,  2\n"
+    # exactly, trailing blanks too: "unexpected end of line" points past them
+    src = "        RHM   0,,1   \n.equ X  ,  2\n        MMC   0, 0,  \n"
     out = format_source(src)
-    assert out.split("\n")[0] == "        RHM   0,,1"
+    assert out.split("\n")[0] == "        RHM   0,,1   "
     assert out.split("\n")[1] == ".equ   X, 2"
+    assert out.split("\n")[2] == "        MMC   0, 0,  "
+
+
+def test_errors_keep_their_lines_and_columns(tmp_path):
+    # blank lines are not folded in a file with errors (that would move the errors'
+    # lines), and a semantic error's line is kept with a syntax error elsewhere
+    src = "\n\n.equ A, 1\n\n\n\nact_shift\n   FROB ((\n\n\n"
+    path = tmp_path / "bad.tasm"
+    path.write_text(src)
+
+    def positions():
+        try:
+            assemble(path.read_text(), str(path))
+        except AssemblyError as e:
+            return sorted((d.line, d.col, d.message) for d in e.diagnostics)
+    before = positions()
+    assert len(before) == 2
+    assert main([str(path)]) == 0
+    assert positions() == before
+    assert path.read_text().split("\n")[2] == ".equ   A, 1"          # the rest is formatted
+    assert main([str(path), "--check"]) == 0
 
 
 def test_strings_with_comment_characters_and_crlf():
@@ -227,3 +249,36 @@ def test_the_token_lexer_cuts_names_and_numbers_as_the_parser_does():
                     assert (sp.col, lines[sp.line - 1][sp.col - 1:sp.end_col - 1]) in tokens
                     checked += 1
     assert checked > 500
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\r", "\n"])
+@pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"])
+def test_fmt_keeps_the_files_line_endings_and_bom(tmp_path, ending, bom):
+    messy = ".equ  X,2\n  RHM   0,0,X   ; in\nHLT\n"
+    path = tmp_path / "p.tasm"
+    path.write_bytes(bom + messy.replace("\n", ending).encode())
+    assert main([str(path)]) == 0
+    want = bom + format_source(messy).replace("\n", ending).encode()
+    assert path.read_bytes() == want
+    from tpuasm.assembler import decode_source     # as `tpuasm asm` reads the file
+    assert assembled(decode_source(path.read_bytes(), "p.tasm"), "p.tasm") == \
+        assembled(messy, "p.tasm")
+    assert main([str(path), "--check"]) == 0              # formatted: nothing to change
+    before = path.stat().st_mtime_ns
+    assert main([str(path)]) == 0 and path.stat().st_mtime_ns == before
+
+
+def test_fmt_diff_of_a_crlf_file_shows_only_layout(tmp_path, capsys):
+    path = tmp_path / "p.tasm"
+    path.write_bytes(b".equ  X,2\r\n        HLT\r\n")
+    assert main([str(path), "--diff"]) == 1
+    out = capsys.readouterr().out
+    assert "-.equ  X,2\n+.equ   X, 2\n" in out            # the one line whose layout changes
+    assert "-        HLT" not in out and "\r" not in out
+
+
+def test_a_file_mixing_line_endings_gets_its_first_one(tmp_path):
+    path = tmp_path / "p.tasm"
+    path.write_bytes(b"HLT\r\nHLT\nHLT\r")
+    assert main([str(path)]) == 0
+    assert path.read_bytes() == b"        HLT\r\n        HLT\r\n        HLT\r\n"

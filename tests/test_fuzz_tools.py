@@ -4,7 +4,9 @@ Each case runs in a reused worker process under limits (tests/fuzzing/worker.py:
 CPU, the address space may grow 500 MB; a wall-clock limit on top) and must end with a
 documented exit code, no traceback, no "internal error", no "out of memory" and bounded
 output.  Targets: assembler text, .tbin binaries, OpenTPU binaries, .npy images,
-regression manifests and debugger batch scripts.  Hypothesis draws the generators'
+regression manifests, debugger batch scripts, `fmt` (its code, errors, BOM and line
+endings kept), `infer` on a tampered compiled model, `sweep` grid files and `--set`
+arguments, and the language server's frames (a client session of hostile requests).  Hypothesis draws the generators'
 random streams, so a failure is replayed and reported by its seed.
 
 The long mode is `make fuzz` (tests/fuzzing/driver.py: 100,000 cases per target).
@@ -22,9 +24,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzzing"))
 from harness import Worker, check  # noqa: E402
-from targets import TARGETS  # noqa: E402
+from targets import SHORT_CASES, TARGETS  # noqa: E402
 
-CASES = int(os.environ.get("FUZZ_SHORT_CASES", "60"))
+CASES = os.environ.get("FUZZ_SHORT_CASES")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ def test_fuzz_short(target, workers):
     gen, _, allowed = TARGETS[target]
     worker = workers.setdefault(target, Worker(target))
 
-    @settings(max_examples=CASES, deadline=None, database=None,
+    @settings(max_examples=int(CASES) if CASES else SHORT_CASES.get(target, 60),
+              deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(st.integers(0, 2 ** 32 - 1))
     def one(seed):

@@ -110,9 +110,8 @@ def test_sweep_scheduler_that_is_not_dask_fails_fast(tiny, reply, words):
 @pytest.mark.parametrize("address", ["bogus://::::", "tcp://::1:8786", "tcp://host:99999",
                                      "tcp://"])
 def test_scheduler_addresses_dask_cannot_use(address):
-    from tpuasm.sweep.executor import probe_scheduler
-    from tpuasm.sweep.grid import SweepError
-    with pytest.raises(SweepError, match="--scheduler"):
+    from tpuasm.cluster import ClusterError, probe_scheduler
+    with pytest.raises(ClusterError, match="--scheduler"):
         probe_scheduler(address)
 
 
@@ -271,6 +270,66 @@ def test_tampered_outdir_is_named_not_a_traceback(compiled, tmp_path):
         assert r.returncode == 2 and words in r.stderr, (change.__name__, r.stderr)
 
 
+def test_a_changed_file_or_manifest_of_outdir_is_refused_before_running(compiled, tmp_path):
+    # a flipped weight byte would give a wrong answer without a word: the manifest's
+    # digests refuse it; so is a manifest edited by hand (batch_axis None: other rows)
+    def weight_byte(d):
+        import numpy as np
+        with np.load(d / "segment0.ir.npz") as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        w = arrays["op0.weight"]
+        w.flat[0] = w.flat[0] ^ 1
+        np.savez(d / "segment0.ir.npz", **arrays)
+
+    def batch_axis(d):
+        m = json.loads((d / "manifest.json").read_text())
+        m["outputs"][0]["batch_axis"] = None
+        (d / "manifest.json").write_text(json.dumps(m))
+
+    def golden(d):                          # regression/ is rewritten by --update-golden
+        for p in (d / "regression").rglob("test.toml"):
+            p.write_text(p.read_text() + "\n# updated\n")
+
+    for change, words in ((weight_byte, "segment0.ir.npz: damaged compiled model (the file "
+                                        "changed after it was compiled); compile it again"),
+                          (batch_axis, "manifest.json: damaged compiled model (the manifest "
+                                       "was changed after it was written)"),
+                          (golden, None)):
+        d = _tampered(compiled, tmp_path, change.__name__, change)
+        r = tpuasm("infer", d, "x.npy", "-o", tmp_path / "y.npy", cwd=compiled, timeout=60)
+        if words is None:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode == 2 and words in r.stderr, (change.__name__, r.stderr)
+
+
+def test_outdir_manifest_structure_is_checked(compiled, tmp_path):
+    # an OUTDIR without digests (written before them) is checked for its structure
+    def unsigned(edit):
+        def change(d):
+            m = json.loads((d / "manifest.json").read_text())
+            del m["digest"], m["files"]
+            edit(m)
+            (d / "manifest.json").write_text(json.dumps(m))
+        return change
+
+    def shape_text(m):
+        m["inputs"][0]["shape"] = ["16"]
+
+    def unknown_value(m):
+        m["steps"][1]["inputs"] = ["/dev/zero"]
+
+    for edit, words in ((shape_text, "shape ['16'] is not a list of sizes"),
+                        (unknown_value, "reads '/dev/zero', which nothing before it makes"),
+                        (lambda m: None, None)):
+        d = _tampered(compiled, tmp_path, f"u{len(words or '')}", unsigned(edit))
+        r = tpuasm("infer", d, "x.npy", "-o", tmp_path / "y.npy", cwd=compiled, timeout=60)
+        if words is None:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
 def test_stale_temporary_folders_of_killed_compiles_are_removed(compiled, tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()                                       # a pid that no longer runs
@@ -361,6 +420,30 @@ def test_language_server_survives_a_huge_content_length():
     client.proc.stderr.close()
     assert "MemoryError" not in err and "Traceback" not in err, err
     assert "over the" in err and code == 0
+
+
+def test_language_server_logs_a_bad_frame_in_one_line():
+    def frame(body: bytes) -> bytes:
+        return b"Content-Length: %d\r\n\r\n" % len(body) + body
+    init = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                       "params": {"processId": None, "rootUri": None, "capabilities": {}}})
+    list_id = json.dumps({"jsonrpc": "2.0", "id": [1], "method": "textDocument/hover",
+                          "params": {"textDocument": {"uri": "file:///x.tasm"},
+                                     "position": {"line": 0, "character": 0}}})
+    big = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "textDocument/hover",
+                      "params": {"textDocument": {"uri": "file:///x.tasm"},
+                                 "position": {"line": 2 ** 31, "character": 0}}})
+    session = b"".join(frame(m.encode()) for m in (init, "{bad json", list_id, big)) + \
+        frame(b'{"jsonrpc": "2.0", "id": 3, "method": "shutdown"}') + \
+        frame(b'{"jsonrpc": "2.0", "method": "exit"}')
+    r = subprocess.run([sys.executable, "-m", "tpuasm", "lsp"], input=session,
+                       capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and all(line.startswith("tpuasm lsp: ") for line in lines), err
+    assert any("JSONDecodeError" in line for line in lines), err
+    assert b'"id": 3' in r.stdout or b'"id":3' in r.stdout      # it answered the shutdown
 
 
 def test_bounded_input_drops_an_oversized_message_and_stays_in_step():

@@ -11,8 +11,8 @@ import pytest
 import float_models
 from tpuasm.compiler import load
 from tpuasm.compiler.cli import infer_main
-from tpuasm.compiler.distributed import (check_workers, chunk_ranges, code_digest,
-                                         outdir_files, run_on_cluster)
+from tpuasm.cluster import ClusterError, check_workers, code_digest
+from tpuasm.compiler.distributed import chunk_ranges, outdir_files, run_on_cluster
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.pipeline import compile_model
 
@@ -70,7 +70,7 @@ def test_workers_on_other_code_are_refused():
     class Client:
         def run(self, fn):
             return {"tcp://10.0.0.7:4000": "0" * 16, "tcp://10.0.0.8:4000": code_digest()}
-    with pytest.raises(CompileError, match=r"1 of 2 Dask workers run other tpuasm code.*"
+    with pytest.raises(ClusterError, match=r"1 of 2 Dask workers run other tpuasm code.*"
                                            r"10\.0\.0\.7"):
         check_workers(Client())
 
@@ -163,3 +163,14 @@ def test_sequence_outputs_come_back_as_sequences(tmp_path, threads_client):
     np.testing.assert_array_equal(ours["output_label"], want["output_label"])
     assert isinstance(ours["output_probability"], list)
     assert ours["output_probability"] == want["output_probability"]
+
+
+def test_a_worker_joining_on_other_code_refuses_its_chunk(outdir, rows, threads_client,
+                                                         monkeypatch):
+    # the up-front check passed; the chunks carry another digest than the workers' code
+    from tpuasm.compiler import distributed
+    monkeypatch.setattr(distributed, "code_digest", lambda: "e" * 16)
+    model = load(outdir)
+    with pytest.raises(CompileError, match=r"failed on the cluster: ClusterError: this Dask "
+                                           r"worker runs other tpuasm code"):
+        run_on_cluster(outdir, model, {model.inputs[0].name: rows[:8]}, threads_client)

@@ -59,7 +59,7 @@ def collect(targets, grid, **kw):
 
 def test_local_cluster_matches_direct_runs(program):
     src, host, weights = program
-    from tpuasm.sweep.executor import dask_client
+    from tpuasm.cluster import dask_client
     grid = Grid([parse_set("weight_bytes_per_cycle=x0.5,x2"), parse_set("memory=1,4"),
                  parse_set("host_latency_cycles=0,700")], {})
     targets = resolve([src], host, weights)

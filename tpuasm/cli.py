@@ -14,6 +14,7 @@ from pathlib import Path
 from . import __version__
 from .command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_face
 from .errors import TpuasmError
+from .program import is_opentpu, load_program, named, read_program
 
 EXIT_FAULT = EXIT_FAILED     # the name the compiler's faces import
 
@@ -196,70 +197,6 @@ def parse_config(items: list[str]) -> dict:
     return parse_shape(items)
 
 
-def read_program(path: Path) -> bytes:
-    """The bytes of a program file (source or binary), read once: a regular file of at
-    most limits.MAX_BINARY_BYTES (tpuasm.files.read_input)."""
-    from .files import read_input
-    from .limits import MAX_BINARY_BYTES
-    return read_input(path, what="program", limit=MAX_BINARY_BYTES)
-
-
-def _is_opentpu(path: Path, data: bytes, fmt: str | None) -> bool:
-    """An OpenTPU binary: --format opentpu, else by content and extension (spec/opentpu.md)."""
-    if fmt is not None or path.suffix == ".tbin":
-        return fmt == "opentpu"
-    from .opentpu import EXTENSION, looks_like_opentpu
-    return path.suffix == EXTENSION or looks_like_opentpu(data)
-
-
-def _named(path: Path, read, *args):
-    """read(*args), with the file name in front of a BinaryFormatError's message."""
-    from .errors import BinaryFormatError
-    try:
-        return read(*args)
-    except BinaryFormatError as e:
-        raise BinaryFormatError(f"{path}: {e}") from None
-
-
-def program_format(path: Path, data: bytes, fmt: str | None) -> str:
-    """"opentpu", "tbin" or "source": `fmt` if given, else by content, then extension
-    (spec/opentpu.md).  A file starting with the .tbin magic is always a .tbin."""
-    from .binary import MAGIC
-    if data[:len(MAGIC)] == MAGIC or fmt == "tbin":
-        return "tbin"
-    if _is_opentpu(path, data, fmt):
-        return "opentpu"
-    return "tbin" if path.suffix == ".tbin" else "source"
-
-
-def load_program(path: Path, config: dict | None = None, fmt: str | None = None, *,
-                 data: bytes | None = None):
-    """A Program from a .tasm source, a .tbin binary or an OpenTPU binary (decided by
-    `fmt`, else by content, then extension).  `data`: the file's bytes, if already read."""
-    from .binary import MachineShape, Program
-    if data is None:
-        data = read_program(path)
-    kind = program_format(path, data, fmt)
-    if kind == "opentpu":
-        from .opentpu import MATSIZES, from_opentpu_bytes
-        try:   # the command line's shape_config has set N; the debugger's config may not
-            shape = MachineShape(**{"profile": "opentpu", "array_size": MATSIZES[0], **(config or {})})
-        except ValueError as e:
-            raise TpuasmError(f"--config: {e}") from None
-        return _named(path, from_opentpu_bytes, data, shape)
-    if kind == "tbin":
-        program = _named(path, Program.from_bytes, data)
-        if config:
-            from dataclasses import replace
-            try:
-                program.shape = replace(program.shape, **config)
-            except ValueError as e:
-                raise TpuasmError(f"--config: {e}") from None
-        return program
-    from .assembler import assemble, decode_source
-    return assemble(decode_source(data, str(path)), str(path), config=config or None)
-
-
 def cmd_asm(args) -> int:
     from .assembler import assemble_file, listing, symbol_map
     from .files import check_input, check_outputs
@@ -296,13 +233,13 @@ def cmd_disasm(args) -> int:
     from .files import check_outputs
     check_outputs({"-o": args.output}, [args.binary])
     data = read_program(args.binary)
-    if _is_opentpu(args.binary, data, args.format):
+    if is_opentpu(args.binary, data, args.format):
         from .opentpu import from_opentpu_bytes, to_opentpu_source
-        text = to_opentpu_source(_named(args.binary, from_opentpu_bytes, data))
+        text = to_opentpu_source(named(args.binary, from_opentpu_bytes, data))
     else:
         from .binary import Program
         from .disassembler import disassemble
-        text = disassemble(_named(args.binary, Program.from_bytes, data), annotate=args.annotate)
+        text = disassemble(named(args.binary, Program.from_bytes, data), annotate=args.annotate)
     if args.output:
         _write(args.output, text.encode())
     else:
@@ -322,7 +259,7 @@ def cmd_run(args) -> int:
     # machine gets those, the assembler the shape keys
     args.config, args.machine_config = split_machine_settings(args.config)
     data = read_program(args.program)
-    opentpu_file = _is_opentpu(args.program, data, args.format)
+    opentpu_file = is_opentpu(args.program, data, args.format)
     program = load_program(args.program, _shape_config(args, opentpu_file), args.format, data=data)
     if args.timing is None and program.shape.profile == "opentpu":
         args.timing = "opentpu"            # OpenTPU's programs get OpenTPU's latencies
@@ -334,7 +271,7 @@ def cmd_lint(args) -> int:
     if args.opentpu and args.profile is None:
         args.profile = "opentpu"           # OpenTPU's latencies depend on its array size
     data = read_program(args.program)
-    opentpu_file = _is_opentpu(args.program, data, args.format)
+    opentpu_file = is_opentpu(args.program, data, args.format)
     program = load_program(args.program, _shape_config(args, opentpu_file), args.format, data=data)
     findings = lint(program)
     sys.stdout.write(render(findings, program, str(args.program), color=_color(sys.stdout)))

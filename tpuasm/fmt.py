@@ -13,10 +13,11 @@ column (8 and 7 characters); operands are separated by `, `, binary operators ha
 space on each side, unary operators, `name=value` and parentheses none.  Trailing comments
 of a paragraph (lines between blank lines) line up at one column (at least 32).  A
 full-line comment keeps column 0 if it had it, else takes the instruction column.  Runs of
-blank lines become one; none at the start or end.
+blank lines become one; none at the start or end (in a file the assembler reports errors
+in, every line stays where it is, so no error moves: spec/limits.md).
 
 Only whitespace between tokens changes, and only on lines the assembler's parser reads
-without a syntax error (a line with one is kept as it is, bar trailing blanks), so the
+without a syntax error (a line with one is kept exactly as it is), so the
 assembled program is the same: tests/test_fmt.py assembles every program of the library
 and random programs before and after and compares the code byte for byte.  Comments,
 literals, names and their case are kept exactly as written.
@@ -61,18 +62,21 @@ def format_source(text: str, path: str | None = None) -> str:
     if long_lines:
         text = "\n".join("" if i + 1 in long_lines else line for i, line in enumerate(lines))
     _, diags = parse(text, "<fmt>")
-    broken = {d.line for d in diags} | long_lines
-    if path is not None and not diags:     # a file (`tpuasm fmt`), not a snippet
-        broken |= _error_lines(text, path)
+    errors = {d.line for d in diags}
+    if path is not None:     # a file (`tpuasm fmt`), not a snippet: with syntax errors too,
+        errors |= _error_lines(text, path)       # as `tpuasm asm` reports the others then
+    broken = errors | long_lines
     level = 0
     rows: list[tuple[str, str | None] | None] = []      # (code, trailing comment) or None = blank
+    if lines and lines[-1] == "":
+        lines.pop()                  # what follows the last line break is not a line
     for number, line in enumerate(lines, 1):
         if not line.strip(" \t\f"):
             rows.append(None)
             continue
         tokens = None if number in broken else [t[:2] for t in line_tokens(line) or ()] or None
-        if tokens is None:
-            rows.append((line.rstrip(), None))          # kept as written
+        if tokens is None:      # kept as written (an error at its end stays in its column)
+            rows.append((line if number in errors else line.rstrip(), None))
             continue
         comment = tokens.pop()[1] if tokens and tokens[-1][0] == "comment" else None
         if not tokens:
@@ -81,7 +85,8 @@ def format_source(text: str, path: str | None = None) -> str:
             continue
         code, level = _statement(tokens, level)
         rows.append((code, comment))
-    return _assemble_rows(rows)
+    # a file with errors keeps its blank lines: folding them would move the errors' lines
+    return _assemble_rows(rows, keep_lines=bool(errors))
 
 
 def _error_lines(text: str, path: str | None) -> set[int]:
@@ -144,8 +149,9 @@ def _args(tokens) -> str:
     return "".join(out)
 
 
-def _assemble_rows(rows) -> str:
-    """Lines from (code, comment) rows: blank runs folded, each paragraph's comments aligned."""
+def _assemble_rows(rows, keep_lines: bool = False) -> str:
+    """Lines from (code, comment) rows: blank runs folded (unless `keep_lines`: every line
+    stays where it was), each paragraph's comments aligned."""
     lines: list[str] = []
     paragraph: list[tuple[str, str | None]] = []
 
@@ -164,14 +170,39 @@ def _assemble_rows(rows) -> str:
     for row in rows:
         if row is None:
             flush()
-            if lines and lines[-1] != "":
+            if keep_lines or (lines and lines[-1] != ""):
                 lines.append("")
             continue
         paragraph.append(row)
     flush()
-    while lines and lines[-1] == "":
+    while lines and lines[-1] == "" and not keep_lines:
         lines.pop()
     return "\n".join(lines) + "\n" if lines else ""
+
+
+# ------------------------------------------------------------------ the file's conventions
+BOM = "\ufeff"
+
+
+def line_ending(data: bytes) -> str:
+    """The file's line ending: that of its first line break ("\r\n", "\r" or "\n"); a
+    file without one gets "\n"."""
+    for i, byte in enumerate(data):
+        if byte == 0x0A:
+            return "\n"
+        if byte == 0x0D:
+            return "\r\n" if data[i + 1:i + 2] == b"\n" else "\r"
+    return "\n"
+
+
+def in_file_convention(text: str, data: bytes) -> str:
+    """Formatted `text` (lines ending in "\n") with the line ending and the byte-order mark
+    of the file it came from (`data`): fmt changes layout, not the file's conventions.  A
+    file mixing line endings gets its first one throughout."""
+    ending = line_ending(data)
+    if ending != "\n":
+        text = text.replace("\n", ending)
+    return BOM + text if data.startswith(b"\xef\xbb\xbf") else text
 
 
 # ------------------------------------------------------------------ the command
@@ -201,16 +232,16 @@ def main(argv: list[str]) -> int:
             status = EXIT_USAGE
             continue
         after = format_source(before, None if str(path) == "-" else str(path))
+        written = in_file_convention(after, data)
         if str(path) == "-" and not (args.check or args.diff):
-            sys.stdout.write(after)
+            sys.stdout.write(written)
             continue
-        changed = after != before.replace("\r\n", "\n").replace("\r", "\n") or data.startswith(b"\xef\xbb\xbf") \
-            or b"\r" in data
-        if not changed:
+        if written.encode("utf-8") == data:
             continue
         if args.diff:
+            plain = before.replace("\r\n", "\n").replace("\r", "\n")   # endings kept anyway
             sys.stdout.writelines(difflib.unified_diff(
-                before.splitlines(keepends=True), after.splitlines(keepends=True),
+                plain.splitlines(keepends=True), after.splitlines(keepends=True),
                 f"{path}", f"{path} (formatted)"))
         if args.check or args.diff:
             if args.check:
@@ -218,7 +249,7 @@ def main(argv: list[str]) -> int:
             status = max(status, EXIT_FAILED)
             continue
         try:
-            atomic_write(path, after)       # a crash leaves the old file or the new one
+            atomic_write(path, written)     # a crash leaves the old file or the new one
         except OutputFileError as e:
             print(f"tpuasm fmt: {e}", file=sys.stderr)
             status = EXIT_USAGE

@@ -21,7 +21,8 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
+    from .environment import raw
+    text = (raw(name) or "").strip()
     return int(text) if text.isdigit() and len(text) < 19 else default
 
 
@@ -86,7 +87,8 @@ def memory_budget() -> int:
     or with a K/M/G suffix), else the smaller of physical memory and what is left of the
     address-space limit (RLIMIT_AS), less a quarter for the interpreter, numba and
     everything else."""
-    env = os.environ.get(_ENV, "").strip()
+    from .environment import raw
+    env = (raw(_ENV) or "").strip()
     if env:
         parsed = parse_size(env)
         if parsed is None:

@@ -41,13 +41,18 @@ def grammar() -> dict:
             {"name": "string.quoted.double.tasm", "match": "\"[^\"\\n]*\""},
             {"name": "keyword.control.directive.tasm",
              "match": f"(?i)\\.(?:{_alternatives(DIRECTIVES)})\\b"},
+            # a mnemonic only in mnemonic position: first on its line, after an optional
+            # label (`.equ int, 3` then `MMC.SO act, 0, int`: the operand `int` is a name)
+            {"match": f"(?i)^\\s*(?:([A-Za-z_][A-Za-z0-9_]*)(:)\\s*)?"
+                      f"({_alternatives(mnemonics)})(?:(\\.)([{flags}]+))?\\b",
+             "captures": {"1": {"name": "entity.name.label.tasm"},
+                          "2": {"name": "punctuation.separator.tasm"},
+                          "3": {"name": "keyword.other.mnemonic.tasm"},
+                          "4": {"name": "punctuation.separator.tasm"},
+                          "5": {"name": "storage.modifier.flags.tasm"}}},
             {"match": "^\\s*([A-Za-z_][A-Za-z0-9_]*)(:)",
              "captures": {"1": {"name": "entity.name.label.tasm"},
                           "2": {"name": "punctuation.separator.tasm"}}},
-            {"match": f"(?i)\\b({_alternatives(mnemonics)})(?:(\\.)([{flags}]+))?\\b",
-             "captures": {"1": {"name": "keyword.other.mnemonic.tasm"},
-                          "2": {"name": "punctuation.separator.tasm"},
-                          "3": {"name": "storage.modifier.flags.tasm"}}},
             {"name": "variable.language.register.tasm", "match": f"\\b(?:{_alternatives(registers)})\\b"},
             {"match": f"\\b({_alternatives(operands)})\\s*(=)",
              "captures": {"1": {"name": "variable.parameter.operand.tasm"},

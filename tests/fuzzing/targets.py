@@ -10,6 +10,7 @@ user would see: a documented exit code, no traceback, no "internal error".  The 
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import struct
@@ -389,6 +390,392 @@ def run_batch(case: bytes, tmp: Path) -> int:
     return batch(session, case.decode("utf-8", "replace"), name="fuzz", out=io.StringIO())
 
 
+# ------------------------------------------------------------------ tpuasm fmt
+def gen_fmt(rng: random.Random) -> bytes:
+    """Assembler text in any file convention: BOM or not, LF, CRLF, CR or a mix."""
+    text = gen_asm(rng)
+    r = rng.random()
+    if r < 0.3:
+        text = text.replace(b"\n", b"\r\n")
+    elif r < 0.4:
+        text = text.replace(b"\n", b"\r")
+    elif r < 0.5:
+        text = b"".join(line + rng.choice((b"\n", b"\r\n", b"\r"))
+                        for line in text.split(b"\n"))
+    return (b"\xef\xbb\xbf" if rng.random() < 0.2 else b"") + text
+
+
+def _assembled(path: Path):
+    """What the assembler makes of a file: its code, shape and symbols, or its errors'
+    messages, lines and columns."""
+    from tpuasm.assembler import assemble, decode_source
+    from tpuasm.errors import AssemblyError, TpuasmError
+    try:
+        p = assemble(decode_source(path.read_bytes(), str(path)), str(path))
+    except AssemblyError as e:
+        return sorted((d.line, d.col, d.message) for d in e.diagnostics)
+    except TpuasmError as e:
+        return str(e)
+    return p.stripped().to_bytes(), sorted((s.name, s.kind, s.value, s.size) for s in p.symbols)
+
+
+def run_fmt(case: bytes, tmp: Path) -> int:
+    """`tpuasm fmt FILE`, then the promises: the same code (or the same errors at the same
+    places), the BOM and line ending kept, and a second `fmt --check` content."""
+    from tpuasm.cli import main
+    from tpuasm.fmt import line_ending
+    src = tmp / "case.tasm"
+    src.write_bytes(case)
+    # assembling before and after doubles the work; cases the budget makes slow are
+    # checked for their exit code and output only
+    judge = len(case) < 20_000 and b".rept" not in case and b".macro" not in case \
+        and b".include" not in case
+    before = _assembled(src) if judge else None
+    code = main(["fmt", str(src)])
+    if code != 0:
+        return code
+    after = src.read_bytes()
+    assert after.startswith(b"\xef\xbb\xbf") == case.startswith(b"\xef\xbb\xbf"), "BOM"
+    assert b"\n" not in after.replace(b"\r\n", b"") or line_ending(case) != "\r\n", "CRLF"
+    assert main(["fmt", "--check", str(src)]) == 0, "formatting is not idempotent"
+    if judge:
+        assert _assembled(src) == before, "fmt changed what the program assembles to"
+    return code
+
+
+# ------------------------------------------------------------------ infer, tampered OUTDIR
+_HOSTILE = [None, True, -1, 0, 1, 2 ** 31, 10 ** 12, 2 ** 63, -(2 ** 63), 1e308, 0.5, "",
+            "x", "../../../etc/passwd", "/dev/zero", ".", [], {}, [[]], [None], {"a": 1},
+            "manifest.json", "host0.onnx", [1, 2, 3], [-1], [10 ** 12]]
+
+
+def gen_infer(rng: random.Random) -> bytes:
+    """A tampering of the compiled model (by file index; the worker holds the model)."""
+    op = rng.choice(["json", "json", "json", "flip", "truncate", "empty", "junk", "delete",
+                     "fifo", "dev", "dir", "symlink_out", "extra"])
+    return json.dumps({"op": op, "file": rng.randrange(64), "seed": rng.getrandbits(32),
+                       "rows": rng.choice((0, 1, 3, 5, 9))}).encode()
+
+
+_OUTDIR: Path | None = None
+LEGACY_OUTDIRS = os.environ.get("FUZZ_INFER_LEGACY") == "1"
+
+
+def _compiled_model() -> Path:
+    """A tiny compiled model (Gemm 16 -> 8, ReLU, batch 4), built once per worker."""
+    global _OUTDIR
+    if _OUTDIR is None or not _OUTDIR.exists():
+        import sys
+        import tempfile
+        import numpy as np
+        sys.path.insert(0, str(ROOT / "tests"))
+        import float_models
+        from tpuasm.compiler.pipeline import compile_model
+        d = Path(tempfile.mkdtemp(prefix="fuzz-model-"))
+        float_models.save(float_models.build([("gemm", 8), ("relu",)], (16,)), d / "m.onnx")
+        calib = np.random.default_rng(0).normal(0, 1, (20, 16)).astype(np.float32)
+        compile_model(d / "m.onnx", batch=4, calibration=calib).save(d / "OUT")
+        _OUTDIR = d / "OUT"
+    return _OUTDIR
+
+
+def _json_paths(value, path=()):
+    yield path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_paths(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _json_paths(v, path + (i,))
+
+
+def _tamper(outdir: Path, spec: dict) -> None:
+    import shutil
+    rng = random.Random(spec["seed"])
+    files = sorted(p for p in outdir.rglob("*") if p.is_file())
+    target = outdir / "manifest.json" if spec["op"] == "json" else \
+        files[spec["file"] % len(files)]
+    op = spec["op"]
+    if op == "json":
+        doc = json.loads(target.read_text())
+        for _ in range(rng.randint(1, 3)):
+            path = rng.choice(list(_json_paths(doc)))
+            if not path:
+                doc = rng.choice(_HOSTILE)
+                break
+            parent = doc
+            for k in path[:-1]:
+                parent = parent[k]
+            if rng.random() < 0.2 and isinstance(parent, dict):
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = rng.choice(_HOSTILE)
+        if isinstance(doc, dict) and LEGACY_OUTDIRS and rng.random() < 0.5:
+            # as an OUTDIR written before manifests carried digests: then only the
+            # manifest's structure stands between the edit and the run (spec/limits.md:
+            # an edit that keeps the structure can still fail in the run; off by default)
+            doc.pop("digest", None)
+            doc.pop("files", None)
+        target.write_text(json.dumps(doc))
+    elif op == "flip":
+        target.write_bytes(_mutate_bytes(rng, target.read_bytes()))
+    elif op == "truncate":
+        data = target.read_bytes()
+        target.write_bytes(data[:rng.randrange(len(data) + 1)])
+    elif op == "empty":
+        target.write_bytes(b"")
+    elif op == "junk":
+        target.write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400))))
+    elif op == "delete":
+        target.unlink()
+    elif op == "fifo":
+        target.unlink()
+        os.mkfifo(target)
+    elif op == "dev":
+        target.unlink()
+        os.symlink(rng.choice(["/dev/zero", "/dev/urandom", "/dev/null"]), target)
+    elif op == "dir":
+        target.unlink()
+        target.mkdir()
+    elif op == "symlink_out":
+        target.unlink()
+        os.symlink(rng.choice(["/etc/passwd", "../x.npy", "/nonexistent"]), target)
+    else:
+        shutil.copy(target, outdir / rng.choice(["extra.onnx", "segment9.ir.npz", "regression"]))
+
+
+def run_infer(case: bytes, tmp: Path) -> int:
+    """`tpuasm infer OUT X.npy -o Y.npy` on a tampered copy of a compiled model; X.npy must
+    be as it was, and Y.npy, when the run succeeds, a readable array of the run's rows."""
+    import shutil
+    import numpy as np
+    from tpuasm.cli import main
+    spec = json.loads(case)
+    out = tmp / "OUT"
+    if out.exists() or out.is_symlink():
+        shutil.rmtree(out)
+    shutil.copytree(_compiled_model(), out)
+    _tamper(out, spec)
+    x = tmp / "x.npy"
+    np.save(x, np.random.default_rng(spec["seed"]).normal(0, 1, (spec["rows"], 16))
+            .astype(np.float32))
+    before = x.read_bytes()
+    y = tmp / "y.npy"
+    y.unlink(missing_ok=True)
+    code = main(["infer", str(out), str(x), "-o", str(y), "-q"])
+    assert x.read_bytes() == before, "infer changed its input"
+    if code == 0:
+        assert np.load(y).shape[0] == spec["rows"], "infer wrote a result of other rows"
+    return code
+
+
+# ------------------------------------------------------------------ sweep grid files, --set
+_GRID_NAMES = ["array_size", "ub_rows", "acc_rows", "fifo_depth", "clock_hz", "memory",
+               "clock", "clock+", "matrix", "matrix+", "weight_bytes_per_cycle",
+               "host_latency_cycles", "hazards", "timing", "profile", "bogus", "shift_cycles",
+               "host_bytes_per_cycle", "act_latency_cycles", ""]
+_GRID_VALUES = ["1", "2", "0", "-1", "0.5", "x0.5", "x4", "x0", "x-1", "1e308", "inf", "nan",
+                "16", "8", "4096", "65536", "1e9", '"tpu"', '"opentpu"', '"interlock"', '"x"',
+                "true", "[]", "{}", "0x10", "99999999999999999999"]
+
+
+def _grid_value(rng) -> str:
+    return rng.choice(_GRID_VALUES) if rng.random() < 0.9 else str(rng.choice(BIG_INTS))
+
+
+def gen_grid(rng: random.Random) -> bytes:
+    lines = []
+    if rng.random() < 0.3:
+        lines.append("each = " + rng.choice(["true", "false", "1", '"yes"']))
+    if rng.random() < 0.2:
+        lines.append("targets = " + rng.choice(['["p.tasm"]', '["/dev/zero"]', '["nope"]',
+                                                '[1]', '"p.tasm"', '["."]', "[]"]))
+    if rng.random() < 0.4:
+        lines.append("[base]")
+        for _ in range(rng.randint(0, 2)):
+            lines.append(f'"{rng.choice(_GRID_NAMES)}" = {_grid_value(rng)}')
+    if rng.random() < 0.9:
+        lines.append(rng.choice(["[grid]", "[grid]", "grid = 3", "[[grid]]"]))
+        for _ in range(rng.randint(0, 3)):
+            values = ", ".join(_grid_value(rng) for _ in range(rng.randint(0, 4)))
+            value = f"[{values}]" if rng.random() < 0.85 else _grid_value(rng)
+            lines.append(f'"{rng.choice(_GRID_NAMES)}" = {value}')
+    if rng.random() < 0.1:
+        lines.append(rng.choice(["[unknown]", "x = ", "[grid", "\x00", "= 1"]))
+    text = "\n".join(lines) + "\n"
+    if rng.random() < 0.1:
+        text = _mutate_bytes(rng, text.encode(), 2).decode("utf-8", "replace")
+    sets = []
+    for _ in range(rng.randint(0, 2)):
+        values = ",".join(_grid_value(rng).strip('"') for _ in range(rng.randint(0, 3)))
+        sets.append(f"{rng.choice(_GRID_NAMES)}={values}")
+    flags = [f for f in ("--each", "--timing-only") if rng.random() < 0.3]
+    if rng.random() < 0.2:
+        flags += ["--max-cycles", rng.choice(["1", "0", "-5", "100000", "x"])]
+    return json.dumps({"grid": text, "sets": sets, "flags": flags}).encode()
+
+
+_GRID_PROGRAM = ".config array_size=16\n.host x, 8\n.ub a, 8\n.acc s, 8\n" \
+    "RW 0\nRHM host.x, ub.a, 8\nMMC.SO ub.a, acc.s, 8\nACT.R acc.s, ub.a, 8\n" \
+    "WHM ub.a, host.x, 8\nHLT\n"
+
+
+def run_grid(case: bytes, tmp: Path) -> int:
+    """`tpuasm sweep p.tasm --grid G.toml [--set ...] --workers 0 -o R.csv`: bad grids are one
+    message, exit 2; a sweep that ran wrote one row per point."""
+    import numpy as np
+    from tpuasm.cli import main
+    spec = json.loads(case)
+    prog = tmp / "p.tasm"
+    if not prog.exists():
+        prog.write_text(_GRID_PROGRAM)
+        np.save(tmp / "h.npy", np.zeros((8, 16), np.int8))
+        np.save(tmp / "w.npy", np.ones((1, 16, 16), np.int8))
+    grid = tmp / "g.toml"
+    grid.write_text(spec["grid"], encoding="utf-8", errors="surrogatepass")
+    out = tmp / "r.csv"
+    out.unlink(missing_ok=True)
+    args = [str(prog), "--host", str(tmp / "h.npy"), "--weights", str(tmp / "w.npy"),
+            "--grid", str(grid), *[f"--set={s}" for s in spec["sets"]], *spec["flags"],
+            "--workers", "0", "--no-cache", "--no-table", "-q", "-o", str(out)]
+    code = main(["sweep", *args])
+    if code in (0, 1):
+        import csv
+        with open(out, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert rows, "a sweep that ran wrote no rows"
+    else:
+        assert not out.exists(), "a refused sweep left a results file"
+    return code
+
+
+# ------------------------------------------------------------------ the language server
+_LSP_METHODS = ["textDocument/hover", "textDocument/completion", "textDocument/definition",
+                "textDocument/references", "textDocument/rename",
+                "textDocument/prepareRename", "textDocument/documentSymbol",
+                "textDocument/formatting", "textDocument/semanticTokens/full",
+                "textDocument/inlayHint", "workspace/symbol", "nonexistent/method"]
+
+
+def _frame(message, rng=None) -> bytes:
+    body = message if isinstance(message, bytes) else json.dumps(message).encode()
+    length = len(body)
+    if rng is not None and rng.random() < 0.05:
+        length = rng.choice((0, 1, length - 1, length + 1, -1, 10 ** 11, 2 ** 64))
+    return f"Content-Length: {length}\r\n\r\n".encode() + body
+
+
+def _position(rng) -> dict:
+    return {"line": rng.choice((0, 1, 2, 5, -1, 10 ** 9, 2 ** 31)),
+            "character": rng.choice((0, 1, 4, 8, 80, -1, 10 ** 9))}
+
+
+def gen_lsp(rng: random.Random) -> bytes:
+    """A client session: initialize, open a (mutated) document, edits and requests with
+    hostile positions, ranges, uris and ids, then shutdown and exit; some frames broken."""
+    uri = rng.choice(["file:///tmp/fuzz/main.tasm", "file:///tmp/fuzz/main.tasm",
+                      "file:///dev/zero", "untitled:x", "file:///", "bogus", ""])
+    text = gen_asm(rng).decode("utf-8", "replace")
+    frames = [_frame({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                      "params": {"processId": None, "rootUri": "file:///tmp/fuzz",
+                                 "capabilities": {}}}),
+              _frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+              _frame({"jsonrpc": "2.0", "method": "textDocument/didOpen",
+                      "params": {"textDocument": {"uri": uri, "languageId": "tasm",
+                                                  "version": 1, "text": text}}})]
+    version = 1
+    for i in range(rng.randint(1, 10)):
+        r = rng.random()
+        if r < 0.3:
+            version += 1
+            change = {"text": gen_asm(rng).decode("utf-8", "replace")[:2000]}
+            if rng.random() < 0.6:
+                change["range"] = {"start": _position(rng), "end": _position(rng)}
+            frames.append(_frame({"jsonrpc": "2.0", "method": "textDocument/didChange",
+                                  "params": {"textDocument": {"uri": uri,
+                                                              "version": version},
+                                             "contentChanges": [change]}}, rng))
+        elif r < 0.8:
+            params = {"textDocument": {"uri": uri}, "position": _position(rng),
+                      "range": {"start": _position(rng), "end": _position(rng)},
+                      "newName": rng.choice(["x", "", "1bad", "a b", "HLT"]),
+                      "context": {"includeDeclaration": True},
+                      "options": {"tabSize": 4, "insertSpaces": True}, "query": "a"}
+            if rng.random() < 0.15:
+                params = rng.choice([None, [], {}, {"textDocument": 3}, "x"])
+            frames.append(_frame({"jsonrpc": "2.0", "id": rng.choice((i + 1, str(i), None,
+                                                                      [1], 2 ** 70)),
+                                  "method": rng.choice(_LSP_METHODS), "params": params}, rng))
+        elif r < 0.9:
+            frames.append(rng.choice([
+                b"Content-Length: 5\r\n\r\n{bad}", b"Content-Length: x\r\n\r\n",
+                b"garbage\r\n\r\n", b"Content-Length: 2\r\n\r\n[]",
+                b"Content-Length: 4\r\n\r\nnull", b"\r\n\r\n",
+                b"Content-Length: 16\r\n\r\n{\"jsonrpc\":\"1\"}",
+                _frame(_mutate_bytes(rng, json.dumps({"jsonrpc": "2.0", "id": 99,
+                       "method": "textDocument/hover"}).encode(), 2))]))
+        else:
+            frames.append(_frame({"jsonrpc": "2.0", "method": "textDocument/didClose",
+                                  "params": {"textDocument": {"uri": uri}}}))
+    frames.append(_frame({"jsonrpc": "2.0", "id": 10 ** 6, "method": "shutdown"}))
+    frames.append(_frame({"jsonrpc": "2.0", "method": "exit"}))
+    return b"".join(frames)
+
+
+def run_lsp(case: bytes, tmp: Path) -> int:
+    """The server, in this process, reading the session from a bounded in-memory stdin:
+    it must end (at `exit` or the end of the stream), and nothing may fail inside tpuasm's
+    own handlers (a client's bad frame is logged in one line; an exception raised in
+    tpuasm/ is a finding, with its traceback)."""
+    import io
+    import logging
+    import traceback
+
+    from pygls.exceptions import JsonRpcException
+    from tpuasm.lsp import logs
+    from tpuasm.lsp.frames import BoundedInput
+    from tpuasm.lsp.server import make_server
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+    kept = Keep(logging.WARNING)
+    shown = io.StringIO()
+    line = logs.configure(shown)                   # what the user would see, formatted
+    for name in logs.LOGGERS:
+        logging.getLogger(name).addHandler(kept)
+    try:
+        server = make_server(debounce=0.0)
+        try:
+            server.start_io(stdin=BoundedInput(io.BytesIO(case), log=lambda text: None),
+                            stdout=io.BytesIO())
+            code = 0
+        except SystemExit as e:                    # `exit`: pygls ends the process
+            code = e.code if isinstance(e.code, int) else 0
+    finally:
+        for name in logs.LOGGERS:
+            logging.getLogger(name).removeHandler(kept)
+            logging.getLogger(name).removeHandler(line)
+    print(shown.getvalue())                        # judged like any tool's output
+    for record in records:
+        if record.exc_info and record.exc_info[2] is not None:
+            # the record's own exception and its explicit cause: an error a handler
+            # raises on purpose (rename to '' answers the client with an error) is only
+            # the context of pygls's own failure on a request whose id is a list
+            if isinstance(record.exc_info[1], JsonRpcException):
+                continue                           # a protocol error answered on purpose
+            frames = traceback.extract_tb(record.exc_info[2])
+            cause = record.exc_info[1].__cause__
+            if cause is not None and cause.__traceback__ is not None:
+                frames += traceback.extract_tb(cause.__traceback__)
+            ours = [f for f in frames if "/tpuasm/" in f.filename.replace("\\", "/")
+                    and "site-packages" not in f.filename]
+            assert not ours, "an exception inside tpuasm's handlers:\n" + "".join(
+                traceback.format_exception(*record.exc_info))
+    return code
+
+
 # Inputs that take the healthy paths (a program that halts, a manifest that passes): the
 # worker runs them before its limits are set, so loading numba's kernels for those paths
 # is not charged to the first case that reaches them.
@@ -399,6 +786,11 @@ WARM = {
     "npy": None,
     "manifest": None,
     "batch": [b"step\nnext\ncontinue\nx/4d ub[0]\nprint cycle\ninfo pipeline\nreverse-step\n"],
+    "fmt": [b"HLT\n", b"\xef\xbb\xbf  HLT\r\n"],
+    "infer": [json.dumps({"op": "extra", "file": 0, "seed": 0, "rows": 5}).encode()],
+    "grid": [json.dumps({"grid": "[grid]\nfifo_depth = [2, 4]\n", "sets": [],
+                         "flags": []}).encode()],
+    "lsp": None,
 }
 
 
@@ -417,6 +809,8 @@ def warm_cases(target: str) -> list[bytes]:
     if target == "manifest":
         text = b'[test]\nprogram = "prog.tasm"\n[data]\nhost_rows = 4\nweight_tiles = 2\n'
         return [len(text).to_bytes(4, "little") + text]
+    if target == "lsp":
+        return [gen_lsp(random.Random(seed)) for seed in range(3)]
     return WARM[target]
 
 
@@ -427,4 +821,12 @@ TARGETS = {
     "npy": (gen_npy, run_npy, {0, 1, 2}),
     "manifest": (gen_manifest, run_manifest, {0, 1, 2}),
     "batch": (gen_batch, run_batch, {0, 1}),
+    "fmt": (gen_fmt, run_fmt, {0, 2}),
+    "infer": (gen_infer, run_infer, {0, 2}),
+    "grid": (gen_grid, run_grid, {0, 1, 2}),
+    "lsp": (gen_lsp, run_lsp, {0}),
 }
+
+# Cases per target in `make test`'s short mode (tests/test_fuzz_tools.py; FUZZ_SHORT_CASES
+# overrides them all): a few seconds each.  `make fuzz` runs FUZZ_CASES of every target.
+SHORT_CASES = {"infer": 24, "grid": 30, "lsp": 30, "fmt": 40}

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
             for g in grids:
                 run_sweep(targets, g, on_row, cache=cache, timing_only=timing_only)
         else:
-            from ..sweep.executor import dask_client
+            from ..cluster import dask_client
             with dask_client(args.scheduler, args.workers) as client:
                 out = CsvStream(csv_path, knobs)      # after connecting: see tpuasm sweep
                 for g in grids:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cache import write_file
 from ..limits import MAX_STATEMENTS
 from .catalog import PAPER_ORDER, build
 
@@ -83,7 +84,7 @@ def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows
         record = json.loads(cached.read_text())
     except (OSError, ValueError):
         record = _compile(app, shape)
-        _write_atomic(cached, json.dumps(record))
+        write_file(cached, json.dumps(record))
     if "error" in record:
         raise CodegenError(record["error"])
     return AppProgram(app.name, record["source"], record["host_rows"], record["weight_tiles"],
@@ -126,8 +127,8 @@ def _compile(app, shape: dict) -> dict:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tpuasm" / "apps"
+    from ..cache import root
+    return root() / "apps"
 
 
 def _digest(paths) -> str:
@@ -172,17 +173,6 @@ def model_file(name: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def shape_of(config) -> dict:

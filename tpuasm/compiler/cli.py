@@ -229,9 +229,8 @@ def infer_main(argv: list[str] | None = None) -> int:
 def _run_on_cluster(args, model, data, progress) -> dict:
     """The rows over Dask workers (tpuasm.compiler.distributed); the scheduler is reached
     before anything is written."""
+    from tpuasm.cluster import ClusterError, dask_client
     from tpuasm.compiler.distributed import run_on_cluster
-    from tpuasm.sweep.executor import dask_client
-    from tpuasm.sweep.grid import SweepError
     if args.workers and args.scheduler:
         raise _error("give --workers (a local cluster) or --scheduler (a running one), "
                      "not both")
@@ -239,7 +238,7 @@ def _run_on_cluster(args, model, data, progress) -> dict:
         with dask_client(args.scheduler, args.workers) as client:
             return run_on_cluster(args.outdir, model, data, client, args.chunk_rows,
                                   args.engine, progress)
-    except SweepError as e:                # the scheduler cannot be reached
+    except ClusterError as e:              # no scheduler there, workers on other code
         raise _error(str(e)) from None
 
 

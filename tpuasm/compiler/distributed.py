@@ -4,7 +4,8 @@ worker on its own copy of the compiled model, the outputs joined in input order.
 The compiled model travels as the bytes of its OUTDIR (broadcast once to every worker), so a
 cluster needs no shared disk; each worker process loads it once and keeps it for later chunks.
 Before any chunk runs, every worker must hold the same tpuasm code as the client (a worker on
-another version would compute other answers, or the same answers for other reasons).  A chunk
+another version would compute other answers, or the same answers for other reasons:
+tpuasm.cluster, shared with the sweep).  A chunk
 whose worker dies is given to another worker by the scheduler; a chunk that fails names its
 rows, and nothing is returned for the run.
 """
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from tpuasm.cluster import check_workers, code_digest, refuse_other_code
 from tpuasm.compiler.errors import CompileError
 
 _SKIPPED = {"regression"}                  # OUTDIR folders a run never reads
@@ -47,19 +48,6 @@ def _digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-@lru_cache(maxsize=1)
-def code_digest() -> str:
-    """A digest of this tpuasm's code (every source, table and grammar of the package)."""
-    import tpuasm
-    root = Path(tpuasm.__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.suffix in (".py", ".toml", ".lark", ".c") and "__pycache__" not in path.parts:
-            h.update(path.relative_to(root).as_posix().encode() + b"\0")
-            h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
-
 _MODELS: dict[str, object] = {}           # per worker process: model digest -> CompiledModel
 
 
@@ -77,7 +65,9 @@ def _worker_model(key: str, files: dict[str, bytes]):
     return model
 
 
-def _run_chunk(key: str, files: dict[str, bytes], chunk: dict, engine: str | None):
+def _run_chunk(key: str, files: dict[str, bytes], chunk: dict, engine: str | None,
+               code: str):
+    refuse_other_code(code)               # a worker that joined after check_workers
     return _worker_model(key, files).run(chunk, engine=engine)
 
 
@@ -87,19 +77,6 @@ def chunk_ranges(rows: int, batch: int, workers: int, chunk_rows: int | None) ->
         per = -(-rows // max(4 * workers, 1))
         chunk_rows = max(batch, -(-per // batch) * batch)
     return [(s, min(s + chunk_rows, rows)) for s in range(0, rows, chunk_rows)]
-
-
-def check_workers(client) -> None:
-    """Every worker runs this tpuasm's code, or a CompileError names those that do not."""
-    ours = code_digest()
-    theirs = client.run(code_digest)
-    if not theirs:
-        raise CompileError("the Dask cluster has no workers")
-    other = sorted(w for w, d in theirs.items() if d != ours)
-    if other:
-        raise CompileError(f"{len(other)} of {len(theirs)} Dask workers run other tpuasm code "
-                           f"than this client (code {ours}): {', '.join(other[:4])}; install "
-                           f"the same version on every worker")
 
 
 def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = None,
@@ -123,7 +100,8 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
     for i, (start, stop) in enumerate(ranges):
         # each input cut along its own batch axis; one without a batch axis goes whole
         chunk = {name: take_rows(x, axes.get(name, 0), start, stop) for name, x in data.items()}
-        future = client.submit(_run_chunk, key, shipped, chunk, engine, pure=False,
+        future = client.submit(_run_chunk, key, shipped, chunk, engine, code_digest(),
+                               pure=False,
                                key=f"tpuasm-infer-{key[:8]}-{i}")
         futures[future] = i
     parts: list = [None] * len(ranges)

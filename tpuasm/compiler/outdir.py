@@ -73,8 +73,129 @@ def _write(model, d: Path) -> None:
                 "batch": model.batch, "config": model.config,
                 "inputs": [_value(v) for v in model.inputs],
                 "outputs": [_value(v) for v in model.outputs],
-                "reference_model": "model.qdq.onnx", "steps": steps}
+                "reference_model": "model.qdq.onnx", "steps": steps,
+                "files": {name: _file_digest(d / name) for name in _digested(d)}}
+    manifest["digest"] = _manifest_digest(manifest)
     (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+# --- integrity: a compiled model is read as it was written, or refused ---------------------
+# The manifest lists a sha256 of every file a run reads (not regression/, which `tpuasm test
+# --update-golden` rewrites) and carries a digest of itself.  A file changed, cut or
+# replaced, or a manifest edited by hand, is "damaged compiled model ...; compile it again"
+# before anything runs, instead of a wrong answer or a failure half way through a run.
+# (OUTDIRs written before the digests existed have neither and are checked for their
+# structure only.)
+
+def _digested(d: Path) -> list[str]:
+    return sorted(p.relative_to(d).as_posix() for p in d.rglob("*")
+                  if p.is_file() and p.name != MANIFEST
+                  and p.relative_to(d).parts[0] != "regression")
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a regular file, read in chunks (tpuasm.files.check_input refuses anything
+    else at once)."""
+    import hashlib
+
+    from tpuasm.files import check_input
+    check_input(path, what="a file of the compiled model")
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest_digest(manifest: dict) -> str:
+    import hashlib
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _check_integrity(outdir: Path, data: dict, bad) -> None:
+    if "digest" not in data and "files" not in data:
+        return                                    # written before digests existed
+    again = "compile it again"
+    if data.get("digest") != _manifest_digest(data):
+        raise CompileError(f"{outdir / MANIFEST}: damaged compiled model (the manifest was "
+                           f"changed after it was written); {again}")
+    listed = data.get("files")
+    if not isinstance(listed, dict):
+        raise bad("'files' is not an object")
+    from tpuasm.errors import InputFileError
+    for name, digest in listed.items():
+        _inside(name, bad)
+        try:
+            found = _file_digest(outdir / name)
+        except InputFileError as e:
+            raise CompileError(str(e)) from None
+        except OSError as e:
+            raise CompileError(f"{outdir / name}: cannot read: {e.strerror or e}") from None
+        if found != digest:
+            raise CompileError(f"{outdir / name}: damaged compiled model (the file changed "
+                               f"after it was compiled); {again}")
+
+
+def _inside(name, bad) -> None:
+    if not isinstance(name, str) or not name or Path(name).is_absolute() \
+            or ".." in Path(name).parts:
+        raise bad(f"file name {name!r} is not a name inside OUTDIR")
+
+
+_MAX_DIM = 1 << 31
+
+
+def _check_structure(data: dict, bad) -> None:
+    """Types a run relies on: names are text, shapes lists of whole numbers (an older
+    OUTDIR has no digest to vouch for them)."""
+    def shape(value, where):
+        if not isinstance(value, list) or len(value) > 16 or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < _MAX_DIM
+                for d in value):
+            raise bad(f"{where}: shape {value!r} is not a list of sizes")
+
+    def named(entries, where):
+        if not isinstance(entries, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+            raise bad(f"{where!r} is not a list of named objects")
+
+    for key in ("inputs", "outputs"):
+        named(data[key], key)
+        for v in data[key]:
+            shape(v.get("shape"), f"{key} {v['name']!r}")
+            if not isinstance(v.get("dtype"), str):
+                raise bad(f"{key} {v['name']!r}: dtype {v.get('dtype')!r}")
+    for step in data["steps"]:
+        kind = step.get("kind")
+        if kind not in ("host", "tpu") or not isinstance(step.get("name"), str):
+            raise bad(f"step {step.get('name')!r}: kind {kind!r} is not host or tpu")
+        for key in ("inputs", "outputs"):
+            if not isinstance(step.get(key), list) or not all(
+                    isinstance(n, str) for n in step[key]):
+                raise bad(f"step {step['name']!r}: {key!r} is not a list of names")
+        shapes = step.get("input_shapes" if kind == "host" else "onnx_shapes")
+        if not isinstance(shapes, dict):
+            raise bad(f"step {step['name']!r}: no shapes")
+        for name, value in shapes.items():
+            if not (kind == "host" and value is None):     # None: known at run time
+                shape(value, f"step {step['name']!r} {name!r}")
+        if kind == "tpu":
+            named(step.get("tensors"), f"step {step['name']} tensors")
+            named(step.get("operators"), f"step {step['name']} operators")
+            for t in step["tensors"]:
+                shape(t.get("shape"), f"tensor {t['name']!r}")
+    # every value a step or the model's outputs read is an input or made by an earlier step
+    known = {v["name"] for v in data["inputs"]}
+    for step in data["steps"]:
+        missing = [n for n in step["inputs"] if n not in known]
+        if missing:
+            raise bad(f"step {step['name']!r} reads {missing[0]!r}, which nothing before "
+                      "it makes")
+        known |= set(step["outputs"])
+    missing = [v["name"] for v in data["outputs"] if v["name"] not in known]
+    if missing:
+        raise bad(f"output {missing[0]!r} is made by no step")
 
 
 def _value(v: ValueInfo) -> dict:
@@ -197,16 +318,17 @@ def check(outdir: Path) -> list[Path]:
     for name in names:
         if name is None:
             continue
-        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
-            raise bad(f"file name {name!r} is not a name inside OUTDIR")
+        _inside(name, bad)
         try:
             check_input(outdir / name, what="a file of the compiled model")
         except InputFileError as e:
             raise CompileError(str(e)) from None
         files.append(outdir / name)
+    _check_structure(data, bad)
     for step in steps:            # host parts run late (onnxruntime): check them now
         if step.get("kind") == "host" and step.get("model"):
             _check_onnx(outdir / step["model"])
+    _check_integrity(outdir, data, bad)
     return files
 
 

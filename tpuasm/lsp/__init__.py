@@ -22,8 +22,10 @@ def main(argv: list[str]) -> int:
     import sys
 
     from ..command import EXIT_OK
+    from . import logs
     from .frames import BoundedInput
     from .server import make_server
+    logs.configure()                                          # one line per event, no traceback
     server = make_server(debounce=max(0.0, args.debounce))
     server.start_io(stdin=BoundedInput(sys.stdin.buffer))     # frames of bounded size
     return EXIT_OK

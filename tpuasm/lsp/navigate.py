@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from lsprotocol import types as T
+from pygls.exceptions import JsonRpcInvalidParams
 
 from ..assembler.ast import Directive, Name, Span, Str
 from ..assembler.symbols import MEMORIES
@@ -130,15 +131,21 @@ def prepare_rename(checked: Checked | None, position: T.Position):
     return checked.lines.span(occ.span)
 
 
+class RenameRefused(JsonRpcInvalidParams):
+    """A new name the server refuses: the client gets an InvalidParams error with the
+    reason (and the log one line: tpuasm/lsp/logs.py)."""
+
+
 def rename(checked: Checked | None, position: T.Position, new_name: str):
     occ = _occurrence(checked, position)
     if occ is None or occ.key.startswith("file:"):
         return None
     if not _NAME.match(new_name):
-        raise ValueError(f"'{new_name}' is not a name (letters, digits and _, not first a digit)")
+        raise RenameRefused(f"'{new_name}' is not a name (letters, digits and _, not first "
+                            "a digit)")
     kind, _, old = occ.key.partition(":")
     if kind == "macro" and ISA_TABLE.lookup(new_name) is not None:
-        raise ValueError(f"'{new_name}' is an instruction's name")
+        raise RenameRefused(f"'{new_name}' is an instruction's name")
     changes: dict[str, list[T.TextEdit]] = {}
     for o in checked.analysis.references(occ.key):
         changes.setdefault(uri_of(o.span.file), []).append(

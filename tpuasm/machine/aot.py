@@ -21,8 +21,9 @@ the dtypes the Machine makes, the weight image read-only).  `runner(args)` check
 machine's arguments against the layout recorded at build time and returns None when they
 do not match, so odd inputs fall back to the JIT rather than being misread.
 
-The compiled code calls OpenBLAS's sgemm/dgemm by name (gemm.py); the library numpy ships
-is loaded with RTLD_GLOBAL before the import so that the dynamic linker resolves them.
+The compiled code calls OpenBLAS's sgemm/dgemm by name (gemm.py): the module is linked
+against the library numpy ships (a needed library found through an rpath), so the dynamic
+linker resolves them in the module's own scope and nothing of that library becomes global.
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ import platform
 import shutil
 import sys
 import sysconfig
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -42,8 +42,9 @@ import numpy as np
 
 from . import gemm
 from . import native
-from .jitcache import cache_root, ensure_built, install, note_failure, source_digest, \
-    toolchain_version
+from ..cache import ensure_built, entry, install, note_failure, staging_directory
+from ..environment import raw
+from .jitcache import source_digest, toolchain_version
 
 MODULE = "tpuasm_core_aot"
 _LAYOUT = "layout.json"
@@ -52,7 +53,7 @@ _loaded = None             # the module, False after a failure in this process, 
 
 def enabled() -> bool:
     # The compiled code calls OpenBLAS and the C kernels by name: both must be loadable.
-    return os.environ.get("TPUASM_AOT", "1") != "0" and gemm.HAVE_BLAS \
+    return (raw("TPUASM_AOT") or "1") != "0" and gemm.HAVE_BLAS \
         and native.library() is not None
 
 
@@ -82,7 +83,7 @@ def build_key() -> str:
 
 
 def directory() -> Path:
-    return cache_root() / f"aot-{build_key()}"
+    return entry("aot", build_key())
 
 
 def _library_path(where: Path) -> Path:
@@ -177,7 +178,7 @@ def build(where: Path) -> None:
     signature = numba.types.void(*(numba.typeof(a) for a in sample))
     sequential_signature = numba.types.int64(*(numba.typeof(a) for a in sequential),
                                              numba.types.int64)      # + the profile
-    tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
+    tmp = staging_directory(where)
     try:
         cc = CC(MODULE)
         # numpy's OpenBLAS as a needed library found by its directory (rpath): the module's

@@ -60,7 +60,8 @@ def _find_openblas() -> str | None:
 
 def _open_blas():
     """(path, library) of numpy's OpenBLAS with both GEMM symbols, or (None, None)."""
-    path = None if os.environ.get("TPUASM_NO_BLAS") else _find_openblas()
+    from ..environment import raw
+    path = None if raw("TPUASM_NO_BLAS") else _find_openblas()
     if path is not None:
         try:
             lib = ctypes.CDLL(path)

@@ -6,7 +6,6 @@ core's arrays (no copies) and words for the faces (pipeline stall texts, fault m
 from __future__ import annotations
 
 import mmap
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -792,7 +791,8 @@ def _run_blas_threads(prog: np.ndarray, mmcs: int, timing_only: bool) -> int | N
     np.matmul at both settings next to the emulator."""
     if timing_only or not mmcs:
         return None                                   # no GEMM runs
-    forced = os.environ.get("TPUASM_BLAS_THREADS")
+    from ..environment import raw
+    forced = raw("TPUASM_BLAS_THREADS")
     if forced is not None:
         try:
             return max(0, int(forced)) or None

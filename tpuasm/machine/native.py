@@ -37,13 +37,13 @@ import platform
 import shutil
 import subprocess
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .jit import external, njit, on_materialize
-from .jitcache import cache_root, ensure_built, install, note_failure
+from ..cache import ensure_built, entry, install, note_failure, staging_directory
+from ..environment import raw
 
 LEVEL_NONE, LEVEL_AVX2, LEVEL_VNNI = 0, 1, 2          # as in mmc_int8.c
 MAX_THREADS = 8
@@ -57,7 +57,7 @@ _library = None          # the ctypes library, False after a failure in this pro
 
 
 def _compiler() -> list[str]:
-    command = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    command = raw("CC") or sysconfig.get_config_var("CC") or "cc"
     return command.split()
 
 
@@ -65,12 +65,12 @@ def directory() -> Path:
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(platform.machine().encode())
     h.update(" ".join(_compiler()).encode())
-    return cache_root() / f"native-{h.hexdigest()[:16]}"
+    return entry("native", h.hexdigest()[:16])
 
 
 def build(where: Path) -> None:
     """Compile the source into `where` (atomically: a temporary directory renamed)."""
-    tmp = Path(tempfile.mkdtemp(prefix="building-", dir=where.parent))
+    tmp = staging_directory(where)
     try:
         command = [*_compiler(), "-O3", "-pthread", "-shared", "-fPIC", "-o", str(tmp / LIBRARY),
                    str(SOURCE)]
@@ -113,7 +113,7 @@ def cpu_level() -> int:
 def level() -> int:
     """The level the machine uses: cpu_level(), capped by TPUASM_INT8 ("0": none,
     "avx2": at most AVX2)."""
-    setting = os.environ.get("TPUASM_INT8", "").strip().lower()
+    setting = (raw("TPUASM_INT8") or "").strip().lower()
     if setting in ("0", "off", "no"):
         return LEVEL_NONE
     best = cpu_level()
@@ -124,7 +124,7 @@ def threads() -> int:
     """Threads a large MatrixMultiply may use: TPUASM_INT8_THREADS, else the cores this
     process may run on (at most MAX_THREADS)."""
     try:
-        wanted = int(os.environ.get("TPUASM_INT8_THREADS", "0"))
+        wanted = int(raw("TPUASM_INT8_THREADS") or "0")
     except ValueError:
         wanted = 0
     if wanted <= 0:

@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from ..cli import parse_arguments, positive_int
+from ..environment import raw
 from .manifest import Manifest, ManifestError, discover, load_manifest
 
 from ..command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run_all(manifests, jobs=args.jobs, check_golden=not args.update_golden,
                           keep_data=args.keep_data, console=err, progress=not args.quiet,
-                          scheduler=args.scheduler or os.environ.get("TPUASM_SCHEDULER"))
+                          scheduler=args.scheduler or raw("TPUASM_SCHEDULER"))
     except ManifestError as e:            # the cluster could not be reached
         err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
         return EXIT_USAGE
@@ -262,8 +263,7 @@ def _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done) -> 
     error Result for its program, the others complete."""
     from dask.distributed import as_completed
 
-    from ..sweep.executor import dask_client
-    from ..sweep.grid import SweepError
+    from ..cluster import ClusterError, dask_client
     try:
         with dask_client(scheduler) as client:
             futures = {client.submit(_work, manifests[i], check_golden, keep_data,
@@ -277,7 +277,7 @@ def _run_on_dask(manifests, order, scheduler, check_golden, keep_data, done) -> 
                     r = Result(manifests[i].name, str(manifests[i].path))
                     r.error(f"Dask worker failed: {type(e).__name__}: {e}")
                 done(i, r)
-    except SweepError as e:
+    except ClusterError as e:
         raise ManifestError("--scheduler", None, str(e)) from None
 
 

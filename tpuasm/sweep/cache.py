@@ -1,5 +1,7 @@
 """The result cache that makes sweeps resumable: finished points keyed by a digest of the
-program, its data, the configuration, the run mode and the emulator's own sources.
+program, its data, the configuration, the run mode and tpuasm's own code
+(tpuasm.cluster.code_digest: the code every worker must run too).  Nothing else enters a
+key, so `tpuasm sweep apps` and figure11 share the points they have in common.
 
 One SQLite file (stdlib, one writer: the client).  A point's key changes when anything
 that could change its numbers changes, so a cached row is always one a fresh run would
@@ -7,7 +9,6 @@ give; rows of failed points are not stored, so a rerun retries them.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -16,20 +17,32 @@ from .grid import SweepError
 
 
 def point_key(target_digest: str, config: dict, timing_only: bool, max_cycles,
-              machine_digest: str) -> str:
-    text = json.dumps({"t": target_digest, "c": config, "timing_only": timing_only,
-                       "max": max_cycles, "m": machine_digest}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def machine_digest() -> str:
-    from ..machine.jitcache import source_digest
-    return source_digest()
+              code: str) -> str:
+    from ..cache import key
+    return key({"t": target_digest, "c": machine_settings(config), "timing_only": timing_only,
+                "max": max_cycles, "code": code}, length=24)
 
 
 def default_path() -> Path:
-    from ..machine.jitcache import cache_root
-    return cache_root() / "sweep-results.sqlite"
+    from ..cache import root
+    return root() / "sweep-results.sqlite"
+
+
+def machine_settings(config: dict) -> dict:
+    """Every MachineConfig field in force under `config`: one machine, one key, however it
+    was asked for (`sweep MLP0 --set memory=0.5` gives {weight_bytes_per_cycle: ...}, and
+    figure11's memory knob the same plus clock_hz=700e6 from its clock knob at 1)."""
+    from dataclasses import fields
+
+    from ..machine.config import MachineConfig
+    try:
+        machine = MachineConfig(**config)
+    except (TypeError, ValueError):      # the point will fail; its key need not be canonical
+        return config
+    # a timing constant left unset (None) is the value its `timing` gives it
+    return {f.name: machine._in_force(f.name) if getattr(machine, f.name) is None
+            and f.name in machine._timing_defaults() else getattr(machine, f.name)
+            for f in fields(machine)}
 
 
 class ResultCache:

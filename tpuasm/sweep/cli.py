@@ -15,7 +15,7 @@ from ..command import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .executor import SCHEDULER_ENV
+    from ..cluster import SCHEDULER_ENV
     p = argparse.ArgumentParser(
         prog="tpuasm sweep",
         description="Run TARGET(s) over a grid of MachineConfig settings and collect one "
@@ -130,7 +130,7 @@ def _run(args, err) -> int:
                 summary = run_sweep(targets, grid, on_row, cache=cache,
                                     timing_only=args.timing_only, max_cycles=args.max_cycles)
             else:
-                from .executor import dask_client
+                from ..cluster import dask_client
                 with dask_client(args.scheduler, args.workers) as client:
                     out = CsvStream(args.output, axes)     # connected first
                     summary = run_sweep(targets, grid, on_row, cache=cache, client=client,

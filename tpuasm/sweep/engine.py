@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cache import ResultCache, machine_digest, point_key
+from ..cluster import code_digest
+from .cache import ResultCache, point_key
 from .grid import Grid
 from .targets import Target
 
@@ -29,13 +30,14 @@ class Summary:
 
 def tasks(targets: list[Target], grid: Grid, *, timing_only=False, max_cycles=None):
     """Every point as a task dict, lazily (targets outer, grid inner)."""
-    mdigest = machine_digest()
+    code = code_digest()
     seq = 0
     for target in targets:
         for settings, config in grid.points(target.base_config()):
-            key = point_key(target.digest(config), config, timing_only, max_cycles, mdigest)
+            key = point_key(target.digest(config), config, timing_only, max_cycles, code)
             yield {"seq": seq, "target": target, "settings": settings, "config": config,
-                   "key": key, "timing_only": timing_only, "max_cycles": max_cycles}
+                   "key": key, "timing_only": timing_only, "max_cycles": max_cycles,
+                   "code": code}
             seq += 1
 
 

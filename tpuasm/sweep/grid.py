@@ -124,6 +124,8 @@ def parse_value(name: str, text) -> tuple:
     except ValueError:
         want = "a positive scale factor" if (factor is not None or name in KNOBS) else "a number"
         raise SweepError(f"{name}={raw}: not {want}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SweepError(f"{name}={raw}: not a finite number")
     if name in INT_FIELDS:
         if v != int(v):
             raise SweepError(f"{name}={raw}: must be an integer")
@@ -225,6 +227,14 @@ def config_for(choice: dict, base: dict) -> dict:
         base_config = MachineConfig(**base)
     except (TypeError, ValueError) as e:
         raise SweepError(f"base configuration: {e}") from None
+    try:        # a factor can be finite and its product not (clock=x1e308): one message
+        return _scaled(choice, base, base_config)
+    except OverflowError:
+        shown = ", ".join(f"{k}={_show(v)}" for k, v in choice.items() if v is not None)
+        raise SweepError(f"invalid configuration ({shown}): a value out of range") from None
+
+
+def _scaled(choice: dict, base: dict, base_config: MachineConfig) -> dict:
     kwargs = dict(base)
     knobs = [(n, v) for n, v in choice.items() if n in KNOBS and v is not None]
     for name, value in choice.items():
@@ -233,6 +243,8 @@ def config_for(choice: dict, base: dict) -> dict:
         if isinstance(value, tuple):          # ("x", factor) of the value in force
             now = getattr(base_config, IN_FORCE.get(name, name))
             value = now * value[1]
+            if not math.isfinite(value):
+                raise OverflowError
             if name in INT_FIELDS:
                 value = max(1, round(value))
         kwargs[name] = value

@@ -22,9 +22,11 @@ RESULT_COLUMNS = ("status", "cycles", "time_us", "tops", "useful_pct", *COUNTERS
 def run_point(task: dict) -> dict:
     from ..machine import Machine, MachineConfig
     from .targets import Skip, build
+    from ..cluster import ClusterError, refuse_other_code
     row = {"target": task["target"].label, **task["settings"], "key": task["key"]}
     start = time.perf_counter()
     try:
+        refuse_other_code(task["code"])   # other code, other cycles: never cached
         config = MachineConfig(**task["config"])
         # the values in force (columns of their own: a swept NAME keeps its given text)
         row.update(array=config.array_size, clock_mhz=round(config.clock_hz / 1e6, 3),
@@ -42,6 +44,8 @@ def run_point(task: dict) -> dict:
             row["status"] = "ok"
     except Skip as e:
         row.update(status="skipped", error=str(e))
+    except ClusterError as e:
+        row.update(status="error", error=str(e))
     except (TpuasmError, ValueError, OSError) as e:
         row.update(status="error", error=f"{type(e).__name__}: {e}")
     except Exception as e:           # a bug: say where, keep the sweep going
