@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from tpuasm import environment
+
 _ENV = "OPENBLAS_NUM_THREADS"
 _USER_SETTINGS = (_ENV, "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 _restore_to: int | None = None       # OpenBLAS's own count, to set once the screen is up
@@ -19,7 +21,8 @@ _restore_to: int | None = None       # OpenBLAS's own count, to set once the scr
 def start_single_threaded() -> None:
     """Call before numpy is imported."""
     global _restore_to
-    if "numpy" in sys.modules or any(name in os.environ for name in _USER_SETTINGS):
+    if "numpy" in sys.modules or any(environment.raw(name) is not None
+                                     for name in _USER_SETTINGS):
         return
     try:
         cores = len(os.sched_getaffinity(0))
@@ -27,7 +30,7 @@ def start_single_threaded() -> None:
         cores = os.cpu_count() or 1
     if cores <= 1:
         return
-    os.environ[_ENV] = "1"
+    environment.put(_ENV, "1")
     _restore_to = cores
 
 
@@ -38,8 +41,8 @@ def restore() -> None:
     if _restore_to is None:
         return
     cores, _restore_to = _restore_to, None
-    if os.environ.get(_ENV) == "1":
-        del os.environ[_ENV]
+    if environment.raw(_ENV) == "1":
+        environment.put(_ENV, None)
     if "numpy" not in sys.modules:
         return                      # never imported: it will read no variable now
     from tpuasm.machine.gemm import set_blas_threads

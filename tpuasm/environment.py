@@ -72,6 +72,15 @@ VARIABLES = (
     Variable("CC", "command", "Python's configured C compiler, else `cc`",
              "The C compiler that builds the int8 kernel.",
              ("tpuasm/machine/native.py",)),
+    Variable("OPENBLAS_NUM_THREADS", "int", "unset: one thread per core",
+             "OpenBLAS's own.  When none of these three is set, the debugger sets it to 1 "
+             "while numpy is imported and gives OpenBLAS its cores back after the first "
+             "frame (a faster start); a value the user set is left alone.",
+             ("debugger/blas_start.py",)),
+    Variable("GOTO_NUM_THREADS", "int", "unset", "OpenBLAS's own; see OPENBLAS_NUM_THREADS.",
+             ("debugger/blas_start.py",)),
+    Variable("OMP_NUM_THREADS", "int", "unset", "OpenMP's own; see OPENBLAS_NUM_THREADS.",
+             ("debugger/blas_start.py",)),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}
@@ -83,6 +92,17 @@ def raw(name: str) -> str | None:
     if name not in BY_NAME:
         raise KeyError(f"{name} is not in tpuasm.environment.VARIABLES")
     return os.environ.get(name)
+
+
+def put(name: str, value: str | None) -> None:
+    """Set the variable for this process and its children (None: remove it); the same
+    table check as raw."""
+    if name not in BY_NAME:
+        raise KeyError(f"{name} is not in tpuasm.environment.VARIABLES")
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 # ------------------------------------------------------------------ the docs
