@@ -57,13 +57,15 @@ class CompiledSegment(SegmentProgram):
         q = layout.tensor.quant
         total = self.passes * self.pass_batch
         c, h, w = layout.channels, layout.height, layout.width
-        x = np.full((total, layout.chunks * self.array_size, h, w), q.zero_point, np.int64)
-        x[:self.batch, :c] = data.reshape(self.batch, c, h, w)
+        zero = np.uint8(q.zero_point & 0xFF)
+        # bytes all the way (an int64 staging copy of a long sequence's batch took 8x the
+        # image, twice): an 8-bit value's byte is its two's complement
+        x = np.full((total, layout.chunks * self.array_size, h, w), zero, np.uint8)
+        x[:self.batch, :c] = _bytes(data).reshape(self.batch, c, h, w)
         x = x.reshape(self.passes, self.pass_batch, layout.chunks, self.array_size, h, w)
         rows = np.empty((self.passes * layout.rows(self.pass_batch), self.array_size), np.uint8)
-        rows[:] = np.uint8(q.zero_point & 0xFF)
-        self._interior(layout, self._view(layout, rows))[:] = \
-            (x.transpose(0, 2, 1, 4, 5, 3) & 0xFF).astype(np.uint8)
+        rows[:] = zero
+        self._interior(layout, self._view(layout, rows))[:] = x.transpose(0, 2, 1, 4, 5, 3)
         return rows
 
     def _unpack(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
@@ -74,3 +76,11 @@ class CompiledSegment(SegmentProgram):
                       layout.height, layout.width)[:self.batch, :layout.channels]
         x = x.view(np.int8) if q.signed else x
         return np.ascontiguousarray(x).reshape(self.batch, *layout.tensor.shape)
+
+
+def _bytes(data) -> np.ndarray:
+    """The low byte of each value, as uint8 (int8 and uint8 data without a copy)."""
+    data = np.asarray(data)
+    if data.dtype in (np.int8, np.uint8):
+        return data.view(np.uint8)
+    return (data.astype(np.int64) & 0xFF).astype(np.uint8)
