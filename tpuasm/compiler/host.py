@@ -54,11 +54,13 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
     return model
 
 
-def session(model: onnx.ModelProto | bytes):
+def session(model: onnx.ModelProto | bytes, threads: int = 1):
+    """An onnxruntime session; host parts run on one thread (the emulator has the other
+    cores), `threads=0` leaves onnxruntime its own count."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 

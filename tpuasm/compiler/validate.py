@@ -182,7 +182,7 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
     first runs on all the rows at once."""
     from tpuasm.compiler.host import session
     try:
-        sess = session(float_model)
+        sess = session(float_model, threads=0)     # alone here: every core
     except Exception as e:
         raise CompileError(str(e).strip().splitlines()[0] if str(e).strip() else repr(e)) \
             from None
