@@ -103,6 +103,36 @@ def test_dynamic_inner_dimension(tmp_path, capsys, calib):
     assert code == 2 and "dimension 1 is dynamic" in err
 
 
+def test_zero_sized_dimension_is_named_as_such(tmp_path, capsys, calib):
+    m = float_models.build([("gemm", 3)], (4,))
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 0
+    path = tmp_path / "zero.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "2",
+                               "--calibrate", calib)
+    assert code == 2 and "input 'x' has a 0-sized dimension" in err
+    assert "dynamic" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_before_quantizing(tmp_path, capsys, calib, bad):
+    import warnings
+    from onnx import numpy_helper
+    m = float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,))
+    init = m.graph.initializer[2]                   # the second Gemm's weight
+    w = numpy_helper.to_array(init).copy()
+    w[1, 2] = bad
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    path = tmp_path / "nan.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # no numpy warning on the way
+        code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2, err
+    assert f"node gemm2: weight {init.name} holds NaN or infinite values" in err
+    assert "scale issue" not in err and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("shape,message", [((20, 8), "has shape (20, 8)"),
                                            ((20,), "has shape (20,)"),
                                            ((0, 9), "non-zero")])

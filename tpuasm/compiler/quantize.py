@@ -188,6 +188,24 @@ def _check_keep_float(model, keep, path, original: dict) -> None:
                                f"name in the model")
 
 
+def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None) -> None:
+    """A NaN or infinite weight has no quantization scale: onnxruntime's calibration then
+    fails with "'scale issue'" after numpy's RuntimeWarnings.  Name the node and weight."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        for name in node.input:
+            t = inits.get(name)
+            if t is None or t.data_type not in (onnx.TensorProto.FLOAT,
+                                                onnx.TensorProto.DOUBLE,
+                                                onnx.TensorProto.FLOAT16):
+                continue
+            values = numpy_helper.to_array(t)
+            if not np.isfinite(values).all():
+                source = provenance.source(node.name) if provenance is not None else None
+                raise CompileError(f"{path}: node {source or node.name or node.op_type}: "
+                                   f"weight {name} holds NaN or infinite values")
+
+
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
              batch_axes: dict | None = None) -> list[str]:
@@ -202,6 +220,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     model = _with_shapes(model)
+    _refuse_non_finite_weights(model, path, provenance)
     nodes = tpu_nodes(model, options, path, provenance)
 
     step = calibration_rows(model)
