@@ -307,3 +307,16 @@ def test_a_model_too_big_for_the_weight_memory(tmp_path, capsys):
     assert "140,625 tiles" in err and "131,072" in err
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]
+
+
+def test_a_name_that_is_not_utf8_is_one_error(tmp_path, capsys, mlp, calib):
+    # protobuf parses a non-UTF-8 string field and fails only when it is read (found by
+    # the compile fuzz target: a traceback from onnx.helper.make_graph)
+    data = open(mlp, "rb").read()
+    name = onnx.load(mlp).graph.name.encode()
+    assert data.count(name) == 1
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(data.replace(name, b"\xff" * len(name)))
+    code, _, err = run_compile(capsys, bad, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and "bad.onnx: not a readable ONNX model" in err and "UTF-8" in err
+    assert not (tmp_path / "out").exists()

@@ -36,6 +36,9 @@ def read_model(path) -> onnx.ModelProto:
     except Exception as e:            # protobuf's DecodeError, OSError, ...: no common base
         raise CompileError(f"{path}: not a readable ONNX model (corrupt or truncated file?): "
                            f"{_first_line(e)}") from None
+    if not _text_is_utf8(model):
+        raise CompileError(f"{path}: not a readable ONNX model (corrupt file?): a name or "
+                           f"text field is not UTF-8")
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise CompileError(f"{path}: not an ONNX model with a graph (empty or truncated file?)")
     check_opsets(model, path)
@@ -48,6 +51,29 @@ def read_model(path) -> onnx.ModelProto:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _name_nodes(model)
     return model
+
+
+def _text_is_utf8(message) -> bool:
+    """protobuf parses a string field that is not UTF-8; reading it then gives bytes (upb)
+    or raises UnicodeDecodeError (the pure-Python backend), somewhere later.  Read every
+    string field of every nested message once here; numeric and bytes fields are not
+    touched (a weight's data is not copied)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+    try:
+        stack = [message]
+        while stack:
+            m = stack.pop()
+            for field, value in m.ListFields():
+                repeated = field.is_repeated if hasattr(field, "is_repeated") \
+                    else field.label == F.LABEL_REPEATED
+                if field.type == F.TYPE_MESSAGE:
+                    stack.extend(value if repeated else [value])
+                elif field.type == F.TYPE_STRING:
+                    if any(not isinstance(v, str) for v in (value if repeated else [value])):
+                        return False
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _sort_nodes(model: onnx.ModelProto) -> bool:
