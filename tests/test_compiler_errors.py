@@ -320,3 +320,17 @@ def test_a_name_that_is_not_utf8_is_one_error(tmp_path, capsys, mlp, calib):
     code, _, err = run_compile(capsys, bad, "-o", tmp_path / "out", "--calibrate", calib)
     assert code == 2 and "bad.onnx: not a readable ONNX model" in err and "UTF-8" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_of_weights_alone_is_refused(tmp_path, capsys, calib):
+    # found by the compile fuzz target: the Gemm read its weight in place of x, the output
+    # folded to a constant, and compile wrote an OUTDIR its own loader refused
+    m = float_models.build([("gemm", 8), ("relu",)], (9,))
+    gemm = m.graph.node[0]
+    gemm.input[0] = gemm.input[1]
+    gemm.input[1] = gemm.input[1]
+    path = tmp_path / "const.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and "does not depend on any input of the model" in err, err
+    assert not (tmp_path / "out").exists()

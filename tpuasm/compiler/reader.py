@@ -49,8 +49,30 @@ def read_model(path) -> onnx.ModelProto:
         onnx.checker.check_model(str(path) if external and not reordered else model)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
+    _refuse_constant_outputs(model, path)
     _name_nodes(model)
     return model
+
+
+def _refuse_constant_outputs(model: onnx.ModelProto, path) -> None:
+    """An output computed from weights alone folds to a constant, which no step makes: the
+    OUTDIR written would be refused when loaded.  Say so when compiling."""
+    g = model.graph
+    constant = {t.name for t in g.initializer}
+    feeds = {v.name for v in g.input} - constant
+    for node in g.node:
+        has_graph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                        for a in node.attribute)      # a subgraph may read any outer value
+        if has_graph or feeds & set(node.input):
+            feeds |= set(node.output)
+        elif (node.input and all(i in constant or not i for i in node.input)) or \
+                node.op_type == "Constant":
+            constant |= set(node.output)
+    for v in g.output:
+        if v.name in constant and v.name not in feeds:
+            raise CompileError(f"{path}: output '{v.name}' does not depend on any input of "
+                               f"the model (it is computed from weights alone): nothing to "
+                               f"compile")
 
 
 def _text_is_utf8(message) -> bool:
