@@ -334,3 +334,33 @@ def test_an_output_of_weights_alone_is_refused(tmp_path, capsys, calib):
     code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
     assert code == 2 and "does not depend on any input of the model" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["empty", "fifo", "device", "zip"])
+def test_validation_data_that_is_no_array_is_one_error(tmp_path, capsys, mlp, calib, kind):
+    # found by the debug fuzz target (`debug OUTDIR --input /dev/null`: an EOFError
+    # traceback from np.load); every reader of user arrays shares read_named_arrays
+    import os
+    data = tmp_path / "v.npy"
+    if kind == "empty":
+        data.write_bytes(b"")
+    elif kind == "fifo":
+        os.mkfifo(data)                       # would block np.load: refused at once
+    elif kind == "zip":
+        data = tmp_path / "v.npz"
+        data.write_bytes(b"PK\x03\x04" + b"\0" * 40)
+    else:
+        data = "/dev/null"
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib,
+                               "--batch", "2", "--validate", data)
+    assert code == 2 and str(data) in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_input_of_dev_null_is_one_error(tmp_path, capsys, compiled):
+    from tpuasm.cli import main
+    script = tmp_path / "s.txt"
+    script.write_text("step\n")
+    code = main(["debug", str(compiled), "--input", "/dev/null", "--batch", str(script)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "/dev/null" in err and "Traceback" not in out + err
