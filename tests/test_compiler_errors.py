@@ -364,3 +364,38 @@ def test_debug_input_of_dev_null_is_one_error(tmp_path, capsys, compiled):
     code = main(["debug", str(compiled), "--input", "/dev/null", "--batch", str(script)])
     out, err = capsys.readouterr()
     assert code == 2 and "/dev/null" in err and "Traceback" not in out + err
+
+
+def test_a_weight_whose_data_does_not_match_its_shape_is_one_error(tmp_path, capsys, calib):
+    # found by the compile fuzz target: a ValueError traceback from numpy_helper.to_array
+    m = float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,))
+    init = m.graph.initializer[0]
+    del init.dims[:]
+    init.dims.append(2)                          # 108 values said to be 2
+    path = tmp_path / "cut.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and f"node gemm0: weight {init.name}: its data does not match" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_quantized_model_with_a_nan_scale_is_refused(tmp_path, capsys):
+    # found by the compile fuzz target: compiled (exit 0) after numpy's RuntimeWarnings
+    import warnings
+    from onnx import numpy_helper
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    scale = next(t for t in m.graph.initializer if t.data_type == TensorProto.FLOAT)
+    value = numpy_helper.to_array(scale).copy()
+    value.reshape(-1)[0] = np.nan
+    scale.CopyFrom(numpy_helper.from_array(value, scale.name))
+    path = tmp_path / "q.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 2 and f"weight {scale.name} holds NaN or infinite values" in err, err
+    assert not (tmp_path / "out").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
@@ -51,7 +51,34 @@ def read_model(path) -> onnx.ModelProto:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _refuse_constant_outputs(model, path)
     _name_nodes(model)
+    _check_weights(model, path)
     return model
+
+
+def _check_weights(model: onnx.ModelProto, path) -> None:
+    """Every weight's data matches its shape and type (the checker does not look), and a
+    float weight holds no NaN or infinity (no quantization scale exists for it; numpy's
+    casts of it warn).  External data is not read here."""
+    users = {}
+    for node in model.graph.node:
+        for name in node.input:
+            users.setdefault(name, node.name or node.op_type)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+              onnx.TensorProto.BFLOAT16)
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        where = f"node {users[t.name]}: weight" if t.name in users else "weight"
+        try:
+            values = numpy_helper.to_array(t)
+        except Exception as e:         # onnx raises ValueError, TypeError, KeyError, ...
+            raise CompileError(f"{path}: {where} {t.name}: its data does not match its shape "
+                               f"{list(t.dims)} and type ({_first_line(e)})") from None
+        if t.data_type in floats:
+            flat = values.reshape(-1)
+            step = 1 << 22              # in chunks: no mask as large as the weight
+            if not all(np.isfinite(flat[i:i + step]).all() for i in range(0, flat.size, step)):
+                raise CompileError(f"{path}: {where} {t.name} holds NaN or infinite values")
 
 
 def _refuse_constant_outputs(model: onnx.ModelProto, path) -> None:
