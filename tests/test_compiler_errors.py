@@ -399,3 +399,29 @@ def test_a_quantized_model_with_a_nan_scale_is_refused(tmp_path, capsys):
         code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
     assert code == 2 and f"weight {scale.name} holds NaN or infinite values" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5])
+def test_a_quantized_model_with_a_zero_or_negative_scale_is_refused(tmp_path, capsys, bad):
+    # found by the compile fuzz target: a zero weight scale compiled (exit 0) after
+    # "RuntimeWarning: divide by zero" from requantizing the bias
+    import warnings
+    from onnx import numpy_helper
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear"
+              and n.input[0] in {t.name for t in m.graph.initializer})      # the weight's
+    scale = next(t for t in m.graph.initializer if t.name == dq.input[1])
+    value = numpy_helper.to_array(scale).copy()
+    value.reshape(-1)[0] = bad
+    scale.CopyFrom(numpy_helper.from_array(value, scale.name))
+    path = tmp_path / "q.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 2 and f"node {dq.name}: scale {scale.name} holds zero or negative" in err
+    assert not (tmp_path / "out").exists()

@@ -126,7 +126,10 @@ def _mutate_model(rng: random.Random, model) -> None:
             i = rng.randrange(len(g.initializer))
             t = g.initializer[i]
             if rng.random() < 0.8:
-                arr = numpy_helper.to_array(t)
+                try:
+                    arr = numpy_helper.to_array(t)
+                except ValueError:                  # an earlier mutation cut its data
+                    continue
                 with np.errstate(all="ignore"):     # NaN cast to int: wanted, not news
                     t.CopyFrom(numpy_helper.from_array(np.asarray(_edge_array(rng, np, arr)),
                                                        t.name))

@@ -59,10 +59,12 @@ def _check_weights(model: onnx.ModelProto, path) -> None:
     """Every weight's data matches its shape and type (the checker does not look), and a
     float weight holds no NaN or infinity (no quantization scale exists for it; numpy's
     casts of it warn).  External data is not read here."""
-    users = {}
+    users, scales = {}, {}
     for node in model.graph.node:
         for name in node.input:
             users.setdefault(name, node.name or node.op_type)
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1:
+            scales.setdefault(node.input[1], node.name or node.op_type)
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
               onnx.TensorProto.BFLOAT16)
     for t in model.graph.initializer:
@@ -79,6 +81,10 @@ def _check_weights(model: onnx.ModelProto, path) -> None:
             step = 1 << 22              # in chunks: no mask as large as the weight
             if not all(np.isfinite(flat[i:i + step]).all() for i in range(0, flat.size, step)):
                 raise CompileError(f"{path}: {where} {t.name} holds NaN or infinite values")
+            if t.name in scales and values.size and not (values > 0).all():
+                # a zero scale divides by zero when the weight is requantized
+                raise CompileError(f"{path}: node {scales[t.name]}: scale {t.name} holds "
+                                   f"zero or negative values (a scale must be positive)")
 
 
 def _refuse_constant_outputs(model: onnx.ModelProto, path) -> None:
