@@ -401,7 +401,7 @@ def test_a_quantized_model_with_a_nan_scale_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("bad", [0.0, -0.5])
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1e-45])
 def test_a_quantized_model_with_a_zero_or_negative_scale_is_refused(tmp_path, capsys, bad):
     # found by the compile fuzz target: a zero weight scale compiled (exit 0) after
     # "RuntimeWarning: divide by zero" from requantizing the bias
@@ -423,5 +423,21 @@ def test_a_quantized_model_with_a_zero_or_negative_scale_is_refused(tmp_path, ca
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
-    assert code == 2 and f"node {dq.name}: scale {scale.name} holds zero or negative" in err
+    assert code == 2 and f"node {dq.name}: scale {scale.name} holds zero, negative or subnormal" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_dimension_beyond_the_manifest_limit_is_refused(tmp_path, capsys):
+    # found by the compile fuzz target: compiled into an OUTDIR whose loader refused
+    # "shape [...] is not a list of sizes"
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    m.graph.input[0].type.tensor_type.shape.dim.add().dim_value = 1 << 40
+    path = tmp_path / "huge.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 2 and f"input 'x' dimension 2 is {1 << 40}: outside" in err, err
     assert not (tmp_path / "out").exists()

@@ -50,9 +50,26 @@ def read_model(path) -> onnx.ModelProto:
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _refuse_constant_outputs(model, path)
+    _check_dimensions(model, path)
     _name_nodes(model)
     _check_weights(model, path)
     return model
+
+
+MAX_DIMENSION = (1 << 31) - 1     # what an OUTDIR's manifest may hold (outdir.py)
+
+
+def _check_dimensions(model: onnx.ModelProto, path) -> None:
+    """An input's or output's size beyond any memory is refused here: compiled, it made
+    an OUTDIR whose manifest its own loader refused."""
+    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for v in values:
+            if not v.type.HasField("tensor_type"):
+                continue
+            for i, d in enumerate(v.type.tensor_type.shape.dim):
+                if d.HasField("dim_value") and not 0 <= d.dim_value <= MAX_DIMENSION:
+                    raise CompileError(f"{path}: {kind} '{v.name}' dimension {i} is "
+                                       f"{d.dim_value}: outside 0..{MAX_DIMENSION}")
 
 
 def _check_weights(model: onnx.ModelProto, path) -> None:
@@ -81,10 +98,12 @@ def _check_weights(model: onnx.ModelProto, path) -> None:
             step = 1 << 22              # in chunks: no mask as large as the weight
             if not all(np.isfinite(flat[i:i + step]).all() for i in range(0, flat.size, step)):
                 raise CompileError(f"{path}: {where} {t.name} holds NaN or infinite values")
-            if t.name in scales and values.size and not (values > 0).all():
-                # a zero scale divides by zero when the weight is requantized
+            if t.name in scales and values.size and \
+                    not (values >= np.finfo(np.float32).tiny).all():
+                # a zero (or subnormal) scale divides by zero when the bias is requantized
                 raise CompileError(f"{path}: node {scales[t.name]}: scale {t.name} holds "
-                                   f"zero or negative values (a scale must be positive)")
+                                   f"zero, negative or subnormal values (a scale must be "
+                                   f"positive)")
 
 
 def _refuse_constant_outputs(model: onnx.ModelProto, path) -> None:
