@@ -441,3 +441,22 @@ def test_an_input_dimension_beyond_the_manifest_limit_is_refused(tmp_path, capsy
     code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
     assert code == 2 and f"input 'x' dimension 2 is {1 << 40}: outside" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_shape_inferred_out_of_range_leaves_no_outdir(tmp_path, capsys):
+    # found by the compile fuzz target: a Conv's dilation of 2**31 made shape inference
+    # give the output a negative size; compile wrote an OUTDIR its loader refused
+    from onnx import helper as h
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((2, 5, 5), rows=8)
+    b.quantize()
+    b.conv(3, (3, 3), pads=[1, 1, 1, 1])
+    m = b.model()
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    conv.attribute.append(h.make_attribute("dilations", [1 << 31, 1]))
+    path = tmp_path / "dil.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "would be refused when loaded" in err and "is not a list of sizes" \
+        in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dil.onnx"]
