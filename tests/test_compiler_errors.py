@@ -460,3 +460,25 @@ def test_a_shape_inferred_out_of_range_leaves_no_outdir(tmp_path, capsys):
     assert code == 2 and "would be refused when loaded" in err and "is not a list of sizes" \
         in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dil.onnx"]
+
+
+def test_calibration_that_overflows_prints_no_numpy_warning(tmp_path, capsys, calib):
+    # found by the compile fuzz target: weights near float32's largest value overflow the
+    # activations to infinity; entropy calibration printed numpy's RuntimeWarnings
+    import warnings
+    from onnx import numpy_helper
+    m = float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,))
+    init = m.graph.initializer[0]
+    w = numpy_helper.to_array(init).copy()
+    w[0, 0] = 7.6e37                   # activations span more than float32's range
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    path = tmp_path / "big.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")        # what a user would be shown
+        code, out, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate",
+                                     calib, "--calibration-method", "entropy",
+                                     "--no-validate")
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert code == 2 and err.count("error") == 1, err
+    assert not (tmp_path / "out").exists()

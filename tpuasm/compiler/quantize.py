@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,8 +245,12 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     logging.getLogger().setLevel(logging.ERROR)      # quantize_static's pre-processing hints
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
     try:
-        with contextlib.redirect_stdout(io.StringIO()), \
+        # numpy's RuntimeWarnings from calibration (activations that overflow to infinity)
+        # are not for the user: the failure, if any, is the one message below
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), \
+                np.errstate(all="ignore"), \
                 tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
+            warnings.simplefilter("ignore", RuntimeWarning)
             cache = None           # quantize_static's own calibration unless entropy (below)
             if options.calibration_method == "entropy":
                 cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))
