@@ -482,3 +482,25 @@ def test_calibration_that_overflows_prints_no_numpy_warning(tmp_path, capsys, ca
     assert not [w for w in seen if issubclass(w.category, RuntimeWarning)]
     assert code == 2 and err.count("error") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_fixed_batch_above_the_limit_is_refused_at_once(tmp_path, capsys):
+    # found by the compile fuzz target: an input of fixed shape (2**31-1, 8) took its first
+    # dimension as the batch and ran past a minute and 1.3 GB; --batch was bounded, the
+    # model's own batch was not
+    import time
+    from qdq_builder import QDQBuilder
+    from tpuasm.limits import MAX_BATCH
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = (1 << 31) - 1
+    path = tmp_path / "wide.onnx"
+    onnx.save(m, str(path))
+    started = time.perf_counter()
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--no-validate")
+    assert code == 2 and f"batch 2,147,483,647 is above {MAX_BATCH:,}" in err, err
+    assert time.perf_counter() - started < 5 and not (tmp_path / "out").exists()
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 0, err

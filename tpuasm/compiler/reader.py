@@ -306,6 +306,11 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
         return 1
     if chosen is None or chosen <= 0:
         raise CompileError(f"{path}: batch must be a positive integer, not {chosen}")
+    from tpuasm.limits import MAX_BATCH
+    if chosen > MAX_BATCH:
+        # the model's own fixed batch is bounded as --batch is (its rows are allocated)
+        raise CompileError(f"{path}: the model's batch {chosen:,} is above {MAX_BATCH:,} "
+                           f"(spec/limits.md); pass a smaller --batch")
     for v in model.graph.output if apply else ():   # re-inferred with the new batch
         if v.type.HasField("tensor_type") and v.type.tensor_type.shape.dim:
             for dim in v.type.tensor_type.shape.dim:
