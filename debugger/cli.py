@@ -14,7 +14,12 @@ USAGE_ERROR, COMMAND_FAILED = 2, 1
 
 
 class InputError(Exception):
-    """A problem with what the user gave us: reported in one message, exit code 2."""
+    """A problem with what the user gave us: reported in one message, exit code 2.
+    `rendered`: the message is already an assembler diagnostic ("FILE:L:C: error: ...")."""
+
+    def __init__(self, message: str, rendered: bool = False):
+        super().__init__(message)
+        self.rendered = rendered
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,7 +121,7 @@ def load_session(args):
     try:
         program = load_program(args.program, shape or None)
     except AssemblyError as e:
-        raise InputError(e.render(color=sys.stderr.isatty())) from None
+        raise InputError(e.render(color=sys.stderr.isatty()), rendered=True) from None
     except TpuasmError as e:
         raise InputError(str(e)) from None
     try:
@@ -155,7 +160,7 @@ def _main(argv: list[str] | None) -> int:
         size, script = check_arguments(args)
         session = load_session(args)
     except InputError as e:
-        print(f"error: {e}" if "\n" not in str(e) else str(e), file=sys.stderr)
+        print(str(e) if e.rendered or "\n" in str(e) else f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
     if args.screenshot is not None:
         return screenshot(session, script or "", args.screenshot, size)

@@ -120,7 +120,10 @@ class Evaluator:
     # -- public --------------------------------------------------------------------------
     def value(self, text: str):
         """The value of `text`: an int, a bool, a string or a numpy array."""
-        return _plain(self._eval(self._parse(text)))
+        try:
+            return _plain(self._eval(self._parse(text)))
+        except ValueError as e:     # numpy: regions of shapes that do not broadcast
+            raise ExprError(f"`{text}`: {e}") from None
 
     def truth(self, text: str) -> bool:
         """`text` as a condition; an array is true when all its elements are."""

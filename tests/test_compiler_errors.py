@@ -103,6 +103,36 @@ def test_dynamic_inner_dimension(tmp_path, capsys, calib):
     assert code == 2 and "dimension 1 is dynamic" in err
 
 
+def test_zero_sized_dimension_is_named_as_such(tmp_path, capsys, calib):
+    m = float_models.build([("gemm", 3)], (4,))
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 0
+    path = tmp_path / "zero.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "2",
+                               "--calibrate", calib)
+    assert code == 2 and "input 'x' has a 0-sized dimension" in err
+    assert "dynamic" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_before_quantizing(tmp_path, capsys, calib, bad):
+    import warnings
+    from onnx import numpy_helper
+    m = float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,))
+    init = m.graph.initializer[2]                   # the second Gemm's weight
+    w = numpy_helper.to_array(init).copy()
+    w[1, 2] = bad
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    path = tmp_path / "nan.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # no numpy warning on the way
+        code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2, err
+    assert f"node gemm2: weight {init.name} holds NaN or infinite values" in err
+    assert "scale issue" not in err and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("shape,message", [((20, 8), "has shape (20, 8)"),
                                            ((20,), "has shape (20,)"),
                                            ((0, 9), "non-zero")])
@@ -277,3 +307,200 @@ def test_a_model_too_big_for_the_weight_memory(tmp_path, capsys):
     assert "140,625 tiles" in err and "131,072" in err
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]
+
+
+def test_a_name_that_is_not_utf8_is_one_error(tmp_path, capsys, mlp, calib):
+    # protobuf parses a non-UTF-8 string field and fails only when it is read (found by
+    # the compile fuzz target: a traceback from onnx.helper.make_graph)
+    data = open(mlp, "rb").read()
+    name = onnx.load(mlp).graph.name.encode()
+    assert data.count(name) == 1
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(data.replace(name, b"\xff" * len(name)))
+    code, _, err = run_compile(capsys, bad, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and "bad.onnx: not a readable ONNX model" in err and "UTF-8" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_of_weights_alone_is_refused(tmp_path, capsys, calib):
+    # found by the compile fuzz target: the Gemm read its weight in place of x, the output
+    # folded to a constant, and compile wrote an OUTDIR its own loader refused
+    m = float_models.build([("gemm", 8), ("relu",)], (9,))
+    gemm = m.graph.node[0]
+    gemm.input[0] = gemm.input[1]
+    gemm.input[1] = gemm.input[1]
+    path = tmp_path / "const.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and "does not depend on any input of the model" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["empty", "fifo", "device", "zip"])
+def test_validation_data_that_is_no_array_is_one_error(tmp_path, capsys, mlp, calib, kind):
+    # found by the debug fuzz target (`debug OUTDIR --input /dev/null`: an EOFError
+    # traceback from np.load); every reader of user arrays shares read_named_arrays
+    import os
+    data = tmp_path / "v.npy"
+    if kind == "empty":
+        data.write_bytes(b"")
+    elif kind == "fifo":
+        os.mkfifo(data)                       # would block np.load: refused at once
+    elif kind == "zip":
+        data = tmp_path / "v.npz"
+        data.write_bytes(b"PK\x03\x04" + b"\0" * 40)
+    else:
+        data = "/dev/null"
+    code, _, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib,
+                               "--batch", "2", "--validate", data)
+    assert code == 2 and str(data) in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_input_of_dev_null_is_one_error(tmp_path, capsys, compiled):
+    from tpuasm.cli import main
+    script = tmp_path / "s.txt"
+    script.write_text("step\n")
+    code = main(["debug", str(compiled), "--input", "/dev/null", "--batch", str(script)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "/dev/null" in err and "Traceback" not in out + err
+
+
+def test_a_weight_whose_data_does_not_match_its_shape_is_one_error(tmp_path, capsys, calib):
+    # found by the compile fuzz target: a ValueError traceback from numpy_helper.to_array
+    m = float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,))
+    init = m.graph.initializer[0]
+    del init.dims[:]
+    init.dims.append(2)                          # 108 values said to be 2
+    path = tmp_path / "cut.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate", calib)
+    assert code == 2 and f"node gemm0: weight {init.name}: its data does not match" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_quantized_model_with_a_nan_scale_is_refused(tmp_path, capsys):
+    # found by the compile fuzz target: compiled (exit 0) after numpy's RuntimeWarnings
+    import warnings
+    from onnx import numpy_helper
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    scale = next(t for t in m.graph.initializer if t.data_type == TensorProto.FLOAT)
+    value = numpy_helper.to_array(scale).copy()
+    value.reshape(-1)[0] = np.nan
+    scale.CopyFrom(numpy_helper.from_array(value, scale.name))
+    path = tmp_path / "q.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 2 and f"weight {scale.name} holds NaN or infinite values" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1e-45])
+def test_a_quantized_model_with_a_zero_or_negative_scale_is_refused(tmp_path, capsys, bad):
+    # found by the compile fuzz target: a zero weight scale compiled (exit 0) after
+    # "RuntimeWarning: divide by zero" from requantizing the bias
+    import warnings
+    from onnx import numpy_helper
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear"
+              and n.input[0] in {t.name for t in m.graph.initializer})      # the weight's
+    scale = next(t for t in m.graph.initializer if t.name == dq.input[1])
+    value = numpy_helper.to_array(scale).copy()
+    value.reshape(-1)[0] = bad
+    scale.CopyFrom(numpy_helper.from_array(value, scale.name))
+    path = tmp_path / "q.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 2 and f"node {dq.name}: scale {scale.name} holds zero, negative or subnormal" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_dimension_beyond_the_manifest_limit_is_refused(tmp_path, capsys):
+    # found by the compile fuzz target: compiled into an OUTDIR whose loader refused
+    # "shape [...] is not a list of sizes"
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    m.graph.input[0].type.tensor_type.shape.dim.add().dim_value = 1 << 40
+    path = tmp_path / "huge.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 2 and f"input 'x' dimension 2 is {1 << 40}: outside" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_shape_inferred_out_of_range_leaves_no_outdir(tmp_path, capsys):
+    # found by the compile fuzz target: a Conv's dilation of 2**31 made shape inference
+    # give the output a negative size; compile wrote an OUTDIR its loader refused
+    from onnx import helper as h
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((2, 5, 5), rows=8)
+    b.quantize()
+    b.conv(3, (3, 3), pads=[1, 1, 1, 1])
+    m = b.model()
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    conv.attribute.append(h.make_attribute("dilations", [1 << 31, 1]))
+    path = tmp_path / "dil.onnx"
+    onnx.save(m, str(path))
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "would be refused when loaded" in err and "is not a list of sizes" \
+        in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dil.onnx"]
+
+
+def test_calibration_that_overflows_prints_no_numpy_warning(tmp_path, capsys, calib):
+    # found by the compile fuzz target: weights near float32's largest value overflow the
+    # activations to infinity; entropy calibration printed numpy's RuntimeWarnings
+    import warnings
+    from onnx import numpy_helper
+    m = float_models.build([("gemm", 12), ("relu",), ("gemm", 4)], (9,))
+    init = m.graph.initializer[0]
+    w = numpy_helper.to_array(init).copy()
+    w[0, 0] = 7.6e37                   # activations span more than float32's range
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    path = tmp_path / "big.onnx"
+    onnx.save(m, str(path))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")        # what a user would be shown
+        code, out, err = run_compile(capsys, path, "-o", tmp_path / "out", "--calibrate",
+                                     calib, "--calibration-method", "entropy",
+                                     "--no-validate")
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert code == 2 and err.count("error") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fixed_batch_above_the_limit_is_refused_at_once(tmp_path, capsys):
+    # found by the compile fuzz target: an input of fixed shape (2**31-1, 8) took its first
+    # dimension as the batch and ran past a minute and 1.3 GB; --batch was bounded, the
+    # model's own batch was not
+    import time
+    from qdq_builder import QDQBuilder
+    from tpuasm.limits import MAX_BATCH
+    b = QDQBuilder((8,), rows=8)
+    b.quantize()
+    b.matmul(4)
+    m = b.model()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = (1 << 31) - 1
+    path = tmp_path / "wide.onnx"
+    onnx.save(m, str(path))
+    started = time.perf_counter()
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--no-validate")
+    assert code == 2 and f"batch 2,147,483,647 is above {MAX_BATCH:,}" in err, err
+    assert time.perf_counter() - started < 5 and not (tmp_path / "out").exists()
+    code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
+    assert code == 0, err

@@ -463,3 +463,11 @@ def test_screenshot_option_runs_the_script_on_the_screen_and_saves_an_svg(here, 
     svg = (here / "shot.svg").read_text()
     assert svg.startswith("<svg") and "pipeline" in svg and "weight&#160;shift" in svg
     assert main([str(args.program), "--screenshot", "x.svg", "--size", "big"]) == 2
+
+
+def test_regions_that_do_not_broadcast_are_an_expression_error(engine):
+    # found by the debug fuzz target: `next acc[4][0:8] * ub[0:99999999]` was a numpy
+    # ValueError traceback
+    r = run(engine, "print acc[4][0:3] * ub[0:2]", ok=False)      # (3,) and (2, 8)
+    assert "broadcast" in r.text()
+    assert run(engine, "print acc[4][0:8] * 2").ok

@@ -100,3 +100,13 @@ def test_a_screenshot_is_written_whole(here, capsys):
     svg = (here / "shot.svg").read_text()
     assert svg.startswith("<svg") and "breakpoint&#160;1" in svg
     assert not list(here.glob(".*.tmp"))
+
+
+def test_a_program_that_is_not_text_is_one_diagnostic(here, capsys):
+    # seen in the debug fuzz target: "error: h.npy:0:0: error: cannot read ..." (the
+    # assembler's diagnostic prefixed once more)
+    (here / "h.npy").write_bytes(b"\x93NUMPY\x01\x00\xff\xfe")
+    (here / "s.txt").write_text("step\n")
+    assert main(["h.npy", "--batch", "s.txt"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("h.npy:0:0: error: cannot read") and err.count("error") == 1, err

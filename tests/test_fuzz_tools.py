@@ -6,7 +6,10 @@ documented exit code, no traceback, no "internal error", no "out of memory" and 
 output.  Targets: assembler text, .tbin binaries, OpenTPU binaries, .npy images,
 regression manifests, debugger batch scripts, `fmt` (its code, errors, BOM and line
 endings kept), `infer` on a tampered compiled model, `sweep` grid files and `--set`
-arguments, and the language server's frames (a client session of hostile requests).  Hypothesis draws the generators'
+arguments, the language server's frames (a client session of hostile requests),
+`compile` on mutated ONNX models (bytes, shapes, attributes, initializers, opsets; a
+refusal is one message and leaves no OUTDIR) and the debugger's command line (`debug ...
+--batch SCRIPT` with mutated arguments and scripts; no file written but a --screenshot).  Hypothesis draws the generators'
 random streams, so a failure is replayed and reported by its seed.
 
 The long mode is `make fuzz` (tests/fuzzing/driver.py: 100,000 cases per target).

@@ -791,6 +791,8 @@ WARM = {
     "grid": [json.dumps({"grid": "[grid]\nfifo_depth = [2, 4]\n", "sets": [],
                          "flags": []}).encode()],
     "lsp": None,
+    "compile": None,
+    "debug": None,
 }
 
 
@@ -811,8 +813,17 @@ def warm_cases(target: str) -> list[bytes]:
         return [len(text).to_bytes(4, "little") + text]
     if target == "lsp":
         return [gen_lsp(random.Random(seed)) for seed in range(3)]
+    if target == "compile":
+        from target_compile import warm_cases as compile_warm
+        return compile_warm()
+    if target == "debug":
+        from target_debug import warm_cases as debug_warm
+        return debug_warm()
     return WARM[target]
 
+
+from target_compile import gen_compile, run_compile  # noqa: E402
+from target_debug import gen_debug, run_debug  # noqa: E402
 
 TARGETS = {
     "asm": (gen_asm, run_asm, {0, 2}),
@@ -825,8 +836,10 @@ TARGETS = {
     "infer": (gen_infer, run_infer, {0, 2}),
     "grid": (gen_grid, run_grid, {0, 1, 2}),
     "lsp": (gen_lsp, run_lsp, {0}),
+    "compile": (gen_compile, run_compile, {0, 2}),
+    "debug": (gen_debug, run_debug, {0, 1, 2}),
 }
 
 # Cases per target in `make test`'s short mode (tests/test_fuzz_tools.py; FUZZ_SHORT_CASES
 # overrides them all): a few seconds each.  `make fuzz` runs FUZZ_CASES of every target.
-SHORT_CASES = {"infer": 24, "grid": 30, "lsp": 30, "fmt": 40}
+SHORT_CASES = {"infer": 24, "grid": 30, "lsp": 30, "fmt": 40, "compile": 30, "debug": 30}

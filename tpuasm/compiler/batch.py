@@ -97,6 +97,12 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
             pending.append(v.name)
             continue
         for i in dynamic:
+            if i != axis and dims[i] == 0:
+                # dim_value 0 is a fixed size of nothing, not an unknown one
+                raise CompileError(f"{path}: input '{v.name}' has a 0-sized dimension "
+                                   f"(dimension {i} of {dims}): a tensor of no values "
+                                   f"cannot be compiled; export the model with its real "
+                                   f"shape")
             if i != axis:
                 raise CompileError(f"{path}: input '{v.name}' dimension {i} is dynamic "
                                    f"({dims[i]!r}): only the batch dimension may be; export "

@@ -75,6 +75,11 @@ def _write(model, d: Path) -> None:
                 "outputs": [_value(v) for v in model.outputs],
                 "reference_model": "model.qdq.onnx", "steps": steps,
                 "files": {name: _file_digest(d / name) for name in _digested(d)}}
+    # what read() will refuse is refused now, before OUTDIR exists (a shape inferred from
+    # hostile attributes can be negative or beyond any memory)
+    _check_structure(manifest, lambda why: CompileError(
+        f"{model.report.model}: cannot be compiled: its manifest would be refused when "
+        f"loaded: {why}"))
     manifest["digest"] = _manifest_digest(manifest)
     (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
 

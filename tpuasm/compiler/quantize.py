@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,6 +189,24 @@ def _check_keep_float(model, keep, path, original: dict) -> None:
                                f"name in the model")
 
 
+def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None) -> None:
+    """A NaN or infinite weight has no quantization scale: onnxruntime's calibration then
+    fails with "'scale issue'" after numpy's RuntimeWarnings.  Name the node and weight."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        for name in node.input:
+            t = inits.get(name)
+            if t is None or t.data_type not in (onnx.TensorProto.FLOAT,
+                                                onnx.TensorProto.DOUBLE,
+                                                onnx.TensorProto.FLOAT16):
+                continue
+            values = numpy_helper.to_array(t)
+            if not np.isfinite(values).all():
+                source = provenance.source(node.name) if provenance is not None else None
+                raise CompileError(f"{path}: node {source or node.name or node.op_type}: "
+                                   f"weight {name} holds NaN or infinite values")
+
+
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
              batch_axes: dict | None = None) -> list[str]:
@@ -202,6 +221,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     model = _with_shapes(model)
+    _refuse_non_finite_weights(model, path, provenance)
     nodes = tpu_nodes(model, options, path, provenance)
 
     step = calibration_rows(model)
@@ -225,8 +245,12 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     logging.getLogger().setLevel(logging.ERROR)      # quantize_static's pre-processing hints
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
     try:
-        with contextlib.redirect_stdout(io.StringIO()), \
+        # numpy's RuntimeWarnings from calibration (activations that overflow to infinity)
+        # are not for the user: the failure, if any, is the one message below
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), \
+                np.errstate(all="ignore"), \
                 tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
+            warnings.simplefilter("ignore", RuntimeWarning)
             cache = None           # quantize_static's own calibration unless entropy (below)
             if options.calibration_method == "entropy":
                 cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))

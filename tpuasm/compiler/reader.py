@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.graph import Graph
@@ -36,6 +36,9 @@ def read_model(path) -> onnx.ModelProto:
     except Exception as e:            # protobuf's DecodeError, OSError, ...: no common base
         raise CompileError(f"{path}: not a readable ONNX model (corrupt or truncated file?): "
                            f"{_first_line(e)}") from None
+    if not _text_is_utf8(model):
+        raise CompileError(f"{path}: not a readable ONNX model (corrupt file?): a name or "
+                           f"text field is not UTF-8")
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise CompileError(f"{path}: not an ONNX model with a graph (empty or truncated file?)")
     check_opsets(model, path)
@@ -46,8 +49,105 @@ def read_model(path) -> onnx.ModelProto:
         onnx.checker.check_model(str(path) if external and not reordered else model)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
+    _refuse_constant_outputs(model, path)
+    _check_dimensions(model, path)
     _name_nodes(model)
+    _check_weights(model, path)
     return model
+
+
+MAX_DIMENSION = (1 << 31) - 1     # what an OUTDIR's manifest may hold (outdir.py)
+
+
+def _check_dimensions(model: onnx.ModelProto, path) -> None:
+    """An input's or output's size beyond any memory is refused here: compiled, it made
+    an OUTDIR whose manifest its own loader refused."""
+    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for v in values:
+            if not v.type.HasField("tensor_type"):
+                continue
+            for i, d in enumerate(v.type.tensor_type.shape.dim):
+                if d.HasField("dim_value") and not 0 <= d.dim_value <= MAX_DIMENSION:
+                    raise CompileError(f"{path}: {kind} '{v.name}' dimension {i} is "
+                                       f"{d.dim_value}: outside 0..{MAX_DIMENSION}")
+
+
+def _check_weights(model: onnx.ModelProto, path) -> None:
+    """Every weight's data matches its shape and type (the checker does not look), and a
+    float weight holds no NaN or infinity (no quantization scale exists for it; numpy's
+    casts of it warn).  External data is not read here."""
+    users, scales = {}, {}
+    for node in model.graph.node:
+        for name in node.input:
+            users.setdefault(name, node.name or node.op_type)
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1:
+            scales.setdefault(node.input[1], node.name or node.op_type)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+              onnx.TensorProto.BFLOAT16)
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        where = f"node {users[t.name]}: weight" if t.name in users else "weight"
+        try:
+            values = numpy_helper.to_array(t)
+        except Exception as e:         # onnx raises ValueError, TypeError, KeyError, ...
+            raise CompileError(f"{path}: {where} {t.name}: its data does not match its shape "
+                               f"{list(t.dims)} and type ({_first_line(e)})") from None
+        if t.data_type in floats:
+            flat = values.reshape(-1)
+            step = 1 << 22              # in chunks: no mask as large as the weight
+            if not all(np.isfinite(flat[i:i + step]).all() for i in range(0, flat.size, step)):
+                raise CompileError(f"{path}: {where} {t.name} holds NaN or infinite values")
+            if t.name in scales and values.size and \
+                    not (values >= np.finfo(np.float32).tiny).all():
+                # a zero (or subnormal) scale divides by zero when the bias is requantized
+                raise CompileError(f"{path}: node {scales[t.name]}: scale {t.name} holds "
+                                   f"zero, negative or subnormal values (a scale must be "
+                                   f"positive)")
+
+
+def _refuse_constant_outputs(model: onnx.ModelProto, path) -> None:
+    """An output computed from weights alone folds to a constant, which no step makes: the
+    OUTDIR written would be refused when loaded.  Say so when compiling."""
+    g = model.graph
+    constant = {t.name for t in g.initializer}
+    feeds = {v.name for v in g.input} - constant
+    for node in g.node:
+        has_graph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                        for a in node.attribute)      # a subgraph may read any outer value
+        if has_graph or feeds & set(node.input):
+            feeds |= set(node.output)
+        elif (node.input and all(i in constant or not i for i in node.input)) or \
+                node.op_type == "Constant":
+            constant |= set(node.output)
+    for v in g.output:
+        if v.name in constant and v.name not in feeds:
+            raise CompileError(f"{path}: output '{v.name}' does not depend on any input of "
+                               f"the model (it is computed from weights alone): nothing to "
+                               f"compile")
+
+
+def _text_is_utf8(message) -> bool:
+    """protobuf parses a string field that is not UTF-8; reading it then gives bytes (upb)
+    or raises UnicodeDecodeError (the pure-Python backend), somewhere later.  Read every
+    string field of every nested message once here; numeric and bytes fields are not
+    touched (a weight's data is not copied)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+    try:
+        stack = [message]
+        while stack:
+            m = stack.pop()
+            for field, value in m.ListFields():
+                repeated = field.is_repeated if hasattr(field, "is_repeated") \
+                    else field.label == F.LABEL_REPEATED
+                if field.type == F.TYPE_MESSAGE:
+                    stack.extend(value if repeated else [value])
+                elif field.type == F.TYPE_STRING:
+                    if any(not isinstance(v, str) for v in (value if repeated else [value])):
+                        return False
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _sort_nodes(model: onnx.ModelProto) -> bool:
@@ -206,6 +306,11 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
         return 1
     if chosen is None or chosen <= 0:
         raise CompileError(f"{path}: batch must be a positive integer, not {chosen}")
+    from tpuasm.limits import MAX_BATCH
+    if chosen > MAX_BATCH:
+        # the model's own fixed batch is bounded as --batch is (its rows are allocated)
+        raise CompileError(f"{path}: the model's batch {chosen:,} is above {MAX_BATCH:,} "
+                           f"(spec/limits.md); pass a smaller --batch")
     for v in model.graph.output if apply else ():   # re-inferred with the new batch
         if v.type.HasField("tensor_type") and v.type.tensor_type.shape.dim:
             for dim in v.type.tensor_type.shape.dim:
