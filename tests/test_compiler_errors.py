@@ -504,3 +504,27 @@ def test_a_fixed_batch_above_the_limit_is_refused_at_once(tmp_path, capsys):
     assert time.perf_counter() - started < 5 and not (tmp_path / "out").exists()
     code, _, err = run_compile(capsys, path, "-o", tmp_path / "out", "--batch", "4")
     assert code == 0, err
+
+
+def test_an_infinite_mask_constant_is_no_weight(tmp_path):
+    # transformer exports add -inf masks: a constant, not a weight, and onnxruntime runs it
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tpuasm.compiler.pipeline import compile_model
+    rng = np.random.default_rng(0)
+    mask = np.where(np.arange(4) < 2, 0.0, -np.inf).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1),
+         helper.make_node("Add", ["h", "mask"], ["m"]),
+         helper.make_node("Softmax", ["m"], ["y"], axis=1)],
+        "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.normal(0, 0.5, (4, 6)).astype(np.float32), "w"),
+         numpy_helper.from_array(mask, "mask")])
+    path = tmp_path / "masked.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(path))
+    x = rng.normal(0, 1, (16, 6)).astype(np.float32)
+    y = compile_model(path, batch=4, calibration=x).run(x)["y"]
+    assert np.all(y[:, 2:] == 0) and np.allclose(y.sum(1), 1, atol=1e-5)

@@ -189,11 +189,16 @@ def _check_keep_float(model, keep, path, original: dict) -> None:
                                f"name in the model")
 
 
-def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None) -> None:
-    """A NaN or infinite weight has no quantization scale: onnxruntime's calibration then
-    fails with "'scale issue'" after numpy's RuntimeWarnings.  Name the node and weight."""
+def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None,
+                               quantized: set | None = None) -> None:
+    """A NaN or infinite weight of a node to quantize has no quantization scale:
+    onnxruntime's calibration then fails with "'scale issue'" after numpy's RuntimeWarnings.
+    Name the node and weight.  (The host's float nodes may read such constants: an
+    attention mask's -inf.)"""
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
+        if quantized is not None and node.name not in quantized:
+            continue
         for name in node.input:
             t = inits.get(name)
             if t is None or t.data_type not in (onnx.TensorProto.FLOAT,
@@ -221,8 +226,8 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     model = _with_shapes(model)
-    _refuse_non_finite_weights(model, path, provenance)
     nodes = tpu_nodes(model, options, path, provenance)
+    _refuse_non_finite_weights(model, path, provenance, set(nodes))
 
     step = calibration_rows(model)
 

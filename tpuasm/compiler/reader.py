@@ -72,14 +72,23 @@ def _check_dimensions(model: onnx.ModelProto, path) -> None:
                                        f"{d.dim_value}: outside 0..{MAX_DIMENSION}")
 
 
+# nodes whose constant inputs after the first are weights (and biases, BN statistics, gates)
+_WEIGHTED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "LSTM",
+                 "GRU", "RNN", "QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger",
+                 "ConvInteger", "LinearClassifier", "LinearRegressor"}
+
+
 def _check_weights(model: onnx.ModelProto, path) -> None:
     """Every weight's data matches its shape and type (the checker does not look), and a
-    float weight holds no NaN or infinity (no quantization scale exists for it; numpy's
-    casts of it warn).  External data is not read here."""
-    users, scales = {}, {}
+    float weight of a matrix node or a quantization scale holds no NaN or infinity (no
+    quantization scale exists for it; numpy's casts of it warn).  External data is not read
+    here."""
+    users, scales, weights = {}, {}, set()
     for node in model.graph.node:
         for name in node.input:
             users.setdefault(name, node.name or node.op_type)
+        if node.op_type in _WEIGHTED_OPS:
+            weights.update(node.input[1:])
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1:
             scales.setdefault(node.input[1], node.name or node.op_type)
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
@@ -93,7 +102,8 @@ def _check_weights(model: onnx.ModelProto, path) -> None:
         except Exception as e:         # onnx raises ValueError, TypeError, KeyError, ...
             raise CompileError(f"{path}: {where} {t.name}: its data does not match its shape "
                                f"{list(t.dims)} and type ({_first_line(e)})") from None
-        if t.data_type in floats:
+        if t.data_type in floats and (t.name in weights or t.name in scales):
+            # (another constant may hold them: an attention mask's -inf is ordinary)
             flat = values.reshape(-1)
             step = 1 << 22              # in chunks: no mask as large as the weight
             if not all(np.isfinite(flat[i:i + step]).all() for i in range(0, flat.size, step)):
