@@ -174,3 +174,20 @@ def test_a_worker_joining_on_other_code_refuses_its_chunk(outdir, rows, threads_
     with pytest.raises(CompileError, match=r"failed on the cluster: ClusterError: this Dask "
                                            r"worker runs other tpuasm code"):
         run_on_cluster(outdir, model, {model.inputs[0].name: rows[:8]}, threads_client)
+
+
+def test_two_models_on_one_cluster_each_get_their_own_files(outdir, rows, tmp_path,
+                                                             threads_client):
+    # the files once travelled as a dict scattered under their names: a cluster that held
+    # the first model's "manifest.json" handed it to the second model's run
+    path = float_models.save(float_models.build([("gemm", 9), ("relu",), ("gemm", 3)], (7,)),
+                             tmp_path / "other.onnx")
+    calib = np.random.default_rng(2).normal(0, 1, (24, 7)).astype(np.float32)
+    compile_model(path, batch=4, calibration=calib, config={"array_size": 16}).save(
+        tmp_path / "other")
+    for folder in (outdir, tmp_path / "other", outdir):
+        model = load(folder)
+        ours = run_on_cluster(folder, model, {model.inputs[0].name: rows}, threads_client,
+                              chunk_rows=8)
+        for name, want in model.run(rows).items():
+            np.testing.assert_array_equal(ours[name], want)

@@ -95,7 +95,9 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
     workers = max(len(client.scheduler_info().get("workers", {})), 1)
     batched = any(a is not None for a in axes.values())
     ranges = chunk_ranges(rows, model.batch, workers, chunk_rows) if batched else [(0, 1)]
-    shipped = client.scatter(files, broadcast=True, hash=False)
+    # one datum under a fresh key (a dict scattered as such is keyed by its file names, and a
+    # cluster that held an earlier model's "manifest.json" sent that one)
+    (shipped,) = client.scatter([files], broadcast=True, hash=False)
     futures = {}
     for i, (start, stop) in enumerate(ranges):
         # each input cut along its own batch axis; one without a batch axis goes whole
