@@ -909,10 +909,13 @@ class Engine:
 
 def _segment_with_node(outdir, name: str) -> str | None:
     """The segment of a compiled model whose program names graph node `name` (`.node`)."""
+    from tpuasm.errors import TpuasmError
+    from tpuasm.files import read_text
+    from tpuasm.limits import MAX_SOURCE_BYTES
     for path in sorted(outdir.glob("segment*.tasm")):
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError):
+        try:     # the bounded reader: a FIFO or /dev/zero in OUTDIR is skipped, not read
+            text = read_text(path, what="segment program", limit=MAX_SOURCE_BYTES)
+        except TpuasmError:
             continue
         if re.search(rf"^\s*\.node\s+\"?{re.escape(name)}\"?\s*(;|$)", text, re.M):
             return path.stem

@@ -100,3 +100,19 @@ def test_compiled_models_give_the_same_outputs_on_both_paths(tmp_path, layers, s
     data, timed = model.run(x), model.run(x, engine="pipeline")
     for name in timed:
         np.testing.assert_array_equal(data[name], timed[name])
+
+
+def test_infer_engine_pipeline_from_the_cli_equals_the_data_path(tmp_path):
+    from tpuasm.compiler.cli import infer_main
+    path = float_models.save(float_models.build([("gemm", 8), ("relu",), ("gemm", 3)], (5,)),
+                             tmp_path / "m.onnx")
+    x = np.random.default_rng(3).normal(0, 1, (13, 5)).astype(np.float32)
+    compile_model(path, batch=4, calibration=x, config={"array_size": 16}).save(tmp_path / "o")
+    np.save(tmp_path / "x.npy", x)
+    outs = {}
+    for engine in ("emulator", "pipeline"):
+        y = tmp_path / f"y_{engine}.npy"
+        assert infer_main([str(tmp_path / "o"), str(tmp_path / "x.npy"), "-o", str(y), "-q",
+                           "--engine", engine]) == 0
+        outs[engine] = np.load(y)
+    np.testing.assert_array_equal(outs["emulator"], outs["pipeline"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -48,21 +49,32 @@ def _digest(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-_MODELS: dict[str, object] = {}           # per worker process: model digest -> CompiledModel
+_MODELS: dict[str, tuple] = {}    # per worker process: digest -> (CompiledModel, its folder)
+_MODELS_LOCK = threading.Lock()   # a worker may run several tasks in threads
 
 
 def _worker_model(key: str, files: dict[str, bytes]):
-    model = _MODELS.get(key)
-    if model is None:
+    with _MODELS_LOCK:
+        return _loaded(key, files)
+
+
+def _loaded(key: str, files: dict[str, bytes]):
+    """The model of `key`, written into a folder of its own and loaded the first time (a
+    loaded model holds everything it reads, so the previous model's folder can go)."""
+    entry = _MODELS.get(key)
+    if entry is None:
         from tpuasm.compiler.model import load
-        folder = Path(tempfile.mkdtemp(prefix="tpuasm-model-"))
+        from tpuasm.files import atomic_write
+        folder = tempfile.TemporaryDirectory(prefix="tpuasm-model-")
         for name, data in files.items():
-            target = folder / name
+            target = Path(folder.name) / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        _MODELS.clear()                   # one model at a time per worker
-        model = _MODELS[key] = load(folder)
-    return model
+            atomic_write(target, data, what="compiled-model file")
+        for _, old in _MODELS.values():    # one model at a time per worker: the last goes
+            old.cleanup()
+        _MODELS.clear()
+        entry = _MODELS[key] = (load(folder.name), folder)
+    return entry[0]
 
 
 def _run_chunk(key: str, files: dict[str, bytes], chunk: dict, engine: str | None,

@@ -285,8 +285,11 @@ def check(outdir: Path) -> list[Path]:
     """Validate OUTDIR's manifest before the compiler reads it (a manifest that is `[]`,
     `"batch": 10**12`, a FIFO or /dev/zero in place of one of its files): CompileError
     naming the problem.  The files the manifest names (inputs of `infer`)."""
+    return _checked(outdir)[1]
 
 
+def _checked(outdir: Path) -> tuple[dict, list[Path]]:
+    """check's work: (the manifest, read once through the bounded reader, and its files)."""
     from tpuasm.errors import InputFileError
     from tpuasm.files import check_input, read_text
     from tpuasm.limits import MAX_BATCH, MAX_MANIFEST_BYTES
@@ -334,7 +337,7 @@ def check(outdir: Path) -> list[Path]:
         if step.get("kind") == "host" and step.get("model"):
             _check_onnx(outdir / step["model"])
     _check_integrity(outdir, data, bad)
-    return files
+    return data, files
 
 
 def _check_onnx(path: Path) -> None:
@@ -359,9 +362,9 @@ def read(outdir) -> dict:
     """What OUTDIR holds, as CompiledModel's arguments (model.load builds the model and
     regenerates its programs), and whether it has TPU programs."""
     outdir = Path(outdir)
-    check(outdir)
+    manifest, _ = _checked(outdir)
     try:
-        return _read(outdir)
+        return _read(outdir, manifest)
     except (TpuasmError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as e:      # onnx's, numpy's and zipfile's many kinds of "damaged"
@@ -370,18 +373,20 @@ def read(outdir) -> dict:
                            f"{': ' + text if text else ''}); compile it again") from None
 
 
-def _read(outdir: Path) -> dict:
+def _read(outdir: Path, manifest: dict) -> dict:
     from tpuasm.compiler.report import CompileReport
+    from tpuasm.files import read_text
+    from tpuasm.limits import MAX_SOURCE_BYTES
     path = outdir / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
         if manifest.get("format") != FORMAT:
             raise ValueError("not a compiled-model manifest")
         if manifest.get("version") != VERSION:
             raise ValueError(f"version {manifest.get('version')} (this tpuasm reads "
                              f"{VERSION})")
         steps = [_load_step(s, outdir) for s in manifest["steps"]]
-        report = CompileReport.from_json(json.loads((outdir / "report.json").read_text()))
+        report = CompileReport.from_json(json.loads(read_text(
+            outdir / "report.json", what="compile report", limit=MAX_SOURCE_BYTES)))
         inputs = [_value_info(v) for v in manifest["inputs"]]
         outputs = [_value_info(v) for v in manifest["outputs"]]
         batch, config = int(manifest["batch"]), dict(manifest["config"])
