@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
-    from tpuasm.compiler.host import session
+    from tpuasm.compiler.ort import session
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "depthwise.onnx"
         model = depthwise_model()

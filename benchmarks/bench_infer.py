@@ -116,7 +116,7 @@ def paths(repeat: int) -> None:
     """One batch of each digits segment through the timed four-stage pipeline (Machine.run)
     and through the data path alone (Machine.run_data), the same memories asserted."""
     import tpuasm
-    from tpuasm.compiler.runtime import TpuStep
+    from tpuasm.compiler.runtime.steps import TpuStep
     for name in ("mlp", "cnn"):
         path, options, x = _digits(name, 64)
         model = tpuasm.compile(path, batch=64, **options)

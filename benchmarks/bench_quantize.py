@@ -73,7 +73,7 @@ def ort_default(path: Path, x: np.ndarray, out: Path) -> np.ndarray:
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
 
-    from tpuasm.compiler.host import session
+    from tpuasm.compiler.ort import session
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -98,7 +98,7 @@ def main() -> None:
     import logging
 
     import tpuasm
-    from tpuasm.compiler.host import session
+    from tpuasm.compiler.ort import session
     logging.getLogger().setLevel(logging.ERROR)
     models = {"CNN + BatchNorm": cnn, f"LSTM x{args.steps}": recurrent("LSTM", args.steps),
               f"GRU x{args.steps}": recurrent("GRU", args.steps)}

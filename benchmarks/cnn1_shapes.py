@@ -62,7 +62,7 @@ def measure(app: App) -> dict:
 
     from tpuasm.assembler import assemble
     from tpuasm.compiler.pipeline import compile_model
-    from tpuasm.compiler.whole import whole_program
+    from tpuasm.compiler.codegen.whole import whole_program
     from tpuasm.machine import Machine, MachineConfig
     from tpuasm.apps.onnx_models import quantized_model
     with tempfile.TemporaryDirectory() as d:

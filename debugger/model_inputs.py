@@ -20,10 +20,10 @@ def model_run(outdir: Path, data_path: Path) -> tuple[dict[str, np.ndarray], dic
     """segment_host_images, and what every host part read and wrote in that run:
     {host part name: {"inputs": {tensor: array}, "outputs": {tensor: array}}} (the
     runtime's layout: the batch rows first)."""
-    from tpuasm.compiler.arrays import read_named_arrays
+    from tpuasm.compiler.front.arrays import read_named_arrays
     from tpuasm.compiler.ir import ir_array
-    from tpuasm.compiler.model import load
-    from tpuasm.compiler.runtime import HostStep, TpuStep, batch_values, prepare_inputs
+    from tpuasm.compiler.runtime.model import load
+    from tpuasm.compiler.runtime.steps import HostStep, TpuStep, batch_values, prepare_inputs
     model = load(outdir)
     data = read_named_arrays(data_path, [i.name for i in model.inputs])
     data, rows = prepare_inputs(model.inputs, data)

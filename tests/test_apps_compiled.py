@@ -1,4 +1,4 @@
-"""The six apps compiled from their ONNX models (tpuasm.apps.programs, tpuasm.compiler.whole).
+"""The six apps compiled from their ONNX models (tpuasm.apps.programs, tpuasm.compiler.codegen.whole).
 
 Oracles: onnxruntime running the same QDQ model (the compiled apps' outputs), the segments
 run one by one (the joined program), tile counts from the layer shapes (hand arithmetic)."""
@@ -16,8 +16,8 @@ from tpuasm.assembler import assemble
 from tpuasm.compiler.codegen import pack_segment, weight_tiles
 from tpuasm.compiler.ir import Lookup, Pool
 from tpuasm.compiler.pipeline import compile_model
-from tpuasm.compiler.runtime import TpuStep
-from tpuasm.compiler.whole import whole_program
+from tpuasm.compiler.runtime.steps import TpuStep
+from tpuasm.compiler.codegen.whole import whole_program
 from tpuasm.machine import Machine, MachineConfig
 
 

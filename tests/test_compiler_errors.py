@@ -87,7 +87,7 @@ def test_float_model_without_calibration_says_what_to_pass(tmp_path, capsys, mlp
 
 def test_dynamic_batch_without_batch_takes_the_default(tmp_path, capsys, mlp, calib):
     from tpuasm.compiler import load
-    from tpuasm.compiler.reader import DEFAULT_BATCH
+    from tpuasm.compiler.front.reader import DEFAULT_BATCH
     code, out, err = run_compile(capsys, mlp, "-o", tmp_path / "out", "--calibrate", calib)
     assert code == 0, err
     assert load(tmp_path / "out").batch == DEFAULT_BATCH and f"Batch {DEFAULT_BATCH}," in out

@@ -20,13 +20,13 @@ from onnx import helper, numpy_helper
 
 from onnx_models import run_ort
 from tpuasm.compiler import load
-from tpuasm.compiler.batch import input_axes, parse_batch_axes, tensor_axes
+from tpuasm.compiler.front.batch import input_axes, parse_batch_axes, tensor_axes
 from tpuasm.compiler.cli import compile_main, infer_main
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.fold import fold_constants
+from tpuasm.compiler.front.fold import fold_constants
 from tpuasm.compiler.pipeline import compile_model
-from tpuasm.compiler.provenance import Provenance
-from tpuasm.compiler.reader import load_graph, read_model
+from tpuasm.compiler.front.provenance import Provenance
+from tpuasm.compiler.front.reader import load_graph, read_model
 
 
 def save(tmp_path, nodes, inputs, outputs, inits, name, domains=(), opset=17) -> str:
@@ -439,7 +439,7 @@ def test_contrib_ops_run_on_the_host_with_their_types_known(tmp_path, capsys):
 # --- a lowering that fails ---------------------------------------------------------------
 
 def test_a_node_the_lowering_mishandles_stays_on_the_host(tmp_path, monkeypatch):
-    from tpuasm.compiler import match as lower_module
+    from tpuasm.compiler.front import match as lower_module
     rng = np.random.default_rng(7)
     w = rng.normal(0, 0.4, (8, 6)).astype(np.float32)
     path = save(tmp_path, [helper.make_node("Gemm", ["x", "w"], ["h"], name="first"),

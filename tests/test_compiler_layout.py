@@ -93,3 +93,26 @@ def test_outdir_and_pipeline_do_not_import_each_other():
         tree = ast.parse(inspect.getsource(module))
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert other not in imported
+
+
+def test_the_stages_import_one_way():
+    """front/ -> codegen/ -> runtime/: no stage imports a later one, except the step data
+    types runtime/steps.py defines (what a compiled model is made of)."""
+    import ast
+    from pathlib import Path
+
+    import tpuasm.compiler as compiler
+    root = Path(compiler.__file__).parent
+    order = {"front": 0, "codegen": 1, "runtime": 2}
+    allowed = {"tpuasm.compiler.runtime.steps"}
+    for stage, rank in order.items():
+        for path in (root / stage).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or not node.module:
+                    continue
+                parts = node.module.split(".")
+                if parts[:2] != ["tpuasm", "compiler"] or len(parts) < 3:
+                    continue
+                later = order.get(parts[2], -1) > rank
+                assert not later or node.module in allowed, \
+                    f"{stage}/{path.name} imports {node.module}"

@@ -478,7 +478,7 @@ def test_residual_add_over_rows_runs_on_the_tpu(tmp_path):
 
 
 def test_an_internal_lowering_error_puts_the_node_on_the_host(tmp_path, monkeypatch):
-    from tpuasm.compiler.match import Lowerer
+    from tpuasm.compiler.front.match import Lowerer
 
     def broken(self, node):
         raise IndexError("tuple index out of range")

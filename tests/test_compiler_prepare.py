@@ -1,4 +1,4 @@
-"""The float rewrites before quantization (tpuasm/compiler/prepare.py), each checked against
+"""The float rewrites before quantization (tpuasm/compiler/front/prepare.py), each checked against
 onnxruntime running the original float model."""
 import numpy as np
 import onnx
@@ -6,10 +6,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_models import run_ort
-from tpuasm.compiler.host import session
-from tpuasm.compiler.prepare import (fold_batch_norms, fuse_matmul_bias, prepare,
+from tpuasm.compiler.ort import session
+from tpuasm.compiler.front.prepare import (fold_batch_norms, fuse_matmul_bias, prepare,
                                      unroll_recurrent)
-from tpuasm.compiler.provenance import Provenance
+from tpuasm.compiler.front.provenance import Provenance
 
 
 def _model(nodes, inputs, outputs, inits, opset=17):
@@ -269,7 +269,7 @@ def test_linear_models_become_a_gemm_with_the_same_answers(dataset, kind):
     from sklearn import datasets
     from sklearn.linear_model import LogisticRegression, Ridge
 
-    from tpuasm.compiler.prepare import prepare
+    from tpuasm.compiler.front.prepare import prepare
     data = getattr(datasets, f"load_{dataset}")()
     x = data.data.astype(np.float32)
     # (Ridge: LinearRegression's lstsq fails in some scipy/LAPACK builds on digits)
@@ -293,7 +293,7 @@ def test_linear_models_become_a_gemm_with_the_same_answers(dataset, kind):
 
 
 def test_a_one_row_binary_linear_classifier_stays_with_its_reason():
-    from tpuasm.compiler.prepare import prepare
+    from tpuasm.compiler.front.prepare import prepare
     node = helper.make_node("LinearClassifier", ["X"], ["label", "scores"], name="lin",
                             domain="ai.onnx.ml", classlabels_ints=[0, 1],
                             coefficients=[0.5, -1.0, 2.0], intercepts=[0.1])

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.cli import compile_main
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.host import session
-from tpuasm.compiler.quantize import QuantOptions, quantize, tpu_nodes
-from tpuasm.compiler.validate import compare
+from tpuasm.compiler.ort import session
+from tpuasm.compiler.front.quantize import QuantOptions, quantize, tpu_nodes
+from tpuasm.compiler.runtime.validate import compare
 
 
 def _init(name, array, dtype=np.float32):
@@ -141,7 +141,7 @@ def _rank3(tmp_path):
 def test_rank_3_matmul_add_gets_the_int32_bias_pattern_onnxruntime_runs(tmp_path):
     path, model, x = _rank3(tmp_path)
     out = tmp_path / "r3.qdq.onnx"
-    from tpuasm.compiler.prepare import prepare
+    from tpuasm.compiler.front.prepare import prepare
     prepared = prepare(onnx.load(str(path)))
     nodes = quantize(prepared.model, {"x": x}, {"x": ["N", 7, 6]}, out)
     assert set(nodes) == {"p_mm", "p_add"}
@@ -311,7 +311,7 @@ def _token_classifier(tmp_path):
 
 def test_host_parts_stay_float_and_the_classifier_keeps_its_answers(tmp_path):
     path, model, ids = _token_classifier(tmp_path)
-    from tpuasm.compiler.prepare import prepare
+    from tpuasm.compiler.front.prepare import prepare
     chosen = set(tpu_nodes(prepare(onnx.load(str(path))).model, QuantOptions()))
     assert {"embed", "d1_mm", "d2_mm", "tanh"} <= chosen
     assert not chosen & {"onehot", "ln_mean", "ln_sub", "ln_pow", "ln_div", "ln_gamma",
@@ -521,7 +521,7 @@ def test_emulator_gives_onnxruntimes_answers_on_the_qdq_model(tmp_path, which):
 
 
 def test_calibration_chunks_shrink_with_the_activations_per_row():
-    from tpuasm.compiler.quantize import (CALIBRATION_BYTES, MAX_CALIBRATION_ROWS,
+    from tpuasm.compiler.front.quantize import (CALIBRATION_BYTES, MAX_CALIBRATION_ROWS,
                                           calibration_rows)
 
     def model_with(rows_shape):

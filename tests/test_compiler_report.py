@@ -17,12 +17,12 @@ import float_models
 from onnx_models import const, model, value_info
 from tpuasm.compiler import load
 from tpuasm.compiler.cli import compile_main
-from tpuasm.compiler.graph import Node
-from tpuasm.compiler.macs import node_macs
+from tpuasm.compiler.front.graph import Node
+from tpuasm.compiler.front.macs import node_macs
 from tpuasm.compiler.pipeline import compile_model
-from tpuasm.compiler.provenance import Provenance
+from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.report import (CompileReport, NodeRow, input_rows, mac_warnings)
-from tpuasm.compiler.runtime import TpuStep
+from tpuasm.compiler.runtime.steps import TpuStep
 
 
 # --- aggregation through a Provenance (built by hand) ----------------------------------

@@ -104,8 +104,8 @@ async def test_switching_segments_on_the_screen(outdir):
 def test_input_gives_each_segment_the_host_image_of_those_inputs(outdir, tmp_path):
     """The last segment, run in the debugger on `--input` data, ends with what `tpuasm
     infer` computes for the same rows (the host part after it applied)."""
-    from tpuasm.compiler.model import load
-    from tpuasm.compiler.runtime import HostStep, TpuStep
+    from tpuasm.compiler.runtime.model import load
+    from tpuasm.compiler.runtime.steps import HostStep, TpuStep
     x = np.random.default_rng(5).normal(0, 1, (3, 12)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     session = load_session(Namespace(program=outdir, host=None, weights=None, config=[],
@@ -162,8 +162,8 @@ def test_continue_goes_on_to_the_segment_a_node_breakpoint_waits_in(outdir, tmp_
     engine = Engine(session)
     r = run(engine, "break node gemm2")
     assert "waits: the node is in segment1" in r.text()
-    from tpuasm.compiler.model import load
-    from tpuasm.compiler.runtime import TpuStep
+    from tpuasm.compiler.runtime.model import load
+    from tpuasm.compiler.runtime.steps import TpuStep
     first = next(st for st in load(outdir).steps if isinstance(st, TpuStep))
     r = run(engine, "continue")
     text = r.text()

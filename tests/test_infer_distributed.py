@@ -12,7 +12,7 @@ import float_models
 from tpuasm.compiler import load
 from tpuasm.compiler.cli import infer_main
 from tpuasm.cluster import ClusterError, check_workers, code_digest
-from tpuasm.compiler.distributed import chunk_ranges, outdir_files, run_on_cluster
+from tpuasm.compiler.runtime.distributed import chunk_ranges, outdir_files, run_on_cluster
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.pipeline import compile_model
 
@@ -168,7 +168,7 @@ def test_sequence_outputs_come_back_as_sequences(tmp_path, threads_client):
 def test_a_worker_joining_on_other_code_refuses_its_chunk(outdir, rows, threads_client,
                                                          monkeypatch):
     # the up-front check passed; the chunks carry another digest than the workers' code
-    from tpuasm.compiler import distributed
+    from tpuasm.compiler.runtime import distributed
     monkeypatch.setattr(distributed, "code_digest", lambda: "e" * 16)
     model = load(outdir)
     with pytest.raises(CompileError, match=r"failed on the cluster: ClusterError: this Dask "

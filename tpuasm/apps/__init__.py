@@ -3,7 +3,7 @@
     build(name) -> App                  the layer list (catalog.py; shapes in docs/apps.md)
     app_program(name, **shape)          .tasm for a machine shape: the app's QDQ ONNX model
                                         (onnx_models.py) compiled by tpuasm.compile, its
-                                        segments joined (compiler/whole.py); cached on disk
+                                        segments joined (compiler/codegen/whole.py); cached on disk
     profile_main(argv)                  `tpuasm profile`: Table 3 next to the paper's
 """
 from __future__ import annotations

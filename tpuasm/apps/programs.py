@@ -3,7 +3,7 @@
 The programs come from the compiler, the same path as any user's model: each app's QDQ
 ONNX model (onnx_models.py, Table 1 shapes) compiled by `tpuasm.compile` for the machine
 shape, its TPU segments joined into one program with the host parts as round trips
-(tpuasm/compiler/whole.py).  There is no second code generator.
+(tpuasm/compiler/codegen/whole.py).  There is no second code generator.
 
 Both steps are cached on disk under ~/.cache/tpuasm/apps/ (XDG_CACHE_HOME respected):
 the model file by a digest of the model builders' sources, name, seed and batch; each

@@ -28,7 +28,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     custom = (not per_channel or symmetric_activations or calibration_method != "minmax"
               or percentile != 99.999 or keep_float)
     if calibration is not None or custom:
-        from tpuasm.compiler.quantize import QuantOptions
+        from tpuasm.compiler.front.quantize import QuantOptions
         quantization = QuantOptions(bool(per_channel), bool(symmetric_activations),
                                     calibration_method, percentile,
                                     keep_float if isinstance(keep_float, str)
@@ -41,5 +41,5 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
 
 def load(outdir):
     """A CompiledModel from a directory written by `CompiledModel.save` / `tpuasm compile`."""
-    from tpuasm.compiler.model import load as _load
+    from tpuasm.compiler.runtime.model import load as _load
     return _load(outdir)

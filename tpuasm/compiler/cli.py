@@ -62,7 +62,7 @@ def _parser_compile() -> argparse.ArgumentParser:
 def _quantization(args):
     """QuantOptions from the flags, or None when none was given and nothing is quantized."""
     from tpuasm.compiler.errors import CompileError
-    from tpuasm.compiler.quantize import QuantOptions
+    from tpuasm.compiler.front.quantize import QuantOptions
     if args.percentile is not None and args.calibration_method != "percentile":
         raise CompileError("--percentile applies with --calibration-method percentile")
     custom = (args.per_tensor or args.symmetric_activations or args.percentile is not None
@@ -111,7 +111,7 @@ def _worker_count(text: str) -> int:
 @contextmanager
 def _errors():
     """Turn the compiler's errors into a message and exit status 2 (1 for machine faults)."""
-    from tpuasm.compiler.runtime import InferenceFault
+    from tpuasm.compiler.runtime.steps import InferenceFault
     from tpuasm.errors import TpuasmError
     state = {"code": EXIT_OK}
     try:
@@ -202,7 +202,7 @@ def infer_main(argv: list[str] | None = None) -> int:
         out = Path(args.output)
         if out.suffix not in (".npy", ".npz"):
             raise _error(f"{out}: the output must be a .npy or .npz file")
-        from tpuasm.compiler.model import load
+        from tpuasm.compiler.runtime.model import load
         from tpuasm.compiler.outdir import check as check_outdir
         outdir_files = check_outdir(Path(args.outdir))
         # before anything is read or run: -o must not be X.npy or a file of OUTDIR
@@ -227,10 +227,10 @@ def infer_main(argv: list[str] | None = None) -> int:
 
 
 def _run_on_cluster(args, model, data, progress) -> dict:
-    """The rows over Dask workers (tpuasm.compiler.distributed); the scheduler is reached
+    """The rows over Dask workers (tpuasm.compiler.runtime.distributed); the scheduler is reached
     before anything is written."""
     from tpuasm.cluster import ClusterError, dask_client
-    from tpuasm.compiler.distributed import run_on_cluster
+    from tpuasm.compiler.runtime.distributed import run_on_cluster
     if args.workers and args.scheduler:
         raise _error("give --workers (a local cluster) or --scheduler (a running one), "
                      "not both")
@@ -257,7 +257,7 @@ def _error(message: str):
 
 
 def read_inputs(path: Path, names: list[str]) -> dict:
-    from tpuasm.compiler.arrays import read_named_arrays
+    from tpuasm.compiler.front.arrays import read_named_arrays
     return read_named_arrays(path, names)
 
 

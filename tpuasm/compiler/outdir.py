@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.host import HostRunner
+from tpuasm.compiler.runtime.host import HostRunner
 from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Pool, QParams,
                                 Segment, Tensor)
-from tpuasm.compiler.runtime import HostStep, TpuStep, ValueInfo
+from tpuasm.compiler.runtime.steps import HostStep, TpuStep, ValueInfo
 from tpuasm.errors import OutputFileError, TpuasmError
 from tpuasm.files import atomic_directory
 
@@ -274,7 +274,7 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
                            for name, h in {**program.inputs, **program.outputs}.items()}
         (d / entry["program"]).write_text(program.source)
         np.save(d / entry["weights"], program.weights)
-        from tpuasm.compiler.golden import write_regression
+        from tpuasm.compiler.codegen.golden import write_regression
         write_regression(step, d, model)
     return entry
 

@@ -16,24 +16,25 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuasm.compiler.backend import backend_support, generate_programs, machine_config
+from tpuasm.compiler.codegen.backend import backend_support, generate_programs, machine_config
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.graph import Graph
-from tpuasm.compiler.host import HostRunner, lookup_table, submodel
-from tpuasm.compiler.batch import (has_fixed_batch, input_axes, parse_batch_axes,
+from tpuasm.compiler.front.graph import Graph
+from tpuasm.compiler.front.hostparts import lookup_table, submodel
+from tpuasm.compiler.runtime.host import HostRunner
+from tpuasm.compiler.front.batch import (has_fixed_batch, input_axes, parse_batch_axes,
                                    tensor_axes)
-from tpuasm.compiler.fold import fold_float_model
-from tpuasm.compiler.macs import MATRIX_OPS, node_macs
-from tpuasm.compiler.match import GLUE, Lowered, lower
-from tpuasm.compiler.model import CompiledModel
-from tpuasm.compiler.partition import HostPart, lone_elementwise, plan
-from tpuasm.compiler.provenance import Provenance
-from tpuasm.compiler.reader import (fix_batch, input_signature, is_quantized, load_graph,
+from tpuasm.compiler.front.fold import fold_float_model
+from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
+from tpuasm.compiler.front.match import GLUE, Lowered, lower
+from tpuasm.compiler.runtime.model import CompiledModel
+from tpuasm.compiler.front.partition import HostPart, lone_elementwise, plan
+from tpuasm.compiler.front.provenance import Provenance
+from tpuasm.compiler.front.reader import (fix_batch, input_signature, is_quantized, load_graph,
                                     read_model)
 from tpuasm.compiler.report import (CompileReport, NodeRow, SegmentRow, describe, input_rows,
                                     mac_warnings)
-from tpuasm.compiler.runtime import HostStep, TpuStep
-from tpuasm.compiler.values import model_values
+from tpuasm.compiler.runtime.steps import HostStep, TpuStep
+from tpuasm.compiler.front.values import model_values
 from tpuasm.errors import TpuasmError
 
 
@@ -62,7 +63,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     the calibration data), False (no check), or data (array, {input: array}, .npy/.npz path)
     to check it on."""
     path = Path(path)
-    from tpuasm.compiler.validate import check_thresholds
+    from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
     float_check = None
     config = parse_config(config)
@@ -90,8 +91,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                                f"(calibration inputs in the model's layout) to quantize it "
                                f"to int8")
         fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
-        from tpuasm.compiler.quantize import quantize
-        from tpuasm.compiler.samples import (check_samples, input_types, read_calibration,
+        from tpuasm.compiler.front.quantize import quantize
+        from tpuasm.compiler.front.samples import (check_samples, input_types, read_calibration,
                                              sample_rows)
         if isinstance(calibration, (str, Path)):
             samples = read_calibration(calibration, model, path, axes)
@@ -110,8 +111,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if float_model is not model:          # the batch is in its constants now
             known_axes = tensor_axes(model, axes, path)
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        from tpuasm.compiler.prepare import prepare
-        from tpuasm.compiler.quantize import QuantOptions
+        from tpuasm.compiler.front.prepare import prepare
+        from tpuasm.compiler.front.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data"))
@@ -136,7 +137,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
     compiled.provenance = provenance
     if float_check is not None and validate is not False:
-        from tpuasm.compiler.validate import validate as check
+        from tpuasm.compiler.runtime.validate import validate as check
         report.validation = check(compiled, *float_check, min_agreement, min_snr)
     return compiled
 
@@ -153,10 +154,10 @@ def _check_data(data, model, samples: dict, axes, what: str):
     the user's --validate data (read and checked before anything is compiled)."""
     if data is None or data is False:
         return samples, what
-    from tpuasm.compiler.samples import check_samples, input_types
+    from tpuasm.compiler.front.samples import check_samples, input_types
     signature = input_signature(model)
     if isinstance(data, (str, Path)):
-        from tpuasm.compiler.arrays import read_named_arrays
+        from tpuasm.compiler.front.arrays import read_named_arrays
         what = str(data)
         data = read_named_arrays(data, list(signature))
     elif not isinstance(data, dict):
@@ -288,7 +289,7 @@ def _compiled_rows(graph, lowered: Lowered, steps) -> list[NodeRow]:
 def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine):
     """Per TPU segment: its MACs and share, and its cycles from a timing-only run of its
     program (when the back end made one)."""
-    from tpuasm.compiler.timing import time_segments
+    from tpuasm.compiler.codegen.timing import time_segments
     n2 = machine.array_size ** 2
     timings = time_segments(steps, machine)
     rows, warnings = [], []

@@ -6,7 +6,7 @@ Two levels of nodes.  The *compiled* graph is what the passes matched (the quant
 after any rewrite: a BatchNormalization folded, an LSTM unrolled into per-step Gemms, the
 QuantizeLinear/DequantizeLinear glue); `compiled_nodes` keeps one row per node of it.  The
 *input* model is what the user wrote: `rows` has one row per node of it, aggregated through a
-Provenance (tpuasm/compiler/provenance.py).  Warnings are data (`warnings`): the CLI prints
+Provenance (tpuasm/compiler/front/provenance.py).  Warnings are data (`warnings`): the CLI prints
 them to stderr, the library never prints.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ class SavedValidation:
 def _saved_validation(data: dict, text: str | None):
     """validate.Validation as report.json saved it; a validation of another shape comes back
     as its saved text (its warnings are already in report.warnings: all_warnings saved them)."""
-    from tpuasm.compiler.validate import Validation
+    from tpuasm.compiler.runtime.validate import Validation
     try:
         return Validation.from_json(data)
     except (KeyError, TypeError, ValueError):

@@ -6,7 +6,7 @@ point runs exactly the files `tpuasm run OUTDIR/segmentN.tasm --host segmentN.ho
 rows, FIFO depth) the segment is recompiled for it: the back end regenerates the program
 and weight image from the segment's saved IR (segmentN.ir.npz, the quantized operators,
 the same path `tpuasm.compiler.load` takes), and the host image is the same batch of sample
-inputs (compiler/golden.py's seeded `sample_inputs`, what segmentN.host.npy holds) packed
+inputs (compiler/codegen/golden.py's seeded `sample_inputs`, what segmentN.host.npy holds) packed
 in the new layout.  A shape the back end cannot fit the segment into is a skipped point
 with the back end's reason.
 """

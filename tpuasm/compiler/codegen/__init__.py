@@ -15,6 +15,11 @@ Passes, each a small module testable alone:
   weights.py  the (tiles, N, N) int8 image, each weight copied once
   quant.py    per-column bias and requantization parameters (Activate P)
   program.py  host image packing and output unpacking
+Around it, as the pipeline and OUTDIR use the back end:
+  backend.py  the machine shape, one program per segment, the Weight Memory check
+  timing.py   each segment's cycles, measured when compiling
+  golden.py   a regression manifest per segment (`tpuasm test OUTDIR`)
+  whole.py    a compiled model as one TPU program (`tpuasm profile`, `tpuasm sweep`)
 """
 from __future__ import annotations
 

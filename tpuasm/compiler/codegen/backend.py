@@ -4,7 +4,7 @@ Memory check that comes before any weight is read."""
 from __future__ import annotations
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.runtime import TpuStep
+from tpuasm.compiler.runtime.steps import TpuStep
 
 
 def machine_config(config: dict):

@@ -180,7 +180,7 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
     """onnxruntime on the float model, in chunks of its fixed batch (the last one padded)
     or of _CHUNK rows when the batch is dynamic; a model whose inputs are not all batch
     first runs on all the rows at once."""
-    from tpuasm.compiler.host import session
+    from tpuasm.compiler.ort import session
     try:
         sess = session(float_model, threads=0)     # alone here: every core
     except Exception as e:
@@ -219,7 +219,7 @@ def _chunk_rows(float_model) -> int:
     calibration's memory budget (quantize.calibration_rows), at most _CHUNK."""
     import onnx
 
-    from tpuasm.compiler.quantize import _with_shapes, calibration_rows
+    from tpuasm.compiler.front.quantize import _with_shapes, calibration_rows
     model = float_model
     if isinstance(model, (bytes, bytearray)):
         model = onnx.load_model_from_string(bytes(model))

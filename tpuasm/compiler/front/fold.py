@@ -26,7 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.provenance import Provenance
+from tpuasm.compiler.front.provenance import Provenance
 
 MAX_ELEMENTS = 1 << 20
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
@@ -39,7 +39,7 @@ _SHAPE_OPS = {"Shape", "Size"}
 def fold_constants(model: onnx.ModelProto, path, provenance=None,
                    max_elements: int = MAX_ELEMENTS) -> int:
     """Fold in place (the batch already fixed); the number of nodes removed."""
-    from tpuasm.compiler.reader import infer_shapes
+    from tpuasm.compiler.front.reader import infer_shapes
     total = 0
     made: set[str] = set()             # initializers this pass added
     for _ in range(_ROUNDS):
@@ -62,7 +62,7 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
     folds, a copy with the batch fixed and its constants folded, written to `workdir`;
     otherwise the model as it is (and a model whose weights live in external files is
     taken as it is: its copy could not find them)."""
-    from tpuasm.compiler.reader import fix_batch, upgraded
+    from tpuasm.compiler.front.reader import fix_batch, upgraded
     path = Path(path)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL
                    for t in model.graph.initializer)
@@ -111,7 +111,7 @@ def _foldable_kind(node: onnx.NodeProto) -> bool:
 
 def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, max_elements,
                made: set) -> int:
-    from tpuasm.compiler.graph import tensor_array
+    from tpuasm.compiler.front.graph import tensor_array
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     constants = {n.output[0]: n for n in g.node if n.op_type == "Constant" and n.output}
@@ -194,7 +194,7 @@ def _evaluate(node, shapes, dtypes, value_of, inits, constants, opset):
         if exact:
             from onnx.reference import ReferenceEvaluator
             return ReferenceEvaluator(one).run(None, feeds)
-        from tpuasm.compiler.host import session
+        from tpuasm.compiler.ort import session
         return session(one).run(None, feeds)
     except Exception:              # it cannot: the node stays, onnxruntime runs it later
         return None
@@ -209,7 +209,7 @@ def _attr(node, name, default):
 
 def _drop_unused(model: onnx.ModelProto, made: set) -> None:
     """Folded values that no node reads any more (the inside of a folded chain)."""
-    from tpuasm.compiler.graph import implicit_inputs
+    from tpuasm.compiler.front.graph import implicit_inputs
     g = model.graph
     read = {i for n in g.node for i in list(n.input) + implicit_inputs(n)}
     read |= {v.name for v in g.output}

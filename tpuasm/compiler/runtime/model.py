@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuasm.compiler.backend import generate_programs, machine_config
+from tpuasm.compiler.codegen.backend import generate_programs, machine_config
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.outdir import read, save
 from tpuasm.compiler.report import CompileReport
-from tpuasm.compiler.runtime import TpuStep, ValueInfo, run_model
+from tpuasm.compiler.runtime.steps import TpuStep, ValueInfo, run_model
 
 
 # emulator: the programs' data path (timing proven once per program); pipeline: every batch

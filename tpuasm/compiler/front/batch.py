@@ -132,7 +132,7 @@ def tensor_axes(model: onnx.ModelProto, axes: dict[str, int | None], path=None
     """Tensor -> batch axis for every tensor whose axis shape inference can tell (the
     model's inputs always); `model` is not changed (its skeleton is).  With the model's
     `path`, tensors the symbol does not reach are probed at two batch sizes."""
-    from tpuasm.compiler.reader import skeleton
+    from tpuasm.compiler.front.reader import skeleton
     result = dict(axes)
     if not any(a is not None for a in axes.values()):
         return result
@@ -172,7 +172,7 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
     """Where the symbol was lost (a contrib operator onnx does not know, a Reshape to a
     computed shape), the model's shapes at two batch sizes, from reader.infer_shapes (which
     asks onnxruntime about unknown operators): the batch axis is the one that changes."""
-    from tpuasm.compiler.reader import fix_batch, infer_shapes, skeleton
+    from tpuasm.compiler.front.reader import fix_batch, infer_shapes, skeleton
     seen = []
     for size in _PROBES:
         copy = skeleton(model)                     # large weights only declared: no copy

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tpuasm.compiler.graph import Graph, Node
+from tpuasm.compiler.front.graph import Graph, Node
 from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Operator, Pool,
                                 QParams, Tensor)
 

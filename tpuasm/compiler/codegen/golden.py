@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.runtime import TpuStep
+from tpuasm.compiler.runtime.steps import TpuStep
 from tpuasm.regression import toml
 
 

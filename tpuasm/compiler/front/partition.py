@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpuasm.compiler.graph import Graph, Node
+from tpuasm.compiler.front.graph import Graph, Node
 from tpuasm.compiler.ir import Elementwise, Operator, Segment
-from tpuasm.compiler.match import Lowered
+from tpuasm.compiler.front.match import Lowered
 
 
 @dataclass

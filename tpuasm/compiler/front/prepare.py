@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tpuasm.compiler.provenance import Provenance
+from tpuasm.compiler.front.provenance import Provenance
 
 
 @dataclass

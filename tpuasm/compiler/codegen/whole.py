@@ -43,7 +43,7 @@ class WholeProgram:
 
 def whole_program(compiled, title: str = "") -> WholeProgram:
     """Join the segments of a CompiledModel (with programs) into one .tasm program."""
-    from tpuasm.compiler.runtime import TpuStep
+    from tpuasm.compiler.runtime.steps import TpuStep
     programs = [s.program for s in compiled.steps if isinstance(s, TpuStep)]
     if not programs or any(p is None for p in programs):
         raise CompileError("no TPU programs to join (compile with the back end)")
@@ -72,7 +72,7 @@ def whole_program(compiled, title: str = "") -> WholeProgram:
             body = _round_trip(body, k)
         bodies.append([f"; ======== segment {k} ({program.segment.name}) ========", *body])
     head.append(f"; {title or 'model'}: {len(programs)} TPU segment(s) joined by "
-                f"tpuasm.compiler.whole (host parts = INT round trips)")
+                f"tpuasm.compiler.codegen.whole (host parts = INT round trips)")
     head.append(config)
     lines = head + [""] + declarations + [""]
     for body in bodies:

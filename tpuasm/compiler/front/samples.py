@@ -125,8 +125,8 @@ def check_samples(data: dict, signature: dict, path, types: dict | None = None,
 def read_calibration(path, model, model_path, axes: dict | None = None
                      ) -> dict[str, np.ndarray]:
     """DATA.npy (one input) or DATA.npz (keyed by input name) -> {input: array}."""
-    from tpuasm.compiler.arrays import read_named_arrays
-    from tpuasm.compiler.reader import input_signature
+    from tpuasm.compiler.front.arrays import read_named_arrays
+    from tpuasm.compiler.front.reader import input_signature
     signature = input_signature(model)
     data = read_named_arrays(path, list(signature))
     return check_samples(data, signature, path, input_types(model), axes)

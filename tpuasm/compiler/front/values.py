@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from onnx import helper
 
-from tpuasm.compiler.graph import Graph
-from tpuasm.compiler.runtime import ValueInfo
+from tpuasm.compiler.front.graph import Graph
+from tpuasm.compiler.runtime.steps import ValueInfo
 
 
 def model_values(graph: Graph) -> tuple[list[ValueInfo], list[ValueInfo]]:

@@ -1,6 +1,6 @@
-"""The host side: parts of the quantized graph that run on the CPU, executed by onnxruntime
-on sub-models cut from the same graph (so their numerics are onnxruntime's own), and the
-lookup tables of element-wise operators, read off onnxruntime for each of the 256 inputs."""
+"""The host side as the compiler cuts it: sub-models of the quantized graph that the CPU will run
+(onnxruntime on the same graph, so their numerics are onnxruntime's own), and the lookup
+tables of element-wise operators, read off onnxruntime for each of the 256 inputs."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +8,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.graph import Graph, Node
+from tpuasm.compiler.front.graph import Graph, Node
 from tpuasm.compiler.ir import QParams
+from tpuasm.compiler.ort import session
 
 
 def _elem_type(dtype) -> int:
@@ -52,36 +53,6 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
     model = helper.make_model(g, opset_imports=list(graph.model.opset_import))
     model.ir_version = graph.model.ir_version
     return model
-
-
-def session(model: onnx.ModelProto | bytes, threads: int = 1):
-    """An onnxruntime session; host parts run on one thread (the emulator has the other
-    cores), `threads=0` leaves onnxruntime its own count."""
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    data = model if isinstance(model, bytes) else model.SerializeToString()
-    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-
-
-class HostRunner:
-    """One host part: an onnxruntime session over its sub-model, opened on first use."""
-
-    def __init__(self, model_bytes: bytes, inputs: list[str], outputs: list[str], name: str):
-        self.model_bytes = model_bytes
-        self.inputs, self.outputs, self.name = inputs, outputs, name
-        self._session = None
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        try:
-            if self._session is None:
-                self._session = session(self.model_bytes)
-            results = self._session.run(self.outputs, {k: feeds[k] for k in self.inputs})
-        except Exception as e:        # onnxruntime's errors have no common public base
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CompileError(f"host part {self.name}: onnxruntime failed: {text}") from None
-        return dict(zip(self.outputs, results))
 
 
 def lookup_table(graph: Graph, node: Node, x: QParams, y: QParams) -> np.ndarray:

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.samples import calibration_feeds
+from tpuasm.compiler.front.samples import calibration_feeds
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
@@ -96,8 +96,8 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     `options.keep_float` names nodes or operator types of the prepared model or, through
     `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
     it float)."""
-    from tpuasm.compiler.match import LOOKUP_OPS
-    from tpuasm.compiler.prepare import matmul_bias_pairs
+    from tpuasm.compiler.front.match import LOOKUP_OPS
+    from tpuasm.compiler.front.prepare import matmul_bias_pairs
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     original = dict(provenance.nodes) if provenance is not None else {}
@@ -331,7 +331,7 @@ def fuse_bias_adds(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> int:
 
     (quantize_static quantized the MatMul output and the bias like activations; the
     QuantizeLinear/DequantizeLinear pair between them goes).  Returns how many."""
-    from tpuasm.compiler.prepare import matmul_bias_pairs
+    from tpuasm.compiler.front.prepare import matmul_bias_pairs
     g = qdq.graph
     nodes = {n.name: n for n in g.node}
     producer = {o: n for n in g.node for o in n.output if o}

@@ -13,7 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.graph import Graph
+from tpuasm.compiler.front.graph import Graph
 
 MIN_OPSET = 10                     # QuantizeLinear / QLinearConv / MatMulInteger appear in 10
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -164,7 +164,7 @@ def _sort_nodes(model: onnx.ModelProto) -> bool:
     """Put the nodes in an order where each comes after what it reads, its subgraphs'
     outer-scope reads included (onnxruntime's quantizer orders an If/Loop by its explicit
     inputs only); the model's own order wherever it is one.  Whether anything moved."""
-    from tpuasm.compiler.graph import implicit_inputs
+    from tpuasm.compiler.front.graph import implicit_inputs
     nodes = list(model.graph.node)
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     needs = [{producer[t] for t in list(n.input) + implicit_inputs(n)
@@ -292,7 +292,7 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
     batch.input_axes; default: the first) to the batch; return it.  Without `batch`, the
     model's own fixed batch is used, DEFAULT_BATCH for a dynamic one.  A
     model with no batch axis at all runs once: batch 1.  `apply=False` only checks."""
-    from tpuasm.compiler.batch import input_axes
+    from tpuasm.compiler.front.batch import input_axes
     if axes is None:
         axes = input_axes(model, None, path)
     inits = {t.name for t in model.graph.initializer}
@@ -326,7 +326,7 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
             for dim in v.type.tensor_type.shape.dim:
                 dim.Clear()
     if apply:
-        from tpuasm.compiler.batch import forget_inner_shapes
+        from tpuasm.compiler.front.batch import forget_inner_shapes
         del model.graph.value_info[:]                # declared with the old batch
         forget_inner_shapes(model.graph)
     return chosen
@@ -356,7 +356,7 @@ def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
     """(tensor -> shape tuple, tensor -> numpy dtype) for every tensor whose shape is known.
     Nodes onnx does not know (contrib operators) are run alone by onnxruntime on zeros to
     learn their outputs (ortshapes.py), and inference goes on from there."""
-    from tpuasm.compiler import ortshapes
+    from tpuasm.compiler.front import ortshapes
     known: list = []
     tried: set[str] = set()
     while True:
@@ -404,8 +404,8 @@ def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
     on the float model before its batch was folded in; `fixed_batch`: whether the model as
     the user gave it had one, default: read off this model), fix the batch, fold constant
     subgraphs (fold.py), infer shapes: the graph the compiler works on."""
-    from tpuasm.compiler.batch import carry_axes, has_fixed_batch, input_axes, tensor_axes
-    from tpuasm.compiler.fold import fold_constants
+    from tpuasm.compiler.front.batch import carry_axes, has_fixed_batch, input_axes, tensor_axes
+    from tpuasm.compiler.front.fold import fold_constants
     path = Path(path)
     model = read_model(path) if model is None else model
     if fixed_batch is None:

@@ -63,7 +63,7 @@ def _loaded(key: str, files: dict[str, bytes]):
     loaded model holds everything it reads, so the previous model's folder can go)."""
     entry = _MODELS.get(key)
     if entry is None:
-        from tpuasm.compiler.model import load
+        from tpuasm.compiler.runtime.model import load
         from tpuasm.files import atomic_write
         folder = tempfile.TemporaryDirectory(prefix="tpuasm-model-")
         for name, data in files.items():
@@ -97,8 +97,8 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
     loaded here (its inputs, outputs and batch).  Same result as one process, in order."""
     from dask.distributed import as_completed
 
-    from tpuasm.compiler.runtime import join_parts, prepare_inputs
-    from tpuasm.compiler.samples import take_rows
+    from tpuasm.compiler.runtime.steps import join_parts, prepare_inputs
+    from tpuasm.compiler.front.samples import take_rows
     data, rows = prepare_inputs(model.inputs, data)
     axes = {i.name: i.batch_axis for i in model.inputs}
     check_workers(client)

@@ -28,7 +28,7 @@ class SegmentTiming:
 def time_segments(steps, machine_config) -> dict:
     """{segment name: SegmentTiming} for each TpuStep with a program, run timing-only on
     `machine_config` (a MachineConfig), one machine reloaded for each."""
-    from tpuasm.compiler.runtime import TpuStep
+    from tpuasm.compiler.runtime.steps import TpuStep
     from tpuasm.machine import Machine
     machine = None
     out = {}

@@ -33,8 +33,8 @@ def unknown_nodes(model: onnx.ModelProto, shapes: dict, dtypes: dict) -> list:
 def run_alone(node: onnx.NodeProto, model: onnx.ModelProto, base_dir: Path, shapes: dict,
               dtypes: dict) -> dict[str, tuple[tuple, np.dtype]]:
     """{output: (shape, dtype)} of `node` run by onnxruntime on zeros; {} when it cannot."""
-    from tpuasm.compiler.graph import tensor_array
-    from tpuasm.compiler.host import session
+    from tpuasm.compiler.front.graph import tensor_array
+    from tpuasm.compiler.ort import session
     inits = {t.name: t for t in model.graph.initializer}
     feeds, inputs, consts = {}, [], []
     for name in dict.fromkeys(i for i in node.input if i):

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.host import HostRunner
+from tpuasm.compiler.runtime.host import HostRunner
 from tpuasm.compiler.ir import Segment, SegmentProgram, ir_array, onnx_array
 from tpuasm.errors import TpuasmError
 
@@ -205,7 +205,7 @@ def join_parts(o: ValueInfo, parts: list):
 
 def prepare_inputs(inputs: list[ValueInfo], data: dict) -> tuple[dict, int]:
     """The data checked (samples.check_data) in the inputs' element types, and its rows."""
-    from tpuasm.compiler.samples import check_data
+    from tpuasm.compiler.front.samples import check_data
     return check_data(inputs, data)
 
 

@@ -1,0 +1,16 @@
+"""The one place the compiler opens onnxruntime sessions: host parts, lookup tables, contrib
+operators' shapes, constant folding and validation all run through `session`."""
+from __future__ import annotations
+
+import onnx
+
+
+def session(model: onnx.ModelProto | bytes, threads: int = 1):
+    """An onnxruntime session; host parts run on one thread (the emulator has the other
+    cores), `threads=0` leaves onnxruntime its own count."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
