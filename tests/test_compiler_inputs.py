@@ -819,3 +819,52 @@ def test_a_string_input_feeding_an_ai_onnx_ml_encoder(tmp_path, capsys):
     assert_within_lsb(y["y"], want, output_lsb(out / "model.qdq.onnx", "y"))
     with pytest.raises(CompileError, match="expected strings"):
         load(out).run(np.zeros((2, 3), np.float32), engine="reference")
+
+
+def test_a_fixed_shape_model_that_splits_its_first_axis_runs_whole(tmp_path, capsys):
+    """PyTorch's `chunk` on a (3,) tensor: outputs of 2 and 1 rows cannot be batches of a
+    batch of 3, so the input is passed whole (one sample), not cut into rows."""
+    path = save(tmp_path, [helper.make_node("Split", ["x"], ["a", "b"], axis=0, name="chunk",
+                                            split=[2, 1])],
+                [vi("x", T.FLOAT, [3])], [vi("a", T.FLOAT, [2]), vi("b", T.FLOAT, [1])], [],
+                "chunk", opset=11)
+    assert input_axes(read_model(path), None, path) == {"x": None}
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert compile_main([path, "-o", str(out), "--calibrate", str(tmp_path / "x.npy"),
+                         "-q"]) == 0, capsys.readouterr().err
+    assert infer_main([str(out), str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npz"),
+                       "-q"]) == 0, capsys.readouterr().err
+    y = np.load(tmp_path / "y.npz")
+    np.testing.assert_array_equal(y["a"], x[:2])
+    np.testing.assert_array_equal(y["b"], x[2:])
+
+
+def test_an_ir_version_3_export_with_weights_among_its_inputs(tmp_path, capsys):
+    """PyTorch 0.3 wrote IR version 3: every initializer is also a graph input, which the
+    checker demands there and refuses in the graphs the compiler adds constants to."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.4, (4, 6)).astype(np.float32)
+    b = rng.normal(0, 0.1, 4).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "torch03",
+        [vi("x", T.FLOAT, [5, 6]), vi("w", T.FLOAT, [4, 6]), vi("b", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [5, 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    m.ir_version = 3
+    path = tmp_path / "torch03.onnx"
+    onnx.save(m, str(path))
+    x = rng.normal(0, 1, (40, 6)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert compile_main([str(path), "-o", str(out), "--calibrate", str(tmp_path / "x.npy"),
+                         "-q"]) == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["tpu_macs"] == report["macs"] == 5 * 6 * 4      # a batch of 5, all on the TPU
+    assert infer_main([str(out), str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                       "-q"]) == 0
+    y = np.load(tmp_path / "y.npy")
+    want = x @ w.T + b
+    assert np.abs(y - want).max() < 0.05 * np.abs(want).max()

@@ -8,7 +8,9 @@ batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` fi
 - several dynamic dimensions: the first is taken as the batch, the others are an error
   (only the batch may be dynamic; name the axis with --batch-axis to choose another);
 - every dimension fixed: no batch axis when another input has a dynamic one; when none has
-  (a model exported with a fixed batch), axis 0 as before: the model's own batch.
+  (a model exported with a fixed batch), axis 0 as before: the model's own batch, unless
+  an output's first dimension is not that batch (a Split or a reduction across axis 0):
+  then the inputs are passed whole, the model run as one sample.
 
 The axis of every other tensor is read off onnx shape inference: each input's batch
 dimension becomes one symbolic name and a tensor's batch axis is the axis that carries it
@@ -110,10 +112,29 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
                                    f"--batch-axis {v.name}=AXIS)")
         axes[v.name] = axis
     batched = any(a is not None for a in axes.values())
+    first = bool(pending) and not batched and _outputs_keep_first_dimension(model, inputs)
     for v in inputs:
         if v.name in pending:
-            axes[v.name] = None if batched or not _dims(v) else 0
+            axes[v.name] = None if batched or not _dims(v) or not first else 0
     return {n: axes[n] for n in names}
+
+
+def _outputs_keep_first_dimension(model: onnx.ModelProto, inputs) -> bool:
+    """Whether a fixed-shape model's axis 0 can be its batch: every output whose shape onnx
+    infers starts with an input's first dimension (unknown shapes do not object)."""
+    firsts = {_dims(v)[0] for v in inputs if _dims(v)}
+    from tpuasm.compiler.front.reader import skeleton
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model))
+    except Exception:                   # onnx cannot tell: the convention as before
+        return True
+    for v in inferred.graph.output:
+        if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+            continue
+        dims = _dims(v)
+        if not dims or (isinstance(dims[0], int) and dims[0] > 0 and dims[0] not in firsts):
+            return False
+    return True
 
 
 def has_fixed_batch(model: onnx.ModelProto, given: dict | None) -> bool:

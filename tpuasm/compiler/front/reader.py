@@ -41,6 +41,7 @@ def read_model(path) -> onnx.ModelProto:
                            f"text field is not UTF-8")
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise CompileError(f"{path}: not an ONNX model with a graph (empty or truncated file?)")
+    _modernize_ir(model)
     check_opsets(model, path)
     reordered = _sort_nodes(model)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
@@ -194,6 +195,21 @@ def _sort_nodes(model: onnx.ModelProto) -> bool:
     return True
 
 
+def _modernize_ir(model: onnx.ModelProto) -> None:
+    """An IR version 3 model (PyTorch 0.3's exporter, onnx's own backend test data) lists
+    every initializer among the graph's inputs, and the checker refuses a constant that is
+    not one; every graph the compiler builds from it (the QDQ model, host parts) adds such
+    constants.  From IR 4 on, initializers are constants of their own: drop them from the
+    inputs and raise the version (onnxruntime reads the weights the same way either way)."""
+    if model.ir_version >= 4:
+        return
+    constants = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in constants]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.ir_version = 4
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0]
@@ -247,6 +263,9 @@ def _upgrade(model: onnx.ModelProto) -> bool:
     except Exception:
         return False
     model.CopyFrom(converted)
+    from onnx.helper import find_min_ir_version_for
+    model.ir_version = max(model.ir_version, find_min_ir_version_for(
+        [o for o in model.opset_import if (o.domain or "") in ("", "ai.onnx")]))
     model.metadata_props.add(key=UPGRADED, value=str(versions.get("", "")))
     return True
 
