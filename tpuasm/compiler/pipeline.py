@@ -229,8 +229,9 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
     `provenance` (identity when None), each segment timed on `machine` (a MachineConfig;
     the default one of this array size when None), the MAC shares and their warnings."""
     from tpuasm.machine import MachineConfig
-    compiled = _compiled_rows(graph, lowered, steps)
-    rows = input_rows(provenance or Provenance.of(graph.model), compiled)
+    provenance = provenance or Provenance.of(graph.model)
+    compiled = _compiled_rows(graph, lowered, steps, provenance.own_work)
+    rows = input_rows(provenance, compiled)
     macs = sum(r.macs for r in compiled if r.macs and r.where != "unused")
     tpu_macs = sum(r.macs for r in compiled if r.macs and r.where == "TPU")
     machine = machine or MachineConfig(array_size=array_size)
@@ -254,8 +255,10 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
     return report
 
 
-def _compiled_rows(graph, lowered: Lowered, steps) -> list[NodeRow]:
-    """One row per node of the compiled graph: where it runs, in which step, why."""
+def _compiled_rows(graph, lowered: Lowered, steps, own_work: dict | None = None
+                   ) -> list[NodeRow]:
+    """One row per node of the compiled graph: where it runs, in which step, why; its MACs
+    the network's own (`own_work`: the share of a rewritten node's products that are)."""
     where_op = {}
     where_host = {}
     for step in steps:
@@ -268,6 +271,9 @@ def _compiled_rows(graph, lowered: Lowered, steps) -> list[NodeRow]:
     rows = []
     for node in graph.nodes:
         macs = node_macs(node, graph.shapes)
+        if macs is not None and node.name in (own_work or {}):
+            num, den = own_work[node.name]
+            macs = macs * num // den
         if node.name in where_host:
             reason = lowered.host_reasons.get(node.name)
             if reason is None:
@@ -340,6 +346,10 @@ def _through(base: Provenance, step: Provenance, graph: Graph) -> Provenance:
     """`step` (quantized graph -> float model) followed by `base` (float model -> the user's
     model)."""
     out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded))
+    for node in graph.nodes:
+        made = step.source(node.name)
+        if made in base.own_work:
+            out.own_work[node.name] = base.own_work[made]
     for node in graph.nodes:
         made = step.source(node.name)
         source = base.source(made) if made is not None else None

@@ -482,8 +482,28 @@ class Lowerer:
         if constant(node.inputs[0]):
             raise NotMapped(f"{node.op_type} of a constant by an activation (W @ x): the "
                             f"TPU maps x @ W")
+        if not self._reads_model_inputs(node.inputs[1]):
+            from tpuasm.compiler.front.fold import MAX_ELEMENTS
+            raise NotMapped(f"{node.op_type} whose weight '{node.inputs[1]}' is computed from "
+                            f"constants at run time (constant folding materialises at most "
+                            f"{MAX_ELEMENTS:,} elements), so it runs on the host")
         raise NotMapped(f"{node.op_type} of two activations (e.g. attention scores): "
                         f"the array's weights are constants, so it runs on the host")
+
+    def _reads_model_inputs(self, tensor: str) -> bool:
+        """Whether `tensor` depends on any input of the model (else only on constants)."""
+        inputs, seen, todo = set(self.g.inputs), set(), [tensor]
+        while todo:
+            name = todo.pop()
+            if name in inputs:
+                return True
+            if name in seen:
+                continue
+            seen.add(name)
+            producer = self.g.producer.get(name)
+            if producer is not None:
+                todo.extend(i for i in producer.inputs if i)
+        return False
 
     def _finish_dense(self, node, source, w_kn, scale, bias_name, extra_nodes):
         w_scale = self._per_channel(scale, w_kn.shape[1])

@@ -1,6 +1,7 @@
 """Rewrites of the FLOAT model before quantization, so that its matrix work has the forms the
 TPU maps (docs/compiler.md, "Preparing a float model"):
 
+- a dilated Conv and a ConvTranspose as plain Convs (convforms.py);
 - a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
@@ -36,6 +37,8 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
+    from tpuasm.compiler.front.convforms import rewrite_convolutions
+    rewrite_convolutions(model, prov, reasons)     # before BN folding: a Conv takes its BN
     rewrite_linear_models(model, prov, reasons)
     unroll_recurrent(model, prov, reasons)
     fold_batch_norms(model, prov)

@@ -16,6 +16,9 @@ class Provenance:
     nodes: list[tuple[str, str]] = field(default_factory=list)   # input model: (name, op_type)
     origin: dict[str, str] = field(default_factory=dict)   # compiled node -> input-model node
     folded: dict[str, str] = field(default_factory=dict)   # input-model node gone -> why
+    # compiled node -> (num, den): the share of its products the network asks for, where a
+    # rewrite made it do more (zeros spread into a dilated kernel, an upsampled input)
+    own_work: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model) -> "Provenance":

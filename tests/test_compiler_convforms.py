@@ -1,0 +1,107 @@
+"""Dilated Convs and ConvTransposes rewritten as plain Convs (front/convforms.py): the same
+function as the float model (onnxruntime is the oracle), every MAC on the TPU, and the
+report's MACs the network's own, not the zeros the rewrite adds."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler import compile as tpu_compile
+from tpuasm.compiler.front.convforms import rewrite_convolutions
+from tpuasm.compiler.front.provenance import Provenance
+from tpuasm.compiler.ort import session
+
+
+def _model(op, x_shape, w, b=None, opset=13, **attrs):
+    inputs = ["x", "w"] + (["b"] if b is not None else [])
+    inits = [numpy_helper.from_array(w, "w")] + (
+        [numpy_helper.from_array(b, "b")] if b is not None else [])
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"], name="conv", **attrs)],
+                              "g", [helper.make_tensor_value_info("x", T.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [None] * len(x_shape))],
+                              inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _run(model, x):
+    return session(model).run(None, {"x": x})[0]
+
+
+CASES = [
+    ("Conv", (2, 3, 11), (4, 3, 3), dict(dilations=[2])),
+    ("Conv", (2, 4, 9, 10), (6, 2, 3, 2), dict(dilations=[2, 3], group=2, pads=[1, 2, 0, 1])),
+    ("Conv", (1, 3, 12, 12), (5, 3, 3, 3), dict(dilations=[2, 2], strides=[2, 1])),
+    ("ConvTranspose", (2, 3, 7), (3, 4, 3), dict(strides=[2])),
+    ("ConvTranspose", (1, 4, 5, 6), (4, 3, 3, 3), dict(strides=[2, 3], pads=[1, 0, 1, 1],
+                                                       output_padding=[1, 2])),
+    ("ConvTranspose", (2, 4, 5, 5), (4, 1, 3, 3), dict(group=2, dilations=[2, 1])),
+    ("ConvTranspose", (1, 2, 4, 4), (2, 3, 2, 2), dict(strides=[2, 2])),
+    ("ConvTranspose", (1, 6, 4, 3), (6, 2, 3, 3), dict(group=3, strides=[1, 2], pads=[1, 1, 1, 1])),
+]
+
+
+@pytest.mark.parametrize("op,x_shape,w_shape,attrs", CASES)
+@pytest.mark.parametrize("opset", [10, 13])
+def test_the_rewrite_computes_what_the_node_did(op, x_shape, w_shape, attrs, opset):
+    rng = np.random.default_rng(len(x_shape) * 7 + len(attrs))
+    w = rng.normal(0, 1, w_shape).astype(np.float32)
+    out_channels = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
+    b = rng.normal(0, 1, out_channels).astype(np.float32)
+    x = rng.normal(0, 1, x_shape).astype(np.float32)
+    model = _model(op, list(x_shape), w, b, opset=opset, **attrs)
+    want = _run(model, x)
+    prov = Provenance.of(model)
+    assert rewrite_convolutions(model, prov) == 1
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert "ConvTranspose" not in ops
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    assert all(a.name != "dilations" or set(a.ints) <= {1} or op == "ConvTranspose"
+               for a in conv.attribute)
+    got = _run(model, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    num, den = prov.own_work["conv"]
+    assert 0 < num < den           # the rewritten node does more products than its own
+
+
+def test_forms_not_covered_stay_with_their_reason():
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 1, (2, 3, 3, 3)).astype(np.float32)
+    model = _model("ConvTranspose", [1, 2, 4, 4], w, strides=[2, 2], output_shape=[9, 9])
+    reasons = {}
+    assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
+    assert "output_shape" in reasons["conv"]
+    model = _model("Conv", [1, 2, 4, 4, 4], rng.normal(0, 1, (3, 2, 2, 2, 2)).astype(np.float32),
+                   dilations=[2, 2, 2])
+    assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
+    assert "3-D" in reasons["conv"]
+
+
+@pytest.mark.parametrize("op,x_shape,w_shape,attrs,own", [
+    ("Conv", (8, 3, 10, 10), (4, 3, 3, 3), dict(dilations=[2, 2]), 8 * 4 * 6 * 6 * 27),
+    ("ConvTranspose", (8, 4, 5, 5), (4, 3, 3, 3), dict(strides=[2, 2]), 8 * 4 * 25 * 27),
+])
+def test_compiled_on_the_tpu_with_the_network_s_own_macs(tmp_path, op, x_shape, w_shape,
+                                                           attrs, own):
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.3, w_shape).astype(np.float32)
+    out_channels = w_shape[0] if op == "Conv" else w_shape[1]
+    model = _model(op, ["N", *x_shape[1:]], w,
+                   rng.normal(0, 0.1, out_channels).astype(np.float32), **attrs)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    calib = rng.normal(0, 1, (32, *x_shape[1:])).astype(np.float32)
+    compiled = tpu_compile(str(path), batch=x_shape[0], calibration=calib,
+                           config={"array_size": 16})
+    assert compiled.report.macs == compiled.report.tpu_macs == own
+    x = calib[:8]
+    got = compiled.run(x)["y"]
+    want = _run(onnx.load(str(path)), x)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 0.05 * scale

@@ -1,0 +1,59 @@
+"""Models nobody here wrote: the PyTorch exports that ship with onnx's own backend tests
+(onnx/backend/test/data/pytorch-converted and pytorch-operator: IR version 3, opset 6-9,
+each with an input and the float output PyTorch computed).  Every one with matrix work is
+compiled as shipped, from its own input as calibration data, and run: its output must keep
+the float answer (the file's output_0.pb is the oracle) and its matrix MACs go to the TPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tpuasm.compiler import compile as tpu_compile
+from tpuasm.compiler.front.macs import MATRIX_OPS
+
+DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+# matrix nodes the TPU does not take, and why (asserted: the report must say so)
+ON_THE_HOST = {"Conv3d": "3-D convolution"}
+
+
+def _cases():
+    for kind in ("pytorch-converted", "pytorch-operator"):
+        for case in sorted((DATA / kind).glob("test_*")):
+            model = onnx.load(str(case / "model.onnx"))
+            inputs = sorted((case / "test_data_set_0").glob("input_*.pb"))
+            if len(inputs) == 1 and any(n.op_type in MATRIX_OPS for n in model.graph.node):
+                yield pytest.param(case, id=case.name)
+
+
+def _tensor(path: Path) -> np.ndarray:
+    return numpy_helper.to_array(onnx.load_tensor(str(path)))
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="this onnx build ships no backend test data")
+@pytest.mark.parametrize("case", list(_cases()) if DATA.is_dir() else [])
+def test_a_pytorch_export_compiles_as_shipped_and_keeps_its_answer(case):
+    x = _tensor(case / "test_data_set_0" / "input_0.pb")
+    want = _tensor(case / "test_data_set_0" / "output_0.pb")
+    rng = np.random.default_rng(0)
+    noisy = [x + rng.normal(0, 0.1 * float(x.std()) + 1e-3, x.shape).astype(x.dtype)
+             for _ in range(7)]
+    calibration = np.concatenate([x, *noisy])
+    compiled = tpu_compile(str(case / "model.onnx"), calibration=calibration,
+                           config={"array_size": 32})
+    report = compiled.report
+    host_only = [why for name, why in ON_THE_HOST.items() if name in case.name]
+    if host_only:
+        assert report.tpu_macs == 0
+        assert any(host_only[0] in (r.reason or "") for r in report.rows if r.where == "host")
+    else:
+        assert report.macs > 0 and report.tpu_macs == report.macs, report.rows
+    got = compiled.run(x)
+    got = got[next(iter(got))]
+    assert got.shape == want.shape
+    error = np.sum((got.astype(np.float64) - want) ** 2)
+    snr = 10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(error, 1e-30))
+    assert snr > 30, f"SNR {snr:.1f} dB against PyTorch's own output"

@@ -1,0 +1,163 @@
+"""Convolutions rewritten in the forms the TPU maps (float model, before quantization; see
+prepare.py for the other rewrites):
+
+- a dilated Conv as a Conv over its kernel spread out with zeros (k taps at distance d become
+  (k - 1) * d + 1 taps, the new ones zero): the array does the zero products too, which the
+  report shows as lower utilisation, but the convolution is the same sum;
+- a ConvTranspose (1-D or 2-D, explicit pads, any group, stride, dilation, output_padding) as
+  a Conv over the input upsampled with zeros: a transposed convolution scatters each input
+  element through the kernel, which is the same as gathering from an input with s - 1 zeros
+  between elements, padded by (k - 1) * d - pad, with the kernel flipped and its two channel
+  axes swapped (per group).  The upsampling is two Reshapes and a Pad on the host; the Conv
+  goes to the TPU.
+
+A form these do not cover (a ConvTranspose with `output_shape` or `auto_pad`, a 3-D one, a
+weight that is not constant) stays as it is, on the host, with its reason."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from tpuasm.compiler.front.prepare import NotRewritten, _attr, _expand_nodes, _Index, _ranks
+from tpuasm.compiler.front.provenance import Provenance
+
+
+def rewrite_convolutions(model, prov: Provenance, reasons: dict[str, str] | None = None) -> int:
+    """Dilated Convs and ConvTransposes in place (see the module's text); the count done."""
+    reasons = {} if reasons is None else reasons
+    idx = _Index(model)
+    ranks = _ranks(model)
+
+    def wanted(node):
+        if node.op_type == "ConvTranspose":
+            return True
+        return node.op_type == "Conv" and any(d != 1 for d in _attr(node, "dilations", []))
+
+    def expand(node):
+        if node.op_type == "Conv":
+            made = [_undilated(idx, node)]
+            w = made[0]
+            kernel, wide = _attr(node, "kernel_shape") or idx.const(node.input[1]).shape[2:], \
+                _attr(w, "kernel_shape")
+            prov.own_work[w.name] = (int(np.prod(kernel)), int(np.prod(wide)))
+            return made
+        made = _as_conv(idx, node, ranks)
+        x, y = ranks.get(node.input[0]), ranks.get(node.output[0])
+        if x and y and all(isinstance(d, int) for d in x[2:] + y[2:]):
+            # each input element meets the kernel once; the Conv's output elements each
+            # meet it whole, zeros of the upsampled input included
+            prov.own_work[made[-1].name] = (int(np.prod(x[2:])), int(np.prod(y[2:])))
+        return made
+
+    return _expand_nodes(model, prov, reasons, "rewritten", wanted, expand)
+
+
+def _weight(idx: _Index, node) -> np.ndarray:
+    w = idx.const(node.input[1]) if len(node.input) > 1 else None
+    if w is None:
+        raise NotRewritten("its weight is not a constant")
+    if w.ndim not in (3, 4):
+        raise NotRewritten(f"a {w.ndim - 2}-D convolution (1-D and 2-D are rewritten)")
+    return w
+
+
+def _spread(w: np.ndarray, dilations) -> np.ndarray:
+    """The kernel with d - 1 zeros between its taps along each spatial axis."""
+    spatial = w.shape[2:]
+    out = np.zeros(w.shape[:2] + tuple((k - 1) * d + 1 for k, d in zip(spatial, dilations)),
+                   w.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dilations)] = w
+    return out
+
+
+def _conv_node(node, inputs, output, **attrs):
+    made = helper.make_node("Conv", inputs, [output], name=node.name, **attrs)
+    return made
+
+
+def _undilated(idx: _Index, node):
+    w = _weight(idx, node)
+    dilations = list(_attr(node, "dilations"))
+    if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise NotRewritten("auto_pad with dilations")
+    wide = _spread(w, dilations)
+    inputs = [node.input[0], idx.add_init(wide, node.input[1] + "_spread"), *node.input[2:]]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
+             if a.name not in ("dilations", "kernel_shape")}
+    attrs["kernel_shape"] = list(wide.shape[2:])
+    return _conv_node(node, inputs, node.output[0], **attrs)
+
+
+def _as_conv(idx: _Index, node, ranks: dict) -> list:
+    w = _weight(idx, node)
+    spatial = w.ndim - 2
+    if _attr(node, "output_shape") is not None:
+        raise NotRewritten("output_shape is given (only explicit pads are rewritten)")
+    if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise NotRewritten("auto_pad is set (only explicit pads are rewritten)")
+    group = int(_attr(node, "group", 1))
+    strides = list(_attr(node, "strides", [1] * spatial))
+    dilations = list(_attr(node, "dilations", [1] * spatial))
+    pads = list(_attr(node, "pads", [0] * 2 * spatial))
+    extra = list(_attr(node, "output_padding", [0] * spatial))
+    shape = ranks.get(node.input[0])
+    if shape is None or len(shape) != spatial + 2 or any(s is None for s in shape[2:]):
+        raise NotRewritten("its input's spatial shape is not known")
+    kernel = w.shape[2:]
+    begin = [(k - 1) * d - p for k, d, p in zip(kernel, dilations, pads[:spatial])]
+    end = [(k - 1) * d - p + e for k, d, p, e in zip(kernel, dilations, pads[spatial:], extra)]
+    if min(begin + end) < 0:
+        raise NotRewritten("its pads exceed the kernel's reach (a crop, not a padding)")
+
+    cin, per_group = w.shape[0], w.shape[1]            # (C, O / group, *K)
+    flipped = w.reshape((group, cin // group, per_group) + kernel)
+    flipped = np.swapaxes(flipped, 1, 2).reshape((group * per_group, cin // group) + kernel)
+    flipped = np.ascontiguousarray(flipped[(slice(None), slice(None))
+                                           + (slice(None, None, -1),) * spatial])
+    x = node.input[0]
+    made = []
+    if any(s != 1 for s in strides):
+        x, made = _upsampled(idx, node, x, shape, strides)
+    inputs = [x, idx.add_init(flipped, node.input[1] + "_as_conv"), *node.input[2:3]]
+    made.append(_conv_node(node, inputs, node.output[0], group=group, dilations=dilations,
+                           kernel_shape=list(kernel), pads=begin + end,
+                           strides=[1] * spatial))
+    return made
+
+
+def _upsampled(idx: _Index, node, x: str, shape, strides) -> tuple[str, list]:
+    """x with s - 1 zeros after every element along each spatial axis (and none after the
+    last): Reshape to (N, C, H, 1, W, 1), Pad the unit axes to s, Reshape to (N, C, H*s,
+    W*s), and the trailing zeros cut by a Slice."""
+    spatial = shape[2:]
+    tag = node.name + "_upsample"
+    split = [0, 0] + [v for n in spatial for v in (n, 1)]
+    pads = [0] * len(split) * 2
+    for i, s in enumerate(strides):
+        pads[len(split) + 3 + 2 * i] = s - 1          # end of each unit axis
+    joined = [0, 0] + [n * s for n, s in zip(spatial, strides)]
+    keep = [(n - 1) * s + 1 for n, s in zip(spatial, strides)]
+    names = [idx.unique(f"{tag}_{part}") for part in ("split", "padded", "joined", "out")]
+    nodes = [
+        helper.make_node("Reshape", [x, idx.add_init(np.array(split, np.int64), tag + "_a")],
+                         [names[0]], name=idx.unique(tag + "_reshape")),
+        _pad(idx, names[0], names[1], pads, tag),
+        helper.make_node("Reshape", [names[1], idx.add_init(np.array(joined, np.int64),
+                                                            tag + "_b")],
+                         [names[2]], name=idx.unique(tag + "_join")),
+        helper.make_node("Slice", [names[2],
+                                   idx.add_init(np.zeros(len(keep), np.int64), tag + "_s0"),
+                                   idx.add_init(np.array(keep, np.int64), tag + "_s1"),
+                                   idx.add_init(np.arange(2, 2 + len(keep), dtype=np.int64),
+                                                tag + "_axes")],
+                         [names[3]], name=idx.unique(tag + "_trim")),
+    ]
+    return names[3], nodes
+
+
+def _pad(idx: _Index, x: str, out: str, pads: list, tag: str):
+    name = idx.unique(tag + "_pad")
+    if idx.opset >= 11:
+        return helper.make_node("Pad", [x, idx.add_init(np.array(pads, np.int64), tag + "_p")],
+                                [out], name=name)
+    return helper.make_node("Pad", [x], [out], name=name, pads=pads)
