@@ -36,6 +36,9 @@ CASES = [
     ("Conv", (2, 3, 11), (4, 3, 3), dict(dilations=[2])),
     ("Conv", (2, 4, 9, 10), (6, 2, 3, 2), dict(dilations=[2, 3], group=2, pads=[1, 2, 0, 1])),
     ("Conv", (1, 3, 12, 12), (5, 3, 3, 3), dict(dilations=[2, 2], strides=[2, 1])),
+    ("Conv", (2, 3, 5, 6, 7), (4, 3, 3, 2, 3), dict()),
+    ("Conv", (1, 4, 9, 6, 5), (6, 2, 2, 3, 3), dict(group=2, strides=[2, 1, 2],
+                                                    pads=[1, 1, 0, 2, 1, 1], dilations=[3, 1, 2])),
     ("ConvTranspose", (2, 3, 7), (3, 4, 3), dict(strides=[2])),
     ("ConvTranspose", (1, 4, 5, 6), (4, 3, 3, 3), dict(strides=[2, 3], pads=[1, 0, 1, 1],
                                                        output_padding=[1, 2])),
@@ -61,11 +64,15 @@ def test_the_rewrite_computes_what_the_node_did(op, x_shape, w_shape, attrs, ops
     ops = [n.op_type for n in model.graph.node]
     assert "ConvTranspose" not in ops
     conv = next(n for n in model.graph.node if n.op_type == "Conv")
-    assert all(a.name != "dilations" or set(a.ints) <= {1} or op == "ConvTranspose"
-               for a in conv.attribute)
+    if op == "Conv" and len(x_shape) < 5:         # the kernel spread: no dilation left
+        assert all(a.name != "dilations" or set(a.ints) <= {1} for a in conv.attribute)
     got = _run(model, x)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if len(x_shape) == 5:          # one 2-D Conv per output depth, no extra products
+        assert ops.count("Conv") == want.shape[2]
+        assert bool(prov.own_work) == ("dilations" in attrs)   # spread kernels only
+        return
     num, den = prov.own_work["conv"]
     assert 0 < num < den           # the rewritten node does more products than its own
 
@@ -77,8 +84,8 @@ def test_forms_not_covered_stay_with_their_reason():
     reasons = {}
     assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
     assert "output_shape" in reasons["conv"]
-    model = _model("Conv", [1, 2, 4, 4, 4], rng.normal(0, 1, (3, 2, 2, 2, 2)).astype(np.float32),
-                   dilations=[2, 2, 2])
+    model = _model("ConvTranspose", [1, 2, 4, 4, 4],
+                   rng.normal(0, 1, (2, 3, 2, 2, 2)).astype(np.float32))
     assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
     assert "3-D" in reasons["conv"]
 

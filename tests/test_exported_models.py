@@ -16,8 +16,6 @@ from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.front.macs import MATRIX_OPS
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
-# matrix nodes the TPU does not take, and why (asserted: the report must say so)
-ON_THE_HOST = {"Conv3d": "3-D convolution"}
 
 
 def _cases():
@@ -45,12 +43,7 @@ def test_a_pytorch_export_compiles_as_shipped_and_keeps_its_answer(case):
     compiled = tpu_compile(str(case / "model.onnx"), calibration=calibration,
                            config={"array_size": 32})
     report = compiled.report
-    host_only = [why for name, why in ON_THE_HOST.items() if name in case.name]
-    if host_only:
-        assert report.tpu_macs == 0
-        assert any(host_only[0] in (r.reason or "") for r in report.rows if r.where == "host")
-    else:
-        assert report.macs > 0 and report.tpu_macs == report.macs, report.rows
+    assert report.macs > 0 and report.tpu_macs == report.macs, report.rows
     got = compiled.run(x)
     got = got[next(iter(got))]
     assert got.shape == want.shape

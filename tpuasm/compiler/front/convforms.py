@@ -11,8 +11,13 @@ prepare.py for the other rewrites):
   axes swapped (per group).  The upsampling is two Reshapes and a Pad on the host; the Conv
   goes to the TPU.
 
-A form these do not cover (a ConvTranspose with `output_shape` or `auto_pad`, a 3-D one, a
-weight that is not constant) stays as it is, on the host, with its reason."""
+- a 3-D Conv as one 2-D Conv per output depth: the KD input planes it reads (a strided
+  Slice) folded into the channels (C x KD), the kernel reshaped to match; the planes are cut
+  and the outputs stacked on the host, the Convs run on the TPU (at most MAX_DEPTH_STEPS).
+
+A form these do not cover (a ConvTranspose with `output_shape` or `auto_pad`, a 3-D
+ConvTranspose, a weight that is not constant) stays as it is, on the host, with its
+reason."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,9 +36,14 @@ def rewrite_convolutions(model, prov: Provenance, reasons: dict[str, str] | None
     def wanted(node):
         if node.op_type == "ConvTranspose":
             return True
-        return node.op_type == "Conv" and any(d != 1 for d in _attr(node, "dilations", []))
+        w = idx.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 \
+            else None
+        return node.op_type == "Conv" and (
+            any(d != 1 for d in _attr(node, "dilations", [])) or (w is not None and w.ndim == 5))
 
     def expand(node):
+        if node.op_type == "Conv" and idx.const(node.input[1]).ndim == 5:
+            return _per_depth(idx, node, ranks, prov)
         if node.op_type == "Conv":
             made = [_undilated(idx, node)]
             w = made[0]
@@ -161,3 +171,68 @@ def _pad(idx: _Index, x: str, out: str, pads: list, tag: str):
         return helper.make_node("Pad", [x, idx.add_init(np.array(pads, np.int64), tag + "_p")],
                                 [out], name=name)
     return helper.make_node("Pad", [x], [out], name=name, pads=pads)
+
+
+MAX_DEPTH_STEPS = 256              # output depths of a 3-D Conv unrolled into 2-D Convs
+
+
+def _per_depth(idx: _Index, node, ranks: dict, prov: Provenance) -> list:
+    w = idx.const(node.input[1])
+    if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise NotRewritten("a 3-D convolution with auto_pad")
+    shape = ranks.get(node.input[0])
+    if shape is None or len(shape) != 5 or any(s is None for s in shape[1:]):
+        raise NotRewritten("a 3-D convolution whose input shape is not known")
+    out_ch, per_group, kd, kh, kw = w.shape
+    group = int(_attr(node, "group", 1))
+    sd, sh, sw = _attr(node, "strides", [1, 1, 1])
+    dd, dh, dw = _attr(node, "dilations", [1, 1, 1])
+    pd0, ph0, pw0, pd1, ph1, pw1 = _attr(node, "pads", [0] * 6)
+    _, cin, depth, height, width = shape
+    depth += pd0 + pd1
+    steps = (depth - (kd - 1) * dd - 1) // sd + 1
+    if not 0 < steps <= MAX_DEPTH_STEPS:
+        raise NotRewritten(f"a 3-D convolution of {steps} output depths (at most "
+                           f"{MAX_DEPTH_STEPS} are unrolled)")
+    tag = node.name + "_depth"
+    x, made = node.input[0], []
+    if pd0 or pd1:
+        padded = idx.unique(tag + "_padded")
+        made.append(_pad(idx, x, padded, [0, 0, pd0, 0, 0, 0, 0, pd1, 0, 0], tag))
+        x = padded
+    flat = _spread(w.reshape(out_ch, per_group * kd, kh, kw), [dh, dw])  # no 2-D dilation
+    kernel = idx.add_init(np.ascontiguousarray(flat), node.input[1] + "_2d")
+    planes = idx.add_init(np.array([0, cin * kd, height, width], np.int64), tag + "_planes")
+    axis, step = (idx.add_init(np.array([v], np.int64), tag + name)
+                  for name, v in (("_axis", 2), ("_step", dd)))
+    unsqueeze_axes = idx.add_init(np.array([2], np.int64), tag + "_unsq")
+    stacked = []
+    for d in range(steps):
+        at = f"{tag}{d}"
+        start = d * sd
+        names = [idx.unique(f"{at}_{part}") for part in ("planes", "flat", "conv", "out")]
+        made += [
+            helper.make_node("Slice", [x, idx.add_init(np.array([start], np.int64), at + "_s0"),
+                                       idx.add_init(np.array([start + (kd - 1) * dd + 1],
+                                                             np.int64), at + "_s1"),
+                                       axis, step], [names[0]], name=idx.unique(at + "_slice")),
+            helper.make_node("Reshape", [names[0], planes], [names[1]],
+                             name=idx.unique(at + "_fold")),
+            helper.make_node("Conv", [names[1], kernel, *node.input[2:3]], [names[2]],
+                             name=idx.unique(f"{node.name}_d{d}"), group=group,
+                             kernel_shape=list(flat.shape[2:]), strides=[sh, sw],
+                             pads=[ph0, pw0, ph1, pw1]),
+            _unsqueeze(idx, names[2], names[3], unsqueeze_axes, at)]
+        stacked.append(names[3])
+        if flat.shape[2:] != (kh, kw):
+            prov.own_work[made[-2].name] = (kh * kw, int(np.prod(flat.shape[2:])))
+    made.append(helper.make_node("Concat", stacked, [node.output[0]], axis=2,
+                                 name=idx.unique(tag + "_stack")))
+    return made
+
+
+def _unsqueeze(idx: _Index, x: str, out: str, axes: str, tag: str):
+    name = idx.unique(tag + "_unsqueeze")
+    if idx.opset >= 13:
+        return helper.make_node("Unsqueeze", [x, axes], [out], name=name)
+    return helper.make_node("Unsqueeze", [x], [out], name=name, axes=[2])
