@@ -46,8 +46,8 @@ class Memory:
         self.name = name
         self.array = array
 
-    def get(self, key, what: str):
-        """`self[key]`; `what` (the expression's text) names it if it is over budget."""
+    def get(self, key, what):
+        """`self[key]`; `what` (the subscript's node) names it if it is over budget."""
         try:
             budget.check_index(what, self.array, key)
             return self.array[key]
@@ -256,9 +256,8 @@ class Evaluator:
                 return entry[1]
             case ast.BinOp(left=l, op=op, right=r) if type(op) in _BINOPS:
                 a, b = _array(self._eval(l)), _array(self._eval(r))
-                what = f"`{ast.unparse(node)}`"
-                budget.check_broadcast(what, a, b)
-                budget.check_int_op(what, _OP_SIGNS.get(type(op), ""), a, b)
+                budget.check_broadcast(node, a, b)
+                budget.check_int_op(node, _OP_SIGNS.get(type(op), ""), a, b)
                 if isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)) and _is_zero(b):
                     raise ExprError("division by zero")
                 if isinstance(op, (ast.Pow, ast.LShift)) and np.any(np.asarray(b) > 64):
@@ -268,7 +267,7 @@ class Evaluator:
                 return not _truth(_array(self._eval(x)))
             case ast.UnaryOp(op=op, operand=x) if type(op) in _UNOPS:
                 v = _array(self._eval(x))
-                budget.check_broadcast(f"`{ast.unparse(node)}`", v)
+                budget.check_broadcast(node, v)
                 return _UNOPS[type(op)](_widen(v))
             case ast.BoolOp(op=ast.And(), values=vs):
                 return all(_truth(_array(self._eval(v))) for v in vs)
@@ -280,7 +279,7 @@ class Evaluator:
                     if type(op) not in _CMPOPS:
                         raise ExprError(f"unsupported comparison {type(op).__name__}")
                     right = _array(self._eval(r))
-                    budget.check_broadcast(f"`{ast.unparse(node)}`", left, right)
+                    budget.check_broadcast(node, left, right)
                     ok = _compare(_CMPOPS[type(op)], left, right)
                     result = ok if result is True else (result & ok)
                     left = right
@@ -288,14 +287,13 @@ class Evaluator:
             case ast.Subscript(value=v, slice=s):
                 base = self._eval(v)
                 key = self._eval(s)
-                what = f"`{ast.unparse(node)}`"
                 if isinstance(base, Memory):
-                    return base.get(key, what)
+                    return base.get(key, node)
                 if isinstance(base, TileMemory):
                     return base[key]
                 if isinstance(base, np.ndarray):
                     try:
-                        budget.check_index(what, base, key)
+                        budget.check_index(node, base, key)
                         return base[key]
                     except IndexError as e:
                         raise ExprError(str(e)) from None
@@ -306,13 +304,13 @@ class Evaluator:
                 return tuple(self._eval(e) for e in elts)
             case ast.List(elts=elts):
                 items = [_plain(_array(self._eval(e))) for e in elts]
-                budget.check_elements(f"`{ast.unparse(node)}`",
+                budget.check_elements(node,
                                       (sum(int(np.size(v)) for v in items),))
                 return np.array(items, dtype=np.int64)
             case ast.Call(func=ast.Name(id=fn), args=args, keywords=[]) if fn in _FUNCTIONS:
                 values = [_array(self._eval(a)) for a in args]
                 if fn == "abs":
-                    budget.check_broadcast(f"`{ast.unparse(node)}`", *values)
+                    budget.check_broadcast(node, *values)
                 try:
                     return _FUNCTIONS[fn](*values)
                 except (TypeError, ValueError) as e:

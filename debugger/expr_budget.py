@@ -11,6 +11,8 @@ above limits.MAX_EXPR_CHARS before it is parsed.  spec/limits.md lists the numbe
 """
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 
 from tpuasm import limits
@@ -25,13 +27,19 @@ def _refuse(message: str):
     raise ExprError(message)
 
 
+def _named(what) -> str:
+    """`what` as a message names it: a node is unparsed only then (conditions are
+    evaluated before every instruction; checks that pass must cost little)."""
+    return f"`{ast.unparse(what)}`" if isinstance(what, ast.AST) else str(what)
+
+
 def check_text(text: str) -> None:
     if len(text) > limits.MAX_EXPR_CHARS:
         _refuse(f"expression of {len(text):,} characters; at most "
                           f"{limits.MAX_EXPR_CHARS:,} (limits.MAX_EXPR_CHARS, spec/limits.md)")
 
 
-def check_elements(what: str, shape: tuple[int, ...]) -> None:
+def check_elements(what, shape: tuple[int, ...]) -> None:
     """Refuse computing an array of `shape` above the element budget."""
     n = 1
     for d in shape:
@@ -39,12 +47,12 @@ def check_elements(what: str, shape: tuple[int, ...]) -> None:
     if n > limits.MAX_EXPR_ELEMENTS:
         dims = f" ({' x '.join(f'{int(d):,}' for d in shape)})" if len(shape) > 1 else ""
         _refuse(
-            f"{what} would compute {n:,} values{dims}; an expression computes at most "
+            f"{_named(what)} would compute {n:,} values{dims}; an expression computes at most "
             f"{limits.MAX_EXPR_ELEMENTS:,} per value (limits.MAX_EXPR_ELEMENTS, spec/limits.md): "
             "take fewer rows, e.g. ub[0:16], or reduce with sum(), min(), max(), count()")
 
 
-def check_broadcast(what: str, *operands) -> None:
+def check_broadcast(what, *operands) -> None:
     """An element-wise operator's result: the broadcast shape of its array operands."""
     shapes = [v.shape for v in operands if isinstance(v, np.ndarray)]
     if not shapes:
@@ -52,7 +60,7 @@ def check_broadcast(what: str, *operands) -> None:
     try:
         shape = np.broadcast_shapes(*shapes)
     except ValueError:  # said now: numpy would say it only after widening the operands
-        _refuse(f"{what}: shapes {' and '.join(str(s) for s in shapes)} do not broadcast "
+        _refuse(f"{_named(what)}: shapes {' and '.join(str(s) for s in shapes)} do not broadcast "
                 "(element-wise operators need equal shapes, or one of size 1)")
     check_elements(what, shape)
 
@@ -65,7 +73,7 @@ def _is_basic(key) -> bool:
                for p in parts)
 
 
-def check_index(what: str, base: np.ndarray, key) -> None:
+def check_index(what, base: np.ndarray, key) -> None:
     """Indexing `base` with `key`: free when it is a view; otherwise the gathered array's
     shape (from a placeholder that holds no bytes) must fit the budget.  The index arrays
     are first checked themselves, as numpy broadcasts them against each other."""
@@ -89,7 +97,7 @@ def int_bits(v) -> int:
     return abs(int(v)).bit_length() if isinstance(v, (int, np.integer)) else 0
 
 
-def check_int_op(what: str, op: str, a, b) -> None:
+def check_int_op(what, op: str, a, b) -> None:
     """Python integers grow with `*`, `**` and `<<`: bound the result from the operands'
     bit lengths before computing it."""
     a, b = (int(v) if isinstance(v, np.integer) else v for v in (a, b))   # expr.py widens them
@@ -100,5 +108,5 @@ def check_int_op(what: str, op: str, a, b) -> None:
             "<<": lambda: int_bits(a) + max(b, 0),
             }.get(op, lambda: max(int_bits(a), int_bits(b)) + 1)()
     if bits > limits.MAX_EXPR_INT_BITS:
-        _refuse(f"{what} would be an integer of about {bits:,} bits; at most "
+        _refuse(f"{_named(what)} would be an integer of about {bits:,} bits; at most "
                           f"{limits.MAX_EXPR_INT_BITS:,} (limits.MAX_EXPR_INT_BITS, spec/limits.md)")
