@@ -20,7 +20,7 @@ from ..diagnostics import Diagnostic
 from ..errors import AssemblyError
 from .ast import Binary, Directive, Instr, Label, Name, Named, Param, Span, Str, Unary
 from .expand import Macro
-from .reporter import Reporter
+from .reporter import KEEP, Reporter
 from .symbols import MEMORIES
 
 __all__ = ["Analysis", "Occurrence", "SymbolInfo", "analyze"]
@@ -142,6 +142,8 @@ class Analysis:
                     out.setdefault((loc.file, loc.line), []).append(i)
         elif self._items:
             failed = {(d.file, d.line) for d in self.diagnostics if d.severity == "error"}
+            if len(self.diagnostics) >= KEEP:
+                return out           # some errors were only counted: their lines unknown
             for i, (st, _frame) in enumerate(self._items):
                 where = (st.span.file, st.span.line)
                 if where not in failed:
