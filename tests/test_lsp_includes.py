@@ -147,3 +147,14 @@ def test_references_follow_an_unpublished_edit_of_the_included_file(workspace):
     c.change(c.uris["lib"], 2, "; first\n" + LIB)
     assert refs(c, "lib", 1, 5) == [("lib", 1, 5), ("lib", 3, 22),
                                     ("main", 1, 9), ("main", 2, 9), ("main", 4, 19)]
+
+
+def test_no_partial_hints_when_errors_were_only_counted():
+    from tpuasm.assembler.analysis import analyze
+    from tpuasm.assembler.reporter import KEEP
+    few = analyze("RW nosuch\nHLT\n", "p.tasm")
+    assert few.instruction_lines() == {("p.tasm", 2): [1]}
+    # past KEEP the reporter counts errors without their lines: which line assembled is
+    # unknown, so no line gets a hint (not a wrong one)
+    many = analyze("\n".join(f"RW nosuch{i}" for i in range(KEEP + 5)) + "\nHLT\n", "p.tasm")
+    assert len(many.diagnostics) == KEEP and many.instruction_lines() == {}
