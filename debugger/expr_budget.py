@@ -36,7 +36,7 @@ def _named(what) -> str:
 def check_text(text: str) -> None:
     if len(text) > limits.MAX_EXPR_CHARS:
         _refuse(f"expression of {len(text):,} characters; at most "
-                          f"{limits.MAX_EXPR_CHARS:,} (limits.MAX_EXPR_CHARS, spec/limits.md)")
+                f"{limits.MAX_EXPR_CHARS:,} (limits.MAX_EXPR_CHARS, spec/limits.md)")
 
 
 def check_elements(what, shape: tuple[int, ...]) -> None:
@@ -103,10 +103,14 @@ def check_int_op(what, op: str, a, b) -> None:
     a, b = (int(v) if isinstance(v, np.integer) else v for v in (a, b))   # expr.py widens them
     if isinstance(a, bool) or isinstance(b, bool) or not (isinstance(a, int) and isinstance(b, int)):
         return          # arrays stay 64-bit (they wrap); floats do not grow
-    bits = {"*": lambda: int_bits(a) + int_bits(b),
-            "**": lambda: int_bits(a) * max(b, 0),
-            "<<": lambda: int_bits(a) + max(b, 0),
-            }.get(op, lambda: max(int_bits(a), int_bits(b)) + 1)()
+    if op == "*":
+        bits = int_bits(a) + int_bits(b)
+    elif op == "**":
+        bits = int_bits(a) * max(b, 0)
+    elif op == "<<":
+        bits = int_bits(a) + max(b, 0)
+    else:                                # +, -, //, %, >>, &, |, ^: one bit at most
+        bits = max(int_bits(a), int_bits(b)) + 1
     if bits > limits.MAX_EXPR_INT_BITS:
         _refuse(f"{_named(what)} would be an integer of about {bits:,} bits; at most "
-                          f"{limits.MAX_EXPR_INT_BITS:,} (limits.MAX_EXPR_INT_BITS, spec/limits.md)")
+                f"{limits.MAX_EXPR_INT_BITS:,} (limits.MAX_EXPR_INT_BITS, spec/limits.md)")
