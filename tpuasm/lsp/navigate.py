@@ -8,12 +8,12 @@ from lsprotocol import types as T
 from pygls.exceptions import JsonRpcInvalidParams
 
 from ..assembler.ast import Directive, Name, Span, Str
+from ..assembler.expand import _file_key as _key
 from ..assembler.symbols import MEMORIES
 from ..fmt import format_source
 from ..isa import ISA_TABLE
 from ..tokens import Token, line_tokens
 from . import hover as texts
-from ..assembler.expand import _file_key as _key
 from .diagnostics import uri_of
 from .documents import LINE_LIMIT, Checked
 
