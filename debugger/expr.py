@@ -5,7 +5,8 @@ condition can never run arbitrary code.  Names resolve, in this order, to machin
 (`cycle`, `status`, `fault`), the memories `ub`, `acc`, `host` and `tile` (`tile[3]` is
 weight tile 3 as int8; byte memories read as int8, `ubu` and `hostu` as uint8), the
 shape (`array_size`, `ub_rows`, ...), the program's symbols, `retired`, the counters and
-the configuration registers.
+the configuration registers.  What an expression computes has a memory budget, checked
+before it is computed (expr_budget.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import operator
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import expr_budget as budget
 
 MEMORIES = ("ub", "acc", "host")
 REGION_KINDS = ("ub", "acc", "host", "tile")
@@ -36,14 +39,17 @@ class Location:
 
 
 class Memory:
-    """A memory as an expression sees it: subscripting gives numpy views (no copies)."""
+    """A memory as an expression sees it: subscripting gives numpy views (no copies), and
+    a subscript that would copy (an array of rows) is sized against the budget first."""
 
     def __init__(self, name: str, array: np.ndarray):
         self.name = name
         self.array = array
 
-    def __getitem__(self, key):
+    def get(self, key, what):
+        """`self[key]`; `what` (the subscript's node) names it if it is over budget."""
         try:
+            budget.check_index(what, self.array, key)
             return self.array[key]
         except IndexError as e:
             raise ExprError(f"{self.name}: {e}") from None
@@ -73,7 +79,9 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
            ast.Gt: operator.gt, ast.GtE: operator.ge}
 _UNOPS = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
-_FUNCTIONS = {"sum": lambda a: np.sum(np.asarray(a, dtype=np.int64)),
+# sum, min, max, any, all and count reduce a memory view without copying it (numpy casts
+# in small buffers), so they are the way to look at a whole memory; abs makes a copy.
+_FUNCTIONS = {"sum": lambda a: np.sum(a, dtype=np.int64),
               "min": lambda a: np.min(a), "max": lambda a: np.max(a), "abs": np.abs,
               "any": lambda a: bool(np.any(a)), "all": lambda a: bool(np.all(a)),
               "len": len, "int": int, "count": lambda a: int(np.count_nonzero(a))}
@@ -121,9 +129,11 @@ class Evaluator:
     def value(self, text: str):
         """The value of `text`: an int, a bool, a string or a numpy array."""
         try:
-            return _plain(self._eval(self._parse(text)))
-        except ValueError as e:     # numpy: regions of shapes that do not broadcast
-            raise ExprError(f"`{text}`: {e}") from None
+            return _plain(_array(self._eval(self._parse(text))))
+        except (ValueError, OverflowError, TypeError) as e:
+            # numpy: shapes that do not broadcast, an int too large for int64, a string
+            # in arithmetic
+            raise ExprError(f"`{text.strip()}`: {e}") from None
 
     def truth(self, text: str) -> bool:
         """`text` as a condition; an array is true when all its elements are."""
@@ -201,6 +211,7 @@ class Evaluator:
         text = text.strip()
         if not text:
             raise ExprError("empty expression")
+        budget.check_text(text)
         try:
             return ast.parse(text, mode="eval")
         except SyntaxError as e:
@@ -244,26 +255,31 @@ class Evaluator:
                 self._size = entry[2]
                 return entry[1]
             case ast.BinOp(left=l, op=op, right=r) if type(op) in _BINOPS:
-                a, b = self._eval(l), self._eval(r)
+                a, b = _array(self._eval(l)), _array(self._eval(r))
+                budget.check_broadcast(node, a, b)
+                budget.check_int_op(node, _OP_SIGNS.get(type(op), ""), a, b)
                 if isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)) and _is_zero(b):
                     raise ExprError("division by zero")
                 if isinstance(op, (ast.Pow, ast.LShift)) and np.any(np.asarray(b) > 64):
                     raise ExprError("exponent or shift above 64")     # 2 ** 10 ** 9 would hang
                 return _BINOPS[type(op)](_widen(a), _widen(b))
             case ast.UnaryOp(op=ast.Not(), operand=x):
-                return not _truth(self._eval(x))
+                return not _truth(_array(self._eval(x)))
             case ast.UnaryOp(op=op, operand=x) if type(op) in _UNOPS:
-                return _UNOPS[type(op)](_widen(self._eval(x)))
+                v = _array(self._eval(x))
+                budget.check_broadcast(node, v)
+                return _UNOPS[type(op)](_widen(v))
             case ast.BoolOp(op=ast.And(), values=vs):
-                return all(_truth(self._eval(v)) for v in vs)
+                return all(_truth(_array(self._eval(v))) for v in vs)
             case ast.BoolOp(op=ast.Or(), values=vs):
-                return any(_truth(self._eval(v)) for v in vs)
+                return any(_truth(_array(self._eval(v))) for v in vs)
             case ast.Compare(left=l, ops=ops, comparators=rs):
-                left, result = self._eval(l), True
+                left, result = _array(self._eval(l)), True
                 for op, r in zip(ops, rs):
                     if type(op) not in _CMPOPS:
                         raise ExprError(f"unsupported comparison {type(op).__name__}")
-                    right = self._eval(r)
+                    right = _array(self._eval(r))
+                    budget.check_broadcast(node, left, right)
                     ok = _compare(_CMPOPS[type(op)], left, right)
                     result = ok if result is True else (result & ok)
                     left = right
@@ -271,10 +287,13 @@ class Evaluator:
             case ast.Subscript(value=v, slice=s):
                 base = self._eval(v)
                 key = self._eval(s)
-                if isinstance(base, (Memory, TileMemory)):
+                if isinstance(base, Memory):
+                    return base.get(key, node)
+                if isinstance(base, TileMemory):
                     return base[key]
                 if isinstance(base, np.ndarray):
                     try:
+                        budget.check_index(node, base, key)
                         return base[key]
                     except IndexError as e:
                         raise ExprError(str(e)) from None
@@ -284,10 +303,16 @@ class Evaluator:
             case ast.Tuple(elts=elts):
                 return tuple(self._eval(e) for e in elts)
             case ast.List(elts=elts):
-                return np.array([_plain(self._eval(e)) for e in elts], dtype=np.int64)
+                items = [_plain(_array(self._eval(e))) for e in elts]
+                budget.check_elements(node,
+                                      (sum(int(np.size(v)) for v in items),))
+                return np.array(items, dtype=np.int64)
             case ast.Call(func=ast.Name(id=fn), args=args, keywords=[]) if fn in _FUNCTIONS:
+                values = [_array(self._eval(a)) for a in args]
+                if fn == "abs":
+                    budget.check_broadcast(node, *values)
                 try:
-                    return _FUNCTIONS[fn](*(self._eval(a) for a in args))
+                    return _FUNCTIONS[fn](*values)
                 except (TypeError, ValueError) as e:
                     raise ExprError(f"{fn}(): {e}") from None
         raise ExprError(f"not allowed in an expression: `{ast.unparse(node)}`")
@@ -328,6 +353,19 @@ class Evaluator:
         if name in registers:
             return int(registers[name])
         raise ExprError(f"unknown name `{name}`")
+
+
+_OP_SIGNS = {ast.Mult: "*", ast.Pow: "**", ast.LShift: "<<"}
+
+
+def _array(v):
+    """A whole memory used as a value (`sum(ub)`, `acc == 0`, `print host`): its array, a
+    view; subscripting goes through Memory so that errors name the memory."""
+    if isinstance(v, Memory):
+        return v.array
+    if isinstance(v, TileMemory):
+        raise ExprError("`tile` needs a tile index, e.g. tile[0]")
+    return v
 
 
 def _is_zero(b) -> bool:

@@ -319,7 +319,7 @@ def test_bad_batch_axis_options(tmp_path, capsys, argv, message):
     assert code == 2 and message in err and "Traceback" not in err
 
 
-def test_outdir_without_batch_axes_still_loads(tmp_path):
+def test_outdir_without_batch_axes_is_refused_until_compiled_again(tmp_path):
     path = save(tmp_path, [helper.make_node("Relu", ["x"], ["y"], name="r")],
                 [vi("x", T.FLOAT, ["N", 4])], [vi("y", T.FLOAT, ["N", 4])], [], "relu")
     x = np.random.default_rng(3).normal(0, 1, (5, 4)).astype(np.float32)
@@ -330,6 +330,10 @@ def test_outdir_without_batch_axes_still_loads(tmp_path):
         del v["batch_axis"]                         # as OUTDIRs written before
     del manifest["files"], manifest["digest"]       # (which had no digests either)
     manifest_path.write_text(json.dumps(manifest))
+    # nothing vouches for an OUTDIR without digests (spec/limits.md "Compiled models")
+    with pytest.raises(CompileError, match=r"compiled by an older tpuasm: .*`tpuasm compile "):
+        load(tmp_path / "out")
+    compile_model(path, batch=2, calibration=x).save(tmp_path / "out")     # as it says
     model = load(tmp_path / "out")
     assert [i.batch_axis for i in model.inputs + model.outputs] == [0, 0]
     (want,) = run_ort(onnx.load(str(tmp_path / "out" / "model.qdq.onnx")), {"x": x})

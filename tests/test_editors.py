@@ -70,6 +70,19 @@ def test_a_mnemonic_is_scoped_only_in_mnemonic_position():
     assert _mnemonics_scoped("x: .equ y, 2") == []
 
 
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Whether `.vscodeignore`'s patterns leave `path` out, as vsce reads them: a pattern
+    without a `*` in its last part also covers everything under it (fnmatch's `*` crosses
+    `/`, so a shipped file is, if anything, found ignored too often)."""
+    import fnmatch
+    for pattern in patterns:
+        forms = [pattern] if "*" in pattern.rsplit("/", 1)[-1] else [pattern, pattern.rstrip("/") + "/**"]
+        for form in forms:
+            if fnmatch.fnmatch(path, form) or fnmatch.fnmatch(path, form.replace("**/", "")):
+                return True
+    return False
+
+
 def test_the_extension_packages_with_license_and_ignore_file():
     manifest = json.loads((VSCODE / "package.json").read_text())
     license_text = (ROOT / "LICENSE").read_text()
@@ -79,12 +92,36 @@ def test_the_extension_packages_with_license_and_ignore_file():
                if line.strip() and not line.startswith("#")]
     shipped = [manifest["main"], manifest["contributes"]["grammars"][0]["path"],
                manifest["contributes"]["languages"][0]["configuration"], "LICENSE",
-               "package.json", "node_modules/vscode-languageclient/package.json"]
-    import fnmatch
+               "package.json"]
     for path in shipped:
-        path = path.removeprefix("./")
-        assert not any(fnmatch.fnmatch(path, pattern.replace("**/", "*")) or
-                       fnmatch.fnmatch(path, pattern) for pattern in ignored), path
+        assert not _ignored(path.removeprefix("./"), ignored), path
+    # bundled into main: the source and the libraries stay out (vsce warns above 100 .js)
+    for path in ("extension.js", "node_modules/vscode-languageclient/package.json",
+                 "node_modules/vscode-jsonrpc/lib/common/api.js", ".gitignore",
+                 "tpuasm-0.1.0.vsix", "dist/extension.js.map"):
+        assert _ignored(path, ignored), path
+
+
+def test_the_extension_is_packaged_by_its_own_script_without_prompts():
+    manifest = json.loads((VSCODE / "package.json").read_text())
+    scripts = manifest["scripts"]
+    # no public address: vsce's repository prompt is answered by the flag, not a made-up URL
+    assert "repository" not in manifest
+    assert scripts["package"] == "vsce package --allow-missing-repository"
+    assert manifest["private"] is True                       # npm publish refuses it
+    # vsce runs vscode:prepublish; it bundles extension.js into main with esbuild
+    assert scripts["vscode:prepublish"] == "npm run build"
+    build = scripts["build"].split()
+    assert build[0] == "esbuild" and "--bundle" in build and "--external:vscode" in build
+    assert (VSCODE / build[1]).is_file()
+    assert f"--outfile={manifest['main'].removeprefix('./')}" in build
+    # everything the extension requires is vscode (the editor's) or bundled at build time
+    required = re.findall(r"""require\(["']([^"'/]+)""", (VSCODE / build[1]).read_text())
+    assert "vscode-languageclient" in required
+    assert all(r == "vscode" or r in manifest["devDependencies"] for r in required), required
+    assert {"esbuild", "@vscode/vsce"} <= set(manifest["devDependencies"])
+    assert "dependencies" not in manifest                  # nothing left to ship unbundled
+    assert {"node_modules/", "dist/"} <= set((VSCODE / ".gitignore").read_text().split())
 
 
 def test_the_setuptools_floor_reads_an_spdx_license():
@@ -105,7 +142,7 @@ def test_every_directive_has_hover_text_and_a_grammar_entry():
 
 def test_the_extension_manifest_names_real_files():
     manifest = json.loads((VSCODE / "package.json").read_text())
-    assert (VSCODE / manifest["main"]).is_file()
+    assert manifest["main"] == "./dist/extension.js"        # built by `npm run build`
     [language] = manifest["contributes"]["languages"]
     [grammar] = manifest["contributes"]["grammars"]
     assert grammar["language"] == language["id"] and grammar["scopeName"] == "source.tasm"

@@ -57,6 +57,15 @@ MAX_CYCLES = 1 << 62                 # --max-cycles, a manifest's max_cycles (in
 MAX_TIMING_CYCLES = 1 << 40          # a latency in cycles (MachineConfig)
 MAX_RATE = 1e15                      # clock_hz, bytes per cycle (MachineConfig)
 
+# ---- the debugger's expressions (`print`, `display`, `expect`, `watch COND`, break
+# conditions): checked before anything is computed (debugger/expr_budget.py).  Reading a
+# memory (`ub[0:99999999]`, `acc`) is a numpy view and costs nothing; what an expression
+# computes from it is widened to int64, so one computed value of the cap is 32 MiB and an
+# operator holds at most three (its two widened operands and its result).
+MAX_EXPR_CHARS = 10_000              # an expression's text (the parser's tree grows with it)
+MAX_EXPR_ELEMENTS = 1 << 22          # elements of one computed array (a whole 4096 x 256 acc fits)
+MAX_EXPR_INT_BITS = 4096             # a computed integer (`2 ** 64 ** ...` would grow without end)
+
 # ---- the compiler
 MAX_BATCH = 1 << 16                  # `compile --batch`, an OUTDIR's batch (~0.5 GB of rows
 #                                      for the corpus's models at the cap; 10**6 took 7 GB)

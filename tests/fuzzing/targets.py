@@ -511,9 +511,8 @@ def _tamper(outdir: Path, spec: dict) -> None:
             else:
                 parent[path[-1]] = rng.choice(_HOSTILE)
         if isinstance(doc, dict) and LEGACY_OUTDIRS and rng.random() < 0.5:
-            # as an OUTDIR written before manifests carried digests: then only the
-            # manifest's structure stands between the edit and the run (spec/limits.md:
-            # an edit that keeps the structure can still fail in the run; off by default)
+            # as an OUTDIR written before manifests carried digests: its structure is
+            # checked, then it is refused (spec/limits.md "Compiled models"); off by default
             doc.pop("digest", None)
             doc.pop("files", None)
         target.write_text(json.dumps(doc))

@@ -20,7 +20,7 @@ from ..diagnostics import Diagnostic
 from ..errors import AssemblyError
 from .ast import Binary, Directive, Instr, Label, Name, Named, Param, Span, Str, Unary
 from .expand import Macro
-from .reporter import Reporter
+from .reporter import KEEP, Reporter
 from .symbols import MEMORIES
 
 __all__ = ["Analysis", "Occurrence", "SymbolInfo", "analyze"]
@@ -59,13 +59,17 @@ class Analysis:
     diagnostics does not pay for it."""
 
     def __init__(self, filename: str, program: Program | None, diagnostics: list[Diagnostic],
-                 sources: dict[str, str], shape: MachineShape | None = None, passes=None):
+                 sources: dict[str, str], shape: MachineShape | None = None, passes=None,
+                 items=None):
         self.filename = filename
         self.program = program
         self.diagnostics = diagnostics
         self.sources = sources
         self.shape = shape
         self._passes = passes            # (expander, symbols) of the run, for the index
+        # the expanded instructions (statement, frame) of a run with errors: an instruction
+        # index is its position among them, as labels count (no program to ask)
+        self._items = items if program is None else None
         self._indexed = False
         self._statements: dict[str, list] = {}
         self._symbols: dict[str, SymbolInfo] = {}
@@ -125,12 +129,25 @@ class Analysis:
         return next((o for o in self.occurrences if o.key == key and o.definition), None)
 
     def instruction_lines(self) -> dict[tuple[str, int], list[int]]:
-        """(file, line) -> indices of the instructions assembled from that line."""
+        """(file, line) -> indices of the instructions assembled from that line.
+
+        In a run with errors, the lines that assembled: every expanded instruction whose
+        line has no error, at its position among the expanded instructions (the index it
+        has once the errors are fixed, unless a fix adds or removes instructions before
+        it; a line the parser could not read is no instruction yet)."""
         out: dict[tuple[str, int], list[int]] = {}
         if self.program is not None:
             for i, loc in enumerate(self.program.locations):
                 if loc is not None:
                     out.setdefault((loc.file, loc.line), []).append(i)
+        elif self._items:
+            failed = {(d.file, d.line) for d in self.diagnostics if d.severity == "error"}
+            if len(self.diagnostics) >= KEEP:
+                return out           # some errors were only counted: their lines unknown
+            for i, (st, _frame) in enumerate(self._items):
+                where = (st.span.file, st.span.line)
+                if where not in failed:
+                    out.setdefault(where, []).append(i)
         return out
 
 
@@ -164,7 +181,8 @@ def analyze(text: str, filename: str = "<input>", *, config: dict | None = None,
     expander = state.get("expander")
     symbols = state.get("symbols")
     passes = (expander, symbols) if expander is not None and symbols is not None else None
-    result = Analysis(filename, program, list(reporter.diagnostics), sources, state.get("shape"), passes)
+    result = Analysis(filename, program, list(reporter.diagnostics), sources, state.get("shape"), passes,
+                      items=expander.items if expander is not None else None)
     if lint and program is not None:
         from ..lint import lint as lint_findings
         items = expander.items if expander is not None else []

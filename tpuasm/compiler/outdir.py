@@ -89,8 +89,9 @@ def _write(model, d: Path) -> None:
 # --update-golden` rewrites) and carries a digest of itself.  A file changed, cut or
 # replaced, or a manifest edited by hand, is "damaged compiled model ...; compile it again"
 # before anything runs, instead of a wrong answer or a failure half way through a run.
-# (OUTDIRs written before the digests existed have neither and are checked for their
-# structure only.)
+# An OUTDIR written before the digests existed has neither: nothing vouches for its files
+# (an edit that keeps the manifest's structure would fail half way or change the answer),
+# so it is refused with the command that makes a checked one.
 
 def _digested(d: Path) -> list[str]:
     return sorted(p.relative_to(d).as_posix() for p in d.rglob("*")
@@ -120,7 +121,14 @@ def _manifest_digest(manifest: dict) -> str:
 
 def _check_integrity(outdir: Path, data: dict, bad) -> None:
     if "digest" not in data and "files" not in data:
-        return                                    # written before digests existed
+        model = data.get("model")
+        if not (isinstance(model, str) and model.isprintable() and 0 < len(model) <= 200):
+            model = "MODEL.onnx"
+        raise CompileError(
+            f"{outdir}: compiled by an older tpuasm: its manifest has no digests, so a change "
+            f"to its files cannot be detected; compile the model again with this tpuasm: "
+            f"`tpuasm compile {model} -o {outdir}` (with the --batch and --calibrate "
+            f"options it was compiled with)")
     again = "compile it again"
     if data.get("digest") != _manifest_digest(data):
         raise CompileError(f"{outdir / MANIFEST}: damaged compiled model (the manifest was "

@@ -28,6 +28,7 @@ class Checked:
     analysis: Analysis
     lines: Lines
     stats: RunStats | None = None
+    skipped: bool = False        # lines left out of the check (LINE_LIMIT): no inlay hints
     _diagnostics: list | None = field(default=None, repr=False)
 
     def diagnostics(self) -> list[T.Diagnostic]:
@@ -37,6 +38,13 @@ class Checked:
 
     def text_lines(self) -> list[str]:
         return self.lines.of(self.path)
+
+    def name_of(self, path: str) -> str | None:
+        """The name this check read the file `path` under (an include's path as the
+        assembler resolved it), or None if it did not read it."""
+        key = os.path.abspath(path)
+        return next((f for f in self.analysis.sources
+                     if not f.startswith("<") and os.path.abspath(f) == key), None)
 
     def where(self, position: T.Position) -> tuple[int, int]:
         """1-based (line, col) in characters of an LSP position in this file."""
@@ -96,7 +104,8 @@ class Documents:
         if skipped:
             analysis.program = None      # instructions are missing: no per-instruction hints
         checked = Checked(uri, path, text, doc.version, analysis,
-                          Lines(analysis.sources, self.server.workspace.position_codec))
+                          Lines(analysis.sources, self.server.workspace.position_codec),
+                          skipped=bool(skipped))
         if analysis.program is not None:
             checked.stats = find_stats(path, len(analysis.program))
         self.checked[uri] = checked
@@ -127,6 +136,23 @@ class Documents:
         return [u for u, c in self.checked.items()
                 if u != uri and any(not f.startswith("<") and os.path.abspath(f) == key
                                     for f in c.analysis.sources)]
+
+    def includers(self, uri: str) -> list[Checked]:
+        """The checks of the other open files that include `uri`, each re-checked first if
+        it read another text of `uri` than the editor's (a change not yet re-published)."""
+        doc = self.server.workspace.text_documents.get(uri)
+        path = to_fs_path(uri)
+        out = []
+        for other in self.dependents(uri):
+            checked = self.current(other)
+            if checked is None or path is None:
+                continue
+            name = checked.name_of(path)
+            if doc is not None and name is not None and checked.analysis.sources.get(name) != doc.source:
+                checked = self.check(other)
+            if checked is not None and checked.name_of(path) is not None:
+                out.append(checked)
+        return out
 
     def forget(self, uri: str) -> None:
         self.checked.pop(uri, None)

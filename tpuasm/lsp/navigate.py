@@ -8,6 +8,7 @@ from lsprotocol import types as T
 from pygls.exceptions import JsonRpcInvalidParams
 
 from ..assembler.ast import Directive, Name, Span, Str
+from ..assembler.expand import _file_key as _key
 from ..assembler.symbols import MEMORIES
 from ..fmt import format_source
 from ..isa import ISA_TABLE
@@ -87,14 +88,18 @@ def _occurrence(checked: Checked | None, position: T.Position):
     return occurrence_at(checked, *checked.where(position))
 
 
-def occurrence_at(checked: Checked, line: int, col: int):
-    """The symbol occurrence under the cursor; on `ub.` of `ub.input`, that of `input`."""
-    a = checked.analysis
-    occ = a.at(checked.path, line, col)
+def occurrence_at(checked: Checked, line: int, col: int, view: Checked | None = None):
+    """The symbol occurrence under the cursor; on `ub.` of `ub.input`, that of `input`.
+    `view`: look it up in another file's check that includes this one."""
+    view = view or checked
+    a, file = view.analysis, view.name_of(checked.path) if view is not checked else checked.path
+    if file is None:
+        return None
+    occ = a.at(file, line, col)
     if occ is None:
         hit = token_at(tokens_of(checked, line), col)
         if hit is not None and hit[1].kind == "name":
-            occ = a.at(checked.path, line, hit[1].start + len(hit[1].text))
+            occ = a.at(file, line, hit[1].start + len(hit[1].text))
     return occ
 
 
@@ -116,12 +121,40 @@ def definition(checked: Checked | None, position: T.Position):
     return _location(checked, info.span)
 
 
-def references(checked: Checked | None, position: T.Position, include_declaration: bool):
-    occ = _occurrence(checked, position)
-    if occ is None:
+def references(checked: Checked | None, position: T.Position, include_declaration: bool,
+               includers: list[Checked] = ()):
+    """Every occurrence of the symbol under the cursor, in this file's check and in the
+    checks of the open files that include it (`includers`): there a symbol this file
+    defines is used, and a symbol this file only uses may be defined.  A check counts
+    when it knows the symbol by the same key defined at the same place."""
+    if checked is None:
         return None
-    return [_location(checked, o.span) for o in checked.analysis.references(occ.key)
-            if include_declaration or not o.definition]
+    line, col = checked.where(position)
+    views = [checked, *includers]
+    found = next(((view, occ) for view in views
+                  if (occ := occurrence_at(checked, line, col, view)) is not None), None)
+    if found is None:
+        return None
+    view, occ = found
+    place = _defined_at(view, occ.key)
+    out, seen = [], set()
+    for view in views:
+        if occ.key not in view.analysis.symbols or _defined_at(view, occ.key) != place:
+            continue
+        for o in view.analysis.references(occ.key):
+            loc = _location(view, o.span)
+            where = (loc.uri, loc.range.start.line, loc.range.start.character)
+            if (include_declaration or not o.definition) and where not in seen:
+                seen.add(where)
+                out.append(loc)
+    return out
+
+
+def _defined_at(view: Checked, key: str):
+    info = view.analysis.symbols.get(key)
+    if info is None or info.span is None:
+        return None
+    return (_key(info.span.file), info.span.line, info.span.col)
 
 
 def prepare_rename(checked: Checked | None, position: T.Position):
@@ -201,9 +234,12 @@ def formatting(checked: Checked | None) -> list[T.TextEdit] | None:
 
 def inlay_hints(checked: Checked | None, within: T.Range) -> list[T.InlayHint] | None:
     """`#index` after each instruction line (the indices of every instruction the line
-    assembles to), and with a run's stats the first one's issue and stall cycles."""
+    assembles to), and with a run's stats the first one's issue and stall cycles.  In a
+    file with errors, the lines that assembled get theirs (analysis.instruction_lines)."""
     if checked is None:
         return None
+    if checked.skipped:                  # an emptied line: the indices after it are wrong
+        return []
     lines = checked.text_lines()
     out = []
     for (file, line), indices in checked.analysis.instruction_lines().items():

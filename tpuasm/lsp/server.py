@@ -79,8 +79,9 @@ def make_server(debounce: float = 0.15) -> TasmServer:
 
     @server.feature(T.TEXT_DOCUMENT_REFERENCES)
     def references(ls: TasmServer, params: T.ReferenceParams):
-        return navigate.references(ls.documents.current(params.text_document.uri), params.position,
-                                   params.context.include_declaration)
+        uri = params.text_document.uri
+        return navigate.references(ls.documents.current(uri), params.position,
+                                   params.context.include_declaration, ls.documents.includers(uri))
 
     @server.feature(T.TEXT_DOCUMENT_PREPARE_RENAME)
     def prepare_rename(ls: TasmServer, params: T.PrepareRenameParams):
