@@ -186,10 +186,10 @@ def compile_main(argv: list[str] | None = None) -> int:
                               min_agreement=args.min_agreement, min_snr=args.min_snr)
         model.save(args.output)
         if not args.quiet:
-            sys.stdout.write(model.report.text())
+            sys.stdout.write(model.report.text() + "\n")
         for warning in model.report.all_warnings():     # even with -q: they need acting on
             print(f"warning: {warning}", file=sys.stderr)
-        print(f"\nwrote {args.output}")
+        print(f"wrote {args.output}")
     return state["code"]
 
 

@@ -5,6 +5,14 @@ from __future__ import annotations
 import onnx
 
 
+def quiet() -> None:
+    """onnxruntime's sessions opened elsewhere (quantize_static's calibration) log warnings
+    such as "Removing initializer ... not used" to stderr, hundreds for a large model: its
+    default logger keeps to errors, as ours do."""
+    import onnxruntime as ort
+    ort.set_default_logger_severity(3)
+
+
 def session(model: onnx.ModelProto | bytes, threads: int = 1):
     """An onnxruntime session; host parts run on one thread (the emulator has the other
     cores), `threads=0` leaves onnxruntime its own count."""

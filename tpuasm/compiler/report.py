@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
 
 from tpuasm.compiler.ir import Conv, Dense, Elementwise, Lookup, Pool
 
@@ -305,15 +306,27 @@ def _counted(kinds) -> str:
 
 
 def _named_in(text: str, *candidates: list[str]) -> str | None:
-    """The longest node name that `text` mentions as a whole word."""
+    """The longest node name that `text` mentions as a whole word (not inside a longer run
+    of name characters): the text's words are found once, so a model of thousands of nodes
+    costs a set lookup per name, not a regular expression."""
+    words = set(_WORD.findall(text))
     best = None
     for names in candidates:
         for name in names:
             if best is not None and len(name) <= len(best):
                 continue
-            if re.search(rf"(?<![\w./:-]){re.escape(name)}(?![\w./:-])", text):
+            if name in words if _plain(name) else re.search(
+                    rf"(?<![\w./:-]){re.escape(name)}(?![\w./:-])", text):
                 best = name
     return best
+
+
+_WORD = re.compile(r"[\w./:-]+")
+
+
+@lru_cache(maxsize=65536)
+def _plain(name: str) -> bool:
+    return _WORD.fullmatch(name) is not None
 
 
 # ---------------------------------------------------------------------- warnings

@@ -248,6 +248,8 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              "WeightSymmetric": True, "CalibPercentile": options.percentile}
     import logging
     logging.getLogger().setLevel(logging.ERROR)      # quantize_static's pre-processing hints
+    from tpuasm.compiler.ort import quiet
+    quiet()
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
     try:
         # numpy's RuntimeWarnings from calibration (activations that overflow to infinity)
