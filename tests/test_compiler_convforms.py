@@ -112,3 +112,31 @@ def test_compiled_on_the_tpu_with_the_network_s_own_macs(tmp_path, op, x_shape, 
     want = _run(onnx.load(str(path)), x)
     scale = np.abs(want).max()
     assert np.abs(got - want).max() < 0.05 * scale
+
+
+def test_a_layer_the_unified_buffer_cannot_hold_runs_on_the_host(tmp_path):
+    """VGG's first layers at 224 x 224 need more Unified Buffer rows than the chip has: the
+    back end's capacity error puts that layer on the host (its reason says why), the rest of
+    the model still compiles onto the TPU, and the answers are kept."""
+    rng = np.random.default_rng(4)
+    w1 = rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (6, 8, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["a"], name="big", pads=[1, 1, 1, 1],
+                          strides=[4, 4]),
+         helper.make_node("Relu", ["a"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="small", pads=[1, 1, 1, 1])],
+        "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 4, 32, 32])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", 6, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    calib = rng.normal(0, 1, (16, 4, 32, 32)).astype(np.float32)
+    compiled = tpu_compile(str(path), batch=4, calibration=calib,
+                           config={"array_size": 16, "ub_rows": 1024})
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["big"].where == "host" and "cannot hold" in rows["big"].reason
+    assert rows["small"].where == "TPU"
+    want = _run(model, calib[:4])
+    assert np.abs(compiled.run(calib[:4])["y"] - want).max() < 0.05 * np.abs(want).max()

@@ -7,6 +7,9 @@ from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.runtime.steps import TpuStep
 
 
+CANNOT_HOLD = "the machine cannot hold it"     # the reason of a node too large for the shape
+
+
 def machine_config(config: dict):
     from tpuasm.machine import MachineConfig
     try:
@@ -26,8 +29,9 @@ def codegen_module():
 
 def generate_programs(steps, batch, machine, path="the model", fall_back: bool = False
                       ) -> dict[str, str]:
-    """The back end: one SegmentProgram per segment.  The back end's CodegenError is a clear
-    error; any other failure (a case it mishandles) is one too, or with `fall_back` its
+    """The back end: one SegmentProgram per segment.  The back end's CodegenError (a segment
+    the machine cannot hold: a Unified Buffer or accumulators too small for its images) and
+    any other failure (a case it mishandles) are clear errors, or with `fall_back` their
     culprits are returned ({operator: why}) for the pipeline to put on the host."""
     codegen = codegen_module()
     check_weight_memory(steps, machine.array_size, path, codegen)
@@ -47,16 +51,20 @@ def generate_programs(steps, batch, machine, path="the model", fall_back: bool =
                     raise CompileError(f"{step.name}: {e}") from None
                 failed[e.operator] = f"the back end does not map it: {e}"
             except codegen.CodegenError as e:
-                raise CompileError(f"{step.name}: {e}") from None
+                if not fall_back:
+                    raise CompileError(f"{step.name}: {e}") from None
+                failed.update(_culprits(step.segment, generate,
+                                        f"{CANNOT_HOLD}: {_first_line(e)}",
+                                        codegen.CodegenError))
             except Exception as e:    # noqa: BLE001 - a case the back end mishandles
                 why = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
                 if not fall_back:
                     raise CompileError(f"{path}: {step.name}: {why}") from None
-                failed.update(_culprits(step.segment, generate, why))
+                failed.update(_culprits(step.segment, generate, why, codegen.CodegenError))
     return failed
 
 
-def _culprits(segment, generate, why: str) -> dict[str, str]:
+def _culprits(segment, generate, why: str, capacity: type) -> dict[str, str]:
     """The operators of a failing segment that fail alone ({name: why}); all of them when
     none does (the failure needs their company)."""
     from tpuasm.compiler.ir import Segment
@@ -66,7 +74,9 @@ def _culprits(segment, generate, why: str) -> dict[str, str]:
             generate(Segment(f"{segment.name}_{op.name}", [op], list(dict.fromkeys(op.inputs)),
                              [op.output]))
         except Exception as e:       # noqa: BLE001 - as above, operator by operator
-            found[op.name] = f"code generation failed ({type(e).__name__}: {_first_line(e)})"
+            found[op.name] = (f"{CANNOT_HOLD}: {_first_line(e)}"
+                              if isinstance(e, capacity) else
+                              f"code generation failed ({type(e).__name__}: {_first_line(e)})")
     return found or {op.name: why for op in segment.operators}
 
 
