@@ -216,3 +216,17 @@ def _exact_rounding(accs: np.ndarray, mult: int, shift: int) -> np.ndarray:
     q, r = np.divmod(np.asarray(accs, np.int64) * mult, np.int64(1) << shift)
     half = np.int64(1) << (shift - 1)
     return q + ((r > half) | ((r == half) & (q % 2 == 1)))
+
+
+def test_act_float_comes_from_the_table_to_the_assembler_disassembler_and_hover():
+    from tpuasm.assembler import assemble
+    from tpuasm.disassembler import disassemble
+    from tpuasm.errors import TpuasmError
+    from tpuasm.lsp.hover import register
+    program = assemble("CFG act_float, 1\nHLT\n")
+    assert program.instructions[0].operands == {"reg": 31, "value": 1}
+    assert disassemble(program).splitlines()[0].split() == ["CFG", "act_float,", "1"]
+    with pytest.raises(TpuasmError):
+        assemble("CFG act_float, 2\nHLT\n")               # range 0 .. 1
+    text = register("act_float")
+    assert "configuration register 31" in text and "float32" in text and "reset 0" in text
