@@ -230,3 +230,62 @@ def test_act_float_comes_from_the_table_to_the_assembler_disassembler_and_hover(
         assemble("CFG act_float, 2\nHLT\n")               # range 0 .. 1
     text = register("act_float")
     assert "configuration register 31" in text and "float32" in text and "reset 0" in text
+
+
+@pytest.mark.parametrize("seed, side", [(0, 5), (1, 4)])
+def test_conv_relu_global_average_pool_chain_is_bit_identical(tmp_path, seed, side):
+    # QDQ conv -> Relu -> GlobalAveragePool (ACT.PA with the float32 multiplier
+    # x.scale / (y.scale * count), MLAS's QLinearGlobalAveragePool) -> conv
+    from qdq_builder import QDQBuilder
+    b = QDQBuilder((3, side, side), seed=seed)
+    b.quantize()
+    b.conv(24, (3, 3), pads=[1, 1, 1, 1], name="conv")
+    b.unary("Relu")
+    b.quantize()
+    b.unary("GlobalAveragePool", name="gap")
+    b.quantize()
+    b.conv(10, (1, 1), name="head")
+    m = b.model()
+    model_ = compiled(tmp_path, m, batch=8)
+    placed = {r.node: r.where for r in model_.report.rows}
+    assert placed["gap"] == "TPU" and placed["head"] == "TPU"
+    x = np.random.default_rng(seed + 10).normal(0, 1.2, (50, 3, side, side)).astype(np.float32)
+    assert_identical(model_, m, x, b.scale)
+
+
+def test_global_average_pool_near_ties_are_identical_to_onnxruntime(tmp_path):
+    # x quantized with scale 1: a 3x3 window's sum s takes every value 0..2295.  The output
+    # scale is picked so that some s lie on a near-tie between MLAS's float32 multiplier
+    # x.scale / (y.scale * 9) and the exact s * (x.scale / y.scale) / 9
+    from qdq_builder import QDQBuilder
+    sums = np.arange(0, 9 * 255 + 1)
+    rng = np.random.default_rng(2)
+    for y_scale in rng.uniform(0.995, 1.0, 20000).astype(np.float32):   # s / 9 / y <= 255
+        f = np.float32(1.0) / (y_scale * np.float32(9))
+        floats = np.rint(sums.astype(np.float32) * f)
+        mult, shift = quant.fixed_point(float(np.float32(1) / y_scale))
+        q, r = np.divmod(sums * mult, np.int64(9) << shift)          # / (9 * 2^shift)
+        exact = q + ((2 * r > (9 << shift)) | ((2 * r == (9 << shift)) & (q % 2 == 1)))
+        if np.any((floats != exact) & (exact <= 255)):
+            break
+    else:
+        pytest.fail("no output scale with near-ties among the candidates")
+    b = QDQBuilder((1, 3, 3), seed=0)
+    scale, zero = b._const(np.float32(1.0), "scale"), b._const(np.uint8(0), "zp")
+    q = b.node("QuantizeLinear", ["x", scale, zero])
+    b.current = b.node("DequantizeLinear", [q, scale, zero])
+    b.unary("GlobalAveragePool", name="gap")
+    ys, yz = b._const(np.float32(y_scale), "scale"), b._const(np.uint8(0), "zp")
+    b.nodes += [helper.make_node("QuantizeLinear", [b.current, ys, yz], ["yq"], name="y_q"),
+                helper.make_node("DequantizeLinear", ["yq", ys, yz], ["y"], name="y_dq")]
+    m = model(b.nodes, [value_info("x", np.float32, ("N", 1, 3, 3))],
+              [value_info("y", np.float32, ("N", 1, 1, 1))], b.inits)
+    model_ = compiled(tmp_path, m, batch=32)
+    assert {r.node: r.where for r in model_.report.rows}["gap"] == "TPU"
+    x = (sums // 9 + (np.arange(9)[:, None] < sums % 9)).T.reshape(-1, 1, 3, 3)
+    x = x.astype(np.float32)
+    assert (x.reshape(len(x), -1).sum(1) == sums).all() and x.max() <= 255
+    (want,) = run_ort(m, {"x": x})
+    assert np.any(np.rint(want.ravel() / y_scale) != np.minimum(exact, 255)), \
+        "onnxruntime rounds like the exact form here: the test would prove nothing"
+    np.testing.assert_array_equal(model_.run(x)["y"], want)
