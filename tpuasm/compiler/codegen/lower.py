@@ -14,7 +14,8 @@ into one tall image, so one MMC.C computes a tap for every sample at once; outpu
 straddle two samples are computed and never read.  When the accumulator half cannot hold
 the whole batch's output, the rows are cut into bands (the taps are fetched again per band).
 Activate applies P's per-channel bias and requantization (the input zero point folded into
-the bias; float32 multipliers under act_float, onnxruntime's arithmetic), the clip bounds, a fused max pooling (M) and a fused lookup table (L).
+the bias; float32 multipliers under act_float, onnxruntime's arithmetic), the clip bounds,
+a fused max pooling (M) and a fused lookup table (L).
 
 Elementwise: the operands and the output share one layout (layout.py), so one VADD / VMUL
 walks all their rows, padding included (it comes out as z_c), in iterations of at most 4095
