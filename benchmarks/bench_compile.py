@@ -11,8 +11,9 @@ With --float (issue 20, item 7: compile cost): two ~3 MB FLOAT models, an MLP
 (512-640-512-256-10, 789k float32 weights) and a sequence CNN shaped like the issue's
 file-type classifier ((N, 1024, 16) input, three Conv1d over the sequence, 709k weights),
 each with a calibration set of 256 rows.  Times the whole `tpuasm compile` process
-(quantization, lowering, code generation, OUTDIR) next to processes that run only
-onnxruntime's own quantize_static on the same model with the same rows and options (QDQ,
+(quantization, lowering, code generation, the check against the float model on 128 evenly
+spread calibration rows (runtime/validate.py's CALIBRATION_CHECK_ROWS), OUTDIR) next to
+processes that run only onnxruntime's own quantize_static on the same model with the same rows and options (QDQ,
 int8 weights per channel, uint8 activations, MinMax), fed in chunks of 64 rows as tpuasm's
 quantize.py feeds it, and again in chunks of 16 (its peak memory follows a chunk's
 activations, not the weights), in the same run.  Each process's peak resident memory is the

@@ -102,6 +102,7 @@ class Builder:
             "dma_host_stride": lambda: self.integers(-3, 3),
             "dma_ub_stride": lambda: self.integers(-3, 3),
             "act_params": lambda: self.integers(0, SHAPE.ub_rows - 9),
+            "act_float": lambda: self.integers(0, 1),
             "act_table": lambda: self.integers(0, SHAPE.ub_rows - 256 // N),
             "act_lo": lambda: self.choice([-2 ** 31, -128, -5, 0, 3]),
             "act_hi": lambda: self.choice([2 ** 31 - 1, 127, 6, 0, 100]),
@@ -322,6 +323,7 @@ class Builder:
         if self.coin(0.3):          # per-column bias and requantization from UB rows
             flags += "P"
             self.set_some({"act_params": list(range(SHAPE.ub_rows - 9))}, 0.6)
+            self.set_some({"act_float": [0, 1]}, 0.5)    # multiplier words as float32 bits
         if self.coin(0.2):          # a lookup table from UB rows
             flags += "L"
             self.set_some({"act_table": list(range(SHAPE.ub_rows - 256 // N))}, 0.6)

@@ -455,6 +455,30 @@ def test_validation_on_other_data_and_its_figures(tmp_path):
                                                        / noise))
 
 
+def test_the_default_check_runs_an_even_spread_of_the_calibration_rows(tmp_path):
+    """More calibration rows than CALIBRATION_CHECK_ROWS: the check runs that many, spread
+    evenly (first and last included), and its figures are those of exactly these rows;
+    data the user gives runs whole."""
+    from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS, spread_rows
+    path, model = _cnn(tmp_path)
+    rows = CALIBRATION_CHECK_ROWS + 72
+    x = np.random.default_rng(13).normal(0, 1, (rows, 2, 6, 6)).astype(np.float32)
+    compiled = tpu_compile(path, batch=40, calibration=x)
+    v = compiled.report.validation
+    assert (v.rows, v.of_rows) == (CALIBRATION_CHECK_ROWS, rows)
+    assert f"{CALIBRATION_CHECK_ROWS} of the {rows} rows (evenly spaced)" in v.text()
+    keep = spread_rows(rows, CALIBRATION_CHECK_ROWS)
+    assert keep[0] == 0 and keep[-1] == rows - 1 and len(set(keep)) == CALIBRATION_CHECK_ROWS
+    assert np.all(np.diff(keep) >= 1) and np.ptp(np.diff(keep)) <= 1     # evenly spaced
+    (want,) = _float(model, {"x": x[keep]})
+    (check,) = compare({"y": want}, {"y": compiled.run(x[keep])["y"]}, ["y"])
+    assert v.outputs[0].to_json() == check.to_json()
+    assert compiled.report.to_json()["validation"]["of_rows"] == rows
+    whole = tpu_compile(path, batch=40, calibration=x, validate=x)
+    assert (whole.report.validation.rows, whole.report.validation.of_rows) == (rows, rows)
+    assert spread_rows(5, CALIBRATION_CHECK_ROWS).tolist() == [0, 1, 2, 3, 4]
+
+
 def test_compare_handles_labels_identical_outputs_and_regressions():
     labels = {"l": np.array([1, 2, 3, 4]), "r": np.ones((4, 1), np.float32)}
     (lab, reg) = compare(labels, {"l": np.array([1, 2, 0, 4]), "r": np.ones((4, 1))},

@@ -30,13 +30,7 @@ from real_models import (BUILDERS, Outcome, RealModel, compile_and_infer, macs, 
                          qdq_agreement, run, top1_agreement)
 
 # check -> model -> the failure measured on this branch (before the issue-20 features merge)
-XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {
-    # the machine rounds the exact product acc x multiplier; onnxruntime rounds its float32
-    # product first (docs/compiler.md, Rounding): 6 of 230,400 conv outputs 1 LSB apart on
-    # near-ties, grown to 2 LSB in 0.44 % of the logits by the layers after them
-    "mobilenet_v2_block": "99.56 % of the logits identical, worst 2 LSB: near-tie rounding "
-                          "(exact vs float32 product) through four chained convs",
-}}
+XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {}}
 # a model that does not compile fails every later check too
 for _name in XFAIL["runs"]:
     for _check in ("on_tpu", "top1", "identical"):

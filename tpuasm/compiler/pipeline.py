@@ -137,8 +137,12 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
     compiled.provenance = provenance
     if float_check is not None and validate is not False:
+        from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS
         from tpuasm.compiler.runtime.validate import validate as check
-        report.validation = check(compiled, *float_check, min_agreement, min_snr)
+        # on the calibration data a bounded, evenly spread subset; the user's data whole
+        report.validation = check(compiled, *float_check, min_agreement, min_snr,
+                                  max_rows=CALIBRATION_CHECK_ROWS if validate is None
+                                  else None)
     return compiled
 
 

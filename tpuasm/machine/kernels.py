@@ -63,6 +63,7 @@ freezes into the compiled (and cached) code.
 """
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numpy as np
@@ -91,6 +92,7 @@ from .decoded import (COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, REG_VEC_MULT_A,
                       REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B,
                       REG_VEC_ZERO_C, VEC_BROADCAST, VEC_LOOKUP, VEC_UNSIGNED)
 from .vector import OP_ADD as _VEC_ADD, OP_MUL as _VEC_MUL, vector_row as _vector_row
+from .decoded import REG_ACT_FLOAT
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
                       REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
                       REG_POOL_PAD, REG_POOL_PAD_END, REG_POOL_STRIDE)
@@ -1029,6 +1031,37 @@ def _round_half_even_div(p, d):
 
 
 @njit(cache=True)
+def _float32_of_bits(word):
+    """The IEEE 754 float32 whose bits are the low 32 of `word`, as a float64 (exact)."""
+    u = word & 0xFFFFFFFF
+    sign = -1.0 if (u >> 31) & 1 else 1.0
+    exponent = (u >> 23) & 0xFF
+    fraction = u & 0x7FFFFF
+    if exponent == 0xFF:
+        return sign * np.inf if fraction == 0 else np.nan
+    if exponent == 0:                                   # subnormal
+        return sign * math.ldexp(float(fraction), -149)
+    return sign * math.ldexp(float(fraction | 0x800000), exponent - 150)
+
+
+@njit(cache=True)
+def _float_requantize(v, f):
+    """P with act_float (spec/isa.md 5.5), MLAS's arithmetic: fl32(fl32(v) * f), rounded
+    half to even, saturated to int32 (NaN -> 0).  v is an int32, f a float32 held in a
+    float64: fl32(v) * f is exact in float64 (two 24-bit mantissas), so rounding it to
+    float32 once is the float32 multiply."""
+    p = np.float64(np.float32(np.float64(np.float32(np.float64(v))) * f))
+    if p != p:
+        return np.int64(0)
+    r = np.rint(p)
+    if r >= 2147483647.0:
+        return np.int64(_INT32_MAX)
+    if r <= -2147483648.0:
+        return np.int64(_INT32_MIN)
+    return np.int64(r)
+
+
+@njit(cache=True)
 def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
     """Activate with the features added for compiled networks (spec/isa.md 5.5): P's per-column
     bias and requantization, L's table, the clip bounds and strided, padded 2-D pooling.  The
@@ -1041,12 +1074,15 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
     bias = np.zeros(n, np.int64)
     mult = np.zeros(n, np.int64)
     shifts = np.zeros(n, np.int64)
+    fmult = np.zeros(n, np.float64)
+    as_float = regs[REG_ACT_FLOAT] != 0
     if per_col:
         p0 = regs[REG_ACT_PARAMS]
         bias = _int32_plane(ub, p0)
         mult = _int32_plane(ub, p0 + 4)
         for j in range(n):
             shifts[j] = min(np.int64(ub[p0 + 8, j]), _SHIFT_MAX_P)
+            fmult[j] = _float32_of_bits(mult[j])
     table = np.zeros(256, np.int64)
     if lookup:
         t0 = regs[REG_ACT_TABLE]
@@ -1109,7 +1145,10 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
             u = u0 + per * _act_out_row(o, regs)
             for j in range(n):
                 v = acc_buf[j]
-                if per_col:
+                if per_col and as_float:     # the count is in the multiplier
+                    v = min(max(v, _INT32_MIN), _INT32_MAX)
+                    y = _float_requantize(v, fmult[j]) + zero
+                elif per_col:
                     c = count if pool == _POOL_AVG else 1
                     v = min(max(v, _INT32_MIN), _INT32_MAX)
                     y = _round_half_even_div(v * mult[j], np.int64(c) << shifts[j]) + zero

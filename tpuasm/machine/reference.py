@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -506,6 +507,10 @@ class ReferenceMachine:
             for r, row in enumerate(values):
                 if opentpu:
                     bytes_ = [[v & 0xFF] for v in row]
+                elif per_column and self.regs["act_float"]:
+                    ys = [float_requantize(min(max(v, INT32_MIN), INT32_MAX), mult[col])
+                          + self.regs["act_zero"] for col, v in enumerate(row)]
+                    bytes_ = [self._output_rows(min(max(y, lo), hi)) for y in ys]
                 elif per_column:
                     ys = []
                     for col, v in enumerate(row):
@@ -582,6 +587,20 @@ def round_half_even(numerator: int, denominator: int) -> int:
 # reference model stays independent of the code it checks).
 _OPENTPU_SIGMOID_STEPS = {-5: 1, -4: 4, -3: 12, -2: 30, -1: 68, 0: 127, 1: 186, 2: 224,
                           3: 242, 4: 250, 5: 253}
+
+
+def float_requantize(value: int, word: int) -> int:
+    """Activate P with act_float = 1 (spec/isa.md 5.5): the int32 word's bits as an IEEE
+    float32 multiplier, numpy's float32 multiply of float32(value) by it, rounded half to
+    even (Python's round), saturated to int32, NaN -> 0."""
+    multiplier = np.frombuffer(struct.pack("<I", word & 0xFFFFFFFF), np.float32)[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = float(np.float32(value) * multiplier)
+    if product != product:
+        return 0
+    if product in (float("inf"), float("-inf")):
+        return INT32_MAX if product > 0 else INT32_MIN
+    return min(max(round(product), INT32_MIN), INT32_MAX)
 
 
 def opentpu_sigmoid(x: int) -> int:

@@ -14,7 +14,8 @@ into one tall image, so one MMC.C computes a tap for every sample at once; outpu
 straddle two samples are computed and never read.  When the accumulator half cannot hold
 the whole batch's output, the rows are cut into bands (the taps are fetched again per band).
 Activate applies P's per-channel bias and requantization (the input zero point folded into
-the bias), the clip bounds, a fused max pooling (M) and a fused lookup table (L).
+the bias; float32 multipliers under act_float, onnxruntime's arithmetic), the clip bounds,
+a fused max pooling (M) and a fused lookup table (L).
 
 Elementwise: the operands and the output share one layout (layout.py), so one VADD / VMUL
 walks all their rows, padding included (it comes out as z_c), in iterations of at most 4095
@@ -22,7 +23,8 @@ rows (the length field), repeat walking them; a fused Relu / Clip / Lookup is th
 
 Pool / Lookup that could not be fused: an identity tile copies the image into the
 accumulators (MMC.C with one tap skips the padding), then Activate pools (max: exact; average:
-P with bias -z_x and the count folded into the division, one rounding) or looks up.
+P with bias -z_x; a global one with the float32 multiplier x.scale / (y.scale * count) as
+MLAS, others with the count folded into the exact division, one rounding) or looks up.
 """
 from __future__ import annotations
 
@@ -77,12 +79,14 @@ class Lowering:
         return f"acc.{half} + {offset}" if offset else f"acc.{half}"
 
     def act_output(self, q, lo: int, hi: int, params: str | None, table: str | None,
-                   zero: int):
-        """Activate's output registers for a result quantized as `q` (QParams)."""
+                   zero: int, as_float: bool = True):
+        """Activate's output registers for a result quantized as `q` (QParams); with P
+        (`params`), `as_float` chooses the float32 requantization (act_float, quant.py)."""
         regs = dict(act_out=0 if q.signed else 1, act_zero=zero,
                     act_lo=lo, act_hi=hi)
         if params is not None:
             regs["act_params"] = params
+            regs["act_float"] = int(as_float)
         if table is not None:
             regs["act_table"] = table
         self.e.cfg(**regs)
@@ -199,12 +203,19 @@ class Lowering:
         return groups
 
     # ------------------------------------------------------------------ parameters
-    def requant_block(self, key, bias, real, n0: int) -> str:
-        """UB address of P's parameter rows for columns n0..n0+N-1 (registered once)."""
+    def requant_block(self, key, bias, real, n0: int, as_float: bool = True) -> str:
+        """UB address of P's parameter rows for columns n0..n0+N-1 (registered once): the
+        float32 multipliers' bits (act_float = 1, onnxruntime's arithmetic), or the exact
+        fixed point's (multiplier, shift)."""
         n = self.c.n
         b = bias[n0:n0 + n]
-        mult, shift = quant.multipliers(real[n0:n0 + n])
-        return self.c.param_block((key, n0), quant.parameter_rows(b, mult, shift, n))
+        if as_float:
+            mult = quant.float_words(real[n0:n0 + n])
+            shift = np.zeros(len(mult), np.int64)
+        else:
+            mult, shift = quant.multipliers(real[n0:n0 + n])
+        return self.c.param_block((key, n0, as_float),
+                                  quant.parameter_rows(b, mult, shift, n))
 
     # ------------------------------------------------------------------ Dense
     def dense(self, op: Dense, lookup: Lookup | None):
@@ -497,7 +508,16 @@ class Lowering:
         elif op.kind == "avg":
             n = c.n
             bias = np.full(src.channels, -int(qi.zero_point), np.int64)
-            real = np.full(src.channels, np.float32(qi.scale) / np.float32(qo.scale))
+            # a global average: MLAS's integer sum times one float32 multiplier that holds
+            # the count, which the float form computes bit for bit; other windows:
+            # onnxruntime sums dequantized floats, the exact form rounds the exact mean
+            # (equal but on ties; docs/compiler.md, Rounding)
+            as_float = op.kernel == (src.height, src.width) and not any(op.pads)
+            if as_float:
+                real = np.full(src.channels, quant.global_average_multiplier(
+                    qi.scale, qo.scale, src.height * src.width))
+            else:
+                real = np.full(src.channels, np.float32(qi.scale) / np.float32(qo.scale))
             act = ".PA" + ("L" if lookup else "")
         else:
             raise CodegenError(f"{op.name}: pooling kind {op.kind!r}")
@@ -505,8 +525,9 @@ class Lowering:
         big = src.height * src.width > c.half_rows
         for chunk in range(src.chunks):
             if op.kind == "avg":
-                params = self.requant_block(op.name, bias, real, chunk * n)
-                self.act_output(qo, qo.qmin, qo.qmax, params, table, qo.zero_point)
+                params = self.requant_block(op.name, bias, real, chunk * n, as_float)
+                self.act_output(qo, qo.qmin, qo.qmax, params, table, qo.zero_point,
+                                as_float)
             if big:
                 self.pool_bands(op, act, src, dst, chunk, not switched)
                 switched = True

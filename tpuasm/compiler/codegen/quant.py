@@ -1,9 +1,16 @@
-"""Integer requantization parameters for Activate's P flag (spec/isa.md 5.5).
+"""Requantization parameters for Activate's P flag (spec/isa.md 5.5).
 
 A quantized layer's output is round_half_even(acc * r[n]) + z_y with the real multiplier
-r[n] = s_x * s_w[n] / s_y.  The machine multiplies by MULT[n] and divides by 2^SHIFT[n]
-(times the pooling count), so r[n] is written as a 31-bit mantissa and an exponent; the
-only difference from exact real arithmetic is on near-ties (at most one unit).
+r[n] = s_x * s_w[n] / s_y.  Two forms:
+
+- float (`act_float = 1`, what the compiler emits for Dense, Conv and global average
+  pooling): MULT[n] holds r[n]'s float32 bits and the machine computes as onnxruntime's
+  MLAS does, fl32(fl32(acc) * r[n]) rounded half to even, so the output is bit-identical to
+  onnxruntime's QLinearConv / QGemm / QLinearGlobalAveragePool (float_words);
+- exact fixed point (`act_float = 0`): the machine multiplies by MULT[n] and divides by
+  2^SHIFT[n] (times the pooling count), r[n] written as a 31-bit mantissa and an exponent;
+  it differs from onnxruntime's float32 product on near-ties (one unit, grown by later
+  layers), and stays for average pooling whose windows' counts differ (fixed_point).
 """
 from __future__ import annotations
 
@@ -39,6 +46,15 @@ def multipliers(reals) -> tuple[np.ndarray, np.ndarray]:
     """Per-column (mult, shift) arrays (int64) for an array of real multipliers."""
     pairs = [fixed_point(r) for r in np.asarray(reals, np.float64).ravel()]
     return (np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64))
+
+
+def float_words(reals) -> np.ndarray:
+    """Per-column float32 multipliers as P's multiplier words under act_float: the IEEE
+    bits as int64 (what parameter_rows writes as int32 byte planes)."""
+    r = np.ascontiguousarray(np.asarray(reals, np.float64).ravel().astype(np.float32))
+    if not np.all(np.isfinite(r)) or np.any(r < 0):
+        raise ValueError(f"requantization multipliers {r} are not finite non-negative float32")
+    return r.view(np.uint32).astype(np.int64)
 
 
 def wrap_int32(values) -> np.ndarray:
@@ -77,15 +93,23 @@ def _quantized_bound(real: float, quant) -> int:
 
 
 def layer_multipliers(x_scale, weight_scale, y_scale) -> np.ndarray:
-    """(x_scale * weight_scale[n]) / y_scale in float32, MLAS's order: a float32 has a 24-bit
-    mantissa, so fixed_point() represents each exactly and the machine multiplies by the very
-    number onnxruntime does (the remaining difference: it rounds the float32 product)."""
+    """(x_scale * weight_scale[n]) / y_scale in float32, MLAS's order (QLinearConv's
+    output_scales; QGemm's alpha * a * b / y with alpha = 1 is the same number): the float
+    form writes these very numbers, and fixed_point() represents each exactly too (a float32
+    has a 24-bit mantissa)."""
     return (np.float32(x_scale) * np.asarray(weight_scale, np.float32)) / np.float32(y_scale)
+
+
+def global_average_multiplier(x_scale, y_scale, count: int) -> np.float32:
+    """MLAS's QLinearGlobalAveragePool multiplier, x.scale / (y.scale * count) in float32
+    (the float form's multiplier holds the count: the machine does not divide by it)."""
+    return np.float32(x_scale) / (np.float32(y_scale) * np.float32(count))
 
 
 def parameter_rows(bias, mult, shift, n: int) -> np.ndarray:
     """The 9 UB rows of one column block (spec/isa.md 5.5): bias and multiplier as int32
-    little-endian byte planes, then the shift byte; columns beyond len(bias) are zero."""
+    little-endian byte planes, then the shift byte; columns beyond len(bias) are zero.
+    Under act_float `mult` is float_words' bits and the shift row is not read (zeros)."""
     rows = np.zeros((9, n), np.uint8)
     for base, values in ((0, bias), (4, mult)):
         u = np.asarray(values, np.int64) & 0xFFFFFFFF
