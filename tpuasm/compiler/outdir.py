@@ -477,13 +477,9 @@ def segment_files(path, segment: str | None = None) -> SegmentFiles:
         outdir, segment = path.parent, path.stem
     else:
         outdir = path
-    manifest_path = outdir / MANIFEST
-    if not manifest_path.is_file():
-        raise CompileError(f"{path}: not a compiled model (no {MANIFEST} in {outdir})")
-    try:
-        steps = json.loads(manifest_path.read_text())["steps"]
-    except (OSError, ValueError, KeyError) as e:
-        raise CompileError(f"{manifest_path}: unreadable compiled model: {e}") from None
+    # the manifest through the bounded reader, its structure and digests checked, as `infer`
+    # reads it: the debugger opens what the compiler wrote, or nothing
+    steps = _checked(outdir)[0]["steps"]
     tpu = [s for s in steps if s.get("kind") == "tpu" and s.get("program")]
     if not tpu:
         raise CompileError(f"{outdir}: holds no TPU program")
