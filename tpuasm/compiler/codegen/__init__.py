@@ -65,11 +65,25 @@ def supports(op) -> str | None:
     if isinstance(op, Lookup):
         return None if len(op.table) == 256 else "a lookup table needs 256 entries"
     if isinstance(op, Elementwise):
-        if op.op not in ("add", "mul"):
-            return f"element-wise {op.op!r} (VADD adds, VMUL multiplies)"
-        if not (op.a.shape == op.b.shape == op.output.shape):
+        if op.op not in ("add", "sub", "mul"):
+            return f"element-wise {op.op!r} (VADD adds and subtracts, VMUL multiplies)"
+        if op.reverse and op.op != "sub":
+            return f"a reversed {op.op!r}"
+        if op.b is None:
+            if op.constant is None or op.constant_quant is None:
+                return "neither a second tensor nor a constant"
+            if np.asarray(op.constant).size not in (1, op.a.shape[0]):
+                return ("a constant that is not one value per channel (B's constant row "
+                        "repeats one row of channels)")
+            v = np.asarray(op.constant, np.int64) - op.constant_quant.zero_point
+            if v.size and int(v.max() - v.min()) > 255:
+                return "a constant whose values span more than one byte"
+        elif op.reverse:
+            return "a reversed Sub of two tensors"
+        operands = op.inputs
+        if not all(t.shape == op.output.shape for t in operands):
             return "operands of different shapes (VADD/VMUL read equal row ranges)"
-        if not (op.a.quant.signed == op.b.quant.signed == op.output.quant.signed):
+        if not all(t.quant.signed == op.output.quant.signed for t in operands):
             return "operands of different signedness (one U flag for A, B and C)"
         return None
     return f"{type(op).__name__} is not a TPU operator"

@@ -547,47 +547,69 @@ class Lowering:
     def elementwise(self, op: Elementwise, lookup: Lookup | None):
         c = self.c
         p = c.batch
-        lay_a, lay_b = c.layouts[op.a.name], c.layouts[op.b.name]
+        lay_a = c.layouts[op.a.name]
         final = lookup.output if lookup else op.output
         dst = c.layouts[final.name]
         rows = dst.rows(p)
-        if not (lay_a.rows(p) == lay_b.rows(p) == rows and lay_a.pads == lay_b.pads == dst.pads
-                and lay_a.image_rows == lay_b.image_rows == dst.image_rows):
+        operands = [lay_a] if op.b is None else [lay_a, c.layouts[op.b.name]]
+        if not all(lay.rows(p) == rows and lay.pads == dst.pads and
+                   lay.image_rows == dst.image_rows for lay in operands):
             raise CodegenError(f"{op.name}: operands and output in different layouts "
-                               f"({lay_a.describe()}; {lay_b.describe()}; {dst.describe()})")
-        qa, qb, qc = op.a.quant, op.b.quant, op.output.quant
+                               f"({'; '.join(lay.describe() for lay in operands)}; "
+                               f"{dst.describe()})")
+        qc = op.output.quant
         e = self.e
-        e.cfg(**qlinear_registers(op.op, qa.scale, qa.zero_point, qb.scale, qb.zero_point,
-                                  qc.scale, qc.zero_point))
+        e.cfg(**vector_registers(op))
         table = elementwise_table(op, lookup)
-        flags = ("" if qc.signed else "U") + ("L" if table is not None else "")
+        flags = ("" if qc.signed else "U") + ("B" if op.b is None else "") + \
+            ("L" if table is not None else "")
         if table is not None:
             e.cfg(act_table=c.table_block(("elementwise", op.name), table))
-        name = "VADD" if op.op == "add" else "VMUL"
+        name = "VMUL" if op.op == "mul" else "VADD"
         mnemonic = f"{name}.{flags}" if flags else name
-        what = (f"{op.op}, requantized" + (f", {op.activation.kind}" if op.activation.kind
-                                           != "none" else "")
+        what = (f"{op.op}{' (reversed)' if op.reverse else ''}"
+                f"{' a constant row' if op.b is None else ''}, requantized"
+                + (f", {op.activation.kind}" if op.activation.kind != "none" else "")
                 + (f", {lookup.function or 'lookup'}" if lookup else ""))
-        at = 0
-        while at < rows:             # whole iterations of MAX_VECTOR rows, then the rest
-            length = min(MAX_VECTOR, rows - at)
-            reps = min(MAX_REPEAT, (rows - at) // length)
-            rep = ""
-            if reps > 1:
-                e.cfg(rep_ub_stride=length)
-                rep = f", repeat={reps}"
-            e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {self.ub(op.b.name, at)}, "
-                   f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
-                   f"{what}: rows {at}..{at + reps * length - 1}")
-            at += reps * length
+        for first, count, b_at in self.operand_runs(op, dst, rows):
+            at = first
+            while at < first + count:    # whole iterations of MAX_VECTOR rows, then the rest
+                length = min(MAX_VECTOR, first + count - at)
+                reps = min(MAX_REPEAT, (first + count - at) // length)
+                rep = ""
+                if reps > 1:
+                    e.cfg(rep_ub_stride=length)
+                    rep = f", repeat={reps}"
+                b = self.ub(op.b.name, at) if op.b is not None else b_at
+                e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {b}, "
+                       f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
+                       f"{what}: rows {at}..{at + reps * length - 1}")
+                at += reps * length
         slot = c.alloc.of[dst.tensor.name].name
         if dst.pads.any:
-            if table is not None and table[qc.zero_point & 0xFF] != \
-                    (dst.tensor.quant.zero_point & 0xFF):
-                c.padded.pop(slot, None)   # the table moved the padding: write it again
+            # A and a tensor B hold their zero points in the padding (real 0), which adds
+            # and multiplies to z_c; a constant added or subtracted moves it, as a table may
+            moved = op.b is None and op.op != "mul"
+            if moved or (table is not None and table[qc.zero_point & 0xFF] !=
+                         (dst.tensor.quant.zero_point & 0xFF)):
+                c.padded.pop(slot, None)   # the padding came out wrong: write it again
                 self.fill_pads(dst)
             else:
                 c.padded[slot] = dst.padding_key
+
+    def operand_runs(self, op: Elementwise, dst: Layout, rows: int):
+        """[(first row, rows, B's constant row or None)]: every row at once for two tensors
+        or a constant that is one value everywhere; else one run per chunk of N channels,
+        each with its chunk's constant row."""
+        if op.b is not None:
+            return [(0, rows, None)]
+        n, p = self.c.n, self.c.batch
+        stored, _zero = constant_rows(op, dst.channels, n)
+        if len(stored) == 1 or np.all(stored == stored[0]):
+            return [(0, rows, self.c.param_block(("vconst", op.name, 0), stored[:1]))]
+        per = dst.chunk_rows(p)
+        return [(j * per, per, self.c.param_block(("vconst", op.name, j), stored[j:j + 1]))
+                for j in range(dst.chunks)]
 
     # ------------------------------------------------------------------ Lookup
     def lookup(self, op: Lookup):
@@ -623,6 +645,53 @@ class Lowering:
                 switched = True
                 self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
                                  src.width, f"{what} {chunk * c.n}..")
+
+
+def constant_rows(op: Elementwise, channels: int, n: int) -> tuple[np.ndarray, int]:
+    """An Elementwise's constant b as UB rows (one per chunk of n channels, uint8 bytes as
+    stored) and the zero point B is read with.  The bytes are b's centred integers v = q - z
+    moved into the output's type (the U flag reads A, B and C alike) by a zero point of our
+    own: any 8-bit tensor's v spans at most 255, so some zb in -128..255 fits them all."""
+    v = np.asarray(op.constant, np.int64).reshape(-1) - op.constant_quant.zero_point
+    if v.size == 1:
+        v = np.full(channels, v[0], np.int64)
+    if v.size != channels:
+        raise CodegenError(f"{op.name}: {v.size} constant values for {channels} channels")
+    zero = constant_zero(op)
+    chunks = -(-channels // n)
+    stored = np.full(chunks * n, zero, np.int64)
+    stored[:channels] = v + zero
+    return (stored & 0xFF).astype(np.uint8).reshape(chunks, n), zero
+
+
+def constant_zero(op: Elementwise) -> int:
+    """The zero point B reads an Elementwise's constant row with (constant_rows)."""
+    v = np.asarray(op.constant, np.int64).reshape(-1) - op.constant_quant.zero_point
+    lo_t, hi_t = (-128, 127) if op.output.quant.signed else (0, 255)
+    zero = max(-128, lo_t - int(v.min()))
+    if zero > min(255, hi_t - int(v.max())):
+        raise CodegenError(f"{op.name}: constant values span {int(v.max() - v.min())} "
+                           f"steps, more than one byte holds")
+    return zero
+
+
+def vector_registers(op: Elementwise) -> dict[str, int]:
+    """VADD / VMUL's requantization registers for `op` (spec/isa.md 5.11): onnxruntime's
+    QLinearAdd / QLinearMul scales and zero points; a Sub's B multiplier negated; b - a (a
+    constant first) with the roles of the two multipliers swapped, A staying the tensor."""
+    qa, qc = op.a.quant, op.output.quant
+    if op.b is None:
+        zb = constant_zero(op)
+        sb = op.constant_quant.scale
+    else:
+        zb, sb = op.b.quant.zero_point, op.b.quant.scale
+    if op.reverse:
+        regs = qlinear_registers(op.op, sb, zb, qa.scale, qa.zero_point, qc.scale,
+                                 qc.zero_point)
+        regs["vec_mult_a"], regs["vec_mult_b"] = regs["vec_mult_b"], regs["vec_mult_a"]
+        regs["vec_zero_a"], regs["vec_zero_b"] = regs["vec_zero_b"], regs["vec_zero_a"]
+        return regs
+    return qlinear_registers(op.op, qa.scale, qa.zero_point, sb, zb, qc.scale, qc.zero_point)
 
 
 def elementwise_table(op: Elementwise, lookup: Lookup | None) -> np.ndarray | None:
