@@ -287,23 +287,224 @@ def test_vectors_and_many_rows_use_repeat_and_several_instructions(tmp_path):
     assert_matches(model2, m2, {"x": x_of(big, 8)}, big.scale)
 
 
-def test_broadcast_and_constant_operands_stay_on_the_host(tmp_path):
-    b = QDQBuilder((4, 5, 5), seed=8)
+def quantized_constant(b: QDQBuilder, value: np.ndarray, signed: bool, name: str) -> tuple:
+    """DequantizeLinear of `value` quantized per tensor (as quantize_static writes a
+    constant operand): (the dequantized tensor's name, its real value)."""
+    lo, hi = min(float(value.min()), 0.0), max(float(value.max()), 0.0)
+    if signed:
+        scale, zp, dt = (max(-lo, hi) / 127) or 1.0, 0, np.int8
+    else:
+        scale = (hi - lo) / 255 or 1.0
+        zp, dt = int(round(-lo / scale)), np.uint8
+    info = np.iinfo(dt)
+    q = np.clip(np.rint(value / np.float32(scale)) + zp, info.min, info.max).astype(dt)
+    cq = b._const(q, name + "_q")
+    s, z = b._const(np.float32(scale), name + "_s"), b._const(np.asarray(zp, dt), name + "_z")
+    real = ((q.astype(np.int32) - zp) * np.float32(scale)).astype(np.float32)
+    return b.node("DequantizeLinear", [cq, s, z], name=name), real
+
+
+def apply(b: QDQBuilder, op: str, first: str, first_value, second: str, second_value,
+          name: str):
+    value = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](first_value,
+                                                                         second_value)
+    b.current = b.node(op, [first, second], name=name, value=value)
+
+
+def conv_branch(channels=6, hw=5, seed=21, signed=False):
+    b = QDQBuilder((channels, hw, hw), seed=seed)
+    x = b.quantize(signed=signed)
+    xv = b.value
+    b.conv(channels, (3, 3), pads=[1] * 4, name="conv")
+    b.quantize(signed=signed)
+    return b, x, xv
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_sub_of_two_activations(tmp_path, signed):
+    # conv(x) - x: VADD with a negative vec_mult_b; onnxruntime has no QLinearSub, so its
+    # float Sub between the DequantizeLinear pair and the QuantizeLinear is the oracle
+    b, x, xv = conv_branch(signed=signed)
+    apply(b, "Sub", b.current, b.value, x, xv, "diff")
+    m = b.model(signed_output=signed)
+    model = compiled(tmp_path, m, batch=4)
+    assert rows(model)["diff"].where == "TPU", rows(model)["diff"].note
+    assert [op.op for op in tpu_ops(model) if isinstance(op, Elementwise)] == ["sub"]
+    assert len(model.segments) == 1
+    assert_matches(model, m, {"x": x_of(b, 6)}, b.scale)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+def test_per_channel_constant_against_an_image(tmp_path, op):
+    # a (C, 1, 1) quantized constant: one B row of C values read for every pixel; conv2
+    # reads the result padded, and an added constant moves the padding, written again
+    b, _x, _xv = conv_branch(channels=6, seed=22)
+    k, kv = quantized_constant(b, np.linspace(-1.5, 2.0, 6, dtype=np.float32).reshape(6, 1, 1),
+                               False, "k")
+    apply(b, op, b.current, b.value, k, kv, "by_constant")
     b.quantize()
-    b.conv(4, (1, 1), name="conv")
-    b.quantize()
-    cq = b._const(np.full((4, 1, 1), 3, np.uint8), "cq")
-    s, z = b._const(np.float32(0.05), "cs"), b._const(np.asarray(0, np.uint8), "cz")
-    c = b.node("DequantizeLinear", [cq, s, z], name="const_dq")
-    binary(b, "Mul", c, np.float32(0.15), "by_constant")
-    b.quantize()
+    b.conv(4, (3, 3), pads=[1] * 4, name="conv2")
     m = b.model()
-    model = compiled(tmp_path, m)
+    model = compiled(tmp_path, m, batch=3)
     placed = rows(model)
-    assert placed["conv"].where == "TPU"
-    assert placed["by_constant"].where == "host"
-    assert "constant" in placed["by_constant"].note
-    assert_matches(model, m, {"x": x_of(b, 4)}, b.scale)
+    for name in ("conv", "by_constant", "conv2"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    (e,) = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    assert e.b is None and e.constant.shape == (6,)
+    assert (".UB " if op != "Mul" else "VMUL.UB ") in programs(model)
+    assert_matches(model, m, {"x": x_of(b, 5)}, b.scale)
+
+
+def test_one_minus_a_gate_and_a_float_scalar(tmp_path):
+    # 1 - sigmoid(v) (the GRU's update gate: a constant first, b - a) and v * 0.5 with a
+    # float constant (exact: the integer 1 at scale 0.5), both int8 and vectors of 40
+    # channels on a 16-wide array (3 chunks: the scalar's one row serves them all)
+    b = QDQBuilder((40,), seed=23)
+    b.quantize(signed=True)
+    b.matmul(40, "int32", name="fc")
+    b.quantize(signed=True)
+    v, vv = b.current, b.value
+    b.unary("Sigmoid", name="gate")
+    b.quantize(signed=True)
+    one, one_v = quantized_constant(b, np.ones(1, np.float32), True, "one")
+    apply(b, "Sub", one, one_v, b.current, b.value, "one_minus")
+    b.quantize(signed=True)
+    g, gv = b.current, b.value
+    half = b._const(np.float32(0.5), "half")
+    apply(b, "Mul", v, vv, half, np.float32(0.5), "halve")
+    b.quantize(signed=True)
+    apply(b, "Add", g, gv, b.current, b.value, "join")
+    m = b.model(signed_output=True)
+    model = compiled(tmp_path, m, batch=7)
+    placed = rows(model)
+    for name in ("fc", "gate", "one_minus", "halve", "join"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    ops = {op.name: op for op in tpu_ops(model) if isinstance(op, Elementwise)}
+    assert ops["one_minus"].reverse and ops["one_minus"].op == "sub"
+    assert ops["halve"].b is None and ops["halve"].constant_real()[0] == np.float32(0.5)
+    assert len(model.segments) == 1
+    assert_matches(model, m, {"x": x_of(b, 9)}, b.scale)
+
+
+def test_per_channel_bias_of_rows_over_several_chunks(tmp_path):
+    # (N, 40) + a (1, 40) constant on a 16-wide array: one VADD.B per chunk, each with its
+    # own constant row
+    b = QDQBuilder((40,), seed=24)
+    b.quantize()
+    b.matmul(40, "int32", name="fc")
+    b.quantize()
+    k, kv = quantized_constant(b, np.random.default_rng(3).normal(0, 1, (1, 40)).astype(
+        np.float32), True, "bias")
+    apply(b, "Add", k, kv, b.current, b.value, "plus")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=6)
+    assert rows(model)["plus"].where == "TPU", rows(model)["plus"].note
+    vadds = [line for line in programs(model).splitlines()
+             if line.strip().startswith("VADD.UB ")]
+    assert len(vadds) == 3, vadds
+    assert_matches(model, m, {"x": x_of(b, 8)}, b.scale)
+
+
+def test_broadcasts_the_isa_cannot_express_stay_on_the_host(tmp_path):
+    # a constant varying along the image's rows, and an activation (N, 1, H, W) against
+    # (N, C, H, W): the B row repeats one row of channels, nothing else
+    b, _x, _xv = conv_branch(channels=4, seed=25)
+    c, cv = b.current, b.value
+    k, kv = quantized_constant(b, np.linspace(0, 1, 5, dtype=np.float32).reshape(1, 5, 1),
+                               False, "rows")
+    apply(b, "Mul", c, cv, k, kv, "by_rows")
+    b.quantize()
+    m1 = b.model()
+    model = compiled(tmp_path, m1)
+    assert rows(model)["by_rows"].where == "host"
+    assert "channel axis" in rows(model)["by_rows"].note
+    assert_matches(model, m1, {"x": x_of(b, 4)}, b.scale)
+
+    b, _x, _xv = conv_branch(channels=4, seed=26)
+    c, cv = b.current, b.value
+    b.conv(1, (1, 1), name="squeeze")
+    b.quantize()
+    apply(b, "Mul", c, cv, b.current, b.value, "by_map")
+    m2 = b.model()
+    model = compiled(tmp_path, m2)
+    assert rows(model)["by_map"].where == "host"
+    assert "broadcasts the activation" in rows(model)["by_map"].note
+    assert_matches(model, m2, {"x": x_of(b, 4)}, b.scale)
+
+
+def _sub_model(aq, bq, cq, shape):
+    """DequantizeLinear(a), DequantizeLinear(b) -> Sub -> QuantizeLinear: what
+    onnxruntime runs for a QDQ Sub (no QLinearSub)."""
+    dt = TensorProto.INT8 if cq.signed else TensorProto.UINT8
+    np_t = np.int8 if cq.signed else np.uint8
+    inits, nodes = [], []
+    for tag, q in (("a", aq), ("b", bq), ("c", cq)):
+        inits += [numpy_helper.from_array(np.float32(q.scale), f"{tag}_s"),
+                  numpy_helper.from_array(np.asarray(q.zero_point, np_t), f"{tag}_z")]
+    nodes += [helper.make_node("DequantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_f"])
+              for t in ("a", "b")]
+    nodes += [helper.make_node("Sub", ["a_f", "b_f"], ["d"]),
+              helper.make_node("QuantizeLinear", ["d", "c_s", "c_z"], ["y"])]
+    g = helper.make_graph(nodes, "s", [helper.make_tensor_value_info(t, dt, list(shape))
+                                       for t in ("a", "b")],
+                          [helper.make_tensor_value_info("y", dt, list(shape))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_reference_sub_and_constant_forms_are_onnxruntime(signed):
+    # the reference's Sub (both orders) against onnxruntime's float Sub between QDQ; its
+    # constant form against QLinearAdd / QLinearMul with a broadcast (1, C, 1, 1) B; and
+    # the chip's arithmetic (VADD / VMUL registers from lower.vector_registers, computed
+    # by the machine's own element formula) against both
+    from tpuasm.compiler.codegen.lower import constant_rows, vector_registers
+    from tpuasm.machine.vector import OP_ADD, OP_MUL, element
+    rng = np.random.default_rng(31)
+    shape = (3, 5, 4, 4)
+    dt = np.int8 if signed else np.uint8
+    lo, hi = (-128, 128) if signed else (0, 256)
+    for trial in range(6):
+        zp = (lambda: 0) if signed else (lambda: int(rng.integers(0, 256)))
+        aq, bq = QParams(float(rng.uniform(0.005, 0.1)), zp(), signed), \
+            QParams(float(rng.uniform(0.005, 0.1)), zp(), signed)
+        cq = QParams(float(rng.uniform(0.01, 0.2)), zp(), signed)
+        a = rng.integers(lo, hi, shape).astype(dt)
+        b = rng.integers(lo, hi, shape).astype(dt)
+        t = (lambda n, q: Tensor(n, shape[1:], q))
+        (want,) = run_ort(_sub_model(aq, bq, cq, shape), {"a": a, "b": b})
+        e = Elementwise("e", t("a", aq), t("b", bq), t("y", cq), "sub")
+        got = reference.evaluate(e, a, b)
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.999, trial
+        # a constant per channel, both orders of a Sub, and add / mul
+        k = rng.integers(lo, hi, shape[1]).astype(dt)
+        kb = np.broadcast_to(k.reshape(1, -1, 1, 1), shape).astype(dt)
+        for op, reverse in (("add", False), ("mul", False), ("sub", False), ("sub", True)):
+            e = Elementwise("e", t("a", aq), None, t("y", cq), op, constant=k,
+                            constant_quant=bq, reverse=reverse)
+            if op == "sub":
+                first, second = (kb, a) if reverse else (a, kb)
+                qs = (bq, aq) if reverse else (aq, bq)
+                (want,) = run_ort(_sub_model(*qs, cq, shape), {"a": first, "b": second})
+            else:
+                (want,) = run_ort(_qlinear_model(op, aq, bq, cq, shape), {"a": a, "b": kb})
+            got = reference.evaluate(e, a)
+            diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+            assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (trial, op, reverse)
+            regs = vector_registers(e)
+            stored, _ = constant_rows(e, shape[1], 16)
+            chip = np.empty(shape, np.int64)
+            for idx in np.ndindex(shape):
+                chip[idx] = element(OP_MUL if op == "mul" else OP_ADD, int(a[idx]) & 0xFF,
+                                    int(stored[0, idx[1]]), regs["vec_mult_a"],
+                                    regs.get("vec_mult_b", 0), regs["vec_zero_a"],
+                                    regs["vec_zero_b"], regs["vec_shift"], regs["vec_zero_c"],
+                                    not signed)
+            chip = chip.astype(np.uint8).view(np.int8) if signed else chip
+            diff = np.abs(chip.astype(np.int64) - want.astype(np.int64))
+            assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, ("chip", trial, op, reverse)
 
 
 def test_different_signedness_stays_on_the_host(tmp_path):
