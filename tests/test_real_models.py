@@ -36,6 +36,11 @@ XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {
     # near-ties, grown to 2 LSB in 0.44 % of the logits by the layers after them
     "mobilenet_v2_block": "99.56 % of the logits identical, worst 2 LSB: near-tie rounding "
                           "(exact vs float32 product) through four chained convs",
+    # the whole GRU on the chip: ten steps of gate arithmetic (VADD / VMUL, exact with 31-bit
+    # ratios) where onnxruntime rounds in float32; the reference engine (float32 like
+    # onnxruntime) is 100 % identical
+    "gru_classifier": "99.80 % of the logits identical (3 of 1,500), each 1 LSB: near-tie "
+                      "rounding of the gate arithmetic (exact vs float32) over ten steps",
 }}
 # a model that does not compile fails every later check too
 for _name in XFAIL["runs"]:

@@ -209,7 +209,7 @@ class Lowerer:
         if src_shape is None or onnx_shape is None:
             raise NotMapped(f"the shape of '{current}' is unknown")
         index = np.arange(int(np.prod(onnx_shape)), dtype=np.int64).reshape((1,) + onnx_shape)
-        for node in reversed(layout):
+        for node in self._cancelled(list(reversed(layout))):
             index = self._apply_layout(node, index)
         shape = tuple(index.shape[1:])
         flat = index.reshape(-1)
@@ -246,6 +246,30 @@ class Lowerer:
         if rank < 3 or any(begin[:2]) or any(end[:2]) or min(pads) < 0:
             raise NotMapped("a Pad of the batch or channel axis, or a negative one")
         return tuple(int(v) for v in begin[2:] + end[2:])
+
+    def _cancelled(self, chain: list) -> list:
+        """Layout nodes in data order without the Unsqueeze -> Squeeze pairs of one axis
+        that undo each other (an unrolled GRU's Y_h, (1, N, H), squeezed again): the
+        Unsqueeze alone would move the batch dimension."""
+        out: list = []
+        for node in chain:
+            if node.op_type in ("Identity", "Dropout"):
+                continue
+            if out and node.op_type == "Squeeze" and out[-1].op_type == "Unsqueeze":
+                axes = self._axes(node)
+                if axes is not None and axes == self._axes(out[-1]):
+                    out.pop()
+                    continue
+            out.append(node)
+        return out
+
+    def _axes(self, node: Node):
+        """The axes of a Squeeze / Unsqueeze (attribute or constant input), or None."""
+        if node.input(1):
+            value = self.g.constant(node.input(1))
+            return None if value is None else tuple(int(v) for v in value.reshape(-1))
+        axes = node.attr("axes")
+        return None if axes is None else tuple(int(v) for v in axes)
 
     def _apply_layout(self, node: Node, index: np.ndarray) -> np.ndarray:
         if node.op_type == "Transpose":

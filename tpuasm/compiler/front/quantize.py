@@ -123,21 +123,36 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
             take = from_tpu
         elif op == "Add" and node.name in bias_adds:      # its MatMul is chosen
             take = any(i in producer and producer[i].name in chosen for i in node.input)
-        elif op in ("Add", "Mul"):
-            take = _vector_operands(node, producer, chosen, graph_inputs, shapes)
+        elif op in ("Add", "Sub", "Mul"):
+            take = _vector_operands(node, producer, chosen, graph_inputs, shapes, inits)
         if take:
             chosen.add(node.name)
             names.append(node.name)
     return names
 
 
-def _vector_operands(node, producer, chosen, graph_inputs, shapes) -> bool:
-    """An Add/Mul the TPU's VADD/VMUL take once quantized: two activation operands, each
-    made by a chosen node or a model input (quantized anyway), at least one by a chosen
-    node, of one shape when the shapes are known (a broadcast stays float)."""
+def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> bool:
+    """An Add/Sub/Mul the TPU's VADD/VMUL take once quantized: two activation operands,
+    each made by a chosen node or a model input (quantized anyway), at least one by a
+    chosen node, of one shape when the shapes are known (a broadcast stays float); or one
+    made by a chosen node and a constant (an initializer) that does not grow it: a scalar
+    or one value per channel (match.py checks the axis)."""
     if len(node.input) != 2 or not all(node.input):
         return False
     from_tpu = [i in producer and producer[i].name in chosen for i in node.input]
+    constant = [i in inits for i in node.input]
+    if any(constant):
+        if all(constant) or not any(from_tpu):
+            return False
+        k = constant.index(True)
+        value = inits[node.input[k]]
+        other = shapes.get(node.input[1 - k])
+        dims = tuple(value.dims)
+        if int(np.prod(dims)) == 1:
+            return True
+        if other is None or len(dims) > len(other):
+            return False
+        return all(d == 1 or d == o for d, o in zip(dims[::-1], other[::-1]))
     if not any(from_tpu) or not all(t or _from_input(i, producer, graph_inputs)
                                     for t, i in zip(from_tpu, node.input)):
         return False
