@@ -659,3 +659,40 @@ def test_unrolled_lstm_cell_runs_on_the_tpu_in_one_segment(tmp_path):
     want = m.top1(run_ort(m.reference, m.evaluation)[names.index(m.output)])
     got = m.top1(model.run(m.evaluation)[m.output])
     assert np.mean(got == want) >= 0.99
+
+
+@pytest.mark.parametrize("lbr", [1, 0])
+def test_unrolled_gru_runs_on_the_tpu_in_one_segment(tmp_path, lbr):
+    # the corpus's 10-step GRU classifier (linear_before_reset=1 as torch exports it, and
+    # the ONNX default 0): per-gate Gemms, the z / r / candidate Adds (VADD + sigmoid/tanh
+    # table), r * (R h) or r * h and z * (cand - h) (VMUL), cand - h and cand - z (.) d
+    # (VADD with a negative multiplier): the gate chain and the head in one segment
+    import real_models
+    m = real_models.gru_classifier()
+    for node in m.model.graph.node:
+        if node.op_type == "GRU":
+            for a in node.attribute:
+                if a.name == "linear_before_reset":
+                    a.i = lbr
+    path = tmp_path / "gru.onnx"
+    onnx.save(m.model, str(path))
+    model = compile_model(path, batch=m.batch, calibration=m.calibration,
+                          batch_axes=m.batch_axis)
+    assert len(model.segments) == 1, [s.name for s in model.segments]
+    kinds = [s["kind"] for s in model.report.steps]
+    assert kinds == ["host", "tpu", "host"]      # slicing x before, dequantizing after
+    ops = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    count = {k: sum(op.op == k for op in ops) for k in ("add", "sub", "mul")}
+    assert count == {"add": 30, "sub": 20, "mul": 20}, count
+    names = [o.name for o in m.reference.graph.output]
+    want = m.top1(run_ort(m.reference, m.evaluation)[names.index(m.output)])
+    got = m.top1(model.run(m.evaluation)[m.output])
+    assert np.mean(got == want) >= 0.99
+    # against onnxruntime on the same QDQ model: the reference engine (float32 like
+    # onnxruntime) identical, the chip within 1 LSB (near-ties, docs/compiler.md)
+    qdq = onnx.load(str(model.reference_model))
+    (want_q,) = real_models.run_in_batches(qdq, m.evaluation, m.batch_axis, m.batch)
+    step = real_models.output_steps(qdq)[m.output]
+    for engine, identical in (("reference", 0.999), ("emulator", 0.99)):
+        diff = np.rint(np.abs(model.run(m.evaluation, engine=engine)[m.output] - want_q) / step)
+        assert diff.max() <= 1 and np.mean(diff == 0) >= identical, (engine, diff.max())
