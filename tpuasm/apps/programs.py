@@ -112,7 +112,7 @@ def _compiled_key(shape: dict) -> str:
 def _compile(app, shape: dict) -> dict:
     from ..compiler.errors import CompileError
     from ..compiler.pipeline import compile_model
-    from ..compiler.whole import whole_program
+    from ..compiler.codegen.whole import whole_program
     try:
         compiled = compile_model(model_file(app.name), batch=app.batch, config=shape)
         whole = whole_program(compiled, f"{app.name}, batch {app.batch}")

@@ -73,7 +73,7 @@ def build(folder: str, segment: str, config: dict):
 @lru_cache(maxsize=8)
 def _recompiled(folder: str, segment: str, shape: tuple):
     from ..compiler.codegen import CodegenError, generate
-    from ..compiler.golden import sample_inputs
+    from ..compiler.codegen.golden import sample_inputs
     from .targets import Skip
     model = _loaded(folder)
     step = next(s for s in model.steps if getattr(s, "name", None) == segment)
