@@ -386,6 +386,27 @@ def test_one_minus_a_gate_and_a_float_scalar(tmp_path):
     assert_matches(model, m, {"x": x_of(b, 9)}, b.scale)
 
 
+def test_saved_model_keeps_constant_operands(tmp_path):
+    # the constant, its quantization and the order of a reversed Sub survive OUTDIR
+    from tpuasm.compiler import load
+    b, _x, _xv = conv_branch(channels=5, seed=27)
+    k, kv = quantized_constant(b, np.linspace(0.5, 1.5, 5, dtype=np.float32).reshape(5, 1, 1),
+                               False, "k")
+    apply(b, "Sub", k, kv, b.current, b.value, "k_minus")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=3)
+    assert rows(model)["k_minus"].where == "TPU", rows(model)["k_minus"].note
+    model.save(tmp_path / "out")
+    again = load(tmp_path / "out")
+    (op,) = [op for op in tpu_ops(again) if isinstance(op, Elementwise)]
+    assert op.reverse and op.b is None and op.constant.shape == (5,)
+    x = x_of(b, 4)
+    for engine in ("emulator", "reference"):
+        np.testing.assert_array_equal(model.run(x, engine=engine)["y"],
+                                      again.run(x, engine=engine)["y"])
+    assert_matches(again, m, {"x": x}, b.scale)
+
+
 def test_per_channel_bias_of_rows_over_several_chunks(tmp_path):
     # (N, 40) + a (1, 40) constant on a 16-wide array: one VADD.B per chunk, each with its
     # own constant row

@@ -218,11 +218,10 @@ def test_recurrent_classifier_puts_its_gate_gemms_on_the_tpu(tmp_path, kind, sta
                                      state=state)
     compiled = tpu_compile(path, batch=16, calibration=x)
     tpu_gemms = [r for r in compiled.report.compiled_nodes if r.op_type == "Gemm" and r.where == "TPU"]
-    # 5 steps: the input products (LSTM: one per gate, 4; GRU: one), the recurrent ones
-    # (LSTM: 4, one per gate; GRU: two) after step 0 (and at step 0 too when there is an
-    # initial state)
+    # 5 steps: the input products (one per gate: LSTM 4, GRU 3), the recurrent ones (as
+    # many) after step 0 (and at step 0 too when there is an initial state)
     steps_with_h = 5 if state else 4
-    per_x, per_h = (4, 4) if kind == "LSTM" else (1, 2)
+    per_x, per_h = (4, 4) if kind == "LSTM" else (3, 3)
     assert len(tpu_gemms) == 5 * per_x + per_h * steps_with_h + 1, compiled.report.text()
     assert all(compiled.provenance.source(r.node) in ("rnn", "fc") for r in tpu_gemms)
     (rnn,) = [r for r in compiled.report.rows if r.node == "rnn"]      # the user's node

@@ -150,8 +150,9 @@ def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> boo
         dims = tuple(value.dims)
         if int(np.prod(dims)) == 1:
             return True
-        if other is None or len(dims) > len(other):
-            return False
+        if other is None or len(dims) > len(other) or (len(dims) == len(other) and
+                                                        dims and dims[0] != 1):
+            return False           # a constant per sample is not one row for every sample
         return all(d == 1 or d == o for d, o in zip(dims[::-1], other[::-1]))
     if not any(from_tpu) or not all(t or _from_input(i, producer, graph_inputs)
                                     for t, i in zip(from_tpu, node.input)):
