@@ -594,6 +594,28 @@ def test_qoperator_qlinear_add_and_mul(tmp_path, op, signed):
     assert_matches(model, m, {"x": x}, y_scale)
 
 
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_qoperator_with_a_constant_operand(tmp_path, op):
+    # QLinearAdd / QLinearMul whose A is an initializer of shape (C, 1, 1): the per-channel
+    # constant form, against onnxruntime's broadcasting kernel
+    m, y_scale = qoperator_model(op, signed=False)
+    g = m.graph
+    eltwise = next(n for n in g.node if n.name == "eltwise")
+    k = np.random.default_rng(4).integers(0, 256, (6, 1, 1)).astype(np.uint8)
+    g.initializer.extend([numpy_helper.from_array(k, "kq"),
+                          numpy_helper.from_array(np.float32(0.013), "ks"),
+                          numpy_helper.from_array(np.asarray(90, np.uint8), "kz")])
+    # the constant first, the conv's output second
+    eltwise.input[:] = ["kq", "ks", "kz", "cq", "cs", "cz", "ys", "yz"]
+    model = compiled(tmp_path, m, batch=4)
+    placed = rows(model)
+    assert placed["eltwise"].where == "TPU", placed["eltwise"].note
+    (e,) = [o for o in tpu_ops(model) if isinstance(o, Elementwise)]
+    assert e.b is None and e.constant.tolist() == k.reshape(-1).tolist()
+    x = np.random.default_rng(2).normal(0, 1.0, (6, 6, 4, 4)).astype(np.float32)
+    assert_matches(model, m, {"x": x}, y_scale)
+
+
 def test_saved_model_keeps_the_elementwise_operator(tmp_path):
     from tpuasm.compiler import load
     b = residual_block(True, seed=12)
