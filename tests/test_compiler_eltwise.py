@@ -426,6 +426,39 @@ def test_per_channel_bias_of_rows_over_several_chunks(tmp_path):
     assert_matches(model, m, {"x": x_of(b, 8)}, b.scale)
 
 
+@pytest.mark.parametrize("op, gate_first", [("Mul", False), ("Sub", True), ("Add", False)])
+def test_a_per_channel_gate_per_sample(tmp_path, op, gate_first):
+    # squeeze-and-excitation: x (N, 20, 5, 5) times a gate (N, 20, 1, 1) computed per sample
+    # (global average pool -> 1x1 conv -> sigmoid): one VMUL.B per chunk and sample, B the
+    # sample's gate row; 20 channels on a 16-wide array are two chunks.  A Sub with the gate
+    # first is b - a
+    b, _x, _xv = conv_branch(channels=20, seed=28)
+    c, cv = b.current, b.value
+    b.current = b.node("GlobalAveragePool", [c], name="squeeze",
+                       value=cv.mean(axis=(2, 3), keepdims=True))
+    b.quantize()
+    b.conv(20, (1, 1), name="excite")
+    b.quantize()
+    b.unary("Sigmoid", name="gate")
+    g, gv = b.quantize(), b.value
+    if gate_first:
+        apply(b, op, g, gv, c, cv, "scale")
+    else:
+        apply(b, op, c, cv, g, gv, "scale")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=3)
+    placed = rows(model)
+    for name in ("conv", "squeeze", "excite", "gate", "scale"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    (e,) = [o for o in tpu_ops(model) if isinstance(o, Elementwise)]
+    assert e.broadcasts_b and e.b.shape[0] == 20 and e.reverse == (op == "Sub")
+    assert len(model.segments) == 1
+    instr = "VMUL.UB " if op == "Mul" else "VADD.UB "
+    assert sum(line.strip().startswith(instr) for line in programs(model).splitlines()) \
+        == 2 * 3                                    # chunks x samples
+    assert_matches(model, m, {"x": x_of(b, 5)}, b.scale)
+
+
 def test_broadcasts_the_isa_cannot_express_stay_on_the_host(tmp_path):
     # a constant varying along the image's rows, and an activation (N, 1, H, W) against
     # (N, C, H, W): the B row repeats one row of channels, nothing else

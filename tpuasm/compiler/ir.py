@@ -184,6 +184,10 @@ class Elementwise:
     layout, each with its own quantization, the output with its own; an optional fused
     Relu / Clip (`activation`) clamps the result.
 
+    `b` may also hold one pixel of a's channels per sample ((C,), (C, 1, 1): a squeeze-and-
+    excitation gate, a per-channel scale computed per sample), broadcast over a's pixels
+    (`broadcasts_b`).
+
     Or one tensor `a` and a constant b (`b` None): `constant` holds b's integers, one per
     channel of `a` (a scalar repeated), quantized as `constant_quant`, broadcast over every
     pixel / row of every sample (the B flag's constant UB row).  `reverse` (sub only):
@@ -202,6 +206,11 @@ class Elementwise:
     @property
     def inputs(self) -> tuple:
         return (self.a,) if self.b is None else (self.a, self.b)
+
+    @property
+    def broadcasts_b(self) -> bool:
+        """b is one pixel per sample, read for every pixel of a."""
+        return self.b is not None and tuple(self.b.shape) != tuple(self.a.shape)
 
     def constant_real(self) -> np.ndarray:
         """b's real values per channel (float32, as DequantizeLinear computes them)."""

@@ -194,6 +194,8 @@ def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray | None = None) -> 
         b, qb = constant_operand(op, np.ndim(a)), op.constant_quant
     else:
         qb = op.b.quant
+        if op.broadcasts_b:          # one pixel per sample: (B, C) -> (B, C, 1, ...)
+            b = np.asarray(b).reshape((len(b), -1) + (1,) * (np.ndim(a) - 2))
     f32 = np.float32
     if op.op == "add":
         # MLAS's x86 kernel: uncentred integers, the zero points folded into one float32

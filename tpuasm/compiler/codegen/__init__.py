@@ -78,10 +78,14 @@ def supports(op) -> str | None:
             v = np.asarray(op.constant, np.int64) - op.constant_quant.zero_point
             if v.size and int(v.max() - v.min()) > 255:
                 return "a constant whose values span more than one byte"
+        elif op.broadcasts_b:
+            if op.b.shape[0] != op.a.shape[0] or int(np.prod(op.b.shape[1:])) != 1:
+                return ("b is neither a's shape nor one pixel of its channels (B's row is "
+                        "one row of channels)")
         elif op.reverse:
-            return "a reversed Sub of two tensors"
+            return "a reversed Sub of two tensors of one shape"
         operands = op.inputs
-        if not all(t.shape == op.output.shape for t in operands):
+        if op.a.shape != op.output.shape:
             return "operands of different shapes (VADD/VMUL read equal row ranges)"
         if not all(t.quant.signed == op.output.quant.signed for t in operands):
             return "operands of different signedness (one U flag for A, B and C)"

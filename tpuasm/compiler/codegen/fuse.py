@@ -74,6 +74,7 @@ class Step:
         elif isinstance(op, Elementwise):
             what = (f"element-wise {op.op}{' (b - a)' if op.reverse else ''}"
                     f"{' with a constant' if op.b is None else ''}"
+                    f"{' with a row per sample' if op.broadcasts_b else ''}"
                     f" ({'VMUL' if op.op == 'mul' else 'VADD'})")
         else:
             what = f"Lookup ({op.function or 'table'})"

@@ -158,7 +158,8 @@ def _elementwise_classes(segment: Segment) -> dict[str, list[str]]:
     made = {op.output.name for op in segment.operators if isinstance(op, Elementwise)}
     for op in segment.operators:
         if isinstance(op, Elementwise):
-            names = (*(t.name for t in op.inputs), op.output.name)
+            names = (op.a.name, *(() if op.b is None or op.broadcasts_b else (op.b.name,)),
+                     op.output.name)
         elif isinstance(op, Lookup) and op.input.name in made:
             names = (op.input.name, op.output.name)
         else:

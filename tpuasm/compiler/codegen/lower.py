@@ -551,7 +551,8 @@ class Lowering:
         final = lookup.output if lookup else op.output
         dst = c.layouts[final.name]
         rows = dst.rows(p)
-        operands = [lay_a] if op.b is None else [lay_a, c.layouts[op.b.name]]
+        operands = [lay_a] if op.b is None or op.broadcasts_b else \
+            [lay_a, c.layouts[op.b.name]]
         if not all(lay.rows(p) == rows and lay.pads == dst.pads and
                    lay.image_rows == dst.image_rows for lay in operands):
             raise CodegenError(f"{op.name}: operands and output in different layouts "
@@ -561,14 +562,16 @@ class Lowering:
         e = self.e
         e.cfg(**vector_registers(op))
         table = elementwise_table(op, lookup)
-        flags = ("" if qc.signed else "U") + ("B" if op.b is None else "") + \
+        row_b = op.b is None or op.broadcasts_b          # B: one row read for every row
+        flags = ("" if qc.signed else "U") + ("B" if row_b else "") + \
             ("L" if table is not None else "")
         if table is not None:
             e.cfg(act_table=c.table_block(("elementwise", op.name), table))
         name = "VMUL" if op.op == "mul" else "VADD"
         mnemonic = f"{name}.{flags}" if flags else name
         what = (f"{op.op}{' (reversed)' if op.reverse else ''}"
-                f"{' a constant row' if op.b is None else ''}, requantized"
+                f"{' a constant row' if op.b is None else ''}"
+                f"{' a row per sample' if op.broadcasts_b else ''}, requantized"
                 + (f", {op.activation.kind}" if op.activation.kind != "none" else "")
                 + (f", {lookup.function or 'lookup'}" if lookup else ""))
         for first, count, b_at in self.operand_runs(op, dst, rows):
@@ -580,7 +583,7 @@ class Lowering:
                 if reps > 1:
                     e.cfg(rep_ub_stride=length)
                     rep = f", repeat={reps}"
-                b = self.ub(op.b.name, at) if op.b is not None else b_at
+                b = b_at if row_b else self.ub(op.b.name, at)
                 e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {b}, "
                        f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
                        f"{what}: rows {at}..{at + reps * length - 1}")
@@ -589,7 +592,7 @@ class Lowering:
         if dst.pads.any:
             # A and a tensor B hold their zero points in the padding (real 0), which adds
             # and multiplies to z_c; a constant added or subtracted moves it, as a table may
-            moved = op.b is None and op.op != "mul"
+            moved = row_b and op.op != "mul"
             if moved or (table is not None and table[qc.zero_point & 0xFF] !=
                          (dst.tensor.quant.zero_point & 0xFF)):
                 c.padded.pop(slot, None)   # the padding came out wrong: write it again
@@ -601,9 +604,18 @@ class Lowering:
         """[(first row, rows, B's constant row or None)]: every row at once for two tensors
         or a constant that is one value everywhere; else one run per chunk of N channels,
         each with its chunk's constant row."""
+        n, p = self.c.n, self.c.batch
+        if op.broadcasts_b:          # each sample's pixels with its own row of b
+            lay_b = self.c.layouts[op.b.name]
+            if lay_b.pads.any or lay_b.height * lay_b.width != 1:
+                raise CodegenError(f"{op.name}: the broadcast operand {op.b.name} is not one "
+                                   f"unpadded pixel per sample ({lay_b.describe()})")
+            per = dst.image_rows
+            return [(j * dst.chunk_rows(p) + s * per, per,
+                     self.ub(op.b.name, lay_b.pixel(p, j, s, 0, 0)))
+                    for j in range(dst.chunks) for s in range(p)]
         if op.b is not None:
             return [(0, rows, None)]
-        n, p = self.c.n, self.c.batch
         stored, _zero = constant_rows(op, dst.channels, n)
         if len(stored) == 1 or np.all(stored == stored[0]):
             return [(0, rows, self.c.param_block(("vconst", op.name, 0), stored[:1]))]

@@ -759,13 +759,14 @@ class Lowerer:
                 return self._binary_constant(node, kind, source, consts[k], node.inputs[k],
                                              reverse=k == 0, out=out, out_q=out_q, act=act,
                                              nodes=[node.name, *source.nodes, *fused])
-            self._binary_operands(node.inputs[0], node.inputs[1], node)
+            small = self._binary_operands(node.inputs[0], node.inputs[1], node)
             sources = [self.trace(name) for name in node.inputs]
             out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
+            return self._binary(node, kind, sources, out, out_q, act,
+                                [node.name, *sources[0].nodes, *sources[1].nodes, *fused],
+                                small)
         except NotMapped as e:
             raise NotMapped(f"element-wise {node.op_type} runs on the host: {e}") from None
-        return self._binary(node, kind, sources, out, out_q, act,
-                            [node.name, *sources[0].nodes, *sources[1].nodes, *fused])
 
     def lower_qlinear_binary(self, node: Node) -> Operator:
         """com.microsoft QLinearAdd / QLinearMul (A, A_scale, A_zp, B, B_scale, B_zp,
@@ -788,10 +789,10 @@ class Lowerer:
                                              names[k], reverse=False, out=node.outputs[0],
                                              out_q=yq, act=Activation(),
                                              nodes=[node.name, *source.nodes])
-        self._binary_operands(node.input(0), node.input(3), node)
+        small = self._binary_operands(node.input(0), node.input(3), node)
         sources = [self.trace(node.input(0), aq), self.trace(node.input(3), bq)]
         return self._binary(node, kind, sources, node.outputs[0], yq, Activation(),
-                            [node.name, *sources[0].nodes, *sources[1].nodes])
+                            [node.name, *sources[0].nodes, *sources[1].nodes], small)
 
     def _constant_operand_value(self, name: str):
         """(integers, QParams, DequantizeLinear node or None) of a constant operand of an
@@ -875,20 +876,35 @@ class Lowerer:
         return spread[:, 0].copy()
 
     def _binary_operands(self, a: str, b: str, node: Node):
-        """Two activations of one shape: a broadcast of one activation against another
-        stays on the host."""
+        """Two activations of one shape (None), or one of them (its index) one value per
+        channel of the other per sample ((C, 1, 1) against (C, H, W), (1, C) against
+        (rows, C): a squeeze-and-excitation gate), read as B's row for every pixel; any
+        other broadcast stays on the host."""
         sa, sb = self.g.sample_shape(a), self.g.sample_shape(b)
         if sa is None or sb is None:
             raise NotMapped("the shapes of its operands are unknown")
-        if tuple(sa) != tuple(sb):
-            raise NotMapped(f"element-wise {node.op_type} broadcasts the activation "
-                            f"{tuple(sa)} with the activation {tuple(sb)}; runs on the host "
-                            f"(VADD/VMUL read rows of one shape; only a constant operand is "
-                            f"broadcast, as B's constant row)")
+        sa, sb = tuple(sa), tuple(sb)
+        if sa == sb:
+            return None
+        why = (f"element-wise {node.op_type} broadcasts the activation {sa} with the "
+               f"activation {sb}; runs on the host (VADD/VMUL read rows of one shape, or B's "
+               f"one row of channels per sample: a per-channel operand (C, 1, 1) or (1, C))")
+        for k, (small, big) in enumerate(((sa, sb), (sb, sa))):
+            if len(small) == len(big) >= 2 and small != big and \
+                    all(d == 1 or d == e for d, e in zip(small, big)):
+                spread = [i for i, (d, e) in enumerate(zip(small, big)) if d != 1]
+                if len(spread) <= 1 and (not spread or spread[0] in (0, len(big) - 1)):
+                    return k
+        raise NotMapped(why)
 
     def _binary(self, node: Node, kind: str, sources, out: str, out_q: QParams,
-                act: Activation, nodes) -> Operator:
+                act: Activation, nodes, small=None) -> Operator:
         a_src, b_src = sources
+        reverse = False
+        if small is not None:
+            if small == 0:                   # the broadcast operand is B: b - a for a Sub
+                a_src, b_src = b_src, a_src
+                reverse = kind == "sub"
         for src in sources:
             if src.quant.signed != out_q.signed:
                 kind_of = {True: "int8", False: "uint8"}
@@ -898,8 +914,34 @@ class Lowerer:
             if src.index is not None:
                 raise NotMapped("an operand is rearranged by a layout node")
         a, y = self._elementwise(a_src, out, out_q)
-        b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
-        return Elementwise(node.name, a, b, y, kind, act, tuple(dict.fromkeys(nodes)))
+        if small is None:
+            b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
+        else:
+            b = self._channel_pixel(b_src, a)
+        return Elementwise(node.name, a, b, y, kind, act, tuple(dict.fromkeys(nodes)),
+                           reverse=reverse)
+
+    def _channel_pixel(self, source: Source, a: Tensor) -> Tensor:
+        """The broadcast operand as one pixel of a's channels per sample, in the IR shape it
+        has (a Dense's (C,)) or gets ((C, 1, 1), or channels-last (C, 1, 1)): the same UB
+        rows, one per chunk and sample."""
+        shape = self.g.sample_shape(source.tensor)
+        onnx_big = self.g.sample_shape(a.name)
+        axis = len(onnx_big) - 1 if a.channels_last or len(onnx_big) == 2 else 0
+        if onnx_big[axis] != a.shape[0]:
+            raise NotMapped(f"'{a.name}' has {a.shape[0]} channels on the TPU, its ONNX "
+                            f"shape {tuple(onnx_big)}")
+        if int(np.prod(shape)) != a.shape[0]:
+            raise NotMapped(f"its operand '{source.tensor}' {tuple(shape)} varies along "
+                            f"more than the channel axis")
+        known = self.tensors.get(source.tensor)
+        if known is not None:
+            if known.shape[0] != a.shape[0] or int(np.prod(known.shape[1:])) != 1:
+                raise NotMapped(f"'{source.tensor}' is laid out as {known.shape}, not one "
+                                f"pixel of {a.shape[0]} channels")
+            return known
+        pixel = (a.shape[0],) if len(a.shape) == 1 else (a.shape[0], 1, 1)
+        return self.ir_tensor(source.tensor, source.quant, pixel, a.channels_last)
 
     # --- QOperator forms ----------------------------------------------------------------
 

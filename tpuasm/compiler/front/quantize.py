@@ -158,7 +158,17 @@ def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> boo
                                     for t, i in zip(from_tpu, node.input)):
         return False
     a, b = (shapes.get(i) for i in node.input)
-    return a is None or b is None or a == b
+    return a is None or b is None or a == b or _per_channel(a, b) or _per_channel(b, a)
+
+
+def _per_channel(small: tuple, big: tuple) -> bool:
+    """`small` is one value per channel of `big` per sample ((N, C, 1, 1) against
+    (N, C, H, W), (N, 1, C) against (N, T, C)): VADD/VMUL's B row per sample."""
+    if len(small) != len(big) or len(big) < 3 or small[0] != big[0]:
+        return False
+    spread = [i for i, (d, e) in enumerate(zip(small[1:], big[1:])) if d != 1]
+    return all(d == 1 or d == e for d, e in zip(small[1:], big[1:])) and \
+        len(spread) <= 1 and (not spread or spread[0] in (0, len(big) - 2))
 
 
 _SELECT_OPS = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Identity"}
