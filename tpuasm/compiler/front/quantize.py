@@ -148,6 +148,9 @@ def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> boo
         value = inits[node.input[k]]
         other = shapes.get(node.input[1 - k])
         dims = tuple(value.dims)
+        if int(np.prod(dims)) > 65536 or not np.isfinite(
+                numpy_helper.to_array(value).astype(np.float64)).all():
+            return False          # an attention mask's -inf: no scale quantizes it
         if int(np.prod(dims)) == 1:
             return True
         if other is None or len(dims) > len(other) or (len(dims) == len(other) and
