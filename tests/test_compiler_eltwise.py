@@ -383,6 +383,9 @@ def test_one_minus_a_gate_and_a_float_scalar(tmp_path):
     assert ops["one_minus"].reverse and ops["one_minus"].op == "sub"
     assert ops["halve"].b is None and ops["halve"].constant_real()[0] == np.float32(0.5)
     assert len(model.segments) == 1
+    lines = programs(model).splitlines()
+    for mnemonic in ("VADD.B ", "VMUL.B "):       # one instruction: the scalar's one row
+        assert sum(line.strip().startswith(mnemonic) for line in lines) == 1, mnemonic
     assert_matches(model, m, {"x": x_of(b, 9)}, b.scale)
 
 

@@ -665,14 +665,15 @@ def constant_rows(op: Elementwise, channels: int, n: int) -> tuple[np.ndarray, i
     moved into the output's type (the U flag reads A, B and C alike) by a zero point of our
     own: any 8-bit tensor's v spans at most 255, so some zb in -128..255 fits them all."""
     v = np.asarray(op.constant, np.int64).reshape(-1) - op.constant_quant.zero_point
-    if v.size == 1:
-        v = np.full(channels, v[0], np.int64)
-    if v.size != channels:
-        raise CodegenError(f"{op.name}: {v.size} constant values for {channels} channels")
     zero = constant_zero(op)
     chunks = -(-channels // n)
-    stored = np.full(chunks * n, zero, np.int64)
-    stored[:channels] = v + zero
+    if v.size == 1:                  # a scalar: every column (one row serves every chunk)
+        stored = np.full(chunks * n, v[0] + zero, np.int64)
+    elif v.size != channels:
+        raise CodegenError(f"{op.name}: {v.size} constant values for {channels} channels")
+    else:
+        stored = np.full(chunks * n, zero, np.int64)
+        stored[:channels] = v + zero
     return (stored & 0xFF).astype(np.uint8).reshape(chunks, n), zero
 
 
