@@ -886,9 +886,9 @@ class Lowerer:
         sa, sb = tuple(sa), tuple(sb)
         if sa == sb:
             return None
-        why = (f"element-wise {node.op_type} broadcasts the activation {sa} with the "
-               f"activation {sb}; runs on the host (VADD/VMUL read rows of one shape, or B's "
-               f"one row of channels per sample: a per-channel operand (C, 1, 1) or (1, C))")
+        why = (f"it broadcasts the activation {sa} with the activation {sb} (VADD/VMUL read "
+               f"rows of one shape, or B's one row of channels per sample: a per-channel "
+               f"operand (C, 1, 1) or (1, C))")
         for k, (small, big) in enumerate(((sa, sb), (sb, sa))):
             if len(small) == len(big) >= 2 and small != big and \
                     all(d == 1 or d == e for d, e in zip(small, big)):
