@@ -14,6 +14,7 @@ from onnx_models import run_ort  # noqa: E402
 from qdq_builder import QDQBuilder  # noqa: E402
 from tpuasm.compiler import reference  # noqa: E402
 from tpuasm.compiler.ir import Activation, Elementwise, QParams, Tensor  # noqa: E402
+from tpuasm.compiler.codegen import weight_tiles  # noqa: E402
 from tpuasm.compiler.pipeline import compile_model  # noqa: E402
 
 SMALL = ["array_size=16", "acc_rows=64"]
@@ -479,14 +480,52 @@ def test_broadcasts_the_isa_cannot_express_stay_on_the_host(tmp_path):
 
     b, _x, _xv = conv_branch(channels=4, seed=26)
     c, cv = b.current, b.value
-    b.conv(1, (1, 1), name="squeeze")
+    b.current = b.node("ReduceMax", [c], name="row_max", value=cv.max(axis=3, keepdims=True),
+                       axes=[3], keepdims=1)
     b.quantize()
-    apply(b, "Mul", c, cv, b.current, b.value, "by_map")
+    apply(b, "Mul", c, cv, b.current, b.value, "by_rows_of_channels")   # (C, H, 1)
     m2 = b.model()
     model = compiled(tmp_path, m2)
-    assert rows(model)["by_map"].where == "host"
-    assert "broadcasts the activation" in rows(model)["by_map"].note
+    assert rows(model)["by_rows_of_channels"].where == "host"
+    assert "neither one channel nor one pixel" in rows(model)["by_rows_of_channels"].note
     assert_matches(model, m2, {"x": x_of(b, 4)}, b.scale)
+
+
+@pytest.mark.parametrize("image, op, first", [(True, "Mul", False), (True, "Sub", True),
+                                              (False, "Add", False), (False, "Sub", False)])
+def test_one_channel_spread_over_every_channel(tmp_path, image, op, first):
+    # (N, 1, H, W) against (N, C, H, W), (N, 1) against (N, C): the array spreads b's one
+    # channel over every column (a tile whose first row is ones), an Activate per chunk
+    # writes it into the output's rows, and the VADD / VMUL reads it there in place
+    if image:
+        b, _x, _xv = conv_branch(channels=20, seed=29)
+        c, cv = b.current, b.value
+        b.conv(1, (1, 1), name="narrow")
+    else:
+        b = QDQBuilder((24,), seed=30)
+        b.quantize()
+        b.matmul(20, "int32", name="wide")
+        b.quantize()
+        c, cv = b.current, b.value
+        b.matmul(1, "int32", name="narrow")
+    b.quantize()
+    n, nv = b.current, b.value
+    if first:
+        apply(b, op, n, nv, c, cv, "spread")
+    else:
+        apply(b, op, c, cv, n, nv, "spread")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=5)
+    placed = rows(model)
+    assert placed["spread"].where == "TPU", placed["spread"].note
+    (e,) = [o for o in tpu_ops(model) if isinstance(o, Elementwise)]
+    assert e.spreads_b and e.b.shape[0] == 1 and e.reverse == (op == "Sub" and first)
+    assert len(model.segments) == 1
+    step = next(s for s in model.steps if getattr(s, "program", None))
+    assert sum(weight_tiles(op, 16) for op in step.program.segment.operators) == \
+        step.program.weights.shape[0]                 # the closed form counts the ones tile
+    assert "first row is ones" in programs(model)
+    assert_matches(model, m, {"x": x_of(b, 7)}, b.scale)
 
 
 def _sub_model(aq, bq, cq, shape):

@@ -184,7 +184,8 @@ class Elementwise:
     layout, each with its own quantization, the output with its own; an optional fused
     Relu / Clip (`activation`) clamps the result.
 
-    `b` may also hold one pixel of a's channels per sample ((C,), (C, 1, 1): a squeeze-and-
+    `b` may also hold one channel of a's pixels (`spreads_b`: (1, H, W), (1,)), spread over
+    every channel, or one pixel of a's channels per sample ((C,), (C, 1, 1): a squeeze-and-
     excitation gate, a per-channel scale computed per sample), broadcast over a's pixels
     (`broadcasts_b`).
 
@@ -210,7 +211,16 @@ class Elementwise:
     @property
     def broadcasts_b(self) -> bool:
         """b is one pixel per sample, read for every pixel of a."""
-        return self.b is not None and tuple(self.b.shape) != tuple(self.a.shape)
+        return self.b is not None and tuple(self.b.shape) != tuple(self.a.shape) and \
+            not self.spreads_b
+
+    @property
+    def spreads_b(self) -> bool:
+        """b is one channel of a's pixels ((1, H, W) against (C, H, W), (1,) against (C,)),
+        spread over every channel."""
+        return self.b is not None and len(self.a.shape) == len(self.b.shape) and \
+            self.b.shape[0] == 1 != self.a.shape[0] and \
+            tuple(self.b.shape[1:]) == tuple(self.a.shape[1:])
 
     def constant_real(self) -> np.ndarray:
         """b's real values per channel (float32, as DequantizeLinear computes them)."""

@@ -82,7 +82,7 @@ def supports(op) -> str | None:
             if op.b.shape[0] != op.a.shape[0] or int(np.prod(op.b.shape[1:])) != 1:
                 return ("b is neither a's shape nor one pixel of its channels (B's row is "
                         "one row of channels)")
-        elif op.reverse:
+        elif op.reverse and not op.spreads_b:
             return "a reversed Sub of two tensors of one shape"
         operands = op.inputs
         if op.a.shape != op.output.shape:
@@ -110,6 +110,8 @@ def weight_tiles(op, n: int) -> int:
         if op.groups != 1:            # block-diagonal: only the chunks a block's groups read
             return kh * kw * sum(len(group_chunks(op, j, n)) for j in range(blocks(o)))
         return blocks(o) * blocks(c) * kh * kw
+    if isinstance(op, Elementwise) and op.spreads_b:
+        return 1                      # the ones-row tile that spreads b's channel
     return 0
 
 

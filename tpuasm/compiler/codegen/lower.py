@@ -553,13 +553,15 @@ class Lowering:
         rows = dst.rows(p)
         operands = [lay_a] if op.b is None or op.broadcasts_b else \
             [lay_a, c.layouts[op.b.name]]
-        if not all(lay.rows(p) == rows and lay.pads == dst.pads and
+        if not all((lay.rows(p) == rows or lay.tensor is op.b) and lay.pads == dst.pads and
                    lay.image_rows == dst.image_rows for lay in operands):
             raise CodegenError(f"{op.name}: operands and output in different layouts "
                                f"({'; '.join(lay.describe() for lay in operands)}; "
                                f"{dst.describe()})")
         qc = op.output.quant
         e = self.e
+        if op.spreads_b:                 # b's one channel into every chunk of the output
+            self.spread_channel(op, c.layouts[op.b.name], dst)
         e.cfg(**vector_registers(op))
         table = elementwise_table(op, lookup)
         row_b = op.b is None or op.broadcasts_b          # B: one row read for every row
@@ -583,7 +585,8 @@ class Lowering:
                 if reps > 1:
                     e.cfg(rep_ub_stride=length)
                     rep = f", repeat={reps}"
-                b = b_at if row_b else self.ub(op.b.name, at)
+                b = b_at if row_b else self.ub(
+                    dst.tensor.name if op.spreads_b else op.b.name, at)
                 e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {b}, "
                        f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
                        f"{what}: rows {at}..{at + reps * length - 1}")
@@ -599,6 +602,35 @@ class Lowering:
                 self.fill_pads(dst)
             else:
                 c.padded[slot] = dst.padding_key
+
+    def spread_channel(self, op: Elementwise, src: Layout, dst: Layout):
+        """Write b (one channel) into every channel of dst, which the VADD / VMUL then reads
+        as its b in place: a MatrixMultiply of b's rows by a tile whose first row is ones
+        puts b's value in every accumulator column, and an identity Activate per chunk
+        writes it in b's own type.  Bands of an accumulator half."""
+        c, e = self.c, self.e
+        p = c.batch
+        tiles = c.tiles.get(op.name)
+        if tiles is None:
+            tiles = c.tiles[op.name] = [c.weights.add(c.tile_region_name(op.name),
+                                                      ones_row_tile())]
+        qb = op.b.quant
+        u = signed_flag(src)
+        total = src.rows(p)
+        for at in range(0, total, c.half_rows):
+            length = min(c.half_rows, total - at)
+            half = c.next_half()
+            first = at == 0
+            e.mmc(f"MMC.{'S' if first else ''}O{u} {self.ub(op.b.name, at)}, "
+                  f"{self.acc(half)}, {length}", tiles if first else [],
+                  f"{op.b.name} into every column (a tile whose first row is ones)")
+            e.cfg(act_mult=1, act_shift=0, act_ub_pitch=0, rep_acc_stride=0,
+                  rep_ub_stride=0)
+            self.act_output(qb, qb.qmin, qb.qmax, None, None, 0)
+            for j in range(dst.chunks):
+                e.line(f"ACT {self.acc(half)}, "
+                       f"{self.ub(dst.tensor.name, j * dst.chunk_rows(p) + at)}, {length}",
+                       f"{op.b.name} as channels {j * c.n}..: rows {at}..{at + length - 1}")
 
     def operand_runs(self, op: Elementwise, dst: Layout, rows: int):
         """[(first row, rows, B's constant row or None)]: every row at once for two tensors
@@ -657,6 +689,13 @@ class Lowering:
                 switched = True
                 self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
                                  src.width, f"{what} {chunk * c.n}..")
+
+
+def ones_row_tile():
+    """A weight tile whose first row is ones: every output column is input element 0."""
+    def fill(out):
+        out[0, :] = 1
+    return fill
 
 
 def constant_rows(op: Elementwise, channels: int, n: int) -> tuple[np.ndarray, int]:

@@ -887,24 +887,21 @@ class Lowerer:
         if sa == sb:
             return None
         why = (f"it broadcasts the activation {sa} with the activation {sb} (VADD/VMUL read "
-               f"rows of one shape, or B's one row of channels per sample: a per-channel "
-               f"operand (C, 1, 1) or (1, C))")
+               f"rows of one shape, B's one row of channels per sample (a per-channel operand "
+               f"(C, 1, 1) or (1, C)), or one channel spread over a row by the array)")
         for k, (small, big) in enumerate(((sa, sb), (sb, sa))):
-            if len(small) == len(big) >= 2 and small != big and \
+            if len(small) == len(big) and small != big and \
                     all(d == 1 or d == e for d, e in zip(small, big)):
-                spread = [i for i, (d, e) in enumerate(zip(small, big)) if d != 1]
-                if len(spread) <= 1 and (not spread or spread[0] in (0, len(big) - 1)):
-                    return k
+                return k          # which form (_binary) depends on the big one's channel axis
         raise NotMapped(why)
 
     def _binary(self, node: Node, kind: str, sources, out: str, out_q: QParams,
                 act: Activation, nodes, small=None) -> Operator:
         a_src, b_src = sources
         reverse = False
-        if small is not None:
-            if small == 0:                   # the broadcast operand is B: b - a for a Sub
-                a_src, b_src = b_src, a_src
-                reverse = kind == "sub"
+        if small is not None and small == 0:   # the broadcast operand is B: b - a for a Sub
+            a_src, b_src = b_src, a_src
+            reverse = kind == "sub"
         for src in sources:
             if src.quant.signed != out_q.signed:
                 kind_of = {True: "int8", False: "uint8"}
@@ -917,23 +914,34 @@ class Lowerer:
         if small is None:
             b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
         else:
-            b = self._channel_pixel(b_src, a)
+            b = self._broadcast_operand(b_src, a)
         return Elementwise(node.name, a, b, y, kind, act, tuple(dict.fromkeys(nodes)),
                            reverse=reverse)
+
+    def _broadcast_operand(self, source: Source, a: Tensor) -> Tensor:
+        """The smaller operand of a broadcast against `a`, as the IR tensor the back end
+        reads: one channel of a's pixels ((1, H, W) against (C, H, W), (T, 1) against
+        (T, C), (1,) against (C,); spread over every channel by the array) or one pixel of
+        a's channels per sample ((C, 1, 1), (1, C); B's row per sample)."""
+        onnx_big = tuple(self.g.sample_shape(a.name))
+        shape = tuple(self.g.sample_shape(source.tensor))
+        axis = len(onnx_big) - 1 if a.channels_last else 0      # the channel axis
+        if onnx_big[axis] != a.shape[0]:
+            raise NotMapped(f"'{a.name}' has {a.shape[0]} channels on the TPU, its ONNX "
+                            f"shape {onnx_big}")
+        others = [i for i in range(len(onnx_big)) if i != axis]
+        if shape[axis] == 1 and all(shape[i] == onnx_big[i] for i in others):
+            return self.ir_tensor(source.tensor, source.quant, (1, *a.shape[1:]),
+                                  a.channels_last)
+        if shape[axis] != a.shape[0] or any(shape[i] != 1 for i in others):
+            raise NotMapped(f"its operand '{source.tensor}' {shape} is neither one channel "
+                            f"nor one pixel of '{a.name}' {onnx_big}")
+        return self._channel_pixel(source, a)
 
     def _channel_pixel(self, source: Source, a: Tensor) -> Tensor:
         """The broadcast operand as one pixel of a's channels per sample, in the IR shape it
         has (a Dense's (C,)) or gets ((C, 1, 1), or channels-last (C, 1, 1)): the same UB
         rows, one per chunk and sample."""
-        shape = self.g.sample_shape(source.tensor)
-        onnx_big = self.g.sample_shape(a.name)
-        axis = len(onnx_big) - 1 if a.channels_last or len(onnx_big) == 2 else 0
-        if onnx_big[axis] != a.shape[0]:
-            raise NotMapped(f"'{a.name}' has {a.shape[0]} channels on the TPU, its ONNX "
-                            f"shape {tuple(onnx_big)}")
-        if int(np.prod(shape)) != a.shape[0]:
-            raise NotMapped(f"its operand '{source.tensor}' {tuple(shape)} varies along "
-                            f"more than the channel axis")
         known = self.tensors.get(source.tensor)
         if known is not None:
             if known.shape[0] != a.shape[0] or int(np.prod(known.shape[1:])) != 1:

@@ -161,7 +161,18 @@ def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> boo
                                     for t, i in zip(from_tpu, node.input)):
         return False
     a, b = (shapes.get(i) for i in node.input)
-    return a is None or b is None or a == b or _per_channel(a, b) or _per_channel(b, a)
+    return a is None or b is None or a == b or any(
+        f(x, y) for f in (_per_channel, _one_channel) for x, y in ((a, b), (b, a)))
+
+
+def _one_channel(small: tuple, big: tuple) -> bool:
+    """`small` is one channel of `big`'s pixels ((N, 1, H, W) against (N, C, H, W), (N, 1)
+    against (N, C)): spread over the channels by the array, then VADD/VMUL."""
+    if len(small) != len(big) or len(big) < 2 or small[0] != big[0]:
+        return False
+    differ = [i for i, (d, e) in enumerate(zip(small[1:], big[1:])) if d != e]
+    return len(differ) == 1 and small[1 + differ[0]] == 1 and \
+        differ[0] in (0, len(big) - 2)
 
 
 def _per_channel(small: tuple, big: tuple) -> bool:
