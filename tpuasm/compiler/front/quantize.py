@@ -87,11 +87,13 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
     with a constant weight (a matrix for MatMul); the Relu/Clip, lookup-table operators,
     pooling and layout nodes that read such a node's output; the bias Add of a MatMul on a
-    tensor of rank >= 3; an Add/Mul of two activations of one shape (VADD/VMUL) that each
-    come from such a node or a model input, one at least from such a node (a residual
-    block's skip Add).  Never a MatMul of two activations, a Gather, OneHot, Softmax, the
-    parts of a LayerNorm, an Add/Mul with a constant or a broadcast one: quantizing those
-    costs the host parts their float accuracy and gains the TPU nothing.
+    tensor of rank >= 3; an Add/Sub/Mul (VADD/VMUL) of two activations that each come from
+    such a node or a model input, one at least from such a node (a residual block's skip
+    Add), of one shape or one per channel or one channel of the other; or of one such
+    activation and a finite constant, a scalar or one value per channel.  Never a MatMul of
+    two activations, a Gather, OneHot, Softmax, the parts of a LayerNorm (made by host
+    nodes): quantizing those costs the host parts their float accuracy and gains the TPU
+    nothing.
 
     `options.keep_float` names nodes or operator types of the prepared model or, through
     `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
