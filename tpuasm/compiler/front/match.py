@@ -944,6 +944,8 @@ class Lowerer:
         rows, one per chunk and sample."""
         known = self.tensors.get(source.tensor)
         if known is not None:
+            if known.quant != source.quant:
+                raise NotMapped(f"'{source.tensor}' is read with two different quantizations")
             if known.shape[0] != a.shape[0] or int(np.prod(known.shape[1:])) != 1:
                 raise NotMapped(f"'{source.tensor}' is laid out as {known.shape}, not one "
                                 f"pixel of {a.shape[0]} channels")
