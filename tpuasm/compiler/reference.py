@@ -13,12 +13,13 @@ bit for bit except on a few rounding near-ties:
 - average pooling is onnxruntime's float kernel (a float32 sum of dequantized values), which
   an integer machine matches except on rounding near-ties; global average pooling is MLAS's
   integer sum with a float32 multiplier;
-- Elementwise is MLAS's QLinearAdd / QLinearMul in float32 (a Sub, which has no QLinear
-  form, onnxruntime's float32 Sub of the dequantized operands, then QuantizeLinear): the scale ratios
-  s_a / s_c, s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32; add as MLAS's x86
-  kernel (z_c - the zero points' share folded into one constant, two fused multiply-adds of
-  the raw integers), mul as the product of the centred integers times the ratio; rounded
-  half to even, clamped.  The chip (VADD /
+- Elementwise is MLAS's QLinearAdd / QLinearMul in float32: the scale ratios s_a / s_c,
+  s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32; add as MLAS's x86 kernel
+  (z_c - the zero points' share folded into one constant, two fused multiply-adds of the
+  raw integers), mul as the product of the centred integers times the ratio; rounded half
+  to even, clamped.  A Sub, which has no QLinear form, is onnxruntime's float32 Sub of the
+  two dequantized operands and QuantizeLinear's division.  A constant or broadcast b
+  broadcasts per channel (or per sample) as ONNX does.  The chip (VADD /
   VMUL) computes the exact real value with 31-bit ratios instead: the two differ by one unit
   where float32's error moves a value across a rounding boundary (a near-tie; spec/isa.md
   5.11 measures 99.9998 % identical).
