@@ -814,3 +814,41 @@ def test_unrolled_gru_runs_on_the_tpu_in_one_segment(tmp_path, lbr):
     for engine, identical in (("reference", 0.999), ("emulator", 0.99)):
         diff = np.rint(np.abs(model.run(m.evaluation, engine=engine)[m.output] - want_q) / step)
         assert diff.max() <= 1 and np.mean(diff == 0) >= identical, (engine, diff.max())
+
+
+def test_float_gate_one_minus_z_is_quantized_and_mapped(tmp_path):
+    # a hand-written GRU-style blend in float, quantized by the pipeline: h = (1 - z) * n +
+    # z * x with z = sigmoid(x W_z), n = tanh(x W_n): the constant 1 (an initializer) is
+    # quantized with the Sub, and the whole blend runs on the chip
+    rng = np.random.default_rng(40)
+    k = 12
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (k, k)).astype(np.float32), n)
+             for n in ("wz", "wn")] + [numpy_helper.from_array(np.float32(1.0), "one")]
+    nodes = [helper.make_node("MatMul", ["x", "wz"], ["zp"], name="z_mm"),
+             helper.make_node("Sigmoid", ["zp"], ["z"], name="z"),
+             helper.make_node("MatMul", ["x", "wn"], ["np_"], name="n_mm"),
+             helper.make_node("Tanh", ["np_"], ["n"], name="n"),
+             helper.make_node("Sub", ["one", "z"], ["keep"], name="one_minus_z"),
+             helper.make_node("Mul", ["keep", "n"], ["a"], name="keep_n"),
+             helper.make_node("Mul", ["z", "n"], ["b"], name="z_n"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="blend")]
+    g = helper.make_graph(nodes, "blend", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", k])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", k])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.normal(0, 1, (64, k)).astype(np.float32)
+    model = compiled(tmp_path, m, batch=8, config=["array_size=16"], calibration=x)
+    placed = rows(model)
+    for name in ("z_mm", "z", "n_mm", "n", "one_minus_z", "keep_n", "z_n", "blend"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert len(model.segments) == 1
+    qdq = onnx.load(str(model.reference_model))
+    (want,) = run_ort(qdq, {"x": x[:40]})
+    step = np.min(np.diff(np.unique(want)))
+    for engine in ("emulator", "reference"):
+        diff = np.rint(np.abs(model.run(x[:40], engine=engine)["y"] - want) / step)
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (engine, diff.max())
+    # float-level answers: the 8-bit steps of six chained operators, not a wrong formula
+    (exact,) = run_ort(m, {"x": x[:40]})
+    assert np.abs(model.run(x[:40])["y"] - exact).max() < 10 * step
