@@ -3,7 +3,7 @@
 Layers are tuples: ("conv", out_channels, kernel, stride, pad), ("gemm", n), ("matmul", n),
 ("relu",), ("clip", lo, hi), ("sigmoid",), ("tanh",), ("maxpool", k, s, pad),
 ("avgpool", k, s, pad, count_include_pad), ("gap",), ("flatten",), ("transpose", perm),
-("reshape", shape), ("softmax",), ("add_const",)."""
+("reshape", shape), ("softmax",), ("add_const",), ("div_const",)."""
 from __future__ import annotations
 
 import numpy as np
@@ -79,10 +79,13 @@ def build(layers, input_shape, seed=0, batch="N", name="net") -> onnx.ModelProto
             inits.append(numpy_helper.from_array(np.array([-1, *new], np.int64), f"{lname}_s"))
             nodes.append(helper.make_node("Reshape", [current, f"{lname}_s"], [out], name=lname))
             shape = list(new)
-        elif kind == "add_const":
+        elif kind in ("add_const", "div_const"):
             c = rng.normal(0, 1, shape).astype(np.float32)
+            if kind == "div_const":
+                c = np.abs(c) + 0.5
             inits.append(numpy_helper.from_array(c, f"{lname}_c"))
-            nodes.append(helper.make_node("Add", [current, f"{lname}_c"], [out], name=lname))
+            nodes.append(helper.make_node("Add" if kind == "add_const" else "Div",
+                                          [current, f"{lname}_c"], [out], name=lname))
         else:
             raise ValueError(kind)
         current = out

@@ -14,6 +14,7 @@ from onnx_models import run_ort  # noqa: E402
 from qdq_builder import QDQBuilder  # noqa: E402
 from tpuasm.compiler import reference  # noqa: E402
 from tpuasm.compiler.ir import Activation, Elementwise, QParams, Tensor  # noqa: E402
+from tpuasm.compiler.codegen import weight_tiles  # noqa: E402
 from tpuasm.compiler.pipeline import compile_model  # noqa: E402
 
 SMALL = ["array_size=16", "acc_rows=64"]
@@ -287,23 +288,319 @@ def test_vectors_and_many_rows_use_repeat_and_several_instructions(tmp_path):
     assert_matches(model2, m2, {"x": x_of(big, 8)}, big.scale)
 
 
-def test_broadcast_and_constant_operands_stay_on_the_host(tmp_path):
-    b = QDQBuilder((4, 5, 5), seed=8)
+def quantized_constant(b: QDQBuilder, value: np.ndarray, signed: bool, name: str) -> tuple:
+    """DequantizeLinear of `value` quantized per tensor (as quantize_static writes a
+    constant operand): (the dequantized tensor's name, its real value)."""
+    lo, hi = min(float(value.min()), 0.0), max(float(value.max()), 0.0)
+    if signed:
+        scale, zp, dt = (max(-lo, hi) / 127) or 1.0, 0, np.int8
+    else:
+        scale = (hi - lo) / 255 or 1.0
+        zp, dt = int(round(-lo / scale)), np.uint8
+    info = np.iinfo(dt)
+    q = np.clip(np.rint(value / np.float32(scale)) + zp, info.min, info.max).astype(dt)
+    cq = b._const(q, name + "_q")
+    s, z = b._const(np.float32(scale), name + "_s"), b._const(np.asarray(zp, dt), name + "_z")
+    real = ((q.astype(np.int32) - zp) * np.float32(scale)).astype(np.float32)
+    return b.node("DequantizeLinear", [cq, s, z], name=name), real
+
+
+def apply(b: QDQBuilder, op: str, first: str, first_value, second: str, second_value,
+          name: str):
+    value = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](first_value,
+                                                                         second_value)
+    b.current = b.node(op, [first, second], name=name, value=value)
+
+
+def conv_branch(channels=6, hw=5, seed=21, signed=False):
+    b = QDQBuilder((channels, hw, hw), seed=seed)
+    x = b.quantize(signed=signed)
+    xv = b.value
+    b.conv(channels, (3, 3), pads=[1] * 4, name="conv")
+    b.quantize(signed=signed)
+    return b, x, xv
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_sub_of_two_activations(tmp_path, signed):
+    # conv(x) - x: VADD with a negative vec_mult_b; onnxruntime has no QLinearSub, so its
+    # float Sub between the DequantizeLinear pair and the QuantizeLinear is the oracle
+    b, x, xv = conv_branch(signed=signed)
+    apply(b, "Sub", b.current, b.value, x, xv, "diff")
+    m = b.model(signed_output=signed)
+    model = compiled(tmp_path, m, batch=4)
+    assert rows(model)["diff"].where == "TPU", rows(model)["diff"].note
+    assert [op.op for op in tpu_ops(model) if isinstance(op, Elementwise)] == ["sub"]
+    assert len(model.segments) == 1
+    assert_matches(model, m, {"x": x_of(b, 6)}, b.scale)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+def test_per_channel_constant_against_an_image(tmp_path, op):
+    # a (C, 1, 1) quantized constant: one B row of C values read for every pixel; conv2
+    # reads the result padded, and an added constant moves the padding, written again
+    b, _x, _xv = conv_branch(channels=6, seed=22)
+    k, kv = quantized_constant(b, np.linspace(-1.5, 2.0, 6, dtype=np.float32).reshape(6, 1, 1),
+                               False, "k")
+    apply(b, op, b.current, b.value, k, kv, "by_constant")
     b.quantize()
-    b.conv(4, (1, 1), name="conv")
-    b.quantize()
-    cq = b._const(np.full((4, 1, 1), 3, np.uint8), "cq")
-    s, z = b._const(np.float32(0.05), "cs"), b._const(np.asarray(0, np.uint8), "cz")
-    c = b.node("DequantizeLinear", [cq, s, z], name="const_dq")
-    binary(b, "Mul", c, np.float32(0.15), "by_constant")
-    b.quantize()
+    b.conv(4, (3, 3), pads=[1] * 4, name="conv2")
     m = b.model()
-    model = compiled(tmp_path, m)
+    model = compiled(tmp_path, m, batch=3)
     placed = rows(model)
-    assert placed["conv"].where == "TPU"
-    assert placed["by_constant"].where == "host"
-    assert "constant" in placed["by_constant"].note
-    assert_matches(model, m, {"x": x_of(b, 4)}, b.scale)
+    for name in ("conv", "by_constant", "conv2"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    (e,) = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    assert e.b is None and e.constant.shape == (6,)
+    assert (".UB " if op != "Mul" else "VMUL.UB ") in programs(model)
+    assert_matches(model, m, {"x": x_of(b, 5)}, b.scale)
+
+
+def test_one_minus_a_gate_and_a_float_scalar(tmp_path):
+    # 1 - sigmoid(v) (the GRU's update gate: a constant first, b - a) and v * 0.5 with a
+    # float constant (exact: the integer 1 at scale 0.5), both int8 and vectors of 40
+    # channels on a 16-wide array (3 chunks: the scalar's one row serves them all)
+    b = QDQBuilder((40,), seed=23)
+    b.quantize(signed=True)
+    b.matmul(40, "int32", name="fc")
+    b.quantize(signed=True)
+    v, vv = b.current, b.value
+    b.unary("Sigmoid", name="gate")
+    b.quantize(signed=True)
+    one, one_v = quantized_constant(b, np.ones(1, np.float32), True, "one")
+    apply(b, "Sub", one, one_v, b.current, b.value, "one_minus")
+    b.quantize(signed=True)
+    g, gv = b.current, b.value
+    half = b._const(np.float32(0.5), "half")
+    apply(b, "Mul", v, vv, half, np.float32(0.5), "halve")
+    b.quantize(signed=True)
+    apply(b, "Add", g, gv, b.current, b.value, "join")
+    m = b.model(signed_output=True)
+    model = compiled(tmp_path, m, batch=7)
+    placed = rows(model)
+    for name in ("fc", "gate", "one_minus", "halve", "join"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    ops = {op.name: op for op in tpu_ops(model) if isinstance(op, Elementwise)}
+    assert ops["one_minus"].reverse and ops["one_minus"].op == "sub"
+    assert ops["halve"].b is None and ops["halve"].constant_real()[0] == np.float32(0.5)
+    assert len(model.segments) == 1
+    lines = programs(model).splitlines()
+    for mnemonic in ("VADD.B ", "VMUL.B "):       # one instruction: the scalar's one row
+        assert sum(line.strip().startswith(mnemonic) for line in lines) == 1, mnemonic
+    assert_matches(model, m, {"x": x_of(b, 9)}, b.scale)
+
+
+def test_saved_model_keeps_constant_operands(tmp_path):
+    # the constant, its quantization and the order of a reversed Sub survive OUTDIR
+    from tpuasm.compiler import load
+    b, _x, _xv = conv_branch(channels=5, seed=27)
+    k, kv = quantized_constant(b, np.linspace(0.5, 1.5, 5, dtype=np.float32).reshape(5, 1, 1),
+                               False, "k")
+    apply(b, "Sub", k, kv, b.current, b.value, "k_minus")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=3)
+    assert rows(model)["k_minus"].where == "TPU", rows(model)["k_minus"].note
+    model.save(tmp_path / "out")
+    again = load(tmp_path / "out")
+    (op,) = [op for op in tpu_ops(again) if isinstance(op, Elementwise)]
+    assert op.reverse and op.b is None and op.constant.shape == (5,)
+    x = x_of(b, 4)
+    for engine in ("emulator", "reference"):
+        np.testing.assert_array_equal(model.run(x, engine=engine)["y"],
+                                      again.run(x, engine=engine)["y"])
+    assert_matches(again, m, {"x": x}, b.scale)
+
+
+def test_per_channel_bias_of_rows_over_several_chunks(tmp_path):
+    # (N, 40) + a (1, 40) constant on a 16-wide array: one VADD.B per chunk, each with its
+    # own constant row
+    b = QDQBuilder((40,), seed=24)
+    b.quantize()
+    b.matmul(40, "int32", name="fc")
+    b.quantize()
+    k, kv = quantized_constant(b, np.random.default_rng(3).normal(0, 1, (1, 40)).astype(
+        np.float32), True, "bias")
+    apply(b, "Add", k, kv, b.current, b.value, "plus")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=6)
+    assert rows(model)["plus"].where == "TPU", rows(model)["plus"].note
+    vadds = [line for line in programs(model).splitlines()
+             if line.strip().startswith("VADD.UB ")]
+    assert len(vadds) == 3, vadds
+    assert_matches(model, m, {"x": x_of(b, 8)}, b.scale)
+
+
+@pytest.mark.parametrize("op, gate_first", [("Mul", False), ("Sub", True), ("Add", False)])
+def test_a_per_channel_gate_per_sample(tmp_path, op, gate_first):
+    # squeeze-and-excitation: x (N, 20, 5, 5) times a gate (N, 20, 1, 1) computed per sample
+    # (global average pool -> 1x1 conv -> sigmoid): one VMUL.B per chunk and sample, B the
+    # sample's gate row; 20 channels on a 16-wide array are two chunks.  A Sub with the gate
+    # first is b - a
+    b, _x, _xv = conv_branch(channels=20, seed=28)
+    c, cv = b.current, b.value
+    b.current = b.node("GlobalAveragePool", [c], name="squeeze",
+                       value=cv.mean(axis=(2, 3), keepdims=True))
+    b.quantize()
+    b.conv(20, (1, 1), name="excite")
+    b.quantize()
+    b.unary("Sigmoid", name="gate")
+    g, gv = b.quantize(), b.value
+    if gate_first:
+        apply(b, op, g, gv, c, cv, "scale")
+    else:
+        apply(b, op, c, cv, g, gv, "scale")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=3)
+    placed = rows(model)
+    for name in ("conv", "squeeze", "excite", "gate", "scale"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    (e,) = [o for o in tpu_ops(model) if isinstance(o, Elementwise)]
+    assert e.broadcasts_b and e.b.shape[0] == 20 and e.reverse == (op == "Sub")
+    assert len(model.segments) == 1
+    instr = "VMUL.UB " if op == "Mul" else "VADD.UB "
+    assert sum(line.strip().startswith(instr) for line in programs(model).splitlines()) \
+        == 2 * 3                                    # chunks x samples
+    assert_matches(model, m, {"x": x_of(b, 5)}, b.scale)
+
+
+def test_broadcasts_the_isa_cannot_express_stay_on_the_host(tmp_path):
+    # a constant varying along the image's rows, and an activation (N, 1, H, W) against
+    # (N, C, H, W): the B row repeats one row of channels, nothing else
+    b, _x, _xv = conv_branch(channels=4, seed=25)
+    c, cv = b.current, b.value
+    k, kv = quantized_constant(b, np.linspace(0, 1, 5, dtype=np.float32).reshape(1, 5, 1),
+                               False, "rows")
+    apply(b, "Mul", c, cv, k, kv, "by_rows")
+    b.quantize()
+    m1 = b.model()
+    model = compiled(tmp_path, m1)
+    assert rows(model)["by_rows"].where == "host"
+    assert "channel axis" in rows(model)["by_rows"].note
+    assert_matches(model, m1, {"x": x_of(b, 4)}, b.scale)
+
+    b, _x, _xv = conv_branch(channels=4, seed=26)
+    c, cv = b.current, b.value
+    b.current = b.node("ReduceMax", [c], name="row_max", value=cv.max(axis=3, keepdims=True),
+                       axes=[3], keepdims=1)
+    b.quantize()
+    apply(b, "Mul", c, cv, b.current, b.value, "by_rows_of_channels")   # (C, H, 1)
+    m2 = b.model()
+    model = compiled(tmp_path, m2)
+    assert rows(model)["by_rows_of_channels"].where == "host"
+    assert "neither one channel nor one pixel" in rows(model)["by_rows_of_channels"].note
+    assert_matches(model, m2, {"x": x_of(b, 4)}, b.scale)
+
+
+@pytest.mark.parametrize("image, op, first", [(True, "Mul", False), (True, "Sub", True),
+                                              (False, "Add", False), (False, "Sub", False)])
+def test_one_channel_spread_over_every_channel(tmp_path, image, op, first):
+    # (N, 1, H, W) against (N, C, H, W), (N, 1) against (N, C): the array spreads b's one
+    # channel over every column (a tile whose first row is ones), an Activate per chunk
+    # writes it into the output's rows, and the VADD / VMUL reads it there in place
+    if image:
+        b, _x, _xv = conv_branch(channels=20, seed=29)
+        c, cv = b.current, b.value
+        b.conv(1, (1, 1), name="narrow")
+    else:
+        b = QDQBuilder((24,), seed=30)
+        b.quantize()
+        b.matmul(20, "int32", name="wide")
+        b.quantize()
+        c, cv = b.current, b.value
+        b.matmul(1, "int32", name="narrow")
+    b.quantize()
+    n, nv = b.current, b.value
+    if first:
+        apply(b, op, n, nv, c, cv, "spread")
+    else:
+        apply(b, op, c, cv, n, nv, "spread")
+    m = b.model()
+    model = compiled(tmp_path, m, batch=5)
+    placed = rows(model)
+    assert placed["spread"].where == "TPU", placed["spread"].note
+    (e,) = [o for o in tpu_ops(model) if isinstance(o, Elementwise)]
+    assert e.spreads_b and e.b.shape[0] == 1 and e.reverse == (op == "Sub" and first)
+    assert len(model.segments) == 1
+    step = next(s for s in model.steps if getattr(s, "program", None))
+    assert sum(weight_tiles(op, 16) for op in step.program.segment.operators) == \
+        step.program.weights.shape[0]                 # the closed form counts the ones tile
+    assert "first row is ones" in programs(model)
+    assert_matches(model, m, {"x": x_of(b, 7)}, b.scale)
+
+
+def _sub_model(aq, bq, cq, shape):
+    """DequantizeLinear(a), DequantizeLinear(b) -> Sub -> QuantizeLinear: what
+    onnxruntime runs for a QDQ Sub (no QLinearSub)."""
+    dt = TensorProto.INT8 if cq.signed else TensorProto.UINT8
+    np_t = np.int8 if cq.signed else np.uint8
+    inits, nodes = [], []
+    for tag, q in (("a", aq), ("b", bq), ("c", cq)):
+        inits += [numpy_helper.from_array(np.float32(q.scale), f"{tag}_s"),
+                  numpy_helper.from_array(np.asarray(q.zero_point, np_t), f"{tag}_z")]
+    nodes += [helper.make_node("DequantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_f"])
+              for t in ("a", "b")]
+    nodes += [helper.make_node("Sub", ["a_f", "b_f"], ["d"]),
+              helper.make_node("QuantizeLinear", ["d", "c_s", "c_z"], ["y"])]
+    g = helper.make_graph(nodes, "s", [helper.make_tensor_value_info(t, dt, list(shape))
+                                       for t in ("a", "b")],
+                          [helper.make_tensor_value_info("y", dt, list(shape))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_reference_sub_and_constant_forms_are_onnxruntime(signed):
+    # the reference's Sub (both orders) against onnxruntime's float Sub between QDQ; its
+    # constant form against QLinearAdd / QLinearMul with a broadcast (1, C, 1, 1) B; and
+    # the chip's arithmetic (VADD / VMUL registers from lower.vector_registers, computed
+    # by the machine's own element formula) against both
+    from tpuasm.compiler.codegen.lower import constant_rows, vector_registers
+    from tpuasm.machine.vector import OP_ADD, OP_MUL, element
+    rng = np.random.default_rng(31)
+    shape = (3, 5, 4, 4)
+    dt = np.int8 if signed else np.uint8
+    lo, hi = (-128, 128) if signed else (0, 256)
+    for trial in range(6):
+        zp = (lambda: 0) if signed else (lambda: int(rng.integers(0, 256)))
+        aq, bq = QParams(float(rng.uniform(0.005, 0.1)), zp(), signed), \
+            QParams(float(rng.uniform(0.005, 0.1)), zp(), signed)
+        cq = QParams(float(rng.uniform(0.01, 0.2)), zp(), signed)
+        a = rng.integers(lo, hi, shape).astype(dt)
+        b = rng.integers(lo, hi, shape).astype(dt)
+        t = (lambda n, q: Tensor(n, shape[1:], q))
+        (want,) = run_ort(_sub_model(aq, bq, cq, shape), {"a": a, "b": b})
+        e = Elementwise("e", t("a", aq), t("b", bq), t("y", cq), "sub")
+        got = reference.evaluate(e, a, b)
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.999, trial
+        # a constant per channel, both orders of a Sub, and add / mul
+        k = rng.integers(lo, hi, shape[1]).astype(dt)
+        kb = np.broadcast_to(k.reshape(1, -1, 1, 1), shape).astype(dt)
+        for op, reverse in (("add", False), ("mul", False), ("sub", False), ("sub", True)):
+            e = Elementwise("e", t("a", aq), None, t("y", cq), op, constant=k,
+                            constant_quant=bq, reverse=reverse)
+            if op == "sub":
+                first, second = (kb, a) if reverse else (a, kb)
+                qs = (bq, aq) if reverse else (aq, bq)
+                (want,) = run_ort(_sub_model(*qs, cq, shape), {"a": first, "b": second})
+            else:
+                (want,) = run_ort(_qlinear_model(op, aq, bq, cq, shape), {"a": a, "b": kb})
+            got = reference.evaluate(e, a)
+            diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+            assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (trial, op, reverse)
+            regs = vector_registers(e)
+            stored, _ = constant_rows(e, shape[1], 16)
+            chip = np.empty(shape, np.int64)
+            for idx in np.ndindex(shape):
+                chip[idx] = element(OP_MUL if op == "mul" else OP_ADD, int(a[idx]) & 0xFF,
+                                    int(stored[0, idx[1]]), regs["vec_mult_a"],
+                                    regs.get("vec_mult_b", 0), regs["vec_zero_a"],
+                                    regs["vec_zero_b"], regs["vec_shift"], regs["vec_zero_c"],
+                                    not signed)
+            chip = chip.astype(np.uint8).view(np.int8) if signed else chip
+            diff = np.abs(chip.astype(np.int64) - want.astype(np.int64))
+            assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, ("chip", trial, op, reverse)
 
 
 def test_different_signedness_stays_on_the_host(tmp_path):
@@ -368,6 +665,28 @@ def test_qoperator_qlinear_add_and_mul(tmp_path, op, signed):
     placed = rows(model)
     assert placed["eltwise"].where == "TPU", placed["eltwise"].note
     assert placed["conv"].where == "TPU"
+    x = np.random.default_rng(2).normal(0, 1.0, (6, 6, 4, 4)).astype(np.float32)
+    assert_matches(model, m, {"x": x}, y_scale)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_qoperator_with_a_constant_operand(tmp_path, op):
+    # QLinearAdd / QLinearMul whose A is an initializer of shape (C, 1, 1): the per-channel
+    # constant form, against onnxruntime's broadcasting kernel
+    m, y_scale = qoperator_model(op, signed=False)
+    g = m.graph
+    eltwise = next(n for n in g.node if n.name == "eltwise")
+    k = np.random.default_rng(4).integers(0, 256, (6, 1, 1)).astype(np.uint8)
+    g.initializer.extend([numpy_helper.from_array(k, "kq"),
+                          numpy_helper.from_array(np.float32(0.013), "ks"),
+                          numpy_helper.from_array(np.asarray(90, np.uint8), "kz")])
+    # the constant first, the conv's output second
+    eltwise.input[:] = ["kq", "ks", "kz", "cq", "cs", "cz", "ys", "yz"]
+    model = compiled(tmp_path, m, batch=4)
+    placed = rows(model)
+    assert placed["eltwise"].where == "TPU", placed["eltwise"].note
+    (e,) = [o for o in tpu_ops(model) if isinstance(o, Elementwise)]
+    assert e.b is None and e.constant.tolist() == k.reshape(-1).tolist()
     x = np.random.default_rng(2).normal(0, 1.0, (6, 6, 4, 4)).astype(np.float32)
     assert_matches(model, m, {"x": x}, y_scale)
 
@@ -458,3 +777,78 @@ def test_unrolled_lstm_cell_runs_on_the_tpu_in_one_segment(tmp_path):
     want = m.top1(run_ort(m.reference, m.evaluation)[names.index(m.output)])
     got = m.top1(model.run(m.evaluation)[m.output])
     assert np.mean(got == want) >= 0.99
+
+
+@pytest.mark.parametrize("lbr", [1, 0])
+def test_unrolled_gru_runs_on_the_tpu_in_one_segment(tmp_path, lbr):
+    # the corpus's 10-step GRU classifier (linear_before_reset=1 as torch exports it, and
+    # the ONNX default 0): per-gate Gemms, the z / r / candidate Adds (VADD + sigmoid/tanh
+    # table), r * (R h) or r * h and z * (cand - h) (VMUL), cand - h and cand - z (.) d
+    # (VADD with a negative multiplier): the gate chain and the head in one segment
+    import real_models
+    m = real_models.gru_classifier()
+    for node in m.model.graph.node:
+        if node.op_type == "GRU":
+            for a in node.attribute:
+                if a.name == "linear_before_reset":
+                    a.i = lbr
+    path = tmp_path / "gru.onnx"
+    onnx.save(m.model, str(path))
+    model = compile_model(path, batch=m.batch, calibration=m.calibration,
+                          batch_axes=m.batch_axis)
+    assert len(model.segments) == 1, [s.name for s in model.segments]
+    kinds = [s["kind"] for s in model.report.steps]
+    assert kinds == ["host", "tpu", "host"]      # slicing x before, dequantizing after
+    ops = [op for op in tpu_ops(model) if isinstance(op, Elementwise)]
+    count = {k: sum(op.op == k for op in ops) for k in ("add", "sub", "mul")}
+    assert count == {"add": 30, "sub": 20, "mul": 20}, count
+    names = [o.name for o in m.reference.graph.output]
+    want = m.top1(run_ort(m.reference, m.evaluation)[names.index(m.output)])
+    got = m.top1(model.run(m.evaluation)[m.output])
+    assert np.mean(got == want) >= 0.99
+    # against onnxruntime on the same QDQ model: the reference engine (float32 like
+    # onnxruntime) identical, the chip within 1 LSB (near-ties, docs/compiler.md)
+    qdq = onnx.load(str(model.reference_model))
+    (want_q,) = real_models.run_in_batches(qdq, m.evaluation, m.batch_axis, m.batch)
+    step = real_models.output_steps(qdq)[m.output]
+    for engine, identical in (("reference", 0.999), ("emulator", 0.99)):
+        diff = np.rint(np.abs(model.run(m.evaluation, engine=engine)[m.output] - want_q) / step)
+        assert diff.max() <= 1 and np.mean(diff == 0) >= identical, (engine, diff.max())
+
+
+def test_float_gate_one_minus_z_is_quantized_and_mapped(tmp_path):
+    # a hand-written GRU-style blend in float, quantized by the pipeline: h = (1 - z) * n +
+    # z * x with z = sigmoid(x W_z), n = tanh(x W_n): the constant 1 (an initializer) is
+    # quantized with the Sub, and the whole blend runs on the chip
+    rng = np.random.default_rng(40)
+    k = 12
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (k, k)).astype(np.float32), n)
+             for n in ("wz", "wn")] + [numpy_helper.from_array(np.float32(1.0), "one")]
+    nodes = [helper.make_node("MatMul", ["x", "wz"], ["zp"], name="z_mm"),
+             helper.make_node("Sigmoid", ["zp"], ["z"], name="z"),
+             helper.make_node("MatMul", ["x", "wn"], ["np_"], name="n_mm"),
+             helper.make_node("Tanh", ["np_"], ["n"], name="n"),
+             helper.make_node("Sub", ["one", "z"], ["keep"], name="one_minus_z"),
+             helper.make_node("Mul", ["keep", "n"], ["a"], name="keep_n"),
+             helper.make_node("Mul", ["z", "n"], ["b"], name="z_n"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="blend")]
+    g = helper.make_graph(nodes, "blend", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", k])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", k])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.normal(0, 1, (64, k)).astype(np.float32)
+    model = compiled(tmp_path, m, batch=8, config=["array_size=16"], calibration=x)
+    placed = rows(model)
+    for name in ("z_mm", "z", "n_mm", "n", "one_minus_z", "keep_n", "z_n", "blend"):
+        assert placed[name].where == "TPU", (name, placed[name].note)
+    assert len(model.segments) == 1
+    qdq = onnx.load(str(model.reference_model))
+    (want,) = run_ort(qdq, {"x": x[:40]})
+    step = np.min(np.diff(np.unique(want)))
+    for engine in ("emulator", "reference"):
+        diff = np.rint(np.abs(model.run(x[:40], engine=engine)["y"] - want) / step)
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99, (engine, diff.max())
+    # float-level answers: the 8-bit steps of six chained operators, not a wrong formula
+    (exact,) = run_ort(m, {"x": x[:40]})
+    assert np.abs(model.run(x[:40])["y"] - exact).max() < 10 * step

@@ -139,15 +139,21 @@ def test_cnn_with_host_softmax(tmp_path):
 
 
 def test_host_part_between_two_segments(tmp_path):
-    """An Add with a constant has no TPU mapping: it splits the network in two segments."""
-    layers = [("gemm", 30), ("relu",), ("add_const",), ("gemm", 20), ("tanh",), ("gemm", 5)]
+    """A Div by a constant has no TPU mapping: it splits the network in two segments (an
+    Add of a per-channel constant is a VADD.B: one segment)."""
+    layers = [("gemm", 30), ("relu",), ("div_const",), ("gemm", 20), ("tanh",), ("gemm", 5)]
     compiled = compile_float(tmp_path, layers, (25,), batch=6)
-    assert placement(compiled, "add_const2") == "host"
+    assert placement(compiled, "div_const2") == "host"
     kinds = [type(s).__name__ for s in compiled.steps]
     assert kinds.count("TpuStep") == 2
     assert_matches_onnxruntime(compiled, inputs_for(compiled, 20))
-    reason = next(r.note for r in compiled.report.rows if r.node == "add_const2")
-    assert "Add" in reason
+    reason = next(r.note for r in compiled.report.rows if r.node == "div_const2")
+    assert "Div" in reason
+    layers[2] = ("add_const",)
+    compiled = compile_float(tmp_path, layers, (25,), batch=6)
+    assert placement(compiled, "add_const2") == "TPU"
+    assert len(compiled.segments) == 1
+    assert_matches_onnxruntime(compiled, inputs_for(compiled, 20))
 
 
 def test_mlp_batches_and_padding(tmp_path):

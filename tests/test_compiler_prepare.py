@@ -214,9 +214,9 @@ def test_unrolled_recurrent_nodes_match_onnxruntime(case):
     ops = [n.op_type for n in unrolled.graph.node]
     assert kind not in ops
     dirs = 2 if direction == "bidirectional" else 1
-    # LSTM: an input and a recurrent product per gate (8); GRU: one input product, two
-    # recurrent ones; the first step of each direction without a state has no recurrent one
-    gemms_per_step, recurrent = (8, 4) if kind == "LSTM" else (3, 2)
+    # an input and a recurrent product per gate (LSTM 8, GRU 6: each gate a whole tensor);
+    # the first step of each direction without a state has no recurrent one
+    gemms_per_step, recurrent = (8, 4) if kind == "LSTM" else (6, 3)
     expected = dirs * (seq * gemms_per_step - (0 if state else recurrent))
     assert ops.count("Gemm") == expected
     onnx.checker.check_model(unrolled)

@@ -218,11 +218,10 @@ def test_recurrent_classifier_puts_its_gate_gemms_on_the_tpu(tmp_path, kind, sta
                                      state=state)
     compiled = tpu_compile(path, batch=16, calibration=x)
     tpu_gemms = [r for r in compiled.report.compiled_nodes if r.op_type == "Gemm" and r.where == "TPU"]
-    # 5 steps: the input products (LSTM: one per gate, 4; GRU: one), the recurrent ones
-    # (LSTM: 4, one per gate; GRU: two) after step 0 (and at step 0 too when there is an
-    # initial state)
+    # 5 steps: the input products (one per gate: LSTM 4, GRU 3), the recurrent ones (as
+    # many) after step 0 (and at step 0 too when there is an initial state)
     steps_with_h = 5 if state else 4
-    per_x, per_h = (4, 4) if kind == "LSTM" else (1, 2)
+    per_x, per_h = (4, 4) if kind == "LSTM" else (3, 3)
     assert len(tpu_gemms) == 5 * per_x + per_h * steps_with_h + 1, compiled.report.text()
     assert all(compiled.provenance.source(r.node) in ("rnn", "fc") for r in tpu_gemms)
     (rnn,) = [r for r in compiled.report.rows if r.node == "rnn"]      # the user's node
@@ -360,18 +359,20 @@ def test_tpu_nodes_never_take_activation_products_gathers_or_softmax(tmp_path):
         tpu_nodes(model, QuantOptions(keep_float="nope"))
 
 
-def test_tpu_nodes_take_an_add_of_two_tpu_values_but_not_a_broadcast_or_a_constant(tmp_path):
+def test_tpu_nodes_take_an_add_of_two_tpu_values_but_not_a_constant_per_sample(tmp_path):
     rng = np.random.default_rng(10)
     inits = [_init("w", rng.normal(0, 1, (4, 4))), _init("c", rng.normal(0, 1, (2, 4))),
              _init("w1", rng.normal(0, 1, (4, 1)))]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
              helper.make_node("MatMul", ["x", "w1"], ["n"], name="mm_narrow"),
              helper.make_node("Add", ["a", "x"], ["r"], name="skip"),         # + model input
-             helper.make_node("Mul", ["a", "n"], ["m"], name="broadcast"),    # (2,4) * (2,1)
+             # (2,4) * (2,1): one channel spread over the others (the array, then VMUL)
+             helper.make_node("Mul", ["a", "n"], ["m"], name="broadcast"),
+             # a constant of the batch's shape: not one row for every sample
              helper.make_node("Add", ["a", "c"], ["k"], name="constant")]
     _, model = _save(tmp_path, nodes, [_f("x", [2, 4])],
                      [_f("r", [2, 4]), _f("m", [2, 4]), _f("k", [2, 4])], inits, "skip")
-    assert tpu_nodes(model, QuantOptions()) == ["mm", "mm_narrow", "skip"]
+    assert tpu_nodes(model, QuantOptions()) == ["mm", "mm_narrow", "skip", "broadcast"]
 
 
 # --- options -------------------------------------------------------------------------------

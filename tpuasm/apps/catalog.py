@@ -4,7 +4,8 @@ Table 1 gives each app's layer counts, total weights and batch; the shapes are o
 chosen to meet those totals (docs/apps.md has the arithmetic):
 - MLP0, MLP1: plain fully connected stacks.
 - LSTM0, LSTM1: one time step of stacked LSTM cells.  A cell's four gates are four FC
-  layers over concat(x, h_prev); its "vector" layers are the element-wise gate arithmetic.
+  layers over (x, h_prev), each W x + R h (one matrix per input, as ONNX's LSTM holds W
+  and R); its "vector" layers are the element-wise gate arithmetic.
 - CNN0: a Go-board network (19 x 19, like AlphaGo's), so ops/weight byte = 361 x 8 = 2888.
 - CNN1: four convolution towers over 24 x 24 crops, their features concatenated into four
   FC layers.
@@ -35,7 +36,7 @@ def lstm_cells(tensors, layers, cell: int, x: str, hidden: int, fine: bool) -> s
         tensors[f"{p}.{t}"] = _vec(f"{p}.{t}", hidden)
     ins = (x, f"{p}.h_prev")
     for gate, fn in (("i", "sigmoid"), ("f", "sigmoid"), ("g", "tanh"), ("o", "sigmoid")):
-        layers.append(FC(f"{p}.{gate}", ins, f"{p}.{gate}", fn))
+        layers.append(FC(f"{p}.{gate}", ins, f"{p}.{gate}", fn, per_input=True))
     if fine:
         for t in ("fc", "ig", "tc"):
             tensors[f"{p}.{t}"] = _vec(f"{p}.{t}", hidden)

@@ -6,7 +6,8 @@ any user's model.  Table 1's layer counts and totals are computed from it.
 
 An application is a list of layers over named tensors.  A tensor is a per-sample vector of
 `width` features, or an image `channels x height x width`.  Layers:
-- `FC`: y = act(concat(inputs) @ W); weights K x M (ONNX: MatMul over a Concat).
+- `FC`: y = act(concat(inputs) @ W); weights K x M (ONNX: MatMul over a Concat; with
+  `per_input`, one MatMul per input and their sum, W split by rows: an LSTM gate's W x + R h).
 - `Vector`: an element-wise step without weights (the LSTM's gate arithmetic: ONNX Mul,
   Add, Tanh); Table 1 counts these as the LSTMs' "vector" layers.
 - `Conv`: 2-D convolution, kernel kh x kw, stride 1, "same" padding; weights C x O x kh x kw.
@@ -42,6 +43,9 @@ class FC:
     inputs: tuple[str, ...]
     output: str
     fn: str = "relu"              # relu | sigmoid | tanh | none
+    # one weight matrix per input, the products summed (an LSTM gate's W x + R h, as
+    # ONNX's LSTM holds W and R): the same K x M weights, no concatenated input
+    per_input: bool = False
 
 
 @dataclass(frozen=True)

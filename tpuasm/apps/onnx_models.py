@@ -11,7 +11,8 @@ Two forms of one graph:
 
 `save(name, path, quantized=...)` writes MODEL.onnx with its weights as external data
 next to it (100M weights for CNN1), so the compiler memory-maps them.  The graph per layer
-kind: FC -> MatMul (+ Relu / Sigmoid / Tanh), over a Concat when it has several inputs;
+kind: FC -> MatMul (+ Relu / Sigmoid / Tanh), over a Concat when it has several inputs
+(one MatMul per input and their Add for an LSTM gate's W x + R h, `FC.per_input`);
 conv -> Conv (same padding) + Relu; pool -> MaxPool; a vector layer -> its Mul / Add (/ Tanh)
 nodes; image features into an FC layer -> Flatten (and Concat).  Inputs are
 (batch, features) or (batch, C, H, W) float32.
@@ -19,8 +20,11 @@ nodes; image features into an FC layer -> Flatten (and Concat).  Inputs are
 Quantization of the QDQ form (docs/apps.md): weights int8 uniform in [-127, 127] with scale
 g / (73.3 sqrt(fan-in)) per output channel (g = sqrt(2) before a ReLU, He's
 initialisation, else 1); model inputs uint8 in
-[0, 1]; ReLU outputs uint8 in [0, 8]; the input of a sigmoid / tanh and every vector-layer
-result int8 in [-8, 8]; sigmoid outputs uint8 in [0, 1], tanh outputs int8 in [-1, 1].
+[0, 1] (int8 in [-8, 8] when a vector layer reads them: an LSTM's c_prev); ReLU outputs
+uint8 in [0, 8]; the input of a sigmoid / tanh, every vector-layer result and intermediate
+(f * c, i * g) and each product of a per-input FC int8 in [-8, 8]; sigmoid outputs int8 in
+[0, 1] (zero point -128), tanh outputs int8 in [-1, 1]: the vector layers' operands share one
+signedness, as VADD / VMUL need.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ ACT_OP = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}
 Q_INPUT = (1 / 255, 0, False)
 Q_RELU = (8 / 255, 0, False)
 Q_WIDE = (8 / 127, 0, True)          # before a sigmoid/tanh, vector results, plain outputs
-Q_SIGMOID = (1 / 255, 0, False)
+Q_SIGMOID = (1 / 255, -128, True)   # int8 like the tanh outputs it meets in the vector layers
 Q_TANH = (1 / 127, 0, True)
 W_STD = 73.3                          # std of int8 uniform in [-127, 127]
 
@@ -142,6 +146,8 @@ class _Builder:
     # -- layers --------------------------------------------------------------------------
     def fc(self, layer):
         app = self.app
+        if layer.per_input and len(layer.inputs) > 1:
+            return self.fc_per_input(layer)
         if len(layer.inputs) == 1:
             x = self.flat(layer.inputs[0], layer.name)
         else:       # one Concat per input list: an LSTM cell's four gates read the same one
@@ -158,6 +164,54 @@ class _Builder:
         w = self.weight(f"{layer.name}.W", (k, m), k, 1, layer.fn)
         mm = self.node("MatMul", [x, w], f"{layer.name}.mm", name=layer.name)
         self.activation(mm, layer.output, layer.fn, layer.name)
+
+    def fc_per_input(self, layer):
+        """act(sum_i x_i @ W_i): one MatMul per input (W split by rows; the same weights
+        as the concatenated form draws), each product quantized, summed by Adds."""
+        app = self.app
+        widths = [app.t(i).channels * app.t(i).pixels for i in layer.inputs]
+        k, m = sum(widths), app.t(layer.output).channels
+        parts = self.weight_rows(f"{layer.name}.W", (k, m), widths, layer.fn)
+        total = None
+        for i, (t, w) in enumerate(zip(layer.inputs, parts)):
+            mm = self.node("MatMul", [self.flat(t, f"{layer.name}.{i}"), w],
+                           f"{layer.name}.mm{i}", name=f"{layer.name}.{i}" if i else layer.name)
+            term = self.requantized(mm, f"{layer.name}.part{i}", Q_WIDE, f"{layer.name}.sum")
+            total = term if total is None else self.node(
+                "Add", [total, term], f"{layer.name}.sum{i}")
+            if i < len(parts) - 1 and i:
+                total = self.requantized(total, f"{layer.name}.acc{i}", Q_WIDE,
+                                         f"{layer.name}.sum")
+        self.activation(total, layer.output, layer.fn, layer.name)
+
+    def weight_rows(self, wname, dims, widths, fn):
+        """`weight`'s draw for a (K, M) matrix, split into row blocks of `widths` rows."""
+        gain = np.sqrt(2.0) if fn == "relu" else 1.0
+        k, m = dims
+        cuts = np.cumsum([0, *widths])
+        if not self.quantized:
+            w = (self.g.standard_normal(dims, dtype=np.float32) * gain / np.sqrt(k))
+            return [self.const(f"{wname}{i}", w[a:b].astype(np.float32))
+                    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+        w = self.g.integers(-127, 128, dims, dtype=np.int8)
+        scale = np.full(m, gain / (W_STD * np.sqrt(k)), np.float32)
+        names = []
+        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+            part = f"{wname}{i}"
+            self.const(part + ".q", np.ascontiguousarray(w[a:b]))
+            self.const(part + ".scale", scale)
+            self.const(part + ".zp", np.zeros(m, np.int8))
+            names.append(self.node("DequantizeLinear", [part + ".q", part + ".scale",
+                                                        part + ".zp"], part, axis=1))
+        return names
+
+    def requantized(self, y, name, q, consumer):
+        """y quantized as `name` and read back by `consumer` (QDQ form; float: y itself):
+        every intermediate of the vector layers is an 8-bit tensor, as a quantized
+        model's are."""
+        if not self.quantized:
+            return y
+        return self.deq(self.quant(y, name, q), consumer)
 
     def activation(self, pre, out, fn, name):
         """pre (float) -> fn -> out (quantized)."""
@@ -195,10 +249,13 @@ class _Builder:
         elif layer.op == "add":
             y = self.node("Add", ins, f"{n}.add")
         elif layer.op == "cell":                   # f * c_prev + i * g
-            y = self.node("Add", [self.node("Mul", ins[:2], f"{n}.mul0"),
-                                  self.node("Mul", ins[2:], f"{n}.mul1")], f"{n}.add")
+            fc = self.requantized(self.node("Mul", ins[:2], f"{n}.mul0"), f"{n}.fc", Q_WIDE, n)
+            ig = self.requantized(self.node("Mul", ins[2:], f"{n}.mul1"), f"{n}.ig", Q_WIDE, n)
+            y = self.node("Add", [fc, ig], f"{n}.add")
         elif layer.op == "gate":                   # o * tanh(c)
-            y = self.node("Mul", [ins[0], self.node("Tanh", ins[1:], f"{n}.tanh")], f"{n}.mul")
+            tc = self.requantized(self.node("Tanh", ins[1:], f"{n}.tanh"), f"{n}.tc", Q_TANH,
+                                  n)
+            y = self.node("Mul", [ins[0], tc], f"{n}.mul")
         elif layer.op == "scale":
             y = self.node("Mul", [ins[0], self.const(f"{n}.k", np.float32(0.5))], f"{n}.mul")
         else:
@@ -214,11 +271,16 @@ class _Builder:
         inputs = []
         if self.quantized:
             self.source.update({n: f"{n}.q" for n in app.outputs})
+        # an input a vector layer reads (an LSTM's c_prev) is int8 like the vector layers'
+        # other operands (VADD / VMUL take one signedness); the others uint8 in [0, 1]
+        vector_read = {t for layer in app.layers if isinstance(layer, Vector)
+                       for t in layer.inputs}
         for n in app.inputs:
             inputs.append(helper.make_tensor_value_info(n, TensorProto.FLOAT,
                                                         self.shape(app.t(n))))
             if self.quantized:
-                self.source[n] = self.quant(n, f"{n}.q", Q_INPUT)
+                self.source[n] = self.quant(n, f"{n}.q",
+                                            Q_WIDE if n in vector_read else Q_INPUT)
         for layer in app.layers:
             if isinstance(layer, FC):
                 self.fc(layer)

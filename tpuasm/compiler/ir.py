@@ -39,9 +39,11 @@ Lookup: y_q = table[x_q] element-wise (table indexed by the input's integer valu
 inputs, `table[(x_q + 256) % 256]`).  The front end fills the table exactly as onnxruntime's
 quantized sigmoid / tanh do, so the back end needs no floating point.
 
-Elementwise (two inputs a, b of one shape; every other operator reads one tensor: passes that
-walk the dataflow use `op.inputs`, a tuple):
+Elementwise (two inputs a, b of one shape, or one input a and a per-channel constant b;
+every other operator reads one tensor: passes that walk the dataflow use `op.inputs`, a
+tuple):
     add: real = a.dequantize(a_q) + b.dequantize(b_q)      (float32, as onnxruntime)
+    sub: real = a.dequantize(a_q) - b.dequantize(b_q)      (b - a when `reverse`)
     mul: real = a.dequantize(a_q) * b.dequantize(b_q)
     y_q  = clamp(round_half_even(real / y.scale) + y.zero_point, lo, hi)
 with [lo, hi] as for Dense (a fused Relu / Clip).  The chip computes the exact real value with
@@ -177,20 +179,54 @@ class Lookup(_OneInput):
 
 @dataclass
 class Elementwise:
-    """y = a + b or a * b element by element (onnxruntime's QLinearAdd / QLinearMul): two
-    tensors of the same shape and layout, each with its own quantization, the output with
-    its own; an optional fused Relu / Clip (`activation`) clamps the result."""
+    """y = a + b, a - b or a * b element by element (onnxruntime's QLinearAdd / QLinearMul,
+    and DequantizeLinear -> Sub -> QuantizeLinear): two tensors of the same shape and
+    layout, each with its own quantization, the output with its own; an optional fused
+    Relu / Clip (`activation`) clamps the result.
+
+    `b` may also hold one channel of a's pixels (`spreads_b`: (1, H, W), (1,)), spread over
+    every channel, or one pixel of a's channels per sample ((C,), (C, 1, 1): a squeeze-and-
+    excitation gate, a per-channel scale computed per sample), broadcast over a's pixels
+    (`broadcasts_b`).
+
+    Or one tensor `a` and a constant b (`b` None): `constant` holds b's integers, one per
+    channel of `a` (a scalar repeated), quantized as `constant_quant`, broadcast over every
+    pixel / row of every sample (the B flag's constant UB row).  `reverse` (sub only):
+    y = b - a (GRU's 1 - z)."""
     name: str
     a: Tensor
-    b: Tensor
+    b: Tensor | None
     output: Tensor
-    op: str = "add"                   # "add" | "mul"
+    op: str = "add"                   # "add" | "sub" | "mul"
     activation: Activation = field(default_factory=Activation)
     nodes: tuple[str, ...] = ()
+    constant: np.ndarray | None = None       # (C,) integers of b when b is a constant
+    constant_quant: QParams | None = None    # their quantization (any zero point)
+    reverse: bool = False                    # sub: b - a
 
     @property
     def inputs(self) -> tuple:
-        return (self.a, self.b)
+        return (self.a,) if self.b is None else (self.a, self.b)
+
+    @property
+    def broadcasts_b(self) -> bool:
+        """b is one pixel per sample, read for every pixel of a."""
+        return self.b is not None and tuple(self.b.shape) != tuple(self.a.shape) and \
+            not self.spreads_b
+
+    @property
+    def spreads_b(self) -> bool:
+        """b is one channel of a's pixels ((1, H, W) against (C, H, W), (1,) against (C,)),
+        spread over every channel."""
+        return self.b is not None and len(self.a.shape) == len(self.b.shape) and \
+            self.b.shape[0] == 1 != self.a.shape[0] and \
+            tuple(self.b.shape[1:]) == tuple(self.a.shape[1:])
+
+    def constant_real(self) -> np.ndarray:
+        """b's real values per channel (float32, as DequantizeLinear computes them)."""
+        q = self.constant_quant
+        return ((np.asarray(self.constant, np.int32) - q.zero_point) * np.float32(q.scale)
+                ).astype(np.float32)
 
 
 Operator = Dense | Conv | Pool | Lookup | Elementwise

@@ -243,9 +243,14 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
         entry = {"type": type(op).__name__, "name": op.name, "input": op.inputs[0].name,
                  "output": op.output.name, "nodes": list(op.nodes)}
         if isinstance(op, Elementwise):
-            entry.update(input_b=op.b.name, op=op.op,
+            entry.update(input_b=op.b.name if op.b is not None else None, op=op.op,
                          activation={"kind": op.activation.kind, "lo": op.activation.lo,
-                                     "hi": op.activation.hi})
+                                     "hi": op.activation.hi}, reverse=op.reverse)
+            if op.b is None:
+                arrays[f"op{i}.constant"] = np.asarray(op.constant)
+                q = op.constant_quant
+                entry["constant_quant"] = {"scale": q.scale, "zero_point": q.zero_point,
+                                           "signed": q.signed}
         if isinstance(op, (Dense, Conv)):
             arrays[f"op{i}.weight"] = op.weight
             arrays[f"op{i}.weight_scale"] = op.weight_scale
@@ -449,8 +454,11 @@ def _load_step(s: dict, outdir: Path):
         elif kind == "Lookup":
             ops.append(Lookup(e["name"], x, y, arrays[f"op{i}.table"], e["function"], nodes))
         elif kind == "Elementwise":
-            ops.append(Elementwise(e["name"], x, tensors[e["input_b"]], y, e["op"],
-                                   Activation(**e["activation"]), nodes))
+            b = tensors[e["input_b"]] if e.get("input_b") is not None else None
+            const = arrays.get(f"op{i}.constant") if b is None else None
+            cq = QParams(**e["constant_quant"]) if b is None else None
+            ops.append(Elementwise(e["name"], x, b, y, e["op"], Activation(**e["activation"]),
+                                   nodes, const, cq, bool(e.get("reverse", False))))
         else:
             raise ValueError(f"unknown operator type {kind!r}")
     segment = Segment(s["name"], ops, [tensors[n] for n in s["inputs"]],

@@ -13,11 +13,13 @@ bit for bit except on a few rounding near-ties:
 - average pooling is onnxruntime's float kernel (a float32 sum of dequantized values), which
   an integer machine matches except on rounding near-ties; global average pooling is MLAS's
   integer sum with a float32 multiplier;
-- Elementwise is MLAS's QLinearAdd / QLinearMul in float32: the scale ratios
-  s_a / s_c, s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32; add as MLAS's x86
-  kernel (z_c - the zero points' share folded into one constant, two fused multiply-adds of
-  the raw integers), mul as the product of the centred integers times the ratio; rounded
-  half to even, clamped.  The chip (VADD /
+- Elementwise is MLAS's QLinearAdd / QLinearMul in float32: the scale ratios s_a / s_c,
+  s_b / s_c (add) or s_a * s_b / s_c (mul) rounded to float32; add as MLAS's x86 kernel
+  (z_c - the zero points' share folded into one constant, two fused multiply-adds of the
+  raw integers), mul as the product of the centred integers times the ratio; rounded half
+  to even, clamped.  A Sub, which has no QLinear form, is onnxruntime's float32 Sub of the
+  two dequantized operands and QuantizeLinear's division.  A constant or broadcast b
+  broadcasts per channel (or per sample) as ONNX does.  The chip (VADD /
   VMUL) computes the exact real value with 31-bit ratios instead: the two differ by one unit
   where float32's error moves a value across a rounding boundary (a near-tie; spec/isa.md
   5.11 measures 99.9998 % identical).
@@ -174,9 +176,27 @@ def lookup(op: Lookup, x: np.ndarray) -> np.ndarray:
     return np.asarray(op.table)[index].astype(_dtype(op.output.quant))
 
 
-def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """onnxruntime's QLinearAdd / QLinearMul (MLAS, float32), then the fused clamp."""
-    qa, qb, qc = op.a.quant, op.b.quant, op.output.quant
+def constant_operand(op: Elementwise, ndim: int) -> np.ndarray:
+    """An Elementwise's constant b as integers broadcastable against a batch of `a`
+    (B, C, ...): one value per channel (axis 1)."""
+    values = np.asarray(op.constant).astype(np.int32).reshape(-1)
+    if values.size not in (1, op.a.shape[0]):
+        raise ValueError(f"{op.name}: {values.size} constant values for {op.a.shape[0]} "
+                         f"channels")
+    return values.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """onnxruntime's QLinearAdd / QLinearMul (MLAS, float32), or its float Sub between a
+    DequantizeLinear pair and a QuantizeLinear; then the fused clamp.  A constant b
+    broadcasts per channel."""
+    qa, qc = op.a.quant, op.output.quant
+    if op.b is None:
+        b, qb = constant_operand(op, np.ndim(a)), op.constant_quant
+    else:
+        qb = op.b.quant
+        if op.broadcasts_b:          # one pixel per sample: (B, C) -> (B, C, 1, ...)
+            b = np.asarray(b).reshape((len(b), -1) + (1,) * (np.ndim(a) - 2))
     f32 = np.float32
     if op.op == "add":
         # MLAS's x86 kernel: uncentred integers, the zero points folded into one float32
@@ -188,6 +208,13 @@ def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         value = (np.asarray(a, np.float64) * float(ratio_a) + inner.astype(np.float64)
                  ).astype(f32)
         q = np.rint(value).astype(np.float64)
+    elif op.op == "sub":
+        # no QLinearSub: onnxruntime dequantizes both (float32), subtracts, and
+        # QuantizeLinear divides by the scale and rounds half to even
+        ra = ((np.asarray(a, np.int32) - qa.zero_point) * f32(qa.scale)).astype(f32)
+        rb = ((np.asarray(b, np.int32) - qb.zero_point) * f32(qb.scale)).astype(f32)
+        diff = (rb - ra) if op.reverse else (ra - rb)
+        q = np.rint(diff.astype(f32) / f32(qc.scale)).astype(np.float64) + qc.zero_point
     elif op.op == "mul":
         ca = (np.asarray(a, np.int32) - qa.zero_point).astype(f32)
         cb = (np.asarray(b, np.int32) - qb.zero_point).astype(f32)

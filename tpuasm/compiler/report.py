@@ -370,8 +370,10 @@ def describe(op) -> str:
     if isinstance(op, Lookup):
         return f"{op.function or 'element-wise'} lookup table"
     if isinstance(op, Elementwise):
-        return (f"element-wise {op.op} of two tensors {'x'.join(map(str, op.output.shape))}"
-                f" ({'VADD' if op.op == 'add' else 'VMUL'}){act}")
+        what = "two tensors" if op.b is not None else (
+            "a tensor and a constant" if not op.reverse else "a constant and a tensor")
+        return (f"element-wise {op.op} of {what} {'x'.join(map(str, op.output.shape))}"
+                f" ({'VMUL' if op.op == 'mul' else 'VADD'}{'.B' if op.b is None else ''}){act}")
     return type(op).__name__
 
 

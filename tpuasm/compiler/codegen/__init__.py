@@ -65,11 +65,29 @@ def supports(op) -> str | None:
     if isinstance(op, Lookup):
         return None if len(op.table) == 256 else "a lookup table needs 256 entries"
     if isinstance(op, Elementwise):
-        if op.op not in ("add", "mul"):
-            return f"element-wise {op.op!r} (VADD adds, VMUL multiplies)"
-        if not (op.a.shape == op.b.shape == op.output.shape):
+        if op.op not in ("add", "sub", "mul"):
+            return f"element-wise {op.op!r} (VADD adds and subtracts, VMUL multiplies)"
+        if op.reverse and op.op != "sub":
+            return f"a reversed {op.op!r}"
+        if op.b is None:
+            if op.constant is None or op.constant_quant is None:
+                return "neither a second tensor nor a constant"
+            if np.asarray(op.constant).size not in (1, op.a.shape[0]):
+                return ("a constant that is not one value per channel (B's constant row "
+                        "repeats one row of channels)")
+            v = np.asarray(op.constant, np.int64) - op.constant_quant.zero_point
+            if v.size and int(v.max() - v.min()) > 255:
+                return "a constant whose values span more than one byte"
+        elif op.broadcasts_b:
+            if op.b.shape[0] != op.a.shape[0] or int(np.prod(op.b.shape[1:])) != 1:
+                return ("b is neither a's shape nor one pixel of its channels (B's row is "
+                        "one row of channels)")
+        elif op.reverse and not op.spreads_b:
+            return "a reversed Sub of two tensors of one shape"
+        operands = op.inputs
+        if op.a.shape != op.output.shape:
             return "operands of different shapes (VADD/VMUL read equal row ranges)"
-        if not (op.a.quant.signed == op.b.quant.signed == op.output.quant.signed):
+        if not all(t.quant.signed == op.output.quant.signed for t in operands):
             return "operands of different signedness (one U flag for A, B and C)"
         return None
     return f"{type(op).__name__} is not a TPU operator"
@@ -92,6 +110,8 @@ def weight_tiles(op, n: int) -> int:
         if op.groups != 1:            # block-diagonal: only the chunks a block's groups read
             return kh * kw * sum(len(group_chunks(op, j, n)) for j in range(blocks(o)))
         return blocks(o) * blocks(c) * kh * kw
+    if isinstance(op, Elementwise) and op.spreads_b:
+        return 1                      # the ones-row tile that spreads b's channel
     return 0
 
 

@@ -54,7 +54,9 @@ class Step:
             blocks = -(-op.input.shape[0] // n)
         else:
             blocks = 0
-        return 9 * blocks + table
+        # an Elementwise's constant operand: one row per chunk of channels (B flag)
+        vconst = -(-op.a.shape[0] // n) if isinstance(op, Elementwise) and op.b is None else 0
+        return 9 * blocks + table + vconst
 
     def summary(self) -> str:
         op = self.op
@@ -70,7 +72,10 @@ class Step:
         elif isinstance(op, Pool):
             what = f"{op.kind} Pool {op.kernel} stride {op.strides} pads {op.pads}"
         elif isinstance(op, Elementwise):
-            what = f"element-wise {op.op} ({'VADD' if op.op == 'add' else 'VMUL'})"
+            what = (f"element-wise {op.op}{' (b - a)' if op.reverse else ''}"
+                    f"{' with a constant' if op.b is None else ''}"
+                    f"{' with a row per sample' if op.broadcasts_b else ''}"
+                    f" ({'VMUL' if op.op == 'mul' else 'VADD'})")
         else:
             what = f"Lookup ({op.function or 'table'})"
         act = getattr(op, "activation", None)

@@ -12,9 +12,10 @@ of every sample with one MMC.C: the samples' padded images are stacked into one 
 holds the tensor's zero point (real zero), as ONNX pads.  Host memory uses the same layout,
 one pass of samples after another.
 
-An Elementwise (VADD / VMUL) reads its two operands and writes its output row for row, so the
-three share one layout: the union of their padding and the lcm of their row multiples.  Its
-padding then comes out right by itself: (z_a - z_a) and (z_b - z_b) give z_c.
+An Elementwise (VADD / VMUL) reads its two operands (or one and a constant row) and writes its
+output row for row, so they share one layout: the union of their padding and the lcm of their
+row multiples.  Its padding then comes out right by itself: (z_a - z_a) and (z_b - z_b) give
+z_c (a constant added or subtracted moves it: lower.py writes it again).
 """
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ def _elementwise_classes(segment: Segment) -> dict[str, list[str]]:
     made = {op.output.name for op in segment.operators if isinstance(op, Elementwise)}
     for op in segment.operators:
         if isinstance(op, Elementwise):
-            names = (op.a.name, op.b.name, op.output.name)
+            names = (op.a.name, *(() if op.b is None or op.broadcasts_b else (op.b.name,)),
+                     op.output.name)
         elif isinstance(op, Lookup) and op.input.name in made:
             names = (op.input.name, op.output.name)
         else:

@@ -568,47 +568,113 @@ class Lowering:
     def elementwise(self, op: Elementwise, lookup: Lookup | None):
         c = self.c
         p = c.batch
-        lay_a, lay_b = c.layouts[op.a.name], c.layouts[op.b.name]
+        lay_a = c.layouts[op.a.name]
         final = lookup.output if lookup else op.output
         dst = c.layouts[final.name]
         rows = dst.rows(p)
-        if not (lay_a.rows(p) == lay_b.rows(p) == rows and lay_a.pads == lay_b.pads == dst.pads
-                and lay_a.image_rows == lay_b.image_rows == dst.image_rows):
+        operands = [lay_a] if op.b is None or op.broadcasts_b else \
+            [lay_a, c.layouts[op.b.name]]
+        if not all((lay.rows(p) == rows or lay.tensor is op.b) and lay.pads == dst.pads and
+                   lay.image_rows == dst.image_rows for lay in operands):
             raise CodegenError(f"{op.name}: operands and output in different layouts "
-                               f"({lay_a.describe()}; {lay_b.describe()}; {dst.describe()})")
-        qa, qb, qc = op.a.quant, op.b.quant, op.output.quant
+                               f"({'; '.join(lay.describe() for lay in operands)}; "
+                               f"{dst.describe()})")
+        qc = op.output.quant
         e = self.e
-        e.cfg(**qlinear_registers(op.op, qa.scale, qa.zero_point, qb.scale, qb.zero_point,
-                                  qc.scale, qc.zero_point))
+        if op.spreads_b:                 # b's one channel into every chunk of the output
+            self.spread_channel(op, c.layouts[op.b.name], dst)
+        e.cfg(**vector_registers(op))
         table = elementwise_table(op, lookup)
-        flags = ("" if qc.signed else "U") + ("L" if table is not None else "")
+        row_b = op.b is None or op.broadcasts_b          # B: one row read for every row
+        flags = ("" if qc.signed else "U") + ("B" if row_b else "") + \
+            ("L" if table is not None else "")
         if table is not None:
             e.cfg(act_table=c.table_block(("elementwise", op.name), table))
-        name = "VADD" if op.op == "add" else "VMUL"
+        name = "VMUL" if op.op == "mul" else "VADD"
         mnemonic = f"{name}.{flags}" if flags else name
-        what = (f"{op.op}, requantized" + (f", {op.activation.kind}" if op.activation.kind
-                                           != "none" else "")
+        what = (f"{op.op}{' (reversed)' if op.reverse else ''}"
+                f"{' a constant row' if op.b is None else ''}"
+                f"{' a row per sample' if op.broadcasts_b else ''}, requantized"
+                + (f", {op.activation.kind}" if op.activation.kind != "none" else "")
                 + (f", {lookup.function or 'lookup'}" if lookup else ""))
-        at = 0
-        while at < rows:             # whole iterations of MAX_VECTOR rows, then the rest
-            length = min(MAX_VECTOR, rows - at)
-            reps = min(MAX_REPEAT, (rows - at) // length)
-            rep = ""
-            if reps > 1:
-                e.cfg(rep_ub_stride=length)
-                rep = f", repeat={reps}"
-            e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {self.ub(op.b.name, at)}, "
-                   f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
-                   f"{what}: rows {at}..{at + reps * length - 1}")
-            at += reps * length
+        for first, count, b_at in self.operand_runs(op, dst, rows):
+            at = first
+            while at < first + count:    # whole iterations of MAX_VECTOR rows, then the rest
+                length = min(MAX_VECTOR, first + count - at)
+                reps = min(MAX_REPEAT, (first + count - at) // length)
+                rep = ""
+                if reps > 1:
+                    e.cfg(rep_ub_stride=length)
+                    rep = f", repeat={reps}"
+                b = b_at if row_b else self.ub(
+                    dst.tensor.name if op.spreads_b else op.b.name, at)
+                e.line(f"{mnemonic} {self.ub(op.a.name, at)}, {b}, "
+                       f"{self.ub(dst.tensor.name, at)}, {length}{rep}",
+                       f"{what}: rows {at}..{at + reps * length - 1}")
+                at += reps * length
         slot = c.alloc.of[dst.tensor.name].name
         if dst.pads.any:
-            if table is not None and table[qc.zero_point & 0xFF] != \
-                    (dst.tensor.quant.zero_point & 0xFF):
-                c.padded.pop(slot, None)   # the table moved the padding: write it again
+            # A and a tensor B hold their zero points in the padding (real 0), which adds
+            # and multiplies to z_c; a constant added or subtracted moves it, as a table may
+            moved = row_b and op.op != "mul"
+            if moved or (table is not None and table[qc.zero_point & 0xFF] !=
+                         (dst.tensor.quant.zero_point & 0xFF)):
+                c.padded.pop(slot, None)   # the padding came out wrong: write it again
                 self.fill_pads(dst)
             else:
                 c.padded[slot] = dst.padding_key
+
+    def spread_channel(self, op: Elementwise, src: Layout, dst: Layout):
+        """Write b (one channel) into every channel of dst, which the VADD / VMUL then reads
+        as its b in place: a MatrixMultiply of b's rows by a tile whose first row is ones
+        puts b's value in every accumulator column, and an identity Activate per chunk
+        writes it in b's own type.  Bands of an accumulator half."""
+        c, e = self.c, self.e
+        p = c.batch
+        tiles = c.tiles.get(op.name)
+        if tiles is None:
+            tiles = c.tiles[op.name] = [c.weights.add(c.tile_region_name(op.name),
+                                                      ones_row_tile())]
+        qb = op.b.quant
+        u = signed_flag(src)
+        total = src.rows(p)
+        for at in range(0, total, c.half_rows):
+            length = min(c.half_rows, total - at)
+            half = c.next_half()
+            first = at == 0
+            e.mmc(f"MMC.{'S' if first else ''}O{u} {self.ub(op.b.name, at)}, "
+                  f"{self.acc(half)}, {length}", tiles if first else [],
+                  f"{op.b.name} into every column (a tile whose first row is ones)")
+            e.cfg(act_mult=1, act_shift=0, act_ub_pitch=0, rep_acc_stride=0,
+                  rep_ub_stride=0)
+            self.act_output(qb, qb.qmin, qb.qmax, None, None, 0)
+            for j in range(dst.chunks):
+                e.line(f"ACT {self.acc(half)}, "
+                       f"{self.ub(dst.tensor.name, j * dst.chunk_rows(p) + at)}, {length}",
+                       f"{op.b.name} as channels {j * c.n}..: rows {at}..{at + length - 1}")
+
+    def operand_runs(self, op: Elementwise, dst: Layout, rows: int):
+        """[(first row, rows, B's constant row or None)]: every row at once for two tensors
+        or a constant that is one value everywhere; else one run per chunk of N channels,
+        each with its chunk's constant row."""
+        n, p = self.c.n, self.c.batch
+        if op.broadcasts_b:          # each sample's pixels with its own row of b
+            lay_b = self.c.layouts[op.b.name]
+            if lay_b.pads.any or lay_b.height * lay_b.width != 1:
+                raise CodegenError(f"{op.name}: the broadcast operand {op.b.name} is not one "
+                                   f"unpadded pixel per sample ({lay_b.describe()})")
+            per = dst.image_rows
+            return [(j * dst.chunk_rows(p) + s * per, per,
+                     self.ub(op.b.name, lay_b.pixel(p, j, s, 0, 0)))
+                    for j in range(dst.chunks) for s in range(p)]
+        if op.b is not None:
+            return [(0, rows, None)]
+        stored, _zero = constant_rows(op, dst.channels, n)
+        if len(stored) == 1 or np.all(stored == stored[0]):
+            return [(0, rows, self.c.param_block(("vconst", op.name, 0), stored[:1]))]
+        per = dst.chunk_rows(p)
+        return [(j * per, per, self.c.param_block(("vconst", op.name, j), stored[j:j + 1]))
+                for j in range(dst.chunks)]
 
     # ------------------------------------------------------------------ Lookup
     def lookup(self, op: Lookup):
@@ -644,6 +710,61 @@ class Lowering:
                 switched = True
                 self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
                                  src.width, f"{what} {chunk * c.n}..")
+
+
+def ones_row_tile():
+    """A weight tile whose first row is ones: every output column is input element 0."""
+    def fill(out):
+        out[0, :] = 1
+    return fill
+
+
+def constant_rows(op: Elementwise, channels: int, n: int) -> tuple[np.ndarray, int]:
+    """An Elementwise's constant b as UB rows (one per chunk of n channels, uint8 bytes as
+    stored) and the zero point B is read with.  The bytes are b's centred integers v = q - z
+    moved into the output's type (the U flag reads A, B and C alike) by a zero point of our
+    own: any 8-bit tensor's v spans at most 255, so some zb in -128..255 fits them all."""
+    v = np.asarray(op.constant, np.int64).reshape(-1) - op.constant_quant.zero_point
+    zero = constant_zero(op)
+    chunks = -(-channels // n)
+    if v.size == 1:                  # a scalar: every column (one row serves every chunk)
+        stored = np.full(chunks * n, v[0] + zero, np.int64)
+    elif v.size != channels:
+        raise CodegenError(f"{op.name}: {v.size} constant values for {channels} channels")
+    else:
+        stored = np.full(chunks * n, zero, np.int64)
+        stored[:channels] = v + zero
+    return (stored & 0xFF).astype(np.uint8).reshape(chunks, n), zero
+
+
+def constant_zero(op: Elementwise) -> int:
+    """The zero point B reads an Elementwise's constant row with (constant_rows)."""
+    v = np.asarray(op.constant, np.int64).reshape(-1) - op.constant_quant.zero_point
+    lo_t, hi_t = (-128, 127) if op.output.quant.signed else (0, 255)
+    zero = max(-128, lo_t - int(v.min()))
+    if zero > min(255, hi_t - int(v.max())):
+        raise CodegenError(f"{op.name}: constant values span {int(v.max() - v.min())} "
+                           f"steps, more than one byte holds")
+    return zero
+
+
+def vector_registers(op: Elementwise) -> dict[str, int]:
+    """VADD / VMUL's requantization registers for `op` (spec/isa.md 5.11): onnxruntime's
+    QLinearAdd / QLinearMul scales and zero points; a Sub's B multiplier negated; b - a (a
+    constant first) with the roles of the two multipliers swapped, A staying the tensor."""
+    qa, qc = op.a.quant, op.output.quant
+    if op.b is None:
+        zb = constant_zero(op)
+        sb = op.constant_quant.scale
+    else:
+        zb, sb = op.b.quant.zero_point, op.b.quant.scale
+    if op.reverse:
+        regs = qlinear_registers(op.op, sb, zb, qa.scale, qa.zero_point, qc.scale,
+                                 qc.zero_point)
+        regs["vec_mult_a"], regs["vec_mult_b"] = regs["vec_mult_b"], regs["vec_mult_a"]
+        regs["vec_zero_a"], regs["vec_zero_b"] = regs["vec_zero_b"], regs["vec_zero_a"]
+        return regs
+    return qlinear_registers(op.op, qa.scale, qa.zero_point, sb, zb, qc.scale, qc.zero_point)
 
 
 def elementwise_table(op: Elementwise, lookup: Lookup | None) -> np.ndarray | None:

@@ -209,7 +209,7 @@ class Lowerer:
         if src_shape is None or onnx_shape is None:
             raise NotMapped(f"the shape of '{current}' is unknown")
         index = np.arange(int(np.prod(onnx_shape)), dtype=np.int64).reshape((1,) + onnx_shape)
-        for node in reversed(layout):
+        for node in self._cancelled(list(reversed(layout))):
             index = self._apply_layout(node, index)
         shape = tuple(index.shape[1:])
         flat = index.reshape(-1)
@@ -246,6 +246,30 @@ class Lowerer:
         if rank < 3 or any(begin[:2]) or any(end[:2]) or min(pads) < 0:
             raise NotMapped("a Pad of the batch or channel axis, or a negative one")
         return tuple(int(v) for v in begin[2:] + end[2:])
+
+    def _cancelled(self, chain: list) -> list:
+        """Layout nodes in data order without the Unsqueeze -> Squeeze pairs of one axis
+        that undo each other (an unrolled GRU's Y_h, (1, N, H), squeezed again): the
+        Unsqueeze alone would move the batch dimension."""
+        out: list = []
+        for node in chain:
+            if node.op_type in ("Identity", "Dropout"):
+                continue
+            if out and node.op_type == "Squeeze" and out[-1].op_type == "Unsqueeze":
+                axes = self._axes(node)
+                if axes is not None and axes == self._axes(out[-1]):
+                    out.pop()
+                    continue
+            out.append(node)
+        return out
+
+    def _axes(self, node: Node):
+        """The axes of a Squeeze / Unsqueeze (attribute or constant input), or None."""
+        if node.input(1):
+            value = self.g.constant(node.input(1))
+            return None if value is None else tuple(int(v) for v in value.reshape(-1))
+        axes = node.attr("axes")
+        return None if axes is None else tuple(int(v) for v in axes)
 
     def _apply_layout(self, node: Node, index: np.ndarray) -> np.ndarray:
         if node.op_type == "Transpose":
@@ -735,69 +759,219 @@ class Lowerer:
             raise NotMapped("no table builder (onnxruntime) available")
         return self.table_builder(self.g, node, x.quant, out_q)
 
-    # --- element-wise Add / Mul of two activations (VADD / VMUL) -------------------------
+    # --- element-wise Add / Sub / Mul (VADD / VMUL) ---------------------------------------
 
     def lower_binary(self, node: Node) -> Operator:
-        """DequantizeLinear(a), DequantizeLinear(b) -> Add | Mul (-> Relu | Clip) ->
-        QuantizeLinear: an Elementwise over two quantized tensors of one shape."""
+        """DequantizeLinear(a), DequantizeLinear(b) -> Add | Sub | Mul (-> Relu | Clip) ->
+        QuantizeLinear: an Elementwise over two quantized tensors of one shape, or over one
+        and a constant (quantized, or a float scalar) broadcast per channel."""
         kind = node.op_type.lower()
         if len(node.inputs) != 2 or not all(node.inputs):
             raise NotMapped(f"{node.op_type} without two inputs")
-        self._binary_operands(node.inputs[0], node.inputs[1], node)
+        consts = [self._constant_operand_value(name) for name in node.inputs]
         try:
+            if consts[0] is not None and consts[1] is not None:
+                raise NotMapped("both operands are constants")
+            if any(c is not None for c in consts):
+                k = 0 if consts[0] is not None else 1
+                source = self.trace(node.inputs[1 - k])
+                out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
+                return self._binary_constant(node, kind, source, consts[k], node.inputs[k],
+                                             reverse=k == 0, out=out, out_q=out_q, act=act,
+                                             nodes=[node.name, *source.nodes, *fused])
+            small = self._binary_operands(node.inputs[0], node.inputs[1], node)
             sources = [self.trace(name) for name in node.inputs]
             out, out_q, act, fused = self.quantized_output(node, allow_activation=True)
+            return self._binary(node, kind, sources, out, out_q, act,
+                                [node.name, *sources[0].nodes, *sources[1].nodes, *fused],
+                                small)
         except NotMapped as e:
-            raise NotMapped(f"element-wise {node.op_type} of activations runs on the host: "
-                            f"{e}") from None
-        return self._binary(node, kind, sources, out, out_q, act,
-                            [node.name, *sources[0].nodes, *sources[1].nodes, *fused])
+            raise NotMapped(f"element-wise {node.op_type} runs on the host: {e}") from None
 
     def lower_qlinear_binary(self, node: Node) -> Operator:
         """com.microsoft QLinearAdd / QLinearMul (A, A_scale, A_zp, B, B_scale, B_zp,
-        C_scale, C_zp)."""
+        C_scale, C_zp); a constant A or B is the per-channel constant form."""
         if len(node.inputs) < 7 or not node.input(0) or not node.input(3):
             raise NotMapped(f"{node.op_type} without two inputs and an output scale")
-        self._binary_operands(node.input(0), node.input(3), node)
         aq = self.qparams(node.input(1), node.input(2), node.input(0), node)
         bq = self.qparams(node.input(4), node.input(5), node.input(3), node)
         yq = self.qparams(node.input(6), node.input(7) if len(node.inputs) > 7 else "",
                           node.outputs[0], node)
-        sources = [self.trace(node.input(0), aq), self.trace(node.input(3), bq)]
         kind = node.op_type.replace("QLinear", "").lower()
+        names, quants = (node.input(0), node.input(3)), (aq, bq)
+        constant = [self.g.constant(n) for n in names]
+        if constant[0] is not None and constant[1] is not None:
+            raise NotMapped("both operands are constants")
+        for k in (0, 1):
+            if constant[k] is not None:
+                source = self.trace(names[1 - k], quants[1 - k])
+                return self._binary_constant(node, kind, source, (constant[k], quants[k], None),
+                                             names[k], reverse=False, out=node.outputs[0],
+                                             out_q=yq, act=Activation(),
+                                             nodes=[node.name, *source.nodes])
+        small = self._binary_operands(node.input(0), node.input(3), node)
+        sources = [self.trace(node.input(0), aq), self.trace(node.input(3), bq)]
         return self._binary(node, kind, sources, node.outputs[0], yq, Activation(),
-                            [node.name, *sources[0].nodes, *sources[1].nodes])
+                            [node.name, *sources[0].nodes, *sources[1].nodes], small)
+
+    def _constant_operand_value(self, name: str):
+        """(integers, QParams, DequantizeLinear node or None) of a constant operand of an
+        element-wise node, else None: DequantizeLinear of an 8-bit constant (per tensor), or
+        a float constant of one value k (exactly the integer 1 or -1 at scale |k|)."""
+        dq = self.g.producer.get(name)
+        if dq is not None and dq.op_type == "DequantizeLinear" and \
+                self.g.is_constant(dq.inputs[0]):
+            q = self.g.constant(dq.inputs[0])
+            if q.dtype not in _INT8:
+                raise NotMapped(f"its constant operand '{dq.inputs[0]}' is {q.dtype}")
+            scale = self._const(dq.input(1), "scale", dq)
+            if scale.size != 1:
+                raise NotMapped("its constant operand is quantized per axis")
+            zp = int(self._const(dq.input(2), "zero point", dq).reshape(-1)[0]) \
+                if dq.input(2) else 0
+            if not float(scale.reshape(-1)[0]) > 0:
+                raise NotMapped("its constant operand's scale is not positive")
+            return q, QParams(float(np.float32(scale.reshape(-1)[0])), zp,
+                              q.dtype == np.int8), dq.name
+        if not self.g.is_constant(name):
+            return None
+        value = np.asarray(self.g.constant(name))
+        if value.dtype.kind != "f":
+            raise NotMapped(f"its constant operand '{name}' is {value.dtype}")
+        flat = value.astype(np.float32).reshape(-1)
+        if flat.size == 0 or not np.all(flat == flat[0]) or not np.isfinite(flat[0]):
+            raise NotMapped(f"its float constant operand '{name}' holds several values (not "
+                            f"quantized, so with no exact 8-bit form; quantize it)")
+        k = float(flat[0])
+        ints = np.full(value.shape, 0 if k == 0 else (1 if k > 0 else -1), np.int16)
+        return ints, QParams(abs(k) if k else 1.0, 0, True), None
+
+    def _binary_constant(self, node: Node, kind: str, source: Source, const, const_name: str,
+                         reverse: bool, out: str, out_q: QParams, act: Activation, nodes):
+        """An Elementwise of one tensor and a constant b broadcast per channel (the B flag's
+        constant row); `reverse`: the constant is the first operand (b - a for a Sub)."""
+        ints, quant, dq_name = const
+        if source.quant.signed != out_q.signed:
+            names = {True: "int8", False: "uint8"}
+            raise NotMapped(f"operand '{source.tensor}' is {names[source.quant.signed]} and the "
+                            f"output {names[out_q.signed]}: VADD/VMUL take one signedness "
+                            f"(U flag)")
+        if source.index is not None:
+            raise NotMapped("an operand is rearranged by a layout node")
+        a, y = self._elementwise(source, out, out_q)
+        per_channel = self._per_channel_constant(np.asarray(ints), source.tensor, a)
+        if kind != "sub":
+            reverse = False                      # add and mul commute
+        if dq_name:
+            nodes = [*nodes, dq_name]
+        return Elementwise(node.name, a, None, y, kind, act, tuple(dict.fromkeys(nodes)),
+                           per_channel, quant, reverse)
+
+    def _per_channel_constant(self, value: np.ndarray, tensor: str, a: Tensor) -> np.ndarray:
+        """A constant operand as one value per channel of `a` (a scalar stays one value):
+        it must broadcast against a's ONNX shape without growing it and vary only along the
+        channel axis (the last one of channels-last rows, else the first after the batch)."""
+        sample = self.g.sample_shape(tensor)
+        if sample is None:
+            raise NotMapped(f"the shape of '{tensor}' is unknown")
+        full = (1, *sample)
+        if value.size == 1:
+            return value.reshape(1)
+        try:
+            grown = np.broadcast_shapes(full, value.shape)
+        except ValueError:
+            raise NotMapped(f"its constant of shape {value.shape} does not broadcast "
+                            f"against {tuple(sample)}") from None
+        if grown != full:
+            raise NotMapped(f"its constant of shape {value.shape} broadcasts the tensor "
+                            f"{tuple(sample)} up")
+        axis = len(full) - 1 if a.channels_last or len(full) == 2 else 1
+        if full[axis] != a.shape[0]:
+            raise NotMapped(f"'{tensor}' has {a.shape[0]} channels on the TPU, its ONNX "
+                            f"shape {tuple(sample)}")
+        spread = np.moveaxis(np.broadcast_to(value, full), axis, 0).reshape(a.shape[0], -1)
+        if not np.all(spread == spread[:, :1]):
+            raise NotMapped(f"its constant of shape {value.shape} varies along more than the "
+                            f"channel axis (B's constant row repeats one row of channels)")
+        return spread[:, 0].copy()
 
     def _binary_operands(self, a: str, b: str, node: Node):
-        """Two activations of one shape: a constant operand or a broadcast stays on the host."""
-        for name in (a, b):
-            dq = self.g.producer.get(name)
-            inner = dq.inputs[0] if dq is not None and dq.op_type == "DequantizeLinear" \
-                else name
-            if self.g.is_constant(name) or self.g.is_constant(inner):
-                raise NotMapped(f"element-wise {node.op_type} of an activation and a constant "
-                                f"runs on the host (VADD/VMUL read two activation tensors)")
+        """Two activations of one shape (None), or one of them (its index) one value per
+        channel of the other per sample ((C, 1, 1) against (C, H, W), (1, C) against
+        (rows, C): a squeeze-and-excitation gate), read as B's row for every pixel; any
+        other broadcast stays on the host."""
         sa, sb = self.g.sample_shape(a), self.g.sample_shape(b)
         if sa is None or sb is None:
             raise NotMapped("the shapes of its operands are unknown")
-        if tuple(sa) != tuple(sb):
-            raise NotMapped(f"element-wise {node.op_type} broadcasts {tuple(sa)} with "
-                            f"{tuple(sb)}; runs on the host (VADD/VMUL need one shape)")
+        sa, sb = tuple(sa), tuple(sb)
+        if sa == sb:
+            return None
+        why = (f"it broadcasts the activation {sa} with the activation {sb} (VADD/VMUL read "
+               f"rows of one shape, B's one row of channels per sample (a per-channel operand "
+               f"(C, 1, 1) or (1, C)), or one channel spread over a row by the array)")
+        for k, (small, big) in enumerate(((sa, sb), (sb, sa))):
+            if len(small) == len(big) and small != big and \
+                    all(d == 1 or d == e for d, e in zip(small, big)):
+                return k          # which form (_binary) depends on the big one's channel axis
+        raise NotMapped(why)
 
     def _binary(self, node: Node, kind: str, sources, out: str, out_q: QParams,
-                act: Activation, nodes) -> Operator:
+                act: Activation, nodes, small=None) -> Operator:
         a_src, b_src = sources
+        reverse = False
+        if small is not None and small == 0:   # the broadcast operand is B: b - a for a Sub
+            a_src, b_src = b_src, a_src
+            reverse = kind == "sub"
         for src in sources:
             if src.quant.signed != out_q.signed:
-                kind = {True: "int8", False: "uint8"}
-                raise NotMapped(f"operand '{src.tensor}' is {kind[src.quant.signed]} and the "
-                                f"output {kind[out_q.signed]}: VADD/VMUL take one signedness "
-                                f"(U flag)")
+                kind_of = {True: "int8", False: "uint8"}
+                raise NotMapped(f"operand '{src.tensor}' is {kind_of[src.quant.signed]} and "
+                                f"the output {kind_of[out_q.signed]}: VADD/VMUL take one "
+                                f"signedness (U flag)")
             if src.index is not None:
                 raise NotMapped("an operand is rearranged by a layout node")
         a, y = self._elementwise(a_src, out, out_q)
-        b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
-        return Elementwise(node.name, a, b, y, kind, act, tuple(dict.fromkeys(nodes)))
+        if small is None:
+            b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
+        else:
+            b = self._broadcast_operand(b_src, a)
+        return Elementwise(node.name, a, b, y, kind, act, tuple(dict.fromkeys(nodes)),
+                           reverse=reverse)
+
+    def _broadcast_operand(self, source: Source, a: Tensor) -> Tensor:
+        """The smaller operand of a broadcast against `a`, as the IR tensor the back end
+        reads: one channel of a's pixels ((1, H, W) against (C, H, W), (T, 1) against
+        (T, C), (1,) against (C,); spread over every channel by the array) or one pixel of
+        a's channels per sample ((C, 1, 1), (1, C); B's row per sample)."""
+        onnx_big = tuple(self.g.sample_shape(a.name))
+        shape = tuple(self.g.sample_shape(source.tensor))
+        axis = len(onnx_big) - 1 if a.channels_last else 0      # the channel axis
+        if onnx_big[axis] != a.shape[0]:
+            raise NotMapped(f"'{a.name}' has {a.shape[0]} channels on the TPU, its ONNX "
+                            f"shape {onnx_big}")
+        others = [i for i in range(len(onnx_big)) if i != axis]
+        if shape[axis] == 1 and all(shape[i] == onnx_big[i] for i in others):
+            return self.ir_tensor(source.tensor, source.quant, (1, *a.shape[1:]),
+                                  a.channels_last)
+        if shape[axis] != a.shape[0] or any(shape[i] != 1 for i in others):
+            raise NotMapped(f"its operand '{source.tensor}' {shape} is neither one channel "
+                            f"nor one pixel of '{a.name}' {onnx_big}")
+        return self._channel_pixel(source, a)
+
+    def _channel_pixel(self, source: Source, a: Tensor) -> Tensor:
+        """The broadcast operand as one pixel of a's channels per sample, in the IR shape it
+        has (a Dense's (C,)) or gets ((C, 1, 1), or channels-last (C, 1, 1)): the same UB
+        rows, one per chunk and sample."""
+        known = self.tensors.get(source.tensor)
+        if known is not None:
+            if known.quant != source.quant:
+                raise NotMapped(f"'{source.tensor}' is read with two different quantizations")
+            if known.shape[0] != a.shape[0] or int(np.prod(known.shape[1:])) != 1:
+                raise NotMapped(f"'{source.tensor}' is laid out as {known.shape}, not one "
+                                f"pixel of {a.shape[0]} channels")
+            return known
+        pixel = (a.shape[0],) if len(a.shape) == 1 else (a.shape[0], 1, 1)
+        return self.ir_tensor(source.tensor, source.quant, pixel, a.channels_last)
 
     # --- QOperator forms ----------------------------------------------------------------
 
@@ -911,7 +1085,7 @@ class Lowerer:
         raise NotMapped(f"{op} has no TPU mapping")
 
 
-BINARY_OPS = {"Add", "Mul"}                    # two activations: VADD / VMUL
+BINARY_OPS = {"Add", "Sub", "Mul"}             # VADD / VMUL
 QLINEAR_BINARY_OPS = {"QLinearAdd", "QLinearMul"}
 CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
               "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAveragePool",
@@ -930,18 +1104,9 @@ def host_reason(node: Node, graph: Graph) -> str:
     """Why a node with no TPU pattern runs on the host (the report's reason)."""
     op_type = node.op_type
     if op_type in ELEMENTWISE_OPS:
-        def constant(name):
-            dq = graph.producer.get(name)
-            if dq is not None and dq.op_type == "DequantizeLinear":
-                name = dq.inputs[0]
-            return graph.is_constant(name)
-        what = ("of an activation and a constant" if any(constant(i) for i in node.inputs if i)
-                else "of activations")
-        fused = (" (a bias Add directly after a MatMul's float output is fused into it; "
-                 "this one comes after a QuantizeLinear)" if op_type == "Add" and
-                 what.endswith("constant") else "")
-        return (f"element-wise {op_type} {what} runs on the host: VADD/VMUL take an Add or "
-                f"Mul of two quantized activations of one shape only{fused}")
+        return (f"element-wise {op_type} runs on the host: VADD/VMUL take Add, Sub and Mul "
+                f"(of two quantized activations of one shape, or of one and a constant per "
+                f"channel)")
     if op_type in LAYOUT_HOST_OPS:
         return (f"{op_type} moves data between tensors; runs on the host (an IR operator "
                 f"writes one whole tensor)")

@@ -465,6 +465,9 @@ class _Unroller:
 
     def _concat(self, parts, axis, out, tag) -> None:
         name = self.idx.unique(f"{self.node.name}/{tag}")
+        if len(parts) == 1:      # one direction's Y_h: an Identity, which the TPU reads through
+            self.nodes.append(helper.make_node("Identity", parts, [out], name=name))
+            return
         self.nodes.append(helper.make_node("Concat", parts, [out], name=name, axis=axis))
 
     # the checks that decide whether the node is unrolled
@@ -588,34 +591,40 @@ class _Unroller:
         return h_new, c
 
     def _gru_step(self, x_t, h_prev, w, r, b, h, tag):
-        # gate order z, r, h; B = [Wb, Rb]
+        # gate order z, r, h; B = [Wb, Rb].  One Gemm (pair) per gate, as for the LSTM: each
+        # gate a whole tensor (no column Slices), so the gate chain stays on the TPU
         lbr = _attr(self.node, "linear_before_reset", 0)
         wb, rb = b[:3 * h], b[3 * h:]
-        gx = self._gemm(x_t, w.T, wb, f"{tag}/gemm_x")
-        if h_prev is None:
-            # zero state: R h = 0; r (.) (R_h h + Rb_h) = r (.) Rb_h with linear_before_reset
-            zr = self._emit("Add", [self._cols(gx, 0, 2 * h, f"{tag}/zr_x"),
-                                    self._const(rb[:2 * h].astype(np.float32),
-                                                f"{tag}/rb_zr")], f"{tag}/zr")
-            rh = self._const(rb[2 * h:].astype(np.float32), f"{tag}/rb_h")
+
+        def cols(k):
+            return slice(k * h, (k + 1) * h)
+
+        def gate(k, name):
+            if h_prev is None:   # zero state: R h = 0, the recurrent bias joins the input's
+                return self._gemm(x_t, w.T[:, cols(k)], wb[cols(k)] + rb[cols(k)],
+                                  f"{tag}/{name}_x")
+            gx = self._gemm(x_t, w.T[:, cols(k)], wb[cols(k)], f"{tag}/{name}_x")
+            gh = self._gemm(h_prev, r.T[:, cols(k)], rb[cols(k)], f"{tag}/{name}_h")
+            return self._emit("Add", [gx, gh], f"{tag}/{name}_gates")
+
+        z = self._emit("Sigmoid", [gate(0, "z")], f"{tag}/z")
+        rg = self._emit("Sigmoid", [gate(1, "r")], f"{tag}/r")
+        if h_prev is None and not lbr:
+            # r (.) 0 = 0: the candidate's recurrent part is its bias alone
+            pre = self._gemm(x_t, w.T[:, cols(2)], wb[cols(2)] + rb[cols(2)], f"{tag}/h_x")
         else:
-            r_zr = r[:2 * h]
-            gh = self._gemm(h_prev, r_zr.T, rb[:2 * h], f"{tag}/gemm_h")
-            zr = self._emit("Add", [self._cols(gx, 0, 2 * h, f"{tag}/zr_x"), gh], f"{tag}/zr")
-        z = self._emit("Sigmoid", [self._cols(zr, 0, h, f"{tag}/z_cols")], f"{tag}/z")
-        rg = self._emit("Sigmoid", [self._cols(zr, h, 2 * h, f"{tag}/r_cols")], f"{tag}/r")
-        if h_prev is not None:
-            if lbr:
-                rh = self._gemm(h_prev, r[2 * h:].T, rb[2 * h:], f"{tag}/gemm_hh")
+            if h_prev is None:              # r (.) (R_h 0 + Rb_h) = r (.) Rb_h
+                rh = self._emit("Mul", [rg, self._const(rb[cols(2)].astype(np.float32),
+                                                        f"{tag}/rb_h")], f"{tag}/r_hh")
+            elif lbr:
+                rh = self._gemm(h_prev, r.T[:, cols(2)], rb[cols(2)], f"{tag}/gemm_hh")
                 rh = self._emit("Mul", [rg, rh], f"{tag}/r_hh")
             else:
                 reset = self._emit("Mul", [rg, h_prev], f"{tag}/r_h")
-                rh = self._gemm(reset, r[2 * h:].T, rb[2 * h:], f"{tag}/gemm_hh")
-        elif lbr:
-            rh = self._emit("Mul", [rg, rh], f"{tag}/r_hh")
-        cand_x = self._cols(gx, 2 * h, 3 * h, f"{tag}/h_x")
-        cand = self._emit("Tanh", [self._emit("Add", [cand_x, rh], f"{tag}/h_pre")],
-                          f"{tag}/h_cand")
+                rh = self._gemm(reset, r.T[:, cols(2)], rb[cols(2)], f"{tag}/gemm_hh")
+            cand_x = self._gemm(x_t, w.T[:, cols(2)], wb[cols(2)], f"{tag}/h_x")
+            pre = self._emit("Add", [cand_x, rh], f"{tag}/h_pre")
+        cand = self._emit("Tanh", [pre], f"{tag}/h_cand")
         # H = (1 - z) (.) cand + z (.) H_prev = cand - z (.) (cand - H_prev)
         if h_prev is None:
             return self._emit("Sub", [cand, self._emit("Mul", [z, cand], f"{tag}/z_cand")],

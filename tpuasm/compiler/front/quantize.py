@@ -87,11 +87,13 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     """The names of the nodes to quantize: the ones the TPU can take.  Conv, Gemm and MatMul
     with a constant weight (a matrix for MatMul); the Relu/Clip, lookup-table operators,
     pooling and layout nodes that read such a node's output; the bias Add of a MatMul on a
-    tensor of rank >= 3; an Add/Mul of two activations of one shape (VADD/VMUL) that each
-    come from such a node or a model input, one at least from such a node (a residual
-    block's skip Add).  Never a MatMul of two activations, a Gather, OneHot, Softmax, the
-    parts of a LayerNorm, an Add/Mul with a constant or a broadcast one: quantizing those
-    costs the host parts their float accuracy and gains the TPU nothing.
+    tensor of rank >= 3; an Add/Sub/Mul (VADD/VMUL) of two activations that each come from
+    such a node or a model input, one at least from such a node (a residual block's skip
+    Add), of one shape or one per channel or one channel of the other; or of one such
+    activation and a finite constant, a scalar or one value per channel.  Never a MatMul of
+    two activations, a Gather, OneHot, Softmax, the parts of a LayerNorm (made by host
+    nodes): quantizing those costs the host parts their float accuracy and gains the TPU
+    nothing.
 
     `options.keep_float` names nodes or operator types of the prepared model or, through
     `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
@@ -123,26 +125,66 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
             take = from_tpu
         elif op == "Add" and node.name in bias_adds:      # its MatMul is chosen
             take = any(i in producer and producer[i].name in chosen for i in node.input)
-        elif op in ("Add", "Mul"):
-            take = _vector_operands(node, producer, chosen, graph_inputs, shapes)
+        elif op in ("Add", "Sub", "Mul"):
+            take = _vector_operands(node, producer, chosen, graph_inputs, shapes, inits)
         if take:
             chosen.add(node.name)
             names.append(node.name)
     return names
 
 
-def _vector_operands(node, producer, chosen, graph_inputs, shapes) -> bool:
-    """An Add/Mul the TPU's VADD/VMUL take once quantized: two activation operands, each
-    made by a chosen node or a model input (quantized anyway), at least one by a chosen
-    node, of one shape when the shapes are known (a broadcast stays float)."""
+def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> bool:
+    """An Add/Sub/Mul the TPU's VADD/VMUL take once quantized: two activation operands,
+    each made by a chosen node or a model input (quantized anyway), at least one by a
+    chosen node, of one shape when the shapes are known (a broadcast stays float); or one
+    made by a chosen node and a constant (an initializer) that does not grow it: a scalar
+    or one value per channel (match.py checks the axis)."""
     if len(node.input) != 2 or not all(node.input):
         return False
     from_tpu = [i in producer and producer[i].name in chosen for i in node.input]
+    constant = [i in inits for i in node.input]
+    if any(constant):
+        if all(constant) or not any(from_tpu):
+            return False
+        k = constant.index(True)
+        value = inits[node.input[k]]
+        other = shapes.get(node.input[1 - k])
+        dims = tuple(value.dims)
+        if int(np.prod(dims)) > 65536 or not np.isfinite(
+                numpy_helper.to_array(value).astype(np.float64)).all():
+            return False          # an attention mask's -inf: no scale quantizes it
+        if int(np.prod(dims)) == 1:
+            return True
+        if other is None or len(dims) > len(other) or (len(dims) == len(other) and
+                                                        dims and dims[0] != 1):
+            return False           # a constant per sample is not one row for every sample
+        return all(d == 1 or d == o for d, o in zip(dims[::-1], other[::-1]))
     if not any(from_tpu) or not all(t or _from_input(i, producer, graph_inputs)
                                     for t, i in zip(from_tpu, node.input)):
         return False
     a, b = (shapes.get(i) for i in node.input)
-    return a is None or b is None or a == b
+    return a is None or b is None or a == b or any(
+        f(x, y) for f in (_per_channel, _one_channel) for x, y in ((a, b), (b, a)))
+
+
+def _one_channel(small: tuple, big: tuple) -> bool:
+    """`small` is one channel of `big`'s pixels ((N, 1, H, W) against (N, C, H, W), (N, 1)
+    against (N, C)): spread over the channels by the array, then VADD/VMUL."""
+    if len(small) != len(big) or len(big) < 2 or small[0] != big[0]:
+        return False
+    differ = [i for i, (d, e) in enumerate(zip(small[1:], big[1:])) if d != e]
+    return len(differ) == 1 and small[1 + differ[0]] == 1 and \
+        differ[0] in (0, len(big) - 2)
+
+
+def _per_channel(small: tuple, big: tuple) -> bool:
+    """`small` is one value per channel of `big` per sample ((N, C, 1, 1) against
+    (N, C, H, W), (N, 1, C) against (N, T, C)): VADD/VMUL's B row per sample."""
+    if len(small) != len(big) or len(big) < 3 or small[0] != big[0]:
+        return False
+    spread = [i for i, (d, e) in enumerate(zip(small[1:], big[1:])) if d != 1]
+    return all(d == 1 or d == e for d, e in zip(small[1:], big[1:])) and \
+        len(spread) <= 1 and (not spread or spread[0] in (0, len(big) - 2))
 
 
 _SELECT_OPS = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Identity"}
