@@ -548,8 +548,10 @@ class Machine:
         for a, b, kind in seg:
             if kind == core.SEG_ACTIVE:
                 active += max(0, min(b, c) - a)
+            elif kind in (core.SEG_RAW, core.SEG_INPUT):
+                continue                         # counters overlapping the waits below
             elif a <= c < b:                     # what the matrix unit does in the next cycle
-                if kind in (core.SEG_RAW, core.SEG_INPUT):
+                if kind == core.SEG_HAZARD:
                     stall = self._hazard_text(core.STAGE_MATRIX, self.sg[core.STAGE_MATRIX])
                 else:
                     stall = self._weight_wait_text(kind, c)
@@ -648,6 +650,12 @@ class Machine:
         # (core._fold_matrix_timeline): add the part before this cycle
         for a, b, kind in self.seg[:int(st[core.S_NSEG])]:
             d = max(0, min(int(b), c) - int(a))
+            if kind == core.SEG_RAW:             # rows 7 and 8 overlap the partition
+                raw += d
+                continue
+            if kind == core.SEG_INPUT:
+                inp += d
+                continue
             busy[core.STAGE_MATRIX] += d
             if kind == core.SEG_ACTIVE:
                 active += d
@@ -655,10 +663,6 @@ class Machine:
                 wstall += d
             elif kind == core.SEG_WSHIFT:
                 wshift += d
-            else:
-                raw += d
-                if kind == core.SEG_INPUT:
-                    inp += d
         nreq, tl = self._tiles()
         busy_w = int(np.clip(np.minimum(tl[core.T_FE], c) - tl[core.T_FS], 0, None).sum()) if nreq else 0
         slots = int(st[core.C_MACS])            # vectors x N x N per MMC: padding included
