@@ -49,8 +49,25 @@ def decoder_digest() -> str:
 
 
 def table_path(ap, kind: str = "table", suffix: str = ".npz") -> Path:
-    key = hashlib.sha256(f"{ap.key}:{decoder_digest()}".encode()).hexdigest()[:16]
-    return Path(ap.record).parent / f"{kind}-{key}{suffix}"
+    """`<kind>-<compiled key>-<decoder digest><suffix>` beside the compiled program."""
+    return Path(ap.record).parent / f"{kind}-{ap.key}-{decoder_digest()}{suffix}"
+
+
+def _prune(path: Path) -> None:
+    """Drop tables of the same program made by other decoder versions (other checkouts
+    share the cache): all but the newest few, and none written within the last hour."""
+    import time
+
+    from ..cache import GRACE_SECONDS, KEEP
+    stem = path.name.rsplit("-", 1)[0]
+    try:
+        others = sorted(path.parent.glob(f"{stem}-*{path.suffix}"),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in others[KEEP:]:
+            if old != path and old.stat().st_mtime < time.time() - GRACE_SECONDS:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def derived(ap, kind: str, compute):
@@ -121,6 +138,7 @@ def decoded(ap):
              shape=np.array(json.dumps(asdict(program.shape))))
     try:
         write_file(path, buf.getvalue())
+        _prune(path)
     except OSError:
         pass                        # a read-only cache: it still runs, assembled each time
     return np.array(table), np.array(invalid), program.shape
