@@ -341,8 +341,9 @@ def _weight_check(prog, st, pc):
 def _fold_matrix_timeline(st, seg):
     """Add the timeline of the previous MatrixMultiply to the counters.  It is called when
     the next one issues, so every segment lies in the past; until then counters() adds the
-    segments itself, clipped to the current cycle.  The segments cover the MMC's time in the
-    matrix stage, issue to last vector in, exactly: that is the stage's busy time."""
+    segments itself, clipped to the current cycle.  The active, weight-stall, weight-shift
+    and hazard segments cover the MMC's time in the matrix stage, issue to last vector in,
+    exactly: that is the stage's busy time; the RAW and input segments lie over them."""
     for k in range(st[S_NSEG]):
         d = seg[k, 1] - seg[k, 0]
         kind = seg[k, 2]
