@@ -7,9 +7,9 @@ For the apps' large programs assembling dominated every sweep point: CNN1 compil
 64 x 64 array is 533,888 instructions, 16-22 s to assemble against 0.7 s to run
 timing-only.  So the table is assembled and decoded once per program source and decoder
 version and kept next to the compiled program (`table-<compiled key>-<decoder
-digest>.npz`, the table as int32 when
-its values fit, and the indices of invalid instructions), and `table_program` gives the
-machine a Program that carries it (`Program._machine_table` with no instruction key:
+digest>.npz`: the table as int32 when its values fit, the indices of invalid
+instructions and the machine shape), and `table_program` gives the machine a Program
+that carries it (`Program._machine_table` with no instruction key:
 machine._decoded trusts it).  Its `instructions` and `locations` are lazy sequences that
 assemble the source the first time an item is asked for.
 
