@@ -1,6 +1,6 @@
 """Sweep throughput and client memory.
 
-    python benchmarks/bench_sweep.py [scaling|memory|all] [--points N]
+    python benchmarks/bench_sweep.py [scaling|memory|figure11|all] [--points N] [--cold]
 
 scaling: the same >= 100-point sweep (full arithmetic: a 3-layer MLP of 4096 x 4096 at
          batch 256, its QDQ ONNX model compiled by tpuasm.compile as the apps are, one
@@ -10,6 +10,14 @@ scaling: the same >= 100-point sweep (full arithmetic: a 3-layer MLP of 4096 x 4
          the speed-up, next to the ideal (the core count).
 memory:  a 10,000-point sweep of a tiny program (array 16, timing-only) streamed to CSV; prints the client's peak RSS next to its RSS before the
          sweep, and the points per second.
+figure11: every Figure 11 point (the six apps x 5 knobs x 5 factors + TPU', timing-only),
+         each run in this process on one core by the sweep's own run_point, after one
+         untimed pass that compiles the apps and fills the table cache (as a warm `make
+         figure11` finds them): the CPU and wall time of every point, per app and array
+         shape, the slowest point named.  Then `make figure11`'s command with an empty
+         result cache (a fresh sqlite file), its wall time; `--cold` also times it with
+         no compiled apps (a temporary XDG_CACHE_HOME holding only the built run loop and
+         kernel: every app's model written and compiled for all 13 shapes in the run).
 """
 from __future__ import annotations
 
@@ -133,15 +141,109 @@ def memory(points: int) -> None:
           f"growth {(peak - before) / 1024:.0f} MiB)  {summary.by_status}")
 
 
+def figure11_tasks():
+    """The tasks of `python -m tpuasm.apps.figure11` (its grids, TPU' included)."""
+    from tpuasm.apps.figure11 import FACTORS, KNOB_ORDER, tpu_prime_grids
+    from tpuasm.apps.paper import APPS
+    from tpuasm.sweep.engine import tasks
+    from tpuasm.sweep.targets import Target
+    factors = ",".join(f"{f:g}" for f in FACTORS)
+    grids = [Grid([parse_set(f"{k}={factors}") for k in KNOB_ORDER], {}, each=True),
+             *tpu_prime_grids()]
+    targets = [Target("app", a) for a in APPS]
+    return [t for g in grids for t in tasks(targets, g, timing_only=True)]
+
+
+def figure11_points() -> None:
+    from tpuasm.apps.programs import app_program
+    from tpuasm.sweep.point import run_point
+    from tpuasm.sweep.targets import _assembled_app
+    todo = figure11_tasks()
+    for task in todo:                      # untimed: compile the apps, fill the table cache
+        run_point(task)
+    times = []
+    for task in todo:
+        # what a fresh worker pays: the program from the disk caches, not this process's
+        _assembled_app.cache_clear()
+        app_program.cache_clear()
+        cpu, wall = time.process_time(), time.perf_counter()
+        row = run_point(task)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        setting = ", ".join(f"{k}={v}" for k, v in task["settings"].items() if v != "1")
+        times.append((cpu, wall, row["target"], row.get("array"), setting or "baseline",
+                      row["status"]))
+    print(f"figure11 points: {len(times)} timing-only points, each on one core in this "
+          f"process (run_point: program from the caches, load, run, counters)")
+    print(f"  {'app':6} {'array':>5} {'points':>6} {'CPU s max':>9} {'wall s max':>10} "
+          f"{'CPU s total':>11}")
+    groups: dict = {}
+    for cpu, wall, app, array, setting, status in times:
+        groups.setdefault((app, array), []).append((cpu, wall))
+    for (app, array), v in sorted(groups.items(), key=lambda i: (i[0][0], i[0][1] or 0)):
+        print(f"  {app:6} {array!s:>5} {len(v):6d} {max(c for c, _ in v):9.3f} "
+              f"{max(w for _, w in v):10.3f} {sum(c for c, _ in v):11.3f}")
+    cpu, wall, app, array, setting, status = max(times)
+    print(f"  slowest point: {app} {setting} (array {array}, {status}): {cpu:.3f} s CPU, "
+          f"{wall:.3f} s wall; all {len(times)}: {sum(t[0] for t in times):.1f} s CPU")
+    bad = [t for t in times if t[5] != "ok"]
+    if bad:
+        print(f"  not ok: {[(t[2], t[4], t[5]) for t in bad]}")
+
+
+def figure11_cold(cold_compile: bool, workers: int | None = None) -> None:
+    """`make figure11`'s command with an empty result cache (and, with cold_compile, no
+    compiled apps either), timed as a whole; `workers=0`: in one process, no Dask."""
+    import subprocess
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        env = dict(os.environ)
+        if cold_compile:
+            # a cache root without the compiled apps (and their tables) or results; the
+            # run loop and the C kernel are linked in from the real one (building them is
+            # a one-time cost of a new tpuasm, not of figure11)
+            from tpuasm.cache import root
+            env["XDG_CACHE_HOME"] = str(d / "xdg")
+            mine = d / "xdg" / "tpuasm"
+            mine.mkdir(parents=True)
+            for item in root().glob("*"):
+                if item.name.startswith(("aot-", "native-", "numba-")):
+                    (mine / item.name).symlink_to(item)
+        cmd = [sys.executable, "-m", "tpuasm.apps.figure11", "--out", str(d / "figure11"),
+               "--cache", str(d / "results.sqlite")]
+        if workers is not None:
+            cmd += ["--workers", str(workers)]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        seconds = time.perf_counter() - start
+    what = "no compiled apps, tables or results cached" if cold_compile else \
+        "empty result cache, apps compiled"
+    status = "ok" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr[-500:]}"
+    where = "one process (--workers 0)" if workers == 0 else \
+        f"local cluster of {workers or os.cpu_count()} workers"
+    print(f"figure11 cold ({what}): {seconds:.1f} s wall, {where} ({status})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("what", nargs="?", default="all", choices=("scaling", "memory", "all"))
+    p.add_argument("what", nargs="?", default="all",
+                   choices=("scaling", "memory", "figure11", "all"))
     p.add_argument("--points", type=int)
+    p.add_argument("--cold", action="store_true",
+                   help="figure11: also time it with nothing cached (compiles every app)")
     args = p.parse_args()
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
     if args.what in ("scaling", "all"):
         scaling(args.points or 100)
     if args.what in ("memory", "all"):
         memory(args.points or 10_000)
+    if args.what in ("figure11", "all"):
+        figure11_points()
+        figure11_cold(False)
+        figure11_cold(False, workers=0)
+        if args.cold:
+            figure11_cold(True)
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
     return 0
 
 

@@ -170,7 +170,56 @@ def test_input_stall_counted_for_rhm_producer():
     assert times(m, 1) == (1, 1, rhm_fin)
     assert times(m, 2)[1] == rhm_fin
     c = m.counters()
-    assert c["input_stall_cycles"] == rhm_fin - (FETCH + SHIFT) == c["raw_stall_cycles"]
+    # counted from the MMC's issue (cycle 2), under its weight stall too; its only producer
+    # is the host read, so no RAW stall (spec/timing.md 8)
+    assert c["input_stall_cycles"] == rhm_fin - 2 and c["raw_stall_cycles"] == 0
+    assert c["weight_stall_cycles"] == FETCH - 2 and c["weight_shift_cycles"] == SHIFT
+    assert c["busy_matrix"] == rhm_fin + 200 - 2           # issue to last vector in
+
+
+def test_raw_and_input_stalls_overlap_when_both_producers_are_pending():
+    # MMC 4 reads UB rows 100-209: rows 100-109 written by the ACT (on the chip), rows
+    # 200-209 by the RHM (from the host); the two finish at different times
+    m = run(program(I("RW", tile=0), I("MMC", "SO", ub=0, acc=0, length=10),
+                    I("ACT", acc=0, ub=100, length=10),
+                    I("RHM", host=0, ub=200, length=200),
+                    I("MMC", "O", ub=100, acc=20, length=110), I("HLT")))
+    last_in1 = FETCH + SHIFT + 10                        # 1616: MMC 4 issues then
+    act_fin = last_in1 + DRAIN + ACT_LAT + 10            # 2154
+    rhm_fin = 3 + host_cycles(200)                       # 4041
+    assert times(m, 2)[2] == act_fin and times(m, 3) == (3, 3, rhm_fin)
+    assert times(m, 4) == (last_in1, rhm_fin, rhm_fin + 110 + DRAIN)
+    c = m.counters()
+    assert c["raw_stall_cycles"] == act_fin - last_in1 == 538          # [1616, 2154)
+    assert c["input_stall_cycles"] == rhm_fin - last_in1 == 2425       # [1616, 4041)
+    # the 538 cycles both are pending count in both rows: together they exceed the wait
+    wait = rhm_fin - last_in1
+    assert c["raw_stall_cycles"] + c["input_stall_cycles"] == wait + 538
+    assert c["array_active_cycles"] == 120
+    assert c["weight_stall_cycles"] == FETCH - 1 and c["weight_shift_cycles"] == SHIFT
+    assert c["non_matrix_cycles"] == c["cycles"] - 120 - (FETCH - 1) - SHIFT
+    assert c["busy_matrix"] == (last_in1 - 1) + wait + 110
+    assert breakdown_ok(c)
+
+
+def test_raw_stall_under_the_weight_fetch_is_counted_weight_stall_unchanged():
+    # weight-bound: MMC 4 waits for tile 1 (fetched after tile 0, 1350-2700) and for the
+    # ACT's rows (finished at 2154, long before its tile is ready): a RAW stall the fetch hides
+    m = run(program(I("RW", tile=0), I("MMC", "SO", ub=0, acc=0, length=10),
+                    I("ACT", acc=0, ub=100, length=10), I("RW", tile=1),
+                    I("MMC", "SO", ub=100, acc=20, length=10), I("HLT")))
+    last_in1 = FETCH + SHIFT + 10                        # 1616: MMC 4 issues then
+    act_fin = last_in1 + DRAIN + ACT_LAT + 10            # 2154
+    tile1_ready = 2 * FETCH + SHIFT                      # 2956
+    assert times(m, 4) == (last_in1, tile1_ready, tile1_ready + 10 + DRAIN)
+    c = m.counters()
+    assert c["raw_stall_cycles"] == act_fin - last_in1 == 538
+    assert c["input_stall_cycles"] == 0
+    # rows 1, 4, 5 as before: the wait is all weight stall and shift
+    assert c["weight_stall_cycles"] == (FETCH - 1) + (2 * FETCH - last_in1)
+    assert c["weight_shift_cycles"] == 2 * SHIFT and c["array_active_cycles"] == 20
+    assert c["non_matrix_cycles"] == c["cycles"] - 20 - c["weight_stall_cycles"] - 2 * SHIFT
+    assert c["raw_stall_cycles"] > 0 and breakdown_ok(c)
 
 
 def test_sync_drains_and_tag_issues_after():

@@ -90,7 +90,7 @@ def profile_app(app: str, config: dict, timing_only: bool = True) -> dict:
         host, weights = ap.data()
         machine = (Machine(machine_config, timing_only=True) if timing_only
                    else Machine(machine_config))
-        machine.load(ap.assemble(), host=host, weights=weights)
+        machine.load(ap.program(), host=host, weights=weights)
         result = machine.run()
     except CodegenError as e:
         return {**out, "status": "skipped", "error": str(e)}
@@ -98,7 +98,7 @@ def profile_app(app: str, config: dict, timing_only: bool = True) -> dict:
         return {**out, "status": "error", "error": f"{type(e).__name__}: {e}"}
     if result.fault is not None:
         return {**out, "status": "fault", "error": str(result.fault)}
-    counters = machine.counters()
+    counters = machine.counters(useful_macs=False)      # the MACs: ap.macs, below
     cycles = int(counters["cycles"])
     seconds = cycles / machine_config.clock_hz
     # row 2 and TOPS count the network's own MACs, not the padding the array also multiplies

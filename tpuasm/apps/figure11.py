@@ -144,10 +144,9 @@ def report(csv_path: Path, knobs, out: Path) -> int:
     # marked in the table, rather than leaving the knob's most telling factors blank
     mean = weighted_mean(rel, knobs, partial=True)
     geo = geometric_mean(rel, knobs, partial=True)
-    for suffix in (".png", ".svg"):
-        save_figure(rel, mean, knobs, out.with_suffix(suffix),
-                    title="Figure 11 on the emulator: performance vs. scale factor",
-                    mean_label="weighted mean (of the apps run)", geo=geo)
+    save_figure(rel, mean, knobs, [out.with_suffix(".png"), out.with_suffix(".svg")],
+                title="Figure 11 on the emulator: performance vs. scale factor",
+                mean_label="weighted mean (of the apps run)", geo=geo)
     print(findings_text(rel, mean, knobs, geo))
     skipped = skipped_text(rows, knobs)
     if skipped:
@@ -170,10 +169,14 @@ def ub_mib(app: str) -> float:
     """MiB of the Unified Buffer the app's TPU v1 program touches, for Table 8."""
     from ..machine import Machine, MachineConfig
     from .programs import app_program
+    from .tables import derived
     ap = app_program(app)
-    machine = Machine(MachineConfig(), timing_only=True)
-    machine.load(ap.assemble(), *ap.data())
-    return ub_bytes_touched(machine) / 2 ** 20
+
+    def compute():
+        machine = Machine(MachineConfig(), timing_only=True)
+        machine.load(ap.program(), *ap.data())
+        return ub_bytes_touched(machine)
+    return derived(ap, "ub-bytes", compute) / 2 ** 20
 
 
 def ub_bytes_touched(machine) -> int:

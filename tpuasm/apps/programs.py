@@ -9,6 +9,13 @@ Both steps are cached on disk under ~/.cache/tpuasm/apps/ (XDG_CACHE_HOME respec
 the model file by a digest of the model builders' sources, name, seed and batch; each
 compiled program by that digest, the machine shape and a digest of the compiler's sources.
 A sweep's many configurations of one shape compile once, in any process.
+
+A third cache holds what the machine runs: the program's decoded instruction table
+(`AppProgram.program()`), keyed by the source and a digest of the assembler and decoder.
+Assembling CNN1's 534k-line program for a 64 x 64 array took 16-22 s, 20-30x its
+timing-only run; with the table a sweep point loads it in milliseconds, and the source
+is assembled again only if something asks for an instruction's text or location (a
+fault's report).
 """
 from __future__ import annotations
 
@@ -48,20 +55,34 @@ def is_app(name: str) -> bool:
 @dataclass(frozen=True)
 class AppProgram:
     name: str
-    source: str
     host_rows: int
     weight_tiles: int
     array_size: int
     macs: int                 # the network's own MACs per batch (padding not counted)
     segments: int = 1         # TPU segments joined (host parts between them)
+    record: str = ""          # the cached compiled program (program-<key>.json)
 
     @property
-    def digest(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+    def source(self) -> str:
+        """The program's .tasm text, read from its record when asked for (CNN1's are tens
+        of MB; a sweep point that runs the cached table never reads it)."""
+        return _record_source(self.record)
+
+    @property
+    def key(self) -> str:
+        """Names the compiled program: its model, shape, compiler (the record's key)."""
+        return Path(self.record).stem.removeprefix("program-")
 
     def assemble(self):
         from ..assembler import assemble
         return assemble(self.source, f"{self.name.lower()}.tasm")
+
+    def program(self):
+        """The program to run: a Program carrying its decoded table from the table cache
+        (assembled and decoded once per source and decoder version, in any process); its
+        instructions and source locations are assembled on first use only."""
+        from .tables import table_program
+        return table_program(self)
 
     def data(self):
         """Zero host and weight images (values do not change timing); np.zeros maps
@@ -79,16 +100,29 @@ def app_program(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows
     macs = app.batch * app.macs_per_sample
     shape = dict(array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
                  fifo_depth=fifo_depth)
-    cached = model_file(app.name).parent / f"program-{_compiled_key(shape)}.json"
+    key = _compiled_key(shape)
+    folder = model_file(app.name).parent
+    cached = folder / f"program-{key}.json"
+    summary = folder / f"meta-{key}.json"      # the record without its source: read fast
     try:
-        record = json.loads(cached.read_text())
+        meta = json.loads(summary.read_text())
     except (OSError, ValueError):
-        record = _compile(app, shape)
-        write_file(cached, json.dumps(record))
-    if "error" in record:
-        raise CodegenError(record["error"])
-    return AppProgram(app.name, record["source"], record["host_rows"], record["weight_tiles"],
-                      array_size, macs, record["segments"])
+        try:
+            record = json.loads(cached.read_text())
+        except (OSError, ValueError):
+            record = _compile(app, shape)
+            write_file(cached, json.dumps(record))
+        meta = {k: v for k, v in record.items() if k != "source"}
+        write_file(summary, json.dumps(meta))
+    if "error" in meta:
+        raise CodegenError(meta["error"])
+    return AppProgram(app.name, meta["host_rows"], meta["weight_tiles"], array_size, macs,
+                      meta["segments"], str(cached))
+
+
+@lru_cache(maxsize=2)
+def _record_source(path: str) -> str:
+    return json.loads(Path(path).read_text())["source"]
 
 
 def program_key(name: str, array_size: int = 256, ub_rows: int = 98304, acc_rows: int = 4096,

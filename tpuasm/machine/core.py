@@ -95,8 +95,12 @@ ROW_DRAIN = NSTAGES + 1
 T_TILE, T_REQ, T_FS, T_FE, T_SS, T_SE, T_SW, T_HI, TL_ROWS = range(9)
 
 # ------------------------------------------------------------------ seg: matrix timeline
-SEG_ACTIVE, SEG_WSTALL, SEG_WSHIFT, SEG_RAW, SEG_INPUT = range(5)
-MAX_SEGS = 3 * 256 + 8
+# The first four partition the MMC's time in the matrix stage (issue to last vector in):
+# active, waiting for its tile's fetch, for its shift, and SEG_HAZARD: weights ready but the
+# scoreboard holds it.  SEG_RAW and SEG_INPUT overlap them: they are the Table 3 rows 7 and
+# 8, counted from the MMC's issue, under the weight stall too (spec/timing.md 8).
+SEG_ACTIVE, SEG_WSTALL, SEG_WSHIFT, SEG_HAZARD, SEG_RAW, SEG_INPUT = range(6)
+MAX_SEGS = 3 * 256 + 16
 
 # ------------------------------------------------------------------ ev: events
 EV_INTERRUPT, EV_TAG = 0, 1
@@ -337,28 +341,32 @@ def _weight_check(prog, st, pc):
 def _fold_matrix_timeline(st, seg):
     """Add the timeline of the previous MatrixMultiply to the counters.  It is called when
     the next one issues, so every segment lies in the past; until then counters() adds the
-    segments itself, clipped to the current cycle.  The segments cover the MMC's time in the
-    matrix stage, issue to last vector in, exactly: that is the stage's busy time."""
+    segments itself, clipped to the current cycle.  The active, weight-stall, weight-shift
+    and hazard segments cover the MMC's time in the matrix stage, issue to last vector in,
+    exactly: that is the stage's busy time; the RAW and input segments lie over them."""
     for k in range(st[S_NSEG]):
         d = seg[k, 1] - seg[k, 0]
         kind = seg[k, 2]
+        if kind == SEG_RAW:             # rows 7 and 8 overlap the stage's partition
+            st[C_RAW] += d
+            continue
+        if kind == SEG_INPUT:
+            st[C_INPUT] += d
+            continue
         if kind == SEG_ACTIVE:
             st[C_ACTIVE] += d
         elif kind == SEG_WSTALL:
             st[C_WSTALL] += d
         elif kind == SEG_WSHIFT:
             st[C_WSHIFT] += d
-        else:
-            st[C_RAW] += d
-            if kind == SEG_INPUT:
-                st[C_INPUT] += d
         st[C_BUSY + STAGE_MATRIX] += d
     st[S_NSEG] = 0
 
 
 @njit(cache=True)
-def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
-    """Timeline of a MatrixMultiply issued at t whose hazards clear at `ready`:
+def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready_chip, ready_host):
+    """Timeline of a MatrixMultiply issued at t whose hazards on on-chip instructions clear
+    at `ready_chip` and on host reads (RHM/RHMA) at `ready_host`:
     (start, stream end = last vector in, finish = stream end + mmc_latency)."""
     row = prog[pc]
     flags = row[COL_FLAGS]
@@ -371,8 +379,12 @@ def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
         vectors = row[COL_LEN]
     stream = vectors * rate
     shift = st[K_SHIFT]
-    raw_kind = SEG_INPUT if input_wait else SEG_RAW
+    ready = max(ready_chip, ready_host)
     _fold_matrix_timeline(st, seg)
+    # rows 7 and 8: the waits for each kind of producer, from the issue on, whatever else
+    # the MMC waits for meanwhile (a cycle both are pending counts in both)
+    _add_seg(seg, st, SEG_RAW, t, ready_chip)
+    _add_seg(seg, st, SEG_INPUT, t, ready_host)
     sg[STAGE_MATRIX, G_TILE0] = st[S_NCONS]
     if flags & MMC_SWITCH:
         per = 1 + wide
@@ -394,7 +406,7 @@ def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
                 # [t, begin): fetch wait, then shift, then hazard wait (weights ready)
                 _add_seg(seg, st, SEG_WSTALL, t, min(ss, begin))
                 _add_seg(seg, st, SEG_WSHIFT, max(t, ss), min(tile_ready, begin))
-                _add_seg(seg, st, raw_kind, max(t, tile_ready), begin)
+                _add_seg(seg, st, SEG_HAZARD, max(t, tile_ready), begin)
                 start = begin
             else:
                 begin = max(prev_end, tile_ready)
@@ -409,7 +421,7 @@ def _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait):
     else:
         sg[STAGE_MATRIX, G_NTILES] = 0
         start = max(t, ready)
-        _add_seg(seg, st, raw_kind, t, start)
+        _add_seg(seg, st, SEG_HAZARD, t, start)
         prev_end = start + reps * stream
         _add_seg(seg, st, SEG_ACTIVE, start, prev_end)
     return start, prev_end, prev_end + st[K_MMC_LAT]
@@ -511,8 +523,9 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
     mine = fps[ROW_FRONT]
     nfp = footprint(row, regs, mine, st[K_PROFILE], st[K_N])
     ready = t
+    ready_chip = t              # latest finish of a conflicting on-chip instruction
+    ready_host = t              # ... of a conflicting host read (RHM/RHMA)
     blocker = -1
-    input_wait = False
     # every unfinished earlier instruction: the stages' (a stage's previous occupant has
     # finished, except a draining MMC in the matrix stage) and the draining MMCs
     for k in range(NSTAGES + st[S_DRAIN_COUNT]):
@@ -532,16 +545,20 @@ def _issue(prog, st, sg, cregs, fps, times, tl, seg, ev, flagsarr, pc, t):
             info[4] = other
             _raise_fault(st, sg, F_HAZARD, pc, t)
             return False
-        if sg[r, G_FINISH] > ready:
-            ready = sg[r, G_FINISH]
+        fin_other = sg[r, G_FINISH]
+        bop = prog[other, COL_OP]
+        if bop == OP_RHM or bop == OP_RHMA:
+            ready_host = max(ready_host, fin_other)
+        else:
+            ready_chip = max(ready_chip, fin_other)
+        if fin_other > ready:
+            ready = fin_other
             blocker = other
-            bop = prog[blocker, COL_OP]
-            input_wait = bop == OP_RHM or bop == OP_RHMA
     free = np.int64(-1)
     if op == OP_MMC:
         if sg[STAGE_MATRIX, G_PENDING] != 0:
             _push_drain(st, sg, cregs, fps)
-        start, free, fin = _issue_mmc(prog, st, sg, tl, seg, pc, t, ready, input_wait)
+        start, free, fin = _issue_mmc(prog, st, sg, tl, seg, pc, t, ready_chip, ready_host)
     else:
         start = ready
         rows = row[COL_LEN] * row[COL_REPEAT]

@@ -21,7 +21,7 @@ from .decoded import (COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REPEAT, COL_WI
                       NREGS, OP_HLT, OP_INT, OP_MMC, OP_RW, OP_SYNC, OP_TAG, OP_WSYNC,
                       decode_table, reset_registers)
 from .faults import MEMORY_NAMES, MachineFault, describe
-from .macs import useful_macs
+from .macs import useful_macs as _useful_macs
 from .gemm import blas_threads, set_blas_threads
 from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_HOST, MEM_UB, make_scratch
 from .pure import python
@@ -548,8 +548,10 @@ class Machine:
         for a, b, kind in seg:
             if kind == core.SEG_ACTIVE:
                 active += max(0, min(b, c) - a)
+            elif kind in (core.SEG_RAW, core.SEG_INPUT):
+                continue                         # counters overlapping the waits below
             elif a <= c < b:                     # what the matrix unit does in the next cycle
-                if kind in (core.SEG_RAW, core.SEG_INPUT):
+                if kind == core.SEG_HAZARD:
                     stall = self._hazard_text(core.STAGE_MATRIX, self.sg[core.STAGE_MATRIX])
                 else:
                     stall = self._weight_wait_text(kind, c)
@@ -635,7 +637,11 @@ class Machine:
                           max(0, c - int(self.st[core.S_FRONT])), stall)
 
     # -------------------------------------------------------------------- counters
-    def counters(self) -> dict:
+    def counters(self, useful_macs: bool = True) -> dict:
+        """spec/timing.md 8.  `useful_macs=False`: skip the tile-extent scan behind
+        useful_macs (its value, tops and mxu_utilization are None), for callers that know
+        the network's MACs from its shapes (the apps' sweep points and profiles: a scan of
+        CNN1's 25k zero tiles cost more than its timing-only run)."""
         st = self.st
         c = self.cycle
         active, wstall, wshift = int(st[core.C_ACTIVE]), int(st[core.C_WSTALL]), int(st[core.C_WSHIFT])
@@ -648,6 +654,12 @@ class Machine:
         # (core._fold_matrix_timeline): add the part before this cycle
         for a, b, kind in self.seg[:int(st[core.S_NSEG])]:
             d = max(0, min(int(b), c) - int(a))
+            if kind == core.SEG_RAW:             # rows 7 and 8 overlap the partition
+                raw += d
+                continue
+            if kind == core.SEG_INPUT:
+                inp += d
+                continue
             busy[core.STAGE_MATRIX] += d
             if kind == core.SEG_ACTIVE:
                 active += d
@@ -655,15 +667,11 @@ class Machine:
                 wstall += d
             elif kind == core.SEG_WSHIFT:
                 wshift += d
-            else:
-                raw += d
-                if kind == core.SEG_INPUT:
-                    inp += d
         nreq, tl = self._tiles()
         busy_w = int(np.clip(np.minimum(tl[core.T_FE], c) - tl[core.T_FS], 0, None).sum()) if nreq else 0
         slots = int(st[core.C_MACS])            # vectors x N x N per MMC: padding included
-        macs = useful_macs(self.prog, self.times, self.tl, nreq, self.weights, c,
-                           self._tile_extents)
+        macs = _useful_macs(self.prog, self.times, self.tl, nreq, self.weights, c,
+                            self._tile_extents) if useful_macs else None
         fin = self.times[:len(self.prog), core.TM_FINISH]
         n = self.config.array_size
         seconds = c / self.config.clock_hz
@@ -678,8 +686,8 @@ class Machine:
             "input_stall_cycles": inp,
             "useful_macs": macs,
             "array_mac_slots": slots,
-            "tops": (2 * macs / seconds / 1e12) if c else 0.0,
-            "mxu_utilization": (macs / (c * n * n)) if c else 0.0,
+            "tops": None if macs is None else (2 * macs / seconds / 1e12) if c else 0.0,
+            "mxu_utilization": None if macs is None else (macs / (c * n * n)) if c else 0.0,
             "busy_input": busy[0], "busy_matrix": busy[1], "busy_activate": busy[2],
             "busy_output": busy[3], "busy_weights": busy_w,
         }
@@ -735,8 +743,12 @@ def _decoded(program: Program):
     sweeps, profiles and the debugger's restarts load one program many times, and decoding
     and validating every instruction dominated a timing-only run's cost.  Instructions are
     frozen, so the identities of the list's items tell whether the program changed."""
-    key = tuple(map(id, program.instructions))
     cached = program._machine_table
+    if cached and cached[0] is None:
+        # decoded where the program was made (the apps' table cache, apps/tables.py):
+        # such a program's instructions are never edited
+        return cached[1], cached[2]
+    key = tuple(map(id, program.instructions))
     if cached and cached[0] == key:
         return cached[1], cached[2]
     table, undecodable = _decode(program.instructions)

@@ -73,14 +73,35 @@ def _slot_extents(tiles, weights, cache: dict):
     k = np.zeros(len(tiles) + 1, np.int64)
     n = np.zeros(len(tiles) + 1, np.int64)
     unique, inverse = np.unique(tiles, return_inverse=True)
-    extents = np.array([_extent(int(t), weights, cache) for t in unique],
-                       np.int64).reshape(-1, 2)
+    _fill_extents([int(t) for t in unique if int(t) not in cache], weights, cache)
+    extents = np.array([cache[int(t)] for t in unique], np.int64).reshape(-1, 2)
     if len(tiles):
         k[:-1], n[:-1] = extents[inverse, 0], extents[inverse, 1]
     return k, n
 
 
-def _extent(tile: int, weights, cache: dict) -> tuple[int, int]:
-    if tile not in cache:
-        cache[tile] = tile_extent(weights[tile]) if 0 <= tile < len(weights) else (0, 0)
-    return cache[tile]
+# tiles scanned per numpy call: whole blocks at a time instead of one call per tile
+# (CNN1 on a 64 x 64 array uses 25k tiles: 1.3 s tile by tile, a pass over its bytes here)
+_EXTENT_BYTES = 1 << 24
+
+
+def _fill_extents(tiles: list[int], weights, cache: dict) -> None:
+    """Put each tile's extent (tile_extent) into `cache`; tiles outside the image: (0, 0)."""
+    inside = [t for t in tiles if 0 <= t < len(weights)]
+    for t in tiles:
+        if not 0 <= t < len(weights):
+            cache[t] = (0, 0)
+    if not inside:
+        return
+    n = weights.shape[-1]
+    step = max(1, _EXTENT_BYTES // max(weights[0].nbytes, 1))
+    rows_at = np.arange(1, weights.shape[-2] + 1)
+    cols_at = np.arange(1, n + 1)
+    for i in range(0, len(inside), step):
+        chunk = np.array(inside[i:i + step])
+        nonzero = weights[chunk] != 0
+        # one past the last row / column holding a non-zero weight (0: none)
+        k = (nonzero.any(axis=2) * rows_at).max(axis=1)
+        m = (nonzero.any(axis=1) * cols_at).max(axis=1)
+        for t, kk, mm in zip(chunk.tolist(), k.tolist(), m.tolist()):
+            cache[t] = (kk, mm)

@@ -68,8 +68,11 @@ def run_sweep(targets: list[Target], grid: Grid, on_row, *, cache: ResultCache |
                 continue
             yield task
 
-    if client is None:
-        run_tasks_here(uncached(), fresh)
-    else:
-        run_tasks(uncached(), client, fresh, window=window)
+    try:
+        if client is None:
+            run_tasks_here(uncached(), fresh)
+        else:
+            run_tasks(uncached(), client, fresh, window=window)
+    finally:
+        cache.flush()              # every finished row on disk, even after a Ctrl-C
     return summary

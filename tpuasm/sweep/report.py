@@ -193,11 +193,12 @@ def terminal_plot(rel: dict, mean: dict, axes: list[str]) -> str:
     return text
 
 
-def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str = "",
+def save_figure(rel: dict, mean: dict, axes: list[str], path, title: str = "",
                 mean_label: str = "weighted mean", geo: dict | None = None) -> None:
     """Figure 11's shape: a panel per target plus the weighted mean; in each, one line per
     parameter, relative performance against the scale factor (log-log).  `geo`: the
-    geometric mean, drawn dashed in the mean's panel (same colour per parameter)."""
+    geometric mean, drawn dashed in the mean's panel (same colour per parameter).
+    `path`: one file, or a list of them (one figure drawn, saved in each one's format)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -233,9 +234,11 @@ def save_figure(rel: dict, mean: dict, axes: list[str], path: Path, title: str =
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     from ..files import atomic_write
-    kind = Path(path).suffix.lstrip(".").lower() or "png"
     try:             # through a temporary file: a failed save leaves no half image
-        atomic_write(path, lambda fh: fig.savefig(fh, format=kind), what="the plot")
+        for one in (path if isinstance(path, (list, tuple)) else [path]):
+            kind = Path(one).suffix.lstrip(".").lower() or "png"
+            atomic_write(one, lambda fh, kind=kind: fig.savefig(fh, format=kind),
+                         what="the plot")
     finally:
         plt.close(fig)
 

@@ -230,7 +230,8 @@ def _npy_shape(path: str) -> tuple:
 
 @lru_cache(maxsize=8)
 def _assembled_app(ap):
-    return ap.assemble()
+    # its decoded table from the apps' table cache: no assembler on a sweep point
+    return ap.program()
 
 
 @lru_cache(maxsize=32)
