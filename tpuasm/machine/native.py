@@ -135,6 +135,17 @@ def threads() -> int:
     return max(1, min(wanted, MAX_THREADS))
 
 
+def vnni_probe(iterations: int) -> int:
+    """Run `iterations` x 12 independent 512-bit vpdpbusd on this thread; returns how many
+    (for the benchmarks' measured peak).  Only where cpu_level() is LEVEL_VNNI."""
+    lib = library()
+    if lib is None or cpu_level() < LEVEL_VNNI:
+        raise RuntimeError("this CPU or build has no AVX-512 VNNI kernel")
+    probe = lib.tpuasm_i8_vnni_probe
+    probe.restype, probe.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    return int(probe(int(iterations)))
+
+
 def _bind_numba() -> None:
     """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
     stand-ins, never called (level() is LEVEL_NONE)."""
