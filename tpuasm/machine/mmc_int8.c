@@ -32,6 +32,7 @@
 #include <string.h>
 
 enum { LEVEL_NONE = 0, LEVEL_AVX2 = 1, LEVEL_VNNI = 2 };
+enum { WIDE16 = 16 };                     /* job->level of a 16-bit call (VNNI only) */
 enum { MAX_THREADS = 8 };
 enum { BLOCK_ROWS = 48 };   /* rows per work item: a multiple of both groups; small
                                enough that two threads end together (1024 rows: 22) */
@@ -85,6 +86,35 @@ void tpuasm_i8_pack(const uint8_t *w, int64_t n, int32_t signed_w, int32_t signe
     }
 }
 
+/* A 16-bit operand's value from its two bytes: the low one unsigned, the high one worth
+ * 256 and signed unless the operand is unsigned. */
+static int64_t wide_value(uint8_t low, uint8_t high, int32_t is_signed)
+{
+    return (int64_t)low + 256 * true_value(high, is_signed);
+}
+
+/* The (n x n) tile for tpuasm_i16_mmc: weights of 8 bits (lo, wide_w = 0) or 16 (lo and hi
+ * bytes, wide_w = 1) as int16 pairs [k/2][j][k%2] = w - ow (n^2 int16), ow = 32768 for
+ * unsigned 16-bit weights, else 0, and bias[j] = ox * sum_k w[k][j], ox = 32768 for
+ * unsigned 16-bit inputs (see tpuasm_i16_mmc).  n % 16 == 0. */
+void tpuasm_i16_pack(const uint8_t *lo, const uint8_t *hi, int64_t n, int32_t signed_w,
+                     int32_t wide_w, int32_t signed_x, int32_t wide_x, int16_t *packed,
+                     int32_t *bias)
+{
+    const int64_t ow = wide_w && !signed_w ? 32768 : 0;
+    const uint32_t ox = wide_x && !signed_x ? 32768u : 0u;
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t column = 0;
+        for (int64_t k = 0; k < n; k++) {
+            int64_t w = wide_w ? wide_value(lo[k * n + j], hi[k * n + j], signed_w)
+                               : true_value(lo[k * n + j], signed_w);
+            column += (uint32_t)w;
+            packed[((k / 2) * n + j) * 2 + k % 2] = (int16_t)(w - ow);
+        }
+        bias[j] = (int32_t)(ox * column);
+    }
+}
+
 struct job {
     const uint8_t *ub;
     const int64_t *ub_rows;
@@ -92,6 +122,8 @@ struct job {
     const void *packed;
     const int32_t *bias;
     int32_t signed_x, signed_w, overwrite, shift, level;
+    int32_t wide_x, wide_w;               /* WIDE16 only: 16-bit input (row r + 1 holds its
+                                             high bytes), 16-bit weights */
     int32_t *acc;
     int64_t acc_row;
     int64_t next_block;                   /* shared: the next block to take */
@@ -237,6 +269,141 @@ static VNNI void vnni_rows(const struct job *job, int64_t r0, int64_t r1)
     }
 }
 
+/* ------------------------------------------------------------------ AVX-512 VNNI, 16-bit
+ * vpdpwssd multiplies int16 pairs and sums each pair into an int32 lane: a 16-bit operand
+ * in one pass instead of one per byte (H with D: one instead of four).  Both operands are
+ * shifted into int16 and the shift paid back as in the 8-bit kernel:
+ *     a = x - ox, b = w - ow (ox, ow = 32768 for unsigned 16-bit operands, else 0)
+ *     sum_k x*w = sum_k a*b + ow * sum_k a + ox * sum_k w   (mod 2^32)
+ * ox * sum_k w is the packed tile's bias; ow * sum_k a is summed per input row.  (The pair
+ * sums themselves can wrap only at -32768 * -32768 * 2 = 2^31, and vpdpwssd wraps, which is
+ * exact modulo 2^32 like everything else here.) */
+
+/* `rows` int16 rows x `vectors` groups of 16 columns from column j0. */
+INLINE VNNI void wide_block(int rows, int vectors, const int16_t *const *x, int64_t n,
+                            const int32_t *pairs, const int32_t *bias, int64_t j0,
+                            const int32_t *row_terms, int32_t *const *out, int overwrite)
+{
+    __m512i c[VNNI_ROWS][VNNI_VECTORS];
+    for (int i = 0; i < rows; i++) {
+        const __m512i term = _mm512_set1_epi32(row_terms[i]);
+        for (int v = 0; v < vectors; v++)
+            c[i][v] = _mm512_add_epi32(_mm512_loadu_si512(bias + j0 + 16 * v), term);
+    }
+    for (int64_t k2 = 0; k2 < n / 2; k2++) {
+        __m512i b[VNNI_VECTORS];
+        for (int v = 0; v < vectors; v++)
+            b[v] = _mm512_loadu_si512(pairs + k2 * n + j0 + 16 * v);
+        for (int i = 0; i < rows; i++) {
+            int32_t two;
+            memcpy(&two, x[i] + 2 * k2, 4);
+            const __m512i a = _mm512_set1_epi32(two);
+            for (int v = 0; v < vectors; v++)
+                c[i][v] = _mm512_dpwssd_epi32(c[i][v], a, b[v]);
+        }
+    }
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < vectors; v++)
+            vnni_store(out[i] + j0 + 16 * v, c[i][v], 0, overwrite);
+}
+
+/* The full 6 x 64 block with named accumulators (see vnni_6x64 for why). */
+#define WIDE_STEP(i)                                                                       \
+    {                                                                                      \
+        int32_t two;                                                                       \
+        memcpy(&two, x##i + 2 * k2, 4);                                                    \
+        const __m512i a = _mm512_set1_epi32(two);                                          \
+        c##i##0 = _mm512_dpwssd_epi32(c##i##0, a, b0);                                     \
+        c##i##1 = _mm512_dpwssd_epi32(c##i##1, a, b1);                                     \
+        c##i##2 = _mm512_dpwssd_epi32(c##i##2, a, b2);                                     \
+        c##i##3 = _mm512_dpwssd_epi32(c##i##3, a, b3);                                     \
+    }
+
+static VNNI void wide_6x64(const int16_t *const *x, int64_t n, const int32_t *pairs,
+                           const int32_t *bias, int64_t j0, const int32_t *row_terms,
+                           int32_t *const *out, int overwrite)
+{
+    const int16_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
+    const int shift = 0;
+    const __m512i bias0 = _mm512_loadu_si512(bias + j0);
+    const __m512i bias1 = _mm512_loadu_si512(bias + j0 + 16);
+    const __m512i bias2 = _mm512_loadu_si512(bias + j0 + 32);
+    const __m512i bias3 = _mm512_loadu_si512(bias + j0 + 48);
+    VNNI_INIT(0) VNNI_INIT(1) VNNI_INIT(2) VNNI_INIT(3) VNNI_INIT(4) VNNI_INIT(5)
+    const int32_t *w = pairs + j0;
+    for (int64_t k2 = 0; k2 < n / 2; k2++, w += n) {
+        const __m512i b0 = _mm512_loadu_si512(w), b1 = _mm512_loadu_si512(w + 16),
+                      b2 = _mm512_loadu_si512(w + 32), b3 = _mm512_loadu_si512(w + 48);
+        WIDE_STEP(0) WIDE_STEP(1) WIDE_STEP(2) WIDE_STEP(3) WIDE_STEP(4) WIDE_STEP(5)
+    }
+    VNNI_STORE(0) VNNI_STORE(1) VNNI_STORE(2) VNNI_STORE(3) VNNI_STORE(4) VNNI_STORE(5)
+}
+
+typedef void wide_kernel(const int16_t *const *, int64_t, const int32_t *, const int32_t *,
+                         int64_t, const int32_t *, int32_t *const *, int);
+#define WIDE_KERNEL(R, V)                                                                  \
+    static __attribute__((noinline)) VNNI void wide_##R##x##V(                            \
+        const int16_t *const *x, int64_t n, const int32_t *pairs, const int32_t *bias,     \
+        int64_t j0, const int32_t *terms, int32_t *const *out, int overwrite)              \
+    { wide_block(R, V, x, n, pairs, bias, j0, terms, out, overwrite); }
+#define WIDE_KERNELS(R) WIDE_KERNEL(R, 1) WIDE_KERNEL(R, 2) WIDE_KERNEL(R, 3) WIDE_KERNEL(R, 4)
+WIDE_KERNELS(1) WIDE_KERNELS(2) WIDE_KERNELS(3) WIDE_KERNELS(4) WIDE_KERNELS(5)
+WIDE_KERNEL(6, 1) WIDE_KERNEL(6, 2) WIDE_KERNEL(6, 3)
+#define WIDE_ROW(R) {wide_##R##x1, wide_##R##x2, wide_##R##x3, wide_##R##x4}
+static wide_kernel *const wide_kernels[VNNI_ROWS][VNNI_VECTORS] = {
+    WIDE_ROW(1), WIDE_ROW(2), WIDE_ROW(3), WIDE_ROW(4), WIDE_ROW(5),
+    {wide_6x1, wide_6x2, wide_6x3, wide_6x64}};
+
+/* Input row r as int16 a = x - ox into `a`; returns ow * sum_k a (0 unless ow). */
+static VNNI int32_t wide_row(const struct job *job, int64_t r, int16_t *a)
+{
+    const int64_t n = job->n;
+    const uint8_t *lo = job->ub + job->ub_rows[r] * n;
+    if (job->wide_x) {
+        const uint8_t *hi = lo + n;
+        const uint16_t flip = job->signed_x ? 0 : 0x8000;     /* x - 32768 for unsigned */
+        for (int64_t k = 0; k < n; k++)
+            a[k] = (int16_t)(uint16_t)((lo[k] | (hi[k] << 8)) ^ flip);
+    } else if (job->signed_x) {
+        for (int64_t k = 0; k < n; k++)
+            a[k] = (int8_t)lo[k];
+    } else {
+        for (int64_t k = 0; k < n; k++)
+            a[k] = lo[k];
+    }
+    if (job->signed_w || !job->wide_w)
+        return 0;                          /* ow = 0 */
+    uint32_t total = 0;
+    for (int64_t k = 0; k < n; k++)
+        total += (uint32_t)(int32_t)a[k];
+    return (int32_t)(32768u * total);
+}
+
+/* Rows r0..r1-1, six at a time: made int16 once (on the stack: 12 n bytes), then every
+ * 64-column panel (the whole packed tile, 2 n^2 bytes, stays in L2). */
+static VNNI void wide_rows(const struct job *job, int64_t r0, int64_t r1)
+{
+    const int64_t n = job->n;
+    int16_t converted[VNNI_ROWS * n];
+    const int32_t *pairs = (const int32_t *)job->packed;
+    for (int64_t r = r0; r < r1; r += VNNI_ROWS) {
+        int rows = (r1 - r) < VNNI_ROWS ? (int)(r1 - r) : VNNI_ROWS;
+        const int16_t *x[VNNI_ROWS];
+        int32_t *out[VNNI_ROWS];
+        int32_t terms[VNNI_ROWS];
+        for (int i = 0; i < rows; i++) {
+            terms[i] = wide_row(job, r + i, converted + i * n);
+            x[i] = converted + i * n;
+            out[i] = job->acc + (job->acc_row + r + i) * n;
+        }
+        for (int64_t j0 = 0; j0 < n; j0 += 16 * VNNI_VECTORS) {
+            int vectors = (n - j0) >= 16 * VNNI_VECTORS ? VNNI_VECTORS : (int)((n - j0) / 16);
+            wide_kernels[rows - 1][vectors - 1](x, n, pairs, job->bias, j0, terms, out,
+                                                job->overwrite);
+        }
+    }
+}
+
 /* For the benchmarks' peak figure: `iterations` x 12 independent 512-bit vpdpbusd (more
  * chains than the instruction's latency times its rate), returns how many ran. */
 VNNI int64_t tpuasm_i8_vnni_probe(int64_t iterations)
@@ -370,7 +537,9 @@ static void work(struct job *job)
         if (b >= blocks)
             break;
         int64_t r0 = b * BLOCK_ROWS, r1 = r0 + BLOCK_ROWS < job->m ? r0 + BLOCK_ROWS : job->m;
-        if (job->level == LEVEL_VNNI)
+        if (job->level == WIDE16)
+            wide_rows(job, r0, r1);
+        else if (job->level == LEVEL_VNNI)
             vnni_rows(job, r0, r1);
         else
             avx2_rows(job, r0, r1);
@@ -535,7 +704,23 @@ void tpuasm_i8_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t
                    int32_t shift, int32_t level, int32_t threads)
 {
     struct job job = {ub, ub_rows, m, n, packed, bias, signed_x, signed_w, overwrite, shift,
-                      level, acc, acc_row, 0};
+                      level, 0, 0, acc, acc_row, 0};
     int extra = m * n * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
+    share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
+}
+
+/* As tpuasm_i8_mmc for operands of which one or both are 16-bit, in one pass of vpdpwssd
+ * (call only where tpuasm_i8_level() is LEVEL_VNNI): input r is UB row ub_rows[r] (its low
+ * bytes) and, with wide_x, row ub_rows[r] + 1 (its high bytes, signed unless !signed_x);
+ * the tile is packed by tpuasm_i16_pack with the same signedness and widths. */
+void tpuasm_i16_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t n,
+                    const int16_t *packed, const int32_t *bias, int32_t signed_x,
+                    int32_t wide_x, int32_t signed_w, int32_t wide_w, int32_t *acc,
+                    int64_t acc_row, int32_t overwrite, int32_t threads)
+{
+    struct job job = {ub, ub_rows, m, n, packed, bias, signed_x, signed_w, overwrite, 0,
+                      WIDE16, wide_x, wide_w, acc, acc_row, 0};
+    /* twice the instructions of an 8-bit call per MAC: worth splitting at half the size */
+    int extra = 2 * m * n * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
     share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
 }

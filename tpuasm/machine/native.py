@@ -51,6 +51,8 @@ SOURCE = Path(__file__).with_name("mmc_int8.c")
 LIBRARY = "libtpuasm_mmc_int8.so"
 MMC_SYMBOL = "tpuasm_i8_mmc"
 PACK_SYMBOL = "tpuasm_i8_pack"
+MMC16_SYMBOL = "tpuasm_i16_mmc"
+PACK16_SYMBOL = "tpuasm_i16_pack"
 _BUILD_SECONDS = 120
 
 _library = None          # the ctypes library, False after a failure in this process, None untried
@@ -149,7 +151,7 @@ def vnni_probe(iterations: int) -> int:
 def _bind_numba() -> None:
     """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
     stand-ins, never called (level() is LEVEL_NONE)."""
-    global i8_mmc, i8_pack
+    global i8_mmc, i8_pack, i16_mmc, i16_pack
     from numba import types
 
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
@@ -163,9 +165,17 @@ def _bind_numba() -> None:
     pack_sig = types.void(u8p, i64, i32, i32, i32, i8p, i32p)
     i8_mmc = external(MMC_SYMBOL, mmc_sig, library())
     i8_pack = external(PACK_SYMBOL, pack_sig, library())
+    # tpuasm_i16_mmc(ub, ub_rows, m, n, packed, bias, signed_x, wide_x, signed_w, wide_w,
+    #                acc, acc_row, overwrite, threads)   (packed: int16 in C)
+    mmc16_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32, i32, i32p, i64,
+                           i32, i32)
+    # tpuasm_i16_pack(lo, hi, n, signed_w, wide_w, signed_x, wide_x, packed, bias)
+    pack16_sig = types.void(u8p, u8p, i64, i32, i32, i32, i32, i8p, i32p)
+    i16_mmc = external(MMC16_SYMBOL, mmc16_sig, library())
+    i16_pack = external(PACK16_SYMBOL, pack16_sig, library())
 
 
-i8_mmc = i8_pack = None          # numba ExternalFunctions, made by _bind_numba
+i8_mmc = i8_pack = i16_mmc = i16_pack = None     # numba ExternalFunctions, by _bind_numba
 on_materialize(_bind_numba)
 
 
@@ -187,3 +197,24 @@ def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, ove
     i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
            np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite),
            np.int32(shift), np.int32(level), np.int32(threads))
+
+
+@njit(cache=True)
+def pack_tile16(low, high, signed_w, wide_w, signed_x, wide_x, packed, bias):
+    """packed, bias = the weight tile for mmc_rows16: 8-bit (`low`; wide_w False) or 16-bit
+    (`low` and `high` bytes) as int16 pairs (packed holds 2 n^2 bytes)."""
+    i16_pack(low.ctypes, high.ctypes, low.shape[0], np.int32(signed_w), np.int32(wide_w),
+             np.int32(signed_x), np.int32(wide_x), packed.ctypes, bias.ctypes)
+
+
+@njit(cache=True)
+def mmc_rows16(ub, ub_rows, m, packed, bias, signed_x, wide_x, signed_w, wide_w, acc, acc_row,
+               overwrite, threads):
+    """acc[acc_row + r] (+)= input r @ the tile packed by pack_tile16, for r < m, int32
+    wrapping; input r is UB row ub_rows[r] and, with wide_x, its high bytes in the next row.
+    LEVEL_VNNI only."""
+    if m <= 0:
+        return
+    i16_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
+            np.int32(signed_x), np.int32(wide_x), np.int32(signed_w), np.int32(wide_w),
+            acc.ctypes, acc_row, np.int32(overwrite), np.int32(threads))
