@@ -4,7 +4,11 @@
    MatrixMultiply followed by its ReLU Activate: emulated useful MACs/s, and the ratio to
    plain float32 np.matmul of the same shapes measured in the same run (target >= 0.8),
    on each MatrixMultiply path this CPU has: the int8 kernel (native.py) at its AVX-512 VNNI
-   and AVX2 levels, and the float path (the default path is printed first).
+   level (on every core, then on 1 thread) and AVX2 level, and the float path (the default
+   path is printed first).  Then onnxruntime on the same shapes in the same run, on 1 thread
+   and every core: the layers as MatMulInteger u8 x s8 -> int32 (each on the same input) and
+   as a chain of QLinearMatMul u8 x s8 -> u8; each VNNI figure's ratio to them at the same
+   thread count, and every figure as a share of the CPU's peak (int8_reference.py).
 2. 1,000,000 small instructions (CFG, 1-row ACT, NOP, 1-row RHM): instructions/s, wall and
    per CPU second (>= 2,000,000).
 3. step(cycles=1) x 100,000: microseconds per call (<= 20).
@@ -176,14 +180,16 @@ def _print_against_onnxruntime(machines, ort, best, macs):
     for name, (wall, _) in best.items():
         if name in ort:
             g = macs / wall / 1e9
-            print(f"   {name:50s} {g:6.1f} GMAC/s ({peak.share(g, threads_of[name])})")
+            print(f"   {name:50s} {g:6.1f} GMAC/s, {best[name][1] * 1e3:.1f} ms cpu "
+                  f"({peak.share(g, threads_of[name])})")
     for name in machines:
         if "VNNI" not in name:
             continue
         threads = 1 if name.endswith("1 thread") else R.cores()
         g = macs / best[name][0] / 1e9
         against = [k for k in ort if threads_of[k] == threads]
-        ratios = ", ".join(f"{best[k][0] / best[name][0]:.2f} x {k.split(',')[0][12:]}"
+        ratios = ", ".join(f"{best[k][0] / best[name][0]:.2f} wall "
+                           f"({best[k][1] / best[name][1]:.2f} cpu) x {k.split(',')[0][12:]}"
                            for k in against)
         print(f"   emulated, {name}: {g:.1f} GMAC/s = {ratios} "
               f"({peak.share(g, threads)}) (target >= 0.8)")

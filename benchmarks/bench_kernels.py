@@ -1,14 +1,23 @@
 """Throughput of the instruction kernels (prints measured figures; not a test).
 
     .venv/bin/python benchmarks/bench_kernels.py [--rows 1024] [--repeat 20] [--blas-threads 1]
+                                                 [--no-onnxruntime]
 
+int8 GEMM against onnxruntime (with the VNNI level): whole MMC instructions on the int8
+kernel (U: u8 x s8, -: s8 x s8, UW: u8 x u8; H, D, HD: 16-bit operands in one vpdpwssd pass)
+next to onnxruntime's MatMulInteger (u8 x s8, s8 x s8, u8 x u8) and QLinearMatMul (u8 x s8
+-> u8) on the same (rows x n) @ (n x n) shapes, interleaved in one run, on 1 thread and on
+every core, with the ratio and each figure as a share of the CPU's peak
+(benchmarks/int8_reference.py).  onnxruntime has no 16-bit integer GEMM: 16-bit figures are
+compared with its u8 x s8 one, which they cannot reach (a 16-bit MAC is two byte MACs:
+vpdpwssd does 32 per instruction where vpdpbusd does 64).
 GEMM: the exact float32 GEMM behind MatrixMultiply's float path (OpenBLAS through numba, and
 the portable numba kernel) against np.matmul on the same float32 operands.  MMC: whole
 instructions through execute_instruction: on the int8 kernel (native.py) where this CPU has
-it (16-bit operands as two or four byte passes), else on the float path (UB byte -> float
-conversion, GEMM, int32 accumulate), and MMC.O and MMC.HD on each float path for comparison.  The int8 kernel runs
-first: after an OpenBLAS call OpenBLAS's idle workers spin for a while and would take the
-core its helper thread uses.
+it, else on the float path (UB byte -> float conversion, GEMM, int32 accumulate), and MMC.O
+and MMC.HD on each float path for comparison.  The int8 kernel runs first: after an
+OpenBLAS call OpenBLAS's idle workers spin for a while and would take the core its helper
+thread uses.
 ACT: Activate rows per second.
 """
 from __future__ import annotations
@@ -150,13 +159,13 @@ def bench_against_onnxruntime(rows, n, repeat, level):
         print(f"  {threads} thread{'s' if threads > 1 else ''} (load after: {_load()}):")
         for name in theirs:
             g = rate[("ort", name)]
-            print(f"    onnxruntime {name:30s} {g:6.1f} GMAC/s  ({peak.share(g, threads)})")
+            print(f"    onnxruntime {name:31s} {g:6.1f} GMAC/s  ({peak.share(g, threads)})")
         for flags, kind, against in OURS_VS_ORT:
             g = rate[("ours", flags)]
             label = f"tpuasm MMC.{flags or '-'} ({kind})"
             other = rate.get(("ort", against))
             ratio = f"{g / other:5.2f} x {against}" if other else f"({against}: not run)"
-            print(f"    {label:30s} {g:6.1f} GMAC/s  {ratio}  ({peak.share(g, threads)})")
+            print(f"    {label:43s} {g:6.1f} GMAC/s  {ratio}  ({peak.share(g, threads)})")
 
 
 def _load():
