@@ -1,8 +1,6 @@
 /* MatrixMultiply as the TPU does it: integer products summed in int32.  Built and loaded by
  * native.py; called from the numba core (kernels.py) whenever the array size is a multiple
- * of 16.  A 16-bit operand is two 8-bit ones (the low byte unsigned): its products are two
- * or four passes of this kernel, shifted by 8 or 16 bits.  The float path (gemm.py) serves
- * other array sizes and CPUs without AVX2.
+ * of 16.  The float path (gemm.py) serves other array sizes and CPUs without AVX2.
  *
  * Two instruction-set levels, chosen at run time (tpuasm_i8_level):
  *
@@ -15,16 +13,28 @@
  *       sum_k x = sum_k a - ox * K the K terms cancel:
  *       sum_k x*w = sum_k a*b + ow * sum_k a - ox * sum_k w
  *   The weight term (bias[j]) is computed once per tile when it is packed; the input term
- *   only exists with unsigned weights (ow = 128) and is summed per input row.
+ *   only exists with unsigned weights (ow = 128) and is summed per input row.  A block of
+ *   6 rows x 64 columns keeps its 24 accumulators in registers through all of K (4 weight
+ *   loads and 6 broadcasts per 24 vpdpbusd): one thread runs at ~0.9-1.0 of the core's
+ *   measured vpdpbusd rate, level with onnxruntime's MatMulInteger u8 x s8
+ *   (benchmarks/bench_kernels.py).
+ *   16-bit operands (H, D, HD: tpuasm_i16_mmc) take one pass of vpdpwssd (int16 pairs summed
+ *   into int32 lanes, 32 MACs per instruction) with the same shift-and-pay-back for
+ *   unsigned 16-bit operands (ox, ow = 32768), in place of one 8-bit pass per byte pair
+ *   (four with H and D).
  *
  * LEVEL_AVX2: vpmaddwd multiplies int16 pairs and sums each pair into an int32 lane.  The
  *   operands' true values fit int16, so no shift is needed: the weights are packed as
- *   int16 pairs, each input row is widened to int16 once per group of rows.
+ *   int16 pairs, each input row is widened to int16 once per group of rows.  A 16-bit
+ *   operand is two 8-bit ones (the low byte unsigned): its products are two or four passes
+ *   of the kernel, shifted by 8 or 16 bits (kernels.py).
  *
  * Every sum is exact modulo 2^32, and the accumulators wrap modulo 2^32 anyway
  * (spec/isa.md), so no bound on K is needed.  A call of enough work splits its rows into
- * blocks that the calling thread and one worker thread per extra core take in turn from a
- * shared counter, so a core that another process keeps busy simply takes fewer blocks.
+ * 48-row blocks that the calling thread and one helper thread per extra core take in turn
+ * from a shared counter, so a core that another process keeps busy simply takes fewer
+ * blocks; the helpers are kept between calls and poll briefly for the next one (see
+ * "helper threads").
  */
 #include <pthread.h>
 #include <stddef.h>

@@ -6,9 +6,13 @@ sgemm and converts the products back to int32: on the 2-core machines it reached
 of np.matmul's speed, the conversions running on one core while OpenBLAS's second thread
 spun.  The integer kernel reads the UB's bytes and writes the accumulators directly:
 with AVX-512 VNNI (vpdpbusd: four byte products summed into each int32 lane) one thread
-runs at ~160-220 GMAC/s where np.matmul with two reaches ~95; with AVX2 (vpmaddwd on
-int16 pairs) at about sgemm's speed per thread, without the conversions.  Calls of enough
-work share their rows among the cores (benchmarks/bench_emulator.py 1, bench_kernels.py).
+runs at ~200-210 GMAC/s on 1024 x 256 x 256, 0.9-1.0 of the core's measured vpdpbusd rate
+and level with onnxruntime's MatMulInteger u8 x s8 on the same shapes (np.matmul float32
+with two threads: ~90); with AVX2 (vpmaddwd on int16 pairs) at about sgemm's speed per
+thread, without the conversions.  Calls of enough work share their rows among the cores
+through a pool of helper threads that poll briefly between calls
+(benchmarks/bench_kernels.py and bench_emulator.py 1 measure it side by side with
+onnxruntime, as shares of the CPU's peak).
 
 How.  The source is compiled once with the system C compiler (`cc -O3 -pthread -shared`;
 the vector code is enabled per function, so the build works with any x86-64 compiler on
@@ -17,16 +21,18 @@ RTLD_GLOBAL: numba's JIT finds its functions through symbols registered with LLV
 ahead-of-time core (aot.py) through the dynamic linker.  Without a compiler (the JIT then
 binds the names to stubs that are never called), on a CPU without AVX2, for an array size
 that is not a multiple of 16, or with TPUASM_INT8=0, MatrixMultiply takes the float path.
-16-bit operands (H, D) are two 8-bit ones, the low byte unsigned: their products are two
-or four kernel passes added with shifts of 8 and 16 bits, exact modulo 2^32 (at the AVX2
-level H with D keeps the float path, faster there).  TPUASM_INT8=avx2 caps the kernel at
+16-bit operands (H, D): at the VNNI level one pass of vpdpwssd on int16 values
+(mmc_rows16, pack_tile16: the low byte and the high byte's row put together), 32 MACs per
+instruction, half the 8-bit rate; at the AVX2 level two 8-bit ones, the low byte unsigned,
+their products two or four kernel passes added with shifts of 8 and 16 bits (H with D keeps
+the float path there, faster).  All exact modulo 2^32.  TPUASM_INT8=avx2 caps the kernel at
 AVX2 (to measure or test that level on a VNNI machine); TPUASM_INT8_THREADS=n sets its
 thread count (default: the cores this process may run on, at most 8).  Every path is
 exact; the tests run each one this CPU has.
 
 Python helpers: library() (the loaded ctypes library or None), cpu_level() (LEVEL_NONE,
 LEVEL_AVX2 or LEVEL_VNNI: what this CPU and build can run), level() (what the machine will
-use), threads().
+use), threads(), vnni_probe() (the benchmarks' measured peak).
 """
 from __future__ import annotations
 
