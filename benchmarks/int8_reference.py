@@ -67,7 +67,7 @@ def ipc_assumption() -> tuple[float, str]:
     return 1.0, f"{name}: assumed 1 per cycle (one 512-bit VNNI pipe)"
 
 
-def vnni_rate(native, seconds=0.03, repeat=15) -> float | None:
+def vnni_rate(native, seconds=0.004, repeat=60) -> float | None:
     """512-bit vpdpbusd per second on one core (best of `repeat`), or None without VNNI."""
     if native.cpu_level() < native.LEVEL_VNNI:
         return None
