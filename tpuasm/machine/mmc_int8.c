@@ -87,16 +87,20 @@ void tpuasm_i8_pack(const uint8_t *w, int64_t n, int32_t signed_w, int32_t signe
 {
     int16_t *pairs = (int16_t *)packed;
     const uint8_t shift = signed_x == signed_w ? 0x80 : 0;   /* the slot's range differs */
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t k = 0; k < n; k++) {
-            uint8_t byte = w[k * n + j];
-            if (level == LEVEL_VNNI)
-                packed[((k / 4) * n + j) * 4 + k % 4] = (int8_t)(byte ^ shift);
-            else
-                pairs[((k / 2) * n + j) * 2 + k % 2] = (int16_t)true_value(byte, signed_w);
+    for (int64_t k = 0; k < n; k++) {       /* row by row: the tile is read in order */
+        const uint8_t *row = w + k * n;
+        if (level == LEVEL_VNNI) {
+            int8_t *to = packed + (k / 4) * n * 4 + k % 4;
+            for (int64_t j = 0; j < n; j++)
+                to[4 * j] = (int8_t)(row[j] ^ shift);
+        } else {
+            int16_t *to = pairs + (k / 2) * n * 2 + k % 2;
+            for (int64_t j = 0; j < n; j++)
+                to[2 * j] = (int16_t)true_value(row[j], signed_w);
         }
-        bias[j] = 0;
     }
+    for (int64_t j = 0; j < n; j++)
+        bias[j] = 0;
 }
 
 /* A 16-bit operand's value from its two bytes: the low one unsigned, the high one worth
