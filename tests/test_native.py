@@ -219,6 +219,18 @@ def _threaded_case(seed=0):
     return run
 
 
+@needs_int8
+def test_kernel_helpers_started_later_wait_for_their_own_job():
+    """A helper started after earlier jobs (a call asking for more threads than before)
+    starts from the current job number: it neither redoes a finished job nor takes the
+    next one before it is posted.  Every call exact."""
+    x, w, rows, acc, want = _big_case(5)
+    for threads in (2, 3, 2, 5, 4, 8, 2):
+        acc[:] = 0
+        run_kernel(x, rows, w, True, True, acc, 0, True, native.cpu_level(), threads=threads)
+        assert np.array_equal(acc, want), threads
+
+
 def _child_runs_threaded_kernel(queue):
     queue.put(_threaded_case(1)())
 

@@ -672,10 +672,15 @@ static uint64_t next_generation(uint64_t seen)
     return g;
 }
 
+/* The generation current when each helper was started (under in_use, before the next job
+ * is posted): a helper started for a later job, or in a forked child whose generation is
+ * not 0, must not take the job before as its own. */
+static uint64_t started_at[MAX_THREADS];
+
 static void *helper(void *arg)
 {
     const int index = (int)(intptr_t)arg;
-    uint64_t seen = 0;
+    uint64_t seen = started_at[index];
     for (;;) {
         seen = next_generation(seen);
         /* A helper wanted for a job always sees its generation (the caller does not post
@@ -713,6 +718,7 @@ static int start_helpers(int count)
         return 0;                          /* without the handler a child would hang */
     while (pool.helpers < count) {
         pthread_t thread;
+        started_at[pool.helpers] = __atomic_load_n(&pool.generation, __ATOMIC_RELAXED);
         if (pthread_create(&thread, NULL, helper, (void *)(intptr_t)pool.helpers) != 0)
             break;
         pthread_detach(thread);
