@@ -615,16 +615,17 @@ static void work(struct job *job)
  * core and is not moved to the idle one before a sub-millisecond call is over.  After a job
  * a helper polls for the next one for SPIN_NS before it sleeps on a condition variable, and
  * the caller polls for the helpers' end the same way: a MatrixMultiply of 1024 rows takes
- * ~0.2 ms on two cores, and a helper woken from sleep on a machine whose other core is busy
- * often came after the caller had done all the work (bench_kernels.py measured 2 threads
- * no faster than 1 at load 7, onnxruntime's spinning pool 1.6x).  Polling is bounded, so
- * between the emulator's MatrixMultiplies (its other work is single-threaded) an idle
- * helper gives its core back within SPIN_NS.  One job at a time: a call that finds the
- * pool in use by another thread works alone.  After fork() the child starts without
- * helpers. */
+ * ~0.2 ms on two cores, and a helper woken from sleep often came after the caller had done
+ * all the work (2 threads at a median 92 GMAC/s against 273 polling, load 9; 387-392 for
+ * both 200 and 30 us of polling at load 5).  Polling is short because it is not free: with
+ * the scheduler's autogroups a process's threads share its group's part of the CPU, and
+ * 200 us after every MatrixMultiply of the emulator's MLPs (its other work is single-
+ * threaded) cost their main thread 10-40% at load 5.  One job at a time: a call that
+ * finds the pool in use by another thread works alone.  After fork() the child starts
+ * without helpers. */
 #include <time.h>
 
-static const int64_t SPIN_NS = 200000;
+static const int64_t SPIN_NS = 30000;
 
 static int64_t now_ns(void)
 {
