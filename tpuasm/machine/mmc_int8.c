@@ -702,7 +702,7 @@ static void *helper(void *arg)
 /* Calls the helpers made slower: a helper that another process preempts in the middle
  * of a block holds the caller until the scheduler runs it again (milliseconds, for a call
  * of a fraction of one).  When the caller waited for the helpers longer than it worked
- * itself, the next 2, 4, ... 64 calls work alone, then the helpers get another try; on a
+ * itself, the next 2, 4, 8 or 16 calls work alone, then the helpers get another try; on a
  * quiet machine no call waits that long.  (bench_emulator.py 1 at load 6: the MLPs on two
  * threads ran at 0.43-0.75 of their speed on one.)  Touched only by the pool's owner. */
 static struct {
@@ -778,7 +778,7 @@ static void share(struct job *job, int extra)
     }
     const int64_t waited = now_ns() - start;
     if (waited > start - began) {
-        backoff.penalty = backoff.penalty < 6 ? backoff.penalty + 1 : 6;
+        backoff.penalty = backoff.penalty < 4 ? backoff.penalty + 1 : 4;
         backoff.skip = 1 << backoff.penalty;
     } else {
         backoff.penalty = 0;
