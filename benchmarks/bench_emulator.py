@@ -4,7 +4,11 @@
    MatrixMultiply followed by its ReLU Activate: emulated useful MACs/s, and the ratio to
    plain float32 np.matmul of the same shapes measured in the same run (target >= 0.8),
    on each MatrixMultiply path this CPU has: the int8 kernel (native.py) at its AVX-512 VNNI
-   and AVX2 levels, and the float path (the default path is printed first).
+   level (on every core, then on 1 thread) and AVX2 level, and the float path (the default
+   path is printed first).  Then onnxruntime on the same shapes in the same run, on 1 thread
+   and every core: the layers as MatMulInteger u8 x s8 -> int32 (each on the same input) and
+   as a chain of QLinearMatMul u8 x s8 -> u8; each VNNI figure's ratio to them at the same
+   thread count, and every figure as a share of the CPU's peak (int8_reference.py).
 2. 1,000,000 small instructions (CFG, 1-row ACT, NOP, 1-row RHM): instructions/s, wall and
    per CPU second (>= 2,000,000).
 3. step(cycles=1) x 100,000: microseconds per call (<= 20).
@@ -101,7 +105,9 @@ def _mlp_case(layers, blocks, batch, repeats):
         return wall, cpu
 
     machines = _machines_per_path()
-    best = {k: [float("inf")] * 2 for k in (*machines, "np.matmul", "np.matmul 1 thread")}
+    ort = _ort_runs(tiles, layers, blocks, batch)
+    best = {k: [float("inf")] * 2
+            for k in (*machines, "np.matmul", "np.matmul 1 thread", *ort)}
     for _ in range(repeats):
         times = {}
         for name, machine in machines.items():
@@ -113,6 +119,10 @@ def _mlp_case(layers, blocks, batch, repeats):
             assert r.status == "halted", r
         times["np.matmul"] = reference(default_threads)
         times["np.matmul 1 thread"] = reference(1)
+        for name, run in ort.items():
+            t, c = time.perf_counter(), time.process_time()
+            run()
+            times[name] = (time.perf_counter() - t, time.process_time() - c)
         for k, (wall, cpu) in times.items():
             best[k] = [min(best[k][0], wall), min(best[k][1], cpu)]
     macs = layers * batch * width * width
@@ -130,6 +140,59 @@ def _mlp_case(layers, blocks, batch, repeats):
             label = f"{k} ({default_threads} threads)" if k == "np.matmul" else k
             print(f"      vs {label:26s} {macs / wall / 1e9:6.1f} GMAC/s: ratio "
                   f"{wall / emu_wall:.2f} wall, {cpu / emu_cpu:.2f} cpu (target >= 0.8)")
+    _print_against_onnxruntime(machines, ort, best, macs)
+
+
+def _ort_runs(tiles, layers, blocks, batch):
+    """onnxruntime on the MLP's shapes (benchmarks/int8_reference.py), on 1 thread and on
+    every core: `layers` MatMulInteger u8 x s8 -> int32 of (batch x width) by (width x
+    width), each on the same input (no requantization between them), and the same layers
+    as a chain of QLinearMatMul u8 x s8 -> u8.  Its s8 x s8 MatMulInteger, the emulated
+    MLP's operand types, runs at 11-35 GMAC/s here, so the figure to meet is u8 x s8."""
+    import int8_reference as R
+    width = blocks * 256
+    ws = [np.block([[tiles[(layer * blocks + k) * blocks + j] for j in range(blocks)]
+                    for k in range(blocks)]) for layer in range(layers)]
+    a = np.random.default_rng(5).integers(0, 256, (batch, width)).astype(np.uint8)
+    runs = {}
+    for threads in sorted({1, R.cores()}):
+        suffix = f", {threads} thread{'s' if threads > 1 else ''}"
+        for name, model in (("MatMulInteger u8 x s8", R.matmul_integer_model(ws, batch, False)),
+                            ("QLinearMatMul chain u8 x s8", R.qlinear_chain_model(ws, batch))):
+            sess = R.session(model, threads)
+            if sess is not None:
+                sess.run(None, {"A": a})                 # warm-up: prepacking, allocation
+                runs[f"onnxruntime {name}{suffix}"] = \
+                    lambda sess=sess: sess.run(None, {"A": a})
+    return runs
+
+
+def _print_against_onnxruntime(machines, ort, best, macs):
+    """Each emulated VNNI figure against onnxruntime at the same thread count, and every
+    figure as a share of the CPU's peak."""
+    import int8_reference as R
+    from tpuasm.machine import native
+    if not ort:
+        return
+    peak = R.Peak(native)
+    print("   " + peak.describe().replace("\n", "\n   "))
+    threads_of = {name: 1 if name.endswith("1 thread") else R.cores() for name in ort}
+    for name, (wall, _) in best.items():
+        if name in ort:
+            g = macs / wall / 1e9
+            print(f"   {name:50s} {g:6.1f} GMAC/s, {best[name][1] * 1e3:.1f} ms cpu "
+                  f"({peak.share(g, threads_of[name])})")
+    for name in machines:
+        if "VNNI" not in name:
+            continue
+        threads = 1 if name.endswith("1 thread") else R.cores()
+        g = macs / best[name][0] / 1e9
+        against = [k for k in ort if threads_of[k] == threads]
+        ratios = ", ".join(f"{best[k][0] / best[name][0]:.2f} wall "
+                           f"({best[k][1] / best[name][1]:.2f} cpu) x {k.split(',')[0][12:]}"
+                           for k in against)
+        print(f"   emulated, {name}: {g:.1f} GMAC/s = {ratios} "
+              f"({peak.share(g, threads)}) (target >= 0.8)")
 
 
 def _machines_per_path():
@@ -138,18 +201,23 @@ def _machines_per_path():
     from tpuasm.machine import native
     levels = {native.LEVEL_VNNI: ("int8 kernel, AVX-512 VNNI", "vnni"),
               native.LEVEL_AVX2: ("int8 kernel, AVX2", "avx2")}
-    settings = [levels[lv] for lv in sorted(levels, reverse=True) if lv <= native.level()]
-    settings.append(("float path", "0"))
-    previous = os.environ.get("TPUASM_INT8")
+    settings = [(*levels[lv], "") for lv in sorted(levels, reverse=True)
+                if lv <= native.level()]
+    if settings and settings[0][1] == "vnni" and native.threads() > 1:
+        settings.insert(1, ("int8 kernel, AVX-512 VNNI, 1 thread", "vnni", "1"))
+    settings.append(("float path", "0", ""))
+    previous = {k: os.environ.get(k) for k in ("TPUASM_INT8", "TPUASM_INT8_THREADS")}
     machines = {}
     try:
-        for name, setting in settings:
+        for name, setting, threads in settings:
             os.environ["TPUASM_INT8"] = setting
+            os.environ["TPUASM_INT8_THREADS"] = threads
             machines[name] = Machine()
     finally:
-        os.environ.pop("TPUASM_INT8")
-        if previous is not None:
-            os.environ["TPUASM_INT8"] = previous
+        for k, v in previous.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
     return machines
 
 

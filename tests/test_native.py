@@ -101,6 +101,103 @@ def test_kernel_shifts_products_by_a_bytes_weight(level, shift, overwrite):
     assert np.array_equal(acc, want)
 
 
+@needs_int8
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("n, m, threads", [
+    (32, 47, 1), (96, 49, 1), (128, 97, 1), (208, 95, 1), (240, 53, 1),
+    (256, 513, 2)])                    # just over SPLIT_MACS: 48-row blocks and a ragged end
+def test_kernel_odd_shapes(level, n, m, threads):
+    """K (= N) from 32 to 256 in steps that are not multiples of the 64-column panel, row
+    counts one off the 6-row groups and 48-row blocks, every signedness in one go."""
+    rng = np.random.default_rng(n + m)
+    for signed_x in (True, False):
+        for signed_w in (True, False):
+            x = rng.integers(0, 256, (m + 2, n), dtype=np.uint8)
+            w = rng.integers(0, 256, (n, n), dtype=np.uint8)
+            rows = rng.permutation(m + 2)[:m].astype(np.int64)
+            acc = rng.integers(-2**31, 2**31, (m + 1, n)).astype(np.int32)
+            want = oracle(x, rows, w, signed_x, signed_w, acc, 1, False)
+            run_kernel(x, rows, w, signed_x, signed_w, acc, 1, False, level, threads)
+            assert np.array_equal(acc, want), (signed_x, signed_w)
+
+
+# ------------------------------------------------------------------ 16-bit, one pass (VNNI)
+needs_vnni = pytest.mark.skipif(native.cpu_level() < native.LEVEL_VNNI,
+                                reason="no AVX-512 VNNI or no C compiler on this machine")
+
+
+def value16(low, high, signed, wide):
+    """An operand's values: 8-bit (low), or 16-bit from its low (unsigned) and high bytes."""
+    if not wide:
+        return (low.view(np.int8) if signed else low).astype(np.int64)
+    return low.astype(np.int64) + 256 * (high.view(np.int8) if signed else high).astype(np.int64)
+
+
+def run_and_oracle16(ub, rows, low, high, signed_x, wide_x, signed_w, wide_w, acc, acc_row,
+                     overwrite, threads=1):
+    """(acc after the one-pass kernel, the int64 oracle's result)."""
+    x = value16(ub[rows], ub[rows + 1] if wide_x else None, signed_x, wide_x)
+    w = value16(low, high, signed_w, wide_w)
+    want = acc.astype(np.int64)
+    end = acc_row + len(rows)
+    want[acc_row:end] = x @ w if overwrite else want[acc_row:end] + x @ w
+    n = low.shape[0]
+    packed, bias = np.zeros(2 * n * n, np.int8), np.zeros(n, np.int32)
+    native.pack_tile16(low, high, signed_w, wide_w, signed_x, wide_x, packed, bias)
+    native.mmc_rows16(ub, rows, len(rows), packed, bias, signed_x, wide_x, signed_w, wide_w,
+                      acc, acc_row, overwrite, threads)
+    return acc, wrap32(want)
+
+
+WIDTHS = [(True, False), (False, True), (True, True)]      # (16-bit input, 16-bit weights)
+
+
+@needs_vnni
+@pytest.mark.parametrize("wide_x, wide_w", WIDTHS)
+@pytest.mark.parametrize("n, m, threads", [
+    (16, 1, 1), (16, 7, 1), (48, 13, 1), (80, 25, 1), (144, 49, 1), (256, 301, 1),
+    (256, 300, 2)])                    # 2 x 300 x 256^2 >= SPLIT_MACS: shared
+def test_16bit_kernel_matches_int64_oracle(wide_x, wide_w, n, m, threads):
+    """H, D and HD in one vpdpwssd pass: every signedness, overwriting and accumulating,
+    gathered rows (a 16-bit input's high bytes in the row after its low bytes)."""
+    rng = np.random.default_rng(n * 100 + m)
+    for signed_x in (True, False):
+        for signed_w in (True, False):
+            for overwrite in (True, False):
+                ub = rng.integers(0, 256, (m + 6, n), dtype=np.uint8)
+                rows = rng.integers(0, m + 5, m).astype(np.int64)
+                low = rng.integers(0, 256, (n, n), dtype=np.uint8)
+                high = rng.integers(0, 256, (n, n), dtype=np.uint8)
+                acc = rng.integers(-2**31, 2**31, (m + 3, n)).astype(np.int32)
+                got, want = run_and_oracle16(ub, rows, low, high, signed_x, wide_x, signed_w,
+                                             wide_w, acc, 2, overwrite, threads)
+                assert np.array_equal(got, want), (signed_x, signed_w, overwrite)
+
+
+@needs_vnni
+@pytest.mark.parametrize("x_bytes, w_bytes, signed_x, signed_w", [
+    ((0x00, 0x80), (0x00, 0x80), True, True),       # -32768 * -32768: pair sums of 2^31
+    ((0xFF, 0x7F), (0x00, 0x80), True, True),
+    ((0xFF, 0xFF), (0xFF, 0xFF), False, False),     # 65535 * 65535 * 1024
+    ((0xFF, 0xFF), (0x00, 0x80), False, True),
+    ((0x00, 0x80), (0xFF, 0xFF), True, False)])
+def test_16bit_kernel_extremes_wrap_like_the_accumulators(x_bytes, w_bytes, signed_x,
+                                                          signed_w):
+    n = 1024
+    ub = np.array([[x_bytes[0]] * n, [x_bytes[1]] * n] * 2, np.uint8)
+    rows = np.array([0, 2], np.int64)
+    low, high = np.full((n, n), w_bytes[0], np.uint8), np.full((n, n), w_bytes[1], np.uint8)
+    acc = np.array([[2**31 - 1] * n, [-2**31] * n], np.int32)
+    got, want = run_and_oracle16(ub, rows, low, high, signed_x, True, signed_w, True, acc, 0,
+                                 False)
+    assert np.array_equal(got, want)
+
+
+@needs_vnni
+def test_vnni_probe_counts_its_instructions():
+    assert native.vnni_probe(1000) == 12 * 1000
+
+
 def _big_case(seed):
     """Operands of a call big enough to be shared among threads, and its expected result."""
     rng = np.random.default_rng(seed)
@@ -120,6 +217,18 @@ def _threaded_case(seed=0):
         run_kernel(x, rows, w, True, True, acc, 0, True, native.cpu_level(), threads=2)
         return np.array_equal(acc, want)
     return run
+
+
+@needs_int8
+def test_kernel_helpers_started_later_wait_for_their_own_job():
+    """A helper started after earlier jobs (a call asking for more threads than before)
+    starts from the current job number: it neither redoes a finished job nor takes the
+    next one before it is posted.  Every call exact."""
+    x, w, rows, acc, want = _big_case(5)
+    for threads in (2, 3, 2, 5, 4, 8, 2):
+        acc[:] = 0
+        run_kernel(x, rows, w, True, True, acc, 0, True, native.cpu_level(), threads=threads)
+        assert np.array_equal(acc, want), threads
 
 
 def _child_runs_threaded_kernel(queue):

@@ -682,6 +682,14 @@ def _byte_part(part, wide, unsigned):
 
 
 @njit(cache=True)
+def _one_pass16(flags, scratch):
+    """A 16-bit MatrixMultiply (H, D or both) at the VNNI level runs in one vpdpwssd pass
+    (native.mmc_rows16) instead of one pass per byte."""
+    return ((flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0
+            and scratch.options[_OPT_INT8] == _native.LEVEL_VNNI)
+
+
+@njit(cache=True)
 def _active_packed(weights, active, flags, scratch):
     """The active tile(s) in the int8 kernel's layout (native.py), packed only on a change:
     packed8[2 * weight byte + input byte], because the packing depends on both operands'
@@ -690,6 +698,14 @@ def _active_packed(weights, active, flags, scratch):
     wide_in = (flags & MMC_WIDE_IN) != 0
     mode = flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN | MMC_WIDE_W | MMC_WIDE_IN)
     if _tile_unchanged(weights, active, wide_w, mode, scratch.key8, scratch.raw8):
+        return
+    if _one_pass16(flags, scratch):
+        low = weights[active[0]]
+        _native.pack_tile16(low, weights[active[1]] if wide_w else low,
+                            (flags & MMC_UNSIGNED_W) == 0, wide_w,
+                            (flags & MMC_UNSIGNED_IN) == 0, wide_in,
+                            scratch.packed8[0], scratch.bias8[0])
+        _remember_tile(weights, active, wide_w, mode, scratch.key8, scratch.raw8)
         return
     for wp in range(2 if wide_w else 1):
         signed_w, _ = _byte_part(wp, wide_w, (flags & MMC_UNSIGNED_W) != 0)
@@ -793,6 +809,16 @@ def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
     wide_in = (flags & MMC_WIDE_IN) != 0
     wide_w = (flags & MMC_WIDE_W) != 0
     per = 2 if wide_in else 1
+    if _one_pass16(flags, scratch):
+        for first in range(0, count, chunk):
+            m = min(chunk, count - first)
+            for r in range(m):
+                rows[r] = _input_row(first + r, ub_base, per, conv_width, pitch, stride, dy, dx)
+            _native.mmc_rows16(ub, rows, m, scratch.packed8[0], scratch.bias8[0],
+                               (flags & MMC_UNSIGNED_IN) == 0, wide_in,
+                               (flags & MMC_UNSIGNED_W) == 0, wide_w, acc, acc_base + first,
+                               overwrite, scratch.options[_OPT_INT8_THREADS])
+        return
     for first in range(0, count, chunk):
         m = min(chunk, count - first)
         first_pass = True

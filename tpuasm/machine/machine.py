@@ -735,7 +735,19 @@ def _zeroed(shape: tuple, dtype) -> np.ndarray:
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes < (1 << 20):
         return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+    # Private, not mmap's default MAP_SHARED (shmem: each first touch took a shmem page,
+    # and a forked child wrote into its parent's buffer), and in transparent huge pages
+    # where the kernel allows them: a run writing 4 MiB of fresh accumulators took 1,024
+    # faults, ~4 ms, 3-4 x the 8-bit MatrixMultiply that wrote them (bench_emulator.py 1:
+    # one 4096-row MMC 9.2 -> 1.6 ms, the 8-layer MLP 38 -> 27 ms at load 9).
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    memory = mmap.mmap(-1, nbytes, flags=flags) if flags else mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass                              # a kernel without transparent huge pages
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
 def _decoded(program: Program):

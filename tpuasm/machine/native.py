@@ -6,9 +6,13 @@ sgemm and converts the products back to int32: on the 2-core machines it reached
 of np.matmul's speed, the conversions running on one core while OpenBLAS's second thread
 spun.  The integer kernel reads the UB's bytes and writes the accumulators directly:
 with AVX-512 VNNI (vpdpbusd: four byte products summed into each int32 lane) one thread
-runs at ~160-220 GMAC/s where np.matmul with two reaches ~95; with AVX2 (vpmaddwd on
-int16 pairs) at about sgemm's speed per thread, without the conversions.  Calls of enough
-work share their rows among the cores (benchmarks/bench_emulator.py 1, bench_kernels.py).
+runs at ~200-210 GMAC/s on 1024 x 256 x 256, 0.9-1.0 of the core's measured vpdpbusd rate
+and level with onnxruntime's MatMulInteger u8 x s8 on the same shapes (np.matmul float32
+with two threads: ~90); with AVX2 (vpmaddwd on int16 pairs) at about sgemm's speed per
+thread, without the conversions.  Calls of enough work share their rows among the cores
+through a pool of helper threads that poll briefly between calls
+(benchmarks/bench_kernels.py and bench_emulator.py 1 measure it side by side with
+onnxruntime, as shares of the CPU's peak).
 
 How.  The source is compiled once with the system C compiler (`cc -O3 -pthread -shared`;
 the vector code is enabled per function, so the build works with any x86-64 compiler on
@@ -17,16 +21,18 @@ RTLD_GLOBAL: numba's JIT finds its functions through symbols registered with LLV
 ahead-of-time core (aot.py) through the dynamic linker.  Without a compiler (the JIT then
 binds the names to stubs that are never called), on a CPU without AVX2, for an array size
 that is not a multiple of 16, or with TPUASM_INT8=0, MatrixMultiply takes the float path.
-16-bit operands (H, D) are two 8-bit ones, the low byte unsigned: their products are two
-or four kernel passes added with shifts of 8 and 16 bits, exact modulo 2^32 (at the AVX2
-level H with D keeps the float path, faster there).  TPUASM_INT8=avx2 caps the kernel at
+16-bit operands (H, D): at the VNNI level one pass of vpdpwssd on int16 values
+(mmc_rows16, pack_tile16: the low byte and the high byte's row put together), 32 MACs per
+instruction, half the 8-bit rate; at the AVX2 level two 8-bit ones, the low byte unsigned,
+their products two or four kernel passes added with shifts of 8 and 16 bits (H with D keeps
+the float path there, faster).  All exact modulo 2^32.  TPUASM_INT8=avx2 caps the kernel at
 AVX2 (to measure or test that level on a VNNI machine); TPUASM_INT8_THREADS=n sets its
 thread count (default: the cores this process may run on, at most 8).  Every path is
 exact; the tests run each one this CPU has.
 
 Python helpers: library() (the loaded ctypes library or None), cpu_level() (LEVEL_NONE,
 LEVEL_AVX2 or LEVEL_VNNI: what this CPU and build can run), level() (what the machine will
-use), threads().
+use), threads(), vnni_probe() (the benchmarks' measured peak).
 """
 from __future__ import annotations
 
@@ -51,6 +57,8 @@ SOURCE = Path(__file__).with_name("mmc_int8.c")
 LIBRARY = "libtpuasm_mmc_int8.so"
 MMC_SYMBOL = "tpuasm_i8_mmc"
 PACK_SYMBOL = "tpuasm_i8_pack"
+MMC16_SYMBOL = "tpuasm_i16_mmc"
+PACK16_SYMBOL = "tpuasm_i16_pack"
 _BUILD_SECONDS = 120
 
 _library = None          # the ctypes library, False after a failure in this process, None untried
@@ -135,10 +143,21 @@ def threads() -> int:
     return max(1, min(wanted, MAX_THREADS))
 
 
+def vnni_probe(iterations: int) -> int:
+    """Run `iterations` x 12 independent 512-bit vpdpbusd on this thread; returns how many
+    (for the benchmarks' measured peak).  Only where cpu_level() is LEVEL_VNNI."""
+    lib = library()
+    if lib is None or cpu_level() < LEVEL_VNNI:
+        raise RuntimeError("this CPU or build has no AVX-512 VNNI kernel")
+    probe = lib.tpuasm_i8_vnni_probe
+    probe.restype, probe.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    return int(probe(int(iterations)))
+
+
 def _bind_numba() -> None:
     """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
     stand-ins, never called (level() is LEVEL_NONE)."""
-    global i8_mmc, i8_pack
+    global i8_mmc, i8_pack, i16_mmc, i16_pack
     from numba import types
 
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
@@ -152,9 +171,17 @@ def _bind_numba() -> None:
     pack_sig = types.void(u8p, i64, i32, i32, i32, i8p, i32p)
     i8_mmc = external(MMC_SYMBOL, mmc_sig, library())
     i8_pack = external(PACK_SYMBOL, pack_sig, library())
+    # tpuasm_i16_mmc(ub, ub_rows, m, n, packed, bias, signed_x, wide_x, signed_w, wide_w,
+    #                acc, acc_row, overwrite, threads)   (packed: int16 in C)
+    mmc16_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32, i32, i32p, i64,
+                           i32, i32)
+    # tpuasm_i16_pack(lo, hi, n, signed_w, wide_w, signed_x, wide_x, packed, bias)
+    pack16_sig = types.void(u8p, u8p, i64, i32, i32, i32, i32, i8p, i32p)
+    i16_mmc = external(MMC16_SYMBOL, mmc16_sig, library())
+    i16_pack = external(PACK16_SYMBOL, pack16_sig, library())
 
 
-i8_mmc = i8_pack = None          # numba ExternalFunctions, made by _bind_numba
+i8_mmc = i8_pack = i16_mmc = i16_pack = None     # numba ExternalFunctions, by _bind_numba
 on_materialize(_bind_numba)
 
 
@@ -176,3 +203,24 @@ def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, ove
     i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
            np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite),
            np.int32(shift), np.int32(level), np.int32(threads))
+
+
+@njit(cache=True)
+def pack_tile16(low, high, signed_w, wide_w, signed_x, wide_x, packed, bias):
+    """packed, bias = the weight tile for mmc_rows16: 8-bit (`low`; wide_w False) or 16-bit
+    (`low` and `high` bytes) as int16 pairs (packed holds 2 n^2 bytes)."""
+    i16_pack(low.ctypes, high.ctypes, low.shape[0], np.int32(signed_w), np.int32(wide_w),
+             np.int32(signed_x), np.int32(wide_x), packed.ctypes, bias.ctypes)
+
+
+@njit(cache=True)
+def mmc_rows16(ub, ub_rows, m, packed, bias, signed_x, wide_x, signed_w, wide_w, acc, acc_row,
+               overwrite, threads):
+    """acc[acc_row + r] (+)= input r @ the tile packed by pack_tile16, for r < m, int32
+    wrapping; input r is UB row ub_rows[r] and, with wide_x, its high bytes in the next row.
+    LEVEL_VNNI only."""
+    if m <= 0:
+        return
+    i16_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
+            np.int32(signed_x), np.int32(wide_x), np.int32(signed_w), np.int32(wide_w),
+            acc.ctypes, acc_row, np.int32(overwrite), np.int32(threads))
