@@ -50,3 +50,25 @@ def test_a_pytorch_export_compiles_as_shipped_and_keeps_its_answer(case):
     error = np.sum((got.astype(np.float64) - want) ** 2)
     snr = 10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(error, 1e-30))
     assert snr > 30, f"SNR {snr:.1f} dB against PyTorch's own output"
+
+
+LIGHT = DATA / "light"
+
+
+@pytest.mark.skipif(not LIGHT.is_dir(), reason="this onnx build ships no light models")
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_a_zoo_network_compiles_whole_onto_the_tpu(name):
+    """The 'light' ImageNet networks onnx ships (their weights made at load time by
+    ConstantOfShape, folded here): SqueezeNet's fire modules (Concat of 1x1 and 3x3
+    branches) and ShuffleNet's channel shuffle, grouped convolutions and a first pooling
+    too large for an accumulator half (on the host, with its reason) compile as shipped,
+    every MAC on the TPU, and give the output stored beside the model."""
+    path = LIGHT / f"light_{name}.onnx"
+    x = np.random.default_rng(0).normal(0, 1, (2, 3, 224, 224)).astype(np.float32)
+    compiled = tpu_compile(str(path), calibration=x)
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    got = compiled.run(x[:1])
+    got = got[next(iter(got))]
+    want = _tensor(LIGHT / f"light_{name}_output_0.pb")
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=0.02 * float(np.abs(want).max()))

@@ -35,8 +35,17 @@ def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
     (every IR operator works on each sample alone, so a prefix of the batch is as good a
     check of the program, and the reference's int64 convolutions over a whole batch of long
     sequences cost seconds and hundreds of MiB)."""
+    from tpuasm.compiler.ir import Elementwise, Pool
     from tpuasm.compiler.reference import run_segment
     k = min(REFERENCE_SAMPLES, len(next(iter(inputs.values()))))
+    # VADD / VMUL and average pooling compute the exact value where onnxruntime (the
+    # reference) rounds in float32: with "round" scale ratios (5/6, or the equal scales of
+    # a model whose weights are all one value) exact ties are common and each is one LSB
+    # apart, on up to a few per cent of the values, and two in a row (a Mul then an Add)
+    # can make two LSB (docs/compiler.md, Rounding); a back-end bug makes far more
+    exact = any(isinstance(op, Elementwise) or (isinstance(op, Pool) and op.kind == "avg")
+                for op in step.segment.operators)
+    tie_share, worst = (0.05, 2) if exact else (0.001, 1)
     expected = run_segment(step.segment, {name: x[:k] for name, x in inputs.items()})
     for name, want in expected.items():
         got = np.asarray(ours[name])[:k].reshape(want.shape)
@@ -44,8 +53,8 @@ def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
         same = float(np.mean(diff == 0)) if diff.size else 1.0
         # rounding near-ties (docs/compiler.md, Rounding) are 1 LSB and rare: a small
         # sample batch may hold one or two of them, a back-end bug makes many
-        ties = int(np.count_nonzero(diff)) <= max(2, int(0.001 * diff.size))
-        if diff.size and (diff.max() > 1 or not ties):
+        ties = int(np.count_nonzero(diff)) <= max(2, int(tie_share * diff.size))
+        if diff.size and (diff.max() > worst or not ties):
             raise CompileError(f"{step.name}: the generated program disagrees with the "
                                f"reference on '{name}': {same:.2%} identical, worst "
                                f"{int(diff.max())} LSB (a back-end bug)")

@@ -506,13 +506,28 @@ class Lowerer:
         if constant(node.inputs[0]):
             raise NotMapped(f"{node.op_type} of a constant by an activation (W @ x): the "
                             f"TPU maps x @ W")
-        if not self._reads_model_inputs(node.inputs[1]):
-            from tpuasm.compiler.front.fold import MAX_ELEMENTS
-            raise NotMapped(f"{node.op_type} whose weight '{node.inputs[1]}' is computed from "
-                            f"constants at run time (constant folding materialises at most "
-                            f"{MAX_ELEMENTS:,} elements), so it runs on the host")
+        made = self.weight_made_at_run_time(node)
+        if made:
+            raise NotMapped(made)
         raise NotMapped(f"{node.op_type} of two activations (e.g. attention scores): "
                         f"the array's weights are constants, so it runs on the host")
+
+    def weight_made_at_run_time(self, node: Node) -> str | None:
+        """Why a Conv/Gemm/MatMul stays on the host when its weight is computed from constants
+        only, at run time (ONNX's 'light' zoo models make weights with ConstantOfShape): that,
+        not what the missing quantization looks like, is what the user needs to know."""
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
+            return None
+        weight = node.inputs[1]
+        dq = self.g.producer.get(weight)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            weight = dq.inputs[0]
+        if self.g.is_constant(weight) or self._reads_model_inputs(weight):
+            return None
+        from tpuasm.compiler.front.fold import MAX_ELEMENTS
+        return (f"{node.op_type} whose weight '{weight}' is computed from constants at run "
+                f"time (constant folding materialises at most {MAX_ELEMENTS:,} elements), so "
+                f"it runs on the host")
 
     def _reads_model_inputs(self, tensor: str) -> bool:
         """Whether `tensor` depends on any input of the model (else only on constants)."""
@@ -1136,7 +1151,7 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
         except NotMapped as e:
             lw.tensors = before
             lw.notes.pop(node.name, None)
-            reasons[node.name] = str(e)
+            reasons[node.name] = lw.weight_made_at_run_time(node) or str(e)
             continue
         except Exception as e:     # noqa: BLE001 - a lowering bug: this node to the host
             lw.tensors = before
