@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from tpuasm.binary import MachineShape, Program
 from tpuasm.encoding import Instruction
 from tpuasm.isa import ISA_TABLE
+from tpuasm.machine.vector import float_bits
 
 SHAPE = MachineShape(array_size=8, ub_rows=64, acc_rows=32, fifo_depth=4)
 HOST_ROWS = 24
@@ -119,6 +120,7 @@ class Builder:
             "vec_zero_a": lambda: self.choice([0, 0, -128, 3, 127, 255]),
             "vec_zero_b": lambda: self.choice([0, 0, -7, 128, 255]),
             "vec_zero_c": lambda: self.choice([0, 0, -128, 5, 200, 300, -65536]),
+            "vec_float": lambda: self.integers(0, 1),
         }
         return small[name]()
 
@@ -368,6 +370,13 @@ class Builder:
                            "vec_mult_b": [-(1 << k), (1 << k) // 2 + 1, 0],
                            "vec_zero_a": [0, 3, -128, 200], "vec_zero_b": [0, -5, 128],
                            "vec_zero_c": [0, 7, -100, 300]}, 0.7)
+        if self.coin(0.3):        # onnxruntime's float32 arithmetic: ratio bits near 1
+            self.set_some({"vec_float": [1]}, 1.0)
+            self.set_some({"vec_mult_a": [float_bits(0.75), float_bits(1.6667), float_bits(-0.03)],
+                           "vec_mult_b": [float_bits(0.5), float_bits(1.25), float_bits(2.0 ** -9)]},
+                          0.7)
+        elif self.coin(0.5):
+            self.set_some({"vec_float": [0]}, 1.0)
         if "L" in flags:
             self.set_some({"act_table": list(range(SHAPE.ub_rows - 256 // N))}, 0.6)
         repeat = self.integers(1, 3)

@@ -30,13 +30,7 @@ from real_models import (BUILDERS, Outcome, RealModel, compile_and_infer, macs, 
                          qdq_agreement, run, top1_agreement)
 
 # check -> model -> the failure measured on this branch (before the issue-20 features merge)
-XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {
-    # the whole GRU on the chip: ten steps of gate arithmetic (VADD / VMUL, exact with 31-bit
-    # ratios) where onnxruntime rounds in float32; the reference engine (float32 like
-    # onnxruntime) is 100 % identical
-    "gru_classifier": "99.80 % of the logits identical (3 of 1,500), each 1 LSB: near-tie "
-                      "rounding of the gate arithmetic (exact vs float32) over ten steps",
-}}
+XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {}}
 # a model that does not compile fails every later check too
 for _name in XFAIL["runs"]:
     for _check in ("on_tpu", "top1", "identical"):

@@ -52,6 +52,7 @@ REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_LO, REG_ACT_HI, REG_POOL_STRIDE, REG_POOL
             "act_params", "act_table", "act_lo", "act_hi", "pool_stride", "pool_pad",
             "pool_pad_end", "pool_count_pad", "act_ub_pitch", "act_ub_width"))
 REG_ACT_FLOAT = _R["act_float"].index      # P's float32 requantization (spec/isa.md 5.5)
+REG_VEC_FLOAT = _R["vec_float"].index      # VADD / VMUL in float32 (spec/isa.md 5.11)
 REG_VEC_MULT_A, REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B, \
     REG_VEC_ZERO_C = (_R[n].index for n in (
         "vec_mult_a", "vec_mult_b", "vec_shift", "vec_zero_a", "vec_zero_b", "vec_zero_c"))

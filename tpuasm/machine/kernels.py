@@ -92,7 +92,7 @@ from .decoded import (COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, REG_VEC_MULT_A,
                       REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B,
                       REG_VEC_ZERO_C, VEC_BROADCAST, VEC_LOOKUP, VEC_UNSIGNED)
 from .vector import OP_ADD as _VEC_ADD, OP_MUL as _VEC_MUL, vector_row as _vector_row
-from .decoded import REG_ACT_FLOAT
+from .decoded import REG_ACT_FLOAT, REG_VEC_FLOAT
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
                       REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
                       REG_POOL_PAD, REG_POOL_PAD_END, REG_POOL_STRIDE)
@@ -1249,6 +1249,32 @@ def _overlaps_shifted(x, y, n):
 
 
 @njit(cache=True)
+def _vector_float_row(kind, a_row, b_row, out, ra, rb, za, zb, zc, unsigned, table, lookup):
+    """VADD / VMUL with vec_float (spec/isa.md 5.11): onnxruntime's float32 arithmetic.
+    ra, rb are float32; A * r + c is computed in float64 (A has 9 bits, r 24: the product
+    is exact, and so is the sum at these magnitudes) and rounded once to float32, as the
+    fused multiply-add MLAS uses."""
+    lo, hi = (0, 255) if unsigned else (-128, 127)
+    fixed = np.float32(zc) - (ra * np.float32(za) + rb * np.float32(zb))   # float32 ops
+    for j in range(out.shape[0]):
+        x, y = np.int64(a_row[j]), np.int64(b_row[j])
+        if not unsigned:
+            x, y = x - ((x & 128) << 1), y - ((y & 128) << 1)
+        if kind == _VEC_ADD:
+            inner = np.float32(np.float64(y) * np.float64(rb) + np.float64(fixed))
+            value = np.float32(np.float64(x) * np.float64(ra) + np.float64(inner))
+            v = np.rint(np.float64(value))
+        else:
+            product = np.float32(np.float32(x - za) * np.float32(y - zb))
+            v = np.rint(np.float64(np.float32(product * ra))) + zc
+        if v != v:
+            v = 0.0
+        q = np.int64(min(max(v, lo), hi))
+        q = q if unsigned else q & 0xFF
+        out[j] = table[q] if lookup else q
+
+
+@njit(cache=True)
 def _execute_vector(row, regs, ub):
     """VADD / VMUL (spec/isa.md 5.11): per iteration, every read before any write."""
     flags = row[COL_FLAGS]
@@ -1264,6 +1290,8 @@ def _execute_vector(row, regs, ub):
             table[i] = ub[t0 + i // n, i % n]
     ma, mb, shift = regs[REG_VEC_MULT_A], regs[REG_VEC_MULT_B], regs[REG_VEC_SHIFT]
     za, zb, zc = regs[REG_VEC_ZERO_A], regs[REG_VEC_ZERO_B], regs[REG_VEC_ZERO_C]
+    as_float = regs[REG_VEC_FLOAT] != 0
+    fa, fb = np.float32(_float32_of_bits(ma)), np.float32(_float32_of_bits(mb))
     length = row[COL_LEN]
     step = regs[REG_REP_UB_STRIDE]
     out = np.empty(n, np.uint8)
@@ -1280,8 +1308,12 @@ def _execute_vector(row, regs, ub):
         if _overlaps_shifted(b0, c0, length) or (broadcast and c0 <= b0 < c0 + length):
             b = b.copy()
         for r in range(length):
-            _vector_row(kind, a[r], b[0] if broadcast else b[r], out, ma, mb, za, zb,
-                               shift, zc, unsigned, table, lookup)
+            if as_float:
+                _vector_float_row(kind, a[r], b[0] if broadcast else b[r], out, fa, fb, za,
+                                  zb, zc, unsigned, table, lookup)
+            else:
+                _vector_row(kind, a[r], b[0] if broadcast else b[r], out, ma, mb, za, zb,
+                            shift, zc, unsigned, table, lookup)
             ub[c0 + r, :] = out
 
 

@@ -31,6 +31,7 @@ import itertools
 import os
 import struct
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -532,13 +533,13 @@ class ReferenceMachine:
     # 5.11: element-wise vector operations ------------------------------------------
     def op_VADD(self, index, ins):
         self._vector(ins, lambda x, y, r: (x - r["vec_zero_a"]) * r["vec_mult_a"]
-                     + (y - r["vec_zero_b"]) * r["vec_mult_b"])
+                     + (y - r["vec_zero_b"]) * r["vec_mult_b"], float_add)
 
     def op_VMUL(self, index, ins):
         self._vector(ins, lambda x, y, r: (x - r["vec_zero_a"]) * (y - r["vec_zero_b"])
-                     * r["vec_mult_a"])
+                     * r["vec_mult_a"], float_mul)
 
-    def _vector(self, ins, combine):
+    def _vector(self, ins, combine, in_float):
         f = ins.flags
         unsigned, broadcast, lookup = (bool(f & VEC[c]) for c in "UBL")
         length, step = ins["length"], self.regs["rep_ub_stride"]
@@ -569,7 +570,10 @@ class ReferenceMachine:
             for r in range(length):
                 out = []
                 for x, y in zip(rows_a[r], rows_b[r]):
-                    q = round_half_even(combine(x, y, self.regs), 1 << shift) + zc
+                    if self.regs["vec_float"]:
+                        q = in_float(x, y, self.regs)
+                    else:
+                        q = round_half_even(combine(x, y, self.regs), 1 << shift) + zc
                     byte = min(max(q, lo), hi) & 0xFF
                     out.append(table[byte] if table is not None else byte)
                 self.ub[c + r] = out
@@ -601,6 +605,47 @@ def float_requantize(value: int, word: int) -> int:
     if product in (float("inf"), float("-inf")):
         return INT32_MAX if product > 0 else INT32_MIN
     return min(max(round(product), INT32_MIN), INT32_MAX)
+
+
+def _f32(word: int) -> np.float32:
+    return np.frombuffer(struct.pack("<I", word & 0xFFFFFFFF), np.float32)[0]
+
+
+def _fused(x: int, r: np.float32, c: np.float32) -> np.float32:
+    """fl32(x * r + c) rounded once: the exact rational value, rounded to float32 by
+    numpy from the nearest float64 (x * r and the sum need at most 9 + 24 + the exponent
+    gap bits, within float64's 53 at these magnitudes)."""
+    if not (np.isfinite(r) and np.isfinite(c)):      # inf and NaN as IEEE arithmetic has them
+        with np.errstate(all="ignore"):
+            return np.float32(float(x) * float(r) + float(c))
+    exact = Fraction(x) * Fraction(float(r)) + Fraction(float(c))
+    with np.errstate(over="ignore"):
+        return np.float32(float(exact))
+
+
+def float_add(x: int, y: int, regs) -> int:
+    """VADD with vec_float = 1 (spec/isa.md 5.11): MLAS's QLinearAdd."""
+    ra, rb = _f32(regs["vec_mult_a"]), _f32(regs["vec_mult_b"])
+    with np.errstate(all="ignore"):
+        k = np.float32(regs["vec_zero_c"]) - (ra * np.float32(regs["vec_zero_a"])
+                                             + rb * np.float32(regs["vec_zero_b"]))
+        return _rounded(_fused(x, ra, _fused(y, rb, k)))
+
+
+def float_mul(x: int, y: int, regs) -> int:
+    """VMUL with vec_float = 1 (spec/isa.md 5.11): MLAS's QLinearMul."""
+    with np.errstate(all="ignore"):
+        product = np.float32(x - regs["vec_zero_a"]) * np.float32(y - regs["vec_zero_b"])
+        return _rounded(product * _f32(regs["vec_mult_a"])) + regs["vec_zero_c"]
+
+
+def _rounded(value: np.float32) -> int:
+    v = float(value)
+    if v != v:
+        return 0
+    if v in (float("inf"), float("-inf")):
+        return 1 << 40 if v > 0 else -(1 << 40)       # saturates either way
+    return round(v)
 
 
 def opentpu_sigmoid(x: int) -> int:

@@ -85,3 +85,25 @@ def qlinear_registers(op: str, a_scale: float, a_zero: int, b_scale: float, b_ze
     if len(mults) > 1:
         regs["vec_mult_b"] = mults[1]
     return regs
+
+
+def float_bits(value) -> int:
+    """The IEEE float32 bits of `value` as a signed int32 (a register's range)."""
+    return int(np.array([value], np.float32).view(np.int32)[0])
+
+
+def qlinear_float_registers(op: str, a_scale: float, a_zero: int, b_scale: float,
+                            b_zero: int, c_scale: float, c_zero: int) -> dict[str, int]:
+    """The registers for VADD ("add") / VMUL ("mul") with vec_float = 1 (spec/isa.md
+    5.11): onnxruntime's own float32 ratios, so the result is its QLinearAdd / QLinearMul
+    bit for bit."""
+    f32 = np.float32
+    if op == "add":
+        mults = {"vec_mult_a": float_bits(f32(a_scale) / f32(c_scale)),
+                 "vec_mult_b": float_bits(f32(b_scale) / f32(c_scale))}
+    elif op == "mul":
+        mults = {"vec_mult_a": float_bits(f32(a_scale) * f32(b_scale) / f32(c_scale))}
+    else:
+        raise ValueError(f"vec_float computes add and mul only, not {op!r}")
+    return {**mults, "vec_float": 1, "vec_zero_a": int(a_zero), "vec_zero_b": int(b_zero),
+            "vec_zero_c": int(c_zero)}

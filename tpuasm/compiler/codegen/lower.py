@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...machine.vector import qlinear_registers
+from ...machine.vector import qlinear_float_registers, qlinear_registers
 from ..ir import Conv, Dense, Elementwise, Lookup, Pool
 from ..reference import activation_bounds
 from . import quant
@@ -753,6 +753,11 @@ def vector_registers(op: Elementwise) -> dict[str, int]:
     QLinearAdd / QLinearMul scales and zero points; a Sub's B multiplier negated; b - a (a
     constant first) with the roles of the two multipliers swapped, A staying the tensor."""
     qa, qc = op.a.quant, op.output.quant
+    if op.b is not None and op.op in ("add", "mul"):
+        # two activations: onnxruntime's float32 arithmetic (vec_float), identical to its
+        # QLinearAdd / QLinearMul; a Sub or a re-encoded constant keeps the fixed point
+        return qlinear_float_registers(op.op, qa.scale, qa.zero_point, op.b.quant.scale,
+                                       op.b.quant.zero_point, qc.scale, qc.zero_point)
     if op.b is None:
         zb = constant_zero(op)
         sb = op.constant_quant.scale
@@ -763,8 +768,9 @@ def vector_registers(op: Elementwise) -> dict[str, int]:
                                  qc.zero_point)
         regs["vec_mult_a"], regs["vec_mult_b"] = regs["vec_mult_b"], regs["vec_mult_a"]
         regs["vec_zero_a"], regs["vec_zero_b"] = regs["vec_zero_b"], regs["vec_zero_a"]
-        return regs
-    return qlinear_registers(op.op, qa.scale, qa.zero_point, sb, zb, qc.scale, qc.zero_point)
+        return {**regs, "vec_float": 0}
+    return {**qlinear_registers(op.op, qa.scale, qa.zero_point, sb, zb, qc.scale,
+                                qc.zero_point), "vec_float": 0}
 
 
 def elementwise_table(op: Elementwise, lookup: Lookup | None) -> np.ndarray | None:
