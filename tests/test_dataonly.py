@@ -175,3 +175,44 @@ def test_run_batches_refuses_images_of_another_shape_and_reports_a_fault():
     machine.load(bad, host=np.zeros((2, case.host.shape[1]), np.uint8))   # 4 rows read
     result = machine.run_batches(np.zeros((3, 2, case.host.shape[1]), np.uint8))
     assert result.status == "fault" and result.fault.index == 0
+
+
+CACHED = """
+.config array_size=16, ub_rows=64, acc_rows=64
+    RHM 0, 0, 8
+    RW 0, repeat=3
+    MMC.SO 0, 0, 8
+    MMC.SU 0, 0, 8
+    MMC.SO 0, 8, 8
+    MMC.O 0, 16, 8
+    ACT.R 0, 24, 16
+    WHM 24, 8, 16
+    HLT
+"""
+
+
+def test_batches_reuse_packed_tiles_and_never_serve_stale_ones():
+    """Three tiles switched in and out every batch (the packed-tile cache of run_batches,
+    on the int8 kernel at N = 16): each batch equals a fresh full run, and a second weight
+    image loaded into the same machine is packed anew, not served from the cache."""
+    from tpuasm import assemble
+    program = assemble(CACHED)
+    rng = np.random.default_rng(4)
+    hosts = rng.integers(0, 256, (4, 24, 16)).astype(np.uint8)
+    machine = Machine.for_program(program)
+    for weights in (rng.integers(-128, 128, (3, 16, 16)).astype(np.int8),
+                    rng.integers(-128, 128, (3, 16, 16)).astype(np.int8)):
+        wanted = []
+        for host in hosts:
+            full = Machine.for_program(program)
+            full.load(program, host=host, weights=weights)
+            assert full.run().status == "halted"
+            wanted.append(full.host.copy())
+        machine.load(program, host=hosts[0], weights=weights)
+        for _ in range(2):                       # the second call runs on cached packings
+            got = hosts.copy()
+            assert machine.run_batches(got).status == "halted"
+            np.testing.assert_array_equal(got, np.stack(wanted))
+        if machine._scratch.options[2]:          # the int8 kernel serves this CPU
+            assert machine._scratch.cache8.shape[0] == 3
+            assert sorted(machine._scratch.cache_key8[:, 0]) == [0, 1, 2]

@@ -122,6 +122,11 @@ class Snapshot:
         return int(self.arrays["st"][core.S_CYCLE])
 
 
+# Memory run_batches may give packed weight tiles (the int8 kernel's layout, 3 N^2 bytes a
+# tile with the bytes it was packed from): 320 tiles of Table 1's MLP0 take 63 MiB.
+PACKED_CACHE_BYTES = 256 << 20
+
+
 # ------------------------------------------------------------------------ the machine
 class Machine:
     """A TPU v1: load a program and its data, run or step it, look at everything."""
@@ -282,6 +287,7 @@ class Machine:
         failed = self._prove()
         if failed is not None:
             return failed
+        self._cache_packed_tiles()
         from . import dataonly
         restore = _set_blas_threads(self._blas_threads)
         try:
@@ -291,6 +297,20 @@ class Machine:
                 set_blas_threads(restore)
         self.status = "halted"
         return RunResult("halted", self._proven[2])
+
+    def _cache_packed_tiles(self) -> None:
+        """A scratch whose int8 kernel keeps every weight tile packed (kernels.py, the
+        packed-tile cache; up to PACKED_CACHE_BYTES): batches after the first never repack."""
+        scratch = self._scratch
+        n = self.config.array_size
+        tiles = self.weights.shape[0]
+        per_slot = 3 * n * n + 4 * n + 24
+        wanted = min(tiles, PACKED_CACHE_BYTES // per_slot)
+        if scratch.options[2] == 0 or wanted <= scratch.cache8.shape[0]:
+            return                          # no int8 kernel, or cache enough already
+        self._scratch = make_scratch(n, chunk_rows=min(self.config.acc_rows, 4096),
+                                     cached_tiles=wanted)
+        self._args[15] = self._scratch
 
     def _prove(self) -> RunResult | None:
         """The program run timing-only to its halt once per program and image sizes (None

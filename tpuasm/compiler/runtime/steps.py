@@ -46,7 +46,7 @@ class ValueInfo:
     def is_tensor(self) -> bool:
         try:
             np.dtype(self.dtype)
-        except TypeError:
+        except (TypeError, ValueError):   # (numpy reads "seq(map(...))" as a bad format)
             return False
         return True
 
