@@ -66,26 +66,30 @@ class CompiledSegment(SegmentProgram):
         return view[..., p.top:p.top + layout.height, p.left:p.left + layout.width, :]
 
     def _pack(self, layout: Layout, data: np.ndarray, rows: np.ndarray) -> None:
-        """data (batches * batch, *shape) into `rows`, (batches, tensor rows, N)."""
+        """data (batches * batch, *shape) into `rows`, (batches, tensor rows, N) of images
+        that hold zeros: each chunk's real channels written straight into their lanes (a
+        one-channel image no longer goes through a 256-lane staging copy), everything
+        else the zero point."""
         q = layout.tensor.quant
         batches = len(rows)
         total = self.passes * self.pass_batch
-        c, h, w = layout.channels, layout.height, layout.width
+        c, h, w, n = layout.channels, layout.height, layout.width, self.array_size
         zero = np.uint8(q.zero_point & 0xFF)
         # bytes all the way (an int64 staging copy of a long sequence's batch took 8x the
         # image, twice): an 8-bit value's byte is its two's complement
         data = _bytes(data).reshape(batches, self.batch, c, h, w)
-        if total == self.batch and layout.chunks * self.array_size == c:
-            x = data                            # no padding samples or channels to add
-        else:
-            x = np.full((batches, total, layout.chunks * self.array_size, h, w), zero,
-                        np.uint8)
-            x[:, :self.batch, :c] = data
-        x = x.reshape(batches, self.passes, self.pass_batch, layout.chunks, self.array_size,
-                      h, w)
-        if layout.pads.any or layout.padded_height != h or layout.pitch != w:
+        if total != self.batch:                 # padding samples of the last pass
+            padded = np.full((batches, total, c, h, w), zero, np.uint8)
+            padded[:, :self.batch] = data
+            data = padded
+        data = data.reshape(batches, self.passes, self.pass_batch, c, h, w)
+        if zero:
             rows[:] = zero
-        self._interior(layout, self._view(layout, rows))[:] = x.transpose(0, 1, 3, 2, 5, 6, 4)
+        interior = self._interior(layout, self._view(layout, rows))  # (K, P, C, B, h, w, N)
+        for chunk in range(layout.chunks):
+            lanes = min(n, c - chunk * n)
+            part = data[:, :, :, chunk * n:chunk * n + lanes]          # (K, P, B, l, h, w)
+            interior[:, :, chunk, ..., :lanes] = part.transpose(0, 1, 2, 4, 5, 3)
 
     def _unpack(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
         q = layout.tensor.quant
