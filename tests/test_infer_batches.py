@@ -110,3 +110,14 @@ def test_a_part_whose_free_batch_session_fails_falls_back_to_batch_by_batch():
     assert runner._rows is False
     assert onnx.load_from_string(runner.model_bytes).graph.input[0].type.tensor_type \
         .shape.dim[0].dim_value == 4                       # the part itself is untouched
+
+
+def test_progress_is_reported_once_per_group(tmp_path, monkeypatch):
+    model, shape = _compiled(tmp_path, "mlp")
+    x = np.random.default_rng(3).normal(0, 1, (23,) + shape).astype(np.float32)
+    monkeypatch.setattr(steps_module, "GROUP_BATCHES", 4)
+    seen = []
+    y = model.run(x, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(0, 23), (16, 23), (23, 23)]
+    for name, want in model.run(x, engine="pipeline").items():
+        np.testing.assert_array_equal(y[name], want)

@@ -220,16 +220,19 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
     return {o.name: join_parts(o, results[o.name]) for o in outputs}
 
 
-# The host images of one group of batches (the bytes packed per call) stay below this.
+# The host images of one group of batches (the bytes packed per call) stay below this, and
+# a group holds at most GROUP_BATCHES batches (progress is reported once per group; a
+# group's fixed costs, a few hundred microseconds, are small against 16 batches).
 GROUP_BYTES = 64 << 20
+GROUP_BATCHES = 16
 
 
 def group_size(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[ValueInfo],
                rows: int, engine: str) -> int:
     """Batches per step call: 1 unless the engine is the emulator's data path and every
     value is batch-major (inputs and outputs tensors with batch axis 0, host parts with the
-    batch first); then as many as the rows need, the host images of a group under
-    GROUP_BYTES."""
+    batch first); then as many as the rows need, up to GROUP_BATCHES, the host images of a
+    group under GROUP_BYTES."""
     if engine != "emulator" or rows <= batch:
         return 1
     if not all(v.is_tensor and v.batch_axis == 0 for v in (*inputs, *outputs)):
@@ -241,7 +244,7 @@ def group_size(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[V
                 return 1
         elif step.program is not None:
             image += step.program.host_rows * step.program.array_size
-    return max(1, min(-(-rows // batch), GROUP_BYTES // max(image, 1)))
+    return max(1, min(-(-rows // batch), GROUP_BATCHES, GROUP_BYTES // max(image, 1)))
 
 
 def batch_values(inputs: list[ValueInfo], data: dict, start: int, take: int, batch: int
