@@ -13,7 +13,7 @@ first and reports the proven cycle count.
 Machine.run_batches runs one program over many host images in one call (run_batches here):
 each batch starts from the state `load` leaves -- zero Unified Buffer and accumulators, reset
 registers, an empty weight queue -- and only the rows the program can write are zeroed
-between batches (write_spans: every instruction's write footprint, the bounding rows the
+between batches (_write_spans: every instruction's write footprint, the bounding rows the
 core's hazard checks use, so never fewer than it writes).  Rows it never writes keep their
 loaded zeros, so every batch sees exactly the memories a fresh load would give it.
 """
@@ -56,43 +56,51 @@ def run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch, p
 
 
 @njit(cache=True)
-def _mark_writes(prog, regs, ub_mask, acc_mask, profile, array_size):
-    """ub_mask[r] / acc_mask[r] = True for every row an instruction before the Halt may
-    write (CFGs replayed in order: footprints depend on the registers)."""
+def _write_spans(prog, regs, memory, rows, profile, array_size):
+    """The rows of `memory` (MEM_UB or MEM_ACC, `rows` long) that an instruction before the
+    Halt may write, as sorted, disjoint (start, stop) spans (CFGs replayed in order:
+    footprints depend on the registers)."""
     out = np.zeros((MAX_FOOTPRINT, 4), np.int64)
+    found = np.zeros((prog.shape[0] * MAX_FOOTPRINT + 1, 2), np.int64)
+    count = 0
     for pc in range(prog.shape[0]):
         row = prog[pc]
         op = row[COL_OP]
         if op == OP_HLT:
-            return
+            break
         if op == OP_CFG:
             regs[row[COL_REG]] = row[COL_VALUE]
             continue
         for k in range(footprint(row, regs, out, profile, array_size)):
-            if out[k, 1] == 0:
-                continue
-            if out[k, 0] == MEM_UB:
-                ub_mask[max(out[k, 2], 0):max(min(out[k, 3], ub_mask.shape[0]), 0)] = True
-            elif out[k, 0] == MEM_ACC:
-                acc_mask[max(out[k, 2], 0):max(min(out[k, 3], acc_mask.shape[0]), 0)] = True
+            start, stop = max(out[k, 2], 0), min(out[k, 3], rows)
+            if out[k, 1] != 0 and out[k, 0] == memory and start < stop:
+                found[count, 0], found[count, 1] = start, stop
+                count += 1
+    found = found[:count]
+    order = np.argsort(found[:, 0])
+    spans = np.zeros((count, 2), np.int64)
+    merged = 0
+    for i in order:
+        if merged > 0 and found[i, 0] <= spans[merged - 1, 1]:
+            spans[merged - 1, 1] = max(spans[merged - 1, 1], found[i, 1])
+        else:
+            spans[merged, 0], spans[merged, 1] = found[i, 0], found[i, 1]
+            merged += 1
+    return spans[:merged]
 
 
 @njit(cache=True)
-def _spans(mask):
-    """The runs of True in `mask` as (start, stop) rows."""
-    count = 0
-    for r in range(mask.shape[0]):
-        if mask[r] and (r == 0 or not mask[r - 1]):
-            count += 1
-    spans = np.zeros((count, 2), np.int64)
-    k = 0
-    for r in range(mask.shape[0]):
-        if mask[r] and (r == 0 or not mask[r - 1]):
-            spans[k, 0] = r
-        if mask[r] and (r == mask.shape[0] - 1 or not mask[r + 1]):
-            spans[k, 1] = r + 1
-            k += 1
-    return spans
+def _zero(rows):
+    """rows[:] = 0 for C-contiguous rows, 8 bytes at a time when they allow (numba's fill
+    of a 2-D slice goes element by element)."""
+    flat = rows.reshape(rows.size)
+    if rows.nbytes % 8 == 0:
+        words = flat.view(np.uint64)
+        for i in range(words.size):
+            words[i] = 0
+    else:
+        for i in range(flat.size):
+            flat[i] = 0
 
 
 @njit(cache=True)
@@ -103,16 +111,13 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     what load() and runs of this program left (rows outside the write set are zero).
     Returns the number of batches run."""
     reset = regs.copy()
-    ub_mask = np.zeros(ub.shape[0], np.bool_)
-    acc_mask = np.zeros(acc.shape[0], np.bool_)
-    _mark_writes(prog, regs.copy(), ub_mask, acc_mask, profile, ub.shape[1])
-    ub_spans = _spans(ub_mask)
-    acc_spans = _spans(acc_mask)
+    ub_spans = _write_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
+    acc_spans = _write_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
     for b in range(hosts.shape[0]):
         for k in range(ub_spans.shape[0]):
-            ub[ub_spans[k, 0]:ub_spans[k, 1]] = 0
+            _zero(ub[ub_spans[k, 0]:ub_spans[k, 1]])
         for k in range(acc_spans.shape[0]):
-            acc[acc_spans[k, 0]:acc_spans[k, 1]] = 0
+            _zero(acc[acc_spans[k, 0]:acc_spans[k, 1]])
         regs[:] = reset
         tiles[:] = -1
         active[:] = -1
