@@ -121,3 +121,33 @@ def test_progress_is_reported_once_per_group(tmp_path, monkeypatch):
     assert seen == [(0, 23), (16, 23), (23, 23)]
     for name, want in model.run(x, engine="pipeline").items():
         np.testing.assert_array_equal(y[name], want)
+
+
+def _reshape_part(shape):
+    from onnx import TensorProto, helper, numpy_helper
+    from tpuasm.compiler.runtime.host import HostRunner
+    target = numpy_helper.from_array(np.array(shape, np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"]),
+         helper.make_node("Relu", ["y"], ["z"])], "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT,
+                                       [4, 6] if shape[0] != 2 else [2, 12])], [target])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return HostRunner(model.SerializeToString(), ["x"], ["z"], "host0")
+
+
+@pytest.mark.parametrize("shape, one_call", [((4, 6), True), ((-1, 6), True),
+                                             ((2, 12), False)])
+def test_a_reshape_led_by_the_batch_takes_all_batches_in_one_call(shape, one_call):
+    """A Reshape to (batch, ...) or (-1, ...) keeps rows apart (the free copy's shape
+    starts with 0: the input's rows); one to (2, 12) from a batch of 4 mixes them."""
+    runner = _reshape_part(shape)
+    x = np.random.default_rng(5).normal(0, 1, (12, 2, 3)).astype(np.float32)
+    want = np.concatenate([runner.run({"x": x[b * 4:(b + 1) * 4]})["z"] for b in range(3)])
+    if shape[0] == 2:                  # not batch-major: the runtime never groups it
+        assert not runner.batch_major(4)
+        return
+    for _ in range(2):
+        np.testing.assert_array_equal(runner.run_rows({"x": x}, 3, 4)["z"], want)
+    assert bool(runner._rows) is one_call and runner._rows_checked

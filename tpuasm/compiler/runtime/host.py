@@ -4,13 +4,16 @@ sub-model (cut by front/hostparts.py), opened on first use.
 Several batches at once (run_rows): a sub-model is cut with the model's fixed batch, so by
 default each batch is its own session call.  When every node of the part computes each row
 from that row alone (ROW_WISE, attributes checked) a second session over a copy with the
-first axis left free takes all the batches in one call; its first answer is compared, byte
-for byte, with the batch-by-batch one, and on any difference (or error) the part keeps
-going batch by batch."""
+first axis left free takes all the batches in one call (a Reshape to a constant shape whose
+first entry is the batch becomes one whose first entry copies the input's, 0); its first
+answer is compared, byte for byte, with the batch-by-batch one, and on any difference (or
+error) the part keeps going batch by batch."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
+
+from onnx import numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.ort import session
@@ -86,20 +89,48 @@ class HostRunner:
     def _rows_session(self, batch: int):
         if self._rows is None:
             self._rows = False
-            model = self.model()
-            if all(_row_wise(n) for n in model.graph.node) and self.batch_major(batch):
-                free = onnx.ModelProto()
-                free.CopyFrom(model)
-                for v in (*free.graph.input, *free.graph.output):
-                    dim = v.type.tensor_type.shape.dim[0]
-                    dim.Clear()
-                    dim.dim_param = "rows"
-                del free.graph.value_info[:]
+            free = _free_batch(self.model(), batch)
+            if free is not None:
                 try:
                     self._rows = session(free.SerializeToString())
                 except Exception:      # onnxruntime's errors have no common public base
                     self._rows = False
         return self._rows or None
+
+
+def _free_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto | None:
+    """A copy of a batch-major part with its first axis free, or None when a node may mix
+    rows (or a Reshape's shape is not a constant led by the batch, -1 or 0)."""
+    graph = model.graph
+    constants = {i.name: i for i in graph.initializer}
+    shapes = {}                                   # a Reshape's shape initializer -> its entries
+    for node in graph.node:
+        if node.op_type == "Reshape":
+            shape = constants.get(node.input[1]) if len(node.input) > 1 else None
+            allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
+            entries = numpy_helper.to_array(shape).tolist() if shape is not None else []
+            if allowzero or not entries or entries[0] not in (batch, -1, 0) \
+                    or any(e in (-1, 0) for e in entries[1:]):
+                return None
+            shapes[shape.name] = entries
+        elif not _row_wise(node):
+            return None
+    used = [i for n in graph.node if n.op_type != "Reshape" for i in n.input]
+    if any(name in used for name in shapes) or not all(
+            _first_dim(v) == batch for v in (*graph.input, *graph.output)):
+        return None                   # a shape constant read by another node too
+    free = onnx.ModelProto()
+    free.CopyFrom(model)
+    for v in (*free.graph.input, *free.graph.output):
+        dim = v.type.tensor_type.shape.dim[0]
+        dim.Clear()
+        dim.dim_param = "rows"
+    del free.graph.value_info[:]
+    for init in free.graph.initializer:
+        if init.name in shapes and shapes[init.name][0] == batch:
+            entries = np.array([0] + shapes[init.name][1:], np.int64)
+            init.CopyFrom(numpy_helper.from_array(entries, init.name))
+    return free
 
 
 def _first_dim(value: onnx.ValueInfoProto):
