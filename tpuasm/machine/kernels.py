@@ -41,7 +41,8 @@ execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, p
     Activate's Q is OpenTPU's sigmoid, no requantization, the low 8 bits, one UB row per
     vector; T, M and A work as in the tpu profile).  check_instruction and footprint take
     the same optional trailing `profile` (it changes ACT's UB row count when act_out = 2).
-make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_threads=None)
+make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_threads=None,
+             cached_tiles=0)
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
     the converted-weight caches (float, and the int8 kernel's packed tile), their keys and
@@ -52,6 +53,8 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_t
     int8_threads=None native.threads().  Make one per machine and reuse it.
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
     image never needs an explicit invalidation.
+    cached_tiles > 0 adds that many slots of packed tiles for the int8 kernel (the
+    packed-tile cache, 3 N^2 bytes a slot; Machine.run_batches), with the same rule.
 
 MatrixMultiply runs on the int8 kernel (native.py, mmc_int8.c: integer products summed in
 int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 16-bit
