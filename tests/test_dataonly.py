@@ -116,3 +116,103 @@ def test_infer_engine_pipeline_from_the_cli_equals_the_data_path(tmp_path):
                            "--engine", engine]) == 0
         outs[engine] = np.load(y)
     np.testing.assert_array_equal(outs["emulator"], outs["pipeline"])
+
+
+def _batch_check(case):
+    """Machine.run_batches on three host images (the case's and two random ones) against a
+    fresh load and a full pipelined run of each: the same host memory after each batch, and
+    the last batch's UB and accumulators."""
+    weights = case.weights if len(case.weights) else None
+    rng = np.random.default_rng(len(case.host))
+    images = [case.host] + [rng.integers(0, 256, case.host.shape).astype(np.uint8)
+                            for _ in range(2)]
+    wanted = []
+    for image in images:
+        full = Machine.for_program(case.program)
+        full.load(case.program, host=image, weights=weights)
+        result = full.run(max_cycles=MAX_CYCLES)
+        if result.status != "halted":
+            return result.status
+        wanted.append(full)
+    batched = Machine.for_program(case.program)
+    batched.load(case.program, host=case.host, weights=weights)
+    batched.run_data()               # a run before the batches: they must not see its state
+    hosts = np.stack([np.asarray(i).view(np.uint8) for i in images])
+    got = batched.run_batches(hosts)
+    assert got.status == "halted" and got.cycle == result.cycle
+    for b, full in enumerate(wanted):
+        np.testing.assert_array_equal(hosts[b], full.host, err_msg=f"host of batch {b}")
+    np.testing.assert_array_equal(batched.ub, wanted[-1].ub)
+    np.testing.assert_array_equal(batched.acc, wanted[-1].acc)
+    return "halted"
+
+
+@pytest.mark.parametrize("profile", ["tpu", "opentpu"])
+def test_batches_in_one_call_equal_fresh_full_runs_on_random_programs(profile):
+    statuses = []
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(programs(fault_share=0.0, profile=profile))
+    def check(case):
+        statuses.append(_batch_check(case))
+
+    check()
+    assert statuses.count("halted") >= 15
+
+
+def test_run_batches_refuses_images_of_another_shape_and_reports_a_fault():
+    case = next(iter(_examples()))
+    machine = Machine.for_program(case.program)
+    machine.load(case.program, host=case.host, weights=case.weights)
+    with pytest.raises(ValueError, match="hosts must be"):
+        machine.run_batches(np.zeros((2, len(case.host) + 1, case.host.shape[1]), np.uint8))
+    from tpuasm import assemble
+    shape = case.program.shape
+    bad = assemble("RHM 0, 0, 4\nHLT\n", config={"array_size": shape.array_size,
+                                                  "ub_rows": shape.ub_rows,
+                                                  "acc_rows": shape.acc_rows})
+    machine.load(bad, host=np.zeros((2, case.host.shape[1]), np.uint8))   # 4 rows read
+    result = machine.run_batches(np.zeros((3, 2, case.host.shape[1]), np.uint8))
+    assert result.status == "fault" and result.fault.index == 0
+
+
+CACHED = """
+.config array_size=16, ub_rows=64, acc_rows=64
+    RHM 0, 0, 8
+    RW 0, repeat=3
+    MMC.SO 0, 0, 8
+    MMC.SU 0, 0, 8
+    MMC.SO 0, 8, 8
+    MMC.O 0, 16, 8
+    ACT.R 0, 24, 16
+    WHM 24, 8, 16
+    HLT
+"""
+
+
+def test_batches_reuse_packed_tiles_and_never_serve_stale_ones():
+    """Three tiles switched in and out every batch (the packed-tile cache of run_batches,
+    on the int8 kernel at N = 16): each batch equals a fresh full run, and a second weight
+    image loaded into the same machine is packed anew, not served from the cache."""
+    from tpuasm import assemble
+    program = assemble(CACHED)
+    rng = np.random.default_rng(4)
+    hosts = rng.integers(0, 256, (4, 24, 16)).astype(np.uint8)
+    machine = Machine.for_program(program)
+    for weights in (rng.integers(-128, 128, (3, 16, 16)).astype(np.int8),
+                    rng.integers(-128, 128, (3, 16, 16)).astype(np.int8)):
+        wanted = []
+        for host in hosts:
+            full = Machine.for_program(program)
+            full.load(program, host=host, weights=weights)
+            assert full.run().status == "halted"
+            wanted.append(full.host.copy())
+        machine.load(program, host=hosts[0], weights=weights)
+        for _ in range(2):                       # the second call runs on cached packings
+            got = hosts.copy()
+            assert machine.run_batches(got).status == "halted"
+            np.testing.assert_array_equal(got, np.stack(wanted))
+        if machine._scratch.options[2]:          # the int8 kernel serves this CPU
+            assert machine._scratch.cache8.shape[0] == 3
+            assert sorted(machine._scratch.cache_key8[:, 0]) == [0, 1, 2]

@@ -9,6 +9,13 @@ its tiles, a switching MatrixMultiply takes them, CFG sets registers, and every 
 instruction runs through the same kernel the pipelined core calls at retirement
 (kernels.execute_instruction).  Machine.run_data is the entry point; it proves the program
 first and reports the proven cycle count.
+
+Machine.run_batches runs one program over many host images in one call (run_batches here):
+each batch starts from the state `load` leaves -- zero Unified Buffer and accumulators, reset
+registers, an empty weight queue -- and only the rows the program can write are zeroed
+between batches (_write_spans: every instruction's write footprint, the bounding rows the
+core's hazard checks use, so never fewer than it writes).  Rows it never writes keep their
+loaded zeros, so every batch sees exactly the memories a fresh load would give it.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from .core import OP_STAGE, PORT_WEIGHTS
 from .decoded import (COL_FLAGS, COL_OP, COL_REG, COL_REPEAT, COL_TILE, COL_VALUE,
                       MMC_SWITCH, MMC_WIDE_W, OP_CFG, OP_HLT, OP_MMC, reset_registers)
 from .jit import njit
-from .kernels import execute_instruction
+from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_UB, execute_instruction, footprint
 
 
 @njit(cache=True)
@@ -48,6 +55,76 @@ def run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch, p
     return prog.shape[0]
 
 
+@njit(cache=True)
+def _write_spans(prog, regs, memory, rows, profile, array_size):
+    """The rows of `memory` (MEM_UB or MEM_ACC, `rows` long) that an instruction before the
+    Halt may write, as sorted, disjoint (start, stop) spans (CFGs replayed in order:
+    footprints depend on the registers)."""
+    out = np.zeros((MAX_FOOTPRINT, 4), np.int64)
+    found = np.zeros((prog.shape[0] * MAX_FOOTPRINT + 1, 2), np.int64)
+    count = 0
+    for pc in range(prog.shape[0]):
+        row = prog[pc]
+        op = row[COL_OP]
+        if op == OP_HLT:
+            break
+        if op == OP_CFG:
+            regs[row[COL_REG]] = row[COL_VALUE]
+            continue
+        for k in range(footprint(row, regs, out, profile, array_size)):
+            start, stop = max(out[k, 2], 0), min(out[k, 3], rows)
+            if out[k, 1] != 0 and out[k, 0] == memory and start < stop:
+                found[count, 0], found[count, 1] = start, stop
+                count += 1
+    found = found[:count]
+    order = np.argsort(found[:, 0])
+    spans = np.zeros((count, 2), np.int64)
+    merged = 0
+    for i in order:
+        if merged > 0 and found[i, 0] <= spans[merged - 1, 1]:
+            spans[merged - 1, 1] = max(spans[merged - 1, 1], found[i, 1])
+        else:
+            spans[merged, 0], spans[merged, 1] = found[i, 0], found[i, 1]
+            merged += 1
+    return spans[:merged]
+
+
+@njit(cache=True)
+def _zero(rows):
+    """rows[:] = 0 for C-contiguous rows, 8 bytes at a time when they allow (numba's fill
+    of a 2-D slice goes element by element)."""
+    flat = rows.reshape(rows.size)
+    if rows.nbytes % 8 == 0:
+        words = flat.view(np.uint64)
+        for i in range(words.size):
+            words[i] = 0
+    else:
+        for i in range(flat.size):
+            flat[i] = 0
+
+
+@njit(cache=True)
+def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, profile):
+    """run_sequential on every host image hosts[b] in turn (their outputs written into
+    them), each from the loaded state: the rows the program may write are zeroed before
+    each batch, registers, weight queue and active tile reset.  The machine must hold only
+    what load() and runs of this program left (rows outside the write set are zero).
+    Returns the number of batches run."""
+    reset = regs.copy()
+    ub_spans = _write_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
+    acc_spans = _write_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
+    for b in range(hosts.shape[0]):
+        for k in range(ub_spans.shape[0]):
+            _zero(ub[ub_spans[k, 0]:ub_spans[k, 1]])
+        for k in range(acc_spans.shape[0]):
+            _zero(acc[acc_spans[k, 0]:acc_spans[k, 1]])
+        regs[:] = reset
+        tiles[:] = -1
+        active[:] = -1
+        run_sequential(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch, profile)
+    return hosts.shape[0]
+
+
 def arguments(machine_args) -> tuple:
     """run_sequential's arguments for a machine's core arguments (Machine._args), from the
     reset state: registers, an empty weight queue, no active tile."""
@@ -64,6 +141,22 @@ def run(machine_args, profile: int) -> int:
     from . import aot
     args = (*arguments(machine_args), np.int64(profile))
     entry = aot.runner(args[:-1], "run_sequential") or run_sequential
+    return int(entry(*args))
+
+
+def batch_arguments(machine_args, hosts: np.ndarray) -> tuple:
+    """run_batches' arguments (without the profile): run_sequential's with the stack of
+    host images in place of the one host memory."""
+    prog, regs, tiles, ub, acc, host, weights, active, scratch = arguments(machine_args)
+    return prog, regs, tiles, ub, acc, hosts, weights, active, scratch
+
+
+def run_many(machine_args, hosts: np.ndarray, profile: int) -> int:
+    """Every host image of `hosts` ((batches, rows, N) uint8, C-contiguous) through the
+    data path (run_batches; ahead-of-time build when it takes these arguments)."""
+    from . import aot
+    args = (*batch_arguments(machine_args, hosts), np.int64(profile))
+    entry = aot.runner(args[:-1], "run_batches") or run_batches
     return int(entry(*args))
 
 

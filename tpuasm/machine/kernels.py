@@ -41,7 +41,8 @@ execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, p
     Activate's Q is OpenTPU's sigmoid, no requantization, the low 8 bits, one UB row per
     vector; T, M and A work as in the tpu profile).  check_instruction and footprint take
     the same optional trailing `profile` (it changes ACT's UB row count when act_out = 2).
-make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_threads=None)
+make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_threads=None,
+             cached_tiles=0)
     A namedtuple of preallocated arrays (numba passes namedtuples of arrays to njit code
     as a heterogeneous tuple type): float32/float64 GEMM staging for `chunk_rows` rows,
     the converted-weight caches (float, and the int8 kernel's packed tile), their keys and
@@ -52,6 +53,8 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_t
     int8_threads=None native.threads().  Make one per machine and reuse it.
     A cache hit needs the same tiles, U/W/D mode *and* bytes, so loading another weight
     image never needs an explicit invalidation.
+    cached_tiles > 0 adds that many slots of packed tiles for the int8 kernel (the
+    packed-tile cache, 3 N^2 bytes a slot; Machine.run_batches), with the same rule.
 
 MatrixMultiply runs on the int8 kernel (native.py, mmc_int8.c: integer products summed in
 int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 16-bit
@@ -112,13 +115,16 @@ _KEY_EMPTY = -2
 
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
                                  "raw32", "raw64", "options", "row_buf", "packed8", "bias8",
-                                 "key8", "raw8", "rows8"])
+                                 "key8", "raw8", "rows8", "cache8", "cache_bias8",
+                                 "cache_key8", "cache_raw8"])
 _OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
 
 
 def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None,
-                 int8_level: int | None = None, int8_threads: int | None = None) -> Scratch:
-    """Preallocated buffers for execute_instruction (see the module docstring)."""
+                 int8_level: int | None = None, int8_threads: int | None = None,
+                 cached_tiles: int = 0) -> Scratch:
+    """Preallocated buffers for execute_instruction (see the module docstring);
+    `cached_tiles` slots of packed tiles for the int8 kernel (_packed_from_cache)."""
     n = int(array_size)
     chunk = max(1, int(chunk_rows))
     if use_blas is None:
@@ -144,7 +150,8 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         packed8=np.zeros((4, 2 * int8_n * int8_n), np.int8),
         bias8=np.zeros((4, int8_n), np.int32),
         key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((2, int8_n, int8_n), np.uint8),
-        rows8=np.zeros(chunk if int8_level else 0, np.int64))
+        rows8=np.zeros(chunk if int8_level else 0, np.int64),
+        **_tile_cache(int8_n, cached_tiles if int8_level else 0))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -651,9 +658,10 @@ def _tile_unchanged(weights, active, wide, mode, key, raw):
 def _remember_tile(weights, active, wide, mode, key, raw):
     lo = active[0]
     hi = active[1] if wide else -1
-    raw[0, :, :] = weights[lo]
+    size = raw[0].size
+    _copy_words(raw[0].reshape(size), weights[lo].reshape(size))
     if wide:
-        raw[1, :, :] = weights[hi]
+        _copy_words(raw[1].reshape(size), weights[hi].reshape(size))
     key[0], key[1], key[2] = lo, hi, mode
 
 
@@ -679,6 +687,56 @@ def _byte_part(part, wide, unsigned):
     if part == 0:
         return False, 0
     return not unsigned, 8
+
+
+# ----------------------------------------------------------------------------- packed-tile cache
+# Packing a tile for the int8 kernel costs more than a small batch's GEMM on it, and a
+# program of more tiles than the one packed slot repacks every tile it switches to, in every
+# batch.  A scratch made with cached_tiles > 0 (Machine.run_batches) keeps packed tiles in
+# direct-mapped slots (tile index modulo slots), each with its key (tile, weight and input
+# signedness) and the bytes it was packed from, so a hit is a compare and a copy, and a
+# changed weight image is never served stale packings (like _tile_unchanged).
+
+
+def _tile_cache(n: int, slots: int) -> dict:
+    slots = max(0, int(slots)) if n else 0
+    return dict(cache8=np.zeros((slots, 2 * n * n), np.int8),
+                cache_bias8=np.zeros((slots, n), np.int32),
+                cache_key8=np.full((slots, 3), _KEY_EMPTY, np.int64),
+                cache_raw8=np.zeros((slots, n, n), np.uint8))
+
+
+@njit(cache=True)
+def _packed_from_cache(tile, index, signed_w, signed_x, scratch, k):
+    """scratch.packed8[k], bias8[k] = weight tile `index` (bytes `tile`) packed, from the
+    cache when it holds it, else packed and kept there."""
+    slot = index % scratch.cache8.shape[0]
+    key = scratch.cache_key8[slot]
+    if key[0] == index and key[1] == signed_w and key[2] == signed_x \
+            and _same_bytes(scratch.cache_raw8[slot], tile):
+        _copy_words(scratch.packed8[k], scratch.cache8[slot])
+        _copy_words(scratch.bias8[k], scratch.cache_bias8[slot])
+        return
+    _native.pack_tile(tile, signed_w, signed_x, scratch.options[_OPT_INT8],
+                      scratch.packed8[k], scratch.bias8[k])
+    _copy_words(scratch.cache8[slot], scratch.packed8[k])
+    _copy_words(scratch.cache_bias8[slot], scratch.bias8[k])
+    _copy_words(scratch.cache_raw8[slot].reshape(tile.size), tile.reshape(tile.size))
+    key[0], key[1], key[2] = index, signed_w, signed_x
+
+
+@njit(cache=True)
+def _copy_words(dst, src):
+    """dst[:] = src for two C-contiguous 1-D arrays of the same bytes, 8 bytes at a time
+    when the size allows (numba's slice assignment of int8 rows ran at ~2 GB/s)."""
+    if dst.nbytes % 8 == 0:
+        d = dst.view(np.uint64)
+        s = src.view(np.uint64)
+        for i in range(d.size):
+            d[i] = s[i]
+    else:
+        for i in range(dst.size):
+            dst[i] = src[i]
 
 
 @njit(cache=True)
@@ -711,6 +769,10 @@ def _active_packed(weights, active, flags, scratch):
         signed_w, _ = _byte_part(wp, wide_w, (flags & MMC_UNSIGNED_W) != 0)
         for xp in range(2 if wide_in else 1):
             signed_x, _ = _byte_part(xp, wide_in, (flags & MMC_UNSIGNED_IN) != 0)
+            if scratch.cache8.shape[0] > 0:
+                _packed_from_cache(weights[active[wp]], active[wp], signed_w, signed_x,
+                                   scratch, 2 * wp + xp)
+                continue
             _native.pack_tile(weights[active[wp]], signed_w, signed_x,
                               scratch.options[_OPT_INT8], scratch.packed8[2 * wp + xp],
                               scratch.bias8[2 * wp + xp])

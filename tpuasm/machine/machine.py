@@ -122,6 +122,11 @@ class Snapshot:
         return int(self.arrays["st"][core.S_CYCLE])
 
 
+# Memory run_batches may give packed weight tiles (the int8 kernel's layout, 3 N^2 bytes a
+# tile with the bytes it was packed from): 320 tiles of Table 1's MLP0 take 63 MiB.
+PACKED_CACHE_BYTES = 256 << 20
+
+
 # ------------------------------------------------------------------------ the machine
 class Machine:
     """A TPU v1: load a program and its data, run or step it, look at everything."""
@@ -250,6 +255,66 @@ class Machine:
         program (and image sizes) runs it timing-only to its halt, which finds any fault and
         gives the cycle count every later call reports; the data path itself checks nothing.
         Counters, events and the trace are those of that timing-only run."""
+        failed = self._prove()
+        if failed is not None:
+            return failed
+        from . import dataonly
+        restore = _set_blas_threads(self._blas_threads)
+        try:
+            dataonly.run(self._args, int(self.st[core.K_PROFILE]))
+        finally:
+            if restore is not None:
+                set_blas_threads(restore)
+        self.status = "halted"
+        return RunResult("halted", self._proven[2])
+
+    def run_batches(self, hosts: np.ndarray) -> RunResult:
+        """The loaded program on every host image of `hosts` ((batches, rows, N) uint8,
+        C-contiguous, rows those of the loaded host image) through the data path, in one
+        call: each batch's outputs are written into its own image, and each batch sees the
+        memories a fresh `load` with its image would give (dataonly.run_batches), so
+        hosts[b] ends as `load(program, host=hosts[b]); run()` would leave the host memory.
+        The program is proven once, like run_data; afterwards ub and acc hold the last
+        batch's state and the machine's own host memory is untouched.  The machine must have
+        run nothing but this program since its load."""
+        hosts = np.asarray(hosts)
+        n = self.config.array_size
+        if hosts.ndim != 3 or hosts.shape[1:] != self.host.shape or hosts.dtype != np.uint8 \
+                or not hosts.flags.c_contiguous or not hosts.flags.writeable:
+            raise ValueError(f"hosts must be a writable C-contiguous uint8 array of shape "
+                             f"(batches, {self.host.shape[0]}, {n}), not {hosts.dtype} "
+                             f"{hosts.shape}")
+        failed = self._prove()
+        if failed is not None:
+            return failed
+        self._cache_packed_tiles()
+        from . import dataonly
+        restore = _set_blas_threads(self._blas_threads)
+        try:
+            dataonly.run_many(self._args, hosts, int(self.st[core.K_PROFILE]))
+        finally:
+            if restore is not None:
+                set_blas_threads(restore)
+        self.status = "halted"
+        return RunResult("halted", self._proven[2])
+
+    def _cache_packed_tiles(self) -> None:
+        """A scratch whose int8 kernel keeps every weight tile packed (kernels.py, the
+        packed-tile cache; up to PACKED_CACHE_BYTES): batches after the first never repack."""
+        scratch = self._scratch
+        n = self.config.array_size
+        tiles = self.weights.shape[0]
+        per_slot = 3 * n * n + 4 * n + 24
+        wanted = min(tiles, PACKED_CACHE_BYTES // per_slot)
+        if scratch.options[2] == 0 or wanted <= scratch.cache8.shape[0]:
+            return                          # no int8 kernel, or cache enough already
+        self._scratch = make_scratch(n, chunk_rows=min(self.config.acc_rows, 4096),
+                                     cached_tiles=wanted)
+        self._args[15] = self._scratch
+
+    def _prove(self) -> RunResult | None:
+        """The program run timing-only to its halt once per program and image sizes (None
+        when proven; the failed run's result otherwise)."""
         key = (self.host.shape, self.weights.shape, self.config)
         proven = self._proven
         if proven is None or proven[0] is not self.program or proven[1] != key:
@@ -261,16 +326,8 @@ class Machine:
                 self.st[core.K_TIMING_ONLY] = saved
             if result.status != "halted":
                 return result
-            self._proven = proven = (self.program, key, result.cycle)
-        from . import dataonly
-        restore = _set_blas_threads(self._blas_threads)
-        try:
-            dataonly.run(self._args, int(self.st[core.K_PROFILE]))
-        finally:
-            if restore is not None:
-                set_blas_threads(restore)
-        self.status = "halted"
-        return RunResult("halted", proven[2])
+            self._proven = (self.program, key, result.cycle)
+        return None
 
     def _advance(self, stop_cycle, stop_index, breakpoints, watch, max_cycles=None) -> RunResult:
         if self.fault is not None:

@@ -22,60 +22,85 @@ class CompiledSegment(SegmentProgram):
     packings: dict = field(default_factory=dict)   # input -> pack.Packing (host im2col)
 
     def host_image(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        host = np.zeros((self.host_rows, self.array_size), np.uint8)
+        return self.host_images(inputs, 1)[0].view(np.int8)
+
+    def read_outputs(self, host: np.ndarray) -> dict[str, np.ndarray]:
+        return self.read_batches(np.asarray(host).view(np.uint8)[None])
+
+    def host_images(self, inputs: dict[str, np.ndarray], batches: int) -> np.ndarray:
+        """The host images of `batches` batches at once, (batches, host_rows, N) uint8 (the
+        layout Machine.run_batches takes): each input (batches * batch, *shape), batch
+        after batch, packed straight into its rows of every image."""
+        host = np.zeros((batches, self.host_rows, self.array_size), np.uint8)
         for row, rows in self.host_constants.items():
-            host[row:row + len(rows)] = rows
+            host[:, row:row + len(rows)] = np.asarray(rows).view(np.uint8)
         for name, h in self.inputs.items():
             if name not in inputs:
                 raise ValueError(f"segment {self.segment.name}: no data for input {name!r}")
             data = np.asarray(inputs[name])
             if name in self.packings:           # taps side by side in each row (pack.py)
                 data = self.packings[name].apply(data)
-            shape = (self.batch, *h.tensor.shape)
+            shape = (batches * self.batch, *h.tensor.shape)
             if data.shape != shape:
                 raise ValueError(f"segment {self.segment.name}: input {name!r} has shape "
                                  f"{data.shape}, expected {shape}")
-            host[h.base:h.base + h.rows] = self._pack(self.layouts[name], data)
-        return host.view(np.int8)
+            self._pack(self.layouts[name], data, host[:, h.base:h.base + h.rows])
+        return host
 
-    def read_outputs(self, host: np.ndarray) -> dict[str, np.ndarray]:
-        host = np.asarray(host).view(np.uint8)
-        return {name: self._unpack(self.layouts[name], host[h.base:h.base + h.rows])
+    def read_batches(self, hosts: np.ndarray) -> dict[str, np.ndarray]:
+        """Each output (batches * batch, *shape) from the host images (batches, rows, N)
+        that Machine.run_batches left."""
+        hosts = np.asarray(hosts).view(np.uint8)
+        return {name: self._unpack(self.layouts[name], hosts[:, h.base:h.base + h.rows])
                 for name, h in self.outputs.items()}
 
     # ------------------------------------------------------------------ layout
     def _view(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
-        """(passes, chunks, samples, padded height, pitch, N) view of a tensor's rows."""
-        return rows.reshape(self.passes, layout.chunks, self.pass_batch,
+        """(batches, passes, chunks, samples, padded height, pitch, N) view of a tensor's
+        rows in each of `batches` images."""
+        return rows.reshape(len(rows), self.passes, layout.chunks, self.pass_batch,
                             layout.padded_height, layout.pitch, self.array_size)
 
     def _interior(self, layout: Layout, view: np.ndarray) -> np.ndarray:
         p = layout.pads
-        return view[:, :, :, p.top:p.top + layout.height, p.left:p.left + layout.width, :]
+        return view[..., p.top:p.top + layout.height, p.left:p.left + layout.width, :]
 
-    def _pack(self, layout: Layout, data: np.ndarray) -> np.ndarray:
+    def _pack(self, layout: Layout, data: np.ndarray, rows: np.ndarray) -> None:
+        """data (batches * batch, *shape) into `rows`, (batches, tensor rows, N) of images
+        that hold zeros: each chunk's real channels written straight into their lanes (a
+        one-channel image no longer goes through a 256-lane staging copy), everything
+        else the zero point."""
         q = layout.tensor.quant
+        batches = len(rows)
         total = self.passes * self.pass_batch
-        c, h, w = layout.channels, layout.height, layout.width
+        c, h, w, n = layout.channels, layout.height, layout.width, self.array_size
         zero = np.uint8(q.zero_point & 0xFF)
         # bytes all the way (an int64 staging copy of a long sequence's batch took 8x the
         # image, twice): an 8-bit value's byte is its two's complement
-        x = np.full((total, layout.chunks * self.array_size, h, w), zero, np.uint8)
-        x[:self.batch, :c] = _bytes(data).reshape(self.batch, c, h, w)
-        x = x.reshape(self.passes, self.pass_batch, layout.chunks, self.array_size, h, w)
-        rows = np.empty((self.passes * layout.rows(self.pass_batch), self.array_size), np.uint8)
-        rows[:] = zero
-        self._interior(layout, self._view(layout, rows))[:] = x.transpose(0, 2, 1, 4, 5, 3)
-        return rows
+        data = _bytes(data).reshape(batches, self.batch, c, h, w)
+        if total != self.batch:                 # padding samples of the last pass
+            padded = np.full((batches, total, c, h, w), zero, np.uint8)
+            padded[:, :self.batch] = data
+            data = padded
+        data = data.reshape(batches, self.passes, self.pass_batch, c, h, w)
+        if zero:
+            rows[:] = zero
+        interior = self._interior(layout, self._view(layout, rows))  # (K, P, C, B, h, w, N)
+        for chunk in range(layout.chunks):
+            lanes = min(n, c - chunk * n)
+            part = data[:, :, :, chunk * n:chunk * n + lanes]          # (K, P, B, l, h, w)
+            interior[:, :, chunk, ..., :lanes] = part.transpose(0, 1, 2, 4, 5, 3)
 
     def _unpack(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
         q = layout.tensor.quant
-        v = self._interior(layout, self._view(layout, rows))   # (P, C, B, H, W, N)
-        x = v.transpose(0, 2, 1, 5, 3, 4)                       # (P, B, chunks, N, H, W)
-        x = x.reshape(self.passes * self.pass_batch, layout.chunks * self.array_size,
-                      layout.height, layout.width)[:self.batch, :layout.channels]
+        batches = len(rows)
+        v = self._interior(layout, self._view(layout, rows))  # (K, P, C, B, H, W, N)
+        x = v.transpose(0, 1, 3, 2, 6, 4, 5)                   # (K, P, B, chunks, N, H, W)
+        x = x.reshape(batches, self.passes * self.pass_batch,
+                      layout.chunks * self.array_size, layout.height,
+                      layout.width)[:, :self.batch, :layout.channels]
         x = x.view(np.int8) if q.signed else x
-        return np.ascontiguousarray(x).reshape(self.batch, *layout.tensor.shape)
+        return np.ascontiguousarray(x).reshape(batches * self.batch, *layout.tensor.shape)
 
 
 def _bytes(data) -> np.ndarray:
