@@ -48,7 +48,7 @@ enum { WIDE16 = 16 };                     /* job->level of a 16-bit call (VNNI o
 enum { MAX_THREADS = 8 };
 enum { BLOCK_ROWS = 48 };   /* rows per work item: a multiple of both groups; small
                                enough that two threads end together (1024 rows: 22) */
-static const int64_t SPLIT_MACS = 1 << 25;   /* below this, starting threads costs more */
+static const int64_t SPLIT_MACS = 1 << 23;   /* below this, waking the pool costs more */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
