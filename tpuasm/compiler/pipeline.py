@@ -54,11 +54,13 @@ def parse_config(items) -> dict:
 
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   codegen: bool = True, batch_axes=None, quantization=None,
-                  validate=None, min_agreement: float = 0.99, min_snr: float = 20.0
-                  ) -> CompiledModel:
+                  validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
+                  time_segments: bool = True) -> CompiledModel:
     """Compile an ONNX model (float with a calibration set, or already quantized).
     `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
-    batch axes (batch.py) are not the right ones.  `quantization`: a quantize.QuantOptions
+    batch axes (batch.py) are not the right ones.  `time_segments=False` leaves the report's
+    per-segment cycles out (assembling and timing each segment is most of a big program's
+    compile; the apps time their joined program instead).  `quantization`: a quantize.QuantOptions
     for a float model; `validate`: None (check the compiled model against the float one on
     the calibration data), False (no check), or data (array, {input: array}, .npy/.npz path)
     to check it on."""
@@ -132,7 +134,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     report_provenance = (provenance if prepared is None
                          else _quantized_provenance(prepared.model, graph, base=provenance))
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source,
-                     report_provenance, machine=machine)
+                     report_provenance, machine=machine, timed=time_segments)
     inputs, outputs = model_values(graph)
     compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
     compiled.provenance = provenance
@@ -228,7 +230,8 @@ def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provena
 
 
 def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source,
-            provenance: Provenance | None = None, machine=None) -> CompileReport:
+            provenance: Provenance | None = None, machine=None, timed: bool = True
+            ) -> CompileReport:
     """The report: the compiled graph's rows aggregated to the input model's nodes through
     `provenance` (identity when None), each segment timed on `machine` (a MachineConfig;
     the default one of this array size when None), the MAC shares and their warnings."""
@@ -239,7 +242,7 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
     macs = sum(r.macs for r in compiled if r.macs and r.where != "unused")
     tpu_macs = sum(r.macs for r in compiled if r.macs and r.where == "TPU")
     machine = machine or MachineConfig(array_size=array_size)
-    segments, warnings = _segment_rows(steps, compiled, macs, machine)
+    segments, warnings = _segment_rows(steps, compiled, macs, machine, timed)
     step_rows = []
     for step in steps:
         if isinstance(step, TpuStep):
@@ -296,12 +299,13 @@ def _compiled_rows(graph, lowered: Lowered, steps, own_work: dict | None = None
     return rows
 
 
-def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine):
-    """Per TPU segment: its MACs and share, and its cycles from a timing-only run of its
-    program (when the back end made one)."""
+def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine,
+                  timed: bool = True):
+    """Per TPU segment: its MACs and share, and (`timed`) its cycles from a timing-only run
+    of its program (when the back end made one)."""
     from tpuasm.compiler.codegen.timing import time_segments
     n2 = machine.array_size ** 2
-    timings = time_segments(steps, machine)
+    timings = time_segments(steps, machine) if timed else {}
     rows, warnings = [], []
     for step in steps:
         if not isinstance(step, TpuStep):
