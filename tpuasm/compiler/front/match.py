@@ -866,13 +866,7 @@ class Lowerer:
         """An Elementwise of one tensor and a constant b broadcast per channel (the B flag's
         constant row); `reverse`: the constant is the first operand (b - a for a Sub)."""
         ints, quant, dq_name = const
-        if source.quant.signed != out_q.signed:
-            names = {True: "int8", False: "uint8"}
-            raise NotMapped(f"operand '{source.tensor}' is {names[source.quant.signed]} and the "
-                            f"output {names[out_q.signed]}: VADD/VMUL take one signedness "
-                            f"(U flag)")
-        if source.index is not None:
-            raise NotMapped("an operand is rearranged by a layout node")
+        _check_vector_operand(source, out_q)
         a, y = self._elementwise(source, out, out_q)
         per_channel = self._per_channel_constant(np.asarray(ints), source.tensor, a)
         if kind != "sub":
@@ -938,13 +932,7 @@ class Lowerer:
             a_src, b_src = b_src, a_src
             reverse = kind == "sub"
         for src in sources:
-            if src.quant.signed != out_q.signed:
-                kind_of = {True: "int8", False: "uint8"}
-                raise NotMapped(f"operand '{src.tensor}' is {kind_of[src.quant.signed]} and "
-                                f"the output {kind_of[out_q.signed]}: VADD/VMUL take one "
-                                f"signedness (U flag)")
-            if src.index is not None:
-                raise NotMapped("an operand is rearranged by a layout node")
+            _check_vector_operand(src, out_q)
         a, y = self._elementwise(a_src, out, out_q)
         if small is None:
             b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
@@ -1098,6 +1086,16 @@ class Lowerer:
             raise NotMapped(f"{op} yields int32 accumulators; the TPU's operators requantize "
                             f"to 8 bits (use the QDQ or QLinear form)")
         raise NotMapped(f"{op} has no TPU mapping")
+
+
+def _check_vector_operand(source: Source, out_q: QParams) -> None:
+    """A VADD / VMUL operand reads as its output's type (one U flag) and in place."""
+    if source.quant.signed != out_q.signed:
+        names = {True: "int8", False: "uint8"}
+        raise NotMapped(f"operand '{source.tensor}' is {names[source.quant.signed]} and the "
+                        f"output {names[out_q.signed]}: VADD/VMUL take one signedness (U flag)")
+    if source.index is not None:
+        raise NotMapped("an operand is rearranged by a layout node")
 
 
 BINARY_OPS = {"Add", "Sub", "Mul"}             # VADD / VMUL
