@@ -108,14 +108,17 @@ def main(argv=None) -> int:
                 for g in grids:
                     run_sweep(targets, g, on_row, cache=cache, client=client,
                               timing_only=timing_only)
-        out.close()                # the CSV appears only now, complete
+        # the figure and the findings are drawn from the staged rows, and the CSV replaces
+        # the old one only after them: Ctrl-C at any point leaves the previous CSV
+        code = report(Path(out.file.tmp), knobs, args.out)
+        out.close()
     except BaseException:          # Ctrl-C, a full disk: the old CSV stays as it was
         if out is not None:
             out.discard()
         raise
     finally:
         cache.close()
-    return report(csv_path, knobs, args.out)
+    return code
 
 
 def _header(path: Path) -> list[str]:
