@@ -874,11 +874,12 @@ def test_an_ir_version_3_export_with_weights_among_its_inputs(tmp_path, capsys):
     assert np.abs(y - want).max() < 0.05 * np.abs(want).max()
 
 
-def test_a_weight_computed_at_run_time_says_so(tmp_path):
-    """onnx's 'light' zoo models make their weights with ConstantOfShape; beyond the folding
-    cap the weight stays a run-time value, and the report says that, not 'two activations'."""
-    from tpuasm.compiler.front.fold import MAX_ELEMENTS
-    k, n = 1024, MAX_ELEMENTS // 1024 + 1
+def test_a_weight_computed_at_load_time_is_folded_or_named(tmp_path, monkeypatch):
+    """onnx's 'light' zoo models make their weights with ConstantOfShape: such a weight is
+    folded (beyond the cap of other constants) and maps; beyond the weights' own cap it stays
+    a run-time value, and the report says that, not 'two activations'."""
+    from tpuasm.compiler.front import fold
+    k, n = 1024, fold.MAX_ELEMENTS // 1024 + 1          # more than other constants may be
     fill = helper.make_tensor("v", T.FLOAT, [1], [0.001])
     path = save(tmp_path, [
         helper.make_node("ConstantOfShape", ["wshape"], ["w"], value=fill, name="make_w"),
@@ -886,7 +887,12 @@ def test_a_weight_computed_at_run_time_says_so(tmp_path):
         [vi("x", T.FLOAT, ["N", k])], [vi("y", T.FLOAT, ["N", n])],
         [numpy_helper.from_array(np.array([k, n], np.int64), "wshape")], "light")
     calib = np.random.default_rng(0).normal(0, 1, (4, k)).astype(np.float32)
-    model = compile_model(path, batch=2, calibration=calib, config={"array_size": 16},
-                          validate=False)
-    row = next(r for r in model.report.rows if r.node == "fc")
+
+    def fc_row():
+        model = compile_model(path, batch=2, calibration=calib, config={"array_size": 16},
+                              validate=False)
+        return next(r for r in model.report.rows if r.node == "fc")
+    assert fc_row().where == "TPU"
+    monkeypatch.setattr(fold, "MAX_WEIGHT_ELEMENTS", fold.MAX_ELEMENTS)
+    row = fc_row()
     assert row.where == "host" and "computed from constants at run time" in row.reason

@@ -10,7 +10,8 @@ replaces each node whose result is known by an initializer:
 - any deterministic operator of the default domain whose inputs are all constants.
 
 A value is computed only when shape inference already says how large it is, and only up to
-MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised).
+MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised),
+or MAX_WEIGHT_ELEMENTS for the weight input of a Conv, Gemm or MatMul.
 The DequantizeLinear of a weight (the matcher reads those) and model outputs are kept; a
 QuantizeLinear of a constant float weight does fold (into the int8 weight the matcher looks
 for behind its DequantizeLinear).  Every removed node is recorded in the Provenance.  Values are
@@ -29,6 +30,10 @@ from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.provenance import Provenance
 
 MAX_ELEMENTS = 1 << 20
+# a matrix operator's weight computed from constants (onnx's "light" zoo models make theirs
+# with ConstantOfShape at load time) is a weight all the same: folded up to 64 MiB of float32
+MAX_WEIGHT_ELEMENTS = 1 << 24
+_WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
 KEEP = {"DequantizeLinear", "DynamicQuantizeLinear", "Constant",
         "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -119,6 +124,7 @@ def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, ma
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                  onnx.defs.onnx_opset_version())
     keep, new_inits, count = [], [], 0
+    weights = {n.input[1] for n in g.node if n.op_type in _WEIGHTED and len(n.input) > 1}
 
     def value_of(name):
         if name in inits:
@@ -131,7 +137,8 @@ def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, ma
         values = None
         outs = [o for o in node.output if o]
         if _foldable_kind(node) and not any(o in outputs for o in outs) and \
-                all(_small(o, shapes, dtypes, max_elements) for o in outs):
+                all(_small(o, shapes, dtypes, max(max_elements, MAX_WEIGHT_ELEMENTS)
+                           if o in weights else max_elements) for o in outs):
             values = _evaluate(node, shapes, dtypes, value_of, inits, constants, opset)
         if values is None:
             keep.append(node)
