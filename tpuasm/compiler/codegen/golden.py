@@ -41,11 +41,12 @@ def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
     # VADD / VMUL and average pooling compute the exact value where onnxruntime (the
     # reference) rounds in float32: with "round" scale ratios (5/6, or the equal scales of
     # a model whose weights are all one value) exact ties are common and each is one LSB
-    # apart, on up to a few per cent of the values, and two in a row (a Mul then an Add)
-    # can make two LSB (docs/compiler.md, Rounding); a back-end bug makes far more
+    # apart, on up to a few per cent of the values; a Mul by a constant whose ratio is
+    # above 1 (a decomposed BatchNormalization's scale) or two in a row grow one to a few
+    # LSB (docs/compiler.md, Rounding); a back-end bug makes far more
     exact = any(isinstance(op, Elementwise) or (isinstance(op, Pool) and op.kind == "avg")
                 for op in step.segment.operators)
-    tie_share, worst = (0.05, 2) if exact else (0.001, 1)
+    tie_share, worst = (0.05, 4) if exact else (0.001, 1)
     expected = run_segment(step.segment, {name: x[:k] for name, x in inputs.items()})
     for name, want in expected.items():
         got = np.asarray(ours[name])[:k].reshape(want.shape)
