@@ -177,12 +177,14 @@ def _load():
         return "?"
 
 
-def bench_act(rows, n, repeat, flags, pool):
+def bench_act(rows, n, repeat, flags, pool, act_float=0):
     rng = np.random.default_rng(2)
     acc = rng.integers(-2**20, 2**20, (rows, n)).astype(np.int32)
-    ub = np.zeros((rows * 2, n), np.uint8)
+    ub = np.zeros((rows * 2 + 9, n), np.uint8)
+    ub[rows * 2 + 4:rows * 2 + 8] = np.frombuffer(np.float32(2.0 ** -12).tobytes(), np.uint8)[:, None]
     regs = D.reset_registers()
     regs[D.REG_ACT_SHIFT], regs[D.REG_FN_IN_FRAC], regs[D.REG_POOL_SIZE] = 8, 12, pool
+    regs[D.REG_ACT_PARAMS], regs[D.REG_ACT_FLOAT] = rows * 2, act_float
     row = np.zeros(D.NCOLS, np.int64)
     row[D.COL_OP], row[D.COL_REPEAT], row[D.COL_LEN] = D.OP_ACT, 1, rows
     row[D.COL_FLAGS] = ISA_TABLE.instructions["ACT"].flag_bits(flags)
@@ -190,7 +192,8 @@ def bench_act(rows, n, repeat, flags, pool):
     empty = np.zeros(0, np.int64)
     t = best_time(lambda: K.execute_instruction(row, regs, ub, acc, ub, np.zeros((1, n, n), np.uint8),
                                                 empty, np.array([-1, -1]), scratch, 0), repeat)
-    print(f"  ACT.{flags or '-':3s} {rows} rows: {rows / t / 1e6:6.2f} M rows/s, "
+    kind = " (act_float)" if act_float else ""
+    print(f"  ACT.{flags or '-':3s} {rows} rows{kind}: {rows / t / 1e6:6.2f} M rows/s, "
           f"{rows * n / t / 1e9:5.2f} G elements/s  ({t * 1e3:.2f} ms)")
 
 
@@ -227,6 +230,10 @@ def main():
     print("Activate (execute_instruction):")
     for flags, pool in (("", 1), ("R", 1), ("T", 1), ("Q", 1), ("RM", 2), ("A", 4)):
         bench_act(args.rows, args.n, args.repeat, flags, pool)
+    # a compiled Dense / Conv layer: per-column bias and requantization (P), fixed point and
+    # onnxruntime's float32 form
+    for act_float in (0, 1):
+        bench_act(args.rows, args.n, args.repeat, "RP", 1, act_float)
 
 
 if __name__ == "__main__":
