@@ -88,6 +88,15 @@ def test_forms_not_covered_stay_with_their_reason():
                    rng.normal(0, 1, (2, 3, 2, 2, 2)).astype(np.float32))
     assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
     assert "3-D" in reasons["conv"]
+    # a dilated Conv whose weight is a graph input (not a constant): left as it is
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", dilations=[2, 2])], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6]),
+         helper.make_tensor_value_info("w", T.FLOAT, [3, 2, 2, 2])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [1, 3, 4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
+    assert "not a constant" in reasons["conv"]
 
 
 @pytest.mark.parametrize("op,x_shape,w_shape,attrs,own", [

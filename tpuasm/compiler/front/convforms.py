@@ -28,7 +28,9 @@ from tpuasm.compiler.front.provenance import Provenance
 
 
 def rewrite_convolutions(model, prov: Provenance, reasons: dict[str, str] | None = None) -> int:
-    """Dilated Convs and ConvTransposes in place (see the module's text); the count done."""
+    """Dilated and 3-D Convs and ConvTransposes in place (see the module's text); the count
+    done.  Each records in `prov.own_work` the share of its new products that are the
+    network's own (the report's MACs)."""
     reasons = {} if reasons is None else reasons
     idx = _Index(model)
     ranks = _ranks(model)
@@ -36,28 +38,16 @@ def rewrite_convolutions(model, prov: Provenance, reasons: dict[str, str] | None
     def wanted(node):
         if node.op_type == "ConvTranspose":
             return True
-        w = idx.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 \
-            else None
-        return node.op_type == "Conv" and (
-            any(d != 1 for d in _attr(node, "dilations", [])) or (w is not None and w.ndim == 5))
+        return node.op_type == "Conv" and (any(d != 1 for d in _attr(node, "dilations", []))
+                                           or len(ranks.get(node.input[1], ())) == 5)
 
     def expand(node):
-        if node.op_type == "Conv" and idx.const(node.input[1]).ndim == 5:
-            return _per_depth(idx, node, ranks, prov)
-        if node.op_type == "Conv":
-            made = [_undilated(idx, node)]
-            w = made[0]
-            kernel, wide = _attr(node, "kernel_shape") or idx.const(node.input[1]).shape[2:], \
-                _attr(w, "kernel_shape")
-            prov.own_work[w.name] = (int(np.prod(kernel)), int(np.prod(wide)))
-            return made
-        made = _as_conv(idx, node, ranks)
-        x, y = ranks.get(node.input[0]), ranks.get(node.output[0])
-        if x and y and all(isinstance(d, int) for d in x[2:] + y[2:]):
-            # each input element meets the kernel once; the Conv's output elements each
-            # meet it whole, zeros of the upsampled input included
-            prov.own_work[made[-1].name] = (int(np.prod(x[2:])), int(np.prod(y[2:])))
-        return made
+        w = _weight(idx, node)
+        if node.op_type == "ConvTranspose":
+            return _as_conv(idx, node, w, ranks, prov)
+        if w.ndim == 5:
+            return _per_depth(idx, node, w, ranks, prov)
+        return [_undilated(idx, node, w, prov)]
 
     return _expand_nodes(model, prov, reasons, "rewritten", wanted, expand)
 
@@ -66,8 +56,6 @@ def _weight(idx: _Index, node) -> np.ndarray:
     w = idx.const(node.input[1]) if len(node.input) > 1 else None
     if w is None:
         raise NotRewritten("its weight is not a constant")
-    if w.ndim not in (3, 4):
-        raise NotRewritten(f"a {w.ndim - 2}-D convolution (1-D and 2-D are rewritten)")
     return w
 
 
@@ -80,13 +68,7 @@ def _spread(w: np.ndarray, dilations) -> np.ndarray:
     return out
 
 
-def _conv_node(node, inputs, output, **attrs):
-    made = helper.make_node("Conv", inputs, [output], name=node.name, **attrs)
-    return made
-
-
-def _undilated(idx: _Index, node):
-    w = _weight(idx, node)
+def _undilated(idx: _Index, node, w: np.ndarray, prov: Provenance):
     dilations = list(_attr(node, "dilations"))
     if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise NotRewritten("auto_pad with dilations")
@@ -95,12 +77,14 @@ def _undilated(idx: _Index, node):
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
              if a.name not in ("dilations", "kernel_shape")}
     attrs["kernel_shape"] = list(wide.shape[2:])
-    return _conv_node(node, inputs, node.output[0], **attrs)
+    prov.own_work[node.name] = (int(np.prod(w.shape[2:])), int(np.prod(wide.shape[2:])))
+    return helper.make_node("Conv", inputs, [node.output[0]], name=node.name, **attrs)
 
 
-def _as_conv(idx: _Index, node, ranks: dict) -> list:
-    w = _weight(idx, node)
+def _as_conv(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance) -> list:
     spatial = w.ndim - 2
+    if spatial not in (1, 2):
+        raise NotRewritten(f"a {spatial}-D transposed convolution (1-D and 2-D are rewritten)")
     if _attr(node, "output_shape") is not None:
         raise NotRewritten("output_shape is given (only explicit pads are rewritten)")
     if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
@@ -129,9 +113,14 @@ def _as_conv(idx: _Index, node, ranks: dict) -> list:
     if any(s != 1 for s in strides):
         x, made = _upsampled(idx, node, x, shape, strides)
     inputs = [x, idx.add_init(flipped, node.input[1] + "_as_conv"), *node.input[2:3]]
-    made.append(_conv_node(node, inputs, node.output[0], group=group, dilations=dilations,
-                           kernel_shape=list(kernel), pads=begin + end,
-                           strides=[1] * spatial))
+    made.append(helper.make_node("Conv", inputs, [node.output[0]], name=node.name,
+                                 group=group, dilations=dilations, kernel_shape=list(kernel),
+                                 pads=begin + end, strides=[1] * spatial))
+    out = ranks.get(node.output[0])
+    if out and all(isinstance(d, int) for d in out[2:]):
+        # each input element meets the kernel once; each output element of the Conv meets
+        # it whole, the zeros of the upsampled input included
+        prov.own_work[node.name] = (int(np.prod(shape[2:])), int(np.prod(out[2:])))
     return made
 
 
@@ -176,8 +165,7 @@ def _pad(idx: _Index, x: str, out: str, pads: list, tag: str):
 MAX_DEPTH_STEPS = 256              # output depths of a 3-D Conv unrolled into 2-D Convs
 
 
-def _per_depth(idx: _Index, node, ranks: dict, prov: Provenance) -> list:
-    w = idx.const(node.input[1])
+def _per_depth(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance) -> list:
     if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise NotRewritten("a 3-D convolution with auto_pad")
     shape = ranks.get(node.input[0])
