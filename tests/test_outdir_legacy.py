@@ -85,3 +85,14 @@ def test_the_printed_command_makes_an_outdir_that_answers_as_the_original(compil
     r = tpuasm("infer", d.name, "x.npy", "-o", "y.npy", cwd=compiled)
     assert r.returncode == 0, r.stderr
     assert np.array_equal(np.load(compiled / "y.npy"), np.load(compiled / "want.npy"))
+
+
+def test_the_debugger_refuses_it_too(compiled):
+    """`tpuasm debug OUTDIR` opens a segment only after the checks infer makes."""
+    d = _older(compiled, "OLD_DEBUG")
+    (compiled / "s.tdb").write_text("continue\nexpect retired > 0\n")
+    r = tpuasm("debug", d.name, "--batch", "s.tdb", cwd=compiled)
+    assert r.returncode == 2
+    assert "compiled by an older tpuasm" in r.stderr and "tpuasm compile" in r.stderr
+    r = tpuasm("debug", "OUT", "--batch", "s.tdb", cwd=compiled)
+    assert r.returncode == 0, r.stderr
