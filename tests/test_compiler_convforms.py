@@ -39,6 +39,10 @@ CASES = [
     ("Conv", (2, 3, 5, 6, 7), (4, 3, 3, 2, 3), dict()),
     ("Conv", (1, 4, 9, 6, 5), (6, 2, 2, 3, 3), dict(group=2, strides=[2, 1, 2],
                                                     pads=[1, 1, 0, 2, 1, 1], dilations=[3, 1, 2])),
+    ("Conv", (2, 4, 11, 9), (6, 4, 3, 3), dict(strides=[2, 1], pads=[1, 1, 1, 1])),
+    ("Conv", (1, 4, 11, 9), (6, 2, 3, 2), dict(strides=[2, 4], pads=[1, 0, 0, 1], group=2)),
+    ("Conv", (2, 3, 12, 10), (4, 3, 3, 3), dict(strides=[3, 2], dilations=[2, 1])),
+    ("Conv", (1, 3, 11, 9), (4, 3, 3, 3), dict(strides=[1, 2], auto_pad="VALID")),
     ("ConvTranspose", (2, 3, 7), (3, 4, 3), dict(strides=[2])),
     ("ConvTranspose", (1, 4, 5, 6), (4, 3, 3, 3), dict(strides=[2, 3], pads=[1, 0, 1, 1],
                                                        output_padding=[1, 2])),
@@ -97,11 +101,18 @@ def test_forms_not_covered_stay_with_their_reason():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
     assert "not a constant" in reasons["conv"]
+    # strides that differ by axis with SAME padding: its pads depend on the strides
+    model = _model("Conv", [1, 3, 8, 8], w, strides=[2, 1], auto_pad="SAME_UPPER")
+    assert rewrite_convolutions(model, Provenance.of(model), reasons) == 0
+    assert "auto_pad SAME" in reasons["conv"]
 
 
 @pytest.mark.parametrize("op,x_shape,w_shape,attrs,own", [
     ("Conv", (8, 3, 10, 10), (4, 3, 3, 3), dict(dilations=[2, 2]), 8 * 4 * 6 * 6 * 27),
     ("ConvTranspose", (8, 4, 5, 5), (4, 3, 3, 3), dict(strides=[2, 2]), 8 * 4 * 25 * 27),
+    # strides that differ by axis (OCR models): the Conv at stride 1, every other row kept
+    ("Conv", (8, 3, 10, 10), (4, 3, 3, 3), dict(strides=[2, 1], pads=[1, 1, 1, 1]),
+     8 * 4 * 5 * 10 * 27),
 ])
 def test_compiled_on_the_tpu_with_the_network_s_own_macs(tmp_path, op, x_shape, w_shape,
                                                            attrs, own):

@@ -193,6 +193,7 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
     """Where the symbol was lost (a contrib operator onnx does not know, a Reshape to a
     computed shape), the model's shapes at two batch sizes, from reader.infer_shapes (which
     asks onnxruntime about unknown operators): the batch axis is the one that changes."""
+    from tpuasm.compiler.front.fold import fold_constants
     from tpuasm.compiler.front.reader import fix_batch, infer_shapes, skeleton
     seen = []
     for size in _PROBES:
@@ -200,6 +201,7 @@ def _by_two_batches(model: onnx.ModelProto, axes: dict, path, result: dict) -> N
         forget_inner_shapes(copy.graph)
         try:
             fix_batch(copy, size, path, axes=axes)
+            fold_constants(copy, path)     # a Shape -> Cast -> Concat target made constant
             seen.append(infer_shapes(copy, path)[0])
         except Exception:                          # left unknown: the runtime's default
             return

@@ -38,7 +38,7 @@ def rewrite_convolutions(model, prov: Provenance, reasons: dict[str, str] | None
     def wanted(node):
         if node.op_type == "ConvTranspose":
             return True
-        return node.op_type == "Conv" and (any(d != 1 for d in _attr(node, "dilations", []))
+        return node.op_type == "Conv" and (_dilated(node) or _uneven_strides(node)
                                            or len(ranks.get(node.input[1], ())) == 5)
 
     def expand(node):
@@ -47,9 +47,65 @@ def rewrite_convolutions(model, prov: Provenance, reasons: dict[str, str] | None
             return _as_conv(idx, node, w, ranks, prov)
         if w.ndim == 5:
             return _per_depth(idx, node, w, ranks, prov)
-        return [_undilated(idx, node, w, prov)]
+        conv = _undilated(idx, node, w, prov) if _dilated(node) else node
+        return _restrided(idx, conv, ranks, prov) if _uneven_strides(node) else [conv]
 
     return _expand_nodes(model, prov, reasons, "rewritten", wanted, expand)
+
+
+def _dilated(node) -> bool:
+    return any(d != 1 for d in _attr(node, "dilations", []))
+
+
+def _uneven_strides(node) -> bool:
+    return len(set(_attr(node, "strides", []))) > 1
+
+
+def _restrided(idx: _Index, conv, ranks: dict, prov: Provenance) -> list:
+    """A Conv whose strides differ by axis (OCR models' (2, 1)): MMC.C has one stride for
+    both axes, so the Conv runs at their greatest common divisor g and a Slice on the host
+    keeps every (s / g)-th output along each axis.  With L = in + pads - reach, the Conv at
+    g gives L // g + 1 outputs, and every (s / g)-th of them is L // s + 1: the same ones."""
+    if _attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        raise NotRewritten("auto_pad SAME with strides that differ by axis")
+    strides = list(_attr(conv, "strides"))
+    g = int(np.gcd.reduce(strides))
+    steps = [st // g for st in strides]
+    attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute if a.name != "strides"}
+    every = idx.unique(conv.output[0] + "_every_" + str(g))
+    made = [helper.make_node("Conv", list(conv.input), [every], name=conv.name,
+                             strides=[g] * len(strides), **attrs)]
+    axes = list(range(2, 2 + len(strides)))
+    const = [idx.add_init(np.asarray(v, np.int64), f"{conv.name}_keep_{what}")
+             for what, v in (("starts", [0] * len(axes)), ("ends", [2**62] * len(axes)),
+                             ("axes", axes), ("steps", steps))]
+    made.append(helper.make_node("Slice", [every, *const], [conv.output[0]],
+                                 name=idx.unique(conv.name + "_keep_strided")))
+    out = ranks.get(conv.output[0])
+    if out and len(out) == 2 + len(strides) and all(isinstance(d, int) for d in out[2:]):
+        kept = int(np.prod(out[2:]))
+        # the outputs at stride g: L // g + 1 = ((out - 1) * s) // g + 1 at least, exactly
+        # when the input's spatial shape is known
+        kernel = _attr(conv, "kernel_shape") or list(idx.inits[conv.input[1]].dims[2:])
+        computed = _outputs_at(ranks.get(conv.input[0]), conv, kernel, g) or \
+            int(np.prod([(o - 1) * st + 1 for o, st in zip(out[2:], steps)]))
+        num, den = prov.own_work.get(conv.name, (1, 1))
+        prov.own_work[conv.name] = (num * kept, den * computed)
+    return made
+
+
+def _outputs_at(shape, conv, kernel, stride: int) -> int | None:
+    """Output positions of `conv` at `stride` on both axes (None: input shape unknown)."""
+    if not shape or any(not isinstance(d, int) for d in shape[2:]):
+        return None
+    spatial = len(kernel)
+    pads = list(_attr(conv, "pads", [0] * 2 * spatial))
+    dil = list(_attr(conv, "dilations", [1] * spatial))
+    total = 1
+    for i in range(spatial):
+        reach = (kernel[i] - 1) * dil[i] + 1
+        total *= (shape[2 + i] + pads[i] + pads[spatial + i] - reach) // stride + 1
+    return total
 
 
 def _weight(idx: _Index, node) -> np.ndarray:

@@ -37,6 +37,7 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
+    constants_to_initializers(model, prov)     # first: every rewrite reads initializers
     from tpuasm.compiler.front.convforms import rewrite_convolutions
     rewrite_convolutions(model, prov, reasons)     # before BN folding: a Conv takes its BN
     rewrite_linear_models(model, prov, reasons)
@@ -129,6 +130,47 @@ def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
     for t in g.initializer:
         out[t.name] = tuple(t.dims)
     return out
+
+
+def constants_to_initializers(model: onnx.ModelProto, prov: Provenance) -> int:
+    """Constant nodes as initializers.  Some exporters (paddle2onnx, older PyTorch) give every
+    weight as a Constant node; the quantizer and the rewrites here only take an initializer
+    as a weight, so such a model would otherwise stay float on the host.  Returns how many."""
+    g = model.graph
+    outputs = {v.name for v in g.output}
+    keep, made = [], []
+    for node in g.node:
+        value = _constant_value(node) if node.output[0] not in outputs else None
+        if value is None:
+            keep.append(node)
+            continue
+        made.append(numpy_helper.from_array(value, node.output[0]))
+        prov.fold(node.name, "a Constant: its value is an initializer (a weight) of the "
+                             "nodes that read it")
+    if made:
+        del g.node[:]
+        g.node.extend(keep)
+        g.initializer.extend(made)
+    return len(made)
+
+
+def _constant_value(node) -> np.ndarray | None:
+    """A default-domain Constant's numeric value; None for anything else (a sparse or string
+    value is left as the node it is)."""
+    if node.op_type != "Constant" or (node.domain or "") not in ("", "ai.onnx") \
+            or len(node.attribute) != 1 or len(node.output) != 1:
+        return None
+    attr = node.attribute[0]
+    if attr.name == "value":
+        if attr.t.data_type == onnx.TensorProto.STRING \
+                or attr.t.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(attr.t)
+    kinds = {"value_float": np.float32, "value_floats": np.float32,
+             "value_int": np.int64, "value_ints": np.int64}
+    if attr.name in kinds:
+        return np.asarray(helper.get_attribute_value(attr), kinds[attr.name])
+    return None
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> None:

@@ -267,6 +267,8 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     path = path if path is not None else model
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
+    if options.per_channel:
+        model = _per_axis_opset(model, path)
     model = _with_shapes(model)
     nodes = tpu_nodes(model, options, path, provenance)
     _refuse_non_finite_weights(model, path, provenance, set(nodes))
@@ -311,7 +313,8 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                             op_types_to_quantize=op_types, calibrate_method=method,
                             extra_options=extra, calibration_cache_path=cache)
         qdq = onnx.load(str(out_path))
-        if fuse_bias_adds(qdq, model):
+        from tpuasm.compiler.front.scales import repair_vanishing_channels
+        if fuse_bias_adds(qdq, model) + repair_vanishing_channels(qdq):
             onnx.save(qdq, str(out_path))
     except CompileError:
         raise
@@ -320,6 +323,29 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
                            ) from None
     return nodes
+
+
+PER_AXIS_OPSET = 13          # DequantizeLinear takes `axis` (per-channel scales) from 13
+
+
+def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
+    """The model at opset 13 or later, so that per-channel weights can be written (Paddle's
+    exports, say, are opset 11-12); converted by onnx's version converter."""
+    versions = {o.domain or "": o.version for o in model.opset_import}
+    if versions.get("", versions.get("ai.onnx", PER_AXIS_OPSET)) >= PER_AXIS_OPSET:
+        return model
+    from onnx import version_converter
+    try:
+        converted = version_converter.convert_version(model, PER_AXIS_OPSET)
+    except Exception as e:
+        raise CompileError(f"{path}: per-channel weights need opset {PER_AXIS_OPSET}, and "
+                           f"onnx's version converter could not convert the model "
+                           f"({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); "
+                           f"try --per-tensor") from None
+    from onnx.helper import find_min_ir_version_for
+    converted.ir_version = max(converted.ir_version, find_min_ir_version_for(
+        [o for o in converted.opset_import if (o.domain or "") in ("", "ai.onnx")]))
+    return converted
 
 
 def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:

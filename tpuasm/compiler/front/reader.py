@@ -62,13 +62,17 @@ MAX_DIMENSION = (1 << 31) - 1     # what an OUTDIR's manifest may hold (outdir.p
 
 def _check_dimensions(model: onnx.ModelProto, path) -> None:
     """An input's or output's size beyond any memory is refused here: compiled, it made
-    an OUTDIR whose manifest its own loader refused."""
+    an OUTDIR whose manifest its own loader refused.  A negative size is a dynamic one."""
     for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
         for v in values:
             if not v.type.HasField("tensor_type"):
                 continue
             for i, d in enumerate(v.type.tensor_type.shape.dim):
-                if d.HasField("dim_value") and not 0 <= d.dim_value <= MAX_DIMENSION:
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    # Paddle's exporter writes -1 for "unknown", as onnxruntime reads it
+                    d.Clear()
+                    d.dim_param = f"{v.name}_dim{i}"
+                elif d.HasField("dim_value") and not 0 <= d.dim_value <= MAX_DIMENSION:
                     raise CompileError(f"{path}: {kind} '{v.name}' dimension {i} is "
                                        f"{d.dim_value}: outside 0..{MAX_DIMENSION}")
 

@@ -1,0 +1,111 @@
+"""What other exporters write, taken as shipped (found compiling PaddleOCR's models, which
+paddle2onnx exports): weights as Constant nodes, opset 11-12 with per-channel weights, a
+weight channel trained to ~1e-35, dimensions of -1, a batch that reaches the output only
+through Shape -> Cast -> Concat -> Reshape.  Each model is built here with onnx.helper;
+onnxruntime on the float model and on the same QDQ model are the oracles."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler import compile as tpu_compile
+from tpuasm.compiler.ort import session
+
+
+def _const(name: str, array: np.ndarray):
+    return helper.make_node("Constant", [], [name], name=name + "_const",
+                            value=numpy_helper.from_array(array, name + "_value"))
+
+
+def _paddle_like(rng, opset: int, tiny_channel: bool = False) -> onnx.ModelProto:
+    """Conv (weights from Constant nodes) -> Relu -> Reshape to (N, -1) through a shape
+    computed from the input -> Gemm; the output's batch dimension written as -1."""
+    w = rng.normal(0, 0.3, (6, 3, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.1, 6).astype(np.float32)
+    if tiny_channel:                  # a channel training switched off
+        w[2], b[2] = 1e-35, 1e-36
+    fc = rng.normal(0, 0.1, (6 * 4 * 4, 5)).astype(np.float32)
+    nodes = [
+        _const("w", w), _const("b", b), _const("fc", fc),
+        _const("start", np.array([0], np.int64)), _const("end", np.array([1], np.int64)),
+        _const("rest", np.array([-1], np.int64)),
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Shape", ["r"], ["s"], name="shape"),
+        helper.make_node("Cast", ["s"], ["s64"], name="cast", to=T.INT64),
+        helper.make_node("Slice", ["s64", "start", "end"], ["n"], name="batch_of"),
+        helper.make_node("Concat", ["n", "rest"], ["target"], name="target", axis=0),
+        helper.make_node("Reshape", ["r", "target"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc"], ["y"], name="fc_gemm"),
+    ]
+    x = helper.make_tensor_value_info("x", T.FLOAT, [-1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", T.FLOAT, [-1, 5])
+    model = helper.make_model(helper.make_graph(nodes, "paddle_like", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    return model
+
+
+def _compile(tmp_path, model, calib, **options):
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    return tpu_compile(str(path), calibration=calib, config={"array_size": 16}, **options)
+
+
+def _check(compiled, model, x):
+    got = compiled.run(x)["y"]
+    (want,) = session(model).run(None, {"x": x})
+    assert got.shape == want.shape == (len(x), 5)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    # the QDQ model has the batch folded into its constants: fed a whole padded batch
+    padded = np.concatenate([x, np.zeros((compiled.batch - len(x),) + x.shape[1:], x.dtype)])
+    (same_qdq,) = session(onnx.load(str(compiled.reference_model))).run(None, {"x": padded})
+    np.testing.assert_array_equal(got, same_qdq[:len(x)])
+
+
+def test_constant_node_weights_at_opset_11_go_to_the_tpu(tmp_path):
+    rng = np.random.default_rng(0)
+    model = _paddle_like(rng, opset=11)
+    calib = rng.normal(0, 1, (24, 3, 8, 8)).astype(np.float32)
+    compiled = _compile(tmp_path, model, calib, batch=8)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["conv"].where == rows["fc_gemm"].where == "TPU"
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    assert "initializer" in rows["w_const"].reason
+    # per-channel weights were kept: the QDQ model was lifted to opset 13 to hold them
+    qdq = onnx.load(str(compiled.reference_model))
+    assert any(a.name == "axis" for n in qdq.graph.node if n.op_type == "DequantizeLinear"
+               for a in n.attribute)
+    _check(compiled, model, calib[:8])
+
+
+def test_fewer_rows_than_the_batch_come_back_as_many(tmp_path):
+    """The output's batch dimension is -1 and reaches it only through a computed Reshape
+    target: 5 rows in, 5 rows out (the padded batch cut off)."""
+    rng = np.random.default_rng(1)
+    model = _paddle_like(rng, opset=13)
+    calib = rng.normal(0, 1, (5, 3, 8, 8)).astype(np.float32)
+    compiled = _compile(tmp_path, model, calib, batch=8)
+    _check(compiled, model, calib)
+
+
+def test_a_weight_channel_of_zeros_compiles_as_zeros(tmp_path):
+    """onnxruntime gives the 1e-35 channel a scale near 1e-37 and its bias a subnormal one,
+    which no requantization multiplier expresses: the QDQ model holds it as the zeros it
+    computes (scale 1), and the TPU matches onnxruntime on that model exactly."""
+    rng = np.random.default_rng(2)
+    model = _paddle_like(rng, opset=13, tiny_channel=True)
+    calib = rng.normal(0, 1, (16, 3, 8, 8)).astype(np.float32)
+    compiled = _compile(tmp_path, model, calib, batch=8)
+    qdq = onnx.load(str(compiled.reference_model))
+    inits = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    conv = next(n for n in qdq.graph.node if n.op_type == "Conv")
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    w_dq = producer[conv.input[1]]
+    assert inits[w_dq.input[1]][2] == 1.0 and not inits[w_dq.input[0]][2].any()
+    b_dq = producer[conv.input[2]]
+    assert inits[b_dq.input[1]].min() > np.finfo(np.float32).tiny
+    _check(compiled, model, calib[:8])
