@@ -109,3 +109,60 @@ def test_a_weight_channel_of_zeros_compiles_as_zeros(tmp_path):
     b_dq = producer[conv.input[2]]
     assert inits[b_dq.input[1]].min() > np.finfo(np.float32).tiny
     _check(compiled, model, calib[:8])
+
+
+def _affine_model(rng, scale, shift, op="Conv"):
+    """Conv (or Gemm) -> Mul by `scale` -> Add `shift` -> Relu: PaddleOCR's learnable affine
+    block after every Conv."""
+    if op == "Conv":
+        w = rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
+        x = helper.make_tensor_value_info("x", T.FLOAT, ["N", 3, 6, 6])
+        first = helper.make_node("Conv", ["x", "w"], ["c"], name="layer", pads=[1, 1, 1, 1])
+    else:
+        w = rng.normal(0, 0.3, (12, 4)).astype(np.float32)
+        x = helper.make_tensor_value_info("x", T.FLOAT, ["N", 12])
+        first = helper.make_node("Gemm", ["x", "w"], ["c"], name="layer")
+    nodes = [first,
+             helper.make_node("Mul", ["scale", "c"], ["m"], name="affine_scale"),
+             helper.make_node("Add", ["m", "shift"], ["a"], name="affine_shift"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(scale, "scale"),
+             numpy_helper.from_array(shift, "shift")]
+    y = helper.make_tensor_value_info("y", T.FLOAT, ["N", 4, 6, 6] if op == "Conv" else ["N", 4])
+    return helper.make_model(helper.make_graph(nodes, "affine", [x], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_constant_affine_after_a_conv_is_folded_into_it(tmp_path):
+    rng = np.random.default_rng(3)
+    model = _affine_model(rng, np.array([1.7], np.float32), np.array([-0.2], np.float32))
+    calib = rng.normal(0, 1, (16, 3, 6, 6)).astype(np.float32)
+    compiled = _compile(tmp_path, model, calib, batch=8)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["affine_scale"].reason == rows["affine_shift"].reason == \
+        "folded into Conv 'layer'"
+    x = calib[:8]
+    got = compiled.run(x)["y"]
+    (want,) = session(model).run(None, {"x": x})
+    assert np.abs(got - want).max() < 0.03 * np.abs(want).max()
+    (same_qdq,) = session(onnx.load(str(compiled.reference_model))).run(None, {"x": x})
+    np.testing.assert_array_equal(got, same_qdq)
+
+
+def test_affine_folding_keeps_the_function_and_refuses_other_broadcasts():
+    from tpuasm.compiler.front.prepare import fold_constant_affines
+    from tpuasm.compiler.front.provenance import Provenance
+    rng = np.random.default_rng(4)
+    cases = [   # op, scale, shift, x, folded
+        ("Conv", rng.normal(1, 0.3, (1, 4, 1, 1)), rng.normal(0, 1, (4, 1, 1)), (2, 3, 6, 6), 2),
+        ("Gemm", rng.normal(1, 0.3, (1, 4)), rng.normal(0, 1, (4,)), (5, 12), 2),
+        # a (4,) constant broadcasts along the Conv's width, not its channels: stays
+        ("Conv", np.full(6, 2.0), rng.normal(0, 1, (1,)), (2, 3, 6, 6), 0),
+    ]
+    for op, scale, shift, shape, folded in cases:
+        model = _affine_model(rng, scale.astype(np.float32), shift.astype(np.float32), op)
+        x = rng.normal(0, 1, shape).astype(np.float32)
+        (want,) = session(model).run(None, {"x": x})
+        assert fold_constant_affines(model, Provenance.of(model)) == folded
+        (got,) = session(model).run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
