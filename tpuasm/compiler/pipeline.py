@@ -118,7 +118,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data"))
-        prepared = prepare(float_model, provenance)
+        prepared = prepare(float_model, provenance, machine)
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
                  path, provenance, batch_axes=axes)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "

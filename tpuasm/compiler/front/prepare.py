@@ -2,6 +2,8 @@
 TPU maps (docs/compiler.md, "Preparing a float model"):
 
 - a dilated Conv and a ConvTranspose as plain Convs (convforms.py);
+- a Conv (and the Relu and pooling after it) whose image the Unified Buffer cannot hold as
+  bands of rows (banding.py);
 - a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
@@ -32,9 +34,13 @@ class Prepared:
     reasons: dict[str, str] = field(default_factory=dict)   # node -> why it was not rewritten
 
 
-def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Prepared:
+def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
+            machine=None) -> Prepared:
     """Apply every rewrite, in place, in the order that lets each feed the next (a
-    BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
+    BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes).
+    `machine` (a MachineConfig): the shape the model is compiled for; with it, a Conv or
+    Pool whose image the Unified Buffer cannot hold is cut into bands of rows (banding.py:
+    last, on the Convs as the other rewrites leave them)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions
@@ -43,6 +49,9 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     unroll_recurrent(model, prov, reasons)
     fold_batch_norms(model, prov)
     fuse_matmul_bias(model, prov)
+    if machine is not None:
+        from tpuasm.compiler.front.banding import band_convolutions
+        band_convolutions(model, prov, machine, reasons)
     drop_unused_initializers(model)
     return Prepared(model, prov, reasons)
 
