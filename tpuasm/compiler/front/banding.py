@@ -13,7 +13,8 @@ the image's top padding stays on the first band, its bottom padding on the last,
 padding of the other sides on every band.  A Relu/Clip and a Max/AveragePool after the Conv
 (VGG's `conv -> relu -> pool`) are banded with it, so the pool reads the band its own rows
 came from and the full image never exists on the chip; a pool on its own is banded the same
-way.  The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the
+way.  A padded pool whose bands would keep their padding on one side only (the back end's
+pool takes the same padding on both axes) is left whole after the Concat.  The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the
 TPU, one segment.
 
 How many bands: the fewest whose segment the back end places, asked of the back end's own
@@ -53,7 +54,16 @@ def band_convolutions(model, prov: Provenance, machine,
             chain = _chain(idx, node, ranks)
             if chain is None:
                 continue
-            plan = _plan(chain, machine)
+            try:
+                plan = _plan(chain, machine)
+            except _Unmapped as e:
+                if chain.pool is None or chain.conv is None:
+                    raise NotRewritten(str(e)) from None
+                # a pool whose padding the bands would leave on one side: the Conv (and its
+                # activation) banded alone, the pool after their Concat
+                chain.nodes.pop()
+                chain.pool = None
+                plan = _plan(chain, machine)
             if plan is None:
                 continue                                 # it fits whole
             replaced[node.name] = (chain.nodes, _banded(idx, chain, plan, prov))
@@ -166,25 +176,26 @@ class _Band:
         self.own = 0                               # Conv rows that are this band's own
 
 
+class _Unmapped(NotRewritten):
+    """A band's operator the back end does not map (a pool's padding left on one side)."""
+
+
 def _plan(chain: _Chain, machine) -> list[_Band] | None:
     """The bands (fewest that fit), or None when the chain fits whole."""
-    from tpuasm.compiler.codegen import CodegenError, supports
-    _c, height, _w = chain.shape
+    from tpuasm.compiler.codegen import CodegenError
     final = _out_height(chain)
     try:
-        if _fits(chain, _bands(chain, 1), machine):
+        if _fits(chain, _bands(chain, 1), machine, check=False):
             return None
-        for op in _ir_ops(chain, _bands(chain, 1)[0], "probe"):
-            if supports(op) is not None:
-                raise NotRewritten(f"the back end does not map it ({supports(op)})")
         for k in range(2, min(final, MAX_BANDS) + 1):
             bands = _bands(chain, k)
             if _fits(chain, bands, machine):
                 return bands
     except CodegenError as e:
         raise NotRewritten(f"the back end cannot place its bands ({e})") from None
-    raise NotRewritten(f"even {min(final, MAX_BANDS)} bands of rows do not fit the Unified "
-                       f"Buffer ({machine.ub_rows} rows)")
+    from tpuasm.compiler.codegen.backend import CANNOT_HOLD
+    raise NotRewritten(f"{CANNOT_HOLD}: even {min(final, MAX_BANDS)} bands of rows do not "
+                       f"fit the Unified Buffer ({machine.ub_rows} rows)")
 
 
 def _out_height(chain: _Chain) -> int:
@@ -234,14 +245,19 @@ def _bands(chain: _Chain, k: int) -> list[_Band]:
     return bands
 
 
-def _fits(chain: _Chain, bands: list[_Band], machine) -> bool:
+def _fits(chain: _Chain, bands: list[_Band], machine, check: bool = True) -> bool:
     """Whether the segment the partition makes of the bands (their Convs and Pools, each
-    band's slice an input, its result an output) fits the machine."""
-    from tpuasm.compiler.codegen import fits
+    band's slice an input, its result an output) fits the machine; `check`: raise
+    _Unmapped when the back end would refuse a band's operator (supports())."""
+    from tpuasm.compiler.codegen import fits, supports
     from tpuasm.compiler.ir import Segment
     ops, inputs, outputs = [], [], []
     for i, band in enumerate(bands):
         made = _ir_ops(chain, band, f"band{i}")
+        for op in made if check else ():
+            why = supports(op)
+            if why is not None:
+                raise _Unmapped(f"{type(op).__name__.lower()} of a band: {why}")
         ops += made
         inputs.append(made[0].input)
         outputs.append(made[-1].output)
