@@ -120,13 +120,14 @@ class _Window:
         return max(a, 0), min(b, height), max(0, -a), max(0, b - height)
 
 
-def _windows(node) -> tuple[_Window, tuple[int, int, int, int]]:
-    """The row window of a Conv or Pool and its full pads (top, left, bottom, right)."""
+def _windows(node, kernel=None) -> tuple[_Window, tuple[int, int, int, int]]:
+    """The row window of a Conv or Pool and its full pads (top, left, bottom, right);
+    `kernel`: a Conv's (kh, kw) from its weight (its kernel_shape is optional)."""
     if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise NotRewritten("auto_pad is set")
     if any(d != 1 for d in _attr(node, "dilations", [1, 1])):
         raise NotRewritten("a dilated window")
-    kernel = _attr(node, "kernel_shape")
+    kernel = _attr(node, "kernel_shape") or kernel
     strides = list(_attr(node, "strides", [1, 1]))
     t, l, b, r = _attr(node, "pads", [0, 0, 0, 0])
     return _Window(kernel[0], strides[0], t, b), (t, l, b, r)
@@ -201,7 +202,7 @@ def _plan(chain: _Chain, machine) -> list[_Band] | None:
 def _out_height(chain: _Chain) -> int:
     h = chain.shape[1]
     if chain.conv is not None:
-        h = _windows(chain.conv)[0].out_rows(h)
+        h = _windows(chain.conv, chain.weight_shape[2:])[0].out_rows(h)
     if chain.pool is not None:
         h = _windows(chain.pool)[0].out_rows(h)
     return h
@@ -210,7 +211,8 @@ def _out_height(chain: _Chain) -> int:
 def _bands(chain: _Chain, k: int) -> list[_Band]:
     """k bands of nearly equal output rows, traced back through the pool and the Conv."""
     height = chain.shape[1]
-    conv_w = _windows(chain.conv)[0] if chain.conv is not None else None
+    conv_w = (_windows(chain.conv, chain.weight_shape[2:])[0] if chain.conv is not None
+              else None)
     pool_w = _windows(chain.pool)[0] if chain.pool is not None else None
     conv_h = conv_w.out_rows(height) if conv_w else height
     final = _out_height(chain)
@@ -278,7 +280,7 @@ def _ir_ops(chain: _Chain, band: _Band, tag: str) -> list:
     ops = []
     if chain.conv is not None:
         o, per_group, kh, kw = chain.weight_shape
-        window, (_t, left, _b, right) = _windows(chain.conv)
+        window, (_t, left, _b, right) = _windows(chain.conv, chain.weight_shape[2:])
         sh, sw = _attr(chain.conv, "strides", [1, 1])
         wo = (width + left + right - kw) // sw + 1
         c0, c1 = band.conv_rows
