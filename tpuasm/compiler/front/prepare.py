@@ -125,7 +125,7 @@ def _set_attr(node, name, value) -> None:
 def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
     """Tensor -> dims (ints or None) from onnx shape inference ({} when it fails)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
     except Exception:
         return {}
     out = {}
@@ -135,9 +135,35 @@ def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
         if v.type.HasField("tensor_type") and t.HasField("shape"):
             out[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
                                 for d in t.shape.dim)
-    for t in g.initializer:
+    for t in model.graph.initializer:
         out[t.name] = tuple(t.dims)
     return out
+
+
+# initializers shape inference may need the values of (a Reshape's shape, pads, axes)
+_VALUE_ELEMENTS = 4096
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model for shape inference: its large initializers (weights) declared as graph
+    inputs of their type and shape instead.  Shape inference serializes the model it is
+    given: with a 400 MB weight that is seconds and the weight's size again in memory per
+    call, and no shape depends on a weight's values."""
+    g = model.graph
+    big = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) > _VALUE_ELEMENTS]
+    if not big:
+        return model
+    declared = {v.name for v in g.input}
+    inputs = list(g.input) + [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                              for t in big if t.name not in declared]
+    small = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) <= _VALUE_ELEMENTS]
+    graph = helper.make_graph(list(g.node), g.name, inputs, list(g.output), small,
+                              value_info=list(g.value_info),
+                              sparse_initializer=list(g.sparse_initializer))
+    light = helper.make_model(graph, opset_imports=list(model.opset_import),
+                              functions=list(model.functions))
+    light.ir_version = model.ir_version
+    return light
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> None:
