@@ -12,9 +12,10 @@ Each band reads its rows plus the kernel's halo (the rows above and below its wi
 the image's top padding stays on the first band, its bottom padding on the last, the
 padding of the other sides on every band.  A Relu/Clip and a Max/AveragePool after the Conv
 (VGG's `conv -> relu -> pool`) are banded with it, so the pool reads the band its own rows
-came from and the full image never exists on the chip; a pool on its own is banded the same
-way.  A padded pool whose bands would keep their padding on one side only (the back end's
-pool takes the same padding on both axes) is left whole after the Concat.  The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the
+came from and the full image never exists on the chip.  A padded pool whose bands would keep
+their padding on one side only (the back end's pool takes the same padding on both axes) is
+left whole after the Concat.  A pool is not banded on its own: its bands would read host
+Slices, and the quantizer takes a pool only after a TPU node (they would stay on the host).  The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the
 TPU, one segment.
 
 How many bands: the fewest whose segment the back end places, asked of the back end's own
@@ -39,7 +40,7 @@ _POOLS = ("MaxPool", "AveragePool")
 
 def band_convolutions(model, prov: Provenance, machine,
                       reasons: dict[str, str] | None = None) -> int:
-    """Band (in place) every Conv / Pool chain whose one-sample segment the machine
+    """Band (in place) every Conv [-> Relu/Clip] [-> Pool] chain whose segment the machine
     (a MachineConfig: array_size, ub_rows, acc_rows) cannot hold; the count banded."""
     reasons = {} if reasons is None else reasons
     idx = _Index(model)
@@ -48,7 +49,7 @@ def band_convolutions(model, prov: Provenance, machine,
     taken: set[str] = set()
     replaced: dict[str, tuple[list, list]] = {}          # first node -> (chain, new nodes)
     for node in list(model.graph.node):
-        if node.name in taken or node.op_type not in ("Conv", *_POOLS):
+        if node.name in taken or node.op_type != "Conv":
             continue
         try:
             chain = _chain(idx, node, ranks)
@@ -57,7 +58,7 @@ def band_convolutions(model, prov: Provenance, machine,
             try:
                 plan = _plan(chain, machine)
             except _Unmapped as e:
-                if chain.pool is None or chain.conv is None:
+                if chain.pool is None:
                     raise NotRewritten(str(e)) from None
                 # a pool whose padding the bands would leave on one side: the Conv (and its
                 # activation) banded alone, the pool after their Concat
@@ -89,10 +90,10 @@ def band_convolutions(model, prov: Provenance, machine,
     return done
 
 
-# --- the chain: Conv [-> Relu/Clip] [-> Pool], or a Pool alone ---------------------------
+# --- the chain: Conv [-> Relu/Clip] [-> Pool] ---------------------------------------------
 
 class _Chain:
-    def __init__(self, nodes, shape, conv=None, act=None, pool=None, weight_shape=None):
+    def __init__(self, nodes, shape, conv, weight_shape, act=None, pool=None):
         self.nodes = nodes                 # in order
         self.shape = shape                 # the first node's input (C, H, W)
         self.conv, self.act, self.pool = conv, act, pool
@@ -134,27 +135,24 @@ def _windows(node, kernel=None) -> tuple[_Window, tuple[int, int, int, int]]:
 
 
 def _chain(idx: _Index, node, ranks) -> _Chain | None:
+    """The Conv `node` with the Relu/Clip and the pool that alone read its result."""
     shape = ranks.get(node.input[0])
     if shape is None or len(shape) != 4 or any(not isinstance(d, int) or d <= 0
                                                for d in shape[1:]):
         return None                    # not a 2-D image of known size
-    if node.op_type == "Conv":
-        w = ranks.get(node.input[1]) if len(node.input) > 1 else None
-        if node.input[1] not in idx.inits or w is None or len(w) != 4:
-            return None                # a weight the TPU would not take anyway
-        chain = _Chain([node], tuple(shape[1:]), conv=node, weight_shape=tuple(w))
-        nxt = idx.sole_consumer(node.output[0])
-        if nxt is not None and nxt.op_type in _ACTIVATIONS:
-            chain.act = nxt
-            chain.nodes.append(nxt)
-            nxt = idx.sole_consumer(nxt.output[0])
-        if nxt is not None and _bandable_pool(nxt):
-            chain.pool = nxt
-            chain.nodes.append(nxt)
-        return chain
-    if not _bandable_pool(node):
-        return None
-    return _Chain([node], tuple(shape[1:]), pool=node)
+    w = ranks.get(node.input[1]) if len(node.input) > 1 else None
+    if node.input[1] not in idx.inits or w is None or len(w) != 4:
+        return None                    # a weight the TPU would not take anyway
+    chain = _Chain([node], tuple(shape[1:]), node, tuple(w))
+    nxt = idx.sole_consumer(node.output[0])
+    if nxt is not None and nxt.op_type in _ACTIVATIONS:
+        chain.act = nxt
+        chain.nodes.append(nxt)
+        nxt = idx.sole_consumer(nxt.output[0])
+    if nxt is not None and _bandable_pool(nxt):
+        chain.pool = nxt
+        chain.nodes.append(nxt)
+    return chain
 
 
 def _bandable_pool(node) -> bool:
@@ -200,9 +198,7 @@ def _plan(chain: _Chain, machine) -> list[_Band] | None:
 
 
 def _out_height(chain: _Chain) -> int:
-    h = chain.shape[1]
-    if chain.conv is not None:
-        h = _windows(chain.conv, chain.weight_shape[2:])[0].out_rows(h)
+    h = _windows(chain.conv, chain.weight_shape[2:])[0].out_rows(chain.shape[1])
     if chain.pool is not None:
         h = _windows(chain.pool)[0].out_rows(h)
     return h
@@ -211,10 +207,9 @@ def _out_height(chain: _Chain) -> int:
 def _bands(chain: _Chain, k: int) -> list[_Band]:
     """k bands of nearly equal output rows, traced back through the pool and the Conv."""
     height = chain.shape[1]
-    conv_w = (_windows(chain.conv, chain.weight_shape[2:])[0] if chain.conv is not None
-              else None)
+    conv_w = _windows(chain.conv, chain.weight_shape[2:])[0]
     pool_w = _windows(chain.pool)[0] if chain.pool is not None else None
-    conv_h = conv_w.out_rows(height) if conv_w else height
+    conv_h = conv_w.out_rows(height)
     final = _out_height(chain)
     if final < 1:
         raise NotRewritten("an empty output image")
@@ -228,11 +223,8 @@ def _bands(chain: _Chain, k: int) -> list[_Band]:
             c0, c1, pt, pb = pool_w.reads(first, stop, conv_h)
             band.pool_pads = (pt, pb)
         band.conv_rows = (c0, c1)
-        if conv_w is not None:
-            a, b, pt, pb = conv_w.reads(c0, c1, height)
-            band.conv_pads = (pt, pb)
-        else:
-            a, b = c0, c1
+        a, b, pt, pb = conv_w.reads(c0, c1, height)
+        band.conv_pads = (pt, pb)
         band.rows = (a, b)
         bands.append(band)
     # each Conv row is its own in the first band that computes it; rows no band computes
@@ -277,23 +269,20 @@ def _ir_ops(chain: _Chain, band: _Band, tag: str) -> list:
     q = QParams(1.0, 0, not relu)
     a, b = band.rows
     x = Tensor(f"{tag}_in", (c, b - a, width), q_in)
-    ops = []
-    if chain.conv is not None:
-        o, per_group, kh, kw = chain.weight_shape
-        window, (_t, left, _b, right) = _windows(chain.conv, chain.weight_shape[2:])
-        sh, sw = _attr(chain.conv, "strides", [1, 1])
-        wo = (width + left + right - kw) // sw + 1
-        c0, c1 = band.conv_rows
-        y = Tensor(f"{tag}_conv", (o, c1 - c0, wo), q)
-        top, bottom = band.conv_pads
-        ops.append(Conv(f"{tag}_conv", x, y, np.zeros((o, per_group, kh, kw), np.int8),
-                        np.ones(o, np.float32), np.zeros(o, np.int32), (sh, sw),
-                        (top, left, bottom, right),
-                        Activation("relu") if relu else Activation(),
-                        groups=int(_attr(chain.conv, "group", 1))))
-        x, width = y, wo
+    o, per_group, kh, kw = chain.weight_shape
+    _, (_t, left, _b, right) = _windows(chain.conv, chain.weight_shape[2:])
+    sh, sw = _attr(chain.conv, "strides", [1, 1])
+    wo = (width + left + right - kw) // sw + 1
+    c0, c1 = band.conv_rows
+    y = Tensor(f"{tag}_conv", (o, c1 - c0, wo), q)
+    top, bottom = band.conv_pads
+    ops = [Conv(f"{tag}_conv", x, y, np.zeros((o, per_group, kh, kw), np.int8),
+                np.ones(o, np.float32), np.zeros(o, np.int32), (sh, sw),
+                (top, left, bottom, right), Activation("relu") if relu else Activation(),
+                groups=int(_attr(chain.conv, "group", 1)))]
+    x, width = y, wo
     if chain.pool is not None:
-        window, (_t, left, _b, right) = _windows(chain.pool)
+        _, (_t, left, _b, right) = _windows(chain.pool)
         kh, kw = _attr(chain.pool, "kernel_shape")
         sh, sw = _attr(chain.pool, "strides", [1, 1])
         wo = (width + left + right - kw) // sw + 1
@@ -314,7 +303,7 @@ def _banded(idx: _Index, chain: _Chain, bands: list[_Band], prov: Provenance) ->
     made, parts = [], []
     x = chain.nodes[0].input[0]
     tag = chain.nodes[0].name + "_band"
-    own = prov.own_work.get(chain.conv.name) if chain.conv is not None else None
+    own = prov.own_work.get(chain.conv.name)
     for i, band in enumerate(bands):
         at = f"{tag}{i}"
         rows = idx.unique(f"{at}_rows")
