@@ -182,19 +182,26 @@ class _Unmapped(NotRewritten):
 def _plan(chain: _Chain, machine) -> list[_Band] | None:
     """The bands (fewest that fit), or None when the chain fits whole."""
     from tpuasm.compiler.codegen import CodegenError
+    from tpuasm.compiler.codegen.capacity import footprint
     final = _out_height(chain)
     try:
-        if _fits(chain, _bands(chain, 1), machine, check=False):
+        whole = _segment(chain, _bands(chain, 1))
+        if _fits(whole, machine):
             return None
-        for k in range(2, min(final, MAX_BANDS) + 1):
+        # each band brings its own per-column parameters (its own scales): past the count
+        # whose parameters alone fill the Unified Buffer no more bands can fit
+        per_band = max(1, footprint(whole, machine.array_size, machine.acc_rows).const)
+        most = min(final, MAX_BANDS, machine.ub_rows // per_band)
+        for k in _counts(most):
             bands = _bands(chain, k)
-            if _fits(chain, bands, machine):
+            if _fits(_segment(chain, bands, check=True), machine):
                 return bands
     except CodegenError as e:
         raise NotRewritten(f"the back end cannot place its bands ({e})") from None
     from tpuasm.compiler.codegen.backend import CANNOT_HOLD
-    raise NotRewritten(f"{CANNOT_HOLD}: even {min(final, MAX_BANDS)} bands of rows do not "
-                       f"fit the Unified Buffer ({machine.ub_rows} rows)")
+    raise NotRewritten(f"{CANNOT_HOLD}: no number of bands of rows up to {most} fits the "
+                       f"Unified Buffer ({machine.ub_rows} rows; each band holds {per_band} "
+                       f"rows of its own parameters)")
 
 
 def _out_height(chain: _Chain) -> int:
@@ -239,11 +246,20 @@ def _bands(chain: _Chain, k: int) -> list[_Band]:
     return bands
 
 
-def _fits(chain: _Chain, bands: list[_Band], machine, check: bool = True) -> bool:
-    """Whether the segment the partition makes of the bands (their Convs and Pools, each
-    band's slice an input, its result an output) fits the machine; `check`: raise
+def _counts(most: int):
+    """Band counts to try, fewest first: every one up to 16, then a quarter more each time
+    (a segment of k bands is allocated whole to ask; hundreds of k would take seconds)."""
+    k = 2
+    while k <= most:
+        yield k
+        k = k + 1 if k < 16 else max(k + 1, k * 5 // 4)
+
+
+def _segment(chain: _Chain, bands: list[_Band], check: bool = False):
+    """The segment the partition makes of the bands (their Convs and Pools, each band's
+    slice an input, its result an output), of placeholder operators; `check`: raise
     _Unmapped when the back end would refuse a band's operator (supports())."""
-    from tpuasm.compiler.codegen import fits, supports
+    from tpuasm.compiler.codegen import supports
     from tpuasm.compiler.ir import Segment
     ops, inputs, outputs = [], [], []
     for i, band in enumerate(bands):
@@ -255,8 +271,14 @@ def _fits(chain: _Chain, bands: list[_Band], machine, check: bool = True) -> boo
         ops += made
         inputs.append(made[0].input)
         outputs.append(made[-1].output)
-    return fits(Segment("banding", ops, inputs, outputs), array_size=machine.array_size,
-                ub_rows=machine.ub_rows, acc_rows=machine.acc_rows)
+    return Segment("banding", ops, inputs, outputs)
+
+
+def _fits(segment, machine) -> bool:
+    """The back end's own capacity rule (codegen/capacity.py), on this machine."""
+    from tpuasm.compiler.codegen import fits
+    return fits(segment, array_size=machine.array_size, ub_rows=machine.ub_rows,
+                acc_rows=machine.acc_rows)
 
 
 def _ir_ops(chain: _Chain, band: _Band, tag: str) -> list:
