@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 
 from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.codegen import CodegenError, generate, ub_rows_needed
+from tpuasm.compiler.codegen.backend import room
 from tpuasm.compiler.front.banding import band_convolutions
 from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.ort import session
@@ -74,7 +75,7 @@ def test_the_bands_compute_what_the_chain_did(case):
     x = np.random.default_rng(1).normal(0, 1, case["x_shape"]).astype(np.float32)
     want = session(model).run(None, {"x": x})[0]
     prov = Provenance.of(model)
-    assert band_convolutions(model, prov, MachineConfig(**TINY)) == 1
+    assert band_convolutions(model, prov, room(MachineConfig(**TINY))) == 1
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("Conv") > 1 and ops.count("Concat") == 1
@@ -97,7 +98,7 @@ def test_the_bands_compute_what_the_chain_did(case):
 
 def test_a_chain_that_fits_is_left_whole():
     model = _chain((2, 3, 8, 8))
-    assert band_convolutions(model, Provenance.of(model), MachineConfig(**TINY)) == 0
+    assert band_convolutions(model, Provenance.of(model), room(MachineConfig(**TINY))) == 0
     assert [n.op_type for n in model.graph.node] == ["Conv", "Relu"]
 
 

@@ -67,3 +67,37 @@ def fits(segment, *, array_size: int, ub_rows: int, acc_rows: int) -> bool:
     """Whether the back end can place one sample of `segment` in a Unified Buffer of
     `ub_rows` rows (shapes alone: the weights and scales may be placeholders)."""
     return ub_rows_needed(segment, array_size, acc_rows) <= ub_rows
+
+
+class Room:
+    """The back end's capacity questions for one machine shape, as the front end's banding
+    (front/banding.py) asks them: front/ does not import codegen/, so the pipeline hands it
+    this object (`room(machine)` in backend.py)."""
+
+    def __init__(self, array_size: int, ub_rows: int, acc_rows: int):
+        self.array_size, self.ub_rows, self.acc_rows = array_size, ub_rows, acc_rows
+
+    @property
+    def cannot_hold(self) -> str:
+        """The reason the pipeline gives a node too large for the machine."""
+        from .backend import CANNOT_HOLD
+        return CANNOT_HOLD
+
+    def fits(self, segment) -> bool:
+        return fits(segment, array_size=self.array_size, ub_rows=self.ub_rows,
+                    acc_rows=self.acc_rows)
+
+    def parameter_rows(self, segment) -> int:
+        """UB rows of the segment's per-column parameters and tables."""
+        return footprint(segment, self.array_size, self.acc_rows).const
+
+    def refuses(self, op) -> str | None:
+        """Why the back end does not map `op` (None when it does)."""
+        from . import supports
+        return supports(op)
+
+    @property
+    def errors(self) -> tuple[type, ...]:
+        """The back end's errors about a segment it cannot place."""
+        from .lower import CodegenError
+        return (CodegenError,)

@@ -19,8 +19,9 @@ Slices, and the quantizer takes a pool only after a TPU node (they would stay on
 TPU, one segment.
 
 How many bands: the fewest whose segment the back end places, asked of the back end's own
-capacity rule (codegen/capacity.py `fits`, the rule generate() raises its "one sample needs
-... UB rows" error from) on placeholder IR operators of the bands' shapes.
+capacity rule (codegen/capacity.py, the rule generate() raises its "one sample needs ... UB
+rows" error from) on placeholder IR operators of the bands' shapes.  The front end does not
+import the back end: the pipeline hands the rewrite a `Room` of its questions.
 
 MACs: with an overlapping pool (window > stride) neighbouring bands compute some Conv rows
 twice; each band records in Provenance.own_work the share of its rows that are its own, so
@@ -38,10 +39,11 @@ _ACTIVATIONS = ("Relu", "Clip")
 _POOLS = ("MaxPool", "AveragePool")
 
 
-def band_convolutions(model, prov: Provenance, machine,
+def band_convolutions(model, prov: Provenance, room,
                       reasons: dict[str, str] | None = None) -> int:
     """Band (in place) every Conv [-> Relu/Clip] [-> Pool] chain whose segment the machine
-    (a MachineConfig: array_size, ub_rows, acc_rows) cannot hold; the count banded."""
+    cannot hold; the count banded.  `room`: the back end's capacity questions for the
+    machine (codegen/capacity.py Room: fits, parameter_rows, refuses, cannot_hold)."""
     reasons = {} if reasons is None else reasons
     idx = _Index(model)
     ranks = _ranks(model)
@@ -56,7 +58,7 @@ def band_convolutions(model, prov: Provenance, machine,
             if chain is None:
                 continue
             try:
-                plan = _plan(chain, machine)
+                plan = _plan(chain, room)
             except _Unmapped as e:
                 if chain.pool is None:
                     raise NotRewritten(str(e)) from None
@@ -64,7 +66,7 @@ def band_convolutions(model, prov: Provenance, machine,
                 # activation) banded alone, the pool after their Concat
                 chain.nodes.pop()
                 chain.pool = None
-                plan = _plan(chain, machine)
+                plan = _plan(chain, room)
             if plan is None:
                 continue                                 # it fits whole
             replaced[node.name] = (chain.nodes, _banded(idx, chain, plan, prov))
@@ -179,28 +181,25 @@ class _Unmapped(NotRewritten):
     """A band's operator the back end does not map (a pool's padding left on one side)."""
 
 
-def _plan(chain: _Chain, machine) -> list[_Band] | None:
+def _plan(chain: _Chain, room) -> list[_Band] | None:
     """The bands (fewest that fit), or None when the chain fits whole."""
-    from tpuasm.compiler.codegen import CodegenError
-    from tpuasm.compiler.codegen.capacity import footprint
     final = _out_height(chain)
     try:
         whole = _segment(chain, _bands(chain, 1))
-        if _fits(whole, machine):
+        if room.fits(whole):
             return None
         # each band brings its own per-column parameters (its own scales): past the count
         # whose parameters alone fill the Unified Buffer no more bands can fit
-        per_band = max(1, footprint(whole, machine.array_size, machine.acc_rows).const)
-        most = min(final, MAX_BANDS, machine.ub_rows // per_band)
+        per_band = max(1, room.parameter_rows(whole))
+        most = min(final, MAX_BANDS, room.ub_rows // per_band)
         for k in _counts(most):
             bands = _bands(chain, k)
-            if _fits(_segment(chain, bands, check=True), machine):
+            if room.fits(_segment(chain, bands, room)):
                 return bands
-    except CodegenError as e:
+    except room.errors as e:
         raise NotRewritten(f"the back end cannot place its bands ({e})") from None
-    from tpuasm.compiler.codegen.backend import CANNOT_HOLD
-    raise NotRewritten(f"{CANNOT_HOLD}: no number of bands of rows up to {most} fits the "
-                       f"Unified Buffer ({machine.ub_rows} rows; each band holds {per_band} "
+    raise NotRewritten(f"{room.cannot_hold}: no number of bands of rows up to {most} fits the "
+                       f"Unified Buffer ({room.ub_rows} rows; each band holds {per_band} "
                        f"rows of its own parameters)")
 
 
@@ -255,30 +254,22 @@ def _counts(most: int):
         k = k + 1 if k < 16 else max(k + 1, k * 5 // 4)
 
 
-def _segment(chain: _Chain, bands: list[_Band], check: bool = False):
+def _segment(chain: _Chain, bands: list[_Band], room=None):
     """The segment the partition makes of the bands (their Convs and Pools, each band's
-    slice an input, its result an output), of placeholder operators; `check`: raise
-    _Unmapped when the back end would refuse a band's operator (supports())."""
-    from tpuasm.compiler.codegen import supports
+    slice an input, its result an output), of placeholder operators; with `room`, raise
+    _Unmapped when the back end would refuse a band's operator."""
     from tpuasm.compiler.ir import Segment
     ops, inputs, outputs = [], [], []
     for i, band in enumerate(bands):
         made = _ir_ops(chain, band, f"band{i}")
-        for op in made if check else ():
-            why = supports(op)
+        for op in made if room is not None else ():
+            why = room.refuses(op)
             if why is not None:
                 raise _Unmapped(f"{type(op).__name__.lower()} of a band: {why}")
         ops += made
         inputs.append(made[0].input)
         outputs.append(made[-1].output)
     return Segment("banding", ops, inputs, outputs)
-
-
-def _fits(segment, machine) -> bool:
-    """The back end's own capacity rule (codegen/capacity.py), on this machine."""
-    from tpuasm.compiler.codegen import fits
-    return fits(segment, array_size=machine.array_size, ub_rows=machine.ub_rows,
-                acc_rows=machine.acc_rows)
 
 
 def _ir_ops(chain: _Chain, band: _Band, tag: str) -> list:

@@ -35,12 +35,13 @@ class Prepared:
 
 
 def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
-            machine=None) -> Prepared:
+            room=None) -> Prepared:
     """Apply every rewrite, in place, in the order that lets each feed the next (a
     BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes).
-    `machine` (a MachineConfig): the shape the model is compiled for; with it, a Conv or
-    Pool whose image the Unified Buffer cannot hold is cut into bands of rows (banding.py:
-    last, on the Convs as the other rewrites leave them)."""
+    `room` (codegen/capacity.py Room: the back end's capacity on the machine the model is
+    compiled for): with it, a Conv (with its Relu and pool) whose image the Unified Buffer
+    cannot hold is cut into bands of rows (banding.py: last, on the Convs as the other
+    rewrites leave them)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions
@@ -49,9 +50,9 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     unroll_recurrent(model, prov, reasons)
     fold_batch_norms(model, prov)
     fuse_matmul_bias(model, prov)
-    if machine is not None:
+    if room is not None:
         from tpuasm.compiler.front.banding import band_convolutions
-        band_convolutions(model, prov, machine, reasons)
+        band_convolutions(model, prov, room, reasons)
     drop_unused_initializers(model)
     return Prepared(model, prov, reasons)
 
