@@ -24,7 +24,8 @@ from tpuasm.machine import MachineConfig
 TINY = {"array_size": 16, "ub_rows": 512}
 
 
-def _chain(x_shape, out_channels=8, conv=None, act="Relu", pool=None, group=1, seed=0):
+def _chain(x_shape, out_channels=8, conv=None, act="Relu", pool=None, group=1, seed=0,
+           opset=13):
     """x -> Conv(conv attrs) [-> act] [-> pool (op, attrs)] -> y, float, named nodes."""
     rng = np.random.default_rng(seed)
     c = x_shape[1]
@@ -47,8 +48,8 @@ def _chain(x_shape, out_channels=8, conv=None, act="Relu", pool=None, group=1, s
                                                                          ["N", *x_shape[1:]])],
                               [helper.make_tensor_value_info("y", T.FLOAT, None)],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset >= 13 else 4
     inferred = onnx.shape_inference.infer_shapes(model)
     model.graph.output[0].CopyFrom(inferred.graph.output[0])
     return model
@@ -70,8 +71,9 @@ CHAINS = [
 
 
 @pytest.mark.parametrize("case", CHAINS)
-def test_the_bands_compute_what_the_chain_did(case):
-    model = _chain(**case)
+@pytest.mark.parametrize("opset", [9, 13])       # Slice's starts/ends as attributes before 10
+def test_the_bands_compute_what_the_chain_did(case, opset):
+    model = _chain(**case, opset=opset)
     x = np.random.default_rng(1).normal(0, 1, case["x_shape"]).astype(np.float32)
     want = session(model).run(None, {"x": x})[0]
     prov = Provenance.of(model)
@@ -120,9 +122,10 @@ def _output_lsb(qdq: onnx.ModelProto) -> float:
     return max(float(inits[producer[i].input[1]]) for i in join.input)
 
 
-@pytest.mark.parametrize("case", CHAINS[:3])
-def test_a_banded_layer_runs_on_the_tpu_as_onnxruntime_s_qdq_model(tmp_path, case):
-    model = _chain(**case, seed=2)
+@pytest.mark.parametrize("case,opset", [(CHAINS[0], 9), (CHAINS[0], 13), (CHAINS[1], 13),
+                                        (CHAINS[2], 13)])
+def test_a_banded_layer_runs_on_the_tpu_as_onnxruntime_s_qdq_model(tmp_path, case, opset):
+    model = _chain(**case, seed=2, opset=opset)
     rng = np.random.default_rng(3)
     calib = rng.normal(0, 1, (8, *case["x_shape"][1:])).astype(np.float32)
     compiled = _compile(tmp_path, model, calib)
