@@ -131,6 +131,7 @@ def test_a_banded_layer_runs_on_the_tpu_as_onnxruntime_s_qdq_model(tmp_path, cas
     compiled = _compile(tmp_path, model, calib)
     rows = {r.node: r for r in compiled.report.rows}
     assert rows["conv"].where == "TPU", rows["conv"].reason
+    assert "bands of rows" in rows["conv"].reason
     if "pool" in case and not case["pool"][1].get("pads"):       # banded with the Conv
         assert rows["pool"].where == "TPU", rows["pool"].reason
     assert compiled.report.tpu_macs == compiled.report.macs > 0

@@ -354,7 +354,8 @@ def _quantized_provenance(float_model, graph: Graph, base: Provenance | None = N
 def _through(base: Provenance, step: Provenance, graph: Graph) -> Provenance:
     """`step` (quantized graph -> float model) followed by `base` (float model -> the user's
     model)."""
-    out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded))
+    out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded),
+                     notes=dict(base.notes))
     for node in graph.nodes:
         made = step.source(node.name)
         if made in base.own_work:

@@ -343,6 +343,11 @@ def _banded(idx: _Index, chain: _Chain, bands: list[_Band], prov: Provenance) ->
         parts.append(current)
     made.append(helper.make_node("Concat", parts, [chain.output], axis=2,
                                  name=idx.unique(tag + "_join")))
+    for node in chain.nodes:
+        if node is not chain.act:             # a Relu is folded into the Conv's range
+            prov.notes[prov.source(node.name) or node.name] = (
+                f"in {len(bands)} bands of rows (its image does not fit the Unified Buffer "
+                f"whole; Slices and a Concat on the host)")
     return made
 
 
