@@ -193,3 +193,32 @@ def test_a_layer_even_one_band_of_cannot_fit_stays_on_the_host_with_its_reason(t
     assert row.where == "host" and "cannot hold" in row.reason and "bands" in row.reason
     fl = session(model).run(None, {"x": calib})[0]
     assert np.abs(compiled.run(calib)["y"] - fl).max() < 0.05 * np.abs(fl).max()
+
+
+def test_banded_from_the_cli_passes_the_golden_check_and_infers_as_the_qdq_model(tmp_path):
+    """`tpuasm compile` (which checks every segment's program against reference.py) and
+    `tpuasm infer` on a banded model: the QDQ model's answers, the report saying so."""
+    import json
+
+    from tpuasm.compiler.cli import compile_main, infer_main
+    case = CHAINS[0]
+    model = _chain(**case, seed=10)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    rng = np.random.default_rng(11)
+    np.save(tmp_path / "c.npy", rng.normal(0, 1, (8, *case["x_shape"][1:])).astype(np.float32))
+    x = rng.normal(0, 1, (4, *case["x_shape"][1:])).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert compile_main([str(path), "-o", str(out), "--calibrate", str(tmp_path / "c.npy"),
+                         "--batch", "4", "--config", "array_size=16", "--config",
+                         "ub_rows=512", "-q"]) == 0
+    rows = {r["node"]: r for r in json.loads((out / "report.json").read_text())["rows"]}
+    assert rows["conv"]["where"] == rows["pool"]["where"] == "TPU"
+    assert infer_main([str(out), str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+                       "-q"]) == 0
+    qdq = onnx.load(str(out / "model.qdq.onnx"))
+    want = session(qdq).run(None, {"x": x})[0]
+    got = np.load(tmp_path / "y.npy")
+    assert np.mean(got == want) >= 0.999
+    assert np.abs(got - want).max() <= _output_lsb(qdq) * 1.001

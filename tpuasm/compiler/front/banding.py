@@ -74,6 +74,11 @@ def band_convolutions(model, prov: Provenance, room,
             done += 1
         except NotRewritten as e:
             reasons[node.name] = f"{node.op_type} not banded: {e}"
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            # a form this rewrite mishandles: the node stays whole (on the host if it does
+            # not fit), with the failure as its reason, never a traceback
+            reasons[node.name] = (f"{node.op_type} not banded: the rewrite failed "
+                                  f"({type(e).__name__}: {e})")
     if done:
         gone = {n.name for chain, _ in replaced.values() for n in chain}
         new_nodes = []
