@@ -41,8 +41,8 @@ from .weights import WEIGHT_MEMORY_BYTES, WeightImage, group_chunks, identity_ti
 
 DEFAULTS = ISA_TABLE.machine
 
-__all__ = ["generate", "supports", "fits", "ub_rows_needed", "weight_tiles", "pack_segment", "CodegenError", "Refused",
-           "CompiledSegment", "WEIGHT_MEMORY_BYTES"]
+__all__ = ["generate", "supports", "fits", "ub_rows_needed", "weight_tiles", "pack_segment",
+           "CodegenError", "Refused", "CompiledSegment", "WEIGHT_MEMORY_BYTES"]
 
 
 def supports(op) -> str | None:

@@ -15,8 +15,9 @@ padding of the other sides on every band.  A Relu/Clip and a Max/AveragePool aft
 came from and the full image never exists on the chip.  A padded pool whose bands would keep
 their padding on one side only (the back end's pool takes the same padding on both axes) is
 left whole after the Concat.  A pool is not banded on its own: its bands would read host
-Slices, and the quantizer takes a pool only after a TPU node (they would stay on the host).  The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the
-TPU, one segment.
+Slices, and the quantizer takes a pool only after a TPU node (they would stay on the host).
+The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the TPU,
+one segment.
 
 How many bands: the fewest whose segment the back end places, asked of the back end's own
 capacity rule (codegen/capacity.py, the rule generate() raises its "one sample needs ... UB
