@@ -893,6 +893,28 @@ def test_a_weight_computed_at_load_time_is_folded_or_named(tmp_path, monkeypatch
                               validate=False)
         return next(r for r in model.report.rows if r.node == "fc")
     assert fc_row().where == "TPU"
+    # beyond the cap of weights computed by other operators, a weight of one value
+    # repeated (ConstantOfShape) still folds, up to its own, memory-bound cap
     monkeypatch.setattr(fold, "MAX_WEIGHT_ELEMENTS", fold.MAX_ELEMENTS)
+    assert fold.generated_weight_limit() > k * n
+    assert fc_row().where == "TPU"
+    monkeypatch.setattr(fold, "MAX_GENERATED_WEIGHT_ELEMENTS", fold.MAX_ELEMENTS)
     row = fc_row()
     assert row.where == "host" and "computed from constants at run time" in row.reason
+
+
+def test_a_generated_weight_folds_only_while_memory_allows(monkeypatch):
+    """The cap of a ConstantOfShape weight: half the machine's memory over the float32
+    copies a compile holds, between the other weights' cap and 1 GiB of float32."""
+    import os
+
+    from tpuasm.compiler.front import fold
+    pages = {"SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    pages["SC_PHYS_PAGES"] = (64 << 30) // 4096                  # 64 GiB: the 1 GiB cap
+    assert fold.generated_weight_limit() == fold.MAX_GENERATED_WEIGHT_ELEMENTS
+    pages["SC_PHYS_PAGES"] = (8 << 30) // 4096                   # 8 GiB
+    assert fold.generated_weight_limit() == \
+        (8 << 30) // 2 // (4 * fold.GENERATED_WEIGHT_COPIES)
+    pages["SC_PHYS_PAGES"] = (512 << 20) // 4096                 # 512 MiB: the weights' cap
+    assert fold.generated_weight_limit() == fold.MAX_WEIGHT_ELEMENTS

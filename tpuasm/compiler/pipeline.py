@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuasm.compiler.codegen.backend import backend_support, generate_programs, machine_config
+from tpuasm.compiler.codegen.backend import (backend_support, generate_programs, machine_config,
+                                             room)
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.graph import Graph
 from tpuasm.compiler.front.hostparts import lookup_table, submodel
@@ -118,7 +119,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data"))
-        prepared = prepare(float_model, provenance)
+        prepared = prepare(float_model, provenance, room(machine))
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
                  path, provenance, batch_axes=axes)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
@@ -353,7 +354,8 @@ def _quantized_provenance(float_model, graph: Graph, base: Provenance | None = N
 def _through(base: Provenance, step: Provenance, graph: Graph) -> Provenance:
     """`step` (quantized graph -> float model) followed by `base` (float model -> the user's
     model)."""
-    out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded))
+    out = Provenance(list(base.nodes), dict(base.origin), dict(base.folded),
+                     notes=dict(base.notes))
     for node in graph.nodes:
         made = step.source(node.name)
         if made in base.own_work:

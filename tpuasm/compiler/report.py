@@ -239,10 +239,13 @@ def input_rows(provenance, compiled: list[NodeRow]) -> list[NodeRow]:
         if source is not None:
             groups.setdefault(source, []).append(row)
     rows: dict[str, NodeRow] = {}
+    notes = getattr(provenance, "notes", {})
     for name, op_type in provenance.nodes:
         group = groups.get(name)
         if group:
             rows[name] = _aggregate(name, op_type, group)
+            if name in notes:
+                rows[name].reason = f"{rows[name].reason}; {notes[name]}"
     by_compiled = {r.node: r for r in compiled}
     for name, op_type in provenance.nodes:
         if name in rows:

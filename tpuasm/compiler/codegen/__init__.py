@@ -10,6 +10,7 @@ Passes, each a small module testable alone:
   fuse.py     which Pool / Lookup fold into the Activate of the layer before them
   layout.py   every tensor's UB/host layout (channels across a row, padded images)
   alloc.py    UB slots with reuse by lifetime; the batch split into passes that fit
+  capacity.py the UB rows a segment needs (one rule: generate() and the front end's banding)
   lower.py    Dense / Conv / Pool / Lookup -> instructions (tiling, taps, bands)
   emit.py     the text, configuration tracking and the weight stream (Read_Weights ahead)
   weights.py  the (tiles, N, N) int8 image, each weight copied once
@@ -29,7 +30,7 @@ import numpy as np
 
 from ...isa import ISA_TABLE
 from ..ir import Conv, Dense, Elementwise, HostLayout, Lookup, Pool, Segment
-from .alloc import allocate, load_points
+from .capacity import Footprint, fits, ub_rows_needed
 from .emit import Emitter
 from .fuse import Fusion, plan_fusion
 from .layout import plan_layouts
@@ -40,8 +41,8 @@ from .weights import WEIGHT_MEMORY_BYTES, WeightImage, group_chunks, identity_ti
 
 DEFAULTS = ISA_TABLE.machine
 
-__all__ = ["generate", "supports", "weight_tiles", "pack_segment", "CodegenError", "Refused",
-           "CompiledSegment", "WEIGHT_MEMORY_BYTES"]
+__all__ = ["generate", "supports", "fits", "ub_rows_needed", "weight_tiles", "pack_segment",
+           "CodegenError", "Refused", "CompiledSegment", "WEIGHT_MEMORY_BYTES"]
 
 
 def supports(op) -> str | None:
@@ -206,34 +207,24 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
     outputs = [t.name for t in segment.outputs]
     needs_dense = any(isinstance(s.op, Dense) for s in steps)
 
-    keys = {name: lay.padding_key for name, lay in layouts.items()}
-    load_at = load_points(order, inputs)
-
-    def plan(p):
-        sizes = {name: lay.rows(p) for name, lay in layouts.items()}
-        return allocate(order, sizes, inputs, outputs, keys=keys, load_at=load_at)
-
-    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB.
-    # Another pass streams every weight again, so before splitting the batch, inputs are
-    # loaded less far ahead of their readers (down to just in time)
+    # samples per pass: the accumulators (a Dense block is one row per sample) and the UB
+    # (capacity.py: the rule the front end's banding asks too).  Another pass streams every
+    # weight again, so before splitting the batch, inputs are loaded less far ahead of their
+    # readers (down to just in time)
+    room = Footprint(segment, fusion, layouts, n)
     p = min(batch, half_rows) if needs_dense else batch
-    probe = Context(segment, n, p, layouts, plan(p), fifo_depth, half_rows)
-    const = _constant_rows(probe, fusion)
-    for lead in (None, 16, 8, 4, 2, 1, 0):
-        load_at = load_points(order, inputs, lead)
-        if plan(p).rows + const <= ub_rows:
-            break
+    lead = room.lead_for(p, ub_rows)
     while True:
-        alloc = plan(p)
-        if alloc.rows + const <= ub_rows or p == 1:
+        need = room.rows(p, lead)
+        if need <= ub_rows or p == 1:
             break
-        p = max(1, min(p - 1, p * (ub_rows - const) // max(1, alloc.rows)))
-    if alloc.rows + const > ub_rows:
-        raise CodegenError(f"segment {segment.name}: one sample needs {alloc.rows + const} UB "
+        p = max(1, min(p - 1, p * (ub_rows - room.const) // max(1, need - room.const)))
+    if need > ub_rows:
+        raise CodegenError(f"segment {segment.name}: one sample needs {need} UB "
                            f"rows, the Unified Buffer has {ub_rows}")
     passes = -(-batch // p)
     p = -(-batch // passes)                  # equal passes, as few padding samples as possible
-    alloc = plan(p)
+    alloc, load_at = room.allocation(p, lead)
     ctx = Context(segment, n, p, layouts, alloc, fifo_depth, half_rows)
     if any(s.needs_identity for s in steps):
         ctx.weights.add("identity", identity_tile(n))
@@ -327,15 +318,6 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                            host_rows=top, host_constants=constants, inputs=inputs_hl,
                            outputs=outputs_hl, array_size=n, layouts=layouts, pass_batch=p,
                            passes=passes, instructions=e.instructions)
-
-
-def _constant_rows(ctx: Context, fusion: Fusion) -> int:
-    """UB rows of parameters and tables (known before lowering from the operators)."""
-    n = ctx.n
-    rows = 0
-    for s in fusion.steps:
-        rows += s.constant_rows(n)
-    return rows
 
 
 def _header(segment, batch, p, passes, n, ub_rows, acc_rows, fifo_depth, ctx, layouts, alloc,

@@ -104,6 +104,13 @@ def check_weight_memory(steps, n: int, path, codegen) -> None:
                     f"hold {limit:,}")
 
 
+def room(machine):
+    """The back end's capacity questions for `machine` (a MachineConfig), for the front
+    end's banding (codegen/capacity.py Room)."""
+    from tpuasm.compiler.codegen.capacity import Room
+    return Room(machine.array_size, machine.ub_rows, machine.acc_rows)
+
+
 def backend_support(op) -> str | None:
     """None when the back end maps the operator, else its reason (shown in the report)."""
     return codegen_module().supports(op)

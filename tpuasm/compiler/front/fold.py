@@ -11,7 +11,9 @@ replaces each node whose result is known by an initializer:
 
 A value is computed only when shape inference already says how large it is, and only up to
 MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised),
-or MAX_WEIGHT_ELEMENTS for the weight input of a Conv, Gemm or MatMul.
+or MAX_WEIGHT_ELEMENTS for the weight input of a Conv, Gemm or MatMul; a weight of one value
+repeated (ConstantOfShape: AlexNet's and VGG's fully connected weights in onnx's "light" zoo,
+37.7 M and 102.8 M elements) up to generated_weight_limit(), made by numpy.full.
 The DequantizeLinear of a weight (the matcher reads those) and model outputs are kept; a
 QuantizeLinear of a constant float weight does fold (into the int8 weight the matcher looks
 for behind its DequantizeLinear).  Every removed node is recorded in the Provenance.  Values are
@@ -34,6 +36,14 @@ MAX_ELEMENTS = 1 << 20
 # with ConstantOfShape at load time) is a weight all the same: folded up to 64 MiB of float32
 MAX_WEIGHT_ELEMENTS = 1 << 24
 _WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+# a matrix operator's weight of one value repeated (ConstantOfShape) is what a user's real
+# model holds as an initializer: folded while the float32 copies the compile holds at its
+# peak (the folded model, the file handed to the quantizer, its calibration session, the
+# quantizer's own array: GENERATED_WEIGHT_COPIES; 5.5 measured on AlexNet and VGG-19, most
+# of them onnxruntime's quantizer's) take at most half the machine's memory,
+# and never beyond MAX_GENERATED_WEIGHT_ELEMENTS (1 GiB of float32)
+MAX_GENERATED_WEIGHT_ELEMENTS = 1 << 28
+GENERATED_WEIGHT_COPIES = 6
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
 KEEP = {"DequantizeLinear", "DynamicQuantizeLinear", "Constant",
         "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -95,6 +105,19 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
     return out, copy
 
 
+def generated_weight_limit() -> int:
+    """Elements of the largest ConstantOfShape weight folded on this machine (see
+    GENERATED_WEIGHT_COPIES); its physical memory, not what is free now, so that a compile
+    decides the same way every time."""
+    import os
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):       # not a POSIX system: assume 8 GiB
+        memory = 8 << 30
+    return max(MAX_WEIGHT_ELEMENTS, min(MAX_GENERATED_WEIGHT_ELEMENTS,
+                                        memory // 2 // (4 * GENERATED_WEIGHT_COPIES)))
+
+
 def _candidates(model: onnx.ModelProto) -> bool:
     """Cheap test before shape inference: could any node fold?"""
     const = {t.name for t in model.graph.initializer}
@@ -125,6 +148,13 @@ def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, ma
                  onnx.defs.onnx_opset_version())
     keep, new_inits, count = [], [], 0
     weights = {n.input[1] for n in g.node if n.op_type in _WEIGHTED and len(n.input) > 1}
+    generated = generated_weight_limit()
+
+    def limit(node, name) -> int:
+        if name not in weights:
+            return max_elements
+        return max(max_elements, generated if node.op_type == "ConstantOfShape"
+                   else MAX_WEIGHT_ELEMENTS)
 
     def value_of(name):
         if name in inits:
@@ -137,8 +167,7 @@ def _fold_once(model, base_dir: Path, shapes: dict, dtypes: dict, provenance, ma
         values = None
         outs = [o for o in node.output if o]
         if _foldable_kind(node) and not any(o in outputs for o in outs) and \
-                all(_small(o, shapes, dtypes, max(max_elements, MAX_WEIGHT_ELEMENTS)
-                           if o in weights else max_elements) for o in outs):
+                all(_small(o, shapes, dtypes, limit(node, o)) for o in outs):
             values = _evaluate(node, shapes, dtypes, value_of, inits, constants, opset)
         if values is None:
             keep.append(node)
@@ -188,6 +217,8 @@ def _evaluate(node, shapes, dtypes, value_of, inits, constants, opset):
         if value is None:
             return None
         feeds[name] = value
+    if node.op_type == "ConstantOfShape":
+        return _filled(node, feeds[names[0]], dtypes.get(node.output[0]))
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
                                             list(v.shape)) for n, v in feeds.items()]
     outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
@@ -205,6 +236,20 @@ def _evaluate(node, shapes, dtypes, value_of, inits, constants, opset):
         return session(one).run(None, feeds)
     except Exception:              # it cannot: the node stays, onnxruntime runs it later
         return None
+
+
+def _filled(node, shape, dtype):
+    """ConstantOfShape's value without a one-node session: one array (a large weight's
+    float32 copy made once; onnxruntime would hold its own beside it)."""
+    value = _attr(node, "value", None)
+    fill = numpy_helper.to_array(value).reshape(-1) if value is not None else \
+        np.zeros(1, np.float32)
+    if fill.size != 1 or (dtype is not None and np.dtype(dtype) != fill.dtype):
+        return None
+    dims = [int(d) for d in np.asarray(shape).reshape(-1)]
+    if any(d < 0 for d in dims):
+        return None
+    return [np.full(dims, fill[0], fill.dtype)]
 
 
 def _attr(node, name, default):

@@ -2,6 +2,8 @@
 TPU maps (docs/compiler.md, "Preparing a float model"):
 
 - a dilated Conv and a ConvTranspose as plain Convs (convforms.py);
+- a Conv (and the Relu and pooling after it) whose image the Unified Buffer cannot hold as
+  bands of rows (banding.py);
 - a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
@@ -32,9 +34,14 @@ class Prepared:
     reasons: dict[str, str] = field(default_factory=dict)   # node -> why it was not rewritten
 
 
-def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Prepared:
+def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
+            room=None) -> Prepared:
     """Apply every rewrite, in place, in the order that lets each feed the next (a
-    BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
+    BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes).
+    `room` (codegen/capacity.py Room: the back end's capacity on the machine the model is
+    compiled for): with it, a Conv (with its Relu and pool) whose image the Unified Buffer
+    cannot hold is cut into bands of rows (banding.py: last, on the Convs as the other
+    rewrites leave them)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
     constants_to_initializers(model, prov)     # first: every rewrite reads initializers
@@ -45,6 +52,9 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     fold_batch_norms(model, prov)
     fold_constant_affines(model, prov)
     fuse_matmul_bias(model, prov)
+    if room is not None:
+        from tpuasm.compiler.front.banding import band_convolutions
+        band_convolutions(model, prov, room, reasons)
     drop_unused_initializers(model)
     return Prepared(model, prov, reasons)
 
@@ -118,7 +128,7 @@ def _set_attr(node, name, value) -> None:
 def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
     """Tensor -> dims (ints or None) from onnx shape inference ({} when it fails)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
     except Exception:
         return {}
     out = {}
@@ -128,7 +138,7 @@ def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
         if v.type.HasField("tensor_type") and t.HasField("shape"):
             out[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
                                 for d in t.shape.dim)
-    for t in g.initializer:
+    for t in model.graph.initializer:
         out[t.name] = tuple(t.dims)
     return out
 
@@ -172,6 +182,31 @@ def _constant_value(node) -> np.ndarray | None:
     if attr.name in kinds:
         return np.asarray(helper.get_attribute_value(attr), kinds[attr.name])
     return None
+
+# initializers shape inference may need the values of (a Reshape's shape, pads, axes)
+_VALUE_ELEMENTS = 4096
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model for shape inference: its large initializers (weights) declared as graph
+    inputs of their type and shape instead.  Shape inference serializes the model it is
+    given: with a 400 MB weight that is seconds and the weight's size again in memory per
+    call, and no shape depends on a weight's values."""
+    g = model.graph
+    big = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) > _VALUE_ELEMENTS]
+    if not big:
+        return model
+    declared = {v.name for v in g.input}
+    inputs = list(g.input) + [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                              for t in big if t.name not in declared]
+    small = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) <= _VALUE_ELEMENTS]
+    graph = helper.make_graph(list(g.node), g.name, inputs, list(g.output), small,
+                              value_info=list(g.value_info),
+                              sparse_initializer=list(g.sparse_initializer))
+    light = helper.make_model(graph, opset_imports=list(model.opset_import),
+                              functions=list(model.functions))
+    light.ir_version = model.ir_version
+    return light
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> None:

@@ -19,6 +19,9 @@ class Provenance:
     # compiled node -> (num, den): the share of its products the network asks for, where a
     # rewrite made it do more (zeros spread into a dilated kernel, an upsampled input)
     own_work: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # input-model node -> what a rewrite did to it that the report should say (banding.py:
+    # "in 2 bands of rows ...")
+    notes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model) -> "Provenance":
