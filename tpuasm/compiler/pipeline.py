@@ -197,6 +197,7 @@ def _lower_and_generate(graph: Graph, batch, machine, path, codegen: bool, rewri
     matched again without them.  `rewritten`: (prepare.Prepared, QuantOptions, Provenance)
     of a float model, whose host reasons say what the rewrites and options decided."""
     refused: dict[str, str] = {}
+    cuts: set[str] = set()           # operators that start a segment (one too large whole)
 
     def supported(op):
         return refused.get(op.name) or backend_support(op)
@@ -209,12 +210,13 @@ def _lower_and_generate(graph: Graph, batch, machine, path, codegen: bool, rewri
             continue
         if rewritten is not None:
             _prepared_reasons(graph, lowered, *rewritten)
-        the_plan = plan(graph, lowered)
+        the_plan = plan(graph, lowered, cuts)
         steps = _runtime_steps(graph, the_plan)
         if not codegen:
             return lowered, the_plan, steps
-        failed = generate_programs(steps, batch, machine, path, fall_back=True)
-        if not failed:
+        known = len(cuts)
+        failed = generate_programs(steps, batch, machine, path, fall_back=True, cuts=cuts)
+        if not failed and len(cuts) == known:
             return lowered, the_plan, steps
         refused.update(failed)
 

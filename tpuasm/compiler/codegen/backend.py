@@ -27,12 +27,15 @@ def codegen_module():
     return importlib.import_module("tpuasm.compiler.codegen")
 
 
-def generate_programs(steps, batch, machine, path="the model", fall_back: bool = False
-                      ) -> dict[str, str]:
+def generate_programs(steps, batch, machine, path="the model", fall_back: bool = False,
+                      cuts: set | None = None) -> dict[str, str]:
     """The back end: one SegmentProgram per segment.  The back end's CodegenError (a segment
     the machine cannot hold: a Unified Buffer or accumulators too small for its images) and
     any other failure (a case it mishandles) are clear errors, or with `fall_back` their
-    culprits are returned ({operator: why}) for the pipeline to put on the host."""
+    culprits are returned ({operator: why}) for the pipeline to put on the host.  With a
+    `cuts` set, a segment too large only as a whole (each operator fits alone: YOLO's first
+    three Convs with their SiLUs) is not sent to the host: the operators at which it must
+    be cut into runs that fit are added to `cuts`, for the partition to split it there."""
     codegen = codegen_module()
     check_weight_memory(steps, machine.array_size, path, codegen)
     failed = {}
@@ -53,6 +56,11 @@ def generate_programs(steps, batch, machine, path="the model", fall_back: bool =
             except codegen.CodegenError as e:
                 if not fall_back:
                     raise CompileError(f"{step.name}: {e}") from None
+                split = _cuts_that_fit(step.segment, generate, codegen.CodegenError) \
+                    if cuts is not None else None
+                if split and not split <= cuts:
+                    cuts.update(split)
+                    continue
                 failed.update(_culprits(step.segment, generate,
                                         f"{CANNOT_HOLD}: {_first_line(e)}",
                                         codegen.CodegenError))
@@ -78,6 +86,53 @@ def _culprits(segment, generate, why: str, capacity: type) -> dict[str, str]:
                               if isinstance(e, capacity) else
                               f"code generation failed ({type(e).__name__}: {_first_line(e)})")
     return found or {op.name: why for op in segment.operators}
+
+
+def _cuts_that_fit(segment, generate, capacity: type) -> set[str] | None:
+    """The operators that start each run when `segment`'s operators (in their order, which
+    is the program's) are cut into the longest runs the machine holds; None when one
+    operator alone does not fit (or the segment has one).  Each run is the longest prefix
+    that fits, found by bisection: a run that fits still fits without its last operator."""
+    ops = segment.operators
+    if len(ops) < 2:
+        return None
+
+    def fits(run) -> bool:
+        try:
+            generate(_sub_segment(segment, run))
+            return True
+        except capacity:
+            return False
+
+    cuts, start = set(), 0
+    while start < len(ops):
+        lo, hi = start, len(ops)          # ops[start:lo] fits (lo == start: nothing yet)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(ops[start:mid]):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == start:
+            return None
+        if start:
+            cuts.add(ops[start].name)
+        start = lo
+    return cuts
+
+
+def _sub_segment(segment, run):
+    """The segment of the operators `run` (a slice of segment's): it reads what they read
+    and do not make, and writes what the segment writes or its other operators read."""
+    from tpuasm.compiler.ir import Segment
+    made = {op.output.name for op in run}
+    names = {op.name for op in run}
+    read_elsewhere = {t.name for op in segment.operators if op.name not in names
+                      for t in op.inputs}
+    wanted = {t.name for t in segment.outputs} | read_elsewhere
+    inputs = list(dict.fromkeys(t for op in run for t in op.inputs if t.name not in made))
+    outputs = [op.output for op in run if op.output.name in wanted]
+    return Segment(f"{segment.name}_{run[0].name}", list(run), inputs, outputs)
 
 
 def _first_line(e: Exception) -> str:

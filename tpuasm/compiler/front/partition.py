@@ -63,7 +63,9 @@ def host_closure(graph: Graph, lowered: Lowered) -> set[str]:
     return host
 
 
-def plan(graph: Graph, lowered: Lowered) -> Plan:
+def plan(graph: Graph, lowered: Lowered, cuts=frozenset()) -> Plan:
+    """The steps; an operator named in `cuts` starts a new segment (the back end found the
+    segment it was in too large for the machine as a whole)."""
     host_names = host_closure(graph, lowered)
     ops = lowered.operators
     produced_by_op = {op.output.name: op for op in ops}
@@ -96,8 +98,7 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
     steps: list = []
     while pending_ops or pending_host:
         phase_ops = _take_ready(pending_ops, deps_of_op, "op", done)
-        if phase_ops:
-            steps.append(phase_ops)
+        steps.extend(_runs(phase_ops, cuts))
         phase_nodes = _take_ready(pending_host, deps_of_node, "host", done)
         if phase_nodes:
             steps.append(_with_constants(graph, phase_nodes, constant))
@@ -138,6 +139,16 @@ def plan(graph: Graph, lowered: Lowered) -> Plan:
     involved = host_names | set(lowered.fused)
     unused = {n.name for n in graph.nodes if n.name not in involved}
     return Plan(result, host_names, unused)
+
+
+def _runs(ops: list, cuts) -> list[list]:
+    """`ops` (in program order) cut before each operator named in `cuts`."""
+    runs: list[list] = []
+    for op in ops:
+        if not runs or op.name in cuts:
+            runs.append([])
+        runs[-1].append(op)
+    return runs
 
 
 def _take_ready(pending: dict, deps_of, kind: str, done: set) -> list:
