@@ -45,6 +45,10 @@
 
 enum { LEVEL_NONE = 0, LEVEL_AVX2 = 1, LEVEL_VNNI = 2 };
 enum { WIDE16 = 16 };                     /* job->level of a 16-bit call (VNNI only) */
+enum { ACT_JOB = 32 };                    /* job->level of an Activate (tpuasm_act_rows) */
+enum { ACT_OUT_INT8, ACT_OUT_UINT8, ACT_OUT_INT16, ACT_OUT_WRAP8 };   /* as decoded.py */
+enum { ACT_BLOCK_ROWS = 64 };             /* Activate rows per work item (64 KB of acc) */
+static const int64_t ACT_SPLIT_VALUES = 1 << 17;   /* ~40 us of Activate on one core */
 enum { MAX_THREADS = 8 };
 enum { BLOCK_ROWS = 48 };   /* rows per work item: a multiple of both groups; small
                                enough that two threads end together (1024 rows: 22) */
@@ -56,6 +60,8 @@ static const int64_t SPLIT_MACS = 1 << 23;   /* below this, waking the pool cost
 #define INLINE static inline __attribute__((always_inline))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define AVX2 __attribute__((target("avx2")))
+#else
+#define INLINE static inline
 #endif
 
 int tpuasm_i8_level(void)
@@ -144,6 +150,12 @@ struct job {
     int32_t *acc;
     int64_t acc_row;
     int64_t next_block;                   /* shared: the next block to take */
+    /* An Activate (level ACT_JOB, tpuasm_act_rows): rows are output vectors, read from
+     * acc (row 0 = the instruction's first) and written to ub (per rows each) */
+    const int32_t *act_acc;
+    uint8_t *act_ub;
+    int64_t mult, act_shift, zero;
+    int32_t relu, out_kind, act_level;
 };
 
 #ifdef TPUASM_X86
@@ -588,26 +600,109 @@ static AVX2 void avx2_rows(const struct job *job, int64_t r0, int64_t r1)
 }
 #endif
 
-/* Take blocks from the shared counter until none is left. */
-static void work(struct job *job)
+/* ------------------------------------------------------------------ Activate
+ * The plain Activate (spec/isa.md 5.5: no pooling, ReLU or no function, the requantization
+ * registers, no extension) on rows of output vectors, so that a large one is shared by the
+ * pool like a MatrixMultiply: kernels.py's _execute_act computes the same, one row at a time
+ * on the calling thread.  y = ((v * mult + rounding) >> shift) + zero in int64 (|v * mult|
+ * <= 2^62), then saturated or wrapped to the output type.  One loop per output type so each
+ * vectorizes. */
+INLINE int64_t act_value(int32_t a, int relu, int64_t mult, int64_t rounding, int64_t shift,
+                         int64_t zero)
+{
+    int64_t v = a;
+    if (relu && v < 0)
+        v = 0;
+    return ((v * mult + rounding) >> shift) + zero;
+}
+
+INLINE int64_t clamp64(int64_t y, int64_t lo, int64_t hi)
+{
+    return y < lo ? lo : (y > hi ? hi : y);
+}
+
+INLINE void act_rows_body(const struct job *job, int64_t r0, int64_t r1)
+{
+    const int64_t n = job->n, mult = job->mult, shift = job->act_shift, zero = job->zero;
+    const int64_t rounding = shift > 0 ? (int64_t)1 << (shift - 1) : 0;
+    const int relu = job->relu;
+    const int64_t per = job->out_kind == ACT_OUT_INT16 ? 2 : 1;
+    for (int64_t o = r0; o < r1; o++) {
+        const int32_t *src = job->act_acc + o * n;
+        uint8_t *u = job->act_ub + o * per * n;
+        switch (job->out_kind) {
+        case ACT_OUT_INT8:
+            for (int64_t j = 0; j < n; j++)
+                u[j] = (uint8_t)clamp64(act_value(src[j], relu, mult, rounding, shift, zero),
+                                        -128, 127);
+            break;
+        case ACT_OUT_UINT8:
+            for (int64_t j = 0; j < n; j++)
+                u[j] = (uint8_t)clamp64(act_value(src[j], relu, mult, rounding, shift, zero),
+                                        0, 255);
+            break;
+        case ACT_OUT_INT16:
+            for (int64_t j = 0; j < n; j++) {
+                int64_t y = clamp64(act_value(src[j], relu, mult, rounding, shift, zero),
+                                    -32768, 32767);
+                u[j] = (uint8_t)y;
+                u[n + j] = (uint8_t)(y >> 8);
+            }
+            break;
+        default:                                   /* ACT_OUT_WRAP8: the low 8 bits */
+            for (int64_t j = 0; j < n; j++)
+                u[j] = (uint8_t)act_value(src[j], relu, mult, rounding, shift, zero);
+        }
+    }
+}
+
+#ifdef TPUASM_X86
+static __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void act_rows_avx512(
+    const struct job *job, int64_t r0, int64_t r1)
+{ act_rows_body(job, r0, r1); }
+static AVX2 void act_rows_avx2(const struct job *job, int64_t r0, int64_t r1)
+{ act_rows_body(job, r0, r1); }
+#endif
+static void act_rows_plain(const struct job *job, int64_t r0, int64_t r1)
+{ act_rows_body(job, r0, r1); }
+
+static void act_rows(const struct job *job, int64_t r0, int64_t r1)
 {
 #ifdef TPUASM_X86
-    const int64_t blocks = (job->m + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    if (job->act_level == LEVEL_VNNI && __builtin_cpu_supports("avx512dq")
+            && __builtin_cpu_supports("avx512vl"))
+        act_rows_avx512(job, r0, r1);
+    else if (job->act_level == LEVEL_AVX2)
+        act_rows_avx2(job, r0, r1);
+    else
+#endif
+        act_rows_plain(job, r0, r1);
+}
+
+/* Take blocks from the shared counter until none is left. */
+static int64_t work(struct job *job)
+{
+    int64_t taken = 0;
+    const int64_t rows = job->level == ACT_JOB ? ACT_BLOCK_ROWS : BLOCK_ROWS;
+    const int64_t blocks = (job->m + rows - 1) / rows;
     for (;;) {
         int64_t b = __atomic_fetch_add(&job->next_block, 1, __ATOMIC_RELAXED);
         if (b >= blocks)
             break;
-        int64_t r0 = b * BLOCK_ROWS, r1 = r0 + BLOCK_ROWS < job->m ? r0 + BLOCK_ROWS : job->m;
-        if (job->level == WIDE16)
+        taken++;
+        int64_t r0 = b * rows, r1 = r0 + rows < job->m ? r0 + rows : job->m;
+        if (job->level == ACT_JOB)
+            act_rows(job, r0, r1);
+#ifdef TPUASM_X86
+        else if (job->level == WIDE16)
             wide_rows(job, r0, r1);
         else if (job->level == LEVEL_VNNI)
             vnni_rows(job, r0, r1);
         else
             avx2_rows(job, r0, r1);
-    }
-#else
-    (void)job;
 #endif
+    }
+    return taken;
 }
 
 /* ------------------------------------------------------------------ helper threads
@@ -626,6 +721,7 @@ static void work(struct job *job)
 #include <time.h>
 
 static const int64_t SPIN_NS = 30000;
+static int64_t stats[8];
 
 static int64_t now_ns(void)
 {
@@ -677,6 +773,7 @@ static uint64_t next_generation(uint64_t seen)
  * is posted): a helper started for a later job, or in a forked child whose generation is
  * not 0, must not take the job before as its own. */
 static uint64_t started_at[MAX_THREADS];
+static int64_t posted_ns;
 
 static void *helper(void *arg)
 {
@@ -689,7 +786,8 @@ static void *helper(void *arg)
          * stays until it has. */
         if (index >= (int)(seen & 0xFF))
             continue;                      /* not needed for this job */
-        work(pool.job);
+        stats[5] += now_ns() - posted_ns;
+        stats[6] += work(pool.job);
         if (__atomic_sub_fetch(&pool.running, 1, __ATOMIC_ACQ_REL) == 0) {
             pthread_mutex_lock(&pool.lock);
             pthread_cond_signal(&pool.done);
@@ -709,6 +807,18 @@ static struct {
     int skip;                              /* calls to make alone from now */
     int penalty;                           /* log2 of the last skip */
 } backoff;
+
+/* Counters for measuring the pool (tpuasm_pool_stats): calls shared, calls alone by
+ * backoff, ns the caller worked, ns it waited, ns until a helper took its first block. */
+
+void tpuasm_pool_stats(int64_t *out, int32_t reset)
+{
+    for (int i = 0; i < 8; i++) {
+        out[i] = stats[i];
+        if (reset)
+            stats[i] = 0;
+    }
+}
 
 static void forget_helpers(void)           /* in a forked child: they do not exist there */
 {
@@ -749,6 +859,7 @@ static void share(struct job *job, int extra)
         return;
     }
     if (backoff.skip > 0) {
+        stats[1]++;
         backoff.skip--;
         pthread_mutex_unlock(&pool.in_use);
         work(job);
@@ -758,13 +869,14 @@ static void share(struct job *job, int extra)
     int wanted = helpers < extra ? helpers : extra;
     pool.job = job;
     __atomic_store_n(&pool.running, wanted, __ATOMIC_RELAXED);
+    posted_ns = now_ns();
     pthread_mutex_lock(&pool.lock);
     uint64_t next = ((__atomic_load_n(&pool.generation, __ATOMIC_RELAXED) >> 8) + 1) << 8;
     __atomic_store_n(&pool.generation, next | (uint64_t)wanted, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     const int64_t began = now_ns();
-    work(job);
+    stats[7] += work(job);
     const int64_t start = now_ns();
     for (int i = 0; __atomic_load_n(&pool.running, __ATOMIC_ACQUIRE) > 0; i++) {
         if ((i & 255) == 255 && now_ns() - start > SPIN_NS) {
@@ -777,6 +889,8 @@ static void share(struct job *job, int extra)
         relax();
     }
     const int64_t waited = now_ns() - start;
+    stats[0]++; stats[2] += start - began; stats[3] += waited;
+    if (waited > start - began) stats[4]++;
     if (waited > start - began) {
         backoff.penalty = backoff.penalty < 4 ? backoff.penalty + 1 : 4;
         backoff.skip = 1 << backoff.penalty;
@@ -816,5 +930,31 @@ void tpuasm_i16_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_
                       WIDE16, wide_x, wide_w, acc, acc_row, 0};
     /* twice the instructions of an 8-bit call per MAC: worth splitting at half the size */
     int extra = 2 * m * n * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
+    share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
+}
+
+/* An Activate's plain arithmetic (see act_rows_body) on output vectors 0..m-1: vector o
+ * reads acc row o (of n int32) and writes ub row o (8-bit outputs) or rows 2o, 2o + 1
+ * (int16: low bytes, high bytes), on up to `threads` threads.  acc and ub point at the
+ * iteration's first rows; the two do not overlap (separate memories).  level: what the
+ * vector code may use (tpuasm_i8_level's values). */
+void tpuasm_act_rows(const int32_t *acc, uint8_t *ub, int64_t m, int64_t n, int32_t relu,
+                     int64_t mult, int64_t shift, int64_t zero, int32_t out_kind,
+                     int32_t level, int32_t threads)
+{
+    struct job job;
+    memset(&job, 0, sizeof job);
+    job.m = m;
+    job.n = n;
+    job.level = ACT_JOB;
+    job.act_acc = acc;
+    job.act_ub = ub;
+    job.relu = relu;
+    job.mult = mult;
+    job.act_shift = shift;
+    job.zero = zero;
+    job.out_kind = out_kind;
+    job.act_level = level;
+    int extra = m * n >= ACT_SPLIT_VALUES && m > ACT_BLOCK_ROWS ? threads - 1 : 0;
     share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
 }

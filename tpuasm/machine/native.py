@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .decoded import ACT_OUT_INT16
 from .jit import external, njit, on_materialize
 from ..cache import ensure_built, entry, install, note_failure, staging_directory
 from ..environment import raw
@@ -59,6 +60,7 @@ MMC_SYMBOL = "tpuasm_i8_mmc"
 PACK_SYMBOL = "tpuasm_i8_pack"
 MMC16_SYMBOL = "tpuasm_i16_mmc"
 PACK16_SYMBOL = "tpuasm_i16_pack"
+ACT_SYMBOL = "tpuasm_act_rows"
 _BUILD_SECONDS = 120
 
 _library = None          # the ctypes library, False after a failure in this process, None untried
@@ -157,7 +159,7 @@ def vnni_probe(iterations: int) -> int:
 def _bind_numba() -> None:
     """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
     stand-ins, never called (level() is LEVEL_NONE)."""
-    global i8_mmc, i8_pack, i16_mmc, i16_pack
+    global i8_mmc, i8_pack, i16_mmc, i16_pack, act_rows_c
     from numba import types
 
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
@@ -179,9 +181,13 @@ def _bind_numba() -> None:
     pack16_sig = types.void(u8p, u8p, i64, i32, i32, i32, i32, i8p, i32p)
     i16_mmc = external(MMC16_SYMBOL, mmc16_sig, library())
     i16_pack = external(PACK16_SYMBOL, pack16_sig, library())
+    # tpuasm_act_rows(acc, ub, m, n, relu, mult, shift, zero, out_kind, level, threads)
+    act_sig = types.void(i32p, u8p, i64, i64, i32, i64, i64, i64, i32, i32, i32)
+    act_rows_c = external(ACT_SYMBOL, act_sig, library())
 
 
-i8_mmc = i8_pack = i16_mmc = i16_pack = None     # numba ExternalFunctions, by _bind_numba
+# numba ExternalFunctions, made by _bind_numba
+i8_mmc = i8_pack = i16_mmc = i16_pack = act_rows_c = None
 on_materialize(_bind_numba)
 
 
@@ -224,3 +230,16 @@ def mmc_rows16(ub, ub_rows, m, packed, bias, signed_x, wide_x, signed_w, wide_w,
     i16_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
             np.int32(signed_x), np.int32(wide_x), np.int32(signed_w), np.int32(wide_w),
             acc.ctypes, acc_row, np.int32(overwrite), np.int32(threads))
+
+
+@njit(cache=True)
+def act_rows(acc, a0, ub, u0, m, relu, mult, shift, zero, out_kind, level, threads):
+    """The plain Activate (no pooling, ReLU or no function, no extension) of accumulator
+    rows a0..a0+m-1 into UB rows from u0 (two per vector for int16 output), shared among
+    `threads` threads when large: the same arithmetic as kernels._execute_act."""
+    if m <= 0:
+        return
+    per = 2 if out_kind == ACT_OUT_INT16 else 1
+    act_rows_c(acc[a0:a0 + m].ctypes, ub[u0:u0 + per * m].ctypes, m, acc.shape[1],
+               np.int32(relu), mult, shift, zero, np.int32(out_kind), np.int32(level),
+               np.int32(threads))
