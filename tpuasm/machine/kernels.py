@@ -1424,6 +1424,7 @@ def _execute_vector(row, regs, ub):
 # ----------------------------------------------------------------------------- dispatch
 
 _ACT_SHARED_VALUES = 1 << 14    # smaller Activates stay on _execute_act (no call into C)
+_MMC_SHARED_MACS = 1 << 23      # mmc_int8.c's SPLIT_MACS: the kernel shares such calls
 
 
 @njit(cache=True)
@@ -1457,6 +1458,9 @@ def _act_shared(row, regs, acc, ub, scratch, profile):
 def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, profile):
     op = row[COL_OP]
     if op == OP_MMC:
+        if scratch.options[_OPT_INT8] != 0 \
+                and row[COL_LEN] * ub.shape[1] * ub.shape[1] >= _MMC_SHARED_MACS:
+            _native.pool_prepare(scratch.options[_OPT_INT8_THREADS])
         _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
     elif op == OP_ACT:
         if not _act_shared(row, regs, acc, ub, scratch, profile):

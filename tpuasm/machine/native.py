@@ -61,6 +61,7 @@ PACK_SYMBOL = "tpuasm_i8_pack"
 MMC16_SYMBOL = "tpuasm_i16_mmc"
 PACK16_SYMBOL = "tpuasm_i16_pack"
 ACT_SYMBOL = "tpuasm_act_rows"
+PREPARE_SYMBOL = "tpuasm_pool_prepare"
 _BUILD_SECONDS = 120
 
 _library = None          # the ctypes library, False after a failure in this process, None untried
@@ -159,7 +160,7 @@ def vnni_probe(iterations: int) -> int:
 def _bind_numba() -> None:
     """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
     stand-ins, never called (level() is LEVEL_NONE)."""
-    global i8_mmc, i8_pack, i16_mmc, i16_pack, act_rows_c
+    global i8_mmc, i8_pack, i16_mmc, i16_pack, act_rows_c, pool_prepare_c
     from numba import types
 
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
@@ -184,10 +185,11 @@ def _bind_numba() -> None:
     # tpuasm_act_rows(acc, ub, m, n, relu, mult, shift, zero, out_kind, level, threads)
     act_sig = types.void(i32p, u8p, i64, i64, i32, i64, i64, i64, i32, i32, i32)
     act_rows_c = external(ACT_SYMBOL, act_sig, library())
+    pool_prepare_c = external(PREPARE_SYMBOL, types.void(i32), library())
 
 
 # numba ExternalFunctions, made by _bind_numba
-i8_mmc = i8_pack = i16_mmc = i16_pack = act_rows_c = None
+i8_mmc = i8_pack = i16_mmc = i16_pack = act_rows_c = pool_prepare_c = None
 on_materialize(_bind_numba)
 
 
@@ -243,3 +245,11 @@ def act_rows(acc, a0, ub, u0, m, relu, mult, shift, zero, out_kind, level, threa
     act_rows_c(acc[a0:a0 + m].ctypes, ub[u0:u0 + per * m].ctypes, m, acc.shape[1],
                np.int32(relu), mult, shift, zero, np.int32(out_kind), np.int32(level),
                np.int32(threads))
+
+
+@njit(cache=True)
+def pool_prepare(threads):
+    """Tell the kernel's threads that a call to share comes soon (they poll for it rather
+    than sleep): before the set-up of a large MatrixMultiply."""
+    if threads > 1:
+        pool_prepare_c(np.int32(threads))
