@@ -33,10 +33,12 @@
  *
  * Every sum is exact modulo 2^32, and the accumulators wrap modulo 2^32 anyway
  * (spec/isa.md), so no bound on K is needed.  A call of enough work splits its rows into
- * 48-row blocks that the calling thread and one helper thread per extra core take in turn
- * from a shared counter, so a core that another process keeps busy simply takes fewer
- * blocks; the helpers are kept between calls and poll briefly for the next one (see
- * "helper threads").
+ * 48-row blocks (the last 96 rows in 12-row ones) that the calling thread and one helper
+ * thread per extra core take in turn from a shared counter, so a core that another process
+ * keeps busy simply takes fewer blocks; the helpers are kept between calls and poll
+ * briefly for the next one (see "helper threads").  The same pool runs large plain
+ * Activates (tpuasm_act_rows), and tpuasm_pool_prepare wakes it before a large
+ * MatrixMultiply's set-up, so that an emulated MLP keeps every core busy (native.py).
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -697,19 +699,35 @@ static void act_rows(const struct job *job, int64_t r0, int64_t r1)
         act_rows_plain(job, r0, r1);
 }
 
-/* Take blocks from the shared counter until none is left. */
+/* Take blocks from the shared counter until none is left.  A MatrixMultiply's last
+ * TAIL_ROWS rows come in blocks of TAIL_BLOCK_ROWS: the thread that takes the last block
+ * is waited for by the others, so the last blocks are short (with 48-row ones the caller
+ * waited 43 us a call for its helper, a sixth of a 2,048-row MatrixMultiply on two cores). */
+enum { TAIL_BLOCK_ROWS = 12, TAIL_ROWS = 2 * BLOCK_ROWS };
+
 static int64_t work(struct job *job)
 {
     int64_t taken = 0;
-    const int64_t rows = job->level == ACT_JOB ? ACT_BLOCK_ROWS : BLOCK_ROWS;
-    const int64_t blocks = (job->m + rows - 1) / rows;
+    const int act = job->level == ACT_JOB;
+    const int64_t rows = act ? ACT_BLOCK_ROWS : BLOCK_ROWS;
+    const int64_t tail = act || job->m < 2 * TAIL_ROWS ? 0 : TAIL_ROWS;
+    const int64_t head = job->m - tail;                 /* rows in full-size blocks */
+    const int64_t head_blocks = (head + rows - 1) / rows;
+    const int64_t blocks = head_blocks + tail / TAIL_BLOCK_ROWS;
     for (;;) {
         int64_t b = __atomic_fetch_add(&job->next_block, 1, __ATOMIC_RELAXED);
         if (b >= blocks)
             break;
         taken++;
-        int64_t r0 = b * rows, r1 = r0 + rows < job->m ? r0 + rows : job->m;
-        if (job->level == ACT_JOB)
+        int64_t r0, r1;
+        if (b < head_blocks) {
+            r0 = b * rows;
+            r1 = r0 + rows < head ? r0 + rows : head;
+        } else {
+            r0 = head + (b - head_blocks) * TAIL_BLOCK_ROWS;
+            r1 = r0 + TAIL_BLOCK_ROWS;
+        }
+        if (act)
             act_rows(job, r0, r1);
 #ifdef TPUASM_X86
         else if (job->level == WIDE16)
@@ -739,7 +757,11 @@ static int64_t work(struct job *job)
 #include <time.h>
 
 static const int64_t SPIN_NS = 30000;
-static int64_t stats[8];
+/* What the pool did, for measuring it (tpuasm_pool_stats; indices as STAT_*): updated by
+ * the pool's owner, the helpers' two with atomic adds. */
+enum { STAT_SHARED, STAT_ALONE, STAT_WORKED_NS, STAT_WAITED_NS, STAT_WAITED_LONGER,
+       STAT_HELPER_DELAY_NS, STAT_HELPER_BLOCKS, STAT_CALLER_BLOCKS, STAT_COUNT };
+static int64_t stats[STAT_COUNT];
 
 static int64_t now_ns(void)
 {
@@ -804,8 +826,9 @@ static void *helper(void *arg)
          * stays until it has. */
         if (index >= (int)(seen & 0xFF))
             continue;                      /* not needed for this job */
-        stats[5] += now_ns() - posted_ns;
-        stats[6] += work(pool.job);
+        __atomic_add_fetch(&stats[STAT_HELPER_DELAY_NS], now_ns() - posted_ns,
+                           __ATOMIC_RELAXED);
+        __atomic_add_fetch(&stats[STAT_HELPER_BLOCKS], work(pool.job), __ATOMIC_RELAXED);
         if (__atomic_sub_fetch(&pool.running, 1, __ATOMIC_ACQ_REL) == 0) {
             pthread_mutex_lock(&pool.lock);
             pthread_cond_signal(&pool.done);
@@ -826,16 +849,13 @@ static struct {
     int penalty;                           /* log2 of the last skip */
 } backoff;
 
-/* Counters for measuring the pool (tpuasm_pool_stats): calls shared, calls alone by
- * backoff, ns the caller worked, ns it waited, ns until a helper took its first block. */
-
+/* The counters (see STAT_*) into out[STAT_COUNT], then zeroed if `reset`.  Helpers'
+ * delay: from the job's posting to a helper's start on it, summed over helpers. */
 void tpuasm_pool_stats(int64_t *out, int32_t reset)
 {
-    for (int i = 0; i < 8; i++) {
-        out[i] = stats[i];
-        if (reset)
-            stats[i] = 0;
-    }
+    for (int i = 0; i < STAT_COUNT; i++)
+        out[i] = reset ? __atomic_exchange_n(&stats[i], 0, __ATOMIC_RELAXED)
+                       : __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
 }
 
 static void forget_helpers(void)           /* in a forked child: they do not exist there */
@@ -877,7 +897,7 @@ static void share(struct job *job, int extra)
         return;
     }
     if (backoff.skip > 0) {
-        stats[1]++;
+        stats[STAT_ALONE]++;
         backoff.skip--;
         pthread_mutex_unlock(&pool.in_use);
         work(job);
@@ -894,7 +914,7 @@ static void share(struct job *job, int extra)
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     const int64_t began = now_ns();
-    stats[7] += work(job);
+    stats[STAT_CALLER_BLOCKS] += work(job);
     const int64_t start = now_ns();
     for (int i = 0; __atomic_load_n(&pool.running, __ATOMIC_ACQUIRE) > 0; i++) {
         if ((i & 255) == 255 && now_ns() - start > SPIN_NS) {
@@ -907,8 +927,10 @@ static void share(struct job *job, int extra)
         relax();
     }
     const int64_t waited = now_ns() - start;
-    stats[0]++; stats[2] += start - began; stats[3] += waited;
-    if (waited > start - began) stats[4]++;
+    stats[STAT_SHARED]++;
+    stats[STAT_WORKED_NS] += start - began;
+    stats[STAT_WAITED_NS] += waited;
+    stats[STAT_WAITED_LONGER] += waited > start - began;
     if (waited > start - began) {
         backoff.penalty = backoff.penalty < 4 ? backoff.penalty + 1 : 4;
         backoff.skip = 1 << backoff.penalty;

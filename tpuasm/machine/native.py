@@ -30,9 +30,26 @@ AVX2 (to measure or test that level on a VNNI machine); TPUASM_INT8_THREADS=n se
 thread count (default: the cores this process may run on, at most 8).  Every path is
 exact; the tests run each one this CPU has.
 
+The whole MLP on every core.  A MatrixMultiply alone scaled to two cores, but an emulated
+MLP (bench_emulator.py 1: each MatrixMultiply followed by its ReLU Activate) did not: the
+second core paid nothing (0.42 x MatMulInteger on two threads against 0.89 x on one).
+Measured with pool_stats(): each 2,048-row MatrixMultiply had been two calls of 1,024
+rows; the helpers polled 30 us after a call, but the Activate between MatrixMultiplies
+(on one thread) and the tile packing before each (38 us, bytes written 4 apart) outlasted
+that, so the helpers slept and took ~100-140 us to wake (a virtual machine's idle core):
+half of a call's share.  Now (1) a large plain Activate (ReLU or none, requantized, no
+pooling or extension) runs on the same pool (act_rows: the arithmetic of
+kernels._execute_act, in C, blocks of 64 rows); (2) a MatrixMultiply iteration of up to
+16,384 rows is one call; (3) the tile is packed in write order (6 us); (4) before a
+large MatrixMultiply's set-up the machine calls pool_prepare(), which wakes sleeping
+helpers so that they poll when the job comes; (5) the last 96 rows of a call go in
+12-row blocks, so the caller waits less for the helper's last block.
+
 Python helpers: library() (the loaded ctypes library or None), cpu_level() (LEVEL_NONE,
 LEVEL_AVX2 or LEVEL_VNNI: what this CPU and build can run), level() (what the machine will
-use), threads(), vnni_probe() (the benchmarks' measured peak).
+use), threads(), vnni_probe() (the benchmarks' measured peak), pool_stats() (what the
+thread pool did).  njit: pack_tile, mmc_rows, pack_tile16, mmc_rows16, act_rows,
+pool_prepare.
 """
 from __future__ import annotations
 
@@ -144,6 +161,23 @@ def threads() -> int:
         except (AttributeError, OSError):
             wanted = os.cpu_count() or 1
     return max(1, min(wanted, MAX_THREADS))
+
+
+POOL_STATS = ("shared calls", "calls alone (backing off)", "caller worked ns", "caller waited ns",
+              "calls waited longer than worked", "helper delay ns", "helper blocks",
+              "caller blocks")                    # mmc_int8.c's STAT_* order
+
+
+def pool_stats(reset: bool = False) -> dict[str, int]:
+    """What the kernel's thread pool did in this process since the last reset (for the
+    benchmarks: how often a call was shared, how long the caller waited for its helpers,
+    how long a helper took to start on a job); empty without the library."""
+    lib = library()
+    if lib is None:
+        return {}
+    out = np.zeros(len(POOL_STATS), np.int64)
+    lib.tpuasm_pool_stats(ctypes.c_void_p(out.ctypes.data), ctypes.c_int32(bool(reset)))
+    return dict(zip(POOL_STATS, (int(v) for v in out)))
 
 
 def vnni_probe(iterations: int) -> int:
