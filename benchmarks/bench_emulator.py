@@ -116,6 +116,7 @@ def _mlp_case(layers, blocks, batch, repeats, int8_only=False):
         for name, machine in machines.items():
             machine.load(prog, weights=tiles)
             machine.ub[:blocks * batch] = ub_x
+            _quiesce()
             native.pool_stats(reset=True)
             t, c = time.perf_counter(), time.process_time()
             r = machine.run()
@@ -127,6 +128,7 @@ def _mlp_case(layers, blocks, batch, repeats, int8_only=False):
         times["np.matmul"] = reference(default_threads)
         times["np.matmul 1 thread"] = reference(1)
         for name, run in ort.items():
+            _quiesce()
             t, c = time.perf_counter(), time.process_time()
             run()
             times[name] = (time.perf_counter() - t, time.process_time() - c)
@@ -158,6 +160,16 @@ def _mlp_case(layers, blocks, batch, repeats, int8_only=False):
               f"average; the caller waited {pool['caller waited ns'] / shared / 1e3:.0f} us "
               f"a call for them after {pool['caller worked ns'] / shared / 1e3:.0f} us of "
               f"its own work")
+
+
+def _quiesce(seconds=0.2):
+    """Let the threads of the run before stop: after a run onnxruntime's intra-op threads
+    poll for more work for tens of milliseconds (measured: a whole core for the first 8 ms,
+    still some 100 ms later), and a run that follows on every core found one of them
+    taken (bench_emulator.py 1 at load 7: the emulated MLP on two threads at 0.41 x
+    MatMulInteger right after onnxruntime's runs, its pool's helpers starting 250 us after
+    a call where they start in ~20 us otherwise).  The emulator's helpers poll 30 us."""
+    time.sleep(seconds)
 
 
 def _ort_runs(tiles, layers, blocks, batch):
