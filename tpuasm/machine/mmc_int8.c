@@ -40,7 +40,9 @@
  * Activates (tpuasm_act_rows), and tpuasm_pool_prepare wakes it before a large
  * MatrixMultiply's set-up, so that an emulated MLP keeps every core busy (native.py).
  */
+#define _GNU_SOURCE                        /* sched_getcpu, pthread_setaffinity_np */
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -813,6 +815,7 @@ static uint64_t next_generation(uint64_t seen)
  * is posted): a helper started for a later job, or in a forked child whose generation is
  * not 0, must not take the job before as its own. */
 static uint64_t started_at[MAX_THREADS];
+static pthread_t threads_of[MAX_THREADS];   /* the helpers (under in_use) */
 static int64_t posted_ns;
 
 static void *helper(void *arg)
@@ -858,6 +861,14 @@ void tpuasm_pool_stats(int64_t *out, int32_t reset)
                        : __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
 }
 
+/* steer_helpers's state (touched by the pool's owner) */
+static struct {
+    int ready;                             /* 1: mask read; -1: steering is off */
+    cpu_set_t allowed;                     /* the process's cores when the pool started */
+    int away_from;                         /* the core the helpers avoid now, or -1 */
+    int helpers;                           /* helpers steered so far */
+} steer = {0};
+
 static void forget_helpers(void)           /* in a forked child: they do not exist there */
 {
     pthread_mutex_init(&pool.in_use, NULL);
@@ -867,6 +878,8 @@ static void forget_helpers(void)           /* in a forked child: they do not exi
     pool.helpers = pool.running = 0;
     pool.job = NULL;
     backoff.skip = backoff.penalty = 0;
+    steer.ready = 0;
+    steer.helpers = 0;
 }
 
 /* Start helpers up to `count` (under in_use); returns how many there are. */
@@ -883,9 +896,43 @@ static int start_helpers(int count)
         if (pthread_create(&thread, NULL, helper, (void *)(intptr_t)pool.helpers) != 0)
             break;
         pthread_detach(thread);
+        threads_of[pool.helpers] = thread;
         pool.helpers++;
     }
     return pool.helpers;
+}
+
+/* Keep the helpers off the caller's core (under in_use).  A helper sleeping between calls
+ * is woken on a core the scheduler picks, and on a loaded machine it often picked the
+ * caller's: the two then took turns on one core while the other ran another process
+ * (bench_emulator.py 1 at load 7: an MLP on "two threads" at the speed of one, with as
+ * much CPU time as wall time, its helper doing half the blocks).  So each helper may run
+ * on any core this process could use when the pool started except the one the caller is
+ * on; when the caller moves, the helpers' cores follow (one system call per helper, only
+ * then).  Nothing changes with one core, or where the calls fail. */
+static void steer_helpers(void)
+{
+    if (steer.ready == 0) {
+        steer.ready = sched_getaffinity(0, sizeof steer.allowed, &steer.allowed) == 0
+                      && CPU_COUNT(&steer.allowed) > 1 ? 1 : -1;
+        steer.away_from = -1;
+    }
+    if (steer.ready < 0 || pool.helpers == 0)
+        return;
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &steer.allowed))
+        return;
+    if (cpu == steer.away_from && steer.helpers == pool.helpers)
+        return;
+    cpu_set_t others = steer.allowed;
+    CPU_CLR(cpu, &others);
+    for (int i = 0; i < pool.helpers; i++)
+        if (pthread_setaffinity_np(threads_of[i], sizeof others, &others) != 0) {
+            steer.ready = -1;                  /* not allowed here: leave them be */
+            return;
+        }
+    steer.away_from = cpu;
+    steer.helpers = pool.helpers;
 }
 
 /* Run the job on this thread and up to `extra` helpers; returns when every block is done
@@ -904,6 +951,7 @@ static void share(struct job *job, int extra)
         return;
     }
     int helpers = start_helpers(extra);
+    steer_helpers();
     int wanted = helpers < extra ? helpers : extra;
     pool.job = job;
     __atomic_store_n(&pool.running, wanted, __ATOMIC_RELAXED);
@@ -951,6 +999,7 @@ void tpuasm_pool_prepare(int32_t threads)
     if (threads <= 1 || pthread_mutex_trylock(&pool.in_use) != 0)
         return;
     if (pool.helpers > 0 && backoff.skip == 0) {
+        steer_helpers();
         pthread_mutex_lock(&pool.lock);
         uint64_t next = ((__atomic_load_n(&pool.generation, __ATOMIC_RELAXED) >> 8) + 1) << 8;
         __atomic_store_n(&pool.generation, next, __ATOMIC_RELEASE);
