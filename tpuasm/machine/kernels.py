@@ -61,6 +61,9 @@ int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 1
 operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact
 float GEMM (gemm.py): float32 for 8-bit operands, float64 when either side is 16-bit (H or
 D), chunked `chunk_rows` output vectors at a time, then an int32 wrapping accumulate.
+With the int8 kernel, a large plain Activate (no pooling, ReLU or no function, none of
+_execute_act_ext's features) runs on the kernel's threads (_act_shared, native.act_rows),
+and a large MatrixMultiply wakes them before its set-up (native.pool_prepare).
 Register limits, opcodes and the sigmoid/tanh tables are module globals, which numba
 freezes into the compiled (and cached) code.
 """
