@@ -77,7 +77,7 @@ def wide_mlp_program(layers, blocks, batch):
     return Program(out + [I("HLT")])
 
 
-def _mlp_case(layers, blocks, batch, repeats):
+def _mlp_case(layers, blocks, batch, repeats, int8_only=False):
     """Emulated vs plain float32 np.matmul of the same shapes, interleaved, best of each;
     np.matmul at OpenBLAS's default thread count and at 1 (the machine runs OpenBLAS
     single-threaded, see machine.py), wall clock and CPU time."""
@@ -104,7 +104,10 @@ def _mlp_case(layers, blocks, batch, repeats):
         set_blas_threads(previous)
         return wall, cpu
 
-    machines = _machines_per_path()
+    from tpuasm.machine import native
+    machines = _machines_per_path(int8_only)
+    first = next(iter(machines))                 # the default path, on every core
+    pool = {}                                    # its thread pool's counters, summed
     ort = _ort_runs(tiles, layers, blocks, batch)
     best = {k: [float("inf")] * 2
             for k in (*machines, "np.matmul", "np.matmul 1 thread", *ort)}
@@ -113,13 +116,19 @@ def _mlp_case(layers, blocks, batch, repeats):
         for name, machine in machines.items():
             machine.load(prog, weights=tiles)
             machine.ub[:blocks * batch] = ub_x
+            _quiesce()
+            native.pool_stats(reset=True)
             t, c = time.perf_counter(), time.process_time()
             r = machine.run()
             times[name] = (time.perf_counter() - t, time.process_time() - c)
             assert r.status == "halted", r
+            if name == first:
+                for k, v in native.pool_stats().items():
+                    pool[k] = pool.get(k, 0) + v
         times["np.matmul"] = reference(default_threads)
         times["np.matmul 1 thread"] = reference(1)
         for name, run in ort.items():
+            _quiesce()
             t, c = time.perf_counter(), time.process_time()
             run()
             times[name] = (time.perf_counter() - t, time.process_time() - c)
@@ -141,6 +150,26 @@ def _mlp_case(layers, blocks, batch, repeats):
             print(f"      vs {label:26s} {macs / wall / 1e9:6.1f} GMAC/s: ratio "
                   f"{wall / emu_wall:.2f} wall, {cpu / emu_cpu:.2f} cpu (target >= 0.8)")
     _print_against_onnxruntime(machines, ort, best, macs)
+    shared = pool.get("shared calls", 0)
+    if shared:
+        blocks_done = pool["helper blocks"] + pool["caller blocks"]
+        print(f"   {first}, its thread pool per run: {shared / repeats:.0f} calls shared, "
+              f"{pool['calls alone (backing off)'] / repeats:.0f} alone (backing off); "
+              f"helpers took {100 * pool['helper blocks'] / blocks_done:.0f}% of the blocks, "
+              f"started {pool['helper delay ns'] / shared / 1e3:.0f} us after a call on "
+              f"average; the caller waited {pool['caller waited ns'] / shared / 1e3:.0f} us "
+              f"a call for them after {pool['caller worked ns'] / shared / 1e3:.0f} us of "
+              f"its own work")
+
+
+def _quiesce(seconds=0.2):
+    """Let the threads of the run before stop: after a run onnxruntime's intra-op threads
+    poll for more work for tens of milliseconds (measured: a whole core for the first 8 ms,
+    still some 100 ms later), and a run that follows on every core found one of them
+    taken (bench_emulator.py 1 at load 7: the emulated MLP on two threads at 0.41 x
+    MatMulInteger right after onnxruntime's runs, its pool's helpers starting 250 us after
+    a call where they start in ~20 us otherwise).  The emulator's helpers poll 30 us."""
+    time.sleep(seconds)
 
 
 def _ort_runs(tiles, layers, blocks, batch):
@@ -195,9 +224,10 @@ def _print_against_onnxruntime(machines, ort, best, macs):
               f"({peak.share(g, threads)}) (target >= 0.8)")
 
 
-def _machines_per_path():
+def _machines_per_path(int8_only=False):
     """A Machine per MatrixMultiply path this CPU has: the int8 kernel at each instruction-set
-    level (native.py), then the float path; the first is what a user gets by default."""
+    level (native.py), then the float path; the first is what a user gets by default.
+    int8_only: the default path only, on every core and on 1 thread."""
     from tpuasm.machine import native
     levels = {native.LEVEL_VNNI: ("int8 kernel, AVX-512 VNNI", "vnni"),
               native.LEVEL_AVX2: ("int8 kernel, AVX2", "avx2")}
@@ -205,7 +235,11 @@ def _machines_per_path():
                 if lv <= native.level()]
     if settings and settings[0][1] == "vnni" and native.threads() > 1:
         settings.insert(1, ("int8 kernel, AVX-512 VNNI, 1 thread", "vnni", "1"))
-    settings.append(("float path", "0", ""))
+    if int8_only:
+        settings = settings[:2] if len(settings) > 1 and "1 thread" in settings[1][0] \
+            else settings[:1]
+    else:
+        settings.append(("float path", "0", ""))
     previous = {k: os.environ.get(k) for k in ("TPUASM_INT8", "TPUASM_INT8_THREADS")}
     machines = {}
     try:
@@ -221,9 +255,9 @@ def _machines_per_path():
     return machines
 
 
-def bench_mlp(repeats=5):
-    _mlp_case(8, 1, 4096, repeats)
-    _mlp_case(16, 2, 2048, repeats)
+def bench_mlp(repeats=5, int8_only=False):
+    _mlp_case(8, 1, 4096, repeats, int8_only)
+    _mlp_case(16, 2, 2048, repeats, int8_only)
 
 
 def bench_small(count=1_000_000, repeats=3):
@@ -479,8 +513,14 @@ def bench_big_program():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", nargs="*", type=int, default=[1, 2, 3, 4, 5, 6, 7])
+    ap.add_argument("--int8-only", action="store_true",
+                    help="1.: only the default MatrixMultiply path (every core, 1 thread) "
+                         "and onnxruntime, not the AVX2 level or the float path")
+    ap.add_argument("--repeats", type=int, default=5, help="1.: runs of each, best taken")
     args = ap.parse_args()
-    table = {1: bench_mlp, 2: bench_small, 3: bench_step, 4: bench_startup, 5: bench_rss,
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    table = {1: lambda: bench_mlp(args.repeats, args.int8_only), 2: bench_small, 3: bench_step, 4: bench_startup, 5: bench_rss,
              6: bench_timing_only, 7: bench_big_program}
     for k in args.which:
         table[k]()

@@ -61,6 +61,9 @@ int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 1
 operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact
 float GEMM (gemm.py): float32 for 8-bit operands, float64 when either side is 16-bit (H or
 D), chunked `chunk_rows` output vectors at a time, then an int32 wrapping accumulate.
+With the int8 kernel, a large plain Activate (no pooling, ReLU or no function, none of
+_execute_act_ext's features) runs on the kernel's threads (_act_shared, native.act_rows),
+and a large MatrixMultiply wakes them before its set-up (native.pool_prepare).
 Register limits, opcodes and the sigmoid/tanh tables are module globals, which numba
 freezes into the compiled (and cached) code.
 """
@@ -118,6 +121,10 @@ Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key3
                                  "key8", "raw8", "rows8", "cache8", "cache_bias8",
                                  "cache_key8", "cache_raw8"])
 _OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
+# Rows of one int8 kernel call (the length of rows8): an MLP's MatrixMultiply of a few
+# thousand rows is one call, one job for the kernel's threads, rather than a job per
+# chunk_rows (each a wake-up of the helpers and a wait for the slowest).
+_INT8_CALL_ROWS = 16384
 
 
 def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None,
@@ -150,7 +157,7 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         packed8=np.zeros((4, 2 * int8_n * int8_n), np.int8),
         bias8=np.zeros((4, int8_n), np.int32),
         key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((2, int8_n, int8_n), np.uint8),
-        rows8=np.zeros(chunk if int8_level else 0, np.int64),
+        rows8=np.zeros(max(chunk, _INT8_CALL_ROWS) if int8_level else 0, np.int64),
         **_tile_cache(int8_n, cached_tiles if int8_level else 0))
 
 
@@ -1419,14 +1426,48 @@ def _execute_vector(row, regs, ub):
 
 # ----------------------------------------------------------------------------- dispatch
 
+_ACT_SHARED_VALUES = 1 << 14    # smaller Activates stay on _execute_act (no call into C)
+_MMC_SHARED_MACS = 1 << 23      # mmc_int8.c's SPLIT_MACS: the kernel shares such calls
+
+
+@njit(cache=True)
+def _act_shared(row, regs, acc, ub, scratch, profile):
+    """A large plain Activate (no pooling, ReLU or no function, no extension of
+    _execute_act_ext) on the C kernel's threads (native.act_rows: the same arithmetic as
+    _execute_act, rows shared among the MatrixMultiply's pool), so that in an MLP the
+    Activates between the MatrixMultiplies do not leave the other cores idle and their
+    threads polling.  Returns False, having done nothing, for any other Activate or without
+    the kernel (int8 level 0)."""
+    level = scratch.options[_OPT_INT8]
+    flags = row[COL_FLAGS]
+    if level == 0 or row[COL_LEN] * acc.shape[1] < _ACT_SHARED_VALUES \
+            or (flags & (ACT_SIGMOID | ACT_TANH | ACT_MAXPOOL | ACT_AVGPOOL)) != 0 \
+            or _uses_act_extensions(row, regs):
+        return False
+    out_kind = regs[REG_ACT_OUT]
+    mult, shift, zero = regs[REG_ACT_MULT], regs[REG_ACT_SHIFT], regs[REG_ACT_ZERO]
+    if profile == PROFILE_OPENTPU:        # as _execute_act: no requantization, low 8 bits
+        out_kind, mult, shift, zero = ACT_OUT_WRAP8, 1, 0, 0
+    relu = (flags & ACT_RELU) != 0
+    for i in range(_iterations(row)):     # in order: iterations may write the same rows
+        _native.act_rows(acc, row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE], ub,
+                         row[COL_UB] + i * regs[REG_REP_UB_STRIDE], row[COL_LEN], relu,
+                         mult, shift, zero, out_kind, level,
+                         scratch.options[_OPT_INT8_THREADS])
+    return True
+
 
 @njit(cache=True)
 def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratch, profile):
     op = row[COL_OP]
     if op == OP_MMC:
+        if scratch.options[_OPT_INT8] != 0 \
+                and row[COL_LEN] * ub.shape[1] * ub.shape[1] >= _MMC_SHARED_MACS:
+            _native.pool_prepare(scratch.options[_OPT_INT8_THREADS])
         _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
     elif op == OP_ACT:
-        _execute_act(row, regs, acc, ub, scratch.row_buf, profile)
+        if not _act_shared(row, regs, acc, ub, scratch, profile):
+            _execute_act(row, regs, acc, ub, scratch.row_buf, profile)
     elif op == OP_VADD or op == OP_VMUL:
         _execute_vector(row, regs, ub)
     elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:

@@ -33,18 +33,26 @@
  *
  * Every sum is exact modulo 2^32, and the accumulators wrap modulo 2^32 anyway
  * (spec/isa.md), so no bound on K is needed.  A call of enough work splits its rows into
- * 48-row blocks that the calling thread and one helper thread per extra core take in turn
- * from a shared counter, so a core that another process keeps busy simply takes fewer
- * blocks; the helpers are kept between calls and poll briefly for the next one (see
- * "helper threads").
+ * 48-row blocks (the last 96 rows in 12-row ones) that the calling thread and one helper
+ * thread per extra core take in turn from a shared counter, so a core that another process
+ * keeps busy simply takes fewer blocks; the helpers are kept between calls and poll
+ * briefly for the next one (see "helper threads").  The same pool runs large plain
+ * Activates (tpuasm_act_rows), and tpuasm_pool_prepare wakes it before a large
+ * MatrixMultiply's set-up, so that an emulated MLP keeps every core busy (native.py).
  */
+#define _GNU_SOURCE                        /* sched_getcpu, pthread_setaffinity_np */
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 enum { LEVEL_NONE = 0, LEVEL_AVX2 = 1, LEVEL_VNNI = 2 };
 enum { WIDE16 = 16 };                     /* job->level of a 16-bit call (VNNI only) */
+enum { ACT_JOB = 32 };                    /* job->level of an Activate (tpuasm_act_rows) */
+enum { ACT_OUT_INT8, ACT_OUT_UINT8, ACT_OUT_INT16, ACT_OUT_WRAP8 };   /* as decoded.py */
+enum { ACT_BLOCK_ROWS = 64 };             /* Activate rows per work item (64 KB of acc) */
+static const int64_t ACT_SPLIT_VALUES = 1 << 17;   /* ~40 us of Activate on one core */
 enum { MAX_THREADS = 8 };
 enum { BLOCK_ROWS = 48 };   /* rows per work item: a multiple of both groups; small
                                enough that two threads end together (1024 rows: 22) */
@@ -56,6 +64,8 @@ static const int64_t SPLIT_MACS = 1 << 23;   /* below this, waking the pool cost
 #define INLINE static inline __attribute__((always_inline))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define AVX2 __attribute__((target("avx2")))
+#else
+#define INLINE static inline
 #endif
 
 int tpuasm_i8_level(void)
@@ -87,6 +97,24 @@ void tpuasm_i8_pack(const uint8_t *w, int64_t n, int32_t signed_w, int32_t signe
 {
     int16_t *pairs = (int16_t *)packed;
     const uint8_t shift = signed_x == signed_w ? 0x80 : 0;   /* the slot's range differs */
+    if (level == LEVEL_VNNI) {
+        /* four rows at a time, the packed bytes written in order: it runs before every
+         * MatrixMultiply with a new tile, on one thread (38 us for n = 256 when written
+         * row by row, each byte 4 apart; the pool's helpers stopped polling meanwhile) */
+        for (int64_t k4 = 0; k4 < n / 4; k4++) {
+            const uint8_t *r0 = w + 4 * k4 * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
+            uint8_t *to = (uint8_t *)packed + 4 * k4 * n;
+            for (int64_t j = 0; j < n; j++) {
+                to[4 * j] = r0[j] ^ shift;
+                to[4 * j + 1] = r1[j] ^ shift;
+                to[4 * j + 2] = r2[j] ^ shift;
+                to[4 * j + 3] = r3[j] ^ shift;
+            }
+        }
+        for (int64_t j = 0; j < n; j++)
+            bias[j] = 0;
+        return;
+    }
     for (int64_t k = 0; k < n; k++) {       /* row by row: the tile is read in order */
         const uint8_t *row = w + k * n;
         if (level == LEVEL_VNNI) {
@@ -144,6 +172,12 @@ struct job {
     int32_t *acc;
     int64_t acc_row;
     int64_t next_block;                   /* shared: the next block to take */
+    /* An Activate (level ACT_JOB, tpuasm_act_rows): rows are output vectors, read from
+     * acc (row 0 = the instruction's first) and written to ub (per rows each) */
+    const int32_t *act_acc;
+    uint8_t *act_ub;
+    int64_t mult, act_shift, zero;
+    int32_t relu, out_kind, act_level;
 };
 
 #ifdef TPUASM_X86
@@ -588,26 +622,125 @@ static AVX2 void avx2_rows(const struct job *job, int64_t r0, int64_t r1)
 }
 #endif
 
-/* Take blocks from the shared counter until none is left. */
-static void work(struct job *job)
+/* ------------------------------------------------------------------ Activate
+ * The plain Activate (spec/isa.md 5.5: no pooling, ReLU or no function, the requantization
+ * registers, no extension) on rows of output vectors, so that a large one is shared by the
+ * pool like a MatrixMultiply: kernels.py's _execute_act computes the same, one row at a time
+ * on the calling thread.  y = ((v * mult + rounding) >> shift) + zero in int64 (|v * mult|
+ * <= 2^62), then saturated or wrapped to the output type.  One loop per output type so each
+ * vectorizes. */
+INLINE int64_t act_value(int32_t a, int relu, int64_t mult, int64_t rounding, int64_t shift,
+                         int64_t zero)
+{
+    int64_t v = a;
+    if (relu && v < 0)
+        v = 0;
+    return ((v * mult + rounding) >> shift) + zero;
+}
+
+INLINE int64_t clamp64(int64_t y, int64_t lo, int64_t hi)
+{
+    return y < lo ? lo : (y > hi ? hi : y);
+}
+
+INLINE void act_rows_body(const struct job *job, int64_t r0, int64_t r1)
+{
+    const int64_t n = job->n, mult = job->mult, shift = job->act_shift, zero = job->zero;
+    const int64_t rounding = shift > 0 ? (int64_t)1 << (shift - 1) : 0;
+    const int relu = job->relu;
+    const int64_t per = job->out_kind == ACT_OUT_INT16 ? 2 : 1;
+    for (int64_t o = r0; o < r1; o++) {
+        const int32_t *src = job->act_acc + o * n;
+        uint8_t *u = job->act_ub + o * per * n;
+        switch (job->out_kind) {
+        case ACT_OUT_INT8:
+            for (int64_t j = 0; j < n; j++)
+                u[j] = (uint8_t)clamp64(act_value(src[j], relu, mult, rounding, shift, zero),
+                                        -128, 127);
+            break;
+        case ACT_OUT_UINT8:
+            for (int64_t j = 0; j < n; j++)
+                u[j] = (uint8_t)clamp64(act_value(src[j], relu, mult, rounding, shift, zero),
+                                        0, 255);
+            break;
+        case ACT_OUT_INT16:
+            for (int64_t j = 0; j < n; j++) {
+                int64_t y = clamp64(act_value(src[j], relu, mult, rounding, shift, zero),
+                                    -32768, 32767);
+                u[j] = (uint8_t)y;
+                u[n + j] = (uint8_t)(y >> 8);
+            }
+            break;
+        default:                                   /* ACT_OUT_WRAP8: the low 8 bits */
+            for (int64_t j = 0; j < n; j++)
+                u[j] = (uint8_t)act_value(src[j], relu, mult, rounding, shift, zero);
+        }
+    }
+}
+
+#ifdef TPUASM_X86
+static __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void act_rows_avx512(
+    const struct job *job, int64_t r0, int64_t r1)
+{ act_rows_body(job, r0, r1); }
+static AVX2 void act_rows_avx2(const struct job *job, int64_t r0, int64_t r1)
+{ act_rows_body(job, r0, r1); }
+#endif
+static void act_rows_plain(const struct job *job, int64_t r0, int64_t r1)
+{ act_rows_body(job, r0, r1); }
+
+static void act_rows(const struct job *job, int64_t r0, int64_t r1)
 {
 #ifdef TPUASM_X86
-    const int64_t blocks = (job->m + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    if (job->act_level == LEVEL_VNNI && __builtin_cpu_supports("avx512dq")
+            && __builtin_cpu_supports("avx512vl"))
+        act_rows_avx512(job, r0, r1);
+    else if (job->act_level == LEVEL_AVX2)
+        act_rows_avx2(job, r0, r1);
+    else
+#endif
+        act_rows_plain(job, r0, r1);
+}
+
+/* Take blocks from the shared counter until none is left.  A MatrixMultiply's last
+ * TAIL_ROWS rows come in blocks of TAIL_BLOCK_ROWS: the thread that takes the last block
+ * is waited for by the others, so the last blocks are short (with 48-row ones the caller
+ * waited 43 us a call for its helper, a sixth of a 2,048-row MatrixMultiply on two cores). */
+enum { TAIL_BLOCK_ROWS = 12, TAIL_ROWS = 2 * BLOCK_ROWS };
+
+static int64_t work(struct job *job)
+{
+    int64_t taken = 0;
+    const int act = job->level == ACT_JOB;
+    const int64_t rows = act ? ACT_BLOCK_ROWS : BLOCK_ROWS;
+    const int64_t tail = act || job->m < 2 * TAIL_ROWS ? 0 : TAIL_ROWS;
+    const int64_t head = job->m - tail;                 /* rows in full-size blocks */
+    const int64_t head_blocks = (head + rows - 1) / rows;
+    const int64_t blocks = head_blocks + tail / TAIL_BLOCK_ROWS;
     for (;;) {
         int64_t b = __atomic_fetch_add(&job->next_block, 1, __ATOMIC_RELAXED);
         if (b >= blocks)
             break;
-        int64_t r0 = b * BLOCK_ROWS, r1 = r0 + BLOCK_ROWS < job->m ? r0 + BLOCK_ROWS : job->m;
-        if (job->level == WIDE16)
+        taken++;
+        int64_t r0, r1;
+        if (b < head_blocks) {
+            r0 = b * rows;
+            r1 = r0 + rows < head ? r0 + rows : head;
+        } else {
+            r0 = head + (b - head_blocks) * TAIL_BLOCK_ROWS;
+            r1 = r0 + TAIL_BLOCK_ROWS;
+        }
+        if (act)
+            act_rows(job, r0, r1);
+#ifdef TPUASM_X86
+        else if (job->level == WIDE16)
             wide_rows(job, r0, r1);
         else if (job->level == LEVEL_VNNI)
             vnni_rows(job, r0, r1);
         else
             avx2_rows(job, r0, r1);
-    }
-#else
-    (void)job;
 #endif
+    }
+    return taken;
 }
 
 /* ------------------------------------------------------------------ helper threads
@@ -626,6 +759,11 @@ static void work(struct job *job)
 #include <time.h>
 
 static const int64_t SPIN_NS = 30000;
+/* What the pool did, for measuring it (tpuasm_pool_stats; indices as STAT_*): updated by
+ * the pool's owner, the helpers' two with atomic adds. */
+enum { STAT_SHARED, STAT_ALONE, STAT_WORKED_NS, STAT_WAITED_NS, STAT_WAITED_LONGER,
+       STAT_HELPER_DELAY_NS, STAT_HELPER_BLOCKS, STAT_CALLER_BLOCKS, STAT_COUNT };
+static int64_t stats[STAT_COUNT];
 
 static int64_t now_ns(void)
 {
@@ -677,6 +815,8 @@ static uint64_t next_generation(uint64_t seen)
  * is posted): a helper started for a later job, or in a forked child whose generation is
  * not 0, must not take the job before as its own. */
 static uint64_t started_at[MAX_THREADS];
+static pthread_t threads_of[MAX_THREADS];   /* the helpers (under in_use) */
+static int64_t posted_ns;
 
 static void *helper(void *arg)
 {
@@ -689,7 +829,9 @@ static void *helper(void *arg)
          * stays until it has. */
         if (index >= (int)(seen & 0xFF))
             continue;                      /* not needed for this job */
-        work(pool.job);
+        __atomic_add_fetch(&stats[STAT_HELPER_DELAY_NS], now_ns() - posted_ns,
+                           __ATOMIC_RELAXED);
+        __atomic_add_fetch(&stats[STAT_HELPER_BLOCKS], work(pool.job), __ATOMIC_RELAXED);
         if (__atomic_sub_fetch(&pool.running, 1, __ATOMIC_ACQ_REL) == 0) {
             pthread_mutex_lock(&pool.lock);
             pthread_cond_signal(&pool.done);
@@ -710,6 +852,23 @@ static struct {
     int penalty;                           /* log2 of the last skip */
 } backoff;
 
+/* The counters (see STAT_*) into out[STAT_COUNT], then zeroed if `reset`.  Helpers'
+ * delay: from the job's posting to a helper's start on it, summed over helpers. */
+void tpuasm_pool_stats(int64_t *out, int32_t reset)
+{
+    for (int i = 0; i < STAT_COUNT; i++)
+        out[i] = reset ? __atomic_exchange_n(&stats[i], 0, __ATOMIC_RELAXED)
+                       : __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
+}
+
+/* steer_helpers's state (touched by the pool's owner) */
+static struct {
+    int ready;                             /* 1: mask read; -1: steering is off */
+    cpu_set_t allowed;                     /* the process's cores when the pool started */
+    int away_from;                         /* the core the helpers avoid now, or -1 */
+    int helpers;                           /* helpers steered so far */
+} steer = {0};
+
 static void forget_helpers(void)           /* in a forked child: they do not exist there */
 {
     pthread_mutex_init(&pool.in_use, NULL);
@@ -719,6 +878,8 @@ static void forget_helpers(void)           /* in a forked child: they do not exi
     pool.helpers = pool.running = 0;
     pool.job = NULL;
     backoff.skip = backoff.penalty = 0;
+    steer.ready = 0;
+    steer.helpers = 0;
 }
 
 /* Start helpers up to `count` (under in_use); returns how many there are. */
@@ -735,9 +896,43 @@ static int start_helpers(int count)
         if (pthread_create(&thread, NULL, helper, (void *)(intptr_t)pool.helpers) != 0)
             break;
         pthread_detach(thread);
+        threads_of[pool.helpers] = thread;
         pool.helpers++;
     }
     return pool.helpers;
+}
+
+/* Keep the helpers off the caller's core (under in_use).  A helper sleeping between calls
+ * is woken on a core the scheduler picks, and on a loaded machine it often picked the
+ * caller's: the two then took turns on one core while the other ran another process
+ * (bench_emulator.py 1 at load 7: an MLP on "two threads" at the speed of one, with as
+ * much CPU time as wall time, its helper doing half the blocks).  So each helper may run
+ * on any core this process could use when the pool started except the one the caller is
+ * on; when the caller moves, the helpers' cores follow (one system call per helper, only
+ * then).  Nothing changes with one core, or where the calls fail. */
+static void steer_helpers(void)
+{
+    if (steer.ready == 0) {
+        steer.ready = sched_getaffinity(0, sizeof steer.allowed, &steer.allowed) == 0
+                      && CPU_COUNT(&steer.allowed) > 1 ? 1 : -1;
+        steer.away_from = -1;
+    }
+    if (steer.ready < 0 || pool.helpers == 0)
+        return;
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &steer.allowed))
+        return;
+    if (cpu == steer.away_from && steer.helpers == pool.helpers)
+        return;
+    cpu_set_t others = steer.allowed;
+    CPU_CLR(cpu, &others);
+    for (int i = 0; i < pool.helpers; i++)
+        if (pthread_setaffinity_np(threads_of[i], sizeof others, &others) != 0) {
+            steer.ready = -1;                  /* not allowed here: leave them be */
+            return;
+        }
+    steer.away_from = cpu;
+    steer.helpers = pool.helpers;
 }
 
 /* Run the job on this thread and up to `extra` helpers; returns when every block is done
@@ -749,22 +944,25 @@ static void share(struct job *job, int extra)
         return;
     }
     if (backoff.skip > 0) {
+        stats[STAT_ALONE]++;
         backoff.skip--;
         pthread_mutex_unlock(&pool.in_use);
         work(job);
         return;
     }
     int helpers = start_helpers(extra);
+    steer_helpers();
     int wanted = helpers < extra ? helpers : extra;
     pool.job = job;
     __atomic_store_n(&pool.running, wanted, __ATOMIC_RELAXED);
+    posted_ns = now_ns();
     pthread_mutex_lock(&pool.lock);
     uint64_t next = ((__atomic_load_n(&pool.generation, __ATOMIC_RELAXED) >> 8) + 1) << 8;
     __atomic_store_n(&pool.generation, next | (uint64_t)wanted, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     const int64_t began = now_ns();
-    work(job);
+    stats[STAT_CALLER_BLOCKS] += work(job);
     const int64_t start = now_ns();
     for (int i = 0; __atomic_load_n(&pool.running, __ATOMIC_ACQUIRE) > 0; i++) {
         if ((i & 255) == 255 && now_ns() - start > SPIN_NS) {
@@ -777,6 +975,10 @@ static void share(struct job *job, int extra)
         relax();
     }
     const int64_t waited = now_ns() - start;
+    stats[STAT_SHARED]++;
+    stats[STAT_WORKED_NS] += start - began;
+    stats[STAT_WAITED_NS] += waited;
+    stats[STAT_WAITED_LONGER] += waited > start - began;
     if (waited > start - began) {
         backoff.penalty = backoff.penalty < 4 ? backoff.penalty + 1 : 4;
         backoff.skip = 1 << backoff.penalty;
@@ -784,6 +986,26 @@ static void share(struct job *job, int extra)
         backoff.penalty = 0;
     }
     pool.job = NULL;
+    pthread_mutex_unlock(&pool.in_use);
+}
+
+/* A hint that a call to share among `threads` threads comes soon (the caller is about to
+ * pack a tile, say): helpers asleep are woken now, by a generation that wants none of
+ * them, so that they poll for the job when it comes instead of being woken then (in a
+ * virtual machine waking a thread on an idle core took ~100-140 us, half of a 2,048-row
+ * MatrixMultiply's share).  Does nothing when the pool is busy or backing off. */
+void tpuasm_pool_prepare(int32_t threads)
+{
+    if (threads <= 1 || pthread_mutex_trylock(&pool.in_use) != 0)
+        return;
+    if (pool.helpers > 0 && backoff.skip == 0) {
+        steer_helpers();
+        pthread_mutex_lock(&pool.lock);
+        uint64_t next = ((__atomic_load_n(&pool.generation, __ATOMIC_RELAXED) >> 8) + 1) << 8;
+        __atomic_store_n(&pool.generation, next, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
     pthread_mutex_unlock(&pool.in_use);
 }
 
@@ -816,5 +1038,31 @@ void tpuasm_i16_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_
                       WIDE16, wide_x, wide_w, acc, acc_row, 0};
     /* twice the instructions of an 8-bit call per MAC: worth splitting at half the size */
     int extra = 2 * m * n * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
+    share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
+}
+
+/* An Activate's plain arithmetic (see act_rows_body) on output vectors 0..m-1: vector o
+ * reads acc row o (of n int32) and writes ub row o (8-bit outputs) or rows 2o, 2o + 1
+ * (int16: low bytes, high bytes), on up to `threads` threads.  acc and ub point at the
+ * iteration's first rows; the two do not overlap (separate memories).  level: what the
+ * vector code may use (tpuasm_i8_level's values). */
+void tpuasm_act_rows(const int32_t *acc, uint8_t *ub, int64_t m, int64_t n, int32_t relu,
+                     int64_t mult, int64_t shift, int64_t zero, int32_t out_kind,
+                     int32_t level, int32_t threads)
+{
+    struct job job;
+    memset(&job, 0, sizeof job);
+    job.m = m;
+    job.n = n;
+    job.level = ACT_JOB;
+    job.act_acc = acc;
+    job.act_ub = ub;
+    job.relu = relu;
+    job.mult = mult;
+    job.act_shift = shift;
+    job.zero = zero;
+    job.out_kind = out_kind;
+    job.act_level = level;
+    int extra = m * n >= ACT_SPLIT_VALUES && m > ACT_BLOCK_ROWS ? threads - 1 : 0;
     share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
 }

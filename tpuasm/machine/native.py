@@ -30,9 +30,26 @@ AVX2 (to measure or test that level on a VNNI machine); TPUASM_INT8_THREADS=n se
 thread count (default: the cores this process may run on, at most 8).  Every path is
 exact; the tests run each one this CPU has.
 
+The whole MLP on every core.  A MatrixMultiply alone scaled to two cores, but an emulated
+MLP (bench_emulator.py 1: each MatrixMultiply followed by its ReLU Activate) did not: the
+second core paid nothing (0.42 x MatMulInteger on two threads against 0.89 x on one).
+Measured with pool_stats(): each 2,048-row MatrixMultiply had been two calls of 1,024
+rows; the helpers polled 30 us after a call, but the Activate between MatrixMultiplies
+(on one thread) and the tile packing before each (38 us, bytes written 4 apart) outlasted
+that, so the helpers slept and took ~100-140 us to wake (a virtual machine's idle core):
+half of a call's share.  Now (1) a large plain Activate (ReLU or none, requantized, no
+pooling or extension) runs on the same pool (act_rows: the arithmetic of
+kernels._execute_act, in C, blocks of 64 rows); (2) a MatrixMultiply iteration of up to
+16,384 rows is one call; (3) the tile is packed in write order (6 us); (4) before a
+large MatrixMultiply's set-up the machine calls pool_prepare(), which wakes sleeping
+helpers so that they poll when the job comes; (5) the last 96 rows of a call go in
+12-row blocks, so the caller waits less for the helper's last block.
+
 Python helpers: library() (the loaded ctypes library or None), cpu_level() (LEVEL_NONE,
 LEVEL_AVX2 or LEVEL_VNNI: what this CPU and build can run), level() (what the machine will
-use), threads(), vnni_probe() (the benchmarks' measured peak).
+use), threads(), vnni_probe() (the benchmarks' measured peak), pool_stats() (what the
+thread pool did).  njit: pack_tile, mmc_rows, pack_tile16, mmc_rows16, act_rows,
+pool_prepare.
 """
 from __future__ import annotations
 
@@ -47,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .decoded import ACT_OUT_INT16
 from .jit import external, njit, on_materialize
 from ..cache import ensure_built, entry, install, note_failure, staging_directory
 from ..environment import raw
@@ -59,6 +77,8 @@ MMC_SYMBOL = "tpuasm_i8_mmc"
 PACK_SYMBOL = "tpuasm_i8_pack"
 MMC16_SYMBOL = "tpuasm_i16_mmc"
 PACK16_SYMBOL = "tpuasm_i16_pack"
+ACT_SYMBOL = "tpuasm_act_rows"
+PREPARE_SYMBOL = "tpuasm_pool_prepare"
 _BUILD_SECONDS = 120
 
 _library = None          # the ctypes library, False after a failure in this process, None untried
@@ -143,6 +163,23 @@ def threads() -> int:
     return max(1, min(wanted, MAX_THREADS))
 
 
+POOL_STATS = ("shared calls", "calls alone (backing off)", "caller worked ns", "caller waited ns",
+              "calls waited longer than worked", "helper delay ns", "helper blocks",
+              "caller blocks")                    # mmc_int8.c's STAT_* order
+
+
+def pool_stats(reset: bool = False) -> dict[str, int]:
+    """What the kernel's thread pool did in this process since the last reset (for the
+    benchmarks: how often a call was shared, how long the caller waited for its helpers,
+    how long a helper took to start on a job); empty without the library."""
+    lib = library()
+    if lib is None:
+        return {}
+    out = np.zeros(len(POOL_STATS), np.int64)
+    lib.tpuasm_pool_stats(ctypes.c_void_p(out.ctypes.data), ctypes.c_int32(bool(reset)))
+    return dict(zip(POOL_STATS, (int(v) for v in out)))
+
+
 def vnni_probe(iterations: int) -> int:
     """Run `iterations` x 12 independent 512-bit vpdpbusd on this thread; returns how many
     (for the benchmarks' measured peak).  Only where cpu_level() is LEVEL_VNNI."""
@@ -157,7 +194,7 @@ def vnni_probe(iterations: int) -> int:
 def _bind_numba() -> None:
     """Declare the kernel's symbols to numba (see jit.py).  Without the library they are
     stand-ins, never called (level() is LEVEL_NONE)."""
-    global i8_mmc, i8_pack, i16_mmc, i16_pack
+    global i8_mmc, i8_pack, i16_mmc, i16_pack, act_rows_c, pool_prepare_c
     from numba import types
 
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
@@ -179,9 +216,14 @@ def _bind_numba() -> None:
     pack16_sig = types.void(u8p, u8p, i64, i32, i32, i32, i32, i8p, i32p)
     i16_mmc = external(MMC16_SYMBOL, mmc16_sig, library())
     i16_pack = external(PACK16_SYMBOL, pack16_sig, library())
+    # tpuasm_act_rows(acc, ub, m, n, relu, mult, shift, zero, out_kind, level, threads)
+    act_sig = types.void(i32p, u8p, i64, i64, i32, i64, i64, i64, i32, i32, i32)
+    act_rows_c = external(ACT_SYMBOL, act_sig, library())
+    pool_prepare_c = external(PREPARE_SYMBOL, types.void(i32), library())
 
 
-i8_mmc = i8_pack = i16_mmc = i16_pack = None     # numba ExternalFunctions, by _bind_numba
+# numba ExternalFunctions, made by _bind_numba
+i8_mmc = i8_pack = i16_mmc = i16_pack = act_rows_c = pool_prepare_c = None
 on_materialize(_bind_numba)
 
 
@@ -224,3 +266,24 @@ def mmc_rows16(ub, ub_rows, m, packed, bias, signed_x, wide_x, signed_w, wide_w,
     i16_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
             np.int32(signed_x), np.int32(wide_x), np.int32(signed_w), np.int32(wide_w),
             acc.ctypes, acc_row, np.int32(overwrite), np.int32(threads))
+
+
+@njit(cache=True)
+def act_rows(acc, a0, ub, u0, m, relu, mult, shift, zero, out_kind, level, threads):
+    """The plain Activate (no pooling, ReLU or no function, no extension) of accumulator
+    rows a0..a0+m-1 into UB rows from u0 (two per vector for int16 output), shared among
+    `threads` threads when large: the same arithmetic as kernels._execute_act."""
+    if m <= 0:
+        return
+    per = 2 if out_kind == ACT_OUT_INT16 else 1
+    act_rows_c(acc[a0:a0 + m].ctypes, ub[u0:u0 + per * m].ctypes, m, acc.shape[1],
+               np.int32(relu), mult, shift, zero, np.int32(out_kind), np.int32(level),
+               np.int32(threads))
+
+
+@njit(cache=True)
+def pool_prepare(threads):
+    """Tell the kernel's threads that a call to share comes soon (they poll for it rather
+    than sleep): before the set-up of a large MatrixMultiply."""
+    if threads > 1:
+        pool_prepare_c(np.int32(threads))
