@@ -21,8 +21,8 @@ from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.graph import Graph
 from tpuasm.compiler.front.hostparts import lookup_table, submodel
 from tpuasm.compiler.runtime.host import HostRunner
-from tpuasm.compiler.front.batch import (has_fixed_batch, input_axes, parse_batch_axes,
-                                   tensor_axes)
+from tpuasm.compiler.front.batch import (fix_free_dims, has_fixed_batch, input_axes,
+                                         parse_batch_axes, recurrent_time, tensor_axes)
 from tpuasm.compiler.front.fold import fold_float_model
 from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
@@ -55,7 +55,7 @@ def parse_config(items) -> dict:
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   codegen: bool = True, batch_axes=None, quantization=None,
                   validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
-                  time_segments: bool = True) -> CompiledModel:
+                  time_segments: bool = True, input_values=None) -> CompiledModel:
     """Compile an ONNX model (float with a calibration set, or already quantized).
     `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
     batch axes (batch.py) are not the right ones.  `time_segments=False` leaves the report's
@@ -63,7 +63,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     compile; the apps time their joined program instead).  `quantization`: a quantize.QuantOptions
     for a float model; `validate`: None (check the compiled model against the float one on
     the calibration data), False (no check), or data (array, {input: array}, .npy/.npz path)
-    to check it on."""
+    to check it on.  `input_values`: {input: value} (or `NAME=V[,V...]` strings): inputs
+    made constants of the model (inputvalues.py), so Ifs on them fold away."""
     path = Path(path)
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
@@ -73,9 +74,14 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
+    from tpuasm.compiler.front.inputvalues import (drop_fixed, fix_input_values,
+                                                   parse_input_values)
+    fixed_values = fix_input_values(model, parse_input_values(input_values), path)
     provenance = Provenance.of(model)       # every rewrite below records into it
     given = parse_batch_axes(batch_axes)
-    axes = input_axes(model, given, path)
+    # a float model's dynamic dimensions other than the batch: fixed from its calibration data
+    free = {} if calibration is not None and not is_quantized(model) else None
+    axes = input_axes(model, given, path, free)
     fixed_batch = has_fixed_batch(model, given)
     keep = known_axes = prepared = None
     if is_quantized(model):
@@ -96,13 +102,16 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.front.quantize import quantize
         from tpuasm.compiler.front.samples import (check_samples, input_types, read_calibration,
                                              sample_rows)
-        if isinstance(calibration, (str, Path)):
-            samples = read_calibration(calibration, model, path, axes)
-        else:
-            signature = input_signature(model)
-            data = calibration if isinstance(calibration, dict) else \
-                {next(iter(signature)): calibration}
-            samples = check_samples(data, signature, "calibration", input_types(model), axes)
+        data, where = _raw_data(calibration, model, "calibration")
+        data = drop_fixed(data, fixed_values, where)
+        if recurrent_time(model, axes, data, path.parent):
+            # the rows are the time of an LSTM: no batch; every input whole, its dynamic
+            # dimensions (the sequence) fixed from the data (an explicit --batch-axis stays)
+            free = {}
+            axes = input_axes(model, {**{n: None for n in axes}, **given}, path, free)
+        fix_free_dims(model, free or {}, data, path)
+        samples = check_samples(data, input_signature(model), where, input_types(model),
+                                axes)
         count = sample_rows(samples, axes)
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
         _load_weights(model, path)          # the rewrites rescale them
@@ -117,7 +126,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.front.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
-                                              "the calibration data"))
+                                              "the calibration data", fixed_values))
         prepared = prepare(float_model, provenance)
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
                  path, provenance, batch_axes=axes)
@@ -155,23 +164,28 @@ def _load_weights(model, path) -> None:
         onnx.load_external_data_for_model(model, str(path.parent))
 
 
-def _check_data(data, model, samples: dict, axes, what: str):
+def _raw_data(data, model, what: str) -> tuple[dict, str]:
+    """User data (an .npy/.npz path, an array for a one-input model, or {input: array})
+    as {input: array} not yet checked, and what to call it in errors."""
+    signature = input_signature(model)
+    if isinstance(data, (str, Path)):
+        from tpuasm.compiler.front.arrays import read_named_arrays
+        return read_named_arrays(data, list(signature)), str(data)
+    if not isinstance(data, dict):
+        return {next(iter(signature)): data}, what
+    return dict(data), what
+
+
+def _check_data(data, model, samples: dict, axes, what: str, fixed_values=None):
     """(rows, what they are) to check the compiled model on: the calibration samples, or
     the user's --validate data (read and checked before anything is compiled)."""
     if data is None or data is False:
         return samples, what
+    from tpuasm.compiler.front.inputvalues import drop_fixed
     from tpuasm.compiler.front.samples import check_samples, input_types
-    signature = input_signature(model)
-    if isinstance(data, (str, Path)):
-        from tpuasm.compiler.front.arrays import read_named_arrays
-        what = str(data)
-        data = read_named_arrays(data, list(signature))
-    elif not isinstance(data, dict):
-        what = "the validation data"
-        data = {next(iter(signature)): data}
-    else:
-        what = "the validation data"
-    return check_samples(data, signature, what, input_types(model), axes), what
+    data, what = _raw_data(data, model, "the validation data")
+    data = drop_fixed(data, fixed_values or {}, what)
+    return check_samples(data, input_signature(model), what, input_types(model), axes), what
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:

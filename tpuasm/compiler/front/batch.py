@@ -5,11 +5,19 @@ axis 1, a recurrent state of fixed shape (1, 1, 128) has none (it is passed whol
 batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` first):
 
 - exactly one dynamic dimension: that one is the batch axis;
-- several dynamic dimensions: the first is taken as the batch, the others are an error
-  (only the batch may be dynamic; name the axis with --batch-axis to choose another);
+- several dynamic dimensions: the one named like a dynamic dimension of another input (the
+  'batch' of an input (batch, sequence) and of a state (2, batch, 128)), else the first;
+  the others are fixed from the calibration data (free_dims: a float model's sequence
+  length becomes the calibration data's, and inference data must then have it), an error
+  without calibration data;
+- when the rows along the batch axes run along a recurrent node's sequence axis (a
+  sequence-first model (S, F) whose LSTM recurs across S; recurrent_time tells by running
+  the float model on two slices of the calibration data), they are no batch: every input
+  is passed whole, its dynamic dimensions fixed from the data;
 - every dimension fixed: no batch axis when another input has a dynamic one; when none has
   (a model exported with a fixed batch), axis 0 as before: the model's own batch, unless
-  an output's first dimension is not that batch (a Split or a reduction across axis 0):
+  an output's first dimension is not that batch (a Split or a reduction across axis 0) or
+  the inputs' first dimensions differ (an input (1, 576) and its LSTM's state (2, 1, 128)):
   then the inputs are passed whole, the model run as one sample.
 
 The axis of every other tensor is read off onnx shape inference: each input's batch
@@ -69,8 +77,11 @@ def parse_batch_axes(items) -> dict[str, int | None]:
     return axes
 
 
-def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, int | None]:
-    """Every graph input's batch axis (None: passed whole), by the rules above."""
+def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | None = None
+               ) -> dict[str, int | None]:
+    """Every graph input's batch axis (None: passed whole), by the rules above.  `free`: a
+    dict that receives {input: [axis, ...]}, the dynamic dimensions that are not the batch
+    (to be fixed from data, fix_free_dims); without it they are an error."""
     given = dict(given or {})
     inits = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in inits]
@@ -94,7 +105,7 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
                                        f"{len(dims)} dimensions {dims}")
                 axis %= len(dims)
         elif dynamic:
-            axis = dynamic[0]
+            axis = _shared_dim(v, dynamic, inputs)
         else:
             pending.append(v.name)
             continue
@@ -105,18 +116,105 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
                                    f"(dimension {i} of {dims}): a tensor of no values "
                                    f"cannot be compiled; export the model with its real "
                                    f"shape")
-            if i != axis:
+            if i != axis and free is not None:
+                free.setdefault(v.name, []).append(i)
+            elif i != axis:
                 raise CompileError(f"{path}: input '{v.name}' dimension {i} is dynamic "
                                    f"({dims[i]!r}): only the batch dimension may be; export "
-                                   f"the model with a fixed shape (or name its batch axis: "
-                                   f"--batch-axis {v.name}=AXIS)")
+                                   f"the model with a fixed shape, give calibration data "
+                                   f"that fixes it (a float model), or name its batch axis: "
+                                   f"--batch-axis {v.name}=AXIS")
         axes[v.name] = axis
     batched = any(a is not None for a in axes.values())
-    first = bool(pending) and not batched and _outputs_keep_first_dimension(model, inputs)
+    first = bool(pending) and not batched and _same_first_dimension(inputs) and \
+        _outputs_keep_first_dimension(model, inputs)
     for v in inputs:
         if v.name in pending:
             axes[v.name] = None if batched or not _dims(v) or not first else 0
     return {n: axes[n] for n in names}
+
+
+def _shared_dim(v, dynamic: list[int], inputs) -> int:
+    """Of an input's dynamic dimensions, the one whose name another input's dynamic
+    dimension has (exporters name the batch alike everywhere), else the first."""
+    dims = _dims(v)
+    others = {d for u in inputs if u.name != v.name for d in _dims(u)
+              if isinstance(d, str) and d}
+    named = [i for i in dynamic if isinstance(dims[i], str) and dims[i] in others]
+    return named[0] if len(named) == 1 else dynamic[0]
+
+
+def _same_first_dimension(inputs) -> bool:
+    """Whether every input of a fixed-shape model has the same first dimension (a batch
+    they share); a state (2, 1, 128) beside an input (1, 576) has not."""
+    return len({_dims(v)[0] for v in inputs if _dims(v)}) <= 1
+
+
+def fix_free_dims(model: onnx.ModelProto, free: dict[str, list[int]], data: dict, path
+                  ) -> dict[str, dict[int, int]]:
+    """Set each free dynamic dimension of an input (input_axes) to the size it has in
+    `data` ({input: array}), in place: {input: {axis: size}}.  An input the data does not
+    have, or has with another rank, is left for the samples' check to name."""
+    fixed: dict[str, dict[int, int]] = {}
+    for v in model.graph.input:
+        axes = free.get(v.name)
+        x = data.get(v.name) if axes else None
+        if x is None or getattr(x, "ndim", None) != len(v.type.tensor_type.shape.dim):
+            continue
+        for axis in axes:
+            size = int(x.shape[axis])
+            if size <= 0:
+                raise CompileError(f"{path}: the data for '{v.name}' has 0 elements along "
+                                   f"its dynamic dimension {axis}")
+            dim = v.type.tensor_type.shape.dim[axis]
+            dim.Clear()
+            dim.dim_value = size
+            fixed.setdefault(v.name, {})[axis] = size
+    return fixed
+
+
+_RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def recurrent_time(model: onnx.ModelProto, axes: dict, data: dict, base_dir) -> bool:
+    """Whether the rows along the inputs' batch axes are the time of a recurrent node (its
+    X's sequence axis grows with them): the float model run by onnxruntime on the first 2
+    and the first 3 rows of `data` ({input: array}).  False when it cannot tell."""
+    nodes = [n for n in model.graph.node if n.op_type in _RECURRENT]
+    batched = {n: a for n, a in axes.items() if a is not None}
+    if not nodes or not batched or any(n not in data or
+                                       getattr(data[n], "ndim", 0) <= a or
+                                       data[n].shape[a] < 3 for n, a in batched.items()):
+        return False
+    import numpy as np
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in probe.graph.initializer):
+        try:
+            onnx.load_external_data_for_model(probe, str(base_dir))
+        except Exception:                      # unreadable weights: the compile will say
+            return False
+    del probe.graph.output[:]
+    xs = [n.input[0] for n in nodes]
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(x) for x in xs)
+    from tpuasm.compiler.ort import session
+    try:
+        run = session(probe)
+        seen = []
+        for rows in (2, 3):
+            feeds = {n: (np.take(np.asarray(x), np.arange(rows), axis=batched[n])
+                         if n in batched else np.asarray(x)) for n, x in data.items()
+                     if n in axes}
+            seen.append(run.run(xs, feeds))
+    except Exception:                          # the model needs more rows: cannot tell
+        return False
+    for node, small, large in zip(nodes, *seen):
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        seq = 1 if layout else 0
+        if small.ndim == 3 and large.ndim == 3 and (small.shape[seq], large.shape[seq]) \
+                == (2, 3) and small.shape[1 - seq] == large.shape[1 - seq]:
+            return True
+    return False
 
 
 def _outputs_keep_first_dimension(model: onnx.ModelProto, inputs) -> bool:

@@ -9,6 +9,9 @@ replaces each node whose result is known by an initializer:
 - Shape and Size of a tensor whose shape is static;
 - any deterministic operator of the default domain whose inputs are all constants.
 
+An If whose condition becomes a constant is replaced by the branch it takes (ifs.py), and
+the folding goes on inside it.
+
 A value is computed only when shape inference already says how large it is, and only up to
 MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised),
 or MAX_WEIGHT_ELEMENTS for the weight input of a Conv, Gemm or MatMul.
@@ -35,6 +38,7 @@ MAX_ELEMENTS = 1 << 20
 MAX_WEIGHT_ELEMENTS = 1 << 24
 _WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
+_IF_ROUNDS = 16                    # more when Ifs are inlined: one nesting level a round
 KEEP = {"DequantizeLinear", "DynamicQuantizeLinear", "Constant",
         "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
         "Multinomial", "Bernoulli", "If", "Loop", "Scan"}
@@ -45,14 +49,20 @@ def fold_constants(model: onnx.ModelProto, path, provenance=None,
                    max_elements: int = MAX_ELEMENTS) -> int:
     """Fold in place (the batch already fixed); the number of nodes removed."""
     from tpuasm.compiler.front.reader import infer_shapes
+    from tpuasm.compiler.front.ifs import inline_constant_ifs
     total = 0
     made: set[str] = set()             # initializers this pass added
-    for _ in range(_ROUNDS):
+    rounds = 0
+    while rounds < (_IF_ROUNDS if _has_if(model) else _ROUNDS):
+        rounds += 1
+        count = inline_constant_ifs(model, lambda name: _constant_value(model, name, path),
+                                    provenance)
         if not _candidates(model):
+            total += count
             break
         shapes, dtypes = infer_shapes(model, path)
-        count = _fold_once(model, Path(path).parent, shapes, dtypes, provenance,
-                           max_elements, made)
+        count += _fold_once(model, Path(path).parent, shapes, dtypes, provenance,
+                            max_elements, made)
         total += count
         if not count:
             break
@@ -95,12 +105,33 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
     return out, copy
 
 
+def _has_if(model: onnx.ModelProto) -> bool:
+    return any(n.op_type == "If" for n in model.graph.node)
+
+
+def _constant_value(model: onnx.ModelProto, name: str, path):
+    """The value of a small initializer or Constant output (an If's condition), else None."""
+    for t in model.graph.initializer:
+        if t.name == name:
+            if t.data_location == onnx.TensorProto.EXTERNAL or \
+                    int(np.prod(t.dims, dtype=np.int64)) > 1:
+                return None
+            return numpy_helper.to_array(t)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and n.output[0] == name:
+            attrs = {a.name: a for a in n.attribute}
+            return numpy_helper.to_array(attrs["value"].t) if "value" in attrs else None
+    return None
+
+
 def _candidates(model: onnx.ModelProto) -> bool:
     """Cheap test before shape inference: could any node fold?"""
     const = {t.name for t in model.graph.initializer}
     const |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     outputs = {v.name for v in model.graph.output}
     for node in model.graph.node:
+        if node.op_type == "If" and node.input and node.input[0] in const:
+            return True                  # an If on a known condition: inlined
         if not _foldable_kind(node) or any(o in outputs for o in node.output):
             continue
         if node.op_type in _SHAPE_OPS or all(not i or i in const for i in node.input):
