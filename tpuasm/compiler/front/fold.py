@@ -57,6 +57,7 @@ def fold_constants(model: onnx.ModelProto, path, provenance=None,
         rounds += 1
         count = inline_constant_ifs(model, lambda name: _constant_value(model, name, path),
                                     provenance)
+        count += _weights_as_initializers(model, provenance)
         if not _candidates(model):
             total += count
             break
@@ -97,12 +98,47 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
         elif provenance is not None:
             for name, why in scratch.folded.items():
                 provenance.fold(name, why)
+            for new, old in scratch.origin.items():     # nodes an inlined If brought
+                provenance.derive(new, old)
     if copy is model and not upgraded(model):    # as it is on disk
         return path, model
     out = Path(workdir) / (path.stem + ".folded.onnx")
     from tpuasm.files import atomic_write
     atomic_write(out, copy.SerializeToString(), what="folded model")
     return out, copy
+
+
+_WEIGHT_READERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN",
+                   "BatchNormalization"}
+
+
+def _weights_as_initializers(model: onnx.ModelProto, provenance=None) -> int:
+    """Constant nodes that hold a weight of a matrix or recurrent node (exporters that
+    inline a model write its weights so, and an If's inlined branch brings them along) made
+    initializers: the quantizer and the matcher look for weights there."""
+    g = model.graph
+    weights = {i for n in g.node if n.op_type in _WEIGHT_READERS for i in n.input[1:] if i}
+    outputs = {v.name for v in g.output}
+    keep, made = [], []
+    for node in g.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) \
+            if node.op_type == "Constant" and len(node.output) == 1 else None
+        out = node.output[0] if node.output else ""
+        if value is None or out not in weights or out in outputs:
+            keep.append(node)
+            continue
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(value)
+        tensor.name = out
+        made.append(tensor)
+        if provenance is not None:
+            provenance.fold(node.name, f"a Constant holding a weight: made the "
+                                       f"initializer {out}")
+    if made:
+        del g.node[:]
+        g.node.extend(keep)
+        g.initializer.extend(made)
+    return len(made)
 
 
 def _has_if(model: onnx.ModelProto) -> bool:
@@ -129,9 +165,13 @@ def _candidates(model: onnx.ModelProto) -> bool:
     const = {t.name for t in model.graph.initializer}
     const |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     outputs = {v.name for v in model.graph.output}
+    weights = {i for n in model.graph.node if n.op_type in _WEIGHT_READERS
+               for i in n.input[1:] if i}
     for node in model.graph.node:
         if node.op_type == "If" and node.input and node.input[0] in const:
             return True                  # an If on a known condition: inlined
+        if node.op_type == "Constant" and node.output and node.output[0] in weights:
+            return True                  # a weight held by a Constant: an initializer
         if not _foldable_kind(node) or any(o in outputs for o in node.output):
             continue
         if node.op_type in _SHAPE_OPS or all(not i or i in const for i in node.input):
