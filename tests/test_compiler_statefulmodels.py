@@ -280,15 +280,14 @@ def if_model(tmp_path, rng):
 def test_an_if_on_a_scalar_input_is_inlined_with_input_value(tmp_path, capsys):
     rng = np.random.default_rng(6)
     path = if_model(tmp_path, rng)
-    frames = signal(rng, 40, S)
-    calib = {"input": frames[:24], "state": rng.normal(0, 0.3, (2, 24, H)).astype(np.float32),
+    frames = signal(rng, 80, S)
+    calib = {"input": frames[:64], "state": rng.normal(0, 0.3, (2, 64, H)).astype(np.float32),
              "sr": np.array(16000, np.int64)}
     np.savez(tmp_path / "calib.npz", **calib)
-    feeds = {"input": frames[24:], "state": rng.normal(0, 0.3, (2, 16, H)).astype(np.float32)}
+    feeds = {"input": frames[64:], "state": rng.normal(0, 0.3, (2, 16, H)).astype(np.float32)}
     np.savez(tmp_path / "data.npz", **feeds)
     out, y, text, err = cli(capsys, tmp_path, path, tmp_path / "calib.npz",
-                            tmp_path / "data.npz", "--input-value", "sr=16000",
-                            "--batch", "8")
+                            tmp_path / "data.npz", "--input-value", "sr=16000")
     assert "less than half" not in err and "of the model's" not in err
     report = json.loads((out / "report.json").read_text())
     assert report["tpu_macs"] == report["macs"] > 0
