@@ -16,8 +16,9 @@ batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` fi
   is passed whole, its dynamic dimensions fixed from the data;
 - every dimension fixed: no batch axis when another input has a dynamic one; when none has
   (a model exported with a fixed batch), axis 0 as before: the model's own batch, unless
-  an output's first dimension is not that batch (a Split or a reduction across axis 0) or
-  the inputs' first dimensions differ (an input (1, 576) and its LSTM's state (2, 1, 128)):
+  an output's first dimension is not that batch (a Split or a reduction across axis 0) or,
+  in a model with a recurrent node, the inputs' first dimensions differ (an input (1, 576)
+  and its LSTM's state (2, 1, 128)):
   then the inputs are passed whole, the model run as one sample.
 
 The axis of every other tensor is read off onnx shape inference: each input's batch
@@ -126,7 +127,8 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | No
                                    f"--batch-axis {v.name}=AXIS")
         axes[v.name] = axis
     batched = any(a is not None for a in axes.values())
-    first = bool(pending) and not batched and _same_first_dimension(inputs) and \
+    first = bool(pending) and not batched and \
+        (_same_first_dimension(inputs) or not _has_recurrent(model.graph)) and \
         _outputs_keep_first_dimension(model, inputs)
     for v in inputs:
         if v.name in pending:
@@ -148,6 +150,19 @@ def _same_first_dimension(inputs) -> bool:
     """Whether every input of a fixed-shape model has the same first dimension (a batch
     they share); a state (2, 1, 128) beside an input (1, 576) has not."""
     return len({_dims(v)[0] for v in inputs if _dims(v)}) <= 1
+
+
+def _has_recurrent(graph: onnx.GraphProto) -> bool:
+    """Whether an LSTM/GRU/RNN is in the graph or a subgraph (its state inputs are (dirs,
+    batch, H): not batch-first)."""
+    for node in graph.node:
+        if node.op_type in _RECURRENT:
+            return True
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            if any(_has_recurrent(sub) for sub in subs):
+                return True
+    return False
 
 
 def fix_free_dims(model: onnx.ModelProto, free: dict[str, list[int]], data: dict, path
