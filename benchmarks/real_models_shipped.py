@@ -40,7 +40,7 @@ SILERO_FORMS = {   # model file -> compile options it needs beyond the data
     "silero_vad.onnx": ["--input-value", "sr=16000"],
     "silero_vad_op18_ifless.onnx": ["--input-value", "sr=16000"],
     "silero_vad_half.onnx": [],
-    "silero_vad_16k_op15.onnx": ["--input-value", "sr=16000"],
+    "silero_vad_16k_op15.onnx": [],          # its sr only scales a shape: compiles as it is
     "silero_vad_openvino_16k.onnx": [],
     "silero_vad_16k_sequence.onnx": [],
 }
@@ -112,7 +112,9 @@ def silero_data(data_dir: Path, model: str, seed: int, rows: int = 64) -> dict:
         i = rows // 2
         return {"input": frames[i:i + 1], "state": states[i][:, None]}
     data = {"input": frames, "state": np.ascontiguousarray(states.transpose(1, 0, 2))}
-    if "sr=16000" in SILERO_FORMS.get(model, []):
+    import onnx
+    if any(v.name == "sr" for v in onnx.load(str(data_dir / model),
+                                             load_external_data=False).graph.input):
         data["sr"] = np.array(RATE, np.int64)
     return data
 
