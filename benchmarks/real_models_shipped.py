@@ -136,7 +136,7 @@ def snr(ref: np.ndarray, got: np.ndarray) -> float:
     return float("inf") if noise == 0 else 10 * np.log10(float((ref ** 2).sum()) / noise)
 
 
-def measure(model: Path, work: Path, seed: int = 0) -> dict:
+def measure(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
     import onnxruntime as ort
     row = {"model": model.name}
     if model.name not in SILERO_FORMS:
@@ -149,7 +149,7 @@ def measure(model: Path, work: Path, seed: int = 0) -> dict:
     np.savez(work / "eval.npz", **{k: v for k, v in evaluation.items() if k not in fixed})
     out = work / model.stem
     cmd = [sys.executable, "-m", "tpuasm", "compile", str(model), "--calibrate",
-           str(work / "calib.npz"), "-o", str(out), "-q", *SILERO_FORMS[model.name]]
+           str(work / "calib.npz"), "-o", str(out), "-q", *SILERO_FORMS[model.name], *extra]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     row["compile_s"] = time.perf_counter() - start
@@ -180,6 +180,9 @@ def main(argv=None) -> int:
     p.add_argument("wheels", type=Path, help="a directory of downloaded wheels")
     p.add_argument("--work", type=Path, help="where models and OUTDIRs go (default: temp)")
     p.add_argument("--only", action="append", default=[], help="a model file name")
+    p.add_argument("--compile-option", action="append", default=[], metavar="ARG",
+                   help="an argument added to every `tpuasm compile` (repeatable), e.g. "
+                        "--compile-option=--keep-float=/stft/Conv")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
@@ -188,7 +191,7 @@ def main(argv=None) -> int:
         for model in models:
             if args.only and model.name not in args.only:
                 continue
-            row = measure(model, work)
+            row = measure(model, work, extra=args.compile_option)
             print(json.dumps(row), flush=True)
     return 0
 

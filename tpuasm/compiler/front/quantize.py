@@ -332,7 +332,8 @@ def tied_ranges(model: onnx.ModelProto, tied: dict, reader, chosen: set) -> dict
     feeds of `reader`: {tensor: [{"rmin": ..., "rmax": ...}]}."""
     touched = {t for n in model.graph.node if n.name in chosen
                for t in [*n.input, *n.output] if t}
-    groups = {k: [t for t in names if t in touched] for k, names in tied.items()}
+    groups = {k: [t for t in _through_layout(model, names) if t in touched]
+              for k, names in tied.items()}
     names = sorted({t for group in groups.values() for t in group})
     if not names:
         return {}
@@ -358,6 +359,32 @@ def tied_ranges(model: onnx.ModelProto, tied: dict, reader, chosen: set) -> dict
         for t in group:
             overrides[t] = [{"rmin": np.array(lo, np.float32), "rmax": np.array(hi, np.float32)}]
     return overrides
+
+
+_SAME_VALUES = {"Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose"}
+
+
+def _through_layout(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    """`names` and the tensors that hold the same values: the outputs of layout nodes that
+    read one of them, and of a Concat of them only (the last step's h on its way to the
+    model's Y_h and the Gemm after it): one range for all, or the quantizer puts a
+    requantization between them."""
+    group = list(names)
+    members = set(group)
+    changed = True
+    while changed:
+        changed = False
+        for node in model.graph.node:
+            data = [i for i in node.input[:1 if node.op_type != "Concat" else None] if i]
+            if node.op_type not in _SAME_VALUES | {"Concat"} or not data or \
+                    not all(i in members for i in data):
+                continue
+            for out in node.output:
+                if out and out not in members:
+                    members.add(out)
+                    group.append(out)
+                    changed = True
+    return group
 
 
 def helper_value(name: str):
