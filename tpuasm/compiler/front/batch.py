@@ -185,7 +185,26 @@ def fix_free_dims(model: onnx.ModelProto, free: dict[str, list[int]], data: dict
             dim.Clear()
             dim.dim_value = size
             fixed.setdefault(v.name, {})[axis] = size
+    if fixed:
+        _check_fixed_dims(model, fixed, path)
     return fixed
+
+
+def _check_fixed_dims(model: onnx.ModelProto, fixed: dict, path) -> None:
+    """The sizes taken from the data must fit the model (its weights fix what a dynamic
+    dimension can be): strict shape inference says so before anything runs."""
+    from tpuasm.compiler.front.reader import skeleton
+    probe = skeleton(model)
+    forget_inner_shapes(probe.graph)
+    del probe.graph.value_info[:]
+    try:
+        onnx.shape_inference.infer_shapes(probe, strict_mode=True, data_prop=True)
+    except Exception as e:
+        what = ", ".join(f"'{name}' dimension {axis} = {size}" for name, axes in fixed.items()
+                         for axis, size in axes.items())
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CompileError(f"{path}: the dynamic dimensions fixed from the data ({what}) do "
+                           f"not fit the model: {first}") from None
 
 
 _RECURRENT = ("LSTM", "GRU", "RNN")
