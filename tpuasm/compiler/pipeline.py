@@ -125,18 +125,13 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.front.prepare import prepare
         from tpuasm.compiler.front.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
-        said = options.describe()           # the user's options (not the rewrites' nodes)
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data", fixed_values))
         prepared = prepare(float_model, provenance)
-        if prepared.keep_float:         # the rewrites' own float nodes join --keep-float's
-            from dataclasses import replace
-            options = replace(options, keep_float=(*options.keep_float,
-                                                   *prepared.keep_float))
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
                  path, provenance, batch_axes=axes, tied=prepared.tied)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
-                  f"{said}{_float_cells(prepared)}) from {count} calibration samples")
+                  f"{options.describe()}) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -167,13 +162,6 @@ def _load_weights(model, path) -> None:
     import onnx
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         onnx.load_external_data_for_model(model, str(path.parent))
-
-
-def _float_cells(prepared) -> str:
-    """The report's words for the nodes the rewrites keep in float (an LSTM's cell state)."""
-    if not prepared.keep_float:
-        return ""
-    return f"; {len(prepared.keep_float)} LSTM cell-state nodes kept in float"
 
 
 def _raw_data(data, model, what: str) -> tuple[dict, str]:
@@ -250,9 +238,7 @@ def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provena
     lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
                                  if k in lowered.host_reasons})
     for node in graph.nodes:
-        if node.name in lowered.host_reasons and node.name in prepared.keep_float:
-            lowered.host_reasons[node.name] = prepared.keep_float[node.name]
-        elif node.name in lowered.host_reasons and \
+        if node.name in lowered.host_reasons and \
                 options.keeps(node.name, node.op_type, provenance):
             lowered.host_reasons[node.name] = "kept in float (--keep-float)"
 

@@ -30,9 +30,6 @@ class Prepared:
     model: onnx.ModelProto
     provenance: Provenance
     reasons: dict[str, str] = field(default_factory=dict)   # node -> why it was not rewritten
-    # nodes the rewrites want left in float on the host (an unrolled LSTM's cell state):
-    # node -> why; the quantizer keeps them float as it does --keep-float's
-    keep_float: dict[str, str] = field(default_factory=dict)
     # tensors that are one quantity at different steps of an unrolled LSTM/GRU (the input
     # x_t, each gate, h_t): group -> names.  quantize.py gives each group one range, the
     # union over the steps: ranges per step, calibrated on few sequences, do not hold for
@@ -45,16 +42,15 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes)."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
-    keep_float: dict[str, str] = {}
     tied: dict[str, list[str]] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions
     rewrite_convolutions(model, prov, reasons)     # before BN folding: a Conv takes its BN
     rewrite_linear_models(model, prov, reasons)
-    unroll_recurrent(model, prov, reasons, keep_float, tied)
+    unroll_recurrent(model, prov, reasons, tied)
     fold_batch_norms(model, prov)
     fuse_matmul_bias(model, prov)
     drop_unused_initializers(model)
-    return Prepared(model, prov, reasons, keep_float, tied)
+    return Prepared(model, prov, reasons, tied)
 
 
 # --- the model as a small mutable index ------------------------------------------------
@@ -408,39 +404,26 @@ class NotRewritten(Exception):
 _DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 
 
-CELL_IN_FLOAT = ("the LSTM's cell state, kept in float on the host: 8 bits of it per step "
-                 "lose the recurrence's accuracy across a sequence")
-
-
 def unroll_recurrent(model: onnx.ModelProto, prov: Provenance,
                      reasons: dict[str, str] | None = None,
-                     keep_float: dict[str, str] | None = None,
                      tied: dict[str, list[str]] | None = None) -> int:
     """Every LSTM / GRU node that can be unrolled, unrolled; the others keep their reason.
-    `keep_float` receives the unrolled LSTMs' cell-state nodes (f*c + i*g, tanh(c) and
-    o*tanh(c)): the cell state c is unbounded (Silero's reaches |c| = 13) and carried from
-    step to step, so a uint8 c per step (a step of 0.1) drifts over a sequence; in float on
-    the host it costs no MACs, and h, bounded by 1, is quantized finely for the next
-    step's Gemms on the TPU.  `tied` receives the per-step tensors that are one quantity
-    (Prepared.tied)."""
+    `tied` receives the per-step tensors that are one quantity (Prepared.tied)."""
     reasons = {} if reasons is None else reasons
-    keep_float = {} if keep_float is None else keep_float
     if not any(n.op_type in ("LSTM", "GRU") for n in model.graph.node):
         return 0
     ranks = _ranks(model)
     idx = _Index(model)
     return _expand_nodes(model, prov, reasons, "unrolled",
                          lambda n: n.op_type in ("LSTM", "GRU") and n.domain in ("", "ai.onnx"),
-                         lambda n: _Unroller(idx, n, ranks, keep_float, tied).run())
+                         lambda n: _Unroller(idx, n, ranks, tied).run())
 
 
 class _Unroller:
     """One LSTM/GRU node -> its per-step nodes (ONNX operator semantics, opset 7..22)."""
 
-    def __init__(self, idx: _Index, node, ranks: dict, keep_float: dict | None = None,
-                 tied: dict | None = None):
+    def __init__(self, idx: _Index, node, ranks: dict, tied: dict | None = None):
         self.idx, self.node, self.ranks = idx, node, ranks
-        self.keep_float = {} if keep_float is None else keep_float
         self.tied = {} if tied is None else tied
         self.nodes: list = []
         self.kind = node.op_type
@@ -610,7 +593,6 @@ class _Unroller:
         o = self._emit("Sigmoid", [gate(1, "o")], f"{tag}/o")
         f = self._emit("Sigmoid", [gate(2, "f")], f"{tag}/f")
         g = self._emit("Tanh", [gate(3, "c")], f"{tag}/g")
-        first = len(self.nodes)
         ig = self._emit("Mul", [i, g], f"{tag}/i_g")
         if c_prev is None:
             c = ig
@@ -618,8 +600,6 @@ class _Unroller:
             fc = self._emit("Mul", [f, c_prev], f"{tag}/f_c")
             c = self._emit("Add", [fc, ig], f"{tag}/c")
         h_new = self._emit("Mul", [o, self._emit("Tanh", [c], f"{tag}/tanh_c")], f"{tag}/h")
-        for made in self.nodes[first:]:
-            self.keep_float[made.name] = CELL_IN_FLOAT
         return h_new, c
 
     def _gru_step(self, x_t, h_prev, w, r, b, h, tag):
