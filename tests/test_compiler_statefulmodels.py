@@ -198,17 +198,25 @@ def test_dynamic_sequence_fixed_from_calibration_and_state_batch_on_axis_1(tmp_p
 
 
 def test_fixed_shape_export_with_a_state_of_another_first_dimension(tmp_path, capsys):
+    # input (1, L) and state (2, 1, H), all fixed: the batch is 1, the state's on axis 1,
+    # so calibration and inference data have any number of rows (run one by one)
     rng = np.random.default_rng(2)
     path = vad_model(tmp_path, rng, [1, S], [2, 1, H], "vad_fixed")
-    frames = signal(rng, 12, S)
-    states = streamed(path, frames)
-    i = 7
-    data = {"input": frames[i:i + 1], "state": states[:, i:i + 1]}
-    np.savez(tmp_path / "one.npz", **data)
-    out, y, _, _ = cli(capsys, tmp_path, path, tmp_path / "one.npz", tmp_path / "one.npz")
+    calib, _ = stream_data(tmp_path, path, rng, 32, "calib.npz")
+    data_path, data = stream_data(tmp_path, path, rng, 6, "data.npz")
+    out, y, _, _ = cli(capsys, tmp_path, path, calib, data_path)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert [v["batch_axis"] for v in manifest["inputs"]] == [None, None]   # passed whole
-    check_float_and_qdq(out, y, data, path)
+    axes = {v["name"]: v["batch_axis"] for v in manifest["inputs"] + manifest["outputs"]}
+    assert axes == {"input": 0, "state": 1, "output": 0, "stateN": 1}
+    assert manifest["batch"] == 1
+    assert tpu_rows(out)["/decoder/LSTM"] == "TPU"
+    ref = run_ort(onnx.load(path), {"input": data["input"][:1], "state": data["state"][:, :1]})
+    assert np.abs(y["output"][:1] - ref[0]).max() <= 0.03
+    for i in range(6):                           # row by row: the float model's batch is 1
+        want = run_ort(onnx.load(path), {"input": data["input"][i:i + 1],
+                                         "state": data["state"][:, i:i + 1]})
+        assert np.abs(y["output"][i] - want[0][0]).max() <= 0.03
+        assert snr(want[1], y["stateN"][:, i:i + 1]) >= 20.0
 
 
 def sequence_model(tmp_path, rng):

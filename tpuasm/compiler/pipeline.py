@@ -82,7 +82,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     # a float model's dynamic dimensions other than the batch: fixed from its calibration data
     free = {} if calibration is not None and not is_quantized(model) else None
     axes = input_axes(model, given, path, free)
-    fixed_batch = has_fixed_batch(model, given)
+    fixed_batch = has_fixed_batch(model, given, axes)
     keep = known_axes = prepared = None
     if is_quantized(model):
         if calibration is not None:

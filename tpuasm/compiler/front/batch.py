@@ -17,9 +17,10 @@ batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` fi
 - every dimension fixed: no batch axis when another input has a dynamic one; when none has
   (a model exported with a fixed batch), axis 0 as before: the model's own batch, unless
   an output's first dimension is not that batch (a Split or a reduction across axis 0) or,
-  in a model with a recurrent node, the inputs' first dimensions differ (an input (1, 576)
-  and its LSTM's state (2, 1, 128)):
-  then the inputs are passed whole, the model run as one sample.
+  then the inputs are passed whole, the model run as one sample; in a model with a
+  recurrent node whose inputs differ in their first dimension (an input (1, 576) and its
+  LSTM's state (2, 1, 128)), the first input's first dimension is the batch and a state
+  (dirs, batch, H) has it on axis 1.
 
 The axis of every other tensor is read off onnx shape inference: each input's batch
 dimension becomes one symbolic name and a tensor's batch axis is the axis that carries it
@@ -127,13 +128,34 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | No
                                    f"--batch-axis {v.name}=AXIS")
         axes[v.name] = axis
     batched = any(a is not None for a in axes.values())
-    first = bool(pending) and not batched and \
-        (_same_first_dimension(inputs) or not _has_recurrent(model.graph)) and \
+    if pending and not batched and not _same_first_dimension(inputs) and \
+            _has_recurrent(model.graph):
+        axes.update(_state_axes([v for v in inputs if v.name in pending]))
+        return {n: axes[n] for n in names}
+    first = bool(pending) and not batched and _same_first_dimension(inputs) and \
         _outputs_keep_first_dimension(model, inputs)
     for v in inputs:
         if v.name in pending:
             axes[v.name] = None if batched or not _dims(v) or not first else 0
     return {n: axes[n] for n in names}
+
+
+def _state_axes(inputs) -> dict[str, int | None]:
+    """A fixed-shape model with a recurrent node whose inputs differ in their first
+    dimension: the batch B is the first input's first dimension; a recurrent state (dirs,
+    B, H) has its batch on axis 1, an input (B, ...) on axis 0, any other is passed whole
+    (Silero's OpenVINO export: input (1, 576), state (2, 1, 128))."""
+    batch = _dims(inputs[0])[0] if _dims(inputs[0]) else None
+    axes = {}
+    for v in inputs:
+        dims = _dims(v)
+        if dims and dims[0] == batch:
+            axes[v.name] = 0
+        elif len(dims) == 3 and dims[1] == batch:
+            axes[v.name] = 1
+        else:
+            axes[v.name] = None
+    return axes
 
 
 def _shared_dim(v, dynamic: list[int], inputs) -> int:
@@ -269,11 +291,14 @@ def _outputs_keep_first_dimension(model: onnx.ModelProto, inputs) -> bool:
     return True
 
 
-def has_fixed_batch(model: onnx.ModelProto, given: dict | None) -> bool:
+def has_fixed_batch(model: onnx.ModelProto, given: dict | None, axes: dict | None = None
+                    ) -> bool:
     """A model exported with a fixed batch (no input has a dynamic dimension, and the user
     named no axis): its batch is axis 0 by convention, and exporters bake it into constants
-    (a Reshape to [1, -1]) where inference cannot follow it."""
-    if given:
+    (a Reshape to [1, -1]) where inference cannot follow it.  Not when an input's batch
+    (`axes`, from input_axes) is on another axis (a recurrent state (2, 1, 128)): its
+    tensors' axes are then inferred."""
+    if given or any(a not in (0, None) for a in (axes or {}).values()):
         return False
     inits = {t.name for t in model.graph.initializer}
     return all(v.type.HasField("tensor_type") and not any(_dynamic(d) for d in _dims(v))
