@@ -132,8 +132,7 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | No
             _has_recurrent(model.graph):
         axes.update(_state_axes([v for v in inputs if v.name in pending]))
         return {n: axes[n] for n in names}
-    first = bool(pending) and not batched and _same_first_dimension(inputs) and \
-        _outputs_keep_first_dimension(model, inputs)
+    first = bool(pending) and not batched and _outputs_keep_first_dimension(model, inputs)
     for v in inputs:
         if v.name in pending:
             axes[v.name] = None if batched or not _dims(v) or not first else 0
