@@ -108,9 +108,6 @@ def silero_data(data_dir: Path, model: str, seed: int, rows: int = 64) -> dict:
     states = streamed_states(data_dir / "silero_vad_16k_op15.onnx", frames)
     if model == "silero_vad_16k_sequence.onnx":        # time on axis 0, one stream
         return {"input": frames, "h": states[0, 0][None, None], "c": states[0, 1][None, None]}
-    if model == "silero_vad_openvino_16k.onnx":        # batch 1: one frame mid-stream
-        i = rows // 2
-        return {"input": frames[i:i + 1], "state": states[i][:, None]}
     data = {"input": frames, "state": np.ascontiguousarray(states.transpose(1, 0, 2))}
     import onnx
     if any(v.name == "sr" for v in onnx.load(str(data_dir / model),

@@ -242,7 +242,7 @@ def sequence_model(tmp_path, rng):
 def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     rng = np.random.default_rng(3)
     path = sequence_model(tmp_path, rng)
-    frames = 24
+    frames = 12
 
     def data(seed):
         r = np.random.default_rng(seed)
@@ -258,7 +258,7 @@ def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     assert tpu_rows(out)["/recurrent/LSTM"] == "TPU"
     check_float_and_qdq(out, y, feeds, path)
     # the time-axis split the batch inference used to make is gone: the state carries
-    # across all 24 frames (the last frames' probabilities depend on the first ones)
+    # across all 12 frames (the last frames' probabilities depend on the first ones)
     assert y["speech_probs"].shape == (frames,)
 
 
