@@ -242,14 +242,18 @@ def sequence_model(tmp_path, rng):
 def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     rng = np.random.default_rng(3)
     path = sequence_model(tmp_path, rng)
-    frames = 12
+    frames = 16
 
     def data(seed):
         r = np.random.default_rng(seed)
         return {"input": signal(r, frames, S), "h": r.normal(0, 0.3, (1, 1, H)).astype(
             np.float32), "c": r.normal(0, 0.5, (1, 1, H)).astype(np.float32)}
-    np.savez(tmp_path / "calib.npz", **data(4))
-    feeds = data(5)
+    calib = data(4)
+    np.savez(tmp_path / "calib.npz", **calib)
+    # calibration-like data: the whole model has one calibration sample (one sequence), so
+    # every range comes from it; the data checked is that sequence with other noise
+    r = np.random.default_rng(5)
+    feeds = {k: (v + r.normal(0, 0.03, v.shape)).astype(np.float32) for k, v in calib.items()}
     np.savez(tmp_path / "data.npz", **feeds)
     out, y, text, _ = cli(capsys, tmp_path, path, tmp_path / "calib.npz",
                           tmp_path / "data.npz", "--batch", "8")
@@ -258,7 +262,7 @@ def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     assert tpu_rows(out)["/recurrent/LSTM"] == "TPU"
     check_float_and_qdq(out, y, feeds, path)
     # the time-axis split the batch inference used to make is gone: the state carries
-    # across all 12 frames (the last frames' probabilities depend on the first ones)
+    # across all 16 frames (the last frames' probabilities depend on the first ones)
     assert y["speech_probs"].shape == (frames,)
 
 

@@ -545,6 +545,10 @@ class _Unroller:
             c_prev = None
             if self.kind == "LSTM" and inputs[6]:
                 c_prev = self._take(inputs[6], state_axis, d, f"d{d}/c0")
+            # the initial state is the state of an earlier call: one range with every h_t
+            for start, role in ((h_prev, "h"), (c_prev, "c")):
+                if start is not None:
+                    self.tied.setdefault(f"{self.node.name}/d{d}/{role}", []).append(start)
             order = range(seq - 1, -1, -1) if reverse else range(seq)
             for t in order:
                 tag = f"t{t}/d{d}"
