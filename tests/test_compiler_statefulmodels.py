@@ -354,3 +354,22 @@ def test_calibration_disagreeing_with_an_input_value_is_refused(tmp_path, capsys
                          str(tmp_path / "calib.npz"), "--input-value", "sr=16000"])
     err = capsys.readouterr().err
     assert code == 2 and "'sr'" in err and "sr=16000" in err, err
+
+
+def test_a_long_lstm_keeps_its_cell_float_and_ties_its_steps_ranges(tmp_path):
+    # beyond LONG_SEQUENCE steps the cell's chain stays float (its 8-bit rounding would
+    # accumulate); every step's x_t, gates and h_t (and the initial state) share one range
+    from tpuasm.compiler.front.prepare import LONG_SEQUENCE, prepare
+    rng = np.random.default_rng(9)
+    model = onnx.load(sequence_model(tmp_path, rng))
+    for steps, floats in ((LONG_SEQUENCE, 0), (LONG_SEQUENCE + 4, 5 * (LONG_SEQUENCE + 4))):
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = steps
+        prepared = prepare(m)
+        assert len(prepared.keep_float) == floats
+        assert all(n.split("/")[-1] in ("i_g", "f_c", "c", "tanh_c", "h")
+                   for n in prepared.keep_float)
+        h_group = prepared.tied["/recurrent/LSTM/d0/h"]
+        assert len(h_group) == steps + 1        # the initial state and every step's h
+        assert len(prepared.tied["/recurrent/LSTM/d0/i_x"]) == steps

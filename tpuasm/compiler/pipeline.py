@@ -128,10 +128,16 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data", fixed_values))
         prepared = prepare(float_model, provenance)
+        said = options.describe()          # the user's options (not the rewrites' nodes)
+        if prepared.keep_float:         # the rewrites' own float nodes join --keep-float's
+            from dataclasses import replace
+            options = replace(options, keep_float=(*options.keep_float,
+                                                   *prepared.keep_float))
+            said += f"; {len(prepared.keep_float)} nodes of long LSTM cells kept in float"
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
                  path, provenance, batch_axes=axes, tied=prepared.tied)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
-                  f"{options.describe()}) from {count} calibration samples")
+                  f"{said}) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -238,7 +244,9 @@ def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provena
     lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
                                  if k in lowered.host_reasons})
     for node in graph.nodes:
-        if node.name in lowered.host_reasons and \
+        if node.name in lowered.host_reasons and node.name in prepared.keep_float:
+            lowered.host_reasons[node.name] = prepared.keep_float[node.name]
+        elif node.name in lowered.host_reasons and \
                 options.keeps(node.name, node.op_type, provenance):
             lowered.host_reasons[node.name] = "kept in float (--keep-float)"
 
