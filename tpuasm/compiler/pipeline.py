@@ -100,8 +100,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                                f"to int8")
         fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
         from tpuasm.compiler.front.quantize import quantize
-        from tpuasm.compiler.front.samples import (check_samples, input_types, read_calibration,
-                                             sample_rows)
+        from tpuasm.compiler.front.samples import check_samples, input_types, sample_rows
         data, where = _raw_data(calibration, model, "calibration")
         data = drop_fixed(data, fixed_values, where)
         if recurrent_time(model, axes, data, path.parent):
