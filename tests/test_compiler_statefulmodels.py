@@ -260,6 +260,10 @@ def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert [v["batch_axis"] for v in manifest["inputs"]] == [None, None, None]
     assert tpu_rows(out)["/recurrent/LSTM"] == "TPU"
+    # the per-frame Conv has 16 rows in a model run whole: on the host, and so left float
+    report = json.loads((out / "report.json").read_text())
+    (conv,) = [r for r in report["rows"] if r["node"] == "/encoder/Conv"]
+    assert conv["where"] == "host" and "runs whole" in conv["reason"], conv
     check_float_and_qdq(out, y, feeds, path)
     # the time-axis split the batch inference used to make is gone: the state carries
     # across all 16 frames (the last frames' probabilities depend on the first ones)

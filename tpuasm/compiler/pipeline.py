@@ -128,11 +128,20 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                                               "the calibration data", fixed_values))
         prepared = prepare(float_model, provenance)
         said = options.describe()          # the user's options (not the rewrites' nodes)
+        cells = len(prepared.keep_float)
+        if cells:
+            said += f"; {cells} nodes of long LSTM cells kept in float"
+        if not any(a is not None for a in axes.values()):
+            from tpuasm.compiler.front.batch import whole_model_host_nodes
+            host = whole_model_host_nodes(prepared.model)
+            prepared.keep_float.update(host)
+            if host:
+                said += f"; {len(host)} matrix nodes of several rows in a model run whole " \
+                        f"kept in float"
         if prepared.keep_float:         # the rewrites' own float nodes join --keep-float's
             from dataclasses import replace
             options = replace(options, keep_float=(*options.keep_float,
                                                    *prepared.keep_float))
-            said += f"; {len(prepared.keep_float)} nodes of long LSTM cells kept in float"
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
                  path, provenance, batch_axes=axes, tied=prepared.tied)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
