@@ -108,13 +108,16 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
             # dimensions (the sequence) fixed from the data (an explicit --batch-axis stays)
             free = {}
             axes = input_axes(model, {**{n: None for n in axes}, **given}, path, free)
+        declared = {v.name: v.SerializeToString() for v in model.graph.input}
         fix_free_dims(model, free or {}, data, path)
         samples = check_samples(data, input_signature(model), where, input_types(model),
                                 axes)
         count = sample_rows(samples, axes)
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
         _load_weights(model, path)          # the rewrites rescale them
-        original = model.SerializeToString()   # the float model, for the validation
+        # the float model, for the validation: its inputs as declared (an If's branches may
+        # not type-check in onnxruntime once a dynamic dimension is fixed)
+        original = _with_inputs(model, declared)
         # shapes made static before quantizing (fold.py): the quantizer then sees them too
         _, float_model = fold_float_model(path, model, batch, axes, provenance,
                                           Path(keep.name))
@@ -176,6 +179,18 @@ def _load_weights(model, path) -> None:
     import onnx
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         onnx.load_external_data_for_model(model, str(path.parent))
+
+
+def _with_inputs(model, declared: dict) -> bytes:
+    """The model serialized with its graph inputs' value infos replaced by `declared`
+    (name -> serialized ValueInfoProto)."""
+    import onnx
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for v in copy.graph.input:
+        if v.name in declared:
+            v.ParseFromString(declared[v.name])
+    return copy.SerializeToString()
 
 
 def _raw_data(data, model, what: str) -> tuple[dict, str]:
@@ -288,8 +303,39 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
         warnings.append(f"the MACs of {len(unknown)} matrix node{'s' if len(unknown) > 1 else ''}"
                         f" are not counted (shapes unknown): {', '.join(unknown[:3])}"
                         f"{' ...' if len(unknown) > 3 else ''}")
-    report.warnings = warnings + mac_warnings(report)
+    report.warnings = warnings + mac_warnings(report) + _branch_warnings(graph, compiled)
     return report
+
+
+def _branch_warnings(graph: Graph, compiled: list[NodeRow]) -> list[str]:
+    """An If left on the host with matrix nodes inside whose MACs shape inference cannot
+    count (the branches' shapes are computed): say that its matrix work does not map."""
+    out = []
+    for row in compiled:
+        if row.op_type != "If" or row.where != "host" or row.macs:
+            continue
+        inside = _matrix_nodes(graph.node(row.node).proto)
+        if inside:
+            kinds = ", ".join(sorted(set(inside)))
+            out.append(f"If '{row.node}' runs on the host with {len(inside)} matrix nodes "
+                       f"inside ({kinds}; their MACs not counted): less than half the "
+                       f"model's matrix work maps to the TPU.  An If on a model input "
+                       f"folds when the input is fixed: --input-value NAME=VALUE")
+    return out
+
+
+def _matrix_nodes(node) -> list[str]:
+    """The op types of the matrix nodes in a node's subgraphs (recursively)."""
+    import onnx
+    found = []
+    for a in node.attribute:
+        subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for sub in subs:
+            for inner in sub.node:
+                if inner.op_type in MATRIX_OPS:
+                    found.append(inner.op_type)
+                found += _matrix_nodes(inner)
+    return found
 
 
 def _compiled_rows(graph, lowered: Lowered, steps, own_work: dict | None = None
