@@ -30,6 +30,8 @@ def _env_int(name: str, default: int) -> int:
 MAX_SOURCE_BYTES = 64 * MiB          # one .tasm file (the 100,000-line benchmark is ~3 MiB)
 MAX_BINARY_BYTES = 256 * MiB         # a .tbin or OpenTPU binary
 MAX_MANIFEST_BYTES = 1 * MiB         # a test.toml
+MAX_MODEL_MANIFEST_BYTES = 64 * MiB  # an OUTDIR's manifest.json (an unrolled 64-step LSTM's IR
+                                     # operators alone take 0.6 MiB)
 MAX_SCRIPT_BYTES = 16 * MiB          # a debugger batch script
 MAX_GRID_BYTES = 1 * MiB             # a sweep's --grid TOML
 MAX_RESULTS_BYTES = 1 * GiB          # a sweep's results CSV read back (figure11 --from-csv)

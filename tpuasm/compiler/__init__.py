@@ -11,7 +11,7 @@ from __future__ import annotations
 def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (the API's name)
             per_channel=True, symmetric_activations=False, calibration_method="minmax",
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
-            min_snr=20.0, batch_axes=None):
+            min_snr=20.0, batch_axes=None, input_values=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
 
@@ -22,7 +22,8 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     model is checked against the float one on the calibration data, or on `validate` (data,
     or False for no check): `model.report.validation`, whose `warnings` name each output
     below `min_agreement` (top-1, a share) or `min_snr` (dB).  `batch_axes`: {input: axis
-    or None} where the inferred batch axes are not the right ones."""
+    or None} where the inferred batch axes are not the right ones.  `input_values`:
+    {input: value}: inputs fixed to a value when compiling (an If on them folded)."""
     from tpuasm.compiler.pipeline import compile_model
     quantization = None
     custom = (not per_channel or symmetric_activations or calibration_method != "minmax"
@@ -36,7 +37,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     return compile_model(path, batch=batch, calibration=calibration, config=config,
                          quantization=quantization, validate=validate,
                          min_agreement=min_agreement, min_snr=min_snr,
-                         batch_axes=batch_axes)
+                         batch_axes=batch_axes, input_values=input_values)
 
 
 def load(outdir):

@@ -33,6 +33,12 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("--batch-axis", action="append", default=[], metavar="NAME=AXIS",
                    help="the batch axis of input NAME, or 'none' for an input passed whole "
                         "to every batch (default: inferred; repeatable)")
+    p.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
+                   help="fix input NAME to VALUE (a number, or numbers separated by commas "
+                        "for a fixed-shape input) when compiling: it becomes a constant of "
+                        "the model, an If on it is folded and its taken branch compiled "
+                        "(e.g. sr=16000 for a model that branches on its sample rate); the "
+                        "compiled model then takes no such input (repeatable)")
     q = p.add_argument_group("quantization of a float model")
     q.add_argument("--per-tensor", action="store_true",
                    help="one weight scale per tensor (default: per output channel)")
@@ -183,7 +189,8 @@ def compile_main(argv: list[str] | None = None) -> int:
                               config=args.config, batch_axes=args.batch_axis,
                               quantization=_quantization(args),
                               validate=False if args.no_validate else args.validate,
-                              min_agreement=args.min_agreement, min_snr=args.min_snr)
+                              min_agreement=args.min_agreement, min_snr=args.min_snr,
+                              input_values=args.input_value)
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text() + "\n")

@@ -305,14 +305,14 @@ def _checked(outdir: Path) -> tuple[dict, list[Path]]:
     """check's work: (the manifest, read once through the bounded reader, and its files)."""
     from tpuasm.errors import InputFileError
     from tpuasm.files import check_input, read_text
-    from tpuasm.limits import MAX_BATCH, MAX_MANIFEST_BYTES
+    from tpuasm.limits import MAX_BATCH, MAX_MODEL_MANIFEST_BYTES
     manifest = outdir / "manifest.json"
     if not outdir.is_dir() or not manifest.exists():
         raise CompileError(f"{outdir}: not a compiled model (no manifest.json); make one with "
                      f"`tpuasm compile MODEL.onnx -o {outdir}`")
     try:
         data = json.loads(read_text(manifest, what="compiled-model manifest",
-                                    limit=MAX_MANIFEST_BYTES))
+                                    limit=MAX_MODEL_MANIFEST_BYTES))
     except InputFileError as e:
         raise CompileError(str(e)) from None
     except ValueError as e:

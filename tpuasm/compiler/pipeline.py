@@ -22,8 +22,8 @@ from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.graph import Graph
 from tpuasm.compiler.front.hostparts import lookup_table, submodel
 from tpuasm.compiler.runtime.host import HostRunner
-from tpuasm.compiler.front.batch import (has_fixed_batch, input_axes, parse_batch_axes,
-                                   tensor_axes)
+from tpuasm.compiler.front.batch import (fix_free_dims, has_fixed_batch, input_axes,
+                                         parse_batch_axes, recurrent_time, tensor_axes)
 from tpuasm.compiler.front.fold import fold_float_model
 from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
@@ -56,7 +56,7 @@ def parse_config(items) -> dict:
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   codegen: bool = True, batch_axes=None, quantization=None,
                   validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
-                  time_segments: bool = True) -> CompiledModel:
+                  time_segments: bool = True, input_values=None) -> CompiledModel:
     """Compile an ONNX model (float with a calibration set, or already quantized).
     `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
     batch axes (batch.py) are not the right ones.  `time_segments=False` leaves the report's
@@ -64,7 +64,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     compile; the apps time their joined program instead).  `quantization`: a quantize.QuantOptions
     for a float model; `validate`: None (check the compiled model against the float one on
     the calibration data), False (no check), or data (array, {input: array}, .npy/.npz path)
-    to check it on."""
+    to check it on.  `input_values`: {input: value} (or `NAME=V[,V...]` strings): inputs
+    made constants of the model (inputvalues.py), so Ifs on them fold away."""
     path = Path(path)
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
@@ -74,10 +75,15 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
+    from tpuasm.compiler.front.inputvalues import (drop_fixed, fix_input_values,
+                                                   parse_input_values)
+    fixed_values = fix_input_values(model, parse_input_values(input_values), path)
     provenance = Provenance.of(model)       # every rewrite below records into it
     given = parse_batch_axes(batch_axes)
-    axes = input_axes(model, given, path)
-    fixed_batch = has_fixed_batch(model, given)
+    # a float model's dynamic dimensions other than the batch: fixed from its calibration data
+    free = {} if calibration is not None and not is_quantized(model) else None
+    axes = input_axes(model, given, path, free)
+    fixed_batch = has_fixed_batch(model, given, axes)
     keep = known_axes = prepared = None
     if is_quantized(model):
         if calibration is not None:
@@ -95,19 +101,24 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                                f"to int8")
         fix_batch(model, batch, path, apply=False, axes=axes)   # fail before quantizing
         from tpuasm.compiler.front.quantize import quantize
-        from tpuasm.compiler.front.samples import (check_samples, input_types, read_calibration,
-                                             sample_rows)
-        if isinstance(calibration, (str, Path)):
-            samples = read_calibration(calibration, model, path, axes)
-        else:
-            signature = input_signature(model)
-            data = calibration if isinstance(calibration, dict) else \
-                {next(iter(signature)): calibration}
-            samples = check_samples(data, signature, "calibration", input_types(model), axes)
+        from tpuasm.compiler.front.samples import check_samples, input_types, sample_rows
+        data, where = _raw_data(calibration, model, "calibration")
+        data = drop_fixed(data, fixed_values, where)
+        if recurrent_time(model, axes, data, path.parent):
+            # the rows are the time of an LSTM: no batch; every input whole, its dynamic
+            # dimensions (the sequence) fixed from the data (an explicit --batch-axis stays)
+            free = {}
+            axes = input_axes(model, {**{n: None for n in axes}, **given}, path, free)
+        declared = {v.name: v.SerializeToString() for v in model.graph.input}
+        fix_free_dims(model, free or {}, data, path)
+        samples = check_samples(data, input_signature(model), where, input_types(model),
+                                axes)
         count = sample_rows(samples, axes)
         keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
         _load_weights(model, path)          # the rewrites rescale them
-        original = model.SerializeToString()   # the float model, for the validation
+        # the float model, for the validation: its inputs as declared (an If's branches may
+        # not type-check in onnxruntime once a dynamic dimension is fixed)
+        original = _with_inputs(model, declared)
         # shapes made static before quantizing (fold.py): the quantizer then sees them too
         _, float_model = fold_float_model(path, model, batch, axes, provenance,
                                           Path(keep.name))
@@ -118,12 +129,27 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.front.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
-                                              "the calibration data"))
+                                              "the calibration data", fixed_values))
         prepared = prepare(float_model, provenance, room(machine))
+        said = options.describe()          # the user's options (not the rewrites' nodes)
+        cells = len(prepared.keep_float)
+        if cells:
+            said += f"; {cells} nodes of long LSTM cells kept in float"
+        if not any(a is not None for a in axes.values()):
+            from tpuasm.compiler.front.batch import whole_model_host_nodes
+            host = whole_model_host_nodes(prepared.model)
+            prepared.keep_float.update(host)
+            if host:
+                said += f"; {len(host)} matrix nodes of several rows in a model run whole " \
+                        f"kept in float"
+        if prepared.keep_float:         # the rewrites' own float nodes join --keep-float's
+            from dataclasses import replace
+            options = replace(options, keep_float=(*options.keep_float,
+                                                   *prepared.keep_float))
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
-                 path, provenance, batch_axes=axes)
+                 path, provenance, batch_axes=axes, tied=prepared.tied)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
-                  f"{options.describe()}) from {count} calibration samples")
+                  f"{said}) from {count} calibration samples")
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -156,23 +182,40 @@ def _load_weights(model, path) -> None:
         onnx.load_external_data_for_model(model, str(path.parent))
 
 
-def _check_data(data, model, samples: dict, axes, what: str):
+def _with_inputs(model, declared: dict) -> bytes:
+    """The model serialized with its graph inputs' value infos replaced by `declared`
+    (name -> serialized ValueInfoProto)."""
+    import onnx
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for v in copy.graph.input:
+        if v.name in declared:
+            v.ParseFromString(declared[v.name])
+    return copy.SerializeToString()
+
+
+def _raw_data(data, model, what: str) -> tuple[dict, str]:
+    """User data (an .npy/.npz path, an array for a one-input model, or {input: array})
+    as {input: array} not yet checked, and what to call it in errors."""
+    signature = input_signature(model)
+    if isinstance(data, (str, Path)):
+        from tpuasm.compiler.front.arrays import read_named_arrays
+        return read_named_arrays(data, list(signature)), str(data)
+    if not isinstance(data, dict):
+        return {next(iter(signature)): data}, what
+    return dict(data), what
+
+
+def _check_data(data, model, samples: dict, axes, what: str, fixed_values=None):
     """(rows, what they are) to check the compiled model on: the calibration samples, or
     the user's --validate data (read and checked before anything is compiled)."""
     if data is None or data is False:
         return samples, what
+    from tpuasm.compiler.front.inputvalues import drop_fixed
     from tpuasm.compiler.front.samples import check_samples, input_types
-    signature = input_signature(model)
-    if isinstance(data, (str, Path)):
-        from tpuasm.compiler.front.arrays import read_named_arrays
-        what = str(data)
-        data = read_named_arrays(data, list(signature))
-    elif not isinstance(data, dict):
-        what = "the validation data"
-        data = {next(iter(signature)): data}
-    else:
-        what = "the validation data"
-    return check_samples(data, signature, what, input_types(model), axes), what
+    data, what = _raw_data(data, model, "the validation data")
+    data = drop_fixed(data, fixed_values or {}, what)
+    return check_samples(data, input_signature(model), what, input_types(model), axes), what
 
 
 def _runtime_steps(graph: Graph, the_plan) -> list:
@@ -227,7 +270,9 @@ def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provena
     lowered.host_reasons.update({k: v for k, v in prepared.reasons.items()
                                  if k in lowered.host_reasons})
     for node in graph.nodes:
-        if node.name in lowered.host_reasons and \
+        if node.name in lowered.host_reasons and node.name in prepared.keep_float:
+            lowered.host_reasons[node.name] = prepared.keep_float[node.name]
+        elif node.name in lowered.host_reasons and \
                 options.keeps(node.name, node.op_type, provenance):
             lowered.host_reasons[node.name] = "kept in float (--keep-float)"
 
@@ -261,8 +306,39 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
         warnings.append(f"the MACs of {len(unknown)} matrix node{'s' if len(unknown) > 1 else ''}"
                         f" are not counted (shapes unknown): {', '.join(unknown[:3])}"
                         f"{' ...' if len(unknown) > 3 else ''}")
-    report.warnings = warnings + mac_warnings(report)
+    report.warnings = warnings + mac_warnings(report) + _branch_warnings(graph, compiled)
     return report
+
+
+def _branch_warnings(graph: Graph, compiled: list[NodeRow]) -> list[str]:
+    """An If left on the host with matrix nodes inside whose MACs shape inference cannot
+    count (the branches' shapes are computed): say that its matrix work does not map."""
+    out = []
+    for row in compiled:
+        if row.op_type != "If" or row.where != "host" or row.macs:
+            continue
+        inside = _matrix_nodes(graph.node(row.node).proto)
+        if inside:
+            kinds = ", ".join(sorted(set(inside)))
+            out.append(f"If '{row.node}' runs on the host with {len(inside)} matrix nodes "
+                       f"inside ({kinds}; their MACs not counted): less than half the "
+                       f"model's matrix work maps to the TPU.  An If on a model input "
+                       f"folds when the input is fixed: --input-value NAME=VALUE")
+    return out
+
+
+def _matrix_nodes(node) -> list[str]:
+    """The op types of the matrix nodes in a node's subgraphs (recursively)."""
+    import onnx
+    found = []
+    for a in node.attribute:
+        subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for sub in subs:
+            for inner in sub.node:
+                if inner.op_type in MATRIX_OPS:
+                    found.append(inner.op_type)
+                found += _matrix_nodes(inner)
+    return found
 
 
 def _compiled_rows(graph, lowered: Lowered, steps, own_work: dict | None = None

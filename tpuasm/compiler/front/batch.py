@@ -5,12 +5,22 @@ axis 1, a recurrent state of fixed shape (1, 1, 128) has none (it is passed whol
 batch).  The rules, per model input (the user's `--batch-axis NAME=AXIS|none` first):
 
 - exactly one dynamic dimension: that one is the batch axis;
-- several dynamic dimensions: the first is taken as the batch, the others are an error
-  (only the batch may be dynamic; name the axis with --batch-axis to choose another);
+- several dynamic dimensions: the one named like a dynamic dimension of another input (the
+  'batch' of an input (batch, sequence) and of a state (2, batch, 128)), else the first;
+  the others are fixed from the calibration data (free_dims: a float model's sequence
+  length becomes the calibration data's, and inference data must then have it), an error
+  without calibration data;
+- when the rows along the batch axes run along a recurrent node's sequence axis (a
+  sequence-first model (S, F) whose LSTM recurs across S; recurrent_time tells by running
+  the float model on two slices of the calibration data), they are no batch: every input
+  is passed whole, its dynamic dimensions fixed from the data;
 - every dimension fixed: no batch axis when another input has a dynamic one; when none has
   (a model exported with a fixed batch), axis 0 as before: the model's own batch, unless
-  an output's first dimension is not that batch (a Split or a reduction across axis 0):
-  then the inputs are passed whole, the model run as one sample.
+  an output's first dimension is not that batch (a Split or a reduction across axis 0) or,
+  then the inputs are passed whole, the model run as one sample; in a model with a
+  recurrent node whose inputs differ in their first dimension (an input (1, 576) and its
+  LSTM's state (2, 1, 128)), the first input's first dimension is the batch and a state
+  (dirs, batch, H) has it on axis 1.
 
 The axis of every other tensor is read off onnx shape inference: each input's batch
 dimension becomes one symbolic name and a tensor's batch axis is the axis that carries it
@@ -69,8 +79,11 @@ def parse_batch_axes(items) -> dict[str, int | None]:
     return axes
 
 
-def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, int | None]:
-    """Every graph input's batch axis (None: passed whole), by the rules above."""
+def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | None = None
+               ) -> dict[str, int | None]:
+    """Every graph input's batch axis (None: passed whole), by the rules above.  `free`: a
+    dict that receives {input: [axis, ...]}, the dynamic dimensions that are not the batch
+    (to be fixed from data, fix_free_dims); without it they are an error."""
     given = dict(given or {})
     inits = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in inits]
@@ -94,7 +107,7 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
                                        f"{len(dims)} dimensions {dims}")
                 axis %= len(dims)
         elif dynamic:
-            axis = dynamic[0]
+            axis = _shared_dim(v, dynamic, inputs)
         else:
             pending.append(v.name)
             continue
@@ -105,18 +118,158 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path) -> dict[str, in
                                    f"(dimension {i} of {dims}): a tensor of no values "
                                    f"cannot be compiled; export the model with its real "
                                    f"shape")
-            if i != axis:
+            if i != axis and free is not None:
+                free.setdefault(v.name, []).append(i)
+            elif i != axis:
                 raise CompileError(f"{path}: input '{v.name}' dimension {i} is dynamic "
                                    f"({dims[i]!r}): only the batch dimension may be; export "
-                                   f"the model with a fixed shape (or name its batch axis: "
-                                   f"--batch-axis {v.name}=AXIS)")
+                                   f"the model with a fixed shape, give calibration data "
+                                   f"that fixes it (a float model), or name its batch axis: "
+                                   f"--batch-axis {v.name}=AXIS")
         axes[v.name] = axis
     batched = any(a is not None for a in axes.values())
+    if pending and not batched and not _same_first_dimension(inputs) and \
+            _has_recurrent(model.graph):
+        axes.update(_state_axes([v for v in inputs if v.name in pending]))
+        return {n: axes[n] for n in names}
     first = bool(pending) and not batched and _outputs_keep_first_dimension(model, inputs)
     for v in inputs:
         if v.name in pending:
             axes[v.name] = None if batched or not _dims(v) or not first else 0
     return {n: axes[n] for n in names}
+
+
+def _state_axes(inputs) -> dict[str, int | None]:
+    """A fixed-shape model with a recurrent node whose inputs differ in their first
+    dimension: the batch B is the first input's first dimension; a recurrent state (dirs,
+    B, H) has its batch on axis 1, an input (B, ...) on axis 0, any other is passed whole
+    (Silero's OpenVINO export: input (1, 576), state (2, 1, 128))."""
+    batch = _dims(inputs[0])[0] if _dims(inputs[0]) else None
+    axes = {}
+    for v in inputs:
+        dims = _dims(v)
+        if dims and dims[0] == batch:
+            axes[v.name] = 0
+        elif len(dims) == 3 and dims[1] == batch:
+            axes[v.name] = 1
+        else:
+            axes[v.name] = None
+    return axes
+
+
+def _shared_dim(v, dynamic: list[int], inputs) -> int:
+    """Of an input's dynamic dimensions, the one whose name another input's dynamic
+    dimension has (exporters name the batch alike everywhere), else the first."""
+    dims = _dims(v)
+    others = {d for u in inputs if u.name != v.name for d in _dims(u)
+              if isinstance(d, str) and d}
+    named = [i for i in dynamic if isinstance(dims[i], str) and dims[i] in others]
+    return named[0] if len(named) == 1 else dynamic[0]
+
+
+def _same_first_dimension(inputs) -> bool:
+    """Whether every input of a fixed-shape model has the same first dimension (a batch
+    they share); a state (2, 1, 128) beside an input (1, 576) has not."""
+    return len({_dims(v)[0] for v in inputs if _dims(v)}) <= 1
+
+
+def _has_recurrent(graph: onnx.GraphProto) -> bool:
+    """Whether an LSTM/GRU/RNN is in the graph or a subgraph (its state inputs are (dirs,
+    batch, H): not batch-first)."""
+    for node in graph.node:
+        if node.op_type in _RECURRENT:
+            return True
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            if any(_has_recurrent(sub) for sub in subs):
+                return True
+    return False
+
+
+def fix_free_dims(model: onnx.ModelProto, free: dict[str, list[int]], data: dict, path
+                  ) -> dict[str, dict[int, int]]:
+    """Set each free dynamic dimension of an input (input_axes) to the size it has in
+    `data` ({input: array}), in place: {input: {axis: size}}.  An input the data does not
+    have, or has with another rank, is left for the samples' check to name."""
+    fixed: dict[str, dict[int, int]] = {}
+    for v in model.graph.input:
+        axes = free.get(v.name)
+        x = data.get(v.name) if axes else None
+        if x is None or getattr(x, "ndim", None) != len(v.type.tensor_type.shape.dim):
+            continue
+        for axis in axes:
+            size = int(x.shape[axis])
+            if size <= 0:
+                raise CompileError(f"{path}: the data for '{v.name}' has 0 elements along "
+                                   f"its dynamic dimension {axis}")
+            dim = v.type.tensor_type.shape.dim[axis]
+            dim.Clear()
+            dim.dim_value = size
+            fixed.setdefault(v.name, {})[axis] = size
+    if fixed:
+        _check_fixed_dims(model, fixed, path)
+    return fixed
+
+
+def _check_fixed_dims(model: onnx.ModelProto, fixed: dict, path) -> None:
+    """The sizes taken from the data must fit the model (its weights fix what a dynamic
+    dimension can be): strict shape inference says so before anything runs."""
+    from tpuasm.compiler.front.reader import skeleton
+    probe = skeleton(model)
+    forget_inner_shapes(probe.graph)
+    del probe.graph.value_info[:]
+    try:
+        onnx.shape_inference.infer_shapes(probe, strict_mode=True, data_prop=True)
+    except Exception as e:
+        what = ", ".join(f"'{name}' dimension {axis} = {size}" for name, axes in fixed.items()
+                         for axis, size in axes.items())
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CompileError(f"{path}: the dynamic dimensions fixed from the data ({what}) do "
+                           f"not fit the model: {first}") from None
+
+
+_RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def recurrent_time(model: onnx.ModelProto, axes: dict, data: dict, base_dir) -> bool:
+    """Whether the rows along the inputs' batch axes are the time of a recurrent node (its
+    X's sequence axis grows with them): the float model run by onnxruntime on the first 2
+    and the first 3 rows of `data` ({input: array}).  False when it cannot tell."""
+    nodes = [n for n in model.graph.node if n.op_type in _RECURRENT]
+    batched = {n: a for n, a in axes.items() if a is not None}
+    if not nodes or not batched or any(n not in data or
+                                       getattr(data[n], "ndim", 0) <= a or
+                                       data[n].shape[a] < 3 for n, a in batched.items()):
+        return False
+    import numpy as np
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in probe.graph.initializer):
+        try:
+            onnx.load_external_data_for_model(probe, str(base_dir))
+        except Exception:                      # unreadable weights: the compile will say
+            return False
+    del probe.graph.output[:]
+    xs = [n.input[0] for n in nodes]
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(x) for x in xs)
+    from tpuasm.compiler.ort import session
+    try:
+        run = session(probe)
+        seen = []
+        for rows in (2, 3):
+            feeds = {n: (np.take(np.asarray(x), np.arange(rows), axis=batched[n])
+                         if n in batched else np.asarray(x)) for n, x in data.items()
+                     if n in axes}
+            seen.append(run.run(xs, feeds))
+    except Exception:                          # the model needs more rows: cannot tell
+        return False
+    for node, small, large in zip(nodes, *seen):
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        seq = 1 if layout else 0
+        if small.ndim == 3 and large.ndim == 3 and (small.shape[seq], large.shape[seq]) \
+                == (2, 3) and small.shape[1 - seq] == large.shape[1 - seq]:
+            return True
+    return False
 
 
 def _outputs_keep_first_dimension(model: onnx.ModelProto, inputs) -> bool:
@@ -137,11 +290,14 @@ def _outputs_keep_first_dimension(model: onnx.ModelProto, inputs) -> bool:
     return True
 
 
-def has_fixed_batch(model: onnx.ModelProto, given: dict | None) -> bool:
+def has_fixed_batch(model: onnx.ModelProto, given: dict | None, axes: dict | None = None
+                    ) -> bool:
     """A model exported with a fixed batch (no input has a dynamic dimension, and the user
     named no axis): its batch is axis 0 by convention, and exporters bake it into constants
-    (a Reshape to [1, -1]) where inference cannot follow it."""
-    if given:
+    (a Reshape to [1, -1]) where inference cannot follow it.  Not when an input's batch
+    (`axes`, from input_axes) is on another axis (a recurrent state (2, 1, 128)): its
+    tensors' axes are then inferred."""
+    if given or any(a not in (0, None) for a in (axes or {}).values()):
         return False
     inits = {t.name for t in model.graph.initializer}
     return all(v.type.HasField("tensor_type") and not any(_dynamic(d) for d in _dims(v))
@@ -253,3 +409,26 @@ def carry_axes(model: onnx.ModelProto, known: dict, inferred: dict) -> dict:
                     sure.add(dst)
                     changed = True
     return result
+
+
+def whole_model_host_nodes(model: onnx.ModelProto) -> dict[str, str]:
+    """In a model with no batch axis (it runs whole, batch 1), the matrix nodes whose input
+    has more than one leading row (a sequence model's per-frame Convs over its 64 frames)
+    cannot go to the TPU, whose programs take one row count (Graph.not_batch_first): node
+    -> why, so that the quantizer leaves them float, as every host part is."""
+    from tpuasm.compiler.front.macs import MATRIX_OPS
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:                      # shapes unknown: the matcher decides as before
+        return {}
+    shapes = {v.name: _dims(v) for v in [*inferred.graph.input, *inferred.graph.value_info]
+              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    found = {}
+    for node in model.graph.node:
+        dims = shapes.get(node.input[0]) if node.op_type in MATRIX_OPS and node.input else None
+        if dims and isinstance(dims[0], int) and dims[0] > 1:
+            found[node.name] = (f"the model runs whole (no input has a batch axis) and its "
+                                f"input '{node.input[0]}' has {dims[0]} leading rows: the TPU "
+                                f"programs of a model take one row count, its batch (1 "
+                                f"here); kept in float on the host")
+    return found

@@ -9,6 +9,9 @@ replaces each node whose result is known by an initializer:
 - Shape and Size of a tensor whose shape is static;
 - any deterministic operator of the default domain whose inputs are all constants.
 
+An If whose condition becomes a constant is replaced by the branch it takes (ifs.py), and
+the folding goes on inside it.
+
 A value is computed only when shape inference already says how large it is, and only up to
 MAX_ELEMENTS (a huge constant, say a ConstantOfShape of an image, is never materialised),
 or MAX_WEIGHT_ELEMENTS for the weight input of a Conv, Gemm or MatMul; a weight of one value
@@ -45,6 +48,7 @@ _WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 MAX_GENERATED_WEIGHT_ELEMENTS = 1 << 28
 GENERATED_WEIGHT_COPIES = 6
 _ROUNDS = 8                        # fold, infer shapes again, fold what became static, ...
+_IF_ROUNDS = 16                    # more when Ifs are inlined: one nesting level a round
 KEEP = {"DequantizeLinear", "DynamicQuantizeLinear", "Constant",
         "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
         "Multinomial", "Bernoulli", "If", "Loop", "Scan"}
@@ -55,14 +59,21 @@ def fold_constants(model: onnx.ModelProto, path, provenance=None,
                    max_elements: int = MAX_ELEMENTS) -> int:
     """Fold in place (the batch already fixed); the number of nodes removed."""
     from tpuasm.compiler.front.reader import infer_shapes
+    from tpuasm.compiler.front.ifs import inline_constant_ifs
     total = 0
     made: set[str] = set()             # initializers this pass added
-    for _ in range(_ROUNDS):
+    rounds = 0
+    while rounds < (_IF_ROUNDS if _has_if(model) else _ROUNDS):
+        rounds += 1
+        count = inline_constant_ifs(model, lambda name: _constant_value(model, name, path),
+                                    provenance)
+        count += _weights_as_initializers(model, provenance)
         if not _candidates(model):
+            total += count
             break
         shapes, dtypes = infer_shapes(model, path)
-        count = _fold_once(model, Path(path).parent, shapes, dtypes, provenance,
-                           max_elements, made)
+        count += _fold_once(model, Path(path).parent, shapes, dtypes, provenance,
+                            max_elements, made)
         total += count
         if not count:
             break
@@ -97,6 +108,8 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
         elif provenance is not None:
             for name, why in scratch.folded.items():
                 provenance.fold(name, why)
+            for new, old in scratch.origin.items():     # nodes an inlined If brought
+                provenance.derive(new, old)
     if copy is model and not upgraded(model):    # as it is on disk
         return path, model
     out = Path(workdir) / (path.stem + ".folded.onnx")
@@ -118,12 +131,70 @@ def generated_weight_limit() -> int:
                                         memory // 2 // (4 * GENERATED_WEIGHT_COPIES)))
 
 
+_WEIGHT_READERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN",
+                   "BatchNormalization"}
+
+
+def _weights_as_initializers(model: onnx.ModelProto, provenance=None) -> int:
+    """Constant nodes that hold a weight of a matrix or recurrent node (exporters that
+    inline a model write its weights so, and an If's inlined branch brings them along) made
+    initializers: the quantizer and the matcher look for weights there."""
+    g = model.graph
+    weights = {i for n in g.node if n.op_type in _WEIGHT_READERS for i in n.input[1:] if i}
+    outputs = {v.name for v in g.output}
+    keep, made = [], []
+    for node in g.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) \
+            if node.op_type == "Constant" and len(node.output) == 1 else None
+        out = node.output[0] if node.output else ""
+        if value is None or out not in weights or out in outputs:
+            keep.append(node)
+            continue
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(value)
+        tensor.name = out
+        made.append(tensor)
+        if provenance is not None:
+            provenance.fold(node.name, f"a Constant holding a weight: made the "
+                                       f"initializer {out}")
+    if made:
+        del g.node[:]
+        g.node.extend(keep)
+        g.initializer.extend(made)
+    return len(made)
+
+
+def _has_if(model: onnx.ModelProto) -> bool:
+    return any(n.op_type == "If" for n in model.graph.node)
+
+
+def _constant_value(model: onnx.ModelProto, name: str, path):
+    """The value of a small initializer or Constant output (an If's condition), else None."""
+    for t in model.graph.initializer:
+        if t.name == name:
+            if t.data_location == onnx.TensorProto.EXTERNAL or \
+                    int(np.prod(t.dims, dtype=np.int64)) > 1:
+                return None
+            return numpy_helper.to_array(t)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and n.output[0] == name:
+            attrs = {a.name: a for a in n.attribute}
+            return numpy_helper.to_array(attrs["value"].t) if "value" in attrs else None
+    return None
+
+
 def _candidates(model: onnx.ModelProto) -> bool:
     """Cheap test before shape inference: could any node fold?"""
     const = {t.name for t in model.graph.initializer}
     const |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     outputs = {v.name for v in model.graph.output}
+    weights = {i for n in model.graph.node if n.op_type in _WEIGHT_READERS
+               for i in n.input[1:] if i}
     for node in model.graph.node:
+        if node.op_type == "If" and node.input and node.input[0] in const:
+            return True                  # an If on a known condition: inlined
+        if node.op_type == "Constant" and node.output and node.output[0] in weights:
+            return True                  # a weight held by a Constant: an initializer
         if not _foldable_kind(node) or any(o in outputs for o in node.output):
             continue
         if node.op_type in _SHAPE_OPS or all(not i or i in const for i in node.input):

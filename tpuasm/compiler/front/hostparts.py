@@ -38,6 +38,11 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
     declared = {v.name: v for v in graph.model.graph.output
                 if not v.type.HasField("tensor_type")}
 
+    # a part with an If/Loop/Scan declares its tensors' ranks only: onnxruntime type-checks
+    # every branch against fixed shapes when the session opens, and a branch the data never
+    # takes (an exporter's `if x.shape[0] == 1`) may not fit them
+    loose = any(n.op_type in ("If", "Loop", "Scan") for n in nodes)
+
     def info(tensor: str):
         if tensor in declared:           # a sequence or map output (ZipMap's): as declared
             return declared[tensor]
@@ -45,6 +50,8 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
         if dtype is None:
             raise CompileError(f"the element type of '{tensor}' is unknown")
         shape = graph.shapes.get(tensor)
+        if loose and shape is not None:
+            shape = [None] * len(shape)
         return helper.make_tensor_value_info(tensor, _elem_type(dtype),
                                              None if shape is None else list(shape))
 

@@ -15,6 +15,8 @@ _MATMUL = {"MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul"}
 _GEMM = {"Gemm", "QGemm"}
 _RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
+_BRANCHING = {"If"}
+
 MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose"})
 
 
@@ -23,6 +25,8 @@ def node_macs(node, shapes: dict) -> int | None:
     unknown.  `node` has op_type, inputs, outputs and attr(); `shapes` maps tensor names to
     full shapes (batch included)."""
     op = node.op_type
+    if op in _BRANCHING:
+        return _branch_macs(node, shapes)
     if op not in MATRIX_OPS:
         return None
 
@@ -58,3 +62,28 @@ def node_macs(node, shapes: dict) -> int | None:
         return None
     steps_rows = x[0] * x[1]
     return steps_rows * w[0] * w[1] * (w[2] + r[2])
+
+
+def _branch_macs(node, shapes: dict) -> int | None:
+    """An If's MACs: those of its larger branch (the one it takes is known at run time
+    only), counted from the shapes inference found inside; None when no branch has any."""
+    import onnx
+    from onnx import helper
+
+    from tpuasm.compiler.front.graph import Node
+    best = None
+    for name in ("then_branch", "else_branch"):
+        graph = node.attr(name)
+        if not isinstance(graph, onnx.GraphProto):
+            continue
+        total = None
+        for i, inner in enumerate(graph.node):
+            attrs = {a.name: helper.get_attribute_value(a) for a in inner.attribute}
+            macs = node_macs(Node(inner.name, inner.op_type, inner.domain or "",
+                                  list(inner.input), list(inner.output), attrs, i, inner),
+                             shapes)
+            if macs is not None:
+                total = (total or 0) + macs
+        if total is not None:
+            best = total if best is None else max(best, total)
+    return best

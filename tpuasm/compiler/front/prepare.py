@@ -32,6 +32,14 @@ class Prepared:
     model: onnx.ModelProto
     provenance: Provenance
     reasons: dict[str, str] = field(default_factory=dict)   # node -> why it was not rewritten
+    # nodes the rewrites want left in float on the host (a long LSTM's cell state):
+    # node -> why; the quantizer keeps them float as it does --keep-float's
+    keep_float: dict[str, str] = field(default_factory=dict)
+    # tensors that are one quantity at different steps of an unrolled LSTM/GRU (the input
+    # x_t, each gate, h_t): group -> names.  quantize.py gives each group one range, the
+    # union over the steps: ranges per step, calibrated on few sequences, do not hold for
+    # the next data (a one-sequence calibration gives each step one sample)
+    tied: dict[str, list[str]] = field(default_factory=dict)
 
 
 def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
@@ -45,10 +53,12 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
     constants_to_initializers(model, prov)     # first: every rewrite reads initializers
+    tied: dict[str, list[str]] = {}
+    keep_float: dict[str, str] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions
     rewrite_convolutions(model, prov, reasons)     # before BN folding: a Conv takes its BN
     rewrite_linear_models(model, prov, reasons)
-    unroll_recurrent(model, prov, reasons)
+    unroll_recurrent(model, prov, reasons, tied, keep_float)
     fold_batch_norms(model, prov)
     fold_constant_affines(model, prov)
     fuse_matmul_bias(model, prov)
@@ -56,7 +66,7 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
         from tpuasm.compiler.front.banding import band_convolutions
         band_convolutions(model, prov, room, reasons)
     drop_unused_initializers(model)
-    return Prepared(model, prov, reasons)
+    return Prepared(model, prov, reasons, keep_float, tied)
 
 
 # --- the model as a small mutable index ------------------------------------------------
@@ -541,12 +551,26 @@ class NotRewritten(Exception):
     model not rewritten."""
 
 
+# An LSTM's cell state c is unbounded (Silero's reaches |c| = 13) and carried from step to
+# step: as uint8 per step (a step of 0.1 there) its rounding accumulates, and over Silero's
+# 64-frame sequence the speech probability drifts by up to 0.8.  Beyond this many steps the
+# cell's chain (f*c + i*g, tanh(c), o*tanh(c)) stays float on the host: no MACs, a host
+# round trip per step; h, bounded by 1, is quantized finely for the next step's Gemms.
+# Shorter LSTMs (the corpus's 10-step classifier) keep the whole cell on the TPU.
+LONG_SEQUENCE = 16
+CELL_IN_FLOAT = (f"the cell state of an LSTM longer than {LONG_SEQUENCE} steps, kept in float "
+                 f"on the host (its 8-bit rounding would accumulate over the steps)")
+
 _DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 
 
 def unroll_recurrent(model: onnx.ModelProto, prov: Provenance,
-                     reasons: dict[str, str] | None = None) -> int:
-    """Every LSTM / GRU node that can be unrolled, unrolled; the others keep their reason."""
+                     reasons: dict[str, str] | None = None,
+                     tied: dict[str, list[str]] | None = None,
+                     keep_float: dict[str, str] | None = None) -> int:
+    """Every LSTM / GRU node that can be unrolled, unrolled; the others keep their reason.
+    `tied` receives the per-step tensors that are one quantity (Prepared.tied);
+    `keep_float` the cell-state nodes of an LSTM longer than LONG_SEQUENCE steps."""
     reasons = {} if reasons is None else reasons
     if not any(n.op_type in ("LSTM", "GRU") for n in model.graph.node):
         return 0
@@ -554,14 +578,18 @@ def unroll_recurrent(model: onnx.ModelProto, prov: Provenance,
     idx = _Index(model)
     return _expand_nodes(model, prov, reasons, "unrolled",
                          lambda n: n.op_type in ("LSTM", "GRU") and n.domain in ("", "ai.onnx"),
-                         lambda n: _Unroller(idx, n, ranks).run())
+                         lambda n: _Unroller(idx, n, ranks, tied, keep_float).run())
 
 
 class _Unroller:
     """One LSTM/GRU node -> its per-step nodes (ONNX operator semantics, opset 7..22)."""
 
-    def __init__(self, idx: _Index, node, ranks: dict):
+    def __init__(self, idx: _Index, node, ranks: dict, tied: dict | None = None,
+                 keep_float: dict | None = None):
         self.idx, self.node, self.ranks = idx, node, ranks
+        self.tied = {} if tied is None else tied
+        self.keep_float = {} if keep_float is None else keep_float
+        self.long = False                       # set by run(): more than LONG_SEQUENCE steps
         self.nodes: list = []
         self.kind = node.op_type
         self.gates = 4 if self.kind == "LSTM" else 3
@@ -571,6 +599,9 @@ class _Unroller:
         name = self.idx.unique(f"{self.node.name}/{tag}")
         out = self.idx.unique(f"{self.node.name}/{tag}:0")
         self.nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        step, sep, role = tag.partition("/")
+        if sep and step[:1] == "t" and step[1:].isdigit():   # "t7/d0/i_x": step 7's i_x
+            self.tied.setdefault(f"{self.node.name}/{role}", []).append(out)
         return out
 
     def _const(self, array, tag) -> str:
@@ -669,6 +700,7 @@ class _Unroller:
 
     def run(self) -> list:
         inputs, w, r, b, dirs, direction, layout, h, seq = self._check()
+        self.long = seq > LONG_SEQUENCE
         outs = list(self.node.output) + [""] * (3 - len(self.node.output))
         ys = [[None] * dirs for _ in range(seq)]
         finals = []
@@ -679,6 +711,10 @@ class _Unroller:
             c_prev = None
             if self.kind == "LSTM" and inputs[6]:
                 c_prev = self._take(inputs[6], state_axis, d, f"d{d}/c0")
+            # the initial state is the state of an earlier call: one range with every h_t
+            for start, role in ((h_prev, "h"), (c_prev, "c")):
+                if start is not None:
+                    self.tied.setdefault(f"{self.node.name}/d{d}/{role}", []).append(start)
             order = range(seq - 1, -1, -1) if reverse else range(seq)
             for t in order:
                 tag = f"t{t}/d{d}"
@@ -727,6 +763,7 @@ class _Unroller:
         o = self._emit("Sigmoid", [gate(1, "o")], f"{tag}/o")
         f = self._emit("Sigmoid", [gate(2, "f")], f"{tag}/f")
         g = self._emit("Tanh", [gate(3, "c")], f"{tag}/g")
+        first = len(self.nodes)
         ig = self._emit("Mul", [i, g], f"{tag}/i_g")
         if c_prev is None:
             c = ig
@@ -734,6 +771,9 @@ class _Unroller:
             fc = self._emit("Mul", [f, c_prev], f"{tag}/f_c")
             c = self._emit("Add", [fc, ig], f"{tag}/c")
         h_new = self._emit("Mul", [o, self._emit("Tanh", [c], f"{tag}/tanh_c")], f"{tag}/h")
+        if self.long:
+            for made in self.nodes[first:]:
+                self.keep_float[made.name] = CELL_IN_FLOAT
         return h_new, c
 
     def _gru_step(self, x_t, h_prev, w, r, b, h, tag):

@@ -256,11 +256,12 @@ def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None,
 
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
-             batch_axes: dict | None = None) -> list[str]:
+             batch_axes: dict | None = None, tied: dict | None = None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
     prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples`
     (in the model's own layout and types; `batch_axes`: input -> batch axis or None, default
-    batch first) to `out_path`.  Returns the quantized nodes."""
+    batch first) to `out_path`.  `tied`: groups of tensors given one range (prepare.py's
+    Prepared.tied, an unrolled LSTM's steps).  Returns the quantized nodes."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
                                           QuantFormat, QuantType, quantize_static)
     options = options or QuantOptions()
@@ -305,6 +306,9 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
             cache = None           # quantize_static's own calibration unless entropy (below)
             if options.calibration_method == "entropy":
                 cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))
+            if tied and options.calibration_method == "minmax":
+                extra["TensorQuantOverrides"] = tied_ranges(model, tied, Reader(),
+                                                            set(nodes))
             quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=options.per_channel,
                             activation_type=QuantType.QInt8 if options.symmetric_activations
@@ -346,6 +350,71 @@ def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
     converted.ir_version = max(converted.ir_version, find_min_ir_version_for(
         [o for o in converted.opset_import if (o.domain or "") in ("", "ai.onnx")]))
     return converted
+
+
+def tied_ranges(model: onnx.ModelProto, tied: dict, reader, chosen: set) -> dict:
+    """onnxruntime's TensorQuantOverrides giving each group of `tied` tensors (those a
+    chosen node reads or writes) the min-max range of the whole group over the calibration
+    feeds of `reader`: {tensor: [{"rmin": ..., "rmax": ...}]}."""
+    touched = {t for n in model.graph.node if n.name in chosen
+               for t in [*n.input, *n.output] if t}
+    groups = {k: [t for t in _through_layout(model, names) if t in touched]
+              for k, names in tied.items()}
+    names = sorted({t for group in groups.values() for t in group})
+    if not names:
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper_value(t) for t in names if t not in known)
+    from tpuasm.compiler.ort import session
+    run = session(probe, threads=0)
+    low = {t: np.inf for t in names}
+    high = {t: -np.inf for t in names}
+    while (feed := reader.get_next()) is not None:
+        for t, value in zip(names, run.run(names, feed)):
+            if np.size(value):
+                low[t] = min(low[t], float(np.min(value)))
+                high[t] = max(high[t], float(np.max(value)))
+    overrides = {}
+    for group in groups.values():
+        lo = min((low[t] for t in group), default=np.inf)
+        hi = max((high[t] for t in group), default=-np.inf)
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            continue
+        for t in group:
+            overrides[t] = [{"rmin": np.array(lo, np.float32), "rmax": np.array(hi, np.float32)}]
+    return overrides
+
+
+_SAME_VALUES = {"Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose"}
+
+
+def _through_layout(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    """`names` and the tensors that hold the same values: the outputs of layout nodes that
+    read one of them, and of a Concat of them only (the last step's h on its way to the
+    model's Y_h and the Gemm after it): one range for all, or the quantizer puts a
+    requantization between them."""
+    group = list(names)
+    members = set(group)
+    changed = True
+    while changed:
+        changed = False
+        for node in model.graph.node:
+            data = [i for i in node.input[:1 if node.op_type != "Concat" else None] if i]
+            if node.op_type not in _SAME_VALUES | {"Concat"} or not data or \
+                    not all(i in members for i in data):
+                continue
+            for out in node.output:
+                if out and out not in members:
+                    members.add(out)
+                    group.append(out)
+                    changed = True
+    return group
+
+
+def helper_value(name: str):
+    return onnx.helper.make_empty_tensor_value_info(name)
 
 
 def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:

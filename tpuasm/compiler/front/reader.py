@@ -394,6 +394,20 @@ def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
                 node, model, Path(path).parent, shapes, dtypes))
 
 
+def _subgraph_values(graph: onnx.GraphProto) -> list:
+    """The value infos of every subgraph nested in `graph`'s nodes (tensors only)."""
+    found = []
+    for node in graph.node:
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else \
+                list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
+            for sub in subs:
+                found += [v for v in [*sub.input, *sub.value_info, *sub.output]
+                          if v.type.HasField("tensor_type")]
+                found += _subgraph_values(sub)
+    return found
+
+
 def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
     probe = skeleton(model, known)
     try:
@@ -403,6 +417,12 @@ def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
         raise CompileError(f"{path}: shape inference failed: {_first_line(e)}") from None
     shapes, dtypes = {}, {}
     g = inferred.graph
+    # the shapes inside If/Loop bodies too (names are unique across subgraphs): a host If
+    # counts the MACs of its branches (macs.py)
+    for v in _subgraph_values(g):
+        dims = _dims(v)
+        if all(isinstance(d, int) for d in dims) and v.type.tensor_type.HasField("shape"):
+            shapes[v.name] = tuple(dims)
     for v in list(g.input) + list(g.value_info) + list(g.output):
         if not v.type.HasField("tensor_type"):
             continue

@@ -1,0 +1,207 @@
+"""Real models as their wheels ship them, compiled and run through the CLI (OPTIONAL: not run by
+`make test`; it needs the wheels, which nothing here downloads).
+
+    mkdir wheels && pip download --no-deps -d wheels silero-vad magika
+    .venv/bin/python benchmarks/real_models_shipped.py wheels [--work DIR] [--only NAME]
+
+The wheels' .onnx files are extracted; each model gets calibration and evaluation data it
+understands and is compiled with `tpuasm compile`, run with `tpuasm infer`, and compared with
+onnxruntime on the float model.  One row per model: its MACs and the share on the TPU
+(report.json), the worst difference of its probability-like output and the SNR of every
+output against float, the compile time (wall clock of the process).
+
+Silero VAD's data: a synthetic speech-like stream (voiced syllables: a gliding pitch with
+formant-shaped harmonics under a syllable envelope, pauses of low noise) cut into the
+frames the silero-vad package feeds (512 samples after 64 of context), and the recurrent
+state each frame really has, from running the float model over the stream frame by frame
+(zeros states on noise saturate the LSTM, which is no model's working point).  The
+calibration and the evaluation data are two different streams.
+
+Magika (file-type classifier, int32 bytes): the models are listed but its data and the
+input wrapper are the magika branch's work; without a DATA file for it the row says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+RATE = 16000
+FRAME, CONTEXT = 512, 64
+
+SILERO_FORMS = {   # model file -> compile options it needs beyond the data
+    "silero_vad.onnx": ["--input-value", "sr=16000"],
+    "silero_vad_op18_ifless.onnx": ["--input-value", "sr=16000"],
+    "silero_vad_half.onnx": [],
+    "silero_vad_16k_op15.onnx": [],          # its sr only scales a shape: compiles as it is
+    "silero_vad_openvino_16k.onnx": [],
+    "silero_vad_16k_sequence.onnx": [],
+}
+
+
+def speech_like(seconds: float, seed: int) -> np.ndarray:
+    """A float32 signal at 16 kHz: syllables of a voiced source (harmonics of a pitch that
+    glides between 90 and 260 Hz, weighted by three formant bumps that move per syllable)
+    under a raised-cosine envelope, separated by pauses of quiet noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    total = int(seconds * RATE)
+    n = 0
+    while n < total:
+        if rng.random() < 0.35:                               # a pause
+            length = int(rng.uniform(0.15, 0.6) * RATE)
+            out.append(rng.normal(0, 0.003, length))
+        else:                                                 # a word of 1-4 syllables
+            for _ in range(rng.integers(1, 5)):
+                length = int(rng.uniform(0.12, 0.3) * RATE)
+                t = np.arange(length) / RATE
+                f0 = rng.uniform(90, 260) * (1 + 0.15 * np.sin(2 * np.pi * rng.uniform(1, 4)
+                                                                  * t))
+                phase = 2 * np.pi * np.cumsum(f0) / RATE
+                formants = rng.uniform([300, 900, 2200], [900, 2300, 3200])
+                voice = np.zeros(length)
+                for k in range(1, 40):
+                    freq = k * f0
+                    weight = sum(np.exp(-((freq - f) / 150.0) ** 2) for f in formants) + 0.02
+                    voice += weight * np.sin(k * phase) * (freq < RATE / 2)
+                env = np.sin(np.pi * np.linspace(0, 1, length)) ** 0.7
+                voice = voice / (np.abs(voice).max() + 1e-9) * rng.uniform(0.1, 0.5) * env
+                out.append(voice + rng.normal(0, 0.004, length))
+        n += len(out[-1])
+    return np.concatenate(out)[:total].astype(np.float32)
+
+
+def stream_frames(signal: np.ndarray) -> np.ndarray:
+    """(N, 576): each 512-sample frame after the 64 samples before it (zeros first)."""
+    padded = np.concatenate([np.zeros(CONTEXT, np.float32), signal])
+    count = len(signal) // FRAME
+    return np.stack([padded[i * FRAME:i * FRAME + FRAME + CONTEXT] for i in range(count)])
+
+
+def streamed_states(model_file: Path, frames: np.ndarray) -> np.ndarray:
+    """The (2, 128) state before each frame, running the float model (a form with inputs
+    input, state, sr) over the frames in order: (N, 2, 128)."""
+    import onnxruntime as ort
+    session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    state = np.zeros((2, 1, 128), np.float32)
+    states = []
+    for frame in frames:
+        states.append(state[:, 0])
+        feed = {"input": frame[None], "state": state}
+        if "sr" in names:
+            feed["sr"] = np.array(RATE, np.int64)
+        _, state = session.run(None, feed)
+    return np.stack(states)
+
+
+def silero_data(data_dir: Path, model: str, seed: int, rows: int = 64) -> dict:
+    """Inputs for one Silero form from a speech-like stream (see the module's docstring)."""
+    frames = stream_frames(speech_like(rows * FRAME / RATE + 0.1, seed))[:rows]
+    states = streamed_states(data_dir / "silero_vad_16k_op15.onnx", frames)
+    if model == "silero_vad_16k_sequence.onnx":        # time on axis 0, one stream
+        return {"input": frames, "h": states[0, 0][None, None], "c": states[0, 1][None, None]}
+    data = {"input": frames, "state": np.ascontiguousarray(states.transpose(1, 0, 2))}
+    import onnx
+    if any(v.name == "sr" for v in onnx.load(str(data_dir / model),
+                                             load_external_data=False).graph.input):
+        data["sr"] = np.array(RATE, np.int64)
+    return data
+
+
+def extract(wheels: Path, into: Path) -> list[Path]:
+    found = []
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if name.endswith(".onnx"):
+                    target = into / Path(name).name
+                    target.write_bytes(z.read(name))
+                    found.append(target)
+    return found
+
+
+def snr(ref: np.ndarray, got: np.ndarray) -> float:
+    noise = float(((ref - got) ** 2).sum())
+    return float("inf") if noise == 0 else 10 * np.log10(float((ref ** 2).sum()) / noise)
+
+
+def measure(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
+    import onnxruntime as ort
+    row = {"model": model.name}
+    if model.name not in SILERO_FORMS:
+        row["failure"] = "no data for it here"
+        return row
+    calib = silero_data(model.parent, model.name, seed)
+    evaluation = silero_data(model.parent, model.name, seed + 1)
+    np.savez(work / "calib.npz", **calib)
+    fixed = {"sr"} if "sr=16000" in SILERO_FORMS[model.name] else set()
+    np.savez(work / "eval.npz", **{k: v for k, v in evaluation.items() if k not in fixed})
+    out = work / model.stem
+    cmd = [sys.executable, "-m", "tpuasm", "compile", str(model), "--calibrate",
+           str(work / "calib.npz"), "-o", str(out), "-q", *SILERO_FORMS[model.name], *extra]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    row["compile_s"] = time.perf_counter() - start
+    if done.returncode:
+        row["failure"] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
+        return row
+    report = json.loads((out / "report.json").read_text())
+    row["macs"] = report.get("macs")
+    row["tpu_share"] = report.get("tpu_macs", 0) / max(report.get("macs") or 1, 1)
+    done = subprocess.run([sys.executable, "-m", "tpuasm", "infer", str(out),
+                           str(work / "eval.npz"), "-o", str(work / "y.npz"), "-q"],
+                          capture_output=True, text=True)
+    if done.returncode:
+        row["failure"] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
+        return row
+    got = dict(np.load(work / "y.npz"))
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    if session.get_inputs()[0].shape[0] == 1 and len(evaluation["input"]) > 1:
+        # a fixed batch of 1 (the OpenVINO form): the float model row by row, the state's
+        # rows on its axis 1
+        parts = [session.run(None, {"input": evaluation["input"][i:i + 1],
+                                    "state": evaluation["state"][:, i:i + 1]})
+                 for i in range(len(evaluation["input"]))]
+        ref = {n: np.concatenate([p[k] for p in parts], axis=0 if k == 0 else 1)
+               for k, n in enumerate(names)}
+    else:
+        ref = dict(zip(names, session.run(None, evaluation)))
+    row["snr"] = {k: round(snr(v, got[k].reshape(v.shape)), 1) for k, v in ref.items()}
+    prob = "speech_probs" if "speech_probs" in ref else "output"
+    row["prob_max_diff"] = float(np.abs(ref[prob] - got[prob].reshape(ref[prob].shape)).max())
+    row["prob_range"] = (float(ref[prob].min()), float(ref[prob].max()))
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("wheels", type=Path, help="a directory of downloaded wheels")
+    p.add_argument("--work", type=Path, help="where models and OUTDIRs go (default: temp)")
+    p.add_argument("--only", action="append", default=[], help="a model file name")
+    p.add_argument("--compile-option", action="append", default=[], metavar="ARG",
+                   help="an argument added to every `tpuasm compile` (repeatable), e.g. "
+                        "--compile-option=--keep-float=/stft/Conv")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        models = extract(args.wheels, work)
+        for model in models:
+            if args.only and model.name not in args.only:
+                continue
+            row = measure(model, work, extra=args.compile_option)
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
