@@ -136,32 +136,13 @@ _WEIGHT_READERS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RN
 
 
 def _weights_as_initializers(model: onnx.ModelProto, provenance=None) -> int:
-    """Constant nodes that hold a weight of a matrix or recurrent node (exporters that
-    inline a model write its weights so, and an If's inlined branch brings them along) made
-    initializers: the quantizer and the matcher look for weights there."""
-    g = model.graph
-    weights = {i for n in g.node if n.op_type in _WEIGHT_READERS for i in n.input[1:] if i}
-    outputs = {v.name for v in g.output}
-    keep, made = [], []
-    for node in g.node:
-        value = next((a.t for a in node.attribute if a.name == "value"), None) \
-            if node.op_type == "Constant" and len(node.output) == 1 else None
-        out = node.output[0] if node.output else ""
-        if value is None or out not in weights or out in outputs:
-            keep.append(node)
-            continue
-        tensor = onnx.TensorProto()
-        tensor.CopyFrom(value)
-        tensor.name = out
-        made.append(tensor)
-        if provenance is not None:
-            provenance.fold(node.name, f"a Constant holding a weight: made the "
-                                       f"initializer {out}")
-    if made:
-        del g.node[:]
-        g.node.extend(keep)
-        g.initializer.extend(made)
-    return len(made)
+    """Constant nodes that hold a weight of a matrix or recurrent node made initializers
+    (an If's inlined branch brings its weights so): the quantizer and the matcher look for
+    weights there, and folding must not treat them as shape constants."""
+    from tpuasm.compiler.front.prepare import constants_to_initializers
+    weights = {i for n in model.graph.node if n.op_type in _WEIGHT_READERS
+               for i in n.input[1:] if i}
+    return constants_to_initializers(model, provenance, only=weights)
 
 
 def _has_if(model: onnx.ModelProto) -> bool:

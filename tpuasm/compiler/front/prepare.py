@@ -153,21 +153,26 @@ def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
     return out
 
 
-def constants_to_initializers(model: onnx.ModelProto, prov: Provenance) -> int:
-    """Constant nodes as initializers.  Some exporters (paddle2onnx, older PyTorch) give every
-    weight as a Constant node; the quantizer and the rewrites here only take an initializer
-    as a weight, so such a model would otherwise stay float on the host.  Returns how many."""
+def constants_to_initializers(model: onnx.ModelProto, prov: Provenance | None,
+                              only: set | None = None) -> int:
+    """Constant nodes (those whose output is in `only`, when given) as initializers.  Some
+    exporters (paddle2onnx, older PyTorch) give every weight as a Constant node; the quantizer
+    and the rewrites here only take an initializer as a weight, so such a model would
+    otherwise stay float on the host.  Returns how many."""
     g = model.graph
     outputs = {v.name for v in g.output}
     keep, made = [], []
     for node in g.node:
-        value = _constant_value(node) if node.output[0] not in outputs else None
+        out = node.output[0] if node.output else ""
+        value = _constant_value(node) if out not in outputs and \
+            (only is None or out in only) else None
         if value is None:
             keep.append(node)
             continue
-        made.append(numpy_helper.from_array(value, node.output[0]))
-        prov.fold(node.name, "a Constant: its value is an initializer (a weight) of the "
-                             "nodes that read it")
+        made.append(numpy_helper.from_array(value, out))
+        if prov is not None:
+            prov.fold(node.name, "a Constant: its value is an initializer (a weight) of the "
+                                 "nodes that read it")
     if made:
         del g.node[:]
         g.node.extend(keep)
