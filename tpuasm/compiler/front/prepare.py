@@ -7,6 +7,8 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
 - LSTM and GRU nodes unrolled over their static sequence into per-step Gemms (constant
   weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub);
+- a GELU written out in primitives (x^3, Tanh, ...) as one com.microsoft FastGelu / Gelu
+  node (gelu.py): quantized at its input and output only, one lookup table on the TPU;
 - scikit-learn's linear models as skl2onnx writes them (ai.onnx.ml LinearClassifier and
   LinearRegressor): a Gemm, its post-transform, and an ArgMax over the class labels.
 
@@ -42,6 +44,8 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None) -> Pre
     rewrite_linear_models(model, prov, reasons)
     unroll_recurrent(model, prov, reasons)
     fold_batch_norms(model, prov)
+    from tpuasm.compiler.front.gelu import fuse_gelu_chains
+    fuse_gelu_chains(model, prov)        # a GELU in primitives: one node, one lookup table
     fuse_matmul_bias(model, prov)
     drop_unused_initializers(model)
     return Prepared(model, prov, reasons)

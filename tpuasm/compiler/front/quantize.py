@@ -27,6 +27,9 @@ MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
 # that keep a TPU value on the TPU when they read one: pooling, layout
 _POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
 _LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze"}
+# reductions that sum their input: a normalization's statistics (mean, E[x^2], norms)
+_SUM_REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+                   "ReduceLogSum", "ReduceLogSumExp"}
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     Add), of one shape or one per channel or one channel of the other; or of one such
     activation and a finite constant, a scalar or one value per channel.  Never a MatMul of
     two activations, a Gather, OneHot, Softmax, the parts of a LayerNorm (made by host
-    nodes): quantizing those costs the host parts their float accuracy and gains the TPU
-    nothing.
+    nodes), nor an Add/Sub/Mul whose output a sum or mean reduction reads (_feeds_sum):
+    quantizing those costs the host parts their float accuracy and gains the TPU nothing.
 
     `options.keep_float` names nodes or operator types of the prepared model or, through
     `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
@@ -109,6 +112,10 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     chosen: set[str] = set()
     graph_inputs = {v.name for v in g.input if v.name not in inits}
     shapes = _known_shapes(model)
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
     names = []
     for node in g.node:
         if options.keeps(node.name, node.op_type, provenance) or \
@@ -126,11 +133,31 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
         elif op == "Add" and node.name in bias_adds:      # its MatMul is chosen
             take = any(i in producer and producer[i].name in chosen for i in node.input)
         elif op in ("Add", "Sub", "Mul"):
-            take = _vector_operands(node, producer, chosen, graph_inputs, shapes, inits)
+            take = _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) \
+                and not _feeds_sum(node.output[0], consumers)
         if take:
             chosen.add(node.name)
             names.append(node.name)
     return names
+
+
+def _feeds_sum(tensor: str, consumers: dict) -> bool:
+    """Does a sum or mean reduction read `tensor` (through layout nodes)?  Such a value is
+    a normalization's statistic: a LayerNorm's E[x^2] in var = E[x^2] - E[x]^2, where the
+    subtraction cancels and 1/sqrt(var + eps) then multiplies the 8-bit error.  Quantized on
+    VMUL it cost Magika 10 points of top-1 agreement (issue 20); on the host it is float."""
+    todo, seen = [tensor], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in consumers.get(name, ()):
+            if node.op_type in _SUM_REDUCTIONS:
+                return True
+            if node.op_type in _SELECT_OPS:
+                todo.extend(o for o in node.output if o)
+    return False
 
 
 def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> bool:
