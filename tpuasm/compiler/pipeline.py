@@ -119,10 +119,16 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data"))
         prepared = prepare(float_model, provenance)
-        quantize(prepared.model, samples, input_signature(float_model), reference, options,
-                 path, provenance, batch_axes=axes)
+        from tpuasm.compiler.front.calibsearch import quantize_checked
+        from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS, spread_subset
+        check = spread_subset(float_check[1], axes, CALIBRATION_CHECK_ROWS
+                              if validate is None else None)
+        _, options, chosen = quantize_checked(
+            prepared.model, samples, input_signature(float_model), reference, options, path,
+            provenance, axes, original, check, min_agreement, min_snr)
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
-                  f"{options.describe()}) from {count} calibration samples")
+                  f"{options.describe()}) from {count} calibration samples"
+                  + (f"; {chosen}" if chosen else ""))
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)

@@ -35,18 +35,24 @@ _SUM_REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "Re
 @dataclass(frozen=True)
 class QuantOptions:
     """How a float model is quantized (the CLI's --per-tensor, --symmetric-activations,
-    --calibration-method, --percentile, --keep-float)."""
+    --calibration-method, --percentile, --keep-float).  The method "auto" (the default) is
+    min-max, and the others when min-max's answers fall below the check's bars
+    (calibsearch.py): `search_calibration` then says so."""
     per_channel: bool = True
     symmetric_activations: bool = False
-    calibration_method: str = "minmax"
+    calibration_method: str = "auto"
     percentile: float = 99.999
     keep_float: tuple[str, ...] = field(default_factory=tuple)
+    search_calibration: bool = False
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
+        if method == "auto":
+            method = "minmax"
+            object.__setattr__(self, "search_calibration", True)
         if method not in CALIBRATION_METHODS:
             raise CompileError(f"calibration method {self.calibration_method!r}: expected one "
-                               f"of {', '.join(CALIBRATION_METHODS)}")
+                               f"of auto, {', '.join(CALIBRATION_METHODS)}")
         object.__setattr__(self, "calibration_method", method)
         try:
             p = float(self.percentile)
