@@ -124,10 +124,11 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
             consumers.setdefault(i, []).append(n)
     names = []
     for node in g.node:
-        if options.keeps(node.name, node.op_type, provenance) or \
-                node.domain not in ("", "ai.onnx"):
-            continue
         op = node.op_type
+        if options.keeps(node.name, op, provenance) or (
+                node.domain not in ("", "ai.onnx") and not (
+                    node.domain == "com.microsoft" and op in LOOKUP_OPS)):
+            continue          # a contrib GELU (gelu.py's fusion) is a lookup table
         src = producer.get(node.input[0]) if node.input and node.input[0] else None
         from_tpu = src is not None and src.name in chosen
         take = False
@@ -334,8 +335,9 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                 tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
             warnings.simplefilter("ignore", RuntimeWarning)
             cache = None           # quantize_static's own calibration unless entropy (below)
-            if options.calibration_method == "entropy":
-                cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))
+            flat = flat_below(model, set(nodes))
+            if options.calibration_method == "entropy" or flat:
+                cache = _calibrated_ranges(model, op_types, Reader(), Path(tmp), options, flat)
             quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=options.per_channel,
                             activation_type=QuantType.QInt8 if options.symmetric_activations
@@ -355,20 +357,63 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     return nodes
 
 
-def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:
-    """Entropy calibration with a histogram of 512 bins, written as onnxruntime's
-    calibration cache: quantize_static's own entropy calibrator has 128 bins for 128
-    quantized levels, one candidate range, the same as min-max."""
-    from onnxruntime.quantization.calibrate import (CalibrationMethod, create_calibrator,
-                                                    save_tensors_data)
+# GELU(x) for x below this is within 1.3e-4 of 0: less than half the step of any 8-bit
+# GELU output (its range holds at least [-0.17, 0], a step >= 6.7e-4), so a lookup table
+# whose input range starts here gives every such x the output its true value would
+_GELU_FLAT_BELOW = -4.0
+_FLAT_BELOW = {"FastGelu": _GELU_FLAT_BELOW, "Gelu": _GELU_FLAT_BELOW}
+
+
+def flat_below(model: onnx.ModelProto, quantized: set) -> dict[str, float]:
+    """Tensor -> the value below which what reads it is flat: the input of a quantized GELU
+    that nothing else reads.  A Conv's output before its GELU spans [-187, 174] in Magika;
+    everything below -4 maps to GELU's 0, so its range starts at -4 and the 8-bit step of
+    the Conv's output halves (issue 20)."""
+    readers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {v.name for v in model.graph.output}
+    found = {}
+    for n in model.graph.node:
+        bound = _FLAT_BELOW.get(n.op_type)
+        if bound is None or n.name not in quantized or not n.input or n.input[0] in outputs:
+            continue
+        if all(r.op_type in _FLAT_BELOW and r.name in quantized
+               for r in readers.get(n.input[0], [])):
+            found[n.input[0]] = bound
+    return found
+
+
+def _calibrated_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path,
+                       options: QuantOptions, flat: dict) -> Path:
+    """The activation ranges by options' method, written as onnxruntime's calibration cache
+    for quantize_static, with each tensor of `flat` (flat_below) starting no lower than
+    where its reader is flat.  Entropy calibration with a histogram of 512 bins:
+    quantize_static's own entropy calibrator has 128 bins for 128 quantized levels, one
+    candidate range, the same as min-max.  Min-max and percentile with quantize_static's
+    own settings."""
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, TensorData,
+                                                    create_calibrator, save_tensors_data)
     source = tmp / "model.onnx"
     onnx.save(model, str(source))
+    method, extra = {
+        "minmax": (CalibrationMethod.MinMax, {}),
+        "percentile": (CalibrationMethod.Percentile, {"percentile": options.percentile}),
+        "entropy": (CalibrationMethod.Entropy, {"num_bins": 512, "num_quantized_bins": 128}),
+    }[options.calibration_method]
     calibrator = create_calibrator(source, op_types, augmented_model_path=str(
-        tmp / "augmented.onnx"), calibrate_method=CalibrationMethod.Entropy,
-        extra_options={"num_bins": 512, "num_quantized_bins": 128})
+        tmp / "augmented.onnx"), calibrate_method=method, extra_options=extra)
     calibrator.collect_data(reader)
+    ranges = calibrator.compute_data()
+    for name, bound in flat.items():
+        if name in ranges:
+            lo, hi = ranges[name].range_value
+            lo = np.asarray(lo)
+            ranges[name] = TensorData(lowest=np.maximum(lo, bound).astype(lo.dtype),
+                                      highest=np.asarray(hi))
     cache = tmp / "ranges.json"
-    save_tensors_data(calibrator.compute_data(), cache)
+    save_tensors_data(ranges, cache)
     return cache
 
 
