@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -232,7 +233,11 @@ def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provena
     for node in graph.nodes:
         if node.name in lowered.host_reasons and \
                 options.keeps(node.name, node.op_type, provenance):
-            lowered.host_reasons[node.name] = "kept in float (--keep-float)"
+            user = replace(options, checked_float=()).keeps(node.name, node.op_type,
+                                                            provenance)
+            lowered.host_reasons[node.name] = "kept in float (--keep-float)" if user else (
+                "kept in float by the check against the float model: its 8-bit output cost "
+                "top-1 agreement (the report's Quantization line)")
 
 
 def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source,

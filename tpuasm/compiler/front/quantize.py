@@ -44,6 +44,8 @@ class QuantOptions:
     percentile: float = 99.999
     keep_float: tuple[str, ...] = field(default_factory=tuple)
     search_calibration: bool = False
+    # nodes the check moved to float (calibsearch.py), apart from the user's keep_float
+    checked_float: tuple[str, ...] = ()
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
@@ -72,11 +74,12 @@ class QuantOptions:
     def keeps(self, name: str, op_type: str, provenance=None) -> bool:
         """Is the node `name` kept in float: by its name or operator type, or by those of
         the user's node it came from (`provenance`)?"""
-        if not self.keep_float:
+        if not self.keep_float and not self.checked_float:
             return False
         source = provenance.source(name) if provenance is not None else None
         source_op = dict(provenance.nodes).get(source) if source is not None else None
-        return bool({name, op_type, source, source_op} & set(self.keep_float))
+        return bool({name, op_type, source, source_op} &
+                    (set(self.keep_float) | set(self.checked_float)))
 
     def describe(self) -> str:
         """The report's words for these options."""
@@ -88,6 +91,8 @@ class QuantOptions:
         text = f"int8 weights {weights}, {acts}, {method} calibration"
         if self.keep_float:
             text += f", kept in float: {', '.join(self.keep_float)}"
+        if self.checked_float:
+            text += f", kept in float by the check: {', '.join(self.checked_float)}"
         return text
 
 
