@@ -124,6 +124,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS, spread_subset
         check = spread_subset(float_check[1], axes, CALIBRATION_CHECK_ROWS
                               if validate is None else None)
+        if validate is False:          # no check asked for: the options as given
+            options = replace(options, search_calibration=False)
         _, options, chosen = quantize_checked(
             prepared.model, samples, input_signature(float_model), reference, options, path,
             provenance, axes, original, check, min_agreement, min_snr)
