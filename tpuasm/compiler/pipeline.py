@@ -120,7 +120,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data"))
         prepared = prepare(float_model, provenance)
-        from tpuasm.compiler.front.calibsearch import quantize_checked
+        from tpuasm.compiler.runtime.calibsearch import quantize_checked
         from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS, spread_subset
         check = spread_subset(float_check[1], axes, CALIBRATION_CHECK_ROWS
                               if validate is None else None)

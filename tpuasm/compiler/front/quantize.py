@@ -37,14 +37,14 @@ class QuantOptions:
     """How a float model is quantized (the CLI's --per-tensor, --symmetric-activations,
     --calibration-method, --percentile, --keep-float).  The method "auto" (the default) is
     min-max, and the others when min-max's answers fall below the check's bars
-    (calibsearch.py): `search_calibration` then says so."""
+    (runtime/calibsearch.py): `search_calibration` then says so."""
     per_channel: bool = True
     symmetric_activations: bool = False
     calibration_method: str = "auto"
     percentile: float = 99.999
     keep_float: tuple[str, ...] = field(default_factory=tuple)
     search_calibration: bool = False
-    # nodes the check moved to float (calibsearch.py), apart from the user's keep_float
+    # nodes the check moved to float (runtime/calibsearch.py), apart from the user's keep_float
     checked_float: tuple[str, ...] = ()
 
     def __post_init__(self):
