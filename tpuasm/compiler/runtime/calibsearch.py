@@ -67,12 +67,13 @@ def score(qdq, float_model, data: dict, batch_first: bool) -> Score | None:
 
 def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
                      options: QuantOptions, path, provenance, batch_axes, float_model,
-                     check: dict, min_agreement: float, min_snr: float):
-    """quantize() with `options`; when `options.search_calibration` and the QDQ model falls
-    below the bars on `check` ({input: rows}), the best of every method.  Returns (quantized
-    nodes, the options used, a sentence for the report or None)."""
-    nodes = quantize(model, samples, signature, out_path, options, path, provenance,
-                     batch_axes=batch_axes)
+                     check: dict, min_agreement: float, min_snr: float, **more):
+    """quantize() with `options` (and `more` of its keyword arguments); when
+    `options.search_calibration` and the QDQ model falls below the bars on `check` ({input:
+    rows}), the best of every method.  Returns (quantized nodes, the options used, a
+    sentence for the report or None)."""
+    more = dict(more, batch_axes=batch_axes)
+    nodes = quantize(model, samples, signature, out_path, options, path, provenance, **more)
     if not options.search_calibration or not nodes:
         return nodes, options, None
     batch_first = all(a == 0 for a in (batch_axes or {}).values())
@@ -86,7 +87,7 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
         candidate = Path(out_path).with_suffix(f".{method}.onnx")
         try:
             found = quantize(model, samples, signature, candidate, other, path, provenance,
-                             batch_axes=batch_axes)
+                             **more)
         except Exception:               # noqa: BLE001 - a method that fails is not chosen
             continue
         s = score(candidate, float_model, check, batch_first)
@@ -104,7 +105,7 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     if best_score.below(min_agreement, min_snr):
         best, best_score, best_nodes, moved = _float_the_sensitive(
             model, samples, signature, out_path, best, best_score, best_nodes, path,
-            provenance, batch_axes, float_model, check, batch_first, min_agreement, min_snr)
+            provenance, more, float_model, check, batch_first, min_agreement, min_snr)
         if moved:
             note += "; " + moved
     return best_nodes, best, note
@@ -114,7 +115,7 @@ _MAX_FLOATED = 3          # element-wise nodes the check may move to the host, o
 
 
 def _float_the_sensitive(model, samples, signature, out_path, options, current, nodes, path,
-                         provenance, batch_axes, float_model, check, batch_first,
+                         provenance, more: dict, float_model, check, batch_first,
                          min_agreement, min_snr):
     """Still below the bars: the element-wise nodes on the TPU (lookup tables, VADD/VMUL;
     never a matrix op) ranked by what keeping each one's output in float gives (its
@@ -143,7 +144,7 @@ def _float_the_sensitive(model, samples, signature, out_path, options, current, 
         candidate = Path(out_path).with_suffix(".float.onnx")
         try:
             found = quantize(model, samples, signature, candidate, other, path, provenance,
-                             batch_axes=batch_axes)
+                             **more)
         except Exception:               # noqa: BLE001 - as it was
             break
         s = score(candidate, float_model, check, batch_first)
