@@ -838,7 +838,11 @@ def test_float_gate_one_minus_z_is_quantized_and_mapped(tmp_path):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     x = rng.normal(0, 1, (64, k)).astype(np.float32)
-    model = compiled(tmp_path, m, batch=8, config=["array_size=16"], calibration=x)
+    # min-max as asked for: the check's automatic choices (calibsearch.py) would move the
+    # Tanh to float, this random blend's top-1 figure being below 99 %
+    from tpuasm.compiler.front.quantize import QuantOptions
+    model = compiled(tmp_path, m, batch=8, config=["array_size=16"], calibration=x,
+                     quantization=QuantOptions(calibration_method="minmax"))
     placed = rows(model)
     for name in ("z_mm", "z", "n_mm", "n", "one_minus_z", "keep_n", "z_n", "blend"):
         assert placed[name].where == "TPU", (name, placed[name].note)

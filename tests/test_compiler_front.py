@@ -43,12 +43,12 @@ def assert_matches_onnxruntime(compiled, x: np.ndarray, name="y"):
     return same
 
 
-def compile_float(tmp_path, layers, input_shape, batch, seed=0, rows=40, config=None):
+def compile_float(tmp_path, layers, input_shape, batch, seed=0, rows=40, config=None, **kw):
     m = float_models.build(layers, input_shape, seed=seed)
     path = float_models.save(m, tmp_path / "model.onnx")
     rng = np.random.default_rng(seed + 1)
     calibration = rng.normal(0, 1, (rows,) + tuple(input_shape)).astype(np.float32)
-    return compile_model(path, batch=batch, calibration=calibration, config=config)
+    return compile_model(path, batch=batch, calibration=calibration, config=config, **kw)
 
 
 def placement(compiled, node):
@@ -139,21 +139,25 @@ def test_cnn_with_host_softmax(tmp_path):
 
 
 def test_host_part_between_two_segments(tmp_path):
-    """A Div by a constant has no TPU mapping: it splits the network in two segments (an
-    Add of a per-channel constant is a VADD.B: one segment)."""
-    layers = [("gemm", 30), ("relu",), ("div_const",), ("gemm", 20), ("tanh",), ("gemm", 5)]
+    """A Softmax has no TPU mapping: it splits the network in two segments.  A Div by a
+    constant is a Mul by its reciprocal on VMUL (prepare.divisions_as_products) and an Add of
+    a per-channel constant a VADD.B: one segment."""
+    layers = [("gemm", 30), ("relu",), ("softmax",), ("gemm", 20), ("tanh",), ("gemm", 5)]
     compiled = compile_float(tmp_path, layers, (25,), batch=6)
-    assert placement(compiled, "div_const2") == "host"
+    assert placement(compiled, "softmax2") == "host"
     kinds = [type(s).__name__ for s in compiled.steps]
     assert kinds.count("TpuStep") == 2
     assert_matches_onnxruntime(compiled, inputs_for(compiled, 20))
-    reason = next(r.note for r in compiled.report.rows if r.node == "div_const2")
-    assert "Div" in reason
-    layers[2] = ("add_const",)
-    compiled = compile_float(tmp_path, layers, (25,), batch=6)
-    assert placement(compiled, "add_const2") == "TPU"
-    assert len(compiled.segments) == 1
-    assert_matches_onnxruntime(compiled, inputs_for(compiled, 20))
+    reason = next(r.note for r in compiled.report.rows if r.node == "softmax2")
+    assert "Softmax" in reason
+    for kind in ("div_const", "add_const"):
+        layers[2] = (kind,)
+        # no check: on this random network's top-1 figure (below 99 %) the check's own
+        # choices (runtime/calibsearch.py) would keep the node in float
+        compiled = compile_float(tmp_path, layers, (25,), batch=6, validate=False)
+        assert placement(compiled, f"{kind}2") == "TPU", kind
+        assert len(compiled.segments) == 1
+        assert_matches_onnxruntime(compiled, inputs_for(compiled, 20))
 
 
 def test_mlp_batches_and_padding(tmp_path):

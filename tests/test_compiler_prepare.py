@@ -306,3 +306,50 @@ def test_a_one_row_binary_linear_classifier_stays_with_its_reason():
     prepared = prepare(model)
     assert [n.op_type for n in prepared.model.graph.node] == ["LinearClassifier"]
     assert "binary classifier (one coefficient row)" in prepared.reasons["lin"]
+
+
+# --- Div by a constant ------------------------------------------------------------------
+
+def test_a_division_by_a_constant_becomes_a_product_on_vmul_and_others_stay(tmp_path):
+    """x * relu6(x + 3) / 6 (a HardSwish written out) and a per-channel Div: Mul by the
+    reciprocal, the answers kept; a Div by an activation, by a constant holding a zero, or
+    of a constant stays a Div."""
+    from tpuasm.compiler import compile as tpu_compile
+    from tpuasm.compiler.front.prepare import divisions_as_products
+    rng = np.random.default_rng(5)
+    inits = [_init("w", rng.normal(0, 0.5, (8, 4, 3, 3))), _init("three", 3.0),
+             _init("six", 6.0), _init("zero", 0.0), _init("per_c", rng.uniform(1, 4, (1, 8, 1, 1))),
+             _init("with_zero", [1.0, 0.0]), _init("k", [[2.0]])]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "three"], ["c3"], name="add3"),
+             helper.make_node("Clip", ["c3", "zero", "six"], ["r6"], name="relu6"),
+             helper.make_node("Mul", ["c", "r6"], ["p"], name="mul"),
+             helper.make_node("Div", ["p", "six"], ["hs"], name="div6"),
+             helper.make_node("Div", ["hs", "per_c"], ["y"], name="div_c"),
+             helper.make_node("Div", ["y", "hs"], ["q"], name="div_act"),
+             helper.make_node("Div", ["k", "x2"], ["kq"], name="div_of_const"),
+             helper.make_node("Div", ["x2", "with_zero"], ["z"], name="div_zero")]
+    model = _model(nodes, [_f("x", [4, 4, 6, 6]), _f("x2", [4, 2])],
+                   [_f("y", [4, 8, 6, 6]), _f("q", [4, 8, 6, 6]), _f("kq", [4, 2]),
+                    _f("z", [4, 2])], inits)
+    x = rng.normal(0, 1, (4, 4, 6, 6)).astype(np.float32)
+    x2 = rng.uniform(0.5, 2, (4, 2)).astype(np.float32)
+    want = _run(model, {"x": x, "x2": x2})
+    rewritten = _copy(model)
+    assert divisions_as_products(rewritten, Provenance.of(rewritten)) == 2
+    ops = {n.name: n.op_type for n in rewritten.graph.node}
+    assert (ops["div6"], ops["div_c"]) == ("Mul", "Mul")
+    assert (ops["div_act"], ops["div_of_const"], ops["div_zero"]) == ("Div",) * 3
+    for got, ref in zip(_run(rewritten, {"x": x, "x2": x2}), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    # compiled: the two products run on VMUL, the compiled model equals its QDQ model
+    single = _model(nodes[:6], [_f("x", [4, 4, 6, 6])], [_f("y", [4, 8, 6, 6])], inits[:5])
+    path = tmp_path / "hardswish.onnx"
+    onnx.save(single, str(path))
+    compiled = tpu_compile(path, batch=4, calibration=x, validate=False)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["div6"].where == "TPU" and rows["div_c"].where == "TPU", (
+        rows["div6"].reason, rows["div_c"].reason)
+    got = compiled.run(x)["y"]
+    (ref,) = _run(onnx.load(str(compiled.reference_model)), {"x": x})
+    np.testing.assert_array_equal(got, ref)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (the API's name)
-            per_channel=True, symmetric_activations=False, calibration_method="minmax",
+            per_channel=True, symmetric_activations=False, calibration_method="auto",
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
             min_snr=20.0, batch_axes=None, input_values=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
@@ -17,7 +17,8 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
 
     For a float model: `per_channel` (int8 weights per output channel, else per tensor),
     `symmetric_activations` (int8 activations with zero point 0, else uint8),
-    `calibration_method` ("minmax", "entropy", "percentile" with `percentile`),
+    `calibration_method` ("auto": minmax, or the method that keeps the answers when minmax
+    falls below `min_agreement`; "minmax", "entropy", "percentile" with `percentile`),
     `keep_float` (node names or operator types left in float on the host).  The compiled
     model is checked against the float one on the calibration data, or on `validate` (data,
     or False for no check): `model.report.validation`, whose `warnings` name each output
@@ -26,7 +27,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     {input: value}: inputs fixed to a value when compiling (an If on them folded)."""
     from tpuasm.compiler.pipeline import compile_model
     quantization = None
-    custom = (not per_channel or symmetric_activations or calibration_method != "minmax"
+    custom = (not per_channel or symmetric_activations or calibration_method != "auto"
               or percentile != 99.999 or keep_float)
     if calibration is not None or custom:
         from tpuasm.compiler.front.quantize import QuantOptions

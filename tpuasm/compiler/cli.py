@@ -44,8 +44,10 @@ def _parser_compile() -> argparse.ArgumentParser:
                    help="one weight scale per tensor (default: per output channel)")
     q.add_argument("--symmetric-activations", action="store_true",
                    help="int8 activations with zero point 0 (default: uint8, asymmetric)")
-    q.add_argument("--calibration-method", choices=("minmax", "entropy", "percentile"),
-                   default="minmax", help="how activation ranges are chosen (default minmax)")
+    q.add_argument("--calibration-method", choices=("auto", "minmax", "entropy", "percentile"),
+                   default="auto", help="how activation ranges are chosen (default auto: "
+                                        "minmax, or the method that keeps the float model's "
+                                        "answers when minmax falls below --min-agreement)")
     q.add_argument("--percentile", type=float, default=None, metavar="P",
                    help="the share of values the range covers with --calibration-method "
                         "percentile, in [50, 100] (default 99.999)")
@@ -72,7 +74,7 @@ def _quantization(args):
     if args.percentile is not None and args.calibration_method != "percentile":
         raise CompileError("--percentile applies with --calibration-method percentile")
     custom = (args.per_tensor or args.symmetric_activations or args.percentile is not None
-              or args.calibration_method != "minmax" or args.keep_float)
+              or args.calibration_method != "auto" or args.keep_float)
     if args.calibrate is None and not custom:
         return None
     return QuantOptions(not args.per_tensor, args.symmetric_activations,

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -131,25 +132,34 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data", fixed_values))
         prepared = prepare(float_model, provenance, room(machine))
-        said = options.describe()          # the user's options (not the rewrites' nodes)
+        notes = ""                     # what the rewrites keep in float (not the user's)
         cells = len(prepared.keep_float)
         if cells:
-            said += f"; {cells} nodes of long LSTM cells kept in float"
+            notes += f"; {cells} nodes of long LSTM cells kept in float"
         if not any(a is not None for a in axes.values()):
             from tpuasm.compiler.front.batch import whole_model_host_nodes
             host = whole_model_host_nodes(prepared.model)
             prepared.keep_float.update(host)
             if host:
-                said += f"; {len(host)} matrix nodes of several rows in a model run whole " \
-                        f"kept in float"
+                notes += f"; {len(host)} matrix nodes of several rows in a model run whole " \
+                         f"kept in float"
+        users_float = options.keep_float
         if prepared.keep_float:         # the rewrites' own float nodes join --keep-float's
-            from dataclasses import replace
             options = replace(options, keep_float=(*options.keep_float,
                                                    *prepared.keep_float))
-        quantize(prepared.model, samples, input_signature(float_model), reference, options,
-                 path, provenance, batch_axes=axes, tied=prepared.tied)
+        from tpuasm.compiler.runtime.calibsearch import quantize_checked
+        from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS, spread_subset
+        check = spread_subset(float_check[1], axes, CALIBRATION_CHECK_ROWS
+                              if validate is None else None)
+        if validate is False:          # no check asked for: the options as given
+            options = replace(options, search_calibration=False)
+        _, options, chosen = quantize_checked(
+            prepared.model, samples, input_signature(float_model), reference, options, path,
+            provenance, axes, original, check, min_agreement, min_snr, tied=prepared.tied)
+        said = replace(options, keep_float=users_float).describe() + notes
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
-                  f"{said}) from {count} calibration samples")
+                  f"{said}) from {count} calibration samples"
+                  + (f"; {chosen}" if chosen else ""))
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -274,7 +284,11 @@ def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provena
             lowered.host_reasons[node.name] = prepared.keep_float[node.name]
         elif node.name in lowered.host_reasons and \
                 options.keeps(node.name, node.op_type, provenance):
-            lowered.host_reasons[node.name] = "kept in float (--keep-float)"
+            user = replace(options, checked_float=()).keeps(node.name, node.op_type,
+                                                            provenance)
+            lowered.host_reasons[node.name] = "kept in float (--keep-float)" if user else (
+                "kept in float by the check against the float model: its 8-bit output cost "
+                "top-1 agreement (the report's Quantization line)")
 
 
 def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, source,

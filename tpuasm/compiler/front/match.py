@@ -29,7 +29,7 @@ from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Op
 LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 LOOKUP_OPS = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
               "Elu", "Selu", "Softplus", "Softsign", "Exp", "Log", "Neg", "Abs", "Erf",
-              "Gelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu", "Celu"}
+              "Gelu", "FastGelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu", "Celu"}
 QLINEAR_LOOKUP_OPS = {"QLinearSigmoid", "QLinearLeakyRelu"}
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 

@@ -13,6 +13,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 _MAX_ELEMENTS = 1 << 22        # zero inputs of at most this many elements (16 MB of float32)
+# contrib operators of one input whose output has the input's type and shape (element-wise):
+# known without running them (a GELU over a big activation exceeds _MAX_ELEMENTS)
+_SAME_AS_INPUT = {"FastGelu", "Gelu", "QuickGelu"}
 
 
 def _elem(dtype) -> int:
@@ -35,6 +38,9 @@ def run_alone(node: onnx.NodeProto, model: onnx.ModelProto, base_dir: Path, shap
     """{output: (shape, dtype)} of `node` run by onnxruntime on zeros; {} when it cannot."""
     from tpuasm.compiler.front.graph import tensor_array
     from tpuasm.compiler.ort import session
+    if node.domain == "com.microsoft" and node.op_type in _SAME_AS_INPUT and \
+            len(node.input) == 1 and len(node.output) == 1:
+        return {node.output[0]: (tuple(shapes[node.input[0]]), np.dtype(dtypes[node.input[0]]))}
     inits = {t.name: t for t in model.graph.initializer}
     feeds, inputs, consts = {}, [], []
     for name in dict.fromkeys(i for i in node.input if i):

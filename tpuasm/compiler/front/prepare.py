@@ -9,6 +9,10 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
 - LSTM and GRU nodes unrolled over their static sequence into per-step Gemms (constant
   weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub);
+- a GELU written out in primitives (x^3, Tanh, ...) as one com.microsoft FastGelu / Gelu
+  node (gelu.py): quantized at its input and output only, one lookup table on the TPU;
+- a Div by a float constant as a Mul by its reciprocal (VMUL takes it; the product differs
+  from the quotient by at most one float32 rounding);
 - scikit-learn's linear models as skl2onnx writes them (ai.onnx.ml LinearClassifier and
   LinearRegressor): a Gemm, its post-transform, and an ArgMax over the class labels.
 
@@ -61,6 +65,9 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     unroll_recurrent(model, prov, reasons, tied, keep_float)
     fold_batch_norms(model, prov)
     fold_constant_affines(model, prov)
+    from tpuasm.compiler.front.gelu import fuse_gelu_chains
+    fuse_gelu_chains(model, prov)        # a GELU in primitives: one node, one lookup table
+    divisions_as_products(model, prov)
     fuse_matmul_bias(model, prov)
     if room is not None:
         from tpuasm.compiler.front.banding import band_convolutions
@@ -453,6 +460,36 @@ def fuse_matmul_bias(model: onnx.ModelProto, prov: Provenance) -> int:
         prov.fold(add.name, f"folded into Gemm '{gemm.name}'")
         fused += 1
     return fused
+
+
+# --- Div by a constant --------------------------------------------------------------------
+
+def divisions_as_products(model: onnx.ModelProto, prov: Provenance) -> int:
+    """Div(x, c) with c a float constant, finite and non-zero everywhere, and x not a
+    constant -> Mul(x, 1 / c) (node name kept): the TPU's VMUL takes a product with a scalar
+    or per-channel constant, not a quotient (issue 20, item 3: a HardSwish written as
+    x * relu6(x + 3) / 6, a mean as a sum / n).  Returns how many."""
+    idx = _Index(model)
+    done = 0
+    for node in model.graph.node:
+        if node.op_type != "Div" or node.domain not in ("", "ai.onnx") or \
+                len(node.input) != 2 or idx.const(node.input[0]) is not None:
+            continue
+        c = idx.const(node.input[1])
+        if c is None or c.dtype not in (np.float32, np.float64) or \
+                not np.all(np.isfinite(c)) or np.any(c == 0):
+            continue
+        inverse = (1.0 / c.astype(np.float64)).astype(c.dtype)
+        if not np.all(np.isfinite(inverse)):
+            continue
+        name = idx.add_init(inverse, f"{node.input[1]}_reciprocal")
+        node.op_type = "Mul"
+        node.input[1] = name
+        prov.derive(node.name, node.name)
+        done += 1
+    if done:
+        drop_unused_initializers(model)
+    return done
 
 
 # --- scikit-learn's linear models ---------------------------------------------------------

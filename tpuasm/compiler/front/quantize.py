@@ -27,23 +27,34 @@ MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
 # that keep a TPU value on the TPU when they read one: pooling, layout
 _POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
 _LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze"}
+# reductions that sum their input: a normalization's statistics (mean, E[x^2], norms)
+_SUM_REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+                   "ReduceLogSum", "ReduceLogSumExp"}
 
 
 @dataclass(frozen=True)
 class QuantOptions:
     """How a float model is quantized (the CLI's --per-tensor, --symmetric-activations,
-    --calibration-method, --percentile, --keep-float)."""
+    --calibration-method, --percentile, --keep-float).  The method "auto" (the default) is
+    min-max, and the others when min-max's answers fall below the check's bars
+    (runtime/calibsearch.py): `search_calibration` then says so."""
     per_channel: bool = True
     symmetric_activations: bool = False
-    calibration_method: str = "minmax"
+    calibration_method: str = "auto"
     percentile: float = 99.999
     keep_float: tuple[str, ...] = field(default_factory=tuple)
+    search_calibration: bool = False
+    # nodes the check moved to float (runtime/calibsearch.py), apart from the user's keep_float
+    checked_float: tuple[str, ...] = ()
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
+        if method == "auto":
+            method = "minmax"
+            object.__setattr__(self, "search_calibration", True)
         if method not in CALIBRATION_METHODS:
             raise CompileError(f"calibration method {self.calibration_method!r}: expected one "
-                               f"of {', '.join(CALIBRATION_METHODS)}")
+                               f"of auto, {', '.join(CALIBRATION_METHODS)}")
         object.__setattr__(self, "calibration_method", method)
         try:
             p = float(self.percentile)
@@ -63,11 +74,12 @@ class QuantOptions:
     def keeps(self, name: str, op_type: str, provenance=None) -> bool:
         """Is the node `name` kept in float: by its name or operator type, or by those of
         the user's node it came from (`provenance`)?"""
-        if not self.keep_float:
+        if not self.keep_float and not self.checked_float:
             return False
         source = provenance.source(name) if provenance is not None else None
         source_op = dict(provenance.nodes).get(source) if source is not None else None
-        return bool({name, op_type, source, source_op} & set(self.keep_float))
+        return bool({name, op_type, source, source_op} &
+                    (set(self.keep_float) | set(self.checked_float)))
 
     def describe(self) -> str:
         """The report's words for these options."""
@@ -79,6 +91,8 @@ class QuantOptions:
         text = f"int8 weights {weights}, {acts}, {method} calibration"
         if self.keep_float:
             text += f", kept in float: {', '.join(self.keep_float)}"
+        if self.checked_float:
+            text += f", kept in float by the check: {', '.join(self.checked_float)}"
         return text
 
 
@@ -92,8 +106,8 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     Add), of one shape or one per channel or one channel of the other; or of one such
     activation and a finite constant, a scalar or one value per channel.  Never a MatMul of
     two activations, a Gather, OneHot, Softmax, the parts of a LayerNorm (made by host
-    nodes): quantizing those costs the host parts their float accuracy and gains the TPU
-    nothing.
+    nodes), nor an Add/Sub/Mul whose output a sum or mean reduction reads (_feeds_sum):
+    quantizing those costs the host parts their float accuracy and gains the TPU nothing.
 
     `options.keep_float` names nodes or operator types of the prepared model or, through
     `provenance`, of the user's model (keeping an LSTM float keeps every node unrolled from
@@ -109,12 +123,17 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
     chosen: set[str] = set()
     graph_inputs = {v.name for v in g.input if v.name not in inits}
     shapes = _known_shapes(model)
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
     names = []
     for node in g.node:
-        if options.keeps(node.name, node.op_type, provenance) or \
-                node.domain not in ("", "ai.onnx"):
-            continue
         op = node.op_type
+        if options.keeps(node.name, op, provenance) or (
+                node.domain not in ("", "ai.onnx") and not (
+                    node.domain == "com.microsoft" and op in LOOKUP_OPS)):
+            continue          # a contrib GELU (gelu.py's fusion) is a lookup table
         src = producer.get(node.input[0]) if node.input and node.input[0] else None
         from_tpu = src is not None and src.name in chosen
         take = False
@@ -126,11 +145,31 @@ def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
         elif op == "Add" and node.name in bias_adds:      # its MatMul is chosen
             take = any(i in producer and producer[i].name in chosen for i in node.input)
         elif op in ("Add", "Sub", "Mul"):
-            take = _vector_operands(node, producer, chosen, graph_inputs, shapes, inits)
+            take = _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) \
+                and not _feeds_sum(node.output[0], consumers)
         if take:
             chosen.add(node.name)
             names.append(node.name)
     return names
+
+
+def _feeds_sum(tensor: str, consumers: dict) -> bool:
+    """Does a sum or mean reduction read `tensor` (through layout nodes)?  Such a value is
+    a normalization's statistic: a LayerNorm's E[x^2] in var = E[x^2] - E[x]^2, where the
+    subtraction cancels and 1/sqrt(var + eps) then multiplies the 8-bit error.  Quantized on
+    VMUL it cost Magika 10 points of top-1 agreement (issue 20); on the host it is float."""
+    todo, seen = [tensor], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in consumers.get(name, ()):
+            if node.op_type in _SUM_REDUCTIONS:
+                return True
+            if node.op_type in _SELECT_OPS:
+                todo.extend(o for o in node.output if o)
+    return False
 
 
 def _vector_operands(node, producer, chosen, graph_inputs, shapes, inits) -> bool:
@@ -304,8 +343,9 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                 tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
             warnings.simplefilter("ignore", RuntimeWarning)
             cache = None           # quantize_static's own calibration unless entropy (below)
-            if options.calibration_method == "entropy":
-                cache = _entropy_ranges(model, op_types, Reader(), Path(tmp))
+            flat = flat_below(model, set(nodes))
+            if options.calibration_method == "entropy" or flat:
+                cache = _calibrated_ranges(model, op_types, Reader(), Path(tmp), options, flat)
             if tied and options.calibration_method == "minmax":
                 extra["TensorQuantOverrides"] = tied_ranges(model, tied, Reader(),
                                                             set(nodes))
@@ -417,20 +457,63 @@ def helper_value(name: str):
     return onnx.helper.make_empty_tensor_value_info(name)
 
 
-def _entropy_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path) -> Path:
-    """Entropy calibration with a histogram of 512 bins, written as onnxruntime's
-    calibration cache: quantize_static's own entropy calibrator has 128 bins for 128
-    quantized levels, one candidate range, the same as min-max."""
-    from onnxruntime.quantization.calibrate import (CalibrationMethod, create_calibrator,
-                                                    save_tensors_data)
+# GELU(x) for x below this is within 1.3e-4 of 0: less than half the step of any 8-bit
+# GELU output (its range holds at least [-0.17, 0], a step >= 6.7e-4), so a lookup table
+# whose input range starts here gives every such x the output its true value would
+_GELU_FLAT_BELOW = -4.0
+_FLAT_BELOW = {"FastGelu": _GELU_FLAT_BELOW, "Gelu": _GELU_FLAT_BELOW}
+
+
+def flat_below(model: onnx.ModelProto, quantized: set) -> dict[str, float]:
+    """Tensor -> the value below which what reads it is flat: the input of a quantized GELU
+    that nothing else reads.  A Conv's output before its GELU spans [-187, 174] in Magika;
+    everything below -4 maps to GELU's 0, so its range starts at -4 and the 8-bit step of
+    the Conv's output halves (issue 20)."""
+    readers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {v.name for v in model.graph.output}
+    found = {}
+    for n in model.graph.node:
+        bound = _FLAT_BELOW.get(n.op_type)
+        if bound is None or n.name not in quantized or not n.input or n.input[0] in outputs:
+            continue
+        if all(r.op_type in _FLAT_BELOW and r.name in quantized
+               for r in readers.get(n.input[0], [])):
+            found[n.input[0]] = bound
+    return found
+
+
+def _calibrated_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path,
+                       options: QuantOptions, flat: dict) -> Path:
+    """The activation ranges by options' method, written as onnxruntime's calibration cache
+    for quantize_static, with each tensor of `flat` (flat_below) starting no lower than
+    where its reader is flat.  Entropy calibration with a histogram of 512 bins:
+    quantize_static's own entropy calibrator has 128 bins for 128 quantized levels, one
+    candidate range, the same as min-max.  Min-max and percentile with quantize_static's
+    own settings."""
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, TensorData,
+                                                    create_calibrator, save_tensors_data)
     source = tmp / "model.onnx"
     onnx.save(model, str(source))
+    method, extra = {
+        "minmax": (CalibrationMethod.MinMax, {}),
+        "percentile": (CalibrationMethod.Percentile, {"percentile": options.percentile}),
+        "entropy": (CalibrationMethod.Entropy, {"num_bins": 512, "num_quantized_bins": 128}),
+    }[options.calibration_method]
     calibrator = create_calibrator(source, op_types, augmented_model_path=str(
-        tmp / "augmented.onnx"), calibrate_method=CalibrationMethod.Entropy,
-        extra_options={"num_bins": 512, "num_quantized_bins": 128})
+        tmp / "augmented.onnx"), calibrate_method=method, extra_options=extra)
     calibrator.collect_data(reader)
+    ranges = calibrator.compute_data()
+    for name, bound in flat.items():
+        if name in ranges:
+            lo, hi = ranges[name].range_value
+            lo = np.asarray(lo)
+            ranges[name] = TensorData(lowest=np.maximum(lo, bound).astype(lo.dtype),
+                                      highest=np.asarray(hi))
     cache = tmp / "ranges.json"
-    save_tensors_data(calibrator.compute_data(), cache)
+    save_tensors_data(ranges, cache)
     return cache
 
 

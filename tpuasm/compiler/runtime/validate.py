@@ -144,6 +144,20 @@ def spread_rows(rows: int, limit: int) -> np.ndarray:
     return np.unique(np.linspace(0, rows - 1, limit).round().astype(np.int64))
 
 
+def spread_subset(data: dict, axes: dict, max_rows: int | None) -> dict:
+    """`data` ({input: rows}) cut to `max_rows` rows spread evenly (spread_rows) along each
+    input's batch axis (`axes`: input -> axis or None; inputs without one whole)."""
+    first = next((n for n in data if axes.get(n, 0) is not None), None)
+    if first is None or max_rows is None:
+        return data
+    rows = np.shape(data[first])[axes.get(first, 0)]
+    if rows <= max_rows:
+        return data
+    keep = spread_rows(rows, max_rows)
+    return {n: np.take(np.asarray(x), keep, axis=axes.get(n, 0))
+            if axes.get(n, 0) is not None else x for n, x in data.items()}
+
+
 def validate(compiled, float_model, data: dict, what: str,
              min_agreement: float = DEFAULT_MIN_AGREEMENT,
              min_snr: float = DEFAULT_MIN_SNR, max_rows: int | None = None) -> Validation:
@@ -154,13 +168,9 @@ def validate(compiled, float_model, data: dict, what: str,
     names = [o.name for o in compiled.outputs]
     axes = {i.name: getattr(i, "batch_axis", 0) for i in compiled.inputs}
     first = next((n for n in data if axes.get(n) is not None), None)
+    total = np.shape(data[first])[axes[first]] if first is not None else 1
+    data = spread_subset(data, axes, max_rows)
     rows = np.shape(data[first])[axes[first]] if first is not None else 1
-    total = rows
-    if first is not None and max_rows is not None and rows > max_rows:
-        keep = spread_rows(rows, max_rows)
-        data = {n: np.take(np.asarray(x), keep, axis=axes[n]) if axes.get(n) is not None
-                else x for n, x in data.items()}
-        rows = len(keep)
     result = Validation(rows, what, min_agreement, min_snr, of_rows=total)
     feeds = {i.name: np.asarray(data[i.name]).astype(np.dtype(i.dtype), copy=False)
              for i in compiled.inputs if i.name in data}
