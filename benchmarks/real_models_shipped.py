@@ -1,7 +1,7 @@
 """Real models as their wheels ship them, compiled and run through the CLI (OPTIONAL: not run by
 `make test`; it needs the wheels, which nothing here downloads).
 
-    mkdir wheels && pip download --no-deps -d wheels silero-vad magika
+    mkdir wheels && pip download --no-deps -d wheels silero-vad magika rapidocr-onnxruntime nudenet
     .venv/bin/python benchmarks/real_models_shipped.py wheels [--work DIR] [--only NAME]
 
 The wheels' .onnx files are extracted; each model gets calibration and evaluation data it
@@ -17,8 +17,19 @@ state each frame really has, from running the float model over the stream frame 
 (zeros states on noise saturate the LSTM, which is no model's working point).  The
 calibration and the evaluation data are two different streams.
 
-Magika (file-type classifier, int32 bytes): the models are listed but its data and the
-input wrapper are the magika branch's work; without a DATA file for it the row says so.
+Magika (file-type classifier, int32 bytes): the first and last 1,024 bytes of this
+repository's own files (256 pads a short file), as magika's own reader cuts them; 400 files
+calibrate, the next 400 are the evaluation, compared by top-1 agreement.
+
+PaddleOCR (rapidocr-onnxruntime: PP-OCRv4 text detection and recognition, the mobile v2
+direction classifier; paddle2onnx exports, opset 11-12, weights as Constant nodes, dynamic
+height and width): lines and pages of words from this README drawn with the system's fonts
+(Pillow, when it is installed; else the row says so), normalised as PaddleOCR does.  The
+recogniser is compared by its CTC-decoded lines, the classifier by top-1 agreement, the
+detector by the overlap (IoU) of its text masks (probability > 0.3).
+
+YOLOv8n (nudenet's 320n.onnx, dynamic batch/height/width): images of random coloured
+rectangles and ellipses on noise at 320 x 320, compared by SNR of its box/class output.
 """
 from __future__ import annotations
 
@@ -133,9 +144,163 @@ def snr(ref: np.ndarray, got: np.ndarray) -> float:
     return float("inf") if noise == 0 else 10 * np.log10(float((ref ** 2).sum()) / noise)
 
 
+def repository_bytes(count: int, skip: int) -> np.ndarray:
+    """(count, 2048) int32: magika's view of files of this repository (see the docstring)."""
+    files = sorted(f for f in ROOT.rglob("*") if f.is_file() and ".git" not in f.parts
+                   and ".venv" not in f.parts and f.stat().st_size > 0)
+    rows = []
+    for f in files[skip:skip + count]:
+        data = f.read_bytes()
+        head = list(data[:1024]) + [256] * max(0, 1024 - len(data))
+        tail = [256] * max(0, 1024 - len(data)) + list(data[-1024:])
+        rows.append(head + tail)
+    return np.array(rows, np.int32)
+
+
+def _words(seed: int, count: int) -> list[str]:
+    words = (ROOT / "README.md").read_text().split()
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(words, 3))[:24] for _ in range(count)]
+
+
+def text_images(seed: int, count: int, width: int, height: int, page: bool = False):
+    """(count, 3, height, width) float32 lines (or pages of four lines) of words, normalised
+    as PaddleOCR's recogniser ((x - 0.5) / 0.5) or detector (ImageNet mean and std) wants."""
+    from PIL import Image, ImageDraw, ImageFont
+    fonts = sorted(Path("/usr/share/fonts").rglob("*.ttf"))
+    rng = np.random.default_rng(seed)
+    texts = _words(seed, count * (4 if page else 1))
+    out = []
+    for i in range(count):
+        paper = tuple(int(v) for v in rng.integers(200, 256, 3))
+        img = Image.new("RGB", (width, height), paper)
+        draw = ImageDraw.Draw(img)
+        lines = texts[4 * i:4 * i + 4] if page else [texts[i]]
+        for k, text in enumerate(lines):
+            size = int(rng.integers(12, 20) if page else rng.integers(24, 34))
+            font = ImageFont.truetype(str(fonts[rng.integers(len(fonts))]), size) if fonts \
+                else ImageFont.load_default()
+            at = (int(rng.integers(2, 10)), int(rng.integers(2, 8)) + k * height // 4)
+            draw.text(at, text, fill=tuple(int(v) for v in rng.integers(0, 80, 3)), font=font)
+        a = np.asarray(img, np.float32) / 255.0
+        if page:
+            a = (a - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+        else:
+            a = (a - 0.5) / 0.5
+        out.append(a.transpose(2, 0, 1))
+    return np.stack(out).astype(np.float32)
+
+
+def shapes_images(seed: int, count: int, size: int = 320) -> np.ndarray:
+    from PIL import Image, ImageDraw
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        img = Image.fromarray(rng.integers(0, 60, (size, size, 3), dtype=np.uint8))
+        draw = ImageDraw.Draw(img)
+        for _ in range(6):
+            x, y = rng.integers(0, size - 40, 2)
+            w, h = rng.integers(20, size // 2, 2)
+            shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+            shape([int(x), int(y), int(x + w), int(y + h)],
+                  fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        out.append(np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0)
+    return np.stack(out).astype(np.float32)
+
+
+def ctc_lines(probs: np.ndarray) -> list[tuple]:
+    """PaddleOCR's greedy CTC decoding: the best class per step, repeats merged, blanks (0)
+    dropped."""
+    lines = []
+    for row in probs.argmax(-1):
+        keep = np.r_[True, row[1:] != row[:-1]] & (row != 0)
+        lines.append(tuple(row[keep].tolist()))
+    return lines
+
+
+def top1(ref, got) -> dict:
+    return {"top1_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean())}
+
+
+def ocr_lines(ref, got) -> dict:
+    a, b = ctc_lines(ref), ctc_lines(got)
+    return {"lines_identical": float(np.mean([x == y for x, y in zip(a, b)])),
+            "steps_agreeing": float((ref.argmax(-1) == got.argmax(-1)).mean())}
+
+
+def mask_iou(ref, got) -> dict:
+    r, g = ref > 0.3, got > 0.3
+    return {"text_mask_iou": float((r & g).sum() / max((r | g).sum(), 1))}
+
+
+ROOT = Path(__file__).resolve().parents[1]
+OTHERS = {   # model file -> (compile options, data(seed) -> {input: rows}, comparison)
+    "model.onnx": ([], lambda seed: {"bytes": repository_bytes(400, 400 * seed)}, top1),
+    "ch_PP-OCRv4_rec_infer.onnx": (["--batch", "16"],
+                                   lambda seed: {"x": text_images(seed, 64, 320, 48)},
+                                   ocr_lines),
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": ([], lambda seed: {"x": np.concatenate(
+        [text_images(seed, 32, 192, 48), text_images(seed + 7, 32, 192, 48)[..., ::-1, ::-1]])},
+        top1),
+    "ch_PP-OCRv4_det_infer.onnx": (["--batch", "8"], lambda seed: {
+        "x": text_images(seed, 16, 160, 160, page=True)}, mask_iou),
+    "320n.onnx": (["--batch", "8"], lambda seed: {"images": shapes_images(seed, 8)},
+                  lambda ref, got: {}),
+}
+
+
+def compile_and_infer(model: Path, work: Path, options: list, row: dict) -> dict | None:
+    """`tpuasm compile` on work/calib.npz, then `tpuasm infer` on work/eval.npz: the outputs,
+    with the compile time and MACs in `row`; None (and row["failure"]) when either fails."""
+    out = work / model.stem
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tpuasm", "compile", str(model),
+                           "--calibrate", str(work / "calib.npz"), "-o", str(out), "-q",
+                           *options], capture_output=True, text=True)
+    row["compile_s"] = time.perf_counter() - start
+    if done.returncode == 0:
+        report = json.loads((out / "report.json").read_text())
+        row["macs"] = report.get("macs")
+        row["tpu_share"] = report.get("tpu_macs", 0) / max(report.get("macs") or 1, 1)
+        done = subprocess.run([sys.executable, "-m", "tpuasm", "infer", str(out),
+                               str(work / "eval.npz"), "-o", str(work / "y.npz"), "-q"],
+                              capture_output=True, text=True)
+    if done.returncode:
+        row["failure"] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
+        return None
+    return dict(np.load(work / "y.npz"))
+
+
+def measure_other(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
+    """Compile and infer one of OTHERS; its comparison with onnxruntime on the float model."""
+    import onnxruntime as ort
+    options, data, compare = OTHERS[model.name]
+    row = {"model": model.name}
+    try:
+        calib, evaluation = data(seed), data(seed + 1)
+    except ImportError as e:
+        row["failure"] = f"its data needs {e.name}"
+        return row
+    np.savez(work / "calib.npz", **calib)
+    np.savez(work / "eval.npz", **evaluation)
+    got = compile_and_infer(model, work, [*options, *extra], row)
+    if got is None:
+        return row
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    ref = dict(zip(names, session.run(None, evaluation)))
+    first = names[0]
+    row["snr"] = {k: round(snr(v, got[k].reshape(v.shape)), 1) for k, v in ref.items()
+                  if np.issubdtype(v.dtype, np.floating)}
+    row.update(compare(ref[first], got[first].reshape(ref[first].shape)))
+    return row
+
+
 def measure(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
     import onnxruntime as ort
     row = {"model": model.name}
+    if model.name in OTHERS:
+        return measure_other(model, work, seed, extra)
     if model.name not in SILERO_FORMS:
         row["failure"] = "no data for it here"
         return row
@@ -144,25 +309,9 @@ def measure(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
     np.savez(work / "calib.npz", **calib)
     fixed = {"sr"} if "sr=16000" in SILERO_FORMS[model.name] else set()
     np.savez(work / "eval.npz", **{k: v for k, v in evaluation.items() if k not in fixed})
-    out = work / model.stem
-    cmd = [sys.executable, "-m", "tpuasm", "compile", str(model), "--calibrate",
-           str(work / "calib.npz"), "-o", str(out), "-q", *SILERO_FORMS[model.name], *extra]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    row["compile_s"] = time.perf_counter() - start
-    if done.returncode:
-        row["failure"] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
+    got = compile_and_infer(model, work, [*SILERO_FORMS[model.name], *extra], row)
+    if got is None:
         return row
-    report = json.loads((out / "report.json").read_text())
-    row["macs"] = report.get("macs")
-    row["tpu_share"] = report.get("tpu_macs", 0) / max(report.get("macs") or 1, 1)
-    done = subprocess.run([sys.executable, "-m", "tpuasm", "infer", str(out),
-                           str(work / "eval.npz"), "-o", str(work / "y.npz"), "-q"],
-                          capture_output=True, text=True)
-    if done.returncode:
-        row["failure"] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
-        return row
-    got = dict(np.load(work / "y.npz"))
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     if session.get_inputs()[0].shape[0] == 1 and len(evaluation["input"]) > 1:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tpuasm.compiler.front.prepare import _Index
 from tpuasm.compiler.front.provenance import Provenance
 
 _ARITH = {"Add", "Sub", "Mul", "Div", "Pow"}
@@ -36,18 +37,9 @@ def _gelu(op: str, x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
 
 
-class _Chains:
-    def __init__(self, model: onnx.ModelProto):
-        g = model.graph
-        self.model = model
-        self.inits = {t.name: t for t in g.initializer}
-        self.producer = {o: n for n in g.node for o in n.output if o}
-        self.consumers: dict[str, list] = {}
-        for n in g.node:
-            for i in n.input:
-                if i:
-                    self.consumers.setdefault(i, []).append(n)
-        self.outputs = {v.name for v in g.output}
+class _Chains(_Index):
+    """The model's producers and consumers (prepare.py's index) with the walks that find a
+    GELU written out in primitives."""
 
     def scalar(self, name: str) -> float | None:
         t = self.inits.get(name)
