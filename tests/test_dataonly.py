@@ -216,3 +216,114 @@ def test_batches_reuse_packed_tiles_and_never_serve_stale_ones():
         if machine._scratch.options[2]:          # the int8 kernel serves this CPU
             assert machine._scratch.cache8.shape[0] == 3
             assert sorted(machine._scratch.cache_key8[:, 0]) == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- padded tiles
+# The data path runs a tile whose non-zero bytes fit a small box on the box alone
+# (kernels.py, padded tiles); the pipelined core always multiplies the whole tile, so it is
+# the oracle here (and the reference model is the pipelined core's, test_differential.py).
+
+
+@pytest.mark.parametrize("profile", ["tpu", "opentpu"])
+def test_data_path_equals_the_pipeline_on_random_programs_with_padded_tiles(profile):
+    statuses = []
+
+    @settings(max_examples=50, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(programs(fault_share=0.0, profile=profile, padded=True))
+    def check(case):
+        statuses.append(_check(case))
+        statuses.append(_batch_check(case))
+
+    check()
+    assert statuses.count("halted") >= 40
+
+
+def test_find_box_is_the_bounding_box_of_the_non_zero_bytes():
+    from tpuasm.machine.kernels import _find_box
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        n = int(rng.choice([8, 16, 32]))
+        tile = np.zeros((n, n), np.uint8)
+        for _ in range(int(rng.integers(0, 4))):
+            tile[rng.integers(0, n), rng.integers(0, n)] = rng.integers(1, 256)
+        box = np.zeros(4, np.int64)
+        _find_box(tile, box)
+        rows, cols = np.nonzero(tile)
+        want = (0, 0, 0, 0) if len(rows) == 0 else \
+            (rows.min(), rows.max() + 1, cols.min(), cols.max() + 1)
+        assert tuple(box) == want
+
+
+BOXES = """
+.config array_size=32, ub_rows=128, acc_rows=96
+    RHM 0, 0, 40
+    RW 4
+    RW 0, repeat=3
+    MMC.SO{u} 0, 0, 40
+    {plain}O 1, 40, 40
+    MMC.SO{u} 0, 0, 40
+    MMC.SO{u} 1, 40, 40
+    ACT 40, 50, 40
+    WHM 50, 0, 40
+    RW 3, repeat=3
+    MMC.S{u} 0, 0, 40
+    MMC.SO{u} 2, 40, 40
+    {plain} 3, 0, 40
+    MMC.S{u} 0, 40, 40
+    MMC.SO{u} 1, 0, 40
+    ACT.R 0, 50, 40
+    WHM 50, 40, 40
+    ACT 40, 0, 40
+    WHM 0, 80, 40
+    HLT
+"""
+
+
+@pytest.mark.parametrize("flags", ["", "U", "W", "UW"])
+def test_padded_tiles_on_both_sides_of_the_box_limit_equal_full_runs(flags):
+    """At N = 32 (the int8 kernel's size when the CPU has one) tiles with boxes empty, 1 x 1,
+    at the limit of the direct loops, just past it, one column and full, switched in turn,
+    overwriting rows a full tile wrote and accumulating: run_batches equals fresh pipelined
+    runs on every image."""
+    from tpuasm import assemble
+    from tpuasm.machine.kernels import box_limit
+    program = assemble(BOXES.format(u=flags, plain=f"MMC.{flags}" if flags else "MMC")
+                       .replace("MMCO", "MMC.O"))
+    n = 32
+    limit = int(box_limit(n))                       # 64 at N = 32
+    rng = np.random.default_rng(11)
+    weights = np.zeros((6, n, n), np.int8)
+    full = rng.integers(-128, 128, (6, n, n)).astype(np.int8)
+    weights[1, 5, 9] = full[1, 5, 9] | 1                          # 1 x 1
+    weights[2, 3:11, 20:28] = full[2, 3:11, 20:28]                # 8 x 8 = the limit
+    weights[2, 3, 20] = weights[2, 10, 27] = 77                   # (corners keep the box)
+    weights[3, 0:9, 24:32] = full[3, 0:9, 24:32]                  # 9 x 8: just past it
+    weights[3, 0, 24] = weights[3, 8, 31] = -5
+    weights[4] = full[4]                                          # full
+    weights[5, :, 31] = full[5, :, 31]                            # one column, all rows
+    assert limit == 64
+    hosts = rng.integers(0, 256, (3, 120, n)).astype(np.uint8)
+    wanted = []
+    for host in hosts:
+        pipelined = Machine.for_program(program)
+        pipelined.load(program, host=host, weights=weights)
+        assert pipelined.run().status == "halted"
+        wanted.append(pipelined.host.copy())
+    machine = Machine.for_program(program)
+    machine.load(program, host=hosts[0], weights=weights)
+    got = hosts.copy()
+    assert machine.run_batches(got).status == "halted"
+    np.testing.assert_array_equal(got, np.stack(wanted))
+    machine.load(program, host=hosts[1], weights=weights)
+    assert machine.run_data().status == "halted"
+    np.testing.assert_array_equal(machine.host, wanted[1])
+    # another image in the same machine: boxes are found again, not served stale
+    weights[1] = full[1]
+    machine.load(program, host=hosts[2], weights=weights)
+    again = hosts[2:].copy()
+    assert machine.run_batches(again).status == "halted"
+    pipelined = Machine.for_program(program)
+    pipelined.load(program, host=hosts[2], weights=weights)
+    assert pipelined.run().status == "halted"
+    np.testing.assert_array_equal(again[0], pipelined.host)

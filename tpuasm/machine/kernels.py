@@ -116,8 +116,13 @@ _KEY_EMPTY = -2
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
                                  "raw32", "raw64", "options", "row_buf", "packed8", "bias8",
                                  "key8", "raw8", "rows8", "cache8", "cache_bias8",
-                                 "cache_key8", "cache_raw8"])
+                                 "cache_key8", "cache_raw8", "boxes", "box_w", "box_sum"])
 _OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
+# The data path's run in progress (dataonly.py): 1 while one runs (the weight image cannot
+# change during it, so a tile's bounding box found once stays true), and its number, which
+# the box cache entries carry.
+_OPT_TRUSTED, _OPT_EPOCH = 4, 5
+BOX_SLOTS = 1024                # direct-mapped slots of the tiles' bounding boxes
 
 
 def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None,
@@ -145,13 +150,15 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
         key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
-        options=np.array([1 if use_blas else 0, chunk, int8_level, threads], np.int64),
+        options=np.array([1 if use_blas else 0, chunk, int8_level, threads, 0, 0], np.int64),
         row_buf=np.zeros((2, n), np.int64),
         packed8=np.zeros((4, 2 * int8_n * int8_n), np.int8),
         bias8=np.zeros((4, int8_n), np.int32),
         key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((2, int8_n, int8_n), np.uint8),
         rows8=np.zeros(chunk if int8_level else 0, np.int64),
-        **_tile_cache(int8_n, cached_tiles if int8_level else 0))
+        **_tile_cache(int8_n, cached_tiles if int8_level else 0),
+        boxes=np.full((BOX_SLOTS, 6), _KEY_EMPTY, np.int64),
+        box_w=np.zeros(n * n, np.int32), box_sum=np.zeros(n, np.int32))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -898,6 +905,127 @@ def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
                 first_pass = False
 
 
+# ----------------------------------------------------------------------------- padded tiles
+# A compiled layer smaller than the array leaves most of its weight tile zero (the digits
+# CNN's tiles hold 8 x 16 non-zero weights of 256 x 256).  Weight rows outside the tile's
+# bounding box of non-zero bytes multiply their inputs by zero, and its columns outside the
+# box get zero products: so the box alone gives the same accumulators, exactly -- columns
+# outside it are written 0 by an overwriting MatrixMultiply and left as they are by an
+# accumulating one (adding 0).  During a data-path run (the weight image cannot change
+# then) each tile's box is found once and a tile whose box is small runs as direct integer
+# loops over the box (_mmc_iteration_box), with no packing, no tile compare and no GEMM.
+# 8-bit operands only (H and D keep the general kernels).
+
+
+@njit(cache=True)
+def _find_box(tile, out):
+    """out[0:4] = (k0, k1, j0, j1): the rows k0..k1-1 and columns j0..j1-1 that hold every
+    non-zero byte of the (N, N) tile; (0, 0, 0, 0) when it is all zero."""
+    n = tile.shape[1]
+    columns = np.zeros(n, np.uint8)          # OR of every row, column by column
+    k0, k1 = n, 0
+    for k in range(n):
+        row = tile[k]
+        seen = np.uint8(0)
+        for j in range(n):
+            columns[j] |= row[j]
+            seen |= row[j]
+        if seen != 0:
+            k0 = min(k0, k)
+            k1 = k + 1
+    if k1 == 0:
+        out[0], out[1], out[2], out[3] = 0, 0, 0, 0
+        return
+    j0, j1 = n, 0
+    for j in range(n):
+        if columns[j] != 0:
+            j0 = min(j0, j)
+            j1 = j + 1
+    out[0], out[1], out[2], out[3] = k0, k1, j0, j1
+
+
+@njit(cache=True)
+def _tile_box(weights, index, scratch):
+    """Tile `index`'s bounding box (_find_box) as a view (k0, k1, j0, j1), found once per
+    data-path run (the cache entry carries the run's number)."""
+    boxes = scratch.boxes
+    entry = boxes[index % boxes.shape[0]]
+    epoch = scratch.options[_OPT_EPOCH]
+    if entry[0] != epoch or entry[1] != index:
+        _find_box(weights[index], entry[2:6])
+        entry[0], entry[1] = epoch, index
+    return entry[2:6]
+
+
+@njit(cache=True)
+def box_limit(n):
+    """The largest box (in weights) that runs as direct loops: below it they beat the
+    full-tile kernel's GEMM (measured: at N = 256 a 64 x 64 box costs about what the int8
+    kernel's 256 x 256 does); small arrays (the tests' N = 8, 16) always take them."""
+    return max(n * n // 16, 64)
+
+
+@njit(cache=True)
+def _small_box(weights, active, flags, scratch, box):
+    """True when this MatrixMultiply can run on the active tile's box alone (a data-path
+    run, 8-bit operands, a box within box_limit): then box = (k0, k1, j0, j1) and its weights
+    are converted into scratch.box_w (row-major, j1 - j0 wide)."""
+    if scratch.options[_OPT_TRUSTED] == 0 or (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0:
+        return False
+    found = _tile_box(weights, active[0], scratch)
+    k0, k1, j0, j1 = found[0], found[1], found[2], found[3]
+    if (k1 - k0) * (j1 - j0) > box_limit(weights.shape[1]):
+        return False
+    box[0], box[1], box[2], box[3] = k0, k1, j0, j1
+    tile = weights[active[0]]
+    w = scratch.box_w
+    width = j1 - j0
+    unsigned_w = (flags & MMC_UNSIGNED_W) != 0
+    for k in range(k0, k1):
+        base = (k - k0) * width
+        for j in range(width):
+            v = np.int32(tile[k, j0 + j])
+            w[base + j] = v if unsigned_w else _signed8(v)
+    return True
+
+
+@njit(cache=True)
+def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
+                       conv_width, pitch, stride, dy, dx, overwrite):
+    """One iteration on the box alone (8-bit operands): for each output vector, the box's
+    columns summed in int32 (wrapping: exact modulo 2^32 like the accumulators), the other
+    columns zeroed (overwrite) or left (accumulate)."""
+    k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
+    width = j1 - j0
+    n = acc.shape[1]
+    w = scratch.box_w
+    sums = scratch.box_sum
+    unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
+    for r in range(count):
+        x = ub[_input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
+        for j in range(width):
+            sums[j] = 0
+        for k in range(k0, k1):
+            xv = np.int32(x[k])
+            if not unsigned_in:
+                xv = _signed8(xv)
+            if xv != 0:
+                base = (k - k0) * width
+                for j in range(width):
+                    sums[j] += xv * w[base + j]
+        dst = acc[acc_base + r]
+        if overwrite:
+            for j in range(j0):
+                dst[j] = 0
+            for j in range(width):
+                dst[j0 + j] = sums[j]
+            for j in range(j1, n):
+                dst[j] = 0
+        else:
+            for j in range(width):
+                dst[j0 + j] += sums[j]
+
+
 @njit(cache=True)
 def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     flags = row[COL_FLAGS]
@@ -920,6 +1048,8 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
     switch = (flags & MMC_SWITCH) != 0
     used = 0
+    small = False
+    box = np.zeros(4, np.int64)
     for i in range(reps):
         if switch:
             active[0] = tiles[used]
@@ -930,7 +1060,10 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             else:
                 active[1] = -1
         if switch or i == 0:        # without S the tile cannot change inside the instruction
-            if int8:
+            small = _small_box(weights, active, flags, scratch, box)
+            if small:
+                pass                # the box's weights are ready: nothing to pack
+            elif int8:
                 _active_packed(weights, active, flags, scratch)
             elif wide:
                 _active_weights(weights, active, flags, not use_blas, scratch.w64,
@@ -946,7 +1079,10 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             ub_base, acc_base, count, cw = row[COL_UB] + i * rep_ub, row[COL_ACC] + i * rep_acc, \
                 row[COL_LEN], 0
             dy, dx = 0, 0
-        if int8:
+        if small:
+            _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count, cw,
+                               pitch, stride, dy, dx, overwrite)
+        elif int8:
             _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count, cw, pitch,
                                 stride, dy, dx, overwrite)
         elif wide:
@@ -1184,7 +1320,136 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
 
 
 @njit(cache=True)
-def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
+def _window_values(src, bias, fn, frac, out):
+    """out[j] = function(src[j] + bias[j]), the bias add wrapping like the accumulators
+    (bias all zero without P: then it is src[j] itself).  One loop per function, no branch
+    on the data: it vectorizes."""
+    n = out.shape[0]
+    if fn == _FN_RELU:
+        for j in range(n):
+            out[j] = max(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN,
+                         0)
+    elif fn == _FN_NONE:
+        for j in range(n):
+            out[j] = ((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+    else:
+        for j in range(n):
+            out[j] = _apply_fn(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF)
+                               + _INT32_MIN, fn, frac)
+
+
+@njit(cache=True)
+def _pow2_exponent(c):
+    """e with c == 2^e, or -1."""
+    if c <= 0 or (c & (c - 1)) != 0:
+        return -1
+    e = 0
+    while (np.int64(1) << e) < c:
+        e += 1
+    return e
+
+
+@njit(cache=True)
+def _requantize_row(v, ub, u, kind, count, mult, shifts, fmult, mult_r, shift_r, zero, lo, hi,
+                    out_kind, table, lookup, tmp):
+    """ub[u] = the 8-bit outputs of the pooled values v (int64; v is clobbered), as the
+    general loop of _execute_act_ext computes them: kind 0 P with act_float, 1 P in fixed
+    point, 2 the act_mult/act_shift registers; `count` the window's divisor for average
+    pooling (0 for other pooling)."""
+    n = v.shape[0]
+    if kind == 0:
+        for j in range(n):
+            tmp[j] = _float_requantize(min(max(v[j], _INT32_MIN), _INT32_MAX), fmult[j]) + zero
+    elif kind == 1:
+        e = _pow2_exponent(max(count, 1))
+        if e >= 0:
+            # round(p / 2^(e + shift)) half to even, by shifts (_round_half_even_div's rule)
+            for j in range(n):
+                p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
+                sh = e + shifts[j]
+                q = p >> sh
+                r = p - (q << sh)
+                half = (np.int64(1) << sh) >> 1
+                q += ((r > half) | ((r == half) & ((q & 1) == 1) & (sh > 0)))
+                tmp[j] = q + zero
+        else:
+            c = np.int64(max(count, 1))
+            for j in range(n):
+                p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
+                tmp[j] = _round_half_even_div(p, c << shifts[j]) + zero
+    else:
+        if count > 0:
+            _floor_divide_row(v, count)
+        rounding = (np.int64(1) << (shift_r - 1)) if shift_r > 0 else np.int64(0)
+        for j in range(n):
+            tmp[j] = ((v[j] * mult_r + rounding) >> shift_r) + zero
+    # the clip bounds, then the output type's saturation: one clamp for the 8-bit types
+    if out_kind == ACT_OUT_INT8:
+        lo, hi = min(max(lo, -128), 127), min(max(hi, -128), 127)
+    elif out_kind == ACT_OUT_UINT8:
+        lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
+    out = ub[u]
+    for j in range(n):
+        out[j] = min(max(tmp[j], lo), hi) & 0xFF
+    if lookup:
+        for j in range(n):
+            out[j] = table[out[j]]
+
+
+@njit(cache=True)
+def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
+              shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s, pad,
+              out_w, out_rows, count_pad):
+    """_execute_act_ext's general loop for 8-bit outputs, a row at a time: each window
+    element's row through its function (_window_values), pooled into buf[0] by a loop with
+    no branch on the data, then requantized and stored (_requantize_row).  Returns False,
+    having done nothing, when a window holds no image element (then the general loop keeps
+    its own rule for it)."""
+    for o in range(out_rows):                 # every window must see the image
+        oy = o // out_w
+        y0, x0 = oy * s - pad, (o - oy * out_w) * s - pad
+        if pool == _POOL_NONE:
+            y0, x0 = o, 0
+        if min(y0 + kh, img_h) <= max(y0, 0) or min(x0 + kw, img_w) <= max(x0, 0):
+            return False
+    n = acc.shape[1]
+    frac = regs[REG_FN_IN_FRAC]
+    pooled = buf[0]
+    tmp = buf[1]
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            oy = o // out_w
+            ox = o - oy * out_w
+            y0, x0 = oy * s - pad, ox * s - pad
+            if pool == _POOL_NONE:
+                y0, x0 = o, 0
+            count = 0
+            for yy in range(max(y0, 0), min(y0 + kh, img_h)):
+                for xx in range(max(x0, 0), min(x0 + kw, img_w)):
+                    r = a0 + yy * img_w + xx
+                    if count == 0:
+                        _window_values(acc[r], bias, fn, frac, pooled)
+                    else:
+                        _window_values(acc[r], bias, fn, frac, tmp)
+                        if pool == _POOL_MAX:
+                            for j in range(n):
+                                pooled[j] = max(pooled[j], tmp[j])
+                        else:
+                            for j in range(n):
+                                pooled[j] += tmp[j]
+                    count += 1
+            if pool == _POOL_AVG and count_pad:
+                count = kh * kw
+            _requantize_row(pooled, ub, u0 + _act_out_row(o, regs), kind,
+                            count if pool == _POOL_AVG else 0, mult, shifts, fmult, mult_r,
+                            shift_r, zero, lo, hi, out_kind, table, lookup, tmp)
+    return True
+
+
+@njit(cache=True)
+def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
     """Activate with the features added for compiled networks (spec/isa.md 5.5): P's per-column
     bias and requantization, L's table, the clip bounds and strided, padded 2-D pooling.  The
     original path (_execute_act) stays as it was for programs that use none of them."""
@@ -1237,10 +1502,16 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
     img_h = length // img_w
     count_pad = regs[REG_POOL_COUNT_PAD] != 0
     acc_buf = buf[0]
-    if pool == _POOL_NONE and per_col and as_float and out_kind != ACT_OUT_INT16:
+    if pool == _POOL_NONE and per_col and as_float and out_kind != ACT_OUT_INT16 and fast:
         _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
                          out_kind, table, lookup)
         return
+    if out_kind != ACT_OUT_INT16 and fast:
+        kind = (0 if as_float else 1) if per_col else 2
+        if _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
+                     shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s,
+                     pad, out_w, out_rows, count_pad):
+            return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
