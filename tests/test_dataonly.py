@@ -256,7 +256,7 @@ def test_find_box_is_the_bounding_box_of_the_non_zero_bytes():
 
 
 BOXES = """
-.config array_size=32, ub_rows=128, acc_rows=96
+.config array_size=64, ub_rows=128, acc_rows=96
     RHM 0, 0, 40
     RW 4
     RW 0, repeat=3
@@ -281,28 +281,31 @@ BOXES = """
 
 
 @pytest.mark.parametrize("flags", ["", "U", "W", "UW"])
-def test_padded_tiles_on_both_sides_of_the_box_limit_equal_full_runs(flags):
-    """At N = 32 (the int8 kernel's size when the CPU has one) tiles with boxes empty, 1 x 1,
-    at the limit of the direct loops, just past it, one column and full, switched in turn,
-    overwriting rows a full tile wrote and accumulating: run_batches equals fresh pipelined
-    runs on every image."""
+def test_padded_tiles_on_every_box_path_equal_full_runs(flags):
+    """At N = 64 (the int8 kernel's size when the CPU has one) tiles with boxes empty, 1 x 1,
+    at the limit of the direct loops, past it (the int8 kernel on a 32-wide corner tile),
+    offset and full, switched in turn, overwriting rows a full tile wrote and accumulating:
+    run_batches and run_data equal fresh pipelined runs on every image."""
     from tpuasm import assemble
-    from tpuasm.machine.kernels import box_limit
+    from tpuasm.machine import kernels as K
     program = assemble(BOXES.format(u=flags, plain=f"MMC.{flags}" if flags else "MMC")
                        .replace("MMCO", "MMC.O"))
-    n = 32
-    limit = int(box_limit(n))                       # 64 at N = 32
+    n = 64
+    assert K.box_path(16, 16, n, True) == K.BOX_DIRECT
+    assert K.box_path(18, 16, n, True) == K.BOX_COMPACT
+    assert K.box_path(30, 20, n, True) == K.BOX_COMPACT
+    assert K.box_path(64, 1, n, True) == K.box_path(64, 64, n, True) == K.BOX_FULL
     rng = np.random.default_rng(11)
     weights = np.zeros((6, n, n), np.int8)
     full = rng.integers(-128, 128, (6, n, n)).astype(np.int8)
     weights[1, 5, 9] = full[1, 5, 9] | 1                          # 1 x 1
-    weights[2, 3:11, 20:28] = full[2, 3:11, 20:28]                # 8 x 8 = the limit
-    weights[2, 3, 20] = weights[2, 10, 27] = 77                   # (corners keep the box)
-    weights[3, 0:9, 24:32] = full[3, 0:9, 24:32]                  # 9 x 8: just past it
-    weights[3, 0, 24] = weights[3, 8, 31] = -5
+    weights[2, 3:19, 20:36] = full[2, 3:19, 20:36]                # 16 x 16: direct
+    weights[2, 3, 20] = weights[2, 18, 35] = 77                   # (corners keep the box)
+    weights[3, 20:38, 40:56] = full[3, 20:38, 40:56]              # 18 x 16: a corner tile
+    weights[3, 20, 40] = weights[3, 37, 55] = -5
     weights[4] = full[4]                                          # full
-    weights[5, :, 31] = full[5, :, 31]                            # one column, all rows
-    assert limit == 64
+    weights[5, 34:64, 44:64] = full[5, 34:64, 44:64]              # 30 x 20 at the edge
+    weights[5, 34, 44] = weights[5, 63, 63] = 3
     hosts = rng.integers(0, 256, (3, 120, n)).astype(np.uint8)
     wanted = []
     for host in hosts:

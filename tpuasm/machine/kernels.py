@@ -116,7 +116,8 @@ _KEY_EMPTY = -2
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
                                  "raw32", "raw64", "options", "row_buf", "packed8", "bias8",
                                  "key8", "raw8", "rows8", "cache8", "cache_bias8",
-                                 "cache_key8", "cache_raw8", "boxes", "box_w", "box_sum"])
+                                 "cache_key8", "cache_raw8", "boxes", "box_w", "box_tile",
+                                 "box_packed", "box_bias"])
 _OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
 # The data path's run in progress (dataonly.py): 1 while one runs (the weight image cannot
 # change during it, so a tile's bounding box found once stays true), and its number, which
@@ -158,7 +159,8 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         rows8=np.zeros(chunk if int8_level else 0, np.int64),
         **_tile_cache(int8_n, cached_tiles if int8_level else 0),
         boxes=np.full((BOX_SLOTS, 6), _KEY_EMPTY, np.int64),
-        box_w=np.zeros(n * n, np.int32), box_sum=np.zeros(n, np.int32))
+        box_w=np.zeros(n * n, np.int32), box_tile=np.zeros(int8_n * int8_n, np.uint8),
+        box_packed=np.zeros(2 * int8_n * int8_n, np.int8), box_bias=np.zeros(int8_n, np.int32))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -957,36 +959,114 @@ def _tile_box(weights, index, scratch):
     return entry[2:6]
 
 
-@njit(cache=True)
-def box_limit(n):
-    """The largest box (in weights) that runs as direct loops: below it they beat the
-    full-tile kernel's GEMM (measured: at N = 256 a 64 x 64 box costs about what the int8
-    kernel's 256 x 256 does); small arrays (the tests' N = 8, 16) always take them."""
-    return max(n * n // 16, 64)
+BOX_FULL, BOX_DIRECT, BOX_COMPACT = 0, 1, 2
 
 
 @njit(cache=True)
-def _small_box(weights, active, flags, scratch, box):
-    """True when this MatrixMultiply can run on the active tile's box alone (a data-path
-    run, 8-bit operands, a box within box_limit): then box = (k0, k1, j0, j1) and its weights
-    are converted into scratch.box_w (row-major, j1 - j0 wide)."""
+def box_path(height, width, n, int8):
+    """How a MatrixMultiply runs on a box of height x width weights in an N-wide array:
+    BOX_DIRECT, numba's integer loops over the box (a few vector operations per input row:
+    at most 16 rows of 16 columns' worth; on the float path any box up to N^2 / 16, and
+    always at N < 16); BOX_COMPACT, the int8 kernel on the box copied into the corner of a
+    smaller square tile (its side rounded up to 16, at most N / 2: a 64 x 64 box of a
+    256-wide array runs 16 times fewer MACs); else BOX_FULL, the whole tile."""
+    if height * width == 0:
+        return BOX_DIRECT
+    if not int8:
+        return BOX_DIRECT if height * width <= max(n * n // 16, 64) else BOX_FULL
+    if height * ((width + 15) // 16) <= 16:
+        return BOX_DIRECT
+    side = (max(height, width) + 15) // 16 * 16
+    return BOX_COMPACT if 2 * side <= n else BOX_FULL
+
+
+@njit(cache=True)
+def _compact_side(box):
+    return (max(box[1] - box[0], box[3] - box[2]) + 15) // 16 * 16
+
+
+@njit(cache=True)
+def _box_plan(weights, active, flags, scratch, box, int8):
+    """The path of this MatrixMultiply (box_path; BOX_FULL outside a data-path run and for
+    16-bit operands), its tile's box in `box`, and the box's weights made ready: converted
+    into scratch.box_w (row-major, j1 - j0 wide) for BOX_DIRECT, packed for the int8 kernel
+    as the corner of a square tile (scratch.box_packed, box_bias) for BOX_COMPACT."""
     if scratch.options[_OPT_TRUSTED] == 0 or (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0:
-        return False
+        return BOX_FULL
     found = _tile_box(weights, active[0], scratch)
     k0, k1, j0, j1 = found[0], found[1], found[2], found[3]
-    if (k1 - k0) * (j1 - j0) > box_limit(weights.shape[1]):
-        return False
+    path = box_path(k1 - k0, j1 - j0, weights.shape[1], int8)
+    if path == BOX_FULL:
+        return path
     box[0], box[1], box[2], box[3] = k0, k1, j0, j1
     tile = weights[active[0]]
-    w = scratch.box_w
     width = j1 - j0
-    unsigned_w = (flags & MMC_UNSIGNED_W) != 0
+    if path == BOX_DIRECT:
+        w = scratch.box_w
+        unsigned_w = (flags & MMC_UNSIGNED_W) != 0
+        for k in range(k0, k1):
+            base = (k - k0) * width
+            for j in range(width):
+                v = np.int32(tile[k, j0 + j])
+                w[base + j] = v if unsigned_w else _signed8(v)
+        return path
+    side = _compact_side(box)
+    corner = scratch.box_tile[:side * side].reshape((side, side))
+    corner[:, :] = 0
     for k in range(k0, k1):
-        base = (k - k0) * width
+        dst = corner[k - k0]
         for j in range(width):
-            v = np.int32(tile[k, j0 + j])
-            w[base + j] = v if unsigned_w else _signed8(v)
-    return True
+            dst[j] = tile[k, j0 + j]
+    _native.pack_tile(corner, (flags & MMC_UNSIGNED_W) == 0, (flags & MMC_UNSIGNED_IN) == 0,
+                      scratch.options[_OPT_INT8], scratch.box_packed, scratch.box_bias)
+    return path
+
+
+@njit(cache=True)
+def _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, count,
+                           conv_width, pitch, stride, dy, dx, overwrite):
+    """One iteration on the int8 kernel with the box's corner tile (_box_plan): each input
+    vector's box rows gathered into a row of the corner's width (in the float staging
+    buffers, unused on this path), the products written to a staging row, then moved into
+    the box's columns (the other columns zeroed or left, as in _mmc_iteration_box)."""
+    k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
+    height, width = k1 - k0, j1 - j0
+    side = _compact_side(box)
+    n = acc.shape[1]
+    rows = scratch.rows8
+    chunk = rows.shape[0]
+    inputs = scratch.x32.reshape(scratch.x32.size).view(np.uint8)
+    products = scratch.c32.reshape(scratch.c32.size).view(np.int32)
+    for first in range(0, count, chunk):
+        m = min(chunk, count - first)
+        x = inputs[:m * side].reshape((m, side))
+        c = products[:m * side].reshape((m, side))
+        for r in range(m):
+            src = ub[_input_row(first + r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
+            dst = x[r]
+            for k in range(height):
+                dst[k] = src[k0 + k]
+            for k in range(height, side):
+                dst[k] = 0
+            rows[r] = r
+        _native.mmc_rows(x, rows, m, scratch.box_packed, scratch.box_bias,
+                         (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
+                         True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+        for r in range(m):
+            dst = acc[acc_base + first + r]
+            got = c[r]
+            if overwrite:
+                for j in range(j0):
+                    dst[j] = 0
+                for j in range(j1, n):
+                    dst[j] = 0
+                inside = dst[j0:j1]
+                for j in range(width):
+                    inside[j] = got[j]
+            else:
+                inside = dst[j0:j1]
+                for j in range(width):
+                    inside[j] += got[j]
 
 
 @njit(cache=True)
@@ -994,36 +1074,39 @@ def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
                        conv_width, pitch, stride, dy, dx, overwrite):
     """One iteration on the box alone (8-bit operands): for each output vector, the box's
     columns summed in int32 (wrapping: exact modulo 2^32 like the accumulators), the other
-    columns zeroed (overwrite) or left (accumulate)."""
+    columns zeroed (overwrite) or left (accumulate).  The sums live in a local array and
+    each weight row is a row of a 2-D view, with no branch in the loop: LLVM vectorizes it
+    (15 GMAC/s for a 64 x 64 box, five times the form with a shared buffer and a skip of
+    zero inputs)."""
     k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
-    width = j1 - j0
+    height, width = k1 - k0, j1 - j0
     n = acc.shape[1]
-    w = scratch.box_w
-    sums = scratch.box_sum
+    w = scratch.box_w[:height * width].reshape((height, width))
+    sums = np.zeros(width, np.int32)
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
     for r in range(count):
         x = ub[_input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
-        for j in range(width):
-            sums[j] = 0
-        for k in range(k0, k1):
-            xv = np.int32(x[k])
+        sums[:] = 0
+        for k in range(height):
+            xv = np.int32(x[k0 + k])
             if not unsigned_in:
                 xv = _signed8(xv)
-            if xv != 0:
-                base = (k - k0) * width
-                for j in range(width):
-                    sums[j] += xv * w[base + j]
+            wrow = w[k]
+            for j in range(width):
+                sums[j] += xv * wrow[j]
         dst = acc[acc_base + r]
         if overwrite:
             for j in range(j0):
                 dst[j] = 0
-            for j in range(width):
-                dst[j0 + j] = sums[j]
             for j in range(j1, n):
                 dst[j] = 0
-        else:
+            inside = dst[j0:j1]
             for j in range(width):
-                dst[j0 + j] += sums[j]
+                inside[j] = sums[j]
+        else:
+            inside = dst[j0:j1]
+            for j in range(width):
+                inside[j] += sums[j]
 
 
 @njit(cache=True)
@@ -1048,7 +1131,7 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
     switch = (flags & MMC_SWITCH) != 0
     used = 0
-    small = False
+    path = BOX_FULL
     box = np.zeros(4, np.int64)
     for i in range(reps):
         if switch:
@@ -1060,9 +1143,9 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             else:
                 active[1] = -1
         if switch or i == 0:        # without S the tile cannot change inside the instruction
-            small = _small_box(weights, active, flags, scratch, box)
-            if small:
-                pass                # the box's weights are ready: nothing to pack
+            path = _box_plan(weights, active, flags, scratch, box, int8)
+            if path != BOX_FULL:
+                pass                # the box's weights are ready: nothing else to pack
             elif int8:
                 _active_packed(weights, active, flags, scratch)
             elif wide:
@@ -1079,7 +1162,10 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             ub_base, acc_base, count, cw = row[COL_UB] + i * rep_ub, row[COL_ACC] + i * rep_acc, \
                 row[COL_LEN], 0
             dy, dx = 0, 0
-        if small:
+        if path == BOX_COMPACT:
+            _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, count, cw,
+                                   pitch, stride, dy, dx, overwrite)
+        elif path == BOX_DIRECT:
             _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count, cw,
                                pitch, stride, dy, dx, overwrite)
         elif int8:
