@@ -178,7 +178,7 @@ def test_run_batches_refuses_images_of_another_shape_and_reports_a_fault():
 
 
 CACHED = """
-.config array_size=16, ub_rows=64, acc_rows=64
+.config array_size=32, ub_rows=64, acc_rows=64
     RHM 0, 0, 8
     RW 0, repeat=3
     MMC.SO 0, 0, 8
@@ -193,15 +193,16 @@ CACHED = """
 
 def test_batches_reuse_packed_tiles_and_never_serve_stale_ones():
     """Three tiles switched in and out every batch (the packed-tile cache of run_batches,
-    on the int8 kernel at N = 16): each batch equals a fresh full run, and a second weight
-    image loaded into the same machine is packed anew, not served from the cache."""
+    on the int8 kernel at N = 32, where full tiles are too big for the box paths): each
+    batch equals a fresh full run, and a second weight image loaded into the same machine
+    is packed anew, not served from the cache."""
     from tpuasm import assemble
     program = assemble(CACHED)
     rng = np.random.default_rng(4)
-    hosts = rng.integers(0, 256, (4, 24, 16)).astype(np.uint8)
+    hosts = rng.integers(0, 256, (4, 24, 32)).astype(np.uint8)
     machine = Machine.for_program(program)
-    for weights in (rng.integers(-128, 128, (3, 16, 16)).astype(np.int8),
-                    rng.integers(-128, 128, (3, 16, 16)).astype(np.int8)):
+    for weights in (rng.integers(-128, 128, (3, 32, 32)).astype(np.int8),
+                    rng.integers(-128, 128, (3, 32, 32)).astype(np.int8)):
         wanted = []
         for host in hosts:
             full = Machine.for_program(program)

