@@ -16,6 +16,10 @@ registers, an empty weight queue -- and only the rows the program can write are 
 between batches (_write_spans: every instruction's write footprint, the bounding rows the
 core's hazard checks use, so never fewer than it writes).  Rows it never writes keep their
 loaded zeros, so every batch sees exactly the memories a fresh load would give it.
+
+Both mark the scratch for the run (_begin/_end): the weight image cannot change during it,
+so the kernels find each weight tile's bounding box of non-zero bytes once per run and run a
+padded tile's MatrixMultiply on its box alone (kernels.py, padded tiles).
 """
 from __future__ import annotations
 

@@ -56,6 +56,15 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_t
     cached_tiles > 0 adds that many slots of packed tiles for the int8 kernel (the
     packed-tile cache, 3 N^2 bytes a slot; Machine.run_batches), with the same rule.
 
+During a data-path run (dataonly.py sets scratch.options[_OPT_TRUSTED]) a MatrixMultiply
+with 8-bit operands whose weight tile is zero outside a small bounding box runs on the box
+alone ("padded tiles" below: direct integer loops, or the int8 kernel on a smaller corner
+tile), bit-exact; the pipelined core always takes the full tile.  Activate's pooling,
+fixed-point P and register requantization with an 8-bit output run a row at a time
+(_act_fast), with the element-by-element loop kept for the rest and as the tests' oracle.
+make_scratch's options also hold that flag and the run's number (_OPT_EPOCH), and the
+scratch the boxes' cache and buffers (boxes, box_w, box_tile, box_packed, box_bias).
+
 MatrixMultiply runs on the int8 kernel (native.py, mmc_int8.c: integer products summed in
 int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 16-bit
 operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact
@@ -1378,12 +1387,21 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
         lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
     relu = fn == _FN_RELU
     other = fn != _FN_RELU and fn != _FN_NONE
+    # columns from m on are zero in every row read: they take a zero row's outputs
+    m = _zero_columns(row, regs, acc, length)
+    zeros = np.zeros(n, np.uint8)
+    for j in range(m, n):
+        v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+        v = _apply_fn(v, fn, frac)
+        zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
+        if lookup:
+            zeros[j] = table[zeros[j]]
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(length):
             a, u = a0 + o, u0 + _act_out_row(o, regs)
-            for j in range(n):
+            for j in range(m):
                 v = ((np.int64(acc[a, j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
                 if relu:
                     v = max(v, 0)
@@ -1391,16 +1409,17 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                     v = _apply_fn(v, fn, frac)
                 ub[u, j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
             if lookup:
-                for j in range(n):
+                for j in range(m):
                     ub[u, j] = table[ub[u, j]]
+            if m < n:
+                ub[u, m:] = zeros[m:]
 
 
 @njit(cache=True)
-def _window_values(src, bias, fn, frac, out):
-    """out[j] = function(src[j] + bias[j]), the bias add wrapping like the accumulators
-    (bias all zero without P: then it is src[j] itself).  One loop per function, no branch
-    on the data: it vectorizes."""
-    n = out.shape[0]
+def _window_values(src, bias, fn, frac, out, n):
+    """out[j] = function(src[j] + bias[j]) for j < n, the bias add wrapping like the
+    accumulators (bias all zero without P: then it is src[j] itself).  One loop per
+    function, no branch on the data: it vectorizes."""
     if fn == _FN_RELU:
         for j in range(n):
             out[j] = max(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN,
@@ -1426,9 +1445,9 @@ def _pow2_exponent(c):
 
 
 @njit(cache=True)
-def _requantize_row(v, ub, u, kind, count, mult, shifts, fmult, mult_r, shift_r, zero, lo, hi,
-                    out_kind, table, lookup, tmp):
-    """ub[u] = the 8-bit outputs of the pooled values v (int64; v is clobbered), as the
+def _requantize_row(v, out, n, kind, count, mult, shifts, fmult, mult_r, shift_r, zero, lo,
+                    hi, out_kind, table, lookup, tmp):
+    """out[:n] = the 8-bit outputs of the pooled values v[:n] (int64; v is clobbered), as the
     general loop of _execute_act_ext computes them: kind 0 P with act_float, 1 P in fixed
     point, 2 the act_mult/act_shift registers; `count` the window's divisor for average
     pooling (0 for other pooling)."""
@@ -1455,7 +1474,7 @@ def _requantize_row(v, ub, u, kind, count, mult, shifts, fmult, mult_r, shift_r,
                 tmp[j] = _round_half_even_div(p, c << shifts[j]) + zero
     else:
         if count > 0:
-            _floor_divide_row(v, count)
+            _floor_divide_row(v[:n], count)
         rounding = (np.int64(1) << (shift_r - 1)) if shift_r > 0 else np.int64(0)
         for j in range(n):
             tmp[j] = ((v[j] * mult_r + rounding) >> shift_r) + zero
@@ -1464,12 +1483,31 @@ def _requantize_row(v, ub, u, kind, count, mult, shifts, fmult, mult_r, shift_r,
         lo, hi = min(max(lo, -128), 127), min(max(hi, -128), 127)
     elif out_kind == ACT_OUT_UINT8:
         lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
-    out = ub[u]
     for j in range(n):
         out[j] = min(max(tmp[j], lo), hi) & 0xFF
     if lookup:
         for j in range(n):
             out[j] = table[out[j]]
+
+
+@njit(cache=True)
+def _zero_columns(row, regs, acc, length):
+    """The least multiple of 16 (or N) from which every accumulator row this Activate reads
+    (`length` rows from each iteration's start) is zero: one pass ORing the rows together,
+    column by column (it vectorizes; cheaper than the work it saves on a layer narrower than
+    the array)."""
+    n = acc.shape[1]
+    seen = np.zeros(n, np.int32)
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        for r in range(a0, a0 + length):
+            src = acc[r]
+            for j in range(n):
+                seen[j] |= src[j]
+    m = n
+    while m > 0 and seen[m - 1] == 0:
+        m -= 1
+    return min((m + 15) // 16 * 16, n)
 
 
 @njit(cache=True)
@@ -1492,6 +1530,15 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
     frac = regs[REG_FN_IN_FRAC]
     pooled = buf[0]
     tmp = buf[1]
+    # Without average pooling, a column whose accumulators (in every row this Activate
+    # reads) are all zero gives the output of a zero row in every window: columns from m on
+    # (_zero_columns) take `zeros` as they are.
+    m = n if pool == _POOL_AVG else _zero_columns(row, regs, acc, img_w * img_h)
+    zeros = np.zeros(n, np.uint8)
+    if m < n:
+        _window_values(np.zeros(n, np.int32), bias, fn, frac, pooled, n)
+        _requantize_row(pooled, zeros, n, kind, 0, mult, shifts, fmult, mult_r, shift_r, zero,
+                        lo, hi, out_kind, table, lookup, tmp)
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
@@ -1506,21 +1553,24 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
                 for xx in range(max(x0, 0), min(x0 + kw, img_w)):
                     r = a0 + yy * img_w + xx
                     if count == 0:
-                        _window_values(acc[r], bias, fn, frac, pooled)
+                        _window_values(acc[r], bias, fn, frac, pooled, m)
                     else:
-                        _window_values(acc[r], bias, fn, frac, tmp)
+                        _window_values(acc[r], bias, fn, frac, tmp, m)
                         if pool == _POOL_MAX:
-                            for j in range(n):
+                            for j in range(m):
                                 pooled[j] = max(pooled[j], tmp[j])
                         else:
-                            for j in range(n):
+                            for j in range(m):
                                 pooled[j] += tmp[j]
                     count += 1
             if pool == _POOL_AVG and count_pad:
                 count = kh * kw
-            _requantize_row(pooled, ub, u0 + _act_out_row(o, regs), kind,
-                            count if pool == _POOL_AVG else 0, mult, shifts, fmult, mult_r,
-                            shift_r, zero, lo, hi, out_kind, table, lookup, tmp)
+            out = ub[u0 + _act_out_row(o, regs)]
+            _requantize_row(pooled, out, m, kind, count if pool == _POOL_AVG else 0, mult,
+                            shifts, fmult, mult_r, shift_r, zero, lo, hi, out_kind, table,
+                            lookup, tmp)
+            if m < n:
+                out[m:] = zeros[m:]
     return True
 
 
