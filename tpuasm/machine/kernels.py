@@ -1493,10 +1493,21 @@ def _requantize_row(v, out, n, kind, count, mult, shifts, fmult, mult_r, shift_r
 @njit(cache=True)
 def _zero_columns(row, regs, acc, length):
     """The least multiple of 16 (or N) from which every accumulator row this Activate reads
-    (`length` rows from each iteration's start) is zero: one pass ORing the rows together,
-    column by column (it vectorizes; cheaper than the work it saves on a layer narrower than
-    the array)."""
+    (`length` rows from each iteration's start) is zero: N as soon as a row's last 16
+    columns are not (a full-width layer pays one row's look), else one pass ORing the rows
+    together, column by column (it vectorizes; cheaper than the work it saves on a layer
+    narrower than the array)."""
     n = acc.shape[1]
+    last = max(n - 16, 0)
+    for i in range(_iterations(row)):   # a full-width layer ends here, at its first row
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        for r in range(a0, a0 + length):
+            src = acc[r]
+            tail = np.int32(0)
+            for j in range(last, n):
+                tail |= src[j]
+            if tail != 0:
+                return n
     seen = np.zeros(n, np.int32)
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
