@@ -132,6 +132,9 @@ _OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
 # change during it, so a tile's bounding box found once stays true), and its number, which
 # the box cache entries carry.
 _OPT_TRUSTED, _OPT_EPOCH = 4, 5
+# The last padded-tile plan (_box_plan): tile, mode, run number, path, then the box's
+# k0, k1, j0, j1 -- its weights are still in box_w / box_packed.
+_OPT_PLAN = 6
 BOX_SLOTS = 1024                # direct-mapped slots of the tiles' bounding boxes
 
 
@@ -160,7 +163,8 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
         key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
-        options=np.array([1 if use_blas else 0, chunk, int8_level, threads, 0, 0], np.int64),
+        options=np.array([1 if use_blas else 0, chunk, int8_level, threads, 0, 0]
+                         + [_KEY_EMPTY] * 8, np.int64),
         row_buf=np.zeros((2, n), np.int64),
         packed8=np.zeros((4, 2 * int8_n * int8_n), np.int8),
         bias8=np.zeros((4, int8_n), np.int32),
@@ -1002,9 +1006,21 @@ def _box_plan(weights, active, flags, scratch, box, int8):
     as the corner of a square tile (scratch.box_packed, box_bias) for BOX_COMPACT."""
     if scratch.options[_OPT_TRUSTED] == 0 or (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0:
         return BOX_FULL
+    o = scratch.options
+    mode = (flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN)) + (4096 if int8 else 0)
+    if o[_OPT_PLAN] == active[0] and o[_OPT_PLAN + 1] == mode \
+            and o[_OPT_PLAN + 2] == o[_OPT_EPOCH]:
+        # the same tile in the same mode as the last plan of this run (a MatrixMultiply
+        # without S after the one that switched it in): its weights are ready
+        for q in range(4):
+            box[q] = o[_OPT_PLAN + 4 + q]
+        return o[_OPT_PLAN + 3]
     found = _tile_box(weights, active[0], scratch)
     k0, k1, j0, j1 = found[0], found[1], found[2], found[3]
     path = box_path(k1 - k0, j1 - j0, weights.shape[1], int8)
+    o[_OPT_PLAN], o[_OPT_PLAN + 1], o[_OPT_PLAN + 2] = active[0], mode, o[_OPT_EPOCH]
+    o[_OPT_PLAN + 3] = path
+    o[_OPT_PLAN + 4], o[_OPT_PLAN + 5], o[_OPT_PLAN + 6], o[_OPT_PLAN + 7] = k0, k1, j0, j1
     if path == BOX_FULL:
         return path
     box[0], box[1], box[2], box[3] = k0, k1, j0, j1
