@@ -526,14 +526,17 @@ class Case(NamedTuple):
 
 @st.composite
 def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0.2,
-             fault_kind: str | None = None, profile: str = "tpu", vector_share: float = 0.0):
+             fault_kind: str | None = None, profile: str = "tpu", vector_share: float = 0.0,
+             padded: bool = False):
     """A Case: a Program on SHAPE (with `profile`) with its host and weight images.
 
     A share `fault_share` of programs holds one instruction built to fault (kind drawn from
     FAULT_KINDS); `fault_kind` makes every program hold one of that kind.  The programs are
     the same for both profiles (the opentpu profile changes only what Activate computes,
     spec/opentpu.md section 4; the requantization registers it ignores are still set).
-    `vector_share` of the instructions (beyond the usual mix) are VADD/VMUL."""
+    `vector_share` of the instructions (beyond the usual mix) are VADD/VMUL.  `padded`: each
+    weight tile is zero outside a random block of rows and columns (as a compiled layer
+    smaller than the array leaves it; some tiles all zero, some full)."""
     b = Builder(draw)
     if draw(st.sampled_from(range(100))) < 85:
         # Most programs start by filling the UB from the host, so that MatrixMultiply and
@@ -574,6 +577,26 @@ def programs(draw, min_size: int = 1, max_size: int = 30, fault_share: float = 0
     rng = np.random.default_rng(seed)
     host = rng.integers(-scale, scale, size=(HOST_ROWS, N)).astype(np.int8)
     weights = rng.integers(-scale, scale, size=(TILES, N, N)).astype(np.int8)
+    if padded:
+        weights = _pad_tiles(weights, rng)
     if not fault and draw(st.sampled_from(range(40))) == 17:
         weights = rng.integers(-128, 128, size=(0, N, N)).astype(np.int8)      # no weights
     return Case(Program(b.out, replace(SHAPE, profile=profile)), host, weights, planned)
+
+
+def _pad_tiles(weights: np.ndarray, rng) -> np.ndarray:
+    """Every tile zeroed outside a random block (rows k0..k1-1, columns j0..j1-1); the block
+    is empty for some tiles and the whole tile for others."""
+    out = np.zeros_like(weights)
+    n = weights.shape[1]
+    for t in range(len(weights)):
+        kind = rng.integers(0, 6)
+        if kind == 0:
+            continue                                     # all zero
+        if kind == 1:
+            out[t] = weights[t]                          # full
+            continue
+        k0, j0 = rng.integers(0, n, 2)
+        k1, j1 = rng.integers(k0 + 1, n + 1), rng.integers(j0 + 1, n + 1)
+        out[t, k0:k1, j0:j1] = weights[t, k0:k1, j0:j1]
+    return out

@@ -178,7 +178,7 @@ def test_run_batches_refuses_images_of_another_shape_and_reports_a_fault():
 
 
 CACHED = """
-.config array_size=16, ub_rows=64, acc_rows=64
+.config array_size=32, ub_rows=64, acc_rows=64
     RHM 0, 0, 8
     RW 0, repeat=3
     MMC.SO 0, 0, 8
@@ -193,15 +193,16 @@ CACHED = """
 
 def test_batches_reuse_packed_tiles_and_never_serve_stale_ones():
     """Three tiles switched in and out every batch (the packed-tile cache of run_batches,
-    on the int8 kernel at N = 16): each batch equals a fresh full run, and a second weight
-    image loaded into the same machine is packed anew, not served from the cache."""
+    on the int8 kernel at N = 32, where full tiles are too big for the box paths): each
+    batch equals a fresh full run, and a second weight image loaded into the same machine
+    is packed anew, not served from the cache."""
     from tpuasm import assemble
     program = assemble(CACHED)
     rng = np.random.default_rng(4)
-    hosts = rng.integers(0, 256, (4, 24, 16)).astype(np.uint8)
+    hosts = rng.integers(0, 256, (4, 24, 32)).astype(np.uint8)
     machine = Machine.for_program(program)
-    for weights in (rng.integers(-128, 128, (3, 16, 16)).astype(np.int8),
-                    rng.integers(-128, 128, (3, 16, 16)).astype(np.int8)):
+    for weights in (rng.integers(-128, 128, (3, 32, 32)).astype(np.int8),
+                    rng.integers(-128, 128, (3, 32, 32)).astype(np.int8)):
         wanted = []
         for host in hosts:
             full = Machine.for_program(program)
@@ -216,3 +217,117 @@ def test_batches_reuse_packed_tiles_and_never_serve_stale_ones():
         if machine._scratch.options[2]:          # the int8 kernel serves this CPU
             assert machine._scratch.cache8.shape[0] == 3
             assert sorted(machine._scratch.cache_key8[:, 0]) == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- padded tiles
+# The data path runs a tile whose non-zero bytes fit a small box on the box alone
+# (kernels.py, padded tiles); the pipelined core always multiplies the whole tile, so it is
+# the oracle here (and the reference model is the pipelined core's, test_differential.py).
+
+
+@pytest.mark.parametrize("profile", ["tpu", "opentpu"])
+def test_data_path_equals_the_pipeline_on_random_programs_with_padded_tiles(profile):
+    statuses = []
+
+    @settings(max_examples=50, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(programs(fault_share=0.0, profile=profile, padded=True))
+    def check(case):
+        statuses.append(_check(case))
+        statuses.append(_batch_check(case))
+
+    check()
+    assert statuses.count("halted") >= 40
+
+
+def test_find_box_is_the_bounding_box_of_the_non_zero_bytes():
+    from tpuasm.machine.kernels import _find_box
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        n = int(rng.choice([8, 16, 32]))
+        tile = np.zeros((n, n), np.uint8)
+        for _ in range(int(rng.integers(0, 4))):
+            tile[rng.integers(0, n), rng.integers(0, n)] = rng.integers(1, 256)
+        box = np.zeros(4, np.int64)
+        _find_box(tile, box)
+        rows, cols = np.nonzero(tile)
+        want = (0, 0, 0, 0) if len(rows) == 0 else \
+            (rows.min(), rows.max() + 1, cols.min(), cols.max() + 1)
+        assert tuple(box) == want
+
+
+BOXES = """
+.config array_size=64, ub_rows=128, acc_rows=96
+    RHM 0, 0, 40
+    RW 4
+    RW 0, repeat=3
+    MMC.SO{u} 0, 0, 40
+    {plain}O 1, 40, 40
+    MMC.SO{u} 0, 0, 40
+    MMC.SO{u} 1, 40, 40
+    ACT 40, 50, 40
+    WHM 50, 0, 40
+    RW 3, repeat=3
+    MMC.S{u} 0, 0, 40
+    MMC.SO{u} 2, 40, 40
+    {plain} 3, 0, 40
+    MMC.S{u} 0, 40, 40
+    MMC.SO{u} 1, 0, 40
+    ACT.R 0, 50, 40
+    WHM 50, 40, 40
+    ACT 40, 0, 40
+    WHM 0, 80, 40
+    HLT
+"""
+
+
+@pytest.mark.parametrize("flags", ["", "U", "W", "UW"])
+def test_padded_tiles_on_every_box_path_equal_full_runs(flags):
+    """At N = 64 (the int8 kernel's size when the CPU has one) tiles with boxes empty, 1 x 1,
+    at the limit of the direct loops, past it (the int8 kernel on a 32-wide corner tile),
+    offset and full, switched in turn, overwriting rows a full tile wrote and accumulating:
+    run_batches and run_data equal fresh pipelined runs on every image."""
+    from tpuasm import assemble
+    from tpuasm.machine import kernels as K
+    program = assemble(BOXES.format(u=flags, plain=f"MMC.{flags}" if flags else "MMC")
+                       .replace("MMCO", "MMC.O"))
+    n = 64
+    assert K.box_path(16, 16, n, True) == K.BOX_DIRECT
+    assert K.box_path(18, 16, n, True) == K.BOX_COMPACT
+    assert K.box_path(30, 20, n, True) == K.BOX_COMPACT
+    assert K.box_path(64, 1, n, True) == K.box_path(64, 64, n, True) == K.BOX_FULL
+    rng = np.random.default_rng(11)
+    weights = np.zeros((6, n, n), np.int8)
+    full = rng.integers(-128, 128, (6, n, n)).astype(np.int8)
+    weights[1, 5, 9] = full[1, 5, 9] | 1                          # 1 x 1
+    weights[2, 3:19, 20:36] = full[2, 3:19, 20:36]                # 16 x 16: direct
+    weights[2, 3, 20] = weights[2, 18, 35] = 77                   # (corners keep the box)
+    weights[3, 20:38, 40:56] = full[3, 20:38, 40:56]              # 18 x 16: a corner tile
+    weights[3, 20, 40] = weights[3, 37, 55] = -5
+    weights[4] = full[4]                                          # full
+    weights[5, 34:64, 44:64] = full[5, 34:64, 44:64]              # 30 x 20 at the edge
+    weights[5, 34, 44] = weights[5, 63, 63] = 3
+    hosts = rng.integers(0, 256, (3, 120, n)).astype(np.uint8)
+    wanted = []
+    for host in hosts:
+        pipelined = Machine.for_program(program)
+        pipelined.load(program, host=host, weights=weights)
+        assert pipelined.run().status == "halted"
+        wanted.append(pipelined.host.copy())
+    machine = Machine.for_program(program)
+    machine.load(program, host=hosts[0], weights=weights)
+    got = hosts.copy()
+    assert machine.run_batches(got).status == "halted"
+    np.testing.assert_array_equal(got, np.stack(wanted))
+    machine.load(program, host=hosts[1], weights=weights)
+    assert machine.run_data().status == "halted"
+    np.testing.assert_array_equal(machine.host, wanted[1])
+    # another image in the same machine: boxes are found again, not served stale
+    weights[1] = full[1]
+    machine.load(program, host=hosts[2], weights=weights)
+    again = hosts[2:].copy()
+    assert machine.run_batches(again).status == "halted"
+    pipelined = Machine.for_program(program)
+    pipelined.load(program, host=hosts[2], weights=weights)
+    assert pipelined.run().status == "halted"
+    np.testing.assert_array_equal(again[0], pipelined.host)

@@ -16,6 +16,10 @@ registers, an empty weight queue -- and only the rows the program can write are 
 between batches (_write_spans: every instruction's write footprint, the bounding rows the
 core's hazard checks use, so never fewer than it writes).  Rows it never writes keep their
 loaded zeros, so every batch sees exactly the memories a fresh load would give it.
+
+Both mark the scratch for the run (_begin/_end): the weight image cannot change during it,
+so the kernels find each weight tile's bounding box of non-zero bytes once per run and run a
+padded tile's MatrixMultiply on its box alone (kernels.py, padded tiles).
 """
 from __future__ import annotations
 
@@ -25,13 +29,36 @@ from .core import OP_STAGE, PORT_WEIGHTS
 from .decoded import (COL_FLAGS, COL_OP, COL_REG, COL_REPEAT, COL_TILE, COL_VALUE,
                       MMC_SWITCH, MMC_WIDE_W, OP_CFG, OP_HLT, OP_MMC, reset_registers)
 from .jit import njit
-from .kernels import MAX_FOOTPRINT, MEM_ACC, MEM_UB, execute_instruction, footprint
+from .kernels import (_OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB,
+                      execute_instruction, footprint)
+
+
+@njit(cache=True)
+def _begin(scratch):
+    """Mark a data-path run in progress on this scratch: the weight image cannot change
+    until _end, so the kernels may keep what they find in a tile for the run (its bounding
+    box, kernels.py's padded tiles) under the run's new number."""
+    scratch.options[_OPT_EPOCH] += 1
+    scratch.options[_OPT_TRUSTED] = 1
+
+
+@njit(cache=True)
+def _end(scratch):
+    scratch.options[_OPT_TRUSTED] = 0
 
 
 @njit(cache=True)
 def run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile):
     """Apply every instruction of `prog` up to its Halt, in program order (the program must
     be one that halts without a fault: nothing is checked here).  Returns the Halt's index."""
+    _begin(scratch)
+    pc = _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile)
+    _end(scratch)
+    return pc
+
+
+@njit(cache=True)
+def _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile):
     queued = 0              # tiles fetched by Read_Weights so far
     taken = 0               # tiles switched into the array so far
     for pc in range(prog.shape[0]):
@@ -113,6 +140,7 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     reset = regs.copy()
     ub_spans = _write_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
     acc_spans = _write_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
+    _begin(scratch)                     # one run for all batches: the weights stay
     for b in range(hosts.shape[0]):
         for k in range(ub_spans.shape[0]):
             _zero(ub[ub_spans[k, 0]:ub_spans[k, 1]])
@@ -121,7 +149,8 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
         regs[:] = reset
         tiles[:] = -1
         active[:] = -1
-        run_sequential(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch, profile)
+        _run_program(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch, profile)
+    _end(scratch)
     return hosts.shape[0]
 
 
@@ -141,7 +170,10 @@ def run(machine_args, profile: int) -> int:
     from . import aot
     args = (*arguments(machine_args), np.int64(profile))
     entry = aot.runner(args[:-1], "run_sequential") or run_sequential
-    return int(entry(*args))
+    try:
+        return int(entry(*args))
+    finally:
+        args[8].options[_OPT_TRUSTED] = 0     # also when the run raised
 
 
 def batch_arguments(machine_args, hosts: np.ndarray) -> tuple:
@@ -157,7 +189,10 @@ def run_many(machine_args, hosts: np.ndarray, profile: int) -> int:
     from . import aot
     args = (*batch_arguments(machine_args, hosts), np.int64(profile))
     entry = aot.runner(args[:-1], "run_batches") or run_batches
-    return int(entry(*args))
+    try:
+        return int(entry(*args))
+    finally:
+        args[8].options[_OPT_TRUSTED] = 0     # also when the run raised
 
 
 def _fetched_tiles(prog: np.ndarray) -> int:

@@ -56,6 +56,15 @@ make_scratch(array_size, chunk_rows=1024, use_blas=None, int8_level=None, int8_t
     cached_tiles > 0 adds that many slots of packed tiles for the int8 kernel (the
     packed-tile cache, 3 N^2 bytes a slot; Machine.run_batches), with the same rule.
 
+During a data-path run (dataonly.py sets scratch.options[_OPT_TRUSTED]) a MatrixMultiply
+with 8-bit operands whose weight tile is zero outside a small bounding box runs on the box
+alone ("padded tiles" below: direct integer loops, or the int8 kernel on a smaller corner
+tile), bit-exact; the pipelined core always takes the full tile.  Activate's pooling,
+fixed-point P and register requantization with an 8-bit output run a row at a time
+(_act_fast), with the element-by-element loop kept for the rest and as the tests' oracle.
+make_scratch's options also hold that flag and the run's number (_OPT_EPOCH), and the
+scratch the boxes' cache and buffers (boxes, box_w, box_tile, box_packed, box_bias).
+
 MatrixMultiply runs on the int8 kernel (native.py, mmc_int8.c: integer products summed in
 int32 with AVX-512 VNNI or AVX2, straight from the UB into the accumulators; a 16-bit
 operand as its two bytes) when the int8 level is not 0.  Otherwise it runs as an exact
@@ -119,12 +128,21 @@ _KEY_EMPTY = -2
 Scratch = namedtuple("Scratch", ["x32", "c32", "x64", "c64", "w32", "w64", "key32", "key64",
                                  "raw32", "raw64", "options", "row_buf", "packed8", "bias8",
                                  "key8", "raw8", "rows8", "cache8", "cache_bias8",
-                                 "cache_key8", "cache_raw8"])
+                                 "cache_key8", "cache_raw8", "boxes", "box_w", "box_tile",
+                                 "box_packed", "box_bias"])
 _OPT_BLAS, _OPT_CHUNK, _OPT_INT8, _OPT_INT8_THREADS = 0, 1, 2, 3
 # Rows of one int8 kernel call (the length of rows8): an MLP's MatrixMultiply of a few
 # thousand rows is one call, one job for the kernel's threads, rather than a job per
 # chunk_rows (each a wake-up of the helpers and a wait for the slowest).
 _INT8_CALL_ROWS = 16384
+# The data path's run in progress (dataonly.py): 1 while one runs (the weight image cannot
+# change during it, so a tile's bounding box found once stays true), and its number, which
+# the box cache entries carry.
+_OPT_TRUSTED, _OPT_EPOCH = 4, 5
+# The last padded-tile plan (_box_plan): tile, mode, run number, path, then the box's
+# k0, k1, j0, j1 -- its weights are still in box_w / box_packed.
+_OPT_PLAN = 6
+BOX_SLOTS = 1024                # direct-mapped slots of the tiles' bounding boxes
 
 
 def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None = None,
@@ -152,13 +170,17 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
         w32=np.zeros((n, n), np.float32), w64=np.zeros((n, n), np.float64),
         key32=np.full(3, _KEY_EMPTY, np.int64), key64=np.full(3, _KEY_EMPTY, np.int64),
         raw32=np.zeros((2, n, n), np.uint8), raw64=np.zeros((2, n, n), np.uint8),
-        options=np.array([1 if use_blas else 0, chunk, int8_level, threads], np.int64),
+        options=np.array([1 if use_blas else 0, chunk, int8_level, threads, 0, 0]
+                         + [_KEY_EMPTY] * 8, np.int64),
         row_buf=np.zeros((2, n), np.int64),
         packed8=np.zeros((4, 2 * int8_n * int8_n), np.int8),
         bias8=np.zeros((4, int8_n), np.int32),
         key8=np.full(3, _KEY_EMPTY, np.int64), raw8=np.zeros((2, int8_n, int8_n), np.uint8),
         rows8=np.zeros(max(chunk, _INT8_CALL_ROWS) if int8_level else 0, np.int64),
-        **_tile_cache(int8_n, cached_tiles if int8_level else 0))
+        **_tile_cache(int8_n, cached_tiles if int8_level else 0),
+        boxes=np.full((BOX_SLOTS, 6), _KEY_EMPTY, np.int64),
+        box_w=np.zeros(n * n, np.int32), box_tile=np.zeros(int8_n * int8_n, np.uint8),
+        box_packed=np.zeros(2 * int8_n * int8_n, np.int8), box_bias=np.zeros(int8_n, np.int32))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -905,6 +927,210 @@ def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
                 first_pass = False
 
 
+# ----------------------------------------------------------------------------- padded tiles
+# A compiled layer smaller than the array leaves most of its weight tile zero (the digits
+# CNN's tiles hold 8 x 16 non-zero weights of 256 x 256).  Weight rows outside the tile's
+# bounding box of non-zero bytes multiply their inputs by zero, and its columns outside the
+# box get zero products: so the box alone gives the same accumulators, exactly -- columns
+# outside it are written 0 by an overwriting MatrixMultiply and left as they are by an
+# accumulating one (adding 0).  During a data-path run (the weight image cannot change
+# then) each tile's box is found once and a tile whose box is small runs as direct integer
+# loops over the box (_mmc_iteration_box), with no packing, no tile compare and no GEMM.
+# 8-bit operands only (H and D keep the general kernels).
+
+
+@njit(cache=True)
+def _find_box(tile, out):
+    """out[0:4] = (k0, k1, j0, j1): the rows k0..k1-1 and columns j0..j1-1 that hold every
+    non-zero byte of the (N, N) tile; (0, 0, 0, 0) when it is all zero."""
+    n = tile.shape[1]
+    columns = np.zeros(n, np.uint8)          # OR of every row, column by column
+    k0, k1 = n, 0
+    for k in range(n):
+        row = tile[k]
+        seen = np.uint8(0)
+        for j in range(n):
+            columns[j] |= row[j]
+            seen |= row[j]
+        if seen != 0:
+            k0 = min(k0, k)
+            k1 = k + 1
+    if k1 == 0:
+        out[0], out[1], out[2], out[3] = 0, 0, 0, 0
+        return
+    j0, j1 = n, 0
+    for j in range(n):
+        if columns[j] != 0:
+            j0 = min(j0, j)
+            j1 = j + 1
+    out[0], out[1], out[2], out[3] = k0, k1, j0, j1
+
+
+@njit(cache=True)
+def _tile_box(weights, index, scratch):
+    """Tile `index`'s bounding box (_find_box) as a view (k0, k1, j0, j1), found once per
+    data-path run (the cache entry carries the run's number)."""
+    boxes = scratch.boxes
+    entry = boxes[index % boxes.shape[0]]
+    epoch = scratch.options[_OPT_EPOCH]
+    if entry[0] != epoch or entry[1] != index:
+        _find_box(weights[index], entry[2:6])
+        entry[0], entry[1] = epoch, index
+    return entry[2:6]
+
+
+BOX_FULL, BOX_DIRECT, BOX_COMPACT = 0, 1, 2
+
+
+@njit(cache=True)
+def box_path(height, width, n, int8):
+    """How a MatrixMultiply runs on a box of height x width weights in an N-wide array:
+    BOX_DIRECT, numba's integer loops over the box (a few vector operations per input row:
+    at most 16 rows of 16 columns' worth; on the float path any box up to N^2 / 16, and
+    always at N < 16); BOX_COMPACT, the int8 kernel on the box copied into the corner of a
+    smaller square tile (its side rounded up to 16, at most N / 2: a 64 x 64 box of a
+    256-wide array runs 16 times fewer MACs); else BOX_FULL, the whole tile."""
+    if height * width == 0:
+        return BOX_DIRECT
+    if not int8:
+        return BOX_DIRECT if height * width <= max(n * n // 16, 64) else BOX_FULL
+    if height * ((width + 15) // 16) <= 16:
+        return BOX_DIRECT
+    side = (max(height, width) + 15) // 16 * 16
+    return BOX_COMPACT if 2 * side <= n else BOX_FULL
+
+
+@njit(cache=True)
+def _compact_side(box):
+    return (max(box[1] - box[0], box[3] - box[2]) + 15) // 16 * 16
+
+
+@njit(cache=True)
+def _box_plan(weights, active, flags, scratch, box, int8):
+    """The path of this MatrixMultiply (box_path; BOX_FULL outside a data-path run and for
+    16-bit operands), its tile's box in `box`, and the box's weights made ready: converted
+    into scratch.box_w (row-major, j1 - j0 wide) for BOX_DIRECT, packed for the int8 kernel
+    as the corner of a square tile (scratch.box_packed, box_bias) for BOX_COMPACT."""
+    if scratch.options[_OPT_TRUSTED] == 0 or (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0:
+        return BOX_FULL
+    o = scratch.options
+    mode = (flags & (MMC_UNSIGNED_W | MMC_UNSIGNED_IN)) + (4096 if int8 else 0)
+    if o[_OPT_PLAN] == active[0] and o[_OPT_PLAN + 1] == mode \
+            and o[_OPT_PLAN + 2] == o[_OPT_EPOCH]:
+        # the same tile in the same mode as the last plan of this run (a MatrixMultiply
+        # without S after the one that switched it in): its weights are ready
+        for q in range(4):
+            box[q] = o[_OPT_PLAN + 4 + q]
+        return o[_OPT_PLAN + 3]
+    found = _tile_box(weights, active[0], scratch)
+    k0, k1, j0, j1 = found[0], found[1], found[2], found[3]
+    path = box_path(k1 - k0, j1 - j0, weights.shape[1], int8)
+    o[_OPT_PLAN], o[_OPT_PLAN + 1], o[_OPT_PLAN + 2] = active[0], mode, o[_OPT_EPOCH]
+    o[_OPT_PLAN + 3] = path
+    o[_OPT_PLAN + 4], o[_OPT_PLAN + 5], o[_OPT_PLAN + 6], o[_OPT_PLAN + 7] = k0, k1, j0, j1
+    if path == BOX_FULL:
+        return path
+    box[0], box[1], box[2], box[3] = k0, k1, j0, j1
+    tile = weights[active[0]]
+    width = j1 - j0
+    if path == BOX_DIRECT:
+        w = scratch.box_w
+        unsigned_w = (flags & MMC_UNSIGNED_W) != 0
+        for k in range(k0, k1):
+            base = (k - k0) * width
+            for j in range(width):
+                v = np.int32(tile[k, j0 + j])
+                w[base + j] = v if unsigned_w else _signed8(v)
+        return path
+    side = _compact_side(box)
+    corner = scratch.box_tile[:side * side].reshape((side, side))
+    corner[:, :] = 0
+    for k in range(k0, k1):
+        dst = corner[k - k0]
+        for j in range(width):
+            dst[j] = tile[k, j0 + j]
+    _native.pack_tile(corner, (flags & MMC_UNSIGNED_W) == 0, (flags & MMC_UNSIGNED_IN) == 0,
+                      scratch.options[_OPT_INT8], scratch.box_packed, scratch.box_bias)
+    return path
+
+
+@njit(cache=True)
+def _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, count,
+                           conv_width, pitch, stride, dy, dx, overwrite):
+    """One iteration on the int8 kernel with the box's corner tile (_box_plan): each input
+    vector's box rows gathered into a row of the corner's width (in the float staging
+    buffers, unused on this path), the products written to a staging row, then moved into
+    the box's columns (the other columns zeroed or left, as in _mmc_iteration_box)."""
+    k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
+    height, width = k1 - k0, j1 - j0
+    side = _compact_side(box)
+    rows = scratch.rows8
+    chunk = rows.shape[0]
+    inputs = scratch.x32.reshape(scratch.x32.size).view(np.uint8)
+    products = scratch.c32.reshape(scratch.c32.size).view(np.int32)
+    for first in range(0, count, chunk):
+        m = min(chunk, count - first)
+        x = inputs[:m * side].reshape((m, side))
+        c = products[:m * side].reshape((m, side))
+        for r in range(m):
+            src = ub[_input_row(first + r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
+            dst = x[r]
+            for k in range(height):
+                dst[k] = src[k0 + k]
+            for k in range(height, side):
+                dst[k] = 0
+            rows[r] = r
+        _native.mmc_rows(x, rows, m, scratch.box_packed, scratch.box_bias,
+                         (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
+                         True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+        for r in range(m):
+            dst = acc[acc_base + first + r]
+            got = c[r]
+            if overwrite:
+                dst[:j0] = 0
+                dst[j1:] = 0
+                dst[j0:j1] = got[:width]
+            else:
+                inside = dst[j0:j1]
+                for j in range(width):
+                    inside[j] += got[j]
+
+
+@njit(cache=True)
+def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
+                       conv_width, pitch, stride, dy, dx, overwrite):
+    """One iteration on the box alone (8-bit operands): for each output vector, the box's
+    columns summed in int32 (wrapping: exact modulo 2^32 like the accumulators), the other
+    columns zeroed (overwrite) or left (accumulate).  The sums live in a local array and
+    each weight row is a row of a 2-D view, with no branch in the loop: LLVM vectorizes it
+    (15 GMAC/s for a 64 x 64 box, five times the form with a shared buffer and a skip of
+    zero inputs)."""
+    k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
+    height, width = k1 - k0, j1 - j0
+    w = scratch.box_w[:height * width].reshape((height, width))
+    sums = np.zeros(width, np.int32)
+    unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
+    for r in range(count):
+        x = ub[_input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
+        sums[:] = 0
+        for k in range(height):
+            xv = np.int32(x[k0 + k])
+            if not unsigned_in:
+                xv = _signed8(xv)
+            wrow = w[k]
+            for j in range(width):
+                sums[j] += xv * wrow[j]
+        dst = acc[acc_base + r]
+        if overwrite:           # slice stores: 8x faster here than loops from j1 to n
+            dst[:j0] = 0
+            dst[j1:] = 0
+            dst[j0:j1] = sums
+        else:
+            inside = dst[j0:j1]
+            for j in range(width):
+                inside[j] += sums[j]
+
+
 @njit(cache=True)
 def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     flags = row[COL_FLAGS]
@@ -927,6 +1153,8 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     height, width, pitch, kw, stride = _conv_geometry(row, regs)
     switch = (flags & MMC_SWITCH) != 0
     used = 0
+    path = BOX_FULL
+    box = np.zeros(4, np.int64)
     for i in range(reps):
         if switch:
             active[0] = tiles[used]
@@ -937,7 +1165,10 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             else:
                 active[1] = -1
         if switch or i == 0:        # without S the tile cannot change inside the instruction
-            if int8:
+            path = _box_plan(weights, active, flags, scratch, box, int8)
+            if path != BOX_FULL:
+                pass                # the box's weights are ready: nothing else to pack
+            elif int8:
                 _active_packed(weights, active, flags, scratch)
             elif wide:
                 _active_weights(weights, active, flags, not use_blas, scratch.w64,
@@ -953,7 +1184,13 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
             ub_base, acc_base, count, cw = row[COL_UB] + i * rep_ub, row[COL_ACC] + i * rep_acc, \
                 row[COL_LEN], 0
             dy, dx = 0, 0
-        if int8:
+        if path == BOX_COMPACT:
+            _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, count, cw,
+                                   pitch, stride, dy, dx, overwrite)
+        elif path == BOX_DIRECT:
+            _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count, cw,
+                               pitch, stride, dy, dx, overwrite)
+        elif int8:
             _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count, cw, pitch,
                                 stride, dy, dx, overwrite)
         elif wide:
@@ -1173,12 +1410,21 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
         lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
     relu = fn == _FN_RELU
     other = fn != _FN_RELU and fn != _FN_NONE
+    # columns from m on are zero in every row read: they take a zero row's outputs
+    m = _zero_columns(row, regs, acc, length)
+    zeros = np.zeros(n, np.uint8)
+    for j in range(m, n):
+        v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+        v = _apply_fn(v, fn, frac)
+        zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
+        if lookup:
+            zeros[j] = table[zeros[j]]
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(length):
             a, u = a0 + o, u0 + _act_out_row(o, regs)
-            for j in range(n):
+            for j in range(m):
                 v = ((np.int64(acc[a, j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
                 if relu:
                     v = max(v, 0)
@@ -1186,12 +1432,184 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                     v = _apply_fn(v, fn, frac)
                 ub[u, j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
             if lookup:
-                for j in range(n):
+                for j in range(m):
                     ub[u, j] = table[ub[u, j]]
+            if m < n:
+                ub[u, m:] = zeros[m:]
 
 
 @njit(cache=True)
-def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
+def _window_values(src, bias, fn, frac, out, n):
+    """out[j] = function(src[j] + bias[j]) for j < n, the bias add wrapping like the
+    accumulators (bias all zero without P: then it is src[j] itself).  One loop per
+    function, no branch on the data: it vectorizes."""
+    if fn == _FN_RELU:
+        for j in range(n):
+            out[j] = max(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN,
+                         0)
+    elif fn == _FN_NONE:
+        for j in range(n):
+            out[j] = ((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+    else:
+        for j in range(n):
+            out[j] = _apply_fn(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF)
+                               + _INT32_MIN, fn, frac)
+
+
+@njit(cache=True)
+def _pow2_exponent(c):
+    """e with c == 2^e, or -1."""
+    if c <= 0 or (c & (c - 1)) != 0:
+        return -1
+    e = 0
+    while (np.int64(1) << e) < c:
+        e += 1
+    return e
+
+
+@njit(cache=True)
+def _requantize_row(v, out, n, kind, count, mult, shifts, fmult, mult_r, shift_r, zero, lo,
+                    hi, out_kind, table, lookup, tmp):
+    """out[:n] = the 8-bit outputs of the pooled values v[:n] (int64; v is clobbered), as the
+    general loop of _execute_act_ext computes them: kind 0 P with act_float, 1 P in fixed
+    point, 2 the act_mult/act_shift registers; `count` the window's divisor for average
+    pooling (0 for other pooling)."""
+    n = v.shape[0]
+    if kind == 0:
+        for j in range(n):
+            tmp[j] = _float_requantize(min(max(v[j], _INT32_MIN), _INT32_MAX), fmult[j]) + zero
+    elif kind == 1:
+        e = _pow2_exponent(max(count, 1))
+        if e >= 0:
+            # round(p / 2^(e + shift)) half to even, by shifts (_round_half_even_div's rule)
+            for j in range(n):
+                p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
+                sh = e + shifts[j]
+                q = p >> sh
+                r = p - (q << sh)
+                half = (np.int64(1) << sh) >> 1
+                q += ((r > half) | ((r == half) & ((q & 1) == 1) & (sh > 0)))
+                tmp[j] = q + zero
+        else:
+            c = np.int64(max(count, 1))
+            for j in range(n):
+                p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
+                tmp[j] = _round_half_even_div(p, c << shifts[j]) + zero
+    else:
+        if count > 0:
+            _floor_divide_row(v[:n], count)
+        rounding = (np.int64(1) << (shift_r - 1)) if shift_r > 0 else np.int64(0)
+        for j in range(n):
+            tmp[j] = ((v[j] * mult_r + rounding) >> shift_r) + zero
+    # the clip bounds, then the output type's saturation: one clamp for the 8-bit types
+    if out_kind == ACT_OUT_INT8:
+        lo, hi = min(max(lo, -128), 127), min(max(hi, -128), 127)
+    elif out_kind == ACT_OUT_UINT8:
+        lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
+    for j in range(n):
+        out[j] = min(max(tmp[j], lo), hi) & 0xFF
+    if lookup:
+        for j in range(n):
+            out[j] = table[out[j]]
+
+
+@njit(cache=True)
+def _zero_columns(row, regs, acc, length):
+    """The least multiple of 16 (or N) from which every accumulator row this Activate reads
+    (`length` rows from each iteration's start) is zero: N as soon as a row's last 16
+    columns are not (a full-width layer pays one row's look), else one pass ORing the rows
+    together, column by column (it vectorizes; cheaper than the work it saves on a layer
+    narrower than the array)."""
+    n = acc.shape[1]
+    last = max(n - 16, 0)
+    for i in range(_iterations(row)):   # a full-width layer ends here, at its first row
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        for r in range(a0, a0 + length):
+            src = acc[r]
+            tail = np.int32(0)
+            for j in range(last, n):
+                tail |= src[j]
+            if tail != 0:
+                return n
+    seen = np.zeros(n, np.int32)
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        for r in range(a0, a0 + length):
+            src = acc[r]
+            for j in range(n):
+                seen[j] |= src[j]
+    m = n
+    while m > 0 and seen[m - 1] == 0:
+        m -= 1
+    return min((m + 15) // 16 * 16, n)
+
+
+@njit(cache=True)
+def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
+              shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s, pad,
+              out_w, out_rows, count_pad):
+    """_execute_act_ext's general loop for 8-bit outputs, a row at a time: each window
+    element's row through its function (_window_values), pooled into buf[0] by a loop with
+    no branch on the data, then requantized and stored (_requantize_row).  Returns False,
+    having done nothing, when a window holds no image element (then the general loop keeps
+    its own rule for it)."""
+    for o in range(out_rows):                 # every window must see the image
+        oy = o // out_w
+        y0, x0 = oy * s - pad, (o - oy * out_w) * s - pad
+        if pool == _POOL_NONE:
+            y0, x0 = o, 0
+        if min(y0 + kh, img_h) <= max(y0, 0) or min(x0 + kw, img_w) <= max(x0, 0):
+            return False
+    n = acc.shape[1]
+    frac = regs[REG_FN_IN_FRAC]
+    pooled = buf[0]
+    tmp = buf[1]
+    # Without average pooling, a column whose accumulators (in every row this Activate
+    # reads) are all zero gives the output of a zero row in every window: columns from m on
+    # (_zero_columns) take `zeros` as they are.
+    m = n if pool == _POOL_AVG else _zero_columns(row, regs, acc, img_w * img_h)
+    zeros = np.zeros(n, np.uint8)
+    if m < n:
+        _window_values(np.zeros(n, np.int32), bias, fn, frac, pooled, n)
+        _requantize_row(pooled, zeros, n, kind, 0, mult, shifts, fmult, mult_r, shift_r, zero,
+                        lo, hi, out_kind, table, lookup, tmp)
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            oy = o // out_w
+            ox = o - oy * out_w
+            y0, x0 = oy * s - pad, ox * s - pad
+            if pool == _POOL_NONE:
+                y0, x0 = o, 0
+            count = 0
+            for yy in range(max(y0, 0), min(y0 + kh, img_h)):
+                for xx in range(max(x0, 0), min(x0 + kw, img_w)):
+                    r = a0 + yy * img_w + xx
+                    if count == 0:
+                        _window_values(acc[r], bias, fn, frac, pooled, m)
+                    else:
+                        _window_values(acc[r], bias, fn, frac, tmp, m)
+                        if pool == _POOL_MAX:
+                            for j in range(m):
+                                pooled[j] = max(pooled[j], tmp[j])
+                        else:
+                            for j in range(m):
+                                pooled[j] += tmp[j]
+                    count += 1
+            if pool == _POOL_AVG and count_pad:
+                count = kh * kw
+            out = ub[u0 + _act_out_row(o, regs)]
+            _requantize_row(pooled, out, m, kind, count if pool == _POOL_AVG else 0, mult,
+                            shifts, fmult, mult_r, shift_r, zero, lo, hi, out_kind, table,
+                            lookup, tmp)
+            if m < n:
+                out[m:] = zeros[m:]
+    return True
+
+
+@njit(cache=True)
+def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
     """Activate with the features added for compiled networks (spec/isa.md 5.5): P's per-column
     bias and requantization, L's table, the clip bounds and strided, padded 2-D pooling.  The
     original path (_execute_act) stays as it was for programs that use none of them."""
@@ -1244,10 +1662,16 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool):
     img_h = length // img_w
     count_pad = regs[REG_POOL_COUNT_PAD] != 0
     acc_buf = buf[0]
-    if pool == _POOL_NONE and per_col and as_float and out_kind != ACT_OUT_INT16:
+    if pool == _POOL_NONE and per_col and as_float and out_kind != ACT_OUT_INT16 and fast:
         _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
                          out_kind, table, lookup)
         return
+    if out_kind != ACT_OUT_INT16 and fast:
+        kind = (0 if as_float else 1) if per_col else 2
+        if _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
+                     shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s,
+                     pad, out_w, out_rows, count_pad):
+            return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
