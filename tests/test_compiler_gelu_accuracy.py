@@ -243,3 +243,34 @@ def test_magika_like_keeps_the_float_answers_and_equals_its_qdq_model(magika_lik
     same = np.concatenate([qdq.run(None, {"bytes": x[i:i + 64]})[0]
                            for i in range(0, len(x), 64)])
     np.testing.assert_array_equal(got, same)
+
+
+def test_the_check_scores_the_noisiest_element_wise_outputs_first(tmp_path):
+    """The float fallback bypasses at most _MAX_SCORED candidates a round (a PaddleOCR
+    recogniser has a hundred: the check took 15 minutes), in the order of their own 8-bit
+    rounding's SNR: a square's long tail rounds worse than a shifted copy."""
+    from tpuasm.compiler.runtime.calibsearch import _noisiest
+    rng = np.random.default_rng(7)
+    w1, w2, w3 = (rng.normal(0, 0.4, s).astype(np.float32) for s in ((16, 16),) * 3)
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["a"], name="first"),
+             helper.make_node("Mul", ["a", "a"], ["square"], name="square"),
+             helper.make_node("Add", ["a", "shift"], ["shifted"], name="shifted"),
+             helper.make_node("Gemm", ["square", "w2"], ["y1"], name="second"),
+             helper.make_node("Gemm", ["shifted", "w3"], ["y2"], name="third")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["N", 16]) for y in ("y1", "y2")],
+        [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))]
+        + [numpy_helper.from_array(np.full(16, 0.5, np.float32), "shift")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    calib = rng.normal(0, 1, (64, 16)).astype(np.float32)
+    compiled = tpu_compile(str(path), batch=8, calibration=calib, validate=False,
+                           config={"array_size": 16})
+    qdq = onnx.load(str(compiled.reference_model))
+    candidates = [n for n in qdq.graph.node if n.name in ("square", "shifted")]
+    assert len(candidates) == 2
+    order = _noisiest(compiled.reference_model, candidates, {"x": calib}, True)
+    assert [n.name for n in order] == ["square", "shifted"]
+    order = _noisiest(compiled.reference_model, candidates[::-1], {"x": calib}, True)
+    assert [n.name for n in order] == ["square", "shifted"]
