@@ -180,10 +180,12 @@ def _float_the_sensitive(model, samples, signature, out_path, options, current, 
 
 def _noisiest(qdq_path, candidates: list, check, batch_first) -> list:
     """`candidates` with the worst 8-bit rounding of their own output first: the SNR of each
-    output against its QuantizeLinear -> DequantizeLinear copy, from one onnxruntime pass of
-    the QDQ model.  Bypassing every candidate costs a pass each (a PaddleOCR recogniser has
-    a hundred element-wise nodes: the check took 15 minutes); the first _MAX_SCORED of this
-    order are the ones worth it.  The order as given when the pass cannot run."""
+    output against its QuantizeLinear -> DequantizeLinear copy, from onnxruntime passes of
+    the QDQ model over a few check rows, a few tensors a pass (a recogniser's activations
+    over all rows at once filled 24 GB).  Bypassing every candidate costs a pass each (a
+    PaddleOCR recogniser has a hundred element-wise nodes: the check took 15 minutes); the
+    first _MAX_SCORED of this order are the ones worth it.  The order as given when a pass
+    cannot run."""
     import onnx
     from tpuasm.compiler.runtime.validate import run_float
     qdq = onnx.load(str(qdq_path))
@@ -194,25 +196,31 @@ def _noisiest(qdq_path, candidates: list, check, batch_first) -> list:
         q = producer.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
         if q is not None and q.op_type == "QuantizeLinear" and q.input[0] in wanted:
             copies[q.input[0]] = node.output[0]
-    if not copies:
-        return candidates
-    names = [n for pair in copies.items() for n in pair]
+    rows = {k: v[:_RANKING_ROWS] for k, v in check.items()} if batch_first else check
     known = {o.name for o in qdq.graph.output}
-    qdq.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names
-                            if n not in known)
-    try:
-        values = run_float(qdq.SerializeToString(), check, names, batch_first)
-    except Exception:                   # noqa: BLE001 - no order: as given
-        return candidates
+    snr = {}
+    tensors = list(copies)
+    for start in range(0, len(tensors), _RANKING_TENSORS):
+        group = tensors[start:start + _RANKING_TENSORS]
+        names = [n for t in group for n in (t, copies[t])]
+        probe = onnx.ModelProto()
+        probe.CopyFrom(qdq)
+        probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n)
+                                  for n in names if n not in known)
+        try:
+            values = run_float(probe.SerializeToString(), rows, names, batch_first)
+        except Exception:               # noqa: BLE001 - no order: as given
+            return candidates
+        for t in group:
+            x = np.asarray(values[t], np.float64)
+            noise = float(((x - np.asarray(values[copies[t]], np.float64)) ** 2).sum())
+            snr[t] = math.inf if noise == 0 else \
+                10 * math.log10(max(float((x ** 2).sum()), 1e-300) / noise)
+    return sorted(candidates, key=lambda node: snr.get(node.output[0], math.inf))
 
-    def local_snr(node) -> float:
-        copy = copies.get(node.output[0])
-        if copy is None:
-            return math.inf
-        x = np.asarray(values[node.output[0]], np.float64)
-        noise = float(((x - np.asarray(values[copy], np.float64)) ** 2).sum())
-        return math.inf if noise == 0 else 10 * math.log10(float((x ** 2).sum()) / noise)
-    return sorted(candidates, key=local_snr)
+
+_RANKING_ROWS = 8        # check rows, and tensors a pass, for _noisiest's order
+_RANKING_TENSORS = 8
 
 
 _MAX_SCORED = 8          # candidates bypassed and scored per round (_noisiest's order)
