@@ -1251,6 +1251,16 @@ def _function_row(src, fn, frac, out):
 
 
 @njit(cache=True)
+def _window_origin(o, out_w, s, pad, pool):
+    """The image row and column where output vector o's pooling window starts (may be
+    negative: padding); o's own row when there is no pooling."""
+    if pool == _POOL_NONE:
+        return o, 0
+    oy = o // out_w
+    return oy * s - pad, (o - oy * out_w) * s - pad
+
+
+@njit(cache=True)
 def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf, tmp):
     """buf = the pooled function values of output vector o (int64, exact); tmp is a second
     row buffer for the window's other rows."""
@@ -1554,10 +1564,7 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
     having done nothing, when a window holds no image element (then the general loop keeps
     its own rule for it)."""
     for o in range(out_rows):                 # every window must see the image
-        oy = o // out_w
-        y0, x0 = oy * s - pad, (o - oy * out_w) * s - pad
-        if pool == _POOL_NONE:
-            y0, x0 = o, 0
+        y0, x0 = _window_origin(o, out_w, s, pad, pool)
         if min(y0 + kh, img_h) <= max(y0, 0) or min(x0 + kw, img_w) <= max(x0, 0):
             return False
     n = acc.shape[1]
@@ -1577,11 +1584,7 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(out_rows):
-            oy = o // out_w
-            ox = o - oy * out_w
-            y0, x0 = oy * s - pad, ox * s - pad
-            if pool == _POOL_NONE:
-                y0, x0 = o, 0
+            y0, x0 = _window_origin(o, out_w, s, pad, pool)
             count = 0
             for yy in range(max(y0, 0), min(y0 + kh, img_h)):
                 for xx in range(max(x0, 0), min(x0 + kw, img_w)):
@@ -1676,11 +1679,7 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(out_rows):
-            oy = o // out_w
-            ox = o - oy * out_w
-            y0, x0 = oy * s - pad, ox * s - pad
-            if pool == _POOL_NONE:
-                y0, x0 = o, 0
+            y0, x0 = _window_origin(o, out_w, s, pad, pool)
             count = 0
             for yy in range(max(y0, 0), min(y0 + kh, img_h)):
                 for xx in range(max(x0, 0), min(x0 + kw, img_w)):
