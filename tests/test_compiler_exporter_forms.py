@@ -166,3 +166,26 @@ def test_affine_folding_keeps_the_function_and_refuses_other_broadcasts():
         assert fold_constant_affines(model, Provenance.of(model)) == folded
         (got,) = session(model).run(None, {"x": x})
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_the_converter_cannot_lift_says_to_use_per_tensor(tmp_path, monkeypatch):
+    """Per-channel weights need opset 13; when onnx's converter cannot lift the model, one
+    clear error names the way out (and --per-tensor, which needs no lift, compiles it)."""
+    import tpuasm.compiler.front.reader as reader
+    from tpuasm.compiler.errors import CompileError
+    rng = np.random.default_rng(6)
+    model = _paddle_like(rng, opset=11)
+    calib = rng.normal(0, 1, (8, 3, 8, 8)).astype(np.float32)
+
+    def refuses(model, opset):
+        raise RuntimeError("no adapter for Reshape")
+    monkeypatch.setattr(reader, "converted_to", refuses)
+    try:
+        _compile(tmp_path, model, calib, batch=8)
+    except CompileError as e:
+        assert "per-channel weights need opset 13" in str(e) and "--per-tensor" in str(e)
+        assert "no adapter for Reshape" in str(e)
+    else:
+        raise AssertionError("compiled without the opset it needs")
+    compiled = _compile(tmp_path, model, calib, batch=8, per_channel=False)
+    _check(compiled, model, calib)

@@ -65,7 +65,7 @@ def fold_constants(model: onnx.ModelProto, path, provenance=None,
     rounds = 0
     while rounds < (_IF_ROUNDS if _has_if(model) else _ROUNDS):
         rounds += 1
-        count = inline_constant_ifs(model, lambda name: _constant_value(model, name, path),
+        count = inline_constant_ifs(model, lambda name: _condition_value(model, name),
                                     provenance)
         count += _weights_as_initializers(model, provenance)
         if not _candidates(model):
@@ -149,8 +149,10 @@ def _has_if(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "If" for n in model.graph.node)
 
 
-def _constant_value(model: onnx.ModelProto, name: str, path):
-    """The value of a small initializer or Constant output (an If's condition), else None."""
+def _condition_value(model: onnx.ModelProto, name: str):
+    """The value of a one-element initializer or a Constant's output (an If's condition),
+    else None."""
+    from tpuasm.compiler.front.prepare import _constant_value
     for t in model.graph.initializer:
         if t.name == name:
             if t.data_location == onnx.TensorProto.EXTERNAL or \
@@ -159,8 +161,7 @@ def _constant_value(model: onnx.ModelProto, name: str, path):
             return numpy_helper.to_array(t)
     for n in model.graph.node:
         if n.op_type == "Constant" and n.output and n.output[0] == name:
-            attrs = {a.name: a for a in n.attribute}
-            return numpy_helper.to_array(attrs["value"].t) if "value" in attrs else None
+            return _constant_value(n)
     return None
 
 

@@ -378,18 +378,14 @@ def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
     versions = {o.domain or "": o.version for o in model.opset_import}
     if versions.get("", versions.get("ai.onnx", PER_AXIS_OPSET)) >= PER_AXIS_OPSET:
         return model
-    from onnx import version_converter
+    from tpuasm.compiler.front.reader import converted_to
     try:
-        converted = version_converter.convert_version(model, PER_AXIS_OPSET)
+        return converted_to(model, PER_AXIS_OPSET)
     except Exception as e:
         raise CompileError(f"{path}: per-channel weights need opset {PER_AXIS_OPSET}, and "
                            f"onnx's version converter could not convert the model "
                            f"({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); "
                            f"try --per-tensor") from None
-    from onnx.helper import find_min_ir_version_for
-    converted.ir_version = max(converted.ir_version, find_min_ir_version_for(
-        [o for o in converted.opset_import if (o.domain or "") in ("", "ai.onnx")]))
-    return converted
 
 
 def tied_ranges(model: onnx.ModelProto, tied: dict, reader, chosen: set) -> dict:

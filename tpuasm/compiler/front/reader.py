@@ -262,16 +262,23 @@ def _upgrade(model: onnx.ModelProto) -> bool:
     use 9) converted in place by onnx's version converter; False when it cannot be."""
     versions = {o.domain or "": o.version for o in model.opset_import}
     try:
-        from onnx import version_converter
-        converted = version_converter.convert_version(model, _UPGRADE_TO)
+        converted = converted_to(model, _UPGRADE_TO)
     except Exception:
         return False
     model.CopyFrom(converted)
-    from onnx.helper import find_min_ir_version_for
-    model.ir_version = max(model.ir_version, find_min_ir_version_for(
-        [o for o in model.opset_import if (o.domain or "") in ("", "ai.onnx")]))
     model.metadata_props.add(key=UPGRADED, value=str(versions.get("", "")))
     return True
+
+
+def converted_to(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`model` converted to `opset` by onnx's version converter (which raises when it
+    cannot), its IR version raised to what that opset needs."""
+    from onnx import version_converter
+    from onnx.helper import find_min_ir_version_for
+    converted = version_converter.convert_version(model, opset)
+    converted.ir_version = max(converted.ir_version, find_min_ir_version_for(
+        [o for o in converted.opset_import if (o.domain or "") in ("", "ai.onnx")]))
+    return converted
 
 
 def upgraded(model: onnx.ModelProto) -> bool:
