@@ -222,3 +222,31 @@ def test_banded_from_the_cli_passes_the_golden_check_and_infers_as_the_qdq_model
     got = np.load(tmp_path / "y.npy")
     assert np.mean(got == want) >= 0.999
     assert np.abs(got - want).max() <= _output_lsb(qdq) * 1.001
+
+
+@pytest.mark.parametrize("case", [
+    # YOLOv8's DFL: a 1x1 Conv over a row of 2100 anchors (here 70, wider than a half of 32)
+    dict(x_shape=(2, 16, 4, 70), out_channels=1, act=None,
+         conv=dict(kernel_shape=[1, 1])),
+    # a strided, padded 3x3 Conv whose output rows are wider than a half
+    dict(x_shape=(2, 3, 5, 141), out_channels=4,
+         conv=dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+])
+def test_an_output_row_wider_than_an_accumulator_half_runs_in_column_bands(tmp_path, case):
+    """An output row longer than an accumulator half (32 rows here, 2048 on the TPU) used to
+    send its Conv to the host; it runs one row's columns at a time, the QDQ model's answers."""
+    model = _chain(**case, seed=10)
+    calib = np.random.default_rng(11).normal(0, 1, (4, *case["x_shape"][1:])).astype(
+        np.float32)
+    compiled = _compile(tmp_path, model, calib, batch=2,
+                        config={"array_size": 16, "acc_rows": 64})
+    row = {r.node: r for r in compiled.report.rows}["conv"]
+    assert row.where == "TPU", row.reason
+    x = calib[:2]
+    got = compiled.run(x)["y"]
+    qdq = onnx.load(str(compiled.reference_model))
+    want = session(qdq).run(None, {"x": x})[0]
+    scale = max(float(numpy_helper.to_array(t)) for t in qdq.graph.initializer
+                if t.name.endswith("_scale") and numpy_helper.to_array(t).ndim == 0)
+    assert np.mean(got == want) >= 0.999
+    assert np.abs(got - want).max() <= scale * 1.001

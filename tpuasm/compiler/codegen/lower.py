@@ -92,16 +92,17 @@ class Lowering:
         self.e.cfg(**regs)
 
     def write_image(self, act_flags: str, acc_half: str, acc_first: int, acc_stride: int,
-                    dst: Layout, chunk: int, samples: range, rows: range, width: int,
+                    dst: Layout, chunk: int, samples: range, rows: range, cols: range,
                     comment: str):
-        """Activate accumulator images into `dst`: sample b's image row y (width pixels) is
-        at acc_first + (b - samples.start) * acc_stride + (y - rows.start) * width."""
+        """Activate accumulator images into `dst`: sample b's pixel (y, x) of the band's
+        rows and columns is at acc_first + (b - samples.start) * acc_stride
+        + (y - rows.start) * len(cols) + x - cols.start."""
         self.activate_images(act_flags, acc_half, acc_first, acc_stride, dst, chunk, samples,
-                             rows[0], len(rows) * width, width, comment)
+                             rows[0], len(rows) * len(cols), len(cols), comment, cols[0])
 
     def activate_images(self, act_flags: str, acc_half: str, acc_first: int, acc_stride: int,
                         dst: Layout, chunk: int, samples: range, first_row: int, length: int,
-                        out_width: int, comment: str):
+                        out_width: int, comment: str, first_col: int = 0):
         """One Activate per 256 samples of `length` accumulator rows each: repeat walks the
         samples, act_ub_pitch puts each output row (out_width vectors) at dst's padded
         pitch, from image row first_row on."""
@@ -115,7 +116,7 @@ class Lowering:
                 e.cfg(act_ub_width=out_width)
             rep = f", repeat={len(group)}" if len(group) > 1 else ""
             e.line(f"ACT{act_flags} {self.acc(acc_half, acc_first + s0 * acc_stride)}, "
-                   f"{self.ub(dst.tensor.name, dst.pixel(p, chunk, group[0], first_row, 0))}, "
+                   f"{self.ub(dst.tensor.name, dst.pixel(p, chunk, group[0], first_row, first_col))}, "
                    f"{length}{rep}", comment)
 
     def fill_pads(self, layout: Layout):
@@ -330,7 +331,7 @@ class Lowering:
         e.cfg(conv_pitch=src.pitch, conv_kw=kw, conv_stride=sh)
         for j in range(-(-o_total // n)):
             params = self.requant_block(op.name, bias, real, j * n)
-            for samples, rows in bands:
+            for samples, rows, cols in bands:
                 half = c.next_half()
                 if per_sample:
                     self.conv_per_sample(op, src, j, samples, half, view, ho, wo, tiles)
@@ -340,11 +341,12 @@ class Lowering:
                     band_base = src.pixel(p, 0, samples[0], 0, 0) - src.pixel(p, 0, 0, 0, 0)
                 else:
                     height = len(rows)
-                    band_base = samples[0] * src.image_rows + rows[0] * sh * src.pitch
+                    band_base = (samples[0] * src.image_rows + rows[0] * sh * src.pitch
+                                 + cols[0] * sw)
                 if not per_sample:
-                    self.conv_stacked(op, src, j, half, view + band_base, height, wo,
+                    self.conv_stacked(op, src, j, half, view + band_base, height, len(cols),
                                       tiles)
-                    stride = rows_per_sample * wo
+                    stride = rows_per_sample * len(cols)
                 self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
                 act = ".P" + ("M" if pool else "") + ("L" if lookup else "")
                 what = f"out ch {j * n}..: bias, requantize" + (", max pool" if pool else "") \
@@ -352,7 +354,7 @@ class Lowering:
                 if pool is not None:
                     self.pool_activate(pool, act, half, 0, stride, dst, j, samples, ho, wo, what)
                 else:
-                    self.write_image(act, half, 0, stride, dst, j, samples, rows, wo, what)
+                    self.write_image(act, half, 0, stride, dst, j, samples, rows, cols, what)
 
     def conv_stacked(self, op, src, j, half, base, height, wo, tiles):
         """The band's samples as one tall image: per input chunk (of those output block j
@@ -400,19 +402,23 @@ class Lowering:
                           f"{samples[0]}..{samples[-1]}" if i == 0 else "")
 
     def conv_bands(self, op, ho, wo, rows_per_sample, pooled):
-        """[(samples, output rows)]: whole samples while the tall image fits an accumulator
-        half, else one sample's rows in bands (not with a fused pooling)."""
+        """[(samples, output rows, output columns)]: whole samples while the tall image fits
+        an accumulator half, else one sample's rows in bands, else (an output row wider
+        than a half: YOLOv8's 2100-anchor DFL Conv) one row's columns in bands (not with a
+        fused pooling)."""
         p, half = self.c.batch, self.c.half_rows
+        whole = range(wo)
         if ho * wo <= half:
             per = max(1, (half // wo - ho) // rows_per_sample + 1)
-            return [(range(b, min(p, b + per)), range(ho)) for b in range(0, p, per)]
+            return [(range(b, min(p, b + per)), range(ho), whole) for b in range(0, p, per)]
         if pooled:
             raise CodegenError(f"{op.name}: a {ho}x{wo} output does not fit an accumulator "
                                f"half ({half} rows) with its pooling fused")
-        rows = max(1, half // wo)
         if wo > half:
-            raise CodegenError(f"{op.name}: output width {wo} exceeds an accumulator half")
-        return [(range(b, b + 1), range(y, min(ho, y + rows)))
+            return [(range(b, b + 1), range(y, y + 1), range(x, min(wo, x + half)))
+                    for b in range(p) for y in range(ho) for x in range(0, wo, half)]
+        rows = half // wo
+        return [(range(b, b + 1), range(y, min(ho, y + rows)), whole)
                 for b in range(p) for y in range(0, ho, rows)]
 
     def conv_tiles(self, op: Conv, src: Layout) -> list[tuple[str, int]]:
@@ -690,6 +696,9 @@ class Lowering:
                    act_table=table)
         switched = False
         what = f"{op.function or 'lookup'}, channels"
+        if src.width > c.half_rows:
+            raise CodegenError(f"{op.name}: a lookup over rows {src.width} pixels wide (an "
+                               f"accumulator half holds {c.half_rows})")
         for chunk in range(src.chunks):
             if src.height * src.width > c.half_rows:      # bands of rows, sample by sample
                 per = max(1, c.half_rows // src.width)
@@ -700,7 +709,7 @@ class Lowering:
                         self.copy_to_acc(src, chunk, range(b, b + 1), rows, half, not switched)
                         switched = True
                         self.write_image(".L", half, 0, len(rows) * src.width, dst, chunk,
-                                         range(b, b + 1), rows, src.width,
+                                         range(b, b + 1), rows, range(src.width),
                                          f"{what} {chunk * c.n}..")
                 continue
             for samples in self.sample_groups(src, op.name):
@@ -709,7 +718,7 @@ class Lowering:
                                           not switched)
                 switched = True
                 self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
-                                 src.width, f"{what} {chunk * c.n}..")
+                                 range(src.width), f"{what} {chunk * c.n}..")
 
 
 def ones_row_tile():
