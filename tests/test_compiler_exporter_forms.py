@@ -189,3 +189,70 @@ def test_a_model_the_converter_cannot_lift_says_to_use_per_tensor(tmp_path, monk
         raise AssertionError("compiled without the opset it needs")
     compiled = _compile(tmp_path, model, calib, batch=8, per_channel=False)
     _check(compiled, model, calib)
+
+
+def _sequence_first(rng, declared: list) -> onnx.ModelProto:
+    """x (1, 4), the batch fixed at 1 by its exporter -> Gemm (1, 6) -> Reshape (1, 3, 2) ->
+    Transpose: a sequence-first output (3, 1, 2) that the model declares as `declared`
+    (ddddocr's PyTorch export declares (1, seqlen) for its (T, 1, classes) output)."""
+    w = rng.normal(0, 0.5, (4, 6)).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"], name="gemm"),
+             helper.make_node("Reshape", ["g", "shape"], ["r"], name="reshape"),
+             helper.make_node("Transpose", ["r"], ["y"], name="time_first", perm=[1, 0, 2])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", T.FLOAT, declared)],
+        [numpy_helper.from_array(w, "w"),
+         numpy_helper.from_array(np.array([-1, 3, 2], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_float_reference_joins_a_sequence_first_output_on_its_batch_axis():
+    """The check's onnxruntime run of a model whose batch is fixed at 1 goes row by row; a
+    (T, 1, classes) output is joined along axis 1, not cut to its first time step."""
+    from tpuasm.compiler.runtime.validate import run_float
+    model = _sequence_first(np.random.default_rng(20), [3, 1, 2])
+    x = np.random.default_rng(21).normal(0, 1, (5, 4)).astype(np.float32)
+    rows = [session(model).run(None, {"x": x[i:i + 1]})[0] for i in range(5)]
+    want = np.concatenate(rows, axis=1)
+    for axes in (None, {"y": 1}):
+        got = run_float(model, {"x": x}, ["y"], out_axes=axes)["y"]
+        assert got.shape == (3, 5, 2)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_declared_output_shape_the_graph_does_not_compute_is_replaced(tmp_path):
+    """onnxruntime only warns when a model declares an output shape its graph does not
+    compute; the compile takes the computed one instead of refusing the model."""
+    model = _sequence_first(np.random.default_rng(22), [1, "seqlen"])
+    x = np.random.default_rng(23).normal(0, 1, (8, 4)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x, batch_axes={"x": 0})
+    row = {r.node: r for r in compiled.report.rows}["gemm"]
+    assert row.where == "TPU", row.reason
+    got = compiled.run(x[:1])["y"]
+    want = session(model).run(None, {"x": x[:1]})[0]
+    assert got.shape == want.shape == (3, 1, 2)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_batch_fixed_at_one_beside_a_dynamic_dimension_is_read_from_the_data(tmp_path):
+    """(1, 3, W): the exporter fixed the batch at 1 and left the width dynamic; rows of
+    calibration data (8, 3, 5) only fit a batch on axis 0 with W = 5, as a user means it."""
+    rng = np.random.default_rng(24)
+    w = rng.normal(0, 0.5, (4, 3, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, "width"])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [1, 4, "width"])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (8, 3, 5)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x)
+    assert [i.batch_axis for i in compiled.inputs] == [0]
+    got = compiled.run(x)["y"]
+    want = np.concatenate([session(model).run(None, {"x": x[i:i + 1]})[0] for i in range(8)])
+    assert got.shape == want.shape == (8, 4, 5)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -23,8 +23,9 @@ from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.graph import Graph
 from tpuasm.compiler.front.hostparts import lookup_table, submodel
 from tpuasm.compiler.runtime.host import HostRunner
-from tpuasm.compiler.front.batch import (fix_free_dims, has_fixed_batch, input_axes,
-                                         parse_batch_axes, recurrent_time, tensor_axes)
+from tpuasm.compiler.front.batch import (batch_fixed_at_one, fix_free_dims, has_fixed_batch,
+                                         input_axes, parse_batch_axes, recurrent_time,
+                                         tensor_axes)
 from tpuasm.compiler.front.fold import fold_float_model
 from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
@@ -105,6 +106,10 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         from tpuasm.compiler.front.samples import check_samples, input_types, sample_rows
         data, where = _raw_data(calibration, model, "calibration")
         data = drop_fixed(data, fixed_values, where)
+        at_one = batch_fixed_at_one(model, axes, data, given)
+        if at_one:
+            free = {}
+            axes = input_axes(model, {**{n: 0 for n in at_one}, **given}, path, free)
         if recurrent_time(model, axes, data, path.parent):
             # the rows are the time of an LSTM: no batch; every input whole, its dynamic
             # dimensions (the sequence) fixed from the data (an explicit --batch-axis stays)

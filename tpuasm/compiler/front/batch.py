@@ -139,6 +139,25 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | No
     return {n: axes[n] for n in names}
 
 
+def batch_fixed_at_one(model: onnx.ModelProto, axes: dict, data: dict,
+                       given: dict | None) -> list[str]:
+    """The inputs whose exporter fixed the batch at 1 while another dimension is dynamic
+    (ddddocr's (1, 1, 64, image_width)): input_axes took the dynamic one for the batch, but
+    the data has many rows on axis 0 and the model's other fixed sizes elsewhere, which only
+    a batch on axis 0 explains.  Not for an axis the user named."""
+    found = []
+    for v in model.graph.input:
+        x = data.get(v.name)
+        axis = axes.get(v.name)
+        dims = _dims(v)
+        if v.name in (given or {}) or axis in (None, 0) or x is None \
+                or getattr(x, "ndim", None) != len(dims) or dims[0] != 1 or x.shape[0] <= 1:
+            continue
+        if all(_dynamic(d) or d == n for d, n in zip(dims[1:], x.shape[1:])):
+            found.append(v.name)
+    return found
+
+
 def _state_axes(inputs) -> dict[str, int | None]:
     """A fixed-shape model with a recurrent node whose inputs differ in their first
     dimension: the batch B is the first input's first dimension; a recurrent state (dirs,

@@ -415,13 +415,30 @@ def _subgraph_values(graph: onnx.GraphProto) -> list:
     return found
 
 
+def _strict_inference(probe: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True,
+                                             data_prop=True)
+
+
 def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
     probe = skeleton(model, known)
     try:
-        inferred = onnx.shape_inference.infer_shapes(probe, check_type=True,
-                                                     strict_mode=True, data_prop=True)
+        inferred = _strict_inference(probe)
     except Exception as e:
-        raise CompileError(f"{path}: shape inference failed: {_first_line(e)}") from None
+        # Exporters sometimes declare an output shape the graph does not compute (ddddocr's
+        # PyTorch export says (1, seqlen) for a (T, 1, classes) output, which shows once
+        # the batch is fixed); onnxruntime only warns.  The computed shape wins: the
+        # declaration is dropped from the model too, so no later session warns either.
+        declared = [v for v in model.graph.output if v.type.tensor_type.HasField("shape")]
+        if not declared:
+            raise CompileError(f"{path}: shape inference failed: {_first_line(e)}") from None
+        for graph in (model.graph, probe.graph):
+            for v in graph.output:
+                v.type.tensor_type.ClearField("shape")
+        try:
+            inferred = _strict_inference(probe)
+        except Exception:
+            raise CompileError(f"{path}: shape inference failed: {_first_line(e)}") from None
     shapes, dtypes = {}, {}
     g = inferred.graph
     # the shapes inside If/Loop bodies too (names are unique across subgraphs): a host If

@@ -177,7 +177,8 @@ def validate(compiled, float_model, data: dict, what: str,
     # the compile itself succeeded: a check that cannot run is said, never a failure
     try:
         ref = run_float(float_model, data, names, batch_first=all(
-            a == 0 for a in axes.values()))
+            a == 0 for a in axes.values()), out_axes={
+                o.name: getattr(o, "batch_axis", 0) for o in compiled.outputs})
     except Exception as e:                # noqa: BLE001 - onnxruntime's errors have no base
         result.warnings.append(f"the float model could not be run for the check: "
                                f"{_first_line(e)}")
@@ -210,11 +211,13 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def run_float(float_model, data: dict, names: list[str], batch_first: bool = True
-              ) -> dict[str, np.ndarray]:
+def run_float(float_model, data: dict, names: list[str], batch_first: bool = True,
+              out_axes: dict | None = None) -> dict[str, np.ndarray]:
     """onnxruntime on the float model, in chunks of its fixed batch (the last one padded)
     or of _CHUNK rows when the batch is dynamic; a model whose inputs are not all batch
-    first runs on all the rows at once."""
+    first runs on all the rows at once.  `out_axes`: each output's batch axis (None: not
+    batched), when known; else axis 0, or with a fixed batch the first axis of that size
+    (a sequence-first output such as (T, 1, classes) carries a batch of 1 on axis 1)."""
     from tpuasm.compiler.ort import session
     try:
         sess = session(float_model, threads=0)     # alone here: every core
@@ -245,8 +248,23 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
         except Exception as e:
             raise CompileError(str(e).strip().splitlines()[0]) from None
         for n, o in zip(names, outs):
-            parts[n].append(np.asarray(o)[:take])
-    return {n: np.concatenate(p) for n, p in parts.items()}
+            parts[n].append(np.asarray(o))
+    joined = {}
+    for n, p in parts.items():
+        axis = (out_axes or {}).get(n, _guessed_axis(p[0], step if fixed else None))
+        if axis is None or p[0].ndim <= axis:
+            joined[n] = p[0]
+            continue
+        cut = [np.take(x, range(min(step, rows - k * step)), axis=axis)
+               for k, x in enumerate(p)]
+        joined[n] = np.concatenate(cut, axis=axis)
+    return joined
+
+
+def _guessed_axis(value: np.ndarray, fixed_batch: int | None) -> int:
+    if fixed_batch is None or value.ndim == 0:
+        return 0
+    return next((a for a in range(value.ndim) if value.shape[a] == fixed_batch), 0)
 
 
 def _chunk_rows(float_model) -> int:
