@@ -18,7 +18,10 @@ def session(model: onnx.ModelProto | bytes, threads: int = 1):
     cores), `threads=0` leaves onnxruntime its own count."""
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    # fatal only: a failing run raises its message as an exception, which the caller turns
+    # into a clear error or a fallback (probes run models at batch sizes they may refuse);
+    # at ERROR onnxruntime would also print it to the user's terminal
+    options.log_severity_level = 4
     options.intra_op_num_threads = threads
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])

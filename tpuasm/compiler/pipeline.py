@@ -32,8 +32,8 @@ from tpuasm.compiler.front.match import GLUE, Lowered, lower
 from tpuasm.compiler.runtime.model import CompiledModel
 from tpuasm.compiler.front.partition import HostPart, lone_elementwise, plan
 from tpuasm.compiler.front.provenance import Provenance
-from tpuasm.compiler.front.reader import (fix_batch, input_signature, is_quantized, load_graph,
-                                    read_model)
+from tpuasm.compiler.front.reader import (QUANTIZED_OPS, fix_batch, input_signature,
+                                          is_quantized, load_graph, read_model)
 from tpuasm.compiler.report import (CompileReport, NodeRow, SegmentRow, describe, input_rows,
                                     mac_warnings)
 from tpuasm.compiler.runtime.steps import HostStep, TpuStep
@@ -77,6 +77,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
+    dequantized = _dequantized_dynamic(model, path) if calibration is not None else 0
     from tpuasm.compiler.front.inputvalues import (drop_fixed, fix_input_values,
                                                    parse_input_values)
     fixed_values = fix_input_values(model, parse_input_values(input_values), path)
@@ -164,7 +165,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         said = replace(options, keep_float=users_float).describe() + notes
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{said}) from {count} calibration samples"
-                  + (f"; {chosen}" if chosen else ""))
+                  + (f"; {chosen}" if chosen else "")
+                  + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains "
+                     f"dequantized to float first" if dequantized else ""))
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -207,6 +210,22 @@ def _with_inputs(model, declared: dict) -> bytes:
         if v.name in declared:
             v.ParseFromString(declared[v.name])
     return copy.SerializeToString()
+
+
+def _dequantized_dynamic(model, path) -> int:
+    """A dynamically quantized model given calibration data: its chains back in float
+    (dynamicquant.py), to be quantized statically; the count."""
+    from tpuasm.compiler.front.dynamicquant import dequantize_dynamic, is_dynamically_quantized
+    if not is_dynamically_quantized(model):
+        return 0
+    count = dequantize_dynamic(model)
+    left = sorted({n.op_type for n in model.graph.node if n.op_type in QUANTIZED_OPS})
+    if left:
+        raise CompileError(f"{path} is dynamically quantized and some of its chains "
+                           f"({', '.join(left)}) could not be read back as float "
+                           f"Conv/MatMul: compile it without --calibrate (on the host), or "
+                           f"give the float model")
+    return count
 
 
 def _raw_data(data, model, what: str) -> tuple[dict, str]:

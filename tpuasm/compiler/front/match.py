@@ -1084,7 +1084,8 @@ class Lowerer:
             return self.lower_qlinear(node)
         if op in ("MatMulInteger", "ConvInteger"):
             raise NotMapped(f"{op} yields int32 accumulators; the TPU's operators requantize "
-                            f"to 8 bits (use the QDQ or QLinear form)")
+                            f"to 8 bits (use the QDQ or QLinear form; a dynamically quantized "
+                            f"model is quantized statically with --calibrate DATA)")
         raise NotMapped(f"{op} has no TPU mapping")
 
 

@@ -1,0 +1,152 @@
+"""Dynamically quantized models (onnxruntime's quantize_dynamic; the older onnx.quantize
+tool's form, as ddddocr ships it): given calibration data, each DynamicQuantizeLinear ->
+ConvInteger/MatMulInteger -> Cast -> Mul chain is read back as the float Conv/MatMul it
+approximates (front/dynamicquant.py) and quantized statically, its matrix work on the TPU.
+Oracles: onnxruntime on the float model the dynamic one was made from, and on the
+dynamic model itself."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler import compile as tpu_compile
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front.dynamicquant import dequantize_dynamic
+from tpuasm.compiler.ort import session
+
+
+def _float_model(rng) -> onnx.ModelProto:
+    """x (N, 2, 6, 6) -> Conv 3x3 (4 channels, bias) -> Relu -> Flatten -> MatMul -> Add."""
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (4, 2, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (64, 5)).astype(np.float32), "fc"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 5).astype(np.float32), "fc_b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "fc"], ["m"], name="fc"),
+             helper.make_node("Add", ["m", "fc_b"], ["y"], name="fc_bias")]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 2, 6, 6])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _dynamic(tmp_path, model) -> onnx.ModelProto:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["Conv", "MatMul"])
+    return onnx.load(str(dst))
+
+
+def _old_tool_conv(rng) -> onnx.ModelProto:
+    """One Conv as the older onnx.quantize tool writes it: the bias quantized at run time
+    (Floor(b / (x_scale * w_scale))) and added to the int32 accumulators."""
+    w = rng.normal(0, 0.4, (3, 2, 3, 3)).astype(np.float32)
+    w_scale = np.float32(np.abs(w).max() / 127)
+    w_q = np.round(w / w_scale).astype(np.int8)
+    b = rng.normal(0, 0.1, 3).astype(np.float32)
+    inits = [numpy_helper.from_array(w_q, "w_q"),
+             numpy_helper.from_array(np.array(w_scale, np.float32), "w_scale"),
+             numpy_helper.from_array(np.array(0, np.int8), "w_zp"),
+             numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(np.array([1, 3, 1, 1], np.int64), "b_shape")]
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "x_scale", "x_zp"], name="dql"),
+        helper.make_node("Mul", ["x_scale", "w_scale"], ["b_scale"], name="b_scale"),
+        helper.make_node("Div", ["b", "b_scale"], ["b_div"], name="b_div"),
+        helper.make_node("Floor", ["b_div"], ["b_floor"], name="b_floor"),
+        helper.make_node("Cast", ["b_floor"], ["b_q"], name="b_cast", to=T.INT32),
+        helper.make_node("ConvInteger", ["x_q", "w_q", "x_zp", "w_zp"], ["acc"],
+                         name="conv_quant", pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["b_q", "b_shape"], ["b_r"], name="b_reshape"),
+        helper.make_node("Add", ["acc", "b_r"], ["acc_b"], name="bias_add"),
+        helper.make_node("Cast", ["acc_b"], ["acc_f"], name="acc_cast", to=T.FLOAT),
+        helper.make_node("Mul", ["x_scale", "w_scale"], ["scale"], name="scales_mul"),
+        helper.make_node("Mul", ["acc_f", "scale"], ["y"], name="rescale")]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 2, 5, 5])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3, 5, 5])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _compile(tmp_path, model, calib, **options):
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    return tpu_compile(str(path), calibration=calib, config={"array_size": 16}, **options)
+
+
+def test_quantize_dynamic_s_model_is_read_back_as_the_float_one(tmp_path):
+    rng = np.random.default_rng(0)
+    model = _float_model(rng)
+    dynamic = _dynamic(tmp_path, model)
+    assert "DynamicQuantizeLinear" in {n.op_type for n in dynamic.graph.node}
+    assert dequantize_dynamic(dynamic) == 2
+    ops = [n.op_type for n in dynamic.graph.node]
+    assert "DynamicQuantizeLinear" not in ops and "ConvInteger" not in ops
+    x = rng.normal(0, 1, (4, 2, 6, 6)).astype(np.float32)
+    want = session(model).run(None, {"x": x})[0]
+    got = session(dynamic).run(None, {"x": x})[0]
+    # the weights' own 8-bit rounding, no more
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
+
+
+def test_a_dynamically_quantized_model_compiles_with_its_matrix_work_on_the_tpu(tmp_path):
+    rng = np.random.default_rng(1)
+    model = _float_model(rng)
+    dynamic = _dynamic(tmp_path, model)
+    calib = rng.normal(0, 1, (16, 2, 6, 6)).astype(np.float32)
+    compiled = _compile(tmp_path, dynamic, calib, batch=8)
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    assert "dynamically quantized" in compiled.report.source
+    x = calib[:8]                   # within the calibrated ranges
+    got = compiled.run(x)["y"]
+    want = session(dynamic).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    qdq = onnx.load(str(compiled.reference_model))
+    same = session(qdq).run(None, {"x": x})[0]
+    assert np.mean(got == same) >= 0.999
+
+
+def test_the_older_tool_s_run_time_bias_is_read_back_from_its_float_initializer(tmp_path):
+    rng = np.random.default_rng(2)
+    model = _old_tool_conv(rng)
+    x = rng.normal(0, 1, (16, 2, 5, 5)).astype(np.float32)
+    want = session(model).run(None, {"x": x})[0]
+    compiled = _compile(tmp_path, model, x)
+    row = {r.node: r for r in compiled.report.rows}["conv_quant"]
+    assert row.where == "TPU" and row.op_type == "Conv", row.reason
+    got = compiled.run(x)["y"]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_without_calibration_it_runs_on_the_host_and_says_how_to_map_it(tmp_path):
+    rng = np.random.default_rng(3)
+    dynamic = _dynamic(tmp_path, _float_model(rng))
+    path = tmp_path / "m.onnx"
+    onnx.save(dynamic, str(path))
+    compiled = tpu_compile(str(path), batch=4, config={"array_size": 16})
+    rows = [r for r in compiled.report.rows if r.op_type in ("ConvInteger", "MatMulInteger")]
+    assert rows and all(r.where == "host" and "--calibrate" in r.reason for r in rows)
+
+
+def test_a_chain_that_cannot_be_read_back_is_a_clear_error(tmp_path):
+    """A ConvInteger whose weights are an input (not constants) cannot become a float Conv."""
+    rng = np.random.default_rng(4)
+    model = _old_tool_conv(rng)
+    w_q = next(t for t in model.graph.initializer if t.name == "w_q")
+    model.graph.input.append(helper.make_tensor_value_info("w_q", T.INT8, list(w_q.dims)))
+    model.graph.initializer.remove(w_q)
+    with pytest.raises(CompileError, match="dynamically quantized.*ConvInteger"):
+        _compile(tmp_path, model, {"x": rng.normal(0, 1, (8, 2, 5, 5)).astype(np.float32),
+                                   "w_q": np.zeros((8, 3, 2, 3, 3), np.int8)})

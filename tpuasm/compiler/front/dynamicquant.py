@@ -1,0 +1,192 @@
+"""Dynamically quantized models (onnxruntime's quantize_dynamic and the older onnx.quantize
+tool) turned back into float ones, so that they can be quantized statically.
+
+Such a model computes each activation's scale at run time:
+
+    x -> DynamicQuantizeLinear -> (x_q, x_scale, x_zp)
+    ConvInteger / MatMulInteger (x_q, W_q, x_zp, w_zp) [-> Add (bias as int32)] -> Cast(float)
+      -> Mul (by x_scale * w_scale) -> y
+
+The TPU's requantization is static (scales fixed when the program is written), so this chain
+cannot run there as it is.  Its weights are what the user trained, though: each chain is
+rewritten here as the float Conv / MatMul it approximates, with W = (W_q - w_zp) * w_scale
+and the float bias the int32 one was made from (the older tool quantizes the bias at run time
+from its float initializer: Floor(b / (x_scale * w_scale))).  The compiler then calibrates
+and quantizes the model like any float one, every chain's weights going to the TPU.
+
+A chain of another shape is left as it is (it runs on the host, with its reason)."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from tpuasm.compiler.front.prepare import _Index
+
+_INTEGER_OPS = ("ConvInteger", "MatMulInteger")
+
+
+def is_dynamically_quantized(model) -> bool:
+    return any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+
+
+def dequantize_dynamic(model) -> int:
+    """Rewrite (in place) every dynamically quantized Conv/MatMul chain into float; the
+    count rewritten.  Nodes left without a consumer are dropped."""
+    idx = _Index(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    replaced: dict[str, list] = {}            # the chain's last node -> its float nodes
+    dead: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type not in _INTEGER_OPS:
+            continue
+        chain = _chain(node, idx, producer, consumers)
+        if chain is None:
+            continue
+        last, nodes, new = chain
+        replaced[last.name] = new
+        dead.update(n.name for n in nodes)
+    if not replaced:
+        return 0
+    kept = []
+    for n in model.graph.node:
+        if n.name in replaced:
+            kept.extend(replaced[n.name])
+        elif n.name not in dead:
+            kept.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    _drop_unused(model)
+    return len(replaced)
+
+
+def _only_consumer(tensor: str, consumers: dict, op_type: str):
+    users = consumers.get(tensor, [])
+    return users[0] if len(users) == 1 and users[0].op_type == op_type else None
+
+
+def _chain(node, idx: _Index, producer: dict, consumers: dict):
+    """(the chain's last node, its nodes, the float nodes replacing them), or None."""
+    inputs = list(node.input) + [""] * (4 - len(node.input))
+    dql = producer.get(inputs[0])
+    w_q = idx.const(inputs[1])
+    if dql is None or dql.op_type != "DynamicQuantizeLinear" or w_q is None:
+        return None
+    x, x_scale = dql.input[0], dql.output[1]
+    w_zp = idx.const(inputs[3]) if inputs[3] else np.zeros((), w_q.dtype)
+    if w_zp is None:
+        return None
+    nodes = [node]
+    out = node.output[0]
+    bias = None
+    add = _only_consumer(out, consumers, "Add")
+    if add is not None:
+        other = add.input[1] if add.input[0] == out else add.input[0]
+        bias = _float_bias(other, idx, producer)
+        if bias is None:
+            return None
+        nodes.append(add)
+        out = add.output[0]
+    cast = _only_consumer(out, consumers, "Cast")
+    if cast is None:
+        return None
+    mul = _only_consumer(cast.output[0], consumers, "Mul")
+    if mul is None:
+        return None
+    scale = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
+    w_scale = _weight_scale(scale, x_scale, idx, producer)
+    if w_scale is None:
+        return None
+    nodes += [cast, mul]
+    weight = _float_weight(node.op_type, w_q, w_zp, w_scale)
+    if weight is None:
+        return None
+    w_name = idx.add_init(weight, f"{node.name or node.output[0]}_dequantized")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    y = mul.output[0]
+    if node.op_type == "ConvInteger":
+        ins = [x, w_name]
+        if bias is not None:
+            ins.append(idx.add_init(bias.reshape(-1), f"{node.name or y}_bias"))
+        return mul, nodes, [helper.make_node("Conv", ins, [y], name=node.name or y, **attrs)]
+    if bias is None:
+        return mul, nodes, [helper.make_node("MatMul", [x, w_name], [y], name=node.name or y)]
+    product = idx.unique(f"{y}_product")
+    return mul, nodes, [
+        helper.make_node("MatMul", [x, w_name], [product], name=node.name or y),
+        helper.make_node("Add", [product, idx.add_init(bias.reshape(-1), f"{y}_bias")], [y],
+                         name=idx.unique(f"{node.name or y}_bias_add"))]
+
+
+def _weight_scale(scale: str, x_scale: str, idx: _Index, producer: dict):
+    """The constant w_scale of scale = Mul(x_scale, w_scale), or None."""
+    mul = producer.get(scale)
+    if mul is None or mul.op_type != "Mul" or x_scale not in mul.input:
+        return None
+    other = mul.input[1] if mul.input[0] == x_scale else mul.input[0]
+    value = idx.const(other)
+    return None if value is None else np.asarray(value, np.float32)
+
+
+def _float_bias(tensor: str, idx: _Index, producer: dict):
+    """The float bias an int32 bias input stands for: a constant one is not (the scale is
+    only known at run time), the older tool's Reshape(Cast(Floor(Div(b, scale)))) is b."""
+    node = producer.get(tensor)
+    while node is not None and node.op_type in ("Reshape", "Cast", "Floor"):
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "Div":
+        return None
+    value = idx.const(node.input[0])
+    return None if value is None else np.asarray(value, np.float32)
+
+
+def _float_weight(op_type: str, w_q: np.ndarray, w_zp: np.ndarray, w_scale: np.ndarray):
+    w = w_q.astype(np.float32)
+    zp = np.asarray(w_zp, np.float32)
+    if op_type == "ConvInteger":
+        per = (-1,) + (1,) * (w.ndim - 1)          # per output channel: axis 0
+    else:
+        per = (1,) * (w.ndim - 1) + (-1,)          # per output column: the last axis
+    zp = zp.reshape(per) if zp.size > 1 else zp
+    scale = w_scale.reshape(per) if w_scale.size > 1 else w_scale
+    try:
+        return ((w - zp) * scale).astype(np.float32)
+    except ValueError:                             # a scale that does not broadcast
+        return None
+
+
+def _drop_unused(model) -> None:
+    """Drop the nodes nothing reads any more (the DynamicQuantizeLinear nodes, the scale
+    arithmetic) and the initializers no node reads."""
+    graph = model.graph
+    needed = {o.name for o in graph.output}
+    kept = []
+    for n in reversed(graph.node):
+        if any(o in needed for o in n.output):
+            kept.append(n)
+            needed.update(i for i in n.input if i)
+            for a in n.attribute:
+                if a.type in (a.GRAPH, a.GRAPHS):
+                    needed.update(_outer_reads(a))
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+
+
+def _outer_reads(attribute) -> set[str]:
+    """Every name a subgraph attribute's nodes read (some from the outer scope)."""
+    graphs = [attribute.g] if attribute.type == attribute.GRAPH else list(attribute.graphs)
+    names = set()
+    for g in graphs:
+        for n in g.node:
+            names.update(n.input)
+            for a in n.attribute:
+                if a.type in (a.GRAPH, a.GRAPHS):
+                    names.update(_outer_reads(a))
+    return names
+
