@@ -184,6 +184,8 @@ class Lowerer:
                         or (allow_pad and pad is None and inner.op_type == "Pad")):
                     break                       # a real quantization: the source
             elif op in LAYOUT_OPS and through_layout:
+                if not self._keeps_rows(node):
+                    break                 # the host makes its rows: read the tensor after it
                 layout.append(node)
             elif op == "Pad" and allow_pad and pad is None and quant is not None:
                 try:
@@ -223,6 +225,17 @@ class Lowerer:
             except NotMapped:
                 return source
         return source
+
+    def _keeps_rows(self, node: Node) -> bool:
+        """Whether a layout node keeps its tensor's rows (the leading dimension a program
+        takes, Graph.rows): a Reshape (1, T*F) -> (T, F) or a Transpose that moves the
+        frames first does not, and a program reads one row count."""
+        if node.op_type == "Transpose":
+            perm = node.attr("perm") or [1, 0]
+            if perm[0] != 0:
+                return False
+        rows = self.g.rows(node.inputs[0])
+        return rows is None or rows == self.g.rows(node.outputs[0])
 
     def _zero_pads(self, node: Node, quant: QParams) -> tuple[int, ...]:
         """The spatial pads of a Pad that adds real zeros on the spatial axes only."""
@@ -1126,6 +1139,17 @@ def host_reason(node: Node, graph: Graph) -> str:
     return f"{op_type} has no TPU mapping (runs on the host)"
 
 
+def _mixed_rows(graph: Graph, op: Operator) -> str | None:
+    """Why an operator cannot run in one program (None when it can): its tensors have
+    different rows (Graph.rows), an Elementwise of a (64, C) and a (1, C) say."""
+    rows = {t.name: graph.rows(t.name) for t in (*op.inputs, op.output)}
+    if len({r for r in rows.values() if r is not None}) <= 1:
+        return None
+    listed = ", ".join(f"'{n}' {r}" for n, r in rows.items())
+    return (f"its tensors have different rows (leading dimensions: {listed}); a TPU "
+            f"program takes one row count")
+
+
 def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
     """Try every compute node; return the operators and the reasons for the rest.
     `supported(op)`: None if the back end maps the operator, else why not.  A node whose
@@ -1155,6 +1179,12 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
             lw.tensors = before
             lw.notes.pop(node.name, None)
             reasons[node.name] = f"internal: {type(e).__name__}: {e}"
+            continue
+        why = _mixed_rows(graph, op)
+        if why:
+            lw.tensors = before
+            lw.notes.pop(node.name, None)
+            reasons[node.name] = why
             continue
         operators.append(op)
         anchor[op.name] = node
