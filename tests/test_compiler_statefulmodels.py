@@ -267,9 +267,9 @@ def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     assert where["/encoder/Conv"] == "TPU"
     report = json.loads((out / "report.json").read_text())
     rows = {s["rows"] for s in report["segments"]}
-    assert {1, frames} <= rows and all(s["fixed_rows"] for s in report["segments"]
+    assert {1, frames} <= rows and all(s["own_rows"] for s in report["segments"]
                                        if s["rows"] == frames), report["segments"]
-    assert f"{frames} fixed" in (out / "report.txt").read_text()
+    assert f"{frames} own" in (out / "report.txt").read_text()
     check_float_and_qdq(out, y, feeds, path)
     # the time-axis split the batch inference used to make is gone: the state carries
     # across all 16 frames (the last frames' probabilities depend on the first ones)

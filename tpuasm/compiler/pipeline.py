@@ -401,7 +401,7 @@ def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine,
         row = SegmentRow(step.name, len(step.segment.operators), macs,
                          macs / total_macs if total_macs else 0.0,
                          rows=step.segment.program_rows(batch),
-                         fixed_rows=step.segment.rows is not None)
+                         own_rows=step.segment.rows is not None)
         timing = timings.get(step.name)
         if timing is not None and timing.fault is not None:
             warnings.append(f"{step.name}: its timing run did not halt: {timing.fault}")
