@@ -37,9 +37,11 @@ def save(tmp_path, nodes, inputs, outputs, inits, name) -> str:
     return str(path)
 
 
-def frames_gemm_model(tmp_path, rng) -> str:
+def frames_gemm_model(tmp_path, rng, batch=1) -> str:
     """x (1, T*F) -> Reshape (T, F) -> Gemm -> Relu -> Gemm: T rows; -> Reshape (1, T*O) ->
-    Gemm: one row."""
+    Gemm: one row.  With `batch` None the batch is dynamic, (N, T*F) -> (N*T, F): the
+    frames' rows grow with it."""
+    n = "N" if batch is None else batch
     nodes = [
         helper.make_node("Reshape", ["x", "frames"], ["xf"], name="to_frames"),
         helper.make_node("Gemm", ["xf", "w1", "b1"], ["h1"], name="frame_fc1"),
@@ -47,8 +49,8 @@ def frames_gemm_model(tmp_path, rng) -> str:
         helper.make_node("Gemm", ["r1", "w2", "b2"], ["h2"], name="frame_fc2"),
         helper.make_node("Reshape", ["h2", "whole"], ["flat"], name="to_sequence"),
         helper.make_node("Gemm", ["flat", "w3", "b3"], ["y"], name="sequence_fc")]
-    inits = [init("frames", np.array([FRAMES, FEATURES], np.int64)),
-             init("whole", np.array([1, FRAMES * OUT], np.int64)),
+    inits = [init("frames", np.array([FRAMES if batch else -1, FEATURES], np.int64)),
+             init("whole", np.array([1 if batch else -1, FRAMES * OUT], np.int64)),
              init("w1", rng.normal(0, 0.4, (FEATURES, HIDDEN)).astype(np.float32)),
              init("b1", rng.normal(0, 0.1, HIDDEN).astype(np.float32)),
              init("w2", rng.normal(0, 0.3, (HIDDEN, OUT)).astype(np.float32)),
@@ -56,8 +58,8 @@ def frames_gemm_model(tmp_path, rng) -> str:
              init("w3", rng.normal(0, 0.2, (FRAMES * OUT, 4)).astype(np.float32)),
              init("b3", rng.normal(0, 0.1, 4).astype(np.float32))]
     return save(tmp_path, nodes, [helper.make_tensor_value_info("x", T.FLOAT,
-                                                                [1, FRAMES * FEATURES])],
-                [helper.make_tensor_value_info("y", T.FLOAT, [1, 4])], inits, "frames_gemm")
+                                                                [n, FRAMES * FEATURES])],
+                [helper.make_tensor_value_info("y", T.FLOAT, [n, 4])], inits, "frames_gemm")
 
 
 def frames_conv_model(tmp_path, rng) -> str:
@@ -160,3 +162,38 @@ def test_a_model_run_whole_with_segments_of_frames_and_of_one_row(tmp_path, caps
     (want,) = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": data})
     assert got.shape == want.shape
     assert_same_quantization(out, got, want)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_rows_that_fold_the_batch_in_grow_with_it(tmp_path, capsys, batch):
+    # (N, T*F) -> Reshape (-1, F): the frames' program takes batch x T rows, the sequence
+    # Gemm's the batch; 7 rows of data run as batches of `batch` (the last one padded)
+    rng = np.random.default_rng(2)
+    path = frames_gemm_model(tmp_path, rng, batch=None)
+    np.save(tmp_path / "calib.npy", rng.normal(0, 1, (32, FRAMES * FEATURES)).astype(np.float32))
+    data = rng.normal(0, 1, (7, FRAMES * FEATURES)).astype(np.float32)
+    np.save(tmp_path / "data.npy", data)
+    out, got = compile_and_infer(capsys, tmp_path, path, tmp_path / "calib.npy",
+                                 tmp_path / "data.npy", "--batch", str(batch))
+    report, where = segments(out)
+    assert all(where[n] == "TPU" for n in ("frame_fc1", "frame_fc2", "sequence_fc")), where
+    rows = sorted((s["rows"], s["own_rows"]) for s in report["segments"])
+    assert rows == [(batch, False), (batch * FRAMES, True)], report["segments"]
+    (want,) = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": data})
+    assert got.shape == want.shape
+    assert_same_quantization(out, got, want)
+
+
+def test_an_outdir_with_bad_segment_rows_is_refused(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    path = frames_gemm_model(tmp_path, rng)
+    np.save(tmp_path / "calib.npy", rng.normal(0, 1, (16, FRAMES * FEATURES)).astype(np.float32))
+    out, _ = compile_and_infer(capsys, tmp_path, path, tmp_path / "calib.npy",
+                               tmp_path / "calib.npy")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (step,) = [s for s in manifest["steps"] if s.get("rows")]
+    step["rows"] = -3
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    code = infer_main([str(out), str(tmp_path / "calib.npy"), "-o", str(tmp_path / "z.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and "rows -3" in err and "Traceback" not in err, err
