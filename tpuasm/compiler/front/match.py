@@ -159,13 +159,13 @@ class Lowerer:
         folded: list[str] = []
         pad = None                      # (folded depth, layout depth, spatial pads)
         current = name
-        # the deepest quantized tensor reached so far: (tensor, layout depth, folded depth);
-        # a walk that ends on a float tensor (a layout node before the model's quantization)
-        # falls back to it
-        best = None
+        # every quantized tensor reached: (tensor, layout depth, folded depth), nearest
+        # first; the source is the deepest a program can read (_same_rows), so a walk that
+        # ends on a float tensor (a layout node before the model's quantization) falls back
+        seen = []
         while True:
             if quant is not None and self.g.dtypes.get(current) in _INT8:
-                best = (current, len(layout), len(folded))
+                seen.append((current, len(layout), len(folded)))
             node = self.g.producer.get(current)
             if node is None:
                 break
@@ -184,8 +184,6 @@ class Lowerer:
                         or (allow_pad and pad is None and inner.op_type == "Pad")):
                     break                       # a real quantization: the source
             elif op in LAYOUT_OPS and through_layout:
-                if not self._keeps_rows(node):
-                    break                 # the host makes its rows: read the tensor after it
                 layout.append(node)
             elif op == "Pad" and allow_pad and pad is None and quant is not None:
                 try:
@@ -196,8 +194,13 @@ class Lowerer:
                 break
             folded.append(node.name)
             current = node.inputs[0]
-        if quant is None or best is None:
+        best = self._same_rows(name, layout, seen)
+        if quant is None or not seen:
             raise NotMapped("its input is not quantized (no DequantizeLinear before it)")
+        if best is None:
+            raise NotMapped(f"its input '{name}' has {self.g.rows(name)} rows, the quantized "
+                            f"tensor it is made of {self.g.rows(seen[-1][0])} (a layout node "
+                            f"between changes the rows a program takes)")
         current, depth, count = best
         layout, folded = layout[:depth], folded[:count]
         pads = ()
@@ -226,16 +229,21 @@ class Lowerer:
                 return source
         return source
 
-    def _keeps_rows(self, node: Node) -> bool:
-        """Whether a layout node keeps its tensor's rows (the leading dimension a program
-        takes, Graph.rows): a Reshape (1, T*F) -> (T, F) or a Transpose that moves the
-        frames first does not, and a program reads one row count."""
-        if node.op_type == "Transpose":
-            perm = node.attr("perm") or [1, 0]
-            if perm[0] != 0:
-                return False
-        rows = self.g.rows(node.inputs[0])
-        return rows is None or rows == self.g.rows(node.outputs[0])
+    def _same_rows(self, name: str, layout: list, seen: list):
+        """Of the quantized tensors a trace passed (`seen`: (tensor, layout depth, folded
+        depth), nearest first), the deepest one a program can read for `name`: of the same
+        rows (Graph.rows: a program takes one row count; a Reshape (T, F) -> (1, T*F) or a
+        Transpose that moves another axis first makes others, and the host then makes the
+        tensor after it), reached through no Transpose that moves the leading axis."""
+        rows = self.g.rows(name)
+        for i in range(len(seen) - 1, -1, -1):
+            tensor, depth, _ = seen[i]
+            moved = any(n.op_type == "Transpose" and (n.attr("perm") or [1])[0] != 0
+                        for n in layout[:depth])
+            other = self.g.rows(tensor)
+            if not moved and (rows is None or other is None or other == rows):
+                return seen[i]
+        return None
 
     def _zero_pads(self, node: Node, quant: QParams) -> tuple[int, ...]:
         """The spatial pads of a Pad that adds real zeros on the spatial axes only."""
