@@ -145,11 +145,12 @@ class Graph:
     def segment_rows(self, name: str) -> int | None:
         """Segment.rows of a segment that reads or writes the tensor: None when its leading
         dimension is the model's batch (batch axis 0, or unknown and of the batch's size),
-        else that dimension, a row count fixed whatever the batch."""
+        else that dimension at the compiled batch (the frames of a model run whole; the
+        batch times T after a Reshape (N, T*F) -> (N*T, F))."""
         rows = self.rows(name)
         if rows is None:
             return None
-        if self.fixed_batch and self.batched or name not in self.batch_axis:
+        if (self.fixed_batch and self.batched) or name not in self.batch_axis:
             batch = self.batch_size if self.batched else 1
             return None if rows == batch else rows
         axis = self.batch_axis[name]
