@@ -197,3 +197,18 @@ def test_an_outdir_with_bad_segment_rows_is_refused(tmp_path, capsys):
     code = infer_main([str(out), str(tmp_path / "calib.npy"), "-o", str(tmp_path / "z.npz")])
     err = capsys.readouterr().err
     assert code == 2 and "rows -3" in err and "Traceback" not in err, err
+
+
+def test_rows_above_the_limit_run_on_the_host(tmp_path, monkeypatch):
+    # a program takes at most limits.MAX_BATCH rows, as --batch: (here 8) the frames'
+    # Gemms of 12 rows stay on the host with the reason, the sequence's Gemm maps
+    import tpuasm.limits
+    from tpuasm.compiler.pipeline import compile_model
+    monkeypatch.setattr(tpuasm.limits, "MAX_BATCH", 8)
+    rng = np.random.default_rng(4)
+    path = frames_gemm_model(tmp_path, rng)
+    calib = rng.normal(0, 1, (8, FRAMES * FEATURES)).astype(np.float32)
+    model = compile_model(path, calibration=calib, config=["array_size=16"], validate=False)
+    placed = {r.node: r for r in model.report.rows}
+    assert placed["frame_fc1"].where == "host" and "12 rows" in placed["frame_fc1"].reason
+    assert placed["sequence_fc"].where == "TPU", placed["sequence_fc"].reason

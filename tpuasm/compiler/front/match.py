@@ -1149,9 +1149,15 @@ def host_reason(node: Node, graph: Graph) -> str:
 
 def _mixed_rows(graph: Graph, op: Operator) -> str | None:
     """Why an operator cannot run in one program (None when it can): its tensors have
-    different rows (Graph.rows), an Elementwise of a (64, C) and a (1, C) say."""
+    different rows (Graph.rows), an Elementwise of a (64, C) and a (1, C) say, or more rows
+    than a program may take (limits.MAX_BATCH, as --batch)."""
+    from tpuasm.limits import MAX_BATCH
     rows = {t.name: graph.rows(t.name) for t in (*op.inputs, op.output)}
-    if len({r for r in rows.values() if r is not None}) <= 1:
+    known = {r for r in rows.values() if r is not None}
+    if known and max(known) > MAX_BATCH:
+        return (f"its tensors have {max(known):,} rows (leading dimension), above the "
+                f"{MAX_BATCH:,} a TPU program takes (spec/limits.md)")
+    if len(known) <= 1:
         return None
     listed = ", ".join(f"'{n}' {r}" for n, r in rows.items())
     return (f"its tensors have different rows (leading dimensions: {listed}); a TPU "
