@@ -212,3 +212,43 @@ def test_rows_above_the_limit_run_on_the_host(tmp_path, monkeypatch):
     placed = {r.node: r for r in model.report.rows}
     assert placed["frame_fc1"].where == "host" and "12 rows" in placed["frame_fc1"].reason
     assert placed["sequence_fc"].where == "TPU", placed["sequence_fc"].reason
+
+
+def test_two_branches_of_different_rows_ready_together_are_two_segments(tmp_path, capsys):
+    # x (T, F) run whole: a Gemm over its frames (T rows) and, beside it, a Gemm over the
+    # whole sequence (Reshape (1, T*F): one row) become ready in the same phase; the
+    # partition gives each row count its own segment
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Gemm", ["x", "wf", "bf"], ["yf"], name="per_frame"),
+             helper.make_node("Reshape", ["x", "whole"], ["xs"], name="to_sequence"),
+             helper.make_node("Gemm", ["xs", "ws", "bs"], ["ys"], name="per_sequence")]
+    inits = [init("whole", np.array([1, FRAMES * FEATURES], np.int64)),
+             init("wf", rng.normal(0, 0.4, (FEATURES, OUT)).astype(np.float32)),
+             init("bf", rng.normal(0, 0.1, OUT).astype(np.float32)),
+             init("ws", rng.normal(0, 0.1, (FRAMES * FEATURES, 4)).astype(np.float32)),
+             init("bs", rng.normal(0, 0.1, 4).astype(np.float32))]
+    path = save(tmp_path, nodes, [helper.make_tensor_value_info("x", T.FLOAT,
+                                                                [FRAMES, FEATURES])],
+                [helper.make_tensor_value_info("yf", T.FLOAT, [FRAMES, OUT]),
+                 helper.make_tensor_value_info("ys", T.FLOAT, [1, 4])], inits, "branches")
+    calib = rng.normal(0, 1, (FRAMES, FEATURES)).astype(np.float32)
+    data = (calib + rng.normal(0, 0.05, calib.shape)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", calib)
+    np.save(tmp_path / "data.npy", data)
+    out = tmp_path / "out"
+    assert compile_main([path, "-o", str(out), "--calibrate", str(tmp_path / "calib.npy"),
+                         "--batch-axis", "x=none", "-q"]) == 0
+    y = tmp_path / "y.npz"
+    assert infer_main([str(out), str(tmp_path / "data.npy"), "-o", str(y), "-q"]) == 0
+    report, where = segments(out)
+    assert where["per_frame"] == "TPU" and where["per_sequence"] == "TPU", where
+    steps = [s for s in report["steps"] if s["kind"] == "tpu"]
+    assert sorted(s["items"] for s in steps) == [["per_frame"], ["per_sequence"]], steps
+    assert sorted(s["rows"] for s in report["segments"]) == [1, FRAMES]
+    qdq = onnx.load(str(out / "model.qdq.onnx"))
+    want = dict(zip(["yf", "ys"], run_ort(qdq, {"x": data})))
+    with np.load(y) as got:
+        for name in ("yf", "ys"):
+            diff = np.rint(np.abs(got[name].astype(np.float64) - want[name])
+                           / output_scale(qdq, name))
+            assert diff.max() <= 1 and np.mean(diff == 0) >= 0.999, name
