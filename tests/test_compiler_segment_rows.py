@@ -162,6 +162,11 @@ def test_a_model_run_whole_with_segments_of_frames_and_of_one_row(tmp_path, caps
     (want,) = run_ort(onnx.load(str(out / "model.qdq.onnx")), {"x": data})
     assert got.shape == want.shape
     assert_same_quantization(out, got, want)
+    # its rows are fixed: other frame counts are one clear error that says so
+    np.save(tmp_path / "longer.npy", np.zeros((FRAMES + 3, 24), np.float32))
+    code = infer_main([str(out), str(tmp_path / "longer.npy"), "-o", str(tmp_path / "z.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no batch axis" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("batch", [2, 3])
