@@ -220,9 +220,10 @@ def seq_first_model(tmp_path, rng):
         [numpy_helper.from_array(wx, "wx"), numpy_helper.from_array(wh, "wh")], "seqfirst")
 
 
-def test_batch_axis_keeps_a_tensor_off_the_tpu(tmp_path):
-    # a quantized Tanh of a sequence-first tensor (its batch on axis 1): the matcher's own
-    # rule keeps it on the host, whatever the quantizer did
+def test_a_sequence_first_tensor_runs_on_the_tpu_over_its_steps(tmp_path):
+    # a quantized Tanh of a sequence-first tensor (its batch on axis 1): its program's rows
+    # are the 5 steps (the leading dimension, Segment.rows), each a (batch, 6) row of the
+    # batch's samples
     q = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.uint8(128),
                                                                               "z")]
     path = save(tmp_path, [
@@ -232,12 +233,15 @@ def test_batch_axis_keeps_a_tensor_off_the_tpu(tmp_path):
         helper.make_node("QuantizeLinear", ["t", "s", "z"], ["tq"], name="qt"),
         helper.make_node("DequantizeLinear", ["tq", "s", "z"], ["y"], name="dqt")],
         [vi("x", T.FLOAT, [5, "N", 6])], [vi("y", T.FLOAT, [5, "N", 6])], q, "seqtanh")
-    compiled = compile_model(path, batch=4, codegen=False)
+    compiled = compile_model(path, batch=4, config=["array_size=16"])
     (row,) = [r for r in compiled.report.rows if r.node == "seq_tanh"]
-    assert row.where == "host" and "its batch dimension is axis 1" in row.reason
+    assert row.where == "TPU", row.reason
+    (segment,) = compiled.report.segments
+    assert (segment.rows, segment.own_rows) == (5, True)
     x = np.random.default_rng(2).normal(0, 1, (5, 9, 6)).astype(np.float32)
     (want,) = run_ort(onnx.load(path), {"x": x})
-    np.testing.assert_array_equal(compiled.run(x, engine="reference")["y"], want)
+    for engine in ("emulator", "reference"):
+        np.testing.assert_array_equal(compiled.run(x, engine=engine)["y"], want)
 
 
 def test_batch_axes_are_inferred_per_tensor(tmp_path):

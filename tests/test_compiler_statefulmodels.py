@@ -5,7 +5,8 @@
 - a recurrent state (2, batch, H) beside it, its batch on axis 1 (named like the input's);
 - the same model exported with fixed shapes (1, S) and (2, 1, H): passed whole;
 - a sequence-first model (S, F) whose LSTM recurs across S, with h, c inputs (1, 1, H):
-  the rows are time, not a batch, so the model runs whole;
+  the rows are time, not a batch, so the model runs whole; its per-frame Conv on the TPU
+  in a program of S rows, its LSTM's steps in programs of one;
 - the model wrapped in an If on an int64 scalar input `sr`: compiled as it is (on the host)
   and with `--input-value sr=16000` (the If folded, its branch's Conv and LSTM on the TPU).
 
@@ -256,14 +257,19 @@ def test_sequence_first_lstm_with_state_inputs_runs_whole(tmp_path, capsys):
     feeds = {k: (v + r.normal(0, 0.03, v.shape)).astype(np.float32) for k, v in calib.items()}
     np.savez(tmp_path / "data.npz", **feeds)
     out, y, text, _ = cli(capsys, tmp_path, path, tmp_path / "calib.npz",
-                          tmp_path / "data.npz", "--batch", "8")
+                          tmp_path / "data.npz", "--batch", "8", engine="emulator")
     manifest = json.loads((out / "manifest.json").read_text())
     assert [v["batch_axis"] for v in manifest["inputs"]] == [None, None, None]
-    assert tpu_rows(out)["/recurrent/LSTM"] == "TPU"
-    # the per-frame Conv has 16 rows in a model run whole: on the host, and so left float
+    where = tpu_rows(out)
+    assert where["/recurrent/LSTM"] == "TPU"
+    # the per-frame Conv has 16 rows (the frames) where the LSTM's steps have one: each
+    # segment's program is built for its own rows
+    assert where["/encoder/Conv"] == "TPU"
     report = json.loads((out / "report.json").read_text())
-    (conv,) = [r for r in report["rows"] if r["node"] == "/encoder/Conv"]
-    assert conv["where"] == "host" and "runs whole" in conv["reason"], conv
+    rows = {s["rows"] for s in report["segments"]}
+    assert {1, frames} <= rows and all(s["own_rows"] for s in report["segments"]
+                                       if s["rows"] == frames), report["segments"]
+    assert f"{frames} own" in (out / "report.txt").read_text()
     check_float_and_qdq(out, y, feeds, path)
     # the time-axis split the batch inference used to make is gone: the state carries
     # across all 16 frames (the last frames' probabilities depend on the first ones)

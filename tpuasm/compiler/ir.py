@@ -235,11 +235,24 @@ Operator = Dense | Conv | Pool | Lookup | Elementwise
 @dataclass
 class Segment:
     """A run of TPU operators in execution order.  `inputs` come from the host (quantized
-    by the runtime), `outputs` go back to it; every other tensor lives only on the chip."""
+    by the runtime), `outputs` go back to it; every other tensor lives only on the chip.
+
+    Its program works on rows: the leading dimension of the ONNX tensors it reads and
+    writes (a Conv's N, a Gemm's M; the shapes above are one row's).  `rows` None: that
+    dimension is the model's batch, so the program is built for the batch and its rows
+    grow with it; an int: the tensors' leading dimension is not the batch (a sequence
+    model run whole over its 64 frames, a Reshape (1, T*F) -> (T, F)) and the program is
+    built for that many rows, fixed, whatever the batch."""
     name: str
     operators: list[Operator]
     inputs: list[Tensor]
     outputs: list[Tensor]
+    rows: int | None = None
+
+    def program_rows(self, batch: int) -> int:
+        """The rows one run of the segment's program takes when the model's batch is
+        `batch`."""
+        return batch if self.rows is None else self.rows
 
 
 @dataclass
@@ -255,7 +268,8 @@ class HostLayout:
 
 @dataclass
 class SegmentProgram:
-    """What the back end produces for one segment at one batch size."""
+    """What the back end produces for one segment at one batch size (its rows:
+    Segment.program_rows)."""
     segment: Segment
     batch: int
     source: str                       # .tasm text (assembles with tpuasm.assemble)

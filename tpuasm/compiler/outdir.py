@@ -198,6 +198,12 @@ def _check_structure(data: dict, bad) -> None:
             named(step.get("operators"), f"step {step['name']} operators")
             for t in step["tensors"]:
                 shape(t.get("shape"), f"tensor {t['name']!r}")
+            from tpuasm.limits import MAX_BATCH
+            rows = step.get("rows")       # Segment.rows: its own fixed rows, bounded as a batch
+            if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int)
+                                     or not 1 <= rows <= MAX_BATCH):
+                raise bad(f"step {step['name']!r}: rows {rows!r} is not a whole number in "
+                          f"1..{MAX_BATCH:,}")
     # every value a step or the model's outputs read is an input or made by an earlier step
     known = {v["name"] for v in data["inputs"]}
     for step in data["steps"]:
@@ -277,7 +283,7 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
              "tensors": list(tensors.values()),
              "inputs": [t.name for t in seg.inputs], "outputs": [t.name for t in seg.outputs],
              "onnx_shapes": {k: list(v) for k, v in step.onnx_shapes.items()},
-             "program": None}
+             "rows": seg.rows, "program": None}
     program = step.program
     if program is not None:
         entry["program"] = f"{seg.name}.tasm"
@@ -462,7 +468,7 @@ def _load_step(s: dict, outdir: Path):
         else:
             raise ValueError(f"unknown operator type {kind!r}")
     segment = Segment(s["name"], ops, [tensors[n] for n in s["inputs"]],
-                      [tensors[n] for n in s["outputs"]])
+                      [tensors[n] for n in s["outputs"]], s.get("rows"))
     return TpuStep(segment, {k: tuple(v) for k, v in s["onnx_shapes"].items()})
 
 

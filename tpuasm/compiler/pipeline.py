@@ -142,13 +142,6 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         cells = len(prepared.keep_float)
         if cells:
             notes += f"; {cells} nodes of long LSTM cells kept in float"
-        if not any(a is not None for a in axes.values()):
-            from tpuasm.compiler.front.batch import whole_model_host_nodes
-            host = whole_model_host_nodes(prepared.model)
-            prepared.keep_float.update(host)
-            if host:
-                notes += f"; {len(host)} matrix nodes of several rows in a model run whole " \
-                         f"kept in float"
         users_float = options.keep_float
         if prepared.keep_float:         # the rewrites' own float nodes join --keep-float's
             options = replace(options, keep_float=(*options.keep_float,
@@ -328,7 +321,7 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
     macs = sum(r.macs for r in compiled if r.macs and r.where != "unused")
     tpu_macs = sum(r.macs for r in compiled if r.macs and r.where == "TPU")
     machine = machine or MachineConfig(array_size=array_size)
-    segments, warnings = _segment_rows(steps, compiled, macs, machine, timed)
+    segments, warnings = _segment_rows(steps, compiled, macs, machine, timed, batch)
     step_rows = []
     for step in steps:
         if isinstance(step, TpuStep):
@@ -417,9 +410,9 @@ def _compiled_rows(graph, lowered: Lowered, steps, own_work: dict | None = None
 
 
 def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine,
-                  timed: bool = True):
-    """Per TPU segment: its MACs and share, and (`timed`) its cycles from a timing-only run
-    of its program (when the back end made one)."""
+                  timed: bool = True, batch: int = 1):
+    """Per TPU segment: its rows (at `batch`), MACs and share, and (`timed`) its cycles
+    from a timing-only run of its program (when the back end made one)."""
     from tpuasm.compiler.codegen.timing import time_segments
     n2 = machine.array_size ** 2
     timings = time_segments(steps, machine) if timed else {}
@@ -430,7 +423,9 @@ def _segment_rows(steps, compiled: list[NodeRow], total_macs: int, machine,
         macs = sum(r.macs for r in compiled
                    if r.macs and r.where == "TPU" and r.step == step.name)
         row = SegmentRow(step.name, len(step.segment.operators), macs,
-                         macs / total_macs if total_macs else 0.0)
+                         macs / total_macs if total_macs else 0.0,
+                         rows=step.segment.program_rows(batch),
+                         own_rows=step.segment.rows is not None)
         timing = timings.get(step.name)
         if timing is not None and timing.fault is not None:
             warnings.append(f"{step.name}: its timing run did not halt: {timing.fault}")

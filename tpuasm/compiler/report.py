@@ -46,6 +46,8 @@ class SegmentRow:
     time_us: float | None = None      # at the machine's clock
     array_active_cycles: int | None = None
     utilisation: float | None = None  # macs / (cycles x N x N): the paper's Table 3 row 2
+    rows: int | None = None           # rows its program takes per batch (Segment.program_rows)
+    own_rows: bool = False            # its tensors' leading dimension, not the batch
 
 
 @dataclass
@@ -183,12 +185,13 @@ def _mac_line(report: CompileReport) -> str:
 
 
 def _segment_table(segments: list[SegmentRow], n: int) -> str:
-    header = ("Segment", "Ops", "MACs", "Share", "Cycles", "Time", "Array active",
+    header = ("Segment", "Rows", "Ops", "MACs", "Share", "Cycles", "Time", "Array active",
               "Utilisation")
     cells = [header]
     for s in segments:
         timed = s.cycles is not None
-        cells.append((s.name, str(s.operators), f"{s.macs:,}", f"{100 * s.share:.1f} %",
+        rows = "-" if s.rows is None else f"{s.rows:,}" + (" own" if s.own_rows else "")
+        cells.append((s.name, rows, str(s.operators), f"{s.macs:,}", f"{100 * s.share:.1f} %",
                       f"{s.cycles:,}" if timed else "-",
                       f"{s.time_us:,.2f} us" if timed else "-",
                       f"{100 * s.array_active_cycles / max(s.cycles, 1):.1f} %" if timed
@@ -196,8 +199,10 @@ def _segment_table(segments: list[SegmentRow], n: int) -> str:
                       f"{100 * s.utilisation:.2f} %" if s.utilisation is not None else "-"))
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     left = {0}
-    out = [f"TPU segments (per batch; utilisation = the network's MACs / (cycles x {n} x {n}), "
-           f"the paper's Table 3 row 2):"]
+    out = [f"TPU segments (per batch; rows: the rows its program takes per batch, the "
+           f"batch, or 'own': its tensors' leading dimension at this batch, the frames of a "
+           f"model run whole, a Reshape (1, T*F) -> (T, F); utilisation = the network's MACs "
+           f"/ (cycles x {n} x {n}), the paper's Table 3 row 2):"]
     for i, c in enumerate(cells):
         out.append("  " + "  ".join(c[j].ljust(widths[j]) if j in left else c[j].rjust(widths[j])
                                     for j in range(len(c))).rstrip())

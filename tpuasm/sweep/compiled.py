@@ -79,14 +79,15 @@ def _recompiled(folder: str, segment: str, shape: tuple):
     step = next(s for s in model.steps if getattr(s, "name", None) == segment)
     array_size, ub_rows, acc_rows, fifo_depth = shape
     try:
-        program = generate(step.segment, model.batch, array_size=array_size, ub_rows=ub_rows,
-                           acc_rows=acc_rows, fifo_depth=fifo_depth)
+        program = generate(step.segment, step.segment.program_rows(model.batch),
+                           array_size=array_size, ub_rows=ub_rows, acc_rows=acc_rows,
+                           fifo_depth=fifo_depth)
     except CodegenError as e:
         raise Skip(f"{segment} cannot be recompiled for a {array_size}x{array_size} array "
                    f"({ub_rows} UB rows, {acc_rows} accumulator rows): {e}") from None
     from ..assembler import assemble
     binary = assemble(program.source, f"{segment}.tasm")
-    host = program.host_image(sample_inputs(step, model.batch))
+    host = program.host_image(sample_inputs(step, program.batch))
     return binary, host, program.weights
 
 
@@ -102,7 +103,7 @@ def _loaded(folder: str):
 
 @lru_cache(maxsize=32)
 def _macs(folder: str, segment: str) -> int:
-    """The segment's own MACs per batch (Dense K x N, Conv O x C x kh x kw per output
+    """The segment's own MACs per batch (per run of its rows; Dense K x N, Conv O x C x kh x kw per output
     pixel), from the manifest and the IR arrays' shapes; padding is not counted."""
     import numpy as np
     manifest = _manifest(folder)
@@ -116,7 +117,8 @@ def _macs(folder: str, segment: str) -> int:
             elif op["type"] == "Conv":
                 out = shapes[op["output"]]
                 total += int(np.prod(ir[f"op{i}.weight"].shape)) * int(np.prod(out[1:]))
-    return total * int(manifest["batch"])
+    rows = step.get("rows")                 # a segment's own fixed rows (Segment.rows)
+    return total * int(manifest["batch"] if rows is None else rows)
 
 
 @lru_cache(maxsize=32)

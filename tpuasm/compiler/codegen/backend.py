@@ -29,7 +29,8 @@ def codegen_module():
 
 def generate_programs(steps, batch, machine, path="the model", fall_back: bool = False,
                       cuts: set | None = None) -> dict[str, str]:
-    """The back end: one SegmentProgram per segment.  The back end's CodegenError (a segment
+    """The back end: one SegmentProgram per segment, for its rows (Segment.program_rows:
+    the batch, or the segment's own fixed rows).  The back end's CodegenError (a segment
     the machine cannot hold: a Unified Buffer or accumulators too small for its images) and
     any other failure (a case it mishandles) are clear errors, or with `fall_back` their
     culprits are returned ({operator: why}) for the pipeline to put on the host.  With a
@@ -41,7 +42,8 @@ def generate_programs(steps, batch, machine, path="the model", fall_back: bool =
     failed = {}
 
     def generate(segment):
-        return codegen.generate(segment, batch, array_size=machine.array_size,
+        return codegen.generate(segment, segment.program_rows(batch),
+                                array_size=machine.array_size,
                                 ub_rows=machine.ub_rows, acc_rows=machine.acc_rows,
                                 fifo_depth=machine.fifo_depth)
 
@@ -80,7 +82,7 @@ def _culprits(segment, generate, why: str, capacity: type) -> dict[str, str]:
     for op in segment.operators:
         try:
             generate(Segment(f"{segment.name}_{op.name}", [op], list(dict.fromkeys(op.inputs)),
-                             [op.output]))
+                             [op.output], segment.rows))
         except Exception as e:       # noqa: BLE001 - as above, operator by operator
             found[op.name] = (f"{CANNOT_HOLD}: {_first_line(e)}"
                               if isinstance(e, capacity) else
@@ -132,7 +134,7 @@ def _sub_segment(segment, run):
     wanted = {t.name for t in segment.outputs} | read_elsewhere
     inputs = list(dict.fromkeys(t for op in run for t in op.inputs if t.name not in made))
     outputs = [op.output for op in run if op.output.name in wanted]
-    return Segment(f"{segment.name}_{run[0].name}", list(run), inputs, outputs)
+    return Segment(f"{segment.name}_{run[0].name}", list(run), inputs, outputs, segment.rows)
 
 
 def _first_line(e: Exception) -> str:

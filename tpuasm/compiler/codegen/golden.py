@@ -62,9 +62,8 @@ def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
 
 
 def write_regression(step: TpuStep, outdir: Path, model) -> None:
-    batch = model.batch
     program = step.program
-    inputs = sample_inputs(step, batch)
+    inputs = sample_inputs(step, program.batch)      # the program's rows (Segment.rows)
     host = program.host_image(inputs)
     np.save(outdir / f"{step.name}.host.npy", host)
     machine = step.machine(model.config)

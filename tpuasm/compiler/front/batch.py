@@ -428,26 +428,3 @@ def carry_axes(model: onnx.ModelProto, known: dict, inferred: dict) -> dict:
                     sure.add(dst)
                     changed = True
     return result
-
-
-def whole_model_host_nodes(model: onnx.ModelProto) -> dict[str, str]:
-    """In a model with no batch axis (it runs whole, batch 1), the matrix nodes whose input
-    has more than one leading row (a sequence model's per-frame Convs over its 64 frames)
-    cannot go to the TPU, whose programs take one row count (Graph.not_batch_first): node
-    -> why, so that the quantizer leaves them float, as every host part is."""
-    from tpuasm.compiler.front.macs import MATRIX_OPS
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:                      # shapes unknown: the matcher decides as before
-        return {}
-    shapes = {v.name: _dims(v) for v in [*inferred.graph.input, *inferred.graph.value_info]
-              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
-    found = {}
-    for node in model.graph.node:
-        dims = shapes.get(node.input[0]) if node.op_type in MATRIX_OPS and node.input else None
-        if dims and isinstance(dims[0], int) and dims[0] > 1:
-            found[node.name] = (f"the model runs whole (no input has a batch axis) and its "
-                                f"input '{node.input[0]}' has {dims[0]} leading rows: the TPU "
-                                f"programs of a model take one row count, its batch (1 "
-                                f"here); kept in float on the host")
-    return found

@@ -135,10 +135,38 @@ class Graph:
             return self.batch_axis[name]
         return 0 if self.batched else None
 
+    def rows(self, name: str) -> int | None:
+        """The rows a TPU program reads a tensor as: its leading dimension (a Conv's N, a
+        Gemm's M, a MatMul's first; the rest is one row's shape, sample_shape); None when
+        its shape is unknown or it has no dimension."""
+        shape = self.shapes.get(name)
+        return int(shape[0]) if shape else None
+
+    def segment_rows(self, name: str) -> int | None:
+        """Segment.rows of a segment that reads or writes the tensor: None when its leading
+        dimension is the model's batch (batch axis 0, or unknown and of the batch's size),
+        else that dimension at the compiled batch (the frames of a model run whole; the
+        batch times T after a Reshape (N, T*F) -> (N*T, F))."""
+        rows = self.rows(name)
+        if rows is None:
+            return None
+        if (self.fixed_batch and self.batched) or name not in self.batch_axis:
+            batch = self.batch_size if self.batched else 1
+            return None if rows == batch else rows
+        axis = self.batch_axis[name]
+        if axis == 0 or (axis is None and not self.batched and rows == 1):
+            return None
+        return rows
+
     def not_batch_first(self, name: str) -> str | None:
-        """Why a tensor cannot go to the TPU, whose programs take the batch first (None when
-        it can: batch axis 0, unknown, or a model without a batch whose tensor has one
-        leading row)."""
+        """Why a tensor cannot go to the TPU (None when it can).  Its leading dimension is
+        rows (rows()): any tensor of two dimensions or more can, its program built for
+        those rows when they are not the batch (segment_rows); one of fewer dimensions only
+        when that one is the batch (batch axis 0, unknown, or a model without a batch whose
+        tensor has one element)."""
+        shape = self.shapes.get(name)
+        if shape is not None and len(shape) >= 2:
+            return None
         if self.fixed_batch and self.batched:     # the batch-first convention
             shape = self.shapes.get(name)
             if shape is not None and (not shape or shape[0] != self.batch_size):

@@ -159,13 +159,13 @@ class Lowerer:
         folded: list[str] = []
         pad = None                      # (folded depth, layout depth, spatial pads)
         current = name
-        # the deepest quantized tensor reached so far: (tensor, layout depth, folded depth);
-        # a walk that ends on a float tensor (a layout node before the model's quantization)
-        # falls back to it
-        best = None
+        # every quantized tensor reached: (tensor, layout depth, folded depth), nearest
+        # first; the source is the deepest a program can read (_same_rows), so a walk that
+        # ends on a float tensor (a layout node before the model's quantization) falls back
+        seen = []
         while True:
             if quant is not None and self.g.dtypes.get(current) in _INT8:
-                best = (current, len(layout), len(folded))
+                seen.append((current, len(layout), len(folded)))
             node = self.g.producer.get(current)
             if node is None:
                 break
@@ -194,8 +194,13 @@ class Lowerer:
                 break
             folded.append(node.name)
             current = node.inputs[0]
-        if quant is None or best is None:
+        best = self._same_rows(name, layout, seen)
+        if quant is None or not seen:
             raise NotMapped("its input is not quantized (no DequantizeLinear before it)")
+        if best is None:
+            raise NotMapped(f"its input '{name}' has {self.g.rows(name)} rows, the quantized "
+                            f"tensor it is made of {self.g.rows(seen[-1][0])} (a layout node "
+                            f"between changes the rows a program takes)")
         current, depth, count = best
         layout, folded = layout[:depth], folded[:count]
         pads = ()
@@ -223,6 +228,22 @@ class Lowerer:
             except NotMapped:
                 return source
         return source
+
+    def _same_rows(self, name: str, layout: list, seen: list):
+        """Of the quantized tensors a trace passed (`seen`: (tensor, layout depth, folded
+        depth), nearest first), the deepest one a program can read for `name`: of the same
+        rows (Graph.rows: a program takes one row count; a Reshape (T, F) -> (1, T*F) or a
+        Transpose that moves another axis first makes others, and the host then makes the
+        tensor after it), reached through no Transpose that moves the leading axis."""
+        rows = self.g.rows(name)
+        for i in range(len(seen) - 1, -1, -1):
+            tensor, depth, _ = seen[i]
+            moved = any(n.op_type == "Transpose" and (n.attr("perm") or [1])[0] != 0
+                        for n in layout[:depth])
+            other = self.g.rows(tensor)
+            if not moved and (rows is None or other is None or other == rows):
+                return seen[i]
+        return None
 
     def _zero_pads(self, node: Node, quant: QParams) -> tuple[int, ...]:
         """The spatial pads of a Pad that adds real zeros on the spatial axes only."""
@@ -1127,6 +1148,23 @@ def host_reason(node: Node, graph: Graph) -> str:
     return f"{op_type} has no TPU mapping (runs on the host)"
 
 
+def _mixed_rows(graph: Graph, op: Operator) -> str | None:
+    """Why an operator cannot run in one program (None when it can): its tensors have
+    different rows (Graph.rows), an Elementwise of a (64, C) and a (1, C) say, or more rows
+    than a program may take (limits.MAX_BATCH, as --batch)."""
+    from tpuasm.limits import MAX_BATCH
+    rows = {t.name: graph.rows(t.name) for t in (*op.inputs, op.output)}
+    known = {r for r in rows.values() if r is not None}
+    if known and max(known) > MAX_BATCH:
+        return (f"its tensors have {max(known):,} rows (leading dimension), above the "
+                f"{MAX_BATCH:,} a TPU program takes (spec/limits.md)")
+    if len(known) <= 1:
+        return None
+    listed = ", ".join(f"'{n}' {r}" for n, r in rows.items())
+    return (f"its tensors have different rows (leading dimensions: {listed}); a TPU "
+            f"program takes one row count")
+
+
 def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
     """Try every compute node; return the operators and the reasons for the rest.
     `supported(op)`: None if the back end maps the operator, else why not.  A node whose
@@ -1156,6 +1194,12 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
             lw.tensors = before
             lw.notes.pop(node.name, None)
             reasons[node.name] = f"internal: {type(e).__name__}: {e}"
+            continue
+        why = _mixed_rows(graph, op)
+        if why:
+            lw.tensors = before
+            lw.notes.pop(node.name, None)
+            reasons[node.name] = why
             continue
         operators.append(op)
         anchor[op.name] = node

@@ -3,8 +3,9 @@
 The TPU operators come from match.py.  The host runs exactly the nodes needed to produce the
 model's outputs and the TPU operators' inputs from what is available (model inputs and TPU
 outputs): a backward walk from those tensors.  Then the TPU operators and host nodes are
-scheduled greedily, alternating phases: as many TPU operators as are ready (one segment), then
-as many host nodes as are ready (one host part), and so on.
+scheduled greedily, alternating phases: as many TPU operators as are ready (one segment, or
+one per row count: Segment.rows), then as many host nodes as are ready (one host part), and
+so on.
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def plan(graph: Graph, lowered: Lowered, cuts=frozenset()) -> Plan:
     steps: list = []
     while pending_ops or pending_host:
         phase_ops = _take_ready(pending_ops, deps_of_op, "op", done)
-        steps.extend(_runs(phase_ops, cuts))
+        steps.extend(_runs(phase_ops, cuts, lambda op: graph.segment_rows(op.output.name)))
         phase_nodes = _take_ready(pending_host, deps_of_node, "host", done)
         if phase_nodes:
             steps.append(_with_constants(graph, phase_nodes, constant))
@@ -134,21 +135,30 @@ def plan(graph: Graph, lowered: Lowered, cuts=frozenset()) -> Plan:
                         seg_inputs.append(t)
                 if later(op.output.name):
                     seg_outputs.append(op.output)
-            result.append(Segment(f"segment{seg_count}", group, seg_inputs, seg_outputs))
+            result.append(Segment(f"segment{seg_count}", group, seg_inputs, seg_outputs,
+                                  graph.segment_rows(group[0].output.name)))
             seg_count += 1
     involved = host_names | set(lowered.fused)
     unused = {n.name for n in graph.nodes if n.name not in involved}
     return Plan(result, host_names, unused)
 
 
-def _runs(ops: list, cuts) -> list[list]:
-    """`ops` (in program order) cut before each operator named in `cuts`."""
-    runs: list[list] = []
+def _runs(ops: list, cuts, rows_of=lambda op: None) -> list[list]:
+    """`ops` (in program order) cut before each operator named in `cuts`, and into one run
+    per row count (`rows_of`, Graph.segment_rows: a program takes one).  Operators of
+    different rows never read one another (match.py's _mixed_rows), so grouping them by
+    rows, each group in program order, keeps every operator after those it reads."""
+    by_rows: dict = {}
     for op in ops:
-        if not runs or op.name in cuts:
-            runs.append([])
-        runs[-1].append(op)
-    return runs
+        by_rows.setdefault(rows_of(op), []).append(op)
+    runs: list[list] = []
+    for group in by_rows.values():
+        runs.append([])
+        for op in group:
+            if runs[-1] and op.name in cuts:
+                runs.append([])
+            runs[-1].append(op)
+    return [run for run in runs if run]
 
 
 def _take_ready(pending: dict, deps_of, kind: str, done: set) -> list:

@@ -90,6 +90,11 @@ def check_feed(name: str, x, dims: list, axis: int | None, dtype, where
         if axis is not None and x.ndim == len(want) - 1 and \
                 tuple(x.shape) == tuple(w for i, w in enumerate(want) if i != axis):
             hint = "; add the rows dimension"
+        elif axis is None and x.ndim == len(want):
+            # a model run whole (a sequence's frames): its TPU programs are built for rows
+            # of exactly this shape (Segment.rows), whatever --batch says
+            hint = ("; the input has no batch axis: it is given whole, in the shape fixed "
+                    "when compiling (compile again with data of the shape you need)")
         raise CompileError(f"{_at(where)}input '{name}' has shape {tuple(x.shape)}, expected "
                            f"{_shape_text(want)}{hint}")
     return x, (None if axis is None else x.shape[axis])

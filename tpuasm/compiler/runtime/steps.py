@@ -66,8 +66,10 @@ class TpuStep:
     def run(self, values: dict, batch: int, engine: str, config, batches: int = 1) -> None:
         """The segment on `batches` batches held in `values` (batch after batch along each
         tensor's first axis): on the emulator all of them in one Machine.run_batches call,
-        with the other engines (which run one batch at a time) batches must be 1."""
-        rows = batches * batch
+        with the other engines (which run one batch at a time) batches must be 1.  The
+        program's rows are the batch's, or the segment's own (Segment.rows: its tensors'
+        leading dimension is not the batch; group_size then keeps batches at 1)."""
+        rows = batches * self.segment.program_rows(batch)
         inputs = {t.name: ir_array(t, values[t.name], rows) for t in self.segment.inputs}
         if engine == "reference":
             from tpuasm.compiler.reference import run_segment
@@ -242,6 +244,8 @@ def group_size(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[V
         if isinstance(step, HostStep):
             if not step.batch_major(batch):
                 return 1
+        elif step.segment.rows is not None:     # rows of its own: batches do not stack
+            return 1
         elif step.program is not None:
             image += step.program.host_rows * step.program.array_size
     return max(1, min(-(-rows // batch), GROUP_BATCHES, GROUP_BYTES // max(image, 1)))
