@@ -256,3 +256,35 @@ def test_a_batch_fixed_at_one_beside_a_dynamic_dimension_is_read_from_the_data(t
     want = np.concatenate([session(model).run(None, {"x": x[i:i + 1]})[0] for i in range(8)])
     assert got.shape == want.shape == (8, 4, 5)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_an_lstm_s_initial_state_from_its_weights_compiles_to_a_loadable_outdir(tmp_path):
+    """ddddocr's bidirectional LSTM starts from an initial state made from constants (zeros
+    of ConstantOfShape): the first step's state Gemm multiplies constants.  It runs on the
+    host (a TPU program would read an input nothing writes, and the OUTDIR would be
+    refused); the input Gemms stay on the TPU and the answers are kept."""
+    rng = np.random.default_rng(25)
+    hidden, inputs, steps = 5, 4, 3
+    w = rng.normal(0, 0.5, (1, 4 * hidden, inputs)).astype(np.float32)
+    r = rng.normal(0, 0.5, (1, 4 * hidden, hidden)).astype(np.float32)
+    nodes = [helper.make_node("ConstantOfShape", ["state_shape"], ["h0"], name="zeros",
+                              value=numpy_helper.from_array(np.array([0.25], np.float32))),
+             helper.make_node("LSTM", ["x", "w", "r", "", "", "h0", "h0"], ["y"], name="lstm",
+                              hidden_size=hidden)]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(r, "r"),
+             numpy_helper.from_array(np.array([1, 1, hidden], np.int64), "state_shape")]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", T.FLOAT, [steps, 1, inputs])],
+                              [helper.make_tensor_value_info("y", T.FLOAT,
+                                                             [steps, 1, 1, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (steps, 1, inputs)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x)
+    compiled.save(tmp_path / "out")                     # its manifest is a valid one
+    reasons = " ".join(r.reason for r in compiled.report.rows)
+    assert compiled.report.tpu_macs > 0
+    got = compiled.run(x)["y"]
+    want = session(model).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max(), reasons

@@ -1165,12 +1165,31 @@ def _mixed_rows(graph: Graph, op: Operator) -> str | None:
             f"program takes one row count")
 
 
+def _constant_tensors(graph: Graph) -> set[str]:
+    """Tensors computed from the model's initializers alone."""
+    known = set(graph.initializers)
+    for node in graph.nodes:
+        if all(not t or t in known for t in node.inputs):
+            known.update(o for o in node.outputs if o)
+    return known
+
+
+def _constant_input(op: Operator, constants: set[str]) -> str | None:
+    """An operator reading a tensor made from weights alone (the quantized zeros of an
+    unrolled LSTM's initial state) computes a constant: the host makes it, once per run,
+    rather than a program with an input nothing before it would write."""
+    made = [t.name for t in op.inputs if t.name in constants]
+    return (f"its input '{made[0]}' is computed from the model's weights alone (a constant "
+            f"for every input): the host computes it") if made else None
+
+
 def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
     """Try every compute node; return the operators and the reasons for the rest.
     `supported(op)`: None if the back end maps the operator, else why not.  A node whose
     lowering raises anything but NotMapped (a bug) stays on the host with the reason
     "internal: <message>": a model is never refused for it."""
     lw = Lowerer(graph, table_builder)
+    constants = _constant_tensors(graph)
     operators, anchor, fused, reasons = [], {}, {}, {}
     for node in graph.nodes:
         if node.name in fused:
@@ -1195,7 +1214,7 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
             lw.notes.pop(node.name, None)
             reasons[node.name] = f"internal: {type(e).__name__}: {e}"
             continue
-        why = _mixed_rows(graph, op)
+        why = _mixed_rows(graph, op) or _constant_input(op, constants)
         if why:
             lw.tensors = before
             lw.notes.pop(node.name, None)

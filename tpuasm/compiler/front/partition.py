@@ -144,21 +144,16 @@ def plan(graph: Graph, lowered: Lowered, cuts=frozenset()) -> Plan:
 
 
 def _runs(ops: list, cuts, rows_of=lambda op: None) -> list[list]:
-    """`ops` (in program order) cut before each operator named in `cuts`, and into one run
-    per row count (`rows_of`, Graph.segment_rows: a program takes one).  Operators of
-    different rows never read one another (match.py's _mixed_rows), so grouping them by
-    rows, each group in program order, keeps every operator after those it reads."""
-    by_rows: dict = {}
-    for op in ops:
-        by_rows.setdefault(rows_of(op), []).append(op)
+    """`ops` (in program order) cut before each operator named in `cuts`, and wherever the
+    row count changes (`rows_of`, Graph.segment_rows: a program takes one).  An operator of
+    one row count may read another's output through glue it fuses (an unrolled LSTM's state
+    Squeeze), so runs keep program order rather than gathering each row count in one."""
     runs: list[list] = []
-    for group in by_rows.values():
-        runs.append([])
-        for op in group:
-            if runs[-1] and op.name in cuts:
-                runs.append([])
-            runs[-1].append(op)
-    return [run for run in runs if run]
+    for op in ops:
+        if not runs or op.name in cuts or rows_of(op) != rows_of(runs[-1][-1]):
+            runs.append([])
+        runs[-1].append(op)
+    return runs
 
 
 def _take_ready(pending: dict, deps_of, kind: str, done: set) -> list:
