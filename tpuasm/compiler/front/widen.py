@@ -1,0 +1,151 @@
+"""Which activation tensors are quantized to 16 bits (the TPU v1's 8-bit weights x 16-bit
+activations, at half the multiply rate: MatrixMultiply's H flag reads an int16 vector from
+two UB rows, Activate's act_out = 2 writes one).
+
+A tensor can be int16 when every TPU operator that touches it does matrix work:
+- it is made by a matrix node (Conv, Gemm, MatMul, with its fused Relu / Clip or bias Add)
+  that Activate requantizes, or it comes from the host (a model input, a host node's
+  output: the runtime quantizes it);
+- every quantized node that reads it (through layout nodes: Flatten, Reshape, ...) is a
+  matrix node reading it as its activation.
+Lookup tables (the L flag maps bytes), pooling and VADD/VMUL take 8-bit tensors only, so a
+tensor one of them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the
+dequantized float value either way.  Weights stay int8 per channel.
+
+onnxruntime quantizes a chosen tensor as QInt16 through its TensorQuantOverrides (the model
+is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16)."""
+from __future__ import annotations
+
+import onnx
+
+from tpuasm.compiler.errors import CompileError
+
+MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
+_LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+_FUSED_ACTIVATIONS = {"Relu", "Clip"}
+
+
+def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
+    """({tensor: [tensors quantized alike]}, {tensor: why it stays 8-bit}) over the
+    activation tensors that a quantized matrix node reads or writes; `chosen`: the quantized nodes
+    (quantize.tpu_nodes).  Each key is the tensor as its producer writes it (before any
+    layout node); its list holds it and the layout nodes' outputs that carry its values."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            if i:
+                consumers.setdefault(i, []).append(n)
+    roots: dict[str, None] = {}
+    for n in g.node:
+        if n.name in chosen and n.op_type in MATRIX_OPS and n.input and n.input[0] not in inits:
+            roots[_root(n.input[0], producer, chosen)] = None
+            roots[_written(n, consumers, chosen)] = None      # its result (host readers)
+    groups, refusals = {}, {}
+    for root in roots:
+        why = _producer_refusal(root, producer, consumers, chosen)
+        members = _carried(root, consumers, chosen)
+        if why is None:
+            why = _reader_refusal(members, consumers, chosen)
+        if why is None:
+            groups[root] = members
+        else:
+            refusals[root] = why
+    return groups, refusals
+
+
+def _root(name: str, producer: dict, chosen: set) -> str:
+    """The tensor before the quantized layout nodes that lead to `name`."""
+    for _ in range(64):
+        node = producer.get(name)
+        if node is None or node.name not in chosen or node.op_type not in _LAYOUT_OPS:
+            return name
+        name = node.input[0]
+    return name
+
+
+def _written(node, consumers: dict, chosen: set) -> str:
+    """The tensor a matrix node's Activate writes: its output, or that of the Relu / Clip or
+    bias Add fused into it."""
+    out = node.output[0]
+    readers = consumers.get(out, [])
+    if len(readers) == 1 and readers[0].name in chosen and (
+            readers[0].op_type in _FUSED_ACTIVATIONS or
+            (readers[0].op_type == "Add" and node.op_type == "MatMul")):
+        return readers[0].output[0]
+    return out
+
+
+def _carried(root: str, consumers: dict, chosen: set) -> list[str]:
+    """`root` and the outputs of the quantized layout nodes that read it (recursively)."""
+    members, todo = [root], [root]
+    while todo:
+        for node in consumers.get(todo.pop(), ()):
+            if node.name in chosen and node.op_type in _LAYOUT_OPS:
+                for out in node.output:
+                    if out and out not in members:
+                        members.append(out)
+                        todo.append(out)
+    return members
+
+
+def _producer_refusal(root: str, producer: dict, consumers: dict, chosen: set) -> str | None:
+    node = producer.get(root)
+    if node is None or node.name not in chosen or node.op_type in MATRIX_OPS:
+        return None
+    if node.op_type in _FUSED_ACTIVATIONS and node.input:
+        before = producer.get(node.input[0])
+        if before is not None and before.name in chosen and before.op_type in MATRIX_OPS \
+                and len(consumers.get(node.input[0], ())) == 1:
+            return None                 # Relu / Clip fused into the matrix op's Activate
+    if node.op_type == "Add" and any(
+            producer.get(i) is not None and producer[i].op_type == "MatMul" and
+            producer[i].name in chosen for i in node.input):
+        return None                     # a MatMul's bias Add (fused into it)
+    return f"made by {node.op_type} '{node.name}' on the TPU, which writes 8-bit only"
+
+
+def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | None:
+    names = set(members)
+    for t in members:
+        for node in consumers.get(t, ()):
+            if node.name not in chosen:
+                continue                # the host reads the dequantized float value
+            if node.op_type in _LAYOUT_OPS and node.output and node.output[0] in names:
+                continue
+            if node.op_type in MATRIX_OPS and node.input and node.input[0] == t and \
+                    t not in node.input[1:]:
+                continue
+            return (f"read by {node.op_type} '{node.name}' on the TPU, which reads 8-bit only "
+                    f"(lookup tables, pooling, VADD/VMUL)")
+    return None
+
+
+def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model") -> dict:
+    """{tensor: [tensors quantized alike]} of the 16-bit tensors `options` asks for:
+    every eligible one with activation_bits 16, and those named by wide_tensors (the user's;
+    a name that is not an eligible tensor is refused with its reason) or checked_wide (the
+    calibration check's)."""
+    groups, refusals = eligible(model, chosen)
+    carrier = {m: root for root, members in groups.items() for m in members}
+    picked: dict[str, list] = {}
+    if options.activation_bits == 16:
+        picked.update(groups)
+    for name in options.wide_tensors:
+        root = carrier.get(name)
+        if root is None:
+            why = refusals.get(name)
+            known = {o for n in model.graph.node for o in n.output} | \
+                {v.name for v in model.graph.input}
+            if why is None:
+                why = ("no tensor of that name in the model" if name not in known else
+                       "not an activation that a matrix operator on the TPU reads")
+            raise CompileError(f"{path}: --wide-tensor {name}: cannot be 16-bit: {why}")
+        picked[root] = groups[root]
+    for name in options.checked_wide:
+        root = carrier.get(name)
+        if root is not None:
+            picked[root] = groups[root]
+    return picked
