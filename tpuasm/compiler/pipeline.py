@@ -314,6 +314,7 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
             step_rows.append({"name": step.name, "kind": "host", "items": list(step.nodes)})
     report = CompileReport(str(path), batch, array_size, source, rows, step_rows, compiled,
                            segments, macs, tpu_macs, float(machine.clock_hz))
+    report.wide_tensors = _wide_tensors(steps)
     unknown = [r.node for r in compiled
                if r.op_type in MATRIX_OPS and r.macs is None and r.where != "unused"]
     if unknown:
@@ -322,6 +323,18 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
                         f"{' ...' if len(unknown) > 3 else ''}")
     report.warnings = warnings + mac_warnings(report) + _branch_warnings(graph, compiled)
     return report
+
+
+def _wide_tensors(steps) -> list[str]:
+    """The int16 tensors of the TPU segments (16-bit activations), in order of appearance."""
+    seen: dict[str, None] = {}
+    for step in steps:
+        if isinstance(step, TpuStep):
+            for op in step.segment.operators:
+                for t in (*op.inputs, op.output):
+                    if t.quant.wide:
+                        seen[t.name] = None
+    return list(seen)
 
 
 def _branch_warnings(graph: Graph, compiled: list[NodeRow]) -> list[str]:

@@ -114,7 +114,10 @@ class QuantOptions:
         elif self.wide_tensors:
             text += f", int16 activations asked for: {', '.join(self.wide_tensors)}"
         if self.checked_wide:
-            text += f", made int16 by the check: {', '.join(self.checked_wide)}"
+            shown = ", ".join(self.checked_wide[:6])
+            more = f" ... ({len(self.checked_wide)} tensors)" if len(self.checked_wide) > 6 \
+                else ""
+            text += f", made int16 by the check: {shown}{more}"
         if self.keep_float:
             text += f", kept in float: {', '.join(self.keep_float)}"
         if self.checked_float:
@@ -321,12 +324,15 @@ def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None,
 
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
-             batch_axes: dict | None = None, tied: dict | None = None) -> list[str]:
+             batch_axes: dict | None = None, tied: dict | None = None,
+             notes: dict | None = None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
     prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples`
     (in the model's own layout and types; `batch_axes`: input -> batch axis or None, default
     batch first) to `out_path`.  `tied`: groups of tensors given one range (prepare.py's
-    Prepared.tied, an unrolled LSTM's steps).  Returns the quantized nodes."""
+    Prepared.tied, an unrolled LSTM's steps).  `notes` (a dict) gets what the report should
+    say beyond the options: {"kept 8-bit": {tensor: why}} (front/widen.py).  Returns the
+    quantized nodes."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
                                           QuantFormat, QuantType, quantize_static)
     options = options or QuantOptions()
@@ -375,7 +381,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
             if tied and options.calibration_method == "minmax":
                 extra["TensorQuantOverrides"] = tied_ranges(model, tied, Reader(),
                                                             set(nodes))
-            wide = widen.choose(model, set(nodes), options, path)
+            wide = widen.choose(model, set(nodes), options, path, Reader(), notes)
             if wide:
                 overrides = extra.setdefault("TensorQuantOverrides", {})
                 for t in (m for members in wide.values() for m in members):

@@ -13,10 +13,20 @@ tensor one of them reads or writes stays 8-bit (`refusals` says why).  Host node
 dequantized float value either way.  Weights stay int8 per channel.
 
 onnxruntime quantizes a chosen tensor as QInt16 through its TensorQuantOverrides (the model
-is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16)."""
+is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16).
+
+The accumulators stay int32 and wrap (spec/isa.md 5.4): an int16 input makes each product
+256 times larger than an 8-bit one.  `accumulator_refusals` estimates, from the float
+model's values on the calibration data, the largest accumulator each reader of a chosen
+tensor would hold (its output / (input step x weight step)); a tensor whose readers come
+within ACC_HEADROOM of the int32 limit stays 8-bit, with the figure as its reason."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 
@@ -123,11 +133,14 @@ def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | N
     return None
 
 
-def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model") -> dict:
+def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model",
+           reader=None, notes: dict | None = None) -> dict:
     """{tensor: [tensors quantized alike]} of the 16-bit tensors `options` asks for:
     every eligible one with activation_bits 16, and those named by wide_tensors (the user's;
     a name that is not an eligible tensor is refused with its reason) or checked_wide (the
-    calibration check's)."""
+    calibration check's).  With `reader` (calibration feeds), a tensor whose readers'
+    accumulators could wrap stays 8-bit (accumulator_refusals): `notes` gets
+    {"kept 8-bit": {tensor: why}}."""
     groups, refusals = eligible(model, chosen)
     carrier = {m: root for root, members in groups.items() for m in members}
     picked: dict[str, list] = {}
@@ -148,4 +161,105 @@ def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model") 
         root = carrier.get(name)
         if root is not None:
             picked[root] = groups[root]
+    if reader is not None and picked:
+        refused = accumulator_refusals(model, picked, chosen, reader, options.per_channel)
+        for root in refused:
+            picked.pop(root, None)
+        if notes is not None and refused:
+            notes.setdefault("kept 8-bit", {}).update(refused)
     return picked
+
+
+INT32_LIMIT = 2 ** 31 - 1
+ACC_HEADROOM = 4          # the calibration data's largest accumulator, times this, must fit
+
+
+def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str], reader,
+                         per_channel: bool = True) -> dict[str, str]:
+    """{tensor of `picked`: why its readers' int32 accumulators could wrap with it int16}.
+    One onnxruntime pass of the float model over the calibration feeds of `reader`, with
+    the picked tensors and their matrix readers' outputs (before any fused Relu: what the
+    accumulators hold) as extra outputs."""
+    if not picked:
+        return {}
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    readers = {}                        # picked root -> [(matrix node, weight steps)]
+    for root, members in picked.items():
+        names = set(members)
+        for node in g.node:
+            if node.name in chosen and node.op_type in MATRIX_OPS and node.input and \
+                    node.input[0] in names and len(node.input) > 1 and node.input[1] in inits:
+                readers.setdefault(root, []).append(
+                    (node, _weight_steps(node, inits[node.input[1]], per_channel)))
+    outputs = sorted(set(picked) | {n.output[0] for rs in readers.values() for n, _ in rs})
+    low = {t: math.inf for t in picked}
+    high = {t: -math.inf for t in picked}
+    peak: dict[str, np.ndarray] = {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t)
+                              for t in outputs if t not in known)
+    from tpuasm.compiler.ort import session
+    try:
+        run = session(probe, threads=0)
+        while (feed := reader.get_next()) is not None:
+            for t, value in zip(outputs, run.run(outputs, feed)):
+                value = np.asarray(value, np.float64)
+                if not value.size:
+                    continue
+                if t in low:
+                    low[t] = min(low[t], float(value.min()))
+                    high[t] = max(high[t], float(value.max()))
+                channels = -1 if _last_axis(t, g) else (1 if value.ndim >= 2 else 0)
+                moved = np.moveaxis(np.abs(value), channels, 0)
+                per = moved.reshape(moved.shape[0], -1).max(axis=1)
+                peak[t] = per if t not in peak else np.maximum(peak[t], per)
+    except Exception:                   # noqa: BLE001 - no figures: decide without them
+        return {}
+    refusals = {}
+    for root, rs in readers.items():
+        lo, hi = min(low[root], 0.0), max(high[root], 0.0)
+        if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo <= 0:
+            continue
+        step = (hi - lo) / 65535
+        worst = 0.0
+        for node, w_steps in rs:
+            y = peak.get(node.output[0])
+            if y is None:
+                continue
+            w = np.broadcast_to(w_steps, y.shape) if w_steps.size == 1 else w_steps
+            if w.shape != y.shape:
+                w = np.full(y.shape, float(np.max(w_steps)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                acc = np.where(w > 0, y / (step * w), 0.0)
+            if acc.size and float(acc.max()) > worst:
+                worst, culprit = float(acc.max()), node.name
+        if worst * ACC_HEADROOM > INT32_LIMIT:
+            refusals[root] = (f"int16, the accumulators of '{culprit}' would reach "
+                              f"{worst:.3g} on the calibration data (int32 holds "
+                              f"{INT32_LIMIT:.3g}; {ACC_HEADROOM}x headroom kept)")
+    return refusals
+
+
+def _last_axis(tensor: str, graph) -> bool:
+    """A MatMul's output: its channels are the last axis."""
+    for node in graph.node:
+        if tensor in node.output:
+            return node.op_type == "MatMul"
+    return False
+
+
+def _weight_steps(node, weight, per_channel: bool) -> np.ndarray:
+    """The int8 weight step per output channel (max |w| / 127, the symmetric scale)."""
+    w = np.abs(numpy_helper.to_array(weight).astype(np.float64))
+    if node.op_type == "Conv":
+        per = w.reshape(w.shape[0], -1).max(axis=1)
+    elif node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+        per = w.reshape(w.shape[0], -1).max(axis=1)
+    else:
+        per = w.reshape(-1, w.shape[-1]).max(axis=0)
+    if not per_channel:
+        per = np.full_like(per, per.max(initial=0.0))
+    return per / 127.0
