@@ -218,3 +218,16 @@ def test_a_tensor_whose_accumulators_could_wrap_stays_8_bit_and_the_report_says_
     # an int16 result of 512 positive float32 products: onnxruntime's float Gemm rounds
     # the sum (~3e-5 relative, 1 step at 32,000) where the chip's integer sum is exact
     _same_as_qdq(compiled, {"x": x}, identical=0.98)
+
+
+def test_int16_inputs_take_the_array_twice_as_long(tmp_path):
+    """The paper's half speed: every layer of the MLP reads an int16 input, so the array's
+    active cycles (the timed run at compile time) double."""
+    path, model, x = _mlp(tmp_path)
+    active = {}
+    for bits in (8, 16):
+        compiled = tpu_compile(path, batch=32, calibration=x, calibration_method="minmax",
+                               activation_bits=bits, validate=False)
+        (segment,) = compiled.report.segments
+        active[bits] = segment.array_active_cycles
+    assert active[16] == 2 * active[8]
