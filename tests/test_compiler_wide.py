@@ -231,3 +231,37 @@ def test_int16_inputs_take_the_array_twice_as_long(tmp_path):
         (segment,) = compiled.report.segments
         active[bits] = segment.array_active_cycles
     assert active[16] == 2 * active[8]
+
+
+def _sigmoid_between(tmp_path):
+    """Gemm -> Sigmoid -> Gemm over inputs with rare large rows: the Sigmoid's lookup table
+    reads an 8-bit input whose step the rare rows stretch past its curve."""
+    rng = np.random.default_rng(3)
+    inits = [_init("w0", rng.normal(0, 1 / 4, (16, 32))), _init("b0", rng.normal(0, .1, 32)),
+             _init("w1", rng.normal(0, 1, (32, 10)))]
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["g"], name="fc0"),
+             helper.make_node("Sigmoid", ["g"], ["s"], name="sig"),
+             helper.make_node("Gemm", ["s", "w1"], ["y"], name="fc1")]
+    path, model = _save(tmp_path, nodes, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 16])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 10])], inits, "sig")
+    x = rng.normal(0, 1, (256, 16)).astype(np.float32)
+    x[::16] *= 60
+    return path, model, x
+
+
+def test_auto_moves_8_bit_only_nodes_to_the_host_so_matrix_tensors_can_be_int16(tmp_path):
+    """The lookup's 8-bit input is the loss: widening what can be widened is not enough, so
+    the check keeps the Sigmoid in float on the host and makes every tensor between the
+    matrix operators int16; both Gemms stay on the TPU."""
+    path, model, x = _sigmoid_between(tmp_path)
+    compiled = tpu_compile(path, batch=32, calibration=x)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert where == {"fc0": "TPU", "sig": "host", "fc1": "TPU"}
+    source = compiled.report.source
+    assert "min-max: 83.59 % top-1 agreement" in source
+    assert "the 1 element-wise nodes on the TPU" in source and "4 tensors" in source
+    assert compiled.report.validation.outputs[0].agreement >= 0.98
+    types = _types(onnx.load(str(compiled.reference_model)))
+    assert {types[t] for t in ("x", "g", "s", "y")} == {TensorProto.INT16}
+    _same_as_qdq(compiled, {"x": x})

@@ -121,7 +121,10 @@ class QuantOptions:
         if self.keep_float:
             text += f", kept in float: {', '.join(self.keep_float)}"
         if self.checked_float:
-            text += f", kept in float by the check: {', '.join(self.checked_float)}"
+            shown = ", ".join(self.checked_float[:6])
+            more = f" ... ({len(self.checked_float)} nodes)" if len(self.checked_float) > 6 \
+                else ""
+            text += f", kept in float by the check: {shown}{more}"
         return text
 
 

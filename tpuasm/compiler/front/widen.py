@@ -262,4 +262,9 @@ def _weight_steps(node, weight, per_channel: bool) -> np.ndarray:
         per = w.reshape(-1, w.shape[-1]).max(axis=0)
     if not per_channel:
         per = np.full_like(per, per.max(initial=0.0))
-    return per / 127.0
+    steps = per / 127.0
+    # a channel whose weights vanish becomes int8 zeros at scale 1 (scales.py): its sum is
+    # its bias alone, at the input's scale
+    from tpuasm.compiler.front.scales import VANISHING_SCALE
+    steps[steps < VANISHING_SCALE] = 1.0
+    return steps

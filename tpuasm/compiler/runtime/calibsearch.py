@@ -125,6 +125,12 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
         if widened:
             note += "; " + widened
     if best_score.below(min_agreement, min_snr):
+        best, best_score, best_nodes, hosted, notes = _widen_through_the_host(
+            model, samples, signature, out_path, best, best_score, best_nodes, path,
+            provenance, more, float_model, check, batch_first, notes)
+        if hosted:
+            note += "; " + hosted
+    if best_score.below(min_agreement, min_snr):
         best, best_score, best_nodes, moved = _float_the_sensitive(
             model, samples, signature, out_path, best, best_score, best_nodes, path,
             provenance, more, float_model, check, batch_first, min_agreement, min_snr)
@@ -132,6 +138,72 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
             note += "; " + moved
     narrow = _narrow_note(notes)
     return best_nodes, best, note + (f"; {narrow}" if narrow else "")
+
+
+def _widen_through_the_host(model, samples, signature, out_path, options, current, nodes,
+                            path, provenance, more: dict, float_model, check, batch_first,
+                            notes: dict):
+    """Still below the bars with every tensor that can be int16 so: the TPU nodes that
+    hold tensors at 8 bits (lookup tables, VADD/VMUL, pooling: spec/isa.md's L table maps
+    bytes, the vector unit is 8-bit) are kept in float on the host, and every tensor
+    between matrix operators becomes int16 (min-max calibration).  Every Conv, Gemm and
+    MatMul stays on the TPU; the host computes the element-wise arithmetic in float, as the
+    float model does.  Kept when the check says it is better.  Returns (options, score,
+    nodes, a sentence for the report or "", notes)."""
+    from tpuasm.compiler.front import widen
+    from tpuasm.compiler.front.quantize import _with_shapes, tpu_nodes
+    hosted = _eight_bit_nodes(model, nodes)
+    if not hosted:
+        return options, current, nodes, "", notes
+    other = replace(options, calibration_method="minmax",
+                    checked_float=(*options.checked_float, *hosted))
+    try:
+        chosen = set(tpu_nodes(_with_shapes(model), other, path, provenance))
+    except Exception:                   # noqa: BLE001 - no such choice
+        return options, current, nodes, "", notes
+    groups, _ = widen.eligible(model, chosen)
+    other = replace(other, checked_wide=tuple(groups))
+    candidate = Path(out_path).with_suffix(".host.onnx")
+    tried: dict = {}
+    try:
+        found = quantize(model, samples, signature, candidate, other, path, provenance,
+                         notes=tried, **more)
+    except Exception:                   # noqa: BLE001 - as it was
+        return options, current, nodes, "", notes
+    s = score(candidate, float_model, check, batch_first)
+    if s is None or s.key() <= current.key():
+        return options, current, nodes, "", notes
+    shutil.copyfile(candidate, out_path)
+    return other, s, found, (
+        f"kept in float by the check: the {len(hosted)} element-wise nodes on the TPU "
+        f"(lookup tables, VADD/VMUL, pooling: 8-bit only), so that {len(groups)} tensors "
+        f"between matrix operators are int16, min-max calibration: {current.text()} -> "
+        f"{s.text()}"), tried
+
+
+def _eight_bit_nodes(model, nodes) -> list[str]:
+    """The quantized nodes that keep their tensors 8-bit: all but matrix operators, layout
+    nodes, a MatMul's bias Add and a Relu / Clip its matrix operator's Activate applies."""
+    from tpuasm.compiler.front import widen
+    chosen = set(nodes)
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    out = []
+    for n in model.graph.node:
+        if n.name not in chosen or n.op_type in widen.MATRIX_OPS or \
+                n.op_type in widen._LAYOUT_OPS:
+            continue
+        before = producer.get(n.input[0]) if n.input else None
+        fed = before is not None and before.name in chosen and \
+            before.op_type in widen.MATRIX_OPS and readers.get(n.input[0], 0) == 1
+        if fed and (n.op_type in ("Relu", "Clip") or
+                    (n.op_type == "Add" and before.op_type == "MatMul")):
+            continue
+        out.append(n.name)
+    return out
 
 
 def _narrow_note(notes: dict) -> str | None:
