@@ -265,3 +265,29 @@ def test_auto_moves_8_bit_only_nodes_to_the_host_so_matrix_tensors_can_be_int16(
     types = _types(onnx.load(str(compiled.reference_model)))
     assert {types[t] for t in ("x", "g", "s", "y")} == {TensorProto.INT16}
     _same_as_qdq(compiled, {"x": x})
+
+
+def test_cli_compiles_int16_to_an_outdir_that_infer_runs_as_onnxruntime_does(tmp_path, capsys):
+    """`tpuasm compile --activation-bits 16` then `tpuasm infer` on the emulator: the OUTDIR
+    keeps each tensor's width, the report names the int16 tensors."""
+    import json
+    from tpuasm.compiler.cli import infer_main
+    path, model, x = _cnn(tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    code = compile_main([str(path), "-o", str(out), "--batch", "16", "--calibrate",
+                         str(tmp_path / "x.npy"), "--calibration-method", "minmax",
+                         "--activation-bits", "16", "--no-validate"])
+    text, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in text + err, err
+    assert "16-bit activations (int16" in text and "int16 input (H flag, half rate)" in text
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["wide_tensors"]) >= {"x_QuantizeLinear_Output"}
+    code = infer_main([str(out), str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npz"),
+                       "--engine", "emulator", "-q"])
+    assert code == 0, capsys.readouterr().err
+    with np.load(tmp_path / "y.npz") as data:
+        got = data["y"]
+    qdq = onnx.load(str(out / "model.qdq.onnx"))
+    (want,) = session(qdq).run(["y"], {"x": x})
+    assert np.mean(got == want) >= 0.999
