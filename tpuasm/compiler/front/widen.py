@@ -179,23 +179,33 @@ def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str],
     """{tensor of `picked`: why its readers' int32 accumulators could wrap with it int16}.
     One onnxruntime pass of the float model over the calibration feeds of `reader`, with
     the picked tensors and their matrix readers' outputs (before any fused Relu: what the
-    accumulators hold) as extra outputs."""
+    accumulators hold) as extra outputs.  Per output channel n of a reader, at the input's
+    int16 step s_x and the weight step s_w[n] onnxruntime will choose: the int32 bias
+    |b[n]| / (s_x s_w[n]) plus ACC_HEADROOM times the products' largest sum
+    max |y[n] - b[n]| / (s_x s_w[n]) must fit int32 (the sums wrap modulo 2^32, so only the
+    final value matters)."""
     if not picked:
         return {}
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    readers = {}                        # picked root -> [(matrix node, weight steps)]
+    readers = {}                 # picked root -> [(matrix node, weight steps, bias or None)]
     for root, members in picked.items():
         names = set(members)
         for node in g.node:
             if node.name in chosen and node.op_type in MATRIX_OPS and node.input and \
                     node.input[0] in names and len(node.input) > 1 and node.input[1] in inits:
+                bias = None
+                if node.op_type != "MatMul" and len(node.input) > 2 and node.input[2] in inits:
+                    bias = numpy_helper.to_array(inits[node.input[2]]).astype(
+                        np.float64).reshape(-1)
                 readers.setdefault(root, []).append(
-                    (node, _weight_steps(node, inits[node.input[1]], per_channel)))
-    outputs = sorted(set(picked) | {n.output[0] for rs in readers.values() for n, _ in rs})
+                    (node, _weight_steps(node, inits[node.input[1]], per_channel), bias))
+    biases = {n.output[0]: b for rs in readers.values() for n, _, b in rs if b is not None}
+    outputs = sorted(set(picked) | set(n.output[0] for rs in readers.values()
+                                       for n, _, _ in rs))
     low = {t: math.inf for t in picked}
     high = {t: -math.inf for t in picked}
-    peak: dict[str, np.ndarray] = {}
+    peak: dict[str, np.ndarray] = {}          # reader output -> max |y - b| per channel
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
@@ -213,8 +223,12 @@ def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str],
                     low[t] = min(low[t], float(value.min()))
                     high[t] = max(high[t], float(value.max()))
                 channels = -1 if _last_axis(t, g) else (1 if value.ndim >= 2 else 0)
-                moved = np.moveaxis(np.abs(value), channels, 0)
-                per = moved.reshape(moved.shape[0], -1).max(axis=1)
+                moved = np.moveaxis(value, channels, 0)
+                moved = moved.reshape(moved.shape[0], -1)
+                bias = biases.get(t)
+                if bias is not None and bias.size == moved.shape[0]:
+                    moved = moved - bias[:, None]
+                per = np.abs(moved).max(axis=1)
                 peak[t] = per if t not in peak else np.maximum(peak[t], per)
     except Exception:                   # noqa: BLE001 - no figures: decide without them
         return {}
@@ -224,22 +238,27 @@ def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str],
         if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo <= 0:
             continue
         step = (hi - lo) / 65535
-        worst = 0.0
-        for node, w_steps in rs:
-            y = peak.get(node.output[0])
-            if y is None:
+        worst, culprit = 0.0, ""
+        for node, w_steps, bias in rs:
+            products = peak.get(node.output[0])
+            if products is None:
                 continue
-            w = np.broadcast_to(w_steps, y.shape) if w_steps.size == 1 else w_steps
-            if w.shape != y.shape:
-                w = np.full(y.shape, float(np.max(w_steps)))
+            w = np.broadcast_to(w_steps, products.shape) if w_steps.size == 1 else w_steps
+            if w.shape != products.shape:
+                w = np.full(products.shape, float(np.max(w_steps)))
+            b = np.zeros(products.shape) if bias is None or bias.size != products.size \
+                else np.abs(bias)
+            # onnxruntime widens a weight step until the bias fits int32 (its
+            # _adjust_weight_scale_for_int32_bias): the bias then nearly fills it
+            w = np.maximum(w, 1.0001 * 2 * b / ((2.0 ** 32 - 2) * step))
             with np.errstate(divide="ignore", invalid="ignore"):
-                acc = np.where(w > 0, y / (step * w), 0.0)
-            if acc.size and float(acc.max()) > worst:
-                worst, culprit = float(acc.max()), node.name
-        if worst * ACC_HEADROOM > INT32_LIMIT:
+                need = np.where(w > 0, (b + ACC_HEADROOM * products) / (step * w), 0.0)
+            if need.size and float(need.max()) > worst:
+                worst, culprit = float(need.max()), node.name
+        if worst > INT32_LIMIT:
             refusals[root] = (f"int16, the accumulators of '{culprit}' would reach "
-                              f"{worst:.3g} on the calibration data (int32 holds "
-                              f"{INT32_LIMIT:.3g}; {ACC_HEADROOM}x headroom kept)")
+                              f"{worst:.3g} on the calibration data with {ACC_HEADROOM}x "
+                              f"headroom on the products (int32 holds {INT32_LIMIT:.3g})")
     return refusals
 
 
