@@ -291,3 +291,21 @@ def test_cli_compiles_int16_to_an_outdir_that_infer_runs_as_onnxruntime_does(tmp
     qdq = onnx.load(str(out / "model.qdq.onnx"))
     (want,) = session(qdq).run(["y"], {"x": x})
     assert np.mean(got == want) >= 0.999
+
+
+def test_int16_tensors_the_machine_cannot_hold_are_quantized_8_bit_again(tmp_path):
+    """On a Unified Buffer of 128 rows the convolutions fit with 8-bit images, not with
+    int16 ones (two rows a pixel): the back end refuses them, and the compile quantizes
+    their tensors 8-bit again, so every matrix node stays on the TPU."""
+    path, model, x = _cnn(tmp_path)
+    config = {"ub_rows": 128, "array_size": 8}
+    compiled = tpu_compile(path, batch=1, calibration=x, calibration_method="minmax",
+                           activation_bits=16, validate=False, config=config)
+    assert {r.node: r.where for r in compiled.report.rows if r.op_type in ("Conv", "Gemm")} \
+        == {"conv1": "TPU", "conv2": "TPU", "fc": "TPU"}
+    assert "kept 8-bit for the back end (int16 would not fit the machine): x, r1" in \
+        compiled.report.source
+    types = _types(onnx.load(str(compiled.reference_model)))
+    assert types["x"] != TensorProto.INT16 and types["r1"] != TensorProto.INT16
+    assert types["y"] == TensorProto.INT16
+    _same_as_qdq(compiled, {"x": x})

@@ -52,6 +52,8 @@ class QuantOptions:
     activation_bits: int = 8
     wide_tensors: tuple[str, ...] = ()
     checked_wide: tuple[str, ...] = ()
+    # tensors kept 8-bit whatever the above ask: the back end could not hold them at int16
+    narrow_tensors: tuple[str, ...] = ()
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")

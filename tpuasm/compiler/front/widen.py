@@ -161,6 +161,9 @@ def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model",
         root = carrier.get(name)
         if root is not None:
             picked[root] = groups[root]
+    for root in [r for r, members in picked.items()
+                 if set(members) & set(options.narrow_tensors)]:
+        del picked[root]
     if reader is not None and picked:
         refused = accumulator_refusals(model, picked, chosen, reader, options.per_channel)
         for root in refused:
