@@ -17,9 +17,10 @@ is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16).
 
 The accumulators stay int32 and wrap (spec/isa.md 5.4): an int16 input makes each product
 256 times larger than an 8-bit one.  `accumulator_refusals` estimates, from the float
-model's values on the calibration data, the largest accumulator each reader of a chosen
-tensor would hold (its output / (input step x weight step)); a tensor whose readers come
-within ACC_HEADROOM of the int32 limit stays 8-bit, with the figure as its reason."""
+model's values on the calibration data, the largest sum each reader of a chosen tensor
+would hold (its int32 bias plus ACC_HEADROOM times its products' largest sum, in units of
+input step x weight step); a tensor whose readers would not fit int32 stays 8-bit, with
+the figure as its reason."""
 from __future__ import annotations
 
 import math
@@ -31,14 +32,14 @@ from onnx import numpy_helper
 from tpuasm.compiler.errors import CompileError
 
 MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
-_LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
 _FUSED_ACTIVATIONS = {"Relu", "Clip"}
 
 
 def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
     """({tensor: [tensors quantized alike]}, {tensor: why it stays 8-bit}) over the
-    activation tensors that a quantized matrix node reads or writes; `chosen`: the quantized nodes
-    (quantize.tpu_nodes).  Each key is the tensor as its producer writes it (before any
+    activation tensors that a quantized matrix node reads or writes; `chosen`: the
+    quantized nodes (quantize.tpu_nodes).  Each key is the tensor as its producer writes it (before any
     layout node); its list holds it and the layout nodes' outputs that carry its values."""
     g = model.graph
     inits = {t.name for t in g.initializer}
@@ -70,7 +71,7 @@ def _root(name: str, producer: dict, chosen: set) -> str:
     """The tensor before the quantized layout nodes that lead to `name`."""
     for _ in range(64):
         node = producer.get(name)
-        if node is None or node.name not in chosen or node.op_type not in _LAYOUT_OPS:
+        if node is None or node.name not in chosen or node.op_type not in LAYOUT_OPS:
             return name
         name = node.input[0]
     return name
@@ -93,7 +94,7 @@ def _carried(root: str, consumers: dict, chosen: set) -> list[str]:
     members, todo = [root], [root]
     while todo:
         for node in consumers.get(todo.pop(), ()):
-            if node.name in chosen and node.op_type in _LAYOUT_OPS:
+            if node.name in chosen and node.op_type in LAYOUT_OPS:
                 for out in node.output:
                     if out and out not in members:
                         members.append(out)
@@ -123,7 +124,7 @@ def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | N
         for node in consumers.get(t, ()):
             if node.name not in chosen:
                 continue                # the host reads the dequantized float value
-            if node.op_type in _LAYOUT_OPS and node.output and node.output[0] in names:
+            if node.op_type in LAYOUT_OPS and node.output and node.output[0] in names:
                 continue
             if node.op_type in MATRIX_OPS and node.input and node.input[0] == t and \
                     t not in node.input[1:]:

@@ -6,8 +6,12 @@ compiled model's validation uses): the compiled model computes exactly what the 
 does, so this is the validation's figure before any code is generated.  Below the user's bar
 (--min-agreement for classifier outputs, --min-snr for the others) the other methods are
 tried, percentile then entropy, and the QDQ model that keeps the most answers is compiled;
-still below, the element-wise node whose 8-bit output costs the most answers is kept in
-float (never a matrix op), up to three of them.  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
+still below, the TPU's 16-bit activations (front/widen.py): the noisiest activation tensors
+that can be int16 are made so (_widen_the_noisiest); still below, the 8-bit-only TPU nodes
+(lookups, VADD/VMUL, pooling) go to the host in float so that every tensor between matrix
+operators is int16 (_widen_through_the_host); still below, the element-wise node whose
+8-bit output costs the most answers is kept in float (never a matrix op), up to three of
+them.  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
 agreement on the check rows, every matrix op still on the TPU."""
 from __future__ import annotations
 
@@ -194,7 +198,7 @@ def _eight_bit_nodes(model, nodes) -> list[str]:
     out = []
     for n in model.graph.node:
         if n.name not in chosen or n.op_type in widen.MATRIX_OPS or \
-                n.op_type in widen._LAYOUT_OPS:
+                n.op_type in widen.LAYOUT_OPS:
             continue
         before = producer.get(n.input[0]) if n.input else None
         fed = before is not None and before.name in chosen and \
