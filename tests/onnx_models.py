@@ -38,6 +38,10 @@ def run_ort(m: onnx.ModelProto, feeds: dict[str, np.ndarray], optimize: bool = T
     options.log_severity_level = 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # the QDQ model's own arithmetic: at opset 21 (int16 activations) onnxruntime fuses
+    # DequantizeLinear -> MatMul into MatMulNBits, whose default accuracy level quantizes
+    # the activations to int8 (tpuasm.compiler.ort.session does the same)
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
     session = ort.InferenceSession(m.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return session.run(None, feeds)

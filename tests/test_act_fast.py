@@ -3,7 +3,7 @@ general element-by-element loop of _execute_act_ext on the same state: random re
 over pooling (1-D, 2-D, strided and padded, counting the padding or not), accumulators
 whose last columns are zero (the skip of such columns), P's per-column
 parameters in float and in fixed point, the act_mult/act_shift registers, the clip bounds,
-the 8-bit output types, L's table, act_ub_pitch and every function; accumulators drawn
+the output types (int16's two rows too), L's table, act_ub_pitch and every function; accumulators drawn
 with extreme values.  (The general loop itself is held to the spec by test_isa_extensions
 and, through the pipeline, to the reference model by test_differential.)"""
 from __future__ import annotations
@@ -57,7 +57,8 @@ def _case(rng):
     lookup = rng.random() < 0.2
     float_p = rng.random() < 0.5
     regs = D.reset_registers()
-    regs[D.REG_ACT_OUT] = rng.choice([D.ACT_OUT_INT8, D.ACT_OUT_UINT8, D.ACT_OUT_WRAP8])
+    regs[D.REG_ACT_OUT] = rng.choice([D.ACT_OUT_INT8, D.ACT_OUT_UINT8, D.ACT_OUT_WRAP8,
+                                      D.ACT_OUT_INT16])
     regs[D.REG_ACT_ZERO] = rng.integers(-20, 20)
     regs[D.REG_ACT_MULT] = rng.choice([0, 1, rng.integers(1, 2 ** 15)])
     regs[D.REG_ACT_SHIFT] = rng.integers(0, 20)

@@ -71,10 +71,11 @@ def random_input(rng, t: Tensor, batch: int) -> np.ndarray:
     return rng.integers(info.min, info.max + 1, (batch, *t.shape)).astype(info.dtype)
 
 
-def run(segment: Segment, batch: int, rng, **machine):
-    """(emulator outputs, reference outputs, program, machine) for random inputs."""
+def run(segment: Segment, batch: int, rng, inputs=random_input, **machine):
+    """(emulator outputs, reference outputs, program, machine) for random inputs (made by
+    `inputs(rng, tensor, batch)`)."""
     program = generate(segment, batch, **machine)
-    inputs = {t.name: random_input(rng, t, batch) for t in segment.inputs}
+    inputs = {t.name: inputs(rng, t, batch) for t in segment.inputs}
     binary = assemble(program.source)
     m = Machine.for_program(binary)
     m.load(binary, host=program.host_image(inputs), weights=program.weights)

@@ -39,8 +39,23 @@ def assert_matches_onnxruntime(compiled, x: np.ndarray, name="y"):
     else:
         diff = np.abs(ours.astype(np.int64) - theirs.astype(np.int64))
     same = float(np.mean(diff == 0))
-    assert diff.max() <= 1 and same >= 0.999, f"{same:.4%} identical, worst {diff.max()} LSB"
+    # an int16 output (the calibration check made it 16-bit: front/widen.py): onnxruntime
+    # computes the QDQ model's DequantizeLinear -> MatMul in float32, whose rounding of a
+    # K-term sum is a few hundredths of an int16 step, so near-ties round apart more often
+    # than at 8 bits (the chip's integer sum is exact)
+    need = 0.995 if output_is_int16(qdq, name) else 0.999
+    assert diff.max() <= 1 and same >= need, f"{same:.4%} identical, worst {diff.max()} LSB"
     return same
+
+
+def output_is_int16(qdq: onnx.ModelProto, name: str) -> bool:
+    """Is model output `name` dequantized from int16?"""
+    inits = {t.name: t for t in qdq.graph.initializer}
+    for node in qdq.graph.node:
+        if node.output[0] == name and node.op_type == "DequantizeLinear" and \
+                len(node.input) > 2 and node.input[2] in inits:
+            return inits[node.input[2]].data_type == onnx.TensorProto.INT16
+    return False
 
 
 def compile_float(tmp_path, layers, input_shape, batch, seed=0, rows=40, config=None, **kw):

@@ -79,7 +79,12 @@ def assert_within_lsb(ours, theirs, lsb):
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     diff = np.abs(ours.astype(np.float64) - theirs)
     steps = np.rint(diff / lsb) if lsb else diff
-    assert steps.max() <= 1 and np.mean(steps == 0) >= 0.999, (steps.max(), np.mean(steps == 0))
+    # an output spanning more than 256 steps is int16 (the calibration check made it so:
+    # front/widen.py): onnxruntime's float32 sums round near-ties apart more often there
+    # (docs/compiler.md, 16-bit activations), still never by more than one step
+    wide = bool(lsb) and float(np.abs(np.asarray(theirs, np.float64)).max(initial=0)) > 256 * lsb
+    need = 0.995 if wide else 0.999
+    assert steps.max() <= 1 and np.mean(steps == 0) >= need, (steps.max(), np.mean(steps == 0))
 
 
 def rows_of(report_text, node):

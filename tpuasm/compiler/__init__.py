@@ -11,7 +11,8 @@ from __future__ import annotations
 def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (the API's name)
             per_channel=True, symmetric_activations=False, calibration_method="auto",
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
-            min_snr=20.0, batch_axes=None, input_values=None):
+            min_snr=20.0, batch_axes=None, input_values=None, activation_bits=8,
+            wide_tensors=()):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
 
@@ -19,7 +20,9 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     `symmetric_activations` (int8 activations with zero point 0, else uint8),
     `calibration_method` ("auto": minmax, or the method that keeps the answers when minmax
     falls below `min_agreement`; "minmax", "entropy", "percentile" with `percentile`),
-    `keep_float` (node names or operator types left in float on the host).  The compiled
+    `keep_float` (node names or operator types left in float on the host),
+    `activation_bits` (16: every activation between TPU matrix operators int16, the TPU's
+    16-bit activations at half rate) and `wide_tensors` (names of tensors made int16).  The compiled
     model is checked against the float one on the calibration data, or on `validate` (data,
     or False for no check): `model.report.validation`, whose `warnings` name each output
     below `min_agreement` (top-1, a share) or `min_snr` (dB).  `batch_axes`: {input: axis
@@ -28,13 +31,17 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     from tpuasm.compiler.pipeline import compile_model
     quantization = None
     custom = (not per_channel or symmetric_activations or calibration_method != "auto"
-              or percentile != 99.999 or keep_float)
+              or percentile != 99.999 or keep_float or str(activation_bits) != "8"
+              or wide_tensors)
     if calibration is not None or custom:
         from tpuasm.compiler.front.quantize import QuantOptions
         quantization = QuantOptions(bool(per_channel), bool(symmetric_activations),
                                     calibration_method, percentile,
                                     keep_float if isinstance(keep_float, str)
-                                    else tuple(keep_float or ()))
+                                    else tuple(keep_float or ()),
+                                    activation_bits=activation_bits,
+                                    wide_tensors=wide_tensors if isinstance(wide_tensors, str)
+                                    else tuple(wide_tensors or ()))
     return compile_model(path, batch=batch, calibration=calibration, config=config,
                          quantization=quantization, validate=validate,
                          min_agreement=min_agreement, min_snr=min_snr,

@@ -53,6 +53,13 @@ def _parser_compile() -> argparse.ArgumentParser:
                         "percentile, in [50, 100] (default 99.999)")
     q.add_argument("--keep-float", default="", metavar="NAME_OR_OPTYPE,...",
                    help="nodes or operator types left in float on the host")
+    q.add_argument("--activation-bits", default="8", metavar="8|16",
+                   help="16: every activation tensor between TPU matrix operators is int16 "
+                        "(the TPU's 16-bit activations, at half the multiply rate); lookup "
+                        "tables, pooling and VADD/VMUL keep 8-bit tensors (default 8)")
+    q.add_argument("--wide-tensor", action="append", default=[], metavar="NAME",
+                   help="quantize tensor NAME to int16 (a matrix operator's input on the TPU; "
+                        "repeatable, or names separated by commas)")
     v = p.add_argument_group("checking the compiled model against the float model")
     v.add_argument("--validate", metavar="DATA", default=None,
                    help="inputs to compare on (.npy/.npz; default: the calibration data)")
@@ -74,13 +81,15 @@ def _quantization(args):
     if args.percentile is not None and args.calibration_method != "percentile":
         raise CompileError("--percentile applies with --calibration-method percentile")
     custom = (args.per_tensor or args.symmetric_activations or args.percentile is not None
-              or args.calibration_method != "auto" or args.keep_float)
+              or args.calibration_method != "auto" or args.keep_float
+              or str(args.activation_bits).strip() != "8" or args.wide_tensor)
     if args.calibrate is None and not custom:
         return None
     return QuantOptions(not args.per_tensor, args.symmetric_activations,
                         args.calibration_method,
                         99.999 if args.percentile is None else args.percentile,
-                        args.keep_float)
+                        args.keep_float, activation_bits=args.activation_bits,
+                        wide_tensors=tuple(args.wide_tensor))
 
 
 def _parser_infer() -> argparse.ArgumentParser:

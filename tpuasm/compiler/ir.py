@@ -6,7 +6,11 @@ quantized operators the TPU executes, separated by host operators.  The back end
 ordinary `.tasm` source, a weight image and the host-memory layout of its inputs and outputs.
 
 Conventions (the same as ONNX's QLinear operators and onnxruntime's QDQ kernels):
-- A quantized tensor holds integers q with real value `(q - zero_point) * scale`, per tensor.
+- A quantized tensor holds integers q with real value `(q - zero_point) * scale`, per tensor:
+  8-bit (int8 / uint8), or int16 (`QParams.bits` = 16, the TPU v1's 16-bit activations: a
+  vector is two UB rows, low bytes then high bytes; the Dense / Conv / Pool reading it uses
+  MatrixMultiply's H flag at half rate, its producer Activate's act_out = 2).  Lookup and
+  Elementwise read and write 8-bit tensors only (the L table maps bytes; VADD/VMUL are 8-bit).
 - Weights are int8, symmetric (zero point 0), with one scale per output channel.
 - A bias is int32 in units of `input.scale * weight_scale[n]`.
 - Shapes are per sample, without the batch dimension: `(K,)` for vectors, `(C, H, W)` for
@@ -62,18 +66,38 @@ class QParams:
     scale: float
     zero_point: int
     signed: bool                      # int8 when True, uint8 when False
+    bits: int = 8                     # 16: int16 (signed), two UB rows per vector (MMC H,
+    #                                   Activate act_out = 2)
+
+    @property
+    def wide(self) -> bool:
+        return self.bits == 16
 
     @property
     def qmin(self) -> int:
+        if self.wide:
+            return -32768 if self.signed else 0
         return -128 if self.signed else 0
 
     @property
     def qmax(self) -> int:
+        if self.wide:
+            return 32767 if self.signed else 65535
         return 127 if self.signed else 255
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.wide:
+            return np.dtype(np.int16 if self.signed else np.uint16)
+        return np.dtype(np.int8 if self.signed else np.uint8)
+
+    @property
+    def type_name(self) -> str:
+        return self.dtype.name
 
     def quantize(self, real: np.ndarray) -> np.ndarray:
         q = np.rint(np.asarray(real, np.float32) / np.float32(self.scale)) + self.zero_point
-        return np.clip(q, self.qmin, self.qmax).astype(np.int8 if self.signed else np.uint8)
+        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return ((np.asarray(q, np.int32) - self.zero_point) * np.float32(self.scale)

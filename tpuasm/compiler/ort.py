@@ -23,5 +23,10 @@ def session(model: onnx.ModelProto | bytes, threads: int = 1):
     # at ERROR onnxruntime would also print it to the user's terminal
     options.log_severity_level = 4
     options.intra_op_num_threads = threads
+    # a QDQ model at opset 21 (int16 activations: front/widen.py) has its DequantizeLinear
+    # -> MatMul/Gemm of int8 weights fused into MatMulNBits, whose default accuracy level
+    # (4) quantizes the activations to int8 on the fly: 239 int16 steps off on a 3-layer
+    # MLP.  Level 1 computes in float32, the QDQ model's own arithmetic (0 steps off)
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])

@@ -239,7 +239,7 @@ def _copy_reference(src: Path, dst: Path) -> None:
 def _tensor_json(t: Tensor) -> dict:
     return {"name": t.name, "shape": list(t.shape), "scale": t.quant.scale,
             "zero_point": t.quant.zero_point, "signed": t.quant.signed,
-            "channels_last": t.channels_last}
+            "bits": t.quant.bits, "channels_last": t.channels_last}
 
 
 def _write_segment(step: TpuStep, d: Path, model) -> dict:
@@ -436,7 +436,8 @@ def _load_step(s: dict, outdir: Path):
         return HostStep(runner, s["nodes"], {k: None if v is None else tuple(v)
                                              for k, v in s["input_shapes"].items()})
     tensors = {t["name"]: Tensor(t["name"], tuple(t["shape"]),
-                                 QParams(t["scale"], t["zero_point"], t["signed"]),
+                                 QParams(t["scale"], t["zero_point"], t["signed"],
+                                         int(t.get("bits", 8))),
                                  bool(t.get("channels_last", False)))
                for t in s["tensors"]}
     with np.load(outdir / s["ir"], allow_pickle=False) as npz:

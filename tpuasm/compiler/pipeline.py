@@ -167,6 +167,21 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,
         None if prepared is None else (prepared, options, provenance))
+    narrow = _wide_refused(graph, lowered) if prepared is not None and codegen else []
+    if narrow:
+        # the back end could not hold a matrix operator with its int16 tensors (a Unified
+        # Buffer twice as full): those tensors 8-bit, quantized and compiled again
+        options = replace(options, search_calibration=False,
+                          narrow_tensors=(*options.narrow_tensors, *narrow))
+        quantize(prepared.model, samples, input_signature(float_model), reference, options,
+                 path, provenance, batch_axes=axes, tied=prepared.tied)
+        source += (f"; kept 8-bit for the back end (int16 would not fit the machine): "
+                   f"{', '.join(narrow[:6])}{' ...' if len(narrow) > 6 else ''}")
+        model = read_model(reference)
+        graph, batch = load_graph(reference, batch, model, axes, None, known_axes,
+                                  fixed_batch)
+        lowered, the_plan, steps = _lower_and_generate(graph, batch, machine, path, codegen,
+                                                       (prepared, options, provenance))
     # a float model was rewritten (fold, prepare) and quantized: the report maps the
     # quantized graph back through those steps to the user's nodes
     report_provenance = (provenance if prepared is None
@@ -291,6 +306,27 @@ def _lower_and_generate(graph: Graph, batch, machine, path, codegen: bool, rewri
         refused.update(failed)
 
 
+def _wide_refused(graph: Graph, lowered: Lowered) -> list[str]:
+    """The int16 tensors (by the float model's names) that a matrix node the back end
+    refused reads or writes: each QuantizeLinear / DequantizeLinear of int16 next to it,
+    named after its scale (onnxruntime's "<tensor>_scale")."""
+    found: dict[str, None] = {}
+    for node in graph.nodes:
+        reason = lowered.host_reasons.get(node.name, "")
+        if node.op_type not in MATRIX_OPS or "back end" not in reason:
+            continue
+        near = [graph.producer.get(node.inputs[0]) if node.inputs else None]
+        near += [c for out in node.outputs for c in graph.consumers.get(out, [])]
+        for q in near:
+            if q is None or q.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                continue
+            tensor = q.inputs[0] if q.op_type == "DequantizeLinear" else q.outputs[0]
+            scale = q.input(1)
+            if graph.dtypes.get(tensor) == np.dtype(np.int16) and scale.endswith("_scale"):
+                found[scale[:-len("_scale")]] = None
+    return list(found)
+
+
 def _prepared_reasons(graph: Graph, lowered: Lowered, prepared, options, provenance) -> None:
     """Why a rewritten float model's node is on the host: a recurrent node left as it was,
     a node kept in float (--keep-float)."""
@@ -331,6 +367,7 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
             step_rows.append({"name": step.name, "kind": "host", "items": list(step.nodes)})
     report = CompileReport(str(path), batch, array_size, source, rows, step_rows, compiled,
                            segments, macs, tpu_macs, float(machine.clock_hz))
+    report.wide_tensors = _wide_tensors(steps)
     unknown = [r.node for r in compiled
                if r.op_type in MATRIX_OPS and r.macs is None and r.where != "unused"]
     if unknown:
@@ -339,6 +376,18 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
                         f"{' ...' if len(unknown) > 3 else ''}")
     report.warnings = warnings + mac_warnings(report) + _branch_warnings(graph, compiled)
     return report
+
+
+def _wide_tensors(steps) -> list[str]:
+    """The int16 tensors of the TPU segments (16-bit activations), in order of appearance."""
+    seen: dict[str, None] = {}
+    for step in steps:
+        if isinstance(step, TpuStep):
+            for op in step.segment.operators:
+                for t in (*op.inputs, op.output):
+                    if t.quant.wide:
+                        seen[t.name] = None
+    return list(seen)
 
 
 def _branch_warnings(graph: Graph, compiled: list[NodeRow]) -> list[str]:

@@ -64,7 +64,7 @@ def requantize(acc: np.ndarray, x_scale: float, weight_scale: np.ndarray, y: QPa
 
 
 def _dtype(q: QParams):
-    return np.int8 if q.signed else np.uint8
+    return q.dtype
 
 
 def _centered(x: np.ndarray, q: QParams) -> np.ndarray:

@@ -65,6 +65,7 @@ class CompileReport:
     clock_hz: float = 700e6
     warnings: list[str] = field(default_factory=list)
     validation: object = None             # set by the validation pass: text(), to_json(), warnings
+    wide_tensors: list[str] = field(default_factory=list)    # int16 tensors on the TPU
 
     @property
     def tpu_nodes(self) -> int:
@@ -97,7 +98,8 @@ class CompileReport:
              "segments": [asdict(s) for s in self.segments],
              "steps": self.steps,
              "rows": [asdict(r) for r in self.rows],
-             "compiled_nodes": [asdict(r) for r in self.compiled_nodes]}
+             "compiled_nodes": [asdict(r) for r in self.compiled_nodes],
+             "wide_tensors": list(self.wide_tensors)}
         if self.validation is not None:
             d["validation"] = self.validation.to_json()
             d["validation_text"] = self.validation.text()
@@ -130,6 +132,11 @@ class CompileReport:
                  f"Nodes on the TPU: {self.tpu_nodes} (in {segments} segment"
                  f"{'s' if segments != 1 else ''}); on the host: {self.host_nodes}",
                  _mac_line(self)]
+        if self.wide_tensors:
+            shown = ", ".join(self.wide_tensors[:8]) + (
+                f" ... ({len(self.wide_tensors)} in all)" if len(self.wide_tensors) > 8 else "")
+            lines.append(f"16-bit activations (int16; their matrix operators read them at half "
+                         f"rate): {shown}")
         warnings = self.all_warnings()
         if warnings:
             lines += ["", "Warnings:"] + [f"  - {w}" for w in warnings]
@@ -362,16 +369,17 @@ def describe(op) -> str:
     bias = " + bias" if getattr(op, "bias", None) is not None else ""
     if isinstance(op, Dense):
         k, n = op.weight.shape
-        return f"Dense {k}x{n}{bias}{act}"
+        return f"Dense {k}x{n}{bias}{act}{_widths(op)}"
     if isinstance(op, Conv):
         o, c, kh, kw = op.weight.shape
         if (op.input.channels_last or op.output.channels_last) and (kh, kw) == (1, 1):
             positions = op.input.shape[1] * op.input.shape[2]
             return (f"Dense {c}x{o}{bias}{act} on each of {positions} rows (a 1x1 Conv over "
-                    f"the {'channels-last rows' if op.input.channels_last else 'image'})")
+                    f"the {'channels-last rows' if op.input.channels_last else 'image'})"
+                    f"{_widths(op)}")
         return (f"Conv {c * op.groups}x{op.input.shape[1]}x{op.input.shape[2]} -> "
                 f"{o}x{op.output.shape[1]}x{op.output.shape[2]}, {kh}x{kw} kernel, stride "
-                f"{op.strides[0]}x{op.strides[1]}{bias}{act}{grouped(op)}")
+                f"{op.strides[0]}x{op.strides[1]}{bias}{act}{grouped(op)}{_widths(op)}")
     if isinstance(op, Pool):
         return (f"{op.kind} pool {op.kernel[0]}x{op.kernel[1]} stride "
                 f"{op.strides[0]}x{op.strides[1]} -> {'x'.join(map(str, op.output.shape))}")
@@ -383,6 +391,16 @@ def describe(op) -> str:
         return (f"element-wise {op.op} of {what} {'x'.join(map(str, op.output.shape))}"
                 f" ({'VMUL' if op.op == 'mul' else 'VADD'}{'.B' if op.b is None else ''}){act}")
     return type(op).__name__
+
+
+def _widths(op) -> str:
+    """A matrix operator's 16-bit activations (nothing when both sides are 8-bit)."""
+    parts = []
+    if op.input.quant.wide:
+        parts.append("int16 input (H flag, half rate)")
+    if op.output.quant.wide:
+        parts.append("int16 output")
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 def grouped(op) -> str:

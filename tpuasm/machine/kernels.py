@@ -1418,6 +1418,10 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
         lo, hi = min(max(lo, -128), 127), min(max(hi, -128), 127)
     elif out_kind == ACT_OUT_UINT8:
         lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
+    elif out_kind == ACT_OUT_INT16:
+        _act_dense_float16(row, regs, acc, ub, length, bias, fmult, fn, frac, zero,
+                           min(max(lo, -32768), 32767), min(max(hi, -32768), 32767))
+        return
     relu = fn == _FN_RELU
     other = fn != _FN_RELU and fn != _FN_NONE
     # columns from m on are zero in every row read: they take a zero row's outputs
@@ -1446,6 +1450,38 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                     ub[u, j] = table[ub[u, j]]
             if m < n:
                 ub[u, m:] = zeros[m:]
+
+
+@njit(cache=True)
+def _act_dense_float16(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi):
+    """_act_dense_float for an int16 output (act_out = 2, no table): each output vector's
+    low bytes at UB row u, high bytes at u + 1 (spec/isa.md 5.5), `lo`/`hi` the clip
+    bounds already moved into int16's range."""
+    n = acc.shape[1]
+    relu = fn == _FN_RELU
+    other = fn != _FN_RELU and fn != _FN_NONE
+    m = _zero_columns(row, regs, acc, length)
+    zeros = np.zeros(n, np.int64)
+    for j in range(m, n):
+        v = _apply_fn(((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN, fn, frac)
+        zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi)
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(length):
+            a, u = a0 + o, u0 + 2 * _act_out_row(o, regs)
+            for j in range(m):
+                v = ((np.int64(acc[a, j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+                if relu:
+                    v = max(v, 0)
+                elif other:
+                    v = _apply_fn(v, fn, frac)
+                y = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi)
+                ub[u, j] = y & 0xFF
+                ub[u + 1, j] = (y >> 8) & 0xFF
+            for j in range(m, n):
+                ub[u, j] = zeros[j] & 0xFF
+                ub[u + 1, j] = (zeros[j] >> 8) & 0xFF
 
 
 @njit(cache=True)
@@ -1665,7 +1701,8 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
     img_h = length // img_w
     count_pad = regs[REG_POOL_COUNT_PAD] != 0
     acc_buf = buf[0]
-    if pool == _POOL_NONE and per_col and as_float and out_kind != ACT_OUT_INT16 and fast:
+    if pool == _POOL_NONE and per_col and as_float and fast and (
+            out_kind != ACT_OUT_INT16 or not lookup):
         _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
                          out_kind, table, lookup)
         return

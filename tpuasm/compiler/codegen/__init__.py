@@ -47,6 +47,12 @@ __all__ = ["generate", "supports", "fits", "ub_rows_needed", "weight_tiles", "pa
 
 def supports(op) -> str | None:
     """None if the back end maps `op` on its own, else why not (for the placement report)."""
+    tensors = (*op.inputs, op.output) if hasattr(op, "inputs") else ()
+    if any(t.quant.wide and not t.quant.signed for t in tensors):
+        return "a uint16 tensor (the TPU's 16-bit activations are int16: Activate's act_out 2)"
+    if not isinstance(op, (Dense, Conv)) and any(t.quant.wide for t in tensors):
+        return ("a 16-bit tensor: only MatrixMultiply reads int16 (H flag); lookup tables, "
+                "pooling and VADD/VMUL are 8-bit")
     if isinstance(op, Dense):
         return None
     if isinstance(op, Conv):
@@ -249,7 +255,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
                 e.node(f"{segment.name}/inputs")
                 for a in range(0, rows, MAX_DMA):
                     e.line(f"RHM {plus(f'host.in_{symbol(t.name)}', k * rows + a)}, "
-                           f"{low.ub(t.name, a)}, {min(MAX_DMA, rows - a)}",
+                           f"{low.ub_row(t.name, a)}, {min(MAX_DMA, rows - a)}",
                            f"input {t.name}" if a == 0 else "")
 
         for i, s in enumerate(steps):
@@ -269,7 +275,7 @@ def generate(segment: Segment, batch: int, *, array_size: int = DEFAULTS.array_s
             if s.writes in outputs:
                 rows = layouts[s.writes].rows(p)
                 for a in range(0, rows, MAX_DMA):
-                    e.line(f"WHM {low.ub(s.writes, a)}, "
+                    e.line(f"WHM {low.ub_row(s.writes, a)}, "
                            f"{plus(f'host.out_{symbol(s.writes)}', k * rows + a)}, "
                            f"{min(MAX_DMA, rows - a)}",
                            f"output {s.writes}" if a == 0 else "")
@@ -342,7 +348,7 @@ def _header(segment, batch, p, passes, n, ub_rows, acc_rows, fifo_depth, ctx, la
     for name, lay in layouts.items():
         slot = alloc.of.get(name)
         where = f"ub.{slot.name}" if slot else "-"
-        lines.append(f";   {name}: {lay.tensor.shape} {'int8' if lay.tensor.quant.signed else 'uint8'}"
+        lines.append(f";   {name}: {lay.tensor.shape} {lay.tensor.quant.type_name}"
                      f" -> {where}, {lay.rows(p)} rows: {lay.describe()}")
     lines += ["", f".config {', '.join(cfg)}", ""]
     for name, rows, base in host_regions:

@@ -21,9 +21,8 @@ def sample_inputs(step: TpuStep, batch: int, seed: int = 0) -> dict[str, np.ndar
     rng = np.random.default_rng(seed)
     out = {}
     for t in step.segment.inputs:
-        dtype = np.int8 if t.quant.signed else np.uint8
         out[t.name] = rng.integers(t.quant.qmin, t.quant.qmax + 1,
-                                   size=(batch,) + t.shape).astype(dtype)
+                                   size=(batch,) + t.shape).astype(t.quant.dtype)
     return out
 
 

@@ -84,8 +84,16 @@ class Layout:
     def chunk_rows(self, batch: int) -> int:
         return batch * self.image_rows
 
+    @property
+    def per(self) -> int:
+        """UB rows per vector: 2 for an int16 tensor (low bytes, then high bytes: the rows
+        MatrixMultiply's H flag reads and Activate's act_out = 2 writes), else 1.  Every
+        offset of this class counts vectors; UB and host rows are `per` times as many."""
+        return 2 if self.tensor.quant.wide else 1
+
     def rows(self, batch: int) -> int:
-        return self.chunks * self.chunk_rows(batch)
+        """UB (and host) rows of the whole tensor for `batch` samples."""
+        return self.per * self.chunks * self.chunk_rows(batch)
 
     def pixel(self, batch: int, c: int, b: int, y: int, x: int) -> int:
         """Row offset of chunk c, sample b, pixel (y, x) (image coordinates, pads excluded)."""
@@ -99,13 +107,14 @@ class Layout:
         if not self.pads.any:
             return None
         return (self.chunks, self.image_rows, self.pitch, self.pads, self.height,
-                self.width, self.tensor.quant.zero_point & 0xFF)
+                self.width, self.tensor.quant.zero_point & 0xFFFF, self.per)
 
     def describe(self) -> str:
         p = self.pads
         pad = f", padded t{p.top} l{p.left} b{p.bottom} r{p.right}" if p.any else ""
+        wide = ", int16: two rows per pixel" if self.per == 2 else ""
         return (f"{self.chunks} chunk(s) of {self.n} channels x samples x "
-                f"{self.padded_height}x{self.pitch} pixels{pad}")
+                f"{self.padded_height}x{self.pitch} pixels{pad}{wide}")
 
 
 def conv_pads(op: Conv) -> Pads:

@@ -57,7 +57,18 @@ class Refused(CodegenError):
 
 
 def signed_flag(layout: Layout) -> str:
-    return "" if layout.tensor.quant.signed else "U"
+    """MatrixMultiply's flags for reading `layout`'s tensor: U (uint8), H (int16)."""
+    q = layout.tensor.quant
+    return ("" if q.signed else "U") + ("H" if q.wide else "")
+
+
+def act_out(q) -> int:
+    """Activate's act_out for a result quantized as `q`: 0 int8, 1 uint8, 2 int16."""
+    if q.wide:
+        if not q.signed:
+            raise CodegenError("Activate writes int16, not uint16")
+        return 2
+    return 0 if q.signed else 1
 
 
 class Lowering:
@@ -72,8 +83,15 @@ class Lowering:
         return self.c.emitter
 
     def ub(self, tensor: str, offset: int = 0) -> str:
+        """The UB address of vector `offset` of `tensor` (its row `per` times that: an
+        int16 vector is two rows)."""
+        return self.ub_row(tensor, offset * self.c.layouts[tensor].per
+                           if tensor in self.c.layouts else offset)
+
+    def ub_row(self, tensor: str, row: int = 0) -> str:
+        """The UB address of row `row` of `tensor`'s slot (DMA counts rows)."""
         slot = self.c.alloc.of[tensor].name
-        return f"ub.{slot} + {offset}" if offset else f"ub.{slot}"
+        return f"ub.{slot} + {row}" if row else f"ub.{slot}"
 
     def acc(self, half: str, offset: int = 0) -> str:
         return f"acc.{half} + {offset}" if offset else f"acc.{half}"
@@ -82,7 +100,7 @@ class Lowering:
                    zero: int, as_float: bool = True):
         """Activate's output registers for a result quantized as `q` (QParams); with P
         (`params`), `as_float` chooses the float32 requantization (act_float, quant.py)."""
-        regs = dict(act_out=0 if q.signed else 1, act_zero=zero,
+        regs = dict(act_out=act_out(q), act_zero=zero,
                     act_lo=lo, act_hi=hi)
         if params is not None:
             regs["act_params"] = params
@@ -111,7 +129,8 @@ class Lowering:
         pitch = 0 if dst.pitch == out_width else dst.pitch
         for s0 in range(0, len(samples), MAX_REPEAT):
             group = samples[s0:s0 + MAX_REPEAT]
-            e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows, act_ub_pitch=pitch)
+            e.cfg(rep_acc_stride=acc_stride, rep_ub_stride=dst.image_rows * dst.per,
+                  act_ub_pitch=pitch)
             if pitch:
                 e.cfg(act_ub_width=out_width)
             rep = f", repeat={len(group)}" if len(group) > 1 else ""
@@ -143,7 +162,7 @@ class Lowering:
                   f"zero point)")
         # read the half the next multiply overwrites: its last writer finished long ago
         half = f"half{self.c._half ^ 1}"
-        e.cfg(act_mult=0, act_shift=0, act_zero=q.zero_point, act_out=0 if q.signed else 1,
+        e.cfg(act_mult=0, act_shift=0, act_zero=q.zero_point, act_out=act_out(q),
               act_lo=q.qmin, act_hi=q.qmax)
         images = layout.chunks * p
         pitch, width, rows = layout.pitch, layout.width, layout.image_rows
@@ -183,7 +202,8 @@ class Lowering:
         e = self.e
         for r0 in range(0, repeat, MAX_REPEAT):
             reps = min(MAX_REPEAT, repeat - r0)
-            e.cfg(act_ub_pitch=pitch, rep_acc_stride=0, rep_ub_stride=stride)
+            e.cfg(act_ub_pitch=pitch, rep_acc_stride=0,
+                  rep_ub_stride=stride * self.c.layouts[name].per)
             if pitch:
                 e.cfg(act_ub_width=width)
             rep = f", repeat={reps}" if reps > 1 else ""
@@ -250,7 +270,7 @@ class Lowering:
             for g, (q, t) in enumerate(self.tile_groups(k_steps, 0 if pixels == 1 else pixels)):
                 o = "O" if g == 0 else ""
                 if pixels == 1:           # vector: chunk q is B rows at q * B
-                    e.cfg(rep_ub_stride=p, rep_acc_stride=0)
+                    e.cfg(rep_ub_stride=p * src.per, rep_acc_stride=0)
                     rep = f", repeat={t}" if t > 1 else ""
                     e.mmc(f"MMC.S{o}{u} {self.ub(src.tensor.name, q * p)}, {self.acc(half)}, "
                           f"{p}{rep}", block_tiles[q:q + t],
@@ -692,7 +712,7 @@ class Lowering:
         self.e.cfg(act_mult=1, act_shift=0)
         q = op.input.quant
         # the byte written before the lookup must be x_q itself: the input's own type
-        self.e.cfg(act_out=0 if q.signed else 1, act_zero=0, act_lo=q.qmin, act_hi=q.qmax,
+        self.e.cfg(act_out=act_out(q), act_zero=0, act_lo=q.qmin, act_hi=q.qmax,
                    act_table=table)
         switched = False
         what = f"{op.function or 'lookup'}, channels"

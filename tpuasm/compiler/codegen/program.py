@@ -57,12 +57,16 @@ class CompiledSegment(SegmentProgram):
     # ------------------------------------------------------------------ layout
     def _view(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
         """(batches, passes, chunks, samples, padded height, pitch, N) view of a tensor's
-        rows in each of `batches` images."""
+        rows in each of `batches` images; an int16 tensor's has one more axis before N,
+        (low bytes, high bytes)."""
+        per = (layout.per,) if layout.per > 1 else ()
         return rows.reshape(len(rows), self.passes, layout.chunks, self.pass_batch,
-                            layout.padded_height, layout.pitch, self.array_size)
+                            layout.padded_height, layout.pitch, *per, self.array_size)
 
     def _interior(self, layout: Layout, view: np.ndarray) -> np.ndarray:
         p = layout.pads
+        if layout.per > 1:
+            return view[..., p.top:p.top + layout.height, p.left:p.left + layout.width, :, :]
         return view[..., p.top:p.top + layout.height, p.left:p.left + layout.width, :]
 
     def _pack(self, layout: Layout, data: np.ndarray, rows: np.ndarray) -> None:
@@ -71,6 +75,9 @@ class CompiledSegment(SegmentProgram):
         one-channel image no longer goes through a 256-lane staging copy), everything
         else the zero point."""
         q = layout.tensor.quant
+        if q.wide:
+            self._pack_wide(layout, data, rows)
+            return
         batches = len(rows)
         total = self.passes * self.pass_batch
         c, h, w, n = layout.channels, layout.height, layout.width, self.array_size
@@ -91,9 +98,42 @@ class CompiledSegment(SegmentProgram):
             part = data[:, :, :, chunk * n:chunk * n + lanes]          # (K, P, B, l, h, w)
             interior[:, :, chunk, ..., :lanes] = part.transpose(0, 1, 2, 4, 5, 3)
 
+    def _pack_wide(self, layout: Layout, data: np.ndarray, rows: np.ndarray) -> None:
+        """An int16 tensor: each vector as two rows, its values' low bytes then high bytes
+        (the rows MatrixMultiply's H flag reads); padding holds the zero point's bytes."""
+        q = layout.tensor.quant
+        batches = len(rows)
+        total = self.passes * self.pass_batch
+        c, h, w, n = layout.channels, layout.height, layout.width, self.array_size
+        values = np.asarray(data).astype(np.int16).reshape(batches, self.batch, c, h, w)
+        if total != self.batch:
+            padded = np.full((batches, total, c, h, w), q.zero_point, np.int16)
+            padded[:, :self.batch] = values
+            values = padded
+        values = values.reshape(batches, self.passes, self.pass_batch, c, h, w)
+        view = self._view(layout, rows)
+        zero = np.array([q.zero_point], np.int16).view(np.uint8)     # little-endian bytes
+        view[..., 0, :] = zero[0]
+        view[..., 1, :] = zero[1]
+        interior = self._interior(layout, view)        # (K, P, C, B, h, w, 2, N)
+        planes = values.view(np.uint8).reshape(*values.shape, 2)     # (K, P, B, c, h, w, 2)
+        for chunk in range(layout.chunks):
+            lanes = min(n, c - chunk * n)
+            part = planes[:, :, :, chunk * n:chunk * n + lanes]      # (K, P, B, l, h, w, 2)
+            interior[:, :, chunk, ..., :lanes] = part.transpose(0, 1, 2, 4, 5, 6, 3)
+
     def _unpack(self, layout: Layout, rows: np.ndarray) -> np.ndarray:
         q = layout.tensor.quant
         batches = len(rows)
+        if q.wide:
+            v = self._interior(layout, self._view(layout, rows))  # (K, P, C, B, H, W, 2, N)
+            x = np.ascontiguousarray(v.transpose(0, 1, 3, 2, 7, 4, 5, 6))  # (.., N, H, W, 2)
+            x = x.view(np.int16)[..., 0]
+            x = x.reshape(batches, self.passes * self.pass_batch,
+                          layout.chunks * self.array_size, layout.height,
+                          layout.width)[:, :self.batch, :layout.channels]
+            return np.ascontiguousarray(x).reshape(batches * self.batch,
+                                                   *layout.tensor.shape)
         v = self._interior(layout, self._view(layout, rows))  # (K, P, C, B, H, W, N)
         x = v.transpose(0, 1, 3, 2, 6, 4, 5)                   # (K, P, B, chunks, N, H, W)
         x = x.reshape(batches, self.passes * self.pass_batch,

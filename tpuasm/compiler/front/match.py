@@ -32,6 +32,10 @@ LOOKUP_OPS = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Ha
               "Gelu", "FastGelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu", "Celu"}
 QLINEAR_LOOKUP_OPS = {"QLinearSigmoid", "QLinearLeakyRelu"}
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+# quantized activations the TPU reads: 8-bit, or int16 (its 16-bit activations, MMC's H flag)
+_QUANTIZED = _INT8 + (np.dtype(np.int16),)
+_WIDE_REFUSED = ("a 16-bit (int16) tensor: the TPU's lookup tables, pooling and VADD/VMUL "
+                 "take 8-bit tensors (only matrix operators read 16-bit inputs)")
 
 
 class NotMapped(Exception):
@@ -87,24 +91,27 @@ class Lowerer:
             raise NotMapped(f"its {what} '{name}' is not a constant")
         return value
 
-    def _qtype(self, name: str) -> bool:
-        """True for int8, False for uint8; NotMapped otherwise."""
+    def _qtype(self, name: str) -> tuple[bool, int]:
+        """(signed, bits): int8, uint8 or int16 (the TPU's 16-bit activations, always
+        signed: Activate writes int16); NotMapped otherwise."""
         dtype = self.g.dtypes.get(name)
         if dtype == np.int8:
-            return True
+            return True, 8
         if dtype == np.uint8:
-            return False
-        raise NotMapped(f"tensor '{name}' is {dtype}, not 8-bit")
+            return False, 8
+        if dtype == np.int16:
+            return True, 16
+        raise NotMapped(f"tensor '{name}' is {dtype}, not 8-bit or int16")
 
     def qparams(self, scale_name: str, zp_name: str, tensor: str, node: Node) -> QParams:
         scale = self._const(scale_name, "scale", node)
         if scale.size != 1:
             raise NotMapped("per-axis quantization of an activation")
-        signed = self._qtype(tensor)
+        signed, bits = self._qtype(tensor)
         zp = 0 if not zp_name else int(self._const(zp_name, "zero point", node).reshape(-1)[0])
         if not float(scale.reshape(-1)[0]) > 0:
             raise NotMapped(f"scale {float(scale.reshape(-1)[0])} is not positive")
-        return QParams(float(np.float32(scale.reshape(-1)[0])), zp, signed)
+        return QParams(float(np.float32(scale.reshape(-1)[0])), zp, signed, bits)
 
     def tensor(self, name: str, quant: QParams, shape=None) -> Tensor:
         """The IR tensor of a quantized ONNX tensor (one object per name)."""
@@ -164,7 +171,7 @@ class Lowerer:
         # ends on a float tensor (a layout node before the model's quantization) falls back
         seen = []
         while True:
-            if quant is not None and self.g.dtypes.get(current) in _INT8:
+            if quant is not None and self.g.dtypes.get(current) in _QUANTIZED:
                 seen.append((current, len(layout), len(folded)))
             node = self.g.producer.get(current)
             if node is None:
@@ -257,7 +264,7 @@ class Lowerer:
         value = node.attr("value", 0.0)
         if node.input(2):
             value = self._const(node.input(2), "pad value", node).reshape(-1)[0]
-        if self.g.dtypes.get(node.inputs[0]) in _INT8:
+        if self.g.dtypes.get(node.inputs[0]) in _QUANTIZED:
             if int(value) != quant.zero_point:
                 raise NotMapped("a Pad whose value is not the zero point")
         elif float(value) != 0.0:
@@ -736,6 +743,8 @@ class Lowerer:
             if len(node.outputs) > 1 and node.outputs[1]:
                 raise NotMapped("MaxPool with an Indices output")
         kind = "max" if op == "MaxPool" else "avg"
+        if x.quant.wide or out_q.wide:
+            raise NotMapped(_WIDE_REFUSED)
         if kind == "max" and out_q != x.quant:
             raise NotMapped("max pooling whose output is quantized differently from its input")
         y = self.tensor(out, out_q)
@@ -772,6 +781,8 @@ class Lowerer:
         IR shape and layout (any ONNX rank: the same bytes in the same order)."""
         if source.index is not None:
             raise NotMapped("its input is rearranged by a layout node")
+        if source.quant.wide or out_q.wide:
+            raise NotMapped(_WIDE_REFUSED)
         shape, last = self.natural(source.tensor)
         onnx_shape = self.g.sample_shape(source.tensor)
         if source.tensor not in self.tensors and last and len(onnx_shape) == 2 and \

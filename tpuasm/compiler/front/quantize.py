@@ -19,6 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front import widen
 from tpuasm.compiler.front.samples import calibration_feeds
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -46,6 +47,13 @@ class QuantOptions:
     search_calibration: bool = False
     # nodes the check moved to float (runtime/calibsearch.py), apart from the user's keep_float
     checked_float: tuple[str, ...] = ()
+    # 16-bit activations (front/widen.py): 16 makes every tensor that can be int16 so;
+    # wide_tensors names some (--wide-tensor), checked_wide the check's choice (calibsearch)
+    activation_bits: int = 8
+    wide_tensors: tuple[str, ...] = ()
+    checked_wide: tuple[str, ...] = ()
+    # tensors kept 8-bit whatever the above ask: the back end could not hold them at int16
+    narrow_tensors: tuple[str, ...] = ()
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
@@ -70,6 +78,20 @@ class QuantOptions:
         keep = tuple(k.strip() for item in (keep or ()) for k in str(item).split(",")
                      if k.strip())
         object.__setattr__(self, "keep_float", keep)
+        try:
+            bits = int(str(self.activation_bits).strip())
+        except ValueError:
+            bits = None
+        if bits not in (8, 16):
+            raise CompileError(f"activation bits {self.activation_bits!r}: expected 8 or 16 "
+                               f"(the TPU's 8-bit or 16-bit activations)")
+        object.__setattr__(self, "activation_bits", bits)
+        wide = self.wide_tensors
+        if isinstance(wide, str):
+            wide = [wide]
+        wide = tuple(k.strip() for item in (wide or ()) for k in str(item).split(",")
+                     if k.strip())
+        object.__setattr__(self, "wide_tensors", wide)
 
     def keeps(self, name: str, op_type: str, provenance=None) -> bool:
         """Is the node `name` kept in float: by its name or operator type, or by those of
@@ -89,10 +111,22 @@ class QuantOptions:
         method = {"minmax": "min-max", "entropy": "entropy",
                   "percentile": f"{self.percentile:g}th percentile"}[self.calibration_method]
         text = f"int8 weights {weights}, {acts}, {method} calibration"
+        if self.activation_bits == 16:
+            text += ", int16 activations wherever the TPU takes them (--activation-bits 16)"
+        elif self.wide_tensors:
+            text += f", int16 activations asked for: {', '.join(self.wide_tensors)}"
+        if self.checked_wide:
+            shown = ", ".join(self.checked_wide[:6])
+            more = f" ... ({len(self.checked_wide)} tensors)" if len(self.checked_wide) > 6 \
+                else ""
+            text += f", made int16 by the check: {shown}{more}"
         if self.keep_float:
             text += f", kept in float: {', '.join(self.keep_float)}"
         if self.checked_float:
-            text += f", kept in float by the check: {', '.join(self.checked_float)}"
+            shown = ", ".join(self.checked_float[:6])
+            more = f" ... ({len(self.checked_float)} nodes)" if len(self.checked_float) > 6 \
+                else ""
+            text += f", kept in float by the check: {shown}{more}"
         return text
 
 
@@ -295,12 +329,15 @@ def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None,
 
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
-             batch_axes: dict | None = None, tied: dict | None = None) -> list[str]:
+             batch_axes: dict | None = None, tied: dict | None = None,
+             notes: dict | None = None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
     prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples`
     (in the model's own layout and types; `batch_axes`: input -> batch axis or None, default
     batch first) to `out_path`.  `tied`: groups of tensors given one range (prepare.py's
-    Prepared.tied, an unrolled LSTM's steps).  Returns the quantized nodes."""
+    Prepared.tied, an unrolled LSTM's steps).  `notes` (a dict) gets what the report should
+    say beyond the options: {"kept 8-bit": {tensor: why}} (front/widen.py).  Returns the
+    quantized nodes."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
                                           QuantFormat, QuantType, quantize_static)
     options = options or QuantOptions()
@@ -349,6 +386,12 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
             if tied and options.calibration_method == "minmax":
                 extra["TensorQuantOverrides"] = tied_ranges(model, tied, Reader(),
                                                             set(nodes))
+            wide = widen.choose(model, set(nodes), options, path, Reader(), notes)
+            if wide:
+                overrides = extra.setdefault("TensorQuantOverrides", {})
+                for t in (m for members in wide.values() for m in members):
+                    for entry in overrides.setdefault(t, [{}]):
+                        entry["quant_type"] = QuantType.QInt16
             quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=options.per_channel,
                             activation_type=QuantType.QInt8 if options.symmetric_activations

@@ -6,8 +6,12 @@ compiled model's validation uses): the compiled model computes exactly what the 
 does, so this is the validation's figure before any code is generated.  Below the user's bar
 (--min-agreement for classifier outputs, --min-snr for the others) the other methods are
 tried, percentile then entropy, and the QDQ model that keeps the most answers is compiled;
-still below, the element-wise node whose 8-bit output costs the most answers is kept in
-float (never a matrix op), up to three of them.  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
+still below, the TPU's 16-bit activations (front/widen.py): the noisiest activation tensors
+that can be int16 are made so (_widen_the_noisiest); still below, the 8-bit-only TPU nodes
+(lookups, VADD/VMUL, pooling) go to the host in float so that every tensor between matrix
+operators is int16 (_widen_through_the_host); still below, the element-wise node whose
+8-bit output costs the most answers is kept in float (never a matrix op), up to three of
+them.  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
 agreement on the check rows, every matrix op still on the TPU."""
 from __future__ import annotations
 
@@ -87,13 +91,15 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     rows}), the best of every method.  Returns (quantized nodes, the options used, a
     sentence for the report or None)."""
     more = dict(more, batch_axes=batch_axes)
-    nodes = quantize(model, samples, signature, out_path, options, path, provenance, **more)
+    notes: dict = {}
+    nodes = quantize(model, samples, signature, out_path, options, path, provenance,
+                     notes=notes, **more)
     if not options.search_calibration or not nodes:
-        return nodes, options, None
+        return nodes, options, _narrow_note(notes)
     batch_first = all(a == 0 for a in (batch_axes or {}).values())
     first = score(out_path, float_model, check, batch_first)
     if first is None or not first.below(min_agreement, min_snr):
-        return nodes, options, None
+        return nodes, options, _narrow_note(notes)
     best, best_score, best_nodes = options, first, nodes
     tried = [f"min-max: {first.text()}"]
     for method in _OTHERS:
@@ -116,13 +122,155 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     rows = len(next(iter(check.values()))) if check else 0
     note = (f"calibration method chosen by the check against the float model on {rows} "
             f"rows ({'; '.join(tried)}): {_NAMES[best.calibration_method]}")
+    if best_score.below(min_agreement, min_snr) and best.activation_bits == 8:
+        best, best_score, best_nodes, widened, notes = _widen_the_noisiest(
+            model, samples, signature, out_path, best, best_score, best_nodes, path,
+            provenance, more, float_model, check, batch_first, min_agreement, min_snr, notes)
+        if widened:
+            note += "; " + widened
+    if best_score.below(min_agreement, min_snr):
+        best, best_score, best_nodes, hosted, notes = _widen_through_the_host(
+            model, samples, signature, out_path, best, best_score, best_nodes, path,
+            provenance, more, float_model, check, batch_first, notes)
+        if hosted:
+            note += "; " + hosted
     if best_score.below(min_agreement, min_snr):
         best, best_score, best_nodes, moved = _float_the_sensitive(
             model, samples, signature, out_path, best, best_score, best_nodes, path,
             provenance, more, float_model, check, batch_first, min_agreement, min_snr)
         if moved:
             note += "; " + moved
-    return best_nodes, best, note
+    narrow = _narrow_note(notes)
+    return best_nodes, best, note + (f"; {narrow}" if narrow else "")
+
+
+def _widen_through_the_host(model, samples, signature, out_path, options, current, nodes,
+                            path, provenance, more: dict, float_model, check, batch_first,
+                            notes: dict):
+    """Still below the bars with every tensor that can be int16 so: the TPU nodes that
+    hold tensors at 8 bits (lookup tables, VADD/VMUL, pooling: spec/isa.md's L table maps
+    bytes, the vector unit is 8-bit) are kept in float on the host, and every tensor
+    between matrix operators becomes int16 (min-max calibration).  Every Conv, Gemm and
+    MatMul stays on the TPU; the host computes the element-wise arithmetic in float, as the
+    float model does.  Kept when the check says it is better.  Returns (options, score,
+    nodes, a sentence for the report or "", notes)."""
+    from tpuasm.compiler.front import widen
+    from tpuasm.compiler.front.quantize import _with_shapes, tpu_nodes
+    hosted = _eight_bit_nodes(model, nodes)
+    if not hosted:
+        return options, current, nodes, "", notes
+    other = replace(options, calibration_method="minmax",
+                    checked_float=(*options.checked_float, *hosted))
+    try:
+        chosen = set(tpu_nodes(_with_shapes(model), other, path, provenance))
+    except Exception:                   # noqa: BLE001 - no such choice
+        return options, current, nodes, "", notes
+    groups, _ = widen.eligible(model, chosen)
+    other = replace(other, checked_wide=tuple(groups))
+    candidate = Path(out_path).with_suffix(".host.onnx")
+    tried: dict = {}
+    try:
+        found = quantize(model, samples, signature, candidate, other, path, provenance,
+                         notes=tried, **more)
+    except Exception:                   # noqa: BLE001 - as it was
+        return options, current, nodes, "", notes
+    s = score(candidate, float_model, check, batch_first)
+    if s is None or s.key() <= current.key():
+        return options, current, nodes, "", notes
+    shutil.copyfile(candidate, out_path)
+    return other, s, found, (
+        f"kept in float by the check: the {len(hosted)} element-wise nodes on the TPU "
+        f"(lookup tables, VADD/VMUL, pooling: 8-bit only), so that {len(groups)} tensors "
+        f"between matrix operators are int16, min-max calibration: {current.text()} -> "
+        f"{s.text()}"), tried
+
+
+def _eight_bit_nodes(model, nodes) -> list[str]:
+    """The quantized nodes that keep their tensors 8-bit: all but matrix operators, layout
+    nodes, a MatMul's bias Add and a Relu / Clip its matrix operator's Activate applies."""
+    from tpuasm.compiler.front import widen
+    chosen = set(nodes)
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    out = []
+    for n in model.graph.node:
+        if n.name not in chosen or n.op_type in widen.MATRIX_OPS or \
+                n.op_type in widen.LAYOUT_OPS:
+            continue
+        before = producer.get(n.input[0]) if n.input else None
+        fed = before is not None and before.name in chosen and \
+            before.op_type in widen.MATRIX_OPS and readers.get(n.input[0], 0) == 1
+        if fed and (n.op_type in ("Relu", "Clip") or
+                    (n.op_type == "Add" and before.op_type == "MatMul")):
+            continue
+        out.append(n.name)
+    return out
+
+
+def _narrow_note(notes: dict) -> str | None:
+    """The report's words for the tensors widen.py kept 8-bit (accumulator range)."""
+    kept = notes.get("kept 8-bit") or {}
+    if not kept:
+        return None
+    shown = "; ".join(f"{t}: {why}" for t, why in list(kept.items())[:3])
+    more = f" (and {len(kept) - 3} more)" if len(kept) > 3 else ""
+    return f"kept 8-bit although asked for 16: {shown}{more}"
+
+
+_WIDEN_SHARE = 4          # the first try makes the noisiest quarter of the tensors int16
+
+
+def _widen_the_noisiest(model, samples, signature, out_path, options, current, nodes, path,
+                        provenance, more: dict, float_model, check, batch_first,
+                        min_agreement, min_snr, notes: dict):
+    """Below the bars with 8-bit activations: before anything is kept in float, the TPU's
+    16-bit activations (front/widen.py).  The activation tensors that can be int16, ranked
+    by the SNR of their 8-bit rounding in the QDQ model (the noisiest first, as
+    _float_the_sensitive ranks element-wise outputs); the noisiest quarter made int16 and
+    checked, then every one of them.  The best QDQ model is kept.  Returns (options, score,
+    nodes, a sentence for the report or "", notes)."""
+    from tpuasm.compiler.front import widen
+    groups, _ = widen.eligible(model, set(nodes))
+    if not groups:
+        return options, current, nodes, "", notes
+    ranked = _noisiest_tensors(out_path, list(groups), check, batch_first)
+    ref = float_outputs(float_model, check, batch_first)
+    start, chosen = current, None
+    first = max(1, -(-len(ranked) // _WIDEN_SHARE))
+    # min-max first: 16 bits have the resolution to cover the whole range, which the
+    # clipping methods give up for 8-bit steps (entropy's clipped logits kept top-1 but
+    # lost 20 dB of SNR on a small MLP); then the method the 8-bit search chose
+    tries = [(count, "minmax") for count in dict.fromkeys((first, len(ranked)))]
+    if options.calibration_method != "minmax":
+        tries.append((len(ranked), options.calibration_method))
+    base = options
+    for count, method in tries:
+        other = replace(base, calibration_method=method,
+                        checked_wide=tuple(ranked[:count]))
+        candidate = Path(out_path).with_suffix(".wide.onnx")
+        tried: dict = {}
+        try:
+            found = quantize(model, samples, signature, candidate, other, path, provenance,
+                             notes=tried, **more)
+        except Exception:               # noqa: BLE001 - a choice that fails is not made
+            continue
+        s = score(candidate, float_model, check, batch_first, ref)
+        if s is None or s.key() <= current.key():
+            continue
+        shutil.copyfile(candidate, out_path)
+        options, current, nodes, notes, chosen = other, s, found, tried, count
+        if not current.below(min_agreement, min_snr):
+            break
+    if chosen is None:
+        return options, current, nodes, "", notes
+    names = ", ".join(ranked[:min(chosen, 6)]) + (" ..." if chosen > 6 else "")
+    return options, current, nodes, (
+        f"made int16 by the check: {chosen} of {len(ranked)} activation tensors, the "
+        f"noisiest in 8 bits first ({names}), {_NAMES[options.calibration_method]} "
+        f"calibration: {start.text()} -> {current.text()}"), notes
 
 
 _MAX_FLOATED = 3          # element-wise nodes the check may move to the host, one at a time
@@ -186,23 +334,50 @@ def _noisiest(qdq_path, candidates: list, check, batch_first) -> list:
     PaddleOCR recogniser has a hundred element-wise nodes: the check took 15 minutes); the
     first _MAX_SCORED of this order are the ones worth it.  The order as given when a pass
     cannot run."""
+    snr = _rounding_snr(qdq_path, [node.output[0] for node in candidates], check,
+                        batch_first)
+    if snr is None:
+        return candidates
+    return sorted(candidates, key=lambda node: snr.get(node.output[0], math.inf))
+
+
+def _noisiest_tensors(qdq_path, tensors: list[str], check, batch_first) -> list[str]:
+    """`tensors` (float model names) with the worst 8-bit rounding first (_noisiest's
+    order); a tensor the QDQ model quantizes under another name (a model output's
+    QuantizeLinear reads "<name>_QuantizeLinear_Input") is found by its scale's name."""
+    snr = _rounding_snr(qdq_path, tensors, check, batch_first)
+    if snr is None:
+        return list(tensors)
+    return sorted(tensors, key=lambda t: snr.get(t, math.inf))
+
+
+def _rounding_snr(qdq_path, tensors: list[str], check, batch_first) -> dict | None:
+    """{tensor: SNR in dB of its QuantizeLinear -> DequantizeLinear copy against it} from
+    onnxruntime passes of the QDQ model over a few check rows, a few tensors a pass; None
+    when a pass cannot run."""
     import onnx
     from tpuasm.compiler.runtime.validate import run_float
     qdq = onnx.load(str(qdq_path))
     producer = {o: n for n in qdq.graph.node for o in n.output if o}
-    wanted = {node.output[0] for node in candidates}
-    copies = {}
+    wanted = set(tensors)
+    by_scale = {f"{t}_scale": t for t in tensors}
+    copies, inside = {}, {}
     for node in qdq.graph.node:
         q = producer.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] in wanted:
-            copies[q.input[0]] = node.output[0]
+        if q is None or q.op_type != "QuantizeLinear":
+            continue
+        name = q.input[0] if q.input[0] in wanted else by_scale.get(
+            q.input[1] if len(q.input) > 1 else "")
+        if name is not None and name not in copies:
+            copies[name] = node.output[0]
+            inside[name] = q.input[0]
     rows = {k: v[:_RANKING_ROWS] for k, v in check.items()} if batch_first else check
     known = {o.name for o in qdq.graph.output}
     snr = {}
-    tensors = list(copies)
-    for start in range(0, len(tensors), _RANKING_TENSORS):
-        group = tensors[start:start + _RANKING_TENSORS]
-        names = [n for t in group for n in (t, copies[t])]
+    found = list(copies)
+    for start in range(0, len(found), _RANKING_TENSORS):
+        group = found[start:start + _RANKING_TENSORS]
+        names = [n for t in group for n in (inside[t], copies[t])]
         probe = onnx.ModelProto()
         probe.CopyFrom(qdq)
         probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n)
@@ -210,13 +385,13 @@ def _noisiest(qdq_path, candidates: list, check, batch_first) -> list:
         try:
             values = run_float(probe.SerializeToString(), rows, names, batch_first)
         except Exception:               # noqa: BLE001 - no order: as given
-            return candidates
+            return None
         for t in group:
-            x = np.asarray(values[t], np.float64)
+            x = np.asarray(values[inside[t]], np.float64)
             noise = float(((x - np.asarray(values[copies[t]], np.float64)) ** 2).sum())
             snr[t] = math.inf if noise == 0 else \
                 10 * math.log10(max(float((x ** 2).sum()), 1e-300) / noise)
-    return sorted(candidates, key=lambda node: snr.get(node.output[0], math.inf))
+    return snr
 
 
 _RANKING_ROWS = 8        # check rows, and tensors a pass, for _noisiest's order
