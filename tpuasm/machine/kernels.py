@@ -588,13 +588,12 @@ def _copy_rows(src, dst, src_base, dst_base, n, src_step, dst_step, src_rep, dst
         s0 = src_base + i * src_rep
         d0 = dst_base + i * dst_rep
         if src_step == 1 and dst_step == 1:
-            dst[d0:d0 + n, :] = src[s0:s0 + n, :]
+            # 8 bytes at a time (numba's 2-D slice assignment went byte by byte: a digits
+            # MLP batch spent a sixth of its data path here)
+            _copy_words(dst[d0:d0 + n].reshape(n * width), src[s0:s0 + n].reshape(n * width))
             continue
         for k in range(n):
-            s = s0 + k * src_step
-            d = d0 + k * dst_step
-            for j in range(width):
-                dst[d, j] = src[s, j]
+            _copy_words(dst[d0 + k * dst_step], src[s0 + k * src_step])
 
 
 @njit(cache=True)
@@ -1404,6 +1403,50 @@ def _float_requantize(v, f):
 
 
 @njit(cache=True)
+def _float_columns_vectorize(fmult, m, zero, lo, hi):
+    """_act_dense_float32 gives _float_requantize's outputs for columns 0..m-1: every
+    multiplier finite (so no product is NaN), the zero point and the (merged) bounds small
+    (so the bounds less the zero point are exact float32 integers, and clamping the rounded
+    product to them is saturating it to int32, adding the zero point and clamping)."""
+    limit = 1 << 23
+    if abs(zero) > limit or abs(lo) > limit or abs(hi) > limit:
+        return False
+    for j in range(m):
+        if not np.isfinite(fmult[j]):
+            return False
+    return True
+
+
+@njit(cache=True)
+def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu):
+    """The loop of _act_dense_float for columns 0..m-1 (ReLU or no function, bounds merged,
+    _float_columns_vectorize true) in float32 with no branch, so that it vectorizes: the
+    product fl32(fl32(v) * f) is the float32 multiply itself; rint and the clamp to
+    [lo - zero, hi - zero] are exact on integer-valued float32 below 2^25, and a product
+    beyond int32 lands on the same bound as its saturation would (zero point and bounds
+    within 2^23)."""
+    f32 = np.empty(m, np.float32)
+    b32 = np.empty(m, np.int32)
+    for j in range(m):
+        f32[j] = np.float32(fmult[j])
+        b32[j] = np.int32(((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN)
+    low = np.float32(lo - zero)
+    high = np.float32(hi - zero)
+    floor = np.int32(0) if relu else np.int32(_INT32_MIN)
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(length):
+            src = acc[a0 + o]
+            dst = ub[u0 + _act_out_row(o, regs)]
+            for j in range(m):
+                v = max(np.int32(src[j] + b32[j]), floor)       # the bias add wraps
+                r = np.rint(np.float32(v) * f32[j])
+                y = min(max(r, low), high)
+                dst[j] = np.uint8((np.int32(y) + zero) & 0xFF)
+
+
+@njit(cache=True)
 def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
                      out_kind, table, lookup):
     """_execute_act_ext's arithmetic for a compiled Dense / Conv layer (P with act_float,
@@ -1429,6 +1472,19 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
         zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
         if lookup:
             zeros[j] = table[zeros[j]]
+    if not other and _float_columns_vectorize(fmult, m, zero, lo, hi):
+        _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu)
+        if lookup or m < n:
+            for i in range(_iterations(row)):
+                u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+                for o in range(length):
+                    u = u0 + _act_out_row(o, regs)
+                    if lookup:
+                        for j in range(m):
+                            ub[u, j] = table[ub[u, j]]
+                    if m < n:
+                        ub[u, m:] = zeros[m:]
+        return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
