@@ -1403,6 +1403,21 @@ def _float_requantize(v, f):
 
 
 @njit(cache=True)
+def _copy_tail(dst, src, m):
+    """dst[m:] = src[m:] for two C-contiguous rows of bytes, 8 at a time when m and the
+    size allow (numba's slice assignment went byte by byte: most of a narrow layer's
+    Activate row)."""
+    if dst.size % 8 == 0 and m % 8 == 0:
+        d = dst.view(np.uint64)
+        s = src.view(np.uint64)
+        for i in range(m // 8, d.size):
+            d[i] = s[i]
+    else:
+        for j in range(m, dst.size):
+            dst[j] = src[j]
+
+
+@njit(cache=True)
 def _float_columns_vectorize(fmult, m, zero, lo, hi):
     """_act_dense_float32 gives _float_requantize's outputs for columns 0..m-1: every
     multiplier finite (so no product is NaN), the zero point and the (merged) bounds small
@@ -1418,21 +1433,26 @@ def _float_columns_vectorize(fmult, m, zero, lo, hi):
 
 
 @njit(cache=True)
-def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu):
+def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu,
+                       zeros):
     """The loop of _act_dense_float for columns 0..m-1 (ReLU or no function, bounds merged,
     _float_columns_vectorize true) in float32 with no branch, so that it vectorizes: the
     product fl32(fl32(v) * f) is the float32 multiply itself; rint and the clamp to
     [lo - zero, hi - zero] are exact on integer-valued float32 below 2^25, and a product
     beyond int32 lands on the same bound as its saturation would (zero point and bounds
-    within 2^23)."""
-    f32 = np.empty(m, np.float32)
-    b32 = np.empty(m, np.int32)
-    for j in range(m):
+    within 2^23).  zeros[m:] gets a zero accumulator's outputs (before any table)."""
+    n = fmult.shape[0]
+    f32 = np.empty(n, np.float32)
+    b32 = np.empty(n, np.int32)
+    for j in range(n):
         f32[j] = np.float32(fmult[j])
         b32[j] = np.int32(((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN)
     low = np.float32(lo - zero)
     high = np.float32(hi - zero)
     floor = np.int32(0) if relu else np.int32(_INT32_MIN)
+    for j in range(m, n):
+        r = np.rint(np.float32(max(b32[j], floor)) * f32[j])
+        zeros[j] = np.uint8((np.int32(min(max(r, low), high)) + zero) & 0xFF)
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
@@ -1466,14 +1486,19 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
     # columns from m on are zero in every row read: they take a zero row's outputs
     m = _zero_columns(row, regs, acc, length)
     zeros = np.zeros(n, np.uint8)
-    for j in range(m, n):
-        v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
-        v = _apply_fn(v, fn, frac)
-        zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
-        if lookup:
+    fast = not other and _float_columns_vectorize(fmult, n, zero, lo, hi)
+    if fast:
+        _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu,
+                           zeros)
+    else:
+        for j in range(m, n):
+            v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+            v = _apply_fn(v, fn, frac)
+            zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
+    if lookup:
+        for j in range(m, n):
             zeros[j] = table[zeros[j]]
-    if not other and _float_columns_vectorize(fmult, m, zero, lo, hi):
-        _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu)
+    if fast:
         if lookup or m < n:
             for i in range(_iterations(row)):
                 u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
@@ -1483,7 +1508,7 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                         for j in range(m):
                             ub[u, j] = table[ub[u, j]]
                     if m < n:
-                        ub[u, m:] = zeros[m:]
+                        _copy_tail(ub[u], zeros, m)
         return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
@@ -1501,7 +1526,7 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                 for j in range(m):
                     ub[u, j] = table[ub[u, j]]
             if m < n:
-                ub[u, m:] = zeros[m:]
+                _copy_tail(ub[u], zeros, m)
 
 
 @njit(cache=True)
@@ -1663,7 +1688,7 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
                             shifts, fmult, mult_r, shift_r, zero, lo, hi, out_kind, table,
                             lookup, tmp)
             if m < n:
-                out[m:] = zeros[m:]
+                _copy_tail(out, zeros, m)
     return True
 
 
@@ -1686,9 +1711,15 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
         p0 = regs[REG_ACT_PARAMS]
         bias = _int32_plane(ub, p0)
         mult = _int32_plane(ub, p0 + 4)
+        bits = np.empty(n, np.uint32)
         for j in range(n):
             shifts[j] = min(np.int64(ub[p0 + 8, j]), _SHIFT_MAX_P)
-            fmult[j] = _float32_of_bits(mult[j])
+            bits[j] = np.uint32(mult[j] & 0xFFFFFFFF)
+        # the float32s of those bits, widened exactly (_float32_of_bits, without its
+        # per-column ldexp: any NaN stays a NaN, which is all its readers look at)
+        floats = bits.view(np.float32)
+        for j in range(n):
+            fmult[j] = np.float64(floats[j])
     table = np.zeros(256, np.int64)
     if lookup:
         t0 = regs[REG_ACT_TABLE]
