@@ -194,3 +194,49 @@ def test_sixteen_bit_matrix_multiplies_as_lanes_equal_fresh_full_runs(f1, f2):
     assert laned.run_batches(hosts, lanes=3).status == "halted"
     for b, want in enumerate(wanted):
         np.testing.assert_array_equal(hosts[b], want, err_msg=f"batch {b}")
+
+
+READ_BEFORE_OVERWRITE = """
+.config array_size=16
+.host x, 8
+.host out, 16
+.ub   a, 8
+.ub   b, 16
+.acc  s, 8
+.acc  t, 8
+.tile w, 1
+        RW      tile.w
+        MMC.S   ub.a, acc.t, 8          ; reads UB a and accumulates into t: both unwritten
+        ACT     acc.t, ub.b, 8
+        RHM     host.x, ub.a, 8         ; then a is overwritten whole ...
+        MMC.O   ub.a, acc.t, 8          ; ... and so is t
+        MMC.O   ub.a, acc.s, 8          ; s: overwritten at its first access
+        ACT     acc.s, ub.b + 8, 8
+        WHM     ub.b, host.out, 16
+        HLT
+"""
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_rows_read_before_their_overwrite_are_zero_in_every_batch(width):
+    """A row read before the RHM or MMC.O that overwrites it whole must still be zeroed
+    between batches (dataonly._dirty_spans): against fresh full runs, batch by batch and
+    as lanes."""
+    from tpuasm import assemble
+    program = assemble(READ_BEFORE_OVERWRITE)
+    rng = np.random.default_rng(11)
+    weights = rng.integers(0, 256, (1, 16, 16)).astype(np.uint8)
+    images = [rng.integers(0, 256, (24, 16)).astype(np.uint8) for _ in range(3)]
+    wanted = []
+    for image in images:
+        full = Machine.for_program(program)
+        full.load(program, host=image, weights=weights)
+        assert full.run(max_cycles=MAX_CYCLES).status == "halted"
+        wanted.append(np.asarray(full.host).view(np.uint8).copy())
+    assert not wanted[0][8:16].any() and wanted[0][16:].any()   # zeros read, then data
+    machine = Machine.for_program(program)
+    machine.load(program, host=images[0], weights=weights)
+    hosts = np.stack(images)
+    assert machine.run_batches(hosts, lanes=width).status == "halted"
+    for b, want in enumerate(wanted):
+        np.testing.assert_array_equal(hosts[b], want, err_msg=f"batch {b}")

@@ -1106,19 +1106,20 @@ def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
     zero inputs)."""
     k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
     height, width = k1 - k0, j1 - j0
-    w = scratch.box_w[:height * width].reshape((height, width))
+    w = scratch.box_w           # row-major, `width` wide: indexed, not a view per row
     sums = np.zeros(width, np.int32)
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
     for r in range(count):
         x = ub[_input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
-        sums[:] = 0
+        for j in range(width):
+            sums[j] = 0
         for k in range(height):
             xv = np.int32(x[k0 + k])
             if not unsigned_in:
                 xv = _signed8(xv)
-            wrow = w[k]
+            base = k * width
             for j in range(width):
-                sums[j] += xv * wrow[j]
+                sums[j] += xv * w[base + j]
         dst = acc[acc_base + r]
         if overwrite:           # slice stores: 8x faster here than loops from j1 to n
             dst[:j0] = 0

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import native as _native
 from .core import OP_STAGE, PORT_WEIGHTS
-from .dataonly import _begin, _end, _fetched_tiles, _write_spans, _zero
+from .dataonly import _begin, _dirty_spans, _end, _fetched_tiles, _zero
 from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT,
                       COL_TILE, COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE, MMC_SWITCH,
                       MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, MMC_WIDE_W, OP_CFG,
@@ -49,8 +49,8 @@ def run_lanes(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, profi
     or left by runs of this program).  Returns the Halt's index."""
     lanes = hosts.shape[0]
     n = ub.shape[2]
-    ub_spans = _write_spans(prog, regs.copy(), MEM_UB, ub.shape[1], profile, n)
-    acc_spans = _write_spans(prog, regs.copy(), MEM_ACC, acc.shape[1], profile, n)
+    ub_spans = _dirty_spans(prog, regs.copy(), MEM_UB, ub.shape[1], profile, n)
+    acc_spans = _dirty_spans(prog, regs.copy(), MEM_ACC, acc.shape[1], profile, n)
     for b in range(lanes):
         for k in range(ub_spans.shape[0]):
             _zero(ub[b][ub_spans[k, 0]:ub_spans[k, 1]])
@@ -261,20 +261,21 @@ def _lanes_box(ub2, acc2, scratch, box, flags, m, first, count, acc_base, acc_ro
     scratch.rows8): the box's columns summed in int32, the others zeroed or left."""
     k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
     height, width = k1 - k0, j1 - j0
-    w = scratch.box_w[:height * width].reshape((height, width))
+    w = scratch.box_w           # row-major, `width` wide
     sums = np.zeros(width, np.int32)
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
     rows = scratch.rows8
     for r in range(m):
         x = ub2[rows[r]]
-        sums[:] = 0
+        for j in range(width):
+            sums[j] = 0
         for k in range(height):
             xv = np.int32(x[k0 + k])
             if not unsigned_in:
                 xv = _signed8(xv)
-            wrow = w[k]
+            base = k * width
             for j in range(width):
-                sums[j] += xv * wrow[j]
+                sums[j] += xv * w[base + j]
         dst = acc2[_acc_row(first + r, count, acc_base, acc_rows)]
         if overwrite:
             dst[:j0] = 0
