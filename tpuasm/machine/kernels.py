@@ -1110,25 +1110,25 @@ def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
     sums = np.zeros(width, np.int32)
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
     for r in range(count):
-        x = ub[_input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
+        u = _input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)
         for j in range(width):
             sums[j] = 0
         for k in range(height):
-            xv = np.int32(x[k0 + k])
+            xv = np.int32(ub[u, k0 + k])
             if not unsigned_in:
                 xv = _signed8(xv)
             base = k * width
             for j in range(width):
                 sums[j] += xv * w[base + j]
-        dst = acc[acc_base + r]
+        a = acc_base + r
         if overwrite:           # slice stores: 8x faster here than loops from j1 to n
+            dst = acc[a]
             dst[:j0] = 0
             dst[j1:] = 0
             dst[j0:j1] = sums
-        else:
-            inside = dst[j0:j1]
+        else:                   # indexed: no view (and its reference count) per row
             for j in range(width):
-                inside[j] += sums[j]
+                acc[a, j0 + j] += sums[j]
 
 
 @njit(cache=True)
