@@ -36,8 +36,8 @@ from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, 
                       OP_HLT, OP_MMC, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
 from .jit import njit
 from .kernels import (_MMC_SHARED_MACS, _OPT_INT8, _OPT_INT8_THREADS, _OPT_TRUSTED,
-                      BOX_COMPACT, BOX_DIRECT, BOX_FULL, MEM_ACC, MEM_UB, _active_packed, _box_plan, _byte_part,
-                      _compact_side, _conv_geometry, _copy_words, _input_row, _iterations,
+                      BOX_COMPACT, BOX_DIRECT, BOX_FULL, MEM_ACC, MEM_UB, _active_packed,
+                      _box_plan, _byte_part, _compact_side, _conv_geometry, _copy_words, _input_row, _iterations,
                       _one_pass16, _signed8, execute_instruction)
 
 
