@@ -198,9 +198,9 @@ def phases(repeat: int, only: str | None) -> None:
         images = {}                 # machine -> the host images of its last group
         keep = Machine.run_batches
 
-        def keeping(machine, hosts):
-            images[id(machine)] = hosts.copy()       # (outside the timer just set)
-            return keep(machine, hosts)
+        def keeping(machine, hosts, lanes=1):
+            images[id(machine)] = (hosts.copy(), lanes)   # (outside the timer just set)
+            return keep(machine, hosts, lanes)
         Machine.run_batches = keeping
         patched.append((Machine, "run_batches", keep))
         best = None
@@ -223,7 +223,7 @@ def phases(repeat: int, only: str | None) -> None:
         for step in (s for s in model.steps if isinstance(s, TpuStep)):
             machine = step._machine
             # the run's own images: Activate's integer divisions take longer on real data
-            hosts = images[id(machine)]
+            hosts, lanes = images[id(machine)]
             original = machine.prog.copy()
             shares = {}
             try:
@@ -232,7 +232,8 @@ def phases(repeat: int, only: str | None) -> None:
                                   ("without both", (OP_ACT, OP_MMC))):
                     machine.prog[:] = original
                     machine.prog[np.isin(machine.prog[:, COL_OP], ops), COL_OP] = OP_NOP
-                    shares[what] = _best(lambda: machine.run_batches(hosts.copy()), repeat)
+                    shares[what] = _best(lambda: machine.run_batches(hosts.copy(), lanes),
+                                         repeat)
             finally:
                 machine.prog[:] = original
             whole = shares["all"]

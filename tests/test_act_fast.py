@@ -138,3 +138,51 @@ def test_fixed_point_rounding_by_shifts_is_round_half_to_even():
         want = [round(Fraction(int(a) * int(m), count << int(s))) & 0xFF
                 for a, m, s in zip(v, mult, shifts)]
         assert list(ub[0, :len(v)]) == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_float_vector_loop_equals_the_general_loop_at_extremes(seed):
+    """_act_dense_float's branch-free float32 loop (_act_dense_float32) against the general
+    loop on P with act_float, no pooling: multipliers that overflow float32 products, are
+    subnormal, zero, negative, infinite or NaN (those fall back to the general rule), zero
+    points and bounds up to 2^30 (beyond 2^23 they fall back too), ReLU or no function, every 8-bit
+    output type and the clip bounds."""
+    rng = np.random.default_rng(100 + seed)
+    specials = np.array([3e38, -3e38, 1e-45, -1e-40, 0.0, -0.0, 1.0, 0.5, 2.5, 1e9,
+                         np.inf, -np.inf, np.nan], np.float32)
+    for _ in range(60):
+        regs = D.reset_registers()
+        regs[D.REG_ACT_FLOAT] = 1
+        regs[D.REG_ACT_OUT] = rng.choice([D.ACT_OUT_INT8, D.ACT_OUT_UINT8, D.ACT_OUT_WRAP8])
+        regs[D.REG_ACT_ZERO] = rng.choice([0, rng.integers(-300, 300), 2 ** 24, -2 ** 24,
+                                           2 ** 23 + 1, 2 ** 30, -2 ** 30])
+        if rng.random() < 0.5:
+            regs[D.REG_ACT_LO], regs[D.REG_ACT_HI] = sorted(rng.integers(-200, 300, 2))
+        elif rng.random() < 0.5:
+            regs[D.REG_ACT_LO], regs[D.REG_ACT_HI] = sorted(rng.choice(
+                [-2 ** 23, 2 ** 23, -2 ** 23 - 1, 2 ** 23 + 1, 0, 255], 2))
+        length = int(rng.integers(1, 6))
+        flags = rng.choice(["", "R"]) + "P"
+        row = np.zeros(D.NCOLS, np.int64)
+        row[D.COL_OP] = D.OP_ACT
+        row[D.COL_FLAGS] = ISA_TABLE.instructions["ACT"].flag_bits(flags)
+        row[D.COL_REPEAT], row[D.COL_ACC], row[D.COL_UB], row[D.COL_LEN] = 1, 0, 20, length
+        acc = _accumulators(rng, length)
+        ub = rng.integers(0, 256, (20 + length, N)).astype(np.uint8)
+        _params(rng, ub, 0, True)
+        mult = rng.uniform(-0.05, 0.05, N).astype(np.float32)
+        if rng.random() < 0.7:
+            pick = rng.random(N) < 0.3
+            mult[pick] = rng.choice(specials[:10] if rng.random() < 0.6 else specials,
+                                    int(pick.sum()))
+        bits = mult.view(np.uint32).astype(np.int64)
+        for b in range(4):
+            ub[4 + b] = (bits >> (8 * b)) & 0xFF
+        regs[D.REG_ACT_PARAMS] = 0
+        fn = K._FN_RELU if flags.startswith("R") else K._FN_NONE
+        fast, general = ub.copy(), ub.copy()
+        K._execute_act_ext(row, regs, acc, fast, np.zeros((2, N), np.int64), 0, fn,
+                           K._POOL_NONE, True)
+        K._execute_act_ext(row, regs, acc, general, np.zeros((2, N), np.int64), 0, fn,
+                           K._POOL_NONE, False)
+        np.testing.assert_array_equal(fast, general, err_msg=f"{mult} {regs}")

@@ -1,5 +1,5 @@
-"""The run loop (core.run_core) and the data path (dataonly.run_sequential, run_batches)
-compiled ahead of time into a small extension module.
+"""The run loop (core.run_core) and the data path (dataonly.run_sequential, run_batches,
+lanes.run_lanes) compiled ahead of time into a small extension module.
 
 Why.  A warm `tpuasm run` of a tiny program spent ~1.3 s, nearly all of it in numba:
 importing it (~0.35 s) and loading the cached run loop (~0.5 s, most of it numba refreshing
@@ -141,8 +141,8 @@ def load():
 
 
 def runner(args, name: str = "run_core"):
-    """The ahead-of-time `name` (run_core, or dataonly's run_sequential or run_batches) if
-    it can take these arguments, else None."""
+    """The ahead-of-time `name` (run_core, dataonly's run_sequential or run_batches, or
+    lanes.run_lanes) if it can take these arguments, else None."""
     module = load()
     if module is None or name not in module.LAYOUT \
             or not _matches(module.LAYOUT[name], layout(args)):
@@ -164,14 +164,17 @@ def _import(where: Path):
 
 # ------------------------------------------------------------------ building
 def build(where: Path) -> None:
-    """Compile core.run_core, dataonly.run_sequential and dataonly.run_batches into `where`
-    (atomically: a temporary directory renamed)."""
-    from . import core, dataonly, jit
+    """Compile core.run_core, dataonly.run_sequential, dataonly.run_batches and
+    lanes.run_lanes into `where` (atomically: a temporary directory renamed)."""
+    from . import core, dataonly, jit, lanes
     from .machine import Machine
     jit.materialize()
     sample = Machine()._args                 # the argument types every Machine passes
     sequential = dataonly.arguments(sample)
     batches = dataonly.batch_arguments(sample, np.zeros((1,) + sample[13].shape, np.uint8))
+    laned = lanes.arguments(sample, np.zeros((1,) + sample[13].shape, np.uint8),
+                            np.zeros((1,) + sample[11].shape, sample[11].dtype),
+                            np.zeros((1,) + sample[12].shape, sample[12].dtype))
     import numba
     from numba.core import codegen
     with warnings.catch_warnings():
@@ -182,6 +185,7 @@ def build(where: Path) -> None:
                                              numba.types.int64)      # + the profile
     batches_signature = numba.types.int64(*(numba.typeof(a) for a in batches),
                                           numba.types.int64)
+    lanes_signature = numba.types.int64(*(numba.typeof(a) for a in laned), numba.types.int64)
     tmp = staging_directory(where)
     try:
         cc = CC(MODULE)
@@ -196,6 +200,7 @@ def build(where: Path) -> None:
         cc.export("run_core", signature)(core.run_core.py_func)
         cc.export("run_sequential", sequential_signature)(dataonly.run_sequential.py_func)
         cc.export("run_batches", batches_signature)(dataonly.run_batches.py_func)
+        cc.export("run_lanes", lanes_signature)(lanes.run_lanes.py_func)
         # pycc tunes for the host CPU *model*; give it the host's actual feature list too,
         # as the JIT does (a virtual machine may hide features its CPU model implies).
         original = codegen.AOTCPUCodegen._customize_tm_features
@@ -207,7 +212,8 @@ def build(where: Path) -> None:
             codegen.AOTCPUCodegen._customize_tm_features = original
         (tmp / _LAYOUT).write_text(json.dumps({"run_core": layout(sample),
                                                 "run_sequential": layout(sequential),
-                                                "run_batches": layout(batches)}))
+                                                "run_batches": layout(batches),
+                                                "run_lanes": layout(laned)}))
         install(tmp, where, "aot-")
         tmp = None
     finally:

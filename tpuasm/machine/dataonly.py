@@ -13,9 +13,11 @@ first and reports the proven cycle count.
 Machine.run_batches runs one program over many host images in one call (run_batches here):
 each batch starts from the state `load` leaves -- zero Unified Buffer and accumulators, reset
 registers, an empty weight queue -- and only the rows the program can write are zeroed
-between batches (_write_spans: every instruction's write footprint, the bounding rows the
-core's hazard checks use, so never fewer than it writes).  Rows it never writes keep their
-loaded zeros, so every batch sees exactly the memories a fresh load would give it.
+between batches (_dirty_spans: every instruction's footprint, the bounding rows the core's
+hazard checks use, so never fewer than it touches), less the rows whose first access is
+known to overwrite them whole (an RHM's, an MMC.O's: _full_writes), which never show the
+last batch's bytes.  Rows it never writes keep their loaded zeros, so every batch sees
+exactly the memories a fresh load would give it.
 
 Both mark the scratch for the run (_begin/_end): the weight image cannot change during it,
 so the kernels find each weight tile's bounding box of non-zero bytes once per run and run a
@@ -26,8 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from .core import OP_STAGE, PORT_WEIGHTS
-from .decoded import (COL_FLAGS, COL_OP, COL_REG, COL_REPEAT, COL_TILE, COL_VALUE,
-                      MMC_SWITCH, MMC_WIDE_W, OP_CFG, OP_HLT, OP_MMC, reset_registers)
+from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT,
+                      COL_TILE, COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE,
+                      MMC_SWITCH, MMC_WIDE_W, OP_CFG, OP_HLT, OP_MMC, OP_RHM,
+                      REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
 from .jit import njit
 from .kernels import (_OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB,
                       execute_instruction, footprint)
@@ -83,13 +87,45 @@ def _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, pro
 
 
 @njit(cache=True)
-def _write_spans(prog, regs, memory, rows, profile, array_size):
-    """The rows of `memory` (MEM_UB or MEM_ACC, `rows` long) that an instruction before the
-    Halt may write, as sorted, disjoint (start, stop) spans (CFGs replayed in order:
-    footprints depend on the registers)."""
+def _full_writes(row, regs, memory, out):
+    """The rows of `memory` this instruction overwrites whole before anything reads them,
+    exactly, as (start, stop) spans in out (returns how many; 0 for any instruction but a
+    plain RHM into the UB and an overwriting MatrixMultiply into the accumulators, whose
+    footprints are then not needed): RHM copies whole host rows, MMC.O writes all N
+    accumulators of each vector's row (iteration 0 of a convolution, every iteration of a
+    MatrixMultiply whose iterations move in the accumulators, else the first)."""
+    op = row[COL_OP]
+    reps = max(row[COL_REPEAT], 1)
+    if op == OP_RHM and memory == MEM_UB:
+        step = regs[REG_REP_UB_STRIDE]
+        for i in range(reps):
+            out[i, 0] = row[COL_UB] + i * step
+            out[i, 1] = out[i, 0] + row[COL_LEN]
+        return reps
+    if op == OP_MMC and memory == MEM_ACC and (row[COL_FLAGS] & MMC_OVERWRITE) != 0:
+        if (row[COL_FLAGS] & MMC_CONV) != 0:
+            out[0, 0] = row[COL_ACC]
+            out[0, 1] = row[COL_ACC] + row[COL_HEIGHT] * row[COL_WIDTH]
+            return 1
+        step = regs[REG_REP_ACC_STRIDE]
+        count = reps if step != 0 else 1
+        for i in range(count):
+            out[i, 0] = row[COL_ACC] + i * step
+            out[i, 1] = out[i, 0] + row[COL_LEN]
+        return count
+    return 0
+
+
+@njit(cache=True)
+def _dirty_spans(prog, regs, memory, rows, profile, array_size):
+    """The rows of `memory` a batch must find zeroed, as sorted, disjoint (start, stop)
+    spans: those the program may write less those whose first access is a
+    whole-row overwrite (_full_writes), which never see what the last batch left.  Every
+    other footprint entry (any read, a write not known to be whole) counts as a first
+    access that may see the row, over its whole bounding range (CFGs replayed in order)."""
+    state = np.zeros(rows, np.uint8)        # 0 untouched, 1 overwritten first, 2 may see it
     out = np.zeros((MAX_FOOTPRINT, 4), np.int64)
-    found = np.zeros((prog.shape[0] * MAX_FOOTPRINT + 1, 2), np.int64)
-    count = 0
+    full = np.zeros((64, 2), np.int64)
     for pc in range(prog.shape[0]):
         row = prog[pc]
         op = row[COL_OP]
@@ -98,22 +134,33 @@ def _write_spans(prog, regs, memory, rows, profile, array_size):
         if op == OP_CFG:
             regs[row[COL_REG]] = row[COL_VALUE]
             continue
+        reps = max(row[COL_REPEAT], 1)
+        if reps > full.shape[0]:
+            full = np.zeros((reps, 2), np.int64)
+        whole = _full_writes(row, regs, memory, full)
         for k in range(footprint(row, regs, out, profile, array_size)):
-            start, stop = max(out[k, 2], 0), min(out[k, 3], rows)
-            if out[k, 1] != 0 and out[k, 0] == memory and start < stop:
-                found[count, 0], found[count, 1] = start, stop
-                count += 1
-    found = found[:count]
-    order = np.argsort(found[:, 0])
-    spans = np.zeros((count, 2), np.int64)
-    merged = 0
-    for i in order:
-        if merged > 0 and found[i, 0] <= spans[merged - 1, 1]:
-            spans[merged - 1, 1] = max(spans[merged - 1, 1], found[i, 1])
+            if out[k, 0] != memory or (whole > 0 and out[k, 1] != 0):
+                continue                    # another memory, or the write done exactly
+            for r in range(max(out[k, 2], 0), min(out[k, 3], rows)):
+                if state[r] == 0:
+                    state[r] = 2
+        for k in range(whole):
+            for r in range(max(full[k, 0], 0), min(full[k, 1], rows)):
+                if state[r] == 0:
+                    state[r] = 1
+    count = 0
+    spans = np.zeros((rows // 2 + 1, 2), np.int64)
+    r = 0
+    while r < rows:
+        if state[r] == 2:
+            start = r
+            while r < rows and state[r] == 2:
+                r += 1
+            spans[count, 0], spans[count, 1] = start, r
+            count += 1
         else:
-            spans[merged, 0], spans[merged, 1] = found[i, 0], found[i, 1]
-            merged += 1
-    return spans[:merged]
+            r += 1
+    return spans[:count]
 
 
 @njit(cache=True)
@@ -138,8 +185,8 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     what load() and runs of this program left (rows outside the write set are zero).
     Returns the number of batches run."""
     reset = regs.copy()
-    ub_spans = _write_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
-    acc_spans = _write_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
+    ub_spans = _dirty_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
+    acc_spans = _dirty_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
     _begin(scratch)                     # one run for all batches: the weights stay
     for b in range(hosts.shape[0]):
         for k in range(ub_spans.shape[0]):

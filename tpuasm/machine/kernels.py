@@ -588,13 +588,12 @@ def _copy_rows(src, dst, src_base, dst_base, n, src_step, dst_step, src_rep, dst
         s0 = src_base + i * src_rep
         d0 = dst_base + i * dst_rep
         if src_step == 1 and dst_step == 1:
-            dst[d0:d0 + n, :] = src[s0:s0 + n, :]
+            # 8 bytes at a time (numba's 2-D slice assignment went byte by byte: a digits
+            # MLP batch spent a sixth of its data path here)
+            _copy_words(dst[d0:d0 + n].reshape(n * width), src[s0:s0 + n].reshape(n * width))
             continue
         for k in range(n):
-            s = s0 + k * src_step
-            d = d0 + k * dst_step
-            for j in range(width):
-                dst[d, j] = src[s, j]
+            _copy_words(dst[d0 + k * dst_step], src[s0 + k * src_step])
 
 
 @njit(cache=True)
@@ -1107,28 +1106,29 @@ def _mmc_iteration_box(ub, acc, scratch, box, flags, ub_base, acc_base, count,
     zero inputs)."""
     k0, k1, j0, j1 = box[0], box[1], box[2], box[3]
     height, width = k1 - k0, j1 - j0
-    w = scratch.box_w[:height * width].reshape((height, width))
+    w = scratch.box_w           # row-major, `width` wide: indexed, not a view per row
     sums = np.zeros(width, np.int32)
     unsigned_in = (flags & MMC_UNSIGNED_IN) != 0
     for r in range(count):
-        x = ub[_input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
-        sums[:] = 0
+        u = _input_row(r, ub_base, 1, conv_width, pitch, stride, dy, dx)
+        for j in range(width):
+            sums[j] = 0
         for k in range(height):
-            xv = np.int32(x[k0 + k])
+            xv = np.int32(ub[u, k0 + k])
             if not unsigned_in:
                 xv = _signed8(xv)
-            wrow = w[k]
+            base = k * width
             for j in range(width):
-                sums[j] += xv * wrow[j]
-        dst = acc[acc_base + r]
+                sums[j] += xv * w[base + j]
+        a = acc_base + r
         if overwrite:           # slice stores: 8x faster here than loops from j1 to n
+            dst = acc[a]
             dst[:j0] = 0
             dst[j1:] = 0
             dst[j0:j1] = sums
-        else:
-            inside = dst[j0:j1]
+        else:                   # indexed: no view (and its reference count) per row
             for j in range(width):
-                inside[j] += sums[j]
+                acc[a, j0 + j] += sums[j]
 
 
 @njit(cache=True)
@@ -1404,6 +1404,70 @@ def _float_requantize(v, f):
 
 
 @njit(cache=True)
+def _copy_tail(dst, src, m):
+    """dst[m:] = src[m:] for two C-contiguous rows of bytes, 8 at a time when m and the
+    size allow (numba's slice assignment went byte by byte: most of a narrow layer's
+    Activate row)."""
+    if dst.size % 8 == 0 and m % 8 == 0:
+        d = dst.view(np.uint64)
+        s = src.view(np.uint64)
+        for i in range(m // 8, d.size):
+            d[i] = s[i]
+    else:
+        for j in range(m, dst.size):
+            dst[j] = src[j]
+
+
+@njit(cache=True)
+def _float_columns_vectorize(fmult, m, zero, lo, hi):
+    """_act_dense_float32 gives _float_requantize's outputs for columns 0..m-1: every
+    multiplier finite (so no product is NaN), the zero point and the (merged) bounds small
+    (so the bounds less the zero point are exact float32 integers, and clamping the rounded
+    product to them is saturating it to int32, adding the zero point and clamping)."""
+    limit = 1 << 23
+    if abs(zero) > limit or abs(lo) > limit or abs(hi) > limit:
+        return False
+    for j in range(m):
+        if not np.isfinite(fmult[j]):
+            return False
+    return True
+
+
+@njit(cache=True)
+def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu,
+                       zeros):
+    """The loop of _act_dense_float for columns 0..m-1 (ReLU or no function, bounds merged,
+    _float_columns_vectorize true) in float32 with no branch, so that it vectorizes: the
+    product fl32(fl32(v) * f) is the float32 multiply itself; rint and the clamp to
+    [lo - zero, hi - zero] are exact on integer-valued float32 below 2^25, and a product
+    beyond int32 lands on the same bound as its saturation would (zero point and bounds
+    within 2^23).  zeros[m:] gets a zero accumulator's outputs (before any table)."""
+    n = fmult.shape[0]
+    f32 = np.empty(n, np.float32)
+    b32 = np.empty(n, np.int32)
+    for j in range(n):
+        f32[j] = np.float32(fmult[j])
+        b32[j] = np.int32(((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN)
+    low = np.float32(lo - zero)
+    high = np.float32(hi - zero)
+    floor = np.int32(0) if relu else np.int32(_INT32_MIN)
+    for j in range(m, n):
+        r = np.rint(np.float32(max(b32[j], floor)) * f32[j])
+        zeros[j] = np.uint8((np.int32(min(max(r, low), high)) + zero) & 0xFF)
+    for i in range(_iterations(row)):
+        a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(length):
+            src = acc[a0 + o]
+            dst = ub[u0 + _act_out_row(o, regs)]
+            for j in range(m):
+                v = max(np.int32(src[j] + b32[j]), floor)       # the bias add wraps
+                r = np.rint(np.float32(v) * f32[j])
+                y = min(max(r, low), high)
+                dst[j] = np.uint8((np.int32(y) + zero) & 0xFF)
+
+
+@njit(cache=True)
 def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
                      out_kind, table, lookup):
     """_execute_act_ext's arithmetic for a compiled Dense / Conv layer (P with act_float,
@@ -1427,12 +1491,30 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
     # columns from m on are zero in every row read: they take a zero row's outputs
     m = _zero_columns(row, regs, acc, length)
     zeros = np.zeros(n, np.uint8)
-    for j in range(m, n):
-        v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
-        v = _apply_fn(v, fn, frac)
-        zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
-        if lookup:
+    fast = not other and _float_columns_vectorize(fmult, n, zero, lo, hi)
+    if fast:
+        _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu,
+                           zeros)
+    else:
+        for j in range(m, n):
+            v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+            v = _apply_fn(v, fn, frac)
+            zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
+    if lookup:
+        for j in range(m, n):
             zeros[j] = table[zeros[j]]
+    if fast:
+        if lookup or m < n:
+            for i in range(_iterations(row)):
+                u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+                for o in range(length):
+                    u = u0 + _act_out_row(o, regs)
+                    if lookup:
+                        for j in range(m):
+                            ub[u, j] = table[ub[u, j]]
+                    if m < n:
+                        _copy_tail(ub[u], zeros, m)
+        return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
@@ -1449,7 +1531,7 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                 for j in range(m):
                     ub[u, j] = table[ub[u, j]]
             if m < n:
-                ub[u, m:] = zeros[m:]
+                _copy_tail(ub[u], zeros, m)
 
 
 @njit(cache=True)
@@ -1643,7 +1725,7 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
                             shifts, fmult, mult_r, shift_r, zero, lo, hi, out_kind, table,
                             lookup, tmp)
             if m < n:
-                out[m:] = zeros[m:]
+                _copy_tail(out, zeros, m)
     return True
 
 
@@ -1666,9 +1748,15 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
         p0 = regs[REG_ACT_PARAMS]
         bias = _int32_plane(ub, p0)
         mult = _int32_plane(ub, p0 + 4)
+        bits = np.empty(n, np.uint32)
         for j in range(n):
             shifts[j] = min(np.int64(ub[p0 + 8, j]), _SHIFT_MAX_P)
-            fmult[j] = _float32_of_bits(mult[j])
+            bits[j] = np.uint32(mult[j] & 0xFFFFFFFF)
+        # the float32s of those bits, widened exactly (_float32_of_bits, without its
+        # per-column ldexp: any NaN stays a NaN, which is all its readers look at)
+        floats = bits.view(np.float32)
+        for j in range(n):
+            fmult[j] = np.float64(floats[j])
     table = np.zeros(256, np.int64)
     if lookup:
         t0 = regs[REG_ACT_TABLE]

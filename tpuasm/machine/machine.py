@@ -268,7 +268,7 @@ class Machine:
         self.status = "halted"
         return RunResult("halted", self._proven[2])
 
-    def run_batches(self, hosts: np.ndarray) -> RunResult:
+    def run_batches(self, hosts: np.ndarray, lanes: int = 1) -> RunResult:
         """The loaded program on every host image of `hosts` ((batches, rows, N) uint8,
         C-contiguous, rows those of the loaded host image) through the data path, in one
         call: each batch's outputs are written into its own image, and each batch sees the
@@ -276,7 +276,11 @@ class Machine:
         hosts[b] ends as `load(program, host=hosts[b]); run()` would leave the host memory.
         The program is proven once, like run_data; afterwards ub and acc hold the last
         batch's state and the machine's own host memory is untouched.  The machine must have
-        run nothing but this program since its load."""
+        run nothing but this program since its load.
+
+        lanes > 1: up to that many batches at a time run as lanes (machine/lanes.py: each
+        instruction once for all of them, their own memories kept apart from the machine's);
+        the host images end the same, but ub and acc are then left as they were."""
         hosts = np.asarray(hosts)
         n = self.config.array_size
         if hosts.ndim != 3 or hosts.shape[1:] != self.host.shape or hosts.dtype != np.uint8 \
@@ -291,12 +295,39 @@ class Machine:
         from . import dataonly
         restore = _set_blas_threads(self._blas_threads)
         try:
-            dataonly.run_many(self._args, hosts, int(self.st[core.K_PROFILE]))
+            memory = self._lane_memory(int(lanes), len(hosts))
+            if memory is None:
+                dataonly.run_many(self._args, hosts, int(self.st[core.K_PROFILE]))
+            else:
+                from . import lanes as laned
+                ub, acc = memory
+                for start in range(0, len(hosts), len(ub)):
+                    group = hosts[start:start + len(ub)]
+                    laned.run(self._args, group, ub[:len(group)], acc[:len(group)],
+                              int(self.st[core.K_PROFILE]))
         finally:
             if restore is not None:
                 set_blas_threads(restore)
         self.status = "halted"
         return RunResult("halted", self._proven[2])
+
+    def _lane_memory(self, lanes: int, batches: int):
+        """The lanes' (ub, acc) for run_batches, (L, rows, N) each (L at most `lanes` and
+        LANE_BYTES), or None for the batch-by-batch path (one lane wanted or possible, or
+        one batch).  Kept for the
+        program they were made for (rows outside its write set stay zero); new, zeroed
+        memories for another program or shape."""
+        from .lanes import LANE_BYTES, lane_bytes
+        lanes = min(lanes, LANE_BYTES // max(lane_bytes(self.ub.shape, self.acc.shape), 1))
+        if lanes <= 1 or batches <= 1:
+            return None
+        key = (self.ub.shape, self.acc.shape, lanes)
+        kept = getattr(self, "_lanes", None)
+        if kept is None or kept[0] is not self.program or kept[1] != key:
+            kept = (self.program, key, np.zeros((lanes, *self.ub.shape), self.ub.dtype),
+                    np.zeros((lanes, *self.acc.shape), self.acc.dtype))
+            self._lanes = kept
+        return kept[2], kept[3]
 
     def _cache_packed_tiles(self) -> None:
         """A scratch whose int8 kernel keeps every weight tile packed (kernels.py, the

@@ -115,14 +115,19 @@ class TpuStep:
     def _run_batches(self, inputs: dict, batches: int, config) -> dict:
         """`batches` batches through the data path in one call: their host images packed
         together, the machine loaded once per program (Machine.run_batches starts each
-        batch from the loaded state), the outputs read from all images at once."""
+        batch from the loaded state; as lanes when lanes.worth_it), the outputs read from
+        all images at once."""
         program = self._checked_program()
         machine = self.machine(config)
         hosts = program.host_images(inputs, batches)
         binary = self.binary()
         if machine.program is not binary or machine.host.shape != hosts.shape[1:]:
             machine.load(binary, host=hosts[0], weights=program.weights)
-        result = machine.run_batches(hosts)
+        from tpuasm.machine.lanes import worth_it
+        # the batches as lanes (each instruction once for all) where the program's
+        # MatrixMultiplies are big enough to gain from it (machine/lanes.py)
+        lanes = batches if worth_it(machine.prog, program.array_size) else 1
+        result = machine.run_batches(hosts, lanes=lanes)
         if result.status != "halted":
             raise InferenceFault(f"{self.name}: {result.fault or result.status}")
         return program.read_batches(hosts)
