@@ -13,12 +13,15 @@ def quiet() -> None:
     ort.set_default_logger_severity(3)
 
 
-def session(model: onnx.ModelProto | bytes, threads: int = 1):
+def session(model: onnx.ModelProto | bytes, threads: int = 1, optimize: bool = True):
     """An onnxruntime session; host parts run on one thread (the emulator has the other
-    cores), `threads=0` leaves onnxruntime its own count."""
+    cores), `threads=0` leaves onnxruntime its own count; `optimize=False` runs the graph
+    as it is, no fusions (as onnxruntime's calibrators do)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])

@@ -84,9 +84,13 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
                      check: dict, min_agreement: float, min_snr: float, **more):
     """quantize() with `options` (and `more` of its keyword arguments); when
     `options.search_calibration` and the QDQ model falls below the bars on `check` ({input:
-    rows}), the best of every method.  Returns (quantized nodes, the options used, a
-    sentence for the report or None)."""
+    rows}), the best of every method.  Every method's ranges come from one calibration
+    pass over `samples` (front/calibrate.py), shared by all the quantize() calls here.
+    Returns (quantized nodes, the options used, a sentence for the report or None)."""
+    from tpuasm.compiler.front.calibrate import CalibrationPass
     more = dict(more, batch_axes=batch_axes)
+    if more.get("calibration") is None:
+        more["calibration"] = CalibrationPass()
     nodes = quantize(model, samples, signature, out_path, options, path, provenance, **more)
     if not options.search_calibration or not nodes:
         return nodes, options, None
