@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 FINE_BINS = 8192          # over [-bound, bound]: >= 2 fine bins per bin of onnxruntime's
+_BLOCK = 1 << 18          # values binned at a time (a cache-sized float32 block)
 PERCENTILE_BINS = 2048    # onnxruntime's percentile calibrator (on |x|)
 ENTROPY_BINS = 512        # quantize.py's entropy setting (onnxruntime's default is 128)
 ENTROPY_QUANTIZED_BINS = 128
@@ -47,7 +48,9 @@ class TensorStatistics:
         if x.size == 0:
             return
         self.dtype = x.dtype
-        low, high = np.nanmin(x), np.nanmax(x)     # as onnxruntime's ReduceMin/ReduceMax
+        low, high = np.min(x), np.max(x)
+        if np.isnan(low) or np.isnan(high):            # as onnxruntime's nanmin/nanmax
+            low, high = np.nanmin(x), np.nanmax(x)
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
         if np.isfinite(low) and np.isfinite(high):
@@ -57,24 +60,34 @@ class TensorStatistics:
             if finite.size == 0:
                 return
             reach = max(abs(float(np.min(finite))), abs(float(np.max(finite))))
-        nearest = float(np.min(np.abs(finite)))    # percentile's |x| histogram starts here
-        self.nearest = nearest if self.nearest is None else min(self.nearest, nearest)
         if reach > 0.0 and self.bound == 0.0:
             self.bound = math.ldexp(1.0, math.frexp(reach)[1])   # a power of two > reach
         while reach >= self.bound > 0.0:
             self._double()
-        if self.bound == 0.0:
-            self.counts[FINE_BINS // 2] += finite.size
-            return
-        # exact in float64 (a power-of-two bound and bin width): a value's bin is the same
-        # whichever chunk brings it, before or after a doubling
-        position = finite.astype(np.float64)
-        position += self.bound
-        position *= FINE_BINS / (2.0 * self.bound)
-        index = position.astype(np.int64)          # >= 0: every |x| < bound
-        del position
-        np.clip(index, 0, FINE_BINS - 1, out=index)
-        self.counts += np.bincount(index, minlength=FINE_BINS)
+        self._count(finite)
+
+    def _count(self, x: np.ndarray) -> None:
+        """Bin `x` (every |x| < bound) and note its least |x|, a block at a time: a chunk's
+        tensor can be a hundred million values, and whole-array temporaries cost more in
+        page faults than the arithmetic.  The bin is floor(x * FINE_BINS / (2 bound)) + the
+        centre: a power-of-two scale, exact in float32, so a value's bin is the same
+        whichever chunk brings it, before or after a doubling."""
+        scale = np.float32(FINE_BINS / (2.0 * self.bound)) if self.bound else np.float32(0)
+        block = np.empty(min(x.size, _BLOCK), np.float32)
+        index = np.empty(block.size, np.intp)
+        nearest = math.inf
+        for start in range(0, x.size, _BLOCK):
+            part = x[start:start + _BLOCK]
+            t, i = block[:part.size], index[:part.size]
+            np.abs(part, out=t, casting="same_kind")
+            nearest = min(nearest, float(t.min()))      # percentile's |x| bins start here
+            np.multiply(part, scale, out=t, casting="same_kind")
+            np.floor(t, out=t)
+            t += np.float32(FINE_BINS // 2)
+            np.copyto(i, t, casting="unsafe")
+            np.clip(i, 0, FINE_BINS - 1, out=i)
+            self.counts += np.bincount(i, minlength=FINE_BINS)
+        self.nearest = nearest if self.nearest is None else min(self.nearest, nearest)
 
     def _double(self) -> None:
         merged = self.counts.reshape(-1, 2).sum(axis=1)
