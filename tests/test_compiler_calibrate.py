@@ -53,6 +53,12 @@ def _chunks(x, step):
     return [{"x": x[i:i + step]} for i in range(0, len(x), step)]
 
 
+def _feeds(x, step):
+    """CalibrationPass.collect's feeds(rows): chunks of `step` rows (the one-row probe
+    gets one)."""
+    return lambda rows: _chunks(x, 1 if rows == 1 else step)
+
+
 def _onnxruntime_ranges(model, x, tmp_path, method, extra):
     from onnxruntime.quantization.calibrate import CalibrationDataReader, create_calibrator
 
@@ -81,7 +87,7 @@ def test_minmax_ranges_are_onnxruntimes_exactly(case, tmp_path, capsys):
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _chunks(x, 32))
+    ours.collect(model, names, _feeds(x, 32))
     theirs, _ = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.MinMax, {})
     got = ours.ranges(names, "minmax")
     assert set(got) == set(names) and {"x", "r1", "t2", "y"} <= set(names)
@@ -96,7 +102,7 @@ def test_percentile_ranges_within_two_of_onnxruntimes_bins(case, tmp_path, capsy
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _chunks(x, 32))
+    ours.collect(model, names, _feeds(x, 32))
     theirs, _ = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Percentile,
                                     {"percentile": 99.9})
     got = ours.ranges(names, "percentile", 99.9)
@@ -119,7 +125,7 @@ def test_entropy_ranges_are_as_good_as_onnxruntimes_by_its_own_measure(case, tmp
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _chunks(x, 32))
+    ours.collect(model, names, _feeds(x, 32))
     theirs, histograms = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Entropy,
                                              {"num_bins": 512, "num_quantized_bins": 128})
     got = ours.ranges(names, "entropy")
@@ -147,8 +153,8 @@ def test_chunking_changes_no_range(case):
     rows cut into 7-row chunks give every method the same ranges as 64-row chunks."""
     model, x, names = case
     big, small = CalibrationPass(), CalibrationPass()
-    big.collect(model, names, _chunks(x, 64))
-    small.collect(model, names, _chunks(x, 7))
+    big.collect(model, names, _feeds(x, 64))
+    small.collect(model, names, _feeds(x, 7))
     assert (big.runs, small.runs) == (2, -(-ROWS // 7))
     for method in ("minmax", "percentile", "entropy"):
         a, b = big.ranges(names, method, 99.99), small.ranges(names, method, 99.99)
@@ -234,30 +240,33 @@ def test_quantize_writes_onnxruntimes_own_qdq_model_for_minmax(case, tmp_path):
     assert ours.graph.SerializeToString() == theirs.graph.SerializeToString()
 
 
-def test_quantize_runs_the_model_in_chunks_once_for_every_method(case, tmp_path,
-                                                                 monkeypatch):
-    """Memory is bounded by a chunk: the pass runs ROWS / chunk sessions runs, each on one
-    chunk; later methods on the same pass run nothing, and give the QDQ model a pass of
-    their own would."""
-    model, x, _ = case
-    monkeypatch.setattr(quantize_module, "calibration_rows", lambda m: 16)
-    seen = []
+def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_method(
+        case, tmp_path, monkeypatch):
+    """Memory is bounded by a chunk: with a budget of five rows' quantized tensors, every
+    onnxruntime run gets at most five rows (after the one-row run that measures them);
+    percentile and entropy then reuse the pass (no run), and their QDQ models are the ones
+    a pass of the default budget gives."""
     from tpuasm.compiler.front import calibrate as calibrate_module
-    real = calibrate_module.CalibrationPass.collect
+    model, x, names = case
+    per_row = 4 * (3 * 64 + 2 * 8 * 64 + 3 * 4 * 16 + 10)        # x, c1, r1, c2, t2, f, y
+    assert set(names) == {"x", "c1", "r1", "c2", "t2", "f", "y"}
+    monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 5 * per_row + 100)
+    seen = []
+    real = quantize_module.calibration_feeds
 
-    def spy(self, model, names, feeds):
-        def counted():
-            for feed in feeds:
-                seen.append(len(feed["x"]))
-                yield feed
-        return real(self, model, names, counted())
+    def spy(*args, **kwargs):
+        for feed in real(*args, **kwargs):
+            seen.append(len(feed["x"]))
+            yield feed
 
-    monkeypatch.setattr(calibrate_module.CalibrationPass, "collect", spy)
+    monkeypatch.setattr(quantize_module, "calibration_feeds", spy)
     shared = CalibrationPass()
     for method in ("minmax", "percentile", "entropy"):
         quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / f"{method}.onnx",
                  QuantOptions(calibration_method=method), calibration=shared)
-    assert shared.runs == ROWS // 16 and max(seen[:shared.runs]) == 16
+    assert seen[0] == 1 and max(seen[1:]) == 5 and sum(seen[1:]) == ROWS
+    assert shared.rows == 5 and shared.runs == len(seen) - 1 == -(-ROWS // 5)
+    monkeypatch.undo()
     alone = tmp_path / "entropy-alone.onnx"
     quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, alone,
              QuantOptions(calibration_method="entropy"))

@@ -224,6 +224,9 @@ def _kl(p, q) -> float:
     return float(np.where(p == 0, np.float32(0), terms).sum(dtype=np.float32))
 
 
+CHUNK_BYTES = 64 << 20    # the quantized tensors' values of one chunk (an onnxruntime run)
+
+
 class CalibrationPass:
     """The statistics of a float model's tensors over a calibration set, collected by
     `collect` in one onnxruntime pass per call for the tensors not yet seen: calibsearch
@@ -233,10 +236,15 @@ class CalibrationPass:
     def __init__(self):
         self.tensors: dict[str, TensorStatistics] = {}
         self.runs = 0              # onnxruntime runs (chunks) made, for tests and reports
+        self.rows = 0              # rows per run of the last collect
 
-    def collect(self, model: onnx.ModelProto, names, feeds) -> None:
-        """Run `model` over `feeds` (an iterable of {input: chunk}) with the tensors of
-        `names` it has not seen yet as its only outputs."""
+    def collect(self, model: onnx.ModelProto, names, feeds, most_rows: int = 64,
+                budget: int | None = None) -> None:
+        """Run `model` over the calibration set with the tensors of `names` it has not seen
+        yet as its only outputs.  `feeds(rows)` iterates over the set as {input: chunk} of
+        at most `rows` rows: a one-row run first measures the outputs' bytes per row (shape
+        inference rarely knows them all: a one-hot's depth, an image's height), then chunks
+        of at most `most_rows` rows and `budget` bytes of outputs (CHUNK_BYTES) go."""
         missing = [n for n in dict.fromkeys(names) if n not in self.tensors]
         if not missing:
             return
@@ -249,8 +257,14 @@ class CalibrationPass:
         # onnxruntime's calibrators run unoptimized: a fused node would round differently
         run = session(probe, threads=0, optimize=False)
         del probe
+        first = next(iter(feeds(1)), None)
+        if first is None:
+            return
+        # one row (a model of fixed batch gets its batch whatever the rows asked)
+        per_row = sum(v.nbytes for v in run.run(missing, first))
+        self.rows = int(max(1, min(most_rows, (budget or CHUNK_BYTES) // max(per_row, 1))))
         found = {n: TensorStatistics() for n in missing}
-        for feed in feeds:
+        for feed in feeds(self.rows):
             for name, value in zip(missing, run.run(missing, feed)):
                 found[name].add(value)
             self.runs += 1

@@ -344,8 +344,9 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
             groups = tied_groups(model, tied, chosen) if tied and \
                 options.calibration_method == "minmax" else {}
             calibration.collect(model, [*names, *(t for g in groups.values() for t in g)],
-                                calibration_feeds(samples, signature, batch_axes,
-                                                  calibration_rows(model)))
+                                lambda rows: calibration_feeds(samples, signature,
+                                                               batch_axes, rows),
+                                most_rows=calibration_rows(model))
             cache = _ranges_cache(calibration, names, Path(tmp), options,
                                   flat_below(model, chosen))
             if groups:
