@@ -273,3 +273,46 @@ def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_meth
     assert onnx.load(str(alone)).graph == onnx.load(str(tmp_path / "entropy.onnx")).graph
     ranges = [onnx.load(str(tmp_path / f"{m}.onnx")) for m in ("minmax", "percentile")]
     assert ranges[0].graph != ranges[1].graph          # the methods differ
+
+
+def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_path,
+                                                                          monkeypatch):
+    """auto below an unreachable SNR bar tries percentile and entropy and then keeping
+    element-wise nodes float: one calibration pass serves every quantize() it makes."""
+    from tpuasm.compiler import ort
+    from tpuasm.compiler.runtime.calibsearch import quantize_checked
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (8, 16)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (1, 8)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["h"], name="fc1", transB=1),
+             helper.make_node("Tanh", ["h"], ["t"], name="tanh"),
+             helper.make_node("Gemm", ["t", "w2"], ["y"], name="fc2", transB=1)]
+    g = helper.make_graph(nodes, "reg", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 16])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 1])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.standard_t(3, (96, 16)).astype(np.float32)
+    passes, real = [], ort.session
+
+    def counting(m, threads=1, optimize=True):
+        if not optimize:
+            passes.append(1)
+        return real(m, threads, optimize)
+
+    monkeypatch.setattr(ort, "session", counting)
+    made = []
+    real_quantize = quantize_module.quantize
+
+    def quantize_spy(*args, **kwargs):
+        made.append(kwargs.get("calibration"))
+        return real_quantize(*args, **kwargs)
+
+    import tpuasm.compiler.runtime.calibsearch as calibsearch
+    monkeypatch.setattr(calibsearch, "quantize", quantize_spy)
+    nodes, options, note = quantize_checked(
+        model, {"x": x}, {"x": ["N", 16]}, tmp_path / "q.onnx", QuantOptions(), "m.onnx",
+        None, None, model, {"x": x[:32]}, 0.99, 400.0)
+    assert "percentile" in note and "entropy" in note        # the search ran
+    assert len(made) >= 3 and all(c is made[0] for c in made) and made[0] is not None
+    assert len(passes) == 1 and made[0].runs >= 1
