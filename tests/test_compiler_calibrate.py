@@ -316,3 +316,29 @@ def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_p
     assert "percentile" in note and "entropy" in note        # the search ran
     assert len(made) >= 3 and all(c is made[0] for c in made) and made[0] is not None
     assert len(passes) == 1 and made[0].runs >= 1
+
+
+def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
+    """A model of fixed batch 8 gets 8 rows whatever the chunk asked (the measuring run
+    too): its statistics hold each of the 32 rows once, and that run is reused, not
+    repeated."""
+    model, x, names = case
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 8
+    from tpuasm.compiler.front.samples import calibration_feeds
+    made = []
+
+    def feeds(rows):
+        for feed in calibration_feeds({"x": x[:32]}, {"x": [8, 3, 8, 8]}, None, rows):
+            made.append(len(feed["x"]))
+            yield feed
+
+    ours = CalibrationPass()
+    ours.collect(fixed, names, feeds)
+    assert set(made) == {8} and ours.runs == 4
+    assert ours.tensors["x"].counts.sum() == 32 * 3 * 8 * 8
+    whole = CalibrationPass()
+    whole.collect(model, names, _feeds(x[:32], 32))
+    for name in names:
+        assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts)

@@ -227,6 +227,11 @@ def _kl(p, q) -> float:
 CHUNK_BYTES = 64 << 20    # the quantized tensors' values of one chunk (an onnxruntime run)
 
 
+def _same_feed(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a)
+
+
 class CalibrationPass:
     """The statistics of a float model's tensors over a calibration set, collected by
     `collect` in one onnxruntime pass per call for the tensors not yet seen: calibsearch
@@ -261,12 +266,20 @@ class CalibrationPass:
         if first is None:
             return
         # one row (a model of fixed batch gets its batch whatever the rows asked)
-        per_row = sum(v.nbytes for v in run.run(missing, first))
+        measured = run.run(missing, first)
+        per_row = sum(v.nbytes for v in measured)
         self.rows = int(max(1, min(most_rows, (budget or CHUNK_BYTES) // max(per_row, 1))))
         found = {n: TensorStatistics() for n in missing}
-        for feed in feeds(self.rows):
-            for name, value in zip(missing, run.run(missing, feed)):
+        for k, feed in enumerate(feeds(self.rows)):
+            if k == 0 and _same_feed(feed, first):
+                values = measured          # a fixed batch: the measuring run was this one
+            else:
+                measured = None
+                values = run.run(missing, feed)
+            for name, value in zip(missing, values):
                 found[name].add(value)
+            del values
+            measured = None
             self.runs += 1
         self.tensors.update(found)
 
