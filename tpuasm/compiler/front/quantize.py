@@ -347,8 +347,10 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                                 lambda rows: calibration_feeds(samples, signature,
                                                                batch_axes, rows),
                                 most_rows=calibration_rows(model))
-            cache = _ranges_cache(calibration, names, Path(tmp), options,
-                                  flat_below(model, chosen))
+            ranges = calibration.ranges(names, options.calibration_method,
+                                        options.percentile)
+            _refuse_overflow(ranges, options.calibration_method, path, provenance, model)
+            cache = _ranges_cache(ranges, Path(tmp), options, flat_below(model, chosen))
             if groups:
                 extra["TensorQuantOverrides"] = tied_ranges(groups, calibration)
             # the ranges are given: quantize_static calibrates nothing itself
@@ -389,6 +391,22 @@ def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
                            f"onnx's version converter could not convert the model "
                            f"({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); "
                            f"try --per-tensor") from None
+
+
+def _refuse_overflow(ranges: dict, method: str, path, provenance, model) -> None:
+    """A tensor whose range is not finite (activations that overflow float32, or a
+    histogram over a span float32 cannot hold: onnxruntime's own calibrators fail there
+    too) has no 8-bit scale: one error naming it and the node that makes it."""
+    producer = {o: n.name for n in model.graph.node for o in n.output if o}
+    for name, (lo, hi) in ranges.items():
+        if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+            continue
+        node = producer.get(name)
+        source = provenance.source(node) if provenance is not None and node else None
+        made = f" (made by node {source or node})" if node else ""
+        raise CompileError(f"{path}: {method} calibration of tensor {name}{made}: its values "
+                           f"overflow float32 on the calibration data, no 8-bit scale holds "
+                           f"them")
 
 
 def tied_groups(model: onnx.ModelProto, tied: dict, chosen: set) -> dict:
@@ -470,16 +488,15 @@ def flat_below(model: onnx.ModelProto, quantized: set) -> dict[str, float]:
     return found
 
 
-def _ranges_cache(calibration: CalibrationPass, names, tmp: Path, options: QuantOptions,
-                 flat: dict) -> Path:
-    """The ranges of `names` by options' method from `calibration`, written as onnxruntime's
+def _ranges_cache(ranges: dict, tmp: Path, options: QuantOptions, flat: dict) -> Path:
+    """`ranges` ({tensor: (lowest, highest)} by options' method), written as onnxruntime's
     calibration cache for quantize_static, with each tensor of `flat` (flat_below) starting
     no lower than where its reader is flat.  Entropy on a histogram of 512 bins:
     onnxruntime's own entropy calibrator has 128 bins for 128 quantized levels, one
     candidate range, the same as min-max.  Percentile as onnxruntime's (2048 bins of |x|)."""
     from onnxruntime.quantization.calibrate import (CalibrationMethod, TensorData,
                                                     TensorsData, save_tensors_data)
-    ranges = calibration.ranges(names, options.calibration_method, options.percentile)
+    ranges = dict(ranges)
     for name, bound in flat.items():
         if name in ranges:
             lo, hi = ranges[name]
