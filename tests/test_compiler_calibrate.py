@@ -342,3 +342,13 @@ def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
     whole.collect(model, names, _feeds(x[:32], 32))
     for name in names:
         assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts)
+
+
+@pytest.mark.parametrize("values", [[1e-40, -3e-41, 0.0], [3e38, -3.3e38, 1.0]])
+def test_subnormal_and_near_overflow_values_are_binned(values):
+    """A bound of 2^-132 (its scale 2^144 overflows float32: float64 then) and of 2^128."""
+    stats = TensorStatistics()
+    stats.add(np.array(values, np.float32))
+    assert stats.counts.sum() == 3 and len(np.flatnonzero(stats.counts)) == 3
+    assert [_value(v) for v in stats.minmax()] == [float(np.float32(min(values))),
+                                                   float(np.float32(max(values)))]

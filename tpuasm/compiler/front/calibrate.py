@@ -74,9 +74,12 @@ class TensorStatistics:
         page faults than the arithmetic.  The bin is floor(x * FINE_BINS / (2 bound)) + the
         centre: a power-of-two scale, exact in float32, so a value's bin is the same
         whichever chunk brings it, before or after a doubling."""
-        scale = np.float32(FINE_BINS / (2.0 * self.bound)) if self.bound else np.float32(0)
-        block = np.empty(min(x.size, _BLOCK), np.float32)
-        index = np.empty(block.size, np.intp)
+        scale = FINE_BINS / (2.0 * self.bound) if self.bound else 0.0
+        # float32 holds the scale unless every |x| is below 2^-114: float64 then
+        work = np.float32 if scale < 2.0 ** 120 else np.float64
+        scale = work(scale)
+        block = np.empty(min(x.size, _BLOCK), work)
+        index = np.empty(block.size, np.int32)
         nearest = math.inf
         for start in range(0, x.size, _BLOCK):
             part = x[start:start + _BLOCK]
@@ -85,9 +88,8 @@ class TensorStatistics:
             nearest = min(nearest, float(t.min()))      # percentile's |x| bins start here
             np.multiply(part, scale, out=t, casting="same_kind")
             np.floor(t, out=t)
-            t += np.float32(FINE_BINS // 2)
-            np.copyto(i, t, casting="unsafe")
-            np.clip(i, 0, FINE_BINS - 1, out=i)
+            t += work(FINE_BINS // 2)
+            np.copyto(i, t, casting="unsafe")          # in [0, FINE_BINS): |x| < bound
             self.counts += np.bincount(i, minlength=FINE_BINS)
         self.nearest = nearest if self.nearest is None else min(self.nearest, nearest)
 
