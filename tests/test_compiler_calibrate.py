@@ -352,3 +352,25 @@ def test_subnormal_and_near_overflow_values_are_binned(values):
     assert stats.counts.sum() == 3 and len(np.flatnonzero(stats.counts)) == 3
     assert [_value(v) for v in stats.minmax()] == [float(np.float32(min(values))),
                                                    float(np.float32(max(values)))]
+
+
+def test_tensors_of_unknown_type_are_calibrated_when_their_values_are_float(case):
+    """A tensor the model gives no type (onnxruntime's own shape inference may know it, and
+    quantize it) is exposed anyway and calibrated if float; an integer one is left out."""
+    model, x, _ = case
+    untyped = onnx.ModelProto()
+    untyped.CopyFrom(model)
+    del untyped.graph.value_info[:]                    # c1, r1, c2, t2, f: no types
+    shape = helper.make_node("Shape", ["r1"], ["r1_shape"], name="shape")
+    untyped.graph.node.append(shape)
+    names = float_tensors(untyped, ["conv1", "relu1", "conv2", "shape"])
+    assert {"c1", "r1", "c2", "r1_shape"} <= set(names)
+    ours = CalibrationPass()
+    ours.collect(untyped, names, _feeds(x, 32))
+    got = ours.ranges(names, "minmax")
+    assert "r1_shape" not in got and ours.tensors["r1_shape"] is None
+    typed = CalibrationPass()
+    typed.collect(model, ["c1", "r1", "c2"], _feeds(x, 32))
+    for name in ("c1", "r1", "c2"):
+        assert all(np.array_equal(a, b) for a, b in zip(got[name],
+                                                        typed.ranges([name], "minmax")[name]))

@@ -243,7 +243,7 @@ class CalibrationPass:
     pass.  One object serves one model and one calibration set."""
 
     def __init__(self):
-        self.tensors: dict[str, TensorStatistics] = {}
+        self.tensors: dict[str, TensorStatistics | None] = {}   # None: not float
         self.runs = 0              # onnxruntime runs (chunks) made, for tests and reports
         self.rows = 0              # rows per run of the last collect
 
@@ -281,7 +281,12 @@ class CalibrationPass:
                 measured = None
                 values = run.run(missing, feed)
             for name, value in zip(missing, values):
-                found[name].add(value)
+                if found[name] is None:
+                    continue
+                if value.dtype in (np.float32, np.float16):
+                    found[name].add(value)
+                else:                      # a tensor of unknown type that is not float
+                    found[name] = None
             del values
             measured = None
             self.runs += 1
@@ -291,8 +296,8 @@ class CalibrationPass:
         """{tensor: (lowest, highest)} by `method` (minmax, percentile or entropy)."""
         out = {}
         for name in names:
-            stats = self.tensors[name]
-            if stats.low is None:
+            stats = self.tensors.get(name)
+            if stats is None or stats.low is None:
                 continue                   # never computed a value (an empty tensor)
             out[name] = stats.minmax() if method == "minmax" else \
                 stats.percentile(percentile) if method == "percentile" else stats.entropy()
@@ -302,7 +307,9 @@ class CalibrationPass:
 def float_tensors(model: onnx.ModelProto, nodes) -> list[str]:
     """The tensors `nodes` (names) read or write that onnxruntime's calibrators would
     calibrate: float or float16 by the model's value_info, inputs or outputs, and not
-    initializers."""
+    initializers; and those whose type the model does not say (onnxruntime infers shapes
+    again on its own copy and may know them: a paddle2onnx MatMul's output), kept by
+    CalibrationPass.collect when their values are float."""
     chosen = set(nodes)
     inits = {t.name for t in model.graph.initializer}
     g = model.graph
@@ -313,8 +320,11 @@ def float_tensors(model: onnx.ModelProto, nodes) -> list[str]:
         if node.name not in chosen:
             continue
         for t in [*node.input, *node.output]:
+            if not t or t in inits:
+                continue
             v = infos.get(t)
-            if t and t not in inits and v is not None and v.type.HasField("tensor_type") \
-                    and v.type.tensor_type.elem_type in floats:
+            kind = v.type.tensor_type.elem_type if v is not None and \
+                v.type.HasField("tensor_type") else 0
+            if kind in floats or kind == 0:
                 names.append(t)
     return list(dict.fromkeys(names))

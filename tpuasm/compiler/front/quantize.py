@@ -424,7 +424,8 @@ def tied_ranges(groups: dict, calibration: CalibrationPass) -> dict:
     "rmax": ...}]}."""
     overrides = {}
     for group in groups.values():
-        found = [calibration.tensors[t] for t in group if calibration.tensors[t].low is not None]
+        found = [s for s in (calibration.tensors.get(t) for t in group)
+                 if s is not None and s.low is not None]
         lo = min((float(s.low) for s in found), default=np.inf)
         hi = max((float(s.high) for s in found), default=-np.inf)
         if not (np.isfinite(lo) and np.isfinite(hi)):
