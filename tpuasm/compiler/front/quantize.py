@@ -340,7 +340,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                 tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
             warnings.simplefilter("ignore", RuntimeWarning)
             chosen = set(nodes)
-            names = float_tensors(model, nodes)
+            names = onnxruntime_tensors(model, op_types, Path(tmp))
             groups = tied_groups(model, tied, chosen) if tied and \
                 options.calibration_method == "minmax" else {}
             calibration.collect(model, [*names, *(t for g in groups.values() for t in g)],
@@ -391,6 +391,21 @@ def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
                            f"onnx's version converter could not convert the model "
                            f"({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); "
                            f"try --per-tensor") from None
+
+
+def onnxruntime_tensors(model: onnx.ModelProto, op_types, tmp: Path) -> list[str]:
+    """The tensors onnxruntime's own calibrator would calibrate for quantize_static: the
+    float inputs and outputs of every node of `op_types`, by onnxruntime's shape inference
+    of its own copy (it knows types our model does not: a paddle2onnx MatMul's output), so
+    that quantize_static gets the very ranges its calibrator gave (its quantizer reads
+    ranges of neighbours of the nodes it quantizes)."""
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+    source = tmp / "for-types.onnx"
+    onnx.save(model, str(source))
+    inferred = load_model_with_shape_infer(source)
+    source.unlink()
+    chosen = [n.name for n in inferred.graph.node if n.op_type in set(op_types)]
+    return float_tensors(inferred, chosen)
 
 
 def _refuse_overflow(ranges: dict, method: str, path, provenance, model) -> None:
