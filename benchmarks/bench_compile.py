@@ -21,6 +21,13 @@ kernel's (wait4's ru_maxrss); a process that only imports onnxruntime's quantiza
 is the floor.
 
     .venv/bin/python benchmarks/bench_compile.py --float [--model mlp|seqcnn] [--repeat 3]
+
+and a model of the user's, e.g. Magika's 3.2 MB model.onnx with the calibration file
+benchmarks/real_models_shipped.py writes for it (int32 bytes: the ORT child feeds any inputs
+of a .npz by name):
+
+    .venv/bin/python benchmarks/bench_compile.py --float --float-model WORK/model.onnx \
+        --calibration WORK/calib.npz
 """
 from __future__ import annotations
 
@@ -91,9 +98,13 @@ import sys
 import numpy as np
 from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                       quantize_static)
+import onnx
 model, data, out = sys.argv[1:4]
 chunk = int(sys.argv[4]) if len(sys.argv) > 4 else 64
-x = np.load(data)
+loaded = np.load(data)
+inputs = dict(loaded) if hasattr(loaded, "files") else \
+    {onnx.load(model, load_external_data=False).graph.input[0].name: loaded}
+rows = len(next(iter(inputs.values())))
 
 
 class Reader(CalibrationDataReader):
@@ -101,10 +112,10 @@ class Reader(CalibrationDataReader):
         self.start = 0
 
     def get_next(self):
-        if self.start >= len(x):
+        if self.start >= rows:
             return None
         self.start += chunk
-        return {"x": x[self.start - chunk:self.start]}
+        return {k: v[self.start - chunk:self.start] for k, v in inputs.items()}
 
 
 quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
@@ -209,22 +220,39 @@ MODELS = {"mlp": ("float MLP " + "-".join(map(str, FLOAT_WIDTHS)), build_float_m
                      build_sequence_cnn, 64)}
 
 
-def compile_cost(repeat: int, models: list[str]) -> int:
+def _given(model: Path, data: Path):
+    """A float model and calibration file of the user's (--float-model, --calibration):
+    the build step of MODELS for a model that already exists."""
+    def build(path: Path, calibration: Path) -> int:
+        import onnx
+        from onnx import numpy_helper
+        path.write_bytes(model.read_bytes())
+        calibration.write_bytes(data.read_bytes())
+        m = onnx.load(str(model))
+        return sum(numpy_helper.to_array(t).size for t in m.graph.initializer
+                   if t.data_type == onnx.TensorProto.FLOAT)
+    return (f"{model.name} (given)", build, 64, data.suffix)
+
+
+def compile_cost(repeat: int, models: list[str], given=None) -> int:
     """tpuasm compile vs onnxruntime's quantize_static on the same ~3 MB float models."""
     failed = 0
     for key in models:
-        title, build, batch = MODELS[key]
+        title, build, batch, *suffix = given if key == "given" else MODELS[key]
         with tempfile.TemporaryDirectory() as d:
             d = Path(d)
-            model, data = d / f"{key}.onnx", d / "calibration.npy"
+            model, data = d / f"{key}.onnx", d / f"calibration{(suffix or ['.npy'])[0]}"
             weights = build(model, data)
+            loaded = np.load(data, mmap_mode="r")
+            rows = len(loaded[loaded.files[0]]) if hasattr(loaded, "files") else len(loaded)
             print(f"{title}: {weights:,} float32 weights, {model.stat().st_size / 1e6:.2f} MB "
-                  f"file; calibration {np.load(data, mmap_mode='r').shape[0]} rows; "
-                  f"{repeat} runs each, whole processes")
+                  f"file; calibration {rows} rows; {repeat} runs each, whole processes; "
+                  f"load {open('/proc/loadavg').read().split()[0]}")
+            batch_option = ["--batch", str(batch)] if key != "given" else []
             runs = {
-                f"tpuasm compile --batch {batch} (whole compile, OUTDIR)":
+                f"tpuasm compile {' '.join(batch_option)} (whole compile, OUTDIR)":
                     [sys.executable, "-m", "tpuasm", "compile", str(model), "-o",
-                     str(d / "out"), "--batch", str(batch), "--calibrate", str(data), "-q"],
+                     str(d / "out"), *batch_option, "--calibrate", str(data), "-q"],
                 "onnxruntime quantize_static alone":
                     [sys.executable, "-c", ORT_QUANTIZE, str(model), str(data),
                      str(d / "q.onnx")],
@@ -267,9 +295,17 @@ def main() -> int:
                         "quantize_static (issue 20, item 7)")
     p.add_argument("--model", dest="models", action="append", choices=list(MODELS),
                    help="with --float: which model (repeatable; default all)")
+    p.add_argument("--float-model", type=Path,
+                   help="with --float: also this float model (e.g. Magika's 3.2 MB "
+                        "model.onnx), calibrated on --calibration")
+    p.add_argument("--calibration", type=Path, help="DATA.npy or DATA.npz for --float-model")
     args = p.parse_args()
     if args.float:
-        return compile_cost(args.repeat, args.models or list(MODELS))
+        if args.float_model and not args.calibration:
+            p.error("--float-model needs --calibration")
+        given = _given(args.float_model, args.calibration) if args.float_model else None
+        models = list(args.models or ([] if given else list(MODELS)))
+        return compile_cost(args.repeat, models + (["given"] if given else []), given)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "big.onnx"
         weights = build(path, args.width, args.layers)

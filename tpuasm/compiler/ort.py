@@ -13,15 +13,18 @@ def quiet() -> None:
     ort.set_default_logger_severity(3)
 
 
-def session(model: onnx.ModelProto | bytes, threads: int = 1):
+def session(model: onnx.ModelProto | bytes, threads: int = 1, optimize: bool = True):
     """An onnxruntime session; host parts run on one thread (the emulator has the other
-    cores), `threads=0` leaves onnxruntime its own count."""
+    cores), `threads=0` leaves onnxruntime its own count; `optimize=False` runs the graph
+    as it is, no fusions (as onnxruntime's calibrators do)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     # fatal only: a failing run raises its message as an exception, which the caller turns
     # into a clear error or a fallback (probes run models at batch sizes they may refuse);
     # at ERROR onnxruntime would also print it to the user's terminal
     options.log_severity_level = 4
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
     # a QDQ model at opset 21 (int16 activations: front/widen.py) has its DequantizeLinear
     # -> MatMul/Gemm of int8 weights fused into MatMulNBits, whose default accuracy level

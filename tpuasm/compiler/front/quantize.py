@@ -3,8 +3,9 @@ onnxruntime.quantization.quantize_static (QDQ format): only the nodes the TPU ca
 quantized (tpu_nodes), everything the host runs stays float, so the host parts compute what
 the float model computes.  Weights int8 symmetric per output channel (or per tensor),
 activations uint8 per tensor (or int8 with zero point 0), calibrated by min-max, entropy or
-a percentile (QuantOptions).  The QDQ model it writes is the model the compiler then compiles
-and the reference it is checked against."""
+a percentile (QuantOptions), the ranges from one streaming pass of the float model
+(calibrate.py) given to quantize_static as its calibration cache.  The QDQ model it writes
+is the model the compiler then compiles and the reference it is checked against."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,7 @@ from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import widen
+from tpuasm.compiler.front.calibrate import CalibrationPass, float_tensors
 from tpuasm.compiler.front.samples import calibration_feeds
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -330,16 +332,19 @@ def _refuse_non_finite_weights(model: onnx.ModelProto, path, provenance=None,
 def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
              batch_axes: dict | None = None, tied: dict | None = None,
-             notes: dict | None = None) -> list[str]:
+             notes: dict | None = None,
+             calibration: CalibrationPass | None = None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
     prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples`
     (in the model's own layout and types; `batch_axes`: input -> batch axis or None, default
     batch first) to `out_path`.  `tied`: groups of tensors given one range (prepare.py's
     Prepared.tied, an unrolled LSTM's steps).  `notes` (a dict) gets what the report should
-    say beyond the options: {"kept 8-bit": {tensor: why}} (front/widen.py).  Returns the
-    quantized nodes."""
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod,
-                                          QuantFormat, QuantType, quantize_static)
+    say beyond the options: {"kept 8-bit": {tensor: why}} (front/widen.py).  `calibration`:
+    the statistics of earlier calls on the same model and samples (calibrate.py), reused
+    and extended: every method from one pass over the samples.  Returns the quantized
+    nodes."""
+    from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
     options = options or QuantOptions()
     path = path if path is not None else model
     if not isinstance(model, onnx.ModelProto):
@@ -349,15 +354,6 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     model = _with_shapes(model)
     nodes = tpu_nodes(model, options, path, provenance)
     _refuse_non_finite_weights(model, path, provenance, set(nodes))
-
-    step = calibration_rows(model)
-
-    class Reader(CalibrationDataReader):       # a fresh pass over the samples each time
-        def __init__(self):
-            self.feeds = calibration_feeds(samples, signature, batch_axes, step)
-
-        def get_next(self):
-            return next(self.feeds, None)
 
     if not nodes:
         # nothing the TPU can take: the model stays float (onnxruntime needs one node)
@@ -372,6 +368,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     from tpuasm.compiler.ort import quiet
     quiet()
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
+    calibration = calibration if calibration is not None else CalibrationPass()
     try:
         # numpy's RuntimeWarnings from calibration (activations that overflow to infinity)
         # are not for the user: the failure, if any, is the one message below
@@ -379,20 +376,30 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                 np.errstate(all="ignore"), \
                 tempfile.TemporaryDirectory(prefix="tpuasm-calib-") as tmp:
             warnings.simplefilter("ignore", RuntimeWarning)
-            cache = None           # quantize_static's own calibration unless entropy (below)
-            flat = flat_below(model, set(nodes))
-            if options.calibration_method == "entropy" or flat:
-                cache = _calibrated_ranges(model, op_types, Reader(), Path(tmp), options, flat)
-            if tied and options.calibration_method == "minmax":
-                extra["TensorQuantOverrides"] = tied_ranges(model, tied, Reader(),
-                                                            set(nodes))
-            wide = widen.choose(model, set(nodes), options, path, Reader(), notes)
+            chosen = set(nodes)
+            names = onnxruntime_tensors(model, op_types, Path(tmp))
+            groups = tied_groups(model, tied, chosen) if tied and \
+                options.calibration_method == "minmax" else {}
+            calibration.collect(model, [*names, *(t for g in groups.values() for t in g)],
+                                lambda rows: calibration_feeds(samples, signature,
+                                                               batch_axes, rows),
+                                most_rows=calibration_rows(model))
+            ranges = calibration.ranges(names, options.calibration_method,
+                                        options.percentile)
+            _refuse_overflow(ranges, options.calibration_method, path, provenance, model)
+            cache = _ranges_cache(ranges, Path(tmp), options, flat_below(model, chosen))
+            if groups:
+                extra["TensorQuantOverrides"] = tied_ranges(groups, calibration)
+            feeds = _Feeds(calibration_feeds(samples, signature, batch_axes,
+                                             calibration_rows(model)))
+            wide = widen.choose(model, chosen, options, path, feeds, notes)
             if wide:
                 overrides = extra.setdefault("TensorQuantOverrides", {})
                 for t in (m for members in wide.values() for m in members):
                     for entry in overrides.setdefault(t, [{}]):
                         entry["quant_type"] = QuantType.QInt16
-            quantize_static(model, str(out_path), Reader(), quant_format=QuantFormat.QDQ,
+            # the ranges are given: quantize_static calibrates nothing itself
+            quantize_static(model, str(out_path), None, quant_format=QuantFormat.QDQ,
                             per_channel=options.per_channel,
                             activation_type=QuantType.QInt8 if options.symmetric_activations
                             else QuantType.QUInt8,
@@ -410,6 +417,17 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
                            ) from None
     return nodes
+
+
+class _Feeds:
+    """Calibration feeds a chunk at a time, in onnxruntime's reader protocol (get_next):
+    widen.py's accumulator pass reads them."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def get_next(self):
+        return next(self.chunks, None)
 
 
 PER_AXIS_OPSET = 13          # DequantizeLinear takes `axis` (per-channel scales) from 13
@@ -431,34 +449,56 @@ def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
                            f"try --per-tensor") from None
 
 
-def tied_ranges(model: onnx.ModelProto, tied: dict, reader, chosen: set) -> dict:
-    """onnxruntime's TensorQuantOverrides giving each group of `tied` tensors (those a
-    chosen node reads or writes) the min-max range of the whole group over the calibration
-    feeds of `reader`: {tensor: [{"rmin": ..., "rmax": ...}]}."""
+def onnxruntime_tensors(model: onnx.ModelProto, op_types, tmp: Path) -> list[str]:
+    """The tensors onnxruntime's own calibrator would calibrate for quantize_static: the
+    float inputs and outputs of every node of `op_types`, by onnxruntime's shape inference
+    of its own copy (it knows types our model does not: a paddle2onnx MatMul's output), so
+    that quantize_static gets the very ranges its calibrator gave (its quantizer reads
+    ranges of neighbours of the nodes it quantizes)."""
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+    source = tmp / "for-types.onnx"
+    onnx.save(model, str(source))
+    inferred = load_model_with_shape_infer(source)
+    source.unlink()
+    chosen = [n.name for n in inferred.graph.node if n.op_type in set(op_types)]
+    return float_tensors(inferred, chosen)
+
+
+def _refuse_overflow(ranges: dict, method: str, path, provenance, model) -> None:
+    """A tensor whose range is not finite (activations that overflow float32, or a
+    histogram over a span float32 cannot hold: onnxruntime's own calibrators fail there
+    too) has no 8-bit scale: one error naming it and the node that makes it."""
+    producer = {o: n.name for n in model.graph.node for o in n.output if o}
+    for name, (lo, hi) in ranges.items():
+        if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+            continue
+        node = producer.get(name)
+        source = provenance.source(node) if provenance is not None and node else None
+        made = f" (made by node {source or node})" if node else ""
+        raise CompileError(f"{path}: {method} calibration of tensor {name}{made}: its values "
+                           f"overflow float32 on the calibration data, no 8-bit scale holds "
+                           f"them")
+
+
+def tied_groups(model: onnx.ModelProto, tied: dict, chosen: set) -> dict:
+    """Each group of `tied` tensors (prepare.py's Prepared.tied) with the tensors that hold
+    the same values, kept to those a chosen node reads or writes."""
     touched = {t for n in model.graph.node if n.name in chosen
                for t in [*n.input, *n.output] if t}
-    groups = {k: [t for t in _through_layout(model, names) if t in touched]
-              for k, names in tied.items()}
-    names = sorted({t for group in groups.values() for t in group})
-    if not names:
-        return {}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    known = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(helper_value(t) for t in names if t not in known)
-    from tpuasm.compiler.ort import session
-    run = session(probe, threads=0)
-    low = {t: np.inf for t in names}
-    high = {t: -np.inf for t in names}
-    while (feed := reader.get_next()) is not None:
-        for t, value in zip(names, run.run(names, feed)):
-            if np.size(value):
-                low[t] = min(low[t], float(np.min(value)))
-                high[t] = max(high[t], float(np.max(value)))
+    return {k: [t for t in _through_layout(model, names) if t in touched]
+            for k, names in tied.items()}
+
+
+def tied_ranges(groups: dict, calibration: CalibrationPass) -> dict:
+    """onnxruntime's TensorQuantOverrides giving each of `groups` (tied_groups) the
+    min-max range of the whole group over the calibration pass: {tensor: [{"rmin": ...,
+    "rmax": ...}]}."""
     overrides = {}
     for group in groups.values():
-        lo = min((low[t] for t in group), default=np.inf)
-        hi = max((high[t] for t in group), default=-np.inf)
+        found = [s for s in (calibration.tensors.get(t) for t in group)
+                 if s is not None and s.low is not None]
+        lo = min((float(s.low) for s in found), default=np.inf)
+        hi = max((float(s.high) for s in found), default=-np.inf)
         if not (np.isfinite(lo) and np.isfinite(hi)):
             continue
         for t in group:
@@ -492,10 +532,6 @@ def _through_layout(model: onnx.ModelProto, names: list[str]) -> list[str]:
     return group
 
 
-def helper_value(name: str):
-    return onnx.helper.make_empty_tensor_value_info(name)
-
-
 # GELU(x) for x below this is within 1.3e-4 of 0: less than half the step of any 8-bit
 # GELU output (its range holds at least [-0.17, 0], a step >= 6.7e-4), so a lookup table
 # whose input range starts here gives every such x the output its true value would
@@ -524,35 +560,25 @@ def flat_below(model: onnx.ModelProto, quantized: set) -> dict[str, float]:
     return found
 
 
-def _calibrated_ranges(model: onnx.ModelProto, op_types, reader, tmp: Path,
-                       options: QuantOptions, flat: dict) -> Path:
-    """The activation ranges by options' method, written as onnxruntime's calibration cache
-    for quantize_static, with each tensor of `flat` (flat_below) starting no lower than
-    where its reader is flat.  Entropy calibration with a histogram of 512 bins:
-    quantize_static's own entropy calibrator has 128 bins for 128 quantized levels, one
-    candidate range, the same as min-max.  Min-max and percentile with quantize_static's
-    own settings."""
+def _ranges_cache(ranges: dict, tmp: Path, options: QuantOptions, flat: dict) -> Path:
+    """`ranges` ({tensor: (lowest, highest)} by options' method), written as onnxruntime's
+    calibration cache for quantize_static, with each tensor of `flat` (flat_below) starting
+    no lower than where its reader is flat.  Entropy on a histogram of 512 bins:
+    onnxruntime's own entropy calibrator has 128 bins for 128 quantized levels, one
+    candidate range, the same as min-max.  Percentile as onnxruntime's (2048 bins of |x|)."""
     from onnxruntime.quantization.calibrate import (CalibrationMethod, TensorData,
-                                                    create_calibrator, save_tensors_data)
-    source = tmp / "model.onnx"
-    onnx.save(model, str(source))
-    method, extra = {
-        "minmax": (CalibrationMethod.MinMax, {}),
-        "percentile": (CalibrationMethod.Percentile, {"percentile": options.percentile}),
-        "entropy": (CalibrationMethod.Entropy, {"num_bins": 512, "num_quantized_bins": 128}),
-    }[options.calibration_method]
-    calibrator = create_calibrator(source, op_types, augmented_model_path=str(
-        tmp / "augmented.onnx"), calibrate_method=method, extra_options=extra)
-    calibrator.collect_data(reader)
-    ranges = calibrator.compute_data()
+                                                    TensorsData, save_tensors_data)
+    ranges = dict(ranges)
     for name, bound in flat.items():
         if name in ranges:
-            lo, hi = ranges[name].range_value
-            lo = np.asarray(lo)
-            ranges[name] = TensorData(lowest=np.maximum(lo, bound).astype(lo.dtype),
-                                      highest=np.asarray(hi))
+            lo, hi = ranges[name]
+            ranges[name] = (np.maximum(lo, bound).astype(lo.dtype), hi)
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[options.calibration_method]
+    data = TensorsData(method, {name: TensorData(lowest=lo, highest=hi)
+                                for name, (lo, hi) in ranges.items()})
     cache = tmp / "ranges.json"
-    save_tensors_data(ranges, cache)
+    save_tensors_data(data, cache)
     return cache
 
 
@@ -561,9 +587,10 @@ MAX_CALIBRATION_ROWS = 64
 
 
 def calibration_rows(model: onnx.ModelProto) -> int:
-    """Rows per calibration chunk: onnxruntime's calibrator holds every intermediate tensor
-    of a chunk at once, so a model with large activations per row takes fewer rows (a
-    sequence CNN over (1024, 16) inputs peaked at 798 MiB with 64 rows, 278 MiB with 16)."""
+    """Rows per calibration chunk: onnxruntime holds the intermediate tensors of the chunk
+    it runs (and calibrate.py the quantized ones of that chunk), so a model with large
+    activations per row takes fewer rows (a sequence CNN over (1024, 16) inputs peaked at
+    798 MiB with 64 rows, 278 MiB with 16, under onnxruntime's own calibrator)."""
     per_row = 0
     for v in model.graph.value_info:
         dims = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else []

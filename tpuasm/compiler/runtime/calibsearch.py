@@ -88,10 +88,14 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
                      check: dict, min_agreement: float, min_snr: float, **more):
     """quantize() with `options` (and `more` of its keyword arguments); when
     `options.search_calibration` and the QDQ model falls below the bars on `check` ({input:
-    rows}), the best of every method.  Returns (quantized nodes, the options used, a
-    sentence for the report or None)."""
+    rows}), the best of every method.  Every method's ranges come from one calibration
+    pass over `samples` (front/calibrate.py), shared by all the quantize() calls here.
+    Returns (quantized nodes, the options used, a sentence for the report or None)."""
+    from tpuasm.compiler.front.calibrate import CalibrationPass
     more = dict(more, batch_axes=batch_axes)
     notes: dict = {}
+    if more.get("calibration") is None:
+        more["calibration"] = CalibrationPass()
     nodes = quantize(model, samples, signature, out_path, options, path, provenance,
                      notes=notes, **more)
     if not options.search_calibration or not nodes:
@@ -128,18 +132,20 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
             provenance, more, float_model, check, batch_first, min_agreement, min_snr, notes)
         if widened:
             note += "; " + widened
-    if best_score.below(min_agreement, min_snr):
-        best, best_score, best_nodes, hosted, notes = _widen_through_the_host(
-            model, samples, signature, out_path, best, best_score, best_nodes, path,
-            provenance, more, float_model, check, batch_first, notes)
-        if hosted:
-            note += "; " + hosted
+    # the cheapest change first: up to three element-wise nodes in float, and only then
+    # every 8-bit-only node on the host (a host round trip each)
     if best_score.below(min_agreement, min_snr):
         best, best_score, best_nodes, moved = _float_the_sensitive(
             model, samples, signature, out_path, best, best_score, best_nodes, path,
             provenance, more, float_model, check, batch_first, min_agreement, min_snr)
         if moved:
             note += "; " + moved
+    if best_score.below(min_agreement, min_snr):
+        best, best_score, best_nodes, hosted, notes = _widen_through_the_host(
+            model, samples, signature, out_path, best, best_score, best_nodes, path,
+            provenance, more, float_model, check, batch_first, notes)
+        if hosted:
+            note += "; " + hosted
     narrow = _narrow_note(notes)
     return best_nodes, best, note + (f"; {narrow}" if narrow else "")
 

@@ -1,0 +1,376 @@
+"""The streaming calibrator (compiler/front/calibrate.py): one pass of the float model, a chunk
+of rows at a time, gives every calibration method's ranges.  Oracles: onnxruntime's own
+calibrators (create_calibrator) on the same model and rows, and its quantize_static with its
+own calibration (the QDQ model must be the same, byte for byte, for min-max)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tpuasm.compiler.front import quantize as quantize_module
+from tpuasm.compiler.front.calibrate import (FINE_BINS, PERCENTILE_BINS, CalibrationPass,
+                                             TensorStatistics, float_tensors, kl_divergence,
+                                             kl_threshold)
+from tpuasm.compiler.front.quantize import QuantOptions, quantize, tpu_nodes
+
+ROWS = 128
+
+
+def _model():
+    """Conv -> Relu -> Conv -> Tanh -> Flatten -> Gemm: activations one-sided, two-sided,
+    saturated, and the heavy tails of a Student-t input."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (10, 64)).astype(np.float32), "w3"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "b3")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["c2"], ["t2"], name="tanh2"),
+             helper.make_node("Flatten", ["t2"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], name="fc", transB=1)]
+    g = helper.make_graph(nodes, "calib", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 10])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+@pytest.fixture(scope="module")
+def case():
+    model = _model()
+    x = np.random.default_rng(1).standard_t(4, (ROWS, 3, 8, 8)).astype(np.float32)
+    names = float_tensors(model, [n.name for n in model.graph.node])
+    return model, x, names
+
+
+def _chunks(x, step):
+    return [{"x": x[i:i + step]} for i in range(0, len(x), step)]
+
+
+def _feeds(x, step):
+    """CalibrationPass.collect's feeds(rows): chunks of `step` rows (the one-row probe
+    gets one)."""
+    return lambda rows: _chunks(x, 1 if rows == 1 else step)
+
+
+def _onnxruntime_ranges(model, x, tmp_path, method, extra):
+    from onnxruntime.quantization.calibrate import CalibrationDataReader, create_calibrator
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(_chunks(x, 32))
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    calibrator = create_calibrator(tmp_path / "m.onnx", None, augmented_model_path=str(
+        tmp_path / "augmented.onnx"), calibrate_method=method, extra_options=extra)
+    calibrator.collect_data(Reader())
+    ranges = calibrator.compute_data()
+    histograms = calibrator.collector.histogram_dict if hasattr(calibrator, "collector") \
+        else None
+    return ranges, histograms
+
+
+def _value(v) -> float:
+    return float(np.asarray(v).reshape(-1)[0])
+
+
+def test_minmax_ranges_are_onnxruntimes_exactly(case, tmp_path, capsys):
+    from onnxruntime.quantization.calibrate import CalibrationMethod
+    model, x, names = case
+    ours = CalibrationPass()
+    ours.collect(model, names, _feeds(x, 32))
+    theirs, _ = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.MinMax, {})
+    got = ours.ranges(names, "minmax")
+    assert set(got) == set(names) and {"x", "r1", "t2", "y"} <= set(names)
+    for name in names:
+        for a, b in zip(got[name], theirs[name].range_value):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+
+
+def test_percentile_ranges_within_two_of_onnxruntimes_bins(case, tmp_path, capsys):
+    """onnxruntime's histogram of |x| (2048 bins) is rebuilt from the fine one: the
+    percentile lands within max|x| / 1024 of onnxruntime's (two of its bins)."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod
+    model, x, names = case
+    ours = CalibrationPass()
+    ours.collect(model, names, _feeds(x, 32))
+    theirs, _ = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Percentile,
+                                    {"percentile": 99.9})
+    got = ours.ranges(names, "percentile", 99.9)
+    clipped = 0
+    for name in names:
+        stats = ours.tensors[name]
+        reach = max(abs(float(stats.low)), abs(float(stats.high)))
+        for a, b in zip(got[name], theirs[name].range_value):
+            assert abs(_value(a) - _value(b)) <= reach / 1024, (name, a, b)
+        clipped += _value(got[name][1]) < float(stats.high)
+    assert clipped >= 3        # the ranges really cut the tails (not min-max in disguise)
+
+
+def test_entropy_ranges_are_as_good_as_onnxruntimes_by_its_own_measure(case, tmp_path,
+                                                                        capsys):
+    """Entropy's KL divergence is flat near its minimum (a heavy-tailed input): the fine
+    histogram rebuilt into onnxruntime's 512 bins moves a few counts and may move the
+    argmin a few bins.  Tolerance: on onnxruntime's own histogram the divergence of our
+    range is within 1 % of its minimum, and the range within max|x| / 16 of its."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod
+    model, x, names = case
+    ours = CalibrationPass()
+    ours.collect(model, names, _feeds(x, 32))
+    theirs, histograms = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Entropy,
+                                             {"num_bins": 512, "num_quantized_bins": 128})
+    got = ours.ranges(names, "entropy")
+    exact = 0
+    for name in names:
+        stats = ours.tensors[name]
+        reach = max(abs(float(stats.low)), abs(float(stats.high)))
+        hist, edges = histograms[name][:2]
+        at = [[int(np.argmin(np.abs(edges - _value(v)))) for v in r]
+              for r in (got[name], theirs[name].range_value)]
+        for a, b in zip(got[name], theirs[name].range_value):
+            assert abs(_value(a) - _value(b)) <= reach / 16, (name, a, b)
+        if at[0] == at[1]:
+            exact += 1
+            continue
+        # a range clipped to [min, max] sits inside its end bin: the bin it clipped
+        ours_kl, best_kl = (kl_divergence(hist, lo, hi if hi > lo else lo + 1, 128)
+                            for lo, hi in at)
+        assert ours_kl <= 1.01 * best_kl + 1e-9, (name, at)
+    assert exact >= len(names) // 2
+
+
+def test_chunking_changes_no_range(case):
+    """The fine histogram's bound is a power of two and its doublings merge whole bins: the
+    rows cut into 7-row chunks give every method the same ranges as 64-row chunks."""
+    model, x, names = case
+    big, small = CalibrationPass(), CalibrationPass()
+    big.collect(model, names, _feeds(x, 64))
+    small.collect(model, names, _feeds(x, 7))
+    assert (big.runs, small.runs) == (2, -(-ROWS // 7))
+    for method in ("minmax", "percentile", "entropy"):
+        a, b = big.ranges(names, method, 99.99), small.ranges(names, method, 99.99)
+        for name in names:
+            assert all(np.array_equal(u, v) for u, v in zip(a[name], b[name])), (method, name)
+    for name in names:
+        assert np.array_equal(big.tensors[name].counts, small.tensors[name].counts)
+
+
+def test_histogram_doubling_keeps_every_count_and_a_bound_above_every_value():
+    stats = TensorStatistics()
+    stats.add(np.zeros(5, np.float32))              # zeros before any scale is known
+    stats.add(np.array([0.3, -0.2], np.float32))
+    assert stats.bound == 0.5
+    stats.add(np.array([3.0, -0.5], np.float32))     # two doublings... to 4
+    assert stats.bound == 4.0 and stats.counts.sum() == 9
+    whole = TensorStatistics()
+    whole.add(np.array([0, 0, 0, 0, 0, 0.3, -0.2, 3.0, -0.5], np.float32))
+    assert np.array_equal(whole.counts, stats.counts)
+    width = 2 * 4.0 / FINE_BINS
+    assert stats.counts[FINE_BINS // 2] == 5 and stats.counts[int((3.0 + 4.0) / width)] == 1
+    assert (float(stats.low), float(stats.high), stats.nearest) == (-0.5, 3.0, 0.0)
+
+
+def test_percentile_of_a_known_distribution():
+    """1000 values 1..1000 (and their negatives): the 99 % percentile's |x| threshold is
+    within a bin of 990; min-max is the ends."""
+    values = np.arange(1, 1001, dtype=np.float32)
+    stats = TensorStatistics()
+    for part in np.array_split(np.concatenate([values, -values]), 9):
+        stats.add(part)
+    lo, hi = stats.percentile(99.0)
+    assert abs(_value(hi) - 990) <= 999 / PERCENTILE_BINS + 1 and _value(lo) == -_value(hi)
+    assert [_value(v) for v in stats.minmax()] == [-1000.0, 1000.0]
+
+
+def test_kl_threshold_is_onnxruntimes_on_the_same_histogram():
+    """On one histogram, the vectorised search picks onnxruntime's entropy bins exactly: a
+    Laplace-like peak with outliers, and a one-sided (Relu-like) one with empty bins."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+    rng = np.random.default_rng(3)
+    peaked = np.histogram(rng.laplace(0, 1, 20000), 512, range=(-30, 30))[0]
+    relu = np.histogram(np.maximum(rng.normal(0.5, 1, 20000), 0), 512, range=(-4, 4))[0]
+    edges = np.arange(513, dtype=np.float32)
+    collector = HistogramCollector("entropy", False, 512, 128, 99.9, "same")
+    for hist in (peaked, relu):
+        lo, hi = collector.get_entropy_threshold(
+            (hist, edges, np.float32(0), np.float32(512), np.float32(512)), 128)
+        assert kl_threshold(hist, 128) == (int(lo), int(hi))
+
+
+def test_quantize_writes_onnxruntimes_own_qdq_model_for_minmax(case, tmp_path):
+    """quantize() with the streaming ranges and quantize_static calibrating by itself (its
+    MinMax calibrator, the same chunks) write the same QDQ model, byte for byte."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    model, x, _ = case
+    options = QuantOptions(calibration_method="minmax")
+    nodes = quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / "ours.onnx", options)
+    assert nodes == tpu_nodes(model, options)
+    step = quantize_module.calibration_rows(model)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(_chunks(x, step))
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    source = tmp_path / "float.onnx"
+    onnx.save(model, str(source))         # a path: quantize_static rewrites a ModelProto
+    quantize_static(str(source), str(tmp_path / "theirs.onnx"), Reader(),
+                    quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    nodes_to_quantize=nodes,
+                    op_types_to_quantize=sorted({n.op_type for n in model.graph.node
+                                                 if n.name in nodes}),
+                    extra_options={"ActivationSymmetric": False, "WeightSymmetric": True,
+                                   "CalibPercentile": 99.999})
+    ours = onnx.load(str(tmp_path / "ours.onnx"))
+    theirs = onnx.load(str(tmp_path / "theirs.onnx"))
+    assert len([n for n in ours.graph.node if n.op_type == "QuantizeLinear"]) >= 4
+    assert ours.graph.SerializeToString() == theirs.graph.SerializeToString()
+
+
+def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_method(
+        case, tmp_path, monkeypatch):
+    """Memory is bounded by a chunk: with a budget of five rows' quantized tensors, every
+    onnxruntime run gets at most five rows (after the one-row run that measures them);
+    percentile and entropy then reuse the pass (no run), and their QDQ models are the ones
+    a pass of the default budget gives."""
+    from tpuasm.compiler.front import calibrate as calibrate_module
+    model, x, names = case
+    per_row = 4 * (3 * 64 + 2 * 8 * 64 + 3 * 4 * 16 + 10)        # x, c1, r1, c2, t2, f, y
+    assert set(names) == {"x", "c1", "r1", "c2", "t2", "f", "y"}
+    monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 5 * per_row + 100)
+    seen = []
+    real = quantize_module.calibration_feeds
+
+    def spy(*args, **kwargs):
+        for feed in real(*args, **kwargs):
+            seen.append(len(feed["x"]))
+            yield feed
+
+    monkeypatch.setattr(quantize_module, "calibration_feeds", spy)
+    shared = CalibrationPass()
+    for method in ("minmax", "percentile", "entropy"):
+        quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / f"{method}.onnx",
+                 QuantOptions(calibration_method=method), calibration=shared)
+    assert seen[0] == 1 and max(seen[1:]) == 5 and sum(seen[1:]) == ROWS
+    assert shared.rows == 5 and shared.runs == len(seen) - 1 == -(-ROWS // 5)
+    monkeypatch.undo()
+    alone = tmp_path / "entropy-alone.onnx"
+    quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, alone,
+             QuantOptions(calibration_method="entropy"))
+    assert onnx.load(str(alone)).graph == onnx.load(str(tmp_path / "entropy.onnx")).graph
+    ranges = [onnx.load(str(tmp_path / f"{m}.onnx")) for m in ("minmax", "percentile")]
+    assert ranges[0].graph != ranges[1].graph          # the methods differ
+
+
+def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_path,
+                                                                          monkeypatch):
+    """auto below an unreachable SNR bar tries percentile and entropy and then keeping
+    element-wise nodes float: one calibration pass serves every quantize() it makes."""
+    from tpuasm.compiler import ort
+    from tpuasm.compiler.runtime.calibsearch import quantize_checked
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (8, 16)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (1, 8)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["h"], name="fc1", transB=1),
+             helper.make_node("Tanh", ["h"], ["t"], name="tanh"),
+             helper.make_node("Gemm", ["t", "w2"], ["y"], name="fc2", transB=1)]
+    g = helper.make_graph(nodes, "reg", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 16])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 1])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.standard_t(3, (96, 16)).astype(np.float32)
+    passes, real = [], ort.session
+
+    def counting(m, threads=1, optimize=True):
+        if not optimize:
+            passes.append(1)
+        return real(m, threads, optimize)
+
+    monkeypatch.setattr(ort, "session", counting)
+    made = []
+    real_quantize = quantize_module.quantize
+
+    def quantize_spy(*args, **kwargs):
+        made.append(kwargs.get("calibration"))
+        return real_quantize(*args, **kwargs)
+
+    import tpuasm.compiler.runtime.calibsearch as calibsearch
+    monkeypatch.setattr(calibsearch, "quantize", quantize_spy)
+    nodes, options, note = quantize_checked(
+        model, {"x": x}, {"x": ["N", 16]}, tmp_path / "q.onnx", QuantOptions(), "m.onnx",
+        None, None, model, {"x": x[:32]}, 0.99, 400.0)
+    assert "percentile" in note and "entropy" in note        # the search ran
+    assert len(made) >= 3 and all(c is made[0] for c in made) and made[0] is not None
+    assert len(passes) == 1 and made[0].runs >= 1
+
+
+def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
+    """A model of fixed batch 8 gets 8 rows whatever the chunk asked (the measuring run
+    too): its statistics hold each of the 32 rows once, and that run is reused, not
+    repeated."""
+    model, x, names = case
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 8
+    from tpuasm.compiler.front.samples import calibration_feeds
+    made = []
+
+    def feeds(rows):
+        for feed in calibration_feeds({"x": x[:32]}, {"x": [8, 3, 8, 8]}, None, rows):
+            made.append(len(feed["x"]))
+            yield feed
+
+    ours = CalibrationPass()
+    ours.collect(fixed, names, feeds)
+    assert set(made) == {8} and ours.runs == 4
+    assert ours.tensors["x"].counts.sum() == 32 * 3 * 8 * 8
+    whole = CalibrationPass()
+    whole.collect(model, names, _feeds(x[:32], 32))
+    for name in names:
+        assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts)
+
+
+@pytest.mark.parametrize("values", [[1e-40, -3e-41, 0.0], [3e38, -3.3e38, 1.0]])
+def test_subnormal_and_near_overflow_values_are_binned(values):
+    """A bound of 2^-132 (its scale 2^144 overflows float32: float64 then) and of 2^128."""
+    stats = TensorStatistics()
+    stats.add(np.array(values, np.float32))
+    assert stats.counts.sum() == 3 and len(np.flatnonzero(stats.counts)) == 3
+    assert [_value(v) for v in stats.minmax()] == [float(np.float32(min(values))),
+                                                   float(np.float32(max(values)))]
+
+
+def test_tensors_of_unknown_type_are_calibrated_when_their_values_are_float(case):
+    """A tensor the model gives no type (onnxruntime's own shape inference may know it, and
+    quantize it) is exposed anyway and calibrated if float; an integer one is left out."""
+    model, x, _ = case
+    untyped = onnx.ModelProto()
+    untyped.CopyFrom(model)
+    del untyped.graph.value_info[:]                    # c1, r1, c2, t2, f: no types
+    shape = helper.make_node("Shape", ["r1"], ["r1_shape"], name="shape")
+    untyped.graph.node.append(shape)
+    names = float_tensors(untyped, ["conv1", "relu1", "conv2", "shape"])
+    assert {"c1", "r1", "c2", "r1_shape"} <= set(names)
+    ours = CalibrationPass()
+    ours.collect(untyped, names, _feeds(x, 32))
+    got = ours.ranges(names, "minmax")
+    assert "r1_shape" not in got and ours.tensors["r1_shape"] is None
+    typed = CalibrationPass()
+    typed.collect(model, ["c1", "r1", "c2"], _feeds(x, 32))
+    for name in ("c1", "r1", "c2"):
+        assert all(np.array_equal(a, b) for a, b in zip(got[name],
+                                                        typed.ranges([name], "minmax")[name]))

@@ -1,0 +1,330 @@
+"""Activation ranges for every calibration method from one streaming pass of the float model.
+
+onnxruntime's calibrators keep every intermediate tensor of every calibration chunk until the
+pass ends (its histogram methods then stack them all): compiling PaddleOCR's recogniser
+peaked at 11.2 GB, and each method the check tries (runtime/calibsearch.py) ran the model
+again.  Here one onnxruntime session exposes only the tensors that get quantized, runs a
+chunk of rows at a time, and folds each tensor of the chunk into its `TensorStatistics`
+(min, max and a fine histogram) before the next chunk: memory is one chunk's tensors plus a
+histogram per tensor, and min-max, percentile and entropy ranges all come from the same pass.
+
+Min-max is exactly onnxruntime's (the min and max of float32 values; the QDQ model is the
+one quantize_static writes with its own calibrator, byte for byte).  Percentile and entropy
+are computed the way onnxruntime's calibrators compute them, on the histogram onnxruntime
+would build (symmetric |x| in 2048 bins for percentile, 512 bins over [-max|x|, max|x|] for
+entropy), rebuilt from the fine histogram: a fine bin that straddles one of those bins'
+edges is split in proportion, so percentile lands within max|x| / 1024 of onnxruntime's
+(two of its bins), and entropy's range is as good by its own criterion (KL divergence on
+onnxruntime's histogram within 1 % of the least) but may sit a few bins away where the
+divergence is flat (tests/test_compiler_calibrate.py)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+FINE_BINS = 8192          # over [-bound, bound): >= 2 fine bins per bin of onnxruntime's
+_BLOCK = 1 << 18          # values binned at a time (a cache-sized float32 block)
+PERCENTILE_BINS = 2048    # onnxruntime's percentile calibrator (on |x|)
+ENTROPY_BINS = 512        # quantize.py's entropy setting (onnxruntime's default is 128)
+ENTROPY_QUANTIZED_BINS = 128
+
+
+class TensorStatistics:
+    """One tensor's values over the calibration pass: min, max and counts in FINE_BINS
+    equal bins over [-bound, bound), the bound the least power of two above every |x| seen:
+    doubled (pairs of bins merged, exactly) whenever a chunk's values reach it.  The counts
+    therefore do not depend on how the rows were cut into chunks, nor on their order."""
+
+    __slots__ = ("low", "high", "nearest", "bound", "counts", "dtype")
+
+    def __init__(self):
+        self.low = self.high = self.nearest = None
+        self.bound = 0.0
+        self.counts = np.zeros(FINE_BINS, np.int64)
+        self.dtype = np.dtype(np.float32)
+
+    def add(self, values: np.ndarray) -> None:
+        x = np.asarray(values).reshape(-1)
+        if x.size == 0:
+            return
+        self.dtype = x.dtype
+        low, high = np.min(x), np.max(x)
+        if np.isnan(low) or np.isnan(high):            # as onnxruntime's nanmin/nanmax
+            low, high = np.nanmin(x), np.nanmax(x)
+        self.low = low if self.low is None else min(self.low, low)
+        self.high = high if self.high is None else max(self.high, high)
+        if np.isfinite(low) and np.isfinite(high):
+            finite, reach = x, max(abs(float(low)), abs(float(high)))
+        else:                                  # an overflow: its range fails in quantize
+            finite = x[np.isfinite(x)]
+            if finite.size == 0:
+                return
+            reach = max(abs(float(np.min(finite))), abs(float(np.max(finite))))
+        if reach > 0.0 and self.bound == 0.0:
+            self.bound = math.ldexp(1.0, math.frexp(reach)[1])   # a power of two > reach
+        while reach >= self.bound > 0.0:
+            self._double()
+        self._count(finite)
+
+    def _count(self, x: np.ndarray) -> None:
+        """Bin `x` (every |x| < bound) and note its least |x|, a block at a time: a chunk's
+        tensor can be a hundred million values, and whole-array temporaries cost more in
+        page faults than the arithmetic.  The bin is floor(x * FINE_BINS / (2 bound)) + the
+        centre: a power-of-two scale, exact in float32, so a value's bin is the same
+        whichever chunk brings it, before or after a doubling."""
+        scale = FINE_BINS / (2.0 * self.bound) if self.bound else 0.0
+        # float32 holds the scale unless every |x| is below 2^-114: float64 then
+        work = np.float32 if scale < 2.0 ** 120 else np.float64
+        scale = work(scale)
+        block = np.empty(min(x.size, _BLOCK), work)
+        index = np.empty(block.size, np.int32)
+        nearest = math.inf
+        for start in range(0, x.size, _BLOCK):
+            part = x[start:start + _BLOCK]
+            t, i = block[:part.size], index[:part.size]
+            np.abs(part, out=t, casting="same_kind")
+            nearest = min(nearest, float(t.min()))      # percentile's |x| bins start here
+            np.multiply(part, scale, out=t, casting="same_kind")
+            np.floor(t, out=t)
+            t += work(FINE_BINS // 2)
+            np.copyto(i, t, casting="unsafe")          # in [0, FINE_BINS): |x| < bound
+            self.counts += np.bincount(i, minlength=FINE_BINS)
+        self.nearest = nearest if self.nearest is None else min(self.nearest, nearest)
+
+    def _double(self) -> None:
+        merged = self.counts.reshape(-1, 2).sum(axis=1)
+        self.counts = np.zeros(FINE_BINS, np.int64)
+        self.counts[FINE_BINS // 4: 3 * FINE_BINS // 4] = merged
+        self.bound *= 2.0
+
+    def _limits(self):
+        low = np.asarray(self.low if self.low is not None else 0, self.dtype)
+        high = np.asarray(self.high if self.high is not None else 0, self.dtype)
+        return low, high
+
+    def minmax(self) -> tuple[np.ndarray, np.ndarray]:
+        """onnxruntime's MinMax calibrator's range: arrays of shape (1,), as its reduction's
+        outputs are."""
+        low, high = self._limits()
+        return low.reshape(1), high.reshape(1)
+
+    def percentile(self, percentile: float) -> tuple[np.ndarray, np.ndarray]:
+        """onnxruntime's (symmetric) percentile range: the left edge t of the bin of |x|
+        (PERCENTILE_BINS over [min|x|, max|x|]) where the share `percentile` of values is
+        reached, as (-t, t) clipped to [min, max]."""
+        low, high = self._limits()
+        reach = max(abs(float(low)), abs(float(high)))
+        floor = self.nearest if self.nearest is not None else reach
+        half = FINE_BINS // 2
+        folded = self.counts[half:] + self.counts[:half][::-1]      # |x| over [0, bound]
+        edges = np.linspace(np.float32(floor), np.float32(reach), PERCENTILE_BINS + 1,
+                            dtype=self.dtype if self.dtype != np.float16 else np.float32)
+        if reach == floor:
+            threshold = np.asarray(reach, self.dtype)
+        else:
+            counts = _rebin(folded, 0.0, self.bound, edges.astype(np.float64))
+            cdf = np.cumsum(counts / max(counts.sum(), 1e-300))
+            index = min(int(np.searchsorted(cdf, percentile / 100.0)), PERCENTILE_BINS)
+            threshold = np.asarray(edges[index], self.dtype)
+        return _clipped(-threshold, threshold, low, high)
+
+    def entropy(self, bins: int = ENTROPY_BINS,
+                quantized_bins: int = ENTROPY_QUANTIZED_BINS) -> tuple[np.ndarray, np.ndarray]:
+        """onnxruntime's entropy (KL divergence) range on `bins` bins over [-max|x|,
+        max|x|], clipped to [min, max]."""
+        low, high = self._limits()
+        reach = np.float32(max(abs(float(low)), abs(float(high))))
+        if reach == 0:
+            return _clipped(np.asarray(0, self.dtype), np.asarray(0, self.dtype), low, high)
+        edges = np.linspace(-reach, reach, bins + 1).astype(self.dtype)
+        counts = np.rint(_rebin(self.counts, -self.bound, self.bound,
+                                edges.astype(np.float64)))       # whole counts, as its own
+        start, stop = kl_threshold(counts, quantized_bins)
+        return _clipped(np.asarray(edges[start], self.dtype), np.asarray(edges[stop], self.dtype),
+                        low, high)
+
+
+def _clipped(lo, hi, low, high):
+    lo = low if lo < low else lo
+    hi = high if hi > high else hi
+    return np.asarray(lo, low.dtype), np.asarray(hi, high.dtype)
+
+
+def _rebin(counts: np.ndarray, start: float, stop: float, edges: np.ndarray) -> np.ndarray:
+    """Counts in equal bins over [start, stop] -> counts between `edges` (which hold every
+    counted value), each bin's count spread evenly over it."""
+    fine = np.linspace(start, stop, counts.size + 1)
+    cumulative = np.concatenate([[0.0], np.cumsum(counts, dtype=np.float64)])
+    at = np.interp(edges, fine, cumulative)
+    at[0], at[-1] = 0.0, cumulative[-1]       # the values at the ends belong to the end bins
+    return np.diff(at)
+
+
+def kl_threshold(hist: np.ndarray, quantized_bins: int) -> tuple[int, int]:
+    """The bins [start, stop) of `hist` (symmetric about its centre) whose quantization into
+    `quantized_bins` levels loses the least information (TensorRT's KL-divergence
+    calibration, as onnxruntime's entropy calibrator defines it): every width 2i+1 around
+    the centre from `quantized_bins` + 1 bins up, the first of the least divergences."""
+    hist = np.asarray(hist, np.float64)
+    n = hist.size
+    centre, half = n // 2, quantized_bins // 2
+    below = np.concatenate([[0.0], np.cumsum(hist)])       # below[k] = sum(hist[:k])
+    best, best_bins = np.inf, (centre - half, min(centre + half + 1, n))
+    for i in range(half, centre + 1):
+        start, stop = centre - i, min(centre + i + 1, n)
+        div = kl_divergence(hist, start, stop, quantized_bins, below)
+        if div < best:
+            best, best_bins = div, (start, stop)
+    return best_bins
+
+
+def kl_divergence(hist: np.ndarray, start: int, stop: int, quantized_bins: int,
+                  below: np.ndarray | None = None) -> float:
+    """KL(p || q) for the bins [start, stop) of `hist`: p the clipped distribution (the
+    outliers added to its end bins), q p's bins merged into `quantized_bins` groups and
+    each group's count spread evenly (whole counts) over the group's bins p does not leave
+    empty."""
+    hist = np.asarray(hist, np.float64)
+    if below is None:
+        below = np.concatenate([[0.0], np.cumsum(hist)])
+    sliced = hist[start:stop]
+    p = sliced.copy()
+    p[0] += below[start]
+    p[-1] += below[hist.size] - below[stop]
+    filled = p != 0
+    group = sliced.size // quantized_bins
+    whole = group * quantized_bins
+    sums = sliced[:whole].reshape(quantized_bins, group).sum(axis=1)
+    sums[-1] += sliced[whole:].sum()
+    used = filled[:whole].reshape(quantized_bins, group).sum(axis=1)
+    spread = np.where(used > 0, np.floor(sums / np.maximum(used, 1)), 0.0)
+    q = np.zeros(p.size)
+    q[:whole] = np.repeat(spread, group)
+    return _kl(_smoothed(p), _smoothed(q))
+
+
+def _smoothed(p: np.ndarray, eps: float = 1e-4):
+    """p with its zeros raised to eps and the same mass taken evenly off the others (so
+    that the KL divergence is finite); None when p is all zeros."""
+    zeros = p == 0
+    nonzero = p.size - int(zeros.sum())
+    if nonzero == 0:
+        return None
+    out = p.astype(np.float32)
+    out += np.where(zeros, eps, -eps * float(zeros.sum()) / nonzero).astype(np.float32)
+    return out
+
+
+def _kl(p, q) -> float:
+    """KL(p || q) in float32, as onnxruntime computes it (its near-ties fall the same way)."""
+    if p is None or q is None:
+        return np.inf
+    p = p / p.sum()
+    q = q / q.sum()
+    with np.errstate(all="ignore"):
+        terms = np.where((p > 0) & (q > 0), p * np.log(p / q), np.float32(np.inf))
+    return float(np.where(p == 0, np.float32(0), terms).sum(dtype=np.float32))
+
+
+CHUNK_BYTES = 64 << 20    # the quantized tensors' values of one chunk (an onnxruntime run)
+
+
+def _same_feed(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a)
+
+
+class CalibrationPass:
+    """The statistics of a float model's tensors over a calibration set, collected by
+    `collect` in one onnxruntime pass per call for the tensors not yet seen: calibsearch
+    asks for every method, and keeping nodes float asks for fewer tensors, without another
+    pass.  One object serves one model and one calibration set."""
+
+    def __init__(self):
+        self.tensors: dict[str, TensorStatistics | None] = {}   # None: not float
+        self.runs = 0              # onnxruntime runs (chunks) made, for tests and reports
+        self.rows = 0              # rows per run of the last collect
+
+    def collect(self, model: onnx.ModelProto, names, feeds, most_rows: int = 64,
+                budget: int | None = None) -> None:
+        """Run `model` over the calibration set with the tensors of `names` it has not seen
+        yet as its only outputs.  `feeds(rows)` iterates over the set as {input: chunk} of
+        at most `rows` rows: a one-row run first measures the outputs' bytes per row (shape
+        inference rarely knows them all: a one-hot's depth, an image's height), then chunks
+        of at most `most_rows` rows and `budget` bytes of outputs (CHUNK_BYTES) go."""
+        missing = [n for n in dict.fromkeys(names) if n not in self.tensors]
+        if not missing:
+            return
+        from tpuasm.compiler.ort import session
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        known = {o.name for o in probe.graph.output}
+        probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n)
+                                  for n in missing if n not in known)
+        # onnxruntime's calibrators run unoptimized: a fused node would round differently
+        run = session(probe, threads=0, optimize=False)
+        del probe
+        first = next(iter(feeds(1)), None)
+        if first is None:
+            return
+        # one row (a model of fixed batch gets its batch whatever the rows asked)
+        measured = run.run(missing, first)
+        per_row = sum(v.nbytes for v in measured)
+        self.rows = int(max(1, min(most_rows, (budget or CHUNK_BYTES) // max(per_row, 1))))
+        found = {n: TensorStatistics() for n in missing}
+        for k, feed in enumerate(feeds(self.rows)):
+            if k == 0 and _same_feed(feed, first):
+                values = measured          # a fixed batch: the measuring run was this one
+            else:
+                measured = None
+                values = run.run(missing, feed)
+            for name, value in zip(missing, values):
+                if found[name] is None:
+                    continue
+                if value.dtype in (np.float32, np.float16):
+                    found[name].add(value)
+                else:                      # a tensor of unknown type that is not float
+                    found[name] = None
+            del values
+            measured = None
+            self.runs += 1
+        self.tensors.update(found)
+
+    def ranges(self, names, method: str, percentile: float = 99.999) -> dict:
+        """{tensor: (lowest, highest)} by `method` (minmax, percentile or entropy)."""
+        out = {}
+        for name in names:
+            stats = self.tensors.get(name)
+            if stats is None or stats.low is None:
+                continue                   # never computed a value (an empty tensor)
+            out[name] = stats.minmax() if method == "minmax" else \
+                stats.percentile(percentile) if method == "percentile" else stats.entropy()
+        return out
+
+
+def float_tensors(model: onnx.ModelProto, nodes) -> list[str]:
+    """The tensors `nodes` (names) read or write that onnxruntime's calibrators would
+    calibrate: float or float16 by the model's value_info, inputs or outputs, and not
+    initializers; and those whose type the model does not say (onnxruntime infers shapes
+    again on its own copy and may know them: a paddle2onnx MatMul's output), kept by
+    CalibrationPass.collect when their values are float."""
+    chosen = set(nodes)
+    inits = {t.name for t in model.graph.initializer}
+    g = model.graph
+    infos = {v.name: v for v in [*g.value_info, *g.output, *g.input]}
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    names = []
+    for node in g.node:
+        if node.name not in chosen:
+            continue
+        for t in [*node.input, *node.output]:
+            if not t or t in inits:
+                continue
+            v = infos.get(t)
+            kind = v.type.tensor_type.elem_type if v is not None and \
+                v.type.HasField("tensor_type") else 0
+            if kind in floats or kind == 0:
+                names.append(t)
+    return list(dict.fromkeys(names))
