@@ -1083,16 +1083,21 @@ def _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, coun
                          (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
                          True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
         for r in range(m):
-            dst = acc[acc_base + first + r]
-            got = c[r]
-            if overwrite:
-                dst[:j0] = 0
-                dst[j1:] = 0
-                dst[j0:j1] = got[:width]
-            else:
-                inside = dst[j0:j1]
-                for j in range(width):
-                    inside[j] += got[j]
+            box_result(acc[acc_base + first + r], c[r], j0, j1, width, overwrite)
+
+
+@njit(cache=True)
+def box_result(dst, got, j0, j1, width, overwrite):
+    """One accumulator row of a box MatrixMultiply (columns j0..j1 of the tile are live):
+    the box's sums written (the other columns zeroed) or added."""
+    if overwrite:
+        dst[:j0] = 0
+        dst[j1:] = 0
+        dst[j0:j1] = got[:width]
+    else:
+        inside = dst[j0:j1]
+        for j in range(width):
+            inside[j] += got[j]
 
 
 @njit(cache=True)

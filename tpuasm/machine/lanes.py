@@ -35,7 +35,7 @@ from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, 
                       MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, MMC_WIDE_W, OP_CFG,
                       OP_HLT, OP_MMC, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
 from .jit import njit
-from .kernels import (_MMC_SHARED_MACS, _OPT_INT8, _OPT_INT8_THREADS, _OPT_TRUSTED,
+from .kernels import (_MMC_SHARED_MACS, box_result, _OPT_INT8, _OPT_INT8_THREADS, _OPT_TRUSTED,
                       BOX_COMPACT, BOX_DIRECT, BOX_FULL, MEM_ACC, MEM_UB, _active_packed,
                       _box_plan, _byte_part, _compact_side, _conv_geometry, _copy_words, _input_row, _iterations,
                       _one_pass16, _signed8, execute_instruction)
@@ -242,16 +242,8 @@ def _lanes_compact(ub2, acc2, scratch, box, flags, m, first, count, acc_base, ac
                      (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
                      True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
     for r in range(m):
-        dst = acc2[_acc_row(first + r, count, acc_base, acc_rows)]
-        got = c[r]
-        if overwrite:
-            dst[:j0] = 0
-            dst[j1:] = 0
-            dst[j0:j1] = got[:width]
-        else:
-            inside = dst[j0:j1]
-            for j in range(width):
-                inside[j] += got[j]
+        box_result(acc2[_acc_row(first + r, count, acc_base, acc_rows)], c[r], j0, j1, width,
+                   overwrite)
 
 
 @njit(cache=True)
