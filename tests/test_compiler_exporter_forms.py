@@ -288,3 +288,20 @@ def test_an_lstm_s_initial_state_from_its_weights_compiles_to_a_loadable_outdir(
     want = session(model).run(None, {"x": x})[0]
     assert got.shape == want.shape
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max(), reasons
+
+
+def test_an_output_given_the_wrong_batch_axis_is_joined_on_the_axis_its_rows_are_on(tmp_path):
+    """An output whose shape inference lost (ddddocr's dynamically quantized LSTM, a contrib
+    operator) gets batch axis 0 by convention; its (T, 1, classes) values show the rows on
+    axis 1, and the runs are joined there, not cut to their first time steps."""
+    from dataclasses import replace
+    model = _sequence_first(np.random.default_rng(26), [3, 1, 2])
+    x = np.random.default_rng(27).normal(0, 1, (8, 4)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x, batch_axes={"x": 0})
+    assert compiled.outputs[0].batch_axis == 1
+    compiled.outputs[0] = replace(compiled.outputs[0], batch_axis=0)     # as if lost
+    got = compiled.run(x[:5])["y"]
+    want = np.concatenate([session(model).run(None, {"x": x[i:i + 1]})[0] for i in range(5)],
+                          axis=1)
+    assert got.shape == want.shape == (3, 5, 2)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
     loaded here (its inputs, outputs and batch).  Same result as one process, in order."""
     from dask.distributed import as_completed
 
-    from tpuasm.compiler.runtime.steps import join_parts, prepare_inputs
+    from tpuasm.compiler.runtime.steps import batch_axis_of, join_parts, prepare_inputs
     from tpuasm.compiler.front.samples import take_rows
     data, rows = prepare_inputs(model.inputs, data)
     axes = {i.name: i.batch_axis for i in model.inputs}
@@ -139,4 +140,11 @@ def run_on_cluster(outdir, model, data: dict, client, chunk_rows: int | None = N
     finally:
         for future in futures:
             future.cancel()
-    return {o.name: join_parts(o, [p[o.name] for p in parts]) for o in model.outputs}
+    rows0 = ranges[0][1] - ranges[0][0]
+    joined = {}
+    for o in model.outputs:
+        pieces = [p[o.name] for p in parts]
+        if batched and isinstance(pieces[0], np.ndarray):     # the axis its rows are on
+            o = replace(o, batch_axis=batch_axis_of(pieces[0], o.batch_axis, rows0))
+        joined[o.name] = join_parts(o, pieces)
+    return joined

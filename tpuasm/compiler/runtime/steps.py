@@ -8,7 +8,7 @@ in ONNX; the bytes are the same), and a channels-last tensor (ONNX (*rows, C), I
 is transposed there."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -198,6 +198,7 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
     total = rows if batched else 1
     group = group_size(steps, batch, inputs, outputs, rows, engine) if batched else 1
     results = {o.name: [] for o in outputs}
+    outputs = list(outputs)            # each one's batch axis as its values show it
     done = 0
     if progress:
         progress(0, total)
@@ -207,8 +208,11 @@ def run_model(steps: list, batch: int, inputs: list[ValueInfo], outputs: list[Va
         values = batch_values(inputs, data, done, take, batches * batch)
         for step in steps:
             step.run(values, batch, engine, config, batches)
-        for o in outputs:
+        for k, o in enumerate(outputs):
             value = values[o.name]
+            if batched and isinstance(value, np.ndarray):
+                o = outputs[k] = replace(o, batch_axis=batch_axis_of(value, o.batch_axis,
+                                                                     batches * batch))
             whole = o.batch_axis is None or not batched or (
                 isinstance(value, np.ndarray) and value.ndim <= o.batch_axis)
             if whole:
@@ -274,6 +278,16 @@ def _batch_of(info: ValueInfo, x: np.ndarray, start: int, take: int, batch: int)
     source[info.batch_axis] = slice(start, start + take)
     chunk[tuple(index)] = x[tuple(source)]
     return chunk
+
+
+def batch_axis_of(value: np.ndarray, axis: int | None, rows: int) -> int | None:
+    """The axis of `value` (one run's output over `rows` padded rows) that holds the rows:
+    `axis` when its size says so, else the first axis of that size.  An output whose shape
+    inference lost (a contrib operator before it) was given axis 0, the convention, but a
+    time-first (T, 1, classes) output of a batch of 1 holds it on axis 1."""
+    if axis is None or (value.ndim > axis and value.shape[axis] == rows):
+        return axis
+    return next((a for a in range(value.ndim) if value.shape[a] == rows), axis)
 
 
 def join_parts(o: ValueInfo, parts: list):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.runtime.steps import batch_axis_of
 
 DEFAULT_MIN_AGREEMENT = 0.99
 DEFAULT_MIN_SNR = 20.0
@@ -216,8 +217,8 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
     """onnxruntime on the float model, in chunks of its fixed batch (the last one padded)
     or of _CHUNK rows when the batch is dynamic; a model whose inputs are not all batch
     first runs on all the rows at once.  `out_axes`: each output's batch axis (None: not
-    batched), when known; else axis 0, or with a fixed batch the first axis of that size
-    (a sequence-first output such as (T, 1, classes) carries a batch of 1 on axis 1)."""
+    batched), when known, else 0; either checked against the first run's sizes
+    (steps.batch_axis_of: a time-first (T, 1, classes) output holds a batch of 1 on axis 1)."""
     from tpuasm.compiler.ort import session
     try:
         sess = session(float_model, threads=0)     # alone here: every core
@@ -251,7 +252,8 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
             parts[n].append(np.asarray(o))
     joined = {}
     for n, p in parts.items():
-        axis = (out_axes or {}).get(n, _guessed_axis(p[0], step if fixed else None))
+        axis = batch_axis_of(p[0], (out_axes or {}).get(n, 0),
+                             step if fixed else min(step, rows))
         if axis is None or p[0].ndim <= axis:
             joined[n] = p[0]
             continue
@@ -260,11 +262,6 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
         joined[n] = np.concatenate(cut, axis=axis)
     return joined
 
-
-def _guessed_axis(value: np.ndarray, fixed_batch: int | None) -> int:
-    if fixed_batch is None or value.ndim == 0:
-        return 0
-    return next((a for a in range(value.ndim) if value.shape[a] == fixed_batch), 0)
 
 
 def _chunk_rows(float_model) -> int:
