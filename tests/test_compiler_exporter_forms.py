@@ -305,3 +305,28 @@ def test_an_output_given_the_wrong_batch_axis_is_joined_on_the_axis_its_rows_are
                           axis=1)
     assert got.shape == want.shape == (3, 5, 2)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_matrix_op_after_a_contrib_operator_is_quantized_and_on_the_tpu(tmp_path):
+    """onnx does not know a contrib operator's output type, and onnxruntime's quantizer
+    leaves a node whose input has no type in float: the MatMul after ddddocr's contrib
+    DynamicQuantizeLSTM stayed on the host.  The type is learned by running the operator
+    alone, and the MatMul runs on the TPU."""
+    rng = np.random.default_rng(28)
+    nodes = [helper.make_node("QuickGelu", ["x"], ["g"], name="contrib",
+                              domain="com.microsoft", alpha=1.702),
+             helper.make_node("MatMul", ["g", "w"], ["y"], name="matmul")]
+    w = rng.normal(0, 0.3, (8, 3)).astype(np.float32)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (16, 8)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x, batch=16)
+    row = {r.node: r for r in compiled.report.rows}["matmul"]
+    assert row.where == "TPU", row.reason
+    want = session(model).run(None, {"x": x})[0]
+    got = compiled.run(x)["y"]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -606,9 +606,43 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx shape inference, as onnxruntime's pre-processing does (a model it cannot infer
     is quantized as it is: onnxruntime infers again itself)."""
     try:
-        return onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:
         return model
+    return _with_contrib_types(inferred)
+
+
+def _with_contrib_types(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The types and shapes of contrib operators' outputs (onnx does not know them, and
+    onnxruntime's quantizer leaves a node whose input has no type in float: the MatMul
+    after ddddocr's DynamicQuantizeLSTM), learned by running each such node alone
+    (reader.infer_shapes), added as value infos."""
+    if all(n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    g = model.graph
+    typed = {v.name for v in (*g.value_info, *g.input, *g.output)
+             if v.type.tensor_type.elem_type}
+    missing = [o for n in g.node for o in n.output if o and o not in typed]
+    if not missing:
+        return model
+    from tpuasm.compiler.front.reader import infer_shapes
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for v in probe.graph.input:         # run alone on zeros: a dynamic dimension as 1
+        for d in v.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                d.Clear()
+                d.dim_value = 1
+    try:
+        _, dtypes = infer_shapes(probe, "the model")
+    except Exception:                   # noqa: BLE001 - as before: the quantizer infers
+        return model
+    # the type only: the shapes were learned at a batch of 1
+    g.value_info.extend(
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtypes[name]),
+                                      None)
+        for name in missing if name in dtypes)
+    return model
 
 
 def fuse_bias_adds(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> int:
