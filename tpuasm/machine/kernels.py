@@ -1073,17 +1073,43 @@ def _mmc_iteration_compact(ub, acc, scratch, box, flags, ub_base, acc_base, coun
         c = products[:m * side].reshape((m, side))
         for r in range(m):
             src = ub[_input_row(first + r, ub_base, 1, conv_width, pitch, stride, dy, dx)]
-            dst = x[r]
-            for k in range(height):
-                dst[k] = src[k0 + k]
-            for k in range(height, side):
-                dst[k] = 0
+            box_input(x[r], src, k0, height)
             rows[r] = r
-        _native.mmc_rows(x, rows, m, scratch.box_packed, scratch.box_bias,
-                         (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
-                         True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+        compact_products(x, rows, m, scratch, flags, c)
         for r in range(m):
             box_result(acc[acc_base + first + r], c[r], j0, j1, width, overwrite)
+
+
+@njit(cache=True)
+def box_input(dst, src, k0, height):
+    """A vector's box rows k0..k0+height-1 as one row of the corner tile's side (zeros
+    after them)."""
+    for k in range(height):
+        dst[k] = src[k0 + k]
+    for k in range(height, dst.shape[0]):
+        dst[k] = 0
+
+
+@njit(cache=True)
+def compact_products(x, rows, m, scratch, flags, c):
+    """The int8 kernel on the box's corner tile (scratch.box_packed): c[r] = x[r] @ box."""
+    _native.mmc_rows(x, rows, m, scratch.box_packed, scratch.box_bias,
+                     (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
+                     True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+
+
+@njit(cache=True)
+def switch_tiles(active, tiles, used, wide_weights) -> int:
+    """MMC.S: the next tile of the Weight FIFO active (and its high-byte tile with D);
+    the count of FIFO tiles taken so far."""
+    active[0] = tiles[used]
+    used += 1
+    if wide_weights:
+        active[1] = tiles[used]
+        used += 1
+    else:
+        active[1] = -1
+    return used
 
 
 @njit(cache=True)
@@ -1162,13 +1188,7 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     box = np.zeros(4, np.int64)
     for i in range(reps):
         if switch:
-            active[0] = tiles[used]
-            used += 1
-            if flags & MMC_WIDE_W:
-                active[1] = tiles[used]
-                used += 1
-            else:
-                active[1] = -1
+            used = switch_tiles(active, tiles, used, (flags & MMC_WIDE_W) != 0)
         if switch or i == 0:        # without S the tile cannot change inside the instruction
             path = _box_plan(weights, active, flags, scratch, box, int8)
             if path != BOX_FULL:

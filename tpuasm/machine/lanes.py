@@ -35,10 +35,11 @@ from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, 
                       MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, MMC_WIDE_W, OP_CFG,
                       OP_HLT, OP_MMC, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
 from .jit import njit
-from .kernels import (_MMC_SHARED_MACS, box_result, _OPT_INT8, _OPT_INT8_THREADS, _OPT_TRUSTED,
-                      BOX_COMPACT, BOX_DIRECT, BOX_FULL, MEM_ACC, MEM_UB, _active_packed,
-                      _box_plan, _byte_part, _compact_side, _conv_geometry, _copy_words, _input_row, _iterations,
-                      _one_pass16, _signed8, execute_instruction)
+from .kernels import (_active_packed, BOX_COMPACT, BOX_DIRECT, BOX_FULL, box_input, _box_plan,
+                      box_result, _byte_part, compact_products, _compact_side, _conv_geometry,
+                      _copy_words, execute_instruction, _input_row, _iterations, MEM_ACC, MEM_UB,
+                      _MMC_SHARED_MACS, _one_pass16, _OPT_INT8, _OPT_INT8_THREADS, _OPT_TRUSTED,
+                      _signed8, switch_tiles)
 
 
 @njit(cache=True)
@@ -121,13 +122,7 @@ def _lanes_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
     box = np.zeros(4, np.int64)
     for i in range(_iterations(row)):
         if switch:
-            active[0] = tiles[used]
-            used += 1
-            if flags & MMC_WIDE_W:
-                active[1] = tiles[used]
-                used += 1
-            else:
-                active[1] = -1
+            used = switch_tiles(active, tiles, used, (flags & MMC_WIDE_W) != 0)
         if switch or i == 0:        # without S the tile cannot change inside the instruction
             path = _box_plan(weights, active, flags, scratch, box, True)
             if path == BOX_FULL:
@@ -231,16 +226,9 @@ def _lanes_compact(ub2, acc2, scratch, box, flags, m, first, count, acc_base, ac
     x = scratch.x32.reshape(scratch.x32.size).view(np.uint8)[:m * side].reshape((m, side))
     c = scratch.c32.reshape(scratch.c32.size).view(np.int32)[:m * side].reshape((m, side))
     for r in range(m):
-        src = ub2[rows[r]]
-        dst = x[r]
-        for k in range(height):
-            dst[k] = src[k0 + k]
-        for k in range(height, side):
-            dst[k] = 0
+        box_input(x[r], ub2[rows[r]], k0, height)
         rows[r] = r
-    _native.mmc_rows(x, rows, m, scratch.box_packed, scratch.box_bias,
-                     (flags & MMC_UNSIGNED_IN) == 0, (flags & MMC_UNSIGNED_W) == 0, c, 0,
-                     True, 0, scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+    compact_products(x, rows, m, scratch, flags, c)
     for r in range(m):
         box_result(acc2[_acc_row(first + r, count, acc_base, acc_rows)], c[r], j0, j1, width,
                    overwrite)
