@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from tpuasm.compiler.front.prepare import _Index
+from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
 
 _INTEGER_OPS = ("ConvInteger", "MatMulInteger")
 
@@ -33,17 +33,12 @@ def dequantize_dynamic(model) -> int:
     """Rewrite (in place) every dynamically quantized Conv/MatMul chain into float; the
     count rewritten.  Nodes left without a consumer are dropped."""
     idx = _Index(model)
-    producer = {o: n for n in model.graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
     replaced: dict[str, list] = {}            # the chain's last node -> its float nodes
     dead: set[str] = set()
     for node in model.graph.node:
         if node.op_type not in _INTEGER_OPS:
             continue
-        chain = _chain(node, idx, producer, consumers)
+        chain = _chain(node, idx)
         if chain is None:
             continue
         last, nodes, new = chain
@@ -63,15 +58,15 @@ def dequantize_dynamic(model) -> int:
     return len(replaced)
 
 
-def _only_consumer(tensor: str, consumers: dict, op_type: str):
-    users = consumers.get(tensor, [])
-    return users[0] if len(users) == 1 and users[0].op_type == op_type else None
+def _only_consumer(tensor: str, idx: _Index, op_type: str):
+    user = idx.sole_consumer(tensor)
+    return user if user is not None and user.op_type == op_type else None
 
 
-def _chain(node, idx: _Index, producer: dict, consumers: dict):
+def _chain(node, idx: _Index):
     """(the chain's last node, its nodes, the float nodes replacing them), or None."""
     inputs = list(node.input) + [""] * (4 - len(node.input))
-    dql = producer.get(inputs[0])
+    dql = idx.producer.get(inputs[0])
     w_q = idx.const(inputs[1])
     if dql is None or dql.op_type != "DynamicQuantizeLinear" or w_q is None:
         return None
@@ -82,22 +77,22 @@ def _chain(node, idx: _Index, producer: dict, consumers: dict):
     nodes = [node]
     out = node.output[0]
     bias = None
-    add = _only_consumer(out, consumers, "Add")
+    add = _only_consumer(out, idx, "Add")
     if add is not None:
         other = add.input[1] if add.input[0] == out else add.input[0]
-        bias = _float_bias(other, idx, producer)
+        bias = _float_bias(other, idx)
         if bias is None:
             return None
         nodes.append(add)
         out = add.output[0]
-    cast = _only_consumer(out, consumers, "Cast")
+    cast = _only_consumer(out, idx, "Cast")
     if cast is None:
         return None
-    mul = _only_consumer(cast.output[0], consumers, "Mul")
+    mul = _only_consumer(cast.output[0], idx, "Mul")
     if mul is None:
         return None
     scale = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
-    w_scale = _weight_scale(scale, x_scale, idx, producer)
+    w_scale = _weight_scale(scale, x_scale, idx)
     if w_scale is None:
         return None
     nodes += [cast, mul]
@@ -121,9 +116,9 @@ def _chain(node, idx: _Index, producer: dict, consumers: dict):
                          name=idx.unique(f"{node.name or y}_bias_add"))]
 
 
-def _weight_scale(scale: str, x_scale: str, idx: _Index, producer: dict):
+def _weight_scale(scale: str, x_scale: str, idx: _Index):
     """The constant w_scale of scale = Mul(x_scale, w_scale), or None."""
-    mul = producer.get(scale)
+    mul = idx.producer.get(scale)
     if mul is None or mul.op_type != "Mul" or x_scale not in mul.input:
         return None
     other = mul.input[1] if mul.input[0] == x_scale else mul.input[0]
@@ -131,12 +126,12 @@ def _weight_scale(scale: str, x_scale: str, idx: _Index, producer: dict):
     return None if value is None else np.asarray(value, np.float32)
 
 
-def _float_bias(tensor: str, idx: _Index, producer: dict):
+def _float_bias(tensor: str, idx: _Index):
     """The float bias an int32 bias input stands for: a constant one is not (the scale is
     only known at run time), the older tool's Reshape(Cast(Floor(Div(b, scale)))) is b."""
-    node = producer.get(tensor)
+    node = idx.producer.get(tensor)
     while node is not None and node.op_type in ("Reshape", "Cast", "Floor"):
-        node = producer.get(node.input[0])
+        node = idx.producer.get(node.input[0])
     if node is None or node.op_type != "Div":
         return None
     value = idx.const(node.input[0])
@@ -160,33 +155,15 @@ def _float_weight(op_type: str, w_q: np.ndarray, w_zp: np.ndarray, w_scale: np.n
 
 def _drop_unused(model) -> None:
     """Drop the nodes nothing reads any more (the DynamicQuantizeLinear nodes, the scale
-    arithmetic) and the initializers no node reads."""
+    arithmetic), then the initializers no node reads."""
+    from tpuasm.compiler.front.graph import implicit_inputs
     graph = model.graph
     needed = {o.name for o in graph.output}
     kept = []
     for n in reversed(graph.node):
         if any(o in needed for o in n.output):
             kept.append(n)
-            needed.update(i for i in n.input if i)
-            for a in n.attribute:
-                if a.type in (a.GRAPH, a.GRAPHS):
-                    needed.update(_outer_reads(a))
+            needed.update(i for i in (*n.input, *implicit_inputs(n)) if i)
     del graph.node[:]
     graph.node.extend(reversed(kept))
-    inits = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
-
-
-def _outer_reads(attribute) -> set[str]:
-    """Every name a subgraph attribute's nodes read (some from the outer scope)."""
-    graphs = [attribute.g] if attribute.type == attribute.GRAPH else list(attribute.graphs)
-    names = set()
-    for g in graphs:
-        for n in g.node:
-            names.update(n.input)
-            for a in n.attribute:
-                if a.type in (a.GRAPH, a.GRAPHS):
-                    names.update(_outer_reads(a))
-    return names
-
+    drop_unused_initializers(model)
