@@ -625,9 +625,8 @@ def _with_contrib_types(model: onnx.ModelProto) -> onnx.ModelProto:
     missing = [o for n in g.node for o in n.output if o and o not in typed]
     if not missing:
         return model
-    from tpuasm.compiler.front.reader import infer_shapes
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    from tpuasm.compiler.front.reader import infer_shapes, skeleton
+    probe = skeleton(model)             # no copy of the large weights
     for v in probe.graph.input:         # run alone on zeros: a dynamic dimension as 1
         for d in v.type.tensor_type.shape.dim:
             if not d.HasField("dim_value") or d.dim_value <= 0:
