@@ -250,3 +250,30 @@ def test_an_output_row_wider_than_an_accumulator_half_runs_in_column_bands(tmp_p
                 if t.name.endswith("_scale") and numpy_helper.to_array(t).ndim == 0)
     assert np.mean(got == want) >= 0.999
     assert np.abs(got - want).max() <= scale * 1.001
+
+
+def test_a_lookup_over_rows_wider_than_an_accumulator_half_stays_on_the_host(tmp_path):
+    """A lookup of its own (not fused into the Conv: the Conv's output is read twice) copies
+    whole image rows through the accumulators; a row wider than a half runs on the host,
+    saying so, and the answers are kept."""
+    rng = np.random.default_rng(12)
+    w = rng.normal(0, 0.4, (4, 3, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["y1"], name="sigmoid"),
+             helper.make_node("Relu", ["c"], ["y2"], name="relu")]
+    outputs = [helper.make_tensor_value_info(n, T.FLOAT, ["N", 4, 2, 70]) for n in ("y1", "y2")]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 3, 2, 70])],
+                              outputs, [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (4, 3, 2, 70)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x, batch=2, config={"array_size": 16, "acc_rows": 64})
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["conv"].where == "TPU", rows["conv"].reason
+    assert rows["sigmoid"].where == "host"
+    assert "a lookup over rows 70 pixels wide" in rows["sigmoid"].reason
+    want = session(model).run(None, {"x": x})
+    got = compiled.run(x)
+    for name, ref in zip(("y1", "y2"), want):
+        assert np.abs(got[name] - ref).max() < 0.05 * np.abs(ref).max()
