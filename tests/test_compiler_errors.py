@@ -483,6 +483,7 @@ def test_calibration_that_overflows_prints_no_numpy_warning(tmp_path, capsys, ca
                                      "--no-validate")
     assert not [w for w in seen if issubclass(w.category, RuntimeWarning)]
     assert code == 2 and err.count("error") == 1, err
+    assert "overflow float32 on the calibration data" in err      # names the tensor's node
     assert not (tmp_path / "out").exists()
 
 
