@@ -330,3 +330,61 @@ def test_a_matrix_op_after_a_contrib_operator_is_quantized_and_on_the_tpu(tmp_pa
     want = session(model).run(None, {"x": x})[0]
     got = compiled.run(x)["y"]
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def _caffe2_residual(rng) -> onnx.ModelProto:
+    """A ResNet block as Caffe2 exported it (onnx's bundled 'light' ResNet-50): IR 3 with
+    every initializer also listed as a graph input, and the residual connection a Sum."""
+    w1 = rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Sum", ["c2", "x"], ["s"], name="residual"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu2"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, 6, 6])] + \
+        [helper.make_tensor_value_info(t.name, T.FLOAT, list(t.dims)) for t in inits]
+    y = helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 6, 6])
+    model = helper.make_model(helper.make_graph(nodes, "caffe2", inputs, [y], inits),
+                              opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    return model
+
+
+def test_a_residual_written_as_sum_runs_on_the_tpu_as_an_add(tmp_path):
+    rng = np.random.default_rng(11)
+    model = _caffe2_residual(rng)
+    calib = rng.normal(0, 1, (16, 4, 6, 6)).astype(np.float32)
+    compiled = _compile(tmp_path, model, calib)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["residual"].op_type == "Sum" and rows["residual"].where == "TPU"
+    assert len(compiled.report.segments) == 1       # no host round trip for the residual
+    x = calib[:1]
+    got = compiled.run(x)["y"]
+    (want,) = session(model).run(None, {"x": x})
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    (same_qdq,) = session(onnx.load(str(compiled.reference_model))).run(None, {"x": x})
+    np.testing.assert_array_equal(got, same_qdq)
+
+
+def test_a_sum_of_three_and_of_one_keep_their_values():
+    from tpuasm.compiler.front.prepare import sums_as_additions
+    from tpuasm.compiler.front.provenance import Provenance
+    shape = [2, 3]
+    nodes = [helper.make_node("Sum", ["a", "b", "c"], ["abc"], name="three"),
+             helper.make_node("Sum", ["abc"], ["y"], name="one")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "sums", [helper.make_tensor_value_info(n, T.FLOAT, shape) for n in "abc"],
+        [helper.make_tensor_value_info("y", T.FLOAT, shape)]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    feeds = {n: np.random.default_rng(i).normal(size=shape).astype(np.float32)
+             for i, n in enumerate("abc")}
+    (want,) = session(model).run(None, feeds)
+    assert sums_as_additions(model, Provenance.of(model)) == 2
+    assert [n.op_type for n in model.graph.node] == ["Add", "Add", "Identity"]
+    onnx.checker.check_model(model)
+    (got,) = session(model).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -68,6 +68,7 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     from tpuasm.compiler.front.gelu import fuse_gelu_chains
     fuse_gelu_chains(model, prov)        # a GELU in primitives: one node, one lookup table
     divisions_as_products(model, prov)
+    sums_as_additions(model, prov)
     fuse_matmul_bias(model, prov)
     if room is not None:
         from tpuasm.compiler.front.banding import band_convolutions
@@ -489,6 +490,40 @@ def divisions_as_products(model: onnx.ModelProto, prov: Provenance) -> int:
         done += 1
     if done:
         drop_unused_initializers(model)
+    return done
+
+
+# --- Sum of n tensors ------------------------------------------------------------------
+
+def sums_as_additions(model: onnx.ModelProto, prov: Provenance) -> int:
+    """Sum(a, b, ...) -> Add(Add(a, b), ...) (the first Add keeps the node's name when there
+    are two inputs): Caffe2 and older exporters write a residual connection as a Sum, which
+    VADD takes only as Add.  A Sum of one input becomes an Identity.  Returns how many."""
+    idx = _Index(model)
+    done = 0
+    rewritten = []
+    for node in model.graph.node:
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx") or not node.input \
+                or not all(node.input):
+            rewritten.append(node)
+            continue
+        done += 1
+        if len(node.input) == 1:
+            rewritten.append(helper.make_node("Identity", list(node.input), list(node.output),
+                                              name=node.name))
+            prov.derive(node.name, node.name)
+            continue
+        total = node.input[0]
+        for i, term in enumerate(node.input[1:], start=1):
+            last = i == len(node.input) - 1
+            out = node.output[0] if last else idx.unique(f"{node.name}_partial{i}")
+            name = node.name if last else idx.unique(f"{node.name}_add{i}")
+            rewritten.append(helper.make_node("Add", [total, term], [out], name=name))
+            prov.derive(name, node.name)
+            total = out
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(rewritten)
     return done
 
 
