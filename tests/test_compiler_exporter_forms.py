@@ -388,3 +388,38 @@ def test_a_sum_of_three_and_of_one_keep_their_values():
     onnx.checker.check_model(model)
     (got,) = session(model).run(None, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_batch_norm_no_conv_takes_runs_on_the_tpu_as_a_per_channel_affine(tmp_path):
+    """DenseNet / pre-activation ResNet form: Conv -> MaxPool -> BatchNormalization -> Relu
+    -> Conv; the BN has no Conv right before it to fold into."""
+    rng = np.random.default_rng(12)
+    c = 4
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
+        ("w1", rng.normal(0, 0.3, (c, 3, 3, 3))), ("w2", rng.normal(0, 0.3, (c, c, 1, 1))),
+        ("gamma", rng.uniform(0.5, 2, c)), ("beta", rng.normal(0, 0.5, c)),
+        ("mean", rng.normal(0, 0.5, c)), ("var", rng.uniform(0.5, 2, c))]]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["c1"], ["p"], name="pool", kernel_shape=[2, 2],
+                         strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["p", "gamma", "beta", "mean", "var"], ["n"],
+                         name="norm"),
+        helper.make_node("Relu", ["n"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    model = helper.make_model(helper.make_graph(
+        nodes, "preact", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [1, c, 4, 4])], inits),
+        opset_imports=[helper.make_opsetid("", 13)])
+    calib = rng.normal(0, 1, (16, 3, 8, 8)).astype(np.float32)
+    compiled = _compile(tmp_path, model, calib)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["norm"].where == "TPU" and "1 Mul, 1 Add" in rows["norm"].reason
+    assert len(compiled.report.segments) == 1
+    x = calib[:1]
+    got = compiled.run(x)["y"]
+    (want,) = session(model).run(None, {"x": x})
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    (same_qdq,) = session(onnx.load(str(compiled.reference_model))).run(None, {"x": x})
+    np.testing.assert_array_equal(got, same_qdq)

@@ -64,6 +64,7 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     rewrite_linear_models(model, prov, reasons)
     unroll_recurrent(model, prov, reasons, tied, keep_float)
     fold_batch_norms(model, prov)
+    batch_norms_as_affines(model, prov)    # the ones no Conv/Gemm before them takes
     fold_constant_affines(model, prov)
     from tpuasm.compiler.front.gelu import fuse_gelu_chains
     fuse_gelu_chains(model, prov)        # a GELU in primitives: one node, one lookup table
@@ -264,19 +265,13 @@ def fold_batch_norms(model: onnx.ModelProto, prov: Provenance) -> int:
     ranks = None
     gone = []
     for bn in list(model.graph.node):
-        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1 \
-                or _attr(bn, "spatial", 1) == 0 or _attr(bn, "training_mode", 0):
-            continue                   # training outputs / per-element statistics: stays
-        params = [idx.const(bn.input[i]) if i < len(bn.input) else None for i in range(1, 5)]
-        if any(p is None for p in params):
+        params = _batch_norm_params(idx, bn)
+        if params is None:
             continue
         producer = idx.producer.get(bn.input[0])
         if producer is None or idx.sole_consumer(bn.input[0]) is not bn:
             continue
-        gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
-        eps = float(_attr(bn, "epsilon", 1e-5))
-        factor = gamma / np.sqrt(var + eps)
-        shift = beta - mean * factor
+        factor, shift = params
         if producer.op_type == "MatMul" and ranks is None:
             ranks = _ranks(model)
         if not _fold_into(idx, producer, factor, shift, ranks or {}):
@@ -287,6 +282,53 @@ def fold_batch_norms(model: onnx.ModelProto, prov: Provenance) -> int:
     for bn in gone:
         model.graph.node.remove(bn)
     return len(gone)
+
+
+def batch_norms_as_affines(model: onnx.ModelProto, prov: Provenance) -> int:
+    """Each inference-mode BatchNormalization left after folding (its input made by a
+    Concat, a pool, the model's input: DenseNet's and pre-activation ResNets' BN -> Relu ->
+    Conv) -> Mul(x, factor) -> Add(shift), per channel: VMUL and VADD take a constant per
+    channel, where a BatchNormalization node has no TPU mapping.  Returns how many."""
+    idx = _Index(model)
+    ranks = None
+    rewritten, done = [], 0
+    for bn in model.graph.node:
+        params = _batch_norm_params(idx, bn)
+        if params is not None and ranks is None:
+            ranks = _ranks(model)
+        rank = len(ranks.get(bn.input[0], ())) if params is not None else 0
+        if params is None or rank < 2:
+            rewritten.append(bn)
+            continue
+        factor, shift = params
+        per_channel = (factor.size,) + (1,) * (rank - 2)          # C of (N, C, ...)
+        scale = idx.add_init(factor.astype(np.float32).reshape(per_channel), f"{bn.name}_factor")
+        offset = idx.add_init(shift.astype(np.float32).reshape(per_channel), f"{bn.name}_shift")
+        scaled = idx.unique(f"{bn.name}_scaled")
+        mul, add = idx.unique(f"{bn.name}_mul"), idx.unique(f"{bn.name}_add")
+        rewritten += [helper.make_node("Mul", [bn.input[0], scale], [scaled], name=mul),
+                      helper.make_node("Add", [scaled, offset], [bn.output[0]], name=add)]
+        prov.derive(mul, bn.name)
+        prov.derive(add, bn.name)
+        done += 1
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(rewritten)
+    return done
+
+
+def _batch_norm_params(idx: _Index, bn):
+    """(factor, shift) as float64 per channel of an inference-mode BatchNormalization with
+    constant parameters; None for any other node."""
+    if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1 \
+            or _attr(bn, "spatial", 1) == 0 or _attr(bn, "training_mode", 0):
+        return None                    # training outputs / per-element statistics: stays
+    params = [idx.const(bn.input[i]) if i < len(bn.input) else None for i in range(1, 5)]
+    if any(p is None for p in params):
+        return None
+    gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
+    factor = gamma / np.sqrt(var + float(_attr(bn, "epsilon", 1e-5)))
+    return factor, beta - mean * factor
 
 
 _AFFINE = {"Mul": lambda c: (c, 0.0), "Div": lambda c: (1.0 / c, 0.0),
