@@ -423,3 +423,67 @@ def test_a_batch_norm_no_conv_takes_runs_on_the_tpu_as_a_per_channel_affine(tmp_
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
     (same_qdq,) = session(onnx.load(str(compiled.reference_model))).run(None, {"x": x})
     np.testing.assert_array_equal(got, same_qdq)
+
+
+def _bert_mask(rng) -> onnx.ModelProto:
+    """How transformers' PyTorch export builds an attention mask: the token mask gathered
+    back through flat indices Range(batch) * length + Range(length) (onnx's data
+    propagation adds those two Unsqueezed ranges as if they were shape vectors and rejects
+    the graph once the batch is fixed), then Where(mask, 0, -inf) added to the scores
+    before a Softmax (a tensor no 8-bit scale holds, read by host nodes only; onnxruntime's
+    calibrator covers it because a residual Add elsewhere is quantized)."""
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
+        ("w1", rng.normal(0, 0.5, (8, 8))), ("b1", rng.normal(0, 0.1, 8)),
+        ("w2", rng.normal(0, 0.5, (8, 5))), ("w3", rng.normal(0, 0.5, (8, 5))),
+        ("zero_f", np.zeros(1)),
+        ("minus_inf", np.full(1, -np.inf))]]
+    inits += [i64("zero", 0), i64("one", 1), i64("ax0", [0]), i64("ax1", [1]),
+              i64("flat", [-1])]
+    nodes = [
+        helper.make_node("Shape", ["mask"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], name="batch_of"),
+        helper.make_node("Gather", ["s", "one"], ["t"], name="length_of"),
+        helper.make_node("Range", ["zero", "n", "one"], ["rn"], name="rows"),
+        helper.make_node("Unsqueeze", ["rn", "ax1"], ["un"], name="rows_col"),
+        helper.make_node("Range", ["zero", "t", "one"], ["rt"], name="cols"),
+        helper.make_node("Unsqueeze", ["rt", "ax0"], ["ut"], name="cols_row"),
+        helper.make_node("Mul", ["un", "t"], ["start"], name="row_start"),
+        helper.make_node("Add", ["start", "ut"], ["idx"], name="flat_index"),
+        helper.make_node("Reshape", ["mask", "flat"], ["mflat"], name="mask_flat"),
+        helper.make_node("Gather", ["mflat", "idx"], ["m"], name="mask_again"),
+        helper.make_node("Cast", ["m"], ["keep"], name="as_bool", to=T.BOOL),
+        helper.make_node("Where", ["keep", "zero_f", "minus_inf"], ["bias"], name="where"),
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["scores"], name="scores"),
+        helper.make_node("Add", ["scores", "bias"], ["masked"], name="masked"),
+        helper.make_node("Softmax", ["masked"], ["p"], name="softmax", axis=-1),
+        helper.make_node("Gemm", ["p", "w2"], ["o"], name="out"),
+        helper.make_node("Gemm", ["x", "w3"], ["k"], name="skip"),
+        helper.make_node("Add", ["o", "k"], ["y"], name="residual"),
+    ]
+    model = helper.make_model(helper.make_graph(
+        nodes, "bert_mask", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 8]),
+                             helper.make_tensor_value_info("mask", T.INT64, ["N", 8])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", 5])], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_an_attention_mask_of_minus_infinity_and_range_indices_compile(tmp_path):
+    """Both forms refused MiniLM (sentence-transformers, PyTorch's exporter) before: 'shape
+    inference failed: Invalid rank for Add broadcasting', then 'its values overflow
+    float32' for the host's -inf mask.  Both Gemms run on the TPU, the mask on the host."""
+    rng = np.random.default_rng(13)
+    model = _bert_mask(rng)
+    n = 48
+    mask = (rng.random((n, 8)) < 0.8).astype(np.int64)
+    mask[:, 0] = 1                       # a sentence has at least one token
+    data = {"x": rng.normal(0, 1, (n, 8)).astype(np.float32), "mask": mask}
+    compiled = _compile(tmp_path, model, data, batch=16)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert where["scores"] == where["out"] == where["residual"] == "TPU"
+    assert where["where"] == where["masked"] == where["softmax"] == "host"
+    got = compiled.run(data)["y"]
+    (want,) = session(model).run(None, data)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -386,7 +386,8 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                                 most_rows=calibration_rows(model))
             ranges = calibration.ranges(names, options.calibration_method,
                                         options.percentile)
-            _refuse_overflow(ranges, options.calibration_method, path, provenance, model)
+            ranges = _finite_ranges(ranges, chosen, options.calibration_method, path,
+                                    provenance, model)
             cache = _ranges_cache(ranges, Path(tmp), options, flat_below(model, chosen))
             if groups:
                 extra["TensorQuantOverrides"] = tied_ranges(groups, calibration)
@@ -464,13 +465,23 @@ def onnxruntime_tensors(model: onnx.ModelProto, op_types, tmp: Path) -> list[str
     return float_tensors(inferred, chosen)
 
 
-def _refuse_overflow(ranges: dict, method: str, path, provenance, model) -> None:
-    """A tensor whose range is not finite (activations that overflow float32, or a
-    histogram over a span float32 cannot hold: onnxruntime's own calibrators fail there
-    too) has no 8-bit scale: one error naming it and the node that makes it."""
+def _finite_ranges(ranges: dict, chosen: set, method: str, path, provenance,
+                   model) -> dict:
+    """`ranges` without the tensors no chosen node reads or writes whose range is not
+    finite: onnxruntime's calibrator covers every node of the quantized op types, and a
+    host node's tensor can hold what no scale quantizes (BERT's attention mask, -3.4e38
+    where a token is padding) without harm.  A chosen node's tensor whose range is not
+    finite (activations that overflow float32, or a histogram over a span float32 cannot
+    hold: onnxruntime's own calibrators fail there too) has no 8-bit scale: one error
+    naming it and the node that makes it."""
+    touched = {t for n in model.graph.node if n.name in chosen for t in [*n.input, *n.output]}
     producer = {o: n.name for n in model.graph.node for o in n.output if o}
+    kept = {}
     for name, (lo, hi) in ranges.items():
         if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+            kept[name] = (lo, hi)
+            continue
+        if name not in touched:
             continue
         node = producer.get(name)
         source = provenance.source(node) if provenance is not None and node else None
@@ -478,6 +489,7 @@ def _refuse_overflow(ranges: dict, method: str, path, provenance, model) -> None
         raise CompileError(f"{path}: {method} calibration of tensor {name}{made}: its values "
                            f"overflow float32 on the calibration data, no 8-bit scale holds "
                            f"them")
+    return kept
 
 
 def tied_groups(model: onnx.ModelProto, tied: dict, chosen: set) -> dict:
