@@ -309,3 +309,20 @@ def test_int16_tensors_the_machine_cannot_hold_are_quantized_8_bit_again(tmp_pat
     assert types["x"] != TensorProto.INT16 and types["r1"] != TensorProto.INT16
     assert types["y"] == TensorProto.INT16
     _same_as_qdq(compiled, {"x": x})
+
+
+def test_the_host_step_keeps_a_bias_add_pytorch_writes_bias_first(tmp_path):
+    """PyTorch writes a rank-3 Linear as MatMul then Add(bias, product): the check's step
+    that moves the 8-bit-only nodes to the host must keep that Add on the TPU (the
+    MatMul's int32 bias), else the MatMul's output is left unquantized and the MatMul goes
+    to the host with it (a BERT encoder lost every MAC that way)."""
+    from tpuasm.compiler.runtime.calibsearch import _eight_bit_nodes
+    rng = np.random.default_rng(0)
+    inits = [_init("w", rng.normal(0, 0.3, (8, 8))), _init("b", rng.normal(0, 0.1, 8))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+             helper.make_node("Add", ["b", "p"], ["q"], name="bias"),
+             helper.make_node("Sigmoid", ["q"], ["y"], name="sig")]
+    _, model = _save(tmp_path, nodes, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 4, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 4, 8])], inits, "linear3")
+    assert _eight_bit_nodes(model, ["mm", "bias", "sig"]) == ["sig"]

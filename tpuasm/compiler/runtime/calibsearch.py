@@ -193,9 +193,14 @@ def _widen_through_the_host(model, samples, signature, out_path, options, curren
 
 def _eight_bit_nodes(model, nodes) -> list[str]:
     """The quantized nodes that keep their tensors 8-bit: all but matrix operators, layout
-    nodes, a MatMul's bias Add and a Relu / Clip its matrix operator's Activate applies."""
+    nodes, a MatMul's bias Add (prepare.matmul_bias_pairs: the bias on either side, as
+    PyTorch writes Add(bias, MatMul)) and a Relu / Clip its matrix operator's Activate
+    applies.  Moving a bias Add to the host would leave its MatMul's output unquantized,
+    and the MatMul with it on the host."""
     from tpuasm.compiler.front import widen
+    from tpuasm.compiler.front.prepare import matmul_bias_pairs
     chosen = set(nodes)
+    bias_adds = {add.name for _, add, _, _ in matmul_bias_pairs(model)}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     readers: dict[str, int] = {}
     for n in model.graph.node:
@@ -204,13 +209,12 @@ def _eight_bit_nodes(model, nodes) -> list[str]:
     out = []
     for n in model.graph.node:
         if n.name not in chosen or n.op_type in widen.MATRIX_OPS or \
-                n.op_type in widen.LAYOUT_OPS:
+                n.op_type in widen.LAYOUT_OPS or n.name in bias_adds:
             continue
         before = producer.get(n.input[0]) if n.input else None
         fed = before is not None and before.name in chosen and \
             before.op_type in widen.MATRIX_OPS and readers.get(n.input[0], 0) == 1
-        if fed and (n.op_type in ("Relu", "Clip") or
-                    (n.op_type == "Add" and before.op_type == "MatMul")):
+        if fed and n.op_type in ("Relu", "Clip"):
             continue
         out.append(n.name)
     return out
