@@ -726,6 +726,18 @@ class _Unroller:
     def _const(self, array, tag) -> str:
         return self.idx.add_init(np.asarray(array), f"{self.node.name}/{tag}")
 
+    def _state(self, tensor, axis, d, role) -> str | None:
+        """Direction d's initial state, None when there is none.  A constant of zeros (what
+        PyTorch's exporter writes for a call without h0: ConstantOfShape, folded once the
+        batch is fixed) is none either: its R h products are constants the first step
+        would otherwise compute at run time, on the host."""
+        if not tensor:
+            return None
+        value = self.idx.const(tensor)
+        if value is not None and not np.any(value):
+            return None
+        return self._take(tensor, axis, d, f"d{d}/{role}")
+
     def _take(self, tensor, axis, i, tag) -> str:
         """tensor[..., i, ...] along `axis`, that axis removed (Slice + Squeeze)."""
         starts = self._const(np.array([i], np.int64), f"{tag}_start")
@@ -826,10 +838,9 @@ class _Unroller:
         for d in range(dirs):
             reverse = direction == "reverse" or d == 1
             state_axis = 1 if layout else 0
-            h_prev = self._take(inputs[5], state_axis, d, f"d{d}/h0") if inputs[5] else None
-            c_prev = None
-            if self.kind == "LSTM" and inputs[6]:
-                c_prev = self._take(inputs[6], state_axis, d, f"d{d}/c0")
+            h_prev = self._state(inputs[5], state_axis, d, "h0")
+            c_prev = self._state(inputs[6], state_axis, d, "c0") if self.kind == "LSTM" \
+                else None
             # the initial state is the state of an earlier call: one range with every h_t
             for start, role in ((h_prev, "h"), (c_prev, "c")):
                 if start is not None:
