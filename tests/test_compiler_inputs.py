@@ -158,6 +158,75 @@ def test_skl2onnx_logistic_regression_opset9_maps_its_gemm(tmp_path, capsys):
     np.testing.assert_allclose(y["output_probability"], table, atol=0.05)
 
 
+def _pipeline_case(tmp_path, capsys, estimator):
+    """A scikit-learn pipeline as skl2onnx exports it by default, compiled from the CLI on
+    digits; (report text, the compiled outputs on the held-out rows, onnxruntime's)."""
+    from sklearn.datasets import load_digits
+    x, labels = load_digits(return_X_y=True)
+    x = x.astype(np.float32)
+    target = labels if hasattr(estimator, "predict_proba") or hasattr(
+        estimator, "decision_function") else x.sum(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # not converged: the accuracy is not at stake
+        estimator.fit(x[:800], target[:800])
+    path = tmp_path / "pipeline.onnx"
+    exported = _sklearn_export(estimator, x)
+    onnx.save(exported, str(path))
+    calib = tmp_path / "x.npy"
+    np.save(calib, x[:800])             # the training rows: the ranges the held-out ones need
+    _, y, text, _ = cli(capsys, tmp_path, str(path), calib, "--batch", "16")
+    held = x[800:1100]
+    want = run_ort(exported, {"X": held})
+    got = load(tmp_path / "out").run(held, engine="reference")
+    return text, got, want, exported
+
+
+@pytest.mark.parametrize("scaler", ["StandardScaler", "MinMaxScaler", "Normalizer"])
+def test_skl2onnx_pipelines_with_a_scaler_put_the_model_on_the_tpu(tmp_path, capsys, scaler):
+    """skl2onnx writes a StandardScaler as ai.onnx.ml's Scaler, whose output shape onnx does
+    not infer (every MatMul after it had no shape: 0 % of the MACs on the TPU, 'not
+    counted'), a MinMaxScaler as Cast, Mul, Add (whose types the LinearClassifier rewrite
+    did not know: it stayed on the host), a Normalizer as ai.onnx.ml's Normalizer."""
+    import sklearn.preprocessing as pre
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    model = (MLPClassifier(hidden_layer_sizes=(32,), max_iter=80, random_state=0)
+             if scaler == "StandardScaler" else LogisticRegression(max_iter=300))
+    text, got, want, _ = _pipeline_case(tmp_path, capsys,
+                                        make_pipeline(getattr(pre, scaler)(), model))
+    assert "MACs per batch" in text and "on the TPU: 0 " not in text and "(100.0 %)" in text
+    assert "not counted" not in text
+    assert np.mean(got["output_label"] == want[0]) >= 0.97
+
+
+def test_skl2onnx_ridge_with_two_onnx_imports_compiles(tmp_path, capsys):
+    """skl2onnx imports the ONNX domain twice for a model of scikit-learn operators alone;
+    onnxruntime's quantizer refused it ('Failed to find proper ai.onnx domain')."""
+    from sklearn.linear_model import Ridge
+    text, got, want, exported = _pipeline_case(tmp_path, capsys, Ridge())
+    assert [o.domain for o in exported.opset_import].count("") == 2      # still so
+    assert rows_of(text, "LinearRegressor")[0].split()[0] == "TPU"
+    (y,) = want
+    error = got["variable"].astype(np.float64) - y
+    assert 10 * np.log10(np.sum(y.astype(np.float64) ** 2) / np.sum(error ** 2)) > 40
+
+
+def test_the_check_scores_a_classifier_whose_probabilities_are_a_zipmap(tmp_path, capsys):
+    """The float check's search compared every output and stopped at ZipMap's sequence of
+    maps: a skl2onnx classifier below the bar was never searched."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+    from tpuasm.compiler.runtime.calibsearch import score
+    from sklearn.datasets import load_digits
+    x, labels = load_digits(return_X_y=True)
+    x = x.astype(np.float32)
+    model = LinearDiscriminantAnalysis().fit(x[:800], labels[:800])
+    exported = _sklearn_export(model, x)
+    rows = {"X": x[800:1100]}
+    result = score(exported, exported, rows, True)      # the float model against itself
+    assert result is not None and result.agreement == 1.0
+
+
 def test_an_operator_onnxruntime_does_not_know_is_refused_by_name(tmp_path, capsys):
     path = save(tmp_path, [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example",
                                             name="mystery")],

@@ -23,10 +23,15 @@ def _elem(dtype) -> int:
 
 
 def unknown_nodes(model: onnx.ModelProto, shapes: dict, dtypes: dict) -> list:
-    """Nodes with an output of unknown type whose inputs all have known types and shapes."""
+    """Nodes whose inputs all have known types and shapes, with an output of unknown type,
+    or, outside the ONNX domain, of unknown shape: onnx has schemas for scikit-learn's
+    ai.onnx.ml operators but infers no shape for most (a StandardScaler's Scaler left every
+    MatMul after it with no shape, and on the host).  An ONNX operator whose shape onnx
+    cannot infer depends on its data (NonZero): zeros would give a wrong one."""
     out = []
     for node in model.graph.node:
-        if all(not o or o in dtypes for o in node.output):
+        foreign = node.domain not in ("", "ai.onnx")
+        if all(not o or (o in dtypes and (o in shapes or not foreign)) for o in node.output):
             continue
         if all(not i or (i in dtypes and i in shapes) for i in node.input):
             out.append(node)

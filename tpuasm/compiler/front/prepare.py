@@ -144,17 +144,23 @@ def _set_attr(node, name, value) -> None:
     node.attribute.append(helper.make_attribute(name, value))
 
 
+def inferred_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Tensor -> its value info from onnx shape inference of the model without its weights
+    ({} when it fails)."""
+    try:
+        g = onnx.shape_inference.infer_shapes(_without_weights(model)).graph
+    except Exception:                     # noqa: BLE001 - no shapes: none known
+        return {}
+    return {v.name: v for v in [*g.input, *g.value_info, *g.output]
+            if v.type.HasField("tensor_type")}
+
+
 def _ranks(model: onnx.ModelProto) -> dict[str, tuple]:
     """Tensor -> dims (ints or None) from onnx shape inference ({} when it fails)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
-    except Exception:
-        return {}
     out = {}
-    g = inferred.graph
-    for v in [*g.input, *g.value_info, *g.output]:
+    for v in inferred_values(model).values():
         t = v.type.tensor_type
-        if v.type.HasField("tensor_type") and t.HasField("shape"):
+        if t.HasField("shape"):
             out[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
                                 for d in t.shape.dim)
     for t in model.graph.initializer:
@@ -582,11 +588,14 @@ def rewrite_linear_models(model: onnx.ModelProto, prov: Provenance,
     Gather(classlabels, ArgMax(scores)).  A binary classifier (one coefficient row), another
     post-transform or input type stays as it is, on the host, with its reason."""
     reasons = {} if reasons is None else reasons
+
+    def wanted(n):
+        return n.domain == "ai.onnx.ml" and n.op_type in ("LinearClassifier", "LinearRegressor")
+    if not any(wanted(n) for n in model.graph.node):
+        return 0
     idx = _Index(model)
     types = _value_types(model)
-    return _expand_nodes(model, prov, reasons, "rewritten",
-                         lambda n: n.domain == "ai.onnx.ml" and n.op_type in (
-                             "LinearClassifier", "LinearRegressor"),
+    return _expand_nodes(model, prov, reasons, "rewritten", wanted,
                          lambda n: _linear_nodes(idx, n, types.get(n.input[0])))
 
 
@@ -615,11 +624,37 @@ def _expand_nodes(model: onnx.ModelProto, prov: Provenance, reasons: dict, verb:
     return done
 
 
+_SCHEMA_TYPES = {"tensor(float)": onnx.TensorProto.FLOAT,
+                 "tensor(double)": onnx.TensorProto.DOUBLE,
+                 "tensor(int64)": onnx.TensorProto.INT64}
+
+
 def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor -> element type: declared, inferred, or the one type an operator's schema
+    gives its output where onnx infers none (skl2onnx writes a MinMaxScaler as Cast, Mul,
+    Add and declares none of their outputs; onnx infers no type for ai.onnx.ml's
+    Normalizer, whose schema says tensor(float))."""
     g = model.graph
-    return {v.name: v.type.tensor_type.elem_type
-            for v in list(g.input) + list(g.value_info) + list(g.output)
-            if v.type.HasField("tensor_type")}
+    declared = {v.name: v for v in [*g.input, *g.value_info, *g.output]
+                if v.type.HasField("tensor_type")}
+    types = {name: v.type.tensor_type.elem_type
+             for name, v in {**inferred_values(model), **declared}.items()}
+    for node in g.node:
+        for k, out in enumerate(node.output):
+            if out and not types.get(out):
+                fixed = _schema_output_type(node, k)
+                if fixed:
+                    types[out] = fixed
+    return types
+
+
+def _schema_output_type(node, k: int) -> int | None:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, onnx.defs.onnx_opset_version(),
+                                      node.domain or "")
+    except Exception:                     # noqa: BLE001 - an operator onnx does not know
+        return None
+    return _SCHEMA_TYPES.get(schema.outputs[k].type_str) if k < len(schema.outputs) else None
 
 
 def _linear_nodes(idx: "_Index", node, x_type) -> list:

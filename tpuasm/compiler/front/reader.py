@@ -220,6 +220,7 @@ def _first_line(e: Exception) -> str:
 
 
 def check_opsets(model: onnx.ModelProto, path) -> None:
+    _one_import_per_domain(model)
     versions = {o.domain or "": o.version for o in model.opset_import}
     default = versions.get("", versions.get("ai.onnx"))
     if default is None:
@@ -242,6 +243,19 @@ def check_opsets(model: onnx.ModelProto, path) -> None:
             raise CompileError(f"{path}: node '{node.name or node.op_type}' uses operator "
                                f"{node.op_type} of domain '{domain}', which onnxruntime "
                                f"does not know (so the host could not run it either)")
+
+
+def _one_import_per_domain(model: onnx.ModelProto) -> None:
+    """One opset import per domain, the newest: skl2onnx writes the ONNX domain twice for
+    a model of scikit-learn operators alone (a Ridge), which onnxruntime runs but its
+    quantizer refuses ("Failed to find proper ai.onnx domain")."""
+    newest: dict[str, int] = {}
+    for o in model.opset_import:
+        domain = "" if o.domain == "ai.onnx" else o.domain
+        newest[domain] = max(newest.get(domain, 0), o.version)
+    if len(newest) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(helper.make_opsetid(d, v) for d, v in newest.items())
 
 
 def _runtime_operators() -> set | None:
