@@ -487,3 +487,48 @@ def test_an_attention_mask_of_minus_infinity_and_range_indices_compile(tmp_path)
     got = compiled.run(data)["y"]
     (want,) = session(model).run(None, data)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_host_output_read_inside_its_part_keeps_its_float_value(tmp_path):
+    """PyTorch's TransformerEncoderLayer: the LayerNorm after a residual Add (which
+    onnxruntime fuses into SkipLayerNormalization) is transposed and quantized for the next
+    attention's matrix work, inside one host part, and read again in float by the residual
+    Add after it, in another part.  onnxruntime's QDQ propagation moved the QuantizeLinear
+    back over the Transpose and handed the next part the quantized value: 10 % of the
+    encoder's outputs one step off onnxruntime on the whole QDQ model."""
+    rng = np.random.default_rng(14)
+    d = 16
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
+        ("w", rng.normal(0, 0.4, (d, d))), ("w0", rng.normal(0, 0.4, (d, d))),
+        ("gamma", rng.uniform(0.5, 1.5, d)),
+        ("beta", rng.normal(0, 0.2, d)), ("out", rng.normal(0, 0.3, (d, 3)))]]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n0"], name="norm0",
+                         axis=-1),
+        helper.make_node("MatMul", ["n0", "w0"], ["f"], name="ffn"),
+        helper.make_node("Add", ["n0", "f"], ["a"], name="skip"),
+        helper.make_node("LayerNormalization", ["a", "gamma", "beta"], ["n1"], name="norm1",
+                         axis=-1),
+        helper.make_node("Transpose", ["n1"], ["t"], name="to_seq", perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["t", "w"], ["m"], name="mix"),
+        helper.make_node("Transpose", ["m"], ["back"], name="to_batch", perm=[1, 0, 2]),
+        helper.make_node("Add", ["n1", "back"], ["res"], name="residual"),
+        helper.make_node("LayerNormalization", ["res", "gamma", "beta"], ["n2"], name="norm2",
+                         axis=-1),
+        helper.make_node("ReduceMean", ["n2"], ["pooled"], name="pool", axes=[1],
+                         keepdims=0),
+        helper.make_node("MatMul", ["pooled", "out"], ["y"], name="head"),
+    ]
+    model = helper.make_model(helper.make_graph(
+        nodes, "encoder_like", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 6, d])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(0, 1, (32, 6, d)).astype(np.float32)
+    compiled = _compile(tmp_path, model, x, batch=16)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert where["ffn"] == where["mix"] == where["head"] == "TPU"
+    assert where["norm1"] == where["skip"] == "host"
+    got = compiled.run(x)["y"]
+    qdq = session(onnx.load(str(compiled.reference_model)))
+    same_qdq = np.concatenate([qdq.run(None, {"x": x[i:i + 16]})[0] for i in (0, 16)])
+    np.testing.assert_array_equal(got, same_qdq)

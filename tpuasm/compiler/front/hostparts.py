@@ -55,11 +55,39 @@ def submodel(graph: Graph, nodes: list[Node], inputs: list[str], outputs: list[s
         return helper.make_tensor_value_info(tensor, _elem_type(dtype),
                                              None if shape is None else list(shape))
 
-    g = helper.make_graph([n.proto for n in nodes], name, [info(i) for i in inputs],
-                          [info(o) for o in outputs], inits)
+    g = helper.make_graph(_outputs_apart([n.proto for n in nodes], outputs, inputs), name,
+                          [info(i) for i in inputs], [info(o) for o in outputs], inits)
     model = helper.make_model(g, opset_imports=list(graph.model.opset_import))
     model.ir_version = graph.model.ir_version
     return model
+
+
+def _outputs_apart(protos: list, outputs: list[str], inputs: list[str]) -> list:
+    """The part's nodes, where an output that nodes of the part also read is written by an
+    Identity of its own.  onnxruntime's QDQ propagation moves a QuantizeLinear back past a
+    Transpose or Reshape when its tensor has one reader, counting no graph output: a
+    LayerNorm output read by a Transpose -> QuantizeLinear inside the part and by the next
+    part reached that next part quantized and dequantized (a transformer encoder from
+    PyTorch: 10 % of its outputs one step off onnxruntime on the whole QDQ model, where the
+    tensor has two readers and stays float)."""
+    read = {i for p in protos for i in p.input}
+    shared = [o for o in outputs if o in read and o not in inputs]
+    if not shared or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                         for p in protos for a in p.attribute):
+        return protos      # a branch may read the tensor by its name: left as it is
+    alias = {o: f"{o}/inside" for o in shared}
+    out = []
+    for proto in protos:
+        if any(t in alias for t in [*proto.input, *proto.output]):
+            copy = onnx.NodeProto()
+            copy.CopyFrom(proto)
+            for field in (copy.input, copy.output):
+                for k, t in enumerate(field):
+                    field[k] = alias.get(t, t)
+            proto = copy
+        out.append(proto)
+    out += [helper.make_node("Identity", [alias[o]], [o], name=f"{o}/output") for o in shared]
+    return out
 
 
 def lookup_table(graph: Graph, node: Node, x: QParams, y: QParams) -> np.ndarray:
