@@ -326,3 +326,13 @@ def test_the_host_step_keeps_a_bias_add_pytorch_writes_bias_first(tmp_path):
         "x", TensorProto.FLOAT, ["N", 4, 8])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, ["N", 4, 8])], inits, "linear3")
     assert _eight_bit_nodes(model, ["mm", "bias", "sig"]) == ["sig"]
+
+
+def test_the_search_counts_its_rows_along_the_batch_axis():
+    """A sequence-first LSTM's check rows are its sequences (axis 1), not its time steps:
+    the report said 'on 12 rows' for 128 sequences of 12 steps."""
+    from tpuasm.compiler.runtime.calibsearch import _rows
+    check = {"x": np.zeros((12, 128, 16)), "h0": np.zeros((1, 128, 32))}
+    assert _rows(check, {"x": 1, "h0": 1}) == 128
+    assert _rows({"x": np.zeros((5, 3))}, None) == 5
+    assert _rows({"s": np.zeros(3), "x": np.zeros((7, 2))}, {"s": None, "x": 0}) == 7

@@ -125,7 +125,7 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
             best, best_score, best_nodes = other, s, found
         if not s.below(min_agreement, min_snr) and best is other:
             break
-    rows = len(next(iter(check.values()))) if check else 0
+    rows = _rows(check, batch_axes)
     note = (f"calibration method chosen by the check against the float model on {rows} "
             f"rows ({'; '.join(tried)}): {_NAMES[best.calibration_method]}")
     if best_score.below(min_agreement, min_snr) and best.activation_bits == 8:
@@ -150,6 +150,16 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
             note += "; " + hosted
     narrow = _narrow_note(notes)
     return best_nodes, best, note + (f"; {narrow}" if narrow else "")
+
+
+def _rows(check: dict, batch_axes: dict | None) -> int:
+    """The check's rows: along the first batched input's batch axis (an LSTM's sequence-
+    first input holds its time on axis 0)."""
+    for name, x in check.items():
+        axis = (batch_axes or {}).get(name, 0)
+        if axis is not None:
+            return int(np.shape(x)[axis])
+    return 1
 
 
 def _widen_through_the_host(model, samples, signature, out_path, options, current, nodes,
