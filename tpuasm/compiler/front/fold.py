@@ -60,6 +60,7 @@ def fold_constants(model: onnx.ModelProto, path, provenance=None,
     """Fold in place (the batch already fixed); the number of nodes removed."""
     from tpuasm.compiler.front.reader import infer_shapes
     from tpuasm.compiler.front.ifs import inline_constant_ifs
+    from tpuasm.compiler.front.loops import unroll_constant_loops
     total = 0
     made: set[str] = set()             # initializers this pass added
     rounds = 0
@@ -67,6 +68,8 @@ def fold_constants(model: onnx.ModelProto, path, provenance=None,
         rounds += 1
         count = inline_constant_ifs(model, lambda name: _condition_value(model, name),
                                     provenance)
+        count += unroll_constant_loops(model, lambda name: _condition_value(model, name),
+                                       provenance)
         count += _weights_as_initializers(model, provenance)
         if not _candidates(model):
             total += count
@@ -175,6 +178,8 @@ def _candidates(model: onnx.ModelProto) -> bool:
     for node in model.graph.node:
         if node.op_type == "If" and node.input and node.input[0] in const:
             return True                  # an If on a known condition: inlined
+        if node.op_type == "Loop" and node.input and node.input[0] in const:
+            return True                  # a Loop of a known trip count: unrolled (loops.py)
         if node.op_type == "Constant" and node.output and node.output[0] in weights:
             return True                  # a weight held by a Constant: an initializer
         if not _foldable_kind(node) or any(o in outputs for o in node.output):
