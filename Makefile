@@ -64,6 +64,12 @@ bench-torch: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
 	$(BIN)/python benchmarks/real_models_torch.py $(if $(WHEELS),--wheels $(WHEELS))
 
+# Keras networks exported by tf2onnx through the CLI; installs the optional `keras` extra.
+.PHONY: bench-keras
+bench-keras: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,keras]'
+	$(BIN)/python benchmarks/real_models_keras.py
+
 # The paper's section 7 (Figure 11) on the emulator: docs/figure11.{csv,png,svg} and the
 # findings next to the paper's (docs/sweep.md).  Six apps x 21 configurations, timing-only:
 # seconds once the apps are compiled for their 13 machine shapes (cached), minutes before.

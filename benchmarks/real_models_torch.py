@@ -180,12 +180,21 @@ def _rows(data: dict, axes: dict, start: int, stop: int) -> dict:
             for k, v in data.items()}
 
 
+def _session(model: Path):
+    """onnxruntime as tpuasm's own oracle opens it (tpuasm.compiler.ort.session): a QDQ model
+    at opset 21 (int16 tensors) otherwise has its int8-weight MatMuls fused into MatMulNBits
+    at accuracy level 4, which quantizes the activations to int8 on the fly, not the
+    arithmetic the QDQ model writes."""
+    import onnx
+    from tpuasm.compiler.ort import session
+    return session(onnx.load(str(model)), threads=0)
+
+
 def _run(model: Path, feeds: dict) -> dict:
     """onnxruntime on the whole evaluation set (the exports' batch is dynamic)."""
-    import onnxruntime as ort
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
+    s = _session(model)
+    names = [o.name for o in s.get_outputs()]
+    return dict(zip(names, s.run(names, feeds)))
 
 
 def compare(model: Path, got: dict, evaluation: dict, out: Path) -> dict:
@@ -211,11 +220,9 @@ def _qdq_outputs(out: Path, feeds: dict) -> dict:
     """onnxruntime on OUTDIR's QDQ model, whose batch is folded into its constants: a batch
     of rows at a time along each input's batch axis (zero rows after the last), the outputs
     joined along theirs."""
-    import onnxruntime as ort
     from tpuasm.compiler import load
     compiled = load(out)
-    session = ort.InferenceSession(str(out / "model.qdq.onnx"),
-                                   providers=["CPUExecutionProvider"])
+    session = _session(out / "model.qdq.onnx")
     in_axes = {i.name: i.batch_axis for i in compiled.inputs}
     out_axes = {o.name: o.batch_axis for o in compiled.outputs}
     first = next(n for n, a in in_axes.items() if a is not None)
