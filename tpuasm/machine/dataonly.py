@@ -7,8 +7,10 @@ its halt in timing-only mode (which finds every fault: faults depend on instruct
 addresses alone), each later run with other data needs only the effects: Read_Weights queues
 its tiles, a switching MatrixMultiply takes them, CFG sets registers, and every staged
 instruction runs through the same kernel the pipelined core calls at retirement
-(kernels.execute_instruction).  Machine.run_data is the entry point; it proves the program
-first and reports the proven cycle count.
+(kernels.execute_instruction) -- or, where its work is known before the run (a MatrixMultiply
+on a small box of its tile, the columns an Activate must compute), through the run's plan
+(machine/plan.py), built once per call before the first batch.  Machine.run_data is the
+entry point; it proves the program first and reports the proven cycle count.
 
 Machine.run_batches runs one program over many host images in one call (run_batches here):
 each batch starts from the state `load` leaves -- zero Unified Buffer and accumulators, reset
@@ -17,7 +19,8 @@ between batches (_dirty_spans: every instruction's footprint, the bounding rows 
 hazard checks use, so never fewer than it touches), less the rows whose first access is
 known to overwrite them whole (an RHM's, an MMC.O's: _full_writes), which never show the
 last batch's bytes.  Rows it never writes keep their loaded zeros, so every batch sees
-exactly the memories a fresh load would give it.
+exactly the memories a fresh load would give it.  An accumulator row is zeroed only up to
+its plan's `top`: its columns past it are zero at every point of every run.
 
 Both mark the scratch for the run (_begin/_end): the weight image cannot change during it,
 so the kernels find each weight tile's bounding box of non-zero bytes once per run and run a
@@ -29,12 +32,11 @@ import numpy as np
 
 from .core import OP_STAGE, PORT_WEIGHTS
 from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT,
-                      COL_TILE, COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE,
-                      MMC_SWITCH, MMC_WIDE_W, OP_CFG, OP_HLT, OP_MMC, OP_RHM,
-                      REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
+                      COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE, OP_CFG, OP_HLT,
+                      OP_MMC, OP_RHM, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
+from . import plan
 from .jit import njit
-from .kernels import (_OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB,
-                      execute_instruction, footprint)
+from .kernels import _OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB, footprint
 
 
 @njit(cache=True)
@@ -54,36 +56,14 @@ def _end(scratch):
 @njit(cache=True)
 def run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile):
     """Apply every instruction of `prog` up to its Halt, in program order (the program must
-    be one that halts without a fault: nothing is checked here).  Returns the Halt's index."""
+    be one that halts without a fault: nothing is checked here), through the run's plan
+    (machine/plan.py).  Returns the Halt's index."""
     _begin(scratch)
-    pc = _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile)
+    work = plan.build(prog, regs, weights, scratch, acc.shape[0])
+    pc = plan.run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch,
+                          profile, work)
     _end(scratch)
     return pc
-
-
-@njit(cache=True)
-def _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile):
-    queued = 0              # tiles fetched by Read_Weights so far
-    taken = 0               # tiles switched into the array so far
-    for pc in range(prog.shape[0]):
-        row = prog[pc]
-        op = row[COL_OP]
-        if op == OP_HLT:
-            return pc
-        if op == OP_CFG:
-            regs[row[COL_REG]] = row[COL_VALUE]
-        elif OP_STAGE[op] == PORT_WEIGHTS:
-            for k in range(row[COL_REPEAT]):
-                tiles[queued + k] = row[COL_TILE] + k
-            queued += row[COL_REPEAT]
-        elif OP_STAGE[op] >= 0:
-            count = 0
-            if op == OP_MMC and (row[COL_FLAGS] & MMC_SWITCH) != 0:
-                count = row[COL_REPEAT] * (2 if (row[COL_FLAGS] & MMC_WIDE_W) != 0 else 1)
-            execute_instruction(row, regs, ub, acc, host, weights, tiles[taken:taken + count],
-                                active, scratch, profile)
-            taken += count
-    return prog.shape[0]
 
 
 @njit(cache=True)
@@ -188,15 +168,20 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     ub_spans = _dirty_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
     acc_spans = _dirty_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
     _begin(scratch)                     # one run for all batches: the weights stay
+    work = plan.build(prog, regs, weights, scratch, acc.shape[0])
+    top = work[7]
     for b in range(hosts.shape[0]):
         for k in range(ub_spans.shape[0]):
             _zero(ub[ub_spans[k, 0]:ub_spans[k, 1]])
-        for k in range(acc_spans.shape[0]):
-            _zero(acc[acc_spans[k, 0]:acc_spans[k, 1]])
+        for k in range(acc_spans.shape[0]):     # columns from a row's top on stay zero
+            for r in range(acc_spans[k, 0], acc_spans[k, 1]):
+                for j in range(top[r]):
+                    acc[r, j] = 0
         regs[:] = reset
         tiles[:] = -1
         active[:] = -1
-        _run_program(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch, profile)
+        plan.run_program(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch,
+                         profile, work)
     _end(scratch)
     return hosts.shape[0]
 
