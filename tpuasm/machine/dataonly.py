@@ -169,7 +169,7 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     acc_spans = _dirty_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
     _begin(scratch)                     # one run for all batches: the weights stay
     work = plan.build(prog, regs, weights, scratch, acc.shape[0])
-    top = work[7]
+    top = work[plan.W_TOP]
     for b in range(hosts.shape[0]):
         for k in range(ub_spans.shape[0]):
             _zero(ub[ub_spans[k, 0]:ub_spans[k, 1]])
