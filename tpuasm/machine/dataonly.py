@@ -186,11 +186,14 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     return hosts.shape[0]
 
 
+_RESET = reset_registers()
+
+
 def arguments(machine_args) -> tuple:
     """run_sequential's arguments for a machine's core arguments (Machine._args), from the
     reset state: registers, an empty weight queue, no active tile."""
     prog, ub, acc, host, weights, scratch = (machine_args[i] for i in (0, 11, 12, 13, 14, 15))
-    regs = reset_registers()
+    regs = _RESET.copy()
     tiles = np.full(max(_fetched_tiles(prog), 1), -1, dtype=np.int64)
     active = np.full(2, -1, dtype=np.int64)
     return prog, regs, tiles, ub, acc, host, weights, active, scratch
@@ -215,19 +218,31 @@ def batch_arguments(machine_args, hosts: np.ndarray) -> tuple:
     return prog, regs, tiles, ub, acc, hosts, weights, active, scratch
 
 
+# The last machine arguments run_many saw and the entry point they take: checking the
+# arguments' layout (aot.runner) cost more than a small model's batches
+_ENTRY: list = [(), None]
+
+
 def run_many(machine_args, hosts: np.ndarray, profile: int) -> int:
-    """Every host image of `hosts` ((batches, rows, N) uint8, C-contiguous) through the
-    data path (run_batches; ahead-of-time build when it takes these arguments)."""
+    """Every host image of `hosts` ((batches, rows, N) uint8, C-contiguous, writable: what
+    Machine.run_batches checks) through the data path (run_batches; ahead-of-time build when
+    it takes these arguments)."""
     from . import aot
     args = (*batch_arguments(machine_args, hosts), np.int64(profile))
-    entry = aot.runner(args[:-1], "run_batches") or run_batches
+    seen, entry = _ENTRY
+    if len(seen) != len(machine_args) or any(a is not b for a, b in zip(seen, machine_args)):
+        # the registers, queue and active tile are made here, the host images checked by
+        # the caller: the layout is the machine's arrays'
+        entry = aot.runner(args[:-1], "run_batches") or run_batches
+        _ENTRY[:] = tuple(machine_args), entry
     try:
         return int(entry(*args))
     finally:
         args[8].options[_OPT_TRUSTED] = 0     # also when the run raised
 
 
+_FETCHES = OP_STAGE == PORT_WEIGHTS        # by opcode: a Read_Weights
+
+
 def _fetched_tiles(prog: np.ndarray) -> int:
-    weights_ops = np.flatnonzero(OP_STAGE == PORT_WEIGHTS)
-    rows = np.isin(prog[:, COL_OP], weights_ops)
-    return int(prog[rows, COL_REPEAT].sum())
+    return int(prog[_FETCHES[prog[:, COL_OP]], COL_REPEAT].sum())
