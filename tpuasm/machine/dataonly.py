@@ -17,8 +17,8 @@ each batch starts from the state `load` leaves -- zero Unified Buffer and accumu
 registers, an empty weight queue -- and only the rows the program can write are zeroed
 between batches (_dirty_spans: every instruction's footprint, the bounding rows the core's
 hazard checks use, so never fewer than it touches), less the rows whose first access is
-known to overwrite them whole (an RHM's, an MMC.O's: _full_writes), which never show the
-last batch's bytes.  Rows it never writes keep their loaded zeros, so every batch sees
+known to overwrite them whole (an RHM's, an MMC.O's: _full_writes; an Activate's output
+rows: _activate_writes), which never show the last batch's bytes.  Rows it never writes keep their loaded zeros, so every batch sees
 exactly the memories a fresh load would give it.  An accumulator row is zeroed only up to
 its plan's `top`: its columns past it are zero at every point of every run.
 
@@ -34,9 +34,11 @@ from .core import OP_STAGE, PORT_WEIGHTS
 from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT,
                       COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE, OP_CFG, OP_HLT,
                       OP_MMC, OP_RHM, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
+from .decoded import ACT_OUT_INT16, OP_ACT, REG_ACT_OUT
 from . import plan
 from .jit import njit
-from .kernels import _OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB, footprint
+from .kernels import (_OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB,
+                      PROFILE_OPENTPU, _act_out_row, _act_shape, footprint)
 
 
 @njit(cache=True)
@@ -97,6 +99,25 @@ def _full_writes(row, regs, memory, out):
 
 
 @njit(cache=True)
+def _activate_writes(row, regs, profile, state):
+    """state[r] = 1 (overwritten first) for every UB row r this Activate writes that nothing
+    touched before: an Activate writes each of its output rows whole (all N columns, the
+    zero-column tail included; an int16 output's two rows), exactly the rows
+    _act_out_row places, which the footprint's bounding range (a pitched image's gaps
+    included) does not say."""
+    ok, out_rows = _act_shape(row, regs)
+    per = 2 if regs[REG_ACT_OUT] == ACT_OUT_INT16 and profile != PROFILE_OPENTPU else 1
+    rows = state.shape[0]
+    for i in range(max(row[COL_REPEAT], 1)):
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            u = u0 + per * _act_out_row(o, regs)
+            for r in range(max(u, 0), min(u + per, rows)):
+                if state[r] == 0:
+                    state[r] = 1
+
+
+@njit(cache=True)
 def _dirty_spans(prog, regs, memory, rows, profile, array_size):
     """The rows of `memory` a batch must find zeroed, as sorted, disjoint (start, stop)
     spans: those the program may write less those whose first access is a
@@ -118,8 +139,9 @@ def _dirty_spans(prog, regs, memory, rows, profile, array_size):
         if reps > full.shape[0]:
             full = np.zeros((reps, 2), np.int64)
         whole = _full_writes(row, regs, memory, full)
+        activate = op == OP_ACT and memory == MEM_UB
         for k in range(footprint(row, regs, out, profile, array_size)):
-            if out[k, 0] != memory or (whole > 0 and out[k, 1] != 0):
+            if out[k, 0] != memory or ((whole > 0 or activate) and out[k, 1] != 0):
                 continue                    # another memory, or the write done exactly
             for r in range(max(out[k, 2], 0), min(out[k, 3], rows)):
                 if state[r] == 0:
@@ -128,6 +150,8 @@ def _dirty_spans(prog, regs, memory, rows, profile, array_size):
             for r in range(max(full[k, 0], 0), min(full[k, 1], rows)):
                 if state[r] == 0:
                     state[r] = 1
+        if activate:                        # after its parameter and table rows' reads
+            _activate_writes(row, regs, profile, state)
     count = 0
     spans = np.zeros((rows // 2 + 1, 2), np.int64)
     r = 0
