@@ -18,8 +18,9 @@ registers, an empty weight queue -- and only the rows the program can write are 
 between batches (_dirty_spans: every instruction's footprint, the bounding rows the core's
 hazard checks use, so never fewer than it touches), less the rows whose first access is
 known to overwrite them whole (an RHM's, an MMC.O's: _full_writes; an Activate's output
-rows: _activate_writes), which never show the last batch's bytes.  Rows it never writes keep their loaded zeros, so every batch sees
-exactly the memories a fresh load would give it.  An accumulator row is zeroed only up to
+rows: _activate_writes), which never show the last batch's bytes.  Rows it never writes
+keep their loaded zeros, so every batch sees exactly the memories a fresh load would give
+it.  An accumulator row is zeroed only up to
 its plan's `top`: its columns past it are zero at every point of every run.
 
 Both mark the scratch for the run (_begin/_end): the weight image cannot change during it,
@@ -152,19 +153,19 @@ def _dirty_spans(prog, regs, memory, rows, profile, array_size):
                     state[r] = 1
         if activate:                        # after its parameter and table rows' reads
             _activate_writes(row, regs, profile, state)
-    count = 0
-    spans = np.zeros((rows // 2 + 1, 2), np.int64)
-    r = 0
-    while r < rows:
-        if state[r] == 2:
-            start = r
-            while r < rows and state[r] == 2:
-                r += 1
-            spans[count, 0], spans[count, 1] = start, r
+    count = 0                               # the runs of 2s, counted, then listed
+    for r in range(rows):
+        if state[r] == 2 and (r == 0 or state[r - 1] != 2):
             count += 1
-        else:
-            r += 1
-    return spans[:count]
+    spans = np.zeros((count, 2), np.int64)
+    count = 0
+    for r in range(rows):
+        if state[r] == 2:
+            if r == 0 or state[r - 1] != 2:
+                spans[count, 0] = r
+                count += 1
+            spans[count - 1, 1] = r + 1
+    return spans
 
 
 @njit(cache=True)

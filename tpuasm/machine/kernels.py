@@ -2046,14 +2046,15 @@ _MMC_SHARED_MACS = 1 << 23      # mmc_int8.c's SPLIT_MACS: the kernel shares suc
 
 
 @njit(cache=True)
-def _act_shared(row, regs, acc, ub, scratch, profile):
+def _act_shared(row, regs, acc, ub, options, profile):
     """A large plain Activate (no pooling, ReLU or no function, no extension of
     _execute_act_ext) on the C kernel's threads (native.act_rows: the same arithmetic as
     _execute_act, rows shared among the MatrixMultiply's pool), so that in an MLP the
     Activates between the MatrixMultiplies do not leave the other cores idle and their
     threads polling.  Returns False, having done nothing, for any other Activate or without
-    the kernel (int8 level 0)."""
-    level = scratch.options[_OPT_INT8]
+    the kernel (int8 level 0).  (The scratch's options alone are passed: a tuple of arrays
+    as an argument costs a reference count per array and call.)"""
+    level = options[_OPT_INT8]
     flags = row[COL_FLAGS]
     if level == 0 or row[COL_LEN] * acc.shape[1] < _ACT_SHARED_VALUES \
             or (flags & (ACT_SIGMOID | ACT_TANH | ACT_MAXPOOL | ACT_AVGPOOL)) != 0 \
@@ -2067,17 +2068,17 @@ def _act_shared(row, regs, acc, ub, scratch, profile):
     for i in range(_iterations(row)):     # in order: iterations may write the same rows
         _native.act_rows(acc, row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE], ub,
                          row[COL_UB] + i * regs[REG_REP_UB_STRIDE], row[COL_LEN], relu,
-                         mult, shift, zero, out_kind, level,
-                         scratch.options[_OPT_INT8_THREADS])
+                         mult, shift, zero, out_kind, level, options[_OPT_INT8_THREADS])
     return True
 
 
 @njit(cache=True)
-def execute_activate(row, regs, acc, ub, scratch, profile, columns):
-    """An Activate, on the kernel's threads when large and plain (_act_shared); `columns`
-    as _zero_columns takes it (-1: found from the accumulators)."""
-    if not _act_shared(row, regs, acc, ub, scratch, profile):
-        _execute_act(row, regs, acc, ub, scratch.row_buf, profile, columns)
+def execute_activate(row, regs, acc, ub, options, row_buf, profile, columns):
+    """An Activate, on the kernel's threads when large and plain (_act_shared); options and
+    row_buf the scratch's; `columns` as _zero_columns takes it (-1: found from the
+    accumulators)."""
+    if not _act_shared(row, regs, acc, ub, options, profile):
+        _execute_act(row, regs, acc, ub, row_buf, profile, columns)
 
 
 @njit(cache=True)
@@ -2089,7 +2090,7 @@ def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratc
             _native.pool_prepare(scratch.options[_OPT_INT8_THREADS])
         _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
     elif op == OP_ACT:
-        execute_activate(row, regs, acc, ub, scratch, profile, -1)
+        execute_activate(row, regs, acc, ub, scratch.options, scratch.row_buf, profile, -1)
     elif op == OP_VADD or op == OP_VMUL:
         _execute_vector(row, regs, ub)
     elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:

@@ -42,9 +42,10 @@ from .core import OP_STAGE, PORT_WEIGHTS
 from .decoded import (COL_ACC, COL_FLAGS, COL_LEN, COL_OP, COL_REG, COL_REPEAT, COL_TILE,
                       COL_UB, COL_VALUE, MMC_CONV, MMC_OVERWRITE, MMC_SWITCH,
                       MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, MMC_WIDE_W, OP_ACT,
-                      OP_CFG, OP_HLT, OP_MMC, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE)
+                      OP_CFG, OP_HLT, OP_MMC, OP_RHM, OP_RHMA, OP_WHM, OP_WHMA,
+                      REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE)
 from .jit import njit
-from .kernels import (_OPT_INT8, _OPT_INT8_THREADS, BOX_DIRECT, _conv_geometry,
+from .kernels import (_OPT_INT8, _OPT_INT8_THREADS, BOX_DIRECT, _conv_geometry, _execute_dma,
                       _input_row, _iterations, _signed8, _tile_box, box_path,
                       execute_activate, execute_instruction)
 
@@ -476,8 +477,8 @@ def run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, prof
     rest through execute_instruction.  Returns the Halt's index."""
     kind, seg_lo, group, columns = work[W_KIND], work[W_SEG_LO], work[W_GROUP], \
         work[W_COLUMNS]
-    level = scratch.options[_OPT_INT8]
-    threads = scratch.options[_OPT_INT8_THREADS]
+    options, row_buf = scratch.options, scratch.row_buf
+    level, threads = options[_OPT_INT8], options[_OPT_INT8_THREADS]
     queued = 0
     taken = 0
     done = 0                # segments run so far
@@ -503,7 +504,10 @@ def run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, prof
                 if count > 0:           # the tile it leaves active (8-bit weights only)
                     active[0], active[1] = tiles[taken + count - 1], -1
             elif kind[pc] == PLAN_ACT:
-                execute_activate(row, regs, acc, ub, scratch, profile, columns[pc])
+                execute_activate(row, regs, acc, ub, options, row_buf, profile, columns[pc])
+            elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:
+                _execute_dma(row, regs, ub, host)     # (execute_instruction's, without
+                #                                        the scratch's reference counts)
             else:
                 execute_instruction(row, regs, ub, acc, host, weights,
                                     tiles[taken:taken + count], active, scratch, profile)
