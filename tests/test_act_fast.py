@@ -132,7 +132,7 @@ def test_fixed_point_rounding_by_shifts_is_round_half_to_even():
     shifts = np.array([1, 2, 1, 1, 2, 1, 1, 1, 5, 5, 0, 0, 1, 3, 2, 2], np.int64)
     for count in (1, 2, 4):
         ub = np.zeros((1, N), np.uint8)
-        K._requantize_row(v.copy(), ub[0], len(v), 1, count, mult, shifts, np.zeros(N), 0, 0, 0,
+        K._requantize_row(v.copy(), ub, 0, len(v), 1, count, mult, shifts, np.zeros(N), 0, 0, 0,
                           -2 ** 31, 2 ** 31 - 1, D.ACT_OUT_WRAP8, np.zeros(256, np.int64),
                           False, np.zeros(N, np.int64))
         want = [round(Fraction(int(a) * int(m), count << int(s))) & 0xFF

@@ -7,17 +7,21 @@ its halt in timing-only mode (which finds every fault: faults depend on instruct
 addresses alone), each later run with other data needs only the effects: Read_Weights queues
 its tiles, a switching MatrixMultiply takes them, CFG sets registers, and every staged
 instruction runs through the same kernel the pipelined core calls at retirement
-(kernels.execute_instruction).  Machine.run_data is the entry point; it proves the program
-first and reports the proven cycle count.
+(kernels.execute_instruction) -- or, where its work is known before the run (a MatrixMultiply
+on a small box of its tile, the columns an Activate must compute), through the run's plan
+(machine/plan.py), built once per call before the first batch.  Machine.run_data is the
+entry point; it proves the program first and reports the proven cycle count.
 
 Machine.run_batches runs one program over many host images in one call (run_batches here):
 each batch starts from the state `load` leaves -- zero Unified Buffer and accumulators, reset
 registers, an empty weight queue -- and only the rows the program can write are zeroed
 between batches (_dirty_spans: every instruction's footprint, the bounding rows the core's
 hazard checks use, so never fewer than it touches), less the rows whose first access is
-known to overwrite them whole (an RHM's, an MMC.O's: _full_writes), which never show the
-last batch's bytes.  Rows it never writes keep their loaded zeros, so every batch sees
-exactly the memories a fresh load would give it.
+known to overwrite them whole (an RHM's, an MMC.O's: _full_writes; an Activate's output
+rows: _activate_writes), which never show the last batch's bytes.  Rows it never writes
+keep their loaded zeros, so every batch sees exactly the memories a fresh load would give
+it.  An accumulator row is zeroed only up to
+its plan's `top`: its columns past it are zero at every point of every run.
 
 Both mark the scratch for the run (_begin/_end): the weight image cannot change during it,
 so the kernels find each weight tile's bounding box of non-zero bytes once per run and run a
@@ -29,12 +33,13 @@ import numpy as np
 
 from .core import OP_STAGE, PORT_WEIGHTS
 from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, COL_REPEAT,
-                      COL_TILE, COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE,
-                      MMC_SWITCH, MMC_WIDE_W, OP_CFG, OP_HLT, OP_MMC, OP_RHM,
-                      REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
+                      COL_UB, COL_VALUE, COL_WIDTH, MMC_CONV, MMC_OVERWRITE, OP_CFG, OP_HLT,
+                      OP_MMC, OP_RHM, REG_REP_ACC_STRIDE, REG_REP_UB_STRIDE, reset_registers)
+from .decoded import ACT_OUT_INT16, OP_ACT, REG_ACT_OUT
+from . import plan
 from .jit import njit
 from .kernels import (_OPT_EPOCH, _OPT_TRUSTED, MAX_FOOTPRINT, MEM_ACC, MEM_UB,
-                      execute_instruction, footprint)
+                      PROFILE_OPENTPU, _act_out_row, _act_shape, footprint)
 
 
 @njit(cache=True)
@@ -54,36 +59,14 @@ def _end(scratch):
 @njit(cache=True)
 def run_sequential(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile):
     """Apply every instruction of `prog` up to its Halt, in program order (the program must
-    be one that halts without a fault: nothing is checked here).  Returns the Halt's index."""
+    be one that halts without a fault: nothing is checked here), through the run's plan
+    (machine/plan.py).  Returns the Halt's index."""
     _begin(scratch)
-    pc = _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile)
+    work = plan.build(prog, regs, weights, scratch, acc.shape[0])
+    pc = plan.run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch,
+                          profile, work)
     _end(scratch)
     return pc
-
-
-@njit(cache=True)
-def _run_program(prog, regs, tiles, ub, acc, host, weights, active, scratch, profile):
-    queued = 0              # tiles fetched by Read_Weights so far
-    taken = 0               # tiles switched into the array so far
-    for pc in range(prog.shape[0]):
-        row = prog[pc]
-        op = row[COL_OP]
-        if op == OP_HLT:
-            return pc
-        if op == OP_CFG:
-            regs[row[COL_REG]] = row[COL_VALUE]
-        elif OP_STAGE[op] == PORT_WEIGHTS:
-            for k in range(row[COL_REPEAT]):
-                tiles[queued + k] = row[COL_TILE] + k
-            queued += row[COL_REPEAT]
-        elif OP_STAGE[op] >= 0:
-            count = 0
-            if op == OP_MMC and (row[COL_FLAGS] & MMC_SWITCH) != 0:
-                count = row[COL_REPEAT] * (2 if (row[COL_FLAGS] & MMC_WIDE_W) != 0 else 1)
-            execute_instruction(row, regs, ub, acc, host, weights, tiles[taken:taken + count],
-                                active, scratch, profile)
-            taken += count
-    return prog.shape[0]
 
 
 @njit(cache=True)
@@ -117,6 +100,25 @@ def _full_writes(row, regs, memory, out):
 
 
 @njit(cache=True)
+def _activate_writes(row, regs, profile, state):
+    """state[r] = 1 (overwritten first) for every UB row r this Activate writes that nothing
+    touched before: an Activate writes each of its output rows whole (all N columns, the
+    zero-column tail included; an int16 output's two rows), exactly the rows
+    _act_out_row places, which the footprint's bounding range (a pitched image's gaps
+    included) does not say."""
+    ok, out_rows = _act_shape(row, regs)
+    per = 2 if regs[REG_ACT_OUT] == ACT_OUT_INT16 and profile != PROFILE_OPENTPU else 1
+    rows = state.shape[0]
+    for i in range(max(row[COL_REPEAT], 1)):
+        u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
+        for o in range(out_rows):
+            u = u0 + per * _act_out_row(o, regs)
+            for r in range(max(u, 0), min(u + per, rows)):
+                if state[r] == 0:
+                    state[r] = 1
+
+
+@njit(cache=True)
 def _dirty_spans(prog, regs, memory, rows, profile, array_size):
     """The rows of `memory` a batch must find zeroed, as sorted, disjoint (start, stop)
     spans: those the program may write less those whose first access is a
@@ -138,8 +140,9 @@ def _dirty_spans(prog, regs, memory, rows, profile, array_size):
         if reps > full.shape[0]:
             full = np.zeros((reps, 2), np.int64)
         whole = _full_writes(row, regs, memory, full)
+        activate = op == OP_ACT and memory == MEM_UB
         for k in range(footprint(row, regs, out, profile, array_size)):
-            if out[k, 0] != memory or (whole > 0 and out[k, 1] != 0):
+            if out[k, 0] != memory or ((whole > 0 or activate) and out[k, 1] != 0):
                 continue                    # another memory, or the write done exactly
             for r in range(max(out[k, 2], 0), min(out[k, 3], rows)):
                 if state[r] == 0:
@@ -148,19 +151,21 @@ def _dirty_spans(prog, regs, memory, rows, profile, array_size):
             for r in range(max(full[k, 0], 0), min(full[k, 1], rows)):
                 if state[r] == 0:
                     state[r] = 1
-    count = 0
-    spans = np.zeros((rows // 2 + 1, 2), np.int64)
-    r = 0
-    while r < rows:
-        if state[r] == 2:
-            start = r
-            while r < rows and state[r] == 2:
-                r += 1
-            spans[count, 0], spans[count, 1] = start, r
+        if activate:                        # after its parameter and table rows' reads
+            _activate_writes(row, regs, profile, state)
+    count = 0                               # the runs of 2s, counted, then listed
+    for r in range(rows):
+        if state[r] == 2 and (r == 0 or state[r - 1] != 2):
             count += 1
-        else:
-            r += 1
-    return spans[:count]
+    spans = np.zeros((count, 2), np.int64)
+    count = 0
+    for r in range(rows):
+        if state[r] == 2:
+            if r == 0 or state[r - 1] != 2:
+                spans[count, 0] = r
+                count += 1
+            spans[count - 1, 1] = r + 1
+    return spans
 
 
 @njit(cache=True)
@@ -188,24 +193,32 @@ def run_batches(prog, regs, tiles, ub, acc, hosts, weights, active, scratch, pro
     ub_spans = _dirty_spans(prog, regs.copy(), MEM_UB, ub.shape[0], profile, ub.shape[1])
     acc_spans = _dirty_spans(prog, regs.copy(), MEM_ACC, acc.shape[0], profile, ub.shape[1])
     _begin(scratch)                     # one run for all batches: the weights stay
+    work = plan.build(prog, regs, weights, scratch, acc.shape[0])
+    top = work[plan.W_TOP]
     for b in range(hosts.shape[0]):
         for k in range(ub_spans.shape[0]):
             _zero(ub[ub_spans[k, 0]:ub_spans[k, 1]])
-        for k in range(acc_spans.shape[0]):
-            _zero(acc[acc_spans[k, 0]:acc_spans[k, 1]])
+        for k in range(acc_spans.shape[0]):     # columns from a row's top on stay zero
+            for r in range(acc_spans[k, 0], acc_spans[k, 1]):
+                for j in range(top[r]):
+                    acc[r, j] = 0
         regs[:] = reset
         tiles[:] = -1
         active[:] = -1
-        _run_program(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch, profile)
+        plan.run_program(prog, regs, tiles, ub, acc, hosts[b], weights, active, scratch,
+                         profile, work)
     _end(scratch)
     return hosts.shape[0]
+
+
+_RESET = reset_registers()
 
 
 def arguments(machine_args) -> tuple:
     """run_sequential's arguments for a machine's core arguments (Machine._args), from the
     reset state: registers, an empty weight queue, no active tile."""
     prog, ub, acc, host, weights, scratch = (machine_args[i] for i in (0, 11, 12, 13, 14, 15))
-    regs = reset_registers()
+    regs = _RESET.copy()
     tiles = np.full(max(_fetched_tiles(prog), 1), -1, dtype=np.int64)
     active = np.full(2, -1, dtype=np.int64)
     return prog, regs, tiles, ub, acc, host, weights, active, scratch
@@ -230,19 +243,31 @@ def batch_arguments(machine_args, hosts: np.ndarray) -> tuple:
     return prog, regs, tiles, ub, acc, hosts, weights, active, scratch
 
 
+# The last machine arguments run_many saw and the entry point they take: checking the
+# arguments' layout (aot.runner) cost more than a small model's batches
+_ENTRY: list = [(), None]
+
+
 def run_many(machine_args, hosts: np.ndarray, profile: int) -> int:
-    """Every host image of `hosts` ((batches, rows, N) uint8, C-contiguous) through the
-    data path (run_batches; ahead-of-time build when it takes these arguments)."""
+    """Every host image of `hosts` ((batches, rows, N) uint8, C-contiguous, writable: what
+    Machine.run_batches checks) through the data path (run_batches; ahead-of-time build when
+    it takes these arguments)."""
     from . import aot
     args = (*batch_arguments(machine_args, hosts), np.int64(profile))
-    entry = aot.runner(args[:-1], "run_batches") or run_batches
+    seen, entry = _ENTRY
+    if len(seen) != len(machine_args) or any(a is not b for a, b in zip(seen, machine_args)):
+        # the registers, queue and active tile are made here, the host images checked by
+        # the caller: the layout is the machine's arrays'
+        entry = aot.runner(args[:-1], "run_batches") or run_batches
+        _ENTRY[:] = tuple(machine_args), entry
     try:
         return int(entry(*args))
     finally:
         args[8].options[_OPT_TRUSTED] = 0     # also when the run raised
 
 
+_FETCHES = OP_STAGE == PORT_WEIGHTS        # by opcode: a Read_Weights
+
+
 def _fetched_tiles(prog: np.ndarray) -> int:
-    weights_ops = np.flatnonzero(OP_STAGE == PORT_WEIGHTS)
-    rows = np.isin(prog[:, COL_OP], weights_ops)
-    return int(prog[rows, COL_REPEAT].sum())
+    return int(prog[_FETCHES[prog[:, COL_OP]], COL_REPEAT].sum())

@@ -1313,17 +1313,18 @@ def _gather_window(acc, a0, o, fn, frac, pool, k, pool_width, buf, tmp):
                 for j in range(n):
                     buf[j] += tmp[j]
     if pool == _POOL_AVG:
-        _floor_divide_row(buf, rows * cols)
+        _floor_divide_row(buf, rows * cols, buf.shape[0])
 
 
 @njit(cache=True)
-def _floor_divide_row(buf, count):
-    """buf[j] = floor((buf[j] + count // 2) / count), exactly.  A float64 quotient is within
-    2^-5 of the true one (|numerator| < 2^48), so its floor is off by at most one and one
-    integer remainder test fixes it; unlike an int64 division this vectorizes."""
+def _floor_divide_row(buf, count, n):
+    """buf[j] = floor((buf[j] + count // 2) / count) for j < n, exactly.  A float64
+    quotient is within 2^-5 of the true one (|numerator| < 2^48), so its floor is off by at
+    most one and one integer remainder test fixes it; unlike an int64 division this
+    vectorizes."""
     half = count // 2
     inv = 1.0 / count
-    for j in range(buf.shape[0]):
+    for j in range(n):
         a = buf[j] + half
         q = np.int64(np.floor(a * inv))
         r = a - q * count
@@ -1429,18 +1430,13 @@ def _float_requantize(v, f):
 
 
 @njit(cache=True)
-def _copy_tail(dst, src, m):
-    """dst[m:] = src[m:] for two C-contiguous rows of bytes, 8 at a time when m and the
-    size allow (numba's slice assignment went byte by byte: most of a narrow layer's
-    Activate row)."""
-    if dst.size % 8 == 0 and m % 8 == 0:
-        d = dst.view(np.uint64)
-        s = src.view(np.uint64)
-        for i in range(m // 8, d.size):
-            d[i] = s[i]
-    else:
-        for j in range(m, dst.size):
-            dst[j] = src[j]
+def _copy_tail(ub, u, src, m):
+    """ub[u, m:] = src[m:]: indexed, no view of the row (whose reference counting cost
+    more than the copy), unsigned column indices (numba then drops its negative-index
+    wrap, which made LLVM copy byte by byte) so the loop becomes a block copy."""
+    for j in range(m, ub.shape[1]):
+        c = np.uint64(j)
+        ub[u, c] = src[c]
 
 
 @njit(cache=True)
@@ -1494,7 +1490,7 @@ def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi,
 
 @njit(cache=True)
 def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
-                     out_kind, table, lookup):
+                     out_kind, table, lookup, columns=-1):
     """_execute_act_ext's arithmetic for a compiled Dense / Conv layer (P with act_float,
     no pooling, 8-bit output): one output row per accumulator row.  The clip bounds and the
     output type's saturation are one clamp (bounds merged before the loop) and the table a
@@ -1509,12 +1505,12 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
         lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
     elif out_kind == ACT_OUT_INT16:
         _act_dense_float16(row, regs, acc, ub, length, bias, fmult, fn, frac, zero,
-                           min(max(lo, -32768), 32767), min(max(hi, -32768), 32767))
+                           min(max(lo, -32768), 32767), min(max(hi, -32768), 32767), columns)
         return
     relu = fn == _FN_RELU
     other = fn != _FN_RELU and fn != _FN_NONE
     # columns from m on are zero in every row read: they take a zero row's outputs
-    m = _zero_columns(row, regs, acc, length)
+    m = _zero_columns(row, regs, acc, length, columns)
     zeros = np.zeros(n, np.uint8)
     fast = not other and _float_columns_vectorize(fmult, n, zero, lo, hi)
     if fast:
@@ -1538,7 +1534,7 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                         for j in range(m):
                             ub[u, j] = table[ub[u, j]]
                     if m < n:
-                        _copy_tail(ub[u], zeros, m)
+                        _copy_tail(ub, u, zeros, m)
         return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
@@ -1556,18 +1552,19 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
                 for j in range(m):
                     ub[u, j] = table[ub[u, j]]
             if m < n:
-                _copy_tail(ub[u], zeros, m)
+                _copy_tail(ub, u, zeros, m)
 
 
 @njit(cache=True)
-def _act_dense_float16(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi):
+def _act_dense_float16(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
+                       columns=-1):
     """_act_dense_float for an int16 output (act_out = 2, no table): each output vector's
     low bytes at UB row u, high bytes at u + 1 (spec/isa.md 5.5), `lo`/`hi` the clip
     bounds already moved into int16's range."""
     n = acc.shape[1]
     relu = fn == _FN_RELU
     other = fn != _FN_RELU and fn != _FN_NONE
-    m = _zero_columns(row, regs, acc, length)
+    m = _zero_columns(row, regs, acc, length, columns)
     zeros = np.zeros(n, np.int64)
     for j in range(m, n):
         v = _apply_fn(((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN, fn, frac)
@@ -1592,20 +1589,21 @@ def _act_dense_float16(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, 
 
 
 @njit(cache=True)
-def _window_values(src, bias, fn, frac, out, n):
-    """out[j] = function(src[j] + bias[j]) for j < n, the bias add wrapping like the
-    accumulators (bias all zero without P: then it is src[j] itself).  One loop per
-    function, no branch on the data: it vectorizes."""
+def _window_values(acc, r, bias, fn, frac, out, n):
+    """out[j] = function(acc[r, j] + bias[j]) for j < n, the bias add wrapping like the
+    accumulators (bias all zero without P: then it is acc[r, j] itself).  One loop per
+    function, no branch on the data: it vectorizes.  (The row is indexed, not passed as
+    a view: a view per window element cost its reference counting.)"""
     if fn == _FN_RELU:
         for j in range(n):
-            out[j] = max(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN,
-                         0)
+            out[j] = max(((np.int64(acc[r, j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF)
+                         + _INT32_MIN, 0)
     elif fn == _FN_NONE:
         for j in range(n):
-            out[j] = ((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+            out[j] = ((np.int64(acc[r, j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
     else:
         for j in range(n):
-            out[j] = _apply_fn(((np.int64(src[j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF)
+            out[j] = _apply_fn(((np.int64(acc[r, j]) + bias[j] - _INT32_MIN) & 0xFFFFFFFF)
                                + _INT32_MIN, fn, frac)
 
 
@@ -1621,59 +1619,93 @@ def _pow2_exponent(c):
 
 
 @njit(cache=True)
-def _requantize_row(v, out, n, kind, count, mult, shifts, fmult, mult_r, shift_r, zero, lo,
-                    hi, out_kind, table, lookup, tmp):
-    """out[:n] = the 8-bit outputs of the pooled values v[:n] (int64; v is clobbered), as the
+def _requantize_row(v, out, u, n, kind, count, mult, shifts, fmult, mult_r, shift_r, zero,
+                    lo, hi, out_kind, table, lookup, tmp):
+    """out[u, :n] = the 8-bit outputs of the pooled values v[:n] (int64; v is clobbered), as the
     general loop of _execute_act_ext computes them: kind 0 P with act_float, 1 P in fixed
     point, 2 the act_mult/act_shift registers; `count` the window's divisor for average
-    pooling (0 for other pooling)."""
-    n = v.shape[0]
+    pooling (0 for other pooling).  (_act_fast's row loop calls the same steps itself.)"""
     if kind == 0:
-        for j in range(n):
-            tmp[j] = _float_requantize(min(max(v[j], _INT32_MIN), _INT32_MAX), fmult[j]) + zero
+        _requantize_float(v, tmp, n, fmult, zero)
     elif kind == 1:
-        e = _pow2_exponent(max(count, 1))
-        if e >= 0:
-            # round(p / 2^(e + shift)) half to even, by shifts (_round_half_even_div's rule)
-            for j in range(n):
-                p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
-                sh = e + shifts[j]
-                q = p >> sh
-                r = p - (q << sh)
-                half = (np.int64(1) << sh) >> 1
-                q += ((r > half) | ((r == half) & ((q & 1) == 1) & (sh > 0)))
-                tmp[j] = q + zero
-        else:
-            c = np.int64(max(count, 1))
-            for j in range(n):
-                p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
-                tmp[j] = _round_half_even_div(p, c << shifts[j]) + zero
+        _requantize_fixed(v, tmp, n, count, mult, shifts, zero)
     else:
-        if count > 0:
-            _floor_divide_row(v[:n], count)
-        rounding = (np.int64(1) << (shift_r - 1)) if shift_r > 0 else np.int64(0)
-        for j in range(n):
-            tmp[j] = ((v[j] * mult_r + rounding) >> shift_r) + zero
-    # the clip bounds, then the output type's saturation: one clamp for the 8-bit types
-    if out_kind == ACT_OUT_INT8:
-        lo, hi = min(max(lo, -128), 127), min(max(hi, -128), 127)
-    elif out_kind == ACT_OUT_UINT8:
-        lo, hi = min(max(lo, 0), 255), min(max(hi, 0), 255)
-    for j in range(n):
-        out[j] = min(max(tmp[j], lo), hi) & 0xFF
-    if lookup:
-        for j in range(n):
-            out[j] = table[out[j]]
+        _requantize_registers(v, tmp, n, count, mult_r, shift_r, zero)
+    lo8, hi8 = _bounds8(lo, hi, out_kind)
+    _store_clamped(tmp, out, u, n, lo8, hi8, table, lookup)
+
+
+# The steps of _requantize_row, each a leaf (no call taking arrays, no code after a
+# branch): numba's reference-count pruning then removes the increments and decrements of
+# their array arguments, which otherwise cost more than a narrow row's arithmetic.
 
 
 @njit(cache=True)
-def _zero_columns(row, regs, acc, length):
+def _requantize_float(v, tmp, n, fmult, zero):
+    for j in range(n):
+        tmp[j] = _float_requantize(min(max(v[j], _INT32_MIN), _INT32_MAX), fmult[j]) + zero
+
+
+@njit(cache=True)
+def _requantize_fixed(v, tmp, n, count, mult, shifts, zero):
+    e = _pow2_exponent(max(count, 1))
+    if e >= 0:
+        # round(p / 2^(e + shift)) half to even, by shifts (_round_half_even_div's rule)
+        for j in range(n):
+            p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
+            sh = e + shifts[j]
+            q = p >> sh
+            r = p - (q << sh)
+            half = (np.int64(1) << sh) >> 1
+            q += ((r > half) | ((r == half) & ((q & 1) == 1) & (sh > 0)))
+            tmp[j] = q + zero
+    else:
+        c = np.int64(max(count, 1))
+        for j in range(n):
+            p = min(max(v[j], _INT32_MIN), _INT32_MAX) * mult[j]
+            tmp[j] = _round_half_even_div(p, c << shifts[j]) + zero
+
+
+@njit(cache=True)
+def _requantize_registers(v, tmp, n, count, mult_r, shift_r, zero):
+    if count > 0:
+        _floor_divide_row(v, count, n)
+    rounding = (np.int64(1) << (shift_r - 1)) if shift_r > 0 else np.int64(0)
+    for j in range(n):
+        tmp[j] = ((v[j] * mult_r + rounding) >> shift_r) + zero
+
+
+@njit(cache=True)
+def _bounds8(lo, hi, out_kind):
+    """The clip bounds, then the output type's saturation: one clamp for the 8-bit types."""
+    if out_kind == ACT_OUT_INT8:
+        return min(max(lo, -128), 127), min(max(hi, -128), 127)
+    if out_kind == ACT_OUT_UINT8:
+        return min(max(lo, 0), 255), min(max(hi, 0), 255)
+    return lo, hi
+
+
+@njit(cache=True)
+def _store_clamped(tmp, out, u, n, lo, hi, table, lookup):
+    for j in range(n):
+        out[u, j] = min(max(tmp[j], lo), hi) & 0xFF
+    if lookup:
+        for j in range(n):
+            out[u, j] = table[out[u, j]]
+
+
+@njit(cache=True)
+def _zero_columns(row, regs, acc, length, columns=-1):
     """The least multiple of 16 (or N) from which every accumulator row this Activate reads
     (`length` rows from each iteration's start) is zero: N as soon as a row's last 16
     columns are not (a full-width layer pays one row's look), else one pass ORing the rows
     together, column by column (it vectorizes; cheaper than the work it saves on a layer
-    narrower than the array)."""
+    narrower than the array).  `columns` >= 0 is such a bound the caller knows (the data
+    path's plan, machine/plan.py: every accumulator column from there on is zero), taken
+    as it is: any bound past the last non-zero column gives the same outputs."""
     n = acc.shape[1]
+    if columns >= 0:
+        return min(columns, n)
     last = max(n - 16, 0)
     for i in range(_iterations(row)):   # a full-width layer ends here, at its first row
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
@@ -1700,7 +1732,7 @@ def _zero_columns(row, regs, acc, length):
 @njit(cache=True)
 def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
               shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s, pad,
-              out_w, out_rows, count_pad):
+              out_w, out_rows, count_pad, columns=-1):
     """_execute_act_ext's general loop for 8-bit outputs, a row at a time: each window
     element's row through its function (_window_values), pooled into buf[0] by a loop with
     no branch on the data, then requantized and stored (_requantize_row).  Returns False,
@@ -1717,12 +1749,14 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
     # Without average pooling, a column whose accumulators (in every row this Activate
     # reads) are all zero gives the output of a zero row in every window: columns from m on
     # (_zero_columns) take `zeros` as they are.
-    m = n if pool == _POOL_AVG else _zero_columns(row, regs, acc, img_w * img_h)
-    zeros = np.zeros(n, np.uint8)
+    m = n if pool == _POOL_AVG else _zero_columns(row, regs, acc, img_w * img_h, columns)
+    zero_row = np.zeros((1, n), np.uint8)
     if m < n:
-        _window_values(np.zeros(n, np.int32), bias, fn, frac, pooled, n)
-        _requantize_row(pooled, zeros, n, kind, 0, mult, shifts, fmult, mult_r, shift_r, zero,
-                        lo, hi, out_kind, table, lookup, tmp)
+        _window_values(np.zeros((1, n), np.int32), 0, bias, fn, frac, pooled, n)
+        _requantize_row(pooled, zero_row, 0, n, kind, 0, mult, shifts, fmult, mult_r, shift_r,
+                        zero, lo, hi, out_kind, table, lookup, tmp)
+    zeros = zero_row[0]
+    lo8, hi8 = _bounds8(lo, hi, out_kind)
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
@@ -1733,9 +1767,9 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
                 for xx in range(max(x0, 0), min(x0 + kw, img_w)):
                     r = a0 + yy * img_w + xx
                     if count == 0:
-                        _window_values(acc[r], bias, fn, frac, pooled, m)
+                        _window_values(acc, r, bias, fn, frac, pooled, m)
                     else:
-                        _window_values(acc[r], bias, fn, frac, tmp, m)
+                        _window_values(acc, r, bias, fn, frac, tmp, m)
                         if pool == _POOL_MAX:
                             for j in range(m):
                                 pooled[j] = max(pooled[j], tmp[j])
@@ -1745,17 +1779,25 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
                     count += 1
             if pool == _POOL_AVG and count_pad:
                 count = kh * kw
-            out = ub[u0 + _act_out_row(o, regs)]
-            _requantize_row(pooled, out, m, kind, count if pool == _POOL_AVG else 0, mult,
-                            shifts, fmult, mult_r, shift_r, zero, lo, hi, out_kind, table,
-                            lookup, tmp)
+            u = u0 + _act_out_row(o, regs)
+            # _requantize_row's steps, called from here: it would cost its arguments'
+            # reference counts per row (see _requantize_float)
+            if kind == 0:
+                _requantize_float(pooled, tmp, m, fmult, zero)
+            elif kind == 1:
+                _requantize_fixed(pooled, tmp, m, count if pool == _POOL_AVG else 0, mult,
+                                  shifts, zero)
+            else:
+                _requantize_registers(pooled, tmp, m, count if pool == _POOL_AVG else 0,
+                                      mult_r, shift_r, zero)
+            _store_clamped(tmp, ub, u, m, lo8, hi8, table, lookup)
             if m < n:
-                _copy_tail(out, zeros, m)
+                _copy_tail(ub, u, zeros, m)
     return True
 
 
 @njit(cache=True)
-def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
+def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True, columns=-1):
     """Activate with the features added for compiled networks (spec/isa.md 5.5): P's per-column
     bias and requantization, L's table, the clip bounds and strided, padded 2-D pooling.  The
     original path (_execute_act) stays as it was for programs that use none of them."""
@@ -1817,13 +1859,13 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True):
     if pool == _POOL_NONE and per_col and as_float and fast and (
             out_kind != ACT_OUT_INT16 or not lookup):
         _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo, hi,
-                         out_kind, table, lookup)
+                         out_kind, table, lookup, columns)
         return
     if out_kind != ACT_OUT_INT16 and fast:
         kind = (0 if as_float else 1) if per_col else 2
         if _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
                      shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s,
-                     pad, out_w, out_rows, count_pad):
+                     pad, out_w, out_rows, count_pad, columns):
             return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
@@ -1889,7 +1931,7 @@ def _uses_act_extensions(row, regs):
 
 
 @njit(cache=True)
-def _execute_act(row, regs, acc, ub, buf, profile):
+def _execute_act(row, regs, acc, ub, buf, profile, columns=-1):
     flags = row[COL_FLAGS]
     reps = _iterations(row)
     fn = _FN_NONE
@@ -1905,7 +1947,7 @@ def _execute_act(row, regs, acc, ub, buf, profile):
     elif flags & ACT_AVGPOOL:
         pool = _POOL_AVG
     if _uses_act_extensions(row, regs):
-        _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool)
+        _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, True, columns)
         return
     ok, out_rows = _act_shape(row, regs)
     out_kind = regs[REG_ACT_OUT]
@@ -2004,14 +2046,15 @@ _MMC_SHARED_MACS = 1 << 23      # mmc_int8.c's SPLIT_MACS: the kernel shares suc
 
 
 @njit(cache=True)
-def _act_shared(row, regs, acc, ub, scratch, profile):
+def _act_shared(row, regs, acc, ub, options, profile):
     """A large plain Activate (no pooling, ReLU or no function, no extension of
     _execute_act_ext) on the C kernel's threads (native.act_rows: the same arithmetic as
     _execute_act, rows shared among the MatrixMultiply's pool), so that in an MLP the
     Activates between the MatrixMultiplies do not leave the other cores idle and their
     threads polling.  Returns False, having done nothing, for any other Activate or without
-    the kernel (int8 level 0)."""
-    level = scratch.options[_OPT_INT8]
+    the kernel (int8 level 0).  (The scratch's options alone are passed: a tuple of arrays
+    as an argument costs a reference count per array and call.)"""
+    level = options[_OPT_INT8]
     flags = row[COL_FLAGS]
     if level == 0 or row[COL_LEN] * acc.shape[1] < _ACT_SHARED_VALUES \
             or (flags & (ACT_SIGMOID | ACT_TANH | ACT_MAXPOOL | ACT_AVGPOOL)) != 0 \
@@ -2025,9 +2068,17 @@ def _act_shared(row, regs, acc, ub, scratch, profile):
     for i in range(_iterations(row)):     # in order: iterations may write the same rows
         _native.act_rows(acc, row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE], ub,
                          row[COL_UB] + i * regs[REG_REP_UB_STRIDE], row[COL_LEN], relu,
-                         mult, shift, zero, out_kind, level,
-                         scratch.options[_OPT_INT8_THREADS])
+                         mult, shift, zero, out_kind, level, options[_OPT_INT8_THREADS])
     return True
+
+
+@njit(cache=True)
+def execute_activate(row, regs, acc, ub, options, row_buf, profile, columns):
+    """An Activate, on the kernel's threads when large and plain (_act_shared); options and
+    row_buf the scratch's; `columns` as _zero_columns takes it (-1: found from the
+    accumulators)."""
+    if not _act_shared(row, regs, acc, ub, options, profile):
+        _execute_act(row, regs, acc, ub, row_buf, profile, columns)
 
 
 @njit(cache=True)
@@ -2039,8 +2090,7 @@ def execute_instruction(row, regs, ub, acc, host, weights, tiles, active, scratc
             _native.pool_prepare(scratch.options[_OPT_INT8_THREADS])
         _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch)
     elif op == OP_ACT:
-        if not _act_shared(row, regs, acc, ub, scratch, profile):
-            _execute_act(row, regs, acc, ub, scratch.row_buf, profile)
+        execute_activate(row, regs, acc, ub, scratch.options, scratch.row_buf, profile, -1)
     elif op == OP_VADD or op == OP_VMUL:
         _execute_vector(row, regs, ub)
     elif op == OP_RHM or op == OP_RHMA or op == OP_WHM or op == OP_WHMA:

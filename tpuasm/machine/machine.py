@@ -317,9 +317,11 @@ class Machine:
         one batch).  Kept for the
         program they were made for (rows outside its write set stay zero); new, zeroed
         memories for another program or shape."""
+        if lanes <= 1 or batches <= 1:
+            return None
         from .lanes import LANE_BYTES, lane_bytes
         lanes = min(lanes, LANE_BYTES // max(lane_bytes(self.ub.shape, self.acc.shape), 1))
-        if lanes <= 1 or batches <= 1:
+        if lanes <= 1:
             return None
         key = (self.ub.shape, self.acc.shape, lanes)
         kept = getattr(self, "_lanes", None)

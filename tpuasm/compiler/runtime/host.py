@@ -37,6 +37,7 @@ class HostRunner:
         self._model = None
         self._rows = None        # the free-batch session; False once found unusable
         self._rows_checked = False
+        self._batch_major: dict[int, bool] = {}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -55,9 +56,13 @@ class HostRunner:
         return self._model
 
     def batch_major(self, batch: int) -> bool:
-        """Every input and output is a tensor with `batch` as its first dimension."""
-        graph = self.model().graph
-        return all(_first_dim(v) == batch for v in (*graph.input, *graph.output))
+        """Every input and output is a tensor with `batch` as its first dimension (asked on
+        every run: the answer kept per batch)."""
+        if batch not in self._batch_major:
+            graph = self.model().graph
+            self._batch_major[batch] = all(_first_dim(v) == batch
+                                           for v in (*graph.input, *graph.output))
+        return self._batch_major[batch]
 
     def run_rows(self, feeds: dict[str, np.ndarray], batches: int, batch: int
                  ) -> dict[str, np.ndarray]:

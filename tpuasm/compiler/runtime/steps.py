@@ -58,6 +58,7 @@ class TpuStep:
     program: SegmentProgram | None = None
     _binary: object = field(default=None, repr=False)
     _machine: object = field(default=None, repr=False)
+    _worth: tuple | None = field(default=None, repr=False)   # (program table, lanes pay)
 
     @property
     def name(self) -> str:
@@ -112,6 +113,13 @@ class TpuStep:
             raise InferenceFault(f"{self.name}: {result.fault or result.status}")
         return program.read_outputs(machine.host)
 
+    def _lanes_worth(self, machine) -> bool:
+        """lanes.worth_it for the machine's program, found once per loaded program."""
+        if self._worth is None or self._worth[0] is not machine.prog:
+            from tpuasm.machine.lanes import worth_it
+            self._worth = (machine.prog, worth_it(machine.prog, self.program.array_size))
+        return self._worth[1]
+
     def _run_batches(self, inputs: dict, batches: int, config) -> dict:
         """`batches` batches through the data path in one call: their host images packed
         together, the machine loaded once per program (Machine.run_batches starts each
@@ -123,10 +131,9 @@ class TpuStep:
         binary = self.binary()
         if machine.program is not binary or machine.host.shape != hosts.shape[1:]:
             machine.load(binary, host=hosts[0], weights=program.weights)
-        from tpuasm.machine.lanes import worth_it
         # the batches as lanes (each instruction once for all) where the program's
         # MatrixMultiplies are big enough to gain from it (machine/lanes.py)
-        lanes = batches if worth_it(machine.prog, program.array_size) else 1
+        lanes = batches if self._lanes_worth(machine) else 1
         result = machine.run_batches(hosts, lanes=lanes)
         if result.status != "halted":
             raise InferenceFault(f"{self.name}: {result.fault or result.status}")
