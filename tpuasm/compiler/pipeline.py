@@ -168,8 +168,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{said}) from {count} calibration samples"
                   + (f"; {chosen}" if chosen else "")
-                  + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains "
-                     f"dequantized to float first" if dequantized else ""))
+                  + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains and "
+                     f"LSTMs dequantized to float first" if dequantized else ""))
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
