@@ -269,3 +269,21 @@ def test_a_dynamically_quantized_lstm_compiles_with_its_gate_gemms_on_the_tpu(tm
     assert np.mean(got == qdq) >= 0.999          # the same QDQ model: identical
     want = session(m.model).run(["logits"], feeds)[0]
     assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.97     # the float LSTM's answers
+
+
+def test_a_host_run_dynamic_lstm_s_macs_are_counted(tmp_path):
+    """Without calibration the dynamically quantized model runs on the host as it is; the
+    report still counts its DynamicQuantizeLSTM's gate products (steps x rows x 4H x (I +
+    H)), so that the TPU's share is of the network's work."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from real_models import lstm_classifier
+    m = lstm_classifier()
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(m.model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["LSTM", "MatMul", "Gemm"])
+    report = tpu_compile(str(dst), batch=m.batch).report
+    rows = {r.op_type: r for r in report.rows if r.macs}
+    assert rows["DynamicQuantizeLSTM"].where == "host"
+    assert rows["DynamicQuantizeLSTM"].macs == 10 * m.batch * 4 * 32 * (8 + 32)
+    assert report.macs == sum(r.macs for r in rows.values()) and report.tpu_macs == 0

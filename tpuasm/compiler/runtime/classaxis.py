@@ -59,30 +59,11 @@ _WITH_CONSTANT = {"Add", "Sub", "Mul", "Div"}
 
 def parse_class_axes(items) -> dict[str, int | None]:
     """`--class-axis NAME=AXIS|none` strings (or a dict) -> {output: axis or None}."""
-    if items is None:
-        return {}
-    pairs = list(items.items()) if isinstance(items, dict) else []
-    if not isinstance(items, dict):
-        for item in items:
-            name, sep, value = str(item).rpartition("=")
-            if not sep or not name:
-                raise CompileError(f"--class-axis {item!r}: expected OUTPUT=AXIS (AXIS an "
-                                   f"integer or 'none')")
-            pairs.append((name, value.strip()))
-    axes = {}
-    for name, value in pairs:
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
-            axes[name] = None
-            continue
-        try:
-            if isinstance(value, (bool, float)):
-                raise ValueError
-            axes[name] = int(value)
-        except (TypeError, ValueError):
-            raise CompileError(f"--class-axis {name}={value!r}: AXIS must be an integer or "
-                               f"'none'") from None
-        if not -16 <= axes[name] < 16:
-            raise CompileError(f"--class-axis {name}={value}: AXIS out of range [-16, 15]")
+    from tpuasm.compiler.front.batch import parse_named_axes
+    axes = parse_named_axes(items, "--class-axis", "OUTPUT")
+    for name, axis in axes.items():
+        if axis is not None and not -16 <= axis < 16:
+            raise CompileError(f"--class-axis {name}={axis}: AXIS out of range [-16, 15]")
     return axes
 
 
