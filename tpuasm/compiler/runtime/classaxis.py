@@ -305,7 +305,7 @@ class _Graph:
             if rank is None:
                 return None
             perm = list(perm) if perm else list(range(rank))[::-1]
-            return perm.index(rank + axis) - rank
+            return perm.index(rank + axis) - rank if rank + axis in perm else None
         if op in ("Squeeze", "Unsqueeze"):
             axes = _attr(node, "axes")
             if axes is None and len(node.input) > 1:
