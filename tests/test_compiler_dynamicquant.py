@@ -150,3 +150,140 @@ def test_a_chain_that_cannot_be_read_back_is_a_clear_error(tmp_path):
     with pytest.raises(CompileError, match="dynamically quantized.*ConvInteger"):
         _compile(tmp_path, model, {"x": rng.normal(0, 1, (8, 2, 5, 5)).astype(np.float32),
                                    "w_q": np.zeros((8, 3, 2, 3, 3), np.int8)})
+
+
+# --- DynamicQuantizeLSTM (com.microsoft): read back as the float ONNX LSTM --------------
+
+def _dynamic_lstm(tmp_path, per_channel: bool):
+    """The corpus's LSTM classifier (tests/real_models.py) and onnxruntime's quantize_dynamic
+    of its LSTM: a com.microsoft DynamicQuantizeLSTM with int8 weights."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from real_models import lstm_classifier
+    m = lstm_classifier()
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(m.model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
+                     op_types_to_quantize=["LSTM"])
+    dynamic = onnx.load(str(dst))
+    assert [n.op_type for n in dynamic.graph.node if n.domain == "com.microsoft"] == \
+        ["DynamicQuantizeLSTM"]
+    return m, dynamic
+
+
+def _inits(model) -> dict:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnxruntime_s_dynamic_lstm_is_read_back_within_its_weights_rounding(tmp_path,
+                                                                             per_channel):
+    m, dynamic = _dynamic_lstm(tmp_path, per_channel)
+    node = next(n for n in dynamic.graph.node if n.op_type == "DynamicQuantizeLSTM")
+    scales = _inits(dynamic)
+    w_step, r_step = scales[node.input[8]], scales[node.input[10]]
+    assert w_step.size == (4 * 32 if per_channel else 1)
+    assert dequantize_dynamic(dynamic) == 1
+    lstm = next(n for n in dynamic.graph.node if n.op_type == "LSTM")
+    assert lstm.domain == "" and lstm.name == node.name
+    want = {n.input[k]: _inits(m.model)[n.input[k]] for n in m.model.graph.node
+            if n.op_type == "LSTM" for k in (1, 2)}
+    got = _inits(dynamic)
+    for (w, want_w), step in zip(want.items(), (w_step, r_step)):
+        read = got[lstm.input[list(want).index(w) + 1]]
+        assert read.shape == want_w.shape                 # (1, 4H, K): the LSTM's layout
+        per_row = np.asarray(step, np.float32).reshape(1, -1, 1)   # one per gate column
+        assert np.all(np.abs(read - want_w) <= per_row / 2 + 1e-7)
+    feeds = m.evaluation
+    for a, b in zip(session(m.model).run(None, feeds), session(dynamic).run(None, feeds)):
+        assert np.abs(a - b).max() < 0.05 * np.abs(a).max()     # 8-bit weights, 10 steps
+
+
+def _hand_made_dynamic_lstm(rng, steps=4, batch=3, inputs=5, hidden=6):
+    """A bidirectional DynamicQuantizeLSTM written by hand, uint8 weights: W with a scale per
+    direction and gate column (the contrib op's per-channel form; its kernel wants one zero
+    point value throughout, given per column), R with a scale and a zero point per
+    direction (its per-tensor form)."""
+    dirs, cols = 2, 4 * hidden
+    w_q = rng.integers(0, 256, (dirs, inputs, cols)).astype(np.uint8)
+    r_q = rng.integers(0, 256, (dirs, hidden, cols)).astype(np.uint8)
+    w_zp = np.full((dirs, cols), 126, np.uint8)
+    r_zp = np.array([131, 118], np.uint8)
+    w_scale = rng.uniform(0.002, 0.006, (dirs, cols)).astype(np.float32)
+    r_scale = np.array([0.003, 0.005], np.float32)
+    b = rng.normal(0, 0.1, (dirs, 2 * cols)).astype(np.float32)
+    arrays = {"w_q": w_q, "r_q": r_q, "w_zp": w_zp, "r_zp": r_zp, "w_scale": w_scale,
+              "r_scale": r_scale, "b": b}
+    node = helper.make_node("DynamicQuantizeLSTM",
+                            ["x", "w_q", "r_q", "b", "", "", "", "", "w_scale", "w_zp",
+                             "r_scale", "r_zp"], ["y", "y_h"], name="dqlstm",
+                            domain="com.microsoft", hidden_size=hidden,
+                            direction="bidirectional")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [steps, batch, inputs])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [steps, dirs, batch, hidden]),
+         helper.make_tensor_value_info("y_h", T.FLOAT, [dirs, batch, hidden])],
+        [numpy_helper.from_array(v, k) for k, v in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model, arrays
+
+
+def test_a_hand_made_per_channel_dynamic_lstm_is_read_back_exactly():
+    rng = np.random.default_rng(7)
+    model, a = _hand_made_dynamic_lstm(rng)
+    x = rng.normal(0, 1, (4, 3, 5)).astype(np.float32)
+    theirs = session(model).run(None, {"x": x})      # onnxruntime's own contrib kernel
+    assert dequantize_dynamic(model) == 1
+    got = _inits(model)
+    lstm = model.graph.node[0]
+    assert lstm.op_type == "LSTM" and list(lstm.output) == ["y", "y_h"]
+    for name, q, zp, scale in ((lstm.input[1], "w_q", "w_zp", "w_scale"),
+                               (lstm.input[2], "r_q", "r_zp", "r_scale")):
+        # by hand: (q - zp) * scale per direction and column, then (dirs, 4H, K)
+        want = np.stack([((a[q][d].astype(np.float32) - a[zp][d]) * a[scale][d]).T
+                         for d in range(2)])        # (hidden or inputs, 4H) per direction
+        np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-7)
+    ours = session(model).run(None, {"x": x})
+    for o, t in zip(ours, theirs):    # the contrib kernel also rounds x and h to 8 bits
+        assert np.abs(o - t).max() < 0.05 * np.abs(t).max()
+
+
+def test_a_dynamically_quantized_lstm_compiles_with_its_gate_gemms_on_the_tpu(tmp_path):
+    m, dynamic = _dynamic_lstm(tmp_path, per_channel=True)
+    path = tmp_path / "dynamic.onnx"
+    compiled = tpu_compile(str(path), calibration=m.calibration, batch=m.batch)
+    rows = {r.node: r for r in compiled.report.rows}
+    node = next(n for n in dynamic.graph.node if n.op_type == "DynamicQuantizeLSTM")
+    assert rows[node.name].where == "TPU", rows[node.name].reason
+    steps, features, hidden = 10, 8, 32
+    assert rows[node.name].macs == steps * m.batch * 4 * hidden * (features + hidden)
+    gemms = [r for r in compiled.report.compiled_nodes if r.op_type == "Gemm"
+             and r.macs and "lstm" in r.node.lower()]
+    assert gemms and all(r.where == "TPU" for r in gemms)
+    assert compiled.report.tpu_macs == compiled.report.macs
+    assert "LSTMs dequantized to float first" in compiled.report.source
+    feeds = {k: v[:, :m.batch] for k, v in m.evaluation.items()}    # sequence first
+    got = compiled.run(feeds)["logits"]
+    qdq = session(onnx.load(str(compiled.reference_model))).run(["logits"], feeds)[0]
+    assert np.mean(got == qdq) >= 0.999          # the same QDQ model: identical
+    want = session(m.model).run(["logits"], feeds)[0]
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.97     # the float LSTM's answers
+
+
+def test_a_host_run_dynamic_lstm_s_macs_are_counted(tmp_path):
+    """Without calibration the dynamically quantized model runs on the host as it is; the
+    report still counts its DynamicQuantizeLSTM's gate products (steps x rows x 4H x (I +
+    H)), so that the TPU's share is of the network's work."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from real_models import lstm_classifier
+    m = lstm_classifier()
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(m.model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["LSTM", "MatMul", "Gemm"])
+    report = tpu_compile(str(dst), batch=m.batch).report
+    rows = {r.op_type: r for r in report.rows if r.macs}
+    assert rows["DynamicQuantizeLSTM"].where == "host"
+    assert rows["DynamicQuantizeLSTM"].macs == 10 * m.batch * 4 * 32 * (8 + 32)
+    assert report.macs == sum(r.macs for r in rows.values()) and report.tpu_macs == 0

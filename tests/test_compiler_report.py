@@ -137,6 +137,24 @@ def test_macs_of_each_matrix_operator_by_hand():
     assert node_macs(_node("MatMul", ["unknown", "w"], ["y"]), shapes) is None
 
 
+def test_macs_of_onnxruntime_s_contrib_matrix_operators_by_hand():
+    """com.microsoft's fused and integer kernels count as their float forms; its
+    DynamicQuantizeLSTM holds the LSTM's weights transposed: W (dirs, input, 4H)."""
+    shapes = {"a3": (8, 5, 32), "w": (32, 16), "y3": (8, 5, 16), "a": (8, 32), "y": (8, 16),
+              "x": (2, 6, 10, 10), "k": (12, 6, 3, 3), "yc": (2, 12, 8, 8),
+              "xs": (7, 2, 20), "Wq": (2, 20, 4 * 16), "Rq": (2, 16, 4 * 16)}
+    s, z = "s", "z"
+    for op, inputs in (("MatMulIntegerToFloat", ["a3", "w", s, s]),
+                       ("DynamicQuantizeMatMul", ["a3", "w", s]),
+                       ("MatMulInteger16", ["a3", "w"])):
+        assert node_macs(_node(op, inputs, ["y3"]), shapes) == 8 * 5 * 32 * 16, op
+    assert node_macs(_node("FusedGemm", ["a", "w"], ["y"]), shapes) == 8 * 32 * 16
+    assert node_macs(_node("FusedConv", ["x", "k"], ["yc"]), shapes) == 2 * 12 * 8 * 8 * 54
+    lstm = _node("DynamicQuantizeLSTM", ["xs", "Wq", "Rq", "", "", "", "", "", s, z, s, z],
+                 ["Y"])
+    assert node_macs(lstm, shapes) == 7 * 2 * 2 * 4 * 16 * (20 + 16)
+
+
 # --- whole compiles ---------------------------------------------------------------------
 
 LONG = "/model/encoder/layers.0/feed_forward/some_very_long_exporter_prefix/"

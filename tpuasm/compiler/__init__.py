@@ -12,7 +12,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
             per_channel=True, symmetric_activations=False, calibration_method="auto",
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
             min_snr=20.0, batch_axes=None, input_values=None, activation_bits=8,
-            wide_tensors=()):
+            wide_tensors=(), class_axes=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
 
@@ -27,7 +27,10 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     or False for no check): `model.report.validation`, whose `warnings` name each output
     below `min_agreement` (top-1, a share) or `min_snr` (dB).  `batch_axes`: {input: axis
     or None} where the inferred batch axes are not the right ones.  `input_values`:
-    {input: value}: inputs fixed to a value when compiling (an If on them folded)."""
+    {input: value}: inputs fixed to a value when compiling (an If on them folded).
+    `class_axes`: {output: axis or None}: the axis of an output's class scores, judged by
+    top-1 agreement at every other position (None: by SNR only), where the rule of
+    runtime/classaxis.py (a Softmax, an ArgMax or a classifier head) is not the right one."""
     from tpuasm.compiler.pipeline import compile_model
     quantization = None
     custom = (not per_channel or symmetric_activations or calibration_method != "auto"
@@ -45,7 +48,8 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     return compile_model(path, batch=batch, calibration=calibration, config=config,
                          quantization=quantization, validate=validate,
                          min_agreement=min_agreement, min_snr=min_snr,
-                         batch_axes=batch_axes, input_values=input_values)
+                         batch_axes=batch_axes, input_values=input_values,
+                         class_axes=class_axes)
 
 
 def load(outdir):

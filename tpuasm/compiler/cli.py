@@ -70,6 +70,10 @@ def _parser_compile() -> argparse.ArgumentParser:
     v.add_argument("--min-snr", type=float, default=20.0, metavar="DB",
                    help="warn when an output's SNR against the float model falls below DB "
                         "(default 20)")
+    v.add_argument("--class-axis", action="append", default=[], metavar="OUTPUT=AXIS",
+                   help="the axis of OUTPUT's class scores, judged by top-1 agreement at "
+                        "every other position, or 'none' (SNR only); by default a Softmax, "
+                        "an ArgMax or a classifier head in the graph says (repeatable)")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print the report")
     return p
 
@@ -201,7 +205,7 @@ def compile_main(argv: list[str] | None = None) -> int:
                               quantization=_quantization(args),
                               validate=False if args.no_validate else args.validate,
                               min_agreement=args.min_agreement, min_snr=args.min_snr,
-                              input_values=args.input_value)
+                              input_values=args.input_value, class_axes=args.class_axis)
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text() + "\n")

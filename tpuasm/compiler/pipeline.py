@@ -58,7 +58,8 @@ def parse_config(items) -> dict:
 def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   codegen: bool = True, batch_axes=None, quantization=None,
                   validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
-                  time_segments: bool = True, input_values=None) -> CompiledModel:
+                  time_segments: bool = True, input_values=None,
+                  class_axes=None) -> CompiledModel:
     """Compile an ONNX model (float with a calibration set, or already quantized).
     `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
     batch axes (batch.py) are not the right ones.  `time_segments=False` leaves the report's
@@ -67,10 +68,14 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     for a float model; `validate`: None (check the compiled model against the float one on
     the calibration data), False (no check), or data (array, {input: array}, .npy/.npz path)
     to check it on.  `input_values`: {input: value} (or `NAME=V[,V...]` strings): inputs
-    made constants of the model (inputvalues.py), so Ifs on them fold away."""
+    made constants of the model (inputvalues.py), so Ifs on them fold away.  `class_axes`:
+    {output: axis or None} (or `NAME=AXIS|none` strings): the axis of an output's classes
+    for the check against the float model, where classaxis.py's rule is not the right one."""
     path = Path(path)
+    from tpuasm.compiler.runtime.classaxis import parse_class_axes
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
+    class_axes = parse_class_axes(class_axes)
     float_check = None
     config = parse_config(config)
     machine = machine_config(config)
@@ -92,9 +97,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
                                f"models only")
-        if quantization is not None or validate not in (None, False):
-            raise CompileError(f"{path} is already quantized: quantization options and "
-                               f"--validate apply to float models only")
+        if quantization is not None or validate not in (None, False) or class_axes:
+            raise CompileError(f"{path} is already quantized: quantization options, "
+                               f"--validate and --class-axis apply to float models only")
         source = "quantized model, taken with its own scales and zero points"
         reference = path
     else:
@@ -126,6 +131,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         # the float model, for the validation: its inputs as declared (an If's branches may
         # not type-check in onnxruntime once a dynamic dimension is fixed)
         original = _with_inputs(model, declared)
+        from tpuasm.compiler.runtime import classaxis
+        float_classes = classaxis.class_axes(model, class_axes)   # the check's metric
         # shapes made static before quantizing (fold.py): the quantizer then sees them too
         _, float_model = fold_float_model(path, model, batch, axes, provenance,
                                           Path(keep.name))
@@ -152,15 +159,17 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                               if validate is None else None)
         if validate is False:          # no check asked for: the options as given
             options = replace(options, search_calibration=False)
-        _, options, chosen = quantize_checked(
-            prepared.model, samples, input_signature(float_model), reference, options, path,
-            provenance, axes, original, check, min_agreement, min_snr, tied=prepared.tied)
+        with classaxis.judging(float_classes):
+            _, options, chosen = quantize_checked(
+                prepared.model, samples, input_signature(float_model), reference, options,
+                path, provenance, axes, original, check, min_agreement, min_snr,
+                tied=prepared.tied)
         said = replace(options, keep_float=users_float).describe() + notes
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{said}) from {count} calibration samples"
                   + (f"; {chosen}" if chosen else "")
-                  + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains "
-                     f"dequantized to float first" if dequantized else ""))
+                  + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains and "
+                     f"LSTMs dequantized to float first" if dequantized else ""))
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -197,7 +206,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         # on the calibration data a bounded, evenly spread subset; the user's data whole
         report.validation = check(compiled, *float_check, min_agreement, min_snr,
                                   max_rows=CALIBRATION_CHECK_ROWS if validate is None
-                                  else None)
+                                  else None, classes=float_classes)
     return compiled
 
 

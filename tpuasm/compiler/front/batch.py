@@ -52,6 +52,11 @@ def _dynamic(d) -> bool:
 
 def parse_batch_axes(items) -> dict[str, int | None]:
     """`--batch-axis NAME=AXIS|none` strings (or a dict) -> {input: axis or None}."""
+    return parse_named_axes(items, "--batch-axis", "NAME")
+
+
+def parse_named_axes(items, option: str, name_word: str) -> dict[str, int | None]:
+    """`NAME=AXIS|none` strings of `option` (or a dict) -> {name: axis or None}."""
     if items is None:
         return {}
     if isinstance(items, dict):
@@ -61,7 +66,7 @@ def parse_batch_axes(items) -> dict[str, int | None]:
         for item in items:
             name, sep, value = str(item).rpartition("=")
             if not sep or not name:
-                raise CompileError(f"--batch-axis {item!r}: expected NAME=AXIS "
+                raise CompileError(f"{option} {item!r}: expected {name_word}=AXIS "
                                    f"(AXIS an integer or 'none')")
             pairs.append((name, value.strip()))
     axes = {}
@@ -74,7 +79,7 @@ def parse_batch_axes(items) -> dict[str, int | None]:
                 raise ValueError
             axes[name] = int(value)
         except (TypeError, ValueError):
-            raise CompileError(f"--batch-axis {name}={value!r}: AXIS must be an integer or "
+            raise CompileError(f"{option} {name}={value!r}: AXIS must be an integer or "
                                f"'none'") from None
     return axes
 

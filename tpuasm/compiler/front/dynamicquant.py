@@ -14,6 +14,13 @@ and the float bias the int32 one was made from (the older tool quantizes the bia
 from its float initializer: Floor(b / (x_scale * w_scale))).  The compiler then calibrates
 and quantizes the model like any float one, every chain's weights going to the TPU.
 
+An LSTM becomes onnxruntime's contrib DynamicQuantizeLSTM (com.microsoft): the ONNX LSTM's
+inputs, attributes and outputs, but W and R as int8/uint8 with a scale and zero point per
+direction (or per direction and gate column), and transposed: W_q is (directions,
+input_size, 4 * hidden) where the LSTM's W is (directions, 4 * hidden, input_size).  It is
+read back as that float LSTM, W = ((W_q - zp) * scale) transposed, so that the LSTM
+unrolling (prepare.py) puts its gate Gemms on the TPU like any float LSTM's.
+
 A chain of another shape is left as it is (it runs on the host, with its reason)."""
 from __future__ import annotations
 
@@ -25,32 +32,43 @@ from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
 _INTEGER_OPS = ("ConvInteger", "MatMulInteger")
 
 
+def _is_quantized_lstm(node) -> bool:
+    return node.op_type == "DynamicQuantizeLSTM" and node.domain == "com.microsoft"
+
+
 def is_dynamically_quantized(model) -> bool:
-    return any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+    return any(n.op_type == "DynamicQuantizeLinear" or _is_quantized_lstm(n)
+               for n in model.graph.node)
 
 
 def dequantize_dynamic(model) -> int:
-    """Rewrite (in place) every dynamically quantized Conv/MatMul chain into float; the
-    count rewritten.  Nodes left without a consumer are dropped."""
+    """Rewrite (in place) every dynamically quantized Conv/MatMul chain and LSTM into float;
+    the count rewritten.  Nodes left without a consumer are dropped."""
     idx = _Index(model)
-    replaced: dict[str, list] = {}            # the chain's last node -> its float nodes
-    dead: set[str] = set()
+    replaced: dict[str, list] = {}    # the chain's last node (its first output) -> float nodes
+    dead: set[str] = set()            # the other nodes of the chains (their first outputs)
     for node in model.graph.node:
+        if _is_quantized_lstm(node):
+            lstm = _float_lstm(node, idx)
+            if lstm is not None:
+                replaced[node.output[0]] = [lstm]
+            continue
         if node.op_type not in _INTEGER_OPS:
             continue
         chain = _chain(node, idx)
         if chain is None:
             continue
         last, nodes, new = chain
-        replaced[last.name] = new
-        dead.update(n.name for n in nodes)
+        replaced[last.output[0]] = new
+        dead.update(n.output[0] for n in nodes)
     if not replaced:
         return 0
     kept = []
     for n in model.graph.node:
-        if n.name in replaced:
-            kept.extend(replaced[n.name])
-        elif n.name not in dead:
+        first = n.output[0] if n.output else None
+        if first in replaced:
+            kept.extend(replaced[first])
+        elif first not in dead:
             kept.append(n)
     del model.graph.node[:]
     model.graph.node.extend(kept)
@@ -114,6 +132,45 @@ def _chain(node, idx: _Index):
         helper.make_node("MatMul", [x, w_name], [product], name=node.name or y),
         helper.make_node("Add", [product, idx.add_init(bias.reshape(-1), f"{y}_bias")], [y],
                          name=idx.unique(f"{node.name or y}_bias_add"))]
+
+
+def _float_lstm(node, idx: _Index):
+    """The float ONNX LSTM a DynamicQuantizeLSTM stands for, or None (weights that are not
+    constants, scales of another shape)."""
+    inputs = list(node.input) + [""] * (12 - len(node.input))
+    weights = []
+    for data, scale, zero in ((1, 8, 9), (2, 10, 11)):
+        w_q, w_scale = idx.const(inputs[data]), idx.const(inputs[scale])
+        w_zp = idx.const(inputs[zero]) if inputs[zero] else np.zeros((), np.int8)
+        if w_q is None or w_scale is None or w_zp is None or w_q.ndim != 3:
+            return None
+        w = _lstm_weight(w_q, w_zp, w_scale)
+        if w is None:
+            return None
+        weights.append(idx.add_init(w, f"{inputs[data]}_dequantized"))
+    ins = [inputs[0], *weights, *inputs[3:8]]
+    while ins and not ins[-1]:
+        ins.pop()
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return helper.make_node("LSTM", ins, list(node.output), name=node.name or node.output[0],
+                            **attrs)
+
+
+def _lstm_weight(w_q: np.ndarray, w_zp: np.ndarray, w_scale: np.ndarray):
+    """(directions, K, 4H) int weights -> the LSTM's (directions, 4H, K) float ones: the
+    scale and the zero point each one per direction, or per direction and column."""
+    dirs, _, cols = w_q.shape
+
+    def spread(v):
+        v = np.asarray(v, np.float32)
+        shapes = {1: (), dirs: (dirs, 1, 1), dirs * cols: (dirs, 1, cols)}
+        return v.reshape(shapes[v.size]) if v.size in shapes else None
+
+    zp, scale = spread(w_zp), spread(w_scale)
+    if zp is None or scale is None:
+        return None
+    w = (w_q.astype(np.float32) - zp) * scale
+    return np.ascontiguousarray(w.transpose(0, 2, 1), np.float32)
 
 
 def _weight_scale(scale: str, x_scale: str, idx: _Index):

@@ -3,17 +3,24 @@
 One meaning of "MACs" for the compiler's report: the products the network itself asks for
 (a Gemm of (M, K) by (K, N) is M x K x N), whatever array they land on and whatever padding
 the TPU program adds to fill its tiles.  The count is per batch of the shapes given (the
-compiled batch); the quantized forms count like their float ones.
+compiled batch); the quantized forms count like their float ones, onnxruntime's contrib
+(com.microsoft) forms too: the fused and integer MatMul / Gemm / Conv kernels and the
+DynamicQuantizeLSTM (an LSTM with transposed int8 weights), whether they run on the TPU or on
+the host, so that the TPU's share is of the network's own work.
 """
 from __future__ import annotations
 
 from math import prod
 
 # op type -> index of the input that holds the weight (Conv-like) or the right operand
-_CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
-_MATMUL = {"MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul"}
-_GEMM = {"Gemm", "QGemm"}
-_RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3, "FusedConv": 1}
+_MATMUL = {"MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "MatMulIntegerToFloat",
+           "DynamicQuantizeMatMul", "MatMulInteger16"}
+_GEMM = {"Gemm", "QGemm", "FusedGemm"}
+_RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "DynamicQuantizeLSTM": 4}
+# W (directions, input, 4 * hidden) and R (directions, hidden, 4 * hidden): the LSTM's
+# weights transposed
+_TRANSPOSED_GATES = {"DynamicQuantizeLSTM"}
 
 _BRANCHING = {"If"}
 
@@ -58,9 +65,11 @@ def node_macs(node, shapes: dict) -> int | None:
     # LSTM / GRU / RNN: X (seq, batch, input) or batch-first with layout=1; W (dirs, G*H, I);
     # R (dirs, G*H, H): every step multiplies the input and the state by each gate's weights
     x, w, r = shape(node.input(0)), shape(node.input(1)), shape(node.input(2))
-    if x is None or w is None or r is None or len(x) != 3:
+    if x is None or w is None or r is None or len(x) != 3 or len(w) != 3 or len(r) != 3:
         return None
     steps_rows = x[0] * x[1]
+    if op in _TRANSPOSED_GATES:
+        return steps_rows * w[0] * w[2] * (w[1] + r[1])
     return steps_rows * w[0] * w[1] * (w[2] + r[2])
 
 

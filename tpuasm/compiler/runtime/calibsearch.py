@@ -4,7 +4,8 @@ Min-max calibration first (the onnxruntime default, exact on the project's own m
 QDQ model is then run by onnxruntime against the float model on the check rows (the rows the
 compiled model's validation uses): the compiled model computes exactly what the QDQ model
 does, so this is the validation's figure before any code is generated.  Below the user's bar
-(--min-agreement for classifier outputs, --min-snr for the others) the other methods are
+(--min-agreement for outputs of class scores, a classifier's rows or a sequence's steps
+(classaxis.py), --min-snr for the others) the other methods are
 tried, percentile then entropy, and the QDQ model that keeps the most answers is compiled;
 still below, the TPU's 16-bit activations (front/widen.py): the noisiest activation tensors
 that can be int16 are made so (_widen_the_noisiest); still below, the 8-bit-only TPU nodes
@@ -31,22 +32,29 @@ _NAMES = {"minmax": "min-max", "percentile": "percentile", "entropy": "entropy"}
 @dataclass
 class Score:
     """A QDQ model against the float model: the lowest top-1 (or exact) agreement and the
-    lowest SNR over the outputs (None when no output has that kind of figure)."""
+    lowest SNR over the outputs (None when no output has that kind of figure); `what`: the
+    kind of the lowest agreement ("top-1", "per-step top-1": classaxis.py); `snr_bar`: the
+    lowest SNR of the outputs held to --min-snr (those judged by SNR, and those judged by
+    top-1 only because a classifier head makes them, validate.OutputCheck.snr_bar)."""
     agreement: float | None
     snr_db: float | None
+    what: str = "top-1"
+    snr_bar: float | None = None
 
     def below(self, min_agreement: float, min_snr: float) -> bool:
         return (self.agreement is not None and self.agreement < min_agreement) or \
-            (self.agreement is None and self.snr_db is not None and self.snr_db < min_snr)
+            (self.snr_bar is not None and self.snr_bar < min_snr)
 
     def key(self) -> tuple:
         return (-1.0 if self.agreement is None else self.agreement,
                 -math.inf if self.snr_db is None else self.snr_db)
 
     def text(self) -> str:
+        snr = None if self.snr_bar is None else f"SNR {self.snr_bar:.1f} dB"
         if self.agreement is not None:
-            return f"{100 * self.agreement:.2f} % top-1 agreement"
-        return "no figure" if self.snr_db is None else f"SNR {self.snr_db:.1f} dB"
+            return f"{100 * self.agreement:.2f} % {self.what} agreement" + (
+                f", {snr}" if snr else "")
+        return snr or ("no figure" if self.snr_db is None else f"SNR {self.snr_db:.1f} dB")
 
 
 def float_outputs(float_model, data: dict, batch_first: bool) -> dict | None:
@@ -65,7 +73,10 @@ def float_outputs(float_model, data: dict, batch_first: bool) -> dict | None:
 def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = None
           ) -> Score | None:
     """onnxruntime on both models over `data` ({input: rows}); None if either cannot run.
-    `qdq`: a path or a ModelProto; `ref`: the float model's outputs, if known."""
+    `qdq`: a path or a ModelProto; `ref`: the float model's outputs, if known.  Outputs
+    are judged by top-1 over the float model's class axes (classaxis.py: those of the
+    search under way, classaxis.judging)."""
+    from tpuasm.compiler.runtime.classaxis import class_axes, searched_axes
     from tpuasm.compiler.runtime.validate import compare, run_float
     import onnx
     ref = ref if ref is not None else float_outputs(float_model, data, batch_first)
@@ -77,12 +88,17 @@ def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = No
                         Path(qdq).read_bytes(), data, names, batch_first)
         # numbers only: skl2onnx's ZipMap output is an array of dicts
         checks = compare(ref, got, [n for n in names if isinstance(ref[n], np.ndarray)
-                                    and ref[n].dtype.kind in "biuf"])
+                                    and ref[n].dtype.kind in "biuf"],
+                         searched_axes() or class_axes(float_model))
     except Exception:                   # noqa: BLE001 - no figure: the first model is kept
         return None
-    agreements = [c.agreement for c in checks if c.agreement is not None]
+    agreements = [c for c in checks if c.agreement is not None]
+    lowest = min(agreements, key=lambda c: c.agreement) if agreements else None
     snrs = [c.snr_db for c in checks if c.snr_db is not None]
-    return Score(min(agreements) if agreements else None, min(snrs) if snrs else None)
+    held = [c.snr_db for c in checks if c.snr_db is not None and c.snr_bar]
+    return Score(None if lowest is None else lowest.agreement, min(snrs) if snrs else None,
+                 "top-1" if lowest is None or lowest.kind == "exact" else lowest.kind,
+                 min(held) if held else None)
 
 
 def quantize_checked(model, samples: dict, signature: dict, out_path: Path,

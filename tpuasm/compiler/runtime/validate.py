@@ -2,10 +2,11 @@
 data (the calibration set, or the user's --validate DATA), onnxruntime on the float model,
 the compiled model with reference.py's engine (bit-identical to the emulator, and fast).
 
-Per output: top-1 agreement for classifier-like outputs (rank-2 float outputs with two or more
-columns: the arg-max of each row), exact agreement for integer outputs (labels), and the
-signal-to-noise ratio in dB of every float output (the float answer is the signal, the
-difference the noise).  A figure below the user's bar (--min-agreement, --min-snr) is a
+Per output: top-1 agreement for outputs of class scores (the arg-max along the class axis at
+every other position: each row of a (rows, classes) output, each step of a sequence of
+classes; classaxis.py says which axis, and why), exact agreement for integer outputs
+(labels), and the signal-to-noise ratio in dB of every float output (the float answer is
+the signal, the difference the noise).  A figure below the user's bar (--min-agreement, --min-snr) is a
 warning: the library returns it, the CLI prints it on stderr."""
 from __future__ import annotations
 
@@ -32,29 +33,38 @@ CALIBRATION_CHECK_ROWS = 128
 class OutputCheck:
     """One output's figures."""
     name: str
-    kind: str                        # "top-1" | "exact" | "snr"
-    agreement: float | None = None   # share of rows that agree (top-1 / exact)
+    kind: str                        # "top-1" | "per-step top-1" | "exact" | "snr"
+    agreement: float | None = None   # share of rows (steps) that agree (top-1 / exact)
     snr_db: float | None = None      # float outputs; inf when identical
     max_abs_error: float | None = None
+    class_axis: int | None = None    # the axis top-1 is taken over
+    why: str | None = None           # why that metric (classaxis.judged_axis)
+    snr_too: bool = False            # judged by top-1 and held to the SNR bar as well
+
+    @property
+    def snr_bar(self) -> bool:
+        """Whether its SNR is held to --min-snr."""
+        return self.snr_db is not None and (self.kind == "snr" or self.snr_too)
 
     def text(self) -> str:
         parts = []
         if self.agreement is not None:
-            what = "top-1 agreement" if self.kind == "top-1" else "rows identical"
+            what = "rows identical" if self.kind == "exact" else f"{self.kind} agreement"
             parts.append(f"{what} {100 * self.agreement:.2f} %")
         if self.snr_db is not None:
             parts.append("SNR identical" if math.isinf(self.snr_db) and self.snr_db > 0
                          else f"SNR {self.snr_db:.1f} dB")
         if self.max_abs_error is not None:
             parts.append(f"max |error| {self.max_abs_error:.3g}")
-        return f"{self.name}: " + ", ".join(parts)
+        return f"{self.name}: " + ", ".join(parts) + (f" ({self.why})" if self.why else "")
 
     def to_json(self) -> dict:
         snr = self.snr_db
         return {"output": self.name, "kind": self.kind, "agreement": self.agreement,
                 "snr_db": snr if snr is None or math.isfinite(snr) else None,
                 "identical": snr is not None and math.isinf(snr) and snr > 0,
-                "max_abs_error": self.max_abs_error}
+                "max_abs_error": self.max_abs_error, "class_axis": self.class_axis,
+                "why": self.why, "snr_too": self.snr_too}
 
 
 @dataclass
@@ -79,7 +89,8 @@ class Validation:
     @classmethod
     def from_json(cls, d: dict) -> "Validation":
         outputs = [OutputCheck(o["output"], o["kind"], o["agreement"],
-                               math.inf if o["identical"] else o["snr_db"], o["max_abs_error"])
+                               math.inf if o["identical"] else o["snr_db"], o["max_abs_error"],
+                               o.get("class_axis"), o.get("why"), o.get("snr_too", False))
                    for o in d["outputs"]]
         return cls(d["rows"], d["data"], d["min_agreement"], d["min_snr_db"], outputs,
                    list(d["warnings"]), d.get("of_rows"))
@@ -109,8 +120,12 @@ def check_thresholds(min_agreement, min_snr) -> tuple[float, float]:
     return a, s
 
 
-def compare(float_out: dict, compiled_out: dict, names: list[str]) -> list[OutputCheck]:
-    """The figures of each output (arrays of the same rows)."""
+def compare(float_out: dict, compiled_out: dict, names: list[str],
+            classes: dict | None = None) -> list[OutputCheck]:
+    """The figures of each output (arrays of the same rows); `classes`: {output: ClassAxis}
+    of the float model (classaxis.class_axes), without which only a rank-2 output is
+    judged by top-1."""
+    from tpuasm.compiler.runtime.classaxis import judged_axis
     checks = []
     for name in names:
         ref = np.asarray(float_out[name])
@@ -129,11 +144,14 @@ def compare(float_out: dict, compiled_out: dict, names: list[str]) -> list[Outpu
         snr = math.inf if noise == 0 else (-math.inf if signal == 0 else
                                            10 * math.log10(signal / noise))
         err = float(np.max(np.abs(ref64 - got64))) if ref.size else 0.0
-        if ref.ndim == 2 and ref.shape[1] >= 2:
-            agree = float(np.mean(np.argmax(ref, 1) == np.argmax(got, 1))) if len(ref) else 1.0
-            checks.append(OutputCheck(name, "top-1", agree, snr, err))
-        else:
-            checks.append(OutputCheck(name, "snr", None, snr, err))
+        axis, why, snr_too = judged_axis((classes or {}).get(name), ref.shape)
+        if axis is None:
+            checks.append(OutputCheck(name, "snr", None, snr, err, None, why))
+            continue
+        agree = float(np.mean(np.argmax(ref, axis) == np.argmax(got, axis))) if ref.size \
+            else 1.0
+        kind = "top-1" if ref.ndim == 2 else "per-step top-1"
+        checks.append(OutputCheck(name, kind, agree, snr, err, axis, why, snr_too))
     return checks
 
 
@@ -161,10 +179,12 @@ def spread_subset(data: dict, axes: dict, max_rows: int | None) -> dict:
 
 def validate(compiled, float_model, data: dict, what: str,
              min_agreement: float = DEFAULT_MIN_AGREEMENT,
-             min_snr: float = DEFAULT_MIN_SNR, max_rows: int | None = None) -> Validation:
+             min_snr: float = DEFAULT_MIN_SNR, max_rows: int | None = None,
+             classes: dict | None = None) -> Validation:
     """Run `compiled` (on the emulator's data path) and onnxruntime on `float_model` (a ModelProto
     or its bytes) over `data` ({input: rows}), or over `max_rows` of its rows (spread_rows)
-    when it has more; the figures and warnings."""
+    when it has more; the figures and warnings.  `classes`: the float model's class axes
+    (classaxis.class_axes; worked out here when None)."""
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
     names = [o.name for o in compiled.outputs]
     axes = {i.name: getattr(i, "batch_axis", 0) for i in compiled.inputs}
@@ -192,15 +212,20 @@ def validate(compiled, float_model, data: dict, what: str,
         return result
     tensors = [n for n in names if not isinstance(ref.get(n), (list, dict))
                and not isinstance(got.get(n), (list, dict))]    # a ZipMap's maps: skipped
-    result.outputs = compare(ref, got, tensors)
+    if classes is None:
+        from tpuasm.compiler.runtime.classaxis import class_axes
+        classes = class_axes(float_model)
+    result.outputs = compare(ref, got, tensors, classes)
     for o in result.outputs:
         if o.agreement is not None and o.agreement < min_agreement:
-            what_ = "top-1 agreement" if o.kind == "top-1" else "exact agreement"
+            what_ = "exact agreement" if o.kind == "exact" else f"{o.kind} agreement"
+            axis = (f" (classes on axis {o.class_axis}; --class-axis {o.name}=none if that "
+                    f"is not a class axis)") if o.kind == "per-step top-1" else ""
             result.warnings.append(
                 f"output '{o.name}': {what_} with the float model is {100 * o.agreement:.2f} "
-                f"%, below {100 * min_agreement:g} % (--min-agreement); try --keep-float, "
-                f"--calibration-method, or more calibration rows")
-        elif o.kind == "snr" and o.snr_db is not None and o.snr_db < min_snr:
+                f"%, below {100 * min_agreement:g} % (--min-agreement){axis}; try "
+                f"--keep-float, --calibration-method, or more calibration rows")
+        if o.snr_bar and o.snr_db < min_snr:
             result.warnings.append(
                 f"output '{o.name}': SNR against the float model is {o.snr_db:.1f} dB, below "
                 f"{min_snr:g} dB (--min-snr)")
