@@ -102,7 +102,7 @@ def test_percentile_ranges_within_two_of_onnxruntimes_bins(case, tmp_path, capsy
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _feeds(x, 32))
+    ours.collect(model, names, _feeds(x, 32), histograms=True)
     theirs, _ = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Percentile,
                                     {"percentile": 99.9})
     got = ours.ranges(names, "percentile", 99.9)
@@ -125,7 +125,7 @@ def test_entropy_ranges_are_as_good_as_onnxruntimes_by_its_own_measure(case, tmp
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _feeds(x, 32))
+    ours.collect(model, names, _feeds(x, 32), histograms=True)
     theirs, histograms = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Entropy,
                                              {"num_bins": 512, "num_quantized_bins": 128})
     got = ours.ranges(names, "entropy")
@@ -153,9 +153,11 @@ def test_chunking_changes_no_range(case):
     rows cut into 7-row chunks give every method the same ranges as 64-row chunks."""
     model, x, names = case
     big, small = CalibrationPass(), CalibrationPass()
-    big.collect(model, names, _feeds(x, 64))
-    small.collect(model, names, _feeds(x, 7))
-    assert (big.runs, small.runs) == (2, -(-ROWS // 7))
+    big.collect(model, names, _feeds(x, 64), histograms=True)
+    small.collect(model, names, _feeds(x, 7), histograms=True)
+    # a range pass and a histogram pass each
+    assert big.passes == small.passes == 2
+    assert (big.runs, small.runs) == (2 * 2, 2 * -(-ROWS // 7))
     for method in ("minmax", "percentile", "entropy"):
         a, b = big.ranges(names, method, 99.99), small.ranges(names, method, 99.99)
         for name in names:
@@ -240,12 +242,13 @@ def test_quantize_writes_onnxruntimes_own_qdq_model_for_minmax(case, tmp_path):
     assert ours.graph.SerializeToString() == theirs.graph.SerializeToString()
 
 
-def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_method(
-        case, tmp_path, monkeypatch):
-    """Memory is bounded by a chunk: with a budget of five rows' quantized tensors, every
-    onnxruntime run gets at most five rows (after the one-row run that measures them);
-    percentile and entropy then reuse the pass (no run), and their QDQ models are the ones
-    a pass of the default budget gives."""
+def test_only_histogram_methods_expose_tensors_and_within_the_budget(case, tmp_path,
+                                                                      monkeypatch):
+    """Min-max exposes no tensor: its range pass (after the one-row run that measures each
+    tensor's size) runs chunks of the model's own row count, every min and max computed in
+    the graph.  Percentile needs the histograms: a pass exposing five rows' tensors a run
+    (the budget), which entropy reuses (no run); their QDQ models are the ones a pass of the
+    default budget gives."""
     from tpuasm.compiler.front import calibrate as calibrate_module
     model, x, names = case
     per_row = 4 * (3 * 64 + 2 * 8 * 64 + 3 * 4 * 16 + 10)        # x, c1, r1, c2, t2, f, y
@@ -261,11 +264,20 @@ def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_meth
 
     monkeypatch.setattr(quantize_module, "calibration_feeds", spy)
     shared = CalibrationPass()
-    for method in ("minmax", "percentile", "entropy"):
+    quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / "minmax.onnx",
+             QuantOptions(calibration_method="minmax"), calibration=shared)
+    most = quantize_module.calibration_rows(model)
+    assert seen[0] == 1 and max(seen[1:]) == most > 5 and sum(seen[1:]) == ROWS
+    assert shared.passes == 1 and not any(s.binned for s in shared.tensors.values())
+    assert shared._bytes == {"x": 4 * 3 * 64, "c1": 4 * 8 * 64, "r1": 4 * 8 * 64,
+                             "c2": 4 * 4 * 16, "t2": 4 * 4 * 16, "f": 4 * 64, "y": 4 * 10}
+    ranged = len(seen)
+    for method in ("percentile", "entropy"):
         quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / f"{method}.onnx",
                  QuantOptions(calibration_method=method), calibration=shared)
-    assert seen[0] == 1 and max(seen[1:]) == 5 and sum(seen[1:]) == ROWS
-    assert shared.rows == 5 and shared.runs == len(seen) - 1 == -(-ROWS // 5)
+    binned = seen[ranged:]
+    assert max(binned) == 5 and sum(binned) == ROWS and shared.rows == 5
+    assert shared.passes == 2 and shared.runs == -(-ROWS // most) + -(-ROWS // 5)
     monkeypatch.undo()
     alone = tmp_path / "entropy-alone.onnx"
     quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, alone,
@@ -275,10 +287,11 @@ def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_meth
     assert ranges[0].graph != ranges[1].graph          # the methods differ
 
 
-def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_path,
-                                                                          monkeypatch):
+def test_the_calibration_search_runs_the_float_model_twice_for_every_method(tmp_path,
+                                                                           monkeypatch):
     """auto below an unreachable SNR bar tries percentile and entropy and then keeping
-    element-wise nodes float: one calibration pass serves every quantize() it makes."""
+    element-wise nodes float: one range pass and one histogram pass serve every quantize()
+    it makes."""
     from tpuasm.compiler import ort
     from tpuasm.compiler.runtime.calibsearch import quantize_checked
     rng = np.random.default_rng(4)
@@ -295,10 +308,10 @@ def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_p
     x = rng.standard_t(3, (96, 16)).astype(np.float32)
     passes, real = [], ort.session
 
-    def counting(m, threads=1, optimize=True):
+    def counting(m, threads=1, optimize=True, **more):
         if not optimize:
             passes.append(1)
-        return real(m, threads, optimize)
+        return real(m, threads, optimize, **more)
 
     monkeypatch.setattr(ort, "session", counting)
     made = []
@@ -315,7 +328,8 @@ def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_p
         None, None, model, {"x": x[:32]}, 0.99, 400.0)
     assert "percentile" in note and "entropy" in note        # the search ran
     assert len(made) >= 3 and all(c is made[0] for c in made) and made[0] is not None
-    assert len(passes) == 1 and made[0].runs >= 1
+    # one range pass (min-max) and one histogram pass (percentile, entropy) for them all
+    assert len(passes) == 2 and made[0].passes == 2 and made[0].runs >= 2
 
 
 def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
@@ -335,11 +349,12 @@ def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
             yield feed
 
     ours = CalibrationPass()
-    ours.collect(fixed, names, feeds)
-    assert set(made) == {8} and ours.runs == 4
+    ours.collect(fixed, names, feeds, histograms=True)
+    # the range pass's measuring run is its first run; the histogram pass's four runs
+    assert set(made) == {8} and ours.runs == 4 + 4 and len(made) == 1 + 4 + 4
     assert ours.tensors["x"].counts.sum() == 32 * 3 * 8 * 8
     whole = CalibrationPass()
-    whole.collect(model, names, _feeds(x[:32], 32))
+    whole.collect(model, names, _feeds(x[:32], 32), histograms=True)
     for name in names:
         assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts)
 
