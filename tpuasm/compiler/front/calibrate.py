@@ -257,16 +257,16 @@ class CalibrationPass:
     nodes float asks for fewer tensors, without another pass.  One object serves one model
     and one calibration set.
 
-    Two kinds of pass.  The range pass (every call): each float32 tensor's min and max are
+    Two kinds of pass.  The range pass (min-max): each float32 tensor's min and max are
     computed by onnxruntime inside the graph, by a ReduceMin and a ReduceMax right after
     the node that makes it (as onnxruntime's own MinMax calibrator adds them) run in the
     order that frees the tensor at once, so no tensor leaves the session: its memory is the
     model's own working set (Magika at its fixed batch of 64: 0.9 GB with the 31 tensors
     exposed, 0.33 GB so) and no value is touched by numpy.  Min-max needs nothing more.
-    The histogram pass (`histograms`: percentile, entropy) exposes the tensors and bins them
-    (TensorStatistics.add), at most `budget` bytes of them a run: fewer rows a run; for a
-    model whose fixed batch holds more than that, the same model at a batch of one
-    (`rebatched`), else fewer tensors a pass."""
+    The histogram pass (`histograms`: percentile, entropy; their min and max too) exposes
+    the tensors and bins them (TensorStatistics.add), at most `budget` bytes of them a run:
+    fewer rows a run; for a model whose fixed batch holds more than that, the same model at
+    a batch of one (`rebatched`), else fewer tensors a pass."""
 
     def __init__(self):
         self.tensors: dict[str, TensorStatistics | None] = {}   # None: not float
@@ -277,24 +277,26 @@ class CalibrationPass:
 
     def collect(self, model: onnx.ModelProto, names, feeds, most_rows: int = 64,
                 budget: int | None = None, histograms: bool = False, rebatched=None) -> None:
-        """Run `model` over the calibration set for the tensors of `names` not seen yet
-        (and, with `histograms`, bin those not binned yet).  `feeds(rows)` iterates over
-        the set as {input: chunk} of at most `rows` rows (a model of fixed batch gets its
-        batch whatever the rows asked); a one-row run first measures each tensor's bytes
-        (shape inference rarely knows them all: a one-hot's depth, an image's height);
-        then chunks of at most `most_rows` rows (the model's own working set) and `budget`
-        bytes of exposed tensors (CHUNK_BYTES) go.  `rebatched()`: None, or (the model at a
-        batch of one, its feeds) for a histogram pass the fixed batch would not fit."""
+        """Run `model` over the calibration set for the min and max of the tensors of
+        `names` not seen yet (with `histograms`: the histograms of those not binned yet).
+        `feeds(rows)` iterates over the set as {input: chunk} of at most `rows` rows (a
+        model of fixed batch gets its batch whatever the rows asked); a one-row run first
+        measures each tensor's bytes (shape inference rarely knows them all: a one-hot's
+        depth, an image's height); then chunks of at most `most_rows` rows (the model's
+        own working set) and `budget` bytes of exposed tensors (CHUNK_BYTES) go.
+        `rebatched()`: None, or (the model at a batch of one, its feeds) for a histogram
+        pass the fixed batch would not fit."""
         names = list(dict.fromkeys(names))
+        budget = budget or CHUNK_BYTES
+        if histograms:          # its min and max too: no range pass first
+            unbinned = [n for n in names if n not in self.tensors or (
+                self.tensors[n] is not None and not self.tensors[n].binned)]
+            if unbinned:
+                self._histogram_pass(model, unbinned, feeds, most_rows, budget, rebatched)
+            return
         unseen = [n for n in names if n not in self.tensors]
         if unseen:
-            self._range_pass(model, unseen, feeds, most_rows, budget or CHUNK_BYTES)
-        if histograms:
-            unbinned = [n for n in names if self.tensors.get(n) is not None
-                        and not self.tensors[n].binned]
-            if unbinned:
-                self._histogram_pass(model, unbinned, feeds, most_rows,
-                                     budget or CHUNK_BYTES, rebatched)
+            self._range_pass(model, unseen, feeds, most_rows, budget)
 
     def _range_pass(self, model, names, feeds, most_rows: int, budget: int) -> None:
         """Min and max of `names`: in the graph for the float32 tensors, from their exposed
@@ -334,6 +336,9 @@ class CalibrationPass:
     def _histogram_pass(self, model, names, feeds, most_rows: int, budget: int,
                         rebatched) -> None:
         from tpuasm.compiler.ort import session
+        unmeasured = [n for n in names if n not in self._bytes]
+        if unmeasured:
+            self._bytes.update(self._measured(model, unmeasured, feeds))
         sizes = self._bytes
         if sum(sizes.get(n, 0) for n in names) > budget and rebatched is not None:
             one = rebatched()
@@ -356,8 +361,8 @@ class CalibrationPass:
 
     @staticmethod
     def _measured(model, names, feeds) -> dict[str, int]:
-        """Each tensor's bytes in one run of `model` on the first one-row feed, by its
-        Size computed in the graph."""
+        """Each tensor's bytes in one run of `model` on the first one-row feed (its Size
+        computed in the graph; 4 bytes a value, float32's)."""
         from tpuasm.compiler.ort import session
         probe, made = _range_probe(model, names, [])
         run = session(probe, threads=0, optimize=False, early_free=True)

@@ -138,7 +138,9 @@ class TpuStep:
         hosts = program.host_images(inputs, batches)
         binary = self.binary()
         if machine.program is not binary or machine.host.shape != hosts.shape[1:]:
-            machine.load(binary, host=hosts[0], weights=program.weights)
+            # run_batches never reads the machine's own host memory, only its shape: the
+            # first image itself, not a copy (Magika's first segment: 98 MB a batch)
+            machine.load(binary, host=hosts[0], weights=program.weights, copy_host=False)
         # the batches as lanes (each instruction once for all) where the program's
         # MatrixMultiplies are big enough to gain from it (machine/lanes.py)
         lanes = batches if self._lanes_worth(machine) else 1
