@@ -330,14 +330,15 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
 
 def _chunk_rows(float_model) -> int:
     """Rows per onnxruntime call: as many as the model's activations allow in the
-    calibration's memory budget (quantize.calibration_rows), at most _CHUNK."""
+    calibration's memory budget (quantize.calibration_rows), at most _CHUNK.  (Four times
+    that held 92 rows of a one-hot's (2048, 257) floats at once: 0.25 GB for a check.)"""
     import onnx
 
     from tpuasm.compiler.front.quantize import _with_shapes, calibration_rows
     model = float_model
     if isinstance(model, (bytes, bytearray)):
         model = onnx.load_model_from_string(bytes(model))
-    return max(1, min(_CHUNK, calibration_rows(_with_shapes(model)) * 4))
+    return max(1, min(_CHUNK, calibration_rows(_with_shapes(model))))
 
 
 def _np_type(ort_type: str):
