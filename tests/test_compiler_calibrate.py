@@ -384,18 +384,29 @@ def test_tensors_of_unknown_type_are_calibrated_when_their_values_are_float(case
     untyped.CopyFrom(model)
     del untyped.graph.value_info[:]                    # c1, r1, c2, t2, f: no types
     shape = helper.make_node("Shape", ["r1"], ["r1_shape"], name="shape")
-    untyped.graph.node.append(shape)
-    names = float_tensors(untyped, ["conv1", "relu1", "conv2", "shape"])
-    assert {"c1", "r1", "c2", "r1_shape"} <= set(names)
+    # a boolean one too: no ReduceMin takes it, its size is measured by Size alone
+    positive = helper.make_node("Greater", ["c1", "zero"], ["c1_positive"], name="positive")
+    untyped.graph.initializer.append(numpy_helper.from_array(np.float32(0), "zero"))
+    untyped.graph.node.extend([shape, positive])
+    names = float_tensors(untyped, ["conv1", "relu1", "conv2", "shape", "positive"])
+    assert {"c1", "r1", "c2", "r1_shape", "c1_positive"} <= set(names)
     ours = CalibrationPass()
     ours.collect(untyped, names, _feeds(x, 32))
     got = ours.ranges(names, "minmax")
     assert "r1_shape" not in got and ours.tensors["r1_shape"] is None
+    assert ours.tensors["c1_positive"] is None
     typed = CalibrationPass()
     typed.collect(model, ["c1", "r1", "c2"], _feeds(x, 32))
     for name in ("c1", "r1", "c2"):
         assert all(np.array_equal(a, b) for a, b in zip(got[name],
                                                         typed.ranges([name], "minmax")[name]))
+    binned = CalibrationPass()            # the histogram pass measures them by Size alone
+    binned.collect(untyped, names, _feeds(x, 32), histograms=True)
+    assert binned.tensors["r1_shape"] is None and binned.tensors["c1_positive"] is None
+    for name in ("c1", "r1", "c2"):
+        assert binned.tensors[name].binned and binned.tensors[name].counts.sum() > 0
+        assert all(np.array_equal(a, b) for a, b in zip(got[name],
+                                                        binned.ranges([name], "minmax")[name]))
 
 
 def _fixed_copy(model, batch):

@@ -365,12 +365,12 @@ class CalibrationPass:
         """Each tensor's bytes in one run of `model` on the first one-row feed (its Size
         computed in the graph; 4 bytes a value, float32's)."""
         from tpuasm.compiler.ort import session
-        probe, made = _range_probe(model, names, [])
+        probe, made = _range_probe(model, names, [], ops=("Size",))   # any type
         run = session(probe, threads=0, optimize=False, arena=False, early_free=True)
         first = next(iter(feeds(1)), None)
         if first is None:
             return {}
-        sizes = run.run([made[n][2] for n in names], first)
+        sizes = run.run([made[n][0] for n in names], first)
         return {n: 4 * int(s) for n, s in zip(names, sizes)}
 
     def ranges(self, names, method: str, percentile: float = 99.999) -> dict:
@@ -406,11 +406,14 @@ def _typed(model: onnx.ModelProto, elem_type: int) -> set[str]:
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == elem_type}
 
 
-def _range_probe(model: onnx.ModelProto, reduced, exposed):
+_REDUCTIONS = ("ReduceMin", "ReduceMax", "Size")
+
+
+def _range_probe(model: onnx.ModelProto, reduced, exposed, ops=_REDUCTIONS):
     """A copy of `model` whose outputs are, for each of `reduced`, its ReduceMin, ReduceMax
-    (keepdims: an empty dimension reduces) and Size, each placed right after the node that
-    makes the tensor, and the tensors of `exposed` themselves; and {tensor: (min, max,
-    size) output names}."""
+    (keepdims: an empty dimension reduces) and Size (`ops` of them), each placed right
+    after the node that makes the tensor, and the tensors of `exposed` themselves; and
+    {tensor: (output names of `ops`)}."""
     from onnx import helper
     g = model.graph
     taken = {t for n in g.node for t in [*n.input, *n.output]} | \
@@ -418,7 +421,7 @@ def _range_probe(model: onnx.ModelProto, reduced, exposed):
     made, after = {}, {}
     for k, name in enumerate(reduced):
         outs = []
-        for op in ("ReduceMin", "ReduceMax", "Size"):
+        for op in ops:
             out = f"{name}/calibrate/{op}"
             while out in taken:
                 out += "_"
