@@ -7,20 +7,29 @@ resident memory (measured in a child process, VmHWM) against the weights' size.
 
     .venv/bin/python benchmarks/bench_compile.py [--width 3162] [--layers 10] [--repeat 3]
 
-With --float (issue 20, item 7: compile cost): two ~3 MB FLOAT models, an MLP
-(512-640-512-256-10, 789k float32 weights) and a sequence CNN shaped like the issue's
+With --float (issue 20, item 7: compile cost): ~3 MB FLOAT models, an MLP
+(512-640-512-256-10, 789k float32 weights), a sequence CNN shaped like the issue's
 file-type classifier ((N, 1024, 16) input, three Conv1d over the sequence, 709k weights),
-each with a calibration set of 256 rows.  Times the whole `tpuasm compile` process
-(quantization, lowering, code generation, the check against the float model on 128 evenly
-spread calibration rows (runtime/validate.py's CALIBRATION_CHECK_ROWS), OUTDIR) next to
-processes that run only onnxruntime's own quantize_static on the same model with the same rows and options (QDQ,
-int8 weights per channel, uint8 activations, MinMax), fed in chunks of 64 rows as tpuasm's
-quantize.py feeds it, and again in chunks of 16 (its peak memory follows a chunk's
-activations, not the weights), in the same run.  Each process's peak resident memory is the
-kernel's (wait4's ru_maxrss); a process that only imports onnxruntime's quantization tools
-is the floor.
+each with a calibration set of 256 rows, and a look-alike of Magika standard_v3_3 at its
+sizes (tests/magika_like.py MAGIKA: int32 bytes (N, 2048), one-hot, Dense + GELU and two
+LayerNorms in primitives, a Conv1d of 512 filters, 214 classes; 3.1 MB, 366.7 M MACs a
+sample) with 400 rows.  Times the whole `tpuasm compile` process (quantization, lowering,
+code generation, the check against the float model on 128 evenly spread calibration rows
+(runtime/validate.py's CALIBRATION_CHECK_ROWS), OUTDIR) next to processes that run only
+onnxruntime's own quantize_static on the same model with the same rows and options (QDQ,
+int8 weights per channel, uint8 activations, MinMax, every operator), fed in chunks of 64
+rows as tpuasm's quantize.py feeds it, and again in chunks of 16 (its peak memory follows a
+chunk's activations, not the weights), in the same run.  Each process's peak resident
+memory is the kernel's (wait4's ru_maxrss) as a small launcher process sees it (a child
+forked from this process, which holds the models it built, is charged this process's
+memory until its exec); a process that only imports onnxruntime's quantization tools
+is the floor.  The look-alike's untrained front keeps fewer of its answers at 8 bits than
+Magika's (min-max: about 90 % top-1 on the check's rows), so a default compile runs the
+whole calibration search; `--compile-option=--calibration-method=minmax` is Magika's own
+path (its check accepts min-max).
 
-    .venv/bin/python benchmarks/bench_compile.py --float [--model mlp|seqcnn] [--repeat 3]
+    .venv/bin/python benchmarks/bench_compile.py --float [--model mlp|seqcnn|magika]
+        [--repeat 3] [--compile-option=--calibration-method=minmax]
 
 and a model of the user's, e.g. Magika's 3.2 MB model.onnx with the calibration file
 benchmarks/real_models_shipped.py writes for it (int32 bytes: the ORT child feeds any inputs

@@ -96,8 +96,10 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     """quantize() with `options` (and `more` of its keyword arguments); when
     `options.search_calibration` and the QDQ model falls below the bars on `check` ({input:
     rows}), the best of every method.  `float_model`: a ModelProto, its bytes, or a
-    validate.FloatReference on `check` (whose outputs the caller's validation reuses).  Every method's ranges come from one calibration
-    pass over `samples` (front/calibrate.py), shared by all the quantize() calls here.
+    validate.FloatReference on `check` (whose outputs the caller's validation reuses).
+    Every method's ranges come from the calibration passes over `samples`
+    (front/calibrate.py: min-max's range pass, one histogram pass for the others), shared
+    by all the quantize() calls here.
     Returns (quantized nodes, the options used, a sentence for the report or None)."""
     from tpuasm.compiler.front.calibrate import CalibrationPass
     more = dict(more, batch_axes=batch_axes)
