@@ -64,6 +64,9 @@ class TpuStep:
 
     def release(self) -> None:
         """Let the machine (and the memories it holds) go; the next run makes another."""
+        if self._machine is not None:
+            from tpuasm.machine import dataonly
+            dataonly.forget()          # its arguments, which the data path keeps
         self._machine = self._worth = None
 
     @property
