@@ -102,7 +102,7 @@ def test_percentile_ranges_within_two_of_onnxruntimes_bins(case, tmp_path, capsy
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _feeds(x, 32))
+    ours.collect(model, names, _feeds(x, 32), histograms=True)
     theirs, _ = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Percentile,
                                     {"percentile": 99.9})
     got = ours.ranges(names, "percentile", 99.9)
@@ -125,7 +125,7 @@ def test_entropy_ranges_are_as_good_as_onnxruntimes_by_its_own_measure(case, tmp
     from onnxruntime.quantization.calibrate import CalibrationMethod
     model, x, names = case
     ours = CalibrationPass()
-    ours.collect(model, names, _feeds(x, 32))
+    ours.collect(model, names, _feeds(x, 32), histograms=True)
     theirs, histograms = _onnxruntime_ranges(model, x, tmp_path, CalibrationMethod.Entropy,
                                              {"num_bins": 512, "num_quantized_bins": 128})
     got = ours.ranges(names, "entropy")
@@ -153,8 +153,10 @@ def test_chunking_changes_no_range(case):
     rows cut into 7-row chunks give every method the same ranges as 64-row chunks."""
     model, x, names = case
     big, small = CalibrationPass(), CalibrationPass()
-    big.collect(model, names, _feeds(x, 64))
-    small.collect(model, names, _feeds(x, 7))
+    big.collect(model, names, _feeds(x, 64), histograms=True)
+    small.collect(model, names, _feeds(x, 7), histograms=True)
+    # one histogram pass each (their min and max too)
+    assert big.passes == small.passes == 1
     assert (big.runs, small.runs) == (2, -(-ROWS // 7))
     for method in ("minmax", "percentile", "entropy"):
         a, b = big.ranges(names, method, 99.99), small.ranges(names, method, 99.99)
@@ -240,12 +242,13 @@ def test_quantize_writes_onnxruntimes_own_qdq_model_for_minmax(case, tmp_path):
     assert ours.graph.SerializeToString() == theirs.graph.SerializeToString()
 
 
-def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_method(
-        case, tmp_path, monkeypatch):
-    """Memory is bounded by a chunk: with a budget of five rows' quantized tensors, every
-    onnxruntime run gets at most five rows (after the one-row run that measures them);
-    percentile and entropy then reuse the pass (no run), and their QDQ models are the ones
-    a pass of the default budget gives."""
+def test_only_histogram_methods_expose_tensors_and_within_the_budget(case, tmp_path,
+                                                                      monkeypatch):
+    """Min-max exposes no tensor: its range pass (after the one-row run that measures each
+    tensor's size) runs chunks of the model's own row count, every min and max computed in
+    the graph.  Percentile needs the histograms: a pass exposing five rows' tensors a run
+    (the budget), which entropy reuses (no run); their QDQ models are the ones a pass of the
+    default budget gives."""
     from tpuasm.compiler.front import calibrate as calibrate_module
     model, x, names = case
     per_row = 4 * (3 * 64 + 2 * 8 * 64 + 3 * 4 * 16 + 10)        # x, c1, r1, c2, t2, f, y
@@ -261,11 +264,20 @@ def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_meth
 
     monkeypatch.setattr(quantize_module, "calibration_feeds", spy)
     shared = CalibrationPass()
-    for method in ("minmax", "percentile", "entropy"):
+    quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / "minmax.onnx",
+             QuantOptions(calibration_method="minmax"), calibration=shared)
+    most = quantize_module.calibration_rows(model)
+    assert seen[0] == 1 and max(seen[1:]) == most > 5 and sum(seen[1:]) == ROWS
+    assert shared.passes == 1 and not any(s.binned for s in shared.tensors.values())
+    assert shared._bytes == {"x": 4 * 3 * 64, "c1": 4 * 8 * 64, "r1": 4 * 8 * 64,
+                             "c2": 4 * 4 * 16, "t2": 4 * 4 * 16, "f": 4 * 64, "y": 4 * 10}
+    ranged = len(seen)
+    for method in ("percentile", "entropy"):
         quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, tmp_path / f"{method}.onnx",
                  QuantOptions(calibration_method=method), calibration=shared)
-    assert seen[0] == 1 and max(seen[1:]) == 5 and sum(seen[1:]) == ROWS
-    assert shared.rows == 5 and shared.runs == len(seen) - 1 == -(-ROWS // 5)
+    binned = seen[ranged:]
+    assert max(binned) == 5 and sum(binned) == ROWS and shared.rows == 5
+    assert shared.passes == 2 and shared.runs == -(-ROWS // most) + -(-ROWS // 5)
     monkeypatch.undo()
     alone = tmp_path / "entropy-alone.onnx"
     quantize(model, {"x": x}, {"x": ["N", 3, 8, 8]}, alone,
@@ -275,10 +287,11 @@ def test_quantize_runs_the_model_in_chunks_within_the_budget_once_for_every_meth
     assert ranges[0].graph != ranges[1].graph          # the methods differ
 
 
-def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_path,
-                                                                          monkeypatch):
+def test_the_calibration_search_runs_the_float_model_twice_for_every_method(tmp_path,
+                                                                           monkeypatch):
     """auto below an unreachable SNR bar tries percentile and entropy and then keeping
-    element-wise nodes float: one calibration pass serves every quantize() it makes."""
+    element-wise nodes float: one range pass and one histogram pass serve every quantize()
+    it makes."""
     from tpuasm.compiler import ort
     from tpuasm.compiler.runtime.calibsearch import quantize_checked
     rng = np.random.default_rng(4)
@@ -295,10 +308,10 @@ def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_p
     x = rng.standard_t(3, (96, 16)).astype(np.float32)
     passes, real = [], ort.session
 
-    def counting(m, threads=1, optimize=True):
+    def counting(m, threads=1, optimize=True, **more):
         if not optimize:
             passes.append(1)
-        return real(m, threads, optimize)
+        return real(m, threads, optimize, **more)
 
     monkeypatch.setattr(ort, "session", counting)
     made = []
@@ -315,13 +328,14 @@ def test_the_calibration_search_runs_the_float_model_once_for_every_method(tmp_p
         None, None, model, {"x": x[:32]}, 0.99, 400.0)
     assert "percentile" in note and "entropy" in note        # the search ran
     assert len(made) >= 3 and all(c is made[0] for c in made) and made[0] is not None
-    assert len(passes) == 1 and made[0].runs >= 1
+    # one range pass (min-max) and one histogram pass (percentile, entropy) for them all
+    assert len(passes) == 2 and made[0].passes == 2 and made[0].runs >= 2
 
 
 def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
     """A model of fixed batch 8 gets 8 rows whatever the chunk asked (the measuring run
-    too): its statistics hold each of the 32 rows once, and that run is reused, not
-    repeated."""
+    too): its statistics hold each of the 32 rows once; the range pass's measuring run is
+    its first chunk, reused, not repeated, and its ranges are the histogram pass's."""
     model, x, names = case
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
@@ -335,13 +349,21 @@ def test_a_fixed_batch_model_counts_every_row_once(case, tmp_path):
             yield feed
 
     ours = CalibrationPass()
-    ours.collect(fixed, names, feeds)
-    assert set(made) == {8} and ours.runs == 4
+    ours.collect(fixed, names, feeds, histograms=True)
+    # a run measuring the tensors' sizes, then the histogram pass's four
+    assert set(made) == {8} and ours.runs == 4 and len(made) == 1 + 4
     assert ours.tensors["x"].counts.sum() == 32 * 3 * 8 * 8
     whole = CalibrationPass()
-    whole.collect(model, names, _feeds(x[:32], 32))
+    whole.collect(model, names, _feeds(x[:32], 32), histograms=True)
     for name in names:
         assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts)
+    made.clear()
+    ranged = CalibrationPass()
+    ranged.collect(fixed, names, feeds)
+    assert made == [8] * (1 + 4) and ranged.runs == 4      # the measuring run is chunk 0
+    assert ranged.ranges(names, "minmax").keys() == ours.ranges(names, "minmax").keys()
+    for name, (lo, hi) in ranged.ranges(names, "minmax").items():
+        assert (lo, hi) == ours.ranges([name], "minmax")[name], name
 
 
 @pytest.mark.parametrize("values", [[1e-40, -3e-41, 0.0], [3e38, -3.3e38, 1.0]])
@@ -362,15 +384,170 @@ def test_tensors_of_unknown_type_are_calibrated_when_their_values_are_float(case
     untyped.CopyFrom(model)
     del untyped.graph.value_info[:]                    # c1, r1, c2, t2, f: no types
     shape = helper.make_node("Shape", ["r1"], ["r1_shape"], name="shape")
-    untyped.graph.node.append(shape)
-    names = float_tensors(untyped, ["conv1", "relu1", "conv2", "shape"])
-    assert {"c1", "r1", "c2", "r1_shape"} <= set(names)
+    # a boolean one too: no ReduceMin takes it, its size is measured by Size alone
+    positive = helper.make_node("Greater", ["c1", "zero"], ["c1_positive"], name="positive")
+    untyped.graph.initializer.append(numpy_helper.from_array(np.float32(0), "zero"))
+    untyped.graph.node.extend([shape, positive])
+    names = float_tensors(untyped, ["conv1", "relu1", "conv2", "shape", "positive"])
+    assert {"c1", "r1", "c2", "r1_shape", "c1_positive"} <= set(names)
     ours = CalibrationPass()
     ours.collect(untyped, names, _feeds(x, 32))
     got = ours.ranges(names, "minmax")
     assert "r1_shape" not in got and ours.tensors["r1_shape"] is None
+    assert ours.tensors["c1_positive"] is None
     typed = CalibrationPass()
     typed.collect(model, ["c1", "r1", "c2"], _feeds(x, 32))
     for name in ("c1", "r1", "c2"):
         assert all(np.array_equal(a, b) for a, b in zip(got[name],
                                                         typed.ranges([name], "minmax")[name]))
+    binned = CalibrationPass()            # the histogram pass measures them by Size alone
+    binned.collect(untyped, names, _feeds(x, 32), histograms=True)
+    assert binned.tensors["r1_shape"] is None and binned.tensors["c1_positive"] is None
+    for name in ("c1", "r1", "c2"):
+        assert binned.tensors[name].binned and binned.tensors[name].counts.sum() > 0
+        assert all(np.array_equal(a, b) for a, b in zip(got[name],
+                                                        binned.ranges([name], "minmax")[name]))
+
+
+def _fixed_copy(model, batch):
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    return fixed
+
+
+def _fixed_feeds(x, batch, made):
+    from tpuasm.compiler.front.samples import calibration_feeds
+
+    def feeds(rows):
+        for feed in calibration_feeds({"x": x}, {"x": [batch, 3, 8, 8]}, None, rows):
+            made.append(len(feed["x"]))
+            yield feed
+    return feeds
+
+
+def test_a_fixed_batch_larger_than_the_budget_is_binned_a_few_tensors_a_pass(case):
+    """Fixed batch 32, a budget of 16 rows' tensors: no run can have fewer rows, so the
+    tensors are exposed a few at a time, one pass each (each at most the budget), and the
+    histograms are those of one pass over everything."""
+    model, x, names = case
+    budget = 16 * 4 * (3 * 64 + 2 * 8 * 64 + 3 * 4 * 16 + 10)
+    made = []
+    ours = CalibrationPass()
+    ours.collect(_fixed_copy(model, 32), names, _fixed_feeds(x, 32, made), budget=budget,
+                 histograms=True)
+    groups = calibrate_groups(names, ours._bytes, budget)
+    assert ours.passes == len(groups) >= 2 and ours.runs == ours.passes * ROWS // 32
+    assert sorted(n for g in groups for n in g) == sorted(names)
+    assert max(sum(ours._bytes[n] for n in g) for g in groups) <= budget
+    whole = CalibrationPass()
+    whole.collect(model, names, _feeds(x, 32), histograms=True)
+    for name in names:
+        assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts), name
+
+
+def calibrate_groups(names, sizes, budget):
+    from tpuasm.compiler.front.calibrate import _groups
+    return _groups(names, sizes, budget)
+
+
+def test_a_fixed_batch_larger_than_the_budget_is_binned_at_a_batch_of_one(case):
+    """With the model at a batch of one (`rebatched`), one pass of one-row runs bins every
+    tensor: the same histograms, and no run exposes more than a row's tensors."""
+    model, x, names = case
+    per_row = 4 * (3 * 64 + 2 * 8 * 64 + 3 * 4 * 16 + 10)
+    made, ones = [], []
+    ours = CalibrationPass()
+    ours.collect(_fixed_copy(model, 32), names, _fixed_feeds(x, 32, made),
+                 budget=8 * per_row, histograms=True,
+                 rebatched=lambda: (_fixed_copy(model, 1), _fixed_feeds(x, 1, ones)))
+    assert ours.passes == 1 and made == [32] and set(ones) == {1}
+    assert ours.runs == ROWS and len(ones) == 1 + ROWS       # a measuring run, then each row
+    whole = CalibrationPass()
+    whole.collect(model, names, _feeds(x, 32), histograms=True)
+    for name in names:
+        assert np.array_equal(ours.tensors[name].counts, whole.tensors[name].counts), name
+
+
+def test_the_model_at_a_batch_of_one_is_taken_only_when_it_is_the_same_graph(case):
+    """quantize's calibration_model: the compile's model at a batch of one differs in its
+    int64 shape constants alone (a Reshape's target); any other difference (a weight) and
+    it is refused (None: the histograms then come a few tensors a pass)."""
+    from tpuasm.compiler.front.quantize import calibration_model, same_but_shapes
+
+    def with_reshape(batch, weight=0.5):
+        m = onnx.ModelProto()
+        m.CopyFrom(case[0])
+        g = m.graph
+        g.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+        flat = next(n for n in g.node if n.op_type == "Flatten")
+        flat.op_type, flat.input[:] = "Reshape", [flat.input[0], "target"]
+        g.initializer.append(numpy_helper.from_array(np.array([batch, 64], np.int64),
+                                                     "target"))
+        g.initializer[0].CopyFrom(numpy_helper.from_array(
+            np.full((8, 3, 3, 3), weight, np.float32), g.initializer[0].name))
+        del g.value_info[:]
+        return onnx.shape_inference.infer_shapes(m)
+
+    model, x = with_reshape(64), case[1]
+    assert same_but_shapes(model, with_reshape(1))
+    assert not same_but_shapes(model, with_reshape(1, weight=0.25))
+    got = calibration_model(model, lambda: with_reshape(1), {"x": x}, None, "m.onnx")
+    one, feeds = got
+    assert one.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    assert [len(f["x"]) for f in feeds(8)] == [1] * ROWS
+    assert calibration_model(model, lambda: with_reshape(1, 0.25), {"x": x}, None,
+                             "m.onnx") is None
+
+
+def _computed_reshape_model():
+    """The case's network with its Flatten written as exporters write it: Reshape to
+    (Shape(x)[0], -1), which the compile folds into a constant holding its batch."""
+    m = _model()
+    g = m.graph
+    flat = next(n for n in g.node if n.op_type == "Flatten")
+    at = list(g.node).index(flat)
+    g.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                          numpy_helper.from_array(np.array([-1], np.int64), "minus_one")])
+    made = [helper.make_node("Shape", ["t2"], ["t2_shape"], name="shape"),
+            helper.make_node("Gather", ["t2_shape", "zero"], ["n"], name="batch", axis=0),
+            helper.make_node("Concat", ["n", "minus_one"], ["target"], name="target",
+                             axis=0)]
+    flat.op_type, flat.input[:] = "Reshape", ["t2", "target"]
+    for k, node in enumerate(made):
+        g.node.insert(at + k, node)
+    del g.value_info[:]
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def test_the_compile_bins_a_batch_it_folded_at_a_batch_of_one(tmp_path, monkeypatch):
+    """A float model whose batch the compile folds into its constants: with a budget below
+    one batch's tensors its percentile histograms come from the model folded and prepared
+    at a batch of one, one pass (no run exposes more than a row's tensors), and its QDQ
+    model is the one the default budget gives."""
+    from tpuasm.compiler.front import calibrate as calibrate_module
+    from tpuasm.compiler.pipeline import compile_model
+    path = tmp_path / "reshape.onnx"
+    onnx.save(_computed_reshape_model(), str(path))
+    x = np.random.default_rng(1).standard_t(4, (ROWS, 3, 8, 8)).astype(np.float32)
+    options = QuantOptions(calibration_method="percentile")
+
+    def compiled():
+        m = compile_model(path, batch=16, calibration=x, quantization=options,
+                          validate=False, codegen=False)
+        return onnx.load(str(m.reference_model))
+
+    wide = compiled()
+    taken, real = [], quantize_module.calibration_model
+
+    def spy(*args):
+        got = real(*args)
+        taken.append(got)
+        return got
+
+    monkeypatch.setattr(quantize_module, "calibration_model", spy)
+    monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 4 * 8 * 64 * 4)   # four rows' c1
+    narrow = compiled()
+    assert len(taken) == 1 and taken[0] is not None
+    assert taken[0][0].graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    assert narrow.graph == wide.graph

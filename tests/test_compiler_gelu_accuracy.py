@@ -22,149 +22,21 @@ from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.front.quantize import QuantOptions, tpu_nodes
 from tpuasm.compiler.ort import session
 
-LENGTH, DENSE, GROUP, CONV, CLASSES = 64, 16, 4, 64, 5
-POSITIONS = LENGTH // GROUP
-RIDGE, TARGET = 0.1, 48.0          # the head's ridge penalty and logit target
-PAD = 256                          # Magika pads short files with 256 (one-hot's 257th value)
+from magika_like import SMALL, files, trained
 
 
 def _c(name, value, dtype=np.float32):
     return numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
-class _Net:
-    def __init__(self):
-        self.nodes, self.inits = [], []
-
-    def op(self, op_type, inputs, name, **attrs):
-        out = f"{name}:0"
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name, **attrs))
-        return out
-
-    def const(self, name, value, dtype=np.float32):
-        self.inits.append(_c(name, value, dtype))
-        return name
-
-    def gelu(self, x, scope):
-        """JAX's tanh GELU as jax2tf writes it: 0.5 x (1 + tanh(c (x + 0.044715 x^3)))."""
-        a = self.op("Mul", ["k_0.044715", x], f"{scope}/Mul")
-        b = self.op("Mul", [x, a], f"{scope}/Mul_1")
-        cube = self.op("Mul", [x, b], f"{scope}/Mul_2")
-        s = self.op("Add", [x, cube], f"{scope}/AddV2")
-        u = self.op("Mul", ["k_sqrt_2_over_pi", s], f"{scope}/Mul_3")
-        t = self.op("Tanh", [u], f"{scope}/Tanh")
-        one = self.op("Add", ["k_one", t], f"{scope}/AddV2_1")
-        half = self.op("Mul", ["k_half", one], f"{scope}/Mul_4")
-        return self.op("Mul", [x, half], f"{scope}/Mul_5")
-
-    def layer_norm(self, x, scope, axis, gamma, beta, count):
-        """Flax's LayerNorm in primitives: var = E[x^2] - E[x]^2 (the exported form)."""
-        axes = self.const(f"{scope}/axes", [axis], np.int64)
-        inv = self.const(f"{scope}/inv_n", 1.0 / count)
-        mean = self.op("Mul", [self.op("ReduceSum", [x, axes], f"{scope}/Sum"), inv],
-                       f"{scope}/truediv")
-        sq = self.op("Mul", [x, x], f"{scope}/Square")
-        msq = self.op("Mul", [self.op("ReduceSum", [sq, axes], f"{scope}/Sum_1"), inv],
-                      f"{scope}/truediv_1")
-        var = self.op("Sub", [msq, self.op("Mul", [mean, mean], f"{scope}/Square_1")],
-                      f"{scope}/Sub")
-        var = self.op("Max", ["k_zero", var], f"{scope}/Maximum")
-        sd = self.op("Sqrt", [self.op("Add", [var, "k_eps"], f"{scope}/AddV2")],
-                     f"{scope}/Rsqrt")
-        scale = self.op("Mul", [self.op("Reciprocal", [sd], f"{scope}/Rsqrt_r"),
-                                self.const(f"{scope}/gamma", gamma)], f"{scope}/Mul")
-        centred = self.op("Sub", [x, mean], f"{scope}/Sub_1")
-        return self.op("Add", [self.op("Mul", [centred, scale], f"{scope}/Mul_1"),
-                               self.const(f"{scope}/beta", beta)], f"{scope}/AddV2_1")
-
-
-def _files(rng, rows):
-    """Byte rows as Magika reads files: the first LENGTH bytes, padded with 256; each class
-    a byte distribution of its own, many files short (mostly padding)."""
-    labels = rng.integers(0, CLASSES, rows)
-    tables = np.random.default_rng(7).dirichlet(np.full(256, 0.05), CLASSES)   # fixed
-    x = np.full((rows, LENGTH), PAD, np.int32)
-    for i, k in enumerate(labels):
-        n = int(rng.choice([rng.integers(4, 16), rng.integers(16, LENGTH + 1)]))
-        x[i, :n] = rng.choice(256, n, p=tables[k])
-    return x, labels
-
-
-def _features(net, bytes_):
-    """The network up to the second LayerNorm (its output: the classifier's features)."""
-    rng = np.random.default_rng(20)
-    net.const("k_0.044715", 0.044715)
-    net.const("k_sqrt_2_over_pi", 0.7978846)
-    net.const("k_one", 1.0)
-    net.const("k_half", 0.5)
-    net.const("k_zero", 0.0)
-    net.const("k_eps", 1e-6)
-    x = net.op("Reshape", [bytes_, net.const("oh_shape", [-1, LENGTH, 1], np.int64)],
-               "one_hot/Reshape")
-    eq = net.op("Equal", [x, net.const("oh_values", np.arange(257).reshape(1, 1, 257),
-                                       np.int32)], "one_hot/Equal")
-    oh = net.op("Cast", [eq], "one_hot/Cast", to=TensorProto.FLOAT)
-    h = net.op("MatMul", [oh, net.const("dense0_w", rng.normal(0, 1.0, (257, DENSE)))],
-               "Dense_0/einsum")
-    h = net.op("Add", [h, net.const("dense0_b", rng.normal(0, 0.3, (1, 1, DENSE)))],
-               "Dense_0/AddV2")
-    h = net.gelu(h, "ApplyActivation_0")
-    h = net.op("Reshape", [h, net.const("group_shape", [-1, POSITIONS, GROUP * DENSE],
-                                        np.int64)], "Reshape")
-    h = net.layer_norm(h, "LayerNorm_0", 2, rng.uniform(0.5, 1.5, (1, 1, GROUP * DENSE)),
-                       rng.normal(0, 0.1, (1, 1, GROUP * DENSE)), GROUP * DENSE)
-    h = net.op("Transpose", [h], "Conv_0/nwc_to_ncw", perm=[0, 2, 1])
-    h = net.op("Unsqueeze", [h, net.const("ax3", [3], np.int64)], "Conv_0/Unsqueeze")
-    w = rng.normal(0, 1 / np.sqrt(GROUP * DENSE * 3), (CONV, GROUP * DENSE, 3, 1))
-    h = net.op("Conv", [h, net.const("conv_w", w)], "Conv_0/Conv2D")
-    h = net.op("Squeeze", [h, "ax3"], "Conv_0/Squeeze")
-    h = net.op("Add", [h, net.const("conv_b", rng.normal(0, 0.3, (1, CONV, 1)))],
-               "Conv_0/AddV2")
-    h = net.gelu(h, "ApplyActivation_1")
-    h = net.op("GlobalMaxPool", [h], "Max")
-    h = net.op("Squeeze", [h, net.const("ax2", [2], np.int64)], "Max_Squeeze")
-    return net.layer_norm(h, "LayerNorm_1", 1, rng.uniform(0.5, 1.5, (1, CONV)),
-                          rng.normal(0, 0.1, (1, CONV)), CONV)
-
-
-def _model(bytes_input, head_w, head_b):
-    net = _Net()
-    feats = _features(net, "bytes")
-    if head_w is None:
-        outputs = [helper.make_tensor_value_info(feats, TensorProto.FLOAT, None)]
-    else:
-        logits = net.op("MatMul", [feats, net.const("dense1_w", head_w)], "Dense_1/MatMul")
-        logits = net.op("Add", [logits, net.const("dense1_b", head_b)], "Dense_1/AddV2")
-        net.nodes.append(helper.make_node("Softmax", [logits], ["target_label"],
-                                          name="softmax", axis=-1))
-        outputs = [helper.make_tensor_value_info("target_label", TensorProto.FLOAT,
-                                                 ["N", CLASSES])]
-    g = helper.make_graph(net.nodes, "magika_like", [bytes_input], outputs, net.inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
-    m.ir_version = 8
-    return m
-
-
 @pytest.fixture(scope="module")
 def magika_like(tmp_path_factory):
-    """(model path, float model, calibration rows): the head fitted by ridge regression on the
-    float features of training files, its targets scaled so that the margins between the
-    two largest logits are a trained model's (Magika's on real files: median 9, 5th
-    percentile 0.9; here about 8.6 and 0.7)."""
-    rng = np.random.default_rng(3)
-    bytes_input = helper.make_tensor_value_info("bytes", TensorProto.INT32, ["N", LENGTH])
-    train, labels = _files(rng, 400)
-    (feats,) = session(_model(bytes_input, None, None)).run(None, {"bytes": train})
-    a = np.hstack([feats, np.ones((len(feats), 1), np.float32)])
-    # ridge least squares (the LayerNorm's features sum to a constant: plain least squares
-    # would meet a singular system)
-    coef = np.linalg.solve(a.T @ a + RIDGE * np.eye(a.shape[1]),
-                           a.T @ (TARGET * np.eye(CLASSES)[labels]))
-    model = _model(bytes_input, coef[:-1].astype(np.float32), coef[-1:].astype(np.float32))
-    onnx.checker.check_model(model)
+    """(model path, float model, calibration rows): magika_like.SMALL, its head trained on
+    400 files (magika_like.trained), 256 other files to calibrate on."""
+    model, rng = trained(SMALL)
     path = tmp_path_factory.mktemp("magika") / "magika_like.onnx"
     onnx.save(model, str(path))
-    calibration, _ = _files(rng, 256)
+    calibration, _ = files(rng, 256)
     return path, model, calibration
 
 

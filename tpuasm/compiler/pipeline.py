@@ -76,7 +76,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
     class_axes = parse_class_axes(class_axes)
-    float_check = None
+    float_check = float_reference = None
     config = parse_config(config)
     machine = machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
@@ -154,16 +154,25 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
             options = replace(options, keep_float=(*options.keep_float,
                                                    *prepared.keep_float))
         from tpuasm.compiler.runtime.calibsearch import quantize_checked
-        from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS, spread_subset
+        from tpuasm.compiler.runtime.validate import (CALIBRATION_CHECK_ROWS, FloatReference,
+                                                      spread_subset)
         check = spread_subset(float_check[1], axes, CALIBRATION_CHECK_ROWS
                               if validate is None else None)
+        # the float model's answers on the check rows, computed once for the calibration
+        # search and the validation
+        float_reference = FloatReference(original, check,
+                                         all(a == 0 for a in (axes or {}).values()))
         if validate is False:          # no check asked for: the options as given
             options = replace(options, search_calibration=False)
+        # the batch folded into the model's constants: its histograms (percentile, entropy)
+        # may need the model at a batch of one (front/calibrate.py)
+        one = _at_batch_one(path, model, axes, Path(keep.name), machine) \
+            if float_model is not model else None
         with classaxis.judging(float_classes):
             _, options, chosen = quantize_checked(
                 prepared.model, samples, input_signature(float_model), reference, options,
-                path, provenance, axes, original, check, min_agreement, min_snr,
-                tied=prepared.tied)
+                path, provenance, axes, float_reference, check, min_agreement, min_snr,
+                tied=prepared.tied, at_batch_one=one)
         said = replace(options, keep_float=users_float).describe() + notes
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{said}) from {count} calibration samples"
@@ -183,7 +192,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         options = replace(options, search_calibration=False,
                           narrow_tensors=(*options.narrow_tensors, *narrow))
         quantize(prepared.model, samples, input_signature(float_model), reference, options,
-                 path, provenance, batch_axes=axes, tied=prepared.tied)
+                 path, provenance, batch_axes=axes, tied=prepared.tied, at_batch_one=one)
         source += (f"; kept 8-bit for the back end (int16 would not fit the machine): "
                    f"{', '.join(narrow[:6])}{' ...' if len(narrow) > 6 else ''}")
         model = read_model(reference)
@@ -206,8 +215,26 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         # on the calibration data a bounded, evenly spread subset; the user's data whole
         report.validation = check(compiled, *float_check, min_agreement, min_snr,
                                   max_rows=CALIBRATION_CHECK_ROWS if validate is None
-                                  else None, classes=float_classes)
+                                  else None, classes=float_classes,
+                                  reference=float_reference)
     return compiled
+
+
+def _at_batch_one(path, model, axes, workdir: Path, machine):
+    """A function giving the float model folded and prepared as the compile does, at a batch
+    of one (made once, on first use; None when nothing folds at that batch)."""
+    made: list = []
+
+    def build():
+        if not made:
+            from tpuasm.compiler.front.prepare import prepare
+            where = workdir / "batch-one"
+            where.mkdir(exist_ok=True)
+            _, folded = fold_float_model(path, model, 1, axes, None, where)
+            made.append(None if folded is model else
+                        prepare(folded, None, room(machine)).model)
+        return made[0]
+    return build
 
 
 def _load_weights(model, path) -> None:

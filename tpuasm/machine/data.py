@@ -42,14 +42,18 @@ def _check(arr, name: str, expected: tuple, expected_text: str) -> np.ndarray:
     return arr
 
 
-def load_host(host, array_size: int) -> np.ndarray:
-    """Host memory as a private, writable (rows, N) uint8 array (rows may be 0)."""
+def load_host(host, array_size: int, copy: bool = True) -> np.ndarray:
+    """Host memory as a private, writable (rows, N) uint8 array (rows may be 0); `copy=False`
+    takes a writable, C-contiguous uint8 array as it is (the caller gives it up)."""
     n = array_size
     if host is None:
         return np.zeros((0, n), dtype=np.uint8)
     name = str(host) if not isinstance(host, np.ndarray) else "host array"
     if isinstance(host, np.ndarray):
         _check(host, name, (None, n), f"(rows, {n})")
+        if not copy and host.dtype == np.uint8 and host.flags.c_contiguous and \
+                host.flags.writeable:
+            return host
         check_allocation(f"{name}: host image of shape {host.shape}", host.nbytes)  # the copy
         return np.ascontiguousarray(host).view(np.uint8).copy()
     arr = _check(_open(host, "host memory", mmap="c"), name, (None, n), f"(rows, {n})")

@@ -248,6 +248,14 @@ def batch_arguments(machine_args, hosts: np.ndarray) -> tuple:
 _ENTRY: list = [(), None]
 
 
+def forget() -> None:
+    """Drop the arguments run_many saw last: a machine let go takes its memories (its host
+    images, ub, acc, scratch) with it, instead of this cache keeping them until another
+    machine runs (a compile's check: 130 MB of Magika's first segment under the next host
+    part).  The next call finds its entry point again."""
+    _ENTRY[:] = [(), None]
+
+
 def run_many(machine_args, hosts: np.ndarray, profile: int) -> int:
     """Every host image of `hosts` ((batches, rows, N) uint8, C-contiguous, writable: what
     Machine.run_batches checks) through the data path (run_batches; ahead-of-time build when

@@ -165,11 +165,12 @@ class Machine:
                    timing_only=timing_only)
 
     # -------------------------------------------------------------------- loading
-    def load(self, program: Program, host=None, weights=None) -> None:
-        """Reset everything and load `program` with its host and weight images."""
+    def load(self, program: Program, host=None, weights=None, copy_host: bool = True) -> None:
+        """Reset everything and load `program` with its host and weight images
+        (`copy_host=False`: a host array given up to the machine, not copied)."""
         cfg = self.config
         n = cfg.array_size
-        host_arr = load_host(host, n)            # raise DataFileError before changing anything
+        host_arr = load_host(host, n, copy_host)  # raise DataFileError before changing anything
         weights_arr = load_weights(weights, n)
         self.program = program
         self.fault = None

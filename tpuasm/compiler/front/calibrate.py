@@ -1,12 +1,15 @@
-"""Activation ranges for every calibration method from one streaming pass of the float model.
+"""Activation ranges for every calibration method from streaming passes of the float model.
 
 onnxruntime's calibrators keep every intermediate tensor of every calibration chunk until the
 pass ends (its histogram methods then stack them all): compiling PaddleOCR's recogniser
 peaked at 11.2 GB, and each method the check tries (runtime/calibsearch.py) ran the model
-again.  Here one onnxruntime session exposes only the tensors that get quantized, runs a
-chunk of rows at a time, and folds each tensor of the chunk into its `TensorStatistics`
-(min, max and a fine histogram) before the next chunk: memory is one chunk's tensors plus a
-histogram per tensor, and min-max, percentile and entropy ranges all come from the same pass.
+again.  Here (CalibrationPass) the min and max of every tensor come from a range pass that
+computes them inside onnxruntime's graph, no tensor leaving the session; the histograms
+percentile and entropy need come, only when asked, from a pass that exposes the tensors a
+chunk at a time and folds each into its `TensorStatistics` (min, max and a fine histogram)
+before the next chunk: memory is the model's working set plus one chunk's exposed tensors
+(at most CHUNK_BYTES) and a histogram per tensor; percentile and entropy ranges come from the
+same histograms.
 
 Min-max is exactly onnxruntime's (the min and max of float32 values; the QDQ model is the
 one quantize_static writes with its own calibrator, byte for byte).  Percentile and entropy
@@ -37,13 +40,25 @@ class TensorStatistics:
     doubled (pairs of bins merged, exactly) whenever a chunk's values reach it.  The counts
     therefore do not depend on how the rows were cut into chunks, nor on their order."""
 
-    __slots__ = ("low", "high", "nearest", "bound", "counts", "dtype")
+    __slots__ = ("low", "high", "nearest", "bound", "counts", "dtype", "binned")
 
     def __init__(self):
         self.low = self.high = self.nearest = None
         self.bound = 0.0
         self.counts = np.zeros(FINE_BINS, np.int64)
         self.dtype = np.dtype(np.float32)
+        self.binned = True         # False once add_range gave it a range without values
+
+    def add_range(self, low, high) -> None:
+        """A chunk's min and max alone (computed in the graph: CalibrationPass's range
+        pass), for min-max: no histogram then.  A NaN one is skipped, as onnxruntime's
+        calibrator's nanmin / nanmax over its chunks' reductions skip it."""
+        self.binned = False
+        self.dtype = np.asarray(low).dtype
+        if not np.isnan(low):
+            self.low = low if self.low is None else min(self.low, low)
+        if not np.isnan(high):
+            self.high = high if self.high is None else max(self.high, high)
 
     def add(self, values: np.ndarray) -> None:
         x = np.asarray(values).reshape(-1)
@@ -228,7 +243,7 @@ def _kl(p, q) -> float:
     return float(np.where(p == 0, np.float32(0), terms).sum(dtype=np.float32))
 
 
-CHUNK_BYTES = 64 << 20    # the quantized tensors' values of one chunk (an onnxruntime run)
+CHUNK_BYTES = 64 << 20    # the exposed tensors' values of one onnxruntime run
 
 
 def _same_feed(a: dict, b: dict) -> bool:
@@ -238,70 +253,222 @@ def _same_feed(a: dict, b: dict) -> bool:
 
 class CalibrationPass:
     """The statistics of a float model's tensors over a calibration set, collected by
-    `collect` in one onnxruntime pass per call for the tensors not yet seen: calibsearch
-    asks for every method, and keeping nodes float asks for fewer tensors, without another
-    pass.  One object serves one model and one calibration set."""
+    `collect` for the tensors not yet seen: calibsearch asks for every method, and keeping
+    nodes float asks for fewer tensors, without another pass.  One object serves one model
+    and one calibration set.
+
+    Two kinds of pass.  The range pass (min-max): each float32 tensor's min and max are
+    computed by onnxruntime inside the graph, by a ReduceMin and a ReduceMax right after
+    the node that makes it (as onnxruntime's own MinMax calibrator adds them) run in the
+    order that frees the tensor at once, so no tensor leaves the session: its memory is the
+    model's own working set (Magika at its fixed batch of 64: 0.9 GB with the 31 tensors
+    exposed, 0.33 GB so) and no value is touched by numpy.  Min-max needs nothing more.
+    The histogram pass (`histograms`: percentile, entropy; their min and max too) exposes
+    the tensors and bins them (TensorStatistics.add), at most `budget` bytes of them a run:
+    fewer rows a run; for a model whose fixed batch holds more than that, the same model at
+    a batch of one (`rebatched`), else fewer tensors a pass."""
 
     def __init__(self):
         self.tensors: dict[str, TensorStatistics | None] = {}   # None: not float
         self.runs = 0              # onnxruntime runs (chunks) made, for tests and reports
-        self.rows = 0              # rows per run of the last collect
+        self.rows = 0              # rows per run of the last pass
+        self.passes = 0            # passes over the calibration set
+        self._bytes: dict[str, int] = {}     # a tensor's bytes in the range pass's first run
 
     def collect(self, model: onnx.ModelProto, names, feeds, most_rows: int = 64,
-                budget: int | None = None) -> None:
-        """Run `model` over the calibration set with the tensors of `names` it has not seen
-        yet as its only outputs.  `feeds(rows)` iterates over the set as {input: chunk} of
-        at most `rows` rows: a one-row run first measures the outputs' bytes per row (shape
-        inference rarely knows them all: a one-hot's depth, an image's height), then chunks
-        of at most `most_rows` rows and `budget` bytes of outputs (CHUNK_BYTES) go."""
-        missing = [n for n in dict.fromkeys(names) if n not in self.tensors]
-        if not missing:
+                budget: int | None = None, histograms: bool = False, rebatched=None) -> None:
+        """Run `model` over the calibration set for the min and max of the tensors of
+        `names` not seen yet (with `histograms`: the histograms of those not binned yet).
+        `feeds(rows)` iterates over the set as {input: chunk} of at most `rows` rows (a
+        model of fixed batch gets its batch whatever the rows asked); a one-row run first
+        measures each tensor's bytes (shape inference rarely knows them all: a one-hot's
+        depth, an image's height); then chunks of at most `most_rows` rows (the model's
+        own working set) and `budget` bytes of exposed tensors (CHUNK_BYTES) go.
+        `rebatched()`: None, or (the model at a batch of one, its feeds) for a histogram
+        pass the fixed batch would not fit."""
+        names = list(dict.fromkeys(names))
+        budget = budget or CHUNK_BYTES
+        if histograms:          # its min and max too: no range pass first
+            unbinned = [n for n in names if n not in self.tensors or (
+                self.tensors[n] is not None and not self.tensors[n].binned)]
+            if unbinned:
+                self._histogram_pass(model, unbinned, feeds, most_rows, budget, rebatched)
             return
+        unseen = [n for n in names if n not in self.tensors]
+        if unseen:
+            self._range_pass(model, unseen, feeds, most_rows, budget)
+
+    def _range_pass(self, model, names, feeds, most_rows: int, budget: int) -> None:
+        """Min and max of `names`: in the graph for the float32 tensors, from their exposed
+        values for the others (float16, or of a type the model does not say: kept when
+        their values are float)."""
         from tpuasm.compiler.ort import session
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        known = {o.name for o in probe.graph.output}
-        probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n)
-                                  for n in missing if n not in known)
-        # onnxruntime's calibrators run unoptimized: a fused node would round differently
-        run = session(probe, threads=0, optimize=False)
+        float32 = _typed(model, onnx.TensorProto.FLOAT)
+        reduced = [n for n in names if n in float32]
+        exposed = [n for n in names if n not in float32]
+        probe, made = _range_probe(model, reduced, exposed)
+        wanted = [o for n in reduced for o in made[n]] + exposed
+        # no arena: it grows in powers of two (Magika's range pass: 0.33 -> 0.25 GB)
+        run = session(probe, threads=0, optimize=False, arena=False, early_free=True)
         del probe
         first = next(iter(feeds(1)), None)
         if first is None:
             return
-        # one row (a model of fixed batch gets its batch whatever the rows asked)
-        measured = run.run(missing, first)
-        per_row = sum(v.nbytes for v in measured)
-        self.rows = int(max(1, min(most_rows, (budget or CHUNK_BYTES) // max(per_row, 1))))
-        found = {n: TensorStatistics() for n in missing}
+        values = dict(zip(wanted, run.run(wanted, first)))
+        self._bytes.update({n: 4 * int(values[made[n][2]]) for n in reduced})
+        self._bytes.update({n: int(getattr(values[n], "nbytes", 0)) for n in exposed})
+        per_row = sum(self._bytes[n] for n in exposed)
+        self.rows = int(max(1, min(most_rows, budget // max(per_row, 1))))
+        found = {n: TensorStatistics() for n in names}
+        self.passes += 1
         for k, feed in enumerate(feeds(self.rows)):
-            if k == 0 and _same_feed(feed, first):
-                values = measured          # a fixed batch: the measuring run was this one
-            else:
-                measured = None
-                values = run.run(missing, feed)
-            for name, value in zip(missing, values):
-                if found[name] is None:
-                    continue
-                if value.dtype in (np.float32, np.float16):
-                    found[name].add(value)
-                else:                      # a tensor of unknown type that is not float
-                    found[name] = None
-            del values
-            measured = None
+            if k or not _same_feed(feed, first):     # a fixed batch: that run was this one
+                values = dict(zip(wanted, run.run(wanted, feed)))
+            for n in reduced:
+                low, high, size = (values[o] for o in made[n])
+                if int(size):
+                    found[n].add_range(low.reshape(-1)[0], high.reshape(-1)[0])
+            for n in exposed:
+                _add(found, n, values[n])
+            values = None
             self.runs += 1
         self.tensors.update(found)
 
+    def _histogram_pass(self, model, names, feeds, most_rows: int, budget: int,
+                        rebatched) -> None:
+        from tpuasm.compiler.ort import session
+        unmeasured = [n for n in names if n not in self._bytes]
+        if unmeasured:
+            self._bytes.update(self._measured(model, unmeasured, feeds))
+        sizes = self._bytes
+        if sum(sizes.get(n, 0) for n in names) > budget and rebatched is not None:
+            one = rebatched()
+            if one is not None:
+                model, feeds = one
+                sizes = self._measured(model, names, feeds)
+        for group in _groups(names, sizes, budget):
+            probe = _exposing(model, group)
+            run = session(probe, threads=0, optimize=False, arena=False)
+            del probe
+            self.rows = int(max(1, min(most_rows, budget // max(
+                sum(sizes.get(n, 0) for n in group), 1))))
+            found = {n: TensorStatistics() for n in group}
+            self.passes += 1
+            for feed in feeds(self.rows):
+                for name, value in zip(group, run.run(group, feed)):
+                    _add(found, name, value)
+                self.runs += 1
+            self.tensors.update(found)
+
+    @staticmethod
+    def _measured(model, names, feeds) -> dict[str, int]:
+        """Each tensor's bytes in one run of `model` on the first one-row feed (its Size
+        computed in the graph; 4 bytes a value, float32's)."""
+        from tpuasm.compiler.ort import session
+        probe, made = _range_probe(model, names, [], ops=("Size",))   # any type
+        run = session(probe, threads=0, optimize=False, arena=False, early_free=True)
+        first = next(iter(feeds(1)), None)
+        if first is None:
+            return {}
+        sizes = run.run([made[n][0] for n in names], first)
+        return {n: 4 * int(s) for n, s in zip(names, sizes)}
+
     def ranges(self, names, method: str, percentile: float = 99.999) -> dict:
-        """{tensor: (lowest, highest)} by `method` (minmax, percentile or entropy)."""
+        """{tensor: (lowest, highest)} by `method` (minmax, percentile or entropy; those
+        two need the histograms: collect(histograms=True))."""
         out = {}
         for name in names:
             stats = self.tensors.get(name)
             if stats is None or stats.low is None:
                 continue                   # never computed a value (an empty tensor)
+            if method != "minmax" and not stats.binned:
+                raise ValueError(f"{method} ranges of {name}: collect(histograms=True) first")
             out[name] = stats.minmax() if method == "minmax" else \
                 stats.percentile(percentile) if method == "percentile" else stats.entropy()
         return out
+
+
+def _add(found: dict, name: str, value) -> None:
+    """An exposed tensor's values into its statistics (a tensor whose values are not float
+    has none)."""
+    if found[name] is None:
+        return
+    if getattr(value, "dtype", None) in (np.float32, np.float16):
+        found[name].add(value)
+    else:
+        found[name] = None
+
+
+def _typed(model: onnx.ModelProto, elem_type: int) -> set[str]:
+    """The tensors the model declares of `elem_type` (value infos, inputs, outputs)."""
+    g = model.graph
+    return {v.name for v in (*g.value_info, *g.input, *g.output)
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == elem_type}
+
+
+_REDUCTIONS = ("ReduceMin", "ReduceMax", "Size")
+
+
+def _range_probe(model: onnx.ModelProto, reduced, exposed, ops=_REDUCTIONS):
+    """A copy of `model` whose outputs are, for each of `reduced`, its ReduceMin, ReduceMax
+    (keepdims: an empty dimension reduces) and Size (`ops` of them), each placed right
+    after the node that makes the tensor, and the tensors of `exposed` themselves; and
+    {tensor: (output names of `ops`)}."""
+    from onnx import helper
+    g = model.graph
+    taken = {t for n in g.node for t in [*n.input, *n.output]} | \
+        {v.name for v in (*g.input, *g.output)}
+    made, after = {}, {}
+    for k, name in enumerate(reduced):
+        outs = []
+        for op in ops:
+            out = f"{name}/calibrate/{op}"
+            while out in taken:
+                out += "_"
+            outs.append(out)
+            attrs = {"keepdims": 1} if op != "Size" else {}
+            after.setdefault(name, []).append(helper.make_node(
+                op, [name], [out], name=f"{out}/{k}", **attrs))
+        made[name] = tuple(outs)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    nodes = list(probe.graph.node)
+    del probe.graph.node[:]
+    sources = [v.name for v in probe.graph.input]
+    probe.graph.node.extend(n for s in sources for n in after.get(s, ()))
+    for node in nodes:
+        probe.graph.node.append(node)
+        probe.graph.node.extend(n for o in node.output for n in after.get(o, ()))
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(o)
+                              for outs in made.values() for o in outs)
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n)
+                              for n in exposed if n not in known)
+    return probe, made
+
+
+def _exposing(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy of `model` with `names` among its outputs."""
+    from onnx import helper
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n)
+                              for n in names if n not in known)
+    return probe
+
+
+def _groups(names, sizes: dict, budget: int) -> list[list[str]]:
+    """`names` in order, cut into groups of at most `budget` bytes (one tensor at least)."""
+    groups, current, held = [], [], 0
+    for name in names:
+        size = sizes.get(name, 0)
+        if current and held + size > budget:
+            groups.append(current)
+            current, held = [], 0
+        current.append(name)
+        held += size
+    return groups + ([current] if current else [])
 
 
 def float_tensors(model: onnx.ModelProto, nodes) -> list[str]:

@@ -333,7 +333,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
              options: QuantOptions | None = None, path=None, provenance=None,
              batch_axes: dict | None = None, tied: dict | None = None,
              notes: dict | None = None,
-             calibration: CalibrationPass | None = None) -> list[str]:
+             calibration: CalibrationPass | None = None, at_batch_one=None) -> list[str]:
     """Write the QDQ model for `model` (a path or a float ModelProto, prepared by
     prepare.py, whose `provenance` maps its nodes to the user's) calibrated on `samples`
     (in the model's own layout and types; `batch_axes`: input -> batch axis or None, default
@@ -341,8 +341,10 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     Prepared.tied, an unrolled LSTM's steps).  `notes` (a dict) gets what the report should
     say beyond the options: {"kept 8-bit": {tensor: why}} (front/widen.py).  `calibration`:
     the statistics of earlier calls on the same model and samples (calibrate.py), reused
-    and extended: every method from one pass over the samples.  Returns the quantized
-    nodes."""
+    and extended: every method from one pass over the samples.  `at_batch_one()`: None, or
+    `model` as the compile would make it at a batch of one (a float model whose batch the
+    compile fixed in its constants), for the histograms of a fixed batch too large to expose
+    at once (calibration_model).  Returns the quantized nodes."""
     from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     options = options or QuantOptions()
@@ -383,7 +385,11 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
             calibration.collect(model, [*names, *(t for g in groups.values() for t in g)],
                                 lambda rows: calibration_feeds(samples, signature,
                                                                batch_axes, rows),
-                                most_rows=calibration_rows(model))
+                                most_rows=calibration_rows(model),
+                                histograms=options.calibration_method != "minmax",
+                                rebatched=None if at_batch_one is None else lambda:
+                                calibration_model(model, at_batch_one, samples, batch_axes,
+                                                  path))
             ranges = calibration.ranges(names, options.calibration_method,
                                         options.percentile)
             ranges = _finite_ranges(ranges, chosen, options.calibration_method, path,
@@ -418,6 +424,47 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
                            ) from None
     return nodes
+
+
+def calibration_model(model: onnx.ModelProto, at_batch_one, samples, batch_axes, path):
+    """(the model at a batch of one, its calibration feeds) for CalibrationPass's histogram
+    pass, or None: `at_batch_one()` normalised as quantize() normalises `model`, taken only
+    when it is `model` but for its int64 constants (the shapes the batch is folded into), so
+    that its tensors are `model`'s, one row at a time."""
+    from tpuasm.compiler.front.reader import input_signature
+    try:
+        one = at_batch_one()
+        if one is None:
+            return None
+        one = _with_shapes(_per_axis_opset(one, path) if _opset(model) != _opset(one)
+                           else one)
+    except Exception:                   # noqa: BLE001 - no such model: the fixed batch
+        return None
+    if not same_but_shapes(model, one):
+        return None
+    signature = input_signature(one)
+    return one, lambda rows: calibration_feeds(samples, signature, batch_axes, rows)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def same_but_shapes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """The same nodes (names, types, inputs, outputs, attributes) and initializers (names,
+    types, values), but for the values of int64 vectors (shapes)."""
+    if len(a.graph.node) != len(b.graph.node) or \
+            len(a.graph.initializer) != len(b.graph.initializer):
+        return False
+    if any(x != y for x, y in zip(a.graph.node, b.graph.node)):
+        return False
+    for x, y in zip(a.graph.initializer, b.graph.initializer):
+        if x.name != y.name or x.data_type != y.data_type:
+            return False
+        shape_like = x.data_type == onnx.TensorProto.INT64 and len(x.dims) <= 1
+        if not shape_like and x != y:
+            return False
+    return True
 
 
 class _Feeds:

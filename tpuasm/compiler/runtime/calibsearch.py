@@ -59,9 +59,14 @@ class Score:
 
 def float_outputs(float_model, data: dict, batch_first: bool) -> dict | None:
     """The float model's outputs on `data` (None if it cannot run): score()'s reference,
-    computed once when many QDQ models are scored against it."""
-    from tpuasm.compiler.runtime.validate import run_float
+    computed once when many QDQ models are scored against it.  `float_model`: a ModelProto,
+    its bytes, or a validate.FloatReference (its outputs when `data` are its rows)."""
+    from tpuasm.compiler.runtime.validate import FloatReference, run_float
     import onnx
+    if isinstance(float_model, FloatReference):
+        if data is float_model.rows and batch_first == float_model.batch_first:
+            return float_model.outputs()
+        float_model = float_model.model
     model = onnx.load_model_from_string(float_model) if isinstance(
         float_model, (bytes, bytearray)) else float_model
     try:
@@ -106,8 +111,11 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
                      check: dict, min_agreement: float, min_snr: float, **more):
     """quantize() with `options` (and `more` of its keyword arguments); when
     `options.search_calibration` and the QDQ model falls below the bars on `check` ({input:
-    rows}), the best of every method.  Every method's ranges come from one calibration
-    pass over `samples` (front/calibrate.py), shared by all the quantize() calls here.
+    rows}), the best of every method.  `float_model`: a ModelProto, its bytes, or a
+    validate.FloatReference on `check` (whose outputs the caller's validation reuses).
+    Every method's ranges come from the calibration passes over `samples`
+    (front/calibrate.py: min-max's range pass, one histogram pass for the others), shared
+    by all the quantize() calls here.
     Returns (quantized nodes, the options used, a sentence for the report or None)."""
     from tpuasm.compiler.front.calibrate import CalibrationPass
     more = dict(more, batch_axes=batch_axes)
@@ -119,6 +127,9 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     if not options.search_calibration or not nodes:
         return nodes, options, _narrow_note(notes)
     batch_first = all(a == 0 for a in (batch_axes or {}).values())
+    from tpuasm.compiler.runtime.validate import FloatReference
+    if not isinstance(float_model, FloatReference):    # every score against one answer
+        float_model = FloatReference(float_model, check, batch_first)
     first = score(out_path, float_model, check, batch_first)
     if first is None or not first.below(min_agreement, min_snr):
         return nodes, options, _narrow_note(notes)

@@ -38,11 +38,18 @@ class HostRunner:
         self._rows = None        # the free-batch session; False once found unusable
         self._rows_checked = False
         self._batch_major: dict[int, bool] = {}
+        self.arena = True        # onnxruntime's memory arena (ort.session; steps.one_off)
+
+    def release(self) -> None:
+        """Close the sessions (and the memory their arenas hold); the next run opens them
+        again."""
+        self._session = self._model = self._rows = None
+        self._rows_checked = False
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             if self._session is None:
-                self._session = session(self.model_bytes)
+                self._session = session(self.model_bytes, arena=self.arena)
             results = self._session.run(self.outputs, {k: feeds[k] for k in self.inputs})
         except Exception as e:        # onnxruntime's errors have no common public base
             text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -97,7 +104,7 @@ class HostRunner:
             free = _free_batch(self.model(), batch)
             if free is not None:
                 try:
-                    self._rows = session(free.SerializeToString())
+                    self._rows = session(free.SerializeToString(), arena=self.arena)
                 except Exception:      # onnxruntime's errors have no common public base
                     self._rows = False
         return self._rows or None

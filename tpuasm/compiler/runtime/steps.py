@@ -8,6 +8,7 @@ in ONNX; the bytes are the same), and a channels-last tensor (ONNX (*rows, C), I
 is transposed there."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -59,6 +60,14 @@ class TpuStep:
     _binary: object = field(default=None, repr=False)
     _machine: object = field(default=None, repr=False)
     _worth: tuple | None = field(default=None, repr=False)   # (program table, lanes pay)
+    one_off: bool = field(default=False, repr=False)     # release after each run (one_off)
+
+    def release(self) -> None:
+        """Let the machine (and the memories it holds) go; the next run makes another."""
+        if self._machine is not None:
+            from tpuasm.machine import dataonly
+            dataonly.forget()          # its arguments, which the data path keeps
+        self._machine = self._worth = None
 
     @property
     def name(self) -> str:
@@ -79,6 +88,8 @@ class TpuStep:
             outputs = self._run_emulator(inputs, config, timed=True)
         else:
             outputs = self._run_batches(inputs, batches, config)
+        if self.one_off:
+            self.release()
         for t in self.segment.outputs:
             values[t.name] = onnx_array(t, outputs[t.name], rows, self.onnx_shapes[t.name])
 
@@ -130,7 +141,9 @@ class TpuStep:
         hosts = program.host_images(inputs, batches)
         binary = self.binary()
         if machine.program is not binary or machine.host.shape != hosts.shape[1:]:
-            machine.load(binary, host=hosts[0], weights=program.weights)
+            # run_batches never reads the machine's own host memory, only its shape: the
+            # first image itself, not a copy (Magika's first segment: 98 MB a batch)
+            machine.load(binary, host=hosts[0], weights=program.weights, copy_host=False)
         # the batches as lanes (each instruction once for all) where the program's
         # MatrixMultiplies are big enough to gain from it (machine/lanes.py)
         lanes = batches if self._lanes_worth(machine) else 1
@@ -150,6 +163,17 @@ class HostStep:
     def name(self) -> str:
         return self.runner.name
 
+    @property
+    def one_off(self) -> bool:
+        return not self.runner.arena
+
+    @one_off.setter
+    def one_off(self, value: bool) -> None:
+        self.runner.arena = not value        # one_off: runs free their memory as they end
+
+    def release(self) -> None:
+        self.runner.release()
+
     def run(self, values: dict, batch: int, engine: str, config, batches: int = 1) -> None:
         """The host part on `batches` batches held in `values` (batch after batch along
         each tensor's first axis): in one onnxruntime call when the part's rows are
@@ -168,6 +192,27 @@ class HostStep:
         can be stacked along it)."""
         return all(shape is None or (len(shape) > 0 and shape[0] == batch)
                    for shape in self.input_shapes.values()) and self.runner.batch_major(batch)
+
+
+@contextmanager
+def one_off(steps):
+    """Steps run once or twice, as a compile's check against the float model runs them:
+    each TPU segment's machine let go after its run, the host parts' onnxruntime sessions
+    without their memory arena (ort.session), and every session and machine released at
+    the end.  The memory is then one step's working set, not the sum of every step's kept
+    for the process's life (Magika's check: 0.6 GB kept by its segments' machines and its
+    host parts' arenas); a machine costs milliseconds to make and prove, an arena pays for
+    itself only over many runs."""
+    steps = list(steps)
+    for step in steps:
+        step.release()
+        step.one_off = True
+    try:
+        yield
+    finally:
+        for step in steps:
+            step.one_off = False
+            step.release()
 
 
 def _rows_shape(shape, batches: int):

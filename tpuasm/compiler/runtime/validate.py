@@ -177,14 +177,52 @@ def spread_subset(data: dict, axes: dict, max_rows: int | None) -> dict:
             if axes.get(n, 0) is not None else x for n, x in data.items()}
 
 
+class FloatReference:
+    """A float model and its outputs on some rows ({input: rows}), computed once, on first
+    use: the calibration search scores every QDQ model it tries against the same answers,
+    and the compiled model's check after it is on the same rows (each run of a 3 MB
+    sequence CNN's float model on 128 rows cost two seconds)."""
+
+    def __init__(self, model, rows: dict, batch_first: bool):
+        self.model, self.rows, self.batch_first = model, rows, batch_first
+        self._outputs, self._done = None, False
+
+    def outputs(self) -> dict | None:
+        """{output: values} of every graph output, None when the model cannot run."""
+        if not self._done:
+            import onnx
+            model = onnx.load_model_from_string(bytes(self.model)) if isinstance(
+                self.model, (bytes, bytearray)) else self.model
+            try:
+                self._outputs = run_float(self.model, self.rows,
+                                          [o.name for o in model.graph.output],
+                                          self.batch_first)
+            except Exception:               # noqa: BLE001 - no reference: no figure
+                self._outputs = None
+            self._done = True
+        return self._outputs
+
+    def serves(self, rows: dict, names, batch_first: bool) -> bool:
+        """Are its outputs the float model's answers on `rows` for `names`, joined along
+        axis 0 (run_float's batch-first runs)?"""
+        if batch_first != self.batch_first or rows.keys() != self.rows.keys() or not all(
+                np.shape(rows[k]) == np.shape(self.rows[k]) and np.array_equal(
+                    rows[k], self.rows[k]) for k in rows):
+            return False
+        found = self.outputs()
+        return found is not None and all(n in found for n in names)
+
+
 def validate(compiled, float_model, data: dict, what: str,
              min_agreement: float = DEFAULT_MIN_AGREEMENT,
              min_snr: float = DEFAULT_MIN_SNR, max_rows: int | None = None,
-             classes: dict | None = None) -> Validation:
+             classes: dict | None = None,
+             reference: FloatReference | None = None) -> Validation:
     """Run `compiled` (on the emulator's data path) and onnxruntime on `float_model` (a ModelProto
     or its bytes) over `data` ({input: rows}), or over `max_rows` of its rows (spread_rows)
     when it has more; the figures and warnings.  `classes`: the float model's class axes
-    (classaxis.class_axes; worked out here when None)."""
+    (classaxis.class_axes; worked out here when None).  `reference`: the float model's
+    outputs if already known on these rows (the calibration search's)."""
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
     names = [o.name for o in compiled.outputs]
     axes = {i.name: getattr(i, "batch_axis", 0) for i in compiled.inputs}
@@ -195,17 +233,22 @@ def validate(compiled, float_model, data: dict, what: str,
     result = Validation(rows, what, min_agreement, min_snr, of_rows=total)
     feeds = {i.name: np.asarray(data[i.name]).astype(np.dtype(i.dtype), copy=False)
              for i in compiled.inputs if i.name in data}
+    batch_first = all(a == 0 for a in axes.values())
+    out_axes = {o.name: getattr(o, "batch_axis", 0) for o in compiled.outputs}
     # the compile itself succeeded: a check that cannot run is said, never a failure
     try:
-        ref = run_float(float_model, data, names, batch_first=all(
-            a == 0 for a in axes.values()), out_axes={
-                o.name: getattr(o, "batch_axis", 0) for o in compiled.outputs})
+        if reference is not None and all(a == 0 for a in out_axes.values()) and \
+                reference.serves(data, names, batch_first):
+            ref = reference.outputs()
+        else:
+            ref = run_float(float_model, data, names, batch_first=batch_first,
+                            out_axes=out_axes)
     except Exception as e:                # noqa: BLE001 - onnxruntime's errors have no base
         result.warnings.append(f"the float model could not be run for the check: "
                                f"{_first_line(e)}")
         return result
     try:
-        got = compiled.run(feeds)          # the programs on the data path: what infer runs
+        got = _run_compiled(compiled, feeds)   # the programs on the data path, as infer
     except Exception as e:                # noqa: BLE001 - as above
         result.warnings.append(f"the compiled model could not be run on {what}: "
                                f"{_first_line(e)}")
@@ -232,6 +275,27 @@ def validate(compiled, float_model, data: dict, what: str,
     return result
 
 
+def _run_compiled(compiled, feeds: dict) -> dict:
+    """The compiled model on `feeds` as `infer` runs it, but a batch a call (a model whose
+    every input and output is batch first), each step's memory let go when its run ends
+    (steps.one_off): the check's memory is one step's on one batch, not its rows' (two
+    batches of Magika's one-hot host part at once, every part's arena and every segment's
+    machine kept, were 1 GB)."""
+    from tpuasm.compiler.runtime.steps import join_parts, one_off
+    batch = compiled.batch
+    with one_off(compiled.steps):
+        rows = {len(x) for x in feeds.values() if np.ndim(x)}
+        if len(rows) != 1 or not all(getattr(v, "batch_axis", 0) == 0 for v in
+                                     (*compiled.inputs, *compiled.outputs)):
+            return compiled.run(feeds)
+        total = rows.pop()
+        if total <= batch:
+            return compiled.run(feeds)
+        parts = [compiled.run({k: v[start:start + batch] for k, v in feeds.items()})
+                 for start in range(0, total, batch)]
+    return {o.name: join_parts(o, [p[o.name] for p in parts]) for o in compiled.outputs}
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -246,7 +310,9 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
     (steps.batch_axis_of: a time-first (T, 1, classes) output holds a batch of 1 on axis 1)."""
     from tpuasm.compiler.ort import session
     try:
-        sess = session(float_model, threads=0)     # alone here: every core
+        # alone here: every core; a few runs, so no arena (it grows in powers of two and
+        # held 0.11 GB more than the runs needed on the PP-OCRv4 recogniser's QDQ model)
+        sess = session(float_model, threads=0, arena=False)
     except Exception as e:
         raise CompileError(str(e).strip().splitlines()[0] if str(e).strip() else repr(e)) \
             from None
@@ -291,14 +357,15 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
 
 def _chunk_rows(float_model) -> int:
     """Rows per onnxruntime call: as many as the model's activations allow in the
-    calibration's memory budget (quantize.calibration_rows), at most _CHUNK."""
+    calibration's memory budget (quantize.calibration_rows), at most _CHUNK.  (Four times
+    that held 92 rows of a one-hot's (2048, 257) floats at once: 0.25 GB for a check.)"""
     import onnx
 
     from tpuasm.compiler.front.quantize import _with_shapes, calibration_rows
     model = float_model
     if isinstance(model, (bytes, bytearray)):
         model = onnx.load_model_from_string(bytes(model))
-    return max(1, min(_CHUNK, calibration_rows(_with_shapes(model)) * 4))
+    return max(1, min(_CHUNK, calibration_rows(_with_shapes(model))))
 
 
 def _np_type(ort_type: str):
