@@ -82,9 +82,10 @@ def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = No
     are judged by top-1 over the float model's class axes (classaxis.py: those of the
     search under way, classaxis.judging)."""
     from tpuasm.compiler.runtime.classaxis import class_axes, searched_axes
-    from tpuasm.compiler.runtime.validate import compare, run_float
+    from tpuasm.compiler.runtime.validate import FloatReference, compare, run_float
     import onnx
     ref = ref if ref is not None else float_outputs(float_model, data, batch_first)
+    model = float_model.model if isinstance(float_model, FloatReference) else float_model
     if ref is None:
         return None
     names = list(ref)
@@ -94,7 +95,7 @@ def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = No
         # numbers only: skl2onnx's ZipMap output is an array of dicts
         checks = compare(ref, got, [n for n in names if isinstance(ref[n], np.ndarray)
                                     and ref[n].dtype.kind in "biuf"],
-                         searched_axes() or class_axes(float_model))
+                         searched_axes() or class_axes(model))
     except Exception:                   # noqa: BLE001 - no figure: the first model is kept
         return None
     agreements = [c for c in checks if c.agreement is not None]
