@@ -217,13 +217,23 @@ def _eight_bit_nodes(model, nodes) -> list[str]:
 
 
 def _narrow_note(notes: dict) -> str | None:
-    """The report's words for the tensors widen.py kept 8-bit (accumulator range)."""
-    kept = notes.get("kept 8-bit") or {}
-    if not kept:
-        return None
-    shown = "; ".join(f"{t}: {why}" for t, why in list(kept.items())[:3])
-    more = f" (and {len(kept) - 3} more)" if len(kept) > 3 else ""
-    return f"kept 8-bit although asked for 16: {shown}{more}"
+    """The report's words for the tensors widen.py kept 8-bit and the weights
+    wideweights.py kept 8-bit or gave a coarser step (accumulator range)."""
+    parts = []
+    for key, words in (("kept 8-bit", "kept 8-bit although asked for 16"),
+                       ("weights kept 8-bit", "weights kept 8-bit although asked for 16")):
+        kept = notes.get(key) or {}
+        if kept:
+            shown = "; ".join(f"{t}: {why}" for t, why in list(kept.items())[:3])
+            more = f" (and {len(kept) - 3} more)" if len(kept) > 3 else ""
+            parts.append(f"{words}: {shown}{more}")
+    coarser = notes.get("weights coarser") or {}
+    if coarser:
+        shown = ", ".join(f"{node} (up to {f:.3g}x)" for node, f in list(coarser.items())[:3])
+        more = f" (and {len(coarser) - 3} more)" if len(coarser) > 3 else ""
+        parts.append(f"int16 weights at a coarser step than the finest so that the int32 "
+                     f"accumulators hold their sums: {shown}{more}")
+    return "; ".join(parts) or None
 
 
 _WIDEN_SHARE = 4          # the first try makes the noisiest quarter of the tensors int16

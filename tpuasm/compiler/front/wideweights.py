@@ -1,0 +1,162 @@
+"""Which matrix nodes get 16-bit weights (the TPU v1's 16-bit weights, MatrixMultiply's D
+flag: each weight tile is a pair, its low bytes then its high bytes; the array runs at half
+rate, a quarter with an int16 input too; spec/isa.md 5.4, spec/timing.md 6).
+
+Every quantized Conv, Gemm and MatMul with a constant weight can have them (the unrolled
+LSTM / GRU gate Gemms too).  `requested` says which the options ask for: every one with
+weight_bits 16, the nodes named by wide_weights (the user's: a node of the prepared model,
+or a node of the user's model, whose every unrolled or folded matrix node is meant), and
+checked_wide_weights (the calibration check's choice).  onnxruntime quantizes a chosen
+weight as QInt16 through its TensorQuantOverrides (opset 21), so the QDQ model it writes
+stays the reference the compiled model is checked against.
+
+The accumulators stay int32 and wrap: an int16 weight makes each product 256 times larger
+than an int8 one (65,536 times with an int16 input).  From the float model's values on the
+calibration data (widen.Accumulators, the pass the 16-bit activations' guard reads too),
+each node's largest accumulator is estimated at its input's step and the finest int16
+weight step (max |w| / 32767 per channel).  Where it would not fit int32, the weight step
+of each channel that would overflow is widened until it fits (its range given to
+onnxruntime as rmin / rmax per channel): `COARSEST` times the finest at most, where int16
+weights still have a step 16 times finer than int8's.  A node that would need more keeps
+8-bit weights, with the figure as its reason (`notes`)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front import widen
+
+# int16 weights are worth their half rate while their step is at most 1/16 of int8's: a
+# step at most 32767 / 127 / 16 ~ 16 times the finest int16 step
+COARSEST = 16.0
+
+
+def candidates(model: onnx.ModelProto, chosen: set[str]) -> dict[str, str]:
+    """{node: its weight initializer} of the quantized matrix nodes with a constant weight."""
+    inits = {t.name for t in model.graph.initializer}
+    return {n.name: n.input[1] for n in model.graph.node
+            if n.name in chosen and n.op_type in widen.MATRIX_OPS and len(n.input) > 1
+            and n.input[1] in inits}
+
+
+def requested(model: onnx.ModelProto, chosen: set[str], options, path="the model",
+              provenance=None) -> list[str]:
+    """The matrix nodes `options` asks 16-bit weights for (see the module's note).  A name
+    of wide_weights that is no node of the model, or only of nodes that cannot have them,
+    is one error that says why."""
+    found = candidates(model, chosen)
+    picked: dict[str, None] = dict.fromkeys(found) if options.weight_bits == 16 else {}
+    if options.wide_weights:
+        by_name = {n.name: n for n in model.graph.node}
+        unrolled: dict[str, list] = {}
+        if provenance is not None:
+            for n in model.graph.node:
+                unrolled.setdefault(provenance.source(n.name), []).append(n)
+        for name in options.wide_weights:
+            nodes = [by_name[name]] if name in by_name else unrolled.get(name, [])
+            if not nodes:
+                raise CompileError(f"{path}: --wide-weight {name}: no node of that name in "
+                                   f"the model")
+            hits = [n.name for n in nodes if n.name in found]
+            if not hits:
+                raise CompileError(f"{path}: --wide-weight {name}: cannot have 16-bit "
+                                   f"weights: {_why_not(nodes[0], chosen, model)}")
+            picked.update(dict.fromkeys(hits))
+    picked.update(dict.fromkeys(n for n in options.checked_wide_weights if n in found))
+    return list(picked)
+
+
+def _why_not(node, chosen: set[str], model) -> str:
+    if node.op_type not in widen.MATRIX_OPS:
+        return f"it is a {node.op_type}, not a Conv, Gemm or MatMul"
+    if node.name not in chosen:
+        return "it is not quantized for the TPU (kept in float, or the TPU does not take it)"
+    return "its weight is not a constant"
+
+
+def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: dict,
+              accumulators, options, notes: dict | None = None) -> dict[str, list]:
+    """onnxruntime's TensorQuantOverrides giving the weights of `nodes` 16 bits: {weight:
+    [{"axis", "quant_type"}, ...]} per channel (or one dict per tensor), with an "rmin" /
+    "rmax" per channel where the accumulators need a coarser step.  `wide`: the int16
+    activation tensors ({root: members}, widen.choose) the nodes' inputs may be;
+    `accumulators`: a widen.Accumulators over the calibration data (None: no guard).
+    `notes` gets {"weights kept 8-bit": {node: why}, "weights coarser": {node: factor}}."""
+    from onnxruntime.quantization import QuantType
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    members = {m: root for root, group in wide.items() for m in group}
+    weight_of = candidates(model, chosen)
+    users: dict[str, list] = {}           # a weight shared by several nodes: decided once
+    for node in g.node:
+        if node.name in weight_of:
+            users.setdefault(weight_of[node.name], []).append(node)
+    out: dict[str, list] = {}
+    for weight in dict.fromkeys(weight_of[n] for n in nodes if n in weight_of):
+        readers = users[weight]
+        first = readers[0]
+        init = inits[weight]
+        factor, worst, culprit = _coarsening(readers, init, members, producer, chosen,
+                                             accumulators, options.per_channel)
+        if float(factor.max(initial=1.0)) > COARSEST:
+            if notes is not None:
+                notes.setdefault("weights kept 8-bit", {})[first.name] = (
+                    f"int16 weights, the accumulators of '{culprit}' would reach "
+                    f"{worst:.3g} on the calibration data with {widen.ACC_HEADROOM}x headroom "
+                    f"on the products, {COARSEST:g}x int32's {widen.INT32_LIMIT:.3g} even "
+                    f"at the coarsest step worth 16 bits")
+            continue
+        axis = widen.channel_axis(first)
+        head = {"quant_type": QuantType.QInt16}
+        if options.per_channel:
+            head["axis"] = axis
+        if float(factor.max(initial=1.0)) <= 1.0:
+            out[weight] = [head]
+            continue
+        peaks = widen.weight_peaks(first, init)
+        if not options.per_channel:
+            peaks = np.full(1, peaks.max(initial=0.0))
+            factor = np.full(1, factor.max())
+        entries = [dict(head)] + [{} for _ in range(len(peaks) - 1)]
+        for entry, peak, f in zip(entries, peaks, factor):
+            r = np.float32(peak * max(1.0, f))
+            entry["rmin"], entry["rmax"] = -r, r
+        out[weight] = entries
+        if notes is not None:
+            notes.setdefault("weights coarser", {})[first.name] = float(factor.max())
+    return out
+
+
+def measured(model: onnx.ModelProto, nodes: list[str], chosen: set[str]) -> list[str]:
+    """The tensors whose ranges the guard reads: the input of each of `nodes` as its
+    producer writes it (before layout nodes), whose step the node's input has."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    wanted = set(nodes)
+    return list(dict.fromkeys(widen.root_of(n.input[0], producer, chosen)
+                              for n in model.graph.node if n.name in wanted and n.input))
+
+
+def _coarsening(readers, init, members: dict, producer: dict, chosen: set[str],
+                accumulators, per_channel: bool):
+    """(factor per output channel by which the finest int16 weight step must grow so that
+    every reader's accumulators fit int32 (>= 1), the largest need, its node)."""
+    finest = widen.weight_steps(readers[0], init, per_channel, 16)
+    factor = np.ones(finest.shape)
+    worst, culprit = 0.0, readers[0].name
+    if accumulators is None or not accumulators.ok:
+        return factor, worst, culprit
+    for node in readers:
+        root = members.get(node.input[0])
+        bits = 16 if root is not None else 8
+        if root is None:
+            root = widen.root_of(node.input[0], producer, chosen)
+        step = accumulators.step(root, bits)
+        need = None if step is None else accumulators.need(node.name, step, finest)
+        if need is None or need.shape != factor.shape:
+            continue
+        if float(need.max(initial=0.0)) > worst:
+            worst, culprit = float(need.max()), node.name
+        factor = np.maximum(factor, need * 1.0001 / widen.INT32_LIMIT)
+    return factor, worst, culprit
