@@ -271,3 +271,21 @@ def test_weights_that_no_useful_int16_step_fits_keep_int8_with_the_figure(tmp_pa
     assert compiled.report.wide_weights == []
     assert all(r.where == "TPU" for r in compiled.report.rows if r.op_type == "Gemm")
     _same_as_qdq(compiled, {"x": x}, identical=0.99)
+
+
+def test_auto_calibration_gives_the_weights_16_bits_when_int16_activations_fall_short(
+        tmp_path):
+    """Below --min-snr with every activation int16, the check ranks the weights by what
+    each costs in 8 bits and makes them int16 (the costliest first): the regression output
+    reaches the bar, every MatMul still on the TPU, nothing kept in float."""
+    path, model, x = _outlier_mlp(tmp_path)
+    (want,) = session(model).run(None, {"x": x})
+    compiled = tpu_compile(path, batch=16, calibration=x, min_snr=60)
+    source = compiled.report.source
+    assert "made int16 by the check" in source and "kept in float" not in source
+    assert "int16 weights chosen by the check: 2 of 2 weights" in source, source
+    assert compiled.report.validation.outputs[0].snr_db >= 60
+    got, _ = _same_as_qdq(compiled, {"x": x})
+    assert _snr(want, got) >= 60
+    assert set(compiled.report.wide_weights) == {"mm0", "mm1"}
+    assert all(r.where == "TPU" for r in compiled.report.rows if r.op_type == "MatMul")
