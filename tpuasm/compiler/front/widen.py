@@ -10,7 +10,8 @@ A tensor can be int16 when every TPU operator that touches it does matrix work:
   matrix node reading it as its activation.
 Lookup tables (the L flag maps bytes), pooling and VADD/VMUL take 8-bit tensors only, so a
 tensor one of them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the
-dequantized float value either way.  Weights stay int8 per channel.
+dequantized float value either way.  Weights are int8 per channel unless front/wideweights.py
+gives them 16 bits.
 
 onnxruntime quantizes a chosen tensor as QInt16 through its TensorQuantOverrides (the model
 is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16).

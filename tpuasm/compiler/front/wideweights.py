@@ -55,6 +55,10 @@ def requested(model: onnx.ModelProto, chosen: set[str], options, path="the model
                 unrolled.setdefault(provenance.source(n.name), []).append(n)
         for name in options.wide_weights:
             nodes = [by_name[name]] if name in by_name else unrolled.get(name, [])
+            if not nodes and provenance is not None and name in provenance.names:
+                raise CompileError(f"{path}: --wide-weight {name}: cannot have 16-bit "
+                                   f"weights: the compiler folded it away (the report's row "
+                                   f"for it says into what)")
             if not nodes:
                 raise CompileError(f"{path}: --wide-weight {name}: no node of that name in "
                                    f"the model")
@@ -105,8 +109,9 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
                 notes.setdefault("weights kept 8-bit", {})[first.name] = (
                     f"int16 weights, the accumulators of '{culprit}' would reach "
                     f"{worst:.3g} on the calibration data with {widen.ACC_HEADROOM}x headroom "
-                    f"on the products, {COARSEST:g}x int32's {widen.INT32_LIMIT:.3g} even "
-                    f"at the coarsest step worth 16 bits")
+                    f"on the products at the finest int16 step, more than {COARSEST:g}x "
+                    f"int32's {widen.INT32_LIMIT:.3g} (a step that much coarser gains too "
+                    f"little over int8)")
             continue
         axis = widen.channel_axis(first)
         head = {"quant_type": QuantType.QInt16}
