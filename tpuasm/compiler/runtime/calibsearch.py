@@ -316,8 +316,11 @@ def _widen_the_weights(model, samples, signature, out_path, options, current, no
     for node, weight in found.items():
         groups.setdefault(weight, []).append(node)
     ref = float_outputs(float_model, check, batch_first)
-    ranked, scored = _costliest_weights(out_path, model, groups, float_model, check,
-                                        batch_first)
+    try:
+        ranked, scored = _costliest_weights(out_path, model, groups, float_model, check,
+                                            batch_first)
+    except Exception:                   # noqa: BLE001 - no measure: every weight at once
+        ranked, scored = list(groups), 0
     start, chosen = current, None
     first = max(1, -(-len(ranked) // _WEIGHT_SHARE))
     for count in dict.fromkeys((first, len(ranked))):
@@ -360,17 +363,21 @@ def _costliest_weights(qdq_path, model, groups: dict, float_model, check, batch_
     qdq = onnx.load(str(qdq_path))
     inits = {t.name: t for t in qdq.graph.initializer}
     floats = {t.name: t for t in model.graph.initializer if t.name in groups}
-    producer = {o: n for n in qdq.graph.node for o in n.output if o}
-    by_name = {n.name: n for n in qdq.graph.node}
-    dequantized: dict[str, object] = {}        # weight -> its DequantizeLinear in the QDQ
+    graph_nodes = list(qdq.graph.node)
+    producer = {o: i for i, n in enumerate(graph_nodes) for o in n.output if o}
+    by_name = {n.name: n for n in graph_nodes}
+    dequantized: dict[str, int] = {}   # weight -> where its DequantizeLinear is in the QDQ
     for weight, nodes in groups.items():
         node = by_name.get(nodes[0])
-        dq = producer.get(node.input[1]) if node is not None and len(node.input) > 1 else None
+        at = producer.get(node.input[1]) if node is not None and len(node.input) > 1 \
+            else None
+        dq = graph_nodes[at] if at is not None else None
         if dq is not None and dq.op_type == "DequantizeLinear" and weight in floats \
-                and dq.input[0] in inits:
-            dequantized[weight] = dq
+                and dq.input[0] in inits and len(dq.input) > 1 and dq.input[1] in inits:
+            dequantized[weight] = at
     rounding = {}
-    for weight, dq in dequantized.items():
+    for weight, at in dequantized.items():
+        dq = graph_nodes[at]
         w = numpy_helper.to_array(floats[weight]).astype(np.float64)
         q = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float64)
         scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
@@ -388,7 +395,7 @@ def _costliest_weights(qdq_path, model, groups: dict, float_model, check, batch_
     for weight in measured:
         probe = onnx.ModelProto()
         probe.CopyFrom(qdq)
-        dq = next(n for n in probe.graph.node if n.name == dequantized[weight].name)
+        dq = probe.graph.node[dequantized[weight]]
         name = f"{weight}_float_for_the_check"
         probe.graph.initializer.append(numpy_helper.from_array(
             numpy_helper.to_array(floats[weight]), name))
