@@ -269,14 +269,37 @@ def _widen_the_noisiest(model, samples, signature, out_path, options, current, n
     tries = [(count, "minmax") for count in dict.fromkeys((first, len(ranked)))]
     if options.calibration_method != "minmax":
         tries.append((len(ranked), options.calibration_method))
-    base = options
-    for count, method in tries:
-        other = replace(base, calibration_method=method,
-                        checked_wide=tuple(ranked[:count]))
-        candidate = Path(out_path).with_suffix(".wide.onnx")
+    choices = [(count, replace(options, calibration_method=method,
+                               checked_wide=tuple(ranked[:count])))
+               for count, method in tries]
+    found = _best_of(choices, current, Path(out_path).with_suffix(".wide.onnx"), out_path,
+                     (model, samples, signature, path, provenance, more),
+                     (float_model, check, batch_first, ref, min_agreement, min_snr))
+    if found is None:
+        return options, current, nodes, "", notes
+    chosen, options, current, nodes, notes = found
+    names = ", ".join(ranked[:min(chosen, 6)]) + (" ..." if chosen > 6 else "")
+    return options, current, nodes, (
+        f"made int16 by the check: {chosen} of {len(ranked)} activation tensors, the "
+        f"noisiest in 8 bits first ({names}), {_NAMES[options.calibration_method]} "
+        f"calibration: {start.text()} -> {current.text()}"), notes
+
+
+def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizing: tuple,
+             scoring: tuple):
+    """Quantize with each of `choices` ([(label, QuantOptions)]) in turn into `candidate`,
+    score it against the float model, and keep (copied to `out_path`) each that beats the
+    best so far; stop at the first that meets the bars.  `quantizing`: (model, samples,
+    signature, path, provenance, quantize()'s other keywords); `scoring`: (float model,
+    check rows, batch_first, the float outputs, min_agreement, min_snr).  Returns (label,
+    options, score, nodes, notes) of the best, or None when none beat `current`."""
+    model, samples, signature, path, provenance, more = quantizing
+    float_model, check, batch_first, ref, min_agreement, min_snr = scoring
+    best = None
+    for label, other in choices:
         tried: dict = {}
         try:
-            found = quantize(model, samples, signature, candidate, other, path, provenance,
+            nodes = quantize(model, samples, signature, candidate, other, path, provenance,
                              notes=tried, **more)
         except Exception:               # noqa: BLE001 - a choice that fails is not made
             continue
@@ -284,16 +307,10 @@ def _widen_the_noisiest(model, samples, signature, out_path, options, current, n
         if s is None or s.key() <= current.key():
             continue
         shutil.copyfile(candidate, out_path)
-        options, current, nodes, notes, chosen = other, s, found, tried, count
+        best, current = (label, other, s, nodes, tried), s
         if not current.below(min_agreement, min_snr):
             break
-    if chosen is None:
-        return options, current, nodes, "", notes
-    names = ", ".join(ranked[:min(chosen, 6)]) + (" ..." if chosen > 6 else "")
-    return options, current, nodes, (
-        f"made int16 by the check: {chosen} of {len(ranked)} activation tensors, the "
-        f"noisiest in 8 bits first ({names}), {_NAMES[options.calibration_method]} "
-        f"calibration: {start.text()} -> {current.text()}"), notes
+    return best
 
 
 _WEIGHT_SHARE = 4         # the first try gives the costliest quarter of the weights 16 bits
@@ -321,27 +338,17 @@ def _widen_the_weights(model, samples, signature, out_path, options, current, no
                                             batch_first)
     except Exception:                   # noqa: BLE001 - no measure: every weight at once
         ranked, scored = list(groups), 0
-    start, chosen = current, None
+    start = current
     first = max(1, -(-len(ranked) // _WEIGHT_SHARE))
-    for count in dict.fromkeys((first, len(ranked))):
-        picked = tuple(n for weight in ranked[:count] for n in groups[weight])
-        other = replace(options, checked_wide_weights=picked)
-        candidate = Path(out_path).with_suffix(".weights.onnx")
-        tried: dict = {}
-        try:
-            found_nodes = quantize(model, samples, signature, candidate, other, path,
-                                   provenance, notes=tried, **more)
-        except Exception:               # noqa: BLE001 - a choice that fails is not made
-            continue
-        s = score(candidate, float_model, check, batch_first, ref)
-        if s is None or s.key() <= current.key():
-            continue
-        shutil.copyfile(candidate, out_path)
-        options, current, nodes, notes, chosen = other, s, found_nodes, tried, count
-        if not current.below(min_agreement, min_snr):
-            break
-    if chosen is None:
+    choices = [(count, replace(options, checked_wide_weights=tuple(
+        n for weight in ranked[:count] for n in groups[weight])))
+        for count in dict.fromkeys((first, len(ranked)))]
+    found = _best_of(choices, current, Path(out_path).with_suffix(".weights.onnx"), out_path,
+                     (model, samples, signature, path, provenance, more),
+                     (float_model, check, batch_first, ref, min_agreement, min_snr))
+    if found is None:
         return options, current, nodes, "", notes
+    chosen, options, current, nodes, notes = found
     names = ", ".join(groups[w][0] for w in ranked[:min(chosen, 4)]) + \
         (" ..." if chosen > 4 else "")
     return options, current, nodes, (
