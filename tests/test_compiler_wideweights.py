@@ -256,8 +256,9 @@ def test_weights_whose_accumulators_would_wrap_get_a_coarser_int16_step(tmp_path
 
 
 def test_weights_that_no_useful_int16_step_fits_keep_int8_with_the_figure(tmp_path):
-    """8,192 positive products: even at 16x the finest step the accumulators would not hold
-    the sums, so the weights stay int8 (with the figure) and the Gemm still maps."""
+    """8,192 positive products: the int16 steps that hold the sums are so coarse that their
+    rounding is less than 24 dB below int8's, so the weights stay int8 (with the figure)
+    and the Gemm still maps."""
     path, model, w, x = _averaging(tmp_path, 8192)
     compiled = tpu_compile(path, batch=4, calibration=x, calibration_method="minmax",
                            weight_bits=16, validate=False)
@@ -267,7 +268,12 @@ def test_weights_that_no_useful_int16_step_fits_keep_int8_with_the_figure(tmp_pa
     assert "weights kept 8-bit although asked for 16: fc: int16 weights, the accumulators " \
            "of 'fc' would reach" in source, source
     figure = float(source.split("would reach ")[1].split()[0])
-    assert figure > 16 * (2 ** 31 - 1)
+    coarser = float(source.split("(up to ")[1].split("x")[0])
+    gain = float(source.split("leave their rounding only ")[1].split()[0])
+    # the figure at the finest step is the coarsening the sums need, and 258x finer steps
+    # (int8 / int16) over that coarsening is the gain in dB
+    assert figure / (2 ** 31 - 1) == pytest.approx(coarser, rel=0.01)
+    assert gain == pytest.approx(20 * np.log10(32767 / 127 / coarser), abs=0.2) and gain < 24
     assert compiled.report.wide_weights == []
     assert all(r.where == "TPU" for r in compiled.report.rows if r.op_type == "Gemm")
     _same_as_qdq(compiled, {"x": x}, identical=0.99)

@@ -270,28 +270,52 @@ class Accumulators:
             return None
         return (hi - lo) / (2 ** bits - 1)
 
-    def need(self, node: str, x_step: float, w_steps: np.ndarray) -> np.ndarray | None:
-        """Per output channel of matrix node `node`, the largest value its accumulators
-        would reach at input step `x_step` and weight steps `w_steps` (one, or one per
-        channel): its int32 bias |b[n]| / (x_step w[n]) plus ACC_HEADROOM times its
-        products' largest sum (the sums wrap modulo 2^32, so only the final value
-        matters).  None without figures for it."""
+    def _sums(self, node: str):
+        """(the products' largest sums, |bias|) per output channel of `node`, or None."""
         found = self.nodes.get(node)
         products = None if found is None else self.peak.get(found.output[0])
-        if products is None or not x_step:
+        if products is None:
             return None
+        bias = self.bias.get(node)
+        b = np.zeros(products.shape) if bias is None or bias.size != products.size \
+            else np.abs(bias)
+        return products, b
+
+    def fitted_steps(self, node: str, x_step: float, w_steps) -> np.ndarray | None:
+        """The weight steps onnxruntime writes for `w_steps` (one, or one per channel) at
+        input step `x_step`: it widens a step until the int32 bias fits (its
+        _adjust_weight_scale_for_int32_bias), so the bias then nearly fills int32."""
+        sums = self._sums(node)
+        if sums is None or not x_step:
+            return None
+        products, b = sums
         w = np.broadcast_to(w_steps, products.shape) if np.size(w_steps) == 1 else \
             np.asarray(w_steps, np.float64)
         if w.shape != products.shape:
             w = np.full(products.shape, float(np.max(w_steps)))
-        bias = self.bias.get(node)
-        b = np.zeros(products.shape) if bias is None or bias.size != products.size \
-            else np.abs(bias)
-        # onnxruntime widens a weight step until the bias fits int32 (its
-        # _adjust_weight_scale_for_int32_bias): the bias then nearly fills it
-        w = np.maximum(w, 1.0001 * 2 * b / ((2.0 ** 32 - 2) * x_step))
+        return np.maximum(w, 1.0001 * 2 * b / ((2.0 ** 32 - 2) * x_step))
+
+    def need(self, node: str, x_step: float, w_steps: np.ndarray) -> np.ndarray | None:
+        """Per output channel of matrix node `node`, the largest value its accumulators
+        would reach at input step `x_step` and weight steps `w_steps` (as onnxruntime
+        fits them, fitted_steps): its int32 bias |b[n]| / (x_step w[n]) plus ACC_HEADROOM
+        times its products' largest sum (the sums wrap modulo 2^32, so only the final value
+        matters).  None without figures for it."""
+        w = self.fitted_steps(node, x_step, w_steps)
+        if w is None:
+            return None
+        products, b = self._sums(node)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(w > 0, (b + ACC_HEADROOM * products) / (x_step * w), 0.0)
+
+    def fitting_steps(self, node: str, x_step: float) -> np.ndarray | None:
+        """Per output channel, the finest weight step at which `node`'s accumulators fit
+        int32 at input step `x_step` (need == INT32_LIMIT); None without figures."""
+        sums = self._sums(node)
+        if sums is None or not x_step:
+            return None
+        products, b = sums
+        return 1.0001 * (b + ACC_HEADROOM * products) / (x_step * INT32_LIMIT)
 
 
 def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str],

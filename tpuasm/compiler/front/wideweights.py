@@ -16,9 +16,10 @@ calibration data (widen.Accumulators, the pass the 16-bit activations' guard rea
 each node's largest accumulator is estimated at its input's step and the finest int16
 weight step (max |w| / 32767 per channel).  Where it would not fit int32, the weight step
 of each channel that would overflow is widened until it fits (its range given to
-onnxruntime as rmin / rmax per channel): `COARSEST` times the finest at most, where int16
-weights still have a step 16 times finer than int8's.  A node that would need more keeps
-8-bit weights, with the figure as its reason (`notes`)."""
+onnxruntime as rmin / rmax per channel).  int16 weights are kept while their rounding noise
+(the sum of the squared steps over the channels) stays MIN_GAIN_DB below that of the int8
+steps onnxruntime would write (which it widens where an int32 bias needs it); a node whose
+accumulators leave less keeps 8-bit weights, with the figure as its reason (`notes`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,9 +28,9 @@ import onnx
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import widen
 
-# int16 weights are worth their half rate while their step is at most 1/16 of int8's: a
-# step at most 32767 / 127 / 16 ~ 16 times the finest int16 step
-COARSEST = 16.0
+# int16 weights are worth their half rate while their rounding noise stays this far below
+# int8's (24 dB: steps 16 times finer; the finest int16 steps are 258 times finer, 48 dB)
+MIN_GAIN_DB = 24.0
 
 
 def candidates(model: onnx.ModelProto, chosen: set[str]) -> dict[str, str]:
@@ -102,35 +103,36 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
         readers = users[weight]
         first = readers[0]
         init = inits[weight]
-        factor, worst, culprit = _coarsening(readers, init, members, producer, chosen,
-                                             accumulators, options.per_channel)
-        if float(factor.max(initial=1.0)) > COARSEST:
+        steps = _steps(readers, init, members, producer, chosen, accumulators,
+                       options.per_channel)
+        finest, wide_steps, narrow_steps, worst, culprit = steps
+        gain = 10 * np.log10(float((narrow_steps ** 2).sum()) /
+                             max(float((wide_steps ** 2).sum()), 1e-300))
+        if gain < MIN_GAIN_DB:
             if notes is not None:
                 notes.setdefault("weights kept 8-bit", {})[first.name] = (
                     f"int16 weights, the accumulators of '{culprit}' would reach "
                     f"{worst:.3g} on the calibration data with {widen.ACC_HEADROOM}x headroom "
-                    f"on the products at the finest int16 step, more than {COARSEST:g}x "
-                    f"int32's {widen.INT32_LIMIT:.3g} (a step that much coarser gains too "
-                    f"little over int8)")
+                    f"on the products at the finest int16 step (int32 holds "
+                    f"{widen.INT32_LIMIT:.3g}); the steps that fit (up to "
+                    f"{float((wide_steps / finest).max()):.3g}x the finest) leave their "
+                    f"rounding only {gain:.1f} dB below int8's")
             continue
-        axis = widen.channel_axis(first)
         head = {"quant_type": QuantType.QInt16}
         if options.per_channel:
-            head["axis"] = axis
-        if float(factor.max(initial=1.0)) <= 1.0:
+            head["axis"] = widen.channel_axis(first)
+        coarser = wide_steps > finest * 1.0001
+        if not coarser.any():
             out[weight] = [head]
             continue
-        peaks = widen.weight_peaks(first, init)
-        if not options.per_channel:
-            peaks = np.full(1, peaks.max(initial=0.0))
-            factor = np.full(1, factor.max())
-        entries = [dict(head)] + [{} for _ in range(len(peaks) - 1)]
-        for entry, peak, f in zip(entries, peaks, factor):
-            r = np.float32(peak * max(1.0, f))
+        entries = [dict(head)] + [{} for _ in range(len(wide_steps) - 1)]
+        for entry, step in zip(entries, wide_steps):
+            r = np.float32(step * (2 ** 15 - 1))
             entry["rmin"], entry["rmax"] = -r, r
         out[weight] = entries
         if notes is not None:
-            notes.setdefault("weights coarser", {})[first.name] = float(factor.max())
+            notes.setdefault("weights coarser", {})[first.name] = \
+                float((wide_steps / finest).max())
     return out
 
 
@@ -143,15 +145,17 @@ def measured(model: onnx.ModelProto, nodes: list[str], chosen: set[str]) -> list
                               for n in model.graph.node if n.name in wanted and n.input))
 
 
-def _coarsening(readers, init, members: dict, producer: dict, chosen: set[str],
-                accumulators, per_channel: bool):
-    """(factor per output channel by which the finest int16 weight step must grow so that
-    every reader's accumulators fit int32 (>= 1), the largest need, its node)."""
+def _steps(readers, init, members: dict, producer: dict, chosen: set[str], accumulators,
+           per_channel: bool):
+    """(the finest int16 weight steps, the int16 steps every reader's accumulators hold,
+    the int8 steps onnxruntime would write, the largest need at the finest steps, its
+    node): per output channel (one for all with per_channel False)."""
     finest = widen.weight_steps(readers[0], init, per_channel, 16)
-    factor = np.ones(finest.shape)
+    narrow = widen.weight_steps(readers[0], init, per_channel, 8)
+    wide = finest.copy()
     worst, culprit = 0.0, readers[0].name
     if accumulators is None or not accumulators.ok:
-        return factor, worst, culprit
+        return finest, wide, narrow, worst, culprit
     for node in readers:
         root = members.get(node.input[0])
         bits = 16 if root is not None else 8
@@ -159,9 +163,14 @@ def _coarsening(readers, init, members: dict, producer: dict, chosen: set[str],
             root = widen.root_of(node.input[0], producer, chosen)
         step = accumulators.step(root, bits)
         need = None if step is None else accumulators.need(node.name, step, finest)
-        if need is None or need.shape != factor.shape:
+        fits = None if step is None else accumulators.fitting_steps(node.name, step)
+        if need is None or fits is None or need.shape != finest.shape:
             continue
         if float(need.max(initial=0.0)) > worst:
             worst, culprit = float(need.max()), node.name
-        factor = np.maximum(factor, need * 1.0001 / widen.INT32_LIMIT)
-    return factor, worst, culprit
+        wide = np.maximum(wide, fits)
+        narrow = np.maximum(narrow, accumulators.fitted_steps(node.name, step, narrow))
+    if not per_channel:
+        wide = np.full(wide.shape, wide.max(initial=0.0))
+        narrow = np.full(narrow.shape, narrow.max(initial=0.0))
+    return finest, wide, narrow, worst, culprit
