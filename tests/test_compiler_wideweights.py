@@ -249,8 +249,11 @@ def test_weights_whose_accumulators_would_wrap_get_a_coarser_int16_step(tmp_path
     x_scale, x_zero = float(inits["x_scale"]), int(inits["x_zero_point"])
     worst = (np.abs(inits["w_quantized"].astype(np.int64)) * max(x_zero, 255 - x_zero)).sum(0)
     assert worst.max() < 2 ** 31, worst
-    assert "int16 weights at a coarser step than the finest" in compiled.report.source
-    assert "fc (up to" in compiled.report.source
+    source = compiled.report.source
+    assert "int16 weights at steps coarser than the finest" in source, source
+    # the rounding's gain over int8 is the finest steps' 48 dB less the coarsening's
+    gain = float(source.split("48 dB at the finest): fc ")[1].split()[0])
+    assert gain == pytest.approx(20 * np.log10(32767 / 127 / factor.max()), abs=1.0)
     _same_as_qdq(compiled, {"x": x}, identical=0.99)
     assert compiled.report.wide_weights == ["fc"] and x_scale > 0
 

@@ -87,7 +87,8 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
     "rmax" per channel where the accumulators need a coarser step.  `wide`: the int16
     activation tensors ({root: members}, widen.choose) the nodes' inputs may be;
     `accumulators`: a widen.Accumulators over the calibration data (None: no guard).
-    `notes` gets {"weights kept 8-bit": {node: why}, "weights coarser": {node: factor}}."""
+    `notes` gets {"weights kept 8-bit": {node: why}, "weights coarser": {node: how far
+    their rounding stays below int8's, in dB}}."""
     from onnxruntime.quantization import QuantType
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -131,8 +132,7 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
             entry["rmin"], entry["rmax"] = -r, r
         out[weight] = entries
         if notes is not None:
-            notes.setdefault("weights coarser", {})[first.name] = \
-                float((wide_steps / finest).max())
+            notes.setdefault("weights coarser", {})[first.name] = gain
     return out
 
 

@@ -236,10 +236,11 @@ def _narrow_note(notes: dict) -> str | None:
             parts.append(f"{words}: {shown}{more}")
     coarser = notes.get("weights coarser") or {}
     if coarser:
-        shown = ", ".join(f"{node} (up to {f:.3g}x)" for node, f in list(coarser.items())[:3])
+        shown = ", ".join(f"{node} {db:.0f} dB" for node, db in list(coarser.items())[:3])
         more = f" (and {len(coarser) - 3} more)" if len(coarser) > 3 else ""
-        parts.append(f"int16 weights at a coarser step than the finest so that the int32 "
-                     f"accumulators hold their sums: {shown}{more}")
+        parts.append(f"int16 weights at steps coarser than the finest so that the int32 "
+                     f"accumulators hold their sums (their rounding below int8's; 48 dB "
+                     f"at the finest): {shown}{more}")
     return "; ".join(parts) or None
 
 
