@@ -295,10 +295,11 @@ class Accumulators:
             w = np.full(products.shape, float(np.max(w_steps)))
         return np.maximum(w, 1.0001 * 2 * b / ((2.0 ** 32 - 2) * x_step))
 
-    def need(self, node: str, x_step: float, w_steps: np.ndarray) -> np.ndarray | None:
+    def need(self, node: str, x_step: float, w_steps: np.ndarray,
+             headroom: float = ACC_HEADROOM) -> np.ndarray | None:
         """Per output channel of matrix node `node`, the largest value its accumulators
         would reach at input step `x_step` and weight steps `w_steps` (as onnxruntime
-        fits them, fitted_steps): its int32 bias |b[n]| / (x_step w[n]) plus ACC_HEADROOM
+        fits them, fitted_steps): its int32 bias |b[n]| / (x_step w[n]) plus `headroom`
         times its products' largest sum (the sums wrap modulo 2^32, so only the final value
         matters).  None without figures for it."""
         w = self.fitted_steps(node, x_step, w_steps)
@@ -306,16 +307,29 @@ class Accumulators:
             return None
         products, b = self._sums(node)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(w > 0, (b + ACC_HEADROOM * products) / (x_step * w), 0.0)
+            return np.where(w > 0, (b + headroom * products) / (x_step * w), 0.0)
 
-    def fitting_steps(self, node: str, x_step: float) -> np.ndarray | None:
+    def fitting_steps(self, node: str, x_step: float, headroom: float = ACC_HEADROOM,
+                      bound: np.ndarray | None = None) -> np.ndarray | None:
         """Per output channel, the finest weight step at which `node`'s accumulators fit
-        int32 at input step `x_step` (need == INT32_LIMIT); None without figures."""
+        int32 at input step `x_step`: its bias plus `headroom` times its products' largest
+        sum, or plus `bound` (the products' sum that no input can exceed) where that is
+        less; None without figures."""
         sums = self._sums(node)
         if sums is None or not x_step:
             return None
         products, b = sums
-        return 1.0001 * (b + ACC_HEADROOM * products) / (x_step * INT32_LIMIT)
+        sums = headroom * products if bound is None else np.minimum(headroom * products,
+                                                                    bound)
+        return 1.0001 * (b + sums) / (x_step * INT32_LIMIT)
+
+    def reach(self, tensor: str) -> float | None:
+        """The largest |value| `tensor`'s quantization can hold (its range, widened to
+        hold 0: values beyond it saturate); None without a range."""
+        lo, hi = self.low.get(tensor, math.inf), self.high.get(tensor, -math.inf)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        return max(abs(lo), abs(hi))
 
 
 def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str],
@@ -370,6 +384,14 @@ def weight_peaks(node, weight) -> np.ndarray:
     w = np.abs(numpy_helper.to_array(weight).astype(np.float64))
     moved = np.moveaxis(w, channel_axis(node), 0)
     return moved.reshape(moved.shape[0], -1).max(axis=1)
+
+
+def weight_sums(node, weight) -> np.ndarray:
+    """sum |w| per output channel of a matrix node's float weight: times the largest
+    |input| its quantization holds, the largest sum of products any input can give."""
+    w = np.abs(numpy_helper.to_array(weight).astype(np.float64))
+    moved = np.moveaxis(w, channel_axis(node), 0)
+    return moved.reshape(moved.shape[0], -1).sum(axis=1)
 
 
 def weight_steps(node, weight, per_channel: bool, bits: int = 8) -> np.ndarray:

@@ -14,9 +14,10 @@ The accumulators stay int32 and wrap: an int16 weight makes each product 256 tim
 than an int8 one (65,536 times with an int16 input).  From the float model's values on the
 calibration data (widen.Accumulators, the pass the 16-bit activations' guard reads too),
 each node's largest accumulator is estimated at its input's step and the finest int16
-weight step (max |w| / 32767 per channel).  Where it would not fit int32, the weight step
-of each channel that would overflow is widened until it fits (its range given to
-onnxruntime as rmin / rmax per channel).  int16 weights are kept while their rounding noise
+weight step (max |w| / 32767 per channel): its bias plus HEADROOM times the calibration's
+largest products, or plus the largest sum any input can give where that is less.  Where it
+would not fit int32, the weight step of each channel that would overflow is widened until
+it fits (its range given to onnxruntime as rmin / rmax per channel).  int16 weights are kept while their rounding noise
 (the sum of the squared steps over the channels) stays MIN_GAIN_DB below that of the int8
 steps onnxruntime would write (which it widens where an int32 bias needs it); a node whose
 accumulators leave less keeps 8-bit weights, with the figure as its reason (`notes`)."""
@@ -31,6 +32,12 @@ from tpuasm.compiler.front import widen
 # int16 weights are worth their half rate while their rounding noise stays this far below
 # int8's (24 dB: steps 16 times finer; the finest int16 steps are 258 times finer, 48 dB)
 MIN_GAIN_DB = 24.0
+# the calibration data's largest products, times this, must fit int32 at the steps chosen
+# (or the sum no input can exceed, where that is less): a coarser step fits the sums
+# exactly there, with no slack left beyond it.  4 (the 16-bit activations' guard) was not
+# enough for Silero's sequence form: calibrated on one 64-frame stream, another stream's
+# LSTM gate sums reached 5.5 times its largest, and the int16-weight gates wrapped
+HEADROOM = 16.0
 
 
 def candidates(model: onnx.ModelProto, chosen: set[str]) -> dict[str, str]:
@@ -113,7 +120,7 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
             if notes is not None:
                 notes.setdefault("weights kept 8-bit", {})[first.name] = (
                     f"int16 weights, the accumulators of '{culprit}' would reach "
-                    f"{worst:.3g} on the calibration data with {widen.ACC_HEADROOM}x headroom "
+                    f"{worst:.3g} on the calibration data with {HEADROOM:g}x headroom "
                     f"on the products at the finest int16 step (int32 holds "
                     f"{widen.INT32_LIMIT:.3g}); the steps that fit (up to "
                     f"{float((wide_steps / finest).max()):.3g}x the finest) leave their "
@@ -156,14 +163,17 @@ def _steps(readers, init, members: dict, producer: dict, chosen: set[str], accum
     worst, culprit = 0.0, readers[0].name
     if accumulators is None or not accumulators.ok:
         return finest, wide, narrow, worst, culprit
+    absolute = widen.weight_sums(readers[0], init)
     for node in readers:
         root = members.get(node.input[0])
         bits = 16 if root is not None else 8
         if root is None:
             root = widen.root_of(node.input[0], producer, chosen)
-        step = accumulators.step(root, bits)
-        need = None if step is None else accumulators.need(node.name, step, finest)
-        fits = None if step is None else accumulators.fitting_steps(node.name, step)
+        step, reach = accumulators.step(root, bits), accumulators.reach(root)
+        if step is None or reach is None:
+            continue
+        need = accumulators.need(node.name, step, finest, HEADROOM)
+        fits = accumulators.fitting_steps(node.name, step, HEADROOM, absolute * reach)
         if need is None or fits is None or need.shape != finest.shape:
             continue
         if float(need.max(initial=0.0)) > worst:
