@@ -130,14 +130,15 @@ def test_wide_weight_names_nodes_and_the_rest_keep_int8(tmp_path):
 
 def test_an_lstm_named_gives_its_unrolled_gate_gemms_int16_weights(tmp_path):
     """--wide-weight with the user's LSTM node: every Gemm unrolled from it (per step and
-    gate, input and recurrent side) gets int16 weights; the head keeps int8."""
+    gate, input and recurrent side) gets int16 weights, the steps' copies of one weight
+    alike; the head keeps int8."""
     import real_models
     m = real_models.lstm_classifier()
     path = tmp_path / "lstm.onnx"
     onnx.save(m.model, str(path))
     compiled = tpu_compile(path, batch=50, calibration=m.calibration,
                            batch_axes=m.batch_axis, calibration_method="minmax",
-                           wide_weights=["/lstm/LSTM"], validate=False)
+                           wide_weights=["/lstm/LSTM"], activation_bits=16, validate=False)
     qdq = onnx.load(str(compiled.reference_model))
     gemms = [r for r in compiled.report.compiled_nodes if r.op_type == "Gemm"]
     wide = set(compiled.report.wide_weights)
@@ -145,11 +146,18 @@ def test_an_lstm_named_gives_its_unrolled_gate_gemms_int16_weights(tmp_path):
     assert all(r.where == "TPU" for r in gemms)
     inits = {t.name: t for t in qdq.graph.initializer}
     producer = {o: n for n in qdq.graph.node for o in n.output}
+    distinct = set()
     for node in qdq.graph.node:
         if node.op_type == "Gemm":
             dq = producer[node.input[1]]
             kind = inits[dq.input[0]].data_type
             assert kind == (TensorProto.INT8 if node.name == "/fc/Gemm" else TensorProto.INT16)
+            if node.name != "/fc/Gemm":
+                distinct.add((numpy_helper.to_array(inits[dq.input[0]]).tobytes(),
+                              numpy_helper.to_array(inits[dq.input[1]]).tobytes()))
+    # each step's copy of a gate's weights is quantized alike (one decision over every
+    # step's sums): 4 gates x (input, recurrent side) distinct int16 weights
+    assert len(distinct) == 8, len(distinct)
     names = [o.name for o in m.reference.graph.output]
     (want,) = session(qdq).run(names, m.evaluation)
     got = compiled.run(m.evaluation)[m.output]

@@ -425,11 +425,15 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                 # then the weights' steps given the activations' widths)
                 readers = [n.name for found in widen.readers(model, wide, chosen).values()
                            for n in found]
+                # the ranges onnxruntime will use: the method's, a tied group's union
+                used = dict(ranges)
+                used.update({t: (entries[0]["rmin"], entries[0]["rmax"]) for t, entries
+                             in extra.get("TensorQuantOverrides", {}).items()})
                 accumulators = widen.Accumulators(
                     model, [*readers, *weighted],
                     [*wide, *wideweights.measured(model, weighted, chosen)],
                     _Feeds(calibration_feeds(samples, signature, batch_axes,
-                                             calibration_rows(model))), ranges)
+                                             calibration_rows(model))), used)
                 widen.drop_wrapping(model, wide, chosen, accumulators, options.per_channel,
                                     notes)
                 weight_overrides = wideweights.overrides(model, weighted, chosen, wide,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import widen
@@ -107,10 +108,10 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
         if node.name in weight_of:
             users.setdefault(weight_of[node.name], []).append(node)
     out: dict[str, list] = {}
-    for weight in dict.fromkeys(weight_of[n] for n in nodes if n in weight_of):
-        readers = users[weight]
+    for copies in same_values(inits, [weight_of[n] for n in nodes if n in weight_of]):
+        readers = [node for weight in copies for node in users[weight]]
         first = readers[0]
-        init = inits[weight]
+        init = inits[copies[0]]
         steps = _steps(readers, init, members, producer, chosen, accumulators,
                        options.per_channel)
         finest, wide_steps, narrow_steps, worst, culprit = steps
@@ -130,17 +131,31 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
         if options.per_channel:
             head["axis"] = widen.channel_axis(first)
         coarser = wide_steps > finest * 1.0001
-        if not coarser.any():
-            out[weight] = [head]
-            continue
-        entries = [dict(head)] + [{} for _ in range(len(wide_steps) - 1)]
-        for entry, step in zip(entries, wide_steps):
-            r = np.float32(step * (2 ** 15 - 1))
-            entry["rmin"], entry["rmax"] = -r, r
-        out[weight] = entries
-        if notes is not None:
+        entries = [head]
+        if coarser.any():
+            entries = [dict(head)] + [{} for _ in range(len(wide_steps) - 1)]
+            for entry, step in zip(entries, wide_steps):
+                r = np.float32(step * (2 ** 15 - 1))
+                entry["rmin"], entry["rmax"] = -r, r
+        out.update({weight: [dict(e) for e in entries] for weight in copies})
+        if coarser.any() and notes is not None:
             notes.setdefault("weights coarser", {})[first.name] = gain
     return out
+
+
+def same_values(inits: dict, weights: list[str]) -> list[list[str]]:
+    """`weights` in groups of equal values (shape, type and bytes): an unrolled LSTM copies
+    each gate's weights into every step, and each step's Gemm sees only its own step of the
+    calibration data (one frame of a stream run whole); the copies are decided together,
+    over every step's sums, and quantized alike."""
+    import hashlib
+    groups: dict[tuple, list[str]] = {}
+    for weight in dict.fromkeys(weights):
+        t = inits[weight]
+        data = t.raw_data or numpy_helper.to_array(t).tobytes()
+        key = (tuple(t.dims), t.data_type, hashlib.blake2b(data, digest_size=16).digest())
+        groups.setdefault(key, []).append(weight)
+    return list(groups.values())
 
 
 def measured(model: onnx.ModelProto, nodes: list[str], chosen: set[str]) -> list[str]:

@@ -330,19 +330,22 @@ def _widen_the_weights(model, samples, signature, out_path, options, current, no
     found = wideweights.candidates(model, set(nodes))
     if not found:
         return options, current, nodes, "", notes
-    groups: dict[str, list] = {}
+    readers: dict[str, list] = {}
     for node, weight in found.items():
-        groups.setdefault(weight, []).append(node)
+        readers.setdefault(weight, []).append(node)
+    inits = {t.name: t for t in model.graph.initializer}
+    # copies of one weight (an unrolled LSTM's steps) are one choice
+    groups = {copies[0]: copies for copies in wideweights.same_values(inits, list(readers))}
     ref = float_outputs(float_model, check, batch_first)
     try:
-        ranked, scored = _costliest_weights(out_path, model, groups, float_model, check,
-                                            batch_first)
+        ranked, scored = _costliest_weights(out_path, model, groups, readers, float_model,
+                                            check, batch_first)
     except Exception:                   # noqa: BLE001 - no measure: every weight at once
         ranked, scored = list(groups), 0
     start = current
     first = max(1, -(-len(ranked) // _WEIGHT_SHARE))
     choices = [(count, replace(options, checked_wide_weights=tuple(
-        n for weight in ranked[:count] for n in groups[weight])))
+        n for label in ranked[:count] for weight in groups[label] for n in readers[weight])))
         for count in dict.fromkeys((first, len(ranked)))]
     found = _best_of(choices, current, Path(out_path).with_suffix(".weights.onnx"), out_path,
                      (model, samples, signature, path, provenance, more),
@@ -350,7 +353,7 @@ def _widen_the_weights(model, samples, signature, out_path, options, current, no
     if found is None:
         return options, current, nodes, "", notes
     chosen, options, current, nodes, notes = found
-    names = ", ".join(groups[w][0] for w in ranked[:min(chosen, 4)]) + \
+    names = ", ".join(readers[label][0] for label in ranked[:min(chosen, 4)]) + \
         (" ..." if chosen > 4 else "")
     return options, current, nodes, (
         f"int16 weights chosen by the check: {chosen} of {len(ranked)} weights, the "
@@ -358,24 +361,25 @@ def _widen_the_weights(model, samples, signature, out_path, options, current, no
         f"alone in float): {start.text()} -> {current.text()}"), notes
 
 
-def _costliest_weights(qdq_path, model, groups: dict, float_model, check, batch_first
-                       ) -> tuple[list[str], int]:
-    """The weights of `groups` ({weight: [nodes]}), the costliest in 8 bits first, and how
-    many were measured.  Measured: the QDQ model's SNR against the float model on a few
-    check rows with that one weight read in float (its DequantizeLinear bypassed: one
-    onnxruntime pass each, no new calibration), for the _MAX_WEIGHTS_RANKED weights whose
-    own rounding is the largest (the relative noise power of the int8 weight against the
-    float one, from the two models' initializers); the rest after them in that order."""
+def _costliest_weights(qdq_path, model, groups: dict, readers: dict, float_model, check,
+                       batch_first) -> tuple[list[str], int]:
+    """The labels of `groups` ({label: [weights of equal values]}; `readers`: {weight: its
+    matrix nodes}), the costliest in 8 bits first, and how many were measured.  Measured:
+    the QDQ model's SNR against the float model on a few check rows with that group's
+    weights read in float (their DequantizeLinear bypassed: one onnxruntime pass each, no
+    new calibration), for the _MAX_WEIGHTS_RANKED groups whose own rounding is the largest
+    (the relative noise power of the int8 weight against the float one, from the two
+    models' initializers); the rest after them in that order."""
     import onnx
     from onnx import numpy_helper
     qdq = onnx.load(str(qdq_path))
     inits = {t.name: t for t in qdq.graph.initializer}
-    floats = {t.name: t for t in model.graph.initializer if t.name in groups}
+    floats = {t.name: t for t in model.graph.initializer}
     graph_nodes = list(qdq.graph.node)
     producer = {o: i for i, n in enumerate(graph_nodes) for o in n.output if o}
     by_name = {n.name: n for n in graph_nodes}
     dequantized: dict[str, int] = {}   # weight -> where its DequantizeLinear is in the QDQ
-    for weight, nodes in groups.items():
+    for weight, nodes in readers.items():
         node = by_name.get(nodes[0])
         at = producer.get(node.input[1]) if node is not None and len(node.input) > 1 \
             else None
@@ -384,9 +388,11 @@ def _costliest_weights(qdq_path, model, groups: dict, float_model, check, batch_
                 and dq.input[0] in inits and len(dq.input) > 1 and dq.input[1] in inits:
             dequantized[weight] = at
     rounding = {}
-    for weight, at in dequantized.items():
-        dq = graph_nodes[at]
-        w = numpy_helper.to_array(floats[weight]).astype(np.float64)
+    for label in groups:
+        if label not in dequantized:
+            continue
+        dq = graph_nodes[dequantized[label]]
+        w = numpy_helper.to_array(floats[label]).astype(np.float64)
         q = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float64)
         scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
         axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
@@ -394,28 +400,31 @@ def _costliest_weights(qdq_path, model, groups: dict, float_model, check, batch_
         if scale.size > 1:
             shape[axis] = scale.size
         noise = float(((q * scale.reshape(shape) - w) ** 2).sum())
-        rounding[weight] = noise / max(float((w ** 2).sum()), 1e-300)
-    order = sorted(groups, key=lambda wt: -rounding.get(wt, -1.0))
-    measured = [wt for wt in order if wt in dequantized][:_MAX_WEIGHTS_RANKED]
+        rounding[label] = noise / max(float((w ** 2).sum()), 1e-300)
+    order = sorted(groups, key=lambda label: -rounding.get(label, -1.0))
+    measured = [label for label in order if label in rounding][:_MAX_WEIGHTS_RANKED]
     rows = {k: v[:_RANKING_ROWS] for k, v in check.items()} if batch_first else check
     ref = float_outputs(float_model, rows, batch_first)
     snr = {}
-    for weight in measured:
+    for label in measured:
         probe = onnx.ModelProto()
         probe.CopyFrom(qdq)
-        dq = probe.graph.node[dequantized[weight]]
-        name = f"{weight}_float_for_the_check"
-        probe.graph.initializer.append(numpy_helper.from_array(
-            numpy_helper.to_array(floats[weight]), name))
-        dq.op_type, dq.domain = "Identity", ""
-        del dq.input[:]
-        dq.input.append(name)
-        del dq.attribute[:]
+        for weight in groups[label]:
+            if weight not in dequantized:
+                continue
+            dq = probe.graph.node[dequantized[weight]]
+            name = f"{weight}_float_for_the_check"
+            probe.graph.initializer.append(numpy_helper.from_array(
+                numpy_helper.to_array(floats[weight]), name))
+            dq.op_type, dq.domain = "Identity", ""
+            del dq.input[:]
+            dq.input.append(name)
+            del dq.attribute[:]
         s = score(probe, float_model, rows, batch_first, ref)
         if s is not None and s.snr_db is not None:
-            snr[weight] = s.snr_db
-    ranked = sorted(measured, key=lambda wt: -snr.get(wt, -math.inf))
-    return ranked + [wt for wt in order if wt not in ranked], len(snr)
+            snr[label] = s.snr_db
+    ranked = sorted(measured, key=lambda label: -snr.get(label, -math.inf))
+    return ranked + [label for label in order if label not in ranked], len(snr)
 
 
 _MAX_FLOATED = 3          # element-wise nodes the check may move to the host, one at a time
