@@ -319,3 +319,26 @@ def test_auto_calibration_gives_the_weights_16_bits_when_int16_activations_fall_
     assert _snr(want, got) >= 60
     assert set(compiled.report.wide_weights) == {"mm0", "mm1"}
     assert all(r.where == "TPU" for r in compiled.report.rows if r.op_type == "MatMul")
+
+
+def test_a_vanishing_weight_channel_does_not_keep_the_others_8_bit(tmp_path):
+    """Paddle's exports have channels trained to ~1e-35 (scales.py makes them zeros at scale
+    1, at any width): such a channel's step is no reason to keep the others' weights int8."""
+    rng = np.random.default_rng(8)
+    w = rng.normal(0, 0.3, (24, 6)).astype(np.float32)
+    w[:, 2] = 1e-35
+    path, model = _save(tmp_path, [helper.make_node("Gemm", ["x", "w", "b"], ["y"],
+                                                    name="fc")],
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 24])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+                        [_init("w", w), _init("b", rng.normal(0, 1, 6))], "vanishing")
+    x = rng.normal(0, 1, (64, 24)).astype(np.float32)
+    compiled = tpu_compile(path, batch=8, calibration=x, calibration_method="minmax",
+                           weight_bits=16, activation_bits=16, validate=False)
+    qdq = onnx.load(str(compiled.reference_model))
+    assert _weight_types(qdq)["w"] == TensorProto.INT16, compiled.report.source
+    assert "kept 8-bit" not in compiled.report.source
+    assert compiled.report.wide_weights == ["fc"]
+    got, _ = _same_as_qdq(compiled, {"x": x}, identical=0.995)     # an int16 output
+    (want,) = session(model).run(None, {"x": x})
+    assert _snr(want, got) > 60

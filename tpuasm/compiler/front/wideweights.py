@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import widen
+from tpuasm.compiler.front.scales import VANISHING_SCALE
 
 # int16 weights are worth their half rate while their rounding noise stays this far below
 # int8's (24 dB: steps 16 times finer; the finest int16 steps are 258 times finer, 48 dB)
@@ -115,8 +116,11 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
         steps = _steps(readers, init, members, producer, chosen, accumulators,
                        options.per_channel)
         finest, wide_steps, narrow_steps, worst, culprit = steps
-        gain = 10 * np.log10(float((narrow_steps ** 2).sum()) /
-                             max(float((wide_steps ** 2).sum()), 1e-300))
+        # channels whose weights vanish are zeros at any width (scales.py): not counted
+        live = widen.weight_peaks(first, init) / 127 >= VANISHING_SCALE
+        gain = 10 * np.log10(float((narrow_steps[live] ** 2).sum()) /
+                             max(float((wide_steps[live] ** 2).sum()), 1e-300)) \
+            if live.any() else 0.0
         if gain < MIN_GAIN_DB:
             if notes is not None:
                 notes.setdefault("weights kept 8-bit", {})[first.name] = (
@@ -124,7 +128,8 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
                     f"{worst:.3g} on the calibration data with {HEADROOM:g}x headroom "
                     f"on the products at the finest int16 step (int32 holds "
                     f"{widen.INT32_LIMIT:.3g}); the steps that fit (up to "
-                    f"{float((wide_steps / finest).max()):.3g}x the finest) leave their "
+                    f"{float((wide_steps / finest)[live].max(initial=1.0)):.3g}x the "
+                    f"finest) leave their "
                     f"rounding only {gain:.1f} dB below int8's")
             continue
         head = {"quant_type": QuantType.QInt16}
