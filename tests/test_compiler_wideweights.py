@@ -323,10 +323,11 @@ def test_auto_calibration_gives_the_weights_16_bits_when_int16_activations_fall_
 
 def test_a_vanishing_weight_channel_does_not_keep_the_others_8_bit(tmp_path):
     """Paddle's exports have channels trained to ~1e-35 (scales.py makes them zeros at scale
-    1, at any width): such a channel's step is no reason to keep the others' weights int8."""
+    1): such a channel's step is no reason to keep the others' weights int8."""
     rng = np.random.default_rng(8)
     w = rng.normal(0, 0.3, (24, 6)).astype(np.float32)
-    w[:, 2] = 1e-35
+    w[:, 2] = 1e-35            # a zero at 8 bits and at 16
+    w[:, 4] = 1e-27            # a zero at 16 bits (a step of 3e-32), not quite at 8 (8e-30)
     path, model = _save(tmp_path, [helper.make_node("Gemm", ["x", "w", "b"], ["y"],
                                                     name="fc")],
                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 24])],

@@ -118,8 +118,9 @@ def overrides(model: onnx.ModelProto, nodes: list[str], chosen: set[str], wide: 
         steps = _steps(readers, init, members, producer, chosen, accumulators,
                        options.per_channel)
         finest, wide_steps, narrow_steps, worst, culprit = steps
-        # channels whose weights vanish are zeros at any width (scales.py): not counted
-        live = widen.weight_peaks(first, init) / 127 >= VANISHING_SCALE
+        # channels whose weights vanish (at int16's finer step already: scales.py makes
+        # them zeros at scale 1) are zeros at any width: not counted
+        live = widen.weight_peaks(first, init) / 32767 >= VANISHING_SCALE
         gain = 10 * np.log10(float((narrow_steps[live] ** 2).sum()) /
                              max(float((wide_steps[live] ** 2).sum()), 1e-300)) \
             if live.any() else 0.0
