@@ -8,7 +8,9 @@ The wheels' .onnx files are extracted; each model gets calibration and evaluatio
 understands and is compiled with `tpuasm compile`, run with `tpuasm infer`, and compared with
 onnxruntime on the float model.  One row per model: its MACs and the share on the TPU
 (report.json), the worst difference of its probability-like output and the SNR of every
-output against float, the compile time (wall clock of the process).
+output against float, the compile time (wall clock of the process) and its peak RSS, the
+TPU cycles per batch (the sum of the report's timed segments) and the quantization the
+compile chose (the report's Quantization line), with the load average after the compile.
 
 Silero VAD's data: a synthetic speech-like stream (voiced syllables: a gliding pitch with
 formant-shaped harmonics under a syllable envelope, pauses of low noise) cut into the
@@ -272,24 +274,46 @@ OTHERS = {   # model file -> (compile options, data(seed) -> {input: rows}, comp
 }
 
 
+def measured_run(command: list) -> tuple[int, str, float]:
+    """(exit status, stderr, peak RSS in MB) of one child process (its own rusage, from
+    os.wait4: the whole process, as /usr/bin/time -v gives it)."""
+    import os
+    with tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return child.returncode, err.read(), usage.ru_maxrss / 1024
+
+
 def compile_and_infer(model: Path, work: Path, options: list, row: dict) -> dict | None:
     """`tpuasm compile` on work/calib.npz, then `tpuasm infer` on work/eval.npz: the outputs,
-    with the compile time and MACs in `row`; None (and row["failure"]) when either fails."""
+    with the compile's time and peak RSS, the MACs, the TPU cycles per batch (the report's
+    timed segments) and the quantization the compile chose in `row`; None (and
+    row["failure"]) when either fails."""
     out = work / model.stem
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tpuasm", "compile", str(model),
-                           "--calibrate", str(work / "calib.npz"), "-o", str(out), "-q",
-                           *options], capture_output=True, text=True)
+    code, err, rss = measured_run([sys.executable, "-m", "tpuasm", "compile", str(model),
+                                   "--calibrate", str(work / "calib.npz"), "-o", str(out),
+                                   "-q", *options])
     row["compile_s"] = time.perf_counter() - start
-    if done.returncode == 0:
+    row["compile_peak_mb"] = round(rss)
+    row["load"] = open("/proc/loadavg").read().split()[:3]
+    if code == 0:
         report = json.loads((out / "report.json").read_text())
         row["macs"] = report.get("macs")
         row["tpu_share"] = report.get("tpu_macs", 0) / max(report.get("macs") or 1, 1)
-        done = subprocess.run([sys.executable, "-m", "tpuasm", "infer", str(out),
-                               str(work / "eval.npz"), "-o", str(work / "y.npz"), "-q"],
-                              capture_output=True, text=True)
-    if done.returncode:
-        row["failure"] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
+        row["tpu_cycles_per_batch"] = sum(s.get("cycles") or 0
+                                          for s in report.get("segments", []))
+        row["batch"] = report.get("batch")
+        row["int16_tensors"] = len(report.get("wide_tensors", []))
+        row["int16_weight_ops"] = len(report.get("wide_weights", []))
+        row["quantization"] = report.get("source")
+        code, err, _ = measured_run([sys.executable, "-m", "tpuasm", "infer", str(out),
+                                     str(work / "eval.npz"), "-o", str(work / "y.npz"),
+                                     "-q"])
+    if code:
+        row["failure"] = err.strip().splitlines()[-1] if err.strip() else "failed"
         return None
     return dict(np.load(work / "y.npz"))
 

@@ -15,16 +15,20 @@ pytest.importorskip("tpuasm.compiler.codegen")
 
 import float_models  # noqa: E402
 from onnx_models import run_ort  # noqa: E402
+from tpuasm.compiler.front.quantize import QuantOptions  # noqa: E402
 from tpuasm.compiler.pipeline import compile_model  # noqa: E402
 
 SMALL = ["array_size=16", "acc_rows=64"]
 
 
-def compiled(tmp_path, layers, input_shape, batch, config, seed=0):
+def compiled(tmp_path, layers, input_shape, batch, config, seed=0, calibration_method=None):
     path = float_models.save(float_models.build(layers, input_shape, seed=seed),
                              tmp_path / "m.onnx")
     calib = np.random.default_rng(seed + 1).normal(0, 1, (40,) + input_shape).astype(np.float32)
-    model = compile_model(path, batch=batch, calibration=calib, config=config)
+    quantization = None if calibration_method is None else \
+        QuantOptions(calibration_method=calibration_method)
+    model = compile_model(path, batch=batch, calibration=calib, config=config,
+                          quantization=quantization)
     assert model.has_programs
     return model
 
@@ -57,9 +61,14 @@ def test_mlp_on_a_small_machine(tmp_path, seed):
 
 
 def test_cnn_on_a_small_machine(tmp_path):
+    # min-max, 8-bit: the check's own choice here (97.50 % top-1 on its 40 rows with int16
+    # activations, 100 % with int16 weights on them too) is 16 x 16-bit layers, which
+    # onnxruntime evaluates in float32 and the chip exactly, a few int16 steps apart
+    # (docs/compiler.md, 16-bit weights): this test is about the small machine
     layers = [("conv", 6, 3, 1, 1), ("relu",), ("maxpool", 2, 2, 0), ("conv", 9, 3, 1, 0),
               ("relu",), ("flatten",), ("gemm", 12), ("tanh",), ("gemm", 5)]
-    model = compiled(tmp_path, layers, (2, 10, 10), batch=6, config=["array_size=16"])
+    model = compiled(tmp_path, layers, (2, 10, 10), batch=6, config=["array_size=16"],
+                     calibration_method="minmax")
     same, worst = agreement(model, 13)
     assert worst <= 1 and same >= 0.999
 

@@ -30,7 +30,13 @@ from real_models import (BUILDERS, Outcome, RealModel, compile_and_infer, macs, 
                          qdq_agreement, run, top1_agreement)
 
 # check -> model -> the failure measured on this branch (before the issue-20 features merge)
-XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {}}
+XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {
+    # the check (98.44 % top-1 on its rows at 8 bits, int16 activations no better) gives its
+    # four weights 16 bits (99.22 %; 100 % top-1 on the evaluation rows, 99.33 % before):
+    # onnxruntime has no integer kernel for int16 weights and computes those layers in
+    # float32, where the chip sums exactly (docs/compiler.md, 16-bit weights)
+    "conv1d_audio": "logits 99.61 % identical to onnxruntime's float32 evaluation of its "
+                    "int16-weight QDQ model, none more than one step apart"}}
 # a model that does not compile fails every later check too
 for _name in XFAIL["runs"]:
     for _check in ("on_tpu", "top1", "identical"):

@@ -12,7 +12,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
             per_channel=True, symmetric_activations=False, calibration_method="auto",
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
             min_snr=20.0, batch_axes=None, input_values=None, activation_bits=8,
-            wide_tensors=(), class_axes=None):
+            wide_tensors=(), weight_bits=8, wide_weights=(), class_axes=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
 
@@ -22,7 +22,9 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     falls below `min_agreement`; "minmax", "entropy", "percentile" with `percentile`),
     `keep_float` (node names or operator types left in float on the host),
     `activation_bits` (16: every activation between TPU matrix operators int16, the TPU's
-    16-bit activations at half rate) and `wide_tensors` (names of tensors made int16).  The compiled
+    16-bit activations at half rate) and `wide_tensors` (names of tensors made int16),
+    `weight_bits` (16: int16 weights for every matrix node on the TPU, MatrixMultiply's D
+    flag at half rate) and `wide_weights` (names of nodes given int16 weights).  The compiled
     model is checked against the float one on the calibration data, or on `validate` (data,
     or False for no check): `model.report.validation`, whose `warnings` name each output
     below `min_agreement` (top-1, a share) or `min_snr` (dB).  `batch_axes`: {input: axis
@@ -35,7 +37,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     quantization = None
     custom = (not per_channel or symmetric_activations or calibration_method != "auto"
               or percentile != 99.999 or keep_float or str(activation_bits) != "8"
-              or wide_tensors)
+              or wide_tensors or str(weight_bits) != "8" or wide_weights)
     if calibration is not None or custom:
         from tpuasm.compiler.front.quantize import QuantOptions
         quantization = QuantOptions(bool(per_channel), bool(symmetric_activations),
@@ -44,7 +46,10 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
                                     else tuple(keep_float or ()),
                                     activation_bits=activation_bits,
                                     wide_tensors=wide_tensors if isinstance(wide_tensors, str)
-                                    else tuple(wide_tensors or ()))
+                                    else tuple(wide_tensors or ()),
+                                    weight_bits=weight_bits,
+                                    wide_weights=wide_weights if isinstance(wide_weights, str)
+                                    else tuple(wide_weights or ()))
     return compile_model(path, batch=batch, calibration=calibration, config=config,
                          quantization=quantization, validate=validate,
                          min_agreement=min_agreement, min_snr=min_snr,

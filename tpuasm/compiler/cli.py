@@ -60,6 +60,15 @@ def _parser_compile() -> argparse.ArgumentParser:
     q.add_argument("--wide-tensor", action="append", default=[], metavar="NAME",
                    help="quantize tensor NAME to int16 (a matrix operator's input on the TPU; "
                         "repeatable, or names separated by commas)")
+    q.add_argument("--weight-bits", default="8", metavar="8|16",
+                   help="16: every matrix operator on the TPU (Conv, Gemm, MatMul, the "
+                        "unrolled LSTM/GRU gates) gets int16 weights (the TPU's 16-bit "
+                        "weights: MatrixMultiply's D flag, at half the multiply rate, a "
+                        "quarter with int16 inputs); default 8")
+    q.add_argument("--wide-weight", action="append", default=[], metavar="NODE",
+                   help="give node NODE int16 weights (a Conv, Gemm or MatMul, by its name "
+                        "in the report; an LSTM/GRU's name means its gate products; "
+                        "repeatable, or names separated by commas)")
     v = p.add_argument_group("checking the compiled model against the float model")
     v.add_argument("--validate", metavar="DATA", default=None,
                    help="inputs to compare on (.npy/.npz; default: the calibration data)")
@@ -86,14 +95,16 @@ def _quantization(args):
         raise CompileError("--percentile applies with --calibration-method percentile")
     custom = (args.per_tensor or args.symmetric_activations or args.percentile is not None
               or args.calibration_method != "auto" or args.keep_float
-              or str(args.activation_bits).strip() != "8" or args.wide_tensor)
+              or str(args.activation_bits).strip() != "8" or args.wide_tensor
+              or str(args.weight_bits).strip() != "8" or args.wide_weight)
     if args.calibrate is None and not custom:
         return None
     return QuantOptions(not args.per_tensor, args.symmetric_activations,
                         args.calibration_method,
                         99.999 if args.percentile is None else args.percentile,
                         args.keep_float, activation_bits=args.activation_bits,
-                        wide_tensors=tuple(args.wide_tensor))
+                        wide_tensors=tuple(args.wide_tensor), weight_bits=args.weight_bits,
+                        wide_weights=tuple(args.wide_weight))
 
 
 def _parser_infer() -> argparse.ArgumentParser:

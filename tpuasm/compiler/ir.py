@@ -11,7 +11,10 @@ Conventions (the same as ONNX's QLinear operators and onnxruntime's QDQ kernels)
   vector is two UB rows, low bytes then high bytes; the Dense / Conv / Pool reading it uses
   MatrixMultiply's H flag at half rate, its producer Activate's act_out = 2).  Lookup and
   Elementwise read and write 8-bit tensors only (the L table maps bytes; VADD/VMUL are 8-bit).
-- Weights are int8, symmetric (zero point 0), with one scale per output channel.
+- Weights are int8, symmetric (zero point 0), with one scale per output channel; or int16
+  (`weight.dtype` int16, `wide_weights`: the TPU v1's 16-bit weights, MatrixMultiply's D
+  flag: each weight tile is a pair, its low bytes then its high bytes; x2 the multiply
+  time, x4 with an int16 input).
 - A bias is int32 in units of `input.scale * weight_scale[n]`.
 - Shapes are per sample, without the batch dimension: `(K,)` for vectors, `(C, H, W)` for
   images (ONNX's NCHW order; how the back end lays them out in memory is its own business).
@@ -146,13 +149,21 @@ class _OneInput:
         return (self.input,)
 
 
+class _Weighted(_OneInput):
+    """A matrix operator: its `weight` int8, or int16 (`wide_weights`)."""
+
+    @property
+    def wide_weights(self) -> bool:
+        return np.asarray(self.weight).dtype == np.int16
+
+
 @dataclass
-class Dense(_OneInput):
+class Dense(_Weighted):
     """y = x @ weight (+ bias): x (K,), y (N,)."""
     name: str                         # the ONNX node it came from (first of a fused group)
     input: Tensor
     output: Tensor
-    weight: np.ndarray                # (K, N) int8
+    weight: np.ndarray                # (K, N) int8 or int16
     weight_scale: np.ndarray          # (N,) float32
     bias: np.ndarray | None = None    # (N,) int32
     activation: Activation = field(default_factory=Activation)
@@ -160,12 +171,12 @@ class Dense(_OneInput):
 
 
 @dataclass
-class Conv(_OneInput):
+class Conv(_Weighted):
     """2-D convolution, dilation 1: x (C, H, W) -> y (O, Ho, Wo)."""
     name: str
     input: Tensor
     output: Tensor
-    weight: np.ndarray                # (O, C / groups, kh, kw) int8
+    weight: np.ndarray                # (O, C / groups, kh, kw) int8 or int16
     weight_scale: np.ndarray          # (O,) float32
     bias: np.ndarray | None = None    # (O,) int32
     strides: tuple[int, int] = (1, 1)

@@ -404,6 +404,9 @@ def _report(path, graph, lowered: Lowered, the_plan, steps, batch, array_size, s
     report = CompileReport(str(path), batch, array_size, source, rows, step_rows, compiled,
                            segments, macs, tpu_macs, float(machine.clock_hz))
     report.wide_tensors = _wide_tensors(steps)
+    report.wide_weights = [op.name for step in steps if isinstance(step, TpuStep)
+                           for op in step.segment.operators
+                           if getattr(op, "wide_weights", False)]
     unknown = [r.node for r in compiled
                if r.op_type in MATRIX_OPS and r.macs is None and r.where != "unused"]
     if unknown:

@@ -66,6 +66,7 @@ class CompileReport:
     warnings: list[str] = field(default_factory=list)
     validation: object = None             # set by the validation pass: text(), to_json(), warnings
     wide_tensors: list[str] = field(default_factory=list)    # int16 tensors on the TPU
+    wide_weights: list[str] = field(default_factory=list)    # operators with int16 weights
 
     @property
     def tpu_nodes(self) -> int:
@@ -99,7 +100,8 @@ class CompileReport:
              "steps": self.steps,
              "rows": [asdict(r) for r in self.rows],
              "compiled_nodes": [asdict(r) for r in self.compiled_nodes],
-             "wide_tensors": list(self.wide_tensors)}
+             "wide_tensors": list(self.wide_tensors),
+             "wide_weights": list(self.wide_weights)}
         if self.validation is not None:
             d["validation"] = self.validation.to_json()
             d["validation_text"] = self.validation.text()
@@ -137,6 +139,11 @@ class CompileReport:
                 f" ... ({len(self.wide_tensors)} in all)" if len(self.wide_tensors) > 8 else "")
             lines.append(f"16-bit activations (int16; their matrix operators read them at half "
                          f"rate): {shown}")
+        if self.wide_weights:
+            shown = ", ".join(self.wide_weights[:8]) + (
+                f" ... ({len(self.wide_weights)} in all)" if len(self.wide_weights) > 8 else "")
+            lines.append(f"16-bit weights (int16, MatrixMultiply's D flag: half rate, a quarter "
+                         f"with an int16 input): {shown}")
         warnings = self.all_warnings()
         if warnings:
             lines += ["", "Warnings:"] + [f"  - {w}" for w in warnings]
@@ -394,10 +401,14 @@ def describe(op) -> str:
 
 
 def _widths(op) -> str:
-    """A matrix operator's 16-bit activations (nothing when both sides are 8-bit)."""
+    """A matrix operator's 16-bit activations and weights (nothing when all are 8-bit)."""
     parts = []
-    if op.input.quant.wide:
+    if op.input.quant.wide and op.wide_weights:
+        parts.append("int16 input and int16 weights (H and D flags, a quarter of the rate)")
+    elif op.input.quant.wide:
         parts.append("int16 input (H flag, half rate)")
+    elif op.wide_weights:
+        parts.append("int16 weights (D flag, half rate)")
     if op.output.quant.wide:
         parts.append("int16 output")
     return f"; {', '.join(parts)}" if parts else ""

@@ -104,6 +104,12 @@ def weight_tiles(op, n: int) -> int:
     """The weight tiles `op` adds to the image on an n x n array (closed form, from shapes
     alone: what lower.py registers; an identity copy shares one tile per segment).  For a
     segment, count the operators of `pack_segment(segment, n)[0]`: packing changes them."""
+    switches = _weight_switches(op, n)
+    return 2 * switches if isinstance(op, (Dense, Conv)) and op.wide_weights else switches
+
+
+def _weight_switches(op, n: int) -> int:
+    """The tiles (int16 weights: tile pairs) `op` switches to, from its shapes."""
     def blocks(count):
         return -(-count // n)
     if isinstance(op, Dense):

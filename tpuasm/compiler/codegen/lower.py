@@ -36,7 +36,7 @@ from ..reference import activation_bounds
 from . import quant
 from .layout import Layout, output_hw
 from .weights import (conv_tile, dense_tile, group_chunks, grouped_conv_tile,
-                      strided_dense_tile)
+                      strided_dense_tile, weight_planes)
 
 MAX_DMA = 65535             # RHM/WHM/RHMA length field
 MAX_REPEAT = 256
@@ -60,6 +60,16 @@ def signed_flag(layout: Layout) -> str:
     """MatrixMultiply's flags for reading `layout`'s tensor: U (uint8), H (int16)."""
     q = layout.tensor.quant
     return ("" if q.signed else "U") + ("H" if q.wide else "")
+
+
+def weight_flag(op) -> str:
+    """MatrixMultiply's D flag for an operator with int16 weights (a tile pair per switch)."""
+    return "D" if op.wide_weights else ""
+
+
+def switched(units) -> list:
+    """The FIFO tiles of consecutive switches (a unit: one tile, or an int16 pair)."""
+    return [tile for unit in units for tile in unit]
 
 
 def act_out(q) -> int:
@@ -209,11 +219,13 @@ class Lowering:
             rep = f", repeat={reps}" if reps > 1 else ""
             e.line(f"ACT {self.acc(half)}, {self.ub(name, start + r0 * stride)}, {length}{rep}")
 
-    def tile_groups(self, count: int, row_len: int = 0) -> list[tuple[int, int]]:
-        """Split `count` consecutive switches into MMCs of at most fifo_depth + 1 tiles;
-        with row_len (a convolution's kernel width) a group that starts inside a kernel row
-        ends with it (tap i of an MMC.C is (i // kw, i % kw) from its base)."""
-        ahead = self.c.emitter.fifo_depth + 1
+    def tile_groups(self, count: int, row_len: int = 0, per_switch: int = 1
+                    ) -> list[tuple[int, int]]:
+        """Split `count` consecutive switches into MMCs of at most fifo_depth + 1 tiles
+        (`per_switch` tiles a switch: 2 with int16 weights); with row_len (a convolution's
+        kernel width) a group that starts inside a kernel row ends with it (tap i of an
+        MMC.C is (i // kw, i % kw) from its base)."""
+        ahead = max(1, (self.c.emitter.fifo_depth + 1) // per_switch)
         groups, q = [], 0
         while q < count:
             t = min(ahead, count - q)
@@ -260,27 +272,28 @@ class Lowering:
         lo, hi = quant.clip_bounds(op.activation, op.output.quant)
         table = c.table_block(lookup.name, lookup.table) if lookup else None
         tiles = self.dense_tiles(op, src)
-        u = signed_flag(src)
+        u = signed_flag(src) + weight_flag(op)
         k_steps = src.chunks * pixels
         per_block = k_steps
         e = self.e
         for j in range(-(-n_out // n)):
             half = c.next_half()
             block_tiles = tiles[j * per_block:(j + 1) * per_block]
-            for g, (q, t) in enumerate(self.tile_groups(k_steps, 0 if pixels == 1 else pixels)):
+            for g, (q, t) in enumerate(self.tile_groups(k_steps, 0 if pixels == 1 else pixels,
+                                                        len(tiles[0]))):
                 o = "O" if g == 0 else ""
                 if pixels == 1:           # vector: chunk q is B rows at q * B
                     e.cfg(rep_ub_stride=p * src.per, rep_acc_stride=0)
                     rep = f", repeat={t}" if t > 1 else ""
                     e.mmc(f"MMC.S{o}{u} {self.ub(src.tensor.name, q * p)}, {self.acc(half)}, "
-                          f"{p}{rep}", block_tiles[q:q + t],
+                          f"{p}{rep}", switched(block_tiles[q:q + t]),
                           f"cols {j * n}..: K chunks {q}..{q + t - 1}" if g == 0 or t else "")
                 else:                     # flattened image: pixel p of every sample per tap
                     chunk, pix = divmod(q, pixels)
                     e.cfg(conv_pitch=src.image_rows, conv_kw=MAX_REPEAT, conv_stride=1)
                     rep = f", repeat={t}" if t > 1 else ""
                     e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, src.pixel(p, chunk, 0, 0, 0) + pix)}, "
-                          f"{self.acc(half)}, {p}, 1{rep}", block_tiles[q:q + t],
+                          f"{self.acc(half)}, {p}, 1{rep}", switched(block_tiles[q:q + t]),
                           f"cols {j * n}..: chunk {chunk} pixels {pix}..{pix + t - 1}")
             params = self.requant_block(op.name, bias, real, j * n)
             self.act_output(op.output.quant, lo, hi, params, table, op.output.quant.zero_point)
@@ -290,8 +303,17 @@ class Lowering:
                    f"cols {j * n}..{min(n_out, (j + 1) * n) - 1}: bias, requantize"
                    + (f", {lookup.function or 'lookup'}" if lookup else ""))
 
-    def dense_tiles(self, op: Dense, src: Layout) -> list[tuple[str, int]]:
-        """The Dense's tiles in consumption order: column block, then chunk, then pixel."""
+    def matrix_tiles(self, op, region: str, recipe) -> tuple:
+        """One switch's tiles of `op`, registered: (tile,), or the (low, high) pair of its
+        int16 weights (D)."""
+        if op.wide_weights:
+            return tuple(self.c.weights.add(region, plane)
+                         for plane in weight_planes(recipe, self.c.n))
+        return (self.c.weights.add(region, recipe),)
+
+    def dense_tiles(self, op: Dense, src: Layout) -> list[tuple]:
+        """The Dense's tiles in consumption order, one unit per switch (matrix_tiles):
+        column block, then chunk, then pixel."""
         cached = self.c.tiles.get(op.name)
         if cached is not None:
             return cached
@@ -308,7 +330,7 @@ class Lowering:
                         count = min(n, src.channels - chunk * n)
                         recipe = strided_dense_tile(op.weight, chunk * n * pixels + pix, count,
                                                     pixels, j * n, n)
-                    refs.append(self.c.weights.add(region, recipe))
+                    refs.append(self.matrix_tiles(op, region, recipe))
         self.c.tiles[op.name] = refs
         return refs
 
@@ -383,18 +405,18 @@ class Lowering:
         n, p = self.c.n, self.c.batch
         _o, _c, kh, kw = op.weight.shape
         taps = kh * kw
-        u = signed_flag(src)
+        u = signed_flag(src) + weight_flag(op)
         e = self.e
         first = True
         for ci, chunk in enumerate(group_chunks(op, j, n)):
             chunk_base = chunk * src.chunk_rows(p) + base
-            for q, t in self.tile_groups(taps, kw):
+            for q, t in self.tile_groups(taps, kw, len(tiles[j][0])):
                 dy, dx = divmod(q, kw)
                 o = "O" if first else ""
                 rep = f", repeat={t}" if t > 1 else ""
                 k0 = ci * taps + q
                 e.mmc(f"MMC.CS{o}{u} {self.ub(src.tensor.name, chunk_base + dy * src.pitch + dx)}, "
-                      f"{self.acc(half)}, {height}, {wo}{rep}", tiles[j][k0:k0 + t],
+                      f"{self.acc(half)}, {height}, {wo}{rep}", switched(tiles[j][k0:k0 + t]),
                       f"out ch {j * n}.., in ch {chunk * n}.., taps {q}..{q + t - 1}"
                       if first else "")
                 first = False
@@ -405,7 +427,7 @@ class Lowering:
         n, p = self.c.n, self.c.batch
         _o, _c, kh, kw = op.weight.shape
         taps = kh * kw
-        u = signed_flag(src)
+        u = signed_flag(src) + weight_flag(op)
         e = self.e
         for ci, chunk in enumerate(group_chunks(op, j, n)):
             for q in range(taps):
@@ -417,7 +439,7 @@ class Lowering:
                         + dy * src.pitch + dx
                     e.mmc(f"MMC.C{'S' if i == 0 else ''}{o}{u} {self.ub(src.tensor.name, ub)}, "
                           f"{self.acc(half, i * ho * wo)}, {ho}, {wo}",
-                          tiles[j][k0:k0 + 1] if i == 0 else [],
+                          tiles[j][k0] if i == 0 else [],
                           f"out ch {j * n}.., in ch {chunk * n}.., tap {q}, samples "
                           f"{samples[0]}..{samples[-1]}" if i == 0 else "")
 
@@ -441,7 +463,9 @@ class Lowering:
         return [(range(b, b + 1), range(y, min(ho, y + rows)), whole)
                 for b in range(p) for y in range(0, ho, rows)]
 
-    def conv_tiles(self, op: Conv, src: Layout) -> list[tuple[str, int]]:
+    def conv_tiles(self, op: Conv, src: Layout) -> list[list[tuple]]:
+        """Per output block j, its tiles in consumption order, one unit per switch
+        (matrix_tiles): input chunk, then tap."""
         cached = self.c.tiles.get(op.name)
         if cached is not None:
             return cached
@@ -458,7 +482,7 @@ class Lowering:
                                   if op.groups == 1 else
                                   grouped_conv_tile(op.weight, op.groups, j * n, chunk * n,
                                                     dy, dx, n))
-                        block.append(self.c.weights.add(region, recipe))
+                        block.append(self.matrix_tiles(op, region, recipe))
             refs.append(block)
         self.c.tiles[op.name] = refs
         return refs

@@ -1,7 +1,11 @@
 """The weight image: (tiles, N, N) int8, tile[k, n] multiplying input element k into output
 n (spec/isa.md 5.4).  Lowering registers each operator's tiles as *recipes* in consumption
 order; `build()` allocates the image once and copies every weight straight from the IR's
-arrays (which may be memory-mapped) into its tile: each weight is copied exactly once."""
+arrays (which may be memory-mapped) into its tile: each weight is copied exactly once.
+
+An operator with int16 weights (MatrixMultiply's D flag) has a *pair* of tiles where an
+8-bit one has one: the weights' low bytes (read unsigned), then their high bytes (signed),
+so that w = lo + 256 * hi (`weight_planes`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -59,6 +63,30 @@ class WeightImage:
             for i, recipe in enumerate(r.recipes):
                 recipe(image[r.first + i])
         return image
+
+
+def weight_planes(recipe: Recipe, n: int) -> tuple[Recipe, Recipe]:
+    """An int16 tile as the pair D switches to (spec/isa.md 5.4): the low bytes' tile, then
+    the high bytes' (arithmetic shift: w = lo + 256 * hi with lo in 0..255).  `recipe` fills
+    an int16 tile; it runs once, for the low plane (build() fills a region's tiles in
+    order), which keeps its values for the high plane."""
+    kept: list[np.ndarray] = []
+
+    def low(out):
+        values = _filled(recipe, n)
+        kept.append(values)
+        out[...] = (values & 0xFF).astype(np.uint8).view(np.int8)
+
+    def high(out):
+        values = kept.pop() if kept else _filled(recipe, n)
+        out[...] = (values >> 8).astype(np.int8)
+    return low, high
+
+
+def _filled(recipe: Recipe, n: int) -> np.ndarray:
+    values = np.zeros((n, n), np.int16)
+    recipe(values)
+    return values
 
 
 def dense_tile(weight: np.ndarray, k0: int, n0: int, n: int) -> Recipe:

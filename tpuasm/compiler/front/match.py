@@ -347,13 +347,14 @@ class Lowerer:
         return Activation("clip", lo, hi)
 
     def qdq_weight(self, name: str, axis: int):
-        """An int8 weight behind DequantizeLinear: (int8 array, per-`axis` scales, node)."""
+        """An int8 or int16 weight (the TPU's 16-bit weights, MatrixMultiply's D flag) behind
+        DequantizeLinear: (the integer array, per-`axis` scales, zero point, node)."""
         dq = self.g.producer.get(name)
         if dq is None or dq.op_type != "DequantizeLinear":
             raise NotMapped("its weight is not a quantized constant")
         w = self._const(dq.inputs[0], "weight", dq)
-        if w.dtype != np.int8:
-            raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8")
+        if w.dtype not in (np.int8, np.int16):
+            raise NotMapped(f"its weight is {w.dtype}, the TPU's weights are int8 or int16")
         scale = self._const(dq.input(1), "weight scale", dq).astype(np.float32).reshape(-1)
         zp = self.g.constant(dq.input(2)) if dq.input(2) else None
         if scale.size > 1:

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
-from tpuasm.compiler.front import widen
+from tpuasm.compiler.front import widen, wideweights
 from tpuasm.compiler.front.calibrate import CalibrationPass, float_tensors
 from tpuasm.compiler.front.samples import calibration_feeds
 
@@ -56,6 +56,12 @@ class QuantOptions:
     checked_wide: tuple[str, ...] = ()
     # tensors kept 8-bit whatever the above ask: the back end could not hold them at int16
     narrow_tensors: tuple[str, ...] = ()
+    # 16-bit weights (front/wideweights.py): 16 gives every matrix node that can have them
+    # int16 weights; wide_weights names nodes (--wide-weight), checked_wide_weights the
+    # check's choice (calibsearch)
+    weight_bits: int = 8
+    wide_weights: tuple[str, ...] = ()
+    checked_wide_weights: tuple[str, ...] = ()
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
@@ -80,20 +86,11 @@ class QuantOptions:
         keep = tuple(k.strip() for item in (keep or ()) for k in str(item).split(",")
                      if k.strip())
         object.__setattr__(self, "keep_float", keep)
-        try:
-            bits = int(str(self.activation_bits).strip())
-        except ValueError:
-            bits = None
-        if bits not in (8, 16):
-            raise CompileError(f"activation bits {self.activation_bits!r}: expected 8 or 16 "
-                               f"(the TPU's 8-bit or 16-bit activations)")
+        bits = _bits(self.activation_bits, "activation")
         object.__setattr__(self, "activation_bits", bits)
-        wide = self.wide_tensors
-        if isinstance(wide, str):
-            wide = [wide]
-        wide = tuple(k.strip() for item in (wide or ()) for k in str(item).split(",")
-                     if k.strip())
-        object.__setattr__(self, "wide_tensors", wide)
+        object.__setattr__(self, "weight_bits", _bits(self.weight_bits, "weight"))
+        object.__setattr__(self, "wide_tensors", _names(self.wide_tensors))
+        object.__setattr__(self, "wide_weights", _names(self.wide_weights))
 
     def keeps(self, name: str, op_type: str, provenance=None) -> bool:
         """Is the node `name` kept in float: by its name or operator type, or by those of
@@ -112,7 +109,9 @@ class QuantOptions:
             else "uint8 activations per tensor"
         method = {"minmax": "min-max", "entropy": "entropy",
                   "percentile": f"{self.percentile:g}th percentile"}[self.calibration_method]
-        text = f"int8 weights {weights}, {acts}, {method} calibration"
+        width = "int16 weights wherever the TPU takes them (--weight-bits 16)" \
+            if self.weight_bits == 16 else "int8 weights"
+        text = f"{width} {weights}, {acts}, {method} calibration"
         if self.activation_bits == 16:
             text += ", int16 activations wherever the TPU takes them (--activation-bits 16)"
         elif self.wide_tensors:
@@ -122,6 +121,13 @@ class QuantOptions:
             more = f" ... ({len(self.checked_wide)} tensors)" if len(self.checked_wide) > 6 \
                 else ""
             text += f", made int16 by the check: {shown}{more}"
+        if self.wide_weights and self.weight_bits == 8:
+            text += f", int16 weights asked for: {', '.join(self.wide_weights)}"
+        if self.checked_wide_weights:
+            shown = ", ".join(self.checked_wide_weights[:6])
+            more = f" ... ({len(self.checked_wide_weights)} nodes)" \
+                if len(self.checked_wide_weights) > 6 else ""
+            text += f", int16 weights chosen by the check: {shown}{more}"
         if self.keep_float:
             text += f", kept in float: {', '.join(self.keep_float)}"
         if self.checked_float:
@@ -130,6 +136,27 @@ class QuantOptions:
                 else ""
             text += f", kept in float by the check: {shown}{more}"
         return text
+
+
+def _bits(value, what: str) -> int:
+    """8 or 16 from an option's value; one clear error otherwise."""
+    try:
+        bits = int(str(value).strip())
+    except ValueError:
+        bits = None
+    if bits not in (8, 16):
+        raise CompileError(f"{what} bits {value!r}: expected 8 or 16 (the TPU's 8-bit or "
+                           f"16-bit {what}s)")
+    return bits
+
+
+def _names(value) -> tuple[str, ...]:
+    """Names from an option: a string, or strings, each a name or names separated by
+    commas."""
+    if isinstance(value, str):
+        value = [value]
+    return tuple(k.strip() for item in (value or ()) for k in str(item).split(",")
+                 if k.strip())
 
 
 def tpu_nodes(model: onnx.ModelProto, options: QuantOptions, path="the model",
@@ -356,6 +383,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     model = _with_shapes(model)
     nodes = tpu_nodes(model, options, path, provenance)
     _refuse_non_finite_weights(model, path, provenance, set(nodes))
+    weighted = wideweights.requested(model, set(nodes), options, path, provenance)
 
     if not nodes:
         # nothing the TPU can take: the model stays float (onnxruntime needs one node)
@@ -397,14 +425,32 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
             cache = _ranges_cache(ranges, Path(tmp), options, flat_below(model, chosen))
             if groups:
                 extra["TensorQuantOverrides"] = tied_ranges(groups, calibration)
-            feeds = _Feeds(calibration_feeds(samples, signature, batch_axes,
-                                             calibration_rows(model)))
-            wide = widen.choose(model, chosen, options, path, feeds, notes)
-            if wide:
+            wide = widen.choose(model, chosen, options, path)
+            weight_overrides = {}
+            if wide or weighted:
+                # one pass of the float model for both guards (16-bit activations first,
+                # then the weights' steps given the activations' widths)
+                readers = [n.name for found in widen.readers(model, wide, chosen).values()
+                           for n in found]
+                # the ranges onnxruntime will use: the method's, a tied group's union
+                used = dict(ranges)
+                used.update({t: (entries[0]["rmin"], entries[0]["rmax"]) for t, entries
+                             in extra.get("TensorQuantOverrides", {}).items()})
+                accumulators = widen.Accumulators(
+                    model, [*readers, *weighted],
+                    [*wide, *wideweights.measured(model, weighted, chosen)],
+                    _Feeds(calibration_feeds(samples, signature, batch_axes,
+                                             calibration_rows(model))), used)
+                widen.drop_wrapping(model, wide, chosen, accumulators, options.per_channel,
+                                    notes)
+                weight_overrides = wideweights.overrides(model, weighted, chosen, wide,
+                                                         accumulators, options, notes)
+            if wide or weight_overrides:
                 overrides = extra.setdefault("TensorQuantOverrides", {})
                 for t in (m for members in wide.values() for m in members):
                     for entry in overrides.setdefault(t, [{}]):
                         entry["quant_type"] = QuantType.QInt16
+                overrides.update(weight_overrides)
             # the ranges are given: quantize_static calibrates nothing itself
             quantize_static(model, str(out_path), None, quant_format=QuantFormat.QDQ,
                             per_channel=options.per_channel,

@@ -10,17 +10,19 @@ A tensor can be int16 when every TPU operator that touches it does matrix work:
   matrix node reading it as its activation.
 Lookup tables (the L flag maps bytes), pooling and VADD/VMUL take 8-bit tensors only, so a
 tensor one of them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the
-dequantized float value either way.  Weights stay int8 per channel.
+dequantized float value either way.  Weights are int8 per channel unless front/wideweights.py
+gives them 16 bits.
 
 onnxruntime quantizes a chosen tensor as QInt16 through its TensorQuantOverrides (the model
 is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16).
 
 The accumulators stay int32 and wrap (spec/isa.md 5.4): an int16 input makes each product
 256 times larger than an 8-bit one.  `accumulator_refusals` estimates, from the float
-model's values on the calibration data, the largest sum each reader of a chosen tensor
-would hold (its int32 bias plus ACC_HEADROOM times its products' largest sum, in units of
-input step x weight step); a tensor whose readers would not fit int32 stays 8-bit, with
-the figure as its reason."""
+model's values on the calibration data (`Accumulators`: one onnxruntime pass, shared with
+the 16-bit weights' own guard, front/wideweights.py), the largest sum each reader of a
+chosen tensor would hold (its int32 bias plus ACC_HEADROOM times its products' largest
+sum, in units of input step x weight step); a tensor whose readers would not fit int32
+stays 8-bit, with the figure as its reason."""
 from __future__ import annotations
 
 import math
@@ -52,7 +54,7 @@ def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
     roots: dict[str, None] = {}
     for n in g.node:
         if n.name in chosen and n.op_type in MATRIX_OPS and n.input and n.input[0] not in inits:
-            roots[_root(n.input[0], producer, chosen)] = None
+            roots[root_of(n.input[0], producer, chosen)] = None
             roots[_written(n, consumers, chosen)] = None      # its result (host readers)
     groups, refusals = {}, {}
     for root in roots:
@@ -67,7 +69,7 @@ def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
     return groups, refusals
 
 
-def _root(name: str, producer: dict, chosen: set) -> str:
+def root_of(name: str, producer: dict, chosen: set) -> str:
     """The tensor before the quantized layout nodes that lead to `name`."""
     for _ in range(64):
         node = producer.get(name)
@@ -134,14 +136,12 @@ def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | N
     return None
 
 
-def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model",
-           reader=None, notes: dict | None = None) -> dict:
+def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model") -> dict:
     """{tensor: [tensors quantized alike]} of the 16-bit tensors `options` asks for:
     every eligible one with activation_bits 16, and those named by wide_tensors (the user's;
     a name that is not an eligible tensor is refused with its reason) or checked_wide (the
-    calibration check's).  With `reader` (calibration feeds), a tensor whose readers'
-    accumulators could wrap stays 8-bit (accumulator_refusals): `notes` gets
-    {"kept 8-bit": {tensor: why}}."""
+    calibration check's).  `drop_wrapping` then keeps 8-bit those whose readers'
+    accumulators could wrap."""
     groups, refusals = eligible(model, chosen)
     carrier = {m: root for root, members in groups.items() for m in members}
     picked: dict[str, list] = {}
@@ -165,99 +165,194 @@ def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model",
     for root in [r for r, members in picked.items()
                  if set(members) & set(options.narrow_tensors)]:
         del picked[root]
-    if reader is not None and picked:
-        refused = accumulator_refusals(model, picked, chosen, reader, options.per_channel)
-        for root in refused:
-            picked.pop(root, None)
-        if notes is not None and refused:
-            notes.setdefault("kept 8-bit", {}).update(refused)
     return picked
+
+
+def drop_wrapping(model: onnx.ModelProto, picked: dict, chosen: set[str], accumulators,
+                  per_channel: bool = True, notes: dict | None = None) -> None:
+    """Remove from `picked` (choose) the tensors whose readers' accumulators could wrap
+    with them int16 (accumulator_refusals, over `accumulators`); `notes` gets {"kept
+    8-bit": {tensor: why}}."""
+    refused = accumulator_refusals(model, picked, chosen, accumulators, per_channel)
+    for root in refused:
+        picked.pop(root, None)
+    if notes is not None and refused:
+        notes.setdefault("kept 8-bit", {}).update(refused)
+
+
+def readers(model: onnx.ModelProto, picked: dict, chosen: set[str]) -> dict[str, list]:
+    """{picked root: the quantized matrix nodes with a constant weight that read it}."""
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for root, members in picked.items():
+        names = set(members)
+        out[root] = [node for node in model.graph.node
+                     if node.name in chosen and node.op_type in MATRIX_OPS and node.input
+                     and node.input[0] in names and len(node.input) > 1
+                     and node.input[1] in inits]
+    return out
 
 
 INT32_LIMIT = 2 ** 31 - 1
 ACC_HEADROOM = 4          # the calibration data's largest accumulator, times this, must fit
 
 
-def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str], reader,
-                         per_channel: bool = True) -> dict[str, str]:
-    """{tensor of `picked`: why its readers' int32 accumulators could wrap with it int16}.
-    One onnxruntime pass of the float model over the calibration feeds of `reader`, with
-    the picked tensors and their matrix readers' outputs (before any fused Relu: what the
-    accumulators hold) as extra outputs.  Per output channel n of a reader, at the input's
-    int16 step s_x and the weight step s_w[n] onnxruntime will choose: the int32 bias
-    |b[n]| / (s_x s_w[n]) plus ACC_HEADROOM times the products' largest sum
-    max |y[n] - b[n]| / (s_x s_w[n]) must fit int32 (the sums wrap modulo 2^32, so only the
-    final value matters)."""
-    if not picked:
-        return {}
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    readers = {}                 # picked root -> [(matrix node, weight steps, bias or None)]
-    for root, members in picked.items():
-        names = set(members)
-        for node in g.node:
-            if node.name in chosen and node.op_type in MATRIX_OPS and node.input and \
-                    node.input[0] in names and len(node.input) > 1 and node.input[1] in inits:
-                bias = None
-                if node.op_type != "MatMul" and len(node.input) > 2 and node.input[2] in inits:
-                    bias = numpy_helper.to_array(inits[node.input[2]]).astype(
-                        np.float64).reshape(-1)
-                readers.setdefault(root, []).append(
-                    (node, _weight_steps(node, inits[node.input[1]], per_channel), bias))
-    biases = {n.output[0]: b for rs in readers.values() for n, _, b in rs if b is not None}
-    outputs = sorted(set(picked) | set(n.output[0] for rs in readers.values()
-                                       for n, _, _ in rs))
-    low = {t: math.inf for t in picked}
-    high = {t: -math.inf for t in picked}
-    peak: dict[str, np.ndarray] = {}          # reader output -> max |y - b| per channel
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    known = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t)
-                              for t in outputs if t not in known)
-    from tpuasm.compiler.ort import session
-    try:
-        run = session(probe, threads=0)
-        while (feed := reader.get_next()) is not None:
-            for t, value in zip(outputs, run.run(outputs, feed)):
-                value = np.asarray(value, np.float64)
-                if not value.size:
-                    continue
-                if t in low:
-                    low[t] = min(low[t], float(value.min()))
-                    high[t] = max(high[t], float(value.max()))
-                channels = -1 if _last_axis(t, g) else (1 if value.ndim >= 2 else 0)
-                moved = np.moveaxis(value, channels, 0)
-                moved = moved.reshape(moved.shape[0], -1)
-                bias = biases.get(t)
-                if bias is not None and bias.size == moved.shape[0]:
-                    moved = moved - bias[:, None]
-                per = np.abs(moved).max(axis=1)
-                peak[t] = per if t not in peak else np.maximum(peak[t], per)
-    except Exception:                   # noqa: BLE001 - no figures: decide without them
-        return {}
-    refusals = {}
-    for root, rs in readers.items():
-        lo, hi = min(low[root], 0.0), max(high[root], 0.0)
+class Accumulators:
+    """What the calibration data says about matrix nodes' int32 accumulators, from one
+    onnxruntime pass of the float model over the feeds of `reader`: the range of each of
+    `tensors`, and per output channel of each of `nodes` (matrix nodes) the products'
+    largest sum max |y[n] - b[n]| (its output before any fused Relu, less its bias: what
+    the accumulators hold before the bias is added) and its bias.  `ranges` ({tensor:
+    (low, high)}, the calibration method's) take the place of the pass's min-max where
+    they name a tensor: they are the steps onnxruntime will choose.  `ok` is False when the
+    pass could not run (no figures: nothing is refused)."""
+
+    def __init__(self, model: onnx.ModelProto, nodes, tensors, reader,
+                 ranges: dict | None = None):
+        from tpuasm.compiler.front.prepare import matmul_bias_pairs
+        g = model.graph
+        inits = {t.name: t for t in g.initializer}
+        wanted = set(nodes)
+        self.nodes = {n.name: n for n in g.node if n.name in wanted}
+        fused = {mm.name: b for mm, _, b, rank in matmul_bias_pairs(model) if rank >= 3}
+        self.bias: dict[str, np.ndarray] = {}
+        for node in self.nodes.values():
+            if node.op_type == "MatMul" and node.name in fused:   # its fused bias Add
+                self.bias[node.name] = np.asarray(fused[node.name], np.float64).reshape(-1)
+            elif node.op_type != "MatMul" and len(node.input) > 2 and node.input[2] in inits:
+                self.bias[node.name] = numpy_helper.to_array(
+                    inits[node.input[2]]).astype(np.float64).reshape(-1)
+        subtract = {n.output[0]: self.bias[n.name] for n in self.nodes.values()
+                    if n.name in self.bias and n.op_type != "MatMul"}
+        outputs = sorted(set(tensors) | {n.output[0] for n in self.nodes.values()})
+        self.low = {t: math.inf for t in tensors}
+        self.high = {t: -math.inf for t in tensors}
+        self.peak: dict[str, np.ndarray] = {}          # node output -> per channel
+        self.ok = True
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        known = {o.name for o in probe.graph.output}
+        probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t)
+                                  for t in outputs if t not in known)
+        from tpuasm.compiler.ort import session
+        try:
+            run = session(probe, threads=0)
+            while (feed := reader.get_next()) is not None:
+                for t, value in zip(outputs, run.run(outputs, feed)):
+                    self._fold(t, np.asarray(value, np.float64), subtract.get(t), g)
+        except Exception:               # noqa: BLE001 - no figures: decide without them
+            self.ok = False
+        for t, (lo, hi) in (ranges or {}).items():
+            if t in self.low:
+                self.low[t] = float(np.min(lo))
+                self.high[t] = float(np.max(hi))
+
+    def _fold(self, t: str, value: np.ndarray, bias, graph) -> None:
+        if not value.size:
+            return
+        if t in self.low:
+            self.low[t] = min(self.low[t], float(value.min()))
+            self.high[t] = max(self.high[t], float(value.max()))
+        channels = -1 if _last_axis(t, graph) else (1 if value.ndim >= 2 else 0)
+        moved = np.moveaxis(value, channels, 0)
+        moved = moved.reshape(moved.shape[0], -1)
+        if bias is not None and bias.size == moved.shape[0]:
+            moved = moved - bias[:, None]
+        per = np.abs(moved).max(axis=1)
+        self.peak[t] = per if t not in self.peak else np.maximum(self.peak[t], per)
+
+    def step(self, tensor: str, bits: int) -> float | None:
+        """The quantization step of `tensor` at `bits` (its range, widened to hold 0, over
+        2^bits - 1 levels); None without a finite, non-empty range."""
+        lo, hi = min(self.low.get(tensor, math.inf), 0.0), max(self.high.get(tensor, -math.inf),
+                                                               0.0)
         if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo <= 0:
+            return None
+        return (hi - lo) / (2 ** bits - 1)
+
+    def _sums(self, node: str):
+        """(the products' largest sums, |bias|) per output channel of `node`, or None."""
+        found = self.nodes.get(node)
+        products = None if found is None else self.peak.get(found.output[0])
+        if products is None:
+            return None
+        bias = self.bias.get(node)
+        b = np.zeros(products.shape) if bias is None or bias.size != products.size \
+            else np.abs(bias)
+        return products, b
+
+    def fitted_steps(self, node: str, x_step: float, w_steps) -> np.ndarray | None:
+        """The weight steps onnxruntime writes for `w_steps` (one, or one per channel) at
+        input step `x_step`: it widens a step until the int32 bias fits (its
+        _adjust_weight_scale_for_int32_bias), so the bias then nearly fills int32."""
+        sums = self._sums(node)
+        if sums is None or not x_step:
+            return None
+        products, b = sums
+        w = np.broadcast_to(w_steps, products.shape) if np.size(w_steps) == 1 else \
+            np.asarray(w_steps, np.float64)
+        if w.shape != products.shape:
+            w = np.full(products.shape, float(np.max(w_steps)))
+        return np.maximum(w, 1.0001 * 2 * b / ((2.0 ** 32 - 2) * x_step))
+
+    def need(self, node: str, x_step: float, w_steps: np.ndarray,
+             headroom: float = ACC_HEADROOM) -> np.ndarray | None:
+        """Per output channel of matrix node `node`, the largest value its accumulators
+        would reach at input step `x_step` and weight steps `w_steps` (as onnxruntime
+        fits them, fitted_steps): its int32 bias |b[n]| / (x_step w[n]) plus `headroom`
+        times its products' largest sum (the sums wrap modulo 2^32, so only the final value
+        matters).  None without figures for it."""
+        w = self.fitted_steps(node, x_step, w_steps)
+        if w is None:
+            return None
+        products, b = self._sums(node)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(w > 0, (b + headroom * products) / (x_step * w), 0.0)
+
+    def fitting_steps(self, node: str, x_step: float, headroom: float = ACC_HEADROOM,
+                      bound: np.ndarray | None = None) -> np.ndarray | None:
+        """Per output channel, the finest weight step at which `node`'s accumulators fit
+        int32 at input step `x_step`: its bias plus `headroom` times its products' largest
+        sum, or plus `bound` (the products' sum that no input can exceed) where that is
+        less; None without figures."""
+        sums = self._sums(node)
+        if sums is None or not x_step:
+            return None
+        products, b = sums
+        sums = headroom * products if bound is None else np.minimum(headroom * products,
+                                                                    bound)
+        return 1.0001 * (b + sums) / (x_step * INT32_LIMIT)
+
+    def reach(self, tensor: str) -> float | None:
+        """The largest |value| `tensor`'s quantization can hold (its range, widened to
+        hold 0: values beyond it saturate); None without a range."""
+        lo, hi = self.low.get(tensor, math.inf), self.high.get(tensor, -math.inf)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        return max(abs(lo), abs(hi))
+
+
+def accumulator_refusals(model: onnx.ModelProto, picked: dict, chosen: set[str],
+                         accumulators: Accumulators, per_channel: bool = True,
+                         wide_weights=frozenset()) -> dict[str, str]:
+    """{tensor of `picked`: why its readers' int32 accumulators could wrap with it int16}:
+    per output channel of each reader, at the input's int16 step and the weight steps
+    onnxruntime will choose (8-bit, or 16-bit for the nodes of `wide_weights`), the need
+    (Accumulators.need) must fit int32."""
+    if not picked or not accumulators.ok:
+        return {}
+    inits = {t.name: t for t in model.graph.initializer}
+    refusals = {}
+    for root, nodes in readers(model, picked, chosen).items():
+        step = accumulators.step(root, 16)
+        if step is None:
             continue
-        step = (hi - lo) / 65535
         worst, culprit = 0.0, ""
-        for node, w_steps, bias in rs:
-            products = peak.get(node.output[0])
-            if products is None:
-                continue
-            w = np.broadcast_to(w_steps, products.shape) if w_steps.size == 1 else w_steps
-            if w.shape != products.shape:
-                w = np.full(products.shape, float(np.max(w_steps)))
-            b = np.zeros(products.shape) if bias is None or bias.size != products.size \
-                else np.abs(bias)
-            # onnxruntime widens a weight step until the bias fits int32 (its
-            # _adjust_weight_scale_for_int32_bias): the bias then nearly fills it
-            w = np.maximum(w, 1.0001 * 2 * b / ((2.0 ** 32 - 2) * step))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                need = np.where(w > 0, (b + ACC_HEADROOM * products) / (step * w), 0.0)
-            if need.size and float(need.max()) > worst:
+        for node in nodes:
+            need = accumulators.need(node.name, step, weight_steps(
+                node, inits[node.input[1]], per_channel, 16 if node.name in wide_weights
+                else 8))
+            if need is not None and need.size and float(need.max()) > worst:
                 worst, culprit = float(need.max()), node.name
         if worst > INT32_LIMIT:
             refusals[root] = (f"int16, the accumulators of '{culprit}' would reach "
@@ -274,20 +369,40 @@ def _last_axis(tensor: str, graph) -> bool:
     return False
 
 
-def _weight_steps(node, weight, per_channel: bool) -> np.ndarray:
-    """The int8 weight step per output channel (max |w| / 127, the symmetric scale)."""
-    w = np.abs(numpy_helper.to_array(weight).astype(np.float64))
+def channel_axis(node) -> int:
+    """The axis of `node`'s weight that holds its output channels (onnxruntime's per-channel
+    axis): 0 for a Conv and a Gemm with transB, else 1."""
     if node.op_type == "Conv":
-        per = w.reshape(w.shape[0], -1).max(axis=1)
-    elif node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
-        per = w.reshape(w.shape[0], -1).max(axis=1)
-    else:
-        per = w.reshape(-1, w.shape[-1]).max(axis=0)
+        return 0
+    if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+        return 0
+    return 1
+
+
+def weight_peaks(node, weight) -> np.ndarray:
+    """max |w| per output channel of a matrix node's float weight."""
+    w = np.abs(numpy_helper.to_array(weight).astype(np.float64))
+    moved = np.moveaxis(w, channel_axis(node), 0)
+    return moved.reshape(moved.shape[0], -1).max(axis=1)
+
+
+def weight_sums(node, weight) -> np.ndarray:
+    """sum |w| per output channel of a matrix node's float weight: times the largest
+    |input| its quantization holds, the largest sum of products any input can give."""
+    w = np.abs(numpy_helper.to_array(weight).astype(np.float64))
+    moved = np.moveaxis(w, channel_axis(node), 0)
+    return moved.reshape(moved.shape[0], -1).sum(axis=1)
+
+
+def weight_steps(node, weight, per_channel: bool, bits: int = 8) -> np.ndarray:
+    """The weight step per output channel at `bits` (max |w| / 127 or / 32767, the
+    symmetric scale)."""
+    per = weight_peaks(node, weight)
     if not per_channel:
         per = np.full_like(per, per.max(initial=0.0))
-    steps = per / 127.0
-    # a channel whose weights vanish becomes int8 zeros at scale 1 (scales.py): its sum is
-    # its bias alone, at the input's scale
+    steps = per / (2 ** (bits - 1) - 1)
+    # a channel whose weights vanish becomes zeros at scale 1 (scales.py): its sum is its
+    # bias alone, at the input's scale
     from tpuasm.compiler.front.scales import VANISHING_SCALE
     steps[steps < VANISHING_SCALE] = 1.0
     return steps

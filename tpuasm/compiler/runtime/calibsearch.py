@@ -12,7 +12,8 @@ that can be int16 are made so (_widen_the_noisiest); still below, the 8-bit-only
 (lookups, VADD/VMUL, pooling) go to the host in float so that every tensor between matrix
 operators is int16 (_widen_through_the_host); still below, the element-wise node whose
 8-bit output costs the most answers is kept in float (never a matrix op), up to three of
-them.  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
+them; still below, the TPU's 16-bit weights (front/wideweights.py): the costliest weights
+in 8 bits, then all of them (_widen_the_weights).  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
 agreement on the check rows, every matrix op still on the TPU."""
 from __future__ import annotations
 
@@ -176,6 +177,12 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
             provenance, more, float_model, check, batch_first, notes)
         if hosted:
             note += "; " + hosted
+    if best_score.below(min_agreement, min_snr) and best.weight_bits == 8:
+        best, best_score, best_nodes, weighted, notes = _widen_the_weights(
+            model, samples, signature, out_path, best, best_score, best_nodes, path,
+            provenance, more, float_model, check, batch_first, min_agreement, min_snr, notes)
+        if weighted:
+            note += "; " + weighted
     narrow = _narrow_note(notes)
     return best_nodes, best, note + (f"; {narrow}" if narrow else "")
 
@@ -261,13 +268,24 @@ def _eight_bit_nodes(model, nodes) -> list[str]:
 
 
 def _narrow_note(notes: dict) -> str | None:
-    """The report's words for the tensors widen.py kept 8-bit (accumulator range)."""
-    kept = notes.get("kept 8-bit") or {}
-    if not kept:
-        return None
-    shown = "; ".join(f"{t}: {why}" for t, why in list(kept.items())[:3])
-    more = f" (and {len(kept) - 3} more)" if len(kept) > 3 else ""
-    return f"kept 8-bit although asked for 16: {shown}{more}"
+    """The report's words for the tensors widen.py kept 8-bit and the weights
+    wideweights.py kept 8-bit or gave a coarser step (accumulator range)."""
+    parts = []
+    for key, words in (("kept 8-bit", "kept 8-bit although asked for 16"),
+                       ("weights kept 8-bit", "weights kept 8-bit although asked for 16")):
+        kept = notes.get(key) or {}
+        if kept:
+            shown = "; ".join(f"{t}: {why}" for t, why in list(kept.items())[:3])
+            more = f" (and {len(kept) - 3} more)" if len(kept) > 3 else ""
+            parts.append(f"{words}: {shown}{more}")
+    coarser = notes.get("weights coarser") or {}
+    if coarser:
+        shown = ", ".join(f"{node} {db:.0f} dB" for node, db in list(coarser.items())[:3])
+        more = f" (and {len(coarser) - 3} more)" if len(coarser) > 3 else ""
+        parts.append(f"int16 weights at steps coarser than the finest so that the int32 "
+                     f"accumulators hold their sums (their rounding below int8's; 48 dB "
+                     f"at the finest): {shown}{more}")
+    return "; ".join(parts) or None
 
 
 _WIDEN_SHARE = 4          # the first try makes the noisiest quarter of the tensors int16
@@ -296,14 +314,37 @@ def _widen_the_noisiest(model, samples, signature, out_path, options, current, n
     tries = [(count, "minmax") for count in dict.fromkeys((first, len(ranked)))]
     if options.calibration_method != "minmax":
         tries.append((len(ranked), options.calibration_method))
-    base = options
-    for count, method in tries:
-        other = replace(base, calibration_method=method,
-                        checked_wide=tuple(ranked[:count]))
-        candidate = Path(out_path).with_suffix(".wide.onnx")
+    choices = [(count, replace(options, calibration_method=method,
+                               checked_wide=tuple(ranked[:count])))
+               for count, method in tries]
+    found = _best_of(choices, current, Path(out_path).with_suffix(".wide.onnx"), out_path,
+                     (model, samples, signature, path, provenance, more),
+                     (float_model, check, batch_first, ref, min_agreement, min_snr))
+    if found is None:
+        return options, current, nodes, "", notes
+    chosen, options, current, nodes, notes = found
+    names = ", ".join(ranked[:min(chosen, 6)]) + (" ..." if chosen > 6 else "")
+    return options, current, nodes, (
+        f"made int16 by the check: {chosen} of {len(ranked)} activation tensors, the "
+        f"noisiest in 8 bits first ({names}), {_NAMES[options.calibration_method]} "
+        f"calibration: {start.text()} -> {current.text()}"), notes
+
+
+def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizing: tuple,
+             scoring: tuple):
+    """Quantize with each of `choices` ([(label, QuantOptions)]) in turn into `candidate`,
+    score it against the float model, and keep (copied to `out_path`) each that beats the
+    best so far; stop at the first that meets the bars.  `quantizing`: (model, samples,
+    signature, path, provenance, quantize()'s other keywords); `scoring`: (float model,
+    check rows, batch_first, the float outputs, min_agreement, min_snr).  Returns (label,
+    options, score, nodes, notes) of the best, or None when none beat `current`."""
+    model, samples, signature, path, provenance, more = quantizing
+    float_model, check, batch_first, ref, min_agreement, min_snr = scoring
+    best = None
+    for label, other in choices:
         tried: dict = {}
         try:
-            found = quantize(model, samples, signature, candidate, other, path, provenance,
+            nodes = quantize(model, samples, signature, candidate, other, path, provenance,
                              notes=tried, **more)
         except Exception:               # noqa: BLE001 - a choice that fails is not made
             continue
@@ -311,16 +352,123 @@ def _widen_the_noisiest(model, samples, signature, out_path, options, current, n
         if s is None or s.key() <= current.key():
             continue
         shutil.copyfile(candidate, out_path)
-        options, current, nodes, notes, chosen = other, s, found, tried, count
+        best, current = (label, other, s, nodes, tried), s
         if not current.below(min_agreement, min_snr):
             break
-    if chosen is None:
+    return best
+
+
+_WEIGHT_SHARE = 4         # the first try gives the costliest quarter of the weights 16 bits
+_MAX_WEIGHTS_RANKED = 24  # weights whose float form is scored (one pass of a few rows each)
+
+
+def _widen_the_weights(model, samples, signature, out_path, options, current, nodes, path,
+                       provenance, more: dict, float_model, check, batch_first,
+                       min_agreement, min_snr, notes: dict):
+    """Still below the bars with int16 activations: the TPU's 16-bit weights
+    (front/wideweights.py).  The matrix nodes' weights ranked by what each costs
+    (_costliest_weights: the check's SNR with that weight alone in float), the costliest
+    quarter made int16 and checked, then every one; the best QDQ model is kept.  Returns
+    (options, score, nodes, a sentence for the report or "", notes)."""
+    from tpuasm.compiler.front import wideweights
+    found = wideweights.candidates(model, set(nodes))
+    if not found:
         return options, current, nodes, "", notes
-    names = ", ".join(ranked[:min(chosen, 6)]) + (" ..." if chosen > 6 else "")
+    readers: dict[str, list] = {}
+    for node, weight in found.items():
+        readers.setdefault(weight, []).append(node)
+    inits = {t.name: t for t in model.graph.initializer}
+    # copies of one weight (an unrolled LSTM's steps) are one choice
+    groups = {copies[0]: copies for copies in wideweights.same_values(inits, list(readers))}
+    ref = float_outputs(float_model, check, batch_first)
+    try:
+        ranked, scored = _costliest_weights(out_path, model, groups, readers, float_model,
+                                            check, batch_first)
+    except Exception:                   # noqa: BLE001 - no measure: every weight at once
+        ranked, scored = list(groups), 0
+    start = current
+    first = max(1, -(-len(ranked) // _WEIGHT_SHARE))
+    choices = [(count, replace(options, checked_wide_weights=tuple(
+        n for label in ranked[:count] for weight in groups[label] for n in readers[weight])))
+        for count in dict.fromkeys((first, len(ranked)))]
+    found = _best_of(choices, current, Path(out_path).with_suffix(".weights.onnx"), out_path,
+                     (model, samples, signature, path, provenance, more),
+                     (float_model, check, batch_first, ref, min_agreement, min_snr))
+    if found is None:
+        return options, current, nodes, "", notes
+    chosen, options, current, nodes, notes = found
+    names = ", ".join(readers[label][0] for label in ranked[:min(chosen, 4)]) + \
+        (" ..." if chosen > 4 else "")
     return options, current, nodes, (
-        f"made int16 by the check: {chosen} of {len(ranked)} activation tensors, the "
-        f"noisiest in 8 bits first ({names}), {_NAMES[options.calibration_method]} "
-        f"calibration: {start.text()} -> {current.text()}"), notes
+        f"int16 weights chosen by the check: {chosen} of {len(ranked)} weights, the "
+        f"costliest in 8 bits first ({names}; {scored} ranked by the check's SNR with each "
+        f"alone in float): {start.text()} -> {current.text()}"), notes
+
+
+def _costliest_weights(qdq_path, model, groups: dict, readers: dict, float_model, check,
+                       batch_first) -> tuple[list[str], int]:
+    """The labels of `groups` ({label: [weights of equal values]}; `readers`: {weight: its
+    matrix nodes}), the costliest in 8 bits first, and how many were measured.  Measured:
+    the QDQ model's SNR against the float model on a few check rows with that group's
+    weights read in float (their DequantizeLinear bypassed: one onnxruntime pass each, no
+    new calibration), for the _MAX_WEIGHTS_RANKED groups whose own rounding is the largest
+    (the relative noise power of the int8 weight against the float one, from the two
+    models' initializers); the rest after them in that order."""
+    import onnx
+    from onnx import numpy_helper
+    qdq = onnx.load(str(qdq_path))
+    inits = {t.name: t for t in qdq.graph.initializer}
+    floats = {t.name: t for t in model.graph.initializer}
+    graph_nodes = list(qdq.graph.node)
+    producer = {o: i for i, n in enumerate(graph_nodes) for o in n.output if o}
+    by_name = {n.name: n for n in graph_nodes}
+    dequantized: dict[str, int] = {}   # weight -> where its DequantizeLinear is in the QDQ
+    for weight, nodes in readers.items():
+        node = by_name.get(nodes[0])
+        at = producer.get(node.input[1]) if node is not None and len(node.input) > 1 \
+            else None
+        dq = graph_nodes[at] if at is not None else None
+        if dq is not None and dq.op_type == "DequantizeLinear" and weight in floats \
+                and dq.input[0] in inits and len(dq.input) > 1 and dq.input[1] in inits:
+            dequantized[weight] = at
+    rounding = {}
+    for label in groups:
+        if label not in dequantized:
+            continue
+        dq = graph_nodes[dequantized[label]]
+        w = numpy_helper.to_array(floats[label]).astype(np.float64)
+        q = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float64)
+        scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
+        shape = [1] * w.ndim
+        if scale.size > 1:
+            shape[axis] = scale.size
+        noise = float(((q * scale.reshape(shape) - w) ** 2).sum())
+        rounding[label] = noise / max(float((w ** 2).sum()), 1e-300)
+    order = sorted(groups, key=lambda label: -rounding.get(label, -1.0))
+    measured = [label for label in order if label in rounding][:_MAX_WEIGHTS_RANKED]
+    rows = {k: v[:_RANKING_ROWS] for k, v in check.items()} if batch_first else check
+    ref = float_outputs(float_model, rows, batch_first)
+    snr = {}
+    for label in measured:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(qdq)
+        for weight in groups[label]:
+            if weight not in dequantized:
+                continue
+            dq = probe.graph.node[dequantized[weight]]
+            name = f"{weight}_float_for_the_check"
+            probe.graph.initializer.append(numpy_helper.from_array(
+                numpy_helper.to_array(floats[weight]), name))
+            dq.op_type, dq.domain = "Identity", ""
+            del dq.input[:]
+            dq.input.append(name)
+            del dq.attribute[:]
+        s = score(probe, float_model, rows, batch_first, ref)
+        if s is not None and s.snr_db is not None:
+            snr[label] = s.snr_db
+    ranked = sorted(measured, key=lambda label: -snr.get(label, -math.inf))
+    return ranked + [label for label in order if label not in ranked], len(snr)
 
 
 _MAX_FLOATED = 3          # element-wise nodes the check may move to the host, one at a time
