@@ -287,3 +287,55 @@ def test_a_host_run_dynamic_lstm_s_macs_are_counted(tmp_path):
     assert rows["DynamicQuantizeLSTM"].where == "host"
     assert rows["DynamicQuantizeLSTM"].macs == 10 * m.batch * 4 * 32 * (8 + 32)
     assert report.macs == sum(r.macs for r in rows.values()) and report.tpu_macs == 0
+
+
+def _embedding_model(rng) -> onnx.ModelProto:
+    """ids (N, 6) int64 -> Gather(embedding table) + positions -> MatMul -> ReduceMean over
+    the tokens."""
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (40, 8)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (6, 8)).astype(np.float32), "pos"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+             helper.make_node("Add", ["e", "pos"], ["p"], name="positions"),
+             helper.make_node("MatMul", ["p", "w"], ["m"], name="proj"),
+             helper.make_node("ReduceMean", ["m"], ["y"], name="pool", axes=[1], keepdims=0)]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("ids", T.INT64, ["N", 6])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_dynamically_quantized_embedding_table_is_read_back_and_compiles(tmp_path):
+    """quantize_dynamic writes the table int8 with one scale, Gather -> DequantizeLinear
+    (an embedding of a transformer it has quantized): it becomes the float table."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    rng = np.random.default_rng(5)
+    model = _embedding_model(rng)
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["Gather", "MatMul"])
+    dynamic = onnx.load(str(dst))
+    assert "DequantizeLinear" in {n.op_type for n in dynamic.graph.node}
+    ids = rng.integers(0, 40, (16, 6)).astype(np.int64)
+    want = session(dynamic).run(None, {"ids": ids})[0]
+    read_back = onnx.load(str(dst))
+    assert dequantize_dynamic(read_back) == 2
+    ops = {n.op_type for n in read_back.graph.node}
+    assert not ops & {"DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger"}
+    # the table's own rounding is kept: its gathered rows are the dynamic model's exactly
+    table = next(numpy_helper.to_array(t) for t in read_back.graph.initializer
+                 if t.name.endswith("_dequantized") and t.dims[0] == 40)
+    q = next(numpy_helper.to_array(t) for t in dynamic.graph.initializer
+             if t.name == "table_quantized")
+    scale = next(numpy_helper.to_array(t) for t in dynamic.graph.initializer
+                 if t.name == "table_scale")
+    zero = next(numpy_helper.to_array(t) for t in dynamic.graph.initializer
+                if t.name == "table_zero_point")
+    assert np.array_equal(table, (q.astype(np.float32) - np.float32(zero)) * scale)
+    compiled = _compile(tmp_path, dynamic, {"ids": ids}, batch=8)
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    got = compiled.run({"ids": ids})["y"]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

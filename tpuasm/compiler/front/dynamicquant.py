@@ -21,11 +21,14 @@ input_size, 4 * hidden) where the LSTM's W is (directions, 4 * hidden, input_siz
 read back as that float LSTM, W = ((W_q - zp) * scale) transposed, so that the LSTM
 unrolling (prepare.py) puts its gate Gemms on the TPU like any float LSTM's.
 
+The constant weights it dequantizes itself (an embedding table: Gather(W_q, ids) ->
+DequantizeLinear) are read back as float constants too.
+
 A chain of another shape is left as it is (it runs on the host, with its reason)."""
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
 
@@ -52,6 +55,12 @@ def dequantize_dynamic(model) -> int:
             lstm = _float_lstm(node, idx)
             if lstm is not None:
                 replaced[node.output[0]] = [lstm]
+            continue
+        if node.op_type == "DequantizeLinear":
+            table = _float_table(node, idx)
+            if table is not None:
+                replaced[node.output[0]] = table[1]
+                dead.update(n.output[0] for n in table[0])
             continue
         if node.op_type not in _INTEGER_OPS:
             continue
@@ -132,6 +141,44 @@ def _chain(node, idx: _Index):
         helper.make_node("MatMul", [x, w_name], [product], name=node.name or y),
         helper.make_node("Add", [product, idx.add_init(bias.reshape(-1), f"{y}_bias")], [y],
                          name=idx.unique(f"{node.name or y}_bias_add"))]
+
+
+def _float_table(node, idx: _Index):
+    """(the nodes it replaces, the float nodes) for a DequantizeLinear of a constant weight,
+    or None.  quantize_dynamic writes an embedding table as int8 with one scale:
+    Gather(W_q, ids) -> DequantizeLinear; it becomes Gather(W, ids).  A DequantizeLinear
+    of a constant itself becomes that constant in float."""
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    scale = idx.const(inputs[1])
+    zero = idx.const(inputs[2]) if inputs[2] else np.zeros((), np.int8)
+    if scale is None or zero is None or attrs.get("block_size", 0):
+        return None
+    y = node.output[0]
+    w_q = idx.const(inputs[0])
+    if w_q is not None:               # a constant: dequantized along its axis
+        axis = attrs.get("axis", 1) % max(w_q.ndim, 1)
+        per = tuple(-1 if d == axis else 1 for d in range(w_q.ndim))
+        if scale.size > 1 and (w_q.ndim == 0 or scale.size != w_q.shape[axis]):
+            return None
+        w = (w_q.astype(np.float32) - np.asarray(zero, np.float32).reshape(
+            per if zero.size > 1 else ())) * scale.astype(np.float32).reshape(
+            per if scale.size > 1 else ())
+        idx.model.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), y))
+        return [], []
+    gather = idx.producer.get(inputs[0])
+    if gather is None or gather.op_type != "Gather" or scale.size != 1 or zero.size != 1 \
+            or idx.sole_consumer(gather.output[0]) is not node:
+        return None
+    table = idx.const(gather.input[0])
+    if table is None:
+        return None
+    w = (table.astype(np.float32) - np.float32(zero.reshape(()))) * np.float32(
+        scale.reshape(()))
+    w_name = idx.add_init(w.astype(np.float32), f"{gather.input[0]}_dequantized")
+    g_attrs = {a.name: helper.get_attribute_value(a) for a in gather.attribute}
+    return [gather], [helper.make_node("Gather", [w_name, gather.input[1]], [y],
+                                       name=gather.name or y, **g_attrs)]
 
 
 def _float_lstm(node, idx: _Index):
