@@ -186,31 +186,51 @@ def _store(acc2, products, m, first, count, acc_base, acc_rows, overwrite):
 @njit(cache=True)
 def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, overwrite):
     """kernels._mmc_iteration_int8 on vectors first..first+m-1 of the lanes (UB rows in
-    scratch.rows8), the products staged in scratch.c32 (as int32), then stored."""
+    scratch.rows8): in one pass straight into the lanes' accumulators, else (16-bit operands
+    without VNNI) staged in scratch.c32 (as int32), then stored."""
     n = ub2.shape[1]
     rows = scratch.rows8
     products = scratch.c32.reshape(scratch.c32.size).view(np.int32)[:m * n].reshape((m, n))
     wide_in = (flags & MMC_WIDE_IN) != 0
     wide_w = (flags & MMC_WIDE_W) != 0
     threads = scratch.options[_OPT_INT8_THREADS]
-    if _one_pass16(flags, scratch):
-        _native.mmc_rows16(ub2, rows, m, scratch.packed8[0], scratch.bias8[0],
-                           (flags & MMC_UNSIGNED_IN) == 0, wide_in,
-                           (flags & MMC_UNSIGNED_W) == 0, wide_w, products, 0, True, threads)
-    else:
-        first_pass = True
-        for xp in range(2 if wide_in else 1):
-            signed_x, x_shift = _byte_part(xp, wide_in, (flags & MMC_UNSIGNED_IN) != 0)
-            if xp == 1:                 # the high bytes: each input's next row
-                for r in range(m):
-                    rows[r] += 1
-            for wp in range(2 if wide_w else 1):
-                signed_w, w_shift = _byte_part(wp, wide_w, (flags & MMC_UNSIGNED_W) != 0)
-                _native.mmc_rows(ub2, rows, m, scratch.packed8[2 * wp + xp],
-                                 scratch.bias8[2 * wp + xp], signed_x, signed_w, products, 0,
-                                 first_pass, x_shift + w_shift, scratch.options[_OPT_INT8],
-                                 threads)
-                first_pass = False
+    one16 = _one_pass16(flags, scratch)
+    if one16 or not (wide_in or wide_w):
+        # one pass: the kernel adds into (or overwrites) each lane's accumulator rows
+        # itself, a lane's vectors being consecutive rows (no staging and no second pass
+        # over the products: every tap of a convolution stored and reloaded them)
+        r = 0
+        while r < m:
+            q = first + r
+            b = q // count
+            run = min(m - r, (b + 1) * count - q)     # this lane's vectors in the chunk
+            a = _acc_row(q, count, acc_base, acc_rows)
+            if one16:
+                _native.mmc_rows16(ub2, rows[r:r + run], run, scratch.packed8[0],
+                                   scratch.bias8[0], (flags & MMC_UNSIGNED_IN) == 0, wide_in,
+                                   (flags & MMC_UNSIGNED_W) == 0, wide_w, acc2, a, overwrite,
+                                   threads)
+            else:
+                _native.mmc_rows(ub2, rows[r:r + run], run, scratch.packed8[0],
+                                 scratch.bias8[0], (flags & MMC_UNSIGNED_IN) == 0,
+                                 (flags & MMC_UNSIGNED_W) == 0, acc2, a, overwrite, 0,
+                                 scratch.options[_OPT_INT8], threads)
+            r += run
+        return
+    # 16-bit operands below the VNNI level: a pass per byte pair, staged
+    first_pass = True
+    for xp in range(2 if wide_in else 1):
+        signed_x, x_shift = _byte_part(xp, wide_in, (flags & MMC_UNSIGNED_IN) != 0)
+        if xp == 1:                 # the high bytes: each input's next row
+            for r in range(m):
+                rows[r] += 1
+        for wp in range(2 if wide_w else 1):
+            signed_w, w_shift = _byte_part(wp, wide_w, (flags & MMC_UNSIGNED_W) != 0)
+            _native.mmc_rows(ub2, rows, m, scratch.packed8[2 * wp + xp],
+                             scratch.bias8[2 * wp + xp], signed_x, signed_w, products, 0,
+                             first_pass, x_shift + w_shift, scratch.options[_OPT_INT8],
+                             threads)
+            first_pass = False
     _store(acc2, products, m, first, count, acc_base, acc_rows, overwrite)
 
 
