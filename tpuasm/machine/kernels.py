@@ -890,7 +890,7 @@ def _mmc_iteration(ub, acc, w, x, c, use_blas, flags, ub_base, acc_base, count,
 
 @njit(cache=True)
 def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
-                        conv_width, pitch, stride, dy, dx, overwrite):
+                        conv_width, pitch, stride, dy, dx, overwrite, k_live):
     """One iteration on the int8 kernel: the UB reads and accumulator writes happen in C,
     this lists the input rows.  A 16-bit operand takes one pass per byte (low byte rows,
     then high byte rows), each product shifted by its bytes' weight."""
@@ -922,7 +922,8 @@ def _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count,
                 _native.mmc_rows(ub, rows, m, scratch.packed8[2 * wp + xp],
                                  scratch.bias8[2 * wp + xp], signed_x, signed_w, acc,
                                  acc_base + first, overwrite and first_pass, x_shift + w_shift,
-                                 scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS])
+                                 scratch.options[_OPT_INT8], scratch.options[_OPT_INT8_THREADS],
+                                 k_live)
                 first_pass = False
 
 
@@ -982,6 +983,14 @@ BOX_FULL, BOX_DIRECT, BOX_COMPACT = 0, 1, 2
 
 
 @njit(cache=True)
+def live_rows(box, n):
+    """The int8 kernel's k_live for a full tile of this box: the rows below its last
+    non-zero one, rounded up to 16 (0: the whole tile, as for a box never found)."""
+    k = (box[1] + 15) // 16 * 16
+    return k if 0 < k < n else 0
+
+
+@njit(cache=True)
 def box_path(height, width, n, int8):
     """How a MatrixMultiply runs on a box of height x width weights in an N-wide array:
     BOX_DIRECT, numba's integer loops over the box (a few vector operations per input row:
@@ -1007,7 +1016,8 @@ def _compact_side(box):
 @njit(cache=True)
 def _box_plan(weights, active, flags, scratch, box, int8):
     """The path of this MatrixMultiply (box_path; BOX_FULL outside a data-path run and for
-    16-bit operands), its tile's box in `box`, and the box's weights made ready: converted
+    16-bit operands, `box` then left as it is), its tile's box in `box` (for BOX_FULL too:
+    live_rows), and the box's weights made ready: converted
     into scratch.box_w (row-major, j1 - j0 wide) for BOX_DIRECT, packed for the int8 kernel
     as the corner of a square tile (scratch.box_packed, box_bias) for BOX_COMPACT."""
     if scratch.options[_OPT_TRUSTED] == 0 or (flags & (MMC_WIDE_IN | MMC_WIDE_W)) != 0:
@@ -1027,9 +1037,9 @@ def _box_plan(weights, active, flags, scratch, box, int8):
     o[_OPT_PLAN], o[_OPT_PLAN + 1], o[_OPT_PLAN + 2] = active[0], mode, o[_OPT_EPOCH]
     o[_OPT_PLAN + 3] = path
     o[_OPT_PLAN + 4], o[_OPT_PLAN + 5], o[_OPT_PLAN + 6], o[_OPT_PLAN + 7] = k0, k1, j0, j1
+    box[0], box[1], box[2], box[3] = k0, k1, j0, j1
     if path == BOX_FULL:
         return path
-    box[0], box[1], box[2], box[3] = k0, k1, j0, j1
     tile = weights[active[0]]
     width = j1 - j0
     if path == BOX_DIRECT:
@@ -1217,7 +1227,7 @@ def _execute_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
                                pitch, stride, dy, dx, overwrite)
         elif int8:
             _mmc_iteration_int8(ub, acc, scratch, flags, ub_base, acc_base, count, cw, pitch,
-                                stride, dy, dx, overwrite)
+                                stride, dy, dx, overwrite, live_rows(box, ub.shape[1]))
         elif wide:
             _mmc_iteration(ub, acc, scratch.w64, scratch.x64, scratch.c64, use_blas, flags,
                            ub_base, acc_base, count, cw, pitch, stride, dy, dx, overwrite)

@@ -37,9 +37,9 @@ from .decoded import (COL_ACC, COL_FLAGS, COL_HEIGHT, COL_LEN, COL_OP, COL_REG, 
 from .jit import njit
 from .kernels import (_active_packed, BOX_COMPACT, BOX_DIRECT, BOX_FULL, box_input, _box_plan,
                       box_result, _byte_part, compact_products, _compact_side, _conv_geometry,
-                      _copy_words, execute_instruction, _input_row, _iterations, MEM_ACC, MEM_UB,
-                      _MMC_SHARED_MACS, _one_pass16, _OPT_INT8, _OPT_INT8_THREADS, _OPT_TRUSTED,
-                      _signed8, switch_tiles)
+                      _copy_words, execute_instruction, _input_row, _iterations, live_rows,
+                      MEM_ACC, MEM_UB, _MMC_SHARED_MACS, _one_pass16, _OPT_INT8,
+                      _OPT_INT8_THREADS, _OPT_TRUSTED, _signed8, switch_tiles)
 
 
 @njit(cache=True)
@@ -151,7 +151,7 @@ def _lanes_mmc(row, regs, ub, acc, weights, tiles, active, scratch):
                                acc_rows, overwrite)
             else:
                 _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows,
-                            overwrite)
+                            overwrite, live_rows(box, n))
 
 
 @njit(cache=True)
@@ -184,7 +184,8 @@ def _store(acc2, products, m, first, count, acc_base, acc_rows, overwrite):
 
 
 @njit(cache=True)
-def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, overwrite):
+def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, overwrite,
+                k_live):
     """kernels._mmc_iteration_int8 on vectors first..first+m-1 of the lanes (UB rows in
     scratch.rows8): in one pass straight into the lanes' accumulators, else (16-bit operands
     without VNNI) staged in scratch.c32 (as int32), then stored."""
@@ -214,7 +215,7 @@ def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, 
                 _native.mmc_rows(ub2, rows[r:r + run], run, scratch.packed8[0],
                                  scratch.bias8[0], (flags & MMC_UNSIGNED_IN) == 0,
                                  (flags & MMC_UNSIGNED_W) == 0, acc2, a, overwrite, 0,
-                                 scratch.options[_OPT_INT8], threads)
+                                 scratch.options[_OPT_INT8], threads, k_live)
             r += run
         return
     # 16-bit operands below the VNNI level: a pass per byte pair, staged

@@ -178,6 +178,9 @@ struct job {
     uint8_t *act_ub;
     int64_t mult, act_shift, zero;
     int32_t relu, out_kind, act_level;
+    /* LEVEL_VNNI: the tile's rows from k_live on are zero (a multiple of 16; the rest
+     * of the tile's K is skipped, its products being zero) */
+    int64_t k_live;
 };
 
 #ifdef TPUASM_X86
@@ -186,7 +189,7 @@ enum { VNNI_ROWS = 6, VNNI_VECTORS = 4 };    /* 6 x 64: 24 accumulators + 4 weig
 
 /* The accumulators' start for each input row (see the file's comment): -128 * sum_k x
  * for s8 x s8, +128 * sum_k x for u8 x u8, else 0.  Byte sums by vpsadbw, 16 at a time. */
-static VNNI void vnni_terms(const uint8_t *const *x, int rows, int64_t n, int32_t signed_x,
+static VNNI void vnni_terms(const uint8_t *const *x, int rows, int64_t kn, int32_t signed_x,
                             int32_t signed_w, int32_t *terms)
 {
     for (int i = 0; i < rows; i++) {
@@ -196,13 +199,13 @@ static VNNI void vnni_terms(const uint8_t *const *x, int rows, int64_t n, int32_
         }
         const __m128i flip = _mm_set1_epi8(signed_x ? (char)0x80 : 0), zero = _mm_setzero_si128();
         __m128i sums = zero;
-        for (int64_t k = 0; k < n; k += 16) {
+        for (int64_t k = 0; k < kn; k += 16) {
             __m128i bytes = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(x[i] + k)), flip);
             sums = _mm_add_epi64(sums, _mm_sad_epu8(bytes, zero));
         }
         uint32_t total = (uint32_t)(_mm_cvtsi128_si64(sums) + _mm_extract_epi64(sums, 1));
         if (signed_x)
-            total -= (uint32_t)(128 * n);      /* sum of x ^ 0x80 = sum of x + 128 n */
+            total -= (uint32_t)(128 * kn);     /* sum of x ^ 0x80 = sum of x + 128 kn */
         terms[i] = (int32_t)(signed_x ? 0u - 128u * total : 128u * total);
     }
 }
@@ -224,7 +227,7 @@ INLINE VNNI __m512i vnni_dp(__m512i c, __m512i a, __m512i b, int signed_x)
 
 /* `rows` input rows x `vectors` groups of 16 columns from column j0. */
 INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int64_t n,
-                            const int32_t *packed, const int32_t *bias, int64_t j0,
+                            int64_t kn, const int32_t *packed, const int32_t *bias, int64_t j0,
                             const int32_t *row_terms, int signed_x, int shift,
                             int32_t *const *out, int overwrite)
 {
@@ -234,7 +237,7 @@ INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int6
         for (int v = 0; v < vectors; v++)
             c[i][v] = _mm512_add_epi32(_mm512_loadu_si512(bias + j0 + 16 * v), term);
     }
-    for (int64_t k4 = 0; k4 < n / 4; k4++) {
+    for (int64_t k4 = 0; k4 < kn / 4; k4++) {
         __m512i b[VNNI_VECTORS];
         for (int v = 0; v < vectors; v++)
             b[v] = _mm512_loadu_si512(packed + k4 * n + j0 + 16 * v);
@@ -277,7 +280,8 @@ INLINE VNNI void vnni_block(int rows, int vectors, const uint8_t *const *x, int6
     vnni_store(out[i] + j0 + 32, c##i##2, shift, overwrite);                               \
     vnni_store(out[i] + j0 + 48, c##i##3, shift, overwrite);
 
-INLINE VNNI void vnni_6x64_body(const uint8_t *const *x, int64_t n, const int32_t *packed,
+INLINE VNNI void vnni_6x64_body(const uint8_t *const *x, int64_t n, int64_t kn,
+                                const int32_t *packed,
                                 const int32_t *bias, int64_t j0, const int32_t *row_terms,
                                 const int signed_x, int shift, int32_t *const *out,
                                 int overwrite)
@@ -289,7 +293,7 @@ INLINE VNNI void vnni_6x64_body(const uint8_t *const *x, int64_t n, const int32_
     const __m512i bias3 = _mm512_loadu_si512(bias + j0 + 48);
     VNNI_INIT(0) VNNI_INIT(1) VNNI_INIT(2) VNNI_INIT(3) VNNI_INIT(4) VNNI_INIT(5)
     const int32_t *w = packed + j0;
-    for (int64_t k4 = 0; k4 < n / 4; k4++, w += n) {
+    for (int64_t k4 = 0; k4 < kn / 4; k4++, w += n) {
         const __m512i b0 = _mm512_loadu_si512(w), b1 = _mm512_loadu_si512(w + 16),
                       b2 = _mm512_loadu_si512(w + 32), b3 = _mm512_loadu_si512(w + 48);
         VNNI_STEP(0) VNNI_STEP(1) VNNI_STEP(2) VNNI_STEP(3) VNNI_STEP(4) VNNI_STEP(5)
@@ -299,35 +303,37 @@ INLINE VNNI void vnni_6x64_body(const uint8_t *const *x, int64_t n, const int32_
 
 /* One copy per input signedness, so that the slot choice is a constant. */
 static __attribute__((noinline)) VNNI void vnni_6x64_unsigned(
-    const uint8_t *const *x, int64_t n, const int32_t *packed, const int32_t *bias, int64_t j0,
-    const int32_t *terms, int shift, int32_t *const *out, int overwrite)
-{ vnni_6x64_body(x, n, packed, bias, j0, terms, 0, shift, out, overwrite); }
+    const uint8_t *const *x, int64_t n, int64_t kn, const int32_t *packed, const int32_t *bias,
+    int64_t j0, const int32_t *terms, int shift, int32_t *const *out, int overwrite)
+{ vnni_6x64_body(x, n, kn, packed, bias, j0, terms, 0, shift, out, overwrite); }
 static __attribute__((noinline)) VNNI void vnni_6x64_signed(
-    const uint8_t *const *x, int64_t n, const int32_t *packed, const int32_t *bias, int64_t j0,
-    const int32_t *terms, int shift, int32_t *const *out, int overwrite)
-{ vnni_6x64_body(x, n, packed, bias, j0, terms, 1, shift, out, overwrite); }
-static VNNI void vnni_6x64(const uint8_t *const *x, int64_t n, const int32_t *packed,
-                           const int32_t *bias, int64_t j0, const int32_t *terms, int signed_x,
-                           int shift, int32_t *const *out, int overwrite)
+    const uint8_t *const *x, int64_t n, int64_t kn, const int32_t *packed, const int32_t *bias,
+    int64_t j0, const int32_t *terms, int shift, int32_t *const *out, int overwrite)
+{ vnni_6x64_body(x, n, kn, packed, bias, j0, terms, 1, shift, out, overwrite); }
+static VNNI void vnni_6x64(const uint8_t *const *x, int64_t n, int64_t kn,
+                           const int32_t *packed, const int32_t *bias, int64_t j0,
+                           const int32_t *terms, int signed_x, int shift, int32_t *const *out,
+                           int overwrite)
 {
-    (signed_x ? vnni_6x64_signed : vnni_6x64_unsigned)(x, n, packed, bias, j0, terms, shift,
-                                                       out, overwrite);
+    (signed_x ? vnni_6x64_signed : vnni_6x64_unsigned)(x, n, kn, packed, bias, j0, terms,
+                                                       shift, out, overwrite);
 }
 
 /* Edges (fewer rows or columns): the array form, one function per count so that the
  * counts are constants. */
-typedef void vnni_kernel(const uint8_t *const *, int64_t, const int32_t *, const int32_t *,
-                         int64_t, const int32_t *, int, int, int32_t *const *, int);
+typedef void vnni_kernel(const uint8_t *const *, int64_t, int64_t, const int32_t *,
+                         const int32_t *, int64_t, const int32_t *, int, int, int32_t *const *,
+                         int);
 #define VNNI_KERNEL(R, V)                                                                  \
     static __attribute__((noinline)) VNNI void vnni_##R##x##V(                            \
-        const uint8_t *const *x, int64_t n, const int32_t *packed, const int32_t *bias,    \
-        int64_t j0, const int32_t *terms, int signed_x, int shift, int32_t *const *out,    \
-        int overwrite)                                                                     \
+        const uint8_t *const *x, int64_t n, int64_t kn, const int32_t *packed,             \
+        const int32_t *bias, int64_t j0, const int32_t *terms, int signed_x, int shift,    \
+        int32_t *const *out, int overwrite)                                                \
     {                                                                                      \
         if (signed_x)                                                                      \
-            vnni_block(R, V, x, n, packed, bias, j0, terms, 1, shift, out, overwrite);     \
+            vnni_block(R, V, x, n, kn, packed, bias, j0, terms, 1, shift, out, overwrite); \
         else                                                                               \
-            vnni_block(R, V, x, n, packed, bias, j0, terms, 0, shift, out, overwrite);     \
+            vnni_block(R, V, x, n, kn, packed, bias, j0, terms, 0, shift, out, overwrite); \
     }
 #define VNNI_KERNELS(R) VNNI_KERNEL(R, 1) VNNI_KERNEL(R, 2) VNNI_KERNEL(R, 3) VNNI_KERNEL(R, 4)
 VNNI_KERNELS(1) VNNI_KERNELS(2) VNNI_KERNELS(3) VNNI_KERNELS(4) VNNI_KERNELS(5)
@@ -343,6 +349,7 @@ static vnni_kernel *const vnni_kernels[VNNI_ROWS][VNNI_VECTORS] = {
 static VNNI void vnni_rows(const struct job *job, int64_t r0, int64_t r1)
 {
     const int64_t n = job->n;
+    const int64_t kn = job->k_live > 0 && job->k_live < n ? job->k_live : n;
     const int32_t *packed = (const int32_t *)job->packed;
     const uint8_t *x[BLOCK_ROWS];
     int32_t *out[BLOCK_ROWS];
@@ -352,12 +359,12 @@ static VNNI void vnni_rows(const struct job *job, int64_t r0, int64_t r1)
         x[i] = job->ub + job->ub_rows[r0 + i] * n;
         out[i] = job->acc + (job->acc_row + r0 + i) * n;
     }
-    vnni_terms(x, count, n, job->signed_x, job->signed_w, terms);
+    vnni_terms(x, count, kn, job->signed_x, job->signed_w, terms);
     for (int64_t j0 = 0; j0 < n; j0 += 16 * VNNI_VECTORS) {
         int vectors = (n - j0) >= 16 * VNNI_VECTORS ? VNNI_VECTORS : (int)((n - j0) / 16);
         for (int i = 0; i < count; i += VNNI_ROWS) {
             int rows = count - i < VNNI_ROWS ? count - i : VNNI_ROWS;
-            vnni_kernels[rows - 1][vectors - 1](x + i, n, packed, job->bias, j0, terms + i,
+            vnni_kernels[rows - 1][vectors - 1](x + i, n, kn, packed, job->bias, j0, terms + i,
                                                 job->signed_x, job->shift, out + i,
                                                 job->overwrite);
         }
@@ -1013,15 +1020,19 @@ void tpuasm_pool_prepare(int32_t threads)
  * UB row ub_rows[r] with the tile packed for `level`, times 2^shift, on up to `threads`
  * threads.  ub and acc are (rows x n) C arrays, n % 16 == 0.  Call only with
  * 0 < level <= tpuasm_i8_level().  (A 16-bit operand is two 8-bit ones, low byte unsigned:
- * its products are the sum of 8-bit products shifted by 0, 8 or 16 bits, exact mod 2^32.) */
+ * its products are the sum of 8-bit products shifted by 0, 8 or 16 bits, exact mod 2^32.)
+ * k_live: the tile's rows from k_live on are zero (a multiple of 16; 0 or n: not known);
+ * LEVEL_VNNI skips them (a layer of K < n, e.g. a first convolution's 48 channels). */
 void tpuasm_i8_mmc(const uint8_t *ub, const int64_t *ub_rows, int64_t m, int64_t n,
-                   const int8_t *packed, const int32_t *bias, int32_t signed_x,
+                   int64_t k_live, const int8_t *packed, const int32_t *bias, int32_t signed_x,
                    int32_t signed_w, int32_t *acc, int64_t acc_row, int32_t overwrite,
                    int32_t shift, int32_t level, int32_t threads)
 {
     struct job job = {ub, ub_rows, m, n, packed, bias, signed_x, signed_w, overwrite, shift,
                       level, 0, 0, acc, acc_row, 0};
-    int extra = m * n * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
+    job.k_live = k_live;
+    const int64_t kn = k_live > 0 && k_live < n ? k_live : n;
+    int extra = m * kn * n >= SPLIT_MACS && m > BLOCK_ROWS ? threads - 1 : 0;
     share(&job, extra < MAX_THREADS ? extra : MAX_THREADS - 1);
 }
 

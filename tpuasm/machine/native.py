@@ -200,10 +200,10 @@ def _bind_numba() -> None:
     u8p, i8p = types.CPointer(types.uint8), types.CPointer(types.int8)
     i32p, i64p = types.CPointer(types.int32), types.CPointer(types.int64)
     i32, i64 = types.int32, types.int64
-    # tpuasm_i8_mmc(ub, ub_rows, m, n, packed, bias, signed_x, signed_w, acc, acc_row,
-    #               overwrite, shift, level, threads)
-    mmc_sig = types.void(u8p, i64p, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32, i32, i32,
-                         i32)
+    # tpuasm_i8_mmc(ub, ub_rows, m, n, k_live, packed, bias, signed_x, signed_w, acc,
+    #               acc_row, overwrite, shift, level, threads)
+    mmc_sig = types.void(u8p, i64p, i64, i64, i64, i8p, i32p, i32, i32, i32p, i64, i32, i32,
+                         i32, i32)
     # tpuasm_i8_pack(w, n, signed_w, signed_x, level, packed, bias)
     pack_sig = types.void(u8p, i64, i32, i32, i32, i8p, i32p)
     i8_mmc = external(MMC_SYMBOL, mmc_sig, library())
@@ -237,12 +237,13 @@ def pack_tile(tile, signed_w, signed_x, level, packed, bias):
 
 @njit(cache=True)
 def mmc_rows(ub, ub_rows, m, packed, bias, signed_x, signed_w, acc, acc_row, overwrite,
-             shift, level, threads):
+             shift, level, threads, k_live=0):
     """acc[acc_row + r] (+)= (ub[ub_rows[r]] @ the packed tile) << shift, for r < m, int32
-    wrapping."""
+    wrapping.  k_live: the tile's rows from there on are zero (a multiple of 16; 0: not
+    known), skipped at LEVEL_VNNI."""
     if m <= 0:
         return
-    i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], packed.ctypes, bias.ctypes,
+    i8_mmc(ub.ctypes, ub_rows.ctypes, m, ub.shape[1], k_live, packed.ctypes, bias.ctypes,
            np.int32(signed_x), np.int32(signed_w), acc.ctypes, acc_row, np.int32(overwrite),
            np.int32(shift), np.int32(level), np.int32(threads))
 
