@@ -103,9 +103,14 @@ def judged_axis(rule: ClassAxis | None, shape: tuple) -> tuple[int | None, str, 
             return None, f"SNR only: --class-axis {rule.axis} is outside its {ndim} axes", True
         return rule.axis % ndim, f"classes on axis {rule.axis % ndim}: --class-axis", False
     if ndim == 2:
-        if shape[1] >= 2:
-            return 1, "a classifier's (rows, classes) output", False
-        return None, "SNR only: one column", True
+        if shape[1] < 2:
+            return None, "SNR only: one column", True
+        if rule is not None and rule.axis is not None and rule.axis % 2 == 1:
+            return 1, f"a (rows, classes) output: {rule.why}", False
+        # no sign of classes in the graph (an embedding's rows look the same): judged as a
+        # classifier's all the same, and the user told how to say otherwise
+        return 1, ("a (rows, columns) output taken as a classifier's (no Softmax, ArgMax or "
+                   "classifier head before it; --class-axis NAME=none for SNR only)"), False
     if rule is None or rule.axis is None or ndim < 2:
         return None, "SNR only: " + (rule.why if rule is not None else "no class axis known"), \
             True
