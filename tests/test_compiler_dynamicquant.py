@@ -339,3 +339,40 @@ def test_a_dynamically_quantized_embedding_table_is_read_back_and_compiles(tmp_p
     assert compiled.report.tpu_macs == compiled.report.macs > 0
     got = compiled.run({"ids": ids})["y"]
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_matmul_reading_a_quantized_table_directly_is_read_back(tmp_path):
+    """quantize_dynamic on Gather -> MatMul writes Gather(W_q) -> MatMulInteger with the
+    table's zero point and Mul(table scale, weight scale): no DynamicQuantizeLinear.  The
+    rows stay in the table's integer steps and the weights take the whole scale."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    rng = np.random.default_rng(6)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (40, 8)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+             helper.make_node("MatMul", ["e", "w"], ["m"], name="proj"),
+             helper.make_node("ReduceMean", ["m"], ["y"], name="pool", axes=[1], keepdims=0)]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("ids", T.INT64, ["N", 6])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(model, str(src))
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["Gather", "MatMul"])
+    dynamic = onnx.load(str(dst))
+    ops = [n.op_type for n in dynamic.graph.node]
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" not in ops
+    ids = rng.integers(0, 40, (16, 6)).astype(np.int64)
+    want = session(dynamic).run(None, {"ids": ids})[0]
+    read_back = onnx.load(str(dst))
+    assert dequantize_dynamic(read_back) == 1
+    assert not {n.op_type for n in read_back.graph.node} & {"MatMulInteger", "Cast"}
+    # the same arithmetic as the dynamic model, in float: equal to float32 rounding
+    np.testing.assert_allclose(session(read_back).run(None, {"ids": ids})[0], want,
+                               rtol=1e-5, atol=1e-5)
+    compiled = _compile(tmp_path, dynamic, {"ids": ids}, batch=8)
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    got = compiled.run({"ids": ids})["y"]
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -40,7 +40,13 @@ def _is_quantized_lstm(node) -> bool:
 
 
 def is_dynamically_quantized(model) -> bool:
+    """quantize_dynamic's marks: DynamicQuantizeLinear, a DynamicQuantizeLSTM, or a
+    MatMulInteger reading an int8 table's Gather (a model whose only quantized activations
+    are embedding rows)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
     return any(n.op_type == "DynamicQuantizeLinear" or _is_quantized_lstm(n)
+               or (n.op_type == "MatMulInteger" and n.input and
+                   getattr(producer.get(n.input[0]), "op_type", None) == "Gather")
                for n in model.graph.node)
 
 
@@ -93,13 +99,22 @@ def _only_consumer(tensor: str, idx: _Index, op_type: str):
 def _chain(node, idx: _Index):
     """(the chain's last node, its nodes, the float nodes replacing them), or None."""
     inputs = list(node.input) + [""] * (4 - len(node.input))
-    dql = idx.producer.get(inputs[0])
+    source = idx.producer.get(inputs[0])
     w_q = idx.const(inputs[1])
-    if dql is None or dql.op_type != "DynamicQuantizeLinear" or w_q is None:
+    if source is None or w_q is None:
         return None
-    x, x_scale = dql.input[0], dql.output[1]
     w_zp = idx.const(inputs[3]) if inputs[3] else np.zeros((), w_q.dtype)
     if w_zp is None:
+        return None
+    gathered = None             # an int8 table's rows (quantize_dynamic's Gather) instead
+    if source.op_type == "DynamicQuantizeLinear":
+        x, x_scale = source.input[0], source.output[1]
+    elif node.op_type == "MatMulInteger" and source.op_type == "Gather":
+        gathered = _table_rows(source, inputs[2], idx)
+        if gathered is None:
+            return None
+        x, x_scale = gathered.output[0], None
+    else:
         return None
     nodes = [node]
     out = node.output[0]
@@ -119,7 +134,9 @@ def _chain(node, idx: _Index):
     if mul is None:
         return None
     scale = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
-    w_scale = _weight_scale(scale, x_scale, idx)
+    # the table's rows stay in its integer steps: the whole scale goes to the weights
+    w_scale = _weight_scale(scale, x_scale, idx) if gathered is None else \
+        _constant_scale(scale, idx)
     if w_scale is None:
         return None
     nodes += [cast, mul]
@@ -134,10 +151,12 @@ def _chain(node, idx: _Index):
         if bias is not None:
             ins.append(idx.add_init(bias.reshape(-1), f"{node.name or y}_bias"))
         return mul, nodes, [helper.make_node("Conv", ins, [y], name=node.name or y, **attrs)]
+    first = [gathered] if gathered is not None else []
     if bias is None:
-        return mul, nodes, [helper.make_node("MatMul", [x, w_name], [y], name=node.name or y)]
+        return mul, nodes, first + [helper.make_node("MatMul", [x, w_name], [y],
+                                                     name=node.name or y)]
     product = idx.unique(f"{y}_product")
-    return mul, nodes, [
+    return mul, nodes, first + [
         helper.make_node("MatMul", [x, w_name], [product], name=node.name or y),
         helper.make_node("Add", [product, idx.add_init(bias.reshape(-1), f"{y}_bias")], [y],
                          name=idx.unique(f"{node.name or y}_bias_add"))]
@@ -218,6 +237,37 @@ def _lstm_weight(w_q: np.ndarray, w_zp: np.ndarray, w_scale: np.ndarray):
         return None
     w = (w_q.astype(np.float32) - zp) * scale
     return np.ascontiguousarray(w.transpose(0, 2, 1), np.float32)
+
+
+def _table_rows(gather, x_zero: str, idx: _Index):
+    """A float Gather of an int8 table's rows less their zero point (in the table's integer
+    steps), for a MatMulInteger that reads quantize_dynamic's Gather(W_q, ids) directly;
+    or None (a table or zero point that is not a constant, a zero point per column)."""
+    table = idx.const(gather.input[0])
+    zero = idx.const(x_zero) if x_zero else np.zeros((), np.uint8)
+    if table is None or zero is None or zero.size != 1:
+        return None
+    rows = table.astype(np.float32) - np.float32(zero.reshape(()))
+    name = idx.add_init(rows, f"{gather.input[0]}_steps")
+    attrs = {a.name: helper.get_attribute_value(a) for a in gather.attribute}
+    return helper.make_node("Gather", [name, gather.input[1]],
+                            [idx.unique(f"{gather.output[0]}_steps")],
+                            name=idx.unique(f"{gather.name or gather.output[0]}_steps"), **attrs)
+
+
+def _constant_scale(scale: str, idx: _Index):
+    """The value of a constant scale: a constant, or the Mul of two (the table's scale
+    times the weights' that quantize_dynamic writes), or None."""
+    value = idx.const(scale)
+    if value is not None:
+        return np.asarray(value, np.float32)
+    mul = idx.producer.get(scale)
+    if mul is None or mul.op_type != "Mul":
+        return None
+    a, b = idx.const(mul.input[0]), idx.const(mul.input[1])
+    if a is None or b is None:
+        return None
+    return (np.asarray(a, np.float32) * np.asarray(b, np.float32)).astype(np.float32)
 
 
 def _weight_scale(scale: str, x_scale: str, idx: _Index):
