@@ -236,3 +236,16 @@ def test_matmul_integer_stays_on_the_host_with_its_reason(tmp_path):
     assert row.where == "host" and "int32" in row.note
     x = np.arange(8, dtype=np.uint8).reshape(2, 4)
     np.testing.assert_array_equal(compiled.run(x)["y"], run_ort(m, {"x": x})[0])
+
+
+def test_a_float_recurrent_node_of_a_quantized_model_says_how_to_map_it():
+    """onnxruntime's quantize_static leaves a GRU float: the reason points at compiling the
+    float model with --calibrate, whose unrolled gate MatMuls the TPU takes."""
+    from tpuasm.compiler.front.match import host_reason
+
+    class _Node:
+        op_type = "GRU"
+    reason = host_reason(_Node(), None)
+    assert "a GRU unrolled from a float model compiled with --calibrate" in reason
+    _Node.op_type = "LSTM"
+    assert "an LSTM unrolled" in host_reason(_Node(), None)

@@ -1157,7 +1157,15 @@ def host_reason(node: Node, graph: Graph) -> str:
     if op_type in LAYOUT_HOST_OPS:
         return (f"{op_type} moves data between tensors; runs on the host (an IR operator "
                 f"writes one whole tensor)")
+    if op_type in RECURRENT_OPS:
+        article = "a" if op_type == "GRU" else "an"
+        return (f"{op_type} runs on the host as one node: the TPU takes the gate MatMuls of "
+                f"{article} {op_type} unrolled from a float model compiled with --calibrate "
+                f"(onnxruntime's quantize_static leaves it float in a quantized model)")
     return f"{op_type} has no TPU mapping (runs on the host)"
+
+
+RECURRENT_OPS = {"LSTM", "GRU", "RNN"}
 
 
 def _mixed_rows(graph: Graph, op: Operator) -> str | None:
