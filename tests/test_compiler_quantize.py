@@ -15,6 +15,7 @@ from tpuasm.compiler.cli import compile_main
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.ort import session
 from tpuasm.compiler.front.quantize import QuantOptions, quantize, tpu_nodes
+from tpuasm.compiler.runtime.classaxis import class_axes
 from tpuasm.compiler.runtime.validate import compare
 
 
@@ -449,7 +450,7 @@ def test_validation_on_other_data_and_its_figures(tmp_path):
     assert v.rows == 20 and v.data.endswith("val.npy")
     (want,) = _float(model, {"x": other})
     got = compiled.run(other, engine="reference")["y"]
-    (check,) = compare({"y": want}, {"y": got}, ["y"])
+    (check,) = compare({"y": want}, {"y": got}, ["y"], class_axes(model))
     assert v.outputs[0].to_json() == check.to_json()
     noise = np.sum((want.astype(np.float64) - got) ** 2)
     assert check.snr_db == pytest.approx(10 * np.log10(np.sum(want.astype(np.float64) ** 2)
@@ -472,7 +473,8 @@ def test_the_default_check_runs_an_even_spread_of_the_calibration_rows(tmp_path)
     assert keep[0] == 0 and keep[-1] == rows - 1 and len(set(keep)) == CALIBRATION_CHECK_ROWS
     assert np.all(np.diff(keep) >= 1) and np.ptp(np.diff(keep)) <= 1     # evenly spaced
     (want,) = _float(model, {"x": x[keep]})
-    (check,) = compare({"y": want}, {"y": compiled.run(x[keep])["y"]}, ["y"])
+    (check,) = compare({"y": want}, {"y": compiled.run(x[keep])["y"]}, ["y"],
+                       class_axes(model))
     assert v.outputs[0].to_json() == check.to_json()
     assert compiled.report.to_json()["validation"]["of_rows"] == rows
     whole = tpu_compile(path, batch=40, calibration=x, validate=x)
