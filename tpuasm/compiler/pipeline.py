@@ -83,6 +83,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
     model = read_model(path)
     dequantized = _dequantized_dynamic(model, path) if calibration is not None else 0
+    read_back = _read_back_qdq(model, path) if calibration is not None and \
+        is_quantized(model) else 0
     from tpuasm.compiler.front.inputvalues import (drop_fixed, fix_input_values,
                                                    parse_input_values)
     fixed_values = fix_input_values(model, parse_input_values(input_values), path)
@@ -178,7 +180,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   f"{said}) from {count} calibration samples"
                   + (f"; {chosen}" if chosen else "")
                   + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains and "
-                     f"LSTMs dequantized to float first" if dequantized else ""))
+                     f"LSTMs dequantized to float first" if dequantized else "")
+                  + (f"; a QDQ model: its {read_back} quantized tensors read back as float "
+                     f"first (its scales replaced by the calibration's)" if read_back else ""))
         model = read_model(reference)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
@@ -254,6 +258,19 @@ def _with_inputs(model, declared: dict) -> bytes:
         if v.name in declared:
             v.ParseFromString(declared[v.name])
     return copy.SerializeToString()
+
+
+def _read_back_qdq(model, path) -> int:
+    """A QDQ model given calibration data: read back as float (qdqfloat.py), to be
+    quantized by the compiler whole (its float LSTM/GRU nodes unrolled onto the TPU); the
+    count of tensors read back."""
+    from tpuasm.compiler.front.qdqfloat import read_back
+    count, why = read_back(model)
+    if why is not None:
+        raise CompileError(f"{path} is already quantized and --calibrate cannot read it back "
+                           f"as float: {why}; compile it without --calibrate (with its own "
+                           f"scales), or give the float model")
+    return count
 
 
 def _dequantized_dynamic(model, path) -> int:

@@ -174,16 +174,9 @@ def _float_table(node, idx: _Index):
     if scale is None or zero is None or attrs.get("block_size", 0):
         return None
     y = node.output[0]
-    w_q = idx.const(inputs[0])
-    if w_q is not None:               # a constant: dequantized along its axis
-        axis = attrs.get("axis", 1) % max(w_q.ndim, 1)
-        per = tuple(-1 if d == axis else 1 for d in range(w_q.ndim))
-        if scale.size > 1 and (w_q.ndim == 0 or scale.size != w_q.shape[axis]):
-            return None
-        w = (w_q.astype(np.float32) - np.asarray(zero, np.float32).reshape(
-            per if zero.size > 1 else ())) * scale.astype(np.float32).reshape(
-            per if scale.size > 1 else ())
-        idx.model.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), y))
+    w = float_constant(node, idx)
+    if w is not None:
+        idx.model.graph.initializer.append(numpy_helper.from_array(w, y))
         return [], []
     gather = idx.producer.get(inputs[0])
     if gather is None or gather.op_type != "Gather" or scale.size != 1 or zero.size != 1 \
@@ -198,6 +191,28 @@ def _float_table(node, idx: _Index):
     g_attrs = {a.name: helper.get_attribute_value(a) for a in gather.attribute}
     return [gather], [helper.make_node("Gather", [w_name, gather.input[1]], [y],
                                        name=gather.name or y, **g_attrs)]
+
+
+def float_constant(node, idx: _Index):
+    """The float value of a DequantizeLinear of a constant, (W_q - zero point) * scale
+    along its axis (per tensor or per channel), or None (not a constant, blocked or of
+    scales that do not fit its axis)."""
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    w_q, scale = idx.const(inputs[0]), idx.const(inputs[1])
+    zero = idx.const(inputs[2]) if inputs[2] else np.zeros((), np.int8)
+    if w_q is None or scale is None or zero is None or attrs.get("block_size", 0):
+        return None
+    axis = attrs.get("axis", 1) % max(w_q.ndim, 1)
+    per = tuple(-1 if d == axis else 1 for d in range(w_q.ndim))
+    if scale.size > 1 and (w_q.ndim == 0 or scale.size != w_q.shape[axis]):
+        return None
+    if zero.size > 1 and zero.size != scale.size:
+        return None
+    w = (w_q.astype(np.float32) - np.asarray(zero, np.float32).reshape(
+        per if zero.size > 1 else ())) * scale.astype(np.float32).reshape(
+        per if scale.size > 1 else ())
+    return w.astype(np.float32)
 
 
 def _float_lstm(node, idx: _Index):

@@ -1,0 +1,114 @@
+"""A QDQ model given --calibrate is read back as float and compiled whole
+(front/qdqfloat.py): onnxruntime's quantize_static leaves a GRU float between its quantized
+layers, and as one float node it ran on the host.  Oracles: onnxruntime on the float model
+the QDQ one was made from, and the report's rows."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler import compile as tpu_compile
+from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front.qdqfloat import read_back
+from tpuasm.compiler.ort import session
+
+
+def _float_model(rng) -> onnx.ModelProto:
+    """x (N, 8) -> MatMul -> (N, 3, 4) -> time first -> GRU (6) -> last state -> MatMul."""
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 12)).astype(np.float32), "w1"),
+             numpy_helper.from_array(np.array([-1, 3, 4], np.int64), "shape"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (1, 18, 4)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (1, 18, 6)).astype(np.float32), "R"),
+             numpy_helper.from_array(rng.normal(0, 0.1, (1, 36)).astype(np.float32), "B"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (6, 3)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="fc1"),
+             helper.make_node("Reshape", ["a", "shape"], ["steps"], name="steps"),
+             helper.make_node("Transpose", ["steps"], ["time_first"], name="time_first",
+                              perm=[1, 0, 2]),
+             helper.make_node("GRU", ["time_first", "W", "R", "B"], ["Y", "Y_h"], name="gru",
+                              hidden_size=6),
+             helper.make_node("Squeeze", ["Y_h", "axis0"], ["h"], name="last"),
+             helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _quantized(tmp_path, model, calib, quant_format):
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter([{"x": calib[i:i + 1]} for i in range(len(calib))])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / f"{quant_format}.onnx"
+    onnx.save(model, str(src))
+    quantize_static(str(src), str(dst), Rows(),
+                    quant_format=getattr(QuantFormat, quant_format),
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return dst
+
+
+@pytest.fixture
+def case(tmp_path):
+    rng = np.random.default_rng(3)
+    model = _float_model(rng)
+    calib = rng.normal(0, 1, (32, 8)).astype(np.float32)
+    return model, calib, _quantized(tmp_path, model, calib, "QDQ")
+
+
+def test_onnxruntime_s_qdq_model_leaves_the_gru_float_and_the_report_says_how(case):
+    _, _, qdq = case
+    assert "GRU" in {n.op_type for n in onnx.load(str(qdq)).graph.node}
+    compiled = tpu_compile(str(qdq), batch=8, config={"array_size": 16})
+    gru = next(r for r in compiled.report.rows if r.node == "gru")
+    assert gru.where == "host" and "--calibrate" in gru.reason
+    assert compiled.report.tpu_macs < compiled.report.macs / 2
+
+
+def test_calibrating_a_qdq_model_reads_it_back_and_puts_the_gru_on_the_tpu(case):
+    model, calib, qdq = case
+    # min-max as written: on this case auto's check falls short at min-max (96.88 %) and its
+    # 16-bit search widens the GRU's last state but not the Squeeze after it, which sends
+    # the last MatMul to the host (a matter of the search, not of the read-back)
+    compiled = tpu_compile(str(qdq), batch=8, calibration=calib, config={"array_size": 16},
+                           calibration_method="minmax")
+    assert "read back as float" in compiled.report.source
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    x = calib[:16]
+    want = session(model).run(None, {"x": x})[0]
+    got = compiled.run(x)["y"]
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.9
+
+
+def test_the_read_back_model_is_the_float_one_within_the_weights_rounding(case):
+    model, calib, qdq = case
+    back = onnx.load(str(qdq))
+    count, why = read_back(back)
+    assert why is None and count > 0
+    assert not {n.op_type for n in back.graph.node} & {"QuantizeLinear", "DequantizeLinear"}
+    x = calib[:16]
+    want = session(model).run(None, {"x": x})[0]
+    got = session(back).run(None, {"x": x})[0]
+    # the int8 weights' rounding stays; the activations' quantization is gone
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_qoperator_model_with_calibration_is_one_clear_error(tmp_path):
+    rng = np.random.default_rng(4)
+    model = _float_model(rng)
+    calib = rng.normal(0, 1, (16, 8)).astype(np.float32)
+    qop = _quantized(tmp_path, model, calib, "QOperator")
+    with pytest.raises(CompileError, match="cannot read it back as float: .*QLinearMatMul"):
+        tpu_compile(str(qop), batch=8, calibration=calib)

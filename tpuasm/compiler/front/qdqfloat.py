@@ -1,0 +1,103 @@
+"""A QDQ model given calibration data read back as the float model it was made from, so
+that the compiler quantizes all of it itself.
+
+onnxruntime's quantize_static quantizes only the operators it has a QDQ form for: an LSTM,
+a GRU or an RNN stays float between the quantized layers, and as one float node it runs on
+the host.  Compiled from a float model, such a node is unrolled into gate MatMuls the TPU
+takes (prepare.py).  So, asked to calibrate a QDQ model (`--calibrate`), the compiler drops
+its quantization and compiles the float model:
+
+- a DequantizeLinear of a constant (a weight, a bias) becomes that constant in float,
+  W = (W_q - zero point) * scale, along its axis (dynamicquant.float_constant);
+- a QuantizeLinear -> DequantizeLinear pair on an activation is dropped, its readers
+  reading the float tensor before it.
+
+The user's scales are replaced by the calibration's.  Any other quantized operator
+(QLinearConv, MatMulInteger, a QuantizeLinear whose output is not only dequantized) leaves
+the model as it is, and the compile says why."""
+from __future__ import annotations
+
+from tpuasm.compiler.front.dynamicquant import float_constant
+from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def read_back(model) -> tuple[int, str | None]:
+    """Rewrite the QDQ `model` in place as float; (the quantized tensors read back, None),
+    or (0, why not) leaving it as it is."""
+    other = sorted({n.op_type for n in model.graph.node
+                    if n.op_type not in _QDQ and _is_quantized_op(n)})
+    if other:
+        return 0, f"it has quantized operators other than QuantizeLinear/DequantizeLinear " \
+                  f"({', '.join(other)})"
+    idx = _Index(model)
+    rename: dict[str, str] = {}       # a dequantized activation -> the float tensor before Q
+    constants = {}                    # a dequantized constant -> its float value
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        value = float_constant(node, idx)
+        if value is not None:
+            constants[node.output[0]] = value
+            continue
+        q = idx.producer.get(node.input[0])
+        if q is None or q.op_type != "QuantizeLinear":
+            return 0, (f"DequantizeLinear '{node.name or node.output[0]}' reads "
+                       f"'{node.input[0]}', which is neither a constant nor a QuantizeLinear's "
+                       f"output")
+        rename[node.output[0]] = q.input[0]
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and any(
+                c.op_type != "DequantizeLinear" for c in idx.consumers.get(node.output[0], [])):
+            return 0, (f"QuantizeLinear '{node.name or node.output[0]}' has readers other than "
+                       f"DequantizeLinear")
+        if node.op_type == "QuantizeLinear" and node.output[0] in idx.outputs:
+            return 0, f"the model's output '{node.output[0]}' is quantized"
+    for name, value in constants.items():
+        model.graph.initializer.append(_tensor(value, name))
+    # a dequantized output: the float tensor before it takes its name (an Identity only
+    # where that tensor is a graph input or another output)
+    names = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
+    produced = {}
+    extra = []
+    for o in model.graph.output:
+        src = rename.get(o.name)
+        if src is None:
+            continue
+        if src in names or src in produced:
+            extra.append(_identity(src, o.name))
+        else:
+            produced[src] = o.name
+    kept = []
+    for node in model.graph.node:
+        if node.op_type in _QDQ:
+            continue
+        for i, name in enumerate(node.input):
+            name = rename.get(name, name)
+            node.input[i] = produced.get(name, name)
+        for i, name in enumerate(node.output):
+            node.output[i] = produced.get(name, name)
+        kept.append(node)
+    kept.extend(extra)
+    del model.graph.value_info[:]     # the quantizer's, of tensors now gone or renamed
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    drop_unused_initializers(model)
+    return len(rename) + len(constants), None
+
+
+def _is_quantized_op(node) -> bool:
+    from tpuasm.compiler.front.reader import QUANTIZED_OPS
+    return node.op_type in QUANTIZED_OPS or node.domain == "com.microsoft" and \
+        node.op_type.startswith("QLinear")
+
+
+def _tensor(value, name: str):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(value, name)
+
+
+def _identity(src: str, dst: str):
+    from onnx import helper
+    return helper.make_node("Identity", [src], [dst], name=f"{dst}_float")
