@@ -162,10 +162,15 @@ def test_calibration_npz_missing_input(tmp_path, capsys, mlp):
     assert code == 2 and "no calibration data for input(s) x" in err
 
 
-def test_calibration_for_a_quantized_model(tmp_path, capsys, mlp, calib):
+def test_calibration_for_a_qdq_model_reads_it_back(tmp_path, capsys, mlp, calib):
+    """A QDQ model with --calibrate is read back as float (test_compiler_qdqfloat.py); its
+    quantization options still belong to float models."""
     compile_model(mlp, batch=2, calibration=np.zeros((3, 9), np.float32)).save(tmp_path / "o")
-    code, _, err = run_compile(capsys, tmp_path / "o" / "model.qdq.onnx", "-o",
-                               tmp_path / "o2", "--calibrate", calib)
+    qdq = tmp_path / "o" / "model.qdq.onnx"
+    code, _, err = run_compile(capsys, qdq, "-o", tmp_path / "o2", "--calibrate", calib)
+    assert code == 0, err
+    assert "read back as float" in (tmp_path / "o2" / "report.txt").read_text()
+    code, _, err = run_compile(capsys, qdq, "-o", tmp_path / "o3", "--per-tensor")
     assert code == 2 and "already quantized" in err
 
 
