@@ -112,3 +112,33 @@ def test_a_qoperator_model_with_calibration_is_one_clear_error(tmp_path):
     qop = _quantized(tmp_path, model, calib, "QOperator")
     with pytest.raises(CompileError, match="cannot read it back as float: .*QLinearMatMul"):
         tpu_compile(str(qop), batch=8, calibration=calib)
+
+
+def test_a_relu6_that_onnxruntime_folded_into_a_range_keeps_its_clipping(tmp_path):
+    """quantize_static removes a Clip(0, 6) after a Conv and lets the Conv's uint8 output
+    range, zero point 0, do the clipping: reading back drops that QuantizeLinear, so a Clip
+    to its range takes its place, and the read-back model is the float one again."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.normal(0, 1.5, (4, 2, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 0.5, 4).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6, np.float32), "hi"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (64, 3)).astype(np.float32), "fc")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["r"], name="relu6"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "fc"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (32, 2, 4, 4)).astype(np.float32)
+    qdq = onnx.load(str(_quantized(tmp_path, model, x, "QDQ")))
+    assert "Clip" not in {n.op_type for n in qdq.graph.node}       # folded into the range
+    count, why = read_back(qdq)
+    assert why is None and count > 0
+    assert "Clip" in {n.op_type for n in qdq.graph.node}
+    want = session(model).run(None, {"x": x})[0]
+    got = session(qdq).run(None, {"x": x})[0]
+    assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30

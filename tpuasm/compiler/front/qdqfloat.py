@@ -10,12 +10,16 @@ its quantization and compiles the float model:
 - a DequantizeLinear of a constant (a weight, a bias) becomes that constant in float,
   W = (W_q - zero point) * scale, along its axis (dynamicquant.float_constant);
 - a QuantizeLinear -> DequantizeLinear pair on an activation is dropped, its readers
-  reading the float tensor before it.
+  reading the float tensor before it; where the quantized range starts or ends at its zero
+  point, a Clip to that range takes its place (onnxruntime's quantizer removes a Relu,
+  Relu6 or Clip after a quantized node and lets the output's range do the clipping).
 
 The user's scales are replaced by the calibration's.  Any other quantized operator
 (QLinearConv, MatMulInteger, a QuantizeLinear whose output is not only dequantized) leaves
 the model as it is, and the compile says why."""
 from __future__ import annotations
+
+import numpy as np
 
 from tpuasm.compiler.front.dynamicquant import float_constant
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
@@ -34,6 +38,7 @@ def read_back(model) -> tuple[int, str | None]:
     idx = _Index(model)
     rename: dict[str, str] = {}       # a dequantized activation -> the float tensor before Q
     constants = {}                    # a dequantized constant -> its float value
+    clips: dict[str, tuple] = {}      # a Q's output -> (its Clip's output, the Clip nodes)
     for node in model.graph.node:
         if node.op_type != "DequantizeLinear":
             continue
@@ -46,7 +51,8 @@ def read_back(model) -> tuple[int, str | None]:
             return 0, (f"DequantizeLinear '{node.name or node.output[0]}' reads "
                        f"'{node.input[0]}', which is neither a constant nor a QuantizeLinear's "
                        f"output")
-        rename[node.output[0]] = q.input[0]
+        rename[node.output[0]] = clips.setdefault(q.output[0], _saturation(q, idx))[0] \
+            if _saturates(q, idx) else q.input[0]
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and any(
                 c.op_type != "DequantizeLinear" for c in idx.consumers.get(node.output[0], [])):
@@ -54,6 +60,13 @@ def read_back(model) -> tuple[int, str | None]:
                        f"DequantizeLinear")
         if node.op_type == "QuantizeLinear" and node.output[0] in idx.outputs:
             return 0, f"the model's output '{node.output[0]}' is quantized"
+    for name in rename:               # DQ -> Q -> DQ (a requantization): to the first float
+        src = rename[name]
+        for _ in range(len(rename)):
+            if src not in rename:
+                break
+            src = rename[src]
+        rename[name] = src
     for name, value in constants.items():
         model.graph.initializer.append(_tensor(value, name))
     # a dequantized output: the float tensor before it takes its name (an Identity only
@@ -71,7 +84,9 @@ def read_back(model) -> tuple[int, str | None]:
             produced[src] = o.name
     kept = []
     for node in model.graph.node:
-        if node.op_type in _QDQ:
+        if node.op_type == "QuantizeLinear" and node.output[0] in clips:
+            node = clips[node.output[0]][1]       # its saturation, where it stood
+        elif node.op_type in _QDQ:
             continue
         for i, name in enumerate(node.input):
             name = rename.get(name, name)
@@ -85,6 +100,32 @@ def read_back(model) -> tuple[int, str | None]:
     model.graph.node.extend(kept)
     drop_unused_initializers(model)
     return len(rename) + len(constants), None
+
+
+def _saturates(q, idx: _Index) -> bool:
+    """Whether a QuantizeLinear's range starts or ends at its zero point: onnxruntime folds
+    a Relu, Relu6 or Clip after a quantized node into its output's range (a uint8 zero
+    point of 0 is a Relu), so without the quantization that clipping must stay."""
+    zero = idx.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
+    scale = idx.const(q.input[1])
+    if zero is None or scale is None or zero.size != 1 or scale.size != 1:
+        return False
+    info = np.iinfo(zero.dtype)
+    return int(zero.reshape(())) in (info.min, info.max)
+
+
+def _saturation(q, idx: _Index):
+    """(the output, the node) of a Clip to the values a QuantizeLinear can represent."""
+    from onnx import helper
+    zero = idx.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
+    scale = float(np.asarray(idx.const(q.input[1])).reshape(()))
+    info = np.iinfo(zero.dtype)
+    z = int(zero.reshape(()))
+    lo = idx.add_init(np.array((info.min - z) * scale, np.float32), f"{q.output[0]}_low")
+    hi = idx.add_init(np.array((info.max - z) * scale, np.float32), f"{q.output[0]}_high")
+    out = idx.unique(f"{q.input[0]}_saturated")
+    return out, helper.make_node("Clip", [q.input[0], lo, hi], [out],
+                                 name=idx.unique(f"{q.name or q.output[0]}_saturation"))
 
 
 def _is_quantized_op(node) -> bool:
