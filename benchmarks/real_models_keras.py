@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_models_shipped import compile_and_infer  # noqa: E402
-from real_models_torch import compare  # noqa: E402
+from real_models_torch import compare, static_form  # noqa: E402
 
 ROWS = 384                       # 128 train, 128 calibrate, 128 evaluate
 NAMES = ("cnn", "lstm", "gru", "attention")
@@ -118,6 +118,11 @@ def main(argv=None) -> int:
             if got is not None:
                 row.update(compare(path, got, evaluation, folder / path.stem))
             print(json.dumps(row), flush=True)
+            static = folder / "static"
+            static.mkdir(exist_ok=True)
+            for row in static_form(f"keras {name} (tf2onnx, quantize_static)", path, static,
+                                   calib, evaluation, {"x": 0}):
+                print(json.dumps(row), flush=True)
     return 0
 
 

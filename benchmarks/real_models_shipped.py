@@ -286,16 +286,17 @@ def measured_run(command: list) -> tuple[int, str, float]:
         return child.returncode, err.read(), usage.ru_maxrss / 1024
 
 
-def compile_and_infer(model: Path, work: Path, options: list, row: dict) -> dict | None:
-    """`tpuasm compile` on work/calib.npz, then `tpuasm infer` on work/eval.npz: the outputs,
-    with the compile's time and peak RSS, the MACs, the TPU cycles per batch (the report's
-    timed segments) and the quantization the compile chose in `row`; None (and
-    row["failure"]) when either fails."""
+def compile_and_infer(model: Path, work: Path, options: list, row: dict,
+                      calibrate: bool = True) -> dict | None:
+    """`tpuasm compile` on work/calib.npz (without it: a quantized model as it is), then
+    `tpuasm infer` on work/eval.npz: the outputs, with the compile's time and peak RSS, the
+    MACs, the TPU cycles per batch (the report's timed segments) and the quantization the
+    compile chose in `row`; None (and row["failure"]) when either fails."""
     out = work / model.stem
     start = time.perf_counter()
+    calibration = ["--calibrate", str(work / "calib.npz")] if calibrate else []
     code, err, rss = measured_run([sys.executable, "-m", "tpuasm", "compile", str(model),
-                                   "--calibrate", str(work / "calib.npz"), "-o", str(out),
-                                   "-q", *options])
+                                   *calibration, "-o", str(out), "-q", *options])
     row["compile_s"] = time.perf_counter() - start
     row["compile_peak_mb"] = round(rss)
     row["load"] = open("/proc/loadavg").read().split()[:3]

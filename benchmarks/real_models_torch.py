@@ -35,7 +35,8 @@ output values equal to onnxruntime on the compiled model's own QDQ model
 Each network's TorchScript export is also put through onnxruntime's quantize_dynamic, as a
 user who quantized it for onnxruntime brings it, and compiled with --calibrate (read back as
 float, then quantized statically): its row says how far onnxruntime's own dynamic model is
-from the float one, next to the compiled model.
+from the float one, next to the compiled model; and through quantize_static (QDQ),
+compiled as it is (its own scales) and with --calibrate (read back as float first).
 """
 from __future__ import annotations
 
@@ -285,6 +286,12 @@ def small_networks(work: Path, only: list) -> None:
                            evaluation)
         row.pop("got", None)
         print(json.dumps(row), flush=True)
+        folder = work / f"{name}-static"
+        folder.mkdir(parents=True, exist_ok=True)
+        for row in static_form(f"{name} (torchscript, quantize_static)",
+                               work / f"{name}-torchscript" / f"{name}.onnx", folder, calib,
+                               evaluation, axes):
+            print(json.dumps(row), flush=True)
 
 
 def _sentences() -> list[str]:
@@ -392,6 +399,62 @@ def dynamic_form(label: str, float_model: Path, folder: Path, calib: dict,
                                    for k, v in own.items()}
     row["got"] = got
     return row
+
+
+def static_form(label: str, float_model: Path, folder: Path, calib: dict, evaluation: dict,
+                axes: dict) -> list[dict]:
+    """`float_model` through onnxruntime's quantize_static (QDQ, per-channel weights, its
+    calibration on `calib`, a row at a time along each input's batch axis), compiled as it
+    is and with --calibrate (front/qdqfloat.py reads it back as float and quantizes it
+    whole: the LSTM or GRU quantize_static leaves float goes to the TPU).  Two rows, each
+    against the float model and onnxruntime on the QDQ model; the second also against its
+    own QDQ model."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            first = next(n for n, a in axes.items() if a is not None)
+            count = calib[first].shape[axes[first]]
+            self.rows = iter([{n: v if axes.get(n) is None else
+                               np.take(v, [i], axis=axes[n]) for n, v in calib.items()}
+                              for i in range(count)])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    path = folder / f"{float_model.stem}.qdq.onnx"
+    quantize_static(str(float_model), str(path), Rows(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    np.savez(folder / "calib.npz", **calib)
+    np.savez(folder / "eval.npz", **evaluation)
+    rows = []
+    for calibrate in (False, True):
+        row = {"model": f"{label}, " + ("--calibrate" if calibrate else "as it is")}
+        sub = folder / ("calibrated" if calibrate else "as-is")
+        sub.mkdir(exist_ok=True)
+        np.savez(sub / "calib.npz", **calib)
+        np.savez(sub / "eval.npz", **evaluation)
+        got = compile_and_infer(path, sub, [], row, calibrate=calibrate)
+        if got is not None:
+            figures = compare(float_model, got, evaluation, sub / path.stem)
+            row.update({k: figures[k] for k in ("snr", "top1") if k in figures})
+            own = _run(path, evaluation)            # onnxruntime on the QDQ model
+            ref = _run(float_model, evaluation)
+            first = next(iter(ref))
+            if ref[first].ndim == 2 and ref[first].shape[1] > 1:
+                row["qdq_model_top1"] = round(100 * float(np.mean(
+                    ref[first].argmax(1) == own[first].argmax(1))), 2)
+            if not calibrate:
+                row["identical_to_qdq"] = round(100 * float(np.mean(
+                    [np.mean(got[k].reshape(v.shape) == v) for k, v in own.items()])), 2)
+            else:
+                row["identical_to_own_qdq"] = figures["identical_to_qdq"]
+        rows.append(row)
+    return rows
 
 
 def _embedding_figures(model: Path, got: dict, evaluation: dict) -> dict:
