@@ -336,3 +336,35 @@ def test_the_search_counts_its_rows_along_the_batch_axis():
     assert _rows(check, {"x": 1, "h0": 1}) == 128
     assert _rows({"x": np.zeros((5, 3))}, None) == 5
     assert _rows({"s": np.zeros(3), "x": np.zeros((7, 2))}, {"s": None, "x": 0}) == 7
+
+
+def test_a_requantization_across_a_host_layout_node_is_found():
+    """MatMul -> Q/DQ (int16) -> Squeeze -> Q/DQ (uint8) -> MatMul: the second MatMul's
+    input is requantized on the way, which the TPU operator cannot read
+    (widen.requantized_inputs, the search's guard); with one set of parameters it is not."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tpuasm.compiler.front.widen import requantized_inputs
+
+    def model(second_scale, zero_type):
+        zero = np.zeros((), np.int16 if zero_type == TensorProto.INT16 else np.uint8)
+        inits = [numpy_helper.from_array(np.ones((4, 4), np.float32), "w1"),
+                 numpy_helper.from_array(np.ones((4, 4), np.float32), "w2"),
+                 numpy_helper.from_array(np.array([0], np.int64), "axis"),
+                 numpy_helper.from_array(np.array(0.1, np.float32), "s1"),
+                 numpy_helper.from_array(np.zeros((), np.int16), "z1"),
+                 numpy_helper.from_array(np.array(second_scale, np.float32), "s2"),
+                 numpy_helper.from_array(zero, "z2")]
+        nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="fc1"),
+                 helper.make_node("QuantizeLinear", ["a", "s1", "z1"], ["a_q"]),
+                 helper.make_node("DequantizeLinear", ["a_q", "s1", "z1"], ["a_dq"]),
+                 helper.make_node("Squeeze", ["a_dq", "axis"], ["h"], name="last"),
+                 helper.make_node("QuantizeLinear", ["h", "s2", "z2"], ["h_q"]),
+                 helper.make_node("DequantizeLinear", ["h_q", "s2", "z2"], ["h_dq"]),
+                 helper.make_node("MatMul", ["h_dq", "w2"], ["y"], name="fc2")]
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+    assert requantized_inputs(model(0.05, TensorProto.UINT8), {"fc1", "fc2"}) == ["fc2"]
+    assert requantized_inputs(model(0.1, TensorProto.INT16), {"fc1", "fc2"}) == []

@@ -136,6 +136,47 @@ def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | N
     return None
 
 
+def requantized_inputs(qdq: onnx.ModelProto, nodes) -> list[str]:
+    """The matrix nodes among `nodes` (names) whose activation reaches them through a
+    requantization in the QDQ model `qdq`: a DequantizeLinear, layout nodes, then another
+    QuantizeLinear/DequantizeLinear pair of other parameters (a 16-bit tensor on one side
+    of a host Squeeze, 8 bits on the other).  The TPU operator cannot read such an input
+    (match.py), so it would run on the host."""
+    g = qdq.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    wanted = set(nodes)
+
+    def params(node):
+        return tuple(numpy_helper.to_array(inits[i]).tobytes() + bytes([inits[i].data_type])
+                     if i in inits else i.encode() for i in node.input[1:3])
+
+    found = []
+    for node in g.node:
+        if node.name not in wanted or node.op_type not in MATRIX_OPS or not node.input:
+            continue
+        first, current = None, node.input[0]
+        for _ in range(256):
+            dq = producer.get(current)
+            while dq is not None and dq.op_type in LAYOUT_OPS:
+                dq = producer.get(dq.input[0])
+            if dq is None or dq.op_type != "DequantizeLinear":
+                break
+            if first is None:
+                first = params(dq)
+            elif params(dq) != first:
+                found.append(node.name)
+                break
+            q = producer.get(dq.input[0])
+            if q is None or q.op_type != "QuantizeLinear":
+                break
+            inner = producer.get(q.input[0])
+            if inner is None or inner.op_type not in LAYOUT_OPS | {"DequantizeLinear"}:
+                break                   # a real quantization: the tensor's source
+            current = q.input[0]
+    return found
+
+
 def choose(model: onnx.ModelProto, chosen: set[str], options, path="the model") -> dict:
     """{tensor: [tensors quantized alike]} of the 16-bit tensors `options` asks for:
     every eligible one with activation_bits 16, and those named by wide_tensors (the user's;

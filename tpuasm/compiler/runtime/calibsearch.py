@@ -227,6 +227,8 @@ def _widen_through_the_host(model, samples, signature, out_path, options, curren
                          notes=tried, **more)
     except Exception:                   # noqa: BLE001 - as it was
         return options, current, nodes, "", notes
+    if _moves_matrix_work(candidate, found, out_path):
+        return options, current, nodes, "", notes
     s = score(candidate, float_model, check, batch_first)
     if s is None or s.key() <= current.key():
         return options, current, nodes, "", notes
@@ -348,6 +350,8 @@ def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizin
                              notes=tried, **more)
         except Exception:               # noqa: BLE001 - a choice that fails is not made
             continue
+        if _moves_matrix_work(candidate, nodes, out_path):
+            continue
         s = score(candidate, float_model, check, batch_first, ref)
         if s is None or s.key() <= current.key():
             continue
@@ -356,6 +360,21 @@ def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizin
         if not current.below(min_agreement, min_snr):
             break
     return best
+
+
+def _moves_matrix_work(candidate, nodes, best) -> bool:
+    """Whether a QDQ model the search tried would send a matrix node to the host that the
+    best so far (`best`, a path) keeps on the TPU (widen.requantized_inputs): a better
+    score is not worth the TPU's work."""
+    import onnx
+    from tpuasm.compiler.front.widen import requantized_inputs
+
+    def lost(path):
+        return set(requantized_inputs(onnx.load(str(path), load_external_data=False), nodes))
+    try:
+        return bool(lost(candidate) - lost(best))
+    except Exception:                   # noqa: BLE001 - no verdict: the score decides
+        return False
 
 
 _WEIGHT_SHARE = 4         # the first try gives the costliest quarter of the weights 16 bits
