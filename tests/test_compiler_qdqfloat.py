@@ -104,13 +104,39 @@ def test_the_read_back_model_is_the_float_one_within_the_weights_rounding(case):
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
 
 
-def test_a_qoperator_model_with_calibration_is_one_clear_error(tmp_path):
+def test_a_qoperator_model_is_read_back_through_its_qdq_form(tmp_path):
+    """quantize_static's QOperator form (QLinearMatMul here) with --calibrate: each QLinear
+    operator made DequantizeLinear -> float operator -> QuantizeLinear
+    (front/qoperator.py), then read back like a QDQ model: the same float model."""
+    from tpuasm.compiler.front.qoperator import to_qdq
+    rng = np.random.default_rng(4)
+    model = _float_model(rng)
+    calib = rng.normal(0, 1, (32, 8)).astype(np.float32)
+    qop = onnx.load(str(_quantized(tmp_path, model, calib, "QOperator")))
+    assert "QLinearMatMul" in {n.op_type for n in qop.graph.node}
+    qdq = onnx.load(str(_quantized(tmp_path, model, calib, "QDQ")))
+    assert to_qdq(qop)[1] is None and read_back(qop)[1] is None and read_back(qdq)[1] is None
+    x = calib[:16]
+    np.testing.assert_allclose(session(qop).run(None, {"x": x})[0],
+                               session(qdq).run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    path = tmp_path / "QOperator.onnx"
+    compiled = tpu_compile(str(path), batch=8, calibration=calib, config={"array_size": 16})
+    assert compiled.report.tpu_macs == compiled.report.macs > 0
+    assert "fc1_quant" in {r.node for r in compiled.report.rows if r.where == "TPU"}
+
+
+def test_a_qlinear_operator_with_no_float_form_is_one_clear_error(tmp_path):
     rng = np.random.default_rng(4)
     model = _float_model(rng)
     calib = rng.normal(0, 1, (16, 8)).astype(np.float32)
-    qop = _quantized(tmp_path, model, calib, "QOperator")
-    with pytest.raises(CompileError, match="cannot read it back as float: .*QLinearMatMul"):
-        tpu_compile(str(qop), batch=8, calibration=calib)
+    qop = onnx.load(str(_quantized(tmp_path, model, calib, "QOperator")))
+    odd = next(n for n in qop.graph.node if n.op_type == "QLinearMatMul")
+    odd.op_type, odd.domain = "QLinearWhere", "com.microsoft"
+    if not any(o.domain == "com.microsoft" for o in qop.opset_import):
+        qop.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(qop, str(tmp_path / "odd.onnx"))
+    with pytest.raises(CompileError, match="cannot read it back as float: .*QLinearWhere"):
+        tpu_compile(str(tmp_path / "odd.onnx"), batch=8, calibration=calib)
 
 
 def test_a_relu6_that_onnxruntime_folded_into_a_range_keeps_its_clipping(tmp_path):

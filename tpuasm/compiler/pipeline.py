@@ -261,11 +261,14 @@ def _with_inputs(model, declared: dict) -> bytes:
 
 
 def _read_back_qdq(model, path) -> int:
-    """A QDQ model given calibration data: read back as float (qdqfloat.py), to be
+    """A QDQ or QOperator model given calibration data: read back as float (qoperator.py,
+    qdqfloat.py), to be
     quantized by the compiler whole (its float LSTM/GRU nodes unrolled onto the TPU); the
     count of tensors read back."""
     from tpuasm.compiler.front.qdqfloat import read_back
-    count, why = read_back(model)
+    from tpuasm.compiler.front.qoperator import to_qdq
+    _, why = to_qdq(model)            # a QOperator model: its QDQ form first
+    count, why = read_back(model) if why is None else (0, why)
     if why is not None:
         raise CompileError(f"{path} is already quantized and --calibrate cannot read it back "
                            f"as float: {why}; compile it without --calibrate (with its own "

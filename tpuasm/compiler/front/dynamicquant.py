@@ -63,7 +63,7 @@ def dequantize_dynamic(model) -> int:
                 replaced[node.output[0]] = [lstm]
             continue
         if node.op_type == "DequantizeLinear":
-            table = _float_table(node, idx)
+            table = float_table(node, idx)
             if table is not None:
                 replaced[node.output[0]] = table[1]
                 dead.update(n.output[0] for n in table[0])
@@ -162,7 +162,7 @@ def _chain(node, idx: _Index):
                          name=idx.unique(f"{node.name or y}_bias_add"))]
 
 
-def _float_table(node, idx: _Index):
+def float_table(node, idx: _Index):
     """(the nodes it replaces, the float nodes) for a DequantizeLinear of a constant weight,
     or None.  quantize_dynamic writes an embedding table as int8 with one scale:
     Gather(W_q, ids) -> DequantizeLinear; it becomes Gather(W, ids).  A DequantizeLinear

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpuasm.compiler.front.dynamicquant import float_constant
+from tpuasm.compiler.front.dynamicquant import float_constant, float_table
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -39,6 +39,8 @@ def read_back(model) -> tuple[int, str | None]:
     rename: dict[str, str] = {}       # a dequantized activation -> the float tensor before Q
     constants = {}                    # a dequantized constant -> its float value
     clips: dict[str, tuple] = {}      # a Q's output -> (its Clip's output, the Clip nodes)
+    gathers: dict[str, object] = {}   # a dequantized table's rows -> the float Gather
+    dropped: set[str] = set()         # the quantized Gathers they replace
     for node in model.graph.node:
         if node.op_type != "DequantizeLinear":
             continue
@@ -46,18 +48,29 @@ def read_back(model) -> tuple[int, str | None]:
         if value is not None:
             constants[node.output[0]] = value
             continue
-        q = idx.producer.get(node.input[0])
-        if q is None or q.op_type != "QuantizeLinear":
+        table = float_table(node, idx)     # an int8 table's rows: Gather(W_q) -> DQ
+        if table is not None and table[1]:
+            gathers[node.output[0]] = table[1][0]
+            dropped.update(n.output[0] for n in table[0])
+            continue
+        q = _quantizer(node.input[0], idx)
+        if q is None:
             return 0, (f"DequantizeLinear '{node.name or node.output[0]}' reads "
                        f"'{node.input[0]}', which is neither a constant nor a QuantizeLinear's "
-                       f"output")
-        rename[node.output[0]] = clips.setdefault(q.output[0], _saturation(q, idx))[0] \
+                       f"output (through layout nodes)")
+        source = clips.setdefault(q.output[0], _saturation(q, idx))[0] \
             if _saturates(q, idx) else q.input[0]
+        if idx.producer.get(node.input[0]) is q:
+            rename[node.output[0]] = source
+        else:                         # Q -> Transpose, MaxPool ... on bytes -> DQ: in float
+            rename[q.output[0]] = source
+            rename[node.output[0]] = node.input[0]
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and any(
-                c.op_type != "DequantizeLinear" for c in idx.consumers.get(node.output[0], [])):
+                c.op_type != "DequantizeLinear" and c.op_type not in _PASS
+                for c in idx.consumers.get(node.output[0], [])):
             return 0, (f"QuantizeLinear '{node.name or node.output[0]}' has readers other than "
-                       f"DequantizeLinear")
+                       f"DequantizeLinear and layout nodes")
         if node.op_type == "QuantizeLinear" and node.output[0] in idx.outputs:
             return 0, f"the model's output '{node.output[0]}' is quantized"
     for name in rename:               # DQ -> Q -> DQ (a requantization): to the first float
@@ -86,7 +99,9 @@ def read_back(model) -> tuple[int, str | None]:
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.output[0] in clips:
             node = clips[node.output[0]][1]       # its saturation, where it stood
-        elif node.op_type in _QDQ:
+        elif node.output and node.output[0] in gathers:
+            node = gathers[node.output[0]]
+        elif node.op_type in _QDQ or (node.output and node.output[0] in dropped):
             continue
         for i, name in enumerate(node.input):
             name = rename.get(name, name)
@@ -100,6 +115,25 @@ def read_back(model) -> tuple[int, str | None]:
     model.graph.node.extend(kept)
     drop_unused_initializers(model)
     return len(rename) + len(constants), None
+
+
+# nodes that move or select a quantized tensor's bytes: in float they give the values the
+# DequantizeLinear after them would (MaxPool: max commutes with a monotonic dequantization)
+_PASS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "MaxPool"}
+
+
+def _quantizer(name: str, idx: _Index):
+    """The QuantizeLinear whose output reaches `name` through _PASS nodes, or None."""
+    for _ in range(64):
+        node = idx.producer.get(name)
+        if node is None:
+            return None
+        if node.op_type == "QuantizeLinear":
+            return node
+        if node.op_type not in _PASS or not node.input:
+            return None
+        name = node.input[0]
+    return None
 
 
 def _saturates(q, idx: _Index) -> bool:
