@@ -89,10 +89,14 @@ def _compiler() -> list[str]:
     return command.split()
 
 
+# the build's flags are part of the cache key: a change to them builds the library again
+CFLAGS = ("-O3", "-pthread", "-shared", "-fPIC")
+
+
 def directory() -> Path:
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(platform.machine().encode())
-    h.update(" ".join(_compiler()).encode())
+    h.update(" ".join((*_compiler(), *CFLAGS)).encode())
     return entry("native", h.hexdigest()[:16])
 
 
@@ -100,7 +104,7 @@ def build(where: Path) -> None:
     """Compile the source into `where` (atomically: a temporary directory renamed)."""
     tmp = staging_directory(where)
     try:
-        command = [*_compiler(), "-O3", "-pthread", "-shared", "-fPIC", "-o", str(tmp / LIBRARY),
+        command = [*_compiler(), *CFLAGS, "-o", str(tmp / LIBRARY),
                    str(SOURCE)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_SECONDS)
         if done.returncode != 0:
