@@ -14,9 +14,10 @@ its quantization and compiles the float model:
   point, a Clip to that range takes its place (onnxruntime's quantizer removes a Relu,
   Relu6 or Clip after a quantized node and lets the output's range do the clipping).
 
-The user's scales are replaced by the calibration's.  Any other quantized operator
-(QLinearConv, MatMulInteger, a QuantizeLinear whose output is not only dequantized) leaves
-the model as it is, and the compile says why."""
+A QOperator model comes here in its QDQ form (qoperator.py).  The user's scales are
+replaced by the calibration's.  Any other quantized operator (MatMulInteger in a static
+model, a QuantizeLinear read by other than DequantizeLinear or layout nodes) leaves the
+model as it is, and the compile says why."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,7 +39,7 @@ def read_back(model) -> tuple[int, str | None]:
     idx = _Index(model)
     rename: dict[str, str] = {}       # a dequantized activation -> the float tensor before Q
     constants = {}                    # a dequantized constant -> its float value
-    clips: dict[str, tuple] = {}      # a Q's output -> (its Clip's output, the Clip nodes)
+    clips: dict[str, tuple] = {}      # a Q's output -> (its Clip's output, the Clip node)
     gathers: dict[str, object] = {}   # a dequantized table's rows -> the float Gather
     dropped: set[str] = set()         # the quantized Gathers they replace
     for node in model.graph.node:
@@ -58,8 +59,11 @@ def read_back(model) -> tuple[int, str | None]:
             return 0, (f"DequantizeLinear '{node.name or node.output[0]}' reads "
                        f"'{node.input[0]}', which is neither a constant nor a QuantizeLinear's "
                        f"output (through layout nodes)")
-        source = clips.setdefault(q.output[0], _saturation(q, idx))[0] \
-            if _saturates(q, idx) else q.input[0]
+        source = q.input[0]
+        if _saturates(q, idx):
+            if q.output[0] not in clips:
+                clips[q.output[0]] = _saturation(q, idx)
+            source = clips[q.output[0]][0]
         if idx.producer.get(node.input[0]) is q:
             rename[node.output[0]] = source
         else:                         # Q -> Transpose, MaxPool ... on bytes -> DQ: in float

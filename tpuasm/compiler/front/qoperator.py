@@ -14,11 +14,11 @@ from onnx import helper
 
 from tpuasm.compiler.front.prepare import _Index
 
-# op -> (the float operator, positions of (x, scale, zero point) inputs, of the output's
-# (scale, zero point)); an empty float op: handled by its own function below
+# one quantized input (x, scale, zero point) then the output's (scale, zero point)
 _UNARY = {"QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu",
           "QLinearSoftmax": "Softmax", "QLinearGlobalAveragePool": "GlobalAveragePool",
           "QLinearAveragePool": "AveragePool"}
+# two quantized inputs (A, scale, zero point, B, scale, zero point), then the output's
 _BINARY = {"QLinearAdd": "Add", "QLinearMul": "Mul"}
 KNOWN = {"QLinearConv", "QLinearMatMul", "QGemm", "QLinearConcat", *_UNARY, *_BINARY}
 
