@@ -306,7 +306,7 @@ def test_padded_tiles_on_every_box_path_equal_full_runs(flags):
     weights[2, 3, 20] = weights[2, 18, 35] = 77                   # (corners keep the box)
     weights[3, 20:38, 40:56] = full[3, 20:38, 40:56]              # 18 x 16: a corner tile
     weights[3, 20, 40] = weights[3, 37, 55] = -5
-    weights[4] = full[4]                                          # full
+    weights[4, :40] = full[4, :40]     # 40 x 64: the full tile's kernel, rows past 48 skipped
     weights[5, 34:64, 44:64] = full[5, 34:64, 44:64]              # 30 x 20 at the edge
     weights[5, 34, 44] = weights[5, 63, 63] = 3
     hosts = rng.integers(0, 256, (3, 120, n)).astype(np.uint8)
