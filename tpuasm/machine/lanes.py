@@ -162,6 +162,13 @@ def _acc_row(q, count, acc_base, acc_rows):
 
 
 @njit(cache=True)
+def _lane_run(q, left, count):
+    """How many of the `left` vectors from vector q are lane q // count's: a lane's
+    vectors are consecutive rows of its accumulators, so such a run is one block."""
+    return min(left, (q // count + 1) * count - q)
+
+
+@njit(cache=True)
 def _store(acc2, products, m, first, count, acc_base, acc_rows, overwrite):
     """Vectors first..first+m-1's products (m, N) int32 into their lanes' accumulators:
     copied (overwrite) or added, wrapping; a lane's vectors are consecutive rows, so each
@@ -170,8 +177,7 @@ def _store(acc2, products, m, first, count, acc_base, acc_rows, overwrite):
     r = 0
     while r < m:
         q = first + r
-        b = q // count
-        run = min(m - r, (b + 1) * count - q)        # this lane's vectors in the chunk
+        run = _lane_run(q, m - r, count)
         a = _acc_row(q, count, acc_base, acc_rows)
         if overwrite:
             _copy_words(acc2[a:a + run].reshape(run * n), products[r:r + run].reshape(run * n))
@@ -191,7 +197,6 @@ def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, 
     without VNNI) staged in scratch.c32 (as int32), then stored."""
     n = ub2.shape[1]
     rows = scratch.rows8
-    products = scratch.c32.reshape(scratch.c32.size).view(np.int32)[:m * n].reshape((m, n))
     wide_in = (flags & MMC_WIDE_IN) != 0
     wide_w = (flags & MMC_WIDE_W) != 0
     threads = scratch.options[_OPT_INT8_THREADS]
@@ -203,8 +208,7 @@ def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, 
         r = 0
         while r < m:
             q = first + r
-            b = q // count
-            run = min(m - r, (b + 1) * count - q)     # this lane's vectors in the chunk
+            run = _lane_run(q, m - r, count)
             a = _acc_row(q, count, acc_base, acc_rows)
             if one16:
                 _native.mmc_rows16(ub2, rows[r:r + run], run, scratch.packed8[0],
@@ -219,6 +223,7 @@ def _lanes_full(ub2, acc2, scratch, flags, m, first, count, acc_base, acc_rows, 
             r += run
         return
     # 16-bit operands below the VNNI level: a pass per byte pair, staged
+    products = scratch.c32.reshape(scratch.c32.size).view(np.int32)[:m * n].reshape((m, n))
     first_pass = True
     for xp in range(2 if wide_in else 1):
         signed_x, x_shift = _byte_part(xp, wide_in, (flags & MMC_UNSIGNED_IN) != 0)
