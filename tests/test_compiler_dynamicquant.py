@@ -289,16 +289,20 @@ def test_a_host_run_dynamic_lstm_s_macs_are_counted(tmp_path):
     assert report.macs == sum(r.macs for r in rows.values()) and report.tpu_macs == 0
 
 
-def _embedding_model(rng) -> onnx.ModelProto:
-    """ids (N, 6) int64 -> Gather(embedding table) + positions -> MatMul -> ReduceMean over
-    the tokens."""
-    inits = [numpy_helper.from_array(rng.normal(0, 1, (40, 8)).astype(np.float32), "table"),
-             numpy_helper.from_array(rng.normal(0, 0.2, (6, 8)).astype(np.float32), "pos"),
-             numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")]
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-             helper.make_node("Add", ["e", "pos"], ["p"], name="positions"),
-             helper.make_node("MatMul", ["p", "w"], ["m"], name="proj"),
-             helper.make_node("ReduceMean", ["m"], ["y"], name="pool", axes=[1], keepdims=0)]
+def _embedding_model(rng, positions: bool = True) -> onnx.ModelProto:
+    """ids (N, 6) int64 -> Gather(embedding table) [+ positions] -> MatMul -> ReduceMean
+    over the tokens."""
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (40, 8)).astype(np.float32), "table")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed")]
+    rows = "e"
+    if positions:
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.2, (6, 8)).astype(np.float32),
+                                             "pos"))
+        nodes.append(helper.make_node("Add", ["e", "pos"], ["p"], name="positions"))
+        rows = "p"
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w"))
+    nodes += [helper.make_node("MatMul", [rows, "w"], ["m"], name="proj"),
+              helper.make_node("ReduceMean", ["m"], ["y"], name="pool", axes=[1], keepdims=0)]
     graph = helper.make_graph(nodes, "g",
                               [helper.make_tensor_value_info("ids", T.INT64, ["N", 6])],
                               [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
@@ -307,16 +311,21 @@ def _embedding_model(rng) -> onnx.ModelProto:
     return model
 
 
-def test_a_dynamically_quantized_embedding_table_is_read_back_and_compiles(tmp_path):
-    """quantize_dynamic writes the table int8 with one scale, Gather -> DequantizeLinear
-    (an embedding of a transformer it has quantized): it becomes the float table."""
+def _gather_dynamic(tmp_path, model):
+    """quantize_dynamic's form of `model` with its Gather and MatMul quantized (a path)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    rng = np.random.default_rng(5)
-    model = _embedding_model(rng)
     src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
     onnx.save(model, str(src))
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
                      op_types_to_quantize=["Gather", "MatMul"])
+    return dst
+
+
+def test_a_dynamically_quantized_embedding_table_is_read_back_and_compiles(tmp_path):
+    """quantize_dynamic writes the table int8 with one scale, Gather -> DequantizeLinear
+    (an embedding of a transformer it has quantized): it becomes the float table."""
+    rng = np.random.default_rng(5)
+    dst = _gather_dynamic(tmp_path, _embedding_model(rng))
     dynamic = onnx.load(str(dst))
     assert "DequantizeLinear" in {n.op_type for n in dynamic.graph.node}
     ids = rng.integers(0, 40, (16, 6)).astype(np.int64)
@@ -345,22 +354,8 @@ def test_a_matmul_reading_a_quantized_table_directly_is_read_back(tmp_path):
     """quantize_dynamic on Gather -> MatMul writes Gather(W_q) -> MatMulInteger with the
     table's zero point and Mul(table scale, weight scale): no DynamicQuantizeLinear.  The
     rows stay in the table's integer steps and the weights take the whole scale."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     rng = np.random.default_rng(6)
-    inits = [numpy_helper.from_array(rng.normal(0, 1, (40, 8)).astype(np.float32), "table"),
-             numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")]
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-             helper.make_node("MatMul", ["e", "w"], ["m"], name="proj"),
-             helper.make_node("ReduceMean", ["m"], ["y"], name="pool", axes=[1], keepdims=0)]
-    graph = helper.make_graph(nodes, "g",
-                              [helper.make_tensor_value_info("ids", T.INT64, ["N", 6])],
-                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
-    onnx.save(model, str(src))
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["Gather", "MatMul"])
+    dst = _gather_dynamic(tmp_path, _embedding_model(rng, positions=False))
     dynamic = onnx.load(str(dst))
     ops = [n.op_type for n in dynamic.graph.node]
     assert "MatMulInteger" in ops and "DynamicQuantizeLinear" not in ops
