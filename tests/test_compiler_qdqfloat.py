@@ -167,3 +167,20 @@ def test_a_relu6_that_onnxruntime_folded_into_a_range_keeps_its_clipping(tmp_pat
     want = session(model).run(None, {"x": x})[0]
     got = session(qdq).run(None, {"x": x})[0]
     assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30
+
+
+def test_a_qdq_model_whose_output_is_quantized_is_one_clear_error(tmp_path):
+    """A graph output written by a QuantizeLinear (uint8 answers) has no float tensor to
+    read back to: --calibrate says so and names the output."""
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+             numpy_helper.from_array(np.array(128, np.uint8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quantize")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("q", T.UINT8, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "q.onnx"))
+    with pytest.raises(CompileError, match="cannot read it back as float: the model's output "
+                                           "'q' is quantized"):
+        tpu_compile(str(tmp_path / "q.onnx"), batch=4,
+                    calibration=np.zeros((4, 4), np.float32))
