@@ -383,3 +383,58 @@ def test_a_long_lstm_keeps_its_cell_float_and_ties_its_steps_ranges(tmp_path):
         h_group = prepared.tied["/recurrent/LSTM/d0/h"]
         assert len(h_group) == steps + 1        # the initial state and every step's h
         assert len(prepared.tied["/recurrent/LSTM/d0/i_x"]) == steps
+
+
+def _step_ranges(qdq, role: str) -> dict[str, tuple[float, float]]:
+    """{an unrolled LSTM step's `role` tensor: the real range (rmin, rmax) its uint8
+    QuantizeLinear holds}."""
+    inits = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    found = {}
+    for node in qdq.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0].endswith(f"/d0/{role}:0") and \
+                "/t" in node.input[0]:
+            scale, zero = float(inits[node.input[1]]), int(inits[node.input[2]])
+            found[node.input[0]] = (-zero * scale, (255 - zero) * scale)
+    return found
+
+
+@pytest.mark.parametrize("rows", [8, 200])
+def test_an_lstm_steps_share_one_range_only_when_the_calibration_has_few_sequences(
+        tmp_path, rows):
+    """Below TIED_BELOW_ROWS sequences every step's cell state c_t gets the union of the
+    steps' ranges (one sequence's steps do not tell the next data's); from there on each
+    step its own min-max, the range onnxruntime's calibrator gives that tensor alone (the
+    oracle: the float model read back from the QDQ model, run by onnxruntime; its weights are
+    the int8 ones dequantized, so the ranges agree to 1 %, where the union is 20 % off or more)."""
+    import real_models
+    from tpuasm.compiler import compile as tpu_compile
+    from tpuasm.compiler.front.qdqfloat import read_back
+    from tpuasm.compiler.front.quantize import TIED_BELOW_ROWS
+    m = real_models.lstm_classifier()
+    calibration = {k: v[:, :rows] for k, v in m.calibration.items()}
+    path = tmp_path / "lstm.onnx"
+    onnx.save(m.model, str(path))
+    compiled = tpu_compile(path, batch=8, calibration=calibration, batch_axes=m.batch_axis,
+                           calibration_method="minmax", validate=False)
+    qdq = onnx.load(str(compiled.reference_model))
+    ranges = _step_ranges(qdq, "c")
+    assert len(ranges) == 10, ranges                 # one per step
+    assert 8 < TIED_BELOW_ROWS <= 200
+    if rows == 8:
+        assert len(set(ranges.values())) == 1, ranges
+        return
+    # each step's own min-max, 0 included (onnxruntime's MinMax calibrator), over the rows
+    float_model = onnx.load(str(compiled.reference_model))
+    read_back(float_model)
+    del float_model.graph.output[:]
+    float_model.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in ranges)
+    from tpuasm.compiler.ort import session
+    run = session(float_model)        # its batch is the compile's, 8
+    values = [run.run(None, {k: v[:, i:i + 8] for k, v in calibration.items()})
+              for i in range(0, rows, 8)]
+    for j, (name, (lo, hi)) in enumerate(ranges.items()):
+        got = np.concatenate([v[j] for v in values])
+        want_lo, want_hi = min(float(got.min()), 0.0), max(float(got.max()), 0.0)
+        assert abs(hi - lo - (want_hi - want_lo)) <= 1e-2 * (want_hi - want_lo), name
+    widths = [hi - lo for lo, hi in ranges.values()]
+    assert max(widths) > 1.2 * min(widths), widths   # the steps' ranges differ
