@@ -55,7 +55,10 @@ def test_mlp_on_a_small_machine(tmp_path, seed):
     rng = np.random.default_rng(seed)
     k, h, n = (int(v) for v in rng.integers(17, 70, size=3))
     model = compiled(tmp_path, [("gemm", h), ("relu",), ("gemm", n), ("sigmoid",),
-                                ("gemm", 7)], (k,), batch=100, config=SMALL, seed=seed)
+                                ("gemm", 7)], (k,), batch=100, config=SMALL, seed=seed,
+                     # 8-bit as chosen: auto may make a random network's tensors int16,
+                     # which onnxruntime computes in float32 (not this test's exactness)
+                     calibration_method="minmax")
     same, worst = agreement(model, 150)
     assert worst <= 1 and same >= 0.999
 

@@ -220,7 +220,8 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         report.validation = check(compiled, *float_check, min_agreement, min_snr,
                                   max_rows=CALIBRATION_CHECK_ROWS if validate is None
                                   else None, classes=float_classes,
-                                  reference=float_reference)
+                                  reference=float_reference,
+                                  expected=options.calibration_method == "minmax")
     return compiled
 
 

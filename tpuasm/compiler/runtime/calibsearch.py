@@ -36,14 +36,21 @@ class Score:
     lowest SNR over the outputs (None when no output has that kind of figure); `what`: the
     kind of the lowest agreement ("top-1", "per-step top-1": classaxis.py); `snr_bar`: the
     lowest SNR of the outputs held to --min-snr (those judged by SNR, and those judged by
-    top-1 only because a classifier head makes them, validate.OutputCheck.snr_bar)."""
+    top-1 only because a classifier head makes them, validate.OutputCheck.snr_bar);
+    `expected`: the lowest top-1 agreement expected on new rows where it is lower
+    (validate.expected_agreement: min-max models).  The bar is held to the lower of the
+    two; QDQ models are ranked by the rows' own agreement, then SNR (a clipping method's
+    model has no expected figure, and its agreement on the rows is not to be beaten by
+    another's estimate)."""
     agreement: float | None
     snr_db: float | None
     what: str = "top-1"
     snr_bar: float | None = None
+    expected: float | None = None
 
     def below(self, min_agreement: float, min_snr: float) -> bool:
-        return (self.agreement is not None and self.agreement < min_agreement) or \
+        judged = self.agreement if self.expected is None else self.expected
+        return (judged is not None and judged < min_agreement) or \
             (self.snr_bar is not None and self.snr_bar < min_snr)
 
     def key(self) -> tuple:
@@ -53,7 +60,9 @@ class Score:
     def text(self) -> str:
         snr = None if self.snr_bar is None else f"SNR {self.snr_bar:.1f} dB"
         if self.agreement is not None:
-            return f"{100 * self.agreement:.2f} % {self.what} agreement" + (
+            expected = "" if self.expected is None else \
+                f" ({100 * self.expected:.2f} % expected on new rows)"
+            return f"{100 * self.agreement:.2f} % {self.what} agreement{expected}" + (
                 f", {snr}" if snr else "")
         return snr or ("no figure" if self.snr_db is None else f"SNR {self.snr_db:.1f} dB")
 
@@ -76,12 +85,14 @@ def float_outputs(float_model, data: dict, batch_first: bool) -> dict | None:
         return None
 
 
-def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = None
-          ) -> Score | None:
+def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = None,
+          minmax: bool = True) -> Score | None:
     """onnxruntime on both models over `data` ({input: rows}); None if either cannot run.
     `qdq`: a path or a ModelProto; `ref`: the float model's outputs, if known.  Outputs
     are judged by top-1 over the float model's class axes (classaxis.py: those of the
-    search under way, classaxis.judging)."""
+    search under way, classaxis.judging); `minmax`: whether `qdq` is calibrated by
+    min-max, and so judged by the lower of its top-1 agreement and the one expected on new
+    rows (validate.expected_agreement)."""
     from tpuasm.compiler.runtime.classaxis import class_axes, searched_axes
     from tpuasm.compiler.runtime.validate import FloatReference, compare, run_float
     import onnx
@@ -96,16 +107,18 @@ def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = No
         # numbers only: skl2onnx's ZipMap output is an array of dicts
         checks = compare(ref, got, [n for n in names if isinstance(ref[n], np.ndarray)
                                     and ref[n].dtype.kind in "biuf"],
-                         searched_axes() or class_axes(model))
+                         searched_axes() or class_axes(model), expected=minmax)
     except Exception:                   # noqa: BLE001 - no figure: the first model is kept
         return None
     agreements = [c for c in checks if c.agreement is not None]
     lowest = min(agreements, key=lambda c: c.agreement) if agreements else None
+    judged = min((c.judged for c in agreements), default=None)
     snrs = [c.snr_db for c in checks if c.snr_db is not None]
     held = [c.snr_db for c in checks if c.snr_db is not None and c.snr_bar]
     return Score(None if lowest is None else lowest.agreement, min(snrs) if snrs else None,
                  "top-1" if lowest is None or lowest.kind == "exact" else lowest.kind,
-                 min(held) if held else None)
+                 min(held) if held else None,
+                 judged if lowest is not None and judged < lowest.agreement else None)
 
 
 def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
@@ -132,7 +145,8 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     from tpuasm.compiler.runtime.validate import FloatReference
     if not isinstance(float_model, FloatReference):    # every score against one answer
         float_model = FloatReference(float_model, check, batch_first)
-    first = score(out_path, float_model, check, batch_first)
+    first = score(out_path, float_model, check, batch_first,
+                  minmax=options.calibration_method == "minmax")
     if first is None or not first.below(min_agreement, min_snr):
         return nodes, options, _narrow_note(notes)
     best, best_score, best_nodes = options, first, nodes
@@ -145,7 +159,7 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
                              **more)
         except Exception:               # noqa: BLE001 - a method that fails is not chosen
             continue
-        s = score(candidate, float_model, check, batch_first)
+        s = score(candidate, float_model, check, batch_first, minmax=False)
         if s is None:
             continue
         tried.append(f"{_NAMES[method]}: {s.text()}")
@@ -352,7 +366,8 @@ def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizin
             continue
         if _moves_matrix_work(candidate, nodes, out_path):
             continue
-        s = score(candidate, float_model, check, batch_first, ref)
+        s = score(candidate, float_model, check, batch_first, ref,
+                  other.calibration_method == "minmax")
         if s is None or s.key() <= current.key():
             continue
         shutil.copyfile(candidate, out_path)
@@ -516,7 +531,7 @@ def _float_the_sensitive(model, samples, signature, out_path, options, current, 
         ranked = []
         for node in candidates:
             s = _bypassed_score(out_path, node.output[0], float_model, check, batch_first,
-                                ref)
+                                ref, options.calibration_method == "minmax")
             if s is not None and s.key() > current.key():
                 ranked.append((s.key(), node.name))
         if not ranked:
@@ -529,7 +544,8 @@ def _float_the_sensitive(model, samples, signature, out_path, options, current, 
                              **more)
         except Exception:               # noqa: BLE001 - as it was
             break
-        s = score(candidate, float_model, check, batch_first, ref)
+        s = score(candidate, float_model, check, batch_first, ref,
+                  options.calibration_method == "minmax")
         if s is None or s.key() <= current.key():
             break
         shutil.copyfile(candidate, out_path)
@@ -619,7 +635,7 @@ _MAX_SCORED = 8          # candidates bypassed and scored per round (_noisiest's
 
 
 def _bypassed_score(qdq_path, tensor: str, float_model, check, batch_first,
-                    ref: dict | None = None) -> Score | None:
+                    ref: dict | None = None, minmax: bool = True) -> Score | None:
     """The QDQ model's score with `tensor` read in float where its DequantizeLinear was."""
     import onnx
     qdq = onnx.load(str(qdq_path))
@@ -637,4 +653,4 @@ def _bypassed_score(qdq_path, tensor: str, float_model, check, batch_first,
             changed = True
     if not changed:
         return None
-    return score(qdq, float_model, check, batch_first, ref)
+    return score(qdq, float_model, check, batch_first, ref, minmax)

@@ -40,6 +40,15 @@ class OutputCheck:
     class_axis: int | None = None    # the axis top-1 is taken over
     why: str | None = None           # why that metric (classaxis.judged_axis)
     snr_too: bool = False            # judged by top-1 and held to the SNR bar as well
+    expected: float | None = None    # top-1 agreement expected on new rows (expected_agreement)
+
+    @property
+    def judged(self) -> float | None:
+        """The agreement held to --min-agreement: the lower of the rows' own and the one
+        expected on new rows."""
+        if self.expected is None or self.agreement is None:
+            return self.agreement
+        return min(self.agreement, self.expected)
 
     @property
     def snr_bar(self) -> bool:
@@ -50,7 +59,9 @@ class OutputCheck:
         parts = []
         if self.agreement is not None:
             what = "rows identical" if self.kind == "exact" else f"{self.kind} agreement"
-            parts.append(f"{what} {100 * self.agreement:.2f} %")
+            parts.append(f"{what} {100 * self.agreement:.2f} %" + (
+                "" if self.expected is None else
+                f" ({100 * self.expected:.2f} % expected on new rows)"))
         if self.snr_db is not None:
             parts.append("SNR identical" if math.isinf(self.snr_db) and self.snr_db > 0
                          else f"SNR {self.snr_db:.1f} dB")
@@ -64,7 +75,7 @@ class OutputCheck:
                 "snr_db": snr if snr is None or math.isfinite(snr) else None,
                 "identical": snr is not None and math.isinf(snr) and snr > 0,
                 "max_abs_error": self.max_abs_error, "class_axis": self.class_axis,
-                "why": self.why, "snr_too": self.snr_too}
+                "why": self.why, "snr_too": self.snr_too, "expected_agreement": self.expected}
 
 
 @dataclass
@@ -90,7 +101,8 @@ class Validation:
     def from_json(cls, d: dict) -> "Validation":
         outputs = [OutputCheck(o["output"], o["kind"], o["agreement"],
                                math.inf if o["identical"] else o["snr_db"], o["max_abs_error"],
-                               o.get("class_axis"), o.get("why"), o.get("snr_too", False))
+                               o.get("class_axis"), o.get("why"), o.get("snr_too", False),
+                               o.get("expected_agreement"))
                    for o in d["outputs"]]
         return cls(d["rows"], d["data"], d["min_agreement"], d["min_snr_db"], outputs,
                    list(d["warnings"]), d.get("of_rows"))
@@ -121,10 +133,11 @@ def check_thresholds(min_agreement, min_snr) -> tuple[float, float]:
 
 
 def compare(float_out: dict, compiled_out: dict, names: list[str],
-            classes: dict | None = None) -> list[OutputCheck]:
+            classes: dict | None = None, expected: bool = True) -> list[OutputCheck]:
     """The figures of each output (arrays of the same rows); `classes`: {output: ClassAxis}
     of the float model (classaxis.class_axes), without which only a rank-2 output is
-    judged by top-1."""
+    judged by top-1; `expected`: whether top-1 outputs get expected_agreement (a model
+    calibrated by min-max, whose errors on the rows are rounding, not clipping)."""
     from tpuasm.compiler.runtime.classaxis import judged_axis
     checks = []
     for name in names:
@@ -151,8 +164,39 @@ def compare(float_out: dict, compiled_out: dict, names: list[str],
         agree = float(np.mean(np.argmax(ref, axis) == np.argmax(got, axis))) if ref.size \
             else 1.0
         kind = "top-1" if ref.ndim == 2 else "per-step top-1"
-        checks.append(OutputCheck(name, kind, agree, snr, err, axis, why, snr_too))
+        checks.append(OutputCheck(name, kind, agree, snr, err, axis, why, snr_too,
+                                  expected_agreement(ref, got, axis) if expected else None))
     return checks
+
+
+EXPECTED_ELEMENTS = 20_000_000   # the cost bound of expected_agreement: rows x rows x classes
+
+
+def expected_agreement(ref: np.ndarray, got: np.ndarray, axis: int) -> float | None:
+    """The top-1 agreement to expect on rows the check has not seen: each row's float
+    scores with each row's quantization error (got - ref) added, the share of those pairs
+    that keep the row's float top-1 (its own pair is the check's).  Rounding errors move
+    over to other rows; clipping ones do not (a clipped range cuts the largest scores, so
+    another row's cut top score would flip rows it never reaches): compare() asks for it
+    only for min-max models.  Few check rows say
+    little by their flips alone: none of 128 is anywhere from 97 to 100 % on new data; the
+    errors of every row against the margins of every row say more (a PyTorch GRU
+    classifier: 99.22 % on its 128 rows, 98.45 % expected, 97.85 % on 1,024 new ones).
+    Over rows (and steps) spread evenly when rows x rows x classes passes
+    EXPECTED_ELEMENTS; None when a score is not finite."""
+    scores = np.moveaxis(ref, axis, -1).astype(np.float64)
+    classes = scores.shape[-1]
+    scores = scores.reshape(-1, classes)
+    moved = np.moveaxis(got, axis, -1).astype(np.float64).reshape(scores.shape)
+    if not len(scores) or not (np.all(np.isfinite(scores)) and np.all(np.isfinite(moved))):
+        return None
+    errors = moved - scores
+    keep = spread_rows(len(scores), max(16, math.isqrt(EXPECTED_ELEMENTS // classes)))
+    scores, errors = scores[keep], errors[keep]
+    top = scores.argmax(1)
+    kept = sum(int(np.count_nonzero((row + errors).argmax(1) == t))
+               for row, t in zip(scores, top))
+    return kept / len(scores) ** 2
 
 
 def spread_rows(rows: int, limit: int) -> np.ndarray:
@@ -217,12 +261,13 @@ def validate(compiled, float_model, data: dict, what: str,
              min_agreement: float = DEFAULT_MIN_AGREEMENT,
              min_snr: float = DEFAULT_MIN_SNR, max_rows: int | None = None,
              classes: dict | None = None,
-             reference: FloatReference | None = None) -> Validation:
+             reference: FloatReference | None = None, expected: bool = True) -> Validation:
     """Run `compiled` (on the emulator's data path) and onnxruntime on `float_model` (a ModelProto
     or its bytes) over `data` ({input: rows}), or over `max_rows` of its rows (spread_rows)
     when it has more; the figures and warnings.  `classes`: the float model's class axes
     (classaxis.class_axes; worked out here when None).  `reference`: the float model's
-    outputs if already known on these rows (the calibration search's)."""
+    outputs if already known on these rows (the calibration search's).  `expected`: as
+    compare()'s."""
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
     names = [o.name for o in compiled.outputs]
     axes = {i.name: getattr(i, "batch_axis", 0) for i in compiled.inputs}
@@ -258,14 +303,16 @@ def validate(compiled, float_model, data: dict, what: str,
     if classes is None:
         from tpuasm.compiler.runtime.classaxis import class_axes
         classes = class_axes(float_model)
-    result.outputs = compare(ref, got, tensors, classes)
+    result.outputs = compare(ref, got, tensors, classes, expected)
     for o in result.outputs:
-        if o.agreement is not None and o.agreement < min_agreement:
+        if o.judged is not None and o.judged < min_agreement:
             what_ = "exact agreement" if o.kind == "exact" else f"{o.kind} agreement"
+            if o.judged < o.agreement:
+                what_ += " expected on new rows"
             axis = (f" (classes on axis {o.class_axis}; --class-axis {o.name}=none if that "
                     f"is not a class axis)") if o.kind == "per-step top-1" else ""
             result.warnings.append(
-                f"output '{o.name}': {what_} with the float model is {100 * o.agreement:.2f} "
+                f"output '{o.name}': {what_} with the float model is {100 * o.judged:.2f} "
                 f"%, below {100 * min_agreement:g} % (--min-agreement){axis}; try "
                 f"--keep-float, --calibration-method, or more calibration rows")
         if o.snr_bar and o.snr_db < min_snr:
