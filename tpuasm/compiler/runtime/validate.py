@@ -178,7 +178,8 @@ def expected_agreement(ref: np.ndarray, got: np.ndarray, axis: int) -> float | N
     that keep the row's float top-1 (its own pair is the check's).  Rounding errors move
     over to other rows; clipping ones do not (a clipped range cuts the largest scores, so
     another row's cut top score would flip rows it never reaches): compare() asks for it
-    only for min-max models.  Few check rows say
+    only for min-max models (a random CNN calibrated by entropy: 100 % on its 32 rows,
+    88.8 % expected, 96.2 % on 2,048 new rows; by min-max: 100 %, 99.9 %, 98.1 %).  Few check rows say
     little by their flips alone: none of 128 is anywhere from 97 to 100 % on new data; the
     errors of every row against the margins of every row say more (a PyTorch GRU
     classifier: 99.22 % on its 128 rows, 98.45 % expected, 97.85 % on 1,024 new ones).
