@@ -404,8 +404,9 @@ def test_an_lstm_steps_share_one_range_only_when_the_calibration_has_few_sequenc
     """Below TIED_BELOW_ROWS sequences every step's cell state c_t gets the union of the
     steps' ranges (one sequence's steps do not tell the next data's); from there on each
     step its own min-max, the range onnxruntime's calibrator gives that tensor alone (the
-    oracle: the float model read back from the QDQ model, run by onnxruntime; its weights are
-    the int8 ones dequantized, so the ranges agree to 1 %, where the union is 20 % off or more)."""
+    oracle: the float model read back from the QDQ model, run by onnxruntime; its weights
+    are the int8 ones dequantized, so the ranges agree to 1 %, where the union is 20 % off
+    or more)."""
     import real_models
     from tpuasm.compiler import compile as tpu_compile
     from tpuasm.compiler.front.qdqfloat import read_back

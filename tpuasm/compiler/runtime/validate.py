@@ -40,7 +40,7 @@ class OutputCheck:
     class_axis: int | None = None    # the axis top-1 is taken over
     why: str | None = None           # why that metric (classaxis.judged_axis)
     snr_too: bool = False            # judged by top-1 and held to the SNR bar as well
-    expected: float | None = None    # top-1 agreement expected on new rows (expected_agreement)
+    expected: float | None = None    # top-1 expected on new rows (expected_agreement)
 
     @property
     def judged(self) -> float | None:
@@ -175,16 +175,16 @@ EXPECTED_ELEMENTS = 20_000_000   # the cost bound of expected_agreement: rows x 
 def expected_agreement(ref: np.ndarray, got: np.ndarray, axis: int) -> float | None:
     """The top-1 agreement to expect on rows the check has not seen: each row's float
     scores with each row's quantization error (got - ref) added, the share of those pairs
-    that keep the row's float top-1 (its own pair is the check's).  Rounding errors move
-    over to other rows; clipping ones do not (a clipped range cuts the largest scores, so
-    another row's cut top score would flip rows it never reaches): compare() asks for it
-    only for min-max models (a random CNN calibrated by entropy: 100 % on its 32 rows,
-    88.8 % expected, 96.2 % on 2,048 new rows; by min-max: 100 %, 99.9 %, 98.1 %).  Few check rows say
+    that keep the row's float top-1 (its own pair is the check's).  Few check rows say
     little by their flips alone: none of 128 is anywhere from 97 to 100 % on new data; the
     errors of every row against the margins of every row say more (a PyTorch GRU
     classifier: 99.22 % on its 128 rows, 98.45 % expected, 97.85 % on 1,024 new ones).
-    Over rows (and steps) spread evenly when rows x rows x classes passes
-    EXPECTED_ELEMENTS; None when a score is not finite."""
+    Rounding errors move over to other rows; clipping ones do not (a clipped range cuts
+    the largest scores, and another row's cut would flip rows it never reaches), so
+    compare() asks for it for min-max models only (a random CNN calibrated by entropy:
+    100 % on its 32 rows, 88.8 % expected, 96.2 % on 2,048 new rows; by min-max: 100 %,
+    99.9 %, 98.1 %).  Over rows (and steps) spread evenly when rows x rows x classes
+    passes EXPECTED_ELEMENTS; None when a score is not finite."""
     scores = np.moveaxis(ref, axis, -1).astype(np.float64)
     classes = scores.shape[-1]
     scores = scores.reshape(-1, classes)
