@@ -212,6 +212,7 @@ def test_every_engine_equals_the_reference_on_every_width_combination(flags, mon
     laned = Machine.for_program(prog)
     laned.load(prog, host=host)
     assert laned.run_batches(hosts, lanes=2).status == "halted"
+    assert laned._lane_memory(2, 2) is not None          # the lanes path served
     np.testing.assert_array_equal(hosts[0], ref.host, err_msg="lane 0")
     np.testing.assert_array_equal(hosts[1], run_reference(prog, other).host, err_msg="lane 1")
 
