@@ -102,7 +102,8 @@ class InstructionSpec:
         for group in self.exclusive:
             given = [c for c in group if flag_bits & self.flags[c].bit]
             if len(given) > 1:
-                return f"flags {' and '.join(given)} cannot be combined ({self.key} takes at most one of {', '.join(group)})"
+                return (f"flags {' and '.join(given)} cannot be combined ({self.key} takes "
+                        f"at most one of {', '.join(group)})")
         for rule in self.forbidden:
             if all(flag_bits & self.flags[c].bit for c in rule.letters):
                 return f"flags {rule.letters} cannot be combined: {rule.why}"
