@@ -1,8 +1,9 @@
 """The vector unit's arithmetic (VADD and VMUL, spec/isa.md 5.11): one place for the
 element formula and for reading and writing its 8- and 16-bit operands, shared by the
-emulator's kernels (numba, AOT and the plain-Python run of pure.py) and by
-benchmarks/vector_exactness.py.  The numpy reference model (reference.py) keeps its own
-Python-integer version on purpose: it is the oracle.
+emulator's kernels (numba, AOT and the plain-Python run of pure.py), and for the registers
+a compiler sets (qlinear_registers, also used by benchmarks/vector_exactness.py).  The
+numpy reference model (reference.py) keeps its own Python-integer version on purpose: it
+is the oracle.
 
     VADD: t = (A - za) * ma + (B - zb) * mb
     VMUL: t = (A - za) * (B - zb) * ma
