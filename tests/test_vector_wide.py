@@ -118,6 +118,34 @@ def test_lookup_table_reads_the_byte_of_a_sixteen_bit_input():
     assert m.ub[40][:4].tolist() == [255 - 75, 255 - (-75 & 0xFF), 255 - 12, 255 - 127]
 
 
+def test_the_largest_products_stay_exact_in_int64():
+    # |A - z| = 2^16 - 1 both sides and |vec_mult_a| = 2^31: |t| = 2^63 - 2^48 + 2^31, the
+    # bound spec/isa.md 5.11 gives; t / 2^62 is -1.99994 -> -2 and, with 2^31 - 1, +2
+    extremes = [-32768, 32767]
+    host = host_of(wide_rows(extremes), wide_rows(extremes))
+    for mult, zero, want in ((-(1 << 31), 32767, [-2, 0]), ((1 << 31) - 1, 32767, [2, 0]),
+                             (-(1 << 31), -32768, [0, -2])):
+        m, _, _ = both(small(I("RHM", host=0, ub=0, length=4), cfg("vec_mult_a", mult),
+                             cfg("vec_shift", 62), cfg("vec_zero_a", zero),
+                             cfg("vec_zero_b", zero),
+                             I("VMUL", "XYZ", a=0, b=2, c=10, length=1)), host)
+        exact = [round((x - zero) * (x - zero) * mult / 2 ** 62) for x in extremes]
+        assert int16_at(m, 10, 2) == want == exact
+        assert abs((extremes[0] - zero) ** 2 * mult) < 2 ** 63
+
+
+def test_fixed_point_takes_a_narrower_multiplier_and_keeps_the_default():
+    from tpuasm.machine.vector import fixed_point, qlinear_registers
+    assert fixed_point([0.3, -1.7]) == fixed_point([0.3, -1.7], mult_bits=32)
+    mults, shift = fixed_point([0.3, -1.7], mult_bits=28)
+    assert all(-(1 << 27) <= v < (1 << 27) for v in mults) and abs(mults[1]) >= 1 << 26
+    assert mults == [round(0.3 * 2 ** shift), round(-1.7 * 2 ** shift)]
+    regs = qlinear_registers("mul", 0.01, 0, 2.0 ** -11, 0, 2.0 ** -11, 0, mult_bits=20)
+    assert (1 << 18) <= regs["vec_mult_a"] < (1 << 19) and regs["vec_shift"] == 25
+    with pytest.raises(ValueError, match="2..32 bits"):
+        fixed_point([1.0], mult_bits=1)
+
+
 def test_unsigned_applies_to_the_eight_bit_operands_only():
     # VADD.UX: A int16 (always signed), B and C uint8
     host = host_of(wide_rows([-5, 300, -300]), byte_row([250, 250, 250], np.uint8))
