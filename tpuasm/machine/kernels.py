@@ -108,8 +108,10 @@ from .decoded import (COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, REG_VEC_MULT_A,
                       REG_VEC_ZERO_C, VEC_BROADCAST, VEC_LOOKUP, VEC_UNSIGNED, VEC_WIDE_A,
                       VEC_WIDE_B, VEC_WIDE_C)
 from .vector import OP_ADD as _VEC_ADD, OP_MUL as _VEC_MUL, vector_row as _vector_row
-from .vector import operand_value as _operand_value, rows_per_vector as _vector_rows_per
-from .vector import store_result as _store_result
+from .vector import rows_per_vector as _vector_rows_per
+# one reader of 8- and 16-bit UB vectors for MatrixMultiply and the vector unit
+from .vector import load_vector as _load_vector, signed8 as _signed8
+from .vector import apply_table as _apply_table, store_result as _store_result
 from .decoded import REG_ACT_FLOAT, REG_VEC_FLOAT
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
                       REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
@@ -192,12 +194,6 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
 @njit(cache=True)
 def _iterations(row):
     return max(row[COL_REPEAT], 1)
-
-
-@njit(cache=True)
-def _signed8(v):
-    """A raw byte (0..255) as int8."""
-    return v - ((v & 128) << 1)
 
 
 @njit(cache=True)
@@ -838,29 +834,6 @@ def _input_row(j, ub_base, per, conv_width, pitch, stride, dy, dx):
     y = j // conv_width
     x = j - y * conv_width
     return ub_base + per * ((y * stride + dy) * pitch + x * stride + dx)
-
-
-@njit(cache=True)
-def _load_vector(ub, r, x, dst, unsigned_in, wide_in):
-    """x[dst] = input vector at UB row r (rows r, r+1 with H).  int32 arithmetic so the
-    loops vectorize 16 wide; every value fits (|x| < 2^16)."""
-    n = x.shape[1]
-    out = x[dst]
-    lo = ub[r]
-    if wide_in:
-        hi = ub[r + 1]
-        if unsigned_in:
-            for j in range(n):
-                out[j] = np.int32(lo[j]) + 256 * np.int32(hi[j])
-        else:
-            for j in range(n):
-                out[j] = np.int32(lo[j]) + 256 * _signed8(np.int32(hi[j]))
-    elif unsigned_in:
-        for j in range(n):
-            out[j] = lo[j]
-    else:
-        for j in range(n):
-            out[j] = _signed8(np.int32(lo[j]))
 
 
 @njit(cache=True)
@@ -2002,15 +1975,17 @@ def _overlaps(x, nx, y, ny):
 
 
 @njit(cache=True)
-def _vector_float_row(kind, a, ra_, b, rb_, out, ra, rb, za, zb, zc, unsigned, table, lookup):
+def _vector_float_row(kind, a, ra_, b, rb_, out, values, ra, rb, za, zb, zc, unsigned,
+                      table, lookup):
     """VADD / VMUL with vec_float (spec/isa.md 5.11, 8-bit operands only): onnxruntime's
     float32 arithmetic on vector ra_ of a and rb_ of b.  ra, rb are float32; A * r + c is
     computed in float64 (A has 9 bits, r 24: the product is exact, and so is the sum at
     these magnitudes) and rounded once to float32, as the fused multiply-add MLAS uses."""
     fixed = np.float32(zc) - (ra * np.float32(za) + rb * np.float32(zb))   # float32 ops
+    _load_vector(a, ra_, values, 0, unsigned, False)
+    _load_vector(b, rb_, values, 1, unsigned, False)
     for j in range(out.shape[1]):
-        x = _operand_value(a, ra_, j, False, unsigned)
-        y = _operand_value(b, rb_, j, False, unsigned)
+        x, y = values[0, j], values[1, j]
         if kind == _VEC_ADD:
             inner = np.float32(np.float64(y) * np.float64(rb) + np.float64(fixed))
             value = np.float32(np.float64(x) * np.float64(ra) + np.float64(inner))
@@ -2021,8 +1996,9 @@ def _vector_float_row(kind, a, ra_, b, rb_, out, ra, rb, za, zb, zc, unsigned, t
         if v != v:
             v = 0.0
         # saturate in float first: an infinity has no int64
-        _store_result(out, j, np.int64(min(max(v, -256.0), 256.0)), False, unsigned, table,
-                      lookup)
+        _store_result(out, j, np.int64(min(max(v, -256.0), 256.0)), False, unsigned)
+    if lookup:
+        _apply_table(out[0], table)
 
 
 @njit(cache=True)
@@ -2048,6 +2024,7 @@ def _execute_vector(row, regs, ub):
     length = row[COL_LEN]
     step = regs[REG_REP_UB_STRIDE]
     out = np.empty((2, n), np.uint8)         # one vector of C: one row, two when 16-bit
+    values = np.empty((2, n), np.int64)      # A's and B's elements of one vector
     for i in range(_iterations(row)):
         a0 = row[COL_VA] + i * step
         b0 = row[COL_VB] if broadcast else row[COL_VB] + i * step
@@ -2065,10 +2042,11 @@ def _execute_vector(row, regs, ub):
         for r in range(length):
             rb = 0 if broadcast else r
             if as_float:
-                _vector_float_row(kind, a, r, b, rb, out, fa, fb, za, zb, zc, unsigned, table,
-                                  lookup)
+                _vector_float_row(kind, a, r, b, rb, out, values, fa, fb, za, zb, zc,
+                                  unsigned, table, lookup)
             else:
-                _vector_row(kind, flags, a, r, b, rb, out, ma, mb, za, zb, shift, zc, table)
+                _vector_row(kind, flags, a, r, b, rb, out, values, ma, mb, za, zb, shift, zc,
+                            table)
             ub[c0 + per_c * r:c0 + per_c * (r + 1), :] = out[:per_c]
 
 
