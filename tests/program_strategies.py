@@ -362,15 +362,24 @@ class Builder:
         """VADD or VMUL (spec/isa.md 5.11): requantization as a layer sets it, or the
         identity; c in place on a or b, or disjoint; B, U, L; repeats with a UB stride."""
         key = self.choice(["VADD", "VMUL"])
-        flags = "".join(c for c in "UBL" if self.coin(0.3))
+        spec = ISA_TABLE.instructions[key]
+        flags = "".join(c for c in "UBLXYZ" if self.coin(0.3))
+        while spec.flag_conflict(spec.flag_bits(flags)):    # LZ, UXYZ
+            flags = flags.replace(self.choice(["L", "Z", "U"]), "")
+        bits = spec.flag_bits(flags)
+        per_a, per_b, per_c = (spec.rows_per_vector(bits, k) for k in "abc")
+        wide = per_a + per_b + per_c > 3
         if self.coin(0.6):        # a quantized Add/Mul: 2^k-scaled ratios near 1
             k = self.choice([0, 8, 20, 30])
             self.set_some({"vec_shift": [k]}, 1.0)
             self.set_some({"vec_mult_a": [max(1, (3 << k) // 4), (5 << k) // 3, 1 << k],
                            "vec_mult_b": [-(1 << k), (1 << k) // 2 + 1, 0],
-                           "vec_zero_a": [0, 3, -128, 200], "vec_zero_b": [0, -5, 128],
-                           "vec_zero_c": [0, 7, -100, 300]}, 0.7)
-        if self.coin(0.3):        # onnxruntime's float32 arithmetic: ratio bits near 1
+                           "vec_zero_a": [0, 3, -128, 200, -1000, 32767],
+                           "vec_zero_b": [0, -5, 128, 4000, -32768],
+                           "vec_zero_c": [0, 7, -100, 300, -20000]}, 0.7)
+        if wide:                  # vec_float computes 8-bit operands only (else config)
+            self.set_some({"vec_float": [0]}, 1.0)
+        elif self.coin(0.3):      # onnxruntime's float32 arithmetic: ratio bits near 1
             self.set_some({"vec_float": [1]}, 1.0)
             self.set_some({"vec_mult_a": [float_bits(0.75), float_bits(1.6667), float_bits(-0.03)],
                            "vec_mult_b": [float_bits(0.5), float_bits(1.25), float_bits(2.0 ** -9)]},
@@ -384,28 +393,38 @@ class Builder:
             self.set_some({"rep_ub_stride": [-6, 0, 3, 8]}, 0.5)
         step = self.regs["rep_ub_stride"]
         for length in (self.integers(1, 6), 1):
-            run = [i * step + r for i in range(repeat) for r in range(length)]
-            a = self.place(run, SHAPE.ub_rows)
-            b = self.place(run if "B" not in flags else [0], SHAPE.ub_rows)   # B: one row
-            c = self.place(run, SHAPE.ub_rows)
-            if a is None or b is None or c is None:
+            def run(per):         # an operand's rows over the iterations
+                return [i * step + r for i in range(repeat) for r in range(per * length)]
+
+            rows = {"a": per_a * length, "b": per_b * (1 if "B" in flags else length),
+                    "c": per_c * length}
+            at = {"a": self.place(run(per_a), SHAPE.ub_rows),
+                  "b": self.place(range(per_b) if "B" in flags else run(per_b), SHAPE.ub_rows),
+                  "c": self.place(run(per_c), SHAPE.ub_rows)}
+            if None in at.values():
                 continue
-            if self.coin(0.3):
-                b = a                                     # squares, doubles
-            n = length
+            if self.coin(0.3) and rows["a"] == rows["b"]:
+                at["b"] = at["a"]                         # squares, doubles
 
-            def shifted(x, y, m=n):
-                return x != y and x < y + m and y < x + m
+            def clash(x):     # c over operand x, neither its very rows nor disjoint
+                if x == "b" and "B" in flags:
+                    return False                          # B's vector is read first
+                c, o = at["c"], at[x]
+                same = c == o and rows["c"] == rows[x]
+                return not same and c < o + rows[x] and o < c + rows["c"]
 
-            if shifted(c, a) or ("B" not in flags and shifted(c, b)):
-                c = a if self.coin() else (b if "B" not in flags and not shifted(b, a) else a)
-                if "B" not in flags and shifted(c, b):
-                    b = c
-            elif self.coin(0.3):
-                c = a                                     # in place
-                if "B" not in flags and shifted(c, b):
-                    b = c
-            self.emit(ins(key, flags, repeat=repeat, a=a, b=b, c=c, length=length))
+            if not clash("a") and not clash("b") and self.coin(0.3):
+                for x in ("a", "b"):                      # in place on an operand
+                    if rows[x] == rows["c"] and (x == "a" or "B" not in flags):
+                        at["c"] = at[x]
+                        break
+            for _ in range(4):            # another place for c, else a shorter length
+                if not (clash("a") or clash("b")):
+                    break
+                at["c"] = self.place(run(per_c), SHAPE.ub_rows)
+            if clash("a") or clash("b"):
+                continue
+            self.emit(ins(key, flags, repeat=repeat, length=length, **at))
             return
 
     # -------------------------------------------------------------- the rest

@@ -22,7 +22,7 @@ def _flag_sets(spec: InstructionSpec):
     letters = list(spec.flags)
 
     def ok(chosen):
-        return all(sum(g in chosen for g in group) <= 1 for group in spec.exclusive)
+        return spec.flag_conflict(spec.flag_bits(chosen)) is None
 
     return st.lists(st.sampled_from(letters), unique=True).filter(ok).map(spec.flag_bits) \
         if letters else st.just(0)
@@ -58,13 +58,19 @@ def instruction_of(draw, spec: InstructionSpec, shape: MachineShape | None = DEF
         n = operands["length"]
         broadcast = "B" in spec.flag_letters(flags)
 
-        def shifted(x, y):
-            return x != y and x < y + n and y < x + n
+        def rows(x):
+            return n * spec.rows_per_vector(flags, x)
 
-        if shifted(operands["c"], operands["a"]) or \
-                (not broadcast and shifted(operands["c"], operands["b"])):
-            operands["c"] = operands["a"]                       # in place on a
-            if not broadcast and shifted(operands["c"], operands["b"]):
+        def shifted(x, y):
+            p, q = operands[x], operands[y]
+            same = p == q and rows(x) == rows(y)
+            return not same and p < q + rows(y) and q < p + rows(x)
+
+        if shifted("c", "a") or (not broadcast and shifted("c", "b")):
+            # in place on a, all three 8-bit (in place needs the same width)
+            flags &= ~spec.flag_bits("XYZ")
+            operands["c"] = operands["a"]
+            if not broadcast and shifted("c", "b"):
                 operands["b"] = operands["a"]
     return Instruction(spec.key, flags, repeat, operands)
 

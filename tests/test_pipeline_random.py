@@ -38,7 +38,7 @@ def random_instruction(g):
         return I("ACT", str(g.choice(["", "R", "Q", "T", "M", "RA"])), acc=int(g.integers(0, ACC)),
                  ub=int(g.integers(0, UB)), length=int(g.integers(1, 9)))
     if k < 78:                                  # any overlap: a hand-made binary may have one
-        return I(str(g.choice(["VADD", "VMUL"])), str(g.choice(["", "U", "B", "L", "UB"])),
+        return I(str(g.choice(["VADD", "VMUL"])), str(g.choice(["", "U", "B", "L", "UB", "XZ", "BYZ", "XL"])),
                  repeat=int(g.integers(1, 3)), a=int(g.integers(0, UB)),
                  b=int(g.integers(0, UB)), c=int(g.integers(0, UB)),
                  length=int(g.integers(1, 9)))

@@ -292,9 +292,10 @@ def test_in_place_disjoint_and_broadcast_overlaps_assemble():
     (".config ub_rows=2000000\nVMUL 0, 1048576, 8, 1",
      "UB address 1048576 out of range 0..1048575 (VMUL operand 'b')"),
     ("VADD 0, 98304, 8, 1", "UB address 98304 out of range 0..98303"),
-    ("VADD.Q 0, 4, 8, 1", "VADD has no flag 'Q'; VADD has flags U, B, L"),
+    ("VADD.Q 0, 4, 8, 1", "VADD has no flag 'Q'; VADD has flags U, B, L, X, Y, Z"),
     ("VMUL 0, 4, 8", "VMUL takes a, b, c, length: missing length"),
-    ("CFG vec_zero_a, 256", "value 256 out of range -128..255 for register vec_zero_a"),
+    ("CFG vec_zero_a, 32768", "value 32768 out of range -32768..32767 for register vec_zero_a"),
+    ("CFG vec_zero_b, -32769", "value -32769 out of range -32768..32767 for register vec_zero_b"),
     ("CFG vec_shift, 63", "value 63 out of range 0..62 for register vec_shift"),
 ])
 def test_diagnostics(source, message):
@@ -310,9 +311,10 @@ def test_hover_and_formatter_know_the_vector_operations():
     from tpuasm.lsp.hover import instruction, register
     text = instruction(ISA_TABLE.lookup("Vector_Multiply"), "B")
     assert "opcode `0x0f`" in text and "stage *activate*" in text
-    assert "`VMUL[.UBL] a, b, c, length`" in text and "**`B` broadcast**" in text
+    assert "`VMUL[.UBLXYZ] a, b, c, length`" in text and "**`B` broadcast**" in text
     assert "`c` is the rows of `a` (in place) or does not overlap them." in text
-    assert "0 .. 62" in register("vec_shift") and "-128 .. 255" in register("vec_zero_a")
+    assert "- `Z` wide_c: C is int16" in text and "not L, Z together: the 256-byte table" in text
+    assert "0 .. 62" in register("vec_shift") and "-32768 .. 32767" in register("vec_zero_a")
     src = "vmul.ub   src=1,src2=20 ,dst=40,n=4\n  VADD 0,4,8,4,repeat=2\n"
     out = format_source(src)
     assert out == ("        vmul.ub src=1, src2=20, dst=40, n=4\n"

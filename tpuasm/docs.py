@@ -70,6 +70,10 @@ def _instruction_block(spec: InstructionSpec) -> str:
         for fl in spec.flags.values():
             out.append(f"| {fl.letter} | 0x{fl.bit:02x} | {fl.doc} |")
         out.append("")
+        if spec.forbidden:
+            out.append("  ".join(f"Not {', '.join(rule.letters)} together: {rule.why}."
+                                 for rule in spec.forbidden))
+            out.append("")
     return "\n".join(out)
 
 

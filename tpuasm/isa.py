@@ -42,6 +42,13 @@ class Flag:
     bit: int
     name: str
     doc: str
+    wide: str = ""                # the operand this flag makes 16-bit (two UB rows a vector)
+
+
+@dataclass(frozen=True)
+class ForbiddenFlags:
+    letters: str                  # given all together, these flags are no instruction
+    why: str
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class InstructionSpec:
     timing: str = ""              # duration in short (spec/timing.md section 4)
     # pairs of UB operands (destination, source) that must be the same rows or disjoint
     same_or_disjoint: tuple[tuple[str, str], ...] = ()
+    forbidden: tuple[ForbiddenFlags, ...] = ()
 
     @property
     def long_name(self) -> str:
@@ -82,6 +90,24 @@ class InstructionSpec:
 
     def flag_bits(self, letters: str) -> int:
         return sum(self.flags[c].bit for c in letters)
+
+    def rows_per_vector(self, flag_bits: int, operand: str) -> int:
+        """UB rows one vector of `operand` takes: 2 when a given flag makes it 16-bit."""
+        return 2 if any(f.wide == operand and flag_bits & f.bit
+                        for f in self.flags.values()) else 1
+
+    def flag_conflict(self, flag_bits: int) -> str | None:
+        """Why these flags are no instruction (two of an exclusive group, or a forbidden
+        set), or None: what the assembler rejects and a binary faults on."""
+        for group in self.exclusive:
+            given = [c for c in group if flag_bits & self.flags[c].bit]
+            if len(given) > 1:
+                return (f"flags {' and '.join(given)} cannot be combined ({self.key} takes "
+                        f"at most one of {', '.join(group)})")
+        for rule in self.forbidden:
+            if all(flag_bits & self.flags[c].bit for c in rule.letters):
+                return f"flags {rule.letters} cannot be combined: {rule.why}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -111,7 +137,7 @@ class ISA:
         assert fmt["word_bytes"] == WORD_BYTES and fmt["byte_order"] == "little"
         self.instructions: dict[str, InstructionSpec] = {}
         for key, t in table["instructions"].items():
-            flags = {letter: Flag(letter, f["bit"], f["name"], f["doc"])
+            flags = {letter: Flag(letter, f["bit"], f["name"], f["doc"], f.get("wide", ""))
                      for letter, f in t.get("flags", {}).items()}
             self.instructions[key] = InstructionSpec(
                 key=key, opcode=t["opcode"], names=tuple(t["names"]), stage=t["stage"],
@@ -120,7 +146,9 @@ class ISA:
                 exclusive=tuple(tuple(g) for g in t.get("exclusive", ())),
                 conv_operands=tuple(t.get("conv_operands", ())),
                 conv_fields=_fields(t.get("conv_fields", ())), timing=t.get("timing", ""),
-                same_or_disjoint=tuple(tuple(p) for p in t.get("same_or_disjoint", ())))
+                same_or_disjoint=tuple(tuple(p) for p in t.get("same_or_disjoint", ())),
+                forbidden=tuple(ForbiddenFlags(r["flags"], r["why"])
+                                for r in t.get("forbidden", ())))
         self.registers: dict[str, Register] = {
             name: Register(name, r["index"], r["reset"], r["min"], r["max"], r["doc"])
             for name, r in table["registers"].items()}

@@ -95,13 +95,10 @@ class Encoder:
         if unknown:
             self._flag_error(spec, letters, unknown, Span(sp.file, sp.line, col, sp.line, col), frame)
             ok = False
-        for group in spec.exclusive:
-            given = [g for g in group if flags & spec.flags[g].bit]
-            if len(given) > 1:
-                flag_span = Span(sp.file, sp.line, col, sp.line, col + len(letters))
-                self._error(flag_span, f"flags {' and '.join(given)} cannot be combined "
-                            f"({spec.key} takes at most one of {', '.join(group)})", frame)
-                ok = False
+        conflict = spec.flag_conflict(flags) if ok else None
+        if conflict:
+            self._error(Span(sp.file, sp.line, col, sp.line, col + len(letters)), conflict, frame)
+            ok = False
         return _Form(spec, flags, self.limits) if ok else None
 
     def _flag_error(self, spec: InstructionSpec, letters: str, unknown: list[int], at: Span, frame) -> None:
@@ -228,17 +225,22 @@ class Encoder:
         ok = True
         length = ins.operands["length"]
         broadcast = "B" in ins.flag_letters
-        for dst, src in ins.spec.same_or_disjoint:
+        spec = ins.spec
+        for dst, src in spec.same_or_disjoint:
             if broadcast and src == "b":
                 continue                      # the constant row is read once, first
             d, s = ins.operands[dst], ins.operands[src]
-            if d == s:
+            # a 16-bit operand takes two rows a vector (spec/isa.md 5.11)
+            nd = length * spec.rows_per_vector(ins.flags, dst)
+            ns = length * spec.rows_per_vector(ins.flags, src)
+            if d == s and nd == ns:
                 continue                      # in place: row r is read before it is written
-            if d < s + length and s < d + length:
+            if d < s + ns and s < d + nd:
                 self._error(nodes[dst].span,
-                            f"{ins.spec.key} destination rows {d}..{d + length - 1} overlap "
-                            f"operand '{src}' rows {s}..{s + length - 1} without being the same "
-                            f"rows (in place is allowed, a shifted overlap is not)", frame)
+                            f"{spec.key} destination rows {d}..{d + nd - 1} overlap "
+                            f"operand '{src}' rows {s}..{s + ns - 1} without being the same "
+                            f"rows (in place is allowed on an operand of the same width, a "
+                            f"shifted overlap is not)", frame)
                 ok = False
         return ok
 

@@ -51,6 +51,8 @@ def instruction(spec: InstructionSpec, letters: str = "") -> str:
             out.append(f"- {mark}`{f.letter}` {f.name}{mark}: {f.doc}")
         for group in spec.exclusive:
             out.append(f"- at most one of {', '.join(group)}")
+        for rule in spec.forbidden:
+            out.append(f"- not {', '.join(rule.letters)} together: {rule.why}")
         out.append("")
     out.append(f"Timing: {spec.timing}" if spec.timing else "")
     out.append(f"Repeat: {'`repeat=` 1..256' if spec.repeat else 'no'}.  "

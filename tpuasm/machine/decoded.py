@@ -29,6 +29,9 @@ OP_VADD, OP_VMUL = _I["VADD"].opcode, _I["VMUL"].opcode
 _VF = _I["VADD"].flags
 assert _VF == _I["VMUL"].flags
 VEC_UNSIGNED, VEC_BROADCAST, VEC_LOOKUP = (_VF[c].bit for c in "UBL")
+# the flags that make A, B or C 16-bit (two UB rows a vector)
+VEC_WIDE_A, VEC_WIDE_B, VEC_WIDE_C = (
+    next(f.bit for f in _VF.values() if f.wide == operand) for operand in "abc")
 
 _MF, _AF = _I["MMC"].flags, _I["ACT"].flags
 MMC_SWITCH, MMC_CONV, MMC_OVERWRITE, MMC_UNSIGNED_IN, MMC_UNSIGNED_W, MMC_WIDE_IN, \

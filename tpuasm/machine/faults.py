@@ -54,6 +54,10 @@ def describe(code: int, info, depth: int) -> tuple[str, str]:
         reg = ISA_TABLE.register_by_index.get(a)
         if reg is None:
             return "config", f"no configuration register {a}"
+        if c == 1:      # in range, but not for this instruction (kernels._check_vector)
+            return "config", (f"configuration register {reg.name} = {b} computes 8-bit "
+                              f"operands only, and this instruction has a 16-bit one "
+                              f"(flag X, Y or Z)")
         return "config", (f"configuration register {reg.name} = {b} out of range "
                           f"{_REG_MIN[a]}..{_REG_MAX[a]}")
     if code == core.F_SHAPE:
@@ -81,5 +85,5 @@ def describe(code: int, info, depth: int) -> tuple[str, str]:
                           f"instruction {e} and no SYNC, WSYNC or INT between them "
                           f"(strict mode, --hazards=error)")
     if code == core.F_INVALID:
-        return "invalid_instruction", "invalid instruction (does not round-trip through its encoding or breaks an exclusive flag group)"
+        return "invalid_instruction", "invalid instruction (does not round-trip through its encoding, or its flags cannot be combined)"
     return "invalid_instruction", f"unknown fault code {code}"

@@ -105,8 +105,13 @@ from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT8, ACT_OUT_INT16, ACT
                       register_limits)
 from .decoded import (COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, REG_VEC_MULT_A,
                       REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B,
-                      REG_VEC_ZERO_C, VEC_BROADCAST, VEC_LOOKUP, VEC_UNSIGNED)
+                      REG_VEC_ZERO_C, VEC_BROADCAST, VEC_LOOKUP, VEC_UNSIGNED, VEC_WIDE_A,
+                      VEC_WIDE_B, VEC_WIDE_C)
 from .vector import OP_ADD as _VEC_ADD, OP_MUL as _VEC_MUL, vector_row as _vector_row
+from .vector import rows_per_vector as _vector_rows_per
+# one reader of 8- and 16-bit UB vectors for MatrixMultiply and the vector unit
+from .vector import load_vector as _load_vector, signed8 as _signed8
+from .vector import apply_table as _apply_table, store_result as _store_result
 from .decoded import REG_ACT_FLOAT, REG_VEC_FLOAT
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
                       REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
@@ -189,12 +194,6 @@ def make_scratch(array_size: int, chunk_rows: int = 1024, use_blas: bool | None 
 @njit(cache=True)
 def _iterations(row):
     return max(row[COL_REPEAT], 1)
-
-
-@njit(cache=True)
-def _signed8(v):
-    """A raw byte (0..255) as int8."""
-    return v - ((v & 128) << 1)
 
 
 @njit(cache=True)
@@ -440,29 +439,46 @@ def vector_table_rows(flags, n):
 
 
 @njit(cache=True)
+def vector_operand_rows(row):
+    """UB rows one iteration of a VADD/VMUL reads of a and of b and writes of c: `length`
+    vectors each, two rows a vector for a 16-bit operand, B's one vector with B."""
+    flags, length = row[COL_FLAGS], row[COL_LEN]
+    per_a, per_b, per_c = _vector_rows_per(flags)
+    return (per_a * length, per_b if flags & VEC_BROADCAST else per_b * length,
+            per_c * length)
+
+
+@njit(cache=True)
 def vector_cycles(row, n):
-    """Cycles a VADD/VMUL streams after act_latency (spec/timing.md 4): two operand rows
-    per output row (the constant row once with B), then the table rows with L."""
-    rows = row[COL_LEN] * _iterations(row)
-    reads = rows + 1 if row[COL_FLAGS] & VEC_BROADCAST else 2 * rows
-    return reads + vector_table_rows(row[COL_FLAGS], n)
+    """Cycles a VADD/VMUL streams after act_latency (spec/timing.md 4): the UB read port
+    delivers a's and b's rows (B's once) and the write port takes c's, one row a cycle
+    each and side by side, so the larger count; then the table rows with L."""
+    reps = _iterations(row)
+    rows_a, rows_b, rows_c = vector_operand_rows(row)
+    reads = rows_a * reps + (rows_b if row[COL_FLAGS] & VEC_BROADCAST else rows_b * reps)
+    return max(reads, rows_c * reps) + vector_table_rows(row[COL_FLAGS], n)
 
 
 @njit(cache=True)
 def _check_vector(row, regs, ub_rows, info, array_size):
-    """VADD/VMUL: the table rows (L), then per iteration a's rows, b's, c's."""
+    """VADD/VMUL: vec_float with a 16-bit operand (config), the table rows (L), then per
+    iteration a's rows, b's, c's."""
+    if regs[REG_VEC_FLOAT] != 0 and row[COL_FLAGS] & (VEC_WIDE_A | VEC_WIDE_B | VEC_WIDE_C):
+        # onnxruntime's float32 kernels that vec_float copies take 8-bit operands only
+        _set_info(info, REG_VEC_FLOAT, regs[REG_VEC_FLOAT], 1)
+        return FAULT_CONFIG
     bad, addr = _first_bad_run(regs[REG_ACT_TABLE], 1,
                                vector_table_rows(row[COL_FLAGS], array_size), ub_rows)
     if bad:
         _set_info(info, MEM_UB, addr, ub_rows)
         return FAULT_ADDRESS
-    length = row[COL_LEN]
     step = regs[REG_REP_UB_STRIDE]
     broadcast = (row[COL_FLAGS] & VEC_BROADCAST) != 0
+    rows_a, rows_b, rows_c = vector_operand_rows(row)
     for i in range(_iterations(row)):
-        for base, n in ((row[COL_VA] + i * step, length),
-                        (row[COL_VB] + (0 if broadcast else i * step), 1 if broadcast else length),
-                        (row[COL_VC] + i * step, length)):
+        for base, n in ((row[COL_VA] + i * step, rows_a),
+                        (row[COL_VB] + (0 if broadcast else i * step), rows_b),
+                        (row[COL_VC] + i * step, rows_c)):
             bad, addr = _first_bad_run(base, 1, n, ub_rows)
             if bad:
                 _set_info(info, MEM_UB, addr, ub_rows)
@@ -561,17 +577,18 @@ def footprint(row, regs, out, profile=0, array_size=256):
         if length <= 0:
             return 0
         step = regs[REG_REP_UB_STRIDE]
-        a0, a1 = _bounds(row[COL_VA], step, reps, 1, length)
+        rows_a, rows_b, rows_c = vector_operand_rows(row)
+        a0, a1 = _bounds(row[COL_VA], step, reps, 1, rows_a)
         k = _put(out, 0, MEM_UB, 0, a0, a1)
         if row[COL_FLAGS] & VEC_BROADCAST:
-            k = _put(out, k, MEM_UB, 0, row[COL_VB], row[COL_VB] + 1)
+            k = _put(out, k, MEM_UB, 0, row[COL_VB], row[COL_VB] + rows_b)
         else:
-            b0, b1 = _bounds(row[COL_VB], step, reps, 1, length)
+            b0, b1 = _bounds(row[COL_VB], step, reps, 1, rows_b)
             k = _put(out, k, MEM_UB, 0, b0, b1)
         t_rows = vector_table_rows(row[COL_FLAGS], array_size)
         if t_rows > 0:
             k = _put(out, k, MEM_UB, 0, regs[REG_ACT_TABLE], regs[REG_ACT_TABLE] + t_rows)
-        c0, c1 = _bounds(row[COL_VC], step, reps, 1, length)
+        c0, c1 = _bounds(row[COL_VC], step, reps, 1, rows_c)
         return _put(out, k, MEM_UB, 1, c0, c1)
     return 0
 
@@ -817,29 +834,6 @@ def _input_row(j, ub_base, per, conv_width, pitch, stride, dy, dx):
     y = j // conv_width
     x = j - y * conv_width
     return ub_base + per * ((y * stride + dy) * pitch + x * stride + dx)
-
-
-@njit(cache=True)
-def _load_vector(ub, r, x, dst, unsigned_in, wide_in):
-    """x[dst] = input vector at UB row r (rows r, r+1 with H).  int32 arithmetic so the
-    loops vectorize 16 wide; every value fits (|x| < 2^16)."""
-    n = x.shape[1]
-    out = x[dst]
-    lo = ub[r]
-    if wide_in:
-        hi = ub[r + 1]
-        if unsigned_in:
-            for j in range(n):
-                out[j] = np.int32(lo[j]) + 256 * np.int32(hi[j])
-        else:
-            for j in range(n):
-                out[j] = np.int32(lo[j]) + 256 * _signed8(np.int32(hi[j]))
-    elif unsigned_in:
-        for j in range(n):
-            out[j] = lo[j]
-    else:
-        for j in range(n):
-            out[j] = _signed8(np.int32(lo[j]))
 
 
 @njit(cache=True)
@@ -1975,23 +1969,23 @@ def _execute_act(row, regs, acc, ub, buf, profile, columns=-1):
 
 
 @njit(cache=True)
-def _overlaps_shifted(x, y, n):
-    """Rows x..x+n-1 and y..y+n-1 overlap but are not the same rows."""
-    return x != y and x < y + n and y < x + n
+def _overlaps(x, nx, y, ny):
+    """Rows x..x+nx-1 and y..y+ny-1 share a row."""
+    return x < y + ny and y < x + nx
 
 
 @njit(cache=True)
-def _vector_float_row(kind, a_row, b_row, out, ra, rb, za, zb, zc, unsigned, table, lookup):
-    """VADD / VMUL with vec_float (spec/isa.md 5.11): onnxruntime's float32 arithmetic.
-    ra, rb are float32; A * r + c is computed in float64 (A has 9 bits, r 24: the product
-    is exact, and so is the sum at these magnitudes) and rounded once to float32, as the
-    fused multiply-add MLAS uses."""
-    lo, hi = (0, 255) if unsigned else (-128, 127)
+def _vector_float_row(kind, a, ra_, b, rb_, out, values, ra, rb, za, zb, zc, unsigned,
+                      table, lookup):
+    """VADD / VMUL with vec_float (spec/isa.md 5.11, 8-bit operands only): onnxruntime's
+    float32 arithmetic on vector ra_ of a and rb_ of b.  ra, rb are float32; A * r + c is
+    computed in float64 (A has 9 bits, r 24: the product is exact, and so is the sum at
+    these magnitudes) and rounded once to float32, as the fused multiply-add MLAS uses."""
     fixed = np.float32(zc) - (ra * np.float32(za) + rb * np.float32(zb))   # float32 ops
-    for j in range(out.shape[0]):
-        x, y = np.int64(a_row[j]), np.int64(b_row[j])
-        if not unsigned:
-            x, y = x - ((x & 128) << 1), y - ((y & 128) << 1)
+    _load_vector(a, ra_, values, 0, unsigned, False)
+    _load_vector(b, rb_, values, 1, unsigned, False)
+    for j in range(out.shape[1]):
+        x, y = values[0, j], values[1, j]
         if kind == _VEC_ADD:
             inner = np.float32(np.float64(y) * np.float64(rb) + np.float64(fixed))
             value = np.float32(np.float64(x) * np.float64(ra) + np.float64(inner))
@@ -2001,9 +1995,10 @@ def _vector_float_row(kind, a_row, b_row, out, ra, rb, za, zb, zc, unsigned, tab
             v = np.rint(np.float64(np.float32(product * ra))) + zc
         if v != v:
             v = 0.0
-        q = np.int64(min(max(v, lo), hi))
-        q = q if unsigned else q & 0xFF
-        out[j] = table[q] if lookup else q
+        # saturate in float first: an infinity has no int64
+        _store_result(out, j, np.int64(min(max(v, -256.0), 256.0)), False, unsigned)
+    if lookup:
+        _apply_table(out[0], table)
 
 
 @njit(cache=True)
@@ -2015,6 +2010,8 @@ def _execute_vector(row, regs, ub):
     unsigned = (flags & VEC_UNSIGNED) != 0
     broadcast = (flags & VEC_BROADCAST) != 0
     lookup = (flags & VEC_LOOKUP) != 0
+    rows_a, rows_b, rows_c = vector_operand_rows(row)
+    per_c = rows_c // row[COL_LEN]
     table = np.zeros(256, np.int64)
     if lookup:
         t0 = regs[REG_ACT_TABLE]
@@ -2026,27 +2023,31 @@ def _execute_vector(row, regs, ub):
     fa, fb = np.float32(_float32_of_bits(ma)), np.float32(_float32_of_bits(mb))
     length = row[COL_LEN]
     step = regs[REG_REP_UB_STRIDE]
-    out = np.empty(n, np.uint8)
+    out = np.empty((2, n), np.uint8)         # one vector of C: one row, two when 16-bit
+    values = np.empty((2, n), np.int64)      # A's and B's elements of one vector
     for i in range(_iterations(row)):
         a0 = row[COL_VA] + i * step
         b0 = row[COL_VB] if broadcast else row[COL_VB] + i * step
         c0 = row[COL_VC] + i * step
-        a = ub[a0:a0 + length]
-        b = ub[b0:b0 + (1 if broadcast else length)]
+        a = ub[a0:a0 + rows_a]
+        b = ub[b0:b0 + rows_b]
         # a shifted overlap with the destination (only a hand-made binary has one: the
-        # assembler rejects it) must still read the old rows; in place needs no copy
-        if _overlaps_shifted(a0, c0, length):
+        # assembler rejects it) must still read the old rows; in place (the same rows at
+        # the same width: vector r is read before it is written) needs no copy, and B's
+        # one vector is read before every write
+        if _overlaps(a0, rows_a, c0, rows_c) and not (a0 == c0 and rows_a == rows_c):
             a = a.copy()
-        if _overlaps_shifted(b0, c0, length) or (broadcast and c0 <= b0 < c0 + length):
+        if _overlaps(b0, rows_b, c0, rows_c) and (broadcast or not (b0 == c0 and rows_b == rows_c)):
             b = b.copy()
         for r in range(length):
+            rb = 0 if broadcast else r
             if as_float:
-                _vector_float_row(kind, a[r], b[0] if broadcast else b[r], out, fa, fb, za,
-                                  zb, zc, unsigned, table, lookup)
+                _vector_float_row(kind, a, r, b, rb, out, values, fa, fb, za, zb, zc,
+                                  unsigned, table, lookup)
             else:
-                _vector_row(kind, a[r], b[0] if broadcast else b[r], out, ma, mb, za, zb,
-                            shift, zc, unsigned, table, lookup)
-            ub[c0 + r, :] = out
+                _vector_row(kind, flags, a, r, b, rb, out, values, ma, mb, za, zb, shift, zc,
+                            table)
+            ub[c0 + per_c * r:c0 + per_c * (r + 1), :] = out[:per_c]
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -942,15 +942,13 @@ def _entry_point(args):
 
 
 def _valid(ins) -> bool:
-    """Encodable (flags, repeat, operand ranges) and no two flags of an exclusive group."""
+    """Encodable (flags, repeat, operand ranges) and flags that make an instruction (no two
+    of an exclusive group, no forbidden set)."""
     try:
         encode(ins)
     except (EncodingError, KeyError, TypeError):
         return False
-    for group in ins.spec.exclusive:
-        if sum(1 for c in group if ins.flags & ins.spec.flags[c].bit) > 1:
-            return False
-    return True
+    return ins.spec.flag_conflict(ins.flags) is None
 
 
 def _format(ins) -> str:

@@ -14,8 +14,8 @@ Faults (section 7): a faulting instruction has no effect and everything before i
 completed.  Every check of an instruction (all iterations) runs before any of its effects.
 When one instruction could fault in several ways, the kinds are checked in the order of
 section 7: config, shape, address, then the weight faults no_tile, weight_width and deadlock
-(an instruction that does not round-trip through its encoding, or breaks an exclusive flag
-group such as ACT.RQ, is `invalid_instruction` before anything else).  The address a fault
+(an instruction that does not round-trip through its encoding, or whose flags cannot be combined,
+such as ACT.RQ or VADD.LZ, is `invalid_instruction` before anything else).  The address a fault
 names is the first out-of-range row in execution order (section 7).
 
 Profiles: "tpu" (spec/isa.md) and "opentpu", whose Activate keeps the low 8 bits with no
@@ -542,7 +542,13 @@ class ReferenceMachine:
     def _vector(self, ins, combine, in_float):
         f = ins.flags
         unsigned, broadcast, lookup = (bool(f & VEC[c]) for c in "UBL")
+        # X, Y, Z: A, B, C are int16, a vector two UB rows (low bytes, then high bytes)
+        wide_a, wide_b, wide_c = (bool(f & VEC[c]) for c in "XYZ")
+        if self.regs["vec_float"] and (wide_a or wide_b or wide_c):
+            raise Fault("config", "vec_float = 1 computes 8-bit operands only, and this "
+                        "instruction has a 16-bit one (flag X, Y or Z)")
         length, step = ins["length"], self.regs["rep_ub_stride"]
+        per_a, per_b, per_c = (2 if w else 1 for w in (wide_a, wide_b, wide_c))
         if lookup:
             t = self.regs["act_table"]
             self.check_ub(range(t, t + -(-256 // self.n)))
@@ -551,22 +557,29 @@ class ReferenceMachine:
             a = ins["a"] + i * step
             b = ins["b"] if broadcast else ins["b"] + i * step
             c = ins["c"] + i * step
-            self.check_ub(range(a, a + length))
-            self.check_ub(range(b, b + (1 if broadcast else length)))
-            self.check_ub(range(c, c + length))
+            self.check_ub(range(a, a + per_a * length))
+            self.check_ub(range(b, b + per_b * (1 if broadcast else length)))
+            self.check_ub(range(c, c + per_c * length))
             plan.append((a, b, c))
         table = self._lookup_table() if lookup else None
         shift, zc = self.regs["vec_shift"], self.regs["vec_zero_c"]
-        lo, hi = (0, 255) if unsigned else (-128, 127)
+        if wide_c:
+            lo, hi = -32768, 32767
+        else:
+            lo, hi = (0, 255) if unsigned else (-128, 127)
 
-        def value(byte):
-            return byte if unsigned or byte < 128 else byte - 256
+        def vector(base, r, wide):
+            """Vector r of the operand at UB row `base`, as Python integers."""
+            if wide:
+                low, high = self.ub[base + 2 * r], self.ub[base + 2 * r + 1]
+                return [int.from_bytes(bytes([int(x), int(y)]), "little", signed=True)
+                        for x, y in zip(low, high)]
+            return [int(v) if unsigned or v < 128 else int(v) - 256 for v in self.ub[base + r]]
 
         for a, b, c in plan:
             # every read of an iteration before its writes (spec/isa.md 5.11)
-            rows_a = [[value(int(v)) for v in self.ub[a + r]] for r in range(length)]
-            rows_b = [[value(int(v)) for v in self.ub[b + (0 if broadcast else r)]]
-                      for r in range(length)]
+            rows_a = [vector(a, r, wide_a) for r in range(length)]
+            rows_b = [vector(b, 0 if broadcast else r, wide_b) for r in range(length)]
             for r in range(length):
                 out = []
                 for x, y in zip(rows_a[r], rows_b[r]):
@@ -574,9 +587,14 @@ class ReferenceMachine:
                         q = in_float(x, y, self.regs)
                     else:
                         q = round_half_even(combine(x, y, self.regs), 1 << shift) + zc
-                    byte = min(max(q, lo), hi) & 0xFF
-                    out.append(table[byte] if table is not None else byte)
-                self.ub[c + r] = out
+                    out.append(min(max(q, lo), hi))
+                if wide_c:
+                    pairs = [v.to_bytes(2, "little", signed=True) for v in out]
+                    self.ub[c + 2 * r] = [p[0] for p in pairs]
+                    self.ub[c + 2 * r + 1] = [p[1] for p in pairs]
+                else:
+                    out = [v & 0xFF for v in out]
+                    self.ub[c + r] = [table[v] for v in out] if table is not None else out
 
 
 def round_half_even(numerator: int, denominator: int) -> int:
@@ -668,16 +686,16 @@ VEC = {letter: flag.bit for letter, flag in ISA_TABLE.instructions["VADD"].flags
 
 def _validate(ins: Instruction) -> None:
     """A corrupt instruction (one that does not round-trip through the 12-byte encoding, or
-    that breaks an exclusive flag group) faults with `invalid_instruction`."""
+    whose flags cannot be combined: isa.toml's exclusive and forbidden) faults with
+    `invalid_instruction`."""
     try:
         if decode(encode(ins)) != ins:
             raise EncodingError("does not round-trip through its encoding")
     except EncodingError as e:
         raise Fault("invalid_instruction", str(e)) from None
-    for group in ins.spec.exclusive:
-        chosen = [c for c in group if ins.flags & ins.spec.flags[c].bit]
-        if len(chosen) > 1:
-            raise Fault("invalid_instruction", f"flags {''.join(chosen)} are exclusive")
+    conflict = ins.spec.flag_conflict(ins.flags)
+    if conflict:
+        raise Fault("invalid_instruction", conflict)
 
 
 def _stepped(start: int, count: int, step: int):

@@ -34,6 +34,7 @@ _act_ub_rows = python(kernels._act_ub_rows)
 _pool_grid = python(kernels._pool_grid)
 _uses_ext = python(kernels._uses_act_extensions)
 _vector_table_rows = python(kernels.vector_table_rows)
+_vector_operand_rows = python(kernels.vector_operand_rows)
 
 
 def strided(row, regs) -> bool:
@@ -130,16 +131,18 @@ def exact_runs(row, regs, profile: int = 0, array_size: int = 256) -> list:
             return []
         step = int(regs[REG_REP_UB_STRIDE])
         flags = int(row[COL_FLAGS])
-        a = runs_of(_grid(int(row[COL_VA]), step, reps, 0, 1), length)
+        # each iteration's rows: two a vector for a 16-bit operand, B's one vector with B
+        rows_a, rows_b, rows_c = (int(x) for x in _vector_operand_rows(row))
+        a = runs_of(_grid(int(row[COL_VA]), step, reps, 0, 1), rows_a)
         if flags & VEC_BROADCAST:
-            b = runs_of([int(row[COL_VB])], 1)
+            b = runs_of([int(row[COL_VB])], rows_b)
         else:
-            b = runs_of(_grid(int(row[COL_VB]), step, reps, 0, 1), length)
+            b = runs_of(_grid(int(row[COL_VB]), step, reps, 0, 1), rows_b)
         out = [(MEM_UB, False, a), (MEM_UB, False, b)]
         t_rows = int(_vector_table_rows(flags, array_size))
         if t_rows > 0:
             out.append((MEM_UB, False, runs_of([int(regs[REG_ACT_TABLE])], t_rows)))
-        out.append((MEM_UB, True, runs_of(_grid(int(row[COL_VC]), step, reps, 0, 1), length)))
+        out.append((MEM_UB, True, runs_of(_grid(int(row[COL_VC]), step, reps, 0, 1), rows_c)))
         return out
     return []
 
