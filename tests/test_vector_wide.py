@@ -136,18 +136,6 @@ def test_the_largest_products_stay_exact_in_int64():
         assert abs((extremes[0] - zero) ** 2 * mult) < 2 ** 63
 
 
-def test_fixed_point_takes_a_narrower_multiplier_and_keeps_the_default():
-    from tpuasm.machine.vector import fixed_point, qlinear_registers
-    assert fixed_point([0.3, -1.7]) == fixed_point([0.3, -1.7], mult_bits=32)
-    mults, shift = fixed_point([0.3, -1.7], mult_bits=28)
-    assert all(-(1 << 27) <= v < (1 << 27) for v in mults) and abs(mults[1]) >= 1 << 26
-    assert mults == [round(0.3 * 2 ** shift), round(-1.7 * 2 ** shift)]
-    regs = qlinear_registers("mul", 0.01, 0, 2.0 ** -11, 0, 2.0 ** -11, 0, mult_bits=20)
-    assert (1 << 18) <= regs["vec_mult_a"] < (1 << 19) and regs["vec_shift"] == 25
-    with pytest.raises(ValueError, match="2..32 bits"):
-        fixed_point([1.0], mult_bits=1)
-
-
 def test_unsigned_applies_to_the_eight_bit_operands_only():
     # VADD.UX: A int16 (always signed), B and C uint8
     host = host_of(wide_rows([-5, 300, -300]), byte_row([250, 250, 250], np.uint8))

@@ -2011,7 +2011,7 @@ def _execute_vector(row, regs, ub):
     broadcast = (flags & VEC_BROADCAST) != 0
     lookup = (flags & VEC_LOOKUP) != 0
     rows_a, rows_b, rows_c = vector_operand_rows(row)
-    per_c = rows_c // row[COL_LEN]
+    per_c = _vector_rows_per(flags)[2]
     table = np.zeros(256, np.int64)
     if lookup:
         t0 = regs[REG_ACT_TABLE]

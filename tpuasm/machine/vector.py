@@ -169,36 +169,33 @@ def vector_row(kind, flags, a, ra, b, rb, out, values, ma, mb, za, zb, shift, zc
         apply_table(out[0], table)
 
 
-def fixed_point(ratios, max_shift: int = 62, mult_bits: int = 32) -> tuple[list[int], int]:
+def fixed_point(ratios, max_shift: int = 62) -> tuple[list[int], int]:
     """Multipliers and the common shift for real `ratios`: the largest shift <= max_shift
-    at which every round(ratio * 2^shift) fits a signed `mult_bits`-bit integer (the larger
-    gets a (mult_bits - 1)-bit mantissa).  What a compiler sets in vec_mult_a / vec_mult_b /
-    vec_shift (spec/isa.md 5.11); a narrower multiplier (mult_bits < 32) for an engine that
-    wants (A - za)(B - zb) * m of two 16-bit operands within fewer bits than int64's."""
-    if not 2 <= mult_bits <= 32:
-        raise ValueError(f"a multiplier has 2..32 bits, not {mult_bits}")
+    at which every round(ratio * 2^shift) fits int32 (the larger gets a 31-bit mantissa).
+    What a compiler sets in vec_mult_a / vec_mult_b / vec_shift (spec/isa.md 5.11), for
+    8- and 16-bit operands alike (the int64 bound in the module docstring needs no
+    narrower multiplier)."""
     ratios = [float(r) for r in ratios]
-    limit = 1 << (mult_bits - 1)
     for shift in range(max_shift, -1, -1):
         mults = [int(round(r * 2.0 ** shift)) for r in ratios]
-        if all(-limit <= m < limit for m in mults):
+        if all(-(1 << 31) <= m < (1 << 31) for m in mults):
             return mults, shift
-    raise ValueError(f"scale ratios {ratios} are too large for a {mult_bits}-bit multiplier")
+    raise ValueError(f"scale ratios {ratios} are too large for a 32-bit multiplier")
 
 
 def qlinear_registers(op: str, a_scale: float, a_zero: int, b_scale: float, b_zero: int,
-                      c_scale: float, c_zero: int, mult_bits: int = 32) -> dict[str, int]:
+                      c_scale: float, c_zero: int) -> dict[str, int]:
     """The configuration registers that make VADD ("add", also "sub") or VMUL ("mul")
     compute onnxruntime's QLinearAdd / QLinearMul (and a Sub with B negated) with these
     scales and zero points: {register name: value} for CFG (spec/isa.md 5.11).  The same
-    registers serve 8- and 16-bit operands (flags X, Y, Z); mult_bits as fixed_point."""
+    registers serve 8- and 16-bit operands (flags X, Y, Z)."""
     if op in ("add", "sub"):
         ratios = [a_scale / c_scale, (-1 if op == "sub" else 1) * b_scale / c_scale]
     elif op == "mul":
         ratios = [a_scale * b_scale / c_scale]
     else:
         raise ValueError(f"unknown vector operation {op!r} (add, sub, mul)")
-    mults, shift = fixed_point(ratios, mult_bits=mult_bits)
+    mults, shift = fixed_point(ratios)
     regs = {"vec_mult_a": mults[0], "vec_shift": shift, "vec_zero_a": int(a_zero),
             "vec_zero_b": int(b_zero), "vec_zero_c": int(c_zero)}
     if len(mults) > 1:
