@@ -210,6 +210,10 @@ def run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
+    # float32 arithmetic in MatMulNBits (the fused DequantizeLinear -> MatMul of an int16
+    # model), not its default int8 re-quantization of the activations: the QDQ model's own
+    # meaning
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
     session = ort.InferenceSession(m.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
@@ -721,9 +725,9 @@ def tpuasm(*args, timeout: float = 300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def compile_and_infer(m: RealModel, work: Path) -> Outcome:
-    """`tpuasm compile MODEL -o OUT --batch B [--calibrate CAL.npz]`, then `tpuasm infer OUT
-    X.npz -o Y.npz` on the evaluation rows, in subprocesses."""
+def compile_and_infer(m: RealModel, work: Path, *extra: str) -> Outcome:
+    """`tpuasm compile MODEL -o OUT --batch B [--calibrate CAL.npz] [EXTRA...]`, then `tpuasm
+    infer OUT X.npz -o Y.npz` on the evaluation rows, in subprocesses."""
     work = Path(work)
     path = work / f"{m.name}.onnx"
     onnx.save(m.model, str(path))
@@ -731,6 +735,7 @@ def compile_and_infer(m: RealModel, work: Path) -> Outcome:
     args = ["compile", path, "-o", out, "--batch", m.batch, "-q"]
     if not m.quantized:      # QDQ / QOperator models are taken with their own scales
         args += ["--calibrate", save_data(work / "cal.npz", m.calibration)]
+    args += list(extra)
     start = time.perf_counter()
     done = tpuasm(*args)
     outcome = Outcome(m, out, done, time.perf_counter() - start)

@@ -119,20 +119,25 @@ def test_int16_mlp_is_onnxruntimes_qdq_model_and_keeps_what_8_bit_loses(tmp_path
     assert "int16 activations" in compiled.report.source
 
 
-def test_int16_cnn_keeps_lookup_tensors_8_bit_and_runs_every_op_on_the_tpu(tmp_path):
+def test_int16_cnn_gives_its_sigmoid_an_8_bit_index_and_runs_every_op_on_the_tpu(tmp_path):
     path, model, x = _cnn(tmp_path)
     compiled = tpu_compile(path, batch=16, calibration=x, calibration_method="minmax",
                            activation_bits=16, validate=False)
-    got, qdq = _same_as_qdq(compiled, {"x": x})
+    # one int16 near-tie among the 320 outputs (the chip's exact requantization against
+    # onnxruntime's float32 one): 99.7 % identical, none more than a step apart
+    got, qdq = _same_as_qdq(compiled, {"x": x}, identical=0.99)
     types = _types(qdq)
-    assert types["x"] == types["r1"] == TensorProto.INT16          # conv1 in, conv2 in
-    assert types["c2"] != TensorProto.INT16 and types["s2"] != TensorProto.INT16
+    assert types["x"] == types["r1"] == types["c2"] == TensorProto.INT16
+    # the table reads c2 converted to 8 bits (onnxruntime's convert), and writes 8 bits
+    assert types["c2_zero_point_convert"] == TensorProto.UINT8
+    assert types["s2"] != TensorProto.INT16
     for node in ("conv1", "conv2", "sig", "fc"):
         row = next(r for r in compiled.report.compiled_nodes if r.node == node)
         assert row.where == "TPU", row
     source = "\n".join(step.program.source for step in compiled.steps
                        if getattr(step, "program", None) is not None)
     assert "MMC.CSOH" in source and "CFG act_out, 2" in source
+    assert "VADD.UBLX" in source           # the requantization to the index, then the table
 
 
 def test_eligible_names_why_a_tensor_stays_8_bit(tmp_path):
@@ -140,9 +145,8 @@ def test_eligible_names_why_a_tensor_stays_8_bit(tmp_path):
     model = onnx.shape_inference.infer_shapes(model)
     chosen = set(tpu_nodes(model, QuantOptions()))
     groups, refusals = eligible(model, chosen)
-    assert set(groups) == {"x", "r1", "y"}
-    assert "Sigmoid 'sig'" in refusals["c2"] and "8-bit only" in refusals["c2"]
-    assert "Sigmoid 'sig'" in refusals["s2"]
+    assert set(groups) == {"x", "r1", "c2", "y"}
+    assert "Sigmoid 'sig'" in refusals["s2"] and "writes 8-bit only" in refusals["s2"]
 
 
 def test_wide_tensor_option_makes_only_the_named_tensor_int16(tmp_path):
@@ -250,21 +254,22 @@ def _sigmoid_between(tmp_path):
     return path, model, x
 
 
-def test_auto_moves_8_bit_only_nodes_to_the_host_so_matrix_tensors_can_be_int16(tmp_path):
-    """The lookup's 8-bit input is the loss: widening what can be widened is not enough, so
-    the check keeps the Sigmoid in float on the host and makes every tensor between the
-    matrix operators int16; both Gemms stay on the TPU."""
+def test_auto_gives_a_sigmoid_between_matrix_ops_an_int16_input_and_keeps_it_on_the_tpu(
+        tmp_path):
+    """The lookup's 8-bit input is the loss (rare large rows stretch its step past the
+    curve): the check makes the tensors int16, and the Sigmoid's table reads its input
+    through an 8-bit index over where the sigmoid still changes (front/widen.py
+    index_range), so all three nodes stay on the TPU."""
     path, model, x = _sigmoid_between(tmp_path)
     compiled = tpu_compile(path, batch=32, calibration=x)
     where = {r.node: r.where for r in compiled.report.rows}
-    assert where == {"fc0": "TPU", "sig": "host", "fc1": "TPU"}
-    source = compiled.report.source
-    assert "min-max: 83.59 % top-1 agreement" in source
-    assert "the 1 element-wise nodes on the TPU" in source and "4 tensors" in source
+    assert where == {"fc0": "TPU", "sig": "TPU", "fc1": "TPU"}
+    assert "min-max: 83.59 % top-1 agreement" in compiled.report.source
     assert compiled.report.validation.outputs[0].agreement >= 0.98
     types = _types(onnx.load(str(compiled.reference_model)))
-    assert {types[t] for t in ("x", "g", "s", "y")} == {TensorProto.INT16}
-    _same_as_qdq(compiled, {"x": x})
+    assert {types[t] for t in ("x", "g", "y")} == {TensorProto.INT16}
+    assert types["g_zero_point_convert"] == types["s"] == TensorProto.UINT8
+    _same_as_qdq(compiled, {"x": x}, identical=0.99)
 
 
 def test_cli_compiles_int16_to_an_outdir_that_infer_runs_as_onnxruntime_does(tmp_path, capsys):
@@ -290,7 +295,10 @@ def test_cli_compiles_int16_to_an_outdir_that_infer_runs_as_onnxruntime_does(tmp
         got = data["y"]
     qdq = onnx.load(str(out / "model.qdq.onnx"))
     (want,) = session(qdq).run(["y"], {"x": x})
-    assert np.mean(got == want) >= 0.999
+    assert np.mean(got == want) >= 0.99           # int16 near-ties (the Sigmoid's index)
+    step = float(numpy_helper.to_array(next(t for t in qdq.graph.initializer
+                                            if t.name == "y_scale")))
+    assert np.rint(np.abs(got - want) / step).max() <= 1
 
 
 def test_int16_tensors_the_machine_cannot_hold_are_quantized_8_bit_again(tmp_path):

@@ -203,13 +203,16 @@ class Pool(_OneInput):
 
 @dataclass
 class Lookup(_OneInput):
-    """Element-wise y = table[x] (quantized sigmoid, tanh, ...); shape unchanged."""
+    """Element-wise y = table[x] (quantized sigmoid, tanh, ...); shape unchanged.  An int16
+    input is first requantized to `index` (8-bit: onnxruntime's `convert`, the dequantized
+    value quantized again), the byte the table reads: a VADD with X on the TPU."""
     name: str
     input: Tensor
     output: Tensor
     table: np.ndarray                 # (256,) of the output's integer type
     function: str = ""                # "sigmoid", "tanh", ... (for reports and comments)
     nodes: tuple[str, ...] = ()
+    index: QParams | None = None      # an int16 input's 8-bit requantization
 
 
 @dataclass

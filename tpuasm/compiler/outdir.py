@@ -273,6 +273,9 @@ def _write_segment(step: TpuStep, d: Path, model) -> dict:
         if isinstance(op, Lookup):
             arrays[f"op{i}.table"] = op.table
             entry["function"] = op.function
+            if op.index is not None:
+                entry["index"] = {"scale": op.index.scale, "zero_point": op.index.zero_point,
+                                  "signed": op.index.signed}
         ops.append(entry)
     tensors = {}
     for op in seg.operators:
@@ -459,7 +462,9 @@ def _load_step(s: dict, outdir: Path):
             ops.append(Pool(e["name"], x, y, e["kind"], tuple(e["kernel"]), tuple(e["strides"]),
                             tuple(e["pads"]), e["count_include_pad"], nodes))
         elif kind == "Lookup":
-            ops.append(Lookup(e["name"], x, y, arrays[f"op{i}.table"], e["function"], nodes))
+            index = QParams(**e["index"]) if e.get("index") is not None else None
+            ops.append(Lookup(e["name"], x, y, arrays[f"op{i}.table"], e["function"], nodes,
+                              index))
         elif kind == "Elementwise":
             b = tensors[e["input_b"]] if e.get("input_b") is not None else None
             const = arrays.get(f"op{i}.constant") if b is None else None

@@ -18,7 +18,9 @@ bit for bit except on a few rounding near-ties:
   (z_c - the zero points' share folded into one constant, two fused multiply-adds of the
   raw integers), mul as the product of the centred integers times the ratio; rounded half
   to even, clamped.  A Sub, which has no QLinear form, is onnxruntime's float32 Sub of the
-  two dequantized operands and QuantizeLinear's division.  A constant or broadcast b
+  two dequantized operands and QuantizeLinear's division, and so are an add and a mul with
+  an int16 operand or output (onnxruntime has no int16 QLinear form; a Lookup of an int16
+  input quantizes its dequantized value to the 8-bit index first).  A constant or broadcast b
   broadcasts per channel (or per sample) as ONNX does.  The chip (VADD /
   VMUL) computes the exact real value with 31-bit ratios instead: the two differ by one unit
   where float32's error moves a value across a rounding boundary (a near-tie; spec/isa.md
@@ -172,6 +174,8 @@ def _global_average(x: np.ndarray, xq: QParams, yq: QParams) -> np.ndarray:
 
 
 def lookup(op: Lookup, x: np.ndarray) -> np.ndarray:
+    if op.index is not None:         # an int16 input: onnxruntime's convert to 8 bits first
+        x = op.index.quantize(op.input.quant.dequantize(x))
     index = np.asarray(x).astype(np.int64) % 256      # int8 -128 -> 128, as (x + 256) % 256
     return np.asarray(op.table)[index].astype(_dtype(op.output.quant))
 
@@ -198,7 +202,12 @@ def elementwise(op: Elementwise, a: np.ndarray, b: np.ndarray | None = None) -> 
         if op.broadcasts_b:          # one pixel per sample: (B, C) -> (B, C, 1, ...)
             b = np.asarray(b).reshape((len(b), -1) + (1,) * (np.ndim(a) - 2))
     f32 = np.float32
-    if op.op == "add":
+    if any(q.wide for q in (qa, qb, qc)) and op.op != "sub":
+        # no int16 QLinearAdd / QLinearMul: onnxruntime runs the QDQ nodes, in float32
+        ra, rb = qa.dequantize(a), qb.dequantize(b)
+        value = (ra + rb) if op.op == "add" else (ra * rb)
+        q = np.rint(value.astype(f32) / f32(qc.scale)).astype(np.float64) + qc.zero_point
+    elif op.op == "add":
         # MLAS's x86 kernel: uncentred integers, the zero points folded into one float32
         # constant, two fused multiply-adds (b's first), each rounded once to float32
         ratio_a = f32(qa.scale) / f32(qc.scale)

@@ -50,9 +50,12 @@ def supports(op) -> str | None:
     tensors = (*op.inputs, op.output) if hasattr(op, "inputs") else ()
     if any(t.quant.wide and not t.quant.signed for t in tensors):
         return "a uint16 tensor (the TPU's 16-bit activations are int16: Activate's act_out 2)"
-    if not isinstance(op, (Dense, Conv)) and any(t.quant.wide for t in tensors):
-        return ("a 16-bit tensor: only MatrixMultiply reads int16 (H flag); lookup tables, "
-                "pooling and VADD/VMUL are 8-bit")
+    if isinstance(op, Pool) and any(t.quant.wide for t in tensors):
+        return "a 16-bit tensor: pooling (Activate's) reads and writes 8-bit tensors"
+    if isinstance(op, Lookup) and (op.output.quant.wide or
+                                   (op.input.quant.wide and op.index is None)):
+        return ("a 16-bit tensor: a table maps bytes (an int16 input needs its 8-bit "
+                "requantization, onnxruntime's convert)")
     if isinstance(op, Dense):
         return None
     if isinstance(op, Conv):
@@ -91,11 +94,16 @@ def supports(op) -> str | None:
                         "one row of channels)")
         elif op.reverse and not op.spreads_b:
             return "a reversed Sub of two tensors of one shape"
-        operands = op.inputs
+        tensors = (*op.inputs, op.output)
         if op.a.shape != op.output.shape:
             return "operands of different shapes (VADD/VMUL read equal row ranges)"
-        if not all(t.quant.signed == op.output.quant.signed for t in operands):
-            return "operands of different signedness (one U flag for A, B and C)"
+        if len({t.quant.signed for t in tensors if not t.quant.wide}) > 1:
+            return "8-bit operands of different signedness (one U flag for A, B and C)"
+        if any(t.quant.wide for t in tensors) and (
+                op.b is None or op.broadcasts_b or op.spreads_b):
+            return "an int16 operand with a constant or broadcast b (B's row is bytes)"
+        if op.output.quant.wide and op.activation.kind != "none":
+            return "a clamp on an int16 output (the table maps bytes: no L with Z)"
         return None
     return f"{type(op).__name__} is not a TPU operator"
 

@@ -36,7 +36,9 @@ class Step:
 
     @property
     def needs_identity(self) -> bool:
-        return isinstance(self.op, (Pool, Lookup))
+        # a table of an int16 input is a VADD (lower.requantization), not an identity copy
+        return isinstance(self.op, Pool) or (isinstance(self.op, Lookup) and
+                                             self.op.index is None)
 
     @property
     def nodes(self) -> list[str]:
@@ -56,6 +58,8 @@ class Step:
             blocks = 0
         # an Elementwise's constant operand: one row per chunk of channels (B flag)
         vconst = -(-op.a.shape[0] // n) if isinstance(op, Elementwise) and op.b is None else 0
+        if isinstance(op, Lookup) and op.index is not None:
+            vconst = 1                  # the requantization's constant 0 (one row serves all)
         return 9 * blocks + table + vconst
 
     def summary(self) -> str:
@@ -139,7 +143,9 @@ def plan_fusion(segment: Segment, half_rows: int) -> Fusion:
                 last = nxt
         if isinstance(op, (Dense, Conv, Pool, Elementwise)):
             nxt = only_reader(last.output)
-            if isinstance(nxt, Lookup):
+            if isinstance(nxt, Lookup) and nxt.index is None:
+                # an int16 input's table reads its own 8-bit requantization (Lookup.index),
+                # not the byte the op before would write
                 step.lookup = nxt
                 fused.add(id(nxt))
         steps.append(step)

@@ -93,7 +93,11 @@ class Layout:
 
     def rows(self, batch: int) -> int:
         """UB (and host) rows of the whole tensor for `batch` samples."""
-        return self.per * self.chunks * self.chunk_rows(batch)
+        return self.per * self.vectors(batch)
+
+    def vectors(self, batch: int) -> int:
+        """Vectors (pixels of a chunk of channels) of the whole tensor: `per` rows each."""
+        return self.chunks * self.chunk_rows(batch)
 
     def pixel(self, batch: int, c: int, b: int, y: int, x: int) -> int:
         """Row offset of chunk c, sample b, pixel (y, x) (image coordinates, pads excluded)."""
@@ -162,14 +166,15 @@ def plan_layouts(segment: Segment, n: int) -> dict[str, Layout]:
 def _elementwise_classes(segment: Segment) -> dict[str, list[str]]:
     """Tensor -> the tensors that must share its layout (linked by Elementwise operators,
     and a Lookup's output after one: fuse.py may make it the VADD's L table, which writes
-    it row for row), as one list object per class."""
+    it row for row; or after an int16 input, which a VADD requantizes), as one list object
+    per class."""
     cls: dict[str, list[str]] = {}
     made = {op.output.name for op in segment.operators if isinstance(op, Elementwise)}
     for op in segment.operators:
         if isinstance(op, Elementwise):
             names = (op.a.name, *(() if op.b is None or op.broadcasts_b else (op.b.name,)),
                      op.output.name)
-        elif isinstance(op, Lookup) and op.input.name in made:
+        elif isinstance(op, Lookup) and (op.input.name in made or op.index is not None):
             names = (op.input.name, op.output.name)
         else:
             continue

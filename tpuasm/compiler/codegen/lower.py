@@ -28,10 +28,12 @@ MLAS, others with the count folded into the exact division, one rounding) or loo
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ...machine.vector import qlinear_float_registers, qlinear_registers
-from ..ir import Conv, Dense, Elementwise, Lookup, Pool
+from ..ir import Conv, Dense, Elementwise, Lookup, Pool, QParams
 from ..reference import activation_bounds
 from . import quant
 from .layout import Layout, output_hw
@@ -621,10 +623,10 @@ class Lowering:
         lay_a = c.layouts[op.a.name]
         final = lookup.output if lookup else op.output
         dst = c.layouts[final.name]
-        rows = dst.rows(p)
+        rows = dst.vectors(p)            # offsets count vectors (an int16 one is two rows)
         operands = [lay_a] if op.b is None or op.broadcasts_b else \
             [lay_a, c.layouts[op.b.name]]
-        if not all((lay.rows(p) == rows or lay.tensor is op.b) and lay.pads == dst.pads and
+        if not all((lay.vectors(p) == rows or lay.tensor is op.b) and lay.pads == dst.pads and
                    lay.image_rows == dst.image_rows for lay in operands):
             raise CodegenError(f"{op.name}: operands and output in different layouts "
                                f"({'; '.join(lay.describe() for lay in operands)}; "
@@ -636,8 +638,10 @@ class Lowering:
         e.cfg(**vector_registers(op))
         table = elementwise_table(op, lookup)
         row_b = op.b is None or op.broadcasts_b          # B: one row read for every row
-        flags = ("" if qc.signed else "U") + ("B" if row_b else "") + \
-            ("L" if table is not None else "")
+        flags = vector_flags(op, row_b, table is not None)
+        # the repeat stride moves A, B and C alike: mixed widths repeat nothing
+        per = {lay.per for lay in operands} | {dst.per}
+        per = per.pop() if len(per) == 1 else 0
         if table is not None:
             e.cfg(act_table=c.table_block(("elementwise", op.name), table))
         name = "VMUL" if op.op == "mul" else "VADD"
@@ -651,10 +655,10 @@ class Lowering:
             at = first
             while at < first + count:    # whole iterations of MAX_VECTOR rows, then the rest
                 length = min(MAX_VECTOR, first + count - at)
-                reps = min(MAX_REPEAT, (first + count - at) // length)
+                reps = min(MAX_REPEAT, (first + count - at) // length) if per else 1
                 rep = ""
                 if reps > 1:
-                    e.cfg(rep_ub_stride=length)
+                    e.cfg(rep_ub_stride=per * length)
                     rep = f", repeat={reps}"
                 b = b_at if row_b else self.ub(
                     dst.tensor.name if op.spreads_b else op.b.name, at)
@@ -728,6 +732,8 @@ class Lowering:
 
     # ------------------------------------------------------------------ Lookup
     def lookup(self, op: Lookup):
+        if op.index is not None:
+            return self.elementwise(requantization(op), op)
         c = self.c
         src = c.layouts[op.input.name]
         dst = c.layouts[op.output.name]
@@ -763,6 +769,16 @@ class Lowering:
                 switched = True
                 self.write_image(".L", half, 0, stride, dst, chunk, samples, range(src.height),
                                  range(src.width), f"{what} {chunk * c.n}..")
+
+
+def requantization(op: Lookup) -> Elementwise:
+    """A Lookup of an int16 input as the VADD that requantizes it to its 8-bit index (plus a
+    constant 0 at A's scale: one shift for both multipliers), the table then fused (L):
+    `VADD.XBL`."""
+    x = op.input
+    return Elementwise(op.name, x, None, replace(op.output, quant=op.index), "add",
+                       nodes=op.nodes, constant=np.zeros(1, np.int64),
+                       constant_quant=QParams(x.quant.scale, 0, op.index.signed))
 
 
 def ones_row_tile():
@@ -801,12 +817,24 @@ def constant_zero(op: Elementwise) -> int:
     return zero
 
 
+def vector_flags(op: Elementwise, row_b: bool, table: bool) -> str:
+    """VADD / VMUL's flags: U when its 8-bit operands are uint8 (one signedness: match.py,
+    unsupported), B for one row of b, L for a table, X / Y / Z for int16 A / B / C."""
+    narrow = [t.quant for t in (*op.inputs, op.output) if not t.quant.wide]
+    wide = "".join(flag for flag, t in (("X", op.a), ("Y", op.b), ("Z", op.output))
+                   if t is not None and t.quant.wide)
+    return ("U" if narrow and not narrow[0].signed else "") + ("B" if row_b else "") + \
+        ("L" if table else "") + wide
+
+
 def vector_registers(op: Elementwise) -> dict[str, int]:
     """VADD / VMUL's requantization registers for `op` (spec/isa.md 5.11): onnxruntime's
     QLinearAdd / QLinearMul scales and zero points; a Sub's B multiplier negated; b - a (a
-    constant first) with the roles of the two multipliers swapped, A staying the tensor."""
+    constant first) with the roles of the two multipliers swapped, A staying the tensor.
+    With an int16 operand the exact fixed point (vec_float is onnxruntime's 8-bit kernel)."""
     qa, qc = op.a.quant, op.output.quant
-    if op.b is not None and op.op in ("add", "mul"):
+    wide = any(t.quant.wide for t in (*op.inputs, op.output))
+    if op.b is not None and op.op in ("add", "mul") and not wide:
         # two activations: onnxruntime's float32 arithmetic (vec_float), identical to its
         # QLinearAdd / QLinearMul; a Sub or a re-encoded constant keeps the fixed point
         return qlinear_float_registers(op.op, qa.scale, qa.zero_point, op.b.quant.scale,

@@ -34,8 +34,9 @@ QLINEAR_LOOKUP_OPS = {"QLinearSigmoid", "QLinearLeakyRelu"}
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 # quantized activations the TPU reads: 8-bit, or int16 (its 16-bit activations, MMC's H flag)
 _QUANTIZED = _INT8 + (np.dtype(np.int16),)
-_WIDE_REFUSED = ("a 16-bit (int16) tensor: the TPU's lookup tables, pooling and VADD/VMUL "
-                 "take 8-bit tensors (only matrix operators read 16-bit inputs)")
+_WIDE_REFUSED = ("a 16-bit (int16) tensor: the TPU's pooling, a lookup table's direct input "
+                 "and VADD/VMUL with a constant or broadcast operand take 8-bit tensors "
+                 "(matrix operators and VADD/VMUL of two activations read 16-bit ones)")
 
 
 class NotMapped(Exception):
@@ -770,19 +771,45 @@ class Lowerer:
         return tuple(pads)
 
     def lower_lookup(self, node: Node) -> Operator:
-        source = self.trace(node.inputs[0], reorder_fallback=True)
+        converted = self._converted(node.inputs[0])
+        if converted is None:
+            index, source = None, self.trace(node.inputs[0], reorder_fallback=True)
+        else:
+            index, wide, chain = converted
+            source = self.trace(wide)
+            source = replace(source, nodes=(*source.nodes, *chain))
         out, out_q, _, fused = self.quantized_output(node, allow_activation=False)
-        x, y = self._elementwise(source, out, out_q)
-        table = self._table(node, x, out_q)
+        x, y = self._elementwise(source, out, out_q, wide_in=index is not None)
+        table = self._table(node, index or x.quant, out_q)
         return Lookup(node.name, x, y, table, node.op_type.lower(), (node.name, *source.nodes,
-                                                                     *fused))
+                                                                     *fused), index)
 
-    def _elementwise(self, source: Source, out: str, out_q: QParams):
+    def _converted(self, name: str):
+        """(8-bit QParams, the int16 dequantized tensor, the chain's nodes) when `name` is a
+        16-bit tensor converted to 8 bits (onnxruntime's `convert`: DequantizeLinear of the
+        int16, QuantizeLinear to 8 bits, DequantizeLinear), the byte a table indexes; else
+        None."""
+        dq8 = self.g.producer.get(name)
+        q8 = None if dq8 is None or dq8.op_type != "DequantizeLinear" else \
+            self.g.producer.get(dq8.inputs[0])
+        dq16 = None if q8 is None or q8.op_type != "QuantizeLinear" else \
+            self.g.producer.get(q8.inputs[0])
+        if dq16 is None or dq16.op_type != "DequantizeLinear" or \
+                self.g.dtypes.get(dq16.inputs[0]) != np.dtype(np.int16) or \
+                self.g.dtypes.get(q8.outputs[0]) not in _INT8:
+            return None
+        index = self.qparams(q8.input(1), q8.input(2), q8.outputs[0], q8)
+        return index, dq16.outputs[0], (dq8.name, q8.name)
+
+    def _elementwise(self, source: Source, out: str, out_q: QParams, wide_in: bool = False,
+                     wide_out: bool = False):
         """Input and output tensors of an element-wise operator: the output in the input's
-        IR shape and layout (any ONNX rank: the same bytes in the same order)."""
+        IR shape and layout (any ONNX rank: the same bytes in the same order).  16-bit
+        tensors as `wide_in` / `wide_out` allow (VADD / VMUL of two activations, a table
+        reading a converted int16)."""
         if source.index is not None:
             raise NotMapped("its input is rearranged by a layout node")
-        if source.quant.wide or out_q.wide:
+        if (source.quant.wide and not wide_in) or (out_q.wide and not wide_out):
             raise NotMapped(_WIDE_REFUSED)
         shape, last = self.natural(source.tensor)
         onnx_shape = self.g.sample_shape(source.tensor)
@@ -802,10 +829,10 @@ class Lowerer:
                 return True
         return False
 
-    def _table(self, node: Node, x: Tensor, out_q: QParams) -> np.ndarray:
+    def _table(self, node: Node, x_q: QParams, out_q: QParams) -> np.ndarray:
         if self.table_builder is None:
             raise NotMapped("no table builder (onnxruntime) available")
-        return self.table_builder(self.g, node, x.quant, out_q)
+        return self.table_builder(self.g, node, x_q, out_q)
 
     # --- element-wise Add / Sub / Mul (VADD / VMUL) ---------------------------------------
 
@@ -899,7 +926,7 @@ class Lowerer:
         """An Elementwise of one tensor and a constant b broadcast per channel (the B flag's
         constant row); `reverse`: the constant is the first operand (b - a for a Sub)."""
         ints, quant, dq_name = const
-        _check_vector_operand(source, out_q)
+        _check_vector_operands([source], out_q)
         a, y = self._elementwise(source, out, out_q)
         per_channel = self._per_channel_constant(np.asarray(ints), source.tensor, a)
         if kind != "sub":
@@ -964,9 +991,14 @@ class Lowerer:
         if small is not None and small == 0:   # the broadcast operand is B: b - a for a Sub
             a_src, b_src = b_src, a_src
             reverse = kind == "sub"
-        for src in sources:
-            _check_vector_operand(src, out_q)
-        a, y = self._elementwise(a_src, out, out_q)
+        _check_vector_operands(sources, out_q)
+        if out_q.wide and act.kind != "none":
+            raise NotMapped(f"a fused {act.kind} on an int16 output (the clamp is a table, "
+                            f"which writes bytes)")
+        wide = small is None           # 16-bit operands: two activations of one shape
+        a, y = self._elementwise(a_src, out, out_q, wide_in=wide, wide_out=wide)
+        if b_src.quant.wide and not wide:
+            raise NotMapped(_WIDE_REFUSED)
         if small is None:
             b = self.ir_tensor(b_src.tensor, b_src.quant, a.shape, a.channels_last)
         else:
@@ -1068,7 +1100,7 @@ class Lowerer:
             yq = self.qparams(node.input(3), node.input(4), node.outputs[0], node)
             source = self.trace(node.inputs[0], xq, reorder_fallback=True)
             x, y = self._elementwise(source, node.outputs[0], yq)
-            table = self._table(node, x, yq)
+            table = self._table(node, x.quant, yq)
             return Lookup(node.name, x, y, table, op.replace("QLinear", "").lower(),
                           (node.name, *source.nodes))
         raise NotMapped(f"{op} has no TPU mapping")
@@ -1122,14 +1154,19 @@ class Lowerer:
         raise NotMapped(f"{op} has no TPU mapping")
 
 
-def _check_vector_operand(source: Source, out_q: QParams) -> None:
-    """A VADD / VMUL operand reads as its output's type (one U flag) and in place."""
-    if source.quant.signed != out_q.signed:
-        names = {True: "int8", False: "uint8"}
-        raise NotMapped(f"operand '{source.tensor}' is {names[source.quant.signed]} and the "
-                        f"output {names[out_q.signed]}: VADD/VMUL take one signedness (U flag)")
-    if source.index is not None:
-        raise NotMapped("an operand is rearranged by a layout node")
+def _check_vector_operands(sources, out_q: QParams) -> None:
+    """A VADD / VMUL's 8-bit operands and output share one signedness (one U flag; a 16-bit
+    one is always int16) and are read in place."""
+    names = {True: "int8", False: "uint8"}
+    narrow = [(f"operand '{src.tensor}'", src.quant) for src in sources
+              if not src.quant.wide] + ([("the output", out_q)] if not out_q.wide else [])
+    for what, q in narrow[1:]:
+        if q.signed != narrow[0][1].signed:
+            raise NotMapped(f"{narrow[0][0]} is {names[narrow[0][1].signed]} and {what} "
+                            f"{names[q.signed]}: VADD/VMUL take one signedness (U flag)")
+    for src in sources:
+        if src.index is not None:
+            raise NotMapped("an operand is rearranged by a layout node")
 
 
 BINARY_OPS = {"Add", "Sub", "Mul"}             # VADD / VMUL

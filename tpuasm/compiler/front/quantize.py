@@ -452,6 +452,9 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                 for t in (m for members in wide.values() for m in members):
                     for entry in overrides.setdefault(t, [{}]):
                         entry["quant_type"] = QuantType.QInt16
+                _convert_for_tables(model, wide, chosen, overrides, ranges,
+                                    QuantType.QInt8 if options.symmetric_activations
+                                    else QuantType.QUInt8)
                 overrides.update(weight_overrides)
             # the ranges are given: quantize_static calibrates nothing itself
             quantize_static(model, str(out_path), None, quant_format=QuantFormat.QDQ,
@@ -472,6 +475,25 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
                            ) from None
     return nodes
+
+
+def _convert_for_tables(model, wide: dict, chosen: set, overrides: dict, ranges: dict,
+                        quant_type) -> None:
+    """Give each 16-bit tensor a lookup table reads (widen.converted) onnxruntime's
+    `convert` to the 8-bit `quant_type` for those readers, over widen.index_range (its own
+    range, or a tied group's, narrowed to where the function still changes)."""
+    for t, readers in widen.converted(model, wide, chosen).items():
+        entry = overrides[t][0]
+        if "rmin" in entry:
+            low, high = float(np.min(entry["rmin"])), float(np.max(entry["rmax"]))
+        elif t in ranges:
+            low, high = float(np.min(ranges[t][0])), float(np.max(ranges[t][1]))
+        else:
+            continue                    # no range: onnxruntime converts over its own
+        low, high = widen.index_range(model, readers, low, high, ranges)
+        entry["convert"] = {"quant_type": quant_type, "recv_nodes": set(readers),
+                            "rmin": np.array(low, np.float32),
+                            "rmax": np.array(high, np.float32)}
 
 
 def calibration_model(model: onnx.ModelProto, at_batch_one, samples, batch_axes, path):

@@ -8,9 +8,15 @@ A tensor can be int16 when every TPU operator that touches it does matrix work:
   output: the runtime quantizes it);
 - every quantized node that reads it (through layout nodes: Flatten, Reshape, ...) is a
   matrix node reading it as its activation.
-Lookup tables (the L flag maps bytes), pooling and VADD/VMUL take 8-bit tensors only, so a
-tensor one of them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the
-dequantized float value either way.  Weights are int8 per channel unless front/wideweights.py
+- or it is made or read by a VADD / VMUL of two activations of one (rows, channels) shape
+  (an LSTM's cell state c = f*c + i*g: X, Y, Z take 16-bit operands, spec/isa.md 5.11);
+- a Tanh or Sigmoid table reads it through onnxruntime's `convert` to 8 bits (QuantizeLinear
+  of the dequantized int16: `converted`), the byte the 256-entry table indexes, over the
+  range where the function still changes (`index_range`: finer than the tensor's own).
+Pooling, other tables, Relu / Clip (fused into the op before them as its clamp) and VADD /
+VMUL with a constant or a broadcast operand take 8-bit tensors only, so a tensor one of them reads or
+writes stays 8-bit (`refusals` says why).  Host nodes read the dequantized float value
+either way.  Weights are int8 per channel unless front/wideweights.py
 gives them 16 bits.
 
 onnxruntime quantizes a chosen tensor as QInt16 through its TensorQuantOverrides (the model
@@ -35,7 +41,10 @@ from tpuasm.compiler.errors import CompileError
 
 MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
 LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+VECTOR_OPS = {"Add", "Sub", "Mul"}
 _FUSED_ACTIVATIONS = {"Relu", "Clip"}
+# functions whose 8-bit input saturates: the index range stops where they stop changing
+_SATURATING = {"Tanh": np.tanh, "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 
 def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
@@ -51,17 +60,22 @@ def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
         for i in n.input:
             if i:
                 consumers.setdefault(i, []).append(n)
+    vector = _vector_nodes(model, chosen)
     roots: dict[str, None] = {}
     for n in g.node:
         if n.name in chosen and n.op_type in MATRIX_OPS and n.input and n.input[0] not in inits:
             roots[root_of(n.input[0], producer, chosen)] = None
             roots[_written(n, consumers, chosen)] = None      # its result (host readers)
+        elif n.name in vector:
+            for t in n.input:
+                roots[root_of(t, producer, chosen)] = None
+            roots[n.output[0]] = None
     groups, refusals = {}, {}
     for root in roots:
-        why = _producer_refusal(root, producer, consumers, chosen)
+        why = _producer_refusal(root, producer, consumers, chosen, vector)
         members = _carried(root, consumers, chosen)
         if why is None:
-            why = _reader_refusal(members, consumers, chosen)
+            why = _reader_refusal(members, consumers, chosen, vector)
         if why is None:
             groups[root] = members
         else:
@@ -104,9 +118,40 @@ def _carried(root: str, consumers: dict, chosen: set) -> list[str]:
     return members
 
 
-def _producer_refusal(root: str, producer: dict, consumers: dict, chosen: set) -> str | None:
+def _vector_nodes(model: onnx.ModelProto, chosen: set) -> set[str]:
+    """The quantized Add / Sub / Mul nodes of two activations of one (rows, channels) shape:
+    a VADD / VMUL whose operands and result may each be 16-bit (X, Y, Z).  Image tensors,
+    constants and broadcasts keep their 8-bit forms (the B flag's constant row, padding
+    rows and the array's spread read bytes)."""
+    g = model.graph
+    inits = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant"
+                                               for o in n.output}
+    shapes = {v.name: v.type.tensor_type.shape for v in
+              (*g.value_info, *g.input, *g.output)}
+
+    def dims(name):
+        shape = shapes.get(name)
+        if shape is None:
+            return None
+        return tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
+                     for d in shape.dim)
+
+    found = set()
+    for n in g.node:
+        if n.name not in chosen or n.op_type not in VECTOR_OPS or len(n.input) != 2 or \
+                any(not i or i in inits for i in n.input):
+            continue
+        a, b, y = dims(n.input[0]), dims(n.input[1]), dims(n.output[0])
+        if a is not None and len(a) == 2 and a == b == y:
+            found.add(n.name)
+    return found
+
+
+def _producer_refusal(root: str, producer: dict, consumers: dict, chosen: set,
+                      vector: set) -> str | None:
     node = producer.get(root)
-    if node is None or node.name not in chosen or node.op_type in MATRIX_OPS:
+    if node is None or node.name not in chosen or node.op_type in MATRIX_OPS or \
+            node.name in vector:
         return None
     if node.op_type in _FUSED_ACTIVATIONS and node.input:
         before = producer.get(node.input[0])
@@ -120,11 +165,12 @@ def _producer_refusal(root: str, producer: dict, consumers: dict, chosen: set) -
     return f"made by {node.op_type} '{node.name}' on the TPU, which writes 8-bit only"
 
 
-def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | None:
+def _reader_refusal(members: list[str], consumers: dict, chosen: set,
+                    vector: set) -> str | None:
     names = set(members)
     for t in members:
         for node in consumers.get(t, ()):
-            if node.name not in chosen:
+            if node.name not in chosen or node.name in vector or _table_reader(node):
                 continue                # the host reads the dequantized float value
             if node.op_type in LAYOUT_OPS and node.output and node.output[0] in names:
                 continue
@@ -132,8 +178,57 @@ def _reader_refusal(members: list[str], consumers: dict, chosen: set) -> str | N
                     t not in node.input[1:]:
                 continue
             return (f"read by {node.op_type} '{node.name}' on the TPU, which reads 8-bit only "
-                    f"(lookup tables, pooling, VADD/VMUL)")
+                    f"(pooling, tables but Tanh / Sigmoid, VADD/VMUL with a constant, a "
+                    f"broadcast or an image)")
     return None
+
+
+def _table_reader(node) -> bool:
+    """A lookup table node that reads a 16-bit tensor converted to 8 bits (`converted`):
+    Tanh and Sigmoid, whose index range narrows to where they still change (index_range).
+    Any other table would read the same 256 steps as an 8-bit tensor, for one more VADD."""
+    return node.op_type in _SATURATING
+
+
+def converted(model: onnx.ModelProto, picked: dict, chosen: set) -> dict[str, list[str]]:
+    """{16-bit tensor of `picked`: the quantized lookup nodes that read it}: each reads it
+    converted to 8 bits (onnxruntime's `convert` override: its QuantizeLinear to int16,
+    DequantizeLinear, then a QuantizeLinear to 8 bits and its DequantizeLinear), the byte
+    its table indexes; on the TPU a VADD with X requantizes it and looks it up at once."""
+    found = {}
+    for members in picked.values():
+        for t in members:
+            names = [n.name for n in model.graph.node if n.name in chosen and t in n.input
+                     and _table_reader(n)]
+            if names:
+                found[t] = names
+    return found
+
+
+def index_range(model: onnx.ModelProto, node_names, low: float, high: float,
+                ranges: dict) -> tuple[float, float]:
+    """The 8-bit range a 16-bit tensor of range (low, high) is converted to for the lookup
+    nodes `node_names` (converted): where Tanh / Sigmoid saturate, within half of their
+    output's 8-bit step (its calibrated range in `ranges`) of their limit, the range stops:
+    the index's 256 steps go where the function still changes.  Several readers (or any
+    other function) keep the whole range."""
+    nodes = [n for n in model.graph.node if n.name in set(node_names)]
+    function = _SATURATING.get(nodes[0].op_type) if len(nodes) == 1 else None
+    out = ranges.get(nodes[0].output[0]) if nodes else None
+    if function is None or out is None or not high > low:
+        return low, high
+    bottom, top = min(float(np.min(out[0])), 0.0), max(float(np.max(out[1])), 0.0)
+    step = (top - bottom) / 255
+    if not step > 0:
+        return low, high
+    grid = np.linspace(low, high, 4097)
+    values = function(grid)          # increasing: the levels between are one interval
+    changing = np.flatnonzero((values > bottom + step / 2) & (values < top - step / 2))
+    if changing.size == 0:
+        return low, high
+    # one grid point beyond the last that still changes: saturated from there on
+    return (float(grid[max(changing[0] - 1, 0)]),
+            float(grid[min(changing[-1] + 1, grid.size - 1)]))
 
 
 def requantized_inputs(qdq: onnx.ModelProto, nodes) -> list[str]:
