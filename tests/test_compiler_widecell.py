@@ -170,7 +170,7 @@ def vector_instructions(outdir: Path) -> set[str]:
     ("gru_classifier", {"VMUL.UYZ", "VADD.XYZ", "VADD.UBLX"})])
 def test_the_cell_arithmetic_runs_on_the_chip_at_16_bits_closer_to_float(
         tmp_path_factory, name, instructions):
-    narrow = compiled(name, tmp_path_factory.mktemp(name))
+    narrow = compiled(name, tmp_path_factory.mktemp(name), "--calibration-method", "minmax")
     wide = compiled(name, tmp_path_factory.mktemp(name + "16"), "--activation-bits", "16")
     for outcome in (narrow, wide):
         assert outcome.failure is None, outcome.failure
@@ -189,3 +189,17 @@ def test_the_cell_arithmetic_runs_on_the_chip_at_16_bits_closer_to_float(
     for out, (same, worst) in qdq_agreement(wide).items():
         assert same >= 0.98, f"{out}: {same:.2%} identical"
         assert worst <= 4 + 1e-2, f"{out}: {worst:.2f} int16 steps apart"
+
+
+@pytest.mark.parametrize("name", ["lstm_classifier", "gru_classifier"])
+def test_auto_tries_the_16_bit_cell_when_8_bits_meet_the_bar_and_keeps_it_for_its_snr(
+        tmp_path_factory, name):
+    """On 300 check rows both 8-bit and int16 keep top-1; the SNR says which is closer."""
+    auto = compiled(name, tmp_path_factory.mktemp(name + "auto"))
+    narrow = compiled(name, tmp_path_factory.mktemp(name), "--calibration-method", "minmax")
+    assert auto.failure is None, auto.failure
+    source = auto.report()["source"]
+    assert "a recurrent cell carries its rounding from step to step" in source, source
+    assert {i for i in vector_instructions(auto.outdir) if "Z" in i}
+    assert float_snr(auto) >= float_snr(narrow) + 2.0
+    assert top1_agreement(auto) >= 0.99

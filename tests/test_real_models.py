@@ -36,7 +36,15 @@ XFAIL = {"runs": {}, "on_tpu": {}, "top1": {}, "identical": {
     # onnxruntime has no integer kernel for int16 weights and computes those layers in
     # float32, where the chip sums exactly (docs/compiler.md, 16-bit weights)
     "conv1d_audio": "logits 99.61 % identical to onnxruntime's float32 evaluation of its "
-                    "int16-weight QDQ model, none more than one step apart"}}
+                    "int16-weight QDQ model, none more than one step apart",
+    # the check gives the recurrent cell int16 tensors (its SNR against the float model
+    # 33.3 -> 39.4 dB, 38.2 -> 41.1 dB): onnxruntime's QDQ model computes its int16 Gemms,
+    # Adds and Muls in float32, the chip exactly, and a near-tie that moves a table's index
+    # is carried by the later steps
+    "lstm_classifier": "logits 99.53 % identical to onnxruntime's float32 evaluation of its "
+                       "int16 QDQ model, none more than one int16 step apart",
+    "gru_classifier": "logits 98.6 % identical to onnxruntime's float32 evaluation of its "
+                      "int16 QDQ model, at most 4 int16 steps apart"}}
 # a model that does not compile fails every later check too
 for _name in XFAIL["runs"]:
     for _check in ("on_tpu", "top1", "identical"):

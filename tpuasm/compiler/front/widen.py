@@ -128,6 +128,14 @@ def _vector_nodes(model: onnx.ModelProto, chosen: set) -> set[str]:
                                                for o in n.output}
     shapes = {v.name: v.type.tensor_type.shape for v in
               (*g.value_info, *g.input, *g.output)}
+    if any(n.name in chosen and n.op_type in VECTOR_OPS and o not in shapes
+           for n in g.node for o in n.output):
+        # a model without its value infos (the search's prepared model): onnx infers them
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:               # noqa: BLE001 - no shapes: no 16-bit vector nodes
+            inferred = g
+        shapes.update({v.name: v.type.tensor_type.shape for v in inferred.value_info})
 
     def dims(name):
         shape = shapes.get(name)
