@@ -774,7 +774,7 @@ class Lowering:
 def requantization(op: Lookup) -> Elementwise:
     """A Lookup of an int16 input as the VADD that requantizes it to its 8-bit index (plus a
     constant 0 at A's scale: one shift for both multipliers), the table then fused (L):
-    `VADD.XBL`."""
+    `VADD.BLX`, with U for a uint8 index."""
     x = op.input
     return Elementwise(op.name, x, None, replace(op.output, quant=op.index), "add",
                        nodes=op.nodes, constant=np.zeros(1, np.int64),

@@ -322,8 +322,20 @@ _WIDEN_SHARE = 4          # the first try makes the noisiest quarter of the tens
 RECURRENT_GAIN_DB = 1.0     # the SNR a recurrent model's int16 tensors must add to be kept
 
 
+RECURRENT_OPS = {"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM", "Loop", "Scan"}
+
+
+def _recurrent(provenance, nodes) -> bool:
+    """Whether a quantized node comes from a recurrent node of the user's model (an LSTM,
+    GRU or RNN unrolled by prepare.py, a Loop unrolled by loops.py: tf2onnx's Keras GRU)."""
+    if provenance is None:
+        return False
+    kinds = dict(provenance.nodes)
+    return any(kinds.get(provenance.source(n)) in RECURRENT_OPS for n in nodes)
+
+
 def _widen_the_recurrent(searching: tuple, options, current, nodes, notes: dict):
-    """An unrolled LSTM / GRU (prepare.py's per-step tensors, `tied`) carries its rounding
+    """An unrolled LSTM / GRU (or Loop: `_recurrent`) carries its rounding
     from step to step, and on a few hundred check rows top-1 flips cannot tell 98.5 %
     from 99 % on new rows (the PyTorch LSTM classifier: 100 % of its 128 check rows at 8
     bits, 98.4 % of 1,024 new ones; with its cell int16, 99.1 %).  So when an 8-bit model
@@ -332,8 +344,8 @@ def _widen_the_recurrent(searching: tuple, options, current, nodes, notes: dict)
     do resolve.  Returns (options, score, nodes, a sentence for the report or "", notes)."""
     (model, samples, signature, out_path, path, provenance, more, float_model, check,
      batch_first, min_agreement, min_snr) = searching
-    if not more.get("tied") or options.activation_bits != 8 or options.checked_wide or \
-            current.snr_db is None:
+    if not _recurrent(provenance, nodes) or options.activation_bits != 8 or \
+            options.checked_wide or current.snr_db is None:
         return options, current, nodes, "", notes
     from tpuasm.compiler.front import widen
     groups, _ = widen.eligible(model, set(nodes))
