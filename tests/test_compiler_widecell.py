@@ -203,3 +203,13 @@ def test_auto_tries_the_16_bit_cell_when_8_bits_meet_the_bar_and_keeps_it_for_it
     assert {i for i in vector_instructions(auto.outdir) if "Z" in i}
     assert float_snr(auto) >= float_snr(narrow) + 2.0
     assert top1_agreement(auto) >= 0.99
+
+
+def test_the_recurrent_step_is_for_nodes_of_a_recurrent_node_of_the_users_model():
+    from tpuasm.compiler.front.provenance import Provenance
+    from tpuasm.compiler.runtime.calibsearch import _recurrent
+    prov = Provenance([("lstm", "LSTM"), ("loop", "Loop"), ("fc", "Gemm")],
+                      {"lstm/t0/i_x": "lstm", "loop/i3/MatMul": "loop"})
+    assert _recurrent(prov, ["fc", "lstm/t0/i_x"])
+    assert _recurrent(prov, ["loop/i3/MatMul"])
+    assert not _recurrent(prov, ["fc", "added/glue"]) and not _recurrent(None, ["fc"])
