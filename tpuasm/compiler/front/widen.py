@@ -14,8 +14,8 @@ A tensor can be int16 when every TPU operator that touches it does matrix work:
   of the dequantized int16: `converted`), the byte the 256-entry table indexes, over the
   range where the function still changes (`index_range`: finer than the tensor's own).
 Pooling, other tables, Relu / Clip (fused into the op before them as its clamp) and VADD /
-VMUL with a constant or a broadcast operand take 8-bit tensors only, so a tensor one of them reads or
-writes stays 8-bit (`refusals` says why).  Host nodes read the dequantized float value
+VMUL with a constant or a broadcast operand take 8-bit tensors only, so a tensor one of
+them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the dequantized float value
 either way.  Weights are int8 per channel unless front/wideweights.py
 gives them 16 bits.
 
@@ -47,11 +47,15 @@ _FUSED_ACTIVATIONS = {"Relu", "Clip"}
 _SATURATING = {"Tanh": np.tanh, "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 
-def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
+def eligible(model: onnx.ModelProto, chosen: set[str], vectors: bool = True
+             ) -> tuple[dict, dict]:
     """({tensor: [tensors quantized alike]}, {tensor: why it stays 8-bit}) over the
-    activation tensors that a quantized matrix node reads or writes; `chosen`: the
-    quantized nodes (quantize.tpu_nodes).  Each key is the tensor as its producer writes it (before any
-    layout node); its list holds it and the layout nodes' outputs that carry its values."""
+    activation tensors that a quantized matrix node reads or writes, and with `vectors`
+    those of VADD / VMUL and the Tanh / Sigmoid tables too (without: only the tensors
+    between matrix operators, which cost no instruction more); `chosen`: the quantized
+    nodes (quantize.tpu_nodes).  Each key is the tensor as its producer writes it (before
+    any layout node); its list holds it and the layout nodes' outputs that carry its
+    values."""
     g = model.graph
     inits = {t.name for t in g.initializer}
     producer = {o: n for n in g.node for o in n.output if o}
@@ -60,7 +64,7 @@ def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
         for i in n.input:
             if i:
                 consumers.setdefault(i, []).append(n)
-    vector = _vector_nodes(model, chosen)
+    vector = _vector_nodes(model, chosen) if vectors else set()
     roots: dict[str, None] = {}
     for n in g.node:
         if n.name in chosen and n.op_type in MATRIX_OPS and n.input and n.input[0] not in inits:
@@ -75,7 +79,7 @@ def eligible(model: onnx.ModelProto, chosen: set[str]) -> tuple[dict, dict]:
         why = _producer_refusal(root, producer, consumers, chosen, vector)
         members = _carried(root, consumers, chosen)
         if why is None:
-            why = _reader_refusal(members, consumers, chosen, vector)
+            why = _reader_refusal(members, consumers, chosen, vector, vectors)
         if why is None:
             groups[root] = members
         else:
@@ -174,11 +178,12 @@ def _producer_refusal(root: str, producer: dict, consumers: dict, chosen: set,
 
 
 def _reader_refusal(members: list[str], consumers: dict, chosen: set,
-                    vector: set) -> str | None:
+                    vector: set, tables: bool) -> str | None:
     names = set(members)
     for t in members:
         for node in consumers.get(t, ()):
-            if node.name not in chosen or node.name in vector or _table_reader(node):
+            if node.name not in chosen or node.name in vector or \
+                    (tables and _table_reader(node)):
                 continue                # the host reads the dequantized float value
             if node.op_type in LAYOUT_OPS and node.output and node.output[0] in names:
                 continue

@@ -13,8 +13,11 @@ that can be int16 are made so (_widen_the_noisiest); still below, the 8-bit-only
 operators is int16 (_widen_through_the_host); still below, the element-wise node whose
 8-bit output costs the most answers is kept in float (never a matrix op), up to three of
 them; still below, the TPU's 16-bit weights (front/wideweights.py): the costliest weights
-in 8 bits, then all of them (_widen_the_weights).  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1
-agreement on the check rows, every matrix op still on the TPU."""
+in 8 bits, then all of them (_widen_the_weights).  A recurrent network (an unrolled LSTM,
+GRU or Loop) whose model meets the bars is tried with every tensor int16 too, its cell
+chain's included, and keeps it for a higher SNR (_widen_the_recurrent).  The report says
+which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1 agreement on
+the check rows, every matrix op still on the TPU."""
 from __future__ import annotations
 
 import math
@@ -177,11 +180,6 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
     rows = _rows(check, batch_axes)
     note = (f"calibration method chosen by the check against the float model on {rows} "
             f"rows ({'; '.join(tried)}): {_NAMES[best.calibration_method]}")
-    if not best_score.below(min_agreement, min_snr):
-        best, best_score, best_nodes, widened, notes = _widen_the_recurrent(
-            searching, best, best_score, best_nodes, notes)
-        if widened:
-            note += "; " + widened
     if best_score.below(min_agreement, min_snr) and best.activation_bits == 8:
         best, best_score, best_nodes, widened, notes = _widen_the_noisiest(
             model, samples, signature, out_path, best, best_score, best_nodes, path,
@@ -208,6 +206,11 @@ def quantize_checked(model, samples: dict, signature: dict, out_path: Path,
             provenance, more, float_model, check, batch_first, min_agreement, min_snr, notes)
         if weighted:
             note += "; " + weighted
+    if not best_score.below(min_agreement, min_snr):
+        best, best_score, best_nodes, widened, notes = _widen_the_recurrent(
+            searching, best, best_score, best_nodes, notes)
+        if widened:
+            note += "; " + widened
     narrow = _narrow_note(notes)
     return best_nodes, best, note + (f"; {narrow}" if narrow else "")
 
@@ -338,18 +341,19 @@ def _widen_the_recurrent(searching: tuple, options, current, nodes, notes: dict)
     """An unrolled LSTM / GRU (or Loop: `_recurrent`) carries its rounding
     from step to step, and on a few hundred check rows top-1 flips cannot tell 98.5 %
     from 99 % on new rows (the PyTorch LSTM classifier: 100 % of its 128 check rows at 8
-    bits, 98.4 % of 1,024 new ones; with its cell int16, 99.1 %).  So when an 8-bit model
-    of one meets the bars, every tensor that can be int16 is tried too (min-max), and kept
-    when it meets them with an SNR higher by RECURRENT_GAIN_DB: the figure the check rows
-    do resolve.  Returns (options, score, nodes, a sentence for the report or "", notes)."""
+    bits, 98.4 % of 1,024 new ones; with its cell int16, 99.1 %).  So when the search's
+    model of one meets the bars (at once, or after the steps before), every tensor that can
+    be int16 (its cell's too) is tried (min-max), and kept when it meets them with an SNR
+    higher by RECURRENT_GAIN_DB: the figure the check rows do resolve.  Returns (options,
+    score, nodes, a sentence for the report or "", notes)."""
     (model, samples, signature, out_path, path, provenance, more, float_model, check,
      batch_first, min_agreement, min_snr) = searching
     if not _recurrent(provenance, nodes) or options.activation_bits != 8 or \
-            options.checked_wide or current.snr_db is None:
+            current.snr_db is None:
         return options, current, nodes, "", notes
     from tpuasm.compiler.front import widen
     groups, _ = widen.eligible(model, set(nodes))
-    if not groups:
+    if not groups or set(groups) <= set(options.checked_wide):
         return options, current, nodes, "", notes
     wide = replace(options, calibration_method="minmax", checked_wide=tuple(groups))
     candidate = Path(out_path).with_suffix(".recurrent.onnx")
@@ -376,39 +380,48 @@ def _widen_the_noisiest(model, samples, signature, out_path, options, current, n
                         provenance, more: dict, float_model, check, batch_first,
                         min_agreement, min_snr, notes: dict):
     """Below the bars with 8-bit activations: before anything is kept in float, the TPU's
-    16-bit activations (front/widen.py).  The activation tensors that can be int16, ranked
-    by the SNR of their 8-bit rounding in the QDQ model (the noisiest first, as
-    _float_the_sensitive ranks element-wise outputs); the noisiest quarter made int16 and
-    checked, then every one of them.  The best QDQ model is kept.  Returns (options, score,
+    16-bit activations (front/widen.py).  The tensors between matrix operators (which cost
+    no instruction more), ranked by the SNR of their 8-bit rounding in the QDQ model (the
+    noisiest first, as _float_the_sensitive ranks element-wise outputs): the noisiest
+    quarter made int16 and checked, then every one of them; then those of the VADD / VMUL
+    and Tanh / Sigmoid tables as well (widen.eligible's `vectors`: a table's input through
+    its 8-bit index, one VADD more); then every tensor between matrix operators with the
+    method the 8-bit search chose.  The best QDQ model is kept.  Returns (options, score,
     nodes, a sentence for the report or "", notes)."""
     from tpuasm.compiler.front import widen
-    groups, _ = widen.eligible(model, set(nodes))
-    if not groups:
+    groups, _ = widen.eligible(model, set(nodes), vectors=False)
+    every, _ = widen.eligible(model, set(nodes))
+    if not every:
         return options, current, nodes, "", notes
-    ranked = _noisiest_tensors(out_path, list(groups), check, batch_first)
+    ranked = _noisiest_tensors(out_path, list(groups), check, batch_first) if groups else []
     ref = float_outputs(float_model, check, batch_first)
-    start, chosen = current, None
+    start = current
     first = max(1, -(-len(ranked) // _WIDEN_SHARE))
     # min-max first: 16 bits have the resolution to cover the whole range, which the
     # clipping methods give up for 8-bit steps (entropy's clipped logits kept top-1 but
     # lost 20 dB of SNR on a small MLP); then the method the 8-bit search chose
-    tries = [(count, "minmax") for count in dict.fromkeys((first, len(ranked)))]
-    if options.calibration_method != "minmax":
-        tries.append((len(ranked), options.calibration_method))
-    choices = [(count, replace(options, calibration_method=method,
-                               checked_wide=tuple(ranked[:count])))
-               for count, method in tries]
+    sets = [tuple(ranked[:count]) for count in dict.fromkeys((first, len(ranked))) if count]
+    tries = [(wide, "minmax") for wide in sets]
+    if set(every) - set(groups):
+        tries.append((tuple(every), "minmax"))
+    if options.calibration_method != "minmax" and ranked:
+        tries.append((tuple(ranked), options.calibration_method))
+    choices = [(wide, replace(options, calibration_method=method, checked_wide=wide))
+               for wide, method in tries]
     found = _best_of(choices, current, Path(out_path).with_suffix(".wide.onnx"), out_path,
                      (model, samples, signature, path, provenance, more),
                      (float_model, check, batch_first, ref, min_agreement, min_snr))
     if found is None:
         return options, current, nodes, "", notes
     chosen, options, current, nodes, notes = found
-    names = ", ".join(ranked[:min(chosen, 6)]) + (" ..." if chosen > 6 else "")
+    names = ", ".join(chosen[:6]) + (" ..." if len(chosen) > 6 else "")
+    what = (f"{len(chosen)} of {len(ranked)} activation tensors between matrix operators, "
+            f"the noisiest in 8 bits first" if set(chosen) <= set(groups) else
+            f"{len(chosen)} activation tensors, those of the element-wise nodes too")
     return options, current, nodes, (
-        f"made int16 by the check: {chosen} of {len(ranked)} activation tensors, the "
-        f"noisiest in 8 bits first ({names}), {_NAMES[options.calibration_method]} "
-        f"calibration: {start.text()} -> {current.text()}"), notes
+        f"made int16 by the check: {what} ({names}), "
+        f"{_NAMES[options.calibration_method]} calibration: {start.text()} -> "
+        f"{current.text()}"), notes
 
 
 def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizing: tuple,
