@@ -348,8 +348,10 @@ def _widen_the_recurrent(searching: tuple, options, current, nodes, notes: dict)
     score, nodes, a sentence for the report or "", notes)."""
     (model, samples, signature, out_path, path, provenance, more, float_model, check,
      batch_first, min_agreement, min_snr) = searching
-    if not _recurrent(provenance, nodes) or options.activation_bits != 8 or \
-            current.snr_db is None:
+    # prepare.py's per-step tensors (`tied`) say so too where the user's LSTM sat in an If
+    # (silero_vad.onnx's, inlined: its provenance is the If)
+    if not (more.get("tied") or _recurrent(provenance, nodes)) or \
+            options.activation_bits != 8 or current.snr_db is None:
         return options, current, nodes, "", notes
     from tpuasm.compiler.front import widen
     groups, _ = widen.eligible(model, set(nodes))
