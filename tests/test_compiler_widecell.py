@@ -213,3 +213,53 @@ def test_the_recurrent_step_is_for_nodes_of_a_recurrent_node_of_the_users_model(
     assert _recurrent(prov, ["fc", "lstm/t0/i_x"])
     assert _recurrent(prov, ["loop/i3/MatMul"])
     assert not _recurrent(prov, ["fc", "added/glue"]) and not _recurrent(None, ["fc"])
+
+
+def test_long_int16_vector_runs_repeat_one_width_and_split_mixed_widths(tmp_path):
+    """More vectors than one VADD's length field (4,095): an all-int16 VADD.XYZ walks them
+    with `repeat` (its stride two rows a vector), a VMUL of a uint8 and an int16 operand one
+    instruction per 4,095 vectors (the stride would move both alike), each operand at its
+    own row offset.  Every row against the same program in one instruction a tensor, and
+    reference.py (the compile's own check reads the first 8 samples only)."""
+    from tpuasm.compiler import compile as tpu_compile
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, shape).astype(np.float32), name)
+             for name, shape in (("w1", (8, 64)), ("w2", (8, 64)), ("w3", (64, 4)))]
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["g1"], name="g1"),
+             helper.make_node("Gemm", ["x", "w2"], ["g2"], name="g2"),
+             helper.make_node("Sigmoid", ["g1"], ["s"], name="s"),
+             helper.make_node("Mul", ["s", "g2"], ["p"], name="p"),
+             helper.make_node("Add", ["p", "g2"], ["q"], name="q"),
+             helper.make_node("Gemm", ["q", "w3"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "long", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 4])], inits)
+    path = tmp_path / "long.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(path))
+    x = rng.normal(0, 1, (1024, 8)).astype(np.float32)
+    # a 4-wide array: 64 channels are 16 chunks, 16,384 vectors a tensor
+    compiled = tpu_compile(path, batch=1024, calibration=x[:256], calibration_method="minmax",
+                           activation_bits=16, validate=False,
+                           config={"array_size": 4, "ub_rows": 393216})
+    source = "\n".join(step.program.source for step in compiled.steps
+                       if getattr(step, "program", None) is not None)
+    lines = [line.split(";")[0].split() for line in source.splitlines()]
+    adds = [" ".join(w) for w in lines if w and w[0] == "VADD.XYZ"]
+    muls = [" ".join(w) for w in lines if w and w[0] == "VMUL.UYZ"]
+    # 4 x 4,095 vectors by repeat (rep_ub_stride 8,190 rows), the last 4 after them
+    assert len(adds) == 2 and adds[0].endswith(", 4095, repeat=4"), adds
+    assert adds[1].count("+ 32760") == 3 and adds[1].endswith(", 4"), adds
+    assert "CFG rep_ub_stride, 8190" in source
+    # A (uint8 s) one row a vector, B and C (int16) two: five instructions, no repeat
+    assert len(muls) == 5 and not any("repeat" in m for m in muls), muls
+    assert "+ 4095," in muls[1] and muls[1].count("+ 8190") == 2, muls[1]
+    assert "+ 16380," in muls[4] and muls[4].count("+ 32760") == 2, muls[4]
+    got = compiled.run({"x": x}, engine="emulator")["y"]
+    # the same arithmetic in one instruction a tensor (a 64-wide array: 1,024 vectors)
+    whole = tpu_compile(path, batch=1024, calibration=x[:256], calibration_method="minmax",
+                        activation_bits=16, validate=False, config={"array_size": 64})
+    assert np.array_equal(got, whole.run({"x": x}, engine="emulator")["y"])
+    # and reference.py's float32 arithmetic: equal but for int16 near-ties
+    want = compiled.run({"x": x}, engine="reference")["y"]
+    assert np.mean(got == want) >= 0.99
