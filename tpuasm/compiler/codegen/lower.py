@@ -640,8 +640,8 @@ class Lowering:
         row_b = op.b is None or op.broadcasts_b          # B: one row read for every row
         flags = vector_flags(op, row_b, table is not None)
         # the repeat stride moves A, B and C alike: mixed widths repeat nothing
-        per = {lay.per for lay in operands} | {dst.per}
-        per = per.pop() if len(per) == 1 else 0
+        widths = {lay.per for lay in operands} | {dst.per}
+        per = widths.pop() if len(widths) == 1 else 0
         if table is not None:
             e.cfg(act_table=c.table_block(("elementwise", op.name), table))
         name = "VMUL" if op.op == "mul" else "VADD"

@@ -2,22 +2,22 @@
 activations, at half the multiply rate: MatrixMultiply's H flag reads an int16 vector from
 two UB rows, Activate's act_out = 2 writes one).
 
-A tensor can be int16 when every TPU operator that touches it does matrix work:
+A tensor can be int16 when every TPU operator that touches it takes 16 bits:
 - it is made by a matrix node (Conv, Gemm, MatMul, with its fused Relu / Clip or bias Add)
-  that Activate requantizes, or it comes from the host (a model input, a host node's
-  output: the runtime quantizes it);
+  that Activate requantizes, by a VADD / VMUL of two activations of one (rows, channels)
+  shape (an LSTM's cell state c = f*c + i*g: X, Y, Z take 16-bit operands, spec/isa.md
+  5.11), or it comes from the host (a model input, a host node's output: the runtime
+  quantizes it);
 - every quantized node that reads it (through layout nodes: Flatten, Reshape, ...) is a
-  matrix node reading it as its activation.
-- or it is made or read by a VADD / VMUL of two activations of one (rows, channels) shape
-  (an LSTM's cell state c = f*c + i*g: X, Y, Z take 16-bit operands, spec/isa.md 5.11);
-- a Tanh or Sigmoid table reads it through onnxruntime's `convert` to 8 bits (QuantizeLinear
-  of the dequantized int16: `converted`), the byte the 256-entry table indexes, over the
-  range where the function still changes (`index_range`: finer than the tensor's own).
+  matrix node reading it as its activation, such a VADD / VMUL, or a Tanh or Sigmoid
+  table, which reads it through onnxruntime's `convert` to 8 bits (QuantizeLinear of the
+  dequantized int16: `converted`), the byte the 256-entry table indexes, over the range
+  where the function still changes (`index_range`: finer than the tensor's own).
 Pooling, other tables, Relu / Clip (fused into the op before them as its clamp) and VADD /
 VMUL with a constant or a broadcast operand take 8-bit tensors only, so a tensor one of
-them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the dequantized float value
-either way.  Weights are int8 per channel unless front/wideweights.py
-gives them 16 bits.
+them reads or writes stays 8-bit (`refusals` says why).  Host nodes read the dequantized
+float value either way.  Weights are int8 per channel unless front/wideweights.py gives
+them 16 bits.
 
 onnxruntime quantizes a chosen tensor as QInt16 through its TensorQuantOverrides (the model
 is moved to opset 21, whose QuantizeLinear / DequantizeLinear take int16).
@@ -208,14 +208,12 @@ def converted(model: onnx.ModelProto, picked: dict, chosen: set) -> dict[str, li
     converted to 8 bits (onnxruntime's `convert` override: its QuantizeLinear to int16,
     DequantizeLinear, then a QuantizeLinear to 8 bits and its DequantizeLinear), the byte
     its table indexes; on the TPU a VADD with X requantizes it and looks it up at once."""
-    found = {}
-    for members in picked.values():
-        for t in members:
-            names = [n.name for n in model.graph.node if n.name in chosen and t in n.input
-                     and _table_reader(n)]
-            if names:
-                found[t] = names
-    return found
+    tables: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.name in chosen and _table_reader(n):
+            for i in dict.fromkeys(n.input):
+                tables.setdefault(i, []).append(n.name)
+    return {t: tables[t] for members in picked.values() for t in members if t in tables}
 
 
 def index_range(model: onnx.ModelProto, node_names, low: float, high: float,

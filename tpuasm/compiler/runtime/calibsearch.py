@@ -15,10 +15,9 @@ operators is int16 (_widen_through_the_host); still below, the element-wise node
 them; still below, the TPU's 16-bit weights (front/wideweights.py): the costliest weights
 in 8 bits, then all of them (_widen_the_weights).  Those steps also follow a clipping
 method's pass with flips on the check rows (its ranges are fitted to them), each kept only
-if it beats it there.  A recurrent network (an unrolled LSTM,
-GRU or Loop) whose model meets the bars is tried with every tensor int16 too, its cell
-chain's included, and keeps it for a higher SNR (_widen_the_recurrent).  The report says
-which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1 agreement on
+if it beats it there.  A recurrent network (an unrolled LSTM, GRU or Loop) whose model
+meets the bars is tried with every tensor int16 too, its cell chain's included, and keeps
+it for a higher SNR (_widen_the_recurrent).  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1 agreement on
 the check rows, every matrix op still on the TPU."""
 from __future__ import annotations
 
@@ -337,7 +336,7 @@ _WIDEN_SHARE = 4          # the first try makes the noisiest quarter of the tens
 RECURRENT_GAIN_DB = 1.0     # the SNR a recurrent model's int16 tensors must add to be kept
 
 
-RECURRENT_OPS = {"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM", "Loop", "Scan"}
+RECURRENT_OPS = {"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM", "Loop"}
 
 
 def _recurrent(provenance, nodes) -> bool:
@@ -369,22 +368,19 @@ def _widen_the_recurrent(searching: tuple, options, current, nodes, notes: dict)
     groups, _ = widen.eligible(model, set(nodes))
     if not groups or set(groups) <= set(options.checked_wide):
         return options, current, nodes, "", notes
+    def clearer(s: Score, old: Score) -> bool:
+        return s.snr_db is not None and not s.below(min_agreement, min_snr) and \
+            s.snr_db >= old.snr_db + RECURRENT_GAIN_DB
+
     wide = replace(options, calibration_method="minmax", checked_wide=tuple(groups))
-    candidate = Path(out_path).with_suffix(".recurrent.onnx")
-    tried: dict = {}
-    try:
-        found = quantize(model, samples, signature, candidate, wide, path, provenance,
-                         notes=tried, **more)
-    except Exception:                   # noqa: BLE001 - a choice that fails is not made
+    found = _best_of([(None, wide)], current, Path(out_path).with_suffix(".recurrent.onnx"),
+                     out_path, (model, samples, signature, path, provenance, more),
+                     (float_model, check, batch_first, None, min_agreement, min_snr),
+                     beats=clearer)
+    if found is None:
         return options, current, nodes, "", notes
-    if _moves_matrix_work(candidate, found, out_path):
-        return options, current, nodes, "", notes
-    s = score(candidate, float_model, check, batch_first, minmax=True)
-    if s is None or s.snr_db is None or s.below(min_agreement, min_snr) or \
-            s.snr_db < current.snr_db + RECURRENT_GAIN_DB:
-        return options, current, nodes, "", notes
-    shutil.copyfile(candidate, out_path)
-    return wide, s, found, (
+    _, wide, s, found_nodes, tried = found
+    return wide, s, found_nodes, (
         f"a recurrent cell carries its rounding from step to step: made int16 by the check "
         f"as well, {len(groups)} activation tensors, min-max calibration: SNR "
         f"{current.snr_db:.1f} dB -> {s.snr_db:.1f} dB ({s.text()})"), tried
@@ -438,14 +434,19 @@ def _widen_the_noisiest(model, samples, signature, out_path, options, current, n
         f"{current.text()}"), notes
 
 
+def _beats(s: Score, current: Score) -> bool:
+    return s.key() > current.key()
+
+
 def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizing: tuple,
-             scoring: tuple):
+             scoring: tuple, beats=_beats):
     """Quantize with each of `choices` ([(label, QuantOptions)]) in turn into `candidate`,
-    score it against the float model, and keep (copied to `out_path`) each that beats the
-    best so far; stop at the first that meets the bars.  `quantizing`: (model, samples,
-    signature, path, provenance, quantize()'s other keywords); `scoring`: (float model,
-    check rows, batch_first, the float outputs, min_agreement, min_snr).  Returns (label,
-    options, score, nodes, notes) of the best, or None when none beat `current`."""
+    score it against the float model, and keep (copied to `out_path`) each that `beats` the
+    best so far (by default: ranks above it, Score.key); stop at the first that meets the
+    bars.  `quantizing`: (model, samples, signature, path, provenance, quantize()'s other
+    keywords); `scoring`: (float model, check rows, batch_first, the float outputs,
+    min_agreement, min_snr).  Returns (label, options, score, nodes, notes) of the best, or
+    None when none beat `current`."""
     model, samples, signature, path, provenance, more = quantizing
     float_model, check, batch_first, ref, min_agreement, min_snr = scoring
     best = None
@@ -460,7 +461,7 @@ def _best_of(choices: list, current: Score, candidate: Path, out_path, quantizin
             continue
         s = score(candidate, float_model, check, batch_first, ref,
                   other.calibration_method == "minmax")
-        if s is None or s.key() <= current.key():
+        if s is None or not beats(s, current):
             continue
         shutil.copyfile(candidate, out_path)
         best, current = (label, other, s, nodes, tried), s
