@@ -263,3 +263,56 @@ def test_long_int16_vector_runs_repeat_one_width_and_split_mixed_widths(tmp_path
     # and reference.py's float32 arithmetic: equal but for int16 near-ties
     want = compiled.run({"x": x}, engine="reference")["y"]
     assert np.mean(got == want) >= 0.99
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_an_int16_qdq_add_runs_on_the_chip_unless_a_clamp_follows_it(tmp_path, relu):
+    """A QDQ model written with int16 tensors (opset 21), not by this compiler: its Add of
+    two activations is a VADD.XYZ equal to onnxruntime on it but for near-ties; a Relu
+    fused after it would be a clamp table on an int16 output (no L with Z): the host, and
+    the report says why."""
+    from tpuasm.compiler import compile as tpu_compile
+    from tpuasm.compiler.ort import session
+
+    def const(name, value, dtype):
+        return numpy_helper.from_array(np.asarray(value, dtype), name)
+    last = "r" if relu else "a"
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+             helper.make_node("QuantizeLinear", ["x", "s3", "z"], ["wq"], name="qw"),
+             helper.make_node("DequantizeLinear", ["wq", "s3", "z"], ["wd"], name="dqw"),
+             helper.make_node("Add", ["xd", "wd"], ["a"], name="add"),
+             *([helper.make_node("Relu", ["a"], ["r"], name="relu")] if relu else []),
+             helper.make_node("QuantizeLinear", [last, "s2", "z"], ["aq"], name="qa"),
+             helper.make_node("DequantizeLinear", ["aq", "s2", "z"], ["ad"], name="dqa"),
+             # a MatMul after it (int8 weights, 8-bit output), so the Add is not alone
+             # between host nodes
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wf"], name="dqweight"),
+             helper.make_node("MatMul", ["ad", "wf"], ["m"], name="fc"),
+             helper.make_node("QuantizeLinear", ["m", "s4", "z8"], ["mq"], name="qm"),
+             helper.make_node("DequantizeLinear", ["mq", "s4", "z8"], ["y"], name="dqm")]
+    weight = np.random.default_rng(2).integers(-127, 128, (8, 4)).astype(np.int8)
+    graph = helper.make_graph(
+        nodes, "add16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [const("s", 0.001, np.float32), const("s3", 0.0007, np.float32),
+         const("s2", 0.002, np.float32), const("z", 0, np.int16), const("w", weight, np.int8),
+         const("ws", 0.01, np.float32), const("s4", 0.5, np.float32),
+         const("z8", 128, np.uint8)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    path = tmp_path / "add16.onnx"
+    onnx.save(model, str(path))
+    compiled = tpu_compile(path, batch=16)
+    row = {r.node: r for r in compiled.report.rows}["add"]
+    if relu:
+        assert row.where == "host" and "a fused relu on an int16 output" in row.note
+        return
+    assert row.where == "TPU", row.note
+    source = "\n".join(step.program.source for step in compiled.steps
+                       if getattr(step, "program", None) is not None)
+    assert "VADD.XYZ" in source
+    x = np.random.default_rng(3).uniform(-20, 20, (16, 8)).astype(np.float32)
+    got = compiled.run({"x": x}, engine="emulator")["y"]
+    (want,) = session(model).run(["y"], {"x": x})
+    assert np.mean(got == want) >= 0.99 and np.abs(got - want).max() <= 0.5 * 1.001
