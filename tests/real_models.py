@@ -402,10 +402,10 @@ def _recurrent(kind: str) -> RealModel:
     c0_all = state_rng.normal(0, 0.3, (1, rows, hidden)).astype(np.float32)
     train, cal, ev = _split(x_all, y_all, batch_axis=1)
     states = {"h0": _split(h0_all, y_all, 1), "c0": _split(c0_all, y_all, 1)}
-    net = Net(14 if kind == "LSTM" else 15)
-    gates = 4 if kind == "LSTM" else 3
+    net = Net({"LSTM": 14, "GRU": 15, "RNN": 16}[kind])
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
     scale = 1 / np.sqrt(hidden)
-    w = net.init("lstm.weight_ih" if kind == "LSTM" else "gru.weight_ih",
+    w = net.init(f"{kind.lower()}.weight_ih",
                  net.rng.normal(0, 1.5 / np.sqrt(features), (1, gates * hidden, features)))
     r = net.init(f"{kind.lower()}.weight_hh",
                  net.rng.uniform(-scale, scale, (1, gates * hidden, hidden)))
@@ -424,7 +424,7 @@ def _recurrent(kind: str) -> RealModel:
     if kind == "LSTM":   # out[-1]
         last = net.op("Gather", [y, net.constant(-1, scope)], scope, axis=0)
         style = "gemm"
-    else:                # h_n[0]
+    else:                # h_n[0] (an RNN's Y unused: PyTorch writes it all the same)
         last = net.op("Squeeze", [outs[1], net.constant([0], scope)], scope)
         style = "matmul"
     names = ["x", "h0", "c0"][:len(inputs)]
@@ -449,6 +449,12 @@ def gru_classifier() -> RealModel:
     """GRU (linear_before_reset=1, as torch exports it), initial_h a graph input, h_n into a
     Dense head (MatMul + Add)."""
     return _recurrent("GRU")
+
+
+def rnn_classifier() -> RealModel:
+    """An Elman RNN (tanh, as PyTorch's nn.RNN exports it), initial_h a graph input, h_n
+    into a Dense head."""
+    return _recurrent("RNN")
 
 
 def transformer_encoder() -> RealModel:
@@ -648,13 +654,13 @@ def qoperator_cnn() -> RealModel:
 
 
 BUILDERS = {f.__name__: f for f in (mobilenet_v2_block, resnet_basic_block, conv1d_audio,
-                                     lstm_classifier, gru_classifier, transformer_encoder,
-                                     sklearn_mlp, sklearn_logistic, qoperator_cnn,
-                                     token_embedding, byte_classifier)}
+                                     lstm_classifier, gru_classifier, rnn_classifier,
+                                     transformer_encoder, sklearn_mlp, sklearn_logistic,
+                                     qoperator_cnn, token_embedding, byte_classifier)}
 
 # op types whose constant-weight nodes must run on the TPU (the issue's "done means")
-MATRIX_OPS = {"Conv", "MatMul", "Gemm", "BatchNormalization", "LSTM", "GRU", "QLinearConv",
-              "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger"}
+MATRIX_OPS = {"Conv", "MatMul", "Gemm", "BatchNormalization", "LSTM", "GRU", "RNN",
+              "QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger"}
 # ai.onnx.ml's linear models: their weights are attributes, always constant
 ATTRIBUTE_WEIGHT_OPS = {"LinearClassifier", "LinearRegressor"}
 
@@ -849,7 +855,7 @@ def macs(m: onnx.ModelProto, batch_axis: dict[str, int], feeds: dict[str, np.nda
     known = {o.name for o in probe.graph.output}
     wanted = set()
     for n in m.graph.node:
-        if n.op_type in ("Conv", "MatMul", "Gemm", "LSTM", "GRU"):
+        if n.op_type in ("Conv", "MatMul", "Gemm", "LSTM", "GRU", "RNN"):
             wanted |= {n.input[0], n.output[0]}
     for name in sorted(wanted - known - set(one)):
         if types.get(name):
@@ -869,7 +875,7 @@ def macs(m: onnx.ModelProto, batch_axis: dict[str, int], feeds: dict[str, np.nda
             trans = any(x.name == "transA" and x.i for x in n.attribute)
             k = a[-2] if trans else a[-1]
             count[n.name] = int(np.prod(shape(n.output[0])) * k)
-        elif n.op_type in ("LSTM", "GRU"):
+        elif n.op_type in ("LSTM", "GRU", "RNN"):
             s, b, f = shape(n.input[0])
             w = shape(n.input[1])
             hidden = shape(n.input[2])[2]

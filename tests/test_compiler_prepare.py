@@ -131,19 +131,25 @@ def test_matmul_bias_add_becomes_gemm_on_rank_2_and_stays_on_rank_3():
     assert prov.source("mm1") == "mm1" and prov.folded["add2"] == "folded into Gemm 'mm2'"
 
 
-# --- LSTM / GRU -------------------------------------------------------------------------
+# --- LSTM / GRU / RNN -------------------------------------------------------------------
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+# per step and direction: an input and a recurrent Gemm per gate (each gate a whole tensor);
+# the first step of each direction without a state has no recurrent one
+GEMMS = {kind: (2 * g, g) for kind, g in GATES.items()}
+
 
 def _recurrent(kind, seq, batch, inp, hidden, direction, layout, state, seed, lbr=0,
-               seq_lens=False):
+               seq_lens=False, activations=None):
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
-    g = 4 if kind == "LSTM" else 3
+    g = GATES[kind]
     inits = [_init("W", rng.normal(0, 0.5, (dirs, g * hidden, inp))),
              _init("R", rng.normal(0, 0.5, (dirs, g * hidden, hidden))),
              _init("B", rng.normal(0, 0.5, (dirs, 2 * g * hidden)))]
     x_shape = [batch, seq, inp] if layout else [seq, batch, inp]
     s_shape = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
-    ins = ["X", "W", "R", "B", "", "", ""][:4 + (kind == "LSTM") * 3 + (kind == "GRU") * 2]
+    ins = ["X", "W", "R", "B", "", "", ""][:7 if kind == "LSTM" else 6]
     graph_inputs = [_f("X", x_shape)]
     if seq_lens:
         inits.append(numpy_helper.from_array(np.full(batch, seq, np.int32), "lens"))
@@ -162,6 +168,8 @@ def _recurrent(kind, seq, batch, inp, hidden, direction, layout, state, seed, lb
         attrs["layout"] = 1
     if kind == "GRU":
         attrs["linear_before_reset"] = lbr
+    if activations:
+        attrs["activations"] = activations
     node = helper.make_node(kind, ins, outs, name="rnn", **attrs)
     y_shape = [batch, seq, dirs, hidden] if layout else [seq, dirs, batch, hidden]
     outputs = [_f("Y", y_shape), _f("Y_h", s_shape)] + ([_f("Y_c", s_shape)]
@@ -175,12 +183,14 @@ def _recurrent(kind, seq, batch, inp, hidden, direction, layout, state, seed, lb
     return model, feeds
 
 
-def _reference(model, feeds, kind, seq, batch, inp, hidden, direction, layout, state, lbr):
+def _reference(model, feeds, kind, seq, batch, inp, hidden, direction, layout, state, lbr,
+               activations=None):
     """onnxruntime's answer; it has no batch-first (layout=1) kernel, so for those the same
     node with layout 0 runs on transposed inputs and its outputs are transposed back."""
     if not layout:
         return _run(model, feeds)
-    twin, _ = _recurrent(kind, seq, batch, inp, hidden, direction, 0, state, seed=0, lbr=lbr)
+    twin, _ = _recurrent(kind, seq, batch, inp, hidden, direction, 0, state, seed=0, lbr=lbr,
+                         activations=activations)
     del twin.graph.initializer[:]
     twin.graph.initializer.extend(model.graph.initializer)
     del twin.graph.node[0].input[:]
@@ -197,16 +207,23 @@ CASES = [("LSTM", 5, 3, 4, 6, "forward", 0, False, 0),
          ("GRU", 5, 3, 4, 6, "forward", 0, True, 0),
          ("GRU", 4, 2, 3, 5, "reverse", 1, False, 0),
          ("GRU", 3, 2, 4, 3, "bidirectional", 0, False, 1),
-         ("GRU", 4, 3, 5, 4, "bidirectional", 1, True, 1)]
+         ("GRU", 4, 3, 5, 4, "bidirectional", 1, True, 1),
+         # an RNN's one activation: the default, PyTorch's nonlinearity="relu" (written
+         # per direction), and a sigmoid
+         ("RNN", 5, 3, 4, 6, "forward", 0, True, 0),
+         ("RNN", 4, 2, 3, 5, "bidirectional", 1, False, 0, ["Relu", "Relu"]),
+         ("RNN", 3, 2, 4, 3, "reverse", 0, False, 0, ["Sigmoid"])]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_unrolled_recurrent_nodes_match_onnxruntime(case):
-    kind, seq, batch, inp, hidden, direction, layout, state, lbr = case
+    kind, seq, batch, inp, hidden, direction, layout, state, lbr, *acts = case
+    acts = acts[0] if acts else None
     model, feeds = _recurrent(kind, seq, batch, inp, hidden, direction, layout, state,
-                              seed=seq * 7 + hidden, lbr=lbr, seq_lens=(seq % 2 == 0))
+                              seed=seq * 7 + hidden, lbr=lbr, seq_lens=(seq % 2 == 0),
+                              activations=acts)
     want = _reference(model, feeds, kind, seq, batch, inp, hidden, direction, layout, state,
-                      lbr)
+                      lbr, acts)
     prov = Provenance.of(model)
     unrolled = _copy(model)
     reasons = {}
@@ -214,9 +231,7 @@ def test_unrolled_recurrent_nodes_match_onnxruntime(case):
     ops = [n.op_type for n in unrolled.graph.node]
     assert kind not in ops
     dirs = 2 if direction == "bidirectional" else 1
-    # an input and a recurrent product per gate (LSTM 8, GRU 6: each gate a whole tensor);
-    # the first step of each direction without a state has no recurrent one
-    gemms_per_step, recurrent = (8, 4) if kind == "LSTM" else (6, 3)
+    gemms_per_step, recurrent = GEMMS[kind]
     expected = dirs * (seq * gemms_per_step - (0 if state else recurrent))
     assert ops.count("Gemm") == expected
     onnx.checker.check_model(unrolled)
@@ -227,7 +242,7 @@ def test_unrolled_recurrent_nodes_match_onnxruntime(case):
     assert all(prov.source(n.name) == "rnn" for n in unrolled.graph.node)
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", list(GATES))
 def test_a_constant_zero_initial_state_is_unrolled_as_no_state(kind):
     """PyTorch's exporter writes a call without h0 (and c0) as a constant of zeros: no
     recurrent product on the first step, as with no state at all (before, its constant
@@ -244,7 +259,7 @@ def test_a_constant_zero_initial_state_is_unrolled_as_no_state(kind):
     want = _run(model, feeds)
     unrolled = _copy(model)
     unroll_recurrent(unrolled, Provenance.of(unrolled))
-    gemms_per_step, recurrent = (8, 4) if kind == "LSTM" else (6, 3)
+    gemms_per_step, recurrent = GEMMS[kind]
     assert [n.op_type for n in unrolled.graph.node].count("Gemm") == \
         2 * (3 * gemms_per_step - recurrent)
     for g, w in zip(_run(unrolled, feeds), want):
@@ -278,6 +293,12 @@ def test_recurrent_nodes_that_cannot_be_unrolled_stay_with_a_reason():
     reasons = {}
     unroll_recurrent(model, Provenance.of(model), reasons)
     assert "only the defaults" in reasons["rnn"]
+    model, _ = _recurrent("RNN", 3, 2, 4, 5, "bidirectional", 0, False, seed=4,
+                          activations=["Tanh", "Relu"])
+    reasons = {}
+    unroll_recurrent(model, Provenance.of(model), reasons)
+    assert reasons["rnn"] == ("RNN not unrolled: activations ['tanh', 'relu'] (an RNN is "
+                              "unrolled with one of tanh, relu, sigmoid in every direction)")
 
 
 # --- scikit-learn's linear models (ai.onnx.ml) -------------------------------------------

@@ -7,7 +7,7 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
 - a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
-- LSTM and GRU nodes unrolled over their static sequence into per-step Gemms (constant
+- LSTM, GRU and RNN nodes unrolled over their static sequence into per-step Gemms (constant
   weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub);
 - a GELU written out in primitives (x^3, Tanh, ...) as one com.microsoft FastGelu / Gelu
   node (gelu.py): quantized at its input and output only, one lookup table on the TPU;
@@ -698,7 +698,7 @@ def _linear_nodes(idx: "_Index", node, x_type) -> list:
     return made
 
 
-# --- LSTM and GRU unrolled --------------------------------------------------------------
+# --- LSTM, GRU and RNN unrolled -------------------------------------------------------
 
 class NotRewritten(Exception):
     """Why a node stays as it is (on the host): a recurrent node not unrolled, a linear
@@ -715,28 +715,34 @@ LONG_SEQUENCE = 16
 CELL_IN_FLOAT = (f"the cell state of an LSTM longer than {LONG_SEQUENCE} steps, kept in float "
                  f"on the host (its 8-bit rounding would accumulate over the steps)")
 
-_DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
+_DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"],
+                 "RNN": ["tanh"]}
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+# an RNN's one activation, as ONNX names it, and the operator that computes it (PyTorch's
+# nn.RNN(nonlinearity="relu") exports activations=["Relu"])
+_RNN_ACTIVATIONS = {"tanh": "Tanh", "relu": "Relu", "sigmoid": "Sigmoid"}
 
 
 def unroll_recurrent(model: onnx.ModelProto, prov: Provenance,
                      reasons: dict[str, str] | None = None,
                      tied: dict[str, list[str]] | None = None,
                      keep_float: dict[str, str] | None = None) -> int:
-    """Every LSTM / GRU node that can be unrolled, unrolled; the others keep their reason.
+    """Every LSTM / GRU / RNN node that can be unrolled, unrolled; the others keep their
+    reason.
     `tied` receives the per-step tensors that are one quantity (Prepared.tied);
     `keep_float` the cell-state nodes of an LSTM longer than LONG_SEQUENCE steps."""
     reasons = {} if reasons is None else reasons
-    if not any(n.op_type in ("LSTM", "GRU") for n in model.graph.node):
+    if not any(n.op_type in _GATES for n in model.graph.node):
         return 0
     ranks = _ranks(model)
     idx = _Index(model)
     return _expand_nodes(model, prov, reasons, "unrolled",
-                         lambda n: n.op_type in ("LSTM", "GRU") and n.domain in ("", "ai.onnx"),
+                         lambda n: n.op_type in _GATES and n.domain in ("", "ai.onnx"),
                          lambda n: _Unroller(idx, n, ranks, tied, keep_float).run())
 
 
 class _Unroller:
-    """One LSTM/GRU node -> its per-step nodes (ONNX operator semantics, opset 7..22)."""
+    """One LSTM/GRU/RNN node -> its per-step nodes (ONNX operator semantics, opset 7..22)."""
 
     def __init__(self, idx: _Index, node, ranks: dict, tied: dict | None = None,
                  keep_float: dict | None = None):
@@ -746,7 +752,8 @@ class _Unroller:
         self.long = False                       # set by run(): more than LONG_SEQUENCE steps
         self.nodes: list = []
         self.kind = node.op_type
-        self.gates = 4 if self.kind == "LSTM" else 3
+        self.gates = _GATES[self.kind]
+        self.activation = "Tanh"                # an RNN's, set by _check
 
     # node builders: unique names under the recurrent node's name
     def _emit(self, op, inputs, tag, **attrs) -> str:
@@ -837,7 +844,12 @@ class _Unroller:
         acts = _attr(node, "activations")
         if acts is not None:
             acts = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in acts]
-            if acts != _DEFAULT_ACTS[self.kind] * dirs:
+            if self.kind == "RNN":
+                if acts[:1] * dirs != acts or acts[0] not in _RNN_ACTIVATIONS:
+                    raise NotRewritten(f"activations {acts} (an RNN is unrolled with one of "
+                                       f"{', '.join(_RNN_ACTIVATIONS)} in every direction)")
+                self.activation = _RNN_ACTIVATIONS[acts[0]]
+            elif acts != _DEFAULT_ACTS[self.kind] * dirs:
                 raise NotRewritten(f"activations {acts} (only the defaults are unrolled)")
         if _attr(node, "activation_alpha") or _attr(node, "activation_beta"):
             raise NotRewritten("activation_alpha / activation_beta")
@@ -887,8 +899,10 @@ class _Unroller:
                 if self.kind == "LSTM":
                     h_prev, c_prev = self._lstm_step(x_t, h_prev, c_prev, w[d], r[d], b[d],
                                                      h, tag)
-                else:
+                elif self.kind == "GRU":
                     h_prev = self._gru_step(x_t, h_prev, w[d], r[d], b[d], h, tag)
+                else:
+                    h_prev = self._rnn_step(x_t, h_prev, w[d], r[d], b[d], tag)
                 ys[t][d] = h_prev
             finals.append((h_prev, c_prev))
         if outs[0]:                        # Y: (S, D, N, H) or (N, S, D, H)
@@ -940,6 +954,18 @@ class _Unroller:
             for made in self.nodes[first:]:
                 self.keep_float[made.name] = CELL_IN_FLOAT
         return h_new, c
+
+    def _rnn_step(self, x_t, h_prev, w, r, b, tag):
+        # H = f(X W^T + Wb + H_prev R^T + Rb); B = [Wb, Rb]
+        h = r.shape[-1]
+        wb, rb = b[:h], b[h:]
+        if h_prev is None:       # zero state: R h = 0, the recurrent bias joins the input's
+            pre = self._gemm(x_t, w.T, wb + rb, f"{tag}/h_x")
+        else:
+            pre = self._emit("Add", [self._gemm(x_t, w.T, wb, f"{tag}/h_x"),
+                                     self._gemm(h_prev, r.T, rb, f"{tag}/h_h")],
+                             f"{tag}/h_pre")
+        return self._emit(self.activation, [pre], f"{tag}/h")
 
     def _gru_step(self, x_t, h_prev, w, r, b, h, tag):
         # gate order z, r, h; B = [Wb, Rb].  One Gemm (pair) per gate, as for the LSTM: each
