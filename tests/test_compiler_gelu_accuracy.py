@@ -117,11 +117,10 @@ def test_magika_like_keeps_the_float_answers_and_equals_its_qdq_model(magika_lik
     np.testing.assert_array_equal(got, same)
 
 
-def test_the_check_scores_the_noisiest_element_wise_outputs_first(tmp_path):
-    """The float fallback bypasses at most _MAX_SCORED candidates a round (a PaddleOCR
-    recogniser has a hundred: the check took 15 minutes), in the order of their own 8-bit
-    rounding's SNR: a square's long tail rounds worse than a shifted copy."""
-    from tpuasm.compiler.runtime.calibsearch import _noisiest
+def _square_and_shift(tmp_path, batch="N"):
+    """A Gemm whose output is squared on one branch and shifted on the other, each into a
+    Gemm, compiled: (the compiled model, which holds its QDQ model's file; the calibration
+    rows)."""
     rng = np.random.default_rng(7)
     w1, w2, w3 = (rng.normal(0, 0.4, s).astype(np.float32) for s in ((16, 16),) * 3)
     nodes = [helper.make_node("Gemm", ["x", "w1"], ["a"], name="first"),
@@ -130,19 +129,61 @@ def test_the_check_scores_the_noisiest_element_wise_outputs_first(tmp_path):
              helper.make_node("Gemm", ["square", "w2"], ["y1"], name="second"),
              helper.make_node("Gemm", ["shifted", "w3"], ["y2"], name="third")]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-        [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["N", 16]) for y in ("y1", "y2")],
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [batch, 16]) for y in ("y1", "y2")],
         [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))]
         + [numpy_helper.from_array(np.full(16, 0.5, np.float32), "shift")])
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     calib = rng.normal(0, 1, (64, 16)).astype(np.float32)
-    compiled = tpu_compile(str(path), batch=8, calibration=calib, validate=False,
-                           config={"array_size": 16})
-    qdq = onnx.load(str(compiled.reference_model))
+    compiled = tpu_compile(str(path), batch=batch if isinstance(batch, int) else 8,
+                           calibration=calib, validate=False, config={"array_size": 16})
+    return compiled, calib
+
+
+def test_the_check_scores_the_noisiest_element_wise_outputs_first(tmp_path):
+    """The float fallback bypasses at most _MAX_SCORED candidates a round (a PaddleOCR
+    recogniser has a hundred: the check took 15 minutes), in the order of their own 8-bit
+    rounding's SNR: a square's long tail rounds worse than a shifted copy."""
+    from tpuasm.compiler.runtime.calibsearch import _noisiest
+    compiled, calib = _square_and_shift(tmp_path)
+    qdq_path = compiled.reference_model
+    qdq = onnx.load(str(qdq_path))
     candidates = [n for n in qdq.graph.node if n.name in ("square", "shifted")]
     assert len(candidates) == 2
-    order = _noisiest(compiled.reference_model, candidates, {"x": calib}, True)
+    order = _noisiest(qdq_path, candidates, {"x": calib}, True)
     assert [n.name for n in order] == ["square", "shifted"]
-    order = _noisiest(compiled.reference_model, candidates[::-1], {"x": calib}, True)
+    order = _noisiest(qdq_path, candidates[::-1], {"x": calib}, True)
     assert [n.name for n in order] == ["square", "shifted"]
+
+
+@pytest.mark.parametrize("batch, check_rows, rows", [("N", 64, range(8)), (3, 64, range(9)),
+                                                     (3, 2, [0, 1] * 4 + [0])])
+def test_the_rounding_snr_summed_in_the_graph_is_numpys(tmp_path, batch, check_rows, rows):
+    """_rounding_snr sums in the QDQ model's graph (two numbers a tensor, one pass): equal
+    to numpy's SNR of each tensor against its QuantizeLinear -> DequantizeLinear copy over
+    the same 8 rows; for the model's fixed batch of 3 over a whole number of batches (9
+    rows, the 2 check rows over and over when there are no more: none padded with zeros)."""
+    from tpuasm.compiler.runtime.calibsearch import _rounding_snr
+    compiled, calib = _square_and_shift(tmp_path, batch)
+    qdq_path = compiled.reference_model
+    check = {"x": calib[:check_rows]}
+    rows = calib[list(rows)]
+    qdq = onnx.load(str(qdq_path))
+    copies = {"square": "square_DequantizeLinear_Output",
+              "shifted": "shifted_DequantizeLinear_Output", "a": "a_DequantizeLinear_Output"}
+    qdq.graph.output.extend(helper.make_empty_tensor_value_info(n)
+                            for pair in copies.items() for n in pair)
+    sess = session(qdq)
+    names = [n for pair in copies.items() for n in pair]
+    step = 8 if batch == "N" else 3
+    parts = [dict(zip(names, sess.run(names, {"x": rows[i:i + step]})))
+             for i in range(0, len(rows), step)]
+    got = _rounding_snr(qdq_path, list(copies), check, True)
+    assert set(got) == set(copies)
+    for tensor, copy in copies.items():
+        x = np.concatenate([p[tensor] for p in parts]).astype(np.float64)
+        q = np.concatenate([p[copy] for p in parts]).astype(np.float64)
+        want = 10 * np.log10((x ** 2).sum() / ((x - q) ** 2).sum())
+        assert got[tensor] == pytest.approx(want, abs=1e-6)
+    assert got["square"] < got["shifted"]

@@ -679,49 +679,90 @@ def _noisiest_tensors(qdq_path, tensors: list[str], check, batch_first) -> list[
 
 def _rounding_snr(qdq_path, tensors: list[str], check, batch_first) -> dict | None:
     """{tensor: SNR in dB of its QuantizeLinear -> DequantizeLinear copy against it} from
-    onnxruntime passes of the QDQ model over a few check rows, a few tensors a pass; None
-    when a pass cannot run."""
+    one onnxruntime pass of the QDQ model over a few check rows; None when it cannot run.
+
+    The sums of squares are computed in the graph (_with_rounding_sums): the pass returns
+    two numbers a tensor, so it holds no more than the model's own working set (onnxruntime
+    keeps every graph output of a run until the run ends, fetched or not: a recogniser's
+    activations as outputs over all rows filled 24 GB), and it is one session (an unrolled
+    two-layer LSTM's 640 tensors took 80 passes of 8, 60 s of its compile in sessions)."""
     import onnx
     from tpuasm.compiler.runtime.validate import run_float
     qdq = onnx.load(str(qdq_path))
     producer = {o: n for n in qdq.graph.node for o in n.output if o}
     wanted = set(tensors)
     by_scale = {f"{t}_scale": t for t in tensors}
-    copies, inside = {}, {}
+    pairs = {}
     for node in qdq.graph.node:
         q = producer.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
         if q is None or q.op_type != "QuantizeLinear":
             continue
         name = q.input[0] if q.input[0] in wanted else by_scale.get(
             q.input[1] if len(q.input) > 1 else "")
-        if name is not None and name not in copies:
-            copies[name] = node.output[0]
-            inside[name] = q.input[0]
-    rows = {k: v[:_RANKING_ROWS] for k, v in check.items()} if batch_first else check
-    known = {o.name for o in qdq.graph.output}
+        if name is not None and name not in pairs:
+            pairs[name] = (q.input[0], node.output[0])
+    if not pairs:
+        return {}
+    sums = _with_rounding_sums(qdq, pairs)
+    try:
+        values = run_float(qdq.SerializeToString(), _ranking_rows(qdq, check, batch_first),
+                           [n for both in sums.values() for n in both], batch_first,
+                           sums=True)
+    except Exception:                   # noqa: BLE001 - no order: as given
+        return None
     snr = {}
-    found = list(copies)
-    for start in range(0, len(found), _RANKING_TENSORS):
-        group = found[start:start + _RANKING_TENSORS]
-        names = [n for t in group for n in (inside[t], copies[t])]
-        probe = onnx.ModelProto()
-        probe.CopyFrom(qdq)
-        probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n)
-                                  for n in names if n not in known)
-        try:
-            values = run_float(probe.SerializeToString(), rows, names, batch_first)
-        except Exception:               # noqa: BLE001 - no order: as given
-            return None
-        for t in group:
-            x = np.asarray(values[inside[t]], np.float64)
-            noise = float(((x - np.asarray(values[copies[t]], np.float64)) ** 2).sum())
-            snr[t] = math.inf if noise == 0 else \
-                10 * math.log10(max(float((x ** 2).sum()), 1e-300) / noise)
+    for tensor, (signal_name, noise_name) in sums.items():
+        signal = float(np.sum(values[signal_name], dtype=np.float64))
+        noise = float(np.sum(values[noise_name], dtype=np.float64))
+        snr[tensor] = math.inf if noise == 0 else \
+            10 * math.log10(max(signal, 1e-300) / noise)
     return snr
 
 
-_RANKING_ROWS = 8        # check rows, and tensors a pass, for _noisiest's order
-_RANKING_TENSORS = 8
+def _with_rounding_sums(model, pairs: dict) -> dict:
+    """`model` with two outputs of shape (1,) per {tensor: (value, its QDQ copy)}: the sum
+    of the value's squares and that of its difference from the copy (in float64, whatever
+    the tensor's type); returns {tensor: (signal output, noise output)}."""
+    from onnx import TensorProto, helper, numpy_helper
+    graph = model.graph
+    one = "rounding_sums/shape"
+    graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), one))
+    names = {}
+    for i, (tensor, (value, copy)) in enumerate(pairs.items()):
+        tag = f"rounding_sums/{i}"
+
+        def add(op, inputs, what, **attrs):
+            out = f"{tag}/{what}"
+            graph.node.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+            return out
+        x = add("Cast", [value], "x", to=TensorProto.DOUBLE)
+        noise = add("Sub", [x, add("Cast", [copy], "copy", to=TensorProto.DOUBLE)],
+                    "difference")
+        names[tensor] = tuple(
+            add("Reshape", [add("ReduceSumSquare", [t], f"{what}_sum", keepdims=0), one],
+                what)
+            for t, what in ((x, "signal"), (noise, "noise")))
+        graph.output.extend(helper.make_tensor_value_info(n, TensorProto.DOUBLE, [1])
+                            for n in names[tensor])
+    return names
+
+
+def _ranking_rows(model, check: dict, batch_first: bool) -> dict:
+    """The check rows a ranking pass reads: _RANKING_ROWS, or a whole number of the model's
+    fixed batch (run_float pads a short chunk with zeros, whose activations the sums would
+    count), check rows repeated when there are fewer."""
+    if not batch_first:
+        return check
+    graph_inits = {t.name for t in model.graph.initializer}
+    fixed = [d.dim_value for i in model.graph.input if i.name not in graph_inits
+             for d in i.type.tensor_type.shape.dim[:1] if d.dim_value > 0]
+    batch = min(fixed) if fixed else 1
+    count = -(-_RANKING_ROWS // batch) * batch
+    return {k: np.take(np.asarray(v), range(count), axis=0, mode="wrap")
+            for k, v in check.items()}
+
+
+_RANKING_ROWS = 8        # check rows for _noisiest's order
 
 
 _MAX_SCORED = 8          # candidates bypassed and scored per round (_noisiest's order)

@@ -350,12 +350,14 @@ def _first_line(e: Exception) -> str:
 
 
 def run_float(float_model, data: dict, names: list[str], batch_first: bool = True,
-              out_axes: dict | None = None) -> dict[str, np.ndarray]:
+              out_axes: dict | None = None, sums: bool = False) -> dict[str, np.ndarray]:
     """onnxruntime on the float model, in chunks of its fixed batch (the last one padded)
     or of _CHUNK rows when the batch is dynamic; a model whose inputs are not all batch
     first runs on all the rows at once.  `out_axes`: each output's batch axis (None: not
     batched), when known, else 0; either checked against the first run's sizes
-    (steps.batch_axis_of: a time-first (T, 1, classes) output holds a batch of 1 on axis 1)."""
+    (steps.batch_axis_of: a time-first (T, 1, classes) output holds a batch of 1 on axis 1).
+    `sums`: the outputs are sums over a run's rows, added up over the chunks (the rows a
+    whole number of a fixed batch: a padded chunk's zeros would count)."""
     from tpuasm.compiler.ort import session
     try:
         # alone here: every core; a few runs, so no arena (it grows in powers of two and
@@ -389,6 +391,8 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
             raise CompileError(str(e).strip().splitlines()[0]) from None
         for n, o in zip(names, outs):
             parts[n].append(np.asarray(o))
+    if sums:
+        return {n: np.sum(p, axis=0) for n, p in parts.items()}
     joined = {}
     for n, p in parts.items():
         axis = batch_axis_of(p[0], (out_axes or {}).get(n, 0),
