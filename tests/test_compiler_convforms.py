@@ -160,3 +160,101 @@ def test_a_layer_the_unified_buffer_cannot_hold_is_banded_onto_the_tpu(tmp_path)
     assert compiled.report.tpu_macs == compiled.report.macs
     want = _run(model, calib[:4])
     assert np.abs(compiled.run(calib[:4])["y"] - want).max() < 0.05 * np.abs(want).max()
+
+
+# --- the same forms in a model onnxruntime quantized (compiled as it is) -------------------
+
+def _qdq(tmp_path, model, calib, quant_format="QDQ", per_channel=True):
+    """onnxruntime's quantize_static of `model` (int8 weights, uint8 inputs)."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter([{"x": calib[i:i + 1]} for i in range(len(calib))])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / f"{quant_format}.onnx"
+    onnx.save(model, str(src))
+    quantize_static(str(src), str(dst), Rows(), quant_format=getattr(QuantFormat, quant_format),
+                    per_channel=per_channel, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
+    return dst
+
+
+def _output_step(model) -> float:
+    """The scale of the DequantizeLinear that writes the model's output."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    dq = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    return float(inits[dq.input[1]])
+
+
+QUANTIZED_CASES = [
+    ("Conv", (8, 3, 20), (4, 3, 3), dict(dilations=[2]), "QDQ"),
+    ("Conv", (8, 4, 9, 10), (6, 2, 3, 2), dict(dilations=[2, 3], group=2, pads=[1, 2, 0, 1]),
+     "QDQ"),
+    ("Conv", (8, 3, 12, 12), (5, 3, 3, 3), dict(dilations=[2, 2], strides=[2, 2],
+                                                pads=[2, 2, 2, 2]), "QDQ"),
+    ("Conv", (8, 4, 16), (4, 4, 3), dict(dilations=[4], pads=[8, 0]), "QOperator"),
+    ("ConvTranspose", (8, 3, 7), (3, 4, 3), dict(strides=[2]), "QDQ"),
+    ("ConvTranspose", (8, 4, 5, 6), (4, 3, 3, 3), dict(strides=[2, 3], pads=[1, 0, 1, 1],
+                                                       output_padding=[1, 2]), "QDQ"),
+    # per tensor: onnxruntime's quantizer fails on a grouped ConvTranspose's per-channel
+    # bias (its scales along the kernel's axis 1 are O / group, the bias's O)
+    ("ConvTranspose", (8, 6, 4, 3), (6, 2, 3, 3), dict(group=3, strides=[1, 2],
+                                                       pads=[1, 1, 1, 1]), "QDQ per tensor"),
+    ("ConvTranspose", (8, 4, 4, 4), (4, 8, 2, 2), dict(strides=[2, 2]), "QDQ"),
+]
+
+
+@pytest.mark.parametrize("op,x_shape,w_shape,attrs,quant_format", QUANTIZED_CASES)
+def test_a_quantized_model_s_dilated_and_transposed_convs_run_on_the_tpu(
+        tmp_path, op, x_shape, w_shape, attrs, quant_format):
+    """A dilated Conv (QDQ and QLinearConv) takes its integer kernel spread with zeros, a QDQ
+    ConvTranspose becomes a Conv over its input upsampled with zeros and quantized again at
+    its own scale: on the TPU with the model's own quantization, its outputs those of
+    onnxruntime on the same model (before, both ran on the host: "dilation is not 1",
+    "ConvTranspose has no TPU mapping")."""
+    rng = np.random.default_rng(len(attrs) * 5 + len(x_shape))
+    w = rng.normal(0, 0.3, w_shape).astype(np.float32)
+    out_channels = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
+    model = _model(op, ["N", *x_shape[1:]], w,
+                   rng.normal(0, 0.1, out_channels).astype(np.float32), **attrs)
+    calib = rng.normal(0, 1, (32, *x_shape[1:])).astype(np.float32)
+    path = _qdq(tmp_path, model, calib, quant_format.split()[0],
+                per_channel="per tensor" not in quant_format)
+    compiled = tpu_compile(str(path), batch=x_shape[0], config={"array_size": 16})
+    rows = {r.node: r for r in compiled.report.rows}
+    conv = "conv_quant" if quant_format == "QOperator" else "conv"
+    assert rows[conv].where == "TPU", rows[conv].note
+    assert compiled.report.macs == compiled.report.tpu_macs
+    quantized = onnx.load(str(path))
+    x = rng.normal(0, 1, (16, *x_shape[1:])).astype(np.float32)
+    got = np.concatenate([compiled.run(x[i:i + 8])["y"] for i in (0, 8)])
+    want = _run(quantized, x)
+    steps = np.abs(got - want) / _output_step(quantized)
+    assert steps.max() <= 1 + 1e-3 and np.mean(steps < 1e-3) >= 0.999, \
+        (steps.max(), np.mean(steps < 1e-3))
+
+
+def test_a_qoperator_model_s_float_conv_transpose_stays_with_its_reason(tmp_path):
+    """onnxruntime's QOperator form has no quantized ConvTranspose: it stays float between a
+    DequantizeLinear and a QuantizeLinear, and the report says how to put it on the TPU."""
+    rng = np.random.default_rng(2)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+               for name, shape in (("w1", (4, 4, 3, 3)), ("w2", (4, 8, 2, 2)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["h", "w2"], ["y"], name="up", strides=[2, 2])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT,
+                                                                         ["N", 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = _qdq(tmp_path, model, rng.normal(0, 1, (16, 4, 4, 4)).astype(np.float32),
+                "QOperator")
+    compiled = tpu_compile(str(path), batch=8, config={"array_size": 16})
+    row = next(r for r in compiled.report.rows if r.op_type == "ConvTranspose")
+    assert row.where == "host"
+    assert "its QDQ form, or the model with --calibrate" in row.note

@@ -184,6 +184,10 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                   + (f"; a QDQ model: its {read_back} quantized tensors read back as float "
                      f"first (its scales replaced by the calibration's)" if read_back else ""))
         model = read_model(reference)
+    if prepared is None:
+        # a float model's ConvTransposes became Convs in prepare; a quantized one's here
+        from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
+        rewrite_quantized_transposes(model, provenance)
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes, fixed_batch)
     lowered, the_plan, steps = _lower_and_generate(

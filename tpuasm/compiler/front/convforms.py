@@ -115,7 +115,7 @@ def _weight(idx: _Index, node) -> np.ndarray:
     return w
 
 
-def _spread(w: np.ndarray, dilations) -> np.ndarray:
+def spread_kernel(w: np.ndarray, dilations) -> np.ndarray:
     """The kernel with d - 1 zeros between its taps along each spatial axis."""
     spatial = w.shape[2:]
     out = np.zeros(w.shape[:2] + tuple((k - 1) * d + 1 for k, d in zip(spatial, dilations)),
@@ -128,7 +128,7 @@ def _undilated(idx: _Index, node, w: np.ndarray, prov: Provenance):
     dilations = list(_attr(node, "dilations"))
     if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise NotRewritten("auto_pad with dilations")
-    wide = _spread(w, dilations)
+    wide = spread_kernel(w, dilations)
     inputs = [node.input[0], idx.add_init(wide, node.input[1] + "_spread"), *node.input[2:]]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
              if a.name not in ("dilations", "kernel_shape")}
@@ -137,7 +137,11 @@ def _undilated(idx: _Index, node, w: np.ndarray, prov: Provenance):
     return helper.make_node("Conv", inputs, [node.output[0]], name=node.name, **attrs)
 
 
-def _as_conv(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance) -> list:
+def _as_conv(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance,
+             quantized: "_QuantizedTranspose | None" = None) -> list:
+    """The ConvTranspose `node` (kernel `w`) as a Conv over its input upsampled with zeros;
+    `quantized`: its QDQ form (w the integer kernel), whose new kernel and upsampled input
+    get their DequantizeLinear / QuantizeLinear nodes there."""
     spatial = w.ndim - 2
     if spatial not in (1, 2):
         raise NotRewritten(f"a {spatial}-D transposed convolution (1-D and 2-D are rewritten)")
@@ -168,16 +172,103 @@ def _as_conv(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance) ->
     made = []
     if any(s != 1 for s in strides):
         x, made = _upsampled(idx, node, x, shape, strides)
-    inputs = [x, idx.add_init(flipped, node.input[1] + "_as_conv"), *node.input[2:3]]
-    made.append(helper.make_node("Conv", inputs, [node.output[0]], name=node.name,
-                                 group=group, dilations=dilations, kernel_shape=list(kernel),
-                                 pads=begin + end, strides=[1] * spatial))
+        if quantized is not None:
+            x = quantized.requantized(x, made)
+    weight = (quantized.weight(flipped, group, made) if quantized is not None
+              else idx.add_init(flipped, node.input[1] + "_as_conv"))
+    made.append(helper.make_node("Conv", [x, weight, *node.input[2:3]], [node.output[0]],
+                                 name=node.name, group=group, dilations=dilations,
+                                 kernel_shape=list(kernel), pads=begin + end,
+                                 strides=[1] * spatial))
     out = ranks.get(node.output[0])
     if out and all(isinstance(d, int) for d in out[2:]):
         # each input element meets the kernel once; each output element of the Conv meets
         # it whole, the zeros of the upsampled input included
         prov.own_work[node.name] = (int(np.prod(shape[2:])), int(np.prod(out[2:])))
     return made
+
+
+def rewrite_quantized_transposes(model, prov: Provenance,
+                                 reasons: dict[str, str] | None = None) -> int:
+    """A QDQ model's ConvTransposes (DequantizeLinear of an integer constant kernel, of a
+    per-tensor quantized input) as Convs, as _as_conv does for a float model: the integer
+    kernel flipped and its channel axes swapped, the input upsampled with zeros on the host
+    and quantized again at its own scale and zero point (the zeros are exact there), so that
+    the Conv runs on the TPU with the model's own quantization.  The count done."""
+    reasons = {} if reasons is None else reasons
+    idx = _Index(model)
+    ranks = _ranks(model)
+    replaced: list[str] = []
+
+    def expand(node):
+        quantized = _QuantizedTranspose(idx, node)
+        made = _as_conv(idx, node, quantized.kernel, ranks, prov, quantized)
+        replaced.append(quantized.weight_dq.name)
+        return made
+
+    done = _expand_nodes(model, prov, reasons, "rewritten",
+                         lambda n: n.op_type == "ConvTranspose", expand)
+    if done:                  # the old kernels' DequantizeLinear nodes, if nothing else reads
+        read = {i for n in model.graph.node for i in n.input} | {o.name for o in
+                                                               model.graph.output}
+        keep = [n for n in model.graph.node
+                if not (n.name in replaced and n.output[0] not in read)]
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return done
+
+
+class _QuantizedTranspose:
+    """A QDQ ConvTranspose's integer kernel and the quantization of its input."""
+
+    def __init__(self, idx: _Index, node):
+        self.idx = idx
+        x_dq = idx.producer.get(node.input[0])
+        w_dq = idx.producer.get(node.input[1]) if len(node.input) > 1 else None
+        if w_dq is None or w_dq.op_type != "DequantizeLinear":
+            raise NotRewritten("its weight is not a DequantizeLinear of a constant")
+        if x_dq is None or x_dq.op_type != "DequantizeLinear" or len(x_dq.input) < 2:
+            raise NotRewritten("its input is not a DequantizeLinear (not quantized)")
+        kernel = idx.const(w_dq.input[0])
+        scale = idx.const(w_dq.input[1])
+        zero = idx.const(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else None
+        x_scale = idx.const(x_dq.input[1])
+        if kernel is None or scale is None or kernel.dtype.kind not in "iu":
+            raise NotRewritten("its weight is not a DequantizeLinear of an integer constant")
+        if x_scale is None or x_scale.size != 1:
+            raise NotRewritten("its input's scale is not one constant")
+        axis = _attr(w_dq, "axis", 1) % kernel.ndim
+        if scale.size > 1 and axis != 1:
+            raise NotRewritten(f"its kernel's scales are along axis {axis}, not the output "
+                               f"channels' (1)")
+        self.kernel, self.scale, self.zero, self.weight_dq = kernel, scale, zero, w_dq
+        self.x_quant = list(x_dq.input[1:3])
+
+    def weight(self, flipped: np.ndarray, group: int, made: list) -> str:
+        """The Conv kernel's DequantizeLinear: per output channel (axis 0) the scale of its
+        channel within its group, as the ConvTranspose had it."""
+        idx, name = self.idx, self.weight_dq.input[0] + "_as_conv"
+        inputs = [idx.add_init(flipped, name)]
+        per_channel = self.scale.size > 1
+        for part, what in ((self.scale, "scale"), (self.zero, "zero_point")):
+            if part is not None:
+                value = np.tile(part, group) if per_channel else part
+                inputs.append(idx.add_init(value, f"{name}_{what}"))
+        out = idx.unique(name + "_DequantizeLinear_Output")
+        attrs = {"axis": 0} if per_channel else {}
+        made.append(helper.make_node("DequantizeLinear", inputs, [out],
+                                     name=idx.unique(name + "_DequantizeLinear"), **attrs))
+        return out
+
+    def requantized(self, x: str, made: list) -> str:
+        """The upsampled input quantized at the input's own scale and zero point again."""
+        idx = self.idx
+        q, dq = idx.unique(x + "_QuantizeLinear_Output"), idx.unique(x + "_dequantized")
+        made.append(helper.make_node("QuantizeLinear", [x, *self.x_quant], [q],
+                                     name=idx.unique(x + "_QuantizeLinear")))
+        made.append(helper.make_node("DequantizeLinear", [q, *self.x_quant], [dq],
+                                     name=idx.unique(x + "_DequantizeLinear")))
+        return dq
 
 
 def _upsampled(idx: _Index, node, x: str, shape, strides) -> tuple[str, list]:
@@ -244,7 +335,7 @@ def _per_depth(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance) 
         padded = idx.unique(tag + "_padded")
         made.append(_pad(idx, x, padded, [0, 0, pd0, 0, 0, 0, 0, pd1, 0, 0], tag))
         x = padded
-    flat = _spread(w.reshape(out_ch, per_group * kd, kh, kw), [dh, dw])  # no 2-D dilation
+    flat = spread_kernel(w.reshape(out_ch, per_group * kd, kh, kw), [dh, dw])  # no 2-D dilation
     kernel = idx.add_init(np.ascontiguousarray(flat), node.input[1] + "_2d")
     planes = idx.add_init(np.array([0, cin * kd, height, width], np.int64), tag + "_planes")
     axis, step = (idx.add_init(np.array([v], np.int64), tag + name)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tpuasm.compiler.front.convforms import spread_kernel
 from tpuasm.compiler.front.graph import Graph, Node
 from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Operator, Pool,
                                 QParams, Tensor)
@@ -635,14 +636,16 @@ class Lowerer:
                             f"{shape}")
         return self.ir_tensor(source.tensor, source.quant, shape)
 
-    def _conv_geometry(self, node: Node, kernel, image_hw):
+    def _conv_geometry(self, node: Node, kernel, image_hw, spread: bool = False):
         """(strides, pads) of a 2-D window; a 1-D one (kernel (k,), image (L,)) as the 2-D
         window (k, 1) over an image of width 1: strides (s, s) (the horizontal one never
-        moves), pads (begin, 0, end, 0)."""
+        moves), pads (begin, 0, end, 0).  `spread`: the kernel is a dilated one's, its zeros
+        already between the taps (auto_pad's SAME then pads for its whole reach, as ONNX
+        does)."""
         d = len(kernel)
         if d not in (1, 2) or len(image_hw) != d:
             raise NotMapped("not a 1-D or 2-D operation")
-        if any(v != 1 for v in node.attr("dilations", [1] * d)):
+        if not spread and any(v != 1 for v in node.attr("dilations", [1] * d)):
             raise NotMapped("dilation is not 1")
         strides = tuple(node.attr("strides", [1] * d))
         pads = list(node.attr("pads", [0] * 2 * d))
@@ -680,6 +683,14 @@ class Lowerer:
         groups = int(node.attr("group", 1))
         if w.ndim not in (3, 4):
             raise NotMapped(f"a {w.ndim - 2}-D convolution (the TPU maps 1-D and 2-D)")
+        dilations = [int(v) for v in node.attr("dilations", [1] * (w.ndim - 2))]
+        if len(dilations) != w.ndim - 2 or min(dilations) < 1:
+            raise NotMapped(f"dilations {dilations} do not fit a {w.ndim - 2}-D kernel")
+        if max(dilations) > 1:
+            # a quantized model's dilated Conv (a float model's was rewritten by convforms):
+            # its integer kernel with zeros between the taps is the same sum; the array does
+            # the zero products too (the report's utilisation)
+            w = spread_kernel(w, dilations)
         extra = (0, 0, 0, 0)
         if source.pads:                                   # a folded Pad of zeros
             if len(source.pads) != 2 * (w.ndim - 2):
@@ -694,7 +705,7 @@ class Lowerer:
                 raise NotMapped(f"its input has shape {source.shape}, not (C, H, W)")
             padded = (source.shape[1] + extra[0] + extra[2],
                       source.shape[2] + extra[1] + extra[3])
-        strides, pads = self._conv_geometry(node, w.shape[2:], padded)
+        strides, pads = self._conv_geometry(node, w.shape[2:], padded, spread=True)
         pads = tuple(a + b for a, b in zip(pads, extra))
         if w.ndim == 4 and source.shape[1] == 1 and w.shape[2] == 1 and not (pads[0] or
                                                                              pads[2]):
@@ -1199,6 +1210,11 @@ def host_reason(node: Node, graph: Graph) -> str:
         return (f"{op_type} runs on the host as one node: the TPU takes the gate MatMuls of "
                 f"{article} {op_type} unrolled from a float model compiled with --calibrate "
                 f"(onnxruntime's quantize_static leaves it float in a quantized model)")
+    if op_type == "ConvTranspose":
+        return ("ConvTranspose runs on the host: the TPU takes one rewritten as a Conv, from "
+                "a float model, or from a QDQ model whose kernel is a DequantizeLinear of an "
+                "integer constant and whose input is quantized (a QOperator model leaves it "
+                "float: its QDQ form, or the model with --calibrate, puts it on the TPU)")
     return f"{op_type} has no TPU mapping (runs on the host)"
 
 
