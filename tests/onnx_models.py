@@ -65,3 +65,26 @@ def assert_agrees(ours, theirs, identical: float = 0.999, lsb: int = 1):
     same, worst = agreement(ours, theirs)
     assert worst <= lsb and same >= identical, \
         f"{same:.4%} identical, worst difference {worst} LSB"
+
+
+def quantized_by_onnxruntime(tmp_path, model, calib: np.ndarray, quant_format: str = "QDQ",
+                             per_channel: bool = False):
+    """onnxruntime's quantize_static of `model` (its one input "x"; uint8 activations, int8
+    weights) calibrated on `calib` a row at a time, in `quant_format` ("QDQ" or
+    "QOperator"): the quantized model's path under tmp_path."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter([{"x": calib[i:i + 1]} for i in range(len(calib))])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / f"{quant_format}.onnx"
+    onnx.save(model, str(src))
+    quantize_static(str(src), str(dst), Rows(), quant_format=getattr(QuantFormat, quant_format),
+                    per_channel=per_channel, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
+    return dst

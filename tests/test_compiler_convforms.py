@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
+from onnx_models import quantized_by_onnxruntime
 from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.front.convforms import rewrite_convolutions
 from tpuasm.compiler.front.provenance import Provenance
@@ -164,26 +165,6 @@ def test_a_layer_the_unified_buffer_cannot_hold_is_banded_onto_the_tpu(tmp_path)
 
 # --- the same forms in a model onnxruntime quantized (compiled as it is) -------------------
 
-def _qdq(tmp_path, model, calib, quant_format="QDQ", per_channel=True):
-    """onnxruntime's quantize_static of `model` (int8 weights, uint8 inputs)."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-
-    class Rows(CalibrationDataReader):
-        def __init__(self):
-            self.rows = iter([{"x": calib[i:i + 1]} for i in range(len(calib))])
-
-        def get_next(self):
-            return next(self.rows, None)
-
-    src, dst = tmp_path / "float.onnx", tmp_path / f"{quant_format}.onnx"
-    onnx.save(model, str(src))
-    quantize_static(str(src), str(dst), Rows(), quant_format=getattr(QuantFormat, quant_format),
-                    per_channel=per_channel, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)
-    return dst
-
-
 def _output_step(model) -> float:
     """The scale of the DequantizeLinear that writes the model's output."""
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -223,8 +204,8 @@ def test_a_quantized_model_s_dilated_and_transposed_convs_run_on_the_tpu(
     model = _model(op, ["N", *x_shape[1:]], w,
                    rng.normal(0, 0.1, out_channels).astype(np.float32), **attrs)
     calib = rng.normal(0, 1, (32, *x_shape[1:])).astype(np.float32)
-    path = _qdq(tmp_path, model, calib, quant_format.split()[0],
-                per_channel="per tensor" not in quant_format)
+    path = quantized_by_onnxruntime(tmp_path, model, calib, quant_format.split()[0],
+                                    per_channel="per tensor" not in quant_format)
     compiled = tpu_compile(str(path), batch=x_shape[0], config={"array_size": 16})
     rows = {r.node: r for r in compiled.report.rows}
     conv = "conv_quant" if quant_format == "QOperator" else "conv"
@@ -252,8 +233,8 @@ def test_a_qoperator_model_s_float_conv_transpose_stays_with_its_reason(tmp_path
                               [helper.make_tensor_value_info("y", T.FLOAT, None)], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    path = _qdq(tmp_path, model, rng.normal(0, 1, (16, 4, 4, 4)).astype(np.float32),
-                "QOperator")
+    path = quantized_by_onnxruntime(tmp_path, model, rng.normal(0, 1, (16, 4, 4, 4)).astype(
+        np.float32), "QOperator", per_channel=True)
     compiled = tpu_compile(str(path), batch=8, config={"array_size": 16})
     row = next(r for r in compiled.report.rows if r.op_type == "ConvTranspose")
     assert row.where == "host"

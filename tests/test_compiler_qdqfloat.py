@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
+from onnx_models import quantized_by_onnxruntime
 from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.qdqfloat import read_back
@@ -40,31 +41,12 @@ def _float_model(rng) -> onnx.ModelProto:
     return model
 
 
-def _quantized(tmp_path, model, calib, quant_format):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-
-    class Rows(CalibrationDataReader):
-        def __init__(self):
-            self.rows = iter([{"x": calib[i:i + 1]} for i in range(len(calib))])
-
-        def get_next(self):
-            return next(self.rows, None)
-
-    src, dst = tmp_path / "float.onnx", tmp_path / f"{quant_format}.onnx"
-    onnx.save(model, str(src))
-    quantize_static(str(src), str(dst), Rows(),
-                    quant_format=getattr(QuantFormat, quant_format),
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    return dst
-
-
 @pytest.fixture
 def case(tmp_path):
     rng = np.random.default_rng(3)
     model = _float_model(rng)
     calib = rng.normal(0, 1, (32, 8)).astype(np.float32)
-    return model, calib, _quantized(tmp_path, model, calib, "QDQ")
+    return model, calib, quantized_by_onnxruntime(tmp_path, model, calib, "QDQ")
 
 
 def test_onnxruntime_s_qdq_model_leaves_the_gru_float_and_the_report_says_how(case):
@@ -112,9 +94,9 @@ def test_a_qoperator_model_is_read_back_through_its_qdq_form(tmp_path):
     rng = np.random.default_rng(4)
     model = _float_model(rng)
     calib = rng.normal(0, 1, (32, 8)).astype(np.float32)
-    qop = onnx.load(str(_quantized(tmp_path, model, calib, "QOperator")))
+    qop = onnx.load(str(quantized_by_onnxruntime(tmp_path, model, calib, "QOperator")))
     assert "QLinearMatMul" in {n.op_type for n in qop.graph.node}
-    qdq = onnx.load(str(_quantized(tmp_path, model, calib, "QDQ")))
+    qdq = onnx.load(str(quantized_by_onnxruntime(tmp_path, model, calib, "QDQ")))
     assert to_qdq(qop)[1] is None and read_back(qop)[1] is None and read_back(qdq)[1] is None
     x = calib[:16]
     np.testing.assert_allclose(session(qop).run(None, {"x": x})[0],
@@ -129,7 +111,7 @@ def test_a_qlinear_operator_with_no_float_form_is_one_clear_error(tmp_path):
     rng = np.random.default_rng(4)
     model = _float_model(rng)
     calib = rng.normal(0, 1, (16, 8)).astype(np.float32)
-    qop = onnx.load(str(_quantized(tmp_path, model, calib, "QOperator")))
+    qop = onnx.load(str(quantized_by_onnxruntime(tmp_path, model, calib, "QOperator")))
     odd = next(n for n in qop.graph.node if n.op_type == "QLinearMatMul")
     odd.op_type, odd.domain = "QLinearWhere", "com.microsoft"
     if not any(o.domain == "com.microsoft" for o in qop.opset_import):
@@ -159,7 +141,7 @@ def test_a_relu6_that_onnxruntime_folded_into_a_range_keeps_its_clipping(tmp_pat
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     x = rng.normal(0, 1, (32, 2, 4, 4)).astype(np.float32)
-    qdq = onnx.load(str(_quantized(tmp_path, model, x, "QDQ")))
+    qdq = onnx.load(str(quantized_by_onnxruntime(tmp_path, model, x, "QDQ")))
     assert "Clip" not in {n.op_type for n in qdq.graph.node}       # folded into the range
     count, why = read_back(qdq)
     assert why is None and count > 0
