@@ -722,18 +722,21 @@ def _rounding_snr(qdq_path, tensors: list[str], check, batch_first) -> dict | No
 def _with_rounding_sums(model, pairs: dict) -> dict:
     """`model` with two outputs of shape (1,) per {tensor: (value, its QDQ copy)}: the sum
     of the value's squares and that of its difference from the copy (in float64, whatever
-    the tensor's type); returns {tensor: (signal output, noise output)}."""
+    the tensor's type), computed right after the copy is made, so that an onnxruntime run
+    in its priority order (ort.session's early_free) frees both at once; returns {tensor:
+    (signal output, noise output)}."""
     from onnx import TensorProto, helper, numpy_helper
     graph = model.graph
     one = "rounding_sums/shape"
     graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), one))
-    names = {}
+    names, after = {}, {}
     for i, (tensor, (value, copy)) in enumerate(pairs.items()):
         tag = f"rounding_sums/{i}"
+        made = after.setdefault(copy, [])
 
         def add(op, inputs, what, **attrs):
             out = f"{tag}/{what}"
-            graph.node.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+            made.append(helper.make_node(op, inputs, [out], name=out, **attrs))
             return out
         x = add("Cast", [value], "x", to=TensorProto.DOUBLE)
         noise = add("Sub", [x, add("Cast", [copy], "copy", to=TensorProto.DOUBLE)],
@@ -744,6 +747,11 @@ def _with_rounding_sums(model, pairs: dict) -> dict:
             for t, what in ((x, "signal"), (noise, "noise")))
         graph.output.extend(helper.make_tensor_value_info(n, TensorProto.DOUBLE, [1])
                             for n in names[tensor])
+    nodes = list(graph.node)
+    del graph.node[:]
+    for node in nodes:
+        graph.node.append(node)
+        graph.node.extend(n for o in node.output for n in after.get(o, ()))
     return names
 
 
