@@ -141,12 +141,11 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if float_model is not model:          # the batch is in its constants now
             known_axes = tensor_axes(model, axes, path)
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        from tpuasm.compiler.front.prepare import prepare
         from tpuasm.compiler.front.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data", fixed_values))
-        prepared = prepare(float_model, provenance, room(machine))
+        prepared = _prepare(float_model, path, provenance, machine)
         notes = ""                     # what the rewrites keep in float (not the user's)
         cells = len(prepared.keep_float)
         if cells:
@@ -225,6 +224,16 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     return compiled
 
 
+def _prepare(model, path, provenance, machine):
+    """The float model's rewrites (front/prepare.py), after its nodes outside the ONNX
+    domain have had their outputs' types and shapes declared (front/ortshapes.py): the
+    rewrites read onnx inference, which stops at them."""
+    from tpuasm.compiler.front.ortshapes import declare_foreign_outputs
+    from tpuasm.compiler.front.prepare import prepare
+    declare_foreign_outputs(model, Path(path).parent)
+    return prepare(model, provenance, room(machine))
+
+
 def _at_batch_one(path, model, axes, workdir: Path, machine):
     """A function giving the float model folded and prepared as the compile does, at a batch
     of one (made once, on first use; None when nothing folds at that batch)."""
@@ -232,12 +241,11 @@ def _at_batch_one(path, model, axes, workdir: Path, machine):
 
     def build():
         if not made:
-            from tpuasm.compiler.front.prepare import prepare
             where = workdir / "batch-one"
             where.mkdir(exist_ok=True)
             _, folded = fold_float_model(path, model, 1, axes, None, where)
             made.append(None if folded is model else
-                        prepare(folded, None, room(machine)).model)
+                        _prepare(folded, path, None, machine).model)
         return made[0]
     return build
 
