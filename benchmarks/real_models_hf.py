@@ -1,0 +1,484 @@
+"""Models exported by tools nobody in this project wrote - Hugging Face transformers through
+torch.onnx, scikit-learn through skl2onnx - compiled and run through the CLI as a new user
+runs them (OPTIONAL: not run by `make test`; `make bench-hf` installs the `torch` extra,
+which brings transformers, into .venv first).
+
+    make bench-hf                         # or, with the extra installed:
+    .venv/bin/python benchmarks/real_models_hf.py [--only NAME] [--work DIR]
+
+transformers (random-init small configs built from a config object, nothing downloaded;
+each fine-tuned for 300 steps of 128 rows drawn from 2,048 rows of a synthetic task whose
+labels the inputs decide, so that its logits have margins), each exported by torch.onnx's
+TorchScript exporter (`dynamo=False`, opset 17) and by its dynamo exporter (opset 18):
+
+- bert: BertForSequenceClassification (2 layers, hidden 64, 4 heads), input_ids +
+  attention_mask + token_type_ids (int64, 16 tokens, 8 to 16 of them real); the class is
+  how many real tokens are below 30 (in pairs, 6 classes).
+- distilbert: DistilBertForSequenceClassification of the same size and task (no
+  token_type_ids).
+- gpt2: GPT2ForSequenceClassification (causal mask, the class read at the last real token,
+  padding 0 on the right), the same task.
+- vit: ViTForImageClassification (image 32, patch 8, hidden 64): which quadrant is bright.
+- whisper: WhisperForAudioClassification (encoder, 16 mel bins, 32 frames, two Conv1d):
+  which of 4 mel bands carries the energy.
+- wav2vec2: Wav2Vec2ForSequenceClassification (two Conv1d feature layers with GroupNorm,
+  a grouped positional Conv1d, 2 layers, hidden 64) on 800 raw samples: which of 4
+  frequency bands a noisy tone is in.
+
+scikit-learn (skl2onnx's default options; the bundled data sets: load_digits, load_iris,
+load_diabetes, rows shuffled once; iris has 150 rows, so its calibration and evaluation
+rows are new rows drawn around its own, the label the fitted model's float answer):
+Pipeline(StandardScaler, PCA, LogisticRegression), MLPRegressor, SVC(kernel='linear',
+probability=True), LinearSVC, RandomForestClassifier, KNeighborsClassifier, GaussianNB,
+Ridge.
+
+Each is compiled with `tpuasm compile --calibrate` on 128 rows and run with `tpuasm infer`
+on 1,024 others (512 for the scikit-learn ones whose data set is small), against
+onnxruntime on the float model: top-1 agreement (of the label output where the model has
+one, else of the first 2-D output's argmax), SNR of every float output, for a regression
+its error in steps of the output's quantization (its calibrated range / 255): median, p99, max.
+Next to it, onnxruntime's own quantize_static QDQ model of the same float model
+(per-channel int8 weights, uint8 activations, min-max on the same 128 rows) on the same
+rows.  "matrix" is how many of the model's Conv / MatMul / Gemm nodes the report puts on
+the TPU, out of how many (a MatMul of two activations, attention's scores, may stay on the
+host: "act x act" counts them); the host ones are listed with the report's reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_models_shipped import compile_and_infer, snr  # noqa: E402
+from real_models_torch import _rows, _run, export, top1_figures  # noqa: E402
+
+TRAIN, CALIBRATE, EVALUATE = 2048, 128, 1024
+ROWS = TRAIN + CALIBRATE + EVALUATE
+STEPS, MINIBATCH = 300, 128
+TOKENS, VOCAB = 16, 100
+# the nodes a matrix multiply does: ONNX's, and scikit-learn's linear models (the compiler
+# rewrites them as Gemms for the TPU)
+MATRIX_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose", "LinearClassifier",
+              "LinearRegressor")
+HF = ("bert", "distilbert", "gpt2", "vit", "whisper", "wav2vec2")
+SKLEARN = ("pca-logreg", "mlp-regressor", "svc-linear", "linear-svc", "random-forest",
+           "knn", "gaussian-nb", "ridge")
+
+
+# ----------------------------------------------------------------------------- transformers
+def _text_task(rng, with_types: bool) -> tuple[dict, np.ndarray]:
+    ids = rng.integers(1, VOCAB, (ROWS, TOKENS))
+    lengths = rng.integers(8, TOKENS + 1, ROWS)
+    mask = (np.arange(TOKENS)[None] < lengths[:, None]).astype(np.int64)
+    ids = ids * mask                                   # padding 0 after the real tokens
+    labels = np.minimum(((ids < 30) & (mask == 1)).sum(1) // 2, 5)
+    data = {"input_ids": ids.astype(np.int64), "attention_mask": mask}
+    if with_types:                  # a second segment from the middle of the real tokens
+        data["token_type_ids"] = ((np.arange(TOKENS)[None] >= lengths[:, None] // 2)
+                                  & (mask == 1)).astype(np.int64)
+    return data, labels
+
+
+def _image_task(rng) -> tuple[dict, np.ndarray]:
+    x = rng.normal(0, 1, (ROWS, 3, 32, 32)).astype(np.float32)
+    labels = rng.integers(0, 4, ROWS)
+    for i, k in enumerate(labels):                     # a bright quadrant
+        x[i, :, (k // 2) * 16:(k // 2) * 16 + 16, (k % 2) * 16:(k % 2) * 16 + 16] += 1.5
+    return {"pixel_values": x}, labels
+
+
+def _audio_task(rng) -> tuple[dict, np.ndarray]:
+    x = rng.normal(0, 1, (ROWS, 16, 32)).astype(np.float32)
+    labels = rng.integers(0, 4, ROWS)
+    for i, k in enumerate(labels):                     # energy in one band of 4 mel bins
+        x[i, 4 * k:4 * k + 4] += 1.5
+    return {"input_features": x}, labels
+
+
+def _wave_task(rng) -> tuple[dict, np.ndarray]:
+    t = np.arange(800) / 800
+    labels = rng.integers(0, 4, ROWS)
+    freq = (10 + 25 * labels + rng.uniform(-3, 3, ROWS))[:, None]   # one tone of 4 bands
+    x = np.sin(2 * np.pi * freq * t + rng.uniform(0, 6.3, (ROWS, 1)))
+    return {"input_values": (x + rng.normal(0, 0.3, x.shape)).astype(np.float32)}, labels
+
+
+def _hf_model(name: str, transformers):
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0)
+    if name == "bert":
+        config = transformers.BertConfig(vocab_size=VOCAB, max_position_embeddings=TOKENS,
+                                         num_labels=6, **small)
+        return transformers.BertForSequenceClassification(config)
+    if name == "distilbert":
+        config = transformers.DistilBertConfig(vocab_size=VOCAB, max_position_embeddings=TOKENS,
+                                               dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+                                               dropout=0.0, attention_dropout=0.0,
+                                               num_labels=6)
+        return transformers.DistilBertForSequenceClassification(config)
+    if name == "gpt2":
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=TOKENS, n_embd=64,
+                                         n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0, num_labels=6, pad_token_id=0)
+        return transformers.GPT2ForSequenceClassification(config)
+    if name == "vit":
+        config = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3,
+                                        num_labels=4, **small)
+        return transformers.ViTForImageClassification(config)
+    if name == "wav2vec2":
+        config = transformers.Wav2Vec2Config(
+            conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2), conv_bias=True,
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+            mask_time_prob=0.0, layerdrop=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+            num_labels=4, classifier_proj_size=32, **small)
+        return transformers.Wav2Vec2ForSequenceClassification(config)
+    config = transformers.WhisperConfig(num_mel_bins=16, max_source_positions=16, d_model=64,
+                                        encoder_layers=2, encoder_attention_heads=4,
+                                        encoder_ffn_dim=128, decoder_layers=1,
+                                        decoder_attention_heads=4, decoder_ffn_dim=128,
+                                        dropout=0.0, attention_dropout=0.0, num_labels=4)
+    return transformers.WhisperForAudioClassification(config)
+
+
+def _hf_task(name: str, rng):
+    if name in ("bert", "distilbert", "gpt2"):
+        return _text_task(rng, with_types=name == "bert")
+    return {"vit": _image_task, "whisper": _audio_task, "wav2vec2": _wave_task}[name](rng)
+
+
+class _Logits:
+    """A transformers model called with named inputs, returning its logits only (what is
+    exported: a tuple output of a ModelOutput would add nothing)."""
+
+    @staticmethod
+    def wrap(torch, model, names: list):
+        class Wrapper(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args):
+                return self.model(**dict(zip(names, args))).logits
+        return Wrapper()
+
+
+def _fine_tune(torch, model, data: dict, labels: np.ndarray) -> float:
+    """STEPS of Adam on TRAIN rows; the training accuracy of the last 256 rows seen."""
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    pick = np.random.default_rng(0)
+    model.train()
+    for _ in range(STEPS):
+        rows = pick.choice(TRAIN, MINIBATCH, replace=False)
+        batch = [torch.from_numpy(v[rows]) for v in data.values()]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(*batch),
+                                          torch.from_numpy(labels[rows])).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        got = model(*[torch.from_numpy(v[:TRAIN]) for v in data.values()]).argmax(1).numpy()
+    return round(100 * float(np.mean(got == labels[:TRAIN])), 2)
+
+
+def hf_models(work: Path, only: list) -> list[dict]:
+    import torch
+    import transformers
+    rows = []
+    for name in HF:
+        if name not in only:
+            continue
+        rng = np.random.default_rng(0)
+        data, labels = _hf_task(name, rng)
+        torch.manual_seed(0)
+        net = _Logits.wrap(torch, _hf_model(name, transformers), list(data))
+        train_accuracy = _fine_tune(torch, net, data, labels)
+        axes = {k: 0 for k in data}
+        calib = _rows(data, axes, TRAIN, TRAIN + CALIBRATE)
+        evaluation = _rows(data, axes, TRAIN + CALIBRATE, ROWS)
+        for dynamo in (False, True):
+            form = "dynamo" if dynamo else "torchscript"
+            row = {"model": f"{name} ({form})", "train_accuracy": train_accuracy}
+            folder = work / f"{name}-{form}"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{name}.onnx"
+            try:
+                if dynamo:      # the wrapper's *args: their dynamic shapes under "args"
+                    batch = torch.export.Dim("N", min=2)
+                    torch.onnx.export(net, tuple(torch.from_numpy(v[:2]) for v in data.values()),
+                                      str(path), input_names=list(data), dynamo=True,
+                                      dynamic_shapes={"args": tuple({0: batch} for _ in data)})
+                else:
+                    export(torch, net, data, axes, path, dynamo)
+            except Exception as e:                  # an exporter's failure, not tpuasm's
+                row["failure"] = f"export: {type(e).__name__}: {str(e).splitlines()[0]}"
+                rows.append(_print(row))
+                continue
+            rows.append(_print(measure(path, folder, calib, evaluation, row,
+                                       labels[TRAIN + CALIBRATE:])))
+    return rows
+
+
+# ----------------------------------------------------------------------------- scikit-learn
+def _sklearn_data(name: str):
+    """(estimator, x_train, y_train, x_calib, x_eval) for one of SKLEARN."""
+    from sklearn import datasets
+    from sklearn.decomposition import PCA
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.naive_bayes import GaussianNB
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.neural_network import MLPRegressor
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC, LinearSVC
+    rng = np.random.default_rng(0)
+    estimators = {
+        "pca-logreg": ("digits", make_pipeline(StandardScaler(), PCA(32),
+                                               LogisticRegression(max_iter=2000))),
+        "mlp-regressor": ("diabetes", make_pipeline(StandardScaler(), MLPRegressor(
+            hidden_layer_sizes=(64, 32), max_iter=2000, random_state=0))),
+        "svc-linear": ("digits", SVC(kernel="linear", probability=True, random_state=0)),
+        "linear-svc": ("digits", LinearSVC(max_iter=5000)),
+        "random-forest": ("iris", RandomForestClassifier(n_estimators=20, random_state=0)),
+        "knn": ("digits", KNeighborsClassifier(n_neighbors=5)),
+        "gaussian-nb": ("iris", GaussianNB()),
+        "ridge": ("diabetes", Ridge(alpha=1.0)),
+    }
+    source, estimator = estimators[name]
+    data = getattr(datasets, f"load_{source}")()
+    x, y = data.data.astype(np.float32), data.target
+    order = rng.permutation(len(x))
+    x, y = x[order], y[order]
+    if source == "iris":                    # 150 rows: new rows around them
+        estimator.fit(x, y)
+        spread = x.std(0) * 0.15
+        new = x[rng.integers(0, len(x), CALIBRATE + 512)] + rng.normal(
+            0, 1, (CALIBRATE + 512, x.shape[1])) * spread
+        new = new.astype(np.float32)
+        return estimator, new[:CALIBRATE], new[CALIBRATE:]
+    if source == "diabetes":                # 442 rows: fit on 300, new rows around them
+        estimator.fit(x[:300], y[:300])
+        spread = x.std(0) * 0.2
+        new = x[rng.integers(0, len(x), CALIBRATE + 512)] + rng.normal(
+            0, 1, (CALIBRATE + 512, x.shape[1])) * spread
+        new = new.astype(np.float32)
+        return estimator, new[:CALIBRATE], new[CALIBRATE:]
+    # digits: 1,797 rows; fit on 1,157 (the rest, 640, are 128 + 512 new ones)
+    estimator.fit(x[:-CALIBRATE - 512], y[:-CALIBRATE - 512])
+    return estimator, x[-CALIBRATE - 512:-512], x[-512:]
+
+
+def sklearn_models(work: Path, only: list) -> list[dict]:
+    from skl2onnx import to_onnx
+    rows = []
+    for name in SKLEARN:
+        if name not in only:
+            continue
+        row = {"model": f"{name} (skl2onnx)"}
+        estimator, calib, evaluation = _sklearn_data(name)
+        folder = work / name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.onnx"
+        try:
+            path.write_bytes(to_onnx(estimator, calib[:1]).SerializeToString())
+        except Exception as e:
+            row["failure"] = f"skl2onnx: {type(e).__name__}: {str(e).splitlines()[0]}"
+            rows.append(_print(row))
+            continue
+        import onnx
+        feed = onnx.load(str(path)).graph.input[0].name
+        rows.append(_print(measure(path, folder, {feed: calib}, {feed: evaluation}, row)))
+    return rows
+
+
+# ----------------------------------------------------------------------------- measuring
+def measure(model: Path, folder: Path, calib: dict, evaluation: dict, row: dict,
+            labels=None) -> dict:
+    np.savez(folder / "calib.npz", **calib)
+    np.savez(folder / "eval.npz", **evaluation)
+    got = compile_and_infer(model, folder, [], row)
+    out = folder / model.stem
+    if (out / "report.json").exists():
+        row.update(matrix_placement(model, json.loads((out / "report.json").read_text())))
+    if got is None:
+        return row
+    ref = _as_arrays(_run(model, evaluation))
+    row.update(accuracy(ref, got, labels, _as_arrays(_run(model, calib))))
+    row.update(ort_qdq(model, folder, calib, evaluation, ref))
+    return row
+
+
+def matrix_placement(model: Path, report: dict) -> dict:
+    """How many of the model's matrix nodes the report puts on the TPU; the host ones with
+    their reasons, a MatMul of two activations marked."""
+    import onnx
+    graph = onnx.load(str(model), load_external_data=False).graph
+    constants = {i.name for i in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    both_activations = {n.name for n in graph.node if n.op_type == "MatMul"
+                        and not set(n.input) & constants}
+    matrix = [r for r in report["rows"] if r["op_type"] in MATRIX_OPS]
+    host = [r for r in matrix if r["where"] != "TPU"]
+    activations = [r for r in host if r["node"] in both_activations]
+    return {"matrix": f"{len(matrix) - len(host)}/{len(matrix)}",
+            "matrix_act_x_act_on_host": len(activations),
+            "matrix_on_host": [f"{r['op_type']} {r['node']}: {r['reason']}" for r in host
+                               if r["node"] not in both_activations]}
+
+
+def accuracy(ref: dict, got: dict, labels, calibrated: dict) -> dict:
+    """Top-1 against the float model (its label output where it has one), SNR of every float
+    output; for a regression its error in steps of the output's quantization (the float
+    model's range on the calibration rows / 255): median, 99th percentile and largest (the
+    largest on rows with an input beyond the calibration rows' range: clipped)."""
+    row: dict = {"snr": {}}
+    for k, v in ref.items():
+        if np.issubdtype(v.dtype, np.floating):
+            row["snr"][k] = round(snr(v, got[k].reshape(v.shape).astype(v.dtype)), 1)
+    want, mine = _classes(ref), _classes(got)
+    if want is not None:
+        row.update(top1_figures(want, mine.reshape(want.shape)))
+        if labels is not None:
+            row["float_accuracy"] = round(100 * float(np.mean(want == labels)), 2)
+        return row
+    name = next(iter(ref))
+    y, seen = ref[name].reshape(len(ref[name]), -1), calibrated[name]
+    steps = np.abs(got[name].reshape(y.shape) - y).max(1) / ((seen.max() - seen.min()) / 255)
+    row["error_steps"] = {"median": round(float(np.median(steps)), 2),
+                          "p99": round(float(np.percentile(steps, 99)), 2),
+                          "max": round(float(steps.max()), 2)}
+    return row
+
+
+def _as_arrays(outputs: dict) -> dict:
+    """onnxruntime's outputs with a ZipMap's list of {class: probability} (skl2onnx's
+    default) as an array, its columns in the classes' order (as `tpuasm infer` writes it)."""
+    return {k: np.array([[d[c] for c in sorted(v[0])] for d in v], np.float32)
+            if isinstance(v, list) else v for k, v in outputs.items()}
+
+
+def _classes(outputs: dict):
+    """The classes a model answers: its integer label output, else the argmax of its first
+    2-D float output of more than one column; None for a regression."""
+    for v in outputs.values():
+        if np.issubdtype(v.dtype, np.integer) and v.ndim == 1:
+            return v
+    for v in outputs.values():
+        if np.issubdtype(v.dtype, np.floating) and v.ndim == 2 and v.shape[1] > 1:
+            return v.argmax(1)
+    return None
+
+
+def ort_qdq(model: Path, folder: Path, calib: dict, evaluation: dict, ref: dict) -> dict:
+    """onnxruntime's own quantize_static QDQ model of the float model on the same rows."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            count = len(next(iter(calib.values())))
+            self.rows = iter([{n: v[i:i + 1] for n, v in calib.items()}
+                              for i in range(count)])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    path = folder / f"{model.stem}.ort-qdq.onnx"
+    source = _one_import_per_domain(model, folder)
+    try:
+        quantize_static(str(source), str(path), Rows(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8,
+                        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        own = _as_arrays(_run(path, evaluation))
+    except Exception as e:
+        return {"ort_qdq": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+    want, theirs = _classes(ref), _classes(own)
+    row: dict = {"ort_qdq_snr": {k: round(snr(v, own[k].reshape(v.shape)), 1)
+                                 for k, v in ref.items()
+                                 if np.issubdtype(v.dtype, np.floating)}}
+    if want is not None:
+        row["ort_qdq_top1"] = round(100 * float(np.mean(want == theirs.reshape(want.shape))), 2)
+    return row
+
+
+def _one_import_per_domain(model: Path, folder: Path) -> Path:
+    """The model, or a copy importing each domain once (skl2onnx imports the ONNX domain
+    twice for a model of scikit-learn operators alone, which quantize_static refuses:
+    'Failed to find proper ai.onnx domain'); the highest version kept."""
+    import onnx
+    m = onnx.load(str(model))
+    versions: dict = {}
+    for o in m.opset_import:
+        versions[o.domain] = max(versions.get(o.domain, 0), o.version)
+    if len(versions) == len(m.opset_import):
+        return model
+    del m.opset_import[:]
+    m.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in versions.items())
+    copy = folder / f"{model.stem}.one-import.onnx"
+    onnx.save(m, str(copy))
+    return copy
+
+
+def _print(row: dict) -> dict:
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = ("model", "compiled", "matrix on TPU", "top-1", "ORT QDQ top-1", "SNR dB",
+            "ORT QDQ SNR", "compile s", "peak MB", "load")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        first = lambda d: next(iter(d.values())) if isinstance(d, dict) and d else "-"  # noqa
+        top1 = r.get("top1", "error in steps: median {median}, p99 {p99}, max {max}".format(
+            **r["error_steps"]) if "error_steps" in r else "-")
+        cells = (r["model"], "no: " + r["failure"] if "failure" in r else "yes",
+                 r.get("matrix", "-") + (f" (+{r['matrix_act_x_act_on_host']} act x act)"
+                                         if r.get("matrix_act_x_act_on_host") else ""),
+                 top1, r.get("ort_qdq_top1", r.get("ort_qdq", "-")), first(r.get("snr")),
+                 first(r.get("ort_qdq_snr")), f"{r['compile_s']:.1f}" if "compile_s" in r
+                 else "-", r.get("compile_peak_mb", "-"), " ".join(r.get("load", [])))
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", type=Path, help="where models and OUTDIRs go (default: temp)")
+    p.add_argument("--only", action="append", default=[],
+                   help=f"one of {', '.join(HF + SKLEARN)} (repeatable)")
+    args = p.parse_args(argv)
+    wanted = args.only or [*HF, *SKLEARN]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        if any(n in SKLEARN for n in wanted):
+            rows += sklearn_models(work, wanted)
+        if any(n in HF for n in wanted):
+            try:
+                import torch  # noqa: F401
+                import transformers  # noqa: F401
+            except ImportError:
+                print("PyTorch or transformers is not installed: `make bench-hf` installs "
+                      "the torch extra", file=sys.stderr)
+                return 2
+            rows += hf_models(work, wanted)
+    print(table(rows))
+    for r in rows:
+        for line in r.get("matrix_on_host", []):
+            print(f"{r['model']}: host {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
