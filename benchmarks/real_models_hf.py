@@ -55,10 +55,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_models_shipped import compile_and_infer, snr  # noqa: E402
-from real_models_torch import _rows, _run, export, top1_figures  # noqa: E402
+from real_models_torch import (CALIBRATE, ROWS, TRAIN, _rows, _run, _train,  # noqa: E402
+                               export, top1_figures)
 
-TRAIN, CALIBRATE, EVALUATE = 2048, 128, 1024
-ROWS = TRAIN + CALIBRATE + EVALUATE
 STEPS, MINIBATCH = 300, 128
 TOKENS, VOCAB = 16, 100
 # the nodes a matrix multiply does: ONNX's, and scikit-learn's linear models (the compiler
@@ -169,19 +168,8 @@ class _Logits:
 
 
 def _fine_tune(torch, model, data: dict, labels: np.ndarray) -> float:
-    """STEPS of Adam on TRAIN rows; the training accuracy of the last 256 rows seen."""
-    torch.manual_seed(0)
-    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
-    pick = np.random.default_rng(0)
-    model.train()
-    for _ in range(STEPS):
-        rows = pick.choice(TRAIN, MINIBATCH, replace=False)
-        batch = [torch.from_numpy(v[rows]) for v in data.values()]
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(*batch),
-                                          torch.from_numpy(labels[rows])).backward()
-        opt.step()
-    model.eval()
+    """STEPS of Adam on TRAIN rows; the accuracy on them after."""
+    _train(torch, model, data, labels, {k: 0 for k in data}, STEPS, MINIBATCH, 2e-3)
     with torch.no_grad():
         got = model(*[torch.from_numpy(v[:TRAIN]) for v in data.values()]).argmax(1).numpy()
     return round(100 * float(np.mean(got == labels[:TRAIN])), 2)
