@@ -81,7 +81,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     machine = machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
-    model = read_model(path)
+    # a quantized model given calibration data is read back as float, its scales dropped:
+    # onnxruntime's quantizer writes an infinite one for a range reaching a mask's -inf
+    model = read_model(path, scales=calibration is None)
     dequantized = _dequantized_dynamic(model, path) if calibration is not None else 0
     read_back = _read_back_qdq(model, path) if calibration is not None and \
         is_quantized(model) else 0
