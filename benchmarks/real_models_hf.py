@@ -56,7 +56,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_models_shipped import compile_and_infer, snr  # noqa: E402
 from real_models_torch import (CALIBRATE, ROWS, TRAIN, _rows, _run, _train,  # noqa: E402
-                               export, top1_figures)
+                               top1_figures)
 
 STEPS, MINIBATCH = 300, 128
 TOKENS, VOCAB = 16, 100
@@ -64,7 +64,9 @@ TOKENS, VOCAB = 16, 100
 # rewrites them as Gemms for the TPU)
 MATRIX_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose", "LinearClassifier",
               "LinearRegressor")
-HF = ("bert", "distilbert", "gpt2", "vit", "whisper", "wav2vec2")
+HF = ("bert", "bert-seq", "distilbert", "gpt2", "gpt2-lm", "llama", "vit", "convnext",
+      "whisper", "wav2vec2")
+TEXT = ("bert", "bert-seq", "distilbert", "gpt2", "llama")
 SKLEARN = ("pca-logreg", "mlp-regressor", "svc-linear", "linear-svc", "random-forest",
            "knn", "gaussian-nb", "ridge")
 
@@ -81,6 +83,17 @@ def _text_task(rng, with_types: bool) -> tuple[dict, np.ndarray]:
         data["token_type_ids"] = ((np.arange(TOKENS)[None] >= lengths[:, None] // 2)
                                   & (mask == 1)).astype(np.int64)
     return data, labels
+
+
+def _next_token_task(rng) -> tuple[dict, np.ndarray]:
+    """Sequences whose next token the previous one decides ((3 t + 1) mod VOCAB, from a
+    random first one); the labels (rows, tokens), each position's next token."""
+    first = rng.integers(0, VOCAB, ROWS)
+    ids = np.empty((ROWS, TOKENS + 1), np.int64)
+    ids[:, 0] = first
+    for t in range(TOKENS):
+        ids[:, t + 1] = (3 * ids[:, t] + 1) % VOCAB
+    return {"input_ids": ids[:, :-1].copy()}, ids[:, 1:].copy()
 
 
 def _image_task(rng) -> tuple[dict, np.ndarray]:
@@ -111,7 +124,7 @@ def _hf_model(name: str, transformers):
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, hidden_dropout_prob=0.0,
                  attention_probs_dropout_prob=0.0)
-    if name == "bert":
+    if name in ("bert", "bert-seq"):
         config = transformers.BertConfig(vocab_size=VOCAB, max_position_embeddings=TOKENS,
                                          num_labels=6, **small)
         return transformers.BertForSequenceClassification(config)
@@ -121,11 +134,23 @@ def _hf_model(name: str, transformers):
                                                dropout=0.0, attention_dropout=0.0,
                                                num_labels=6)
         return transformers.DistilBertForSequenceClassification(config)
-    if name == "gpt2":
+    if name in ("gpt2", "gpt2-lm"):
         config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=TOKENS, n_embd=64,
                                          n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
                                          attn_pdrop=0.0, num_labels=6, pad_token_id=0)
-        return transformers.GPT2ForSequenceClassification(config)
+        return (transformers.GPT2LMHeadModel if name == "gpt2-lm" else
+                transformers.GPT2ForSequenceClassification)(config)
+    if name == "llama":
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=TOKENS,
+                                          num_labels=6, pad_token_id=0)
+        return transformers.LlamaForSequenceClassification(config)
+    if name == "convnext":
+        config = transformers.ConvNextConfig(num_channels=3, patch_size=4, hidden_sizes=[16, 32],
+                                             depths=[1, 1], num_stages=2, image_size=32, num_labels=4,
+                                             drop_path_rate=0.0)
+        return transformers.ConvNextForImageClassification(config)
     if name == "vit":
         config = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3,
                                         num_labels=4, **small)
@@ -146,9 +171,10 @@ def _hf_model(name: str, transformers):
 
 
 def _hf_task(name: str, rng):
-    if name in ("bert", "distilbert", "gpt2"):
-        return _text_task(rng, with_types=name == "bert")
-    return {"vit": _image_task, "whisper": _audio_task, "wav2vec2": _wave_task}[name](rng)
+    if name in TEXT:
+        return _text_task(rng, with_types=name.startswith("bert"))
+    return {"gpt2-lm": _next_token_task, "vit": _image_task, "convnext": _image_task,
+            "whisper": _audio_task, "wav2vec2": _wave_task}[name](rng)
 
 
 class _Logits:
@@ -168,11 +194,39 @@ class _Logits:
 
 
 def _fine_tune(torch, model, data: dict, labels: np.ndarray) -> float:
-    """STEPS of Adam on TRAIN rows; the accuracy on them after."""
-    _train(torch, model, data, labels, {k: 0 for k in data}, STEPS, MINIBATCH, 2e-3)
+    """STEPS of Adam on TRAIN rows; the accuracy on them after (of every position's class
+    for a model answering per position, whose (rows, positions, classes) logits are trained
+    as cross_entropy takes them, classes second)."""
+    trained = model
+    if labels.ndim == 2:
+        class ClassesSecond(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args):
+                return self.model(*args).transpose(1, 2)
+        trained = ClassesSecond()
+    _train(torch, trained, data, labels, {k: 0 for k in data}, STEPS, MINIBATCH, 2e-3)
     with torch.no_grad():
-        got = model(*[torch.from_numpy(v[:TRAIN]) for v in data.values()]).argmax(1).numpy()
+        got = model(*[torch.from_numpy(v[:TRAIN]) for v in data.values()]).argmax(-1).numpy()
     return round(100 * float(np.mean(got == labels[:TRAIN])), 2)
+
+
+def _export(torch, net, data: dict, path: Path, dynamo: bool, sequence: bool) -> None:
+    """torch.onnx.export with a dynamic batch (and, with `sequence`, a dynamic axis 1 of
+    every input, as Optimum exports a text model)."""
+    names = list(data)
+    sample = tuple(torch.from_numpy(v[:2]) for v in data.values())
+    if dynamo:          # the wrapper's *args: their dynamic shapes under "args"
+        batch, length = torch.export.Dim("N", min=2), torch.export.Dim("T", min=2, max=TOKENS)
+        shapes = tuple({0: batch, 1: length} if sequence else {0: batch} for _ in names)
+        torch.onnx.export(net, sample, str(path), input_names=names, dynamo=True,
+                          dynamic_shapes={"args": shapes})
+    else:
+        torch.onnx.export(net, sample, str(path), input_names=names, dynamo=False,
+                          opset_version=17, dynamic_axes={
+                              k: {0: "N", 1: "T"} if sequence else {0: "N"} for k in names})
 
 
 def hf_models(work: Path, only: list) -> list[dict]:
@@ -197,13 +251,7 @@ def hf_models(work: Path, only: list) -> list[dict]:
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"{name}.onnx"
             try:
-                if dynamo:      # the wrapper's *args: their dynamic shapes under "args"
-                    batch = torch.export.Dim("N", min=2)
-                    torch.onnx.export(net, tuple(torch.from_numpy(v[:2]) for v in data.values()),
-                                      str(path), input_names=list(data), dynamo=True,
-                                      dynamic_shapes={"args": tuple({0: batch} for _ in data)})
-                else:
-                    export(torch, net, data, axes, path, dynamo)
+                _export(torch, net, data, path, dynamo, name.endswith("-seq"))
             except Exception as e:                  # an exporter's failure, not tpuasm's
                 row["failure"] = f"export: {type(e).__name__}: {str(e).splitlines()[0]}"
                 rows.append(_print(row))
@@ -334,7 +382,7 @@ def accuracy(ref: dict, got: dict, labels, calibrated: dict) -> dict:
     if want is not None:
         row.update(top1_figures(want, mine.reshape(want.shape)))
         if labels is not None:
-            row["float_accuracy"] = round(100 * float(np.mean(want == labels)), 2)
+            row["float_accuracy"] = round(100 * float(np.mean(want == labels.ravel())), 2)
         return row
     name = next(iter(ref))
     y, seen = ref[name].reshape(len(ref[name]), -1), calibrated[name]
@@ -359,8 +407,8 @@ def _classes(outputs: dict):
         if np.issubdtype(v.dtype, np.integer) and v.ndim == 1:
             return v
     for v in outputs.values():
-        if np.issubdtype(v.dtype, np.floating) and v.ndim == 2 and v.shape[1] > 1:
-            return v.argmax(1)
+        if np.issubdtype(v.dtype, np.floating) and v.ndim in (2, 3) and v.shape[-1] > 1:
+            return v.argmax(-1).ravel()         # (rows, positions, classes): every position
     return None
 
 
