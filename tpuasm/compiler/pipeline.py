@@ -227,16 +227,19 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
 
 
 def _prepare(model, path, provenance, machine):
-    """The float model's rewrites (front/prepare.py; a Gemm's alpha and beta folded first,
-    front/gemmforms.py), after its nodes outside the ONNX domain have had their outputs'
+    """The float model's rewrites (front/prepare.py; first a Gemm's alpha and beta folded,
+    front/gemmforms.py, and a linear-kernel SVM's matrix work made a Gemm,
+    front/svmforms.py), after its nodes outside the ONNX domain have had their outputs'
     types and shapes declared (front/ortshapes.py): the rewrites read onnx inference, which
     stops at them."""
     from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
     from tpuasm.compiler.front.ortshapes import declare_foreign_outputs
     from tpuasm.compiler.front.prepare import Provenance, prepare
+    from tpuasm.compiler.front.svmforms import rewrite_linear_svms
     declare_foreign_outputs(model, Path(path).parent)
     provenance = provenance if provenance is not None else Provenance.of(model)
     rewrite_scaled_gemms(model, provenance)
+    rewrite_linear_svms(model, provenance)
     return prepare(model, provenance, room(machine))
 
 
