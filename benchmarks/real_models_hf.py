@@ -13,12 +13,16 @@ TorchScript exporter (`dynamo=False`, opset 17) and by its dynamo exporter (opse
 
 - bert: BertForSequenceClassification (2 layers, hidden 64, 4 heads), input_ids +
   attention_mask + token_type_ids (int64, 16 tokens, 8 to 16 of them real); the class is
-  how many real tokens are below 30 (in pairs, 6 classes).
-- distilbert: DistilBertForSequenceClassification of the same size and task (no
-  token_type_ids).
-- gpt2: GPT2ForSequenceClassification (causal mask, the class read at the last real token,
-  padding 0 on the right), the same task.
-- vit: ViTForImageClassification (image 32, patch 8, hidden 64): which quadrant is bright.
+  how many real tokens are below 30 (in pairs, 6 classes).  bert-seq: the same exported
+  as Optimum does, batch and sequence dynamic.
+- distilbert, albert (one layer's weights shared by both), deberta (DeBERTa-v2's
+  disentangled attention over relative positions), gpt2 (GPT2ForSequenceClassification:
+  causal mask, the class read at the last real token), llama (LlamaForSequenceClassification:
+  RMSNorm, rotary positions, grouped KV heads, SiLU-gated MLP): the same task and size.
+- gpt2-lm: GPT2LMHeadModel on sequences whose next token the previous one decides; top-1
+  at every position.
+- vit (ViTForImageClassification, image 32, patch 8), convnext, swin (shifted windows),
+  resnet, mobilenet (MobileNetV2, TensorFlow's "same" padding): which quadrant is bright.
 - whisper: WhisperForAudioClassification (encoder, 16 mel bins, 32 frames, two Conv1d):
   which of 4 mel bands carries the energy.
 - wav2vec2: Wav2Vec2ForSequenceClassification (two Conv1d feature layers with GroupNorm,
@@ -60,13 +64,14 @@ from real_models_torch import (CALIBRATE, ROWS, TRAIN, _rows, _run, _train,  # n
 
 STEPS, MINIBATCH = 300, 128
 TOKENS, VOCAB = 16, 100
-# the nodes a matrix multiply does: ONNX's, and scikit-learn's linear models (the compiler
-# rewrites them as Gemms for the TPU)
+# the nodes a matrix multiply does: ONNX's, and scikit-learn's linear models and SVMs (the
+# compiler rewrites the linear ones' work as Gemms for the TPU; another kernel stays)
 MATRIX_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose", "LinearClassifier",
-              "LinearRegressor")
-HF = ("bert", "bert-seq", "distilbert", "gpt2", "gpt2-lm", "llama", "vit", "convnext",
-      "whisper", "wav2vec2")
-TEXT = ("bert", "bert-seq", "distilbert", "gpt2", "llama")
+              "LinearRegressor", "SVMClassifier", "SVMRegressor")
+HF = ("bert", "bert-seq", "distilbert", "albert", "deberta", "gpt2", "gpt2-lm", "llama", "vit",
+      "convnext", "swin", "resnet", "mobilenet", "whisper", "wav2vec2")
+TEXT = ("bert", "bert-seq", "distilbert", "albert", "deberta", "gpt2", "llama")
+TOKEN_TYPES = ("bert", "bert-seq", "albert")
 SKLEARN = ("pca-logreg", "mlp-regressor", "svc-linear", "linear-svc", "random-forest",
            "knn", "gaussian-nb", "ridge")
 
@@ -128,6 +133,17 @@ def _hf_model(name: str, transformers):
         config = transformers.BertConfig(vocab_size=VOCAB, max_position_embeddings=TOKENS,
                                          num_labels=6, **small)
         return transformers.BertForSequenceClassification(config)
+    if name == "albert":            # one layer's weights shared by both
+        config = transformers.AlbertConfig(vocab_size=VOCAB, embedding_size=32,
+                                           max_position_embeddings=TOKENS, num_labels=6,
+                                           classifier_dropout_prob=0.0, **small)
+        return transformers.AlbertForSequenceClassification(config)
+    if name == "deberta":           # disentangled attention: relative positions
+        config = transformers.DebertaV2Config(vocab_size=VOCAB, max_position_embeddings=TOKENS,
+                                              relative_attention=True, position_buckets=8,
+                                              pos_att_type=["p2c", "c2p"], type_vocab_size=0,
+                                              num_labels=6, **small)
+        return transformers.DebertaV2ForSequenceClassification(config)
     if name == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=VOCAB, max_position_embeddings=TOKENS,
                                                dim=64, n_layers=2, n_heads=4, hidden_dim=128,
@@ -146,6 +162,23 @@ def _hf_model(name: str, transformers):
                                           num_key_value_heads=2, max_position_embeddings=TOKENS,
                                           num_labels=6, pad_token_id=0)
         return transformers.LlamaForSequenceClassification(config)
+    if name == "swin":              # shifted windows: rolls, window partitions
+        config = transformers.SwinConfig(image_size=32, patch_size=4, num_channels=3,
+                                         embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                         window_size=4, num_labels=4, drop_path_rate=0.0,
+                                         hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0)
+        return transformers.SwinForImageClassification(config)
+    if name == "resnet":
+        config = transformers.ResNetConfig(num_channels=3, embedding_size=16,
+                                           hidden_sizes=[16, 32], depths=[1, 1],
+                                           layer_type="basic", num_labels=4)
+        return transformers.ResNetForImageClassification(config)
+    if name == "mobilenet":         # TensorFlow's "same" padding, computed from the shape
+        config = transformers.MobileNetV2Config(num_channels=3, image_size=32,
+                                                depth_multiplier=0.35, num_labels=4,
+                                                classifier_dropout_prob=0.0)
+        return transformers.MobileNetV2ForImageClassification(config)
     if name == "convnext":
         config = transformers.ConvNextConfig(num_channels=3, patch_size=4, hidden_sizes=[16, 32],
                                              depths=[1, 1], num_stages=2, image_size=32, num_labels=4,
@@ -172,8 +205,9 @@ def _hf_model(name: str, transformers):
 
 def _hf_task(name: str, rng):
     if name in TEXT:
-        return _text_task(rng, with_types=name.startswith("bert"))
+        return _text_task(rng, with_types=name in TOKEN_TYPES)
     return {"gpt2-lm": _next_token_task, "vit": _image_task, "convnext": _image_task,
+            "swin": _image_task, "resnet": _image_task, "mobilenet": _image_task,
             "whisper": _audio_task, "wav2vec2": _wave_task}[name](rng)
 
 
