@@ -287,12 +287,22 @@ def hf_models(work: Path, only: list) -> list[dict]:
             try:
                 _export(torch, net, data, path, dynamo, name.endswith("-seq"))
             except Exception as e:                  # an exporter's failure, not tpuasm's
-                row["failure"] = f"export: {type(e).__name__}: {str(e).splitlines()[0]}"
+                row["failure"] = f"export: {_export_error(e)}"
                 rows.append(_print(row))
                 continue
             rows.append(_print(measure(path, folder, calib, evaluation, row,
                                        labels[TRAIN + CALIBRATE:])))
     return rows
+
+
+def _export_error(e: Exception) -> str:
+    """The line that says why (torch.onnx's dynamo exporter puts it under its 'Exception
+    summary' heading, after a page of advice)."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if "Exception summary" in line:
+            return lines[i + 1][:300]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 # ----------------------------------------------------------------------------- scikit-learn
@@ -394,7 +404,9 @@ def matrix_placement(model: Path, report: dict) -> dict:
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     both_activations = {n.name for n in graph.node if n.op_type == "MatMul"
                         and not set(n.input) & constants}
-    matrix = [r for r in report["rows"] if r["op_type"] in MATRIX_OPS]
+    # (a product of constants is computed when compiling: DeBERTa's relative positions')
+    matrix = [r for r in report["rows"] if r["op_type"] in MATRIX_OPS
+              and not r["reason"].startswith("constant-folded")]
     host = [r for r in matrix if r["where"] != "TPU"]
     activations = [r for r in host if r["node"] in both_activations]
     return {"matrix": f"{len(matrix) - len(host)}/{len(matrix)}",
