@@ -234,7 +234,7 @@ def _prepare(model, path, provenance, machine):
     stops at them."""
     from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
     from tpuasm.compiler.front.ortshapes import declare_foreign_outputs
-    from tpuasm.compiler.front.prepare import Provenance, prepare
+    from tpuasm.compiler.front.prepare import prepare
     from tpuasm.compiler.front.svmforms import rewrite_linear_svms
     declare_foreign_outputs(model, Path(path).parent)
     provenance = provenance if provenance is not None else Provenance.of(model)
