@@ -64,6 +64,14 @@ bench-torch: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
 	$(BIN)/python benchmarks/real_models_torch.py $(if $(WHEELS),--wheels $(WHEELS))
 
+# Models exported by other people's tools through the CLI: small Hugging Face transformers
+# (torch.onnx, both exporters) and scikit-learn models (skl2onnx), beside onnxruntime's own
+# quantize_static model; installs the optional `torch` extra (it brings transformers).
+.PHONY: bench-hf
+bench-hf: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python benchmarks/real_models_hf.py
+
 # Keras networks exported by tf2onnx through the CLI; installs the optional `keras` extra.
 .PHONY: bench-keras
 bench-keras: $(STAMP)

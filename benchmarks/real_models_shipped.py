@@ -275,15 +275,18 @@ OTHERS = {   # model file -> (compile options, data(seed) -> {input: rows}, comp
 
 
 def measured_run(command: list) -> tuple[int, str, float]:
-    """(exit status, stderr, peak RSS in MB) of one child process (its own rusage, from
-    os.wait4: the whole process, as /usr/bin/time -v gives it)."""
-    import os
+    """(exit status, stderr, peak RSS in MB) of one child process, started by
+    bench_compile's small LAUNCHER: wait4's ru_maxrss counts the memory of the process a
+    child is forked from until its exec, so a child of this one, which holds PyTorch and
+    the trained networks in bench-torch and bench-hf, reported this process's size (a small
+    BERT's compile: 503 MB, where /usr/bin/time -v says 147 MB)."""
+    from bench_compile import LAUNCHER
     with tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        done = subprocess.run([sys.executable, "-c", LAUNCHER, *command], stdout=subprocess.PIPE,
+                              stderr=err, text=True, check=False)
         err.seek(0)
-        return child.returncode, err.read(), usage.ru_maxrss / 1024
+        peak, status = (int(v) for v in done.stdout.split())
+        return status, err.read(), peak / 1024
 
 
 def compile_and_infer(model: Path, work: Path, options: list, row: dict,

@@ -157,13 +157,14 @@ def _task(name: str, rng) -> tuple[dict, np.ndarray, dict]:
     return {"x": x}, labels, {"x": 0}
 
 
-def _train(torch, model, data: dict, labels: np.ndarray, axes: dict) -> None:
+def _train(torch, model, data: dict, labels: np.ndarray, axes: dict, steps: int = STEPS,
+           minibatch: int = MINIBATCH, lr: float = 3e-3) -> None:
     torch.manual_seed(0)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     pick = np.random.default_rng(0)
     model.train()
-    for _ in range(STEPS):
-        rows = pick.choice(TRAIN, MINIBATCH, replace=False)
+    for _ in range(steps):
+        rows = pick.choice(TRAIN, minibatch, replace=False)
         batch = {k: torch.from_numpy(np.take(v, rows, axis=axes[k])) for k, v in data.items()}
         y = torch.from_numpy(labels[rows])
         opt.zero_grad()

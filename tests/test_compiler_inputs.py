@@ -200,6 +200,43 @@ def test_skl2onnx_pipelines_with_a_scaler_put_the_model_on_the_tpu(tmp_path, cap
     assert np.mean(got["output_label"] == want[0]) >= 0.97
 
 
+def test_a_pca_after_a_standard_scaler_leaves_its_linear_classifier_on_the_tpu(tmp_path,
+                                                                                capsys):
+    """Scaler -> Sub -> MatMul (a PCA) -> LinearClassifier: onnx infers no type after the
+    Scaler, so the rewrites before quantization saw an input of no type and left the
+    LinearClassifier on the host ('its input is not float32')."""
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    text, got, want, _ = _pipeline_case(tmp_path, capsys, make_pipeline(
+        StandardScaler(), PCA(16), LogisticRegression(max_iter=500)))
+    assert rows_of(text, "LinearClassifier")[0].split()[0] == "TPU"
+    assert rows_of(text, "MatMul")[0].split()[0] == "TPU"
+    assert np.mean(got["output_label"] == want[0]) >= 0.97
+
+
+def test_an_mlp_regressor_after_a_standard_scaler_fuses_its_bias_adds(tmp_path, capsys):
+    """StandardScaler + MLPRegressor: Scaler -> Cast -> MatMul -> Add(bias) -> Relu ...  The
+    MatMul + bias fusion needs the MatMul input's rank, which onnx did not infer after the
+    Scaler: each bias Add stayed on the host between two TPU segments (a host round trip
+    and one more 8-bit rounding per layer)."""
+    from sklearn.neural_network import MLPRegressor
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    text, got, want, _ = _pipeline_case(tmp_path, capsys, make_pipeline(
+        StandardScaler(), MLPRegressor(hidden_layer_sizes=(32, 16), max_iter=200,
+                                       random_state=0)))
+    adds = [r for r in text.splitlines() if r.split()[-1:] and
+            r.split()[-1].startswith("Add") and r.split()[0] in ("TPU", "host")]
+    assert len(adds) == 3 and all(r.split()[0] == "TPU" for r in adds)
+    assert "folded into Gemm" in text and "(in 1 segment)" in text
+    (y,) = want
+    error = got["variable"].reshape(y.shape).astype(np.float64) - y
+    # (30 dB here: three 8-bit layers over a target of 100 to 450)
+    assert 10 * np.log10(np.sum(y.astype(np.float64) ** 2) / np.sum(error ** 2)) > 25
+
+
 def test_skl2onnx_ridge_with_two_onnx_imports_compiles(tmp_path, capsys):
     """skl2onnx imports the ONNX domain twice for a model of scikit-learn operators alone;
     onnxruntime's quantizer refused it ('Failed to find proper ai.onnx domain')."""

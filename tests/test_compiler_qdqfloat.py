@@ -4,6 +4,8 @@ layers, and as one float node it ran on the host.  Oracles: onnxruntime on the f
 the QDQ one was made from, and the report's rows."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -166,3 +168,69 @@ def test_a_qdq_model_whose_output_is_quantized_is_one_clear_error(tmp_path):
                                            "'q' is quantized"):
         tpu_compile(str(tmp_path / "q.onnx"), batch=4,
                     calibration=np.zeros((4, 4), np.float32))
+
+
+def _masked_softmax(tmp_path):
+    """x (N, 8) -> MatMul -> + Where(keep, 0, -inf) -> Softmax, and onnxruntime's
+    quantize_static QDQ model of it, whose mask's range reaches -inf: an infinite scale
+    (as it writes for a causal or padding mask in a transformer)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+             helper.make_node("Where", ["keep", "zero", "minus_inf"], ["mask"], name="mask"),
+             helper.make_node("Add", ["logits", "mask"], ["masked"], name="masked"),
+             helper.make_node("Softmax", ["masked"], ["y"], name="softmax", axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", 8]),
+                                           helper.make_tensor_value_info("keep", T.BOOL,
+                                                                         ["N", 4])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (192, 8)).astype(np.float32)
+    keep = rng.random((192, 4)) < 0.7
+    keep[:, 0] = True                          # every row keeps a class
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter([{"x": x[i:i + 1], "keep": keep[i:i + 1]} for i in range(64)])
+
+        def get_next(self):
+            return next(self.rows, None)
+    onnx.save(model, str(tmp_path / "float.onnx"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # its own division by the infinite range
+        quantize_static(str(tmp_path / "float.onnx"), str(tmp_path / "qdq.onnx"), Rows(),
+                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+    scales = {t.name: numpy_helper.to_array(t) for t in
+              onnx.load(str(tmp_path / "qdq.onnx")).graph.initializer}
+    assert np.isinf(scales["mask_scale"])                   # still so
+    return model, tmp_path / "qdq.onnx", {"x": x, "keep": keep}
+
+
+def test_a_qdq_model_with_an_infinite_mask_scale_is_read_back_with_calibration(tmp_path):
+    """Its own scales refuse it (named, with the way out); given --calibrate it is read back
+    as float (the infinite range no Clip) and compiled: the float model's answers."""
+    model, qdq, data = _masked_softmax(tmp_path)
+    with pytest.raises(CompileError, match=r"mask_scale holds NaN or infinite values; "
+                                           r"--calibrate"):
+        tpu_compile(str(qdq), batch=16)
+    back = onnx.load(str(qdq))
+    assert read_back(back)[1] is None
+    # an infinite range clips nothing (its zero point is the quantizer's NaN cast to 0, which
+    # looked like a Relu's range: a Clip from NaN)
+    inits = {t.name: numpy_helper.to_array(t) for t in back.graph.initializer}
+    bounds = [inits[b] for n in back.graph.node if n.op_type == "Clip" for b in n.input[1:]]
+    assert bounds and all(np.isfinite(b).all() for b in bounds)     # the Softmax's [0, 1]
+    calib = {k: v[:64] for k, v in data.items()}
+    compiled = tpu_compile(str(qdq), batch=16, calibration=calib)
+    assert next(r for r in compiled.report.rows if r.node == "fc").where == "TPU"
+    new = {k: v[64:] for k, v in data.items()}
+    want = session(model).run(None, new)[0]
+    got = compiled.run(new)["y"]
+    assert np.abs(got - want).max() < 0.05
+    assert np.all(got[~new["keep"]] == 0)              # the mask still masks

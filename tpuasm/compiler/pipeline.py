@@ -81,7 +81,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     machine = machine_config(config)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch <= 0):
         raise CompileError(f"batch must be a positive integer, not {batch!r}")
-    model = read_model(path)
+    # a quantized model given calibration data is read back as float, its scales dropped:
+    # onnxruntime's quantizer writes an infinite one for a range reaching a mask's -inf
+    model = read_model(path, scales=calibration is None)
     dequantized = _dequantized_dynamic(model, path) if calibration is not None else 0
     read_back = _read_back_qdq(model, path) if calibration is not None and \
         is_quantized(model) else 0
@@ -141,12 +143,12 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         if float_model is not model:          # the batch is in its constants now
             known_axes = tensor_axes(model, axes, path)
         reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-        from tpuasm.compiler.front.prepare import prepare
         from tpuasm.compiler.front.quantize import QuantOptions
         options = quantization if quantization is not None else QuantOptions()
         float_check = (original, *_check_data(validate, model, samples, axes,
                                               "the calibration data", fixed_values))
-        prepared = prepare(float_model, provenance, room(machine))
+        from tpuasm.compiler.front.prepare import prepare
+        prepared = prepare(float_model, provenance, room(machine), path.parent)
         if options.per_channel:
             # once, not in each of the calibration search's quantizations (onnx's version
             # converter took 27 s of ddddocr's opset-11 recogniser's compile, 10 times over)
@@ -246,7 +248,7 @@ def _at_batch_one(path, model, axes, workdir: Path, machine):
             where.mkdir(exist_ok=True)
             _, folded = fold_float_model(path, model, 1, axes, None, where)
             made.append(None if folded is model else
-                        prepare(folded, None, room(machine)).model)
+                        prepare(folded, None, room(machine), path.parent).model)
         return made[0]
     return build
 

@@ -76,3 +76,80 @@ def run_alone(node: onnx.NodeProto, model: onnx.ModelProto, base_dir: Path, shap
 
 def value_infos(found: dict) -> list[onnx.ValueInfoProto]:
     return [helper.make_tensor_value_info(n, _elem(d), list(s)) for n, (s, d) in found.items()]
+
+
+_PROBE = 2                      # a dynamic dimension's size when a node is run to learn types
+
+
+def declare_foreign_outputs(model: onnx.ModelProto, base_dir: Path) -> int:
+    """Declare, in the float model's value infos, the outputs of its nodes outside the ONNX
+    domain that onnx infers nothing for (ai.onnx.ml's Scaler, which skl2onnx writes for a
+    StandardScaler), read off onnxruntime (run_alone, a dynamic dimension at _PROBE): an
+    output of its first input's shape gets that shape, dynamic dimensions and all; another
+    its exact shape when the input's is static, else its type and rank.  The rewrites before
+    quantization read onnx inference alone: without this, nothing after such a node had a
+    type or a shape (a PCA's MatMul after a Scaler left the LinearClassifier after it, and
+    an MLP's bias Adds, on the host).  Returns how many outputs it declared."""
+    from tpuasm.compiler.front.prepare import inferred_values
+    tried: set[str] = set()
+    declared = 0
+    while True:
+        values = inferred_values(model)
+        learned = []
+        for node in model.graph.node:
+            if node.domain in ("", "ai.onnx") or node.name in tried or \
+                    all(not o or _typed(values.get(o)) for o in node.output):
+                continue
+            inputs = [i for i in node.input if i]
+            if not all(_typed(values.get(i)) or _initializer(model, i) for i in inputs):
+                continue
+            tried.add(node.name)
+            learned += _declared_outputs(node, model, base_dir, values)
+        if not learned:
+            return declared
+        model.graph.value_info.extend(learned)
+        declared += len(learned)
+
+
+def _typed(v) -> bool:
+    return v is not None and bool(v.type.tensor_type.elem_type)
+
+
+def _initializer(model: onnx.ModelProto, name: str):
+    return next((t for t in model.graph.initializer if t.name == name), None)
+
+
+def _dims(v) -> list:
+    t = v.type.tensor_type
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] \
+        if t.HasField("shape") else None
+
+
+def _declared_outputs(node, model: onnx.ModelProto, base_dir: Path, values: dict) -> list:
+    shapes, dtypes = {}, {}
+    for name in (i for i in node.input if i):
+        init = _initializer(model, name)
+        if init is not None:
+            shapes[name] = tuple(init.dims)
+            dtypes[name] = helper.tensor_dtype_to_np_dtype(init.data_type)
+            continue
+        dims = _dims(values[name])
+        if dims is None:                    # no rank: nothing to run it on
+            return []
+        shapes[name] = tuple(_PROBE if d is None else d for d in dims)
+        dtypes[name] = helper.tensor_dtype_to_np_dtype(values[name].type.tensor_type.elem_type)
+    found = run_alone(node, model, base_dir, shapes, dtypes)
+    first = values.get(node.input[0]) if node.input and node.input[0] else None
+    out = []
+    for name, (shape, dtype) in found.items():
+        if first is not None and shape == shapes[node.input[0]]:
+            v = onnx.ValueInfoProto()
+            v.CopyFrom(first)
+            v.name = name
+            v.type.tensor_type.elem_type = _elem(dtype)
+        elif first is not None and None not in _dims(first):
+            v = helper.make_tensor_value_info(name, _elem(dtype), list(shape))
+        else:
+            v = helper.make_tensor_value_info(name, _elem(dtype), [None] * len(shape))
+        out.append(v)
+    return out

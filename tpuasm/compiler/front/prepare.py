@@ -22,6 +22,7 @@ the model computes beyond float rounding (the tests compare with onnxruntime).""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -47,21 +48,30 @@ class Prepared:
 
 
 def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
-            room=None) -> Prepared:
+            room=None, base_dir=None) -> Prepared:
     """Apply every rewrite, in place, in the order that lets each feed the next (a
     BatchNormalization after a MatMul becomes a bias Add, which the fusion then takes).
     `room` (codegen/capacity.py Room: the back end's capacity on the machine the model is
     compiled for): with it, a Conv (with its Relu and pool) whose image the Unified Buffer
     cannot hold is cut into bands of rows (banding.py: last, on the Convs as the other
-    rewrites leave them)."""
+    rewrites leave them).  `base_dir` (the model's folder, for its external data): with it,
+    the outputs of nodes outside the ONNX domain get their types and shapes declared from
+    onnxruntime first (ortshapes.py): the rewrites read onnx inference, which stops there."""
     prov = provenance if provenance is not None else Provenance.of(model)
     reasons: dict[str, str] = {}
+    if base_dir is not None:
+        from tpuasm.compiler.front.ortshapes import declare_foreign_outputs
+        declare_foreign_outputs(model, Path(base_dir))
+    from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
+    rewrite_scaled_gemms(model, prov)            # a Gemm's alpha and beta into its constants
     constants_to_initializers(model, prov)     # first: every rewrite reads initializers
     tied: dict[str, list[str]] = {}
     keep_float: dict[str, str] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions
     rewrite_convolutions(model, prov, reasons)     # before BN folding: a Conv takes its BN
     rewrite_linear_models(model, prov, reasons)
+    from tpuasm.compiler.front.svmforms import rewrite_linear_svms
+    rewrite_linear_svms(model, prov)                 # a linear kernel's products: one Gemm
     unroll_recurrent(model, prov, reasons, tied, keep_float)
     fold_batch_norms(model, prov)
     batch_norms_as_affines(model, prov)    # the ones no Conv/Gemm before them takes

@@ -146,8 +146,9 @@ def _saturates(q, idx: _Index) -> bool:
     point of 0 is a Relu), so without the quantization that clipping must stay."""
     zero = idx.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
     scale = idx.const(q.input[1])
-    if zero is None or scale is None or zero.size != 1 or scale.size != 1:
-        return False
+    if zero is None or scale is None or zero.size != 1 or scale.size != 1 or \
+            not np.isfinite(scale).all():
+        return False                  # an infinite range (a mask's -inf) clips nothing
     info = np.iinfo(zero.dtype)
     return int(zero.reshape(())) in (info.min, info.max)
 

@@ -26,8 +26,10 @@ QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMa
                  "DynamicQuantizeLinear"}
 
 
-def read_model(path) -> onnx.ModelProto:
-    """Parse and check an ONNX file (external data is not read)."""
+def read_model(path, scales: bool = True) -> onnx.ModelProto:
+    """Parse and check an ONNX file (external data is not read); with `scales=False` its
+    quantization scales are not checked (a quantized model read back as float: the
+    calibration's replace them)."""
     path = Path(path)
     if not path.is_file():
         raise CompileError(f"{path}: no such file")
@@ -53,7 +55,7 @@ def read_model(path) -> onnx.ModelProto:
     _refuse_constant_outputs(model, path)
     _check_dimensions(model, path)
     _name_nodes(model)
-    _check_weights(model, path)
+    _check_weights(model, path, scales)
     return model
 
 
@@ -83,7 +85,7 @@ _WEIGHTED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization"
                  "ConvInteger", "LinearClassifier", "LinearRegressor"}
 
 
-def _check_weights(model: onnx.ModelProto, path) -> None:
+def _check_weights(model: onnx.ModelProto, path, check_scales: bool = True) -> None:
     """Every weight's data matches its shape and type (the checker does not look), and a
     float weight of a matrix node or a quantization scale holds no NaN or infinity (no
     quantization scale exists for it; numpy's casts of it warn).  External data is not read
@@ -94,7 +96,8 @@ def _check_weights(model: onnx.ModelProto, path) -> None:
             users.setdefault(name, node.name or node.op_type)
         if node.op_type in _WEIGHTED_OPS:
             weights.update(node.input[1:])
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1:
+        if check_scales and node.op_type in ("QuantizeLinear", "DequantizeLinear") and \
+                len(node.input) > 1:
             scales.setdefault(node.input[1], node.name or node.op_type)
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
               onnx.TensorProto.BFLOAT16)
@@ -112,7 +115,12 @@ def _check_weights(model: onnx.ModelProto, path) -> None:
             flat = values.reshape(-1)
             step = 1 << 22              # in chunks: no mask as large as the weight
             if not all(np.isfinite(flat[i:i + step]).all() for i in range(0, flat.size, step)):
-                raise CompileError(f"{path}: {where} {t.name} holds NaN or infinite values")
+                # (onnxruntime's quantizer writes an infinite scale for a range reaching an
+                # attention mask's -inf)
+                hint = "; --calibrate DATA reads a quantized model back as float, its " \
+                       "scales replaced by the calibration's" if t.name in scales else ""
+                raise CompileError(f"{path}: {where} {t.name} holds NaN or infinite "
+                                   f"values{hint}")
             if t.name in scales and values.size and \
                     not (values >= np.finfo(np.float32).tiny).all():
                 # a zero (or subnormal) scale divides by zero when the bias is requantized
