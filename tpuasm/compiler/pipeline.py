@@ -149,11 +149,6 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
                                               "the calibration data", fixed_values))
         from tpuasm.compiler.front.prepare import prepare
         prepared = prepare(float_model, provenance, room(machine), path.parent)
-        if options.per_channel:
-            # once, not in each of the calibration search's quantizations (onnx's version
-            # converter took 27 s of ddddocr's opset-11 recogniser's compile, 10 times over)
-            from tpuasm.compiler.front.quantize import per_axis_opset
-            prepared.model = per_axis_opset(prepared.model, path)
         notes = ""                     # what the rewrites keep in float (not the user's)
         cells = len(prepared.keep_float)
         if cells:

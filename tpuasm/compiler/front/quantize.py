@@ -380,7 +380,7 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))
     if options.per_channel:
-        model = per_axis_opset(model, path)
+        model = _per_axis_opset(model, path)
     model = _with_shapes(model)
     nodes = tpu_nodes(model, options, path, provenance)
     _refuse_non_finite_weights(model, path, provenance, set(nodes))
@@ -506,7 +506,7 @@ def calibration_model(model: onnx.ModelProto, at_batch_one, samples, batch_axes,
         one = at_batch_one()
         if one is None:
             return None
-        one = _with_shapes(per_axis_opset(one, path) if _opset(model) != _opset(one)
+        one = _with_shapes(_per_axis_opset(one, path) if _opset(model) != _opset(one)
                            else one)
     except Exception:                   # noqa: BLE001 - no such model: the fixed batch
         return None
@@ -551,7 +551,7 @@ class _Feeds:
 PER_AXIS_OPSET = 13          # DequantizeLinear takes `axis` (per-channel scales) from 13
 
 
-def per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
+def _per_axis_opset(model: onnx.ModelProto, path) -> onnx.ModelProto:
     """The model at opset 13 or later, so that per-channel weights can be written (Paddle's
     exports, say, are opset 11-12); converted by onnx's version converter."""
     versions = {o.domain or "": o.version for o in model.opset_import}

@@ -722,9 +722,10 @@ def _rounding_snr(qdq_path, tensors: list[str], check, batch_first) -> dict | No
 def _with_rounding_sums(model, pairs: dict) -> dict:
     """`model` with two outputs of shape (1,) per {tensor: (value, its QDQ copy)}: the sum
     of the value's squares and that of its difference from the copy (in float64, whatever
-    the tensor's type), computed right after the copy is made, so that an onnxruntime run
-    in its priority order (ort.session's early_free) frees both at once; returns {tensor:
-    (signal output, noise output)}."""
+    the tensor's type), computed right after the copy is made; returns {tensor: (signal
+    output, noise output)}.  (onnxruntime's priority order, which frees a tensor as soon
+    as its readers ran, held more here: 911 MB against 657 MB for 200 tensors of ddddocr's
+    recogniser in its default order, 818 MB for the passes of 8 before.)"""
     from onnx import TensorProto, helper, numpy_helper
     graph = model.graph
     one = "rounding_sums/shape"

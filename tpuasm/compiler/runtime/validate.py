@@ -357,14 +357,12 @@ def run_float(float_model, data: dict, names: list[str], batch_first: bool = Tru
     batched), when known, else 0; either checked against the first run's sizes
     (steps.batch_axis_of: a time-first (T, 1, classes) output holds a batch of 1 on axis 1).
     `sums`: the outputs are sums over a run's rows, added up over the chunks (the rows a
-    whole number of a fixed batch: a padded chunk's zeros would count), each reduction
-    placed after the tensors it reads and run in onnxruntime's priority order, which
-    frees them at once (ort.session's early_free)."""
+    whole number of a fixed batch: a padded chunk's zeros would count)."""
     from tpuasm.compiler.ort import session
     try:
         # alone here: every core; a few runs, so no arena (it grows in powers of two and
         # held 0.11 GB more than the runs needed on the PP-OCRv4 recogniser's QDQ model)
-        sess = session(float_model, threads=0, arena=False, early_free=sums)
+        sess = session(float_model, threads=0, arena=False)
     except Exception as e:
         raise CompileError(str(e).strip().splitlines()[0] if str(e).strip() else repr(e)) \
             from None
