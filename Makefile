@@ -64,6 +64,14 @@ bench-torch: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
 	$(BIN)/python benchmarks/real_models_torch.py $(if $(WHEELS),--wheels $(WHEELS))
 
+# PyTorch layers of many kinds (benchmarks/real_models_torch_zoo.py), float and as
+# onnxruntime quantizes them; installs the optional `torch` extra.
+.PHONY: bench-torch-zoo
+bench-torch-zoo: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python benchmarks/real_models_torch_zoo.py
+	$(BIN)/python benchmarks/real_models_torch_zoo.py --dynamo
+
 # Models exported by other people's tools through the CLI: small Hugging Face transformers
 # (torch.onnx, both exporters) and scikit-learn models (skl2onnx), beside onnxruntime's own
 # quantize_static model; installs the optional `torch` extra (it brings transformers).
