@@ -190,23 +190,30 @@ def export(torch, model, shape, path: Path, dynamo: bool) -> None:
                           dynamic_axes={"x": {0: "N"}})
 
 
-def _session(path: Path):
-    import onnxruntime as ort
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def _session(path: Path, optimize: bool = True):
+    """onnxruntime as tpuasm's own oracle opens it; `optimize=False`: the graph as written,
+    no fusions (onnxruntime's QLinearSoftmax, fused from a QDQ Softmax, puts its outputs on
+    a 1/256 grid where the model's scale says 1/255)."""
+    import onnx
+    from tpuasm.compiler.ort import session
+    return session(onnx.load(str(path)), threads=0, optimize=optimize)
 
 
 def compare(model: Path, outdir: Path, got: dict, feeds: dict, row: dict,
             same_model: bool = False) -> None:
     """Per output against onnxruntime on `model`: SNR, top-1 for (rows, classes), and when
     it is the model compiled (`same_model`: a quantized one) the share of identical
-    elements; the matrix nodes the report puts on the host."""
+    elements, against onnxruntime's session and against its unfused graph; the matrix
+    nodes the report puts on the host."""
     sess = _session(model)
     want = sess.run(None, feeds)
-    for out, w in zip(sess.get_outputs(), want):
+    unfused = _session(model, optimize=False).run(None, feeds) if same_model else want
+    for out, w, plain in zip(sess.get_outputs(), want, unfused):
         g = got[out.name].reshape(w.shape)
         figures = {"snr_db": round(snr(w, g), 1)}
         if same_model:
             figures["identical"] = round(float(np.mean(g == w)), 4)
+            figures["identical_unfused"] = round(float(np.mean(g == plain)), 4)
         if w.ndim == 2 and w.shape[1] > 1:
             figures["top1"] = round(float(np.mean(w.argmax(1) == g.argmax(1))), 4)
         row[out.name] = figures
