@@ -654,9 +654,9 @@ def _float_the_sensitive(model, samples, signature, out_path, options, current, 
 
 def _noisiest(qdq_path, candidates: list, check, batch_first) -> list:
     """`candidates` with the worst 8-bit rounding of their own output first: the SNR of each
-    output against its QuantizeLinear -> DequantizeLinear copy, from onnxruntime passes of
-    the QDQ model over a few check rows, a few tensors a pass (a recogniser's activations
-    over all rows at once filled 24 GB).  Bypassing every candidate costs a pass each (a
+    output against its QuantizeLinear -> DequantizeLinear copy, from one onnxruntime pass of
+    the QDQ model over a few check rows (_rounding_snr).  Bypassing every candidate costs a
+    pass each (a
     PaddleOCR recogniser has a hundred element-wise nodes: the check took 15 minutes); the
     first _MAX_SCORED of this order are the ones worth it.  The order as given when a pass
     cannot run."""
