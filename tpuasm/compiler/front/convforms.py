@@ -17,7 +17,11 @@ prepare.py for the other rewrites):
 
 A form these do not cover (a ConvTranspose with `output_shape` or `auto_pad`, a 3-D
 ConvTranspose, a weight that is not constant) stays as it is, on the host, with its
-reason."""
+reason.
+
+A quantized model keeps its own quantization: its ConvTransposes are rewritten the same way
+on their integer kernels (rewrite_quantized_transposes, before matching), and its dilated
+Convs are matched with the kernel spread by spread_kernel (match.conv_op)."""
 from __future__ import annotations
 
 import numpy as np
@@ -138,7 +142,7 @@ def _undilated(idx: _Index, node, w: np.ndarray, prov: Provenance):
 
 
 def _as_conv(idx: _Index, node, w: np.ndarray, ranks: dict, prov: Provenance,
-             quantized: "_QuantizedTranspose | None" = None) -> list:
+             quantized: _QuantizedTranspose | None = None) -> list:
     """The ConvTranspose `node` (kernel `w`) as a Conv over its input upsampled with zeros;
     `quantized`: its QDQ form (w the integer kernel), whose new kernel and upsampled input
     get their DequantizeLinear / QuantizeLinear nodes there."""
