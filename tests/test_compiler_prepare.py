@@ -398,3 +398,58 @@ def test_a_division_by_a_constant_becomes_a_product_on_vmul_and_others_stay(tmp_
     got = compiled.run(x)["y"]
     (ref,) = _run(onnx.load(str(compiled.reference_model)), {"x": x})
     np.testing.assert_array_equal(got, ref)
+
+
+# --- a constant shift before a MatMul / Gemm ---------------------------------------------
+
+@pytest.mark.parametrize("form", ["sub-matmul", "add-gemm-transB", "add-first-gemm-no-c"])
+def test_a_constant_shift_before_a_matmul_becomes_its_bias(form):
+    """(x - c) W = x W - c W: the shift leaves the graph and the answers stay onnxruntime's."""
+    from tpuasm.compiler.front.prepare import fold_input_shifts
+    rng = np.random.default_rng(11)
+    c = rng.normal(0, 1, 6).astype(np.float32)
+    w = rng.normal(0, 0.5, (6, 4)).astype(np.float32)
+    inits = [_init("c", c)]
+    if form == "sub-matmul":
+        nodes = [helper.make_node("Sub", ["x", "c"], ["s"], name="centre"),
+                 helper.make_node("MatMul", ["s", "w"], ["y"], name="mm")]
+        inits.append(_init("w", w))
+    elif form == "add-gemm-transB":
+        nodes = [helper.make_node("Add", ["x", "c"], ["s"], name="centre"),
+                 helper.make_node("Gemm", ["s", "w", "b"], ["y"], name="mm", transB=1)]
+        inits += [_init("w", w.T.copy()), _init("b", rng.normal(0, 1, 4))]
+    else:
+        nodes = [helper.make_node("Add", ["c", "x"], ["s"], name="centre"),
+                 helper.make_node("Gemm", ["s", "w"], ["y"], name="mm")]
+        inits.append(_init("w", w))
+    model = _model(nodes, [_f("x", ["N", 6])], [_f("y", ["N", 4])], inits)
+    feeds = {"x": rng.normal(0, 1, (5, 6)).astype(np.float32)}
+    want = _run(model, feeds)
+    folded = _copy(model)
+    prov = Provenance.of(folded)
+    assert fold_input_shifts(folded, prov) == 1
+    assert "centre" not in [n.name for n in folded.graph.node]
+    assert "as its bias" in prov.folded["centre"]
+    onnx.checker.check_model(folded)
+    np.testing.assert_allclose(_run(folded, feeds)[0], want[0], rtol=0, atol=1e-5)
+
+
+def test_shifts_that_are_not_a_bias_stay():
+    """c - x (not x minus a constant), a shift with other readers, and one along another
+    axis than the MatMul's K are left as they are."""
+    from tpuasm.compiler.front.prepare import fold_input_shifts
+    rng = np.random.default_rng(12)
+    w = _init("w", rng.normal(0, 0.5, (6, 4)))
+    shapes = {"y": [5, 4], "s": [5, 6]}
+    cases = [
+        ([helper.make_node("Sub", ["c", "x"], ["s"], name="centre"),
+          helper.make_node("MatMul", ["s", "w"], ["y"], name="mm")], ["y"], (6,)),
+        ([helper.make_node("Sub", ["x", "c"], ["s"], name="centre"),
+          helper.make_node("MatMul", ["s", "w"], ["y"], name="mm")], ["y", "s"], (6,)),
+        ([helper.make_node("Sub", ["x", "c"], ["s"], name="centre"),
+          helper.make_node("MatMul", ["s", "w"], ["y"], name="mm")], ["y"], (5, 1)),
+    ]
+    for nodes, outputs, c_shape in cases:
+        model = _model(nodes, [_f("x", [5, 6])], [_f(o, shapes[o]) for o in outputs],
+                       [w, _init("c", rng.normal(0, 1, c_shape))])
+        assert fold_input_shifts(model, Provenance.of(model)) == 0
