@@ -11,7 +11,6 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
   weights: on the TPU) and float gate arithmetic (Add, Sigmoid, Tanh, Mul, Sub);
 - a GELU written out in primitives (x^3, Tanh, ...) as one com.microsoft FastGelu / Gelu
   node (gelu.py): quantized at its input and output only, one lookup table on the TPU;
-- an Add/Sub of a constant before a MatMul/Gemm (a PCA's centring) folded into its bias;
 - a Div by a float constant as a Mul by its reciprocal (VMUL takes it; the product differs
   from the quotient by at most one float32 rounding);
 - scikit-learn's linear models as skl2onnx writes them (ai.onnx.ml LinearClassifier and
@@ -81,7 +80,6 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     fuse_gelu_chains(model, prov)        # a GELU in primitives: one node, one lookup table
     divisions_as_products(model, prov)
     sums_as_additions(model, prov)
-    fold_input_shifts(model, prov)       # a centring Sub before a MatMul: its bias
     fuse_matmul_bias(model, prov)
     if room is not None:
         from tpuasm.compiler.front.banding import band_convolutions
@@ -500,73 +498,6 @@ def matmul_bias_pairs(model: onnx.ModelProto, ranks: dict | None = None):
             continue
         pairs.append((mm, add, b.reshape(n), x_rank))
     return pairs
-
-
-def fold_input_shifts(model: onnx.ModelProto, prov: Provenance) -> int:
-    """An Add or Sub of a constant along the last axis, x + c or x - c, read only by a
-    MatMul or Gemm with a constant weight W, folded into it: (x + c) W = x W + c W, so the
-    shift becomes a bias (a MatMul then gets a bias Add, which fuse_matmul_bias takes).
-    skl2onnx's PCA centres its input so (Sub(X, mean) before the MatMul): on the host
-    before, now part of the layer on the TPU.  Returns how many were folded."""
-    idx = _Index(model)
-    gone = []
-    for node in list(model.graph.node):
-        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
-            continue
-        w = idx.const(node.input[1]) if len(node.input) > 1 else None
-        shift = idx.producer.get(node.input[0])
-        if w is None or w.ndim != 2 or shift is None or shift.op_type not in ("Add", "Sub") \
-                or len(shift.input) != 2 or idx.sole_consumer(node.input[0]) is not node:
-            continue
-        if node.op_type == "Gemm":
-            if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or \
-                    _attr(node, "beta", 1.0) != 1.0:
-                continue
-            if _attr(node, "transB", 0):
-                w = w.T
-        k = w.shape[0]
-        for x_at in ((0, 1) if shift.op_type == "Add" else (0,)):   # c - x is not x - c
-            c = idx.const(shift.input[1 - x_at])
-            if c is None or c.size != k or (c.ndim and c.shape[-1] != k) or \
-                    idx.const(shift.input[x_at]) is not None:
-                continue
-            c = c.reshape(k).astype(np.float64) * (-1 if shift.op_type == "Sub" else 1)
-            bias = (c @ w.astype(np.float64)).astype(np.float32)
-            if not _shift_into(idx, node, bias, prov):
-                break
-            node.input[0] = shift.input[x_at]
-            prov.fold(shift.name, f"folded into {node.op_type} '{node.name}' as its bias")
-            gone.append(shift)
-            break
-    for node in gone:
-        model.graph.node.remove(node)
-    return len(gone)
-
-
-def _shift_into(idx: _Index, node, bias: np.ndarray, prov: Provenance) -> bool:
-    """`bias` added to the output of `node` (a Gemm's C grows by it, a MatMul gets an Add
-    after it); False when a Gemm's C is not a constant."""
-    if node.op_type == "Gemm":
-        has_c = len(node.input) > 2 and node.input[2]
-        if has_c:
-            old = idx.const(node.input[2])
-            if old is None:
-                return False
-            bias = (old + bias).astype(np.float32)
-        name = idx.add_init(bias, (node.input[2] if has_c else node.name) + "_shifted")
-        if len(node.input) > 2:
-            node.input[2] = name
-        else:
-            node.input.append(name)
-        return True
-    out = node.output[0]
-    product = idx.unique(out + "_unshifted")
-    node.output[0] = product
-    add = helper.make_node("Add", [product, idx.add_init(bias, node.name + "_bias")], [out],
-                           name=idx.unique(node.name + "/shift"))
-    idx.model.graph.node.insert(list(idx.model.graph.node).index(node) + 1, add)
-    prov.derive(add.name, node.name)
-    return True
 
 
 def fuse_matmul_bias(model: onnx.ModelProto, prov: Provenance) -> int:
