@@ -199,6 +199,8 @@ def rewrite_quantized_transposes(model, prov: Provenance,
     kernel flipped and its channel axes swapped, the input upsampled with zeros on the host
     and quantized again at its own scale and zero point (the zeros are exact there), so that
     the Conv runs on the TPU with the model's own quantization.  The count done."""
+    if not any(n.op_type == "ConvTranspose" for n in model.graph.node):
+        return 0                        # the common case: no shape inference pass
     reasons = {} if reasons is None else reasons
     idx = _Index(model)
     ranks = _ranks(model)

@@ -91,6 +91,9 @@ def declare_foreign_outputs(model: onnx.ModelProto, base_dir: Path) -> int:
     type or a shape (a PCA's MatMul after a Scaler left the LinearClassifier after it, and
     an MLP's bias Adds, on the host).  Returns how many outputs it declared."""
     from tpuasm.compiler.front.prepare import inferred_values
+    if all(node.domain in ("", "ai.onnx") for node in model.graph.node):
+        return 0                        # nothing to declare: no shape inference pass
+    inits = {t.name: t for t in model.graph.initializer}
     tried: set[str] = set()
     declared = 0
     while True:
@@ -101,10 +104,10 @@ def declare_foreign_outputs(model: onnx.ModelProto, base_dir: Path) -> int:
                     all(not o or _typed(values.get(o)) for o in node.output):
                 continue
             inputs = [i for i in node.input if i]
-            if not all(_typed(values.get(i)) or _initializer(model, i) for i in inputs):
+            if not all(_typed(values.get(i)) or i in inits for i in inputs):
                 continue
             tried.add(node.name)
-            learned += _declared_outputs(node, model, base_dir, values)
+            learned += _declared_outputs(node, model, base_dir, values, inits)
         if not learned:
             return declared
         model.graph.value_info.extend(learned)
@@ -115,20 +118,17 @@ def _typed(v) -> bool:
     return v is not None and bool(v.type.tensor_type.elem_type)
 
 
-def _initializer(model: onnx.ModelProto, name: str):
-    return next((t for t in model.graph.initializer if t.name == name), None)
-
-
 def _dims(v) -> list:
     t = v.type.tensor_type
     return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] \
         if t.HasField("shape") else None
 
 
-def _declared_outputs(node, model: onnx.ModelProto, base_dir: Path, values: dict) -> list:
+def _declared_outputs(node, model: onnx.ModelProto, base_dir: Path, values: dict,
+                      inits: dict) -> list:
     shapes, dtypes = {}, {}
     for name in (i for i in node.input if i):
-        init = _initializer(model, name)
+        init = inits.get(name)
         if init is not None:
             shapes[name] = tuple(init.dims)
             dtypes[name] = helper.tensor_dtype_to_np_dtype(init.data_type)

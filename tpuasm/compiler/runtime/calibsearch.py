@@ -17,8 +17,9 @@ in 8 bits, then all of them (_widen_the_weights).  Those steps also follow a cli
 method's pass with flips on the check rows (its ranges are fitted to them), each kept only
 if it beats it there.  A recurrent network (an unrolled LSTM, GRU or Loop) whose model
 meets the bars is tried with every tensor int16 too, its cell chain's included, and keeps
-it for a higher SNR (_widen_the_recurrent).  The report says which and why.  Magika (issue 20): min-max 98.44 %, percentile 100 % top-1 agreement on
-the check rows, every matrix op still on the TPU."""
+it for a higher SNR (_widen_the_recurrent).  The report says which and why.  Magika
+(issue 20): min-max 98.44 %, percentile 100 % top-1 agreement on the check rows, every
+matrix op still on the TPU."""
 from __future__ import annotations
 
 import math
@@ -368,6 +369,7 @@ def _widen_the_recurrent(searching: tuple, options, current, nodes, notes: dict)
     groups, _ = widen.eligible(model, set(nodes))
     if not groups or set(groups) <= set(options.checked_wide):
         return options, current, nodes, "", notes
+
     def clearer(s: Score, old: Score) -> bool:
         return s.snr_db is not None and not s.below(min_agreement, min_snr) and \
             s.snr_db >= old.snr_db + RECURRENT_GAIN_DB
@@ -656,10 +658,9 @@ def _noisiest(qdq_path, candidates: list, check, batch_first) -> list:
     """`candidates` with the worst 8-bit rounding of their own output first: the SNR of each
     output against its QuantizeLinear -> DequantizeLinear copy, from one onnxruntime pass of
     the QDQ model over a few check rows (_rounding_snr).  Bypassing every candidate costs a
-    pass each (a
-    PaddleOCR recogniser has a hundred element-wise nodes: the check took 15 minutes); the
-    first _MAX_SCORED of this order are the ones worth it.  The order as given when a pass
-    cannot run."""
+    pass each (a PaddleOCR recogniser has a hundred element-wise nodes: the check took 15
+    minutes); the first _MAX_SCORED of this order are the ones worth it.  The order as
+    given when the pass cannot run."""
     snr = _rounding_snr(qdq_path, [node.output[0] for node in candidates], check,
                         batch_first)
     if snr is None:
