@@ -7,7 +7,8 @@ Each network (a squeeze-and-excitation CNN with SiLU and LeakyReLU, a U-Net with
 ConvTranspose and a skip Concat, nearest upsampling, a dilated causal TCN with PReLU and
 ELU, a two-layer bidirectional LSTM, an Elman RNN, nn.MultiheadAttention with LayerNorm, an
 MLP-mixer's token mixing through Transposes, a two-headed MLP with Softmax and Softplus, Mish
-with a grouped Conv and a ceil-mode MaxPool) is built at random, then trained 300 steps on
+with a grouped Conv and a ceil-mode MaxPool, attention and an MLP-mixer written with
+torch.einsum) is built at random, then trained 300 steps on
 its own initial top-1 labels (the same function with margins, so that top-1 agreement
 means something), exported by torch.onnx (TorchScript, or the dynamo exporter with
 --dynamo), compiled with `tpuasm compile --calibrate` on 128 rows of N(0, 1) inputs and run
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_models_shipped import compile_and_infer, snr  # noqa: E402
 
 CALIBRATE, EVALUATE, TRAIN_STEPS = 128, 512, 300
-MATRIX_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN", "QLinearConv",
+MATRIX_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN", "QLinearConv",
               "QLinearMatMul", "QGemm"}
 
 
@@ -145,11 +146,48 @@ def networks(torch):
             y = self.pool(F.hardsigmoid(self.grouped(y)) * y)
             return self.fc(torch.flatten(y, 1))
 
+    class EinsumAttention(nn.Module):
+        """Attention written with torch.einsum, as research code writes it: projections into
+        heads and back with weights, scores and mixing products of two activations."""
+        def __init__(self):
+            super().__init__()
+            self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(16, 4, 8) * 0.25)
+                                         for _ in range(3))
+            self.bq = nn.Parameter(torch.randn(4, 8) * 0.1)
+            self.wo = nn.Parameter(torch.randn(4, 8, 16) * 0.18)
+            self.fc = nn.Linear(16, 4)
+
+        def forward(self, x):
+            q = torch.einsum("bld,dhk->blhk", x, self.wq) + self.bq
+            k = torch.einsum("bld,dhk->blhk", x, self.wk)
+            v = torch.einsum("bld,dhk->blhk", x, self.wv)
+            a = torch.softmax(torch.einsum("blhk,bmhk->bhlm", q, k) / 8 ** 0.5, -1)
+            y = x + torch.einsum("bhlm,bmhk,hkd->bld", a, v, self.wo)
+            return self.fc(y.mean(1))
+
+    class EinsumMixer(nn.Module):
+        """Token mixing by a weight over the sequence axis ("btc,ts->bsc") and channel mixing
+        by one over the channels, each with its bias and activation, in einsum."""
+        def __init__(self):
+            super().__init__()
+            self.wt, self.bt = nn.Parameter(torch.randn(12, 12) * 0.3), nn.Parameter(
+                torch.randn(12, 1) * 0.1)
+            self.wc = nn.Parameter(torch.randn(10, 2, 16) * 0.3)
+            self.bc = nn.Parameter(torch.randn(2, 16) * 0.1)
+            self.fc = nn.Linear(32, 5)
+
+        def forward(self, x):
+            x = x + torch.relu(torch.einsum("btc,ts->bsc", x, self.wt) + self.bt)
+            h = torch.tanh(torch.einsum("bsc,cgd->bsgd", x, self.wc) + self.bc)
+            return self.fc(h.mean(1).flatten(1))
+
     return {"se": (SqueezeExcite, (3, 16, 16)), "unet": (UNet, (1, 16, 16)),
             "upsample": (Upsample, (3, 16, 16)), "tcn": (TCN, (4, 32)),
             "deeplstm": (DeepLSTM, (10, 8)), "elman": (Elman, (12, 8)),
             "attention": (Attention, (10, 12)), "mixer": (Mixer, (16, 24)),
-            "twoheads": (TwoHeads, (20,)), "mish": (Mish, (3, 16, 16))}
+            "twoheads": (TwoHeads, (20,)), "mish": (Mish, (3, 16, 16)),
+            "einsum_attention": (EinsumAttention, (10, 16)),
+            "einsum_mixer": (EinsumMixer, (12, 10))}
 
 
 def _first(out):

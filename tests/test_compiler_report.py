@@ -137,6 +137,24 @@ def test_macs_of_each_matrix_operator_by_hand():
     assert node_macs(_node("MatMul", ["unknown", "w"], ["y"]), shapes) is None
 
 
+def test_macs_of_an_einsum_by_hand():
+    """A pair's products are every index's sizes multiplied; more operands are contracted
+    pairwise from the left, the result keeping what later operands and the output need."""
+    shapes = {"x": (2, 5, 6), "w": (6, 4), "x4": (3, 2, 5, 6), "a": (2, 4, 10, 10),
+              "v": (2, 10, 4, 8), "wo": (4, 8, 16)}
+    assert node_macs(_node("Einsum", ["x", "w"], ["y"], equation=b"bld,dh->blh"),
+                     shapes) == 2 * 5 * 6 * 4
+    assert node_macs(_node("Einsum", ["x4", "w"], ["y"], equation="...d,dh->...h"),
+                     shapes) == 3 * 2 * 5 * 6 * 4
+    assert node_macs(_node("Einsum", ["x", "w"], ["y"], equation="bij,jk"), shapes) == \
+        2 * 5 * 6 * 4                                        # implicit output: bik
+    # (a v) first: b h l m k, then its result (b l h k) with wo: b l h k d
+    assert node_macs(_node("Einsum", ["a", "v", "wo"], ["y"], equation="bhlm,bmhk,hkd->bld"),
+                     shapes) == 2 * 4 * 10 * 10 * 8 + 2 * 10 * 4 * 8 * 16
+    assert node_macs(_node("Einsum", ["x", "unknown"], ["y"], equation="bld,dh->blh"),
+                     shapes) is None
+
+
 def test_macs_of_onnxruntime_s_contrib_matrix_operators_by_hand():
     """com.microsoft's fused and integer kernels count as their float forms; its
     DynamicQuantizeLSTM holds the LSTM's weights transposed: W (dirs, input, 4H)."""

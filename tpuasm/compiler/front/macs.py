@@ -24,7 +24,8 @@ _TRANSPOSED_GATES = {"DynamicQuantizeLSTM"}
 
 _BRANCHING = {"If"}
 
-MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose"})
+MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose",
+                        "Einsum"})
 
 
 def node_macs(node, shapes: dict) -> int | None:
@@ -56,6 +57,8 @@ def node_macs(node, shapes: dict) -> int | None:
         if y is None or a is None or not a:
             return None
         return prod(y) * a[-1]
+    if op == "Einsum":
+        return _einsum_macs(node.attr("equation", ""), [shape(i) for i in node.inputs])
     if op in _GEMM:
         a = shape(node.input(0))
         if y is None or a is None or len(a) != 2:
@@ -71,6 +74,40 @@ def node_macs(node, shapes: dict) -> int | None:
     if op in _TRANSPOSED_GATES:
         return steps_rows * w[0] * w[2] * (w[1] + r[1])
     return steps_rows * w[0] * w[1] * (w[2] + r[2])
+
+
+def _einsum_macs(equation, shapes: list) -> int | None:
+    """An Einsum's products taken pairwise from the left, as onnxruntime contracts them:
+    each pair's count is the product of the sizes of every index either operand has, and
+    its result keeps the indices that a later operand or the output still needs."""
+    eq = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes) or any(s is None for s in shapes) or len(terms) < 2:
+        return None
+    size: dict[str, int] = {}
+    spelled = []
+    for term, dims in zip(terms, shapes):
+        named = term.replace("...", "")
+        # an ellipsis' axes, right-aligned as broadcasting aligns them: ..., '.1', '.0'
+        hidden = len(dims) - len(named)
+        letters = [f".{hidden - 1 - i}" for i in range(hidden)] if "..." in term else []
+        axes = list(term[:term.index("...")] if "..." in term else "") + letters + \
+            list(term[term.index("...") + 3:] if "..." in term else term)
+        if len(axes) != len(dims):
+            return None
+        for a, n in zip(axes, dims):
+            size[a] = max(size.get(a, 1), n)
+        spelled.append(axes)
+    wanted = set(out.replace("...", "")) | {a for a in size if a[0] == "."} if arrow else \
+        {a for a in size if a[0] == "." or sum(t.count(a) for t in spelled) == 1}
+    total, left = 0, spelled[0]
+    for k, right in enumerate(spelled[1:], 1):
+        both = set(left) | set(right)
+        total += prod(size[a] for a in both)
+        later = set(wanted).union(*map(set, spelled[k + 1:]))
+        left = [a for a in both if a in later]
+    return total
 
 
 def _branch_macs(node, shapes: dict) -> int | None:

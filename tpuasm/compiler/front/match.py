@@ -1215,6 +1215,14 @@ def host_reason(node: Node, graph: Graph) -> str:
                 "a float model, or from a QDQ model whose kernel is a DequantizeLinear of an "
                 "integer constant and whose input is quantized (a QOperator model leaves it "
                 "float: its QDQ form, or the model with --calibrate, puts it on the TPU)")
+    if op_type == "Einsum":
+        if not any(graph.is_constant(i) for i in node.inputs if i):
+            return ("Einsum of activations only (e.g. attention scores): the array's weights "
+                    "are constants, so it runs on the host")
+        return ("Einsum runs on the host: the TPU takes an Einsum of an activation and a "
+                "constant weight rewritten as a MatMul, from a float model compiled with "
+                "--calibrate (onnxruntime's quantize_static leaves it float in a quantized "
+                "model)")
     return f"{op_type} has no TPU mapping (runs on the host)"
 
 

@@ -1,6 +1,7 @@
 """Rewrites of the FLOAT model before quantization, so that its matrix work has the forms the
 TPU maps (docs/compiler.md, "Preparing a float model"):
 
+- an Einsum of an activation and a constant weight as a MatMul (einsumforms.py);
 - a dilated Conv and a ConvTranspose as plain Convs (convforms.py);
 - a Conv (and the Relu and pooling after it) whose image the Unified Buffer cannot hold as
   bands of rows (banding.py);
@@ -65,6 +66,8 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
     rewrite_scaled_gemms(model, prov)            # a Gemm's alpha and beta into its constants
     constants_to_initializers(model, prov)     # first: every rewrite reads initializers
+    from tpuasm.compiler.front.einsumforms import rewrite_einsums
+    rewrite_einsums(model, prov, reasons)      # a product with a weight: a MatMul
     tied: dict[str, list[str]] = {}
     keep_float: dict[str, str] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions

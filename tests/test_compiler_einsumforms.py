@@ -1,0 +1,221 @@
+"""Einsums with a constant weight rewritten as MatMuls (front/einsumforms.py): the same
+function as the float model for every kind of equation (onnxruntime's Einsum is the
+oracle), the Transposes and Reshapes only where something moves, the kinds that stay with
+their reason, and a model of Einsum layers compiled with every one of them on the TPU."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from tpuasm.compiler import compile as tpu_compile
+from tpuasm.compiler.front.einsumforms import rewrite_einsums
+from tpuasm.compiler.front.provenance import Provenance
+from tpuasm.compiler.ort import session
+
+
+def _model(equation: str, x_shape, w_shape, weight_first=False, seed=0):
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(0, 0.5, w_shape).astype(np.float32)
+    w = numpy_helper.from_array(weight, "w")
+    operands = [weight, np.zeros(x_shape, np.float32)]
+    y_shape = np.einsum(equation, *(operands if weight_first else operands[::-1])).shape
+    inputs = ["w", "x"] if weight_first else ["x", "w"]
+    node = helper.make_node("Einsum", inputs, ["y"], name="einsum", equation=equation)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT,
+                                                                          list(x_shape))],
+                              [helper.make_tensor_value_info("y", T.FLOAT, list(y_shape))],
+                              [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+# equation, x shape, w shape, weight first, the op types it becomes
+REWRITTEN = [
+    ("bld,dh->blh", (2, 5, 6), (6, 4), False, ["MatMul"]),                # Dense on a sequence
+    ("abc,cde->abde", (2, 5, 6), (6, 3, 4), False, ["MatMul", "Reshape"]),  # query into heads
+    ("abcd,cde->abe", (2, 5, 3, 4), (3, 4, 6), False, ["Reshape", "MatMul"]),  # heads out
+    ("bd,ed->be", (3, 6), (4, 6), False, ["MatMul"]),                     # transposed weight
+    ("ed,bd->be", (3, 6), (4, 6), True, ["MatMul"]),                      # weight first
+    ("bld,dh->bhl", (2, 5, 6), (6, 4), False, ["MatMul", "Transpose"]),
+    ("lbd,dh->blh", (5, 2, 6), (6, 4), False, ["MatMul", "Transpose"]),
+    ("bdl,dh->blh", (2, 6, 5), (6, 4), False, ["Transpose", "MatMul"]),
+    ("...d,dh->...h", (2, 3, 5, 6), (6, 4), False, ["MatMul"]),           # ellipsis
+    ("bij,jk", (2, 5, 6), (6, 4), False, ["MatMul"]),                      # implicit output
+    ("bd,dez->be", (3, 6), (6, 4, 2), False, ["MatMul"]),                 # z summed in W
+    ("bd,d->b", (3, 6), (6,), False, ["MatMul", "Reshape"]),              # to a vector
+    ("bld,dhk->bkhl", (2, 5, 6), (6, 3, 4), False, ["MatMul", "Reshape", "Transpose"]),
+]
+
+
+@pytest.mark.parametrize("equation, x_shape, w_shape, weight_first, ops", REWRITTEN,
+                         ids=[c[0] for c in REWRITTEN])
+def test_an_einsum_with_a_weight_is_a_matmul_with_its_answers(equation, x_shape, w_shape,
+                                                               weight_first, ops):
+    model = _model(equation, x_shape, w_shape, weight_first)
+    x = np.random.default_rng(1).normal(0, 1, x_shape).astype(np.float32)
+    want = session(model).run(None, {"x": x})[0]
+    prov = Provenance.of(model)
+    assert rewrite_einsums(model, prov, {}) == 1
+    assert [n.op_type for n in model.graph.node] == ops
+    assert next(n for n in model.graph.node if n.op_type == "MatMul").name == "einsum"
+    onnx.checker.check_model(model)
+    got = session(model).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+KEPT = [
+    ("bhld,hdk->bhlk", (2, 3, 5, 4), (3, 4, 6), "in both operands and the output"),
+    ("bii,ij->bj", (2, 4, 4), (4, 3), "repeated"),
+    ("bdz,de->be", (2, 6, 3), (6, 4), "of the activation alone"),
+    ("bd,e->bde", (2, 6), (4,), "no contracted index"),
+]
+
+
+@pytest.mark.parametrize("equation, x_shape, w_shape, reason", KEPT, ids=[c[0] for c in KEPT])
+def test_other_einsums_stay_with_their_reason(equation, x_shape, w_shape, reason):
+    model = _model(equation, x_shape, w_shape)
+    reasons: dict = {}
+    assert rewrite_einsums(model, Provenance.of(model), reasons) == 0
+    assert [n.op_type for n in model.graph.node] == ["Einsum"]
+    assert reason in reasons["einsum"]
+
+
+def _with_followers(equation, x_shape, w_shape, followers):
+    """_model's Einsum followed by `followers`: (op, constant or None) applied in turn."""
+    model = _model(equation, x_shape, w_shape)
+    rng = np.random.default_rng(2)
+    model.graph.node[0].output[0] = "e"
+    for i, (op, const) in enumerate(followers):
+        source = "e" if i == 0 else f"f{i - 1}"
+        out = "y" if i == len(followers) - 1 else f"f{i}"
+        inputs = [source]
+        if const is not None:
+            model.graph.initializer.append(numpy_helper.from_array(
+                rng.normal(0, 1, const).astype(np.float32), f"c{i}"))
+            inputs.append(f"c{i}")
+        model.graph.node.append(helper.make_node(op, inputs, [out], name=f"{op.lower()}{i}"))
+    onnx.checker.check_model(model)
+    return model
+
+
+HOISTED = [
+    # EinsumDense("abc,cde->abde", bias_axes="de", activation="relu"): bias over the heads
+    ("abc,cde->abde", (2, 5, 6), (6, 3, 4), [("Add", (3, 4)), ("Relu", None)],
+     ["MatMul", "Add", "Relu", "Reshape"]),
+    ("bld,dhk->bkhl", (2, 5, 6), (6, 3, 4), [("Mul", (4, 1, 1)), ("Sub", (4, 3, 1)),
+                                             ("Tanh", None)],
+     ["MatMul", "Mul", "Sub", "Tanh", "Reshape", "Transpose"]),
+    # varies along l, a row axis: it stays after the layout, and so does what follows it
+    ("bld,dh->bhl", (2, 5, 6), (6, 4), [("Add", (5,)), ("Relu", None)],
+     ["MatMul", "Transpose", "Add", "Relu"]),
+]
+
+
+@pytest.mark.parametrize("equation, x_shape, w_shape, followers, ops", HOISTED,
+                         ids=[c[0] for c in HOISTED])
+def test_a_bias_and_activation_after_the_einsum_meet_its_matmul(equation, x_shape, w_shape,
+                                                                followers, ops):
+    """Moved before the output's Reshape / Transpose, so that the bias is fused and the
+    activation's range is the MatMul's output's, as after a Dense."""
+    model = _with_followers(equation, x_shape, w_shape, followers)
+    x = np.random.default_rng(1).normal(0, 1, x_shape).astype(np.float32)
+    want = session(model).run(None, {"x": x})[0]
+    assert rewrite_einsums(model, Provenance.of(model), {}) == 1
+    assert [n.op_type for n in model.graph.node] == ops
+    onnx.checker.check_model(model)
+    np.testing.assert_allclose(session(model).run(None, {"x": x})[0], want, rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("equation, shapes, at", [
+    ("bhlm,bmhk,hkd->bld", [(2, 4, 5, 5), (2, 5, 4, 3), (4, 3, 6)], 2),   # mix + project
+    ("bi,ij,bj->b", [(3, 4), (4, 5), (3, 5)], 1),                          # bilinear form
+], ids=["attention-output", "bilinear"])
+def test_an_einsum_of_activations_and_a_weight_puts_the_weight_s_product_on_a_matmul(
+        equation, shapes, at):
+    rng = np.random.default_rng(4)
+    names = [f"a{i}" for i in range(len(shapes))]
+    names[at] = "w"
+    inputs = [helper.make_tensor_value_info(n, T.FLOAT, list(s))
+              for n, s in zip(names, shapes) if n != "w"]
+    w = numpy_helper.from_array(rng.normal(0, 0.5, shapes[at]).astype(np.float32), "w")
+    y_shape = np.einsum(equation, *[np.zeros(s) for s in shapes]).shape
+    graph = helper.make_graph([helper.make_node("Einsum", names, ["y"], name="einsum",
+                                                equation=equation)], "g", inputs,
+                              [helper.make_tensor_value_info("y", T.FLOAT, list(y_shape))], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {v.name: rng.normal(0, 1, shapes[names.index(v.name)]).astype(np.float32)
+             for v in inputs}
+    want = session(model).run(None, feeds)[0]
+    assert rewrite_einsums(model, Provenance.of(model), {}) == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[0] == "Einsum" and "MatMul" in ops and ops.count("Einsum") == 1
+    assert next(n for n in model.graph.node if n.op_type == "MatMul").name == "einsum"
+    onnx.checker.check_model(model)
+    np.testing.assert_allclose(session(model).run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_product_of_two_activations_is_not_touched():
+    node = helper.make_node("Einsum", ["q", "k"], ["s"], name="scores",
+                            equation="bqd,bkd->bqk")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, T.FLOAT, [2, 5, 4])
+                                            for n in "qk"],
+                              [helper.make_tensor_value_info("s", T.FLOAT, [2, 5, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    reasons: dict = {}
+    assert rewrite_einsums(model, Provenance.of(model), reasons) == 0 and not reasons
+
+
+def _einsum_network(rng):
+    """x (N, 8, 12) -> "bld,dh->blh" (+ bias, Relu) -> "abc,cde->abde" into 2 heads of 8
+    (+ a bias per head, Relu) -> "abcd,cde->abe" back to 10 -> mean over the sequence -> "bd,ed->be" to 4
+    classes: every matrix product an Einsum, as torch.einsum and EinsumDense write them."""
+    def init(name, *shape, scale=0.4):
+        return numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name)
+    inits = [init("w1", 12, 16), init("b1", 16, scale=0.1), init("w2", 16, 2, 8),
+             init("b2", 2, 8, scale=0.1), init("w3", 2, 8, 10), init("w4", 4, 10)]
+    nodes = [helper.make_node("Einsum", ["x", "w1"], ["h1"], name="dense", equation="bld,dh->blh"),
+             helper.make_node("Add", ["h1", "b1"], ["h1b"], name="bias"),
+             helper.make_node("Relu", ["h1b"], ["a1"], name="relu1"),
+             helper.make_node("Einsum", ["a1", "w2"], ["q"], name="to_heads",
+                              equation="abc,cde->abde"),
+             helper.make_node("Add", ["q", "b2"], ["qb"], name="head_bias"),
+             helper.make_node("Relu", ["qb"], ["a2"], name="relu2"),
+             helper.make_node("Einsum", ["a2", "w3"], ["o"], name="from_heads",
+                              equation="abcd,cde->abe"),
+             helper.make_node("ReduceMean", ["o"], ["m"], name="pool", axes=[1], keepdims=0),
+             helper.make_node("Einsum", ["w4", "m"], ["y"], name="classes",
+                              equation="ed,bd->be")]
+    graph = helper.make_graph(nodes, "einsums",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 8, 12])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_network_of_einsums_has_its_products_on_the_tpu(tmp_path):
+    """Each Einsum was 'no TPU mapping' on the host: now each is a MatMul on the TPU, and
+    the compiled network keeps the float model's top-1 on new rows."""
+    rng = np.random.default_rng(3)
+    model = _einsum_network(rng)
+    path = tmp_path / "einsums.onnx"
+    onnx.save(model, str(path))
+    calib = rng.normal(0, 1, (128, 8, 12)).astype(np.float32)
+    compiled = tpu_compile(str(path), batch=16, calibration=calib)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert all(where[n] == "TPU" for n in ("dense", "to_heads", "head_bias", "from_heads",
+                                           "classes")), where
+    new = rng.normal(0, 1, (256, 8, 12)).astype(np.float32)
+    want = session(model).run(None, {"x": new})[0]
+    got = compiled.run(new)["y"]
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.97
+    snr = 10 * np.log10(np.sum(want ** 2) / np.sum((got - want) ** 2))
+    assert snr > 25, snr
