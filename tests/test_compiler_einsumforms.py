@@ -219,3 +219,18 @@ def test_a_network_of_einsums_has_its_products_on_the_tpu(tmp_path):
     assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.97
     snr = 10 * np.log10(np.sum(want ** 2) / np.sum((got - want) ** 2))
     assert snr > 25, snr
+
+
+def test_a_quantized_model_s_float_einsums_say_how_to_put_them_on_the_tpu(tmp_path):
+    """onnxruntime's quantize_static leaves an Einsum float: as shipped it runs on the host
+    (its MACs counted, the reason names --calibrate); with --calibrate the QDQ model's
+    Einsums are rewritten and go on the TPU."""
+    from onnx_models import quantized_by_onnxruntime
+    rng = np.random.default_rng(5)
+    calib = rng.normal(0, 1, (32, 8, 12)).astype(np.float32)
+    path = quantized_by_onnxruntime(tmp_path, _einsum_network(rng), calib)
+    shipped = tpu_compile(str(path), batch=16)
+    dense = next(r for r in shipped.report.rows if r.node == "dense")
+    assert dense.where == "host" and "--calibrate" in dense.reason and dense.macs
+    calibrated = tpu_compile(str(path), batch=16, calibration=calib)
+    assert {r.node: r.where for r in calibrated.report.rows}["dense"] == "TPU"
