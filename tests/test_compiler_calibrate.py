@@ -551,3 +551,79 @@ def test_the_compile_bins_a_batch_it_folded_at_a_batch_of_one(tmp_path, monkeypa
     assert len(taken) == 1 and taken[0] is not None
     assert taken[0][0].graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
     assert narrow.graph == wide.graph
+
+
+# --- ranges extrapolated to new rows ----------------------------------------------------
+
+def test_extrapolated_ranges_grow_by_the_growth_from_half_the_rows():
+    """[lo - (lo_half - lo), hi + (hi - hi_half)]: the half's pass is the set's first half,
+    made once per set; a range the half already reached does not grow."""
+    from tpuasm.compiler.front.calibrate import Extrapolated
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    g = helper.make_graph([node], "r", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 2])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["N", 2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.zeros((8, 2), np.float32)
+    x[:4, 0] = [-1.0, 0.5, 1.0, 0.0]          # the first half: x in [-1, 1]
+    x[4:, 0] = [-4.0, 3.0, 0.0, 0.0]          # all of it: x in [-4, 3]
+    whole = CalibrationPass()
+    extrapolated = Extrapolated(whole, _feeds(x[:4], 2))
+    extrapolated.collect(model, ["x", "y"], _feeds(x, 2))
+    ranges = extrapolated.ranges(["x", "y"], "minmax")
+    assert (_value(ranges["x"][0]), _value(ranges["x"][1])) == (-7.0, 5.0)
+    assert (_value(ranges["y"][0]), _value(ranges["y"][1])) == (0.0, 5.0)   # 0: reached
+    assert whole.ranges(["x"], "minmax")["x"][1] == 3.0                      # untouched
+    tensors = extrapolated.tensors
+    assert (tensors["x"].low, tensors["x"].high) == (-7.0, 5.0)
+    assert Extrapolated(whole, None).half is extrapolated.half              # one per set
+    with pytest.raises(ValueError):
+        extrapolated.ranges(["x"], "percentile")
+
+
+def _two_scores(rows: int, low: float, high: float, seed: int) -> np.ndarray:
+    """Rows (a, a + d): a rising evenly from `low` to `high` along the rows (the set's
+    extremes grow as it goes: half of it reaches half way), d uniform in [-0.5, 0.5]: the
+    class is d's sign."""
+    a = np.linspace(low, high, rows, dtype=np.float32)
+    d = np.random.default_rng(seed).uniform(-0.5, 0.5, rows).astype(np.float32)
+    return np.stack([a, a + d], axis=1)
+
+
+def test_the_search_extrapolates_ranges_that_clip_the_rows_it_held_out(tmp_path):
+    """A Gemm's two scores (a, a + d): min-max ranges of 128 rows with a up to 16 keep
+    every answer on those rows, and tie both scores of new rows beyond 16 at the range's
+    top (the class flips to 0).  Held out, ranges fitted to the first 64 rows clip the
+    other 64 the same way, and extrapolated ones (from the first 32) much less: so the
+    model's ranges are extrapolated from all 128, and new rows up to 24 keep their class
+    (but those within its rounding of a tie)."""
+    from tpuasm.compiler.ort import session
+    from tpuasm.compiler.runtime.calibsearch import quantize_checked
+    w = numpy_helper.from_array(np.eye(2, dtype=np.float32), "w")
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["y"], name="scores")], "two",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                          [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = _two_scores(128, 0.0, 16.0, 0)
+    new = _two_scores(512, 16.0, 24.0, 1)
+    want = new[:, 1] > new[:, 0]
+
+    def new_rows_kept(path):
+        y = session(onnx.load(str(path))).run(None, {"x": new})[0]
+        return float(np.mean((y[:, 1] > y[:, 0]) == want))
+
+    _, options, note = quantize_checked(model, {"x": x}, {"x": ["N", 2]}, tmp_path / "q.onnx",
+                                        QuantOptions(), "m.onnx", None, None, model,
+                                        {"x": x}, 0.9, 10.0, held_out=True)
+    assert options.extrapolate_ranges and "extrapolated from all 128" in note, note
+    plain = tmp_path / "plain.onnx"
+    quantize(model, {"x": x}, {"x": ["N", 2]}, plain, QuantOptions(calibration_method="minmax"),
+             "m.onnx")
+    assert new_rows_kept(plain) < 0.75 and new_rows_kept(tmp_path / "q.onnx") > 0.9
+    # the check rows are not calibration rows (--validate DATA): nothing to hold out
+    _, options, _ = quantize_checked(model, {"x": x}, {"x": ["N", 2]}, tmp_path / "v.onnx",
+                                     QuantOptions(), "m.onnx", None, None, model, {"x": x},
+                                     0.9, 10.0, held_out=False)
+    assert not options.extrapolate_ranges

@@ -176,7 +176,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
             _, options, chosen = quantize_checked(
                 prepared.model, samples, input_signature(float_model), reference, options,
                 path, provenance, axes, float_reference, check, min_agreement, min_snr,
-                tied=prepared.tied, at_batch_one=one)
+                held_out=validate is None, tied=prepared.tied, at_batch_one=one)
         said = replace(options, keep_float=users_float).describe() + notes
         source = (f"float model quantized by onnxruntime (QDQ, only the nodes the TPU takes; "
                   f"{said}) from {count} calibration samples"

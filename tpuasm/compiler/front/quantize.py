@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import widen, wideweights
 from tpuasm.compiler.front.calibrate import CalibrationPass, float_tensors
-from tpuasm.compiler.front.samples import calibration_feeds, sample_rows
+from tpuasm.compiler.front.samples import calibration_feeds, row_range, sample_rows
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 MATRIX_OPS = {"Conv", "Gemm", "MatMul"}
@@ -62,6 +62,9 @@ class QuantOptions:
     weight_bits: int = 8
     wide_weights: tuple[str, ...] = ()
     checked_wide_weights: tuple[str, ...] = ()
+    # min-max ranges widened by their growth from half the calibration rows to all of them
+    # (calibrate.Extrapolated): the check's choice when rows it held out were clipped
+    extrapolate_ranges: bool = False
 
     def __post_init__(self):
         method = str(self.calibration_method).lower().replace("-", "").replace("_", "")
@@ -112,6 +115,9 @@ class QuantOptions:
         width = "int16 weights wherever the TPU takes them (--weight-bits 16)" \
             if self.weight_bits == 16 else "int8 weights"
         text = f"{width} {weights}, {acts}, {method} calibration"
+        if self.extrapolate_ranges and self.calibration_method == "minmax":
+            text += (" with its ranges extrapolated to new rows (each widened by its growth "
+                     "from half the calibration rows to all)")
         if self.activation_bits == 16:
             text += ", int16 activations wherever the TPU takes them (--activation-bits 16)"
         elif self.wide_tensors:
@@ -400,6 +406,11 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
     quiet()
     op_types = sorted({n.op_type for n in model.graph.node if n.name in set(nodes)})
     calibration = calibration if calibration is not None else CalibrationPass()
+    if options.extrapolate_ranges and options.calibration_method == "minmax":
+        from tpuasm.compiler.front.calibrate import Extrapolated
+        half = row_range(samples, batch_axes, 0, sample_rows(samples, batch_axes) // 2)
+        calibration = Extrapolated(calibration, lambda rows: calibration_feeds(
+            half, signature, batch_axes, rows))
     try:
         # numpy's RuntimeWarnings from calibration (activations that overflow to infinity)
         # are not for the user: the failure, if any, is the one message below

@@ -173,6 +173,13 @@ def sample_rows(samples: dict[str, np.ndarray], axes: dict | None) -> int:
     return 1
 
 
+def row_range(samples: dict[str, np.ndarray], axes: dict | None, start: int, stop: int
+              ) -> dict[str, np.ndarray]:
+    """Rows start:stop of every batched input (inputs without a batch axis whole)."""
+    axes = axes or {}
+    return {name: take_rows(x, axes.get(name, 0), start, stop) for name, x in samples.items()}
+
+
 def take_rows(x: np.ndarray, axis: int | None, start: int, stop: int, size: int | None = None
               ) -> np.ndarray:
     """Rows start:stop of `x` along its batch axis (the whole array when it has none),
