@@ -234,6 +234,10 @@ def test_unrolled_recurrent_nodes_match_onnxruntime(case):
     gemms_per_step, recurrent = GEMMS[kind]
     expected = dirs * (seq * gemms_per_step - (0 if state else recurrent))
     assert ops.count("Gemm") == expected
+    # every step reads its direction's gate matrices, not a copy each: one per Gemm of a step
+    weights = {n.input[1] for n in unrolled.graph.node if n.op_type == "Gemm"}
+    assert len(weights) == dirs * (gemms_per_step if seq > 1 or state else
+                                   gemms_per_step - recurrent)
     onnx.checker.check_model(unrolled)
     got = _run(unrolled, feeds)
     for g, w in zip(got, want):

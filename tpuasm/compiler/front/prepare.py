@@ -22,6 +22,7 @@ node each new node came from and which nodes disappeared.  The rewrites never ch
 the model computes beyond float rounding (the tests compare with onnxruntime)."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -764,6 +765,7 @@ class _Unroller:
         self.keep_float = {} if keep_float is None else keep_float
         self.long = False                       # set by run(): more than LONG_SEQUENCE steps
         self.nodes: list = []
+        self._made: dict = {}                   # _shared's initializers, by value
         self.kind = node.op_type
         self.gates = _GATES[self.kind]
         self.activation = "Tanh"                # an RNN's, set by _check
@@ -821,10 +823,20 @@ class _Unroller:
         return self._emit("Slice", [tensor, starts, ends, axes], tag)
 
     def _gemm(self, x, w_t: np.ndarray, b: np.ndarray | None, tag) -> str:
-        ins = [x, self._const(w_t.astype(np.float32), f"{tag}_w")]
+        ins = [x, self._shared(w_t.astype(np.float32), f"{tag}_w")]
         if b is not None:
-            ins.append(self._const(b.astype(np.float32), f"{tag}_b"))
+            ins.append(self._shared(b.astype(np.float32), f"{tag}_b"))
         return self._emit("Gemm", ins, tag)
+
+    def _shared(self, array: np.ndarray, tag) -> str:
+        """One initializer for every step's copy of a weight or bias: the quantizer then
+        quantizes each gate's matrix once, not once a step (a 24-step bidirectional LSTM:
+        16 matrices, not 384)."""
+        key = (array.shape, hashlib.sha256(array.tobytes()).digest())
+        if key not in self._made:
+            self._made[key] = self._const(array, tag.split("/", 1)[-1] if tag[:1] == "t"
+                                          else tag)
+        return self._made[key]
 
     def _concat(self, parts, axis, out, tag) -> None:
         name = self.idx.unique(f"{self.node.name}/{tag}")
