@@ -81,6 +81,13 @@ bench-hf: $(STAMP)
 	$(BIN)/python benchmarks/real_models_hf.py
 
 # Keras networks exported by tf2onnx through the CLI; installs the optional `keras` extra.
+# Flax networks exported by jax2onnx (benchmarks/real_models_jax.py); installs the optional
+# `jax` extra (JAX, Flax, optax, jax2onnx) into .venv.
+.PHONY: bench-jax
+bench-jax: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,jax]'
+	$(BIN)/python benchmarks/real_models_jax.py
+
 .PHONY: bench-keras
 bench-keras: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,keras]'
