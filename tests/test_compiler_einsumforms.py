@@ -77,6 +77,16 @@ KEPT = [
 ]
 
 
+def test_an_equation_onnxruntime_refuses_is_left_to_its_error():
+    """An output index in no operand: onnxruntime refuses the node; the rewrite leaves it
+    with a reason instead of failing on it."""
+    model = _model("bld,dh->blh", (2, 5, 6), (6, 4))
+    model.graph.node[0].attribute[0].s = b"bld,dh->blz"
+    reasons: dict = {}
+    assert rewrite_einsums(model, Provenance.of(model), reasons) == 0
+    assert "in no operand" in reasons["einsum"]
+
+
 @pytest.mark.parametrize("equation, x_shape, w_shape, reason", KEPT, ids=[c[0] for c in KEPT])
 def test_other_einsums_stay_with_their_reason(equation, x_shape, w_shape, reason):
     model = _model(equation, x_shape, w_shape)

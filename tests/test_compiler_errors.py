@@ -536,3 +536,25 @@ def test_an_infinite_mask_constant_is_no_weight(tmp_path):
     x = rng.normal(0, 1, (16, 6)).astype(np.float32)
     y = compile_model(path, batch=4, calibration=x).run(x)["y"]
     assert np.all(y[:, 2:] == 0) and np.allclose(y.sum(1), 1, atol=1e-5)
+
+
+def test_a_node_shape_inference_refuses_names_the_user_s_model(tmp_path, capsys):
+    """An Einsum whose output index is in no operand passes quantization (onnxruntime's
+    quantizer leaves it float) and fails the shape inference of the quantized model: the
+    error names the user's file, not the temporary QDQ model made from it."""
+    w = onnx.numpy_helper.from_array(np.ones((6, 4), np.float32), "w")
+    node = helper.make_node("Einsum", ["x", "w"], ["y"], name="einsum",
+                            equation="bld,dh->blz")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x0"], ["x"], name="relu"), node], "g",
+        [helper.make_tensor_value_info("x0", TensorProto.FLOAT, ["N", 5, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "bad_einsum.onnx"
+    onnx.save(model, str(path))
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((4, 5, 6), np.float32))
+    out = tmp_path / "out"
+    code, _, err = run_compile(capsys, path, "--calibrate", data, "-o", out)
+    assert code == 2 and f"{path}: shape inference failed" in err and ".qdq.onnx" not in err
+    assert "einsum" in err and not out.exists()

@@ -190,8 +190,15 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
-    graph, batch = load_graph(reference, batch, model, axes,
-                              provenance if prepared is None else None, known_axes, fixed_batch)
+    try:
+        graph, batch = load_graph(reference, batch, model, axes,
+                                  provenance if prepared is None else None, known_axes,
+                                  fixed_batch)
+    except CompileError as e:
+        # the quantized model is ours, in a temporary folder: the fault is in the user's
+        if str(e).startswith(str(reference)) and reference != path:
+            raise CompileError(f"{path}{str(e)[len(str(reference)):]}") from None
+        raise
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,
         None if prepared is None else (prepared, options, provenance))

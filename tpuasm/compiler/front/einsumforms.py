@@ -121,6 +121,9 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
             raise NotRewritten(f"an index is repeated in '{s}' (a diagonal)")
     if len(sw) != w.ndim:
         raise NotRewritten(f"'{sw}' names {len(sw)} axes of a weight of rank {w.ndim}")
+    if set(out) - set(sx) - set(sw):
+        raise NotRewritten(f"its output index '{''.join(sorted(set(out) - set(sx + sw)))}' "
+                           f"is in no operand")
     if set(sx) & set(sw) & set(out):
         raise NotRewritten("an index is in both operands and the output (a weight per batch "
                            "row)")
