@@ -12,7 +12,8 @@ Every index of the equation is one of:
 - a row index, in X and the output only: the MatMul's leading dimensions;
 - a contracted index, in X and W, not in the output: the MatMul's K (several are one K);
 - a column index, in W and the output only: the MatMul's N (several are one N);
-- an index of W alone: W summed over it at compile time.
+- an index of W alone: W summed over it at compile time;
+- an index of X alone: X summed over it first (a ReduceSum, on the host).
 
 So Einsum(X, W) = Transpose(Reshape(MatMul(Reshape(Transpose(X)), W'))), with W' the
 weight transposed and reshaped at compile time to (K, N), and every Transpose or Reshape
@@ -25,8 +26,8 @@ and its output projection in one) is first cut in two: the activations' product,
 product with the weight, rewritten as above.
 
 An index in both operands and the output (a batched product with a weight per batch, such as
-per-head weights "bhld,hdk->bhlk"), an index repeated in an operand (a diagonal), one X alone
-sums over, or a product with no contracted or no row index stays an Einsum on the host, its
+per-head weights "bhld,hdk->bhlk"), an index repeated in an operand (a diagonal), or a
+product with no contracted or no row index stays an Einsum on the host, its
 reason in the report; so does a product of two activations (attention's scores)."""
 from __future__ import annotations
 
@@ -127,8 +128,7 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
     if set(sx) & set(sw) & set(out):
         raise NotRewritten("an index is in both operands and the output (a weight per batch "
                            "row)")
-    if set(sx) - set(sw) - set(out):
-        raise NotRewritten("it sums an index of the activation alone")
+    summed = [c for c in sx if c not in sw and c not in out]     # the activation's alone
     rows = [c for c in sx if c in out]
     contracted = [c for c in sx if c in sw]
     if not rows or not contracted:
@@ -149,6 +149,15 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
         name = node.name if op == "MatMul" else idx.unique(f"{node.name}/{op.lower()}")
         value = output or idx.unique(f"{node.name}_{op.lower()}")
         made.append(helper.make_node(op, list(inputs), [value], name=name, **attrs))
+
+    if summed:              # sum(x W) over an index of x alone is (sum x) W: summed first
+        axes = [sx.index(c) for c in summed]
+        if idx.opset >= 13:
+            step("ReduceSum", value, idx.add_init(np.asarray(axes, np.int64),
+                                                  f"{node.name}_axes"), keepdims=0)
+        else:
+            step("ReduceSum", value, axes=axes, keepdims=0)
+        sx = "".join(c for c in sx if c not in summed)
 
     order = rows + contracted
     if order != list(sx):
