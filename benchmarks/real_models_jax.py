@@ -22,6 +22,8 @@ quantize_static of the export, compiled as it is and with --calibrate
 - lstm / gru: nnx.LSTMCell / nnx.GRUCell scanned over the sequence by jax.lax.scan, which
   jax2onnx writes as an ONNX Loop (front/loops.py unrolls it), the last step into a head.
 - tokens: int32 token ids into nnx.Embed, a mean over the sequence, an MLP.
+- einsum: jnp.einsum with weights, which jax2onnx keeps as ONNX Einsum: a projection into
+  heads with a bias per head and ReLU, then one summing the sequence and the heads away.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_models_shipped import compile_and_infer  # noqa: E402
 from real_models_torch import CALIBRATE, ROWS, TRAIN, compare, static_form  # noqa: E402
 
-NAMES = ("mlp", "cnn", "block", "seq1d", "lstm", "gru", "tokens")
+NAMES = ("mlp", "cnn", "block", "seq1d", "lstm", "gru", "tokens", "einsum")
 STEPS, MINIBATCH = 300, 256
 
 
@@ -129,7 +131,18 @@ def _networks(jax, jnp, nnx):
         def __call__(self, t):
             return self.head(nnx.relu(self.a(self.embed(t).mean(1))))
 
-    return {"mlp": MLP, "cnn": CNN, "block": Block, "seq1d": Seq1D,
+    class Einsum(nnx.Module):
+        def __init__(self, r):
+            keys = jax.random.split(jax.random.key(0), 2)
+            self.heads = nnx.Param(jax.random.normal(keys[0], (8, 4, 6)) * 0.35)
+            self.bias = nnx.Param(jnp.zeros((4, 6)))
+            self.out = nnx.Param(jax.random.normal(keys[1], (4, 6, 3)) * 0.2)
+
+        def __call__(self, x):
+            h = jax.nn.relu(jnp.einsum("bld,dhk->blhk", x, self.heads.value) + self.bias.value)
+            return jnp.einsum("blhk,hkc->bc", h, self.out.value) / x.shape[1]
+
+    return {"mlp": MLP, "cnn": CNN, "block": Block, "seq1d": Seq1D, "einsum": Einsum,
             "lstm": scanned(nnx.LSTMCell), "gru": scanned(nnx.GRUCell), "tokens": Tokens}
 
 

@@ -49,9 +49,10 @@ REWRITTEN = [
     ("bd,dez->be", (3, 6), (6, 4, 2), False, ["MatMul"]),                 # z summed in W
     ("bd,d->b", (3, 6), (6,), False, ["MatMul", "Reshape"]),              # to a vector
     ("bld,dhk->bkhl", (2, 5, 6), (6, 3, 4), False, ["MatMul", "Reshape", "Transpose"]),
-    # an index of the activation alone, summed first: jnp.einsum's pooled projection
-    ("blhk,hkc->bc", (2, 5, 3, 4), (3, 4, 6), False, ["ReduceSum", "Reshape", "MatMul"]),
-    ("bdz,de->be", (2, 6, 3), (6, 4), False, ["ReduceSum", "MatMul"]),
+    # an index of the activation alone, contracted with the weight repeated along it:
+    # jnp.einsum's pooled projection
+    ("blhk,hkc->bc", (2, 5, 3, 4), (3, 4, 6), False, ["Reshape", "MatMul"]),
+    ("bdz,de->be", (2, 6, 3), (6, 4), False, ["Reshape", "MatMul"]),
 ]
 
 
@@ -70,6 +71,23 @@ def test_an_einsum_with_a_weight_is_a_matmul_with_its_answers(equation, x_shape,
     got = session(model).run(None, {"x": x})[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("equation, x_shape, w_shape, ops", [
+    ("blhk,hkc->bc", (2, 5, 3, 4), (3, 4, 6), ["ReduceSum", "Reshape", "MatMul"]),
+    ("bdz,de->be", (2, 6, 3), (6, 4), ["ReduceSum", "MatMul"]),
+])
+def test_a_weight_too_large_to_repeat_sums_the_activation_first(equation, x_shape, w_shape,
+                                                                ops, monkeypatch):
+    import tpuasm.compiler.front.einsumforms as einsumforms
+    monkeypatch.setattr(einsumforms, "TILED_WEIGHT_LIMIT", 0)
+    model = _model(equation, x_shape, w_shape)
+    x = np.random.default_rng(1).normal(0, 1, x_shape).astype(np.float32)
+    want = session(model).run(None, {"x": x})[0]
+    assert rewrite_einsums(model, Provenance.of(model), {}) == 1
+    assert [n.op_type for n in model.graph.node] == ops
+    np.testing.assert_allclose(session(model).run(None, {"x": x})[0], want, rtol=1e-5,
+                               atol=1e-5)
 
 
 KEPT = [

@@ -13,7 +13,10 @@ Every index of the equation is one of:
 - a contracted index, in X and W, not in the output: the MatMul's K (several are one K);
 - a column index, in W and the output only: the MatMul's N (several are one N);
 - an index of W alone: W summed over it at compile time;
-- an index of X alone: X summed over it first (a ReduceSum, on the host).
+- an index of X alone: contracted with W repeated along it (one MatMul, whose int32 sums
+  take it too), or, when that weight would pass TILED_WEIGHT_LIMIT values or the axis'
+  size is not known, X summed over it first (a ReduceSum, on the host: one more 8-bit
+  tensor).
 
 So Einsum(X, W) = Transpose(Reshape(MatMul(Reshape(Transpose(X)), W'))), with W' the
 weight transposed and reshaped at compile time to (K, N), and every Transpose or Reshape
@@ -41,6 +44,9 @@ from tpuasm.compiler.front.prepare import NotRewritten, _attr, _expand_nodes, _I
 from tpuasm.compiler.front.provenance import Provenance
 
 
+TILED_WEIGHT_LIMIT = 1 << 20      # values of a weight repeated along the activation's axes
+
+
 def rewrite_einsums(model, prov: Provenance, reasons: dict) -> int:
     """Every two-operand Einsum with one float constant operand as the MatMul the module's
     text describes (in place); the count done, and a reason for each one kept."""
@@ -59,7 +65,7 @@ def rewrite_einsums(model, prov: Provenance, reasons: dict) -> int:
     einsums = [n for n in model.graph.node if wanted(n)]
     if not einsums:
         return 0
-    ranks = _ranks(model) if any("..." in _equation(n) for n in einsums) else {}
+    ranks = _ranks(model)         # an ellipsis' rank, the sizes of the activation's own axes
     tails: list[_Tail] = []
     done = _expand_nodes(model, prov, reasons, "rewritten", wanted,
                          lambda n: _as_matmul(idx, n, ranks, tails))
@@ -129,6 +135,15 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
         raise NotRewritten("an index is in both operands and the output (a weight per batch "
                            "row)")
     summed = [c for c in sx if c not in sw and c not in out]     # the activation's alone
+    x_dims = ranks.get(x_name)
+    if summed and x_dims is not None and len(x_dims) == len(sx):
+        sizes = [x_dims[sx.index(c)] for c in summed]
+        if all(isinstance(n, int) and n > 0 for n in sizes) and \
+                w.size * int(np.prod(sizes)) <= TILED_WEIGHT_LIMIT:
+            # contracted with the weight repeated along them: one MatMul whose int32 sums
+            # take them too, where a ReduceSum first is another 8-bit tensor on the host
+            w = np.ascontiguousarray(np.broadcast_to(w, (*sizes, *w.shape)))
+            sw, summed = "".join(summed) + sw, []
     rows = [c for c in sx if c in out]
     contracted = [c for c in sx if c in sw]
     if not rows or not contracted:
