@@ -221,8 +221,9 @@ def test_a_quantized_model_s_dilated_and_transposed_convs_run_on_the_tpu(
 
 
 def test_a_qoperator_model_s_float_conv_transpose_stays_with_its_reason(tmp_path):
-    """onnxruntime's QOperator form has no quantized ConvTranspose: it stays float between a
-    DequantizeLinear and a QuantizeLinear, and the report says how to put it on the TPU."""
+    """onnxruntime's QOperator form has no quantized ConvTranspose: one whose output is the
+    model's, quantized by nothing, stays float, and the report says how to put it on the
+    TPU."""
     rng = np.random.default_rng(2)
     weights = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
                for name, shape in (("w1", (4, 4, 3, 3)), ("w2", (4, 8, 2, 2)))]
@@ -239,3 +240,46 @@ def test_a_qoperator_model_s_float_conv_transpose_stays_with_its_reason(tmp_path
     row = next(r for r in compiled.report.rows if r.op_type == "ConvTranspose")
     assert row.where == "host"
     assert "its QDQ form, or the model with --calibrate" in row.note
+
+
+def test_a_qoperator_model_s_float_conv_transpose_between_quantized_tensors_goes_on_the_tpu(
+        tmp_path):
+    """Between a quantized input and a QuantizeLinear (after its Relu) the float kernel is
+    quantized here as quantize_static quantizes a Conv's (int8 per output channel, the bias
+    int32): the U-Net's decoder on the TPU (74.6 % of its MACs before), its outputs within
+    two steps of onnxruntime's float ConvTranspose between the same quantized tensors and
+    as close to the float model's."""
+    rng = np.random.default_rng(3)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+               for name, shape in (("w1", (4, 4, 3, 3)), ("w2", (4, 6, 2, 2)),
+                                   ("b2", (6,)), ("w3", (3, 6, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["h", "w2", "b2"], ["u"], name="up",
+                              strides=[2, 2]),
+             helper.make_node("Relu", ["u"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w3"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT,
+                                                                         ["N", 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    calib = rng.normal(0, 1, (32, 4, 4, 4)).astype(np.float32)
+    path = quantized_by_onnxruntime(tmp_path, model, calib, "QOperator", per_channel=True)
+    quantized = onnx.load(str(path))
+    assert any(n.op_type == "ConvTranspose" for n in quantized.graph.node)     # left float
+    compiled = tpu_compile(str(path), batch=8, config={"array_size": 16})
+    row = next(r for r in compiled.report.rows if r.op_type == "ConvTranspose")
+    assert row.where == "TPU", row.note
+    assert compiled.report.macs == compiled.report.tpu_macs
+    x = rng.normal(0, 1, (16, 4, 4, 4)).astype(np.float32)
+    got = np.concatenate([compiled.run(x[i:i + 8])["y"] for i in (0, 8)])
+    want = _run(quantized, x)
+    steps = np.abs(got - want) / _output_step(quantized)
+    # the kernel's own rounding, which onnxruntime does not have, moves outputs a step or two
+    assert steps.max() <= 2 + 1e-3 and np.mean(steps < 1e-3) >= 0.8, \
+        (steps.max(), np.mean(steps < 1e-3))
+    exact = _run(model, x)
+
+    def snr(y):
+        return 10 * np.log10(np.sum(exact ** 2) / np.sum((y - exact) ** 2))
+    assert snr(got) >= snr(want) - 1.0, (snr(got), snr(want))

@@ -229,12 +229,15 @@ class _QuantizedTranspose:
 
     def __init__(self, idx: _Index, node):
         self.idx = idx
+        self.bias_nodes: list = []      # a float bias quantized here (_weight_quantized)
         x_dq = idx.producer.get(node.input[0])
         w_dq = idx.producer.get(node.input[1]) if len(node.input) > 1 else None
-        if w_dq is None or w_dq.op_type != "DequantizeLinear":
-            raise NotRewritten("its weight is not a DequantizeLinear of a constant")
         if x_dq is None or x_dq.op_type != "DequantizeLinear" or len(x_dq.input) < 2:
             raise NotRewritten("its input is not a DequantizeLinear (not quantized)")
+        if w_dq is None and _quantized_after(idx, node):
+            w_dq = self._weight_quantized(node, idx.const(x_dq.input[1]))
+        if w_dq is None or w_dq.op_type != "DequantizeLinear":
+            raise NotRewritten("its weight is not a DequantizeLinear of a constant")
         kernel = idx.const(w_dq.input[0])
         scale = idx.const(w_dq.input[1])
         zero = idx.const(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else None
@@ -250,10 +253,46 @@ class _QuantizedTranspose:
         self.kernel, self.scale, self.zero, self.weight_dq = kernel, scale, zero, w_dq
         self.x_quant = list(x_dq.input[1:3])
 
+    def _weight_quantized(self, node, x_scale):
+        """A float kernel between a quantized input and a quantized output (onnxruntime's
+        QOperator form leaves ConvTranspose float so): quantized here as quantize_static
+        quantizes a Conv's, int8 symmetric per output channel (axis 1), its bias int32 at
+        the input's scale times the kernel's; None when it is not a float constant.  The
+        DequantizeLinear returned is not in the graph: weight() reads its inputs."""
+        idx = self.idx
+        w = idx.const(node.input[1])
+        if w is None or w.dtype != np.float32 or x_scale is None or x_scale.size != 1:
+            return None
+        axes = tuple(a for a in range(w.ndim) if a != 1)
+        scale = (np.abs(w).max(axis=axes) / 127.0).astype(np.float32)
+        scale[scale == 0] = 1.0
+        shape = [1] * w.ndim
+        shape[1] = -1
+        kernel = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+        name = node.input[1] + "_quantized"
+        inputs = [idx.add_init(kernel, name), idx.add_init(scale, name + "_scale"),
+                  idx.add_init(np.zeros(scale.size, np.int8), name + "_zero_point")]
+        b = idx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if b is not None:
+            group = int(_attr(node, "group", 1))
+            b_scale = (float(x_scale.reshape(-1)[0]) * np.tile(scale, group)).astype(np.float32)
+            self.bias_nodes = [helper.make_node(
+                "DequantizeLinear", [idx.add_init(np.round(b / b_scale).astype(np.int32),
+                                                  node.input[2] + "_quantized"),
+                                     idx.add_init(b_scale, node.input[2] + "_scale"),
+                                     idx.add_init(np.zeros(b_scale.size, np.int32),
+                                                  node.input[2] + "_zero_point")],
+                [idx.unique(node.input[2] + "_dequantized")],
+                name=idx.unique(node.input[2] + "_DequantizeLinear"), axis=0)]
+            node.input[2] = self.bias_nodes[0].output[0]
+        return helper.make_node("DequantizeLinear", inputs, [name + "_dequantized"],
+                                name=name + "_DequantizeLinear", axis=1)
+
     def weight(self, flipped: np.ndarray, group: int, made: list) -> str:
         """The Conv kernel's DequantizeLinear: per output channel (axis 0) the scale of its
         channel within its group, as the ConvTranspose had it."""
         idx, name = self.idx, self.weight_dq.input[0] + "_as_conv"
+        made.extend(self.bias_nodes)
         inputs = [idx.add_init(flipped, name)]
         per_channel = self.scale.size > 1
         for part, what in ((self.scale, "scale"), (self.zero, "zero_point")):
@@ -275,6 +314,22 @@ class _QuantizedTranspose:
         made.append(helper.make_node("DequantizeLinear", [q, *self.x_quant], [dq],
                                      name=idx.unique(x + "_DequantizeLinear")))
         return dq
+
+
+def _quantized_after(idx: _Index, node) -> bool:
+    """Whether `node`'s output is quantized next: read by a QuantizeLinear alone, through a
+    Relu / Clip (which the matcher fuses into the node)."""
+    out = node.output[0]
+    for _ in range(3):
+        reader = idx.sole_consumer(out)
+        if reader is None:
+            return False
+        if reader.op_type == "QuantizeLinear":
+            return True
+        if reader.op_type not in ("Relu", "Clip"):
+            return False
+        out = reader.output[0]
+    return False
 
 
 def _upsampled(idx: _Index, node, x: str, shape, strides) -> tuple[str, list]:

@@ -1213,8 +1213,10 @@ def host_reason(node: Node, graph: Graph) -> str:
     if op_type == "ConvTranspose":
         return ("ConvTranspose runs on the host: the TPU takes one rewritten as a Conv, from "
                 "a float model, or from a QDQ model whose kernel is a DequantizeLinear of an "
-                "integer constant and whose input is quantized (a QOperator model leaves it "
-                "float: its QDQ form, or the model with --calibrate, puts it on the TPU)")
+                "integer constant and whose input is quantized, or a float one between "
+                "quantized tensors (a QOperator model leaves it float: where nothing "
+                "quantizes its output, its QDQ form, or the model with --calibrate, puts it "
+                "on the TPU)")
     if op_type == "Einsum":
         if not any(graph.is_constant(i) for i in node.inputs if i):
             return ("Einsum of activations only (e.g. attention scores): the array's weights "
