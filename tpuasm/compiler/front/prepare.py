@@ -6,6 +6,8 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
 - a Conv (and the Relu and pooling after it) whose image the Unified Buffer cannot hold as
   bands of rows (banding.py);
 - a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
+- a Split or Slices of a matrix node's output channels (a GLU, ShuffleNet's channel
+  split) as one matrix node per part (splitforms.py);
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
 - LSTM, GRU and RNN nodes unrolled over their static sequence into per-step Gemms (constant
@@ -84,6 +86,8 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     divisions_as_products(model, prov)
     sums_as_additions(model, prov)
     fuse_matmul_bias(model, prov)
+    from tpuasm.compiler.front.splitforms import split_matrix_outputs
+    split_matrix_outputs(model, prov)          # a GLU's Split: one Conv per part
     if room is not None:
         from tpuasm.compiler.front.banding import band_convolutions
         band_convolutions(model, prov, room, reasons)
