@@ -136,6 +136,10 @@ def _left_alone(case):
     elif case == "a part for the Concat":
         nodes.append(helper.make_node("Concat", ["a", "rb"], ["c"], name="cat", axis=1))
         outputs = {"c": 3}
+    elif case == "a product of activations":     # attention's packed Q/K projection
+        nodes += [helper.make_node("Transpose", ["a"], ["at"], name="t", perm=[0, 2, 1]),
+                  helper.make_node("MatMul", ["at", "b"], ["c"], name="scores")]
+        outputs = {"c": 3}
     else:
         nodes.append(helper.make_node("Relu", ["a"], ["ra"], name="relu_a"))
         outputs["ra"] = 3
@@ -146,7 +150,7 @@ def _left_alone(case):
 
 
 @pytest.mark.parametrize("case", ["time axis", "another reader", "grouped", "a model output",
-                                  "a part for the Concat", "none"])
+                                  "a part for the Concat", "a product of activations", "none"])
 def test_what_is_not_a_cut_of_the_channels_or_goes_to_the_host_is_left_alone(case):
     model = _left_alone(case)
     before = model.SerializeToString()

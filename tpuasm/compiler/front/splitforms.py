@@ -13,19 +13,25 @@ on the TPU.  Each channel is computed by the same weights as before.
 
 The price: each part is another pass of the array over the node's input (a Conv of 16
 output channels cut in two costs two Convs of 8, as many cycles each).  So a cut is left to
-the host when one of its parts goes there anyway: an output of the model, or a part only a
-Concat reads (ShuffleNet's channel split, one half straight to the unit's Concat; in a deep
-ShuffleNet the Split follows the previous unit's Concat and shuffle in the same host part,
-and cutting its stem Conv in two cost the zoo's unit 62 % more cycles for one host round
-trip fewer)."""
+the host unless every part is read, through layout nodes, by something the TPU takes: a
+part only the model's output, a Concat or a product of two activations reads goes to the
+host anyway (ShuffleNet's channel split sends one half straight to the unit's Concat: in
+a deep ShuffleNet the Split follows the previous unit's Concat and shuffle in the same host
+part, and cutting the zoo unit's stem Conv in two cost it 62 % more cycles for one host
+round trip fewer; attention's packed Q/K/V projection feeds products of activations)."""
 from __future__ import annotations
 
 import numpy as np
 from onnx import helper
 
+from tpuasm.compiler.front.match import LOOKUP_OPS
 from tpuasm.compiler.front.prepare import _attr, _Index, _ranks
 from tpuasm.compiler.front.provenance import Provenance
 
+# readers that make a part worth a node of its own: what the TPU takes (a matrix node with a
+# constant weight, checked apart), found through layout nodes
+_TPU_READERS = LOOKUP_OPS | {"Add", "Sub", "Mul", "MaxPool", "AveragePool", "GlobalAveragePool"}
+_LAYOUT = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # element-wise operators of one activation (constant operands only: Clip's bounds) that
 # commute with a cut of the channels
 _PER_ELEMENT = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish",
@@ -123,10 +129,23 @@ def _plan(idx: _Index, node, ranks: dict):
 
 
 def _for_the_host(idx: _Index, tensor: str) -> bool:
-    """Does `tensor` go to the host whatever runs before it: an output of the model, or
-    read by Concats alone (no TPU operator takes a Concat)?"""
-    readers = idx.consumers.get(tensor, [])
-    return tensor in idx.outputs or all(r.op_type == "Concat" for r in readers)
+    """Does `tensor` go to the host whatever runs before it: read, through layout nodes, by
+    no node the TPU would take (a Concat, a product of two activations, a Softmax, only the
+    model's output)?"""
+    todo, seen = [tensor], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for reader in idx.consumers.get(name, []):
+            if reader.op_type in _LAYOUT:
+                todo.extend(o for o in reader.output if o)
+            elif reader.op_type in _TPU_READERS or (
+                    reader.op_type in ("Conv", "Gemm", "MatMul") and len(reader.input) > 1
+                    and reader.input[0] == name and idx.const(reader.input[1]) is not None):
+                return False
+    return True
 
 
 def _cut_parts(idx: _Index, cut, tensor: str, axis: int, rank: int, channels: int):
