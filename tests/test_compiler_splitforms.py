@@ -121,6 +121,23 @@ def test_slices_through_a_relu_and_a_gemm_split_by_sizes():
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
 
 
+def test_a_gated_matmul_over_a_sequence_splits_along_its_last_axis():
+    # a gated feed-forward as transformers write it: x (N, T, K) @ W (K, 2H), chunk(2, -1),
+    # a * sigmoid(b) (torch.chunk at opset 18: Split with num_outputs)
+    rng = np.random.default_rng(5)
+    inits = {"w": rng.normal(0, 0.5, (8, 10)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="up"),
+             helper.make_node("Split", ["h"], ["a", "b"], name="chunk", axis=-1, num_outputs=2),
+             helper.make_node("Sigmoid", ["b"], ["s"], name="sig"),
+             helper.make_node("Mul", ["a", "s"], ["y"], name="gate")]
+    model = _model(nodes, inits, ["N", 7, 8], {"y": 3})
+    x = rng.normal(0, 1, (2, 7, 8)).astype(np.float32)
+    want = _run(model, x)
+    assert split_matrix_outputs(model, Provenance.of(model)) == 1
+    assert [n.op_type for n in model.graph.node].count("MatMul") == 2
+    np.testing.assert_allclose(_run(model, x)[0], want[0], rtol=1e-5, atol=1e-5)
+
+
 def _left_alone(case):
     rng = np.random.default_rng(4)
     w = rng.normal(0, 0.5, (4, 2 if case == "grouped" else 4, 1)).astype(np.float32)

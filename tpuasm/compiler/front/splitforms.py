@@ -108,10 +108,9 @@ def _plan(idx: _Index, node, ranks: dict):
                                              int(np.prod(c.shape[:-1])) != 1):
             return None                   # a C per row: not cut by channels
     else:
-        x_rank = len(ranks.get(node.input[0], ()))
-        if x_rank < 1:
+        rank, channels = len(ranks.get(node.input[0], ())), w.shape[1]
+        if rank < 2:                      # unknown, or a vector's product
             return None
-        rank, channels = max(x_rank, 2), w.shape[1]
     axis = 1 if node.op_type == "Conv" else rank - 1
     chain, end = _chain(idx, node.output[0])
     if end in idx.outputs:
