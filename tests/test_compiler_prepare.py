@@ -402,3 +402,78 @@ def test_a_division_by_a_constant_becomes_a_product_on_vmul_and_others_stay(tmp_
     got = compiled.run(x)["y"]
     (ref,) = _run(onnx.load(str(compiled.reference_model)), {"x": x})
     np.testing.assert_array_equal(got, ref)
+
+
+# --- a spatial mean before a matrix node ------------------------------------------------
+
+def _mean_head(rng, opset, keepdims, reader):
+    """Conv -> Relu -> ReduceMean over (2, 3) -> a Gemm (keepdims 0) or a 1x1 Conv (an
+    SE squeeze, keepdims 1); beside it a LayerNorm-like x - mean(x) that must stay."""
+    inits = [_init("w", rng.normal(0, 0.5, (6, 3, 3, 3))), _init("b", rng.normal(0, 0.1, 6)),
+             _init("fw", rng.normal(0, 0.5, (6, 4))), _init("fb", rng.normal(0, 0.1, 4)),
+             _init("sw", rng.normal(0, 0.5, (4, 6, 1, 1)))]
+    axes = {}
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array([2, -1], np.int64), "axes"))
+        mean_inputs = ["r", "axes"]
+    else:
+        axes = {"axes": [2, -1]}
+        mean_inputs = ["r"]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1] * 4),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("ReduceMean", mean_inputs, ["m"], name="mean",
+                              keepdims=keepdims, **axes),
+             helper.make_node("ReduceMean", mean_inputs, ["mu"], name="stat", keepdims=1,
+                              **axes),
+             helper.make_node("Sub", ["r", "mu"], ["d"], name="centre")]
+    if reader == "gemm":
+        nodes.append(helper.make_node("Gemm", ["m", "fw", "fb"], ["y"], name="fc"))
+        out = _f("y", [None, 4])
+    else:
+        nodes.append(helper.make_node("Conv", ["m", "sw"], ["y"], name="squeeze"))
+        out = _f("y", [None, 4, 1, 1])
+    return _model(nodes, [_f("x", ["N", 3, 8, 8])], [out, _f("d", [None, 6, 8, 8])], inits,
+                  opset)
+
+
+@pytest.mark.parametrize("opset, keepdims, reader", [(13, 0, "gemm"), (18, 0, "gemm"),
+                                                     (18, 1, "conv")])
+def test_a_spatial_mean_before_a_classifier_becomes_a_global_average_pool(opset, keepdims,
+                                                                          reader):
+    from tpuasm.compiler.front.prepare import means_as_global_pools
+    rng = np.random.default_rng(6)
+    model = _mean_head(rng, opset, keepdims, reader)
+    x = rng.normal(0, 1, (3, 3, 8, 8)).astype(np.float32)
+    want = _run(model, {"x": x})
+    rewritten = _copy(model)
+    prov = Provenance.of(rewritten)
+    assert means_as_global_pools(rewritten, prov) == 1
+    onnx.checker.check_model(rewritten)
+    ops = {n.name: n.op_type for n in rewritten.graph.node}
+    assert ops["mean"] == "GlobalAveragePool" and ops["stat"] == "ReduceMean"
+    assert list(ops.values()).count("Flatten") == (1 - keepdims)
+    for got, ref in zip(_run(rewritten, {"x": x}), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pooled_head_written_as_a_mean_runs_in_one_segment(tmp_path):
+    # x.mean((2, 3)) -> Linear, as PyTorch writes a CNN's head: the mean ran on the host
+    # between the Conv's segment and the classifier's
+    from tpuasm.compiler import compile as tpu_compile
+    rng = np.random.default_rng(7)
+    model = _mean_head(rng, 18, 0, "gemm")
+    del model.graph.output[1]
+    keep = {"conv", "relu", "mean", "fc"}
+    nodes = [n for n in model.graph.node if n.name in keep]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    path = tmp_path / "head.onnx"
+    onnx.save(model, str(path))
+    x = rng.normal(0, 1, (64, 3, 8, 8)).astype(np.float32)
+    compiled = tpu_compile(path, batch=16, calibration=x[:48], validate=False)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["mean"].where == "TPU", rows["mean"].reason
+    assert len(compiled.report.segments) == 1
+    got = compiled.run(x[48:])["y"]
+    (ref,) = _run(onnx.load(str(compiled.reference_model)), {"x": x[48:]})
+    np.testing.assert_array_equal(got, ref)

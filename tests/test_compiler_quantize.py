@@ -562,3 +562,73 @@ def test_calibration_chunks_shrink_with_the_activations_per_row():
     big = model_with((1024, 512))                  # 2 MiB of float32 per row in 'h'
     assert calibration_rows(big) == CALIBRATION_BYTES // (4 * 1024 * 512)
     assert calibration_rows(model_with((4096, 4096))) == 1
+
+
+# --- an AveragePool's output scale ---------------------------------------------------------
+
+def _conv_pool(tmp_path, kernel, tail=None):
+    """Conv -> Relu -> AveragePool (stride 2) [-> a 1x1 Conv | -> Flatten -> Gemm]."""
+    rng = np.random.default_rng(21)
+    side = (8 - kernel) // 2 + 1
+    inits = [_init("cw", rng.normal(0, 0.4, (4, 2, 3, 3))), _init("cb", rng.normal(0, 0.1, 4)),
+             _init("tw", rng.normal(0, 0.4, (5, 4, 1, 1))), _init("tb", rng.normal(0, 0.1, 5)),
+             _init("fw", rng.normal(0, 0.3, (4 * side * side, 3))),
+             _init("fb", rng.normal(0, 0.1, 3))]
+    nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("AveragePool", ["r"], ["p"], name="pool", kernel_shape=[kernel] * 2,
+                              strides=[2, 2])]
+    if tail == "conv":
+        nodes.append(helper.make_node("Conv", ["p", "tw", "tb"], ["y"], name="tail"))
+        out = [_f("y", ["N", 5, side, side])]
+    elif tail == "flatten-gemm":
+        nodes += [helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+                  helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], name="tail")]
+        out = [_f("y", ["N", 3])]
+    else:
+        nodes.append(helper.make_node("Identity", ["p"], ["y"], name="out"))
+        out = [_f("y", ["N", 4, side, side])]
+    return _save(tmp_path, nodes, [_f("x", ["N", 2, 8, 8])], out, inits, "pool")
+
+
+def _pool_scales(qdq):
+    inits = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    pool = next(n for n in qdq.graph.node if n.op_type == "AveragePool")
+    dq = next(n for n in qdq.graph.node if pool.input[0] in n.output)
+    q = next(n for n in qdq.graph.node if pool.output[0] in n.input)
+    return float(inits[dq.input[1]]), float(inits[q.input[1]])
+
+
+@pytest.mark.parametrize("symmetric, tail", [(False, None), (True, None), (False, "conv"),
+                                             (False, "flatten-gemm")])
+def test_a_2x2_average_pool_gets_its_own_scale_and_onnxruntimes_answers(tmp_path, symmetric,
+                                                                        tail):
+    # quantize_static gives AveragePool's output its input's scale: a quarter of the 2x2
+    # windows' exact means then land on a half step, where onnxruntime's float32 average
+    # and the TPU's exact sum (half to even) may round apart; with the output's own range
+    # they do not.  The Flatten after it takes the new scale too, and the Conv or Gemm
+    # reading it an int32 bias at that scale: no requantization on the way
+    path, _ = _conv_pool(tmp_path, 2, tail)
+    rng = np.random.default_rng(22)
+    calib, x = (rng.normal(0, 1, (n, 2, 8, 8)).astype(np.float32) for n in (64, 256))
+    compiled = tpu_compile(path, batch=16, calibration=calib, validate=False,
+                           symmetric_activations=symmetric)
+    for row in compiled.report.compiled_nodes:
+        assert row.where == "TPU" or row.op_type in ("QuantizeLinear", "DequantizeLinear",
+                                                     "Identity"), row
+        assert "requantized" not in row.reason, row
+    qdq = onnx.load(str(compiled.reference_model))
+    got = compiled.run(x, engine="emulator")["y"]
+    (want,) = session(qdq).run(None, {"x": x})
+    assert np.array_equal(got, want), np.mean(got == want)
+    x_scale, y_scale = _pool_scales(qdq)
+    assert y_scale < x_scale                      # a mean's range: no coarser a step
+
+
+def test_an_odd_average_pool_window_keeps_its_input_scale(tmp_path):
+    # 3x3 windows, no padding: a mean of 9 values never lands on a half step
+    path, _ = _conv_pool(tmp_path, 3)
+    calib = np.random.default_rng(23).normal(0, 1, (64, 2, 8, 8)).astype(np.float32)
+    compiled = tpu_compile(path, batch=16, calibration=calib, validate=False)
+    x_scale, y_scale = _pool_scales(onnx.load(str(compiled.reference_model)))
+    assert x_scale == y_scale

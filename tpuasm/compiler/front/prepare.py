@@ -6,6 +6,8 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
 - a Conv (and the Relu and pooling after it) whose image the Unified Buffer cannot hold as
   bands of rows (banding.py);
 - a BatchNormalization folded into the Conv / Gemm / MatMul (constant weight) before it;
+- a Split or Slices of a matrix node's output channels (a GLU, ShuffleNet's channel
+  split) as one matrix node per part (splitforms.py);
 - MatMul(x, W) + Add(b) with a constant weight and bias: one Gemm when x is (batch, K); for
   x of rank >= 3 the pair stays and quantize.py gives it an int32 bias (the fused-bias form);
 - LSTM, GRU and RNN nodes unrolled over their static sequence into per-step Gemms (constant
@@ -14,6 +16,8 @@ TPU maps (docs/compiler.md, "Preparing a float model"):
   node (gelu.py): quantized at its input and output only, one lookup table on the TPU;
 - a Div by a float constant as a Mul by its reciprocal (VMUL takes it; the product differs
   from the quotient by at most one float32 rounding);
+- a ReduceMean over the spatial axes before a classifier (x.mean((2, 3))) as a
+  GlobalAveragePool;
 - scikit-learn's linear models as skl2onnx writes them (ai.onnx.ml LinearClassifier and
   LinearRegressor): a Gemm, its post-transform, and an ArgMax over the class labels.
 
@@ -84,7 +88,10 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     fuse_gelu_chains(model, prov)        # a GELU in primitives: one node, one lookup table
     divisions_as_products(model, prov)
     sums_as_additions(model, prov)
+    means_as_global_pools(model, prov)       # x.mean((2, 3)) before a classifier
     fuse_matmul_bias(model, prov)
+    from tpuasm.compiler.front.splitforms import split_matrix_outputs
+    split_matrix_outputs(model, prov)          # a GLU's Split: one Conv per part
     if room is not None:
         from tpuasm.compiler.front.banding import band_convolutions
         band_convolutions(model, prov, room, reasons)
@@ -587,6 +594,81 @@ def sums_as_additions(model: onnx.ModelProto, prov: Provenance) -> int:
         del model.graph.node[:]
         model.graph.node.extend(rewritten)
     return done
+
+
+# --- a spatial mean before a matrix node ---------------------------------------------------
+
+_PASS_ON = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def means_as_global_pools(model: onnx.ModelProto, prov: Provenance) -> int:
+    """ReduceMean over every axis after the channels of an (N, C, ...) tensor whose result
+    goes, through Reshape / Flatten / Squeeze alone, into Conv / Gemm / MatMul nodes with
+    constant weights -> GlobalAveragePool [-> Flatten when keepdims=0] (node name kept).
+    PyTorch writes a CNN's pooled head or a squeeze-excitation's squeeze as x.mean((2, 3)),
+    which has no TPU mapping: it ran on the host between the last Conv and the classifier;
+    GlobalAveragePool is one on the TPU.  A mean some other node reads (a LayerNorm's or
+    InstanceNorm's statistic: its Sub, its variance) stays.  Returns how many."""
+    idx = _Index(model)
+    ranks = None
+    done = 0
+    rewritten = []
+    for node in model.graph.node:
+        made = None
+        if node.op_type == "ReduceMean" and node.domain in ("", "ai.onnx") and \
+                _feeds_matrix_nodes(idx, node.output[0]):
+            ranks = _ranks(model) if ranks is None else ranks
+            made = _global_pool(idx, node, len(ranks.get(node.input[0], ())))
+        if made is None:
+            rewritten.append(node)
+            continue
+        for n in made:
+            prov.derive(n.name, node.name)
+        rewritten += made
+        done += 1
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(rewritten)
+        drop_unused_initializers(model)
+    return done
+
+
+def _feeds_matrix_nodes(idx: _Index, tensor: str) -> bool:
+    """Every reader of `tensor`, through _PASS_ON nodes, is a Conv / Gemm / MatMul that
+    takes it as its input and has a constant weight (and there is one)."""
+    readers = idx.consumers.get(tensor, [])
+    if not readers or tensor in idx.outputs:
+        return False
+    for r in readers:
+        if r.op_type in _PASS_ON and r.input[0] == tensor:
+            if not _feeds_matrix_nodes(idx, r.output[0]):
+                return False
+        elif not (r.op_type in ("Conv", "Gemm", "MatMul") and r.input[0] == tensor and
+                  len(r.input) > 1 and idx.const(r.input[1]) is not None):
+            return False
+    return True
+
+
+def _global_pool(idx: _Index, node, rank: int):
+    """The GlobalAveragePool [+ Flatten] for a ReduceMean over axes 2 .. rank - 1, or None."""
+    if rank < 3:
+        return None
+    axes = _attr(node, "axes", None)
+    if len(node.input) > 1 and node.input[1]:
+        axes = idx.const(node.input[1])           # opset 18: an input
+        if axes is None:
+            return None
+    if axes is None or _attr(node, "noop_with_empty_axes", 0):
+        return None
+    if sorted(int(a) % rank for a in np.asarray(axes).reshape(-1)) != list(range(2, rank)):
+        return None
+    if _attr(node, "keepdims", 1):
+        return [helper.make_node("GlobalAveragePool", [node.input[0]], list(node.output),
+                                 name=node.name)]
+    pooled = idx.unique(f"{node.output[0]}_pooled")
+    return [helper.make_node("GlobalAveragePool", [node.input[0]], [pooled], name=node.name),
+            helper.make_node("Flatten", [pooled], list(node.output),
+                             name=idx.unique(f"{node.name}_flatten"), axis=1)]
 
 
 # --- scikit-learn's linear models ---------------------------------------------------------
