@@ -53,6 +53,9 @@ REWRITTEN = [
     # jnp.einsum's pooled projection
     ("blhk,hkc->bc", (2, 5, 3, 4), (3, 4, 6), False, ["Reshape", "MatMul"]),
     ("bdz,de->be", (2, 6, 3), (6, 4), False, ["Reshape", "MatMul"]),
+    # a weight per head (h in both operands and the output): one block-diagonal MatMul
+    ("bhld,hdk->bhlk", (2, 3, 5, 4), (3, 4, 6), False,
+     ["Transpose", "Reshape", "MatMul", "Reshape", "Transpose"]),
 ]
 
 
@@ -73,6 +76,37 @@ def test_an_einsum_with_a_weight_is_a_matmul_with_its_answers(equation, x_shape,
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_repeated_along_the_batch_is_a_broadcast():
+    """XLNet's positional scores, "ibnd,jbnd->bnij" with its (j, b, n, d) operand folded to a
+    constant once the batch is fixed: equal along b, so b is the activation's row, and the
+    per-head n a block-diagonal MatMul."""
+    rng = np.random.default_rng(6)
+    per_position = rng.normal(0, 0.5, (7, 1, 2, 4)).astype(np.float32)
+    model = _model("ibnd,jbnd->bnij", (5, 3, 2, 4), (7, 3, 2, 4))
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        np.ascontiguousarray(np.broadcast_to(per_position, (7, 3, 2, 4))), "w"))
+    x = rng.normal(0, 1, (5, 3, 2, 4)).astype(np.float32)
+    want = session(model).run(None, {"x": x})[0]
+    prov = Provenance.of(model)
+    assert rewrite_einsums(model, prov, {}) == 1
+    assert prov.own_work["einsum"] == (1, 2)       # the report counts the blocks' products
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
+    w = numpy_helper.to_array(next(t for t in model.graph.initializer
+                                   if t.name == matmul.input[1]))
+    assert w.shape == (2 * 4, 2 * 7) and np.count_nonzero(w[:4, 7:]) == 0   # two blocks
+    np.testing.assert_allclose(session(model).run(None, {"x": x})[0], want, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_block_diagonal_weight_past_the_limit_stays(monkeypatch):
+    import tpuasm.compiler.front.einsumforms as einsumforms
+    monkeypatch.setattr(einsumforms, "TILED_WEIGHT_LIMIT", 100)
+    model = _model("bhld,hdk->bhlk", (2, 3, 5, 4), (3, 4, 6))
+    reasons: dict = {}
+    assert rewrite_einsums(model, Provenance.of(model), reasons) == 0
+    assert "block-diagonal weight would hold 216 values" in reasons["einsum"]
+
+
 @pytest.mark.parametrize("equation, x_shape, w_shape, ops", [
     ("blhk,hkc->bc", (2, 5, 3, 4), (3, 4, 6), ["ReduceSum", "Reshape", "MatMul"]),
     ("bdz,de->be", (2, 6, 3), (6, 4), ["ReduceSum", "MatMul"]),
@@ -91,7 +125,6 @@ def test_a_weight_too_large_to_repeat_sums_the_activation_first(equation, x_shap
 
 
 KEPT = [
-    ("bhld,hdk->bhlk", (2, 3, 5, 4), (3, 4, 6), "in both operands and the output"),
     ("bii,ij->bj", (2, 4, 4), (4, 3), "repeated"),
     ("bd,e->bde", (2, 6), (4,), "no contracted index"),
 ]

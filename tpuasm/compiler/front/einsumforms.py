@@ -28,9 +28,13 @@ An Einsum of several activations and one weight ("bhlm,bmhk,hkd->bld": attention
 and its output projection in one) is first cut in two: the activations' product, then its
 product with the weight, rewritten as above.
 
-An index in both operands and the output (a batched product with a weight per batch, such as
-per-head weights "bhld,hdk->bhlk"), an index repeated in an operand (a diagonal), or a
-product with no contracted or no row index stays an Einsum on the host, its
+An index in both operands and the output (per-head weights, "bhld,hdk->bhlk") makes the
+weight block-diagonal: one block per value of the index, zeros elsewhere (the array
+multiplies them, as a grouped Conv's; the report counts the blocks' products), up to
+TILED_WEIGHT_LIMIT values.  A weight equal along such an index is a broadcast, the index
+the activation's row: XLNet's positional scores "ibnd,jbnd->bnij", whose (j, b, n, d)
+operand is a constant once the batch is fixed.  An index repeated in an operand (a
+diagonal), or a product with no contracted or no row index stays an Einsum on the host, its
 reason in the report; so does a product of two activations (attention's scores)."""
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ def rewrite_einsums(model, prov: Provenance, reasons: dict) -> int:
     ranks = _ranks(model)         # an ellipsis' rank, the sizes of the activation's own axes
     tails: list[_Tail] = []
     done = _expand_nodes(model, prov, reasons, "rewritten", wanted,
-                         lambda n: _as_matmul(idx, n, ranks, tails))
+                         lambda n: _as_matmul(idx, n, ranks, tails, prov))
     for tail in tails:
         _hoist_past(model, tail)
     return done
@@ -113,7 +117,7 @@ class _Tail:
     size: dict
 
 
-def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
+def _as_matmul(idx: _Index, node, ranks: dict, tails: list, prov: Provenance) -> list:
     const_at = 0 if idx.const(node.input[0]) is not None else 1
     w = idx.const(node.input[const_at])
     x_name = node.input[1 - const_at]
@@ -131,9 +135,12 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
     if set(out) - set(sx) - set(sw):
         raise NotRewritten(f"its output index '{''.join(sorted(set(out) - set(sx + sw)))}' "
                            f"is in no operand")
-    if set(sx) & set(sw) & set(out):
-        raise NotRewritten("an index is in both operands and the output (a weight per batch "
-                           "row)")
+    shared = [c for c in sx if c in sw and c in out]
+    for c in list(shared):          # a weight equal along a shared axis is a broadcast
+        first = np.take(w, [0], axis=sw.index(c))
+        if np.array_equal(np.broadcast_to(first, w.shape), w):
+            w, sw = np.squeeze(first, axis=sw.index(c)), sw.replace(c, "")
+            shared.remove(c)
     summed = [c for c in sx if c not in sw and c not in out]     # the activation's alone
     x_dims = ranks.get(x_name)
     if summed and x_dims is not None and len(x_dims) == len(sx):
@@ -144,18 +151,25 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list) -> list:
             # take them too, where a ReduceSum first is another 8-bit tensor on the host
             w = np.ascontiguousarray(np.broadcast_to(w, (*sizes, *w.shape)))
             sw, summed = "".join(summed) + sw, []
-    rows = [c for c in sx if c in out]
-    contracted = [c for c in sx if c in sw]
+    rows = [c for c in sx if c in out and c not in shared]
+    contracted = [c for c in sx if c in sw and c not in shared]
     if not rows or not contracted:
         raise NotRewritten("it has no " + ("row" if not rows else "contracted") + " index")
     alone = [c for c in sw if c not in sx and c not in out]
     if alone:                             # summed over W alone: done now, once
         w = w.sum(axis=tuple(sw.index(c) for c in alone), dtype=np.float64).astype(np.float32)
         sw = "".join(c for c in sw if c not in alone)
-    columns = [c for c in out if c in sw]                  # N in the output's order
+    columns = [c for c in out if c in sw and c not in shared]    # N in the output's order
     size = dict(zip(sw, w.shape))
     k = int(np.prod([size[c] for c in contracted]))
-    weight = w.transpose([sw.index(c) for c in contracted + columns]).reshape(k, -1)
+    weight = w.transpose([sw.index(c) for c in shared + contracted + columns])
+    if shared:
+        blocks = int(np.prod([size[c] for c in shared]))
+        weight = _block_diagonal(weight.reshape(blocks, k, -1))
+        k = weight.shape[0]
+        prov.own_work[node.name] = (1, blocks)     # the report's MACs: the blocks' alone
+    weight = weight.reshape(k, -1)
+    contracted, columns = shared + contracted, shared + columns
 
     made, value = [], x_name
 
@@ -249,6 +263,22 @@ def _over_columns(c: np.ndarray, tail: _Tail) -> np.ndarray | None:
     kept = [n for letter, n in zip(tail.out, padded.shape) if letter in tail.columns]
     full = np.broadcast_to(padded.reshape(kept), [tail.size[c] for c in tail.columns])
     return np.ascontiguousarray(full).reshape(-1)
+
+
+def _block_diagonal(per_block: np.ndarray) -> np.ndarray:
+    """(blocks, K, N) weights, one per value of an index both operands and the output have
+    (a head's), as one (blocks * K, blocks * N) matrix: block p maps block p of the input's
+    columns to block p of the output's, zeros elsewhere (the array multiplies them too, as
+    a grouped Conv's), refused past TILED_WEIGHT_LIMIT values."""
+    blocks, k, n = per_block.shape
+    if blocks * blocks * k * n > TILED_WEIGHT_LIMIT:
+        raise NotRewritten(f"an index is in both operands and the output (a weight per "
+                           f"batch row), and its block-diagonal weight would hold "
+                           f"{blocks * blocks * k * n:,} values")
+    out = np.zeros((blocks, k, blocks, n), per_block.dtype)
+    for p in range(blocks):
+        out[p, :, p, :] = per_block[p]
+    return out.reshape(blocks * k, blocks * n)
 
 
 def _shape(idx: _Index, node, dims: list) -> str:
