@@ -18,7 +18,9 @@ TorchScript exporter (`dynamo=False`, opset 17) and by its dynamo exporter (opse
 - distilbert, albert (one layer's weights shared by both), deberta (DeBERTa-v2's
   disentangled attention over relative positions), gpt2 (GPT2ForSequenceClassification:
   causal mask, the class read at the last real token), llama (LlamaForSequenceClassification:
-  RMSNorm, rotary positions, grouped KV heads, SiLU-gated MLP): the same task and size.
+  RMSNorm, rotary positions, grouped KV heads, SiLU-gated MLP), xlnet
+  (XLNetForSequenceClassification: relative positional attention written with torch.einsum,
+  its projections Einsums with weights): the same task and size.
 - gpt2-lm: GPT2LMHeadModel on sequences whose next token the previous one decides; top-1
   at every position.
 - vit (ViTForImageClassification, image 32, patch 8), convnext, swin (shifted windows),
@@ -66,11 +68,12 @@ STEPS, MINIBATCH = 300, 128
 TOKENS, VOCAB = 16, 100
 # the nodes a matrix multiply does: ONNX's, and scikit-learn's linear models and SVMs (the
 # compiler rewrites the linear ones' work as Gemms for the TPU; another kernel stays)
-MATRIX_OPS = ("Conv", "MatMul", "Gemm", "ConvTranspose", "LinearClassifier",
+MATRIX_OPS = ("Conv", "MatMul", "Gemm", "Einsum", "ConvTranspose", "LinearClassifier",
               "LinearRegressor", "SVMClassifier", "SVMRegressor")
-HF = ("bert", "bert-seq", "distilbert", "albert", "deberta", "gpt2", "gpt2-lm", "llama", "vit",
+HF = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "gpt2-lm", "llama",
+      "vit",
       "convnext", "swin", "resnet", "mobilenet", "whisper", "wav2vec2")
-TEXT = ("bert", "bert-seq", "distilbert", "albert", "deberta", "gpt2", "llama")
+TEXT = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "llama")
 TOKEN_TYPES = ("bert", "bert-seq", "albert")
 SKLEARN = ("pca-logreg", "mlp-regressor", "svc-linear", "linear-svc", "random-forest",
            "knn", "gaussian-nb", "ridge")
@@ -144,6 +147,11 @@ def _hf_model(name: str, transformers):
                                               pos_att_type=["p2c", "c2p"], type_vocab_size=0,
                                               num_labels=6, **small)
         return transformers.DebertaV2ForSequenceClassification(config)
+    if name == "xlnet":             # torch.einsum throughout, relative positions
+        config = transformers.XLNetConfig(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4,
+                                          d_inner=128, dropout=0.0, num_labels=6,
+                                          use_mems_eval=False)
+        return transformers.XLNetForSequenceClassification(config)
     if name == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=VOCAB, max_position_embeddings=TOKENS,
                                                dim=64, n_layers=2, n_heads=4, hidden_dim=128,
