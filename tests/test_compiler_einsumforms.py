@@ -297,3 +297,39 @@ def test_a_quantized_model_s_float_einsums_say_how_to_put_them_on_the_tpu(tmp_pa
     assert dense.where == "host" and "--calibrate" in dense.reason and dense.macs
     calibrated = tpu_compile(str(path), batch=16, calibration=calib)
     assert {r.node: r.where for r in calibrated.report.rows}["dense"] == "TPU"
+
+
+def test_per_head_weights_run_as_a_grouped_conv_that_skips_the_zero_blocks(tmp_path):
+    """"bhld,hdk->bhlk" is a block-diagonal MatMul; the matcher finds its blocks and makes it
+    a grouped 1x1 Conv (the array skips the zero tiles), its outputs onnxruntime's on the
+    compiled model's own QDQ model."""
+    from tpuasm.compiler.front.match import block_diagonal_groups
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (3, 4, 6)).astype(np.float32), "wh"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (3, 6, 4)).astype(np.float32), "wc")]
+    nodes = [helper.make_node("Einsum", ["x", "wh"], ["h"], name="heads",
+                              equation="bhld,hdk->bhlk"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Einsum", ["r", "wc"], ["y"], name="classes",
+                              equation="bhlk,hkc->bc")]
+    graph = helper.make_graph(nodes, "heads",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 3, 5, 4])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "heads.onnx"
+    onnx.save(model, str(path))
+    calib = rng.normal(0, 1, (64, 3, 5, 4)).astype(np.float32)
+    compiled = tpu_compile(str(path), batch=16, calibration=calib)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["heads"].where == "TPU" and rows["classes"].where == "TPU"
+    assert rows["heads"].macs == 16 * 3 * 5 * 4 * 6       # the blocks' products alone
+    convs = [op for seg in compiled.segments for op in seg.operators
+             if getattr(op, "name", "") == "heads"]
+    assert convs and convs[0].groups == 3
+    new = rng.normal(0, 1, (32, 3, 5, 4)).astype(np.float32)
+    got = np.concatenate([compiled.run(new[i:i + 16])["y"] for i in (0, 16)])
+    qdq = session(onnx.load(str(compiled.reference_model)))
+    want = np.concatenate([qdq.run(None, {"x": new[i:i + 16]})[0] for i in (0, 16)])
+    np.testing.assert_array_equal(got, want)
+    assert block_diagonal_groups(np.ones((4, 6))) == 1

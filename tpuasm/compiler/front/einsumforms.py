@@ -29,8 +29,9 @@ and its output projection in one) is first cut in two: the activations' product,
 product with the weight, rewritten as above.
 
 An index in both operands and the output (per-head weights, "bhld,hdk->bhlk") makes the
-weight block-diagonal: one block per value of the index, zeros elsewhere (the array
-multiplies them, as a grouped Conv's; the report counts the blocks' products), up to
+weight block-diagonal: one block per value of the index, zeros elsewhere (the matcher
+makes it a grouped 1x1 Conv, which skips the zero tiles; the report counts the blocks'
+products), up to
 TILED_WEIGHT_LIMIT values.  A weight equal along such an index is a broadcast, the index
 the activation's row: XLNet's positional scores "ibnd,jbnd->bnij", whose (j, b, n, d)
 operand is a constant once the batch is fixed.  An index repeated in an operand (a
@@ -268,8 +269,8 @@ def _over_columns(c: np.ndarray, tail: _Tail) -> np.ndarray | None:
 def _block_diagonal(per_block: np.ndarray) -> np.ndarray:
     """(blocks, K, N) weights, one per value of an index both operands and the output have
     (a head's), as one (blocks * K, blocks * N) matrix: block p maps block p of the input's
-    columns to block p of the output's, zeros elsewhere (the array multiplies them too, as
-    a grouped Conv's), refused past TILED_WEIGHT_LIMIT values."""
+    columns to block p of the output's, zeros elsewhere (the matcher finds the blocks:
+    match.block_diagonal_groups), refused past TILED_WEIGHT_LIMIT values."""
     blocks, k, n = per_block.shape
     if blocks * blocks * k * n > TILED_WEIGHT_LIMIT:
         raise NotRewritten(f"an index is in both operands and the output (a weight per "

@@ -18,6 +18,8 @@ the image (C, L, 1) and a Conv1d the kernel (k, 1) over it; grouped convolutions
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -468,9 +470,11 @@ class Lowerer:
         if out_shape is not None and int(np.prod(out_shape)) != n * (total // k):
             raise NotMapped(f"its output has shape {out_shape}, expected {total // k} rows "
                             f"of {n}")
-        weight = np.ascontiguousarray(w_kn.T).reshape(n, k, 1, 1)
+        groups = block_diagonal_groups(w_kn)
+        weight = np.ascontiguousarray(w_kn.T).reshape(n, groups, k // groups)[
+            np.arange(n), np.arange(n) // (n // groups)].reshape(n, k // groups, 1, 1)
         return Conv(node.name, x, y, weight, w_scale, bias, (1, 1), (0, 0, 0, 0), act,
-                    tuple(nodes))
+                    tuple(nodes), groups)
 
     def _channels_moved_last(self, source: Source, k: int):
         """The IR image (C, H, W) when the consumer reads an image (C, H, W) or a 1-D
@@ -1193,6 +1197,23 @@ ELEMENTWISE_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean
                    "QLinearAdd", "QLinearMul"}
 LAYOUT_HOST_OPS = {"Concat", "Split", "Slice", "Pad", "Gather", "Tile", "Expand",
                    "QLinearConcat"}
+
+
+def block_diagonal_groups(w_kn: np.ndarray) -> int:
+    """The most equal diagonal blocks a (K, N) weight is made of, zeros elsewhere (1: it is
+    not so): einsumforms.py's per-head weights.  As a grouped 1x1 Conv the array skips the
+    zero tiles instead of multiplying them."""
+    k, n = w_kn.shape
+    used = w_kn != 0
+    if used.all():
+        return 1                    # the common case: a dense weight
+    for g in range(math.gcd(k, n), 1, -1):
+        if k % g or n % g:
+            continue
+        occupied = used.reshape(g, k // g, g, n // g).any(axis=(1, 3))    # (g, g) blocks
+        if not (occupied & ~np.eye(g, dtype=bool)).any():
+            return g
+    return 1
 
 
 def host_reason(node: Node, graph: Graph) -> str:
