@@ -100,7 +100,7 @@ def test_a_weight_repeated_along_the_batch_is_a_broadcast():
 
 def test_a_block_diagonal_weight_past_the_limit_stays(monkeypatch):
     import tpuasm.compiler.front.einsumforms as einsumforms
-    monkeypatch.setattr(einsumforms, "TILED_WEIGHT_LIMIT", 100)
+    monkeypatch.setattr(einsumforms, "BLOCK_DIAGONAL_LIMIT", 100)
     model = _model("bhld,hdk->bhlk", (2, 3, 5, 4), (3, 4, 6))
     reasons: dict = {}
     assert rewrite_einsums(model, Provenance.of(model), reasons) == 0

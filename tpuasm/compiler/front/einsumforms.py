@@ -32,7 +32,7 @@ An index in both operands and the output (per-head weights, "bhld,hdk->bhlk") ma
 weight block-diagonal: one block per value of the index, zeros elsewhere (the matcher
 makes it a grouped 1x1 Conv, which skips the zero tiles; the report counts the blocks'
 products), up to
-TILED_WEIGHT_LIMIT values.  A weight equal along such an index is a broadcast, the index
+BLOCK_DIAGONAL_LIMIT values.  A weight equal along such an index is a broadcast, the index
 the activation's row: XLNet's positional scores "ibnd,jbnd->bnij", whose (j, b, n, d)
 operand is a constant once the batch is fixed.  An index repeated in an operand (a
 diagonal), or a product with no contracted or no row index stays an Einsum on the host, its
@@ -50,6 +50,9 @@ from tpuasm.compiler.front.provenance import Provenance
 
 
 TILED_WEIGHT_LIMIT = 1 << 20      # values of a weight repeated along the activation's axes
+# values of a block-diagonal weight (per-head weights): the matcher keeps its blocks alone,
+# the model holds the whole matrix until quantization (64 MB of float32 at the limit)
+BLOCK_DIAGONAL_LIMIT = 1 << 24
 
 
 def rewrite_einsums(model, prov: Provenance, reasons: dict) -> int:
@@ -270,9 +273,9 @@ def _block_diagonal(per_block: np.ndarray) -> np.ndarray:
     """(blocks, K, N) weights, one per value of an index both operands and the output have
     (a head's), as one (blocks * K, blocks * N) matrix: block p maps block p of the input's
     columns to block p of the output's, zeros elsewhere (the matcher finds the blocks:
-    match.block_diagonal_groups), refused past TILED_WEIGHT_LIMIT values."""
+    match.block_diagonal_groups), refused past BLOCK_DIAGONAL_LIMIT values."""
     blocks, k, n = per_block.shape
-    if blocks * blocks * k * n > TILED_WEIGHT_LIMIT:
+    if blocks * blocks * k * n > BLOCK_DIAGONAL_LIMIT:
         raise NotRewritten(f"an index is in both operands and the output (a weight per "
                            f"batch row), and its block-diagonal weight would hold "
                            f"{blocks * blocks * k * n:,} values")
