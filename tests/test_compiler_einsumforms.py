@@ -333,3 +333,40 @@ def test_per_head_weights_run_as_a_grouped_conv_that_skips_the_zero_blocks(tmp_p
     want = np.concatenate([qdq.run(None, {"x": new[i:i + 16]})[0] for i in (0, 16)])
     np.testing.assert_array_equal(got, want)
     assert block_diagonal_groups(np.ones((4, 6))) == 1
+
+
+def test_a_bias_after_a_split_into_heads_meets_its_matmul():
+    """tf2onnx's EinsumDense("abc,cde->abde", bias_axes="de", activation="relu"): MatMul,
+    Reshape into heads, Add of a (d, e) bias, Relu.  The Add and Relu move before the
+    Reshape (the bias flattened to the MatMul's N); a Reshape that does more than split the
+    last axis keeps what follows it."""
+    from tpuasm.compiler.front.einsumforms import hoist_past_head_splits
+    rng = np.random.default_rng(9)
+
+    def model(target):
+        inits = [numpy_helper.from_array(rng.normal(0, 0.5, (6, 12)).astype(np.float32), "w"),
+                 numpy_helper.from_array(np.asarray(target, np.int64), "shape"),
+                 numpy_helper.from_array(rng.normal(0, 1, (3, 4)).astype(np.float32), "b")]
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                 helper.make_node("Reshape", ["m", "shape"], ["r"], name="heads"),
+                 helper.make_node("Add", ["r", "b"], ["a"], name="bias"),
+                 helper.make_node("Relu", ["a"], ["y"], name="relu")]
+        out = [2, 5, 3, 4] if len(target) == 4 else [10, 3, 4]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT,
+                                                                             [2, 5, 6])],
+                                  [helper.make_tensor_value_info("y", T.FLOAT, out)], inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    x = rng.normal(0, 1, (2, 5, 6)).astype(np.float32)
+    split = model([2, 5, 3, 4])
+    want = session(split).run(None, {"x": x})[0]
+    assert hoist_past_head_splits(split) == 1
+    assert [n.op_type for n in split.graph.node] == ["MatMul", "Add", "Relu", "Reshape"]
+    onnx.checker.check_model(split)
+    np.testing.assert_allclose(session(split).run(None, {"x": x})[0], want, rtol=1e-5,
+                               atol=1e-5)
+    merged = model([10, 3, 4])                  # the rows merged too: not a split of N alone
+    assert hoist_past_head_splits(merged) == 0
+    assert [n.op_type for n in merged.graph.node] == ["MatMul", "Reshape", "Add", "Relu"]

@@ -217,6 +217,49 @@ def _as_matmul(idx: _Index, node, ranks: dict, tails: list, prov: Provenance) ->
     return made
 
 
+def hoist_past_head_splits(model) -> int:
+    """The bias Add, scaling Mul and activation after a MatMul / Gemm (constant weight)
+    whose output a Reshape splits into heads, (..., N) -> (..., d, e) with d * e = N,
+    moved before the Reshape, as for a rewritten Einsum: tf2onnx writes Keras' EinsumDense
+    ("abc,cde->abde", bias_axes="de") as MatMul, Reshape, Add, Relu, whose Add and Relu
+    ran on the host between two segments.  The count of Reshapes that got any."""
+    ranks = None
+    moved = 0
+    for node in list(model.graph.node):
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        idx = _Index(model)
+        reshape = idx.sole_consumer(node.output[0])
+        if idx.const(node.input[1]) is None or reshape is None or \
+                reshape.op_type != "Reshape":
+            continue
+        ranks = _ranks(model) if ranks is None else ranks
+        tail = _head_split(ranks.get(node.output[0]), ranks.get(reshape.output[0]), reshape)
+        if tail is not None:
+            before = len(model.graph.node), reshape.output[0]
+            _hoist_past(model, tail)
+            moved += next(n for n in model.graph.node if n.name == reshape.name).output[0] \
+                != before[1]
+            ranks = None                  # tensors were renamed: shapes inferred again
+    return moved
+
+
+def _head_split(dims, out_dims, reshape) -> _Tail | None:
+    """The Reshape as a _Tail when it keeps the leading axes and splits the last one."""
+    if not dims or not out_dims or len(out_dims) <= len(dims):
+        return None
+    lead, n = len(dims) - 1, dims[-1]
+    split = out_dims[lead:]
+    if not isinstance(n, int) or any(not isinstance(d, int) for d in split) or \
+            int(np.prod(split)) != n or any(
+                a is not None and b is not None and a != b
+                for a, b in zip(dims[:lead], out_dims[:lead])):
+        return None
+    letters = string.ascii_letters[:len(out_dims)]
+    rows, columns = list(letters[:lead]), list(letters[lead:])
+    return _Tail([reshape], rows, columns, letters, dict(zip(columns, split)))
+
+
 # element-wise operators of one tensor: f(Reshape(x)) = Reshape(f(x)), and so for Transpose
 _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
           "Softplus", "Softsign", "Clip"}

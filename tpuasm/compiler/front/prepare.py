@@ -71,8 +71,9 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
     rewrite_scaled_gemms(model, prov)            # a Gemm's alpha and beta into its constants
     constants_to_initializers(model, prov)     # first: every rewrite reads initializers
-    from tpuasm.compiler.front.einsumforms import rewrite_einsums
+    from tpuasm.compiler.front.einsumforms import hoist_past_head_splits, rewrite_einsums
     rewrite_einsums(model, prov, reasons)      # a product with a weight: a MatMul
+    hoist_past_head_splits(model)              # a bias after a split into heads: the MatMul's
     tied: dict[str, list[str]] = {}
     keep_float: dict[str, str] = {}
     from tpuasm.compiler.front.convforms import rewrite_convolutions
