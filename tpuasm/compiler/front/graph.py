@@ -4,6 +4,7 @@ producer/consumer maps, per-tensor shapes and element types, and constants as nu
 into a second Python object)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +190,23 @@ class Graph:
                 return None
             return f"'{name}' has no batch dimension (the same for every batch)"
         return f"its batch dimension is axis {axis} (tensor '{name}')"
+
+
+def readers_through(tensor: str, consumers: dict, passing) -> "Iterator[tuple]":
+    """(reader, the tensor it reads) for every node that reads `tensor` or, through nodes
+    of the op types `passing` (layout nodes), a tensor they make from it; `consumers`:
+    tensor -> the nodes that read it.  Each tensor is visited once."""
+    todo, seen = [tensor], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for reader in consumers.get(name, ()):
+            if reader.op_type in passing:
+                todo.extend(o for o in reader.output if o)
+            else:
+                yield reader, name
 
 
 def implicit_inputs(node: onnx.NodeProto) -> list[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
+from tpuasm.compiler.front.graph import readers_through
 from tpuasm.compiler.front.match import LOOKUP_OPS
 from tpuasm.compiler.front.prepare import _attr, _Index, _ranks
 from tpuasm.compiler.front.provenance import Provenance
@@ -131,20 +132,10 @@ def _for_the_host(idx: _Index, tensor: str) -> bool:
     """Does `tensor` go to the host whatever runs before it: read, through layout nodes, by
     no node the TPU would take (a Concat, a product of two activations, a Softmax, only the
     model's output)?"""
-    todo, seen = [tensor], set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for reader in idx.consumers.get(name, []):
-            if reader.op_type in _LAYOUT:
-                todo.extend(o for o in reader.output if o)
-            elif reader.op_type in _TPU_READERS or (
-                    reader.op_type in ("Conv", "Gemm", "MatMul") and len(reader.input) > 1
-                    and reader.input[0] == name and idx.const(reader.input[1]) is not None):
-                return False
-    return True
+    return not any(reader.op_type in _TPU_READERS or (
+        reader.op_type in ("Conv", "Gemm", "MatMul") and len(reader.input) > 1
+        and reader.input[0] == name and idx.const(reader.input[1]) is not None)
+        for reader, name in readers_through(tensor, idx.consumers, _LAYOUT))
 
 
 def _cut_parts(idx: _Index, cut, tensor: str, axis: int, rank: int, channels: int):
