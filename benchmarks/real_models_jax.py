@@ -28,7 +28,6 @@ quantize_static of the export, compiled as it is and with --calibrate
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -36,8 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_models_shipped import compile_and_infer  # noqa: E402
-from real_models_torch import CALIBRATE, ROWS, TRAIN, compare, static_form  # noqa: E402
+from real_models_torch import ROWS, TRAIN, one_input_export  # noqa: E402
 
 NAMES = ("mlp", "cnn", "block", "seq1d", "lstm", "gru", "tokens", "einsum")
 STEPS, MINIBATCH = 300, 256
@@ -195,22 +193,8 @@ def main(argv=None) -> int:
             spec = jax.ShapeDtypeStruct(("B", *x.shape[1:]), jnp.asarray(x[:1]).dtype)
             exported = to_onnx(model, [spec], model_name=name, input_names=["x"])
             onnx.save(exported, str(path))
-            calib = {"x": x[TRAIN:TRAIN + CALIBRATE]}
-            evaluation = {"x": x[TRAIN + CALIBRATE:]}
-            np.savez(folder / "calib.npz", **calib)
-            np.savez(folder / "eval.npz", **evaluation)
-            row = {"model": f"jax {name} (jax2onnx)",
-                   "ops": sorted({n.op_type for n in exported.graph.node})}
-            got = compile_and_infer(path, folder, [], row)
-            if got is not None:
-                row.update(compare(path, got, evaluation, folder / path.stem,
-                                   labels[TRAIN + CALIBRATE:]))
-            print(json.dumps(row), flush=True)
-            static = folder / "static"
-            static.mkdir(exist_ok=True)
-            for row in static_form(f"jax {name} (jax2onnx, quantize_static)", path, static,
-                                   calib, evaluation, {"x": 0}):
-                print(json.dumps(row), flush=True)
+            one_input_export(path, folder, f"jax {name} (jax2onnx)", x, labels,
+                             {"ops": sorted({n.op_type for n in exported.graph.node})})
     return 0
 
 

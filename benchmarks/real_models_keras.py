@@ -25,7 +25,6 @@ compiled model's own QDQ model (benchmarks/real_models_torch.py's comparison).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -34,8 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_models_shipped import compile_and_infer  # noqa: E402
-from real_models_torch import CALIBRATE, ROWS, TRAIN, compare, static_form  # noqa: E402
+from real_models_torch import ROWS, TRAIN, one_input_export  # noqa: E402
 
 NAMES = ("cnn", "lstm", "gru", "attention")
 
@@ -109,21 +107,7 @@ def main(argv=None) -> int:
             spec = (tf.TensorSpec((None,) + x.shape[1:], tf.float32, name="x"),)
             tf2onnx.convert.from_keras(model, input_signature=spec, opset=17,
                                        output_path=str(path))
-            calib = {"x": x[TRAIN:TRAIN + CALIBRATE]}
-            evaluation = {"x": x[TRAIN + CALIBRATE:]}
-            np.savez(folder / "calib.npz", **calib)
-            np.savez(folder / "eval.npz", **evaluation)
-            row = {"model": f"keras {name} (tf2onnx)"}
-            got = compile_and_infer(path, folder, [], row)
-            if got is not None:
-                row.update(compare(path, got, evaluation, folder / path.stem,
-                                   labels[TRAIN + CALIBRATE:]))
-            print(json.dumps(row), flush=True)
-            static = folder / "static"
-            static.mkdir(exist_ok=True)
-            for row in static_form(f"keras {name} (tf2onnx, quantize_static)", path, static,
-                                   calib, evaluation, {"x": 0}):
-                print(json.dumps(row), flush=True)
+            one_input_export(path, folder, f"keras {name} (tf2onnx)", x, labels)
     return 0
 
 

@@ -423,6 +423,28 @@ def dynamic_form(label: str, float_model: Path, folder: Path, calib: dict,
     return row
 
 
+def one_input_export(path: Path, folder: Path, label: str, x: np.ndarray, labels: np.ndarray,
+                     row: dict | None = None) -> None:
+    """An export of one input "x" trained on x[:TRAIN]: calibrated on the next CALIBRATE
+    rows, judged on the rest; its row, then its quantize_static rows, printed as JSON lines
+    (benchmarks/real_models_keras.py and real_models_jax.py)."""
+    calib = {"x": x[TRAIN:TRAIN + CALIBRATE]}
+    evaluation = {"x": x[TRAIN + CALIBRATE:]}
+    np.savez(folder / "calib.npz", **calib)
+    np.savez(folder / "eval.npz", **evaluation)
+    row = {"model": label, **(row or {})}
+    got = compile_and_infer(path, folder, [], row)
+    if got is not None:
+        row.update(compare(path, got, evaluation, folder / path.stem,
+                           labels[TRAIN + CALIBRATE:]))
+    print(json.dumps(row), flush=True)
+    static = folder / "static"
+    static.mkdir(exist_ok=True)
+    for row in static_form(label.replace(")", ", quantize_static)"), path, static, calib,
+                           evaluation, {"x": 0}):
+        print(json.dumps(row), flush=True)
+
+
 def static_form(label: str, float_model: Path, folder: Path, calib: dict, evaluation: dict,
                 axes: dict) -> list[dict]:
     """`float_model` through onnxruntime's quantize_static (QDQ, per-channel weights, its
