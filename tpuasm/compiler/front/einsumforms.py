@@ -225,22 +225,20 @@ def hoist_past_head_splits(model) -> int:
     ran on the host between two segments.  The count of Reshapes that got any."""
     ranks = None
     moved = 0
+    idx = _Index(model)
     for node in list(model.graph.node):
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
             continue
-        idx = _Index(model)
         reshape = idx.sole_consumer(node.output[0])
         if idx.const(node.input[1]) is None or reshape is None or \
                 reshape.op_type != "Reshape":
             continue
+        # one shape inference: a hoist renames only tensors of its own chain
         ranks = _ranks(model) if ranks is None else ranks
         tail = _head_split(ranks.get(node.output[0]), ranks.get(reshape.output[0]), reshape)
-        if tail is not None:
-            before = len(model.graph.node), reshape.output[0]
-            _hoist_past(model, tail)
-            moved += next(n for n in model.graph.node if n.name == reshape.name).output[0] \
-                != before[1]
-            ranks = None                  # tensors were renamed: shapes inferred again
+        if tail is not None and _hoist_past(model, tail):
+            moved += 1
+            idx = _Index(model)
     return moved
 
 
@@ -265,11 +263,13 @@ _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "E
           "Softplus", "Softsign", "Clip"}
 
 
-def _hoist_past(model, tail: _Tail) -> None:
+def _hoist_past(model, tail: _Tail) -> int:
     """The bias Add (a constant over the column axes), scaling Mul and activation that
     follow a rewritten Einsum moved before its output's Reshape / Transpose, so that the
     MatMul meets them as it meets a Dense's (the bias fused, the Relu's range the output's
-    quantization): EinsumDense("abc,cde->abde", bias_axes="de", activation="relu")."""
+    quantization): EinsumDense("abc,cde->abde", bias_axes="de", activation="relu").
+    Returns how many nodes moved."""
+    moved = 0
     while True:
         idx = _Index(model)
         nodes = list(model.graph.node)          # the graph's own messages, not the copies made
@@ -277,25 +277,26 @@ def _hoist_past(model, tail: _Tail) -> None:
         end = layout[-1].output[0]
         op = idx.sole_consumer(end)
         if op is None or op.domain not in ("", "ai.onnx"):
-            return
+            return moved
         if op.op_type in ("Add", "Mul", "Sub") and len(op.input) == 2:
             at = list(op.input).index(end)
             c = idx.const(op.input[1 - at])
             flat = _over_columns(c, tail) if c is not None and (
                 op.op_type != "Sub" or at == 0) else None
             if flat is None:
-                return
+                return moved
             op.input[1 - at] = idx.add_init(flat, f"{op.name}_columns")
         elif op.op_type not in _UNARY or op.input[0] != end:
-            return
+            return moved
         op.input[list(op.input).index(end)] = layout[0].input[0]
-        moved = idx.unique(f"{op.output[0]}_before_layout")
-        layout[0].input[0] = moved
-        layout[-1].output[0], op.output[0] = op.output[0], moved
+        before = idx.unique(f"{op.output[0]}_before_layout")
+        layout[0].input[0] = before
+        layout[-1].output[0], op.output[0] = op.output[0], before
         nodes.remove(op)
         nodes.insert(nodes.index(layout[0]), op)
         del model.graph.node[:]
         model.graph.node.extend(nodes)
+        moved += 1
 
 
 def _over_columns(c: np.ndarray, tail: _Tail) -> np.ndarray | None:
