@@ -274,6 +274,8 @@ class CalibrationPass:
         self.rows = 0              # rows per run of the last pass
         self.passes = 0            # passes over the calibration set
         self._bytes: dict[str, int] = {}     # a tensor's bytes in the range pass's first run
+        # the pass over the first half of the same set, for Extrapolated (made by it)
+        self.half: CalibrationPass | None = None
 
     def collect(self, model: onnx.ModelProto, names, feeds, most_rows: int = 64,
                 budget: int | None = None, histograms: bool = False, rebatched=None) -> None:
@@ -410,9 +412,10 @@ class Extrapolated:
 
     def __init__(self, whole: CalibrationPass, half_feeds):
         self.whole = whole
-        if getattr(whole, "half", None) is None:
+        if whole.half is None:
             whole.half = CalibrationPass()
         self.half, self._half_feeds = whole.half, half_feeds
+        self._tensors: dict | None = None
 
     def collect(self, model, names, feeds, most_rows: int = 64, budget: int | None = None,
                 histograms: bool = False, rebatched=None) -> None:
@@ -420,6 +423,7 @@ class Extrapolated:
             raise ValueError("extrapolated ranges are min-max ranges: no histograms")
         self.whole.collect(model, names, feeds, most_rows, budget)
         self.half.collect(model, names, self._half_feeds, most_rows, budget)
+        self._tensors = None
 
     def _widened(self, name: str):
         stats, half = self.whole.tensors.get(name), self.half.tensors.get(name)
@@ -434,11 +438,15 @@ class Extrapolated:
 
     @property
     def tensors(self) -> dict:
-        out = {}
-        for name in self.whole.tensors:
-            found = self._widened(name)
-            out[name] = None if found is None else _Range(found[0].item(), found[1].item())
-        return out
+        """{tensor: its widened range}, as CalibrationPass.tensors (tied_ranges reads it a
+        tensor at a time): made once per collect."""
+        if self._tensors is None:
+            self._tensors = {}
+            for name in self.whole.tensors:
+                found = self._widened(name)
+                self._tensors[name] = None if found is None else _Range(found[0].item(),
+                                                                         found[1].item())
+        return self._tensors
 
     def ranges(self, names, method: str, percentile: float = 99.999) -> dict:
         if method != "minmax":
