@@ -404,9 +404,11 @@ def _extrapolate_if_clipped(searching: tuple, options, current, nodes, notes: di
         held[extrapolate] = score(candidate, reference, unseen, batch_first, minmax=True)
         if held[extrapolate] is None:
             return unchanged
+
     def on_new_rows(s: Score) -> tuple:
         return (s.agreement if s.spread is None else s.spread,
                 -math.inf if s.snr_db is None else s.snr_db)
+
     if not on_new_rows(held[True]) > on_new_rows(held[False]):
         return unchanged
     found = _best_of([(None, replace(options, extrapolate_ranges=True))], current,
