@@ -510,7 +510,13 @@ class Lowering:
                       what: str, out_row0: int = 0):
         """Pool each sample's height x width accumulator image into dst (its pooled rows
         from out_row0 on)."""
-        _hp, wp = output_hw_pool(pool, height, width)
+        hp, wp = output_hw_pool(pool, height, width)
+        _c, h, w = pool.output.shape
+        whole = height == pool.input.shape[1]          # else a band of rows (pool_bands)
+        if wp != w or (whole and hp != h):
+            raise CodegenError(f"{pool.name}: pooling {pool.kernel} stride {pool.strides} pads "
+                               f"{pool.pads} of a {height}x{width} image makes {hp}x{wp}, not "
+                               f"the output's {h}x{w}")
         self.pool_registers(pool, height, width)
         self.activate_images(act, half, acc_first, acc_stride, dst, chunk, samples, out_row0,
                              height * width, wp, what)
