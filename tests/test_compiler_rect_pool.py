@@ -31,6 +31,10 @@ POOLS = {
                                             pads=[0, 1, 0, 1], count_include_pad=1)),
     "avg_3x1_stride_2x1": ("AveragePool", dict(kernel_shape=[3, 1], strides=[2, 1],
                                                pads=[1, 0, 1, 0], count_include_pad=0)),
+    # ceil_mode: extra padding below and right only (front/match.py's _ceil_pads)
+    "max_ceil": ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    "avg_ceil": ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 2], ceil_mode=1,
+                                     count_include_pad=0)),
 }
 
 
@@ -86,6 +90,8 @@ def _pool_only(op, attrs, shape, scales) -> onnx.ModelProto:
              helper.make_node("DequantizeLinear", ["pq", "sy", "zy"], ["y"])]
     (kh, kw), (sh, sw) = attrs["kernel_shape"], attrs["strides"]
     t, l, b, r = attrs.get("pads", [0] * 4)
+    if attrs.get("ceil_mode"):
+        b, r = b + sh - 1, r + sw - 1             # ONNX's ceil of the output size
     out = (shape[0], (shape[1] + t + b - kh) // sh + 1, (shape[2] + l + r - kw) // sw + 1)
     graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, ["N", *shape])], [helper.make_tensor_value_info(
@@ -141,9 +147,13 @@ def test_pool_alone_equals_onnxruntime_but_on_exact_ties(tmp_path, pool, scales)
         np.testing.assert_array_equal(got, want)
         return
     qx = np.clip(np.rint(x / np.float32(sx)) + zx, 0, 255).astype(np.int64) - zx
-    pads = attrs.get("pads", [0] * 4)
-    ties = _exact_ties(qx, attrs["kernel_shape"], attrs["strides"],
-                       (pads[0], pads[1], pads[2], pads[3]), attrs["count_include_pad"], sx, sy)
+    t, l, b, r = attrs.get("pads", [0] * 4)
+    if attrs.get("ceil_mode"):                     # the windows that fit the output's size
+        (kh, kw), (sh, sw) = attrs["kernel_shape"], attrs["strides"]
+        b += (-(shape[1] + t + b - kh)) % sh
+        r += (-(shape[2] + l + r - kw)) % sw
+    ties = _exact_ties(qx, attrs["kernel_shape"], attrs["strides"], (t, l, b, r),
+                       attrs["count_include_pad"], sx, sy)
     assert np.abs(q_got - q_want).max() <= 1
     assert not np.any((q_got != q_want) & ~ties), "a difference away from an exact tie"
     if not ties.any():
