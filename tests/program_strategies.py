@@ -10,7 +10,7 @@ program faults is for the model under test to say.
 Every instruction and flag is reachable: RHM/WHM/RHMA/WHMA with repeats and strides
 (negative and zero), RW with repeat, MMC with S C O U W H D, conv taps with pitch and
 stride, VADD/VMUL with U B L, requantization and repeats, ACT with each function, max/avg
-pooling in 1-D and 2-D (strided and padded too), per-column
+pooling in 1-D and 2-D (strided and padded too, rectangular windows), per-column
 parameters (P), lookup tables (L), clip bounds and every act_out, CFG of
 every register, NOP (repeat), SYNC, WSYNC, INT, TAG and HLT.
 """
@@ -111,6 +111,10 @@ class Builder:
             "pool_pad": lambda: self.integers(0, 2),
             "pool_pad_end": lambda: self.integers(0, 2),
             "pool_count_pad": lambda: self.integers(0, 1),
+            "pool_size_x": lambda: self.choice([0, 0, 1, 2, 3]),
+            "pool_stride_x": lambda: self.choice([0, 0, 1, 2]),
+            "pool_pad_x": lambda: self.choice([-1, -1, 0, 1]),
+            "pool_pad_end_x": lambda: self.choice([-1, -1, 0, 1]),
             "act_ub_pitch": lambda: self.choice([0, 0, 1, 2, 3, 5]),
             "act_ub_width": lambda: self.integers(1, 3),
             "vec_mult_a": lambda: self.choice([1, -1, 3, 1 << 20, 3 << 27, -(5 << 26),
@@ -266,8 +270,12 @@ class Builder:
         if self.coin(0.4):          # strided, padded windows (spec/isa.md 5.5)
             self.set_some({"pool_stride": [1, 2, 3], "pool_pad": [0, 1], "pool_pad_end": [0, 1],
                            "pool_count_pad": [0, 1]}, 0.7)
+        if self.coin(0.3):          # rectangular windows, a stride and padding per axis
+            self.set_some({"pool_size_x": [0, 1, 2, 3], "pool_stride_x": [0, 1, 2],
+                           "pool_pad_x": [-1, 0, 1], "pool_pad_end_x": [-1, 0, 1]}, 0.6)
         k, w = self.regs["pool_size"], self.regs["pool_width"]
-        if k > 4:
+        kw = self.regs["pool_size_x"] or k
+        if k > 4 or kw > 4:
             return None
         if w == 0:
             return k * self.integers(1, 4)
@@ -276,7 +284,7 @@ class Builder:
                 return None
             length = w * self.integers(1, 4)
             return length if length <= 24 and self.pool_vectors(length) else None
-        if w % k or w > 9:
+        if w % kw or w > 9 or self.regs["pool_stride_x"]:
             return None
         height = k * self.integers(1, 3)
         return w * height if w * height <= 24 else None
@@ -287,14 +295,20 @@ class Builder:
         k, w = g["pool_size"], g["pool_width"]
         if w == 0:
             return length // k if length % k == 0 else 0
+        kw = g["pool_size_x"] or k            # the column registers at reset: as the rows
         if g["pool_stride"] == 0:
-            ok = w % k == 0 and length % w == 0 and (length // w) % k == 0
-            return length // (k * k) if ok else 0
-        s, p, e = g["pool_stride"], g["pool_pad"], g["pool_pad_end"]
+            ok = w % kw == 0 and length % w == 0 and (length // w) % k == 0 \
+                and g["pool_stride_x"] == 0
+            return length // (k * kw) if ok else 0
+        sy, p, e = g["pool_stride"], g["pool_pad"], g["pool_pad_end"]
+        sx = g["pool_stride_x"] or sy
+        px = p if g["pool_pad_x"] < 0 else g["pool_pad_x"]
+        ex = e if g["pool_pad_end_x"] < 0 else g["pool_pad_end_x"]
         h = length // w
-        if length % w or p >= k or e >= k or min(h, w) + p + e < k:
+        if length % w or p >= k or e >= k or px >= kw or ex >= kw \
+                or h + p + e < k or w + px + ex < kw:
             return 0
-        return ((h + p + e - k) // s + 1) * ((w + p + e - k) // s + 1)
+        return ((h + p + e - k) // sy + 1) * ((w + px + ex - kw) // sx + 1)
 
     def gen_requant(self, function: str):
         """Requantization that keeps outputs off the rails, as a real layer would set it."""
@@ -514,6 +528,8 @@ class Builder:
             k = self.integers(2, 3)
             self.emit(cfg("pool_size", k))
             self.emit(cfg("pool_stride", 0))
+            self.emit(cfg("pool_size_x", 0))
+            self.emit(cfg("pool_stride_x", 0))
             if self.coin():
                 self.emit(cfg("pool_width", 0))
                 length = k * self.integers(1, 3) + self.integers(1, k - 1)

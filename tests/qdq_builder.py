@@ -42,10 +42,11 @@ class QDQBuilder:
         return out
 
     # --- quantization --------------------------------------------------------------------
-    def quantize(self, signed=False, name=None, same=False) -> str:
+    def quantize(self, signed=False, name=None, same=False, widen=1.0) -> str:
         """QuantizeLinear + DequantizeLinear of the current float tensor (per tensor, range
         from the calibration batch, or `same` as the last quantization: quantize_static's
-        choice for Pad, Reshape, MaxPool); returns the dequantized tensor, now current."""
+        choice for Pad, Reshape, MaxPool); returns the dequantized tensor, now current.
+        `widen` multiplies a new scale (a range that is not the batch's exact one)."""
         lo, hi = min(float(self.value.min()), 0.0), max(float(self.value.max()), 0.0)
         if same:
             scale, zp = float(self.scale), self.zero_point
@@ -56,6 +57,8 @@ class QDQBuilder:
         else:
             scale = (hi - lo) / 255 or 1.0
             zp, dtype = int(round(-lo / scale)), np.uint8
+        if not same:
+            scale *= widen
         s = self._const(np.float32(scale), "scale")
         z = self._const(np.asarray(zp, dtype), "zp")
         q = self.node("QuantizeLinear", [self.current, s, z], name=name and name + "_q")

@@ -1,6 +1,7 @@
 """Activate's row-at-a-time kernels (kernels._act_fast, _act_dense_float) against the
 general element-by-element loop of _execute_act_ext on the same state: random registers
-over pooling (1-D, 2-D, strided and padded, counting the padding or not), accumulators
+over pooling (1-D, 2-D, strided and padded, rectangular windows with a stride and padding
+per axis, counting the padding or not), accumulators
 whose last columns are zero (the skip of such columns), P's per-column
 parameters in float and in fixed point, the act_mult/act_shift registers, the clip bounds,
 the output types (int16's two rows too), L's table, act_ub_pitch and every function; accumulators drawn
@@ -76,15 +77,28 @@ def _case(rng):
         length = k * int(rng.integers(1, 5))
     else:                                                        # 2-D
         k = int(rng.integers(1, 4))
-        width, height = int(rng.integers(k, 7)), int(rng.integers(k, 7))
+        kw = int(rng.integers(1, 4)) if rng.random() < 0.4 else k   # a rectangular window
+        width, height = int(rng.integers(kw, 7)), int(rng.integers(k, 7))
         regs[D.REG_POOL_SIZE], regs[D.REG_POOL_WIDTH] = k, width
+        regs[D.REG_POOL_SIZE_X] = kw if kw != k or rng.random() < 0.5 else 0
         if rng.random() < 0.7:
             regs[D.REG_POOL_STRIDE] = rng.integers(1, 3)
             regs[D.REG_POOL_PAD] = rng.integers(0, k)
             regs[D.REG_POOL_PAD_END] = rng.integers(0, k)
             regs[D.REG_POOL_COUNT_PAD] = rng.integers(0, 2)
+            if rng.random() < 0.5:                     # the columns' own stride and padding
+                regs[D.REG_POOL_STRIDE_X] = rng.integers(0, 3)
+                regs[D.REG_POOL_PAD_X] = rng.integers(-1, kw)
+                regs[D.REG_POOL_PAD_END_X] = rng.integers(-1, kw)
+                for reg, row_reg in ((D.REG_POOL_PAD_X, D.REG_POOL_PAD),
+                                     (D.REG_POOL_PAD_END_X, D.REG_POOL_PAD_END)):
+                    if regs[reg] < 0 and regs[row_reg] >= kw:     # -1: the rows' padding
+                        regs[reg] = 0
+            elif kw != k:
+                regs[D.REG_POOL_PAD] = rng.integers(0, min(k, kw))
+                regs[D.REG_POOL_PAD_END] = rng.integers(0, min(k, kw))
         else:
-            width, height = k * (width // k), k * (height // k)
+            width, height = kw * (width // kw), k * (height // k)
             regs[D.REG_POOL_WIDTH] = width
         length = width * height
     reps = int(rng.integers(1, 3))

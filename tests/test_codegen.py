@@ -202,6 +202,63 @@ def test_pool_alone(kind, kernel, stride, pad, include):
     assert_close(ours, theirs)
 
 
+def rect_pool(rng, name, x: Tensor, kind, kernel, stride, pads=(0, 0, 0, 0),
+              count_include_pad=False) -> Pool:
+    """A pool with a window, stride and padding per axis (pads: top, left, bottom, right)."""
+    c, h, w = x.shape
+    (kh, kw), (sh, sw), (t, l, b, r) = kernel, stride, pads
+    ho, wo = (h + t + b - kh) // sh + 1, (w + l + r - kw) // sw + 1
+    q = x.quant if kind == "max" else qparams(rng, x.quant.signed)
+    return Pool(name, x, Tensor(name + "_y", (c, ho, wo), q), kind, tuple(kernel),
+                tuple(stride), tuple(pads), count_include_pad, (name,))
+
+
+RECTANGULAR = [
+    ("max", (2, 1), (2, 1), (0, 0, 0, 0), False),          # a CRNN's height halving
+    ("max", (2, 2), (2, 1), (0, 1, 0, 1), False),          # PaddleOCR's
+    ("avg", (1, 3), (1, 1), (0, 1, 0, 1), False),
+    ("avg", (1, 3), (1, 1), (0, 1, 0, 1), True),
+    ("avg", (3, 2), (2, 1), (1, 0, 0, 1), False),
+    ("max", (1, 3), (1, 2), (0, 1, 0, 0), False),
+]
+
+
+@pytest.mark.parametrize("kind, kernel, stride, pads, include", RECTANGULAR)
+def test_rectangular_pool_alone(kind, kernel, stride, pads, include):
+    rng = np.random.default_rng(sum(kernel) * 10 + sum(stride) + sum(pads))
+    x = Tensor("x", (11, 6, 7), qparams(rng))
+    op = rect_pool(rng, "pool", x, kind, kernel, stride, pads, include)
+    ours, theirs, program, _ = run(seg([op]), 3, rng, **dict(SMALL, acc_rows=128))
+    assert_close(ours, theirs)
+    if kind == "max":
+        np.testing.assert_array_equal(ours["pool_y"], theirs["pool_y"])
+    if kernel[0] != kernel[1]:
+        assert f"CFG pool_size_x, {kernel[1]}" in program.source
+
+
+@pytest.mark.parametrize("kind, kernel, stride, pads, include", RECTANGULAR[:2])
+def test_rectangular_max_pool_fused_into_a_conv(kind, kernel, stride, pads, include):
+    rng = np.random.default_rng(5)
+    x = Tensor("x", (3, 8, 7), qparams(rng))
+    c1 = conv(rng, "conv1", x, 10, 3, 1, 1)
+    p1 = rect_pool(rng, "pool1", c1.output, kind, kernel, stride, pads, include)
+    c2 = conv(rng, "conv2", p1.output, 6, 3, 1, 1)
+    ours, theirs, program, _ = run(seg([c1, p1, c2]), 2, rng, **dict(SMALL, acc_rows=256))
+    assert_close(ours, theirs)
+    assert "ACT.PM" in program.source and "identity" not in program.source
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_rectangular_pool_of_an_image_larger_than_a_half_is_banded(kind):
+    # 63 pixels > 32 rows: bands of pooled rows, each with the columns' own padding
+    rng = np.random.default_rng(32)
+    x = Tensor("x", (4, 9, 7), qparams(rng))
+    op = rect_pool(rng, "pool", x, kind, (2, 2), (2, 1), (0, 1, 0, 1))
+    ours, theirs, program, _ = run(seg([op]), 2, rng, **SMALL)
+    assert_close(ours, theirs)
+    assert program.source.count("ACT.") > 2                    # several bands
+
+
 @pytest.mark.parametrize("kind", ["max", "avg"])
 def test_pool_and_lookup_of_images_larger_than_an_accumulator_half_are_banded(kind):
     rng = np.random.default_rng(31)

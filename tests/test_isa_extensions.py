@@ -138,6 +138,218 @@ def test_3x3_stride_2_padded_max_pool():
     assert y[:, 1].tolist() == [-1, -2, -5, -6]      # max of negatives: the window's corner
 
 
+Y = 9 + 16 + 64          # ub.y
+
+
+def column_0(m, rows):
+    return m.ub[Y:Y + rows, 0].view(np.int8).tolist()
+
+
+@pytest.mark.parametrize("registers", [
+    "CFG pool_size_x, 1",                                              # windows that tile
+    "CFG pool_size_x, 1\n        CFG pool_stride, 2\n        CFG pool_stride_x, 1",
+])
+def test_2x1_windows_halve_the_height_alone(registers):
+    # a CRNN's MaxPool (2, 1) stride (2, 1): a 4 x 4 image 1..16 -> 2 x 4, rows paired
+    x = [[v, 0, 0, 0] for v in range(1, 17)]
+    src = HEAD + f"""
+        CFG pool_size, 2
+        CFG pool_width, 4
+        {registers}
+        ACT.M acc.a, ub.y, 16
+        HLT
+"""
+    m, _ = run_both(src, host_image(x))
+    assert column_0(m, 8) == [5, 6, 7, 8, 13, 14, 15, 16]
+
+
+def test_2x2_stride_2x1_padded_by_one_column():
+    # PaddleOCR's MaxPool((2, 2), (2, 1), (0, 1)): a 4 x 4 image 1..16, no row padding, one
+    # column each side -> 2 x 5; the edge windows hold one column of the image
+    x = [[v, -v, 0, 0] for v in range(1, 17)]
+    src = HEAD + """
+        CFG pool_size, 2
+        CFG pool_width, 4
+        CFG pool_stride, 2
+        CFG pool_stride_x, 1
+        CFG pool_pad_x, 1
+        CFG pool_pad_end_x, 1
+        ACT.M acc.a, ub.y, 16
+        HLT
+"""
+    m, _ = run_both(src, host_image(x))
+    assert column_0(m, 10) == [5, 6, 7, 8, 8, 13, 14, 15, 16, 16]
+    assert m.ub[Y:Y + 10, 1].view(np.int8).tolist() == [-1, -1, -2, -3, -4,
+                                                         -9, -9, -10, -11, -12]
+
+
+@pytest.mark.parametrize("count_pad, expected", [
+    # rows 1..4 and 5..8, windows of 3 columns padded by one each side:
+    # (1+2)/2 -> 2, 6/3, 9/3, (3+4)/2 -> 4 (floor((sum + count//2) / count))
+    (0, [2, 2, 3, 4, 6, 6, 7, 8]),
+    (1, [1, 2, 3, 2, 4, 6, 7, 5]),     # always / 3: (3+1)//3, 6//3, 9//3, (7+1)//3, ...
+])
+def test_1x3_average_padded_across_only(count_pad, expected):
+    x = [[v, 0, 0, 0] for v in range(1, 9)]
+    src = HEAD + f"""
+        CFG pool_size, 1
+        CFG pool_size_x, 3
+        CFG pool_width, 4
+        CFG pool_stride, 1
+        CFG pool_pad_x, 1
+        CFG pool_pad_end_x, 1
+        CFG pool_count_pad, {count_pad}
+        ACT.A acc.a, ub.y, 8
+        HLT
+"""
+    m, _ = run_both(src, host_image(x))
+    assert column_0(m, 8) == expected
+
+
+def test_row_padding_without_column_padding():
+    # pool_pad = 1 with pool_pad_x = 0: 3 x 1 windows at stride 1 over a 2 x 2 image padded
+    # by a row above and below only -> 2 x 2 outputs, max of the two rows each
+    x = [[v, 0, 0, 0] for v in (1, 7, 5, 2)]
+    src = HEAD + """
+        CFG pool_size, 3
+        CFG pool_size_x, 1
+        CFG pool_width, 2
+        CFG pool_stride, 1
+        CFG pool_pad, 1
+        CFG pool_pad_end, 1
+        CFG pool_pad_x, 0
+        CFG pool_pad_end_x, 0
+        ACT.M acc.a, ub.y, 4
+        HLT
+"""
+    m, _ = run_both(src, host_image(x))
+    assert column_0(m, 4) == [5, 7, 5, 7]
+
+
+def _pool_oracle(image, kind, kh, kw, sy, sx, pads, count_pad):
+    """numpy: ONNX-style pooling of an (H, W, N) int image, padding skipped (max) or counted
+    as zeros in the sum; the average rounds floor((sum + count // 2) / count)."""
+    top, left, bottom, right = pads
+    h, w, _ = image.shape
+    ho = (h + top + bottom - kh) // sy + 1
+    wo = (w + left + right - kw) // sx + 1
+    out = []
+    for oy in range(ho):
+        for ox in range(wo):
+            y0, x0 = oy * sy - top, ox * sx - left
+            win = image[max(y0, 0):y0 + kh, max(x0, 0):x0 + kw].reshape(-1, image.shape[2])
+            if kind == "M":
+                out.append(win.max(axis=0))
+            else:
+                count = kh * kw if count_pad else len(win)
+                out.append((win.sum(axis=0) + count // 2) // count)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("kind, geometry", [
+    ("M", (3, 4, (2, 1), (2, 1), (0, 0, 0, 0), 0)),
+    ("M", (4, 3, (2, 2), (2, 1), (0, 1, 0, 1), 0)),
+    ("M", (2, 8, (1, 3), (1, 2), (0, 1, 0, 1), 0)),
+    ("A", (2, 7, (1, 3), (1, 1), (0, 1, 0, 1), 0)),
+    ("A", (2, 7, (1, 3), (1, 1), (0, 1, 0, 1), 1)),
+    ("A", (4, 4, (3, 2), (1, 2), (1, 0, 2, 1), 0)),
+    ("A", (4, 4, (3, 2), (2, 1), (2, 1, 1, 0), 1)),
+])
+def test_rectangular_pooling_against_numpy(kind, geometry):
+    h, w, (kh, kw), (sy, sx), pads, count_pad = geometry
+    top, left, bottom, right = pads
+    rng = np.random.default_rng(h * w + kh)
+    image = rng.integers(-128, 128, (h, w, N))
+    expected = _pool_oracle(image, kind, kh, kw, sy, sx, pads, count_pad)
+    src = HEAD + f"""
+        CFG pool_size, {kh}
+        CFG pool_size_x, {kw}
+        CFG pool_width, {w}
+        CFG pool_stride, {sy}
+        CFG pool_stride_x, {sx}
+        CFG pool_pad, {top}
+        CFG pool_pad_end, {bottom}
+        CFG pool_pad_x, {left}
+        CFG pool_pad_end_x, {right}
+        CFG pool_count_pad, {count_pad}
+        ACT.{kind} acc.a, ub.y, {h * w}
+        HLT
+"""
+    m, _ = run_both(src, host_image(image.reshape(h * w, N)))
+    assert len(expected) <= 16
+    np.testing.assert_array_equal(m.ub[Y:Y + len(expected)].view(np.int8), expected)
+
+
+def test_column_registers_at_their_reset_values_change_nothing():
+    # setting them to what reset means (0 / -1) or to the row registers' values is the
+    # square pooling of before, bit for bit
+    x = [[v, -v, 3 * v, 0] for v in range(1, 17)]
+    body = """
+        CFG pool_size, 3
+        CFG pool_width, 4
+        CFG pool_stride, 2
+        CFG pool_pad, 1
+        CFG pool_pad_end, 1
+        CFG pool_count_pad, 1
+        {extra}
+        ACT.A acc.a, ub.y, 16
+        HLT
+"""
+    outputs = []
+    for extra in ("", "CFG pool_size_x, 0\n CFG pool_stride_x, 0\n CFG pool_pad_x, -1",
+                  "CFG pool_size_x, 3\n CFG pool_stride_x, 2\n CFG pool_pad_x, 1\n"
+                  " CFG pool_pad_end_x, 1"):
+        m, _ = run_both(HEAD + body.format(extra=extra), host_image(x))
+        outputs.append(m.ub[Y:Y + 4].copy())
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_array_equal(outputs[0], outputs[2])
+
+
+def run_fault(source: str, host):
+    program = assemble(source)
+    host = np.asarray(host).astype(np.uint8).view(np.int8)
+    m = Machine.for_program(program)
+    m.load(program, host=host, weights=IDENTITY)
+    r = m.run(max_cycles=1_000_000)
+    ref = run_reference(program, host, IDENTITY)
+    return r, ref
+
+
+@pytest.mark.parametrize("registers, words", [
+    # a column stride for windows that tile (pool_stride 0)
+    ("CFG pool_stride_x, 2", "pool_stride_x needs pool_stride > 0"),
+    # padding as wide as the window's width
+    ("CFG pool_size_x, 1\n CFG pool_stride, 1\n CFG pool_pad_x, 1", "pool_size_x 1"),
+    # 3 columns do not tile a 4-wide image
+    ("CFG pool_size_x, 3", "pool_size_x 3"),
+])
+def test_bad_column_pooling_is_a_shape_fault(registers, words):
+    src = HEAD + f"""
+        CFG pool_size, 2
+        CFG pool_width, 4
+        {registers}
+        ACT.M acc.a, ub.y, 16
+        HLT
+"""
+    r, ref = run_fault(src, host_image([[1, 2, 3, 4]] * 16))
+    assert r.fault is not None and r.fault.kind == ref.fault_kind == "shape"
+    assert words in str(r.fault), str(r.fault)
+    assert "pool" in ref.fault_message
+
+
+@pytest.mark.parametrize("line, message", [
+    ("CFG pool_pad_x, -2", "value -2 out of range -1..255 for register pool_pad_x"),
+    ("CFG pool_size_x, 257", "value 257 out of range 0..256 for register pool_size_x"),
+    ("CFG pool_stride_x, -1", "value -1 out of range 0..256 for register pool_stride_x"),
+    ("CFG pool_pad_end_x, 256", "value 256 out of range -1..255 for register pool_pad_end_x"),
+])
+def test_column_register_values_out_of_range_are_assembly_errors(line, message):
+    from tpuasm.errors import AssemblyError
+    with pytest.raises(AssemblyError) as exc:
+        assemble(line)
+    assert [d.message for d in exc.value.diagnostics] == [message]
+
+
 def test_per_column_average_divides_once():
     # P with A: round_half_even(sum * mult / (count * 2^shift)): (1+2+4+5) * 1 / (4 * 2) = 1.5 -> 2
     # (ACT.A then a separate requantization would round twice: 3 then 3/2 -> 2 here, but

@@ -54,6 +54,9 @@ REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_LO, REG_ACT_HI, REG_POOL_STRIDE, REG_POOL
         _R[n].index for n in (
             "act_params", "act_table", "act_lo", "act_hi", "pool_stride", "pool_pad",
             "pool_pad_end", "pool_count_pad", "act_ub_pitch", "act_ub_width"))
+# 2-D pooling's column axis (spec/isa.md 5.5): 0 / -1 at reset mean "as the row register"
+REG_POOL_SIZE_X, REG_POOL_STRIDE_X, REG_POOL_PAD_X, REG_POOL_PAD_END_X = (
+    _R[n].index for n in ("pool_size_x", "pool_stride_x", "pool_pad_x", "pool_pad_end_x"))
 REG_ACT_FLOAT = _R["act_float"].index      # P's float32 requantization (spec/isa.md 5.5)
 REG_VEC_FLOAT = _R["vec_float"].index      # VADD / VMUL in float32 (spec/isa.md 5.11)
 REG_VEC_MULT_A, REG_VEC_MULT_B, REG_VEC_SHIFT, REG_VEC_ZERO_A, REG_VEC_ZERO_B, \

@@ -61,8 +61,12 @@ def describe(code: int, info, depth: int) -> tuple[str, str]:
         return "config", (f"configuration register {reg.name} = {b} out of range "
                           f"{_REG_MIN[a]}..{_REG_MAX[a]}")
     if code == core.F_SHAPE:
+        if e:
+            return "shape", ("pooling: pool_stride_x needs pool_stride > 0 (windows that tile "
+                             "the image have no stride)")
+        columns = f", pool_size_x {d}" if d else ""
         return "shape", (f"pooling shape does not divide: length {a}, pool_size {b}, "
-                         f"pool_width {c}")
+                         f"pool_width {c}{columns}")
     if code == core.F_NO_TILE:
         return "no_tile", "no weight tile resident (MatrixMultiply without S and no active weights)"
     if code == core.F_DEADLOCK_RW:

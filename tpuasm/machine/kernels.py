@@ -23,7 +23,8 @@ check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, profil
                      register's min..max (or names no register); for other instructions a
                      captured register outside its range (only a hand-made state can do that).
       FAULT_SHAPE    info = (length, pool_size, pool_width): an ACT.M/ACT.A whose length
-                     does not divide into pooling windows.
+                     does not divide into pooling windows; with info[3:5] (when info has
+                     them), pool_size_x and 1 for a pool_stride_x without pool_stride.
     Order: config, then shape, then address.  FIFO/tile faults are the pipeline's.
 footprint(row, regs, out, profile=0) -> count
     out: int64[8, 4]; entries (MEM_*, is_write, start, stop), stop exclusive: the bounding
@@ -116,6 +117,8 @@ from .decoded import REG_ACT_FLOAT, REG_VEC_FLOAT
 from .decoded import (ACT_LOOKUP, ACT_PER_COLUMN, REG_ACT_HI, REG_ACT_LO, REG_ACT_PARAMS,
                       REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_ACT_UB_WIDTH, REG_POOL_COUNT_PAD,
                       REG_POOL_PAD, REG_POOL_PAD_END, REG_POOL_STRIDE)
+from .decoded import (REG_POOL_PAD_END_X, REG_POOL_PAD_X, REG_POOL_SIZE_X,
+                      REG_POOL_STRIDE_X)
 
 FAULT_NONE, FAULT_ADDRESS, FAULT_CONFIG, FAULT_SHAPE = 0, 1, 2, 3
 MEM_UB, MEM_ACC, MEM_HOST, MEM_TILE = 0, 1, 2, 3
@@ -268,25 +271,35 @@ def _act_shape(row, regs):
     width = regs[REG_POOL_WIDTH]
     if width == 0:
         return length % k == 0, length // k
-    if regs[REG_POOL_STRIDE] != 0:
-        ok, out_h, out_w = _pool_grid(length, width, k, regs)
-        return ok, out_h * out_w
-    ok = width % k == 0 and length % width == 0 and (length // width) % k == 0
-    return ok, length // (k * k)
+    g = _pool_geometry(length, width, regs)
+    return g[0], g[7] * g[8]
 
 
 @njit(cache=True)
-def _pool_grid(length, width, k, regs):
-    """(valid, output height, output width) of strided, padded 2-D pooling (pool_stride > 0):
-    the image is length / width rows of `width`, padded by pool_pad before and pool_pad_end
-    after on both axes; every window must hold at least one image element."""
-    s, pad, pad_end = regs[REG_POOL_STRIDE], regs[REG_POOL_PAD], regs[REG_POOL_PAD_END]
-    if length % width != 0 or pad >= k or pad_end >= k:
-        return False, 0, 0
+def _pool_geometry(length, width, regs):
+    """2-D pooling (pool_width = width > 0) of an image of length / width rows:
+    (valid, kh, kw, sy, sx, top, left, out_h, out_w) -- the window, the strides, the
+    padding above and left, the output's size.  The column registers at reset (0, or -1 for
+    the padding) take the row registers' values; pool_stride = 0 is windows that tile the
+    image.  Every window must hold at least one image element (spec/isa.md 5.5)."""
+    kh = regs[REG_POOL_SIZE]
+    kw = regs[REG_POOL_SIZE_X] if regs[REG_POOL_SIZE_X] != 0 else kh
+    sy = regs[REG_POOL_STRIDE]
+    sx = regs[REG_POOL_STRIDE_X] if regs[REG_POOL_STRIDE_X] != 0 else sy
+    if length % width != 0:
+        return False, kh, kw, 1, 1, 0, 0, 0, 0
     height = length // width
-    if height + pad + pad_end < k or width + pad + pad_end < k:
-        return False, 0, 0
-    return True, (height + pad + pad_end - k) // s + 1, (width + pad + pad_end - k) // s + 1
+    if sy == 0:
+        ok = regs[REG_POOL_STRIDE_X] == 0 and width % kw == 0 and height % kh == 0
+        return ok, kh, kw, kh, kw, 0, 0, height // kh, width // kw
+    top, bottom = regs[REG_POOL_PAD], regs[REG_POOL_PAD_END]
+    left = regs[REG_POOL_PAD_X] if regs[REG_POOL_PAD_X] >= 0 else top
+    right = regs[REG_POOL_PAD_END_X] if regs[REG_POOL_PAD_END_X] >= 0 else bottom
+    if top >= kh or bottom >= kh or left >= kw or right >= kw \
+            or height + top + bottom < kh or width + left + right < kw:
+        return False, kh, kw, sy, sx, top, left, 0, 0
+    return (True, kh, kw, sy, sx, top, left, (height + top + bottom - kh) // sy + 1,
+            (width + left + right - kw) // sx + 1)
 
 
 @njit(cache=True)
@@ -417,6 +430,11 @@ def check_instruction(row, regs, ub_rows, acc_rows, host_rows, n_tiles, info, pr
     ok, out_rows = _act_shape(row, regs)
     if not ok:
         _set_info(info, length, regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH])
+        if info.shape[0] >= 5:          # the column registers, for the message
+            info[3] = regs[REG_POOL_SIZE_X]
+            tiling_with_stride = regs[REG_POOL_STRIDE_X] != 0 and regs[REG_POOL_STRIDE] == 0 \
+                and regs[REG_POOL_WIDTH] != 0
+            info[4] = 1 if tiling_with_stride else 0
         return FAULT_SHAPE
     # P's parameter rows, then L's table rows, before the iterations' rows
     p_rows, t_rows = act_param_rows(row[COL_FLAGS], array_size)
@@ -1280,13 +1298,13 @@ def _function_row(src, fn, frac, out):
 
 
 @njit(cache=True)
-def _window_origin(o, out_w, s, pad, pool):
+def _window_origin(o, out_w, sy, sx, top, left, pool):
     """The image row and column where output vector o's pooling window starts (may be
     negative: padding); o's own row when there is no pooling."""
     if pool == _POOL_NONE:
         return o, 0
     oy = o // out_w
-    return oy * s - pad, (o - oy * out_w) * s - pad
+    return oy * sy - top, (o - oy * out_w) * sx - left
 
 
 @njit(cache=True)
@@ -1735,15 +1753,15 @@ def _zero_columns(row, regs, acc, length, columns=-1):
 
 @njit(cache=True)
 def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
-              shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s, pad,
-              out_w, out_rows, count_pad, columns=-1):
+              shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, sy, sx,
+              top, left, out_w, out_rows, count_pad, columns=-1):
     """_execute_act_ext's general loop for 8-bit outputs, a row at a time: each window
     element's row through its function (_window_values), pooled into buf[0] by a loop with
     no branch on the data, then requantized and stored (_requantize_row).  Returns False,
     having done nothing, when a window holds no image element (then the general loop keeps
     its own rule for it)."""
     for o in range(out_rows):                 # every window must see the image
-        y0, x0 = _window_origin(o, out_w, s, pad, pool)
+        y0, x0 = _window_origin(o, out_w, sy, sx, top, left, pool)
         if min(y0 + kh, img_h) <= max(y0, 0) or min(x0 + kw, img_w) <= max(x0, 0):
             return False
     n = acc.shape[1]
@@ -1765,7 +1783,7 @@ def _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(out_rows):
-            y0, x0 = _window_origin(o, out_w, s, pad, pool)
+            y0, x0 = _window_origin(o, out_w, sy, sx, top, left, pool)
             count = 0
             for yy in range(max(y0, 0), min(y0 + kh, img_h)):
                 for xx in range(max(x0, 0), min(x0 + kw, img_w)):
@@ -1842,21 +1860,19 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True, colu
     per = 2 if out_kind == ACT_OUT_INT16 else 1
     frac = regs[REG_FN_IN_FRAC]
     length = row[COL_LEN]
-    # The pooling grid: windows of kh x kw image elements at stride s, padded by `pad`.
+    # The pooling grid: windows of kh x kw image elements at strides sy x sx, padded by
+    # `top` rows above and `left` columns left.
     k, width = regs[REG_POOL_SIZE], regs[REG_POOL_WIDTH]
     if pool == _POOL_NONE:
-        img_w, kh, kw, s, pad, out_w = 1, 1, 1, 1, 0, 1
+        img_w, kh, kw, sy, sx, top, left, out_w = 1, 1, 1, 1, 1, 0, 0, 1
         out_rows = length
     elif width == 0:                 # 1-D: groups of k consecutive rows
-        img_w, kh, kw, s, pad, out_w = length, 1, k, k, 0, length // k
+        img_w, kh, kw, sy, sx, top, left, out_w = length, 1, k, k, k, 0, 0, length // k
         out_rows = length // k
-    elif regs[REG_POOL_STRIDE] == 0:
-        img_w, kh, kw, s, pad, out_w = width, k, k, k, 0, width // k
-        out_rows = length // (k * k)
     else:
-        ok, oh, ow = _pool_grid(length, width, k, regs)
-        img_w, kh, kw, s, pad, out_w = width, k, k, regs[REG_POOL_STRIDE], regs[REG_POOL_PAD], ow
-        out_rows = oh * ow
+        _ok, kh, kw, sy, sx, top, left, oh, out_w = _pool_geometry(length, width, regs)
+        img_w = width
+        out_rows = oh * out_w
     img_h = length // img_w
     count_pad = regs[REG_POOL_COUNT_PAD] != 0
     acc_buf = buf[0]
@@ -1868,14 +1884,14 @@ def _execute_act_ext(row, regs, acc, ub, buf, profile, fn, pool, fast=True, colu
     if out_kind != ACT_OUT_INT16 and fast:
         kind = (0 if as_float else 1) if per_col else 2
         if _act_fast(row, regs, acc, ub, buf, fn, pool, kind, bias, mult, shifts, fmult, mult_r,
-                     shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, s,
-                     pad, out_w, out_rows, count_pad, columns):
+                     shift_r, zero, lo, hi, out_kind, table, lookup, img_w, img_h, kh, kw, sy,
+                     sx, top, left, out_w, out_rows, count_pad, columns):
             return
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(out_rows):
-            y0, x0 = _window_origin(o, out_w, s, pad, pool)
+            y0, x0 = _window_origin(o, out_w, sy, sx, top, left, pool)
             count = 0
             for yy in range(max(y0, 0), min(y0 + kh, img_h)):
                 for xx in range(max(x0, 0), min(x0 + kw, img_w)):
@@ -1930,7 +1946,8 @@ def _uses_act_extensions(row, regs):
     return (row[COL_FLAGS] & (ACT_PER_COLUMN | ACT_LOOKUP)) != 0 \
         or regs[REG_ACT_LO] != _INT32_MIN or regs[REG_ACT_HI] != _INT32_MAX \
         or regs[REG_ACT_UB_PITCH] != 0 \
-        or (regs[REG_POOL_STRIDE] != 0 and regs[REG_POOL_WIDTH] != 0
+        or ((regs[REG_POOL_STRIDE] != 0 or regs[REG_POOL_SIZE_X] != 0)
+            and regs[REG_POOL_WIDTH] != 0
             and (row[COL_FLAGS] & (ACT_MAXPOOL | ACT_AVGPOOL)) != 0)
 
 

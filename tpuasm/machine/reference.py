@@ -375,30 +375,40 @@ class ReferenceMachine:
             raise Fault("shape", f"pooling: length {length} is not a multiple of "
                                  f"pool_width {width}")
         height = length // width
-        stride = self.regs["pool_stride"]
-        if stride == 0:                       # the original rule: windows tile the image
-            if width % k or height % k:
+        r = self.regs
+        kh, kw = k, r["pool_size_x"] or k          # column registers: 0 / -1 = as the rows
+        sy = r["pool_stride"]
+        sx = r["pool_stride_x"] or sy
+        if sy == 0:                           # the original rule: windows tile the image
+            if r["pool_stride_x"]:
+                raise Fault("shape", f"pooling: pool_stride_x {r['pool_stride_x']} needs "
+                                     f"pool_stride > 0 (windows that tile have no stride)")
+            if width % kw or height % kh:
                 raise Fault("shape", f"pooling: a {height} x {width} image does not divide "
-                                     f"into {k} x {k} windows")
-            stride, pad, pad_end = k, 0, 0
+                                     f"into {kh} x {kw} windows")
+            sy, sx, top, bottom, left, right = kh, kw, 0, 0, 0, 0
         else:
-            pad, pad_end = self.regs["pool_pad"], self.regs["pool_pad_end"]
-            if pad >= k or pad_end >= k or min(height, width) + pad + pad_end < k:
-                raise Fault("shape", f"pooling: a {height} x {width} image padded by {pad} "
-                                     f"and {pad_end} has no {k} x {k} window of stride {stride}")
-        out_h = (height + pad + pad_end - k) // stride + 1
-        out_w = (width + pad + pad_end - k) // stride + 1
+            top, bottom = r["pool_pad"], r["pool_pad_end"]
+            left = top if r["pool_pad_x"] < 0 else r["pool_pad_x"]
+            right = bottom if r["pool_pad_end_x"] < 0 else r["pool_pad_end_x"]
+            if (top >= kh or bottom >= kh or left >= kw or right >= kw
+                    or height + top + bottom < kh or width + left + right < kw):
+                raise Fault("shape", f"pooling: a {height} x {width} image padded by "
+                                     f"{top}, {bottom} rows and {left}, {right} columns has "
+                                     f"no {kh} x {kw} window of stride {sy} x {sx}")
+        out_h = (height + top + bottom - kh) // sy + 1
+        out_w = (width + left + right - kw) // sx + 1
         if not build:
             return out_h * out_w
-        whole = bool(self.regs["pool_count_pad"])
+        whole = bool(r["pool_count_pad"])
         groups = []
         for py in range(out_h):
             for px in range(out_w):
-                ys = [py * stride - pad + dy for dy in range(k)]
-                xs = [px * stride - pad + dx for dx in range(k)]
+                ys = [py * sy - top + dy for dy in range(kh)]
+                xs = [px * sx - left + dx for dx in range(kw)]
                 inside = [y * width + x for y in ys if 0 <= y < height
                           for x in xs if 0 <= x < width]
-                groups.append((inside, k * k if whole else len(inside)))
+                groups.append((inside, kh * kw if whole else len(inside)))
         return groups
 
     def _requantize(self, x: int) -> int:

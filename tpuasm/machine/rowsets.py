@@ -18,7 +18,7 @@ import numpy as np
 from . import kernels
 from .decoded import (ACT_AVGPOOL, ACT_MAXPOOL, ACT_OUT_INT16, REG_ACT_OUT, COL_ACC, COL_FLAGS, COL_HOST, COL_LEN, COL_OP,
                       COL_UB, MMC_CONV, MMC_WIDE_IN, OP_ACT, OP_MMC, OP_RHM, OP_RHMA, OP_WHM,
-                      OP_WHMA, REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_POOL_PAD, REG_POOL_SIZE,
+                      OP_WHMA, REG_ACT_PARAMS, REG_ACT_TABLE, REG_ACT_UB_PITCH, REG_POOL_SIZE,
                       REG_POOL_STRIDE, REG_POOL_WIDTH, REG_REP_ACC_STRIDE, REG_REP_HOST_STRIDE,
                       REG_REP_UB_STRIDE)
 from .decoded import COL_VA, COL_VB, COL_VC, OP_VADD, OP_VMUL, VEC_BROADCAST
@@ -31,7 +31,7 @@ _act_shape = python(kernels._act_shape)
 _act_out_row = python(kernels._act_out_row)
 _act_param_rows = python(kernels.act_param_rows)
 _act_ub_rows = python(kernels._act_ub_rows)
-_pool_grid = python(kernels._pool_grid)
+_pool_geometry = python(kernels._pool_geometry)
 _uses_ext = python(kernels._uses_act_extensions)
 _vector_table_rows = python(kernels.vector_table_rows)
 _vector_operand_rows = python(kernels.vector_operand_rows)
@@ -158,11 +158,10 @@ def _act_acc_rows(row, regs) -> np.ndarray:
         if pooled and width == 0 and k > 0:           # 1-D: groups of k consecutive rows
             return np.arange((length // k) * k, dtype=np.int64)
         return np.arange(length, dtype=np.int64)
-    ok, oh, ow = _pool_grid(length, width, k, regs)
-    s, pad = int(regs[REG_POOL_STRIDE]), int(regs[REG_POOL_PAD])
+    ok, kh, kw, sy, sx, top, left, oh, ow = (int(v) for v in _pool_geometry(length, width, regs))
     height = length // width
-    ys = np.unique([y for oy in range(int(oh)) for y in range(oy * s - pad, oy * s - pad + k)
+    ys = np.unique([y for oy in range(oh) for y in range(oy * sy - top, oy * sy - top + kh)
                     if 0 <= y < height])
-    xs = np.unique([x for ox in range(int(ow)) for x in range(ox * s - pad, ox * s - pad + k)
+    xs = np.unique([x for ox in range(ow) for x in range(ox * sx - left, ox * sx - left + kw)
                     if 0 <= x < width])
     return (ys[:, None] * width + xs[None, :]).ravel().astype(np.int64)

@@ -67,10 +67,11 @@ def supports(op) -> str | None:
         t, l, b, r = op.pads
         if op.kind not in ("max", "avg"):
             return f"pooling kind {op.kind!r}"
-        if kh != kw or op.strides[0] != op.strides[1] or t != l or b != r:
-            return "Activate pools square windows with one stride and the same padding on both axes"
-        if kh > 256 or op.strides[0] > 256 or max(op.pads) > 255:
+        if max(kh, kw, *op.strides) > 256 or max(op.pads) > 255:
             return "pooling window, stride or padding beyond the pool registers' range"
+        if max(t, b) >= kh or max(l, r) >= kw:
+            return (f"padding {op.pads} as large as the {kh}x{kw} window (Activate's windows "
+                    f"must each hold an image element)")
         return None
     if isinstance(op, Lookup):
         return None if len(op.table) == 256 else "a lookup table needs 256 entries"

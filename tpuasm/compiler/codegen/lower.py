@@ -491,22 +491,32 @@ class Lowering:
 
     # ------------------------------------------------------------------ Pool
     def pool_registers(self, pool: Pool, height: int, width: int):
+        """The pool registers of `pool` on a height x width image: the rows' window, stride
+        and padding, and the columns' where they differ (their reset values, 0 and -1, take
+        the rows': a square pool sets only the rows', as before registers 33-36)."""
         kh, kw = pool.kernel
         sh, sw = pool.strides
         t, l, b, r = pool.pads
-        if kh != kw or sh != sw or t != l or b != r:
-            raise CodegenError(f"{pool.name}: pooling {pool.kernel} stride {pool.strides} pads "
-                               f"{pool.pads}: Activate pools square windows with one stride "
-                               f"and the same padding on both axes")
+        if max(t, b) >= kh or max(l, r) >= kw:
+            raise CodegenError(f"{pool.name}: pooling {pool.kernel} pads {pool.pads}: a pad "
+                               f"as large as the window")
         self.e.cfg(pool_size=kh, pool_width=width, pool_stride=sh, pool_pad=t, pool_pad_end=b,
-                   pool_count_pad=int(pool.count_include_pad))
+                   pool_count_pad=int(pool.count_include_pad),
+                   pool_size_x=0 if kw == kh else kw, pool_stride_x=0 if sw == sh else sw,
+                   pool_pad_x=-1 if l == t else l, pool_pad_end_x=-1 if r == b else r)
 
     def pool_activate(self, pool: Pool, act: str, half: str, acc_first: int, acc_stride: int,
                       dst: Layout, chunk: int, samples: range, height: int, width: int,
                       what: str, out_row0: int = 0):
         """Pool each sample's height x width accumulator image into dst (its pooled rows
         from out_row0 on)."""
-        _hp, wp = output_hw_pool(pool, height, width)
+        hp, wp = output_hw_pool(pool, height, width)
+        _c, h, w = pool.output.shape
+        whole = height == pool.input.shape[1]          # else a band of rows (pool_bands)
+        if wp != w or (whole and hp != h):
+            raise CodegenError(f"{pool.name}: pooling {pool.kernel} stride {pool.strides} pads "
+                               f"{pool.pads} of a {height}x{width} image makes {hp}x{wp}, not "
+                               f"the output's {h}x{w}")
         self.pool_registers(pool, height, width)
         self.activate_images(act, half, acc_first, acc_stride, dst, chunk, samples, out_row0,
                              height * width, wp, what)
@@ -596,10 +606,10 @@ class Lowering:
                    first_switch: bool):
         """An image larger than an accumulator half: bands of pooled rows, each copying the
         input rows its windows need (overlapping when the window exceeds the stride)."""
-        k, s = op.kernel[0], op.strides[0]
-        if any(op.pads):
-            raise CodegenError(f"{op.name}: a padded pooling of a {src.height}x{src.width} "
-                               f"image larger than an accumulator half")
+        k, s = op.kernel[0], op.strides[0]          # bands of rows: the rows' window
+        if op.pads[0] or op.pads[2]:                 # (columns' padding: every band's own)
+            raise CodegenError(f"{op.name}: a pooling padded above or below of a "
+                               f"{src.height}x{src.width} image larger than an accumulator half")
         ho, _wo = output_hw_pool(op, src.height, src.width)
         per_band = max(1, ((self.c.half_rows // src.width) - k) // s + 1)
         if k * src.width > self.c.half_rows:
@@ -870,9 +880,10 @@ def elementwise_table(op: Elementwise, lookup: Lookup | None) -> np.ndarray | No
 
 
 def output_hw_pool(pool: Pool, height: int, width: int) -> tuple[int, int]:
-    k, s = pool.kernel[0], pool.strides[0]
-    t, _l, b, _r = pool.pads
-    return (height + t + b - k) // s + 1, (width + t + b - k) // s + 1
+    kh, kw = pool.kernel
+    sh, sw = pool.strides
+    t, l, b, r = pool.pads
+    return (height + t + b - kh) // sh + 1, (width + l + r - kw) // sw + 1
 
 
 __all__ = ["Lowering", "CodegenError", "Conv", "Dense", "Lookup", "Pool"]

@@ -13,8 +13,8 @@ the image's top padding stays on the first band, its bottom padding on the last,
 padding of the other sides on every band.  A Relu/Clip and a Max/AveragePool after the Conv
 (VGG's `conv -> relu -> pool`) are banded with it, so the pool reads the band its own rows
 came from and the full image never exists on the chip.  A padded pool whose bands would keep
-their padding on one side only (the back end's pool takes the same padding on both axes) is
-left whole after the Concat.  A pool is not banded on its own: its bands would read host
+their padding on one side only is left whole after the Concat (the partition orders the
+bands' Convs before their Pools, and an unfused pool would hold all their images at once).  A pool is not banded on its own: its bands would read host
 Slices, and the quantizer takes a pool only after a TPU node (they would stay on the host).
 The Slices and the Concat run on the host (layout), the bands' Convs and Pools on the TPU,
 one segment.
@@ -272,6 +272,12 @@ def _segment(chain: _Chain, bands: list[_Band], room=None):
             why = room.refuses(op)
             if why is not None:
                 raise _Unmapped(f"{type(op).__name__.lower()} of a band: {why}")
+        if room is not None and band.pool_pads is not None and \
+                band.pool_pads != tuple(_windows(chain.pool)[1][0::2]):
+            # Activate pads each side on its own, but the partition orders the bands' Convs
+            # before their Pools: an unfused pool's inputs would all be held at once (the
+            # image banding avoids), and the segment cut in several
+            raise _Unmapped("pool of a band: its bands would pad it on one side only")
         ops += made
         inputs.append(made[0].input)
         outputs.append(made[-1].output)
