@@ -200,3 +200,40 @@ def test_dense_float_vector_loop_equals_the_general_loop_at_extremes(seed):
         K._execute_act_ext(row, regs, acc, general, np.zeros((2, N), np.int64), 0, fn,
                            K._POOL_NONE, False)
         np.testing.assert_array_equal(fast, general, err_msg=f"{mult} {regs}")
+
+
+@pytest.mark.parametrize("relu", ["", "R"])
+def test_iterations_that_write_the_same_rows_look_them_up_once(relu):
+    """A repeated ACT.PL with rep_ub_stride 0 writes its rows twice: the table maps each
+    write once (the float32 loop used to map every iteration's rows after all of them, so
+    a row written twice was looked up twice; found by a 2,000-program differential run)."""
+    rng = np.random.default_rng(7)
+    regs = D.reset_registers()
+    regs[D.REG_ACT_FLOAT] = 1
+    regs[D.REG_ACT_OUT] = D.ACT_OUT_UINT8
+    regs[D.REG_ACT_PARAMS], regs[D.REG_ACT_TABLE] = 0, 20
+    row = np.zeros(D.NCOLS, np.int64)
+    row[D.COL_OP] = D.OP_ACT
+    row[D.COL_FLAGS] = ISA_TABLE.instructions["ACT"].flag_bits(relu + "PL")
+    row[D.COL_REPEAT], row[D.COL_ACC], row[D.COL_UB], row[D.COL_LEN] = 2, 0, 40, 3
+    acc = rng.integers(-3000, 3000, (3, N)).astype(np.int32)
+    acc[:, N - 16:] = 0                                  # the zero-column tail as well
+    ub = rng.integers(0, 256, (48, N)).astype(np.uint8)
+    _params(rng, ub, 0, True)
+    bits = np.full(N, 0.03, np.float32).view(np.uint32).astype(np.int64)
+    for b in range(4):                                   # one float32 multiplier
+        ub[4 + b] = (bits >> (8 * b)) & 0xFF
+    fast, general = ub.copy(), ub.copy()
+    K._execute_act_ext(row, regs, acc, fast, np.zeros((2, N), np.int64), 0, K._FN_NONE if
+                       not relu else K._FN_RELU, K._POOL_NONE, True)
+    K._execute_act_ext(row, regs, acc, general, np.zeros((2, N), np.int64), 0, K._FN_NONE if
+                       not relu else K._FN_RELU, K._POOL_NONE, False)
+    np.testing.assert_array_equal(fast, general)
+    # the oracle by hand: one lookup of each output byte
+    table = np.concatenate([ub[20 + r] for r in range(-(-256 // N))])[:256]
+    bias = sum(ub[b].astype(np.int64) << (8 * b) for b in range(4)).astype(np.uint32)
+    values = (acc.astype(np.int64) + bias.view(np.int32) + 2 ** 31) % 2 ** 32 - 2 ** 31
+    if relu:
+        values = np.maximum(values, 0)
+    y = np.clip(np.rint(values.astype(np.float32) * np.float32(0.03)), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(fast[40:43], table[y])

@@ -1478,13 +1478,15 @@ def _float_columns_vectorize(fmult, m, zero, lo, hi):
 
 @njit(cache=True)
 def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu,
-                       zeros):
-    """The loop of _act_dense_float for columns 0..m-1 (ReLU or no function, bounds merged,
+                       table, lookup):
+    """_act_dense_float for columns 0..m-1 (ReLU or no function, bounds merged,
     _float_columns_vectorize true) in float32 with no branch, so that it vectorizes: the
     product fl32(fl32(v) * f) is the float32 multiply itself; rint and the clamp to
     [lo - zero, hi - zero] are exact on integer-valued float32 below 2^25, and a product
     beyond int32 lands on the same bound as its saturation would (zero point and bounds
-    within 2^23).  zeros[m:] gets a zero accumulator's outputs (before any table)."""
+    within 2^23).  Columns m.. get a zero accumulator's outputs.  The table and those
+    columns follow each row's loop, not a pass over every iteration's rows after them:
+    iterations that write the same row (rep_ub_stride 0) would look it up twice."""
     n = fmult.shape[0]
     f32 = np.empty(n, np.float32)
     b32 = np.empty(n, np.int32)
@@ -1494,20 +1496,29 @@ def _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi,
     low = np.float32(lo - zero)
     high = np.float32(hi - zero)
     floor = np.int32(0) if relu else np.int32(_INT32_MIN)
+    zeros = np.zeros(n, np.uint8)
     for j in range(m, n):
         r = np.rint(np.float32(max(b32[j], floor)) * f32[j])
         zeros[j] = np.uint8((np.int32(min(max(r, low), high)) + zero) & 0xFF)
+        if lookup:
+            zeros[j] = table[zeros[j]]
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
         for o in range(length):
             src = acc[a0 + o]
-            dst = ub[u0 + _act_out_row(o, regs)]
+            u = u0 + _act_out_row(o, regs)
+            dst = ub[u]
             for j in range(m):
                 v = max(np.int32(src[j] + b32[j]), floor)       # the bias add wraps
                 r = np.rint(np.float32(v) * f32[j])
                 y = min(max(r, low), high)
                 dst[j] = np.uint8((np.int32(y) + zero) & 0xFF)
+            if lookup:
+                for j in range(m):
+                    dst[j] = table[dst[j]]
+            if m < n:
+                _copy_tail(ub, u, zeros, m)
 
 
 @njit(cache=True)
@@ -1533,31 +1544,17 @@ def _act_dense_float(row, regs, acc, ub, length, bias, fmult, fn, frac, zero, lo
     other = fn != _FN_RELU and fn != _FN_NONE
     # columns from m on are zero in every row read: they take a zero row's outputs
     m = _zero_columns(row, regs, acc, length, columns)
-    zeros = np.zeros(n, np.uint8)
-    fast = not other and _float_columns_vectorize(fmult, n, zero, lo, hi)
-    if fast:
+    if not other and _float_columns_vectorize(fmult, n, zero, lo, hi):
         _act_dense_float32(row, regs, acc, ub, length, bias, fmult, m, zero, lo, hi, relu,
-                           zeros)
-    else:
-        for j in range(m, n):
-            v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
-            v = _apply_fn(v, fn, frac)
-            zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
-    if lookup:
-        for j in range(m, n):
-            zeros[j] = table[zeros[j]]
-    if fast:
-        if lookup or m < n:
-            for i in range(_iterations(row)):
-                u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
-                for o in range(length):
-                    u = u0 + _act_out_row(o, regs)
-                    if lookup:
-                        for j in range(m):
-                            ub[u, j] = table[ub[u, j]]
-                    if m < n:
-                        _copy_tail(ub, u, zeros, m)
+                           table, lookup)
         return
+    zeros = np.zeros(n, np.uint8)
+    for j in range(m, n):
+        v = ((bias[j] - _INT32_MIN) & 0xFFFFFFFF) + _INT32_MIN
+        v = _apply_fn(v, fn, frac)
+        zeros[j] = min(max(_float_requantize(v, fmult[j]) + zero, lo), hi) & 0xFF
+        if lookup:
+            zeros[j] = table[zeros[j]]
     for i in range(_iterations(row)):
         a0 = row[COL_ACC] + i * regs[REG_REP_ACC_STRIDE]
         u0 = row[COL_UB] + i * regs[REG_REP_UB_STRIDE]
