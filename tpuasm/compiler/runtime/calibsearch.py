@@ -105,7 +105,7 @@ def score(qdq, float_model, data: dict, batch_first: bool, ref: dict | None = No
     are judged by top-1 over the float model's class axes (classaxis.py: those of the
     search under way, classaxis.judging); `minmax`: whether `qdq` is calibrated by
     min-max, and so judged by the lower of its top-1 agreement and the one expected on new
-    rows (validate.expected_agreement)."""
+    rows (validate.pair_agreement)."""
     from tpuasm.compiler.runtime.classaxis import class_axes, searched_axes
     from tpuasm.compiler.runtime.validate import FloatReference, compare, run_float
     import onnx
@@ -380,7 +380,7 @@ HELD_OUT_MIN_ROWS = 32       # fewer calibration rows: halves too small to tell 
 def _extrapolate_if_clipped(searching: tuple, options, current, nodes, notes: dict,
                             held_out: bool):
     """Min-max ranges are fitted to the calibration rows, so they clip rows beyond them, and
-    a check on those very rows cannot see it (validate.expected_agreement moves rounding
+    a check on those very rows cannot see it (validate.pair_agreement moves rounding
     errors between rows, not clipping).  A JAX LSTM calibrated on 128 rows: 100 % top-1 on
     them, 99.77 % expected, 98.63 % on 512 new rows.  So, when the check rows are the
     calibration rows (`held_out`) and the model is not sure to keep every answer (its

@@ -148,7 +148,7 @@ def compare(float_out: dict, compiled_out: dict, names: list[str],
             classes: dict | None = None, expected: bool = True) -> list[OutputCheck]:
     """The figures of each output (arrays of the same rows); `classes`: {output: ClassAxis}
     of the float model (classaxis.class_axes), without which only a rank-2 output is
-    judged by top-1; `expected`: whether top-1 outputs get expected_agreement (a model
+    judged by top-1; `expected`: whether top-1 outputs get pair_agreement's figures (a model
     calibrated by min-max, whose errors on the rows are rounding, not clipping)."""
     from tpuasm.compiler.runtime.classaxis import judged_axis
     checks = []
@@ -187,14 +187,7 @@ def expected_text(expected: float, stderr: float | None) -> str:
     return f"{100 * expected:.2f}{spread} % expected on new rows"
 
 
-EXPECTED_ELEMENTS = 20_000_000   # the cost bound of expected_agreement: rows x rows x classes
-
-
-def expected_agreement(ref: np.ndarray, got: np.ndarray, axis: int) -> float | None:
-    """The top-1 agreement to expect on rows the check has not seen (pair_agreement's
-    estimate, without its standard error)."""
-    pair = pair_agreement(ref, got, axis)
-    return None if pair is None else pair[0]
+EXPECTED_ELEMENTS = 20_000_000   # the cost bound of pair_agreement: rows x rows x classes
 
 
 def pair_agreement(ref: np.ndarray, got: np.ndarray, axis: int) -> tuple | None:
