@@ -275,26 +275,20 @@ def _widen_through_the_host(model, samples, signature, out_path, options, curren
     MatMul stays on the TPU; the host computes the element-wise arithmetic in float, as the
     float model does.  Kept when the check says it is better.  Returns (options, score,
     nodes, a sentence for the report or "", notes)."""
-    from tpuasm.compiler.front import widen
-    from tpuasm.compiler.front.quantize import _with_shapes, tpu_nodes
     hosted = _eight_bit_nodes(model, nodes)
     if not hosted:
         return options, current, nodes, "", notes
     other = replace(options, calibration_method="minmax",
                     checked_float=(*options.checked_float, *hosted))
-    try:
-        chosen = set(tpu_nodes(_with_shapes(model), other, path, provenance))
-    except Exception:                   # noqa: BLE001 - no such choice
+    groups = _eligible_wide(model, other, path, provenance)
+    if groups is None:
         return options, current, nodes, "", notes
-    groups, _ = widen.eligible(model, chosen)
     other = replace(other, checked_wide=tuple(groups))
     candidate = Path(out_path).with_suffix(".host.onnx")
-    tried: dict = {}
-    try:
-        found = quantize(model, samples, signature, candidate, other, path, provenance,
-                         notes=tried, **more)
-    except Exception:                   # noqa: BLE001 - as it was
+    quantized = _quantized(model, samples, signature, candidate, other, path, provenance, more)
+    if quantized is None:
         return options, current, nodes, "", notes
+    found, tried = quantized
     if _moves_matrix_work(candidate, found, out_path):
         return options, current, nodes, "", notes
     s = score(candidate, float_model, check, batch_first)
@@ -307,6 +301,30 @@ def _widen_through_the_host(model, samples, signature, out_path, options, curren
         f"{len(groups)} tensors "
         f"between matrix operators are int16, min-max calibration: {current.text()} -> "
         f"{s.text()}"), tried
+
+
+def _eligible_wide(model, options, path, provenance) -> dict | None:
+    """widen.eligible's int16 tensor groups with the nodes `options` puts on the TPU, or None
+    when that choice of nodes fails."""
+    from tpuasm.compiler.front import widen
+    from tpuasm.compiler.front.quantize import _with_shapes, tpu_nodes
+    try:
+        chosen = set(tpu_nodes(_with_shapes(model), options, path, provenance))
+    except Exception:                   # noqa: BLE001 - no such choice
+        return None
+    return widen.eligible(model, chosen)[0]
+
+
+def _quantized(model, samples, signature, candidate, options, path, provenance, more: dict):
+    """(quantized nodes, quantize()'s notes) of a candidate QDQ model written to
+    `candidate`, or None when quantize() fails (the search keeps what it had)."""
+    tried: dict = {}
+    try:
+        found = quantize(model, samples, signature, candidate, options, path, provenance,
+                         notes=tried, **more)
+    except Exception:                   # noqa: BLE001 - as it was
+        return None
+    return found, tried
 
 
 def _eight_bit_nodes(model, nodes) -> list[str]:
@@ -763,23 +781,17 @@ def _take_back_the_floated(model, samples, signature, out_path, options, current
     (a token classifier: its Tanh floated for 0.03 points, then int16 weights took it from
     99.13 to 99.88 % expected on new rows; with its Tanh on the TPU again, the same).
     Returns (options, score, nodes, a sentence for the report or "", notes)."""
-    from tpuasm.compiler.front import widen
-    from tpuasm.compiler.front.quantize import _with_shapes, tpu_nodes
     other = replace(options, checked_float=())
-    try:
-        chosen = set(tpu_nodes(_with_shapes(model), other, path, provenance))
-    except Exception:                   # noqa: BLE001 - no such choice
+    groups = _eligible_wide(model, other, path, provenance)
+    if groups is None:
         return options, current, nodes, "", notes
-    groups, _ = widen.eligible(model, chosen)
     wide = {t for key, alike in groups.items() for t in (key, *alike)}
     other = replace(other, checked_wide=tuple(t for t in options.checked_wide if t in wide))
     candidate = Path(out_path).with_suffix(".back.onnx")
-    tried: dict = {}
-    try:
-        found = quantize(model, samples, signature, candidate, other, path, provenance,
-                         notes=tried, **more)
-    except Exception:                   # noqa: BLE001 - as it was
+    quantized = _quantized(model, samples, signature, candidate, other, path, provenance, more)
+    if quantized is None:
         return options, current, nodes, "", notes
+    found, tried = quantized
     s = score(candidate, float_model, check, batch_first,
               minmax=other.calibration_method == "minmax")
     if s is None or s.below(min_agreement, min_snr):
