@@ -524,7 +524,9 @@ def test_a_host_output_read_inside_its_part_keeps_its_float_value(tmp_path):
         [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])], inits),
         opset_imports=[helper.make_opsetid("", 17)])
     x = rng.normal(0, 1, (32, 6, d)).astype(np.float32)
-    compiled = _compile(tmp_path, model, x, batch=16)
+    # 8-bit tensors throughout (the search would make some int16, which onnxruntime
+    # computes in float32: no longer a bit-exact oracle)
+    compiled = _compile(tmp_path, model, x, batch=16, calibration_method="minmax")
     where = {r.node: r.where for r in compiled.report.rows}
     assert where["ffn"] == where["mix"] == where["head"] == "TPU"
     assert where["norm1"] == where["skip"] == "host"

@@ -332,6 +332,38 @@ def test_host_parts_stay_float_and_the_classifier_keeps_its_answers(tmp_path):
                 if n.op_type == "QuantizeLinear" and n.input[0] in ln_outputs]
 
 
+def _token_rows(rows: int, seed: int) -> np.ndarray:
+    """New rows of _token_classifier's task (its own rows are drawn the same way)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 5, rows)
+    ids = rng.integers(0, 12, (rows, 6))
+    favoured = rng.random((rows, 6)) < 0.6
+    ids[favoured] = (2 * labels[:, None] + rng.integers(0, 2, (rows, 6)))[favoured]
+    return ids.astype(np.float32)
+
+
+def test_the_search_does_not_stop_within_the_estimate_s_noise_of_the_bar(tmp_path):
+    """The token classifier's min-max model: 99.22 % of its 128 check rows, 99.13 % expected
+    on new rows, but that estimate is 0.48 points uncertain, and on 8,192 new rows it gives
+    98.5 %.  `auto` holds the bar one standard error below the estimate, so it goes on:
+    int16 weights; the Tanh it floated on the way is put back on the TPU once the bars are
+    met without it.  The oracle: onnxruntime's float model on new rows."""
+    path, model, ids = _token_classifier(tmp_path)
+    compiled = tpu_compile(path, batch=32, calibration=ids)
+    report = compiled.report
+    assert report.wide_weights and "back on the TPU" in report.source and "tanh" in report.source
+    assert {r.node: r.where for r in report.rows}["tanh"] == "TPU"
+    (check,) = report.validation.outputs
+    assert check.expected - check.expected_stderr >= 0.99
+    new = _token_rows(8192, 123)
+    (want,) = _float(model, {"ids": new})
+    got = compiled.run(new)["y"]
+    assert np.mean(np.argmax(got, 1) == np.argmax(want, 1)) >= 0.99
+    fixed = tpu_compile(path, batch=32, calibration=ids, calibration_method="minmax")
+    got = fixed.run(new)["y"]
+    assert np.mean(np.argmax(got, 1) == np.argmax(want, 1)) < 0.99
+
+
 def test_tpu_nodes_never_take_activation_products_gathers_or_softmax(tmp_path):
     rng = np.random.default_rng(9)
     inits = [_init("w", rng.normal(0, 1, (4, 4))), _init("tab", rng.normal(0, 1, (10, 4))),
