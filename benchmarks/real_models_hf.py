@@ -30,6 +30,21 @@ TorchScript exporter (`dynamo=False`, opset 17) and by its dynamo exporter (opse
 - wav2vec2: Wav2Vec2ForSequenceClassification (two Conv1d feature layers with GroupNorm,
   a grouped positional Conv1d, 2 layers, hidden 64) on 800 raw samples: which of 4
   frequency bands a noisy tone is in.
+- the same text task, ForSequenceClassification (hidden 64, 2 layers unless said): roberta,
+  electra (embeddings 32 projected), mobilebert (bottlenecks of 32, NoNorm, 2 stacked FFNs),
+  squeezebert (grouped Conv1d projections), convbert (span-based dynamic convolution),
+  mpnet (relative position buckets), funnel (pooled attention between blocks, its
+  relative attention Einsums), bart and t5 (1 encoder + 1 decoder layer; the class read at
+  their one eos token, the last real one), opt, bloom (ALiBi), gpt-neox (partial rotary),
+  phi (partial rotary, parallel attention/MLP), qwen2, mistral (sliding window 8), gemma.
+- the same image task: segformer (2 blocks, efficient attention with a reduction Conv),
+  mobilevit (MobileNetV2 blocks and transformer blocks over unfolded patches),
+  efficientnet (squeeze-excitation, width 0.25), regnet (grouped Convs), levit (Linear +
+  BatchNorm1d everywhere, attention biases, 3 stages), poolformer (pooling as the token
+  mixer, GroupNorm), beit (relative position bias, mean pooling), deit, dinov2 (layer
+  scale), cvt (3 stages, convolutional Q/K/V projections with BatchNorm).
+- hubert: HubertForSequenceClassification on wav2vec2's task and size; ast
+  (ASTForAudioClassification, 8x8 patches of whisper's spectrograms, frames first).
 
 scikit-learn (skl2onnx's default options; the bundled data sets: load_digits, load_iris,
 load_diabetes, rows shuffled once; iris has 150 rows, so its calibration and evaluation
@@ -73,11 +88,11 @@ MATRIX_OPS = ("Conv", "MatMul", "Gemm", "Einsum", "ConvTranspose", "BatchNormali
 MORE_TEXT = ("roberta", "electra", "mobilebert", "squeezebert", "convbert", "mpnet", "funnel",
              "bart", "t5", "opt", "bloom", "gpt-neox", "phi", "qwen2", "mistral", "gemma")
 MORE_IMAGE = ("segformer", "mobilevit", "efficientnet", "regnet", "levit", "poolformer", "beit",
-              "deit", "dinov2", "cvt")
+              "deit", "dinov2", "cvt", "bit", "convnextv2", "swinv2", "focalnet", "mobilenet-v1")
 HF = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "gpt2-lm", "llama",
       "vit",
       "convnext", "swin", "resnet", "mobilenet", "whisper", "wav2vec2",
-      *MORE_TEXT, *MORE_IMAGE, "hubert", "ast")
+      *MORE_TEXT, *MORE_IMAGE, "hubert", "wavlm", "data2vec-audio", "ast")
 TEXT = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "llama",
         *MORE_TEXT)
 IMAGE = ("vit", "convnext", "swin", "resnet", "mobilenet", *MORE_IMAGE)
@@ -258,7 +273,38 @@ MORE = {
     "cvt": ("CvtConfig", dict(embed_dim=[16, 32, 64], num_heads=[1, 2, 4], depth=[1, 2, 3],
                               mlp_ratio=[2.0, 2.0, 2.0], drop_path_rate=[0.0, 0.0, 0.0],
                               num_labels=4), "CvtForImageClassification"),
+    "bit": ("BitConfig", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                              num_groups=4, num_labels=4),
+            "BitForImageClassification"),     # weight-standardized Convs, GroupNorm
+    "convnextv2": ("ConvNextV2Config", dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                                            image_size=32, num_labels=4),
+                   "ConvNextV2ForImageClassification"),
+    "swinv2": ("Swinv2Config", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                    num_heads=[2, 2], window_size=4, drop_path_rate=0.0,
+                                    num_labels=4), "Swinv2ForImageClassification"),
+    "focalnet": ("FocalNetConfig", dict(image_size=32, patch_size=4, embed_dim=16,
+                                        hidden_sizes=[16, 32], depths=[1, 1],
+                                        focal_levels=[2, 2], focal_windows=[3, 3],
+                                        drop_path_rate=0.0, num_labels=4),
+                 "FocalNetForImageClassification"),
+    "mobilenet-v1": ("MobileNetV1Config", dict(image_size=32, depth_multiplier=0.25,
+                                               classifier_dropout_prob=0.0, num_labels=4),
+                     "MobileNetV1ForImageClassification"),
     # audio
+    "wavlm": ("WavLMConfig", dict(conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2),
+                                  conv_bias=True, num_conv_pos_embeddings=16,
+                                  num_conv_pos_embedding_groups=4, num_buckets=32,
+                                  max_bucket_distance=64, mask_time_prob=0.0, layerdrop=0.0,
+                                  hidden_dropout=0.0, attention_dropout=0.0,
+                                  activation_dropout=0.0, final_dropout=0.0,
+                                  num_labels=4, classifier_proj_size=32, **_SMALL),
+              "WavLMForSequenceClassification"),     # gated relative position bias
+    "data2vec-audio": ("Data2VecAudioConfig", dict(
+        conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2), conv_bias=True,
+        num_conv_pos_embeddings=2, conv_pos_kernel_size=5, num_conv_pos_embedding_groups=4,
+        mask_time_prob=0.0, layerdrop=0.0, hidden_dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, final_dropout=0.0, num_labels=4, classifier_proj_size=32,
+        **_SMALL), "Data2VecAudioForSequenceClassification"),
     "hubert": ("HubertConfig", dict(conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2),
                                     conv_bias=True, num_conv_pos_embeddings=16,
                                     num_conv_pos_embedding_groups=4, mask_time_prob=0.0,
@@ -364,7 +410,8 @@ def _hf_task(name: str, rng):
     if name in IMAGE:
         return _image_task(rng)
     return {"gpt2-lm": _next_token_task, "whisper": _audio_task, "wav2vec2": _wave_task,
-            "hubert": _wave_task, "ast": _spectrogram_task}[name](rng)
+            "hubert": _wave_task, "wavlm": _wave_task, "data2vec-audio": _wave_task,
+            "ast": _spectrogram_task}[name](rng)
 
 
 class _Logits:
