@@ -60,9 +60,10 @@ one, else of the first 2-D output's argmax), SNR of every float output, for a re
 its error in steps of the output's quantization (its calibrated range / 255): median, p99, max.
 Next to it, onnxruntime's own quantize_static QDQ model of the same float model
 (per-channel int8 weights, uint8 activations, min-max on the same 128 rows) on the same
-rows.  "matrix" is how many of the model's Conv / MatMul / Gemm / Einsum / BatchNormalization /
-LSTM / GRU nodes the report puts on the TPU, out of how many (a MatMul or Einsum of two
-activations, attention's scores, may stay on the host: "act x act" counts them); the host ones are listed with the report's reason.
+rows.  "matrix" is how many of the model's Conv / MatMul / Gemm / Einsum / BatchNormalization
+/ LSTM / GRU nodes the report puts on the TPU, out of how many (a MatMul or Einsum of two
+activations, attention's scores, may stay on the host: "act x act" counts them); the host
+ones are listed with the report's reason.
 """
 from __future__ import annotations
 

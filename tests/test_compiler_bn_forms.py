@@ -36,7 +36,8 @@ def _levit_like(rng, merge: str) -> onnx.ModelProto:
     -> mean over the tokens -> BN -> Gemm (transB, as torch's Linear)."""
     bn1, inits1 = _bn(rng, "bn_rows", "merged", "merged_bn", C)
     bn2, inits2 = _bn(rng, "bn_head", "pooled", "pooled_bn", C)
-    inits = [_init("w", rng.normal(0, 0.4, (K, C))), _init("head_w", rng.normal(0, 0.4, (CLASSES, C))),
+    inits = [_init("w", rng.normal(0, 0.4, (K, C))),
+             _init("head_w", rng.normal(0, 0.4, (CLASSES, C))),
              _init("head_b", rng.normal(0, 0.1, CLASSES)),
              numpy_helper.from_array(np.array([-1, C], np.int64), "rows_shape"),
              numpy_helper.from_array(np.array([-1, TOKENS, C], np.int64), "tokens_shape"),
