@@ -36,7 +36,11 @@ TorchScript exporter (`dynamo=False`, opset 17) and by its dynamo exporter (opse
   mpnet (relative position buckets), funnel (pooled attention between blocks, its
   relative attention Einsums), bart and t5 (1 encoder + 1 decoder layer; the class read at
   their one eos token, the last real one), opt, bloom (ALiBi), gpt-neox (partial rotary),
-  phi (partial rotary, parallel attention/MLP), qwen2, mistral (sliding window 8), gemma.
+  phi (partial rotary, parallel attention/MLP), qwen2, mistral (sliding window 8), gemma,
+  roformer (rotary positions in an encoder), big-bird (its full attention at 16 tokens),
+  longformer (sliding-window attention, window 4), fnet (a 2-D FFT mixes the tokens),
+  nystromformer (4 landmarks), gptj, gpt-bigcode (multi-query attention), falcon, mpt
+  (ALiBi), stablelm, mixtral (top-2 of 4 experts per token).
 - the same image task: segformer (2 blocks, efficient attention with a reduction Conv),
   mobilevit (MobileNetV2 blocks and transformer blocks over unfolded patches),
   efficientnet (squeeze-excitation, width 0.25), regnet (grouped Convs), levit (Linear +
@@ -87,7 +91,9 @@ TOKENS, VOCAB = 16, 100
 MATRIX_OPS = ("Conv", "MatMul", "Gemm", "Einsum", "ConvTranspose", "BatchNormalization", "LSTM",
               "GRU", "LinearClassifier", "LinearRegressor", "SVMClassifier", "SVMRegressor")
 MORE_TEXT = ("roberta", "electra", "mobilebert", "squeezebert", "convbert", "mpnet", "funnel",
-             "bart", "t5", "opt", "bloom", "gpt-neox", "phi", "qwen2", "mistral", "gemma")
+             "bart", "t5", "opt", "bloom", "gpt-neox", "phi", "qwen2", "mistral", "gemma",
+             "roformer", "big-bird", "longformer", "fnet", "nystromformer", "gptj", "gpt-bigcode",
+             "falcon", "mpt", "stablelm", "mixtral")
 MORE_IMAGE = ("segformer", "mobilevit", "efficientnet", "regnet", "levit", "poolformer", "beit",
               "deit", "dinov2", "cvt", "bit", "convnextv2", "swinv2", "focalnet", "mobilenet-v1")
 HF = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "gpt2-lm", "llama",
@@ -233,6 +239,46 @@ MORE = {
                 "MistralForSequenceClassification"),
     "gemma": ("GemmaConfig", dict(num_key_value_heads=2, head_dim=16, **_DECODER),
               "GemmaForSequenceClassification"),
+    "roformer": ("RoFormerConfig", dict(vocab_size=VOCAB, embedding_size=64,
+                                        max_position_embeddings=TOKENS, num_labels=6, **_SMALL,
+                                        **_NO_DROPOUT), "RoFormerForSequenceClassification"),
+    "big-bird": ("BigBirdConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS,
+                                       attention_type="original_full", num_labels=6, **_SMALL,
+                                       **_NO_DROPOUT), "BigBirdForSequenceClassification"),
+    "longformer": ("LongformerConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS + 2,
+                                            attention_window=4, pad_token_id=0, num_labels=6,
+                                            **_SMALL, **_NO_DROPOUT),
+                   "LongformerForSequenceClassification"),        # sliding-window attention
+    "fnet": ("FNetConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS, num_labels=6,
+                                hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                hidden_dropout_prob=0.0, use_tpu_fourier_optimizations=False),
+             "FNetForSequenceClassification"),                    # a 2-D FFT as token mixer
+    "nystromformer": ("NystromformerConfig", dict(vocab_size=VOCAB,
+                                                  max_position_embeddings=TOKENS + 2,
+                                                  num_landmarks=4, segment_means_seq_len=TOKENS,
+                                                  num_labels=6, **_SMALL, **_NO_DROPOUT),
+                      "NystromformerForSequenceClassification"),
+    "gptj": ("GPTJConfig", dict(vocab_size=VOCAB, n_positions=TOKENS, n_embd=64, n_layer=2,
+                                n_head=4, rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0,
+                                attn_pdrop=0.0, num_labels=6, pad_token_id=0, bos_token_id=None,
+                                eos_token_id=None), "GPTJForSequenceClassification"),
+    "gpt-bigcode": ("GPTBigCodeConfig", dict(vocab_size=VOCAB, n_positions=TOKENS, n_embd=64,
+                                             n_layer=2, n_head=4, multi_query=True,
+                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                             num_labels=6, pad_token_id=0),
+                    "GPTBigCodeForSequenceClassification"),       # multi-query attention
+    "falcon": ("FalconConfig", dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, hidden_dropout=0.0,
+                                    attention_dropout=0.0, num_labels=6, pad_token_id=0),
+               "FalconForSequenceClassification"),
+    "mpt": ("MptConfig", dict(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4,
+                              max_seq_len=TOKENS, num_labels=6, pad_token_id=0),
+            "MptForSequenceClassification"),                      # ALiBi
+    "stablelm": ("StableLmConfig", dict(num_key_value_heads=2, **_DECODER),
+                 "StableLmForSequenceClassification"),
+    "mixtral": ("MixtralConfig", dict(num_key_value_heads=2, num_local_experts=4,
+                                      num_experts_per_tok=2, **_DECODER),
+                "MixtralForSequenceClassification"),          # top-2 of 4 experts per token
     # vision: which quadrant is bright (4 classes), 32x32
     "segformer": ("SegformerConfig", dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
                                           hidden_sizes=[16, 32], patch_sizes=[7, 3],
