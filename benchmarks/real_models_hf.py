@@ -30,6 +30,25 @@ TorchScript exporter (`dynamo=False`, opset 17) and by its dynamo exporter (opse
 - wav2vec2: Wav2Vec2ForSequenceClassification (two Conv1d feature layers with GroupNorm,
   a grouped positional Conv1d, 2 layers, hidden 64) on 800 raw samples: which of 4
   frequency bands a noisy tone is in.
+- the same text task, ForSequenceClassification (hidden 64, 2 layers unless said): roberta,
+  electra (embeddings 32 projected), mobilebert (bottlenecks of 32, NoNorm, 2 stacked FFNs),
+  squeezebert (grouped Conv1d projections), convbert (span-based dynamic convolution),
+  mpnet (relative position buckets), funnel (pooled attention between blocks, its
+  relative attention Einsums), bart and t5 (1 encoder + 1 decoder layer; the class read at
+  their one eos token, the last real one), opt, bloom (ALiBi), gpt-neox (partial rotary),
+  phi (partial rotary, parallel attention/MLP), qwen2, mistral (sliding window 8), gemma,
+  roformer (rotary positions in an encoder), big-bird (its full attention at 16 tokens),
+  longformer (sliding-window attention, window 4), fnet (a 2-D FFT mixes the tokens),
+  nystromformer (4 landmarks), gptj, gpt-bigcode (multi-query attention), falcon, mpt
+  (ALiBi), stablelm, mixtral (top-2 of 4 experts per token).
+- the same image task: segformer (2 blocks, efficient attention with a reduction Conv),
+  mobilevit (MobileNetV2 blocks and transformer blocks over unfolded patches),
+  efficientnet (squeeze-excitation, width 0.25), regnet (grouped Convs), levit (Linear +
+  BatchNorm1d everywhere, attention biases, 3 stages), poolformer (pooling as the token
+  mixer, GroupNorm), beit (relative position bias, mean pooling), deit, dinov2 (layer
+  scale), cvt (3 stages, convolutional Q/K/V projections with BatchNorm).
+- hubert: HubertForSequenceClassification on wav2vec2's task and size; ast
+  (ASTForAudioClassification, 8x8 patches of whisper's spectrograms, frames first).
 
 scikit-learn (skl2onnx's default options; the bundled data sets: load_digits, load_iris,
 load_diabetes, rows shuffled once; iris has 150 rows, so its calibration and evaluation
@@ -45,9 +64,10 @@ one, else of the first 2-D output's argmax), SNR of every float output, for a re
 its error in steps of the output's quantization (its calibrated range / 255): median, p99, max.
 Next to it, onnxruntime's own quantize_static QDQ model of the same float model
 (per-channel int8 weights, uint8 activations, min-max on the same 128 rows) on the same
-rows.  "matrix" is how many of the model's Conv / MatMul / Gemm nodes the report puts on
-the TPU, out of how many (a MatMul of two activations, attention's scores, may stay on the
-host: "act x act" counts them); the host ones are listed with the report's reason.
+rows.  "matrix" is how many of the model's Conv / MatMul / Gemm / Einsum / BatchNormalization
+/ LSTM / GRU nodes the report puts on the TPU, out of how many (a MatMul or Einsum of two
+activations, attention's scores, may stay on the host: "act x act" counts them); the host
+ones are listed with the report's reason.
 """
 from __future__ import annotations
 
@@ -68,21 +88,36 @@ STEPS, MINIBATCH = 300, 128
 TOKENS, VOCAB = 16, 100
 # the nodes a matrix multiply does: ONNX's, and scikit-learn's linear models and SVMs (the
 # compiler rewrites the linear ones' work as Gemms for the TPU; another kernel stays)
-MATRIX_OPS = ("Conv", "MatMul", "Gemm", "Einsum", "ConvTranspose", "LinearClassifier",
-              "LinearRegressor", "SVMClassifier", "SVMRegressor")
+MATRIX_OPS = ("Conv", "MatMul", "Gemm", "Einsum", "ConvTranspose", "BatchNormalization", "LSTM",
+              "GRU", "LinearClassifier", "LinearRegressor", "SVMClassifier", "SVMRegressor")
+MORE_TEXT = ("roberta", "electra", "mobilebert", "squeezebert", "convbert", "mpnet", "funnel",
+             "bart", "t5", "opt", "bloom", "gpt-neox", "phi", "qwen2", "mistral", "gemma",
+             "roformer", "big-bird", "longformer", "fnet", "nystromformer", "gptj", "gpt-bigcode",
+             "falcon", "mpt", "stablelm", "mixtral")
+MORE_IMAGE = ("segformer", "mobilevit", "efficientnet", "regnet", "levit", "poolformer", "beit",
+              "deit", "dinov2", "cvt", "bit", "convnextv2", "swinv2", "focalnet", "mobilenet-v1")
 HF = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "gpt2-lm", "llama",
       "vit",
-      "convnext", "swin", "resnet", "mobilenet", "whisper", "wav2vec2")
-TEXT = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "llama")
+      "convnext", "swin", "resnet", "mobilenet", "whisper", "wav2vec2",
+      *MORE_TEXT, *MORE_IMAGE, "hubert", "wavlm", "data2vec-audio", "ast")
+TEXT = ("bert", "bert-seq", "distilbert", "albert", "deberta", "xlnet", "gpt2", "llama",
+        *MORE_TEXT)
+IMAGE = ("vit", "convnext", "swin", "resnet", "mobilenet", *MORE_IMAGE)
+ENDS_WITH_EOS = ("bart", "t5")      # read the class at their (one) eos token
 TOKEN_TYPES = ("bert", "bert-seq", "albert")
 SKLEARN = ("pca-logreg", "mlp-regressor", "svc-linear", "linear-svc", "random-forest",
            "knn", "gaussian-nb", "ridge")
 
 
 # ----------------------------------------------------------------------------- transformers
-def _text_task(rng, with_types: bool) -> tuple[dict, np.ndarray]:
+def _text_task(rng, with_types: bool, eos: bool = False) -> tuple[dict, np.ndarray]:
+    """With `eos`, the last real token is VOCAB - 1 and no other is (bart and t5 classify
+    at it, and refuse rows with different counts of it)."""
     ids = rng.integers(1, VOCAB, (ROWS, TOKENS))
     lengths = rng.integers(8, TOKENS + 1, ROWS)
+    if eos:
+        ids = np.where(ids == VOCAB - 1, VOCAB - 2, ids)
+        ids[np.arange(ROWS), lengths - 1] = VOCAB - 1
     mask = (np.arange(TOKENS)[None] < lengths[:, None]).astype(np.int64)
     ids = ids * mask                                   # padding 0 after the real tokens
     labels = np.minimum(((ids < 30) & (mask == 1)).sum(1) // 2, 5)
@@ -120,6 +155,13 @@ def _audio_task(rng) -> tuple[dict, np.ndarray]:
     return {"input_features": x}, labels
 
 
+def _spectrogram_task(rng) -> tuple[dict, np.ndarray]:
+    """_audio_task's spectrograms as the audio-spectrogram-transformer takes them: (rows,
+    frames, mel bins)."""
+    x, labels = _audio_task(rng)
+    return {"input_values": np.ascontiguousarray(x["input_features"].transpose(0, 2, 1))}, labels
+
+
 def _wave_task(rng) -> tuple[dict, np.ndarray]:
     t = np.arange(800) / 800
     labels = rng.integers(0, 4, ROWS)
@@ -128,7 +170,205 @@ def _wave_task(rng) -> tuple[dict, np.ndarray]:
     return {"input_values": (x + rng.normal(0, 0.3, x.shape)).astype(np.float32)}, labels
 
 
+# text: sequence classification on the same task as bert (6 classes)
+_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_DECODER = dict(vocab_size=VOCAB, max_position_embeddings=TOKENS, num_labels=6, pad_token_id=0,
+                **_SMALL)
+# name: (config class, its arguments, model class); positions from a padding index count
+# past it (roberta, mpnet: TOKENS + 2), bart/t5 read the class at their one eos token
+MORE = {
+    "roberta": ("RobertaConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS + 2,
+                                      pad_token_id=0, num_labels=6, **_SMALL, **_NO_DROPOUT),
+                "RobertaForSequenceClassification"),
+    "electra": ("ElectraConfig", dict(vocab_size=VOCAB, embedding_size=32,
+                                      max_position_embeddings=TOKENS, num_labels=6, **_SMALL,
+                                      **_NO_DROPOUT), "ElectraForSequenceClassification"),
+    "mobilebert": ("MobileBertConfig", dict(vocab_size=VOCAB, embedding_size=32,
+                                            true_hidden_size=32, intra_bottleneck_size=32,
+                                            num_feedforward_networks=2,
+                                            max_position_embeddings=TOKENS, num_labels=6,
+                                            classifier_dropout=0.0, **_SMALL, **_NO_DROPOUT),
+                   "MobileBertForSequenceClassification"),
+    "squeezebert": ("SqueezeBertConfig", dict(vocab_size=VOCAB, embedding_size=64,
+                                              max_position_embeddings=TOKENS, num_labels=6,
+                                              q_groups=4, k_groups=4, v_groups=4,
+                                              post_attention_groups=2, intermediate_groups=4,
+                                              output_groups=4, **_SMALL, **_NO_DROPOUT),
+                    "SqueezeBertForSequenceClassification"),
+    "convbert": ("ConvBertConfig", dict(vocab_size=VOCAB, embedding_size=64, head_ratio=2,
+                                        conv_kernel_size=5, max_position_embeddings=TOKENS,
+                                        num_labels=6, **_SMALL, **_NO_DROPOUT),
+                 "ConvBertForSequenceClassification"),
+    "mpnet": ("MPNetConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS + 2,
+                                  pad_token_id=0, num_labels=6,
+                                  **_SMALL, **_NO_DROPOUT), "MPNetForSequenceClassification"),
+    "funnel": ("FunnelConfig", dict(vocab_size=VOCAB, block_sizes=[1, 1], block_repeats=[1, 1],
+                                    num_decoder_layers=1, d_model=64, n_head=4, d_head=16,
+                                    d_inner=128, hidden_dropout=0.0, attention_dropout=0.0,
+                                    activation_dropout=0.0, num_labels=6),
+               "FunnelForSequenceClassification"),
+    "bart": ("BartConfig", dict(vocab_size=VOCAB, d_model=64, encoder_layers=1, decoder_layers=1,
+                                encoder_attention_heads=4, decoder_attention_heads=4,
+                                encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                max_position_embeddings=TOKENS, dropout=0.0,
+                                attention_dropout=0.0, classifier_dropout=0.0, num_labels=6,
+                                pad_token_id=0, bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1,
+                                decoder_start_token_id=VOCAB - 1),
+             "BartForSequenceClassification"),
+    "t5": ("T5Config", dict(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=1,
+                            num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8,
+                            dropout_rate=0.0, classifier_dropout=0.0, num_labels=6,
+                            pad_token_id=0, eos_token_id=VOCAB - 1, decoder_start_token_id=0),
+           "T5ForSequenceClassification"),
+    "opt": ("OPTConfig", dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                              num_attention_heads=4, word_embed_proj_dim=64,
+                              max_position_embeddings=TOKENS, dropout=0.0, attention_dropout=0.0,
+                              num_labels=6, pad_token_id=0),
+            "OPTForSequenceClassification"),
+    "bloom": ("BloomConfig", dict(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4,
+                                  hidden_dropout=0.0, attention_dropout=0.0, num_labels=6,
+                                  pad_token_id=0), "BloomForSequenceClassification"),
+    "gpt-neox": ("GPTNeoXConfig", dict(rotary_pct=0.25, hidden_dropout=0.0, attention_dropout=0.0,
+                                       **_DECODER), "GPTNeoXForSequenceClassification"),
+    "phi": ("PhiConfig", dict(partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0,
+                              attention_dropout=0.0, **_DECODER), "PhiForSequenceClassification"),
+    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2, **_DECODER),
+              "Qwen2ForSequenceClassification"),
+    "mistral": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=8, **_DECODER),
+                "MistralForSequenceClassification"),
+    "gemma": ("GemmaConfig", dict(num_key_value_heads=2, head_dim=16, **_DECODER),
+              "GemmaForSequenceClassification"),
+    "roformer": ("RoFormerConfig", dict(vocab_size=VOCAB, embedding_size=64,
+                                        max_position_embeddings=TOKENS, num_labels=6, **_SMALL,
+                                        **_NO_DROPOUT), "RoFormerForSequenceClassification"),
+    "big-bird": ("BigBirdConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS,
+                                       attention_type="original_full", num_labels=6, **_SMALL,
+                                       **_NO_DROPOUT), "BigBirdForSequenceClassification"),
+    "longformer": ("LongformerConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS + 2,
+                                            attention_window=4, pad_token_id=0, num_labels=6,
+                                            **_SMALL, **_NO_DROPOUT),
+                   "LongformerForSequenceClassification"),        # sliding-window attention
+    "fnet": ("FNetConfig", dict(vocab_size=VOCAB, max_position_embeddings=TOKENS, num_labels=6,
+                                hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                hidden_dropout_prob=0.0, use_tpu_fourier_optimizations=False),
+             "FNetForSequenceClassification"),                    # a 2-D FFT as token mixer
+    "nystromformer": ("NystromformerConfig", dict(vocab_size=VOCAB,
+                                                  max_position_embeddings=TOKENS + 2,
+                                                  num_landmarks=4, segment_means_seq_len=TOKENS,
+                                                  num_labels=6, **_SMALL, **_NO_DROPOUT),
+                      "NystromformerForSequenceClassification"),
+    "gptj": ("GPTJConfig", dict(vocab_size=VOCAB, n_positions=TOKENS, n_embd=64, n_layer=2,
+                                n_head=4, rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0,
+                                attn_pdrop=0.0, num_labels=6, pad_token_id=0, bos_token_id=None,
+                                eos_token_id=None), "GPTJForSequenceClassification"),
+    "gpt-bigcode": ("GPTBigCodeConfig", dict(vocab_size=VOCAB, n_positions=TOKENS, n_embd=64,
+                                             n_layer=2, n_head=4, multi_query=True,
+                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                             num_labels=6, pad_token_id=0),
+                    "GPTBigCodeForSequenceClassification"),       # multi-query attention
+    "falcon": ("FalconConfig", dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, hidden_dropout=0.0,
+                                    attention_dropout=0.0, num_labels=6, pad_token_id=0),
+               "FalconForSequenceClassification"),
+    "mpt": ("MptConfig", dict(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4,
+                              max_seq_len=TOKENS, num_labels=6, pad_token_id=0),
+            "MptForSequenceClassification"),                      # ALiBi
+    "stablelm": ("StableLmConfig", dict(num_key_value_heads=2, **_DECODER),
+                 "StableLmForSequenceClassification"),
+    "mixtral": ("MixtralConfig", dict(num_key_value_heads=2, num_local_experts=4,
+                                      num_experts_per_tok=2, **_DECODER),
+                "MixtralForSequenceClassification"),          # top-2 of 4 experts per token
+    # vision: which quadrant is bright (4 classes), 32x32
+    "segformer": ("SegformerConfig", dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                                          hidden_sizes=[16, 32], patch_sizes=[7, 3],
+                                          strides=[4, 2], num_attention_heads=[1, 2],
+                                          mlp_ratios=[2, 2], decoder_hidden_size=32,
+                                          drop_path_rate=0.0, classifier_dropout_prob=0.0,
+                                          num_labels=4), "SegformerForImageClassification"),
+    "mobilevit": ("MobileViTConfig", dict(image_size=32, hidden_sizes=[16, 24, 32],
+                                          neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+                                          num_attention_heads=2, expand_ratio=2.0,
+                                          hidden_dropout_prob=0.0, classifier_dropout_prob=0.0,
+                                          num_labels=4), "MobileViTForImageClassification"),
+    "efficientnet": ("EfficientNetConfig", dict(image_size=32, width_coefficient=0.25,
+                                                depth_coefficient=0.3, hidden_dim=320,
+                                                dropout_rate=0.0, drop_connect_rate=0.0,
+                                                num_labels=4),
+                     "EfficientNetForImageClassification"),
+    "regnet": ("RegNetConfig", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                    groups_width=8, num_labels=4),
+               "RegNetForImageClassification"),
+    "levit": ("LevitConfig", dict(image_size=32, hidden_sizes=[32, 48, 64],
+                                  num_attention_heads=[2, 3, 4], depths=[1, 1, 1],
+                                  key_dim=[8, 8, 8], mlp_ratio=[2, 2, 2],
+                                  attention_ratio=[2, 2, 2], num_labels=4),
+              "LevitForImageClassification"),
+    "poolformer": ("PoolFormerConfig", dict(num_encoder_blocks=2, depths=[1, 1],
+                                            hidden_sizes=[16, 32], patch_sizes=[7, 3],
+                                            strides=[4, 2], padding=[2, 1], mlp_ratio=2.0,
+                                            drop_path_rate=0.0, num_labels=4),
+                   "PoolFormerForImageClassification"),
+    "beit": ("BeitConfig", dict(image_size=32, patch_size=8, use_relative_position_bias=True,
+                                use_mean_pooling=True, drop_path_rate=0.0, num_labels=4,
+                                **_SMALL, **_NO_DROPOUT), "BeitForImageClassification"),
+    "deit": ("DeiTConfig", dict(image_size=32, patch_size=8, num_labels=4, **_SMALL,
+                                **_NO_DROPOUT), "DeiTForImageClassification"),
+    "dinov2": ("Dinov2Config", dict(image_size=32, patch_size=8, mlp_ratio=2, num_labels=4,
+                                    hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    **_NO_DROPOUT), "Dinov2ForImageClassification"),
+    "cvt": ("CvtConfig", dict(embed_dim=[16, 32, 64], num_heads=[1, 2, 4], depth=[1, 2, 3],
+                              mlp_ratio=[2.0, 2.0, 2.0], drop_path_rate=[0.0, 0.0, 0.0],
+                              num_labels=4), "CvtForImageClassification"),
+    "bit": ("BitConfig", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                              num_groups=4, num_labels=4),
+            "BitForImageClassification"),     # weight-standardized Convs, GroupNorm
+    "convnextv2": ("ConvNextV2Config", dict(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                                            image_size=32, num_labels=4),
+                   "ConvNextV2ForImageClassification"),
+    "swinv2": ("Swinv2Config", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                    num_heads=[2, 2], window_size=4, drop_path_rate=0.0,
+                                    num_labels=4), "Swinv2ForImageClassification"),
+    "focalnet": ("FocalNetConfig", dict(image_size=32, patch_size=4, embed_dim=16,
+                                        hidden_sizes=[16, 32], depths=[1, 1],
+                                        focal_levels=[2, 2], focal_windows=[3, 3],
+                                        drop_path_rate=0.0, num_labels=4),
+                 "FocalNetForImageClassification"),
+    "mobilenet-v1": ("MobileNetV1Config", dict(image_size=32, depth_multiplier=0.25,
+                                               classifier_dropout_prob=0.0, num_labels=4),
+                     "MobileNetV1ForImageClassification"),
+    # audio
+    "wavlm": ("WavLMConfig", dict(conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2),
+                                  conv_bias=True, num_conv_pos_embeddings=16,
+                                  num_conv_pos_embedding_groups=4, num_buckets=32,
+                                  max_bucket_distance=64, mask_time_prob=0.0, layerdrop=0.0,
+                                  hidden_dropout=0.0, attention_dropout=0.0,
+                                  activation_dropout=0.0, final_dropout=0.0,
+                                  num_labels=4, classifier_proj_size=32, **_SMALL),
+              "WavLMForSequenceClassification"),     # gated relative position bias
+    "data2vec-audio": ("Data2VecAudioConfig", dict(
+        conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2), conv_bias=True,
+        num_conv_pos_embeddings=2, conv_pos_kernel_size=5, num_conv_pos_embedding_groups=4,
+        mask_time_prob=0.0, layerdrop=0.0, hidden_dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, final_dropout=0.0, num_labels=4, classifier_proj_size=32,
+        **_SMALL), "Data2VecAudioForSequenceClassification"),
+    "hubert": ("HubertConfig", dict(conv_dim=(32, 32), conv_kernel=(10, 3), conv_stride=(5, 2),
+                                    conv_bias=True, num_conv_pos_embeddings=16,
+                                    num_conv_pos_embedding_groups=4, mask_time_prob=0.0,
+                                    layerdrop=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+                                    num_labels=4, classifier_proj_size=32, **_SMALL,
+                                    **_NO_DROPOUT), "HubertForSequenceClassification"),
+    "ast": ("ASTConfig", dict(patch_size=8, num_mel_bins=16, max_length=32, frequency_stride=4,
+                              time_stride=4, num_labels=4, **_SMALL, **_NO_DROPOUT),
+            "ASTForAudioClassification"),
+}
+
+
 def _hf_model(name: str, transformers):
+    if name in MORE:
+        config_class, arguments, model_class = MORE[name]
+        config = getattr(transformers, config_class)(**arguments)
+        return getattr(transformers, model_class)(config)
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, hidden_dropout_prob=0.0,
                  attention_probs_dropout_prob=0.0)
@@ -213,10 +453,12 @@ def _hf_model(name: str, transformers):
 
 def _hf_task(name: str, rng):
     if name in TEXT:
-        return _text_task(rng, with_types=name in TOKEN_TYPES)
-    return {"gpt2-lm": _next_token_task, "vit": _image_task, "convnext": _image_task,
-            "swin": _image_task, "resnet": _image_task, "mobilenet": _image_task,
-            "whisper": _audio_task, "wav2vec2": _wave_task}[name](rng)
+        return _text_task(rng, with_types=name in TOKEN_TYPES, eos=name in ENDS_WITH_EOS)
+    if name in IMAGE:
+        return _image_task(rng)
+    return {"gpt2-lm": _next_token_task, "whisper": _audio_task, "wav2vec2": _wave_task,
+            "hubert": _wave_task, "wavlm": _wave_task, "data2vec-audio": _wave_task,
+            "ast": _spectrogram_task}[name](rng)
 
 
 class _Logits:
@@ -410,7 +652,7 @@ def matrix_placement(model: Path, report: dict) -> dict:
     graph = onnx.load(str(model), load_external_data=False).graph
     constants = {i.name for i in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    both_activations = {n.name for n in graph.node if n.op_type == "MatMul"
+    both_activations = {n.name for n in graph.node if n.op_type in ("MatMul", "Einsum")
                         and not set(n.input) & constants}
     # (a product of constants is computed when compiling: DeBERTa's relative positions')
     matrix = [r for r in report["rows"] if r["op_type"] in MATRIX_OPS

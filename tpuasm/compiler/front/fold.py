@@ -58,6 +58,7 @@ _SHAPE_OPS = {"Shape", "Size"}
 def fold_constants(model: onnx.ModelProto, path, provenance=None,
                    max_elements: int = MAX_ELEMENTS) -> int:
     """Fold in place (the batch already fixed); the number of nodes removed."""
+    splits_as_onnxruntime_runs_them(model)          # before any shape is read
     from tpuasm.compiler.front.reader import infer_shapes
     from tpuasm.compiler.front.ifs import inline_constant_ifs
     from tpuasm.compiler.front.loops import unroll_constant_loops
@@ -119,6 +120,31 @@ def fold_float_model(path, model: onnx.ModelProto, batch, axes, provenance, work
     from tpuasm.files import atomic_write
     atomic_write(out, copy.SerializeToString(), what="folded model")
     return out, copy
+
+
+def splits_as_onnxruntime_runs_them(model: onnx.ModelProto) -> int:
+    """Each SplitToSequence with a scalar split of 1 and keepdims=0 (torch.onnx writes
+    tensor.nonzero(as_tuple=True) so: Longformer's global-attention indices) without its split
+    input, which is how onnxruntime runs it: chunks of one, the axis dropped.  The spec
+    ignores keepdims when a split is given, and onnx's shape inference, following it, keeps
+    the axis: every tensor after it one rank too many, and a Shape of one folded into a
+    constant onnxruntime then refuses.  The number rewritten."""
+    g = model.graph
+    scalars = {t.name: numpy_helper.to_array(t) for t in g.initializer if not t.dims}
+    for node in g.node:
+        if node.op_type == "Constant" and node.output and node.attribute \
+                and node.attribute[0].name == "value" and not node.attribute[0].t.dims:
+            scalars[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    rewritten = 0
+    for node in g.node:
+        if node.op_type != "SplitToSequence" or len(node.input) < 2 \
+                or _attr(node, "keepdims", 1) != 0:
+            continue
+        split = scalars.get(node.input[1])
+        if split is not None and split.ndim == 0 and int(split) == 1:
+            del node.input[1:]
+            rewritten += 1
+    return rewritten
 
 
 def generated_weight_limit() -> int:

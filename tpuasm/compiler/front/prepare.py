@@ -288,7 +288,9 @@ def _names_read(nodes) -> set[str]:
 
 def fold_batch_norms(model: onnx.ModelProto, prov: Provenance) -> int:
     """Fold each inference-mode BatchNormalization into the Conv, Gemm or MatMul (constant
-    weight, (batch, K) input) whose output only it reads.  Returns how many were folded."""
+    weight, (batch, K) input) whose output only it reads, into a MatMul through a merge of
+    its output's rows (_fold_through_row_merge), or else into the Gemm that alone reads it
+    (_fold_into_next_gemm).  Returns how many were folded."""
     idx = _Index(model)
     ranks = None
     gone = []
@@ -297,19 +299,87 @@ def fold_batch_norms(model: onnx.ModelProto, prov: Provenance) -> int:
         if params is None:
             continue
         producer = idx.producer.get(bn.input[0])
-        if producer is None or idx.sole_consumer(bn.input[0]) is not bn:
-            continue
         factor, shift = params
-        if producer.op_type == "MatMul" and ranks is None:
-            ranks = _ranks(model)
-        if not _fold_into(idx, producer, factor, shift, ranks or {}):
-            continue
-        producer.output[0] = bn.output[0]
-        prov.fold(bn.name, f"folded into {producer.op_type} '{producer.name}'")
-        gone.append(bn)
+        folded = False
+        if producer is not None and idx.sole_consumer(bn.input[0]) is bn:
+            if producer.op_type in ("MatMul", "Flatten", "Reshape") and ranks is None:
+                ranks = _ranks(model)
+            if producer.op_type in ("Flatten", "Reshape"):
+                folded = _fold_through_row_merge(idx, producer, bn, factor, shift, ranks, prov)
+            elif _fold_into(idx, producer, factor, shift, ranks or {}):
+                producer.output[0] = bn.output[0]
+                idx.producer[bn.output[0]] = producer
+                prov.fold(bn.name, f"folded into {producer.op_type} '{producer.name}'")
+                folded = True
+        if folded or _fold_into_next_gemm(idx, bn, params, prov):
+            gone.append(bn)
     for bn in gone:
         model.graph.node.remove(bn)
     return len(gone)
+
+
+def _fold_through_row_merge(idx: _Index, merge, bn, factor, shift, ranks, prov) -> bool:
+    """A BatchNormalization over the rows of a MatMul's output merged to 2-D (LeViT's
+    Linear + BatchNorm1d: MatMul (B, T, C) -> Flatten/Reshape (B*T, C) -> BN): the merge
+    keeps the channel axis last, so the BN is the MatMul's weight columns times its factor
+    and a bias Add of its shift after the MatMul (which the bias fusion then takes).  The
+    merge then writes the BN's output.  False (nothing changed) for any other form."""
+    mm = idx.producer.get(merge.input[0])
+    if mm is None or mm.op_type != "MatMul" or idx.sole_consumer(merge.input[0]) is not merge:
+        return False
+    w = idx.const(mm.input[1])
+    n = factor.size
+    merged, before = ranks.get(merge.output[0], ()), ranks.get(merge.input[0], ())
+    if w is None or w.ndim != 2 or w.shape[1] != n or len(merged) != 2 or merged[1] != n \
+            or len(before) < 2 or before[-1] != n:
+        return False
+    mm.input[1] = idx.add_init((w.astype(np.float64) * factor[None, :]).astype(np.float32),
+                               f"{mm.name}_w_bn")
+    biased, add = idx.unique(f"{mm.output[0]}_bn"), idx.unique(f"{bn.name}_shift_add")
+    shift_name = idx.add_init(shift.astype(np.float32), f"{bn.name}_shift")
+    node = helper.make_node("Add", [mm.output[0], shift_name], [biased], name=add)
+    nodes = idx.model.graph.node
+    nodes.insert(list(nodes).index(mm) + 1, node)      # graph order: after its MatMul
+    merge.input[0] = biased
+    merge.output[0] = bn.output[0]
+    idx.producer[bn.output[0]] = merge
+    prov.derive(add, mm.name)                          # the MatMul's bias, like its weight
+    prov.fold(bn.name, f"folded into MatMul '{mm.name}'")
+    return True
+
+
+def _fold_into_next_gemm(idx: _Index, bn, params, prov) -> bool:
+    """A BatchNormalization on a (batch, C) tensor whose one reader is a Gemm with a constant
+    weight (LeViT's classifier: BatchNorm1d then Linear): Gemm(x * f + s) is Gemm(x) with
+    the weight's rows (the C axis) times f and s @ W added to its bias.  False (nothing
+    changed) for any other form."""
+    gemm = idx.sole_consumer(bn.output[0])
+    if gemm is None or gemm.op_type != "Gemm" or gemm.input[0] != bn.output[0] \
+            or _attr(gemm, "transA", 0) or len(gemm.input) < 2:
+        return False
+    factor, shift = params
+    w = idx.const(gemm.input[1])
+    trans_b = _attr(gemm, "transB", 0)
+    if w is None or w.ndim != 2 or (w.shape[1] if trans_b else w.shape[0]) != factor.size:
+        return False
+    w64 = (w.T if trans_b else w).astype(np.float64)          # (C, N)
+    n = w64.shape[1]
+    alpha, beta = float(_attr(gemm, "alpha", 1.0)), float(_attr(gemm, "beta", 1.0))
+    c = None
+    if len(gemm.input) > 2 and gemm.input[2]:
+        c = idx.const(gemm.input[2])
+        if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
+            return False
+    b = np.zeros(n) if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), n)
+    new_w = alpha * w64 * factor[:, None]
+    _set_inputs(idx, gemm, new_w.T if trans_b else new_w, beta * b + alpha * (shift @ w64))
+    _set_attr(gemm, "alpha", 1.0)
+    _set_attr(gemm, "beta", 1.0)
+    gemm.input[0] = bn.input[0]
+    readers = idx.consumers.get(bn.input[0], [])
+    readers[readers.index(bn)] = gemm
+    prov.fold(bn.name, f"folded into Gemm '{gemm.name}'")
+    return True
 
 
 def batch_norms_as_affines(model: onnx.ModelProto, prov: Provenance) -> int:

@@ -467,11 +467,13 @@ def quantize(model, samples: dict[str, np.ndarray], signature: dict, out_path,
                             op_types_to_quantize=op_types, calibrate_method=method,
                             extra_options=extra, calibration_cache_path=cache)
         qdq = onnx.load(str(out_path))
-        from tpuasm.compiler.front.scales import repair_vanishing_channels
+        from tpuasm.compiler.front.scales import (repair_underflowing_zero_biases,
+                                                  repair_vanishing_channels)
         fixed = set(extra.get("TensorQuantOverrides", {}))
         # the pools first: the biases the other two write read their new input scales
         if own_pool_scales(qdq, model, ranges, options.symmetric_activations, fixed) + \
-                fuse_bias_adds(qdq, model) + repair_vanishing_channels(qdq):
+                fuse_bias_adds(qdq, model) + repair_vanishing_channels(qdq) + \
+                repair_underflowing_zero_biases(qdq):
             onnx.save(qdq, str(out_path))
     except CompileError:
         raise

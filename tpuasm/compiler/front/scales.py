@@ -57,6 +57,32 @@ def repair_vanishing_channels(qdq: onnx.ModelProto) -> int:
     return repaired
 
 
+def repair_underflowing_zero_biases(qdq: onnx.ModelProto) -> int:
+    """Give each int32 bias value of 0 whose scale (input scale x weight scale) underflows
+    float32 to a subnormal or zero the scale 1: it stays the 0 it is (the QDQ model computes
+    what it did), where the reader refuses such a scale (requantizing by it divides by
+    zero).  A network whose activations vanish (a random-init MobileViT or EfficientNet,
+    their BatchNorms' statistics never updated: ranges near 1e-33) has them wherever a bias
+    is zero.  The number rewritten."""
+    g = qdq.graph
+    inits = {t.name: t for t in g.initializer}
+    tiny = np.finfo(np.float32).tiny
+    repaired = 0
+    for dq in g.node:       # every int32 initializer dequantized: a Conv's, a Gemm's bias or
+        if not _dequantizes_initializer(dq, inits):          # a MatMul's fused bias Add's
+            continue
+        scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32)
+        q = numpy_helper.to_array(inits[dq.input[0]])
+        if q.dtype != np.int32 or scale.shape not in ((), q.shape):
+            continue
+        gone = (scale < tiny) & (q == 0)
+        if not np.any(gone):
+            continue
+        _replace(inits[dq.input[1]], np.where(gone, np.float32(1.0), scale).astype(np.float32))
+        repaired += int(np.sum(gone))
+    return repaired
+
+
 def _dequantizes_initializer(dq, inits) -> bool:
     return (dq is not None and dq.op_type == "DequantizeLinear" and len(dq.input) >= 2
             and dq.input[0] in inits and dq.input[1] in inits)
