@@ -558,3 +558,29 @@ def test_a_node_shape_inference_refuses_names_the_user_s_model(tmp_path, capsys)
     code, _, err = run_compile(capsys, path, "--calibrate", data, "-o", out)
     assert code == 2 and f"{path}: shape inference failed" in err and ".qdq.onnx" not in err
     assert "einsum" in err and not out.exists()
+
+
+def test_an_error_about_the_compile_s_own_quantized_model_names_the_user_s_file(
+        tmp_path, monkeypatch):
+    """The QDQ model lives in a temporary folder that is gone when the user reads the
+    message: any refusal that names it (the QDQ model, or the folder's batch-one form)
+    names the user's file instead; other messages are left as they are."""
+    import tempfile
+    from pathlib import Path
+    from tpuasm.compiler import pipeline
+    folder = Path(tempfile.gettempdir()) / f"{pipeline.QDQ_FOLDER}k3x_9q"
+
+    def refuse(message):
+        def compile_(*args, **kwargs):
+            raise CompileError(message)
+        return compile_
+    user = tmp_path / "net.onnx"
+    for written in (folder / "net.qdq.onnx", folder / "batch-one" / "net.onnx"):
+        monkeypatch.setattr(pipeline, "_compile_model",
+                            refuse(f"{written}: node 'conv' has no weights"))
+        with pytest.raises(CompileError) as e:
+            pipeline.compile_model(user)
+        assert str(e.value) == f"{user}: node 'conv' has no weights"
+    monkeypatch.setattr(pipeline, "_compile_model", refuse("batch must be positive"))
+    with pytest.raises(CompileError, match="^batch must be positive$"):
+        pipeline.compile_model(user)

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -55,11 +56,7 @@ def parse_config(items) -> dict:
         raise CompileError(str(e)) from None
 
 
-def compile_model(path, batch: int | None = None, calibration=None, config=None,
-                  codegen: bool = True, batch_axes=None, quantization=None,
-                  validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
-                  time_segments: bool = True, input_values=None,
-                  class_axes=None) -> CompiledModel:
+def compile_model(path, *args, **kwargs) -> CompiledModel:
     """Compile an ONNX model (float with a calibration set, or already quantized).
     `batch_axes`: {input: axis or None} (or `NAME=AXIS|none` strings) where the inferred
     batch axes (batch.py) are not the right ones.  `time_segments=False` leaves the report's
@@ -70,8 +67,29 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
     to check it on.  `input_values`: {input: value} (or `NAME=V[,V...]` strings): inputs
     made constants of the model (inputvalues.py), so Ifs on them fold away.  `class_axes`:
     {output: axis or None} (or `NAME=AXIS|none` strings): the axis of an output's classes
-    for the check against the float model, where classaxis.py's rule is not the right one."""
-    path = Path(path)
+    for the check against the float model, where classaxis.py's rule is not the right one.
+    An error about the quantized model the compile wrote in a temporary folder names the
+    user's file instead (the fault is in it, and the folder is gone when the user reads it)."""
+    try:
+        return _compile_model(Path(path), *args, **kwargs)
+    except CompileError as e:
+        message = _TEMPORARY_FILE.sub(str(path), str(e))
+        if message == str(e):
+            raise
+        raise CompileError(message) from None
+
+
+# a file in the compile's temporary folder (tempfile.TemporaryDirectory(prefix=QDQ_FOLDER))
+QDQ_FOLDER = "tpuasm-qdq-"
+_TEMPORARY_FILE = re.compile(re.escape(str(Path(tempfile.gettempdir()) / QDQ_FOLDER))
+                             + r"[^/\\\s]+[/\\][^\s:'\"]*")
+
+
+def _compile_model(path: Path, batch: int | None = None, calibration=None, config=None,
+                   codegen: bool = True, batch_axes=None, quantization=None,
+                   validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
+                   time_segments: bool = True, input_values=None,
+                   class_axes=None) -> CompiledModel:
     from tpuasm.compiler.runtime.classaxis import parse_class_axes
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
@@ -130,7 +148,7 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         samples = check_samples(data, input_signature(model), where, input_types(model),
                                 axes)
         count = sample_rows(samples, axes)
-        keep = tempfile.TemporaryDirectory(prefix="tpuasm-qdq-")
+        keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         _load_weights(model, path)          # the rewrites rescale them
         # the float model, for the validation: its inputs as declared (an If's branches may
         # not type-check in onnxruntime once a dynamic dimension is fixed)
@@ -190,15 +208,9 @@ def compile_model(path, batch: int | None = None, calibration=None, config=None,
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
-    try:
-        graph, batch = load_graph(reference, batch, model, axes,
-                                  provenance if prepared is None else None, known_axes,
-                                  fixed_batch)
-    except CompileError as e:
-        # the quantized model is ours, in a temporary folder: the fault is in the user's
-        if str(e).startswith(str(reference)) and reference != path:
-            raise CompileError(f"{path}{str(e)[len(str(reference)):]}") from None
-        raise
+    graph, batch = load_graph(reference, batch, model, axes,
+                              provenance if prepared is None else None, known_axes,
+                              fixed_batch)
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,
         None if prepared is None else (prepared, options, provenance))
