@@ -418,3 +418,20 @@ def test_output_pitch_writes_an_image_into_a_padded_layout():
     assert values[[0, 1, 2, 5, 6, 7], 1].tolist() == [2, 4, 6, 8, 10, 12]
     # rows 6..9 (the gap the pitch leaves) still hold the inputs copied there
     assert y[6:10, 0].tolist() == [7, 8, 9, 10]
+
+
+def test_the_reset_clip_bounds_clip_to_int32_before_the_low_8_bits():
+    """Step 3's clip bounds at reset are the int32 range, and they apply before act_out 3's
+    low 8 bits: x * -2^31 is -2^31 for x = 1 (low byte 0) and, for x < 0, at least 2^31,
+    clipped to 2^31 - 1 (low byte 255).  The emulator's path for programs with no register
+    of section 5.5 used to wrap the unclipped product (found by a 2,000-program differential
+    run)."""
+    host = np.zeros((9 + 16 + 64, N), np.int64)
+    host[9] = [1, -1, 2, -2]
+    m, _ = run_both(HEAD + """
+        CFG act_out, 3
+        CFG act_mult, -2147483648
+        ACT acc.a, ub.y, 1
+        HALT
+""", host)
+    assert m.ub[Y].tolist() == [0, 255, 0, 255]

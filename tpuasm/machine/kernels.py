@@ -1375,9 +1375,10 @@ def _requantize_store(buf, ub, u, mult, shift, zero, out_kind):
             y = min(max(((buf[j] * mult + rounding) >> shift) + zero, -32768), 32767)
             ub[u, j] = y & 0xFF
             ub[u + 1, j] = (y >> 8) & 0xFF
-    else:
+    else:       # the reset clip bounds still clip to int32 before the low 8 bits
         for j in range(n):
-            ub[u, j] = (((buf[j] * mult + rounding) >> shift) + zero) & 0xFF
+            y = ((buf[j] * mult + rounding) >> shift) + zero
+            ub[u, j] = min(max(y, _INT32_MIN), _INT32_MAX) & 0xFF
 
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
