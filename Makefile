@@ -32,6 +32,14 @@ FUZZ_CASES ?= 100000
 fuzz: $(STAMP)
 	$(BIN)/python tests/fuzzing/driver.py --cases $(FUZZ_CASES) --jobs 2 --out fuzz-findings
 
+# Long differential run (not part of `make test`): the emulator against the reference on
+# DIFFERENTIAL_EXAMPLES random programs (300 in the suite).
+DIFFERENTIAL_EXAMPLES ?= 3000
+.PHONY: differential
+differential: $(STAMP)
+	DIFFERENTIAL_EXAMPLES=$(DIFFERENTIAL_EXAMPLES) $(BIN)/python -m pytest -q -p no:xdist \
+		tests/test_differential.py -k random_programs
+
 # Compiler back end: codegen time and memory for a 100M-weight network (benchmarks/bench_codegen.py)
 .PHONY: bench-codegen
 bench-codegen: $(STAMP)
