@@ -348,6 +348,19 @@ def _fold_through_row_merge(idx: _Index, merge, bn, factor, shift, ranks, prov) 
     return True
 
 
+def _gemm_terms(idx, gemm, n: int):
+    """(alpha, beta, C as n float64s) of a Gemm with n outputs, or None when its C is not
+    a constant of 1 or n values (per row, a C the fold cannot carry)."""
+    alpha, beta = float(_attr(gemm, "alpha", 1.0)), float(_attr(gemm, "beta", 1.0))
+    c = None
+    if len(gemm.input) > 2 and gemm.input[2]:
+        c = idx.const(gemm.input[2])
+        if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
+            return None
+    return alpha, beta, (np.zeros(n) if c is None else
+                         np.broadcast_to(c.astype(np.float64).reshape(-1), n))
+
+
 def _fold_into_next_gemm(idx: _Index, bn, params, prov) -> bool:
     """A BatchNormalization on a (batch, C) tensor whose one reader is a Gemm with a constant
     weight (LeViT's classifier: BatchNorm1d then Linear): Gemm(x * f + s) is Gemm(x) with
@@ -364,13 +377,10 @@ def _fold_into_next_gemm(idx: _Index, bn, params, prov) -> bool:
         return False
     w64 = (w.T if trans_b else w).astype(np.float64)          # (C, N)
     n = w64.shape[1]
-    alpha, beta = float(_attr(gemm, "alpha", 1.0)), float(_attr(gemm, "beta", 1.0))
-    c = None
-    if len(gemm.input) > 2 and gemm.input[2]:
-        c = idx.const(gemm.input[2])
-        if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
-            return False
-    b = np.zeros(n) if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), n)
+    terms = _gemm_terms(idx, gemm, n)
+    if terms is None:
+        return False
+    alpha, beta, b = terms
     new_w = alpha * w64 * factor[:, None]
     _set_inputs(idx, gemm, new_w.T if trans_b else new_w, beta * b + alpha * (shift @ w64))
     _set_attr(gemm, "alpha", 1.0)
@@ -521,13 +531,10 @@ def _fold_into(idx: _Index, node, factor, shift, ranks) -> bool:
         trans_b = _attr(node, "transB", 0)
         if (w.shape[0] if trans_b else w.shape[1]) != n:
             return False
-        alpha, beta = float(_attr(node, "alpha", 1.0)), float(_attr(node, "beta", 1.0))
-        c = None
-        if len(node.input) > 2 and node.input[2]:
-            c = idx.const(node.input[2])
-            if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
-                return False
-        b = np.zeros(n) if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), n)
+        terms = _gemm_terms(idx, node, n)
+        if terms is None:
+            return False
+        alpha, beta, b = terms
         scale = (factor[:, None] if trans_b else factor[None, :]) * alpha
         _set_inputs(idx, node, w64 * scale, beta * b * factor + shift)
         _set_attr(node, "alpha", 1.0)
