@@ -18,7 +18,7 @@ RNG = np.random.default_rng(20260522)
 REG_NAMES = {name: getattr(D, "REG_" + name.upper()) for name in (
     "act_mult", "act_shift", "act_zero", "act_out", "fn_in_frac", "pool_size", "pool_width",
     "conv_pitch", "conv_kw", "conv_stride", "rep_ub_stride", "rep_acc_stride",
-    "rep_host_stride", "dma_host_stride", "dma_ub_stride")}
+    "rep_host_stride", "dma_host_stride", "dma_ub_stride", "act_lo", "act_hi")}
 # MatrixMultiply's kernels: the portable numba one, OpenBLAS (float), and the int8 kernel
 # (C) at each instruction-set level this CPU has (16-bit operands as byte passes; H with D
 # at the AVX2 level goes through OpenBLAS)
@@ -183,7 +183,8 @@ def act_oracle(m, row, regs, flags):
                 y = int(v) * g("act_mult")
                 if g("act_shift") > 0:
                     y = (y + (1 << (g("act_shift") - 1))) >> g("act_shift")
-                ys.append(y + g("act_zero"))
+                # step 3's clip bounds (reset: the int32 range), before the output type
+                ys.append(min(max(y + g("act_zero"), g("act_lo")), g("act_hi")))
             ys = np.array(ys, dtype=object)
             kind = g("act_out")
             if kind == 0:
