@@ -1,5 +1,5 @@
-"""Pools with rectangular windows between two Convs (QDQ models made with onnx.helper by
-tests/qdq_builder.py): where the pool runs, the TPU segments and host steps, the TPU cycles
+"""Pools with rectangular windows between two Convs (the QDQ models of
+tests/test_compiler_rect_pool.py): where the pool runs, the TPU segments and host steps, the TPU cycles
 per batch, and the share of outputs identical to onnxruntime on the same model.
 
     .venv/bin/python benchmarks/rect_pools.py
@@ -18,43 +18,25 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from onnx_models import run_ort  # noqa: E402
-from qdq_builder import QDQBuilder  # noqa: E402
+from test_compiler_rect_pool import SMALL, conv_pool_conv  # noqa: E402
 from tpuasm.compiler.pipeline import compile_model  # noqa: E402
 
-POOLS = {
-    "MaxPool (2,1) stride (2,1) (CRNN)": ("MaxPool", dict(kernel_shape=[2, 1], strides=[2, 1])),
-    "MaxPool (2,2) stride (2,1) pads (0,1,0,1)": (
-        "MaxPool", dict(kernel_shape=[2, 2], strides=[2, 1], pads=[0, 1, 0, 1])),
-    "AveragePool (1,3) pads (0,1,0,1)": (
-        "AveragePool", dict(kernel_shape=[1, 3], strides=[1, 1], pads=[0, 1, 0, 1],
-                            count_include_pad=0)),
-    "AveragePool (1,3) pads (0,1,0,1) counted": (
-        "AveragePool", dict(kernel_shape=[1, 3], strides=[1, 1], pads=[0, 1, 0, 1],
-                            count_include_pad=1)),
+POOLS = {   # tests/test_compiler_rect_pool.py's models, by what they are
+    "MaxPool (2,1) stride (2,1) (CRNN)": "crnn",
+    "MaxPool (2,2) stride (2,1) pads (0,1,0,1)": "paddle",
+    "AveragePool (1,3) pads (0,1,0,1)": "avg_1x3",
+    "AveragePool (1,3) pads (0,1,0,1) counted": "avg_1x3_counted",
 }
-
-
-def model(op: str, attrs: dict) -> onnx.ModelProto:
-    """conv -> Relu -> pool -> conv, as tests/test_compiler_rect_pool.py builds it."""
-    b = QDQBuilder((3, 8, 6), seed=0)
-    b.quantize()
-    b.conv(8, (3, 3), pads=[1, 1, 1, 1], name="conv1")
-    b.unary("Relu")
-    b.quantize()
-    b.unary(op, name="pool", **attrs)
-    b.quantize(same=op == "MaxPool", widen=1.0371)
-    b.conv(5, (3, 3), pads=[1, 1, 1, 1], name="conv2")
-    return b.model()
 
 
 def main():
     x = np.random.default_rng(7).normal(0, 1.2, (20, 3, 8, 6)).astype(np.float32)
-    for name, (op, attrs) in POOLS.items():
-        m = model(op, attrs)
+    for name, pool in POOLS.items():
+        m, _ = conv_pool_conv(pool)
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "m.onnx"
             onnx.save(m, str(path))
-            compiled = compile_model(path, batch=6, config=["array_size=16", "acc_rows=256"])
+            compiled = compile_model(path, batch=6, config=SMALL)
             (want,) = run_ort(m, {"x": x})
             got = compiled.run(x)["y"]
         kinds = [s["kind"] for s in compiled.report.steps]
