@@ -31,6 +31,7 @@ from tpuasm.compiler.front.fold import fold_float_model
 from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
 from tpuasm.compiler.runtime.model import CompiledModel
+from tpuasm.compiler.runtime.probes import score_probes, with_probes, without_probes
 from tpuasm.compiler.front.partition import HostPart, lone_elementwise, plan
 from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.front.reader import (QUANTIZED_OPS, fix_batch, input_signature,
@@ -115,6 +116,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     axes = input_axes(model, given, path, free)
     fixed_batch = has_fixed_batch(model, given, axes)
     keep = known_axes = prepared = None
+    probes: dict = {}
     if is_quantized(model):
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
@@ -150,6 +152,9 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         count = sample_rows(samples, axes)
         keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         _load_weights(model, path)          # the rewrites rescale them
+        # a label's (a ZipMap's) class scores: outputs of every model from here on, for the
+        # check alone (probes.py)
+        probes = with_probes(model, score_probes(model))
         # the float model, for the validation: its inputs as declared (an If's branches may
         # not type-check in onnxruntime once a dynamic dimension is fixed)
         original = _with_inputs(model, declared)
@@ -236,7 +241,11 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     report = _report(path, graph, lowered, the_plan, steps, batch, machine.array_size, source,
                      report_provenance, machine=machine, timed=time_segments)
     inputs, outputs = model_values(graph)
-    compiled = CompiledModel(steps, batch, inputs, outputs, report, config, reference, keep)
+    if probes:
+        _drop_probes(reference, probes)
+    compiled = CompiledModel(steps, batch, inputs, [o for o in outputs if o.name not in probes],
+                             report, config, reference, keep,
+                             probes=[o for o in outputs if o.name in probes])
     compiled.provenance = provenance
     if float_check is not None and validate is not False:
         from tpuasm.compiler.runtime.validate import CALIBRATION_CHECK_ROWS
@@ -246,8 +255,17 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                                   max_rows=CALIBRATION_CHECK_ROWS if validate is None
                                   else None, classes=float_classes,
                                   reference=float_reference,
-                                  expected=options.calibration_method == "minmax")
+                                  expected=options.calibration_method == "minmax",
+                                  probes=probes)
     return compiled
+
+
+def _drop_probes(reference: Path, probes: dict) -> None:
+    """The QDQ model OUTDIR keeps, and onnxruntime's oracle, with the user's outputs only."""
+    import onnx
+    qdq = onnx.load_model(reference)
+    if without_probes(qdq, probes):
+        onnx.save_model(qdq, reference)
 
 
 def _at_batch_one(path, model, axes, workdir: Path, machine):

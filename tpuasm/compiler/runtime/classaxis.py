@@ -48,6 +48,9 @@ class ClassAxis:
     classes: int | None = None
     given: bool = False              # the user's --class-axis: counted as given, any rank
     snr_too: bool = False            # only a classifier head says so: SNR is a bar too
+    # `axis` counts from the start: an ArgMax's axis on a tensor whose rank shape inference
+    # does not know (after an ai.onnx.ml node, which onnx cannot infer through)
+    from_start: bool = False
 
 
 _MAX_PATH = 64                      # nodes walked back from an output before giving up
@@ -102,6 +105,8 @@ def judged_axis(rule: ClassAxis | None, shape: tuple) -> tuple[int | None, str, 
         if not -ndim <= rule.axis < ndim:
             return None, f"SNR only: --class-axis {rule.axis} is outside its {ndim} axes", True
         return rule.axis % ndim, f"classes on axis {rule.axis % ndim}: --class-axis", False
+    if rule is not None and rule.from_start and rule.axis is not None:
+        rule = ClassAxis(rule.axis - ndim, rule.why, rule.classes, snr_too=rule.snr_too)
     if ndim == 2:
         if shape[1] < 2:
             return None, "SNR only: one column", True
@@ -205,9 +210,12 @@ class _Graph:
             picker = next((c for c in self.consumers.get(tensor, [])
                            if c.op_type in _PICKERS), None)
             if picker is not None:
-                axis = self._from_end(tensor, _attr(picker, "axis", 0))
-                found = ClassAxis(axis, f"{picker.op_type} '{picker.name}' of the graph "
-                                  f"reads it over that axis",
+                given = _attr(picker, "axis", 0)
+                axis = self._from_end(tensor, given)
+                why = f"{picker.op_type} '{picker.name}' of the graph reads it over that axis"
+                if axis is None and not path and given >= 0:    # the data tells its rank
+                    return ClassAxis(given, why, from_start=True)
+                found = ClassAxis(axis, why,
                                   self.dim(tensor, axis) if axis is not None else None)
                 return self._forward(found, path)
             node = self.producer.get(tensor)

@@ -23,11 +23,13 @@ class CompiledModel:
     """A model compiled for the TPU: `run(inputs)`, `report`, `save(outdir)`."""
 
     def __init__(self, steps, batch, inputs, outputs, report, config, reference_model,
-                 keep=None):
+                 keep=None, probes=None):
         self.steps = steps
         self.batch = batch
         self.inputs: list[ValueInfo] = inputs
         self.outputs: list[ValueInfo] = outputs
+        # tensors the steps also give for the check against the float model (probes.py)
+        self.probes: list[ValueInfo] = list(probes or [])
         self.report: CompileReport = report
         self.config: dict = dict(config or {})
         self.reference_model = Path(reference_model)   # the QDQ model (onnxruntime's oracle)
@@ -43,10 +45,12 @@ class CompiledModel:
     def has_programs(self) -> bool:
         return all(s.program is not None for s in self.steps if isinstance(s, TpuStep))
 
-    def run(self, inputs, progress=None, engine: str | None = None) -> dict[str, np.ndarray]:
+    def run(self, inputs, progress=None, engine: str | None = None, probes: bool = False
+            ) -> dict[str, np.ndarray]:
         """Float inputs (an array for a one-input model, else {name: array}), any number of
         rows -> {output name: array}.  `engine` (ENGINES): "emulator" (default when the back
-        end made programs), "pipeline" or "reference" (reference.py's numpy semantics)."""
+        end made programs), "pipeline" or "reference" (reference.py's numpy semantics).
+        `probes`: the check's probes too (probes.py)."""
         if not isinstance(inputs, dict):
             if len(self.inputs) != 1:
                 raise CompileError(f"the model has {len(self.inputs)} inputs: pass a dict "
@@ -58,7 +62,8 @@ class CompiledModel:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         machine = {k: v for k, v in self.config.items()}
         with self._lock:
-            return run_model(self.steps, self.batch, self.inputs, self.outputs, inputs,
+            return run_model(self.steps, self.batch, self.inputs,
+                             self.outputs + self.probes if probes else self.outputs, inputs,
                              engine, machine, progress)
 
     def save(self, outdir) -> Path:

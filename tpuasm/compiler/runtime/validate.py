@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.runtime.probes import probe_why
 from tpuasm.compiler.runtime.steps import batch_axis_of
 
 DEFAULT_MIN_AGREEMENT = 0.99
@@ -292,15 +293,18 @@ def validate(compiled, float_model, data: dict, what: str,
              min_agreement: float = DEFAULT_MIN_AGREEMENT,
              min_snr: float = DEFAULT_MIN_SNR, max_rows: int | None = None,
              classes: dict | None = None,
-             reference: FloatReference | None = None, expected: bool = True) -> Validation:
+             reference: FloatReference | None = None, expected: bool = True,
+             probes: dict | None = None) -> Validation:
     """Run `compiled` (on the emulator's data path) and onnxruntime on `float_model` (a ModelProto
     or its bytes) over `data` ({input: rows}), or over `max_rows` of its rows (spread_rows)
     when it has more; the figures and warnings.  `classes`: the float model's class axes
     (classaxis.class_axes; worked out here when None).  `reference`: the float model's
     outputs if already known on these rows (the calibration search's).  `expected`: as
-    compare()'s."""
+    compare()'s.  `probes`: {scores tensor: the outputs it is judged for} (probes.py), the
+    float model's outputs that the compiled model gives as its `probes`."""
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
-    names = [o.name for o in compiled.outputs]
+    values = [*compiled.outputs, *compiled.probes]
+    names = [o.name for o in values]
     axes = {i.name: getattr(i, "batch_axis", 0) for i in compiled.inputs}
     first = next((n for n in data if axes.get(n) is not None), None)
     total = np.shape(data[first])[axes[first]] if first is not None else 1
@@ -310,7 +314,7 @@ def validate(compiled, float_model, data: dict, what: str,
     feeds = {i.name: np.asarray(data[i.name]).astype(np.dtype(i.dtype), copy=False)
              for i in compiled.inputs if i.name in data}
     batch_first = all(a == 0 for a in axes.values())
-    out_axes = {o.name: getattr(o, "batch_axis", 0) for o in compiled.outputs}
+    out_axes = {o.name: getattr(o, "batch_axis", 0) for o in values}
     # the compile itself succeeded: a check that cannot run is said, never a failure
     try:
         if reference is not None and all(a == 0 for a in out_axes.values()) and \
@@ -335,6 +339,9 @@ def validate(compiled, float_model, data: dict, what: str,
         from tpuasm.compiler.runtime.classaxis import class_axes
         classes = class_axes(float_model)
     result.outputs = compare(ref, got, tensors, classes, expected)
+    for o in result.outputs:
+        if o.name in (probes or {}):
+            o.why = probe_why(probes[o.name]) + (f"; {o.why}" if o.why else "")
     for o in result.outputs:
         if o.judged is not None and o.judged < min_agreement:
             what_ = "exact agreement" if o.kind == "exact" else f"{o.kind} agreement"
@@ -361,17 +368,18 @@ def _run_compiled(compiled, feeds: dict) -> dict:
     machine kept, were 1 GB)."""
     from tpuasm.compiler.runtime.steps import join_parts, one_off
     batch = compiled.batch
+    values = [*compiled.outputs, *compiled.probes]
     with one_off(compiled.steps):
         rows = {len(x) for x in feeds.values() if np.ndim(x)}
         if len(rows) != 1 or not all(getattr(v, "batch_axis", 0) == 0 for v in
-                                     (*compiled.inputs, *compiled.outputs)):
-            return compiled.run(feeds)
+                                     (*compiled.inputs, *values)):
+            return compiled.run(feeds, probes=True)
         total = rows.pop()
         if total <= batch:
-            return compiled.run(feeds)
-        parts = [compiled.run({k: v[start:start + batch] for k, v in feeds.items()})
-                 for start in range(0, total, batch)]
-    return {o.name: join_parts(o, [p[o.name] for p in parts]) for o in compiled.outputs}
+            return compiled.run(feeds, probes=True)
+        parts = [compiled.run({k: v[start:start + batch] for k, v in feeds.items()},
+                              probes=True) for start in range(0, total, batch)]
+    return {o.name: join_parts(o, [p[o.name] for p in parts]) for o in values}
 
 
 def _first_line(e: Exception) -> str:
