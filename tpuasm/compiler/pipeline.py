@@ -32,6 +32,7 @@ from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
 from tpuasm.compiler.runtime.model import CompiledModel
 from tpuasm.compiler.runtime.probes import score_probes, with_probes, without_probes
+from tpuasm.compiler.front.qdqrecurrent import quantize_float_recurrent
 from tpuasm.compiler.front.partition import HostPart, lone_elementwise, plan
 from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.front.reader import (QUANTIZED_OPS, fix_batch, input_signature,
@@ -117,6 +118,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     fixed_batch = has_fixed_batch(model, given, axes)
     keep = known_axes = prepared = None
     probes: dict = {}
+    recurrent_reasons: dict[str, str] = {}    # a quantized model's recurrent nodes left float
     if is_quantized(model):
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
@@ -213,12 +215,25 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
+        recurrent = quantize_float_recurrent(model, provenance, recurrent_reasons)
+        if recurrent:
+            # what is compiled is no longer the user's file: OUTDIR's oracle is the model
+            keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
+            reference = Path(keep.name) / (path.stem + ".qdq.onnx")
+            import onnx
+            onnx.save_model(model, reference)
+            source += (f"; its {recurrent} float recurrent node{'s' if recurrent > 1 else ''} "
+                       f"(which onnxruntime's quantizer leaves float) unrolled and quantized "
+                       f"by the compiler from bounds, not data: int8 weights, int16 states "
+                       f"and gate sums (front/qdqrecurrent.py)")
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes,
                               fixed_batch)
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,
         None if prepared is None else (prepared, options, provenance))
+    lowered.host_reasons.update({k: v for k, v in recurrent_reasons.items()
+                                 if k in lowered.host_reasons})
     narrow = _wide_refused(graph, lowered) if prepared is not None and codegen else []
     if narrow:
         # the back end could not hold a matrix operator with its int16 tensors (a Unified

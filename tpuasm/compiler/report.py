@@ -314,7 +314,9 @@ def _aggregate(name: str, op_type: str, group: list[NodeRow]) -> NodeRow:
     parts = []
     for kind, count in Counter(r.op_type for r in on_tpu).items():
         of = sum(r.op_type == kind for r in group)
-        parts.append(f"{count} of {of} {kind} on the TPU")
+        why = next((r.reason for r in on_host if r.op_type == kind and r.reason), None)
+        parts.append(f"{count} of {of} {kind} on the TPU" + (f" (the others: {why})"
+                                                              if why else ""))
     tpu_kinds = {r.op_type for r in on_tpu}
     host_only = [r for r in on_host if r.op_type not in tpu_kinds]
     if host_only:

@@ -1,0 +1,191 @@
+"""A quantized model's float LSTM / GRU / RNN on the TPU without calibration data
+(front/qdqrecurrent.py): onnxruntime's quantize_static leaves them float, and compiled as
+shipped their gate Gemms are quantized from the bounds of their ranges.  Oracles:
+onnxruntime on OUTDIR's model.qdq.onnx (the model as compiled: bit-identical), on the
+shipped QDQ model and on the float model it was made from (the answers kept), hand-worked
+bounds, and the report's rows."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import real_models
+from tpuasm.compiler.cli import compile_main
+from tpuasm.compiler.front.provenance import Provenance
+from tpuasm.compiler.front.qdqrecurrent import _Grid, _GateQuantizer, quantize_float_recurrent
+from tpuasm.compiler.ort import session
+from tpuasm.compiler.runtime.model import load
+
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+
+def _quantize_static(tmp_path, model: onnx.ModelProto, calibration: dict, axis: int):
+    """onnxruntime's quantize_static (QDQ, per channel), a row at a time along `axis`."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat
+
+    class Rows(CalibrationDataReader):
+        def __init__(self):
+            rows = next(iter(calibration.values())).shape[axis]
+            self.rows = iter([{k: np.take(v, [i], axis=axis) for k, v in calibration.items()}
+                              for i in range(rows)])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "shipped.qdq.onnx"
+    onnx.save(model, str(src))
+    quantization.quantize_static(str(src), str(dst), Rows(), quant_format=QuantFormat.QDQ,
+                                 per_channel=True)
+    return dst
+
+
+def _compiled(tmp_path, capsys, qdq, *extra):
+    out = tmp_path / "out"
+    assert compile_main([str(qdq), "-o", str(out), *map(str, extra)]) == 0
+    text, err = capsys.readouterr()
+    assert "Traceback" not in text + err
+    return out, json.loads((out / "report.json").read_text())
+
+
+def _snr(want, got) -> float:
+    want, got = want.astype(np.float64), got.astype(np.float64)
+    return 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
+def test_a_recurrent_classifier_s_qdq_model_puts_its_state_products_on_the_tpu(
+        tmp_path, capsys, kind):
+    """The classifiers' X is a float model input (quantize_static quantizes nothing before
+    the recurrent node), so the products over X stay float; those over the state, 80 % of
+    the MACs, go to the TPU, where 0.3 % did."""
+    case = getattr(real_models, f"{kind}_classifier")()
+    qdq = _quantize_static(tmp_path, case.model, case.calibration, axis=1)
+    assert kind.upper() in {n.op_type for n in onnx.load(str(qdq)).graph.node}
+    out, report = _compiled(tmp_path, capsys, qdq,
+                            *[f"--batch-axis={n}=1" for n in case.calibration])
+    row = next(r for r in report["rows"] if r["op_type"] == kind.upper())
+    assert row["where"] == "TPU" and "--calibrate quantizes it" in row["reason"]
+    assert report["tpu_macs"] >= 0.75 * report["macs"]
+    model = load(out)
+    got = model.run(case.evaluation, engine="reference")["logits"]
+    ours = session((out / "model.qdq.onnx").read_bytes()).run(None, case.evaluation)[0]
+    assert np.array_equal(got, ours)            # the model as compiled, bit for bit
+    shipped = session(qdq.read_bytes()).run(None, case.evaluation)[0]
+    floats = session(case.model.SerializeToString()).run(None, case.evaluation)[0]
+    # the bounds' 16 bits cost nothing the shipped model's own 8-bit layers do not
+    assert _snr(floats, got) >= _snr(floats, shipped) - 0.5
+    assert np.mean(got.argmax(1) == floats.argmax(1)) >= \
+        np.mean(shipped.argmax(1) == floats.argmax(1)) - 0.01
+
+
+def _front_end_lstm(rng, direction: str) -> onnx.ModelProto:
+    """x (N, 6, 8) -> MatMul (8 -> 12) -> Relu -> time first -> LSTM (10) -> last -> MatMul."""
+    dirs = 2 if direction == "bidirectional" else 1
+    hidden = 10
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (8, 12)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (dirs, 4 * hidden, 12))
+                                     .astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (dirs, 4 * hidden, hidden))
+                                     .astype(np.float32), "R"),
+             numpy_helper.from_array(rng.normal(0, 0.1, (dirs, 8 * hidden))
+                                     .astype(np.float32), "B"),
+             numpy_helper.from_array(np.array([-1, dirs * hidden], np.int64), "flat"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (dirs * hidden, 4))
+                                     .astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="fc1"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Transpose", ["r"], ["time_first"], name="time_first",
+                              perm=[1, 0, 2]),
+             helper.make_node("LSTM", ["time_first", "W", "R", "B"], ["Y", "Y_h"],
+                              name="lstm", hidden_size=hidden, direction=direction),
+             helper.make_node("Transpose", ["Y_h"], ["batch_first"], name="batch_first",
+                              perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["batch_first", "flat"], ["h"], name="last"),
+             helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", T.FLOAT, ["N", 6, 8])], [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_an_lstm_after_quantized_layers_has_every_gate_product_on_the_tpu(tmp_path, capsys,
+                                                                         direction):
+    rng = np.random.default_rng(11)
+    model = _front_end_lstm(rng, direction)
+    x = rng.normal(0, 1, (96, 6, 8)).astype(np.float32)
+    qdq = _quantize_static(tmp_path, model, {"x": x[:64]}, axis=0)
+    out, report = _compiled(tmp_path, capsys, qdq, "--batch", "16")
+    row = next(r for r in report["rows"] if r["op_type"] == "LSTM")
+    gemms = (6 * 8 - 4) * (2 if direction == "bidirectional" else 1)   # no R h0: none
+    assert row["where"] == "TPU" and f"{gemms} of {gemms} Gemm on the TPU" in row["reason"]
+    assert report["tpu_macs"] == report["macs"]
+    assert "quantized by the compiler from bounds" in report["source"]
+    new = {"x": x[64:]}
+    got = load(out).run(new, engine="reference")["y"]
+    ours = session((out / "model.qdq.onnx").read_bytes()).run(None, new)[0]
+    assert np.array_equal(got, ours)
+    shipped = session(qdq.read_bytes()).run(None, new)[0]
+    floats = session(model.SerializeToString()).run(None, new)[0]
+    assert _snr(floats, got) >= _snr(floats, shipped) - 0.5
+    assert _snr(shipped, got) > 35               # int16 states and sums against float ones
+
+
+def test_a_gate_sum_is_quantized_over_its_bound():
+    """h in [-1, 1] (step 1 / 32767), int8 weights per column; the sum's int16 step is the
+    largest |sum| any h in range gives (sum over K of |w|, plus |b|) / 32767."""
+    rng = np.random.default_rng(2)
+    model = _front_end_lstm(rng, "forward")
+    quantized = onnx.load_from_string(model.SerializeToString())
+    # X as a model input of no quantization: only the products over h are quantized
+    assert quantize_float_recurrent(quantized, Provenance.of(quantized)) == 1
+    inits = {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}
+    nodes = {n.name: n for n in quantized.graph.node}
+    gemm = nodes["lstm/t1/d0/i_h"]
+    dq_a = next(n for n in quantized.graph.node if n.output[0] == gemm.input[0])
+    assert dq_a.domain == "com.microsoft"
+    assert np.isclose(inits[dq_a.input[1]], 1 / 32767)
+    dq_w = next(n for n in quantized.graph.node if n.output[0] == gemm.input[1])
+    w = inits[dq_w.input[0]].astype(np.float64) * inits[dq_w.input[1]]
+    assert inits[dq_w.input[0]].dtype == np.int8 and np.abs(inits[dq_w.input[0]]).max() == 127
+    r = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "R"))
+    assert np.allclose(w, r[0, :10].T, atol=np.abs(r[0, :10]).max() / 254)
+    dq_b = next(n for n in quantized.graph.node if n.output[0] == gemm.input[2])
+    bias = inits[dq_b.input[0]].astype(np.float64) * inits[dq_b.input[1]]
+    q = next(n for n in quantized.graph.node if n.input and n.input[0] == gemm.output[0])
+    bound = (np.abs(w).sum(0) + np.abs(bias)).max()
+    assert np.isclose(inits[q.input[1]], bound / 32767, rtol=1e-5)
+    assert not any(n.name == "lstm/t1/d0/i_x" and n.input[0].endswith(":dq")
+                   for n in quantized.graph.node)        # X: float
+
+
+def test_int16_states_that_would_fill_the_accumulator_are_int8():
+    """A sum of K products of 32767 x 127 passes int32 from K = 517 on."""
+    quantizer = _GateQuantizer.__new__(_GateQuantizer)
+    narrow = np.full((600, 4), 127, np.int8)
+    assert quantizer._symmetric_grid((-1.0, 1.0), narrow).dtype == np.int8
+    assert quantizer._symmetric_grid((-1.0, 1.0), narrow[:500]).dtype == np.int16
+    assert _Grid(1 / 127, np.zeros((), np.int8), np.int8).bounds == (-128 / 127, 1.0)
+
+
+def test_an_rnn_over_relu_stays_float_and_says_why():
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (1, 5, 3)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (1, 5, 5)).astype(np.float32), "R")]
+    graph = helper.make_graph(
+        [helper.make_node("RNN", ["x", "W", "R"], ["Y"], name="rnn", hidden_size=5,
+                          activations=["Relu"])], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [4, "N", 3])],
+        [helper.make_tensor_value_info("Y", T.FLOAT, [4, 1, "N", 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    reasons = {}
+    assert quantize_float_recurrent(model, Provenance.of(model), reasons) == 0
+    assert "Relu" in reasons["rnn"] and "--calibrate" in reasons["rnn"]
+    assert [n.op_type for n in model.graph.node] == ["RNN"]
