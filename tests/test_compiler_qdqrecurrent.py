@@ -189,3 +189,47 @@ def test_an_rnn_over_relu_stays_float_and_says_why():
     assert quantize_float_recurrent(model, Provenance.of(model), reasons) == 0
     assert "Relu" in reasons["rnn"] and "--calibrate" in reasons["rnn"]
     assert [n.op_type for n in model.graph.node] == ["RNN"]
+
+
+def test_a_quantize_dynamic_lstm_has_its_state_products_on_the_tpu(tmp_path, capsys):
+    """quantize_dynamic writes the LSTM as a contrib DynamicQuantizeLSTM, whose activations
+    are quantized at run time: read as the float LSTM of its int8 weights, it is unrolled
+    and quantized from bounds like one quantize_static leaves float (0 % of the MACs on the
+    TPU before)."""
+    case = real_models.lstm_classifier()
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(case.model, str(src))
+    quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8)
+    assert "DynamicQuantizeLSTM" in {n.op_type for n in onnx.load(str(dst)).graph.node}
+    out, report = _compiled(tmp_path, capsys, dst,
+                            *[f"--batch-axis={n}=1" for n in case.calibration])
+    row = next(r for r in report["rows"] if r["op_type"] == "DynamicQuantizeLSTM")
+    assert row["where"] == "TPU" and report["tpu_macs"] >= 0.75 * report["macs"]
+    got = load(out).run(case.evaluation, engine="reference")["logits"]
+    shipped = session(dst.read_bytes()).run(None, case.evaluation)[0]
+    floats = session(case.model.SerializeToString()).run(None, case.evaluation)[0]
+    assert _snr(floats, got) >= _snr(floats, shipped) - 0.5
+    assert np.mean(got.argmax(1) == floats.argmax(1)) >= \
+        np.mean(shipped.argmax(1) == floats.argmax(1)) - 0.01
+
+
+def test_a_dynamic_lstm_that_cannot_be_unrolled_stays_as_shipped(tmp_path):
+    rng = np.random.default_rng(6)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (1, 16, 3)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (1, 16, 4)).astype(np.float32), "R")]
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R"], ["Y"], name="lstm", hidden_size=4)], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["T", "N", 3])],
+        [helper.make_tensor_value_info("Y", T.FLOAT, ["T", 1, "N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(model, str(src))
+    quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8)
+    shipped = onnx.load(str(dst))
+    reasons = {}
+    assert quantize_float_recurrent(shipped, Provenance.of(shipped), reasons) == 0
+    (why,) = reasons.values()                      # (onnxruntime renames it lstm_quant)
+    assert "sequence length is not static" in why
+    assert [n.op_type for n in shipped.graph.node] == ["DynamicQuantizeLSTM"]
+    assert {t.name for t in shipped.graph.initializer} == \
+        {t.name for t in onnx.load(str(dst)).graph.initializer}

@@ -222,10 +222,11 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
             reference = Path(keep.name) / (path.stem + ".qdq.onnx")
             import onnx
             onnx.save_model(model, reference)
-            source += (f"; its {recurrent} float recurrent node{'s' if recurrent > 1 else ''} "
-                       f"(which onnxruntime's quantizer leaves float) unrolled and quantized "
-                       f"by the compiler from bounds, not data: int8 weights, int16 states "
-                       f"and gate sums (front/qdqrecurrent.py)")
+            source += (f"; its {recurrent} recurrent node{'s' if recurrent > 1 else ''} "
+                       f"that onnxruntime's quantizer left float (or quantizes at run time: "
+                       f"DynamicQuantizeLSTM) unrolled and quantized by the compiler from "
+                       f"bounds, not data: int8 weights, int16 states and gate sums "
+                       f"(front/qdqrecurrent.py)")
     graph, batch = load_graph(reference, batch, model, axes,
                               provenance if prepared is None else None, known_axes,
                               fixed_batch)

@@ -29,7 +29,8 @@ import onnx
 from onnx import helper
 
 from tpuasm.compiler.front.prepare import (_GATES, NotRewritten, _attr, _expand_nodes,
-                                           _Index, _ranks, _Unroller)
+                                           _Index, _ranks, _Unroller,
+                                           drop_unused_initializers)
 from tpuasm.compiler.front.provenance import Provenance
 
 _CONTRIB = "com.microsoft"
@@ -44,6 +45,8 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
     quantized as the module doc says (in place); how many nodes.  `reasons` gets why a node
     was left as it is."""
     reasons = {} if reasons is None else reasons
+    dynamic = _float_dynamic_lstms(model)
+
     def wanted(node) -> bool:
         return node.op_type in _GATES and node.domain in ("", "ai.onnx")
 
@@ -63,6 +66,12 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
         return nodes
 
     done = _expand_nodes(model, prov, reasons, "unrolled", wanted, unrolled)
+    if dynamic:                  # one that stays whole stays as the user's model has it
+        nodes = [dynamic.get(n.name, n) if n.op_type == "LSTM" else n
+                 for n in model.graph.node]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        drop_unused_initializers(model)
     if not done:
         return 0
     states = {t for key, ts in tied.items() if key.rsplit("/", 1)[-1] == "h" for t in ts}
@@ -73,6 +82,24 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
     quantizer.finish()
     reasons.update(quantizer.reasons)
     return done
+
+
+def _float_dynamic_lstms(model) -> dict:
+    """Each DynamicQuantizeLSTM of a quantize_dynamic model (in place) as the float LSTM it
+    stands for (dynamicquant.py: its int8 weights dequantized), to be unrolled and quantized
+    here like one quantize_static left float; {name: the DynamicQuantizeLSTM}."""
+    from tpuasm.compiler.front.dynamicquant import _float_lstm, _is_quantized_lstm
+    if not any(_is_quantized_lstm(n) for n in model.graph.node):
+        return {}
+    idx, nodes, originals = _Index(model), [], {}
+    for node in model.graph.node:
+        lstm = _float_lstm(node, idx) if _is_quantized_lstm(node) else None
+        if lstm is not None:
+            originals[lstm.name] = node
+        nodes.append(lstm if lstm is not None else node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return originals
 
 
 def _relu_rnn(node) -> bool:
