@@ -52,6 +52,20 @@ def _compiled(tmp_path, capsys, qdq, *extra):
     return out, json.loads((out / "report.json").read_text())
 
 
+def _assert_as_compiled(got, outdir, feeds: dict, output: str) -> None:
+    """The compiled model against onnxruntime on OUTDIR's model.qdq.onnx (the model as
+    compiled).  onnxruntime computes the int16 QDQ nodes in float32, the TPU in integers, so
+    a gate sum on a rounding tie may land one int16 step away: no output more than one of
+    its own 8-bit steps apart, and 99 % identical (all of them, on the suite's versions)."""
+    qdq = onnx.load(str(outdir / "model.qdq.onnx"))
+    want = session(qdq.SerializeToString()).run([output], feeds)[0]
+    dq = next(n for n in qdq.graph.node if n.output[0] == output)
+    step = float(numpy_helper.to_array(next(t for t in qdq.graph.initializer
+                                            if t.name == dq.input[1])))
+    assert np.abs(got - want).max() <= step * 1.001
+    assert np.mean(got == want) >= 0.99
+
+
 def _snr(want, got) -> float:
     want, got = want.astype(np.float64), got.astype(np.float64)
     return 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2))
@@ -73,8 +87,7 @@ def test_a_recurrent_classifier_s_qdq_model_puts_its_state_products_on_the_tpu(
     assert report["tpu_macs"] >= 0.75 * report["macs"]
     model = load(out)
     got = model.run(case.evaluation, engine="reference")["logits"]
-    ours = session((out / "model.qdq.onnx").read_bytes()).run(None, case.evaluation)[0]
-    assert np.array_equal(got, ours)            # the model as compiled, bit for bit
+    _assert_as_compiled(got, out, case.evaluation, "logits")
     shipped = session(qdq.read_bytes()).run(None, case.evaluation)[0]
     floats = session(case.model.SerializeToString()).run(None, case.evaluation)[0]
     # the bounds' 16 bits cost nothing the shipped model's own 8-bit layers do not
@@ -130,8 +143,7 @@ def test_an_lstm_after_quantized_layers_has_every_gate_product_on_the_tpu(tmp_pa
     assert "quantized by the compiler from bounds" in report["source"]
     new = {"x": x[64:]}
     got = load(out).run(new, engine="reference")["y"]
-    ours = session((out / "model.qdq.onnx").read_bytes()).run(None, new)[0]
-    assert np.array_equal(got, ours)
+    _assert_as_compiled(got, out, new, "y")
     shipped = session(qdq.read_bytes()).run(None, new)[0]
     floats = session(model.SerializeToString()).run(None, new)[0]
     assert _snr(floats, got) >= _snr(floats, shipped) - 0.5
