@@ -71,6 +71,9 @@ MAX_EXPR_INT_BITS = 4096             # a computed integer (`2 ** 64 ** ...` woul
 # ---- the compiler
 MAX_BATCH = 1 << 16                  # `compile --batch`, an OUTDIR's batch (~0.5 GB of rows
 #                                      for the corpus's models at the cap; 10**6 took 7 GB)
+# `compile --input-shape`: the elements of one sample of an input it fixes (a few
+# characters could otherwise ask for 2**31 x 2**31 values: 64 M float32 values are 256 MB)
+MAX_GIVEN_SAMPLE_ELEMENTS = 1 << 26
 # bytes of memory a compile needs per byte of model file: the weights as read, their
 # float32 and float64 copies in quantization and in the golden check (8 bytes per int8
 # weight), and the onnxruntime session of the reference model

@@ -12,7 +12,8 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
             per_channel=True, symmetric_activations=False, calibration_method="auto",
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
             min_snr=20.0, batch_axes=None, input_values=None, activation_bits=8,
-            wide_tensors=(), weight_bits=8, wide_weights=(), class_axes=None):
+            wide_tensors=(), weight_bits=8, wide_weights=(), class_axes=None,
+            input_shapes=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
 
@@ -32,7 +33,10 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     {input: value}: inputs fixed to a value when compiling (an If on them folded).
     `class_axes`: {output: axis or None}: the axis of an output's class scores, judged by
     top-1 agreement at every other position (None: by SNR only), where the rule of
-    runtime/classaxis.py (a Softmax, an ArgMax or a classifier head) is not the right one."""
+    runtime/classaxis.py (a Softmax, an ArgMax or a classifier head) is not the right one.
+    `input_shapes`: {input: dims}, each a positive integer or a name (N) that stays dynamic:
+    the sizes of dynamic dimensions other than the batch (a quantized model's sequence
+    length, which no calibration data fixes)."""
     from tpuasm.compiler.pipeline import compile_model
     quantization = None
     custom = (not per_channel or symmetric_activations or calibration_method != "auto"
@@ -54,7 +58,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
                          quantization=quantization, validate=validate,
                          min_agreement=min_agreement, min_snr=min_snr,
                          batch_axes=batch_axes, input_values=input_values,
-                         class_axes=class_axes)
+                         class_axes=class_axes, input_shapes=input_shapes)
 
 
 def load(outdir):

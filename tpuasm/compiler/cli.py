@@ -33,6 +33,10 @@ def _parser_compile() -> argparse.ArgumentParser:
     p.add_argument("--batch-axis", action="append", default=[], metavar="NAME=AXIS",
                    help="the batch axis of input NAME, or 'none' for an input passed whole "
                         "to every batch (default: inferred; repeatable)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="the dimensions of input NAME, each a size or a name such as N for "
+                        "the batch: fixes a dynamic one no data fixes (a quantized model's "
+                        "sequence length; repeatable)")
     p.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
                    help="fix input NAME to VALUE (a number, or numbers separated by commas "
                         "for a fixed-shape input) when compiling: it becomes a constant of "
@@ -216,7 +220,8 @@ def compile_main(argv: list[str] | None = None) -> int:
                               quantization=_quantization(args),
                               validate=False if args.no_validate else args.validate,
                               min_agreement=args.min_agreement, min_snr=args.min_snr,
-                              input_values=args.input_value, class_axes=args.class_axis)
+                              input_values=args.input_value, class_axes=args.class_axis,
+                              input_shapes=args.input_shape)
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text() + "\n")

@@ -24,9 +24,9 @@ from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.graph import Graph
 from tpuasm.compiler.front.hostparts import lookup_table, submodel
 from tpuasm.compiler.runtime.host import HostRunner
-from tpuasm.compiler.front.batch import (batch_fixed_at_one, fix_free_dims, has_fixed_batch,
-                                         input_axes, parse_batch_axes, recurrent_time,
-                                         tensor_axes)
+from tpuasm.compiler.front.batch import (batch_fixed_at_one, fix_free_dims, fix_input_shapes,
+                                         has_fixed_batch, input_axes, parse_batch_axes,
+                                         parse_input_shapes, recurrent_time, tensor_axes)
 from tpuasm.compiler.front.fold import fold_float_model
 from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
@@ -70,6 +70,8 @@ def compile_model(path, *args, **kwargs) -> CompiledModel:
     made constants of the model (inputvalues.py), so Ifs on them fold away.  `class_axes`:
     {output: axis or None} (or `NAME=AXIS|none` strings): the axis of an output's classes
     for the check against the float model, where classaxis.py's rule is not the right one.
+    `input_shapes`: {input: dims} (or `NAME=D0,D1,...` strings; a name such as N keeps a
+    dimension dynamic): the sizes of an input's dynamic dimensions (batch.fix_input_shapes).
     An error about the quantized model the compile wrote in a temporary folder names the
     user's file instead (the fault is in it, and the folder is gone when the user reads it)."""
     try:
@@ -91,7 +93,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                    codegen: bool = True, batch_axes=None, quantization=None,
                    validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
                    time_segments: bool = True, input_values=None,
-                   class_axes=None) -> CompiledModel:
+                   class_axes=None, input_shapes=None) -> CompiledModel:
     from tpuasm.compiler.runtime.classaxis import parse_class_axes
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
@@ -110,6 +112,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     from tpuasm.compiler.front.inputvalues import (drop_fixed, fix_input_values,
                                                    parse_input_values)
     fixed_values = fix_input_values(model, parse_input_values(input_values), path)
+    fix_input_shapes(model, parse_input_shapes(input_shapes), path)
     provenance = Provenance.of(model)       # every rewrite below records into it
     given = parse_batch_axes(batch_axes)
     # a float model's dynamic dimensions other than the batch: fixed from its calibration data

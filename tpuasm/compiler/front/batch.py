@@ -32,9 +32,12 @@ found before the batch is folded into constants are carried to the quantized mod
 """
 from __future__ import annotations
 
+import math
+
 import onnx
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.limits import MAX_GIVEN_SAMPLE_ELEMENTS
 
 SYMBOL = "tpuasm_batch"
 _PROBES = (7, 11)                  # two batch sizes no fixed dimension is likely to equal
@@ -84,6 +87,80 @@ def parse_named_axes(items, option: str, name_word: str) -> dict[str, int | None
     return axes
 
 
+def parse_input_shapes(items) -> dict[str, list]:
+    """`NAME=D0,D1,...` strings of --input-shape (or a dict of sequences) -> {input: dims},
+    each dimension a positive integer, or a name (the batch, `N`) that stays dynamic."""
+    if not items:
+        return {}
+    pairs = list(items.items()) if isinstance(items, dict) else []
+    for item in [] if isinstance(items, dict) else items:
+        name, sep, value = str(item).rpartition("=")
+        if not sep or not name or not value.strip():
+            raise CompileError(f"--input-shape {item!r}: expected NAME=D0,D1,... (each "
+                               f"dimension a positive integer, or a name such as N for "
+                               f"the batch)")
+        pairs.append((name, value.split(",")))
+    shapes = {}
+    for name, dims in pairs:
+        parsed = []
+        for axis, d in enumerate(dims):
+            text = str(d).strip()
+            if text.lstrip("-").isdigit():
+                if int(text) <= 0:
+                    raise CompileError(f"--input-shape {name}: dimension {axis}'s size "
+                                       f"{text} is not positive")
+                parsed.append(int(text))
+            elif text.isidentifier():
+                parsed.append(text)
+            else:
+                raise CompileError(f"--input-shape {name}: dimension {axis}, {text!r}, is "
+                                   f"neither a positive integer nor a name")
+        elements = math.prod(d for d in parsed if isinstance(d, int))
+        if elements > MAX_GIVEN_SAMPLE_ELEMENTS:
+            raise CompileError(f"--input-shape {name}: {elements:,} values a sample, more "
+                               f"than {MAX_GIVEN_SAMPLE_ELEMENTS:,}")
+        shapes[name] = parsed
+    return shapes
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict, path) -> None:
+    """Each input `shapes` names given those dimensions, in place: an integer fixes a
+    dynamic one (a QDQ model's sequence length, which no calibration data fixes), a name
+    keeps one dynamic (the batch); a fixed dimension given another size, a rank that does
+    not match, or sizes the model's weights do not allow are errors."""
+    if not shapes:
+        return
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {v.name: v for v in model.graph.input if v.name not in inits}
+    unknown = [n for n in shapes if n not in inputs]
+    if unknown:
+        raise CompileError(f"{path}: --input-shape names no input of the model: "
+                           f"{', '.join(unknown)} (its inputs: {', '.join(inputs)})")
+    fixed: dict[str, dict[int, int]] = {}
+    for name, want in shapes.items():
+        v = inputs[name]
+        if not v.type.HasField("tensor_type"):
+            raise CompileError(f"{path}: --input-shape {name}: the input is not a tensor")
+        dims = v.type.tensor_type.shape.dim
+        if len(dims) != len(want):
+            raise CompileError(f"{path}: --input-shape {name}: {len(want)} dimensions given, "
+                               f"the input has {len(dims)} {_dims(v)}")
+        for axis, (dim, size) in enumerate(zip(dims, want)):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                if dim.dim_value != size:
+                    raise CompileError(f"{path}: --input-shape {name}: dimension {axis} is "
+                                       f"fixed to {dim.dim_value} in the model, not {size}")
+                continue
+            if isinstance(size, int):
+                dim.Clear()
+                dim.dim_value = size
+                fixed.setdefault(name, {})[axis] = size
+            elif not dim.HasField("dim_param"):
+                dim.dim_param = size
+    if fixed:
+        _check_fixed_dims(model, fixed, path, "given by --input-shape")
+
+
 def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | None = None
                ) -> dict[str, int | None]:
     """Every graph input's batch axis (None: passed whole), by the rules above.  `free`: a
@@ -127,10 +204,11 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | No
                 free.setdefault(v.name, []).append(i)
             elif i != axis:
                 raise CompileError(f"{path}: input '{v.name}' dimension {i} is dynamic "
-                                   f"({dims[i]!r}): only the batch dimension may be; export "
-                                   f"the model with a fixed shape, give calibration data "
-                                   f"that fixes it (a float model), or name its batch axis: "
-                                   f"--batch-axis {v.name}=AXIS")
+                                   f"({dims[i]!r}): only the batch dimension may be; give "
+                                   f"its size (--input-shape {v.name}=D0,D1,..., N for the "
+                                   f"batch), give calibration data that fixes it (a float "
+                                   f"model), or name its batch axis: --batch-axis "
+                                   f"{v.name}=AXIS")
         axes[v.name] = axis
     batched = any(a is not None for a in axes.values())
     if pending and not batched and not _same_first_dimension(inputs) and \
@@ -235,7 +313,8 @@ def fix_free_dims(model: onnx.ModelProto, free: dict[str, list[int]], data: dict
     return fixed
 
 
-def _check_fixed_dims(model: onnx.ModelProto, fixed: dict, path) -> None:
+def _check_fixed_dims(model: onnx.ModelProto, fixed: dict, path,
+                      whence: str = "fixed from the data") -> None:
     """The sizes taken from the data must fit the model (its weights fix what a dynamic
     dimension can be): strict shape inference says so before anything runs."""
     from tpuasm.compiler.front.reader import skeleton
@@ -248,8 +327,8 @@ def _check_fixed_dims(model: onnx.ModelProto, fixed: dict, path) -> None:
         what = ", ".join(f"'{name}' dimension {axis} = {size}" for name, axes in fixed.items()
                          for axis, size in axes.items())
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CompileError(f"{path}: the dynamic dimensions fixed from the data ({what}) do "
-                           f"not fit the model: {first}") from None
+        raise CompileError(f"{path}: the dynamic dimensions {whence} ({what}) do not fit "
+                           f"the model: {first}") from None
 
 
 _RECURRENT = ("LSTM", "GRU", "RNN")
