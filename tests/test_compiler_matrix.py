@@ -613,3 +613,41 @@ def test_random_rows_and_signals_against_onnxruntime(tmp_path, seed):
             and r.op_type not in ("QuantizeLinear", "DequantizeLinear")]
     assert not host
     assert_matches(model, m, inputs(b, 2 * batch + 1), b.scale)
+
+
+# --- an element-wise operator that would fix a layout a matrix operator cannot read --------
+
+def test_a_lookup_that_would_lay_out_a_conv_s_input_goes_to_the_host(tmp_path):
+    """x (N, 6, 5) -> Mul (x * x) -> Add -> Sqrt -> Conv1d, quantized by onnxruntime (Silero
+    VAD's STFT magnitude and first Conv): the Sqrt lookup kept its input's (5, 6) rows and
+    fixed that layout first, so the Conv, which reads the (6, 5) signal, went to the host.
+    Now the Sqrt goes to the host instead, with the reason, and the host quantizes the
+    magnitude in the Conv's layout."""
+    from onnx import TensorProto as T
+    from onnx import numpy_helper
+    from onnx_models import quantized_by_onnxruntime
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (4, 6, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, (4,)).astype(np.float32), "b")
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="power"),
+             helper.make_node("Add", ["sq", "sq"], ["sum"], name="sum"),
+             helper.make_node("Sqrt", ["sum"], ["mag"], name="magnitude"),
+             helper.make_node("Conv", ["mag", "w", "b"], ["y"], name="conv", pads=[1, 1])]
+    graph = helper.make_graph(nodes, "stft",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 6, 5])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4, 5])],
+                              [w, b])
+    float_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    float_model.ir_version = 8
+    x = rng.normal(0, 1, (32, 6, 5)).astype(np.float32)
+    path = quantized_by_onnxruntime(tmp_path, float_model, x)
+    qdq = onnx.load(str(path))
+    m = compile_model(path, batch=8)
+    placed = rows(m)
+    assert placed["conv"].where == "TPU"
+    assert placed["magnitude"].where == "host" and "'conv' can read" in \
+        placed["magnitude"].reason
+    assert placed["sum"].where == "TPU" and m.report.tpu_macs == m.report.macs
+    y_scale = float(numpy_helper.to_array(next(
+        t for t in qdq.graph.initializer if t.name == "y_scale")))
+    assert_matches(m, qdq, x[:16], y_scale)

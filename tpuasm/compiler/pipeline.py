@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from tpuasm.compiler.codegen.backend import (backend_support, generate_programs, machine_config,
                                              room)
@@ -218,21 +219,36 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
-        recurrent = quantize_float_recurrent(model, provenance, recurrent_reasons)
-        if recurrent:
-            # what is compiled is no longer the user's file: OUTDIR's oracle is the model
-            keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
-            reference = Path(keep.name) / (path.stem + ".qdq.onnx")
-            import onnx
-            onnx.save_model(model, reference)
-            source += (f"; its {recurrent} recurrent node{'s' if recurrent > 1 else ''} "
-                       f"that onnxruntime's quantizer left float (or quantizes at run time: "
-                       f"DynamicQuantizeLSTM) unrolled and quantized by the compiler from "
-                       f"bounds, not data: int8 weights, int16 states and gate sums "
-                       f"(front/qdqrecurrent.py)")
-    graph, batch = load_graph(reference, batch, model, axes,
+    # a quantized model's float recurrent nodes (qdqrecurrent.py): those of the graph now,
+    # its batch still free; those inside an If on shapes once load_graph's folding has
+    # inlined it
+    # (not one whose weights live in external files, which a rewritten copy would lose)
+    rewrites = prepared is None and not any(t.data_location == onnx.TensorProto.EXTERNAL
+                                            for t in model.graph.initializer)
+    graph_file = reference             # the file the graph is read beside
+    recurrent = [quantize_float_recurrent(model, provenance, recurrent_reasons)
+                 if rewrites else 0]
+    if recurrent[0]:
+        keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
+        reference = _rewritten_reference(model, path, keep)
+
+    def quantize_recurrent(folded) -> int:
+        recurrent.append(quantize_float_recurrent(folded, provenance, recurrent_reasons))
+        return recurrent[-1]
+
+    graph, batch = load_graph(graph_file, batch, model, axes,
                               provenance if prepared is None else None, known_axes,
-                              fixed_batch)
+                              fixed_batch, quantize_recurrent if rewrites else None)
+    if sum(recurrent[1:]):                   # the oracle is the folded model, batch fixed
+        keep = keep or tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
+        reference = _rewritten_reference(graph.model, path, keep)
+    if sum(recurrent):
+        count = sum(recurrent)
+        source += (f"; its {count} recurrent node{'s' if count > 1 else ''} that "
+                   f"onnxruntime's quantizer left float (or quantizes at run time: "
+                   f"DynamicQuantizeLSTM) unrolled and quantized by the compiler from bounds, "
+                   f"not data: int8 weights, int16 states and gate sums "
+                   f"(front/qdqrecurrent.py)")
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,
         None if prepared is None else (prepared, options, provenance))
@@ -279,9 +295,16 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     return compiled
 
 
+def _rewritten_reference(model, path: Path, folder) -> Path:
+    """A quantized model the compiler rewrote, saved as OUTDIR's oracle (what is compiled
+    is no longer the user's file)."""
+    reference = Path(folder.name) / (path.stem + ".qdq.onnx")
+    onnx.save_model(model, reference)
+    return reference
+
+
 def _drop_probes(reference: Path, probes: dict) -> None:
     """The QDQ model OUTDIR keeps, and onnxruntime's oracle, with the user's outputs only."""
-    import onnx
     qdq = onnx.load_model(reference)
     if without_probes(qdq, probes):
         onnx.save_model(qdq, reference)
@@ -306,7 +329,6 @@ def _at_batch_one(path, model, axes, workdir: Path, machine):
 
 def _load_weights(model, path) -> None:
     """A float model's external weights, read into it (the rewrites rescale them)."""
-    import onnx
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         onnx.load_external_data_for_model(model, str(path.parent))
 
@@ -314,7 +336,6 @@ def _load_weights(model, path) -> None:
 def _with_inputs(model, declared: dict) -> bytes:
     """The model serialized with its graph inputs' value infos replaced by `declared`
     (name -> serialized ValueInfoProto)."""
-    import onnx
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for v in copy.graph.input:
@@ -531,7 +552,6 @@ def _branch_warnings(graph: Graph, compiled: list[NodeRow]) -> list[str]:
 
 def _matrix_nodes(node) -> list[str]:
     """The op types of the matrix nodes in a node's subgraphs (recursively)."""
-    import onnx
     found = []
     for a in node.attribute:
         subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)

@@ -46,6 +46,14 @@ class NotMapped(Exception):
     """Why a node stays on the host (the message is the report's reason)."""
 
 
+class LayoutConflict(NotMapped):
+    """A tensor an earlier operator registered in one layout, read in another."""
+
+    def __init__(self, message: str, tensor: str):
+        super().__init__(message)
+        self.tensor = tensor
+
+
 @dataclass
 class Source:
     """Where a consumer's activation input really comes from: a quantized tensor, read
@@ -140,8 +148,9 @@ class Lowerer:
         if fresh and channels_last:
             t = self.tensors[name] = replace(t, channels_last=True)
         if t.channels_last != channels_last or t.shape != tuple(shape):
-            raise NotMapped(f"'{name}' is read in two layouts ({_layout(t.shape, t.channels_last)}"
-                            f" and {_layout(tuple(shape), channels_last)})")
+            raise LayoutConflict(f"'{name}' is read in two layouts "
+                                 f"({_layout(t.shape, t.channels_last)} and "
+                                 f"{_layout(tuple(shape), channels_last)})", name)
         return t
 
     def natural(self, name: str) -> tuple[tuple, bool]:
@@ -635,9 +644,9 @@ class Lowerer:
             raise NotMapped("its input is rearranged by a layout node")
         known = self.tensors.get(source.tensor)
         if known is not None and (known.channels_last or known.shape != shape):
-            raise NotMapped(f"its input '{source.tensor}' is laid out as "
-                            f"{_layout(known.shape, known.channels_last)}, not as the image "
-                            f"{shape}")
+            raise LayoutConflict(f"its input '{source.tensor}' is laid out as "
+                                 f"{_layout(known.shape, known.channels_last)}, not as the "
+                                 f"image {shape}", source.tensor)
         return self.ir_tensor(source.tensor, source.quant, shape)
 
     def _conv_geometry(self, node: Node, kernel, image_hw, spread: bool = False):
@@ -1287,20 +1296,54 @@ def _constant_input(op: Operator, constants: set[str]) -> str | None:
             f"for every input): the host computes it") if made else None
 
 
+# rounds of lower(): each may send the element-wise operators that laid out a tensor a
+# matrix operator needs in another layout to the host
+_LAYOUT_ROUNDS = 4
+
+
 def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
     """Try every compute node; return the operators and the reasons for the rest.
     `supported(op)`: None if the back end maps the operator, else why not.  A node whose
     lowering raises anything but NotMapped (a bug) stays on the host with the reason
-    "internal: <message>": a model is never refused for it."""
+    "internal: <message>": a model is never refused for it.
+
+    Nodes are lowered in graph order, and the first operator to read or write a tensor
+    fixes its layout.  An element-wise operator (a lookup, VADD / VMUL, a pool) keeps its
+    input's, so it can fix a layout a matrix operator after it cannot read: Silero VAD's
+    QDQ model computes its STFT magnitude with a Sqrt lookup in (frames, bins) rows, and
+    its first Conv, 29 % of the MACs, needs the (bins, frames) image.  Such an element-wise
+    operator goes to the host and the lowering runs again: the host then quantizes the
+    tensor in the Conv's layout."""
+    hosted: dict[str, str] = {}
+    for _ in range(_LAYOUT_ROUNDS):
+        lowered, conflicts = _lower_once(graph, table_builder, supported, hosted)
+        found = {owner: node for node, owner in conflicts.items() if owner not in hosted}
+        if not found:
+            break
+        for owner, node in found.items():
+            hosted[owner] = (f"runs on the host so that '{node}' can read its output in "
+                             f"that operator's layout (it would fix another)")
+    return lowered
+
+
+def _lower_once(graph: Graph, table_builder, supported, hosted: dict):
+    """One greedy pass; (Lowered, {matrix node: the element-wise node whose output layout
+    it could not read}).  `hosted`: nodes kept on the host, with their reasons."""
+    from tpuasm.compiler.front.macs import MATRIX_OPS
     lw = Lowerer(graph, table_builder)
     constants = _constant_tensors(graph)
     operators, anchor, fused, reasons = [], {}, {}, {}
+    owners: dict[str, tuple] = {}          # a tensor -> (the node that laid it out, op type)
+    conflicts: dict[str, str] = {}
     for node in graph.nodes:
         if node.name in fused:
             continue                 # a Relu/Clip already fused into its producer
         if node.op_type not in CANDIDATES:
             if node.op_type not in GLUE:
                 reasons[node.name] = host_reason(node, graph)
+            continue
+        if node.name in hosted:
+            reasons[node.name] = hosted[node.name]
             continue
         before = dict(lw.tensors)
         try:
@@ -1312,6 +1355,10 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
             lw.tensors = before
             lw.notes.pop(node.name, None)
             reasons[node.name] = lw.weight_made_at_run_time(node) or str(e)
+            owner = owners.get(getattr(e, "tensor", None))
+            if isinstance(e, LayoutConflict) and node.op_type in MATRIX_OPS and \
+                    owner is not None and owner[1] not in MATRIX_OPS:
+                conflicts[node.name] = owner[0]
             continue
         except Exception as e:     # noqa: BLE001 - a lowering bug: this node to the host
             lw.tensors = before
@@ -1328,4 +1375,6 @@ def lower(graph: Graph, table_builder=None, supported=None) -> Lowered:
         anchor[op.name] = node
         for name in op.nodes:
             fused.setdefault(name, op.name)
-    return Lowered(operators, anchor, fused, reasons, lw.tensors, lw.notes)
+        for tensor in lw.tensors.keys() - before.keys():
+            owners[tensor] = (node.name, node.op_type)
+    return Lowered(operators, anchor, fused, reasons, lw.tensors, lw.notes), conflicts

@@ -496,11 +496,12 @@ def _infer_once(model: onnx.ModelProto, path, known) -> tuple[dict, dict]:
 
 def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
                batch_axes: dict | None = None, provenance=None, known_axes=None,
-               fixed_batch: bool | None = None) -> tuple[Graph, int]:
+               fixed_batch: bool | None = None, rewrite=None) -> tuple[Graph, int]:
     """Read (or take) a model, find each tensor's batch axis (batch.py; `known_axes`: found
     on the float model before its batch was folded in; `fixed_batch`: whether the model as
     the user gave it had one, default: read off this model), fix the batch, fold constant
-    subgraphs (fold.py), infer shapes: the graph the compiler works on."""
+    subgraphs (fold.py), infer shapes: the graph the compiler works on.  `rewrite(model)`:
+    run on the folded model (its Ifs on shapes inlined), folded again when it returns true."""
     from tpuasm.compiler.front.batch import carry_axes, has_fixed_batch, input_axes, tensor_axes
     from tpuasm.compiler.front.fold import fold_constants
     path = Path(path)
@@ -513,5 +514,7 @@ def load_graph(path, batch: int | None, model: onnx.ModelProto | None = None,
         tensor_axis = carry_axes(model, known_axes, tensor_axis)
     batch = fix_batch(model, batch, path, axes=axes)
     fold_constants(model, path, provenance)
+    if rewrite is not None and rewrite(model):
+        fold_constants(model, path, provenance)
     shapes, dtypes = infer_shapes(model, path)
     return Graph(model, path.parent, shapes, dtypes, tensor_axis, fixed_batch), batch
