@@ -245,3 +245,89 @@ def test_a_dynamic_lstm_that_cannot_be_unrolled_stays_as_shipped(tmp_path):
     assert [n.op_type for n in shipped.graph.node] == ["DynamicQuantizeLSTM"]
     assert {t.name for t in shipped.graph.initializer} == \
         {t.name for t in onnx.load(str(dst)).graph.initializer}
+
+
+def _loop_gru(rng, steps=5, features=6, hidden=8) -> onnx.ModelProto:
+    """x (N, T, F) -> time first -> a Loop over T of a GRU cell written out (as jax.lax.scan
+    and Keras export one: MatMuls, Sigmoid, Tanh, h = (1 - z) * n + z * h) -> the last state
+    -> MatMul head."""
+    def init(name, *shape, s=0.4):
+        return numpy_helper.from_array(rng.normal(0, s, shape).astype(np.float32), name)
+
+    body_nodes = [
+        helper.make_node("Gather", ["time_first", "i"], ["x_t"], axis=0),
+        helper.make_node("MatMul", ["x_t", "Wz"], ["xz"]),
+        helper.make_node("MatMul", ["h_in", "Rz"], ["hz"]),
+        helper.make_node("Add", ["xz", "hz"], ["az"]),
+        helper.make_node("Sigmoid", ["az"], ["z"]),
+        helper.make_node("MatMul", ["x_t", "Wn"], ["xn"]),
+        helper.make_node("MatMul", ["h_in", "Rn"], ["hn"]),
+        helper.make_node("Add", ["xn", "hn"], ["an"]),
+        helper.make_node("Tanh", ["an"], ["n"]),
+        helper.make_node("Sub", ["one", "z"], ["keep"]),
+        helper.make_node("Mul", ["keep", "n"], ["new"]),
+        helper.make_node("Mul", ["z", "h_in"], ["old"]),
+        helper.make_node("Add", ["new", "old"], ["h_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    body = helper.make_graph(
+        body_nodes, "cell",
+        [helper.make_tensor_value_info("i", T.INT64, []),
+         helper.make_tensor_value_info("cond_in", T.BOOL, []),
+         helper.make_tensor_value_info("h_in", T.FLOAT, ["N", hidden])],
+        [helper.make_tensor_value_info("cond_out", T.BOOL, []),
+         helper.make_tensor_value_info("h_out", T.FLOAT, ["N", hidden])],
+        [init("Wz", features, hidden), init("Rz", hidden, hidden),
+         init("Wn", features, hidden), init("Rn", hidden, hidden),
+         numpy_helper.from_array(np.ones((1,), np.float32), "one")])
+    nodes = [helper.make_node("Transpose", ["x"], ["time_first"], perm=[1, 0, 2]),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero_index"], ["rows"], axis=0),
+             helper.make_node("Concat", ["rows", "width"], ["state_shape"], axis=0),
+             helper.make_node("Expand", ["zero", "state_shape"], ["h0"]),
+             helper.make_node("Loop", ["trips", "true", "h0"], ["h_last"], name="scan",
+                              body=body),
+             helper.make_node("MatMul", ["h_last", "head"], ["y"], name="head")]
+    inits = [numpy_helper.from_array(np.array(steps, np.int64), "trips"),
+             numpy_helper.from_array(np.array(True), "true"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero_index"),
+             numpy_helper.from_array(np.array([hidden], np.int64), "width"),
+             numpy_helper.from_array(np.zeros((1, 1), np.float32), "zero"),
+             init("head", hidden, 3, s=0.8)]
+    graph = helper.make_graph(nodes, "loop_gru", [helper.make_tensor_value_info(
+        "x", T.FLOAT, ["N", steps, features])], [helper.make_tensor_value_info(
+            "y", T.FLOAT, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_loop_s_gru_cell_has_its_state_products_on_the_tpu(tmp_path, capsys):
+    """quantize_static does not enter a Loop's body; compiled as shipped, the folding unrolls
+    it and the MatMuls over its state are quantized from bounds: the state stays in [-1, 1]
+    because h = (1 - z) * n + z * h is a convex mix (interval arithmetic alone would widen
+    it by its own range every step)."""
+    rng = np.random.default_rng(8)
+    model = _loop_gru(rng)
+    x = rng.normal(0, 1, (96, 5, 6)).astype(np.float32)
+    qdq = _quantize_static(tmp_path, model, {"x": x[:64]}, axis=0)
+    assert "Loop" in {n.op_type for n in onnx.load(str(qdq)).graph.node}
+    out, report = _compiled(tmp_path, capsys, qdq, "--batch", "16")
+    loop = next(r for r in report["rows"] if r["op_type"] == "Loop")
+    # the products over the state of steps 1..4 (step 0's, over zeros, fold away); those
+    # over x, a float model input, stay on the host
+    assert loop["where"] == "TPU" and "8 of 18 MatMul on the TPU" in loop["reason"]
+    assert "no range known without data" in loop["reason"]       # those over x
+    assert "of Loop, Scan or If bodies" in report["source"]
+    # every state read at the step of [-1, 1] (without the mix rule: 2, 3, 4 ... times it)
+    compiled = onnx.load(str(out / "model.qdq.onnx"))
+    inits = {t.name: numpy_helper.to_array(t) for t in compiled.graph.initializer}
+    steps = [float(inits[n.input[1]]) for n in compiled.graph.node
+             if n.op_type == "QuantizeLinear" and n.output[0].endswith("/a:q")]
+    assert len(steps) == 4 and max(steps) == pytest.approx(1 / 32767, rel=1e-6)
+    new = {"x": x[64:80]}
+    got = load(out).run(new, engine="reference")["y"]
+    shipped = session(qdq.read_bytes()).run(None, new)[0]
+    floats = session(model.SerializeToString()).run(None, new)[0]
+    assert _snr(floats, got) >= _snr(floats, shipped) - 0.5
+    assert _snr(shipped, got) > 35

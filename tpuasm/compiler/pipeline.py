@@ -33,7 +33,8 @@ from tpuasm.compiler.front.macs import MATRIX_OPS, node_macs
 from tpuasm.compiler.front.match import GLUE, Lowered, lower
 from tpuasm.compiler.runtime.model import CompiledModel
 from tpuasm.compiler.runtime.probes import score_probes, with_probes, without_probes
-from tpuasm.compiler.front.qdqrecurrent import quantize_float_recurrent
+from tpuasm.compiler.front.qdqrecurrent import (quantize_float_recurrent,
+                                                quantize_subgraph_matrices)
 from tpuasm.compiler.front.partition import HostPart, lone_elementwise, plan
 from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.front.reader import (QUANTIZED_OPS, fix_batch, input_signature,
@@ -234,14 +235,23 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
 
     def quantize_recurrent(folded) -> int:
         recurrent.append(quantize_float_recurrent(folded, provenance, recurrent_reasons))
-        return recurrent[-1]
+        matrices.append(quantize_subgraph_matrices(folded, provenance, recurrent_reasons))
+        return recurrent[-1] + matrices[-1]
+
+    matrices = [0]
 
     graph, batch = load_graph(graph_file, batch, model, axes,
                               provenance if prepared is None else None, known_axes,
                               fixed_batch, quantize_recurrent if rewrites else None)
-    if sum(recurrent[1:]):                   # the oracle is the folded model, batch fixed
+    if sum(recurrent[1:]) or sum(matrices):  # the oracle is the folded model, batch fixed
         keep = keep or tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         reference = _rewritten_reference(graph.model, path, keep)
+    if sum(matrices):
+        count = sum(matrices)
+        source += (f"; {count} float MatMul{'s' if count > 1 else ''} of Loop, Scan or If "
+                   f"bodies (which onnxruntime's quantizer does not enter) quantized by the "
+                   f"compiler from bounds: int8 weights, int16 inputs and sums "
+                   f"(front/qdqrecurrent.py)")
     if sum(recurrent):
         count = sum(recurrent)
         source += (f"; its {count} recurrent node{'s' if count > 1 else ''} that "

@@ -36,6 +36,10 @@ from tpuasm.compiler.front.provenance import Provenance
 _CONTRIB = "com.microsoft"
 _INT16_MAX = 32767
 _LAYOUT = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Identity", "Transpose", "Flatten"}
+# nodes whose outputs hold their first input's values (a Split's every part, a Gather's
+# rows, an Expand of an initial state)
+_SAME_VALUES = {"Split", "Gather", "Expand", "ReverseSequence", "Tile"}
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
 _ACCUMULATOR = 2 ** 31 - 1
 
 
@@ -78,10 +82,46 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
     quantizer = _GateQuantizer(model, grids, states)
     in_graph = {n.name: n for n in model.graph.node}     # the graph holds copies of `made`
     for name, nodes in made.items():
-        quantizer.quantize([in_graph[n.name] for n in nodes], name)
+        quantizer.quantize([in_graph[n.name] for n in nodes], (
+            f"a gate Gemm of '{name}' over its input X, which the model does not quantize: "
+            f"its range is known from data only (--calibrate quantizes it)"))
     quantizer.finish()
     reasons.update(quantizer.reasons)
     return done
+
+
+# the user's nodes whose bodies onnxruntime's quantizer does not enter (subgraphs), whose
+# MatMuls the folding unrolls or inlines into the graph float
+_SUBGRAPH_OPS = {"Loop", "Scan", "If"}
+
+
+def quantize_subgraph_matrices(model: onnx.ModelProto, prov: Provenance,
+                               reasons: dict | None = None) -> int:
+    """Each float MatMul / Gemm with a constant weight that a Loop, Scan or If of the
+    quantized model held (unrolled or inlined by the folding: jax.lax.scan's LSTM and GRU
+    cells, a Keras Bidirectional GRU's two Loops) quantized from bounds, as the gate Gemms
+    above: the ranges carried through the whole graph by interval arithmetic (a GRU's
+    update z * h + (1 - z) * n kept in the hull of h's and n's), a sum over a tensor of no
+    known range left float.  How many were quantized."""
+    reasons = {} if reasons is None else reasons
+    held = {name for name, op in prov.nodes if op in _SUBGRAPH_OPS}
+    idx = _Index(model)
+
+    def float_weight(node) -> bool:
+        w = node.input[1] if len(node.input) > 1 else ""
+        return w in idx.inits and idx.inits[w].data_type == onnx.TensorProto.FLOAT
+
+    matrices = {n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
+                and prov.source(n.name) in held and float_weight(n)}
+    if not matrices:
+        return 0
+    quantizer = _GateQuantizer(model, _dequantized_grids(model, idx), set())
+    quantizer.quantize(list(model.graph.node), (
+        "a MatMul of a Loop, Scan or If body, which onnxruntime's quantizer does not enter, "
+        "over a tensor of no range known without data (--calibrate quantizes it)"), matrices)
+    quantizer.finish()
+    reasons.update(quantizer.reasons)
+    return quantizer.done
 
 
 def _float_dynamic_lstms(model) -> dict:
@@ -147,6 +187,7 @@ class _GateQuantizer:
         self.weights: dict[str, tuple] = {}          # a weight -> (its DQ output, scales)
         self.read: dict[tuple, str] = {}              # (tensor, grid) -> its QDQ's output
         self.reasons: dict[str, str] = {}             # a Gemm left float -> why
+        self.done = 0                                 # matrix nodes quantized
         self.inserted: dict[int, list] = {}           # before which node -> new nodes
         self.uses_contrib = False
 
@@ -176,20 +217,25 @@ class _GateQuantizer:
         return None
 
     def _carry(self, node) -> None:
-        ins = [self.range_of(t) for t in node.input if t]
-        out = node.output[0]
+        """The range of each output of `node` from its inputs' (interval arithmetic)."""
+        ins = [self.range_of(t) if t else None for t in node.input]
         op = node.op_type
         found = None
         if op == "Sigmoid":
             found = (0.0, 1.0)
         elif op == "Tanh":
             found = (-1.0, 1.0)
-        elif op == "Relu" and ins[0] is not None:
+        elif op == "Relu" and ins and ins[0] is not None:
             found = (max(ins[0][0], 0.0), max(ins[0][1], 0.0))
-        elif op in _LAYOUT or op == "Concat":
-            data = ins if op == "Concat" else ins[:1]     # (a Slice's starts are not data)
-            if data and None not in data:
-                found = (min(r[0] for r in data), max(r[1] for r in data))
+        elif op == "Neg" and ins and ins[0] is not None:
+            found = (-ins[0][1], -ins[0][0])
+        elif op in _LAYOUT or op in _SAME_VALUES or (op == "Cast" and _attr(node, "to")
+                                                    in _FLOAT_TYPES):
+            found = ins[0] if ins else None              # (a Slice's starts are not data)
+        elif op == "Concat" and ins and None not in ins:
+            found = (min(r[0] for r in ins), max(r[1] for r in ins))
+        elif op == "Add" and self._mix(node) is not None:
+            found = self._mix(node)
         elif op in ("Add", "Sub", "Mul") and len(ins) == 2 and None not in ins:
             (a, b), (c, d) = ins
             if op == "Add":
@@ -199,32 +245,78 @@ class _GateQuantizer:
             else:
                 products = (a * c, a * d, b * c, b * d)
                 found = (min(products), max(products))
-        if out in self.states:                      # by construction, whatever the sums say
-            found = (-1.0, 1.0) if found is None else (max(found[0], -1.0),
-                                                       min(found[1], 1.0))
-        if found is not None:
-            self.ranges[out] = found
+        for out in node.output:
+            bounded = found
+            if out in self.states:                  # by construction, whatever the sums say
+                bounded = (-1.0, 1.0) if found is None else (max(found[0], -1.0),
+                                                             min(found[1], 1.0))
+            if out and bounded is not None:
+                self.ranges[out] = bounded
+
+    def _mix(self, node) -> tuple[float, float] | None:
+        """A GRU's update z * a + (1 - z) * b (either order, either side of each product):
+        a convex mix, in the hull of a's and b's ranges, where interval arithmetic would
+        widen the state by its own range every step."""
+        products = [self._through_casts(t) for t in node.input]
+        if len(products) != 2 or any(p is None or p.op_type != "Mul" for p in products):
+            return None
+        for (z, a), (w, b) in ((pz, pw) for pz in _pairs(products[0])
+                               for pw in _pairs(products[1])):
+            if self._one_minus(w, z) or self._one_minus(z, w):
+                ra, rb = self.range_of(a), self.range_of(b)
+                zr = self.range_of(z)
+                if ra is None or rb is None or zr is None or zr[0] < 0 or zr[1] > 1:
+                    continue
+                return min(ra[0], rb[0]), max(ra[1], rb[1])
+        return None
+
+    def _through_casts(self, tensor: str):
+        """The node that makes `tensor`, past float Casts and Identities (jax2onnx writes
+        a Cast to float32 after each product)."""
+        node = self.idx.producer.get(tensor)
+        while node is not None and (node.op_type == "Identity" or (
+                node.op_type == "Cast" and _attr(node, "to") in _FLOAT_TYPES)):
+            node = self.idx.producer.get(node.input[0])
+        return node
+
+    def _one_minus(self, w: str, z: str) -> bool:
+        """Whether `w` is 1 - z."""
+        node = self._through_casts(w)
+        if node is None or node.op_type != "Sub" or len(node.input) != 2 or node.input[1] != z:
+            return False
+        one = self.idx.const(node.input[0])
+        return one is not None and one.size >= 1 and bool(np.all(one == 1))
 
     # the Gemms ------------------------------------------------------------------------
-    def quantize(self, nodes: list, recurrent: str) -> None:
-        """The unrolled nodes of the recurrent node `recurrent`, in order."""
+    def quantize(self, nodes: list, unknown: str, matrices: set | None = None) -> None:
+        """Ranges carried through `nodes` (in order) and each Gemm / MatMul of them
+        (`matrices`: of those names only) quantized; `unknown`: why one whose input has no
+        known range stays float (the report's reason)."""
         for node in nodes:
-            if node.op_type == "Gemm":
-                self._gemm(node, recurrent)
+            if node.op_type in ("Gemm", "MatMul") and (matrices is None or
+                                                       node.name in matrices):
+                self._matrix(node, unknown)
             else:
                 self._carry(node)
 
-    def _gemm(self, node, recurrent: str) -> None:
+    def _matrix(self, node, unknown: str) -> None:
         a, w_name = node.input[0], node.input[1]
-        b_name = node.input[2] if len(node.input) > 2 else ""
+        gemm = node.op_type == "Gemm"
+        b_name = node.input[2] if gemm and len(node.input) > 2 else ""
         a_range = self.range_of(a)
         w = self.idx.const(w_name)
-        if a_range is None or w is None:            # an X of no known range: float
-            self.reasons[node.name] = (
-                f"a gate Gemm of '{recurrent}' over its input X, which the model does not "
-                f"quantize: its range is known from data only (--calibrate quantizes it)")
+        plain = not gemm or (not _attr(node, "transA", 0) and not _attr(node, "transB", 0)
+                             and _attr(node, "alpha", 1.0) == 1.0
+                             and (not b_name or _attr(node, "beta", 1.0) == 1.0))
+        if w is None or w.ndim != 2 or not plain:
+            return                                   # not a constant (K, N) weight
+        if a_range is None:
+            self.reasons[node.name] = unknown
             return
         bias = self.idx.const(b_name) if b_name else np.zeros(w.shape[1], np.float32)
+        if bias is None or bias.size != w.shape[1]:
+            return
+        bias = bias.reshape(-1).astype(np.float64)
         w_q, w_scale = self._weight(w_name, w)
         a_q = self._grid(a) or self._symmetric_grid(a_range, w_q)
         lo, hi = a_q.bounds
@@ -241,16 +333,19 @@ class _GateQuantizer:
         key = (a, a_q.scale, a_q.dtype.str)
         if key not in self.read:                     # one QDQ of h for every gate's Gemm
             self.read[key] = self._qdq(a, a_q, f"{node.name}/a")
-        a_dq = self.read[key]
-        b_dq = self._dequantized(b_q.astype(np.int32), b_scale, np.zeros(len(b_scale), np.int32),
-                                 f"{node.name}/bias", axis=0)
+        inputs = [self.read[key], self.weights[w_name][0]]
+        if b_name:
+            inputs.append(self._dequantized(b_q.astype(np.int32), b_scale,
+                                            np.zeros(len(b_scale), np.int32),
+                                            f"{node.name}/bias", axis=0))
         out = node.output[0]
         raw = self.idx.unique(f"{out}/float")
         del node.input[:]
-        node.input.extend([a_dq, self.weights[w_name][0], b_dq])
+        node.input.extend(inputs)
         node.output[0] = raw
         grid = _Grid(bound / _INT16_MAX, np.zeros((), np.int16), np.int16)
         self._qdq(raw, grid, f"{node.name}/sum", out=out, after=node)
+        self.done += 1
 
     def _symmetric_grid(self, a_range, w_q) -> _Grid:
         """int16 over a range (a state's: [-1, 1]), or int8 where int16 products would overflow the
@@ -319,6 +414,12 @@ class _GateQuantizer:
         self.model.graph.node.extend(nodes)
         if self.uses_contrib and not any(o.domain == _CONTRIB for o in self.model.opset_import):
             self.model.opset_import.append(helper.make_opsetid(_CONTRIB, 1))
+
+
+def _pairs(mul) -> list[tuple[str, str]]:
+    """A Mul's (factor, other factor), both ways round."""
+    a, b = mul.input[0], mul.input[1]
+    return [(a, b), (b, a)]
 
 
 def _topological(nodes: list, model) -> list:
