@@ -147,10 +147,23 @@ def pool(op: Pool, x: np.ndarray) -> np.ndarray:
     # onnxruntime's QLinearAveragePool (and its fusion of DequantizeLinear -> AveragePool ->
     # QuantizeLinear): float32 sum of the dequantized values over the window, row by row,
     # divided by the count, then nearbyint(mean / y.scale + y.zero_point).
-    real = (np.float32(xq.scale) * (np.asarray(x, np.int32) - xq.zero_point)).astype(np.float32)
-    xp = _pad_image(real, op.pads, np.float32(0))
+    q = np.rint(average_before_rounding(op, x, np.float32))
+    return np.clip(q, yq.qmin, yq.qmax).astype(_dtype(yq))
+
+
+def average_before_rounding(op: Pool, x: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """An average pool's mean / y.scale + y.zero_point before rounding, in `dtype`:
+    float32 is onnxruntime's arithmetic, float64 (all but) the exact value the chip rounds,
+    whose ties (x.5) the two may round apart."""
+    xq, yq = op.input.quant, op.output.quant
+    kh, kw = op.kernel
+    top, left, bottom, right = op.pads
+    ho = _out_size(x.shape[2], top, bottom, kh, op.strides[0])
+    wo = _out_size(x.shape[3], left, right, kw, op.strides[1])
+    real = (dtype(xq.scale) * (np.asarray(x, np.int32) - xq.zero_point)).astype(dtype)
+    xp = _pad_image(real, op.pads, dtype(0))
     inside = _pad_image(np.ones((1, 1) + x.shape[2:]), op.pads, 0.0)
-    total = np.zeros((len(x), x.shape[1], ho, wo), np.float32)
+    total = np.zeros((len(x), x.shape[1], ho, wo), dtype)
     count = np.zeros((1, 1, ho, wo))
     for (_, _, view), (_, _, ones) in zip(_taps(xp, op.kernel, op.strides, (ho, wo)),
                                           _taps(inside, op.kernel, op.strides, (ho, wo))):
@@ -158,9 +171,8 @@ def pool(op: Pool, x: np.ndarray) -> np.ndarray:
         count += ones
     if op.count_include_pad:
         count[:] = kh * kw
-    mean = total / count.astype(np.float32)
-    q = np.rint(mean / np.float32(yq.scale) + np.float32(yq.zero_point))
-    return np.clip(q, yq.qmin, yq.qmax).astype(_dtype(yq))
+    mean = total / count.astype(dtype)
+    return mean / dtype(yq.scale) + dtype(yq.zero_point)
 
 
 def _global_average(x: np.ndarray, xq: QParams, yq: QParams) -> np.ndarray:
@@ -253,10 +265,12 @@ def evaluate(op: Operator, *xs: np.ndarray) -> np.ndarray:
     return _EVALUATORS[type(op)](op, xs[0])
 
 
-def run_segment(segment: Segment, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_segment(segment: Segment, inputs: dict[str, np.ndarray], every: bool = False
+                ) -> dict[str, np.ndarray]:
     """Evaluate a segment's operators in order; `inputs` and the result are keyed by tensor
-    name, each (B, *shape) in the tensor's integer type."""
+    name, each (B, *shape) in the tensor's integer type.  `every`: every tensor's value,
+    not only the segment's outputs."""
     values = {t.name: np.asarray(inputs[t.name]) for t in segment.inputs}
     for op in segment.operators:
         values[op.output.name] = evaluate(op, *(values[t.name] for t in op.inputs))
-    return {t.name: values[t.name] for t in segment.outputs}
+    return values if every else {t.name: values[t.name] for t in segment.outputs}

@@ -48,18 +48,37 @@ def check_against_reference(step: TpuStep, ours: dict, inputs: dict) -> None:
     exact = any(isinstance(op, Elementwise) or (isinstance(op, Pool) and op.kind == "avg")
                 for op in step.segment.operators)
     tie_share, worst = (0.05, 4) if exact else (0.001, 1)
-    expected = run_segment(step.segment, {name: x[:k] for name, x in inputs.items()})
-    for name, want in expected.items():
+    values = run_segment(step.segment, {name: x[:k] for name, x in inputs.items()},
+                         every=True)
+    made_by = {op.output.name: op for op in step.segment.operators}
+    for name in (t.name for t in step.segment.outputs):
+        want = values[name]
         got = np.asarray(ours[name])[:k].reshape(want.shape)
         diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
         same = float(np.mean(diff == 0)) if diff.size else 1.0
         # rounding near-ties (docs/compiler.md, Rounding) are 1 LSB and rare: a small
         # sample batch may hold one or two of them, a back-end bug makes many
-        ties = int(np.count_nonzero(diff)) <= max(2, int(tie_share * diff.size))
+        off = diff != 0
+        pool = made_by.get(name)
+        if isinstance(pool, Pool) and pool.kind == "avg" and diff.max(initial=0) <= 1:
+            # an average pool's exact ties (x.5: a 2x2 window of equal scales has one in
+            # four sums) round where float32's error takes onnxruntime; the chip's exact
+            # value rounds half to even: those may differ, and only those
+            off &= ~_exact_ties(pool, values[pool.input.name])
+        ties = int(np.count_nonzero(off)) <= max(2, int(tie_share * diff.size))
         if diff.size and (diff.max() > worst or not ties):
             raise CompileError(f"{step.name}: the generated program disagrees with the "
                                f"reference on '{name}': {same:.2%} identical, worst "
                                f"{int(diff.max())} LSB (a back-end bug)")
+
+
+def _exact_ties(pool, x: np.ndarray) -> np.ndarray:
+    """Where an average pool's exact value before rounding is a tie (x.5)."""
+    from tpuasm.compiler.reference import average_before_rounding
+    if pool.kernel == tuple(np.shape(x)[2:]) and not any(pool.pads):
+        return np.zeros((), bool)                # global: an integer sum both ways
+    value = average_before_rounding(pool, x)
+    return np.abs(value - np.floor(value) - 0.5) <= 1e-6 * np.maximum(1.0, np.abs(value))
 
 
 def write_regression(step: TpuStep, outdir: Path, model) -> None:
