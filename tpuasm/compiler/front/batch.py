@@ -123,6 +123,18 @@ def parse_input_shapes(items) -> dict[str, list]:
     return shapes
 
 
+def named_inputs(model: onnx.ModelProto, names, option: str, path) -> dict:
+    """{name: ValueInfo} of the model's graph inputs (its weights not among them); one
+    error naming `option` when `names` holds one the model does not have."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {v.name: v for v in model.graph.input if v.name not in inits}
+    unknown = [n for n in names if n not in inputs]
+    if unknown:
+        raise CompileError(f"{path}: {option} names no input of the model: "
+                           f"{', '.join(unknown)} (its inputs: {', '.join(inputs)})")
+    return inputs
+
+
 def fix_input_shapes(model: onnx.ModelProto, shapes: dict, path) -> None:
     """Each input `shapes` names given those dimensions, in place: an integer fixes a
     dynamic one (a QDQ model's sequence length, which no calibration data fixes), a name
@@ -130,12 +142,7 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict, path) -> None:
     not match, or sizes the model's weights do not allow are errors."""
     if not shapes:
         return
-    inits = {t.name for t in model.graph.initializer}
-    inputs = {v.name: v for v in model.graph.input if v.name not in inits}
-    unknown = [n for n in shapes if n not in inputs]
-    if unknown:
-        raise CompileError(f"{path}: --input-shape names no input of the model: "
-                           f"{', '.join(unknown)} (its inputs: {', '.join(inputs)})")
+    inputs = named_inputs(model, shapes, "--input-shape", path)
     fixed: dict[str, dict[int, int]] = {}
     for name, want in shapes.items():
         v = inputs[name]
@@ -167,13 +174,8 @@ def input_axes(model: onnx.ModelProto, given: dict | None, path, free: dict | No
     dict that receives {input: [axis, ...]}, the dynamic dimensions that are not the batch
     (to be fixed from data, fix_free_dims); without it they are an error."""
     given = dict(given or {})
-    inits = {t.name for t in model.graph.initializer}
-    inputs = [v for v in model.graph.input if v.name not in inits]
+    inputs = list(named_inputs(model, given, "--batch-axis", path).values())
     names = [v.name for v in inputs]
-    unknown = [n for n in given if n not in names]
-    if unknown:
-        raise CompileError(f"{path}: --batch-axis names no input of the model: "
-                           f"{', '.join(unknown)} (its inputs: {', '.join(names)})")
     axes: dict[str, int | None] = {}
     pending = []
     for v in inputs:

@@ -53,12 +53,8 @@ def fix_input_values(model: onnx.ModelProto, values: dict[str, list[float]], pat
     place; the arrays it was given."""
     if not values:
         return {}
-    inits = {t.name for t in model.graph.initializer}
-    inputs = {v.name: v for v in model.graph.input if v.name not in inits}
-    unknown = [n for n in values if n not in inputs]
-    if unknown:
-        raise CompileError(f"{path}: --input-value names no input of the model: "
-                           f"{', '.join(unknown)} (its inputs: {', '.join(inputs)})")
+    from tpuasm.compiler.front.batch import named_inputs
+    inputs = named_inputs(model, values, "--input-value", path)
     if len(values) == len(inputs):
         raise CompileError(f"{path}: --input-value fixes every input of the model: nothing "
                            f"would be left to compute")
