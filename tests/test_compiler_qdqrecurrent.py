@@ -17,7 +17,8 @@ from onnx import helper, numpy_helper
 import real_models
 from tpuasm.compiler.cli import compile_main
 from tpuasm.compiler.front.provenance import Provenance
-from tpuasm.compiler.front.qdqrecurrent import _Grid, _GateQuantizer, quantize_float_recurrent
+from tpuasm.compiler.front.bounds import BoundsQuantizer, Grid
+from tpuasm.compiler.front.qdqrecurrent import quantize_float_recurrent
 from tpuasm.compiler.ort import session
 from tpuasm.compiler.runtime.model import load
 
@@ -180,11 +181,11 @@ def test_a_gate_sum_is_quantized_over_its_bound():
 
 def test_int16_states_that_would_fill_the_accumulator_are_int8():
     """A sum of K products of 32767 x 127 passes int32 from K = 517 on."""
-    quantizer = _GateQuantizer.__new__(_GateQuantizer)
+    quantizer = BoundsQuantizer.__new__(BoundsQuantizer)
     narrow = np.full((600, 4), 127, np.int8)
     assert quantizer._symmetric_grid((-1.0, 1.0), narrow).dtype == np.int8
     assert quantizer._symmetric_grid((-1.0, 1.0), narrow[:500]).dtype == np.int16
-    assert _Grid(1 / 127, np.zeros((), np.int8), np.int8).bounds == (-128 / 127, 1.0)
+    assert Grid(1 / 127, np.zeros((), np.int8), np.int8).bounds == (-128 / 127, 1.0)
 
 
 def test_an_rnn_over_relu_stays_float_and_says_why():
