@@ -18,6 +18,31 @@ _MAX_ELEMENTS = 1 << 22        # zero inputs of at most this many elements (16 M
 _SAME_AS_INPUT = {"FastGelu", "Gelu", "QuickGelu"}
 
 
+def stand_in(node: onnx.NodeProto, elem_types: dict[str, int]) -> onnx.NodeProto | None:
+    """An ONNX node whose outputs onnx infers as `node`'s (same name, shape and element
+    type), for a contrib operator that keeps its input's shape: com.microsoft's Quantize /
+    DequantizeLinear (an int16 quantization at any opset) read as a Cast to the zero point's
+    / the scale's type, a GELU as an Identity.  Inference then runs through them in one
+    pass: run alone round by round, the Q/DQ pairs on an unrolled LSTM's state, one per
+    step, cost a whole-graph inference each (a 100-step LSTM: minutes).  `elem_types`: the
+    initializers' element types; None where the type is not known from them."""
+    if node.domain != "com.microsoft" or len(node.output) != 1 or not node.input:
+        return None
+    op, inputs = node.op_type, [i for i in node.input]
+    if op in _SAME_AS_INPUT and len(inputs) == 1:
+        return helper.make_node("Identity", inputs, list(node.output), name=node.name)
+    if op == "QuantizeLinear" and len(inputs) >= 2:
+        to = elem_types.get(inputs[2]) if len(inputs) > 2 and inputs[2] else \
+            onnx.TensorProto.UINT8
+    elif op == "DequantizeLinear" and len(inputs) >= 2:
+        to = elem_types.get(inputs[1])
+    else:
+        return None
+    if to is None:
+        return None
+    return helper.make_node("Cast", inputs[:1], list(node.output), to=to, name=node.name)
+
+
 def _elem(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front import ortshapes
 from tpuasm.compiler.front.graph import Graph
 
 MIN_OPSET = 10                     # QuantizeLinear / QLinearConv / MatMulInteger appear in 10
@@ -385,7 +386,8 @@ def fix_batch(model: onnx.ModelProto, batch: int | None, path, apply: bool = Tru
 
 
 def skeleton(model: onnx.ModelProto, known=()) -> onnx.ModelProto:
-    """The graph with large initializers turned into declared inputs (no data copied);
+    """The graph with large initializers turned into declared inputs (no data copied) and
+    the shape-keeping contrib operators as ONNX nodes onnx infers (ortshapes.stand_in);
     `known`: value infos learned elsewhere (ortshapes) declared in it."""
     g = model.graph
     small, declared = [], []
@@ -397,7 +399,9 @@ def skeleton(model: onnx.ModelProto, known=()) -> onnx.ModelProto:
             declared.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     inits = {t.name for t in g.initializer}
     inputs = [v for v in g.input if v.name not in inits] + declared
-    graph = helper.make_graph(list(g.node), g.name or "model", inputs, list(g.output), small,
+    elem_types = {t.name: t.data_type for t in g.initializer}
+    nodes = [ortshapes.stand_in(n, elem_types) or n for n in g.node]
+    graph = helper.make_graph(nodes, g.name or "model", inputs, list(g.output), small,
                               value_info=list(known))
     probe = helper.make_model(graph, opset_imports=list(model.opset_import))
     probe.ir_version = model.ir_version
@@ -408,7 +412,6 @@ def infer_shapes(model: onnx.ModelProto, path) -> tuple[dict, dict]:
     """(tensor -> shape tuple, tensor -> numpy dtype) for every tensor whose shape is known.
     Nodes onnx does not know (contrib operators) are run alone by onnxruntime on zeros to
     learn their outputs (ortshapes.py), and inference goes on from there."""
-    from tpuasm.compiler.front import ortshapes
     known: list = []
     tried: set[str] = set()
     while True:
