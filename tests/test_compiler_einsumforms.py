@@ -284,17 +284,47 @@ def test_a_network_of_einsums_has_its_products_on_the_tpu(tmp_path):
     assert snr > 25, snr
 
 
-def test_a_quantized_model_s_float_einsums_say_how_to_put_them_on_the_tpu(tmp_path):
-    """onnxruntime's quantize_static leaves an Einsum float: as shipped it runs on the host
-    (its MACs counted, the reason names --calibrate); with --calibrate the QDQ model's
-    Einsums are rewritten and go on the TPU."""
+def test_a_quantized_model_s_float_einsums_go_on_the_tpu_from_bounds(tmp_path):
+    """onnxruntime's quantize_static leaves an Einsum float.  Compiled as shipped, each
+    Einsum with a weight whose input is on a DequantizeLinear's grid (or a mean of a tensor
+    of known range) is a MatMul on the TPU, quantized from bounds (qdqrecurrent.py): the
+    outputs onnxruntime's on OUTDIR's own QDQ model, bit for bit, and the float model's
+    answers kept as well as the shipped QDQ model keeps them.  The one over the float model
+    input stays on the host with a reason naming --calibrate, which puts it on the TPU."""
     from onnx_models import quantized_by_onnxruntime
     rng = np.random.default_rng(5)
     calib = rng.normal(0, 1, (32, 8, 12)).astype(np.float32)
-    path = quantized_by_onnxruntime(tmp_path, _einsum_network(rng), calib)
+    float_model = _einsum_network(rng)
+    path = quantized_by_onnxruntime(tmp_path, float_model, calib)
     shipped = tpu_compile(str(path), batch=16)
-    dense = next(r for r in shipped.report.rows if r.node == "dense")
-    assert dense.where == "host" and "--calibrate" in dense.reason and dense.macs
+    rows = {r.node: r for r in shipped.report.rows}
+    assert rows["dense"].where == "host" and "--calibrate" in rows["dense"].reason
+    assert rows["dense"].macs
+    for name in ("to_heads", "from_heads", "classes"):     # over a1, a2 and mean(o)
+        assert rows[name].where == "TPU", (name, rows[name].reason)
+    assert "Einsums with a weight" in shipped.report.source
+    # over the 8-bit a1 and a2, int16 weights (the accumulator has room); over the int16
+    # mean, int8
+    compiled_qdq = onnx.load(str(shipped.reference_model))
+    weight_bits = {init.name: init.data_type for init in compiled_qdq.graph.initializer}
+    readers = {n.name: n for n in compiled_qdq.graph.node}
+    wide = sorted(n for n, node in readers.items() if node.op_type == "DequantizeLinear"
+                  and weight_bits.get(node.input[0]) == T.INT16)
+    assert len(wide) == 2, wide
+    new = rng.normal(0, 1, (256, 8, 12)).astype(np.float32)
+    got = np.concatenate([shipped.run(new[i:i + 16])["y"] for i in range(0, 256, 16)])
+    own = session(onnx.load(str(shipped.reference_model)))
+    want = np.concatenate([own.run(None, {"x": new[i:i + 16]})[0]
+                           for i in range(0, 256, 16)])
+    np.testing.assert_array_equal(got, want)
+    floats = session(float_model).run(None, {"x": new})[0]
+    as_shipped = session(onnx.load(str(path))).run(None, {"x": new})[0]
+
+    def snr(y):
+        return 10 * np.log10(np.sum(floats ** 2) / np.sum((y - floats) ** 2))
+    assert snr(got) > snr(as_shipped) - 4       # int8 weights where the model kept float
+    assert np.mean(got.argmax(1) == floats.argmax(1)) >= \
+        np.mean(as_shipped.argmax(1) == floats.argmax(1)) - 0.02
     calibrated = tpu_compile(str(path), batch=16, calibration=calib)
     assert {r.node: r.where for r in calibrated.report.rows}["dense"] == "TPU"
 

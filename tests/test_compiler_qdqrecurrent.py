@@ -151,6 +151,47 @@ def test_an_lstm_after_quantized_layers_has_every_gate_product_on_the_tpu(tmp_pa
     assert _snr(shipped, got) > 35               # int16 states and sums against float ones
 
 
+def test_a_stacked_lstm_s_second_layer_reads_the_first_one_s_bounded_states(tmp_path,
+                                                                            capsys):
+    """x, a float model input, -> LSTM -> Squeeze -> LSTM -> MatMul (quantized): the first
+    layer's products over x stay float (no range without data), the second layer's X is the
+    first one's states, in [-1, 1] through the Squeeze, so all its products go on the TPU."""
+    rng = np.random.default_rng(13)
+
+    def weights(name, *shape, scale=0.4):
+        return numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name)
+    inits = [weights("W1", 1, 40, 8), weights("R1", 1, 40, 10), weights("W2", 1, 32, 10),
+             weights("R2", 1, 32, 8), weights("w", 8, 4, scale=0.5),
+             numpy_helper.from_array(np.array([1], np.int64), "dirs"),
+             numpy_helper.from_array(np.array([0], np.int64), "first")]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], name="time_first", perm=[1, 0, 2]),
+             helper.make_node("LSTM", ["xt", "W1", "R1"], ["Y1"], name="lstm1",
+                              hidden_size=10),
+             helper.make_node("Squeeze", ["Y1", "dirs"], ["y1"], name="squeeze"),
+             helper.make_node("LSTM", ["y1", "W2", "R2"], ["", "h2"], name="lstm2",
+                              hidden_size=8),
+             helper.make_node("Squeeze", ["h2", "first"], ["h"], name="last"),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "stacked", [helper.make_tensor_value_info(
+        "x", T.FLOAT, ["N", 6, 8])], [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.normal(0, 1, (96, 6, 8)).astype(np.float32)
+    qdq = _quantize_static(tmp_path, model, {"x": x[:64]}, axis=0)
+    out, report = _compiled(tmp_path, capsys, qdq, "--batch", "16")
+    rows = {r["node"]: r for r in report["rows"]}
+    assert "20 of 44 Gemm on the TPU" in rows["lstm1"]["reason"]      # its R h products
+    assert "--calibrate quantizes it" in rows["lstm1"]["reason"]
+    assert "44 of 44 Gemm on the TPU" in rows["lstm2"]["reason"]
+    new = {"x": x[64:]}
+    got = load(out).run(new, engine="reference")["y"]
+    _assert_as_compiled(got, out, new, "y")
+    shipped = session(qdq.read_bytes()).run(None, new)[0]
+    floats = session(model.SerializeToString()).run(None, new)[0]
+    assert _snr(floats, got) >= _snr(floats, shipped) - 0.5
+
+
 def test_a_gate_sum_is_quantized_over_its_bound():
     """h in [-1, 1] (step 1 / 32767), int8 weights per column; the sum's int16 step is the
     largest |sum| any h in range gives (sum over K of |w|, plus |b|) / 32767."""
@@ -186,6 +227,29 @@ def test_int16_states_that_would_fill_the_accumulator_are_int8():
     assert quantizer._symmetric_grid((-1.0, 1.0), narrow).dtype == np.int8
     assert quantizer._symmetric_grid((-1.0, 1.0), narrow[:500]).dtype == np.int16
     assert Grid(1 / 127, np.zeros((), np.int8), np.int8).bounds == (-128 / 127, 1.0)
+
+
+def test_int16_weights_over_an_8_bit_input_never_wrap_the_accumulator():
+    """_wide_scale's steps: the finest (max |w| / 32767) where K is small; widened where
+    K products of 255 x |w_q| (twice: a zero point's correction) and the bias would pass
+    int32, which the worst input then reaches no further than; int8 where widening leaves
+    less than 12 dB of the noise gain."""
+    from tpuasm.compiler.front.bounds import _ACCUMULATOR, _wide_scale
+    rng = np.random.default_rng(3)
+    small = rng.normal(0, 0.3, (16, 5))
+    steps = _wide_scale(small, np.zeros(5), 0.02)
+    np.testing.assert_allclose(steps, np.abs(small).max(0) / 32767, rtol=1e-6)
+    for k in (1000, 3000):
+        w, bias, a_scale = rng.normal(0, 0.3, (k, 6)), rng.normal(0, 2, 6), 0.01
+        steps = _wide_scale(w, bias, a_scale)
+        assert steps is not None
+        w_q = np.clip(np.rint(w / steps), -32767, 32767).astype(np.int64)
+        b_q = np.rint(bias / (a_scale * steps)).astype(np.int64)
+        worst = 2 * 255 * np.abs(w_q).sum(0) + np.abs(b_q)
+        assert worst.max() <= _ACCUMULATOR
+        assert np.any(steps > np.abs(w).max(0) / 32767 * 1.01)       # widened
+    # 100,000 products: the steps needed are within 12 dB of int8's
+    assert _wide_scale(rng.normal(0, 0.3, (100000, 3)), np.zeros(3), 0.01) is None
 
 
 def test_an_rnn_over_relu_stays_float_and_says_why():
@@ -319,7 +383,7 @@ def test_a_loop_s_gru_cell_has_its_state_products_on_the_tpu(tmp_path, capsys):
     # over x, a float model input, stay on the host
     assert loop["where"] == "TPU" and "8 of 18 MatMul on the TPU" in loop["reason"]
     assert "no range known without data" in loop["reason"]       # those over x
-    assert "of Loop, Scan or If bodies" in report["source"]
+    assert "Loop, Scan or If bodies) quantized by the compiler" in report["source"]
     # every state read at the step of [-1, 1] (without the mix rule: 2, 3, 4 ... times it)
     compiled = onnx.load(str(out / "model.qdq.onnx"))
     inits = {t.name: numpy_helper.to_array(t) for t in compiled.graph.initializer}

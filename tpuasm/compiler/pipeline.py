@@ -34,7 +34,7 @@ from tpuasm.compiler.front.match import GLUE, Lowered, lower
 from tpuasm.compiler.runtime.model import CompiledModel
 from tpuasm.compiler.runtime.probes import score_probes, with_probes, without_probes
 from tpuasm.compiler.front.qdqrecurrent import (quantize_float_recurrent,
-                                                quantize_subgraph_matrices)
+                                                quantize_float_matrices)
 from tpuasm.compiler.front.partition import HostPart, lone_elementwise, plan
 from tpuasm.compiler.front.provenance import Provenance
 from tpuasm.compiler.front.reader import (QUANTIZED_OPS, fix_batch, input_signature,
@@ -235,7 +235,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
 
     def quantize_recurrent(folded) -> int:
         recurrent.append(quantize_float_recurrent(folded, provenance, recurrent_reasons))
-        matrices.append(quantize_subgraph_matrices(folded, provenance, recurrent_reasons))
+        matrices.append(quantize_float_matrices(folded, provenance, recurrent_reasons))
         return recurrent[-1] + matrices[-1]
 
     matrices = [0]
@@ -248,9 +248,10 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         reference = _rewritten_reference(graph.model, path, keep)
     if sum(matrices):
         count = sum(matrices)
-        source += (f"; {count} float MatMul{'s' if count > 1 else ''} of Loop, Scan or If "
-                   f"bodies (which onnxruntime's quantizer does not enter) quantized by the "
-                   f"compiler from bounds: int8 weights, int16 inputs and sums "
+        source += (f"; {count} float MatMul{'s' if count > 1 else ''} that onnxruntime's "
+                   f"quantizer does not reach (Einsums with a weight, Loop, Scan or If "
+                   f"bodies) quantized by the compiler from bounds: int8 weights (int16 over "
+                   f"an 8-bit input where they fit), int16 inputs and sums "
                    f"(front/qdqrecurrent.py)")
     if sum(recurrent):
         count = sum(recurrent)

@@ -5,11 +5,12 @@ constant (K, N) weight) given QuantizeLinear / DequantizeLinear nodes from them.
 Where the ranges come from: a DequantizeLinear's grid (its values are on it whatever made
 them), the bounded functions (sigmoid [0, 1], tanh [-1, 1]), constants, the states the
 caller names ([-1, 1]), and a GRU's convex update z * a + (1 - z) * b, kept in the hull of
-a's and b's ranges.  What a matrix node gets: int8 weights per output channel (symmetric),
-an int32 bias at the input's step times the weight's, its input on the grid it came from or
-int16 over its range (int8 where K products of 32767 x 127 would pass int32), and its sum
-int16 over the largest value those ranges allow (com.microsoft's int16 QuantizeLinear /
-DequantizeLinear, at any opset).  front/qdqrecurrent.py says which nodes, and why."""
+a's and b's ranges.  What a matrix node gets: int8 weights per output channel (symmetric;
+int16 over an 8-bit input where the accumulator has room, _wide_scale), an int32 bias at
+the input's step times the weight's, its input on the grid it came from or int16 over its
+range (int8 where K products of 32767 x 127 would pass int32), and its sum on the grid of
+the QuantizeLinear the model gives it next, else int16 over the largest value those ranges
+allow (com.microsoft's int16 QuantizeLinear / DequantizeLinear, at any opset).  front/qdqrecurrent.py says which nodes, and why."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +25,9 @@ _LAYOUT = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Identity", "Transpose", 
 # nodes whose outputs hold their first input's values (a Split's every part, a Gather's
 # rows, an Expand of an initial state)
 _SAME_VALUES = {"Split", "Gather", "Expand", "ReverseSequence", "Tile"}
+# nodes whose outputs lie within their first input's range (a mean, a maximum, a pool)
+_WITHIN_RANGE = {"ReduceMean", "ReduceMax", "ReduceMin", "GlobalAveragePool",
+                 "GlobalMaxPool", "AveragePool", "MaxPool"}
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
 _ACCUMULATOR = 2 ** 31 - 1
 
@@ -113,6 +117,8 @@ class BoundsQuantizer:
         elif op in _LAYOUT or op in _SAME_VALUES or (op == "Cast" and _attr(node, "to")
                                                     in _FLOAT_TYPES):
             found = ins[0] if ins else None              # (a Slice's starts are not data)
+        elif op in _WITHIN_RANGE and ins and ins[0] is not None:
+            found = ins[0]
         elif op == "Concat" and ins and None not in ins:
             found = (min(r[0] for r in ins), max(r[1] for r in ins))
         elif op == "Add" and self._mix(node) is not None:
@@ -169,10 +175,10 @@ class BoundsQuantizer:
         return one is not None and one.size >= 1 and bool(np.all(one == 1))
 
     # the Gemms ------------------------------------------------------------------------
-    def quantize(self, nodes: list, unknown: str, matrices: set | None = None) -> None:
+    def quantize(self, nodes: list, unknown, matrices: set | None = None) -> None:
         """Ranges carried through `nodes` (in order) and each Gemm / MatMul of them
-        (`matrices`: of those names only) quantized; `unknown`: why one whose input has no
-        known range stays float (the report's reason)."""
+        (`matrices`: of those names only) quantized; `unknown(node)`: why one whose input
+        has no known range stays float (the report's reason)."""
         for node in nodes:
             if node.op_type in ("Gemm", "MatMul") and (matrices is None or
                                                        node.name in matrices):
@@ -180,7 +186,7 @@ class BoundsQuantizer:
             else:
                 self._carry(node)
 
-    def _matrix(self, node, unknown: str) -> None:
+    def _matrix(self, node, unknown) -> None:
         a, w_name = node.input[0], node.input[1]
         gemm = node.op_type == "Gemm"
         b_name = node.input[2] if gemm and len(node.input) > 2 else ""
@@ -192,14 +198,18 @@ class BoundsQuantizer:
         if w is None or w.ndim != 2 or not plain:
             return                                   # not a constant (K, N) weight
         if a_range is None:
-            self.reasons[node.name] = unknown
+            self.reasons[node.name] = unknown(node)
             return
         bias = self.idx.const(b_name) if b_name else np.zeros(w.shape[1], np.float32)
         if bias is None or bias.size != w.shape[1]:
             return
         bias = bias.reshape(-1).astype(np.float64)
-        w_q, w_scale = self._weight(w_name, w)
-        a_q = self._grid(a) or self._symmetric_grid(a_range, w_q)
+        a_q = self._grid(a)
+        if a_q is not None and a_q.dtype.itemsize == 1:
+            w_q, w_scale = self._weight(w_name, w, wide=_wide_scale(w, bias, a_q.scale))
+        else:
+            w_q, w_scale = self._weight(w_name, w)
+            a_q = a_q or self._symmetric_grid(a_range, w_q)
         lo, hi = a_q.bounds
         # the sum's bound: each product at the end of A's range that makes it largest
         w_real = w_q.astype(np.float64) * w_scale
@@ -214,19 +224,44 @@ class BoundsQuantizer:
         key = (a, a_q.scale, a_q.dtype.str)
         if key not in self.read:                     # one QDQ of h for every gate's Gemm
             self.read[key] = self._qdq(a, a_q, f"{node.name}/a")
-        inputs = [self.read[key], self.weights[w_name][0]]
+        inputs = [self.read[key], self.weights[(w_name, w_q.dtype == np.int16)][0]]
         if b_name:
             inputs.append(self._dequantized(b_q.astype(np.int32), b_scale,
                                             np.zeros(len(b_scale), np.int32),
                                             f"{node.name}/bias", axis=0))
         out = node.output[0]
-        raw = self.idx.unique(f"{out}/float")
         del node.input[:]
         node.input.extend(inputs)
-        node.output[0] = raw
-        grid = Grid(bound / _INT16_MAX, np.zeros((), np.int16), np.int16)
-        self._qdq(raw, grid, f"{node.name}/sum", out=out, after=node)
         self.done += 1
+        grid, direct = self._requantized(out)
+        if direct:                        # the model's own QuantizeLinear takes the sum
+            return
+        raw = self.idx.unique(f"{out}/float")
+        node.output[0] = raw
+        grid = grid or Grid(bound / _INT16_MAX, np.zeros((), np.int16), np.int16)
+        self._qdq(raw, grid, f"{node.name}/sum", out=out, after=node)
+
+    def _requantized(self, tensor: str) -> tuple[Grid | None, bool]:
+        """(the grid, whether right after it) of the per-tensor QuantizeLinear the model
+        gives `tensor` (through layout nodes, read by nothing else), or (None, False): an
+        Einsum onnxruntime left float between two quantized layers.  Its sum is put on that
+        grid at the MatMul (once more after the layout nodes: the same values)."""
+        direct = True
+        for _ in range(16):
+            node = self.idx.sole_consumer(tensor)
+            if node is None:
+                return None, False
+            if node.op_type == "QuantizeLinear" and node.input[0] == tensor:
+                scale = self.idx.const(node.input[1])
+                zero = self.idx.const(node.input[2]) if len(node.input) > 2 and \
+                    node.input[2] else np.zeros((), np.uint8)
+                if scale is None or scale.size != 1 or zero is None or zero.size != 1:
+                    return None, False
+                return Grid(scale.reshape(-1)[0], zero.reshape(()), zero.dtype), direct
+            if node.op_type not in _LAYOUT or node.input[0] != tensor:
+                return None, False
+            tensor, direct = node.output[0], False
+        return None, False
 
     def _symmetric_grid(self, a_range, w_q) -> Grid:
         """int16 over a range (a state's: [-1, 1]), or int8 where int16 products would overflow the
@@ -236,17 +271,24 @@ class BoundsQuantizer:
             return Grid(top / _INT16_MAX, np.zeros((), np.int16), np.int16)
         return Grid(top / 127, np.zeros((), np.int8), np.int8)
 
-    def _weight(self, name: str, w: np.ndarray):
-        """int8 per output channel (the columns of a (K, N) weight), symmetric; one
-        DequantizeLinear for every step's Gemm that shares it."""
-        if name not in self.weights:
-            peak = np.abs(w).max(0)
-            scale = np.where(peak > 0, peak / 127, 1.0).astype(np.float32)
-            w_q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-            dq = self._dequantized(w_q, scale, np.zeros(len(scale), np.int8), f"{name}/q",
+    def _weight(self, name: str, w: np.ndarray, wide: np.ndarray | None = None):
+        """int8 per output channel (the columns of a (K, N) weight), symmetric, or int16 at
+        the steps `wide` gives (_wide_scale); one DequantizeLinear for every step's Gemm
+        that shares it."""
+        key = (name, wide is not None)
+        if key not in self.weights:
+            if wide is None:
+                peak = np.abs(w).max(0)
+                scale = np.where(peak > 0, peak / 127, 1.0).astype(np.float32)
+                w_q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+            else:
+                scale = wide
+                w_q = np.clip(np.rint(w / scale), -_INT16_MAX, _INT16_MAX).astype(np.int16)
+                self.uses_contrib = True
+            dq = self._dequantized(w_q, scale, np.zeros(len(scale), w_q.dtype), f"{name}/q",
                                    axis=1)
-            self.weights[name] = (dq, scale, w_q)
-        _, scale, w_q = self.weights[name]
+            self.weights[key] = (dq, scale, w_q)
+        _, scale, w_q = self.weights[key]
         return w_q, scale.astype(np.float64)
 
     def _dequantized(self, q: np.ndarray, scale, zero, tag: str, axis: int) -> str:
@@ -254,8 +296,10 @@ class BoundsQuantizer:
         s_name = self.idx.add_init(np.asarray(scale, np.float32), f"{tag}_scale")
         z_name = self.idx.add_init(np.asarray(zero), f"{tag}_zero")
         out = self.idx.unique(f"{tag}:dq")
+        domain = _CONTRIB if q.dtype == np.int16 else ""    # int16 at any opset
         self._add(helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [out],
-                                   name=self.idx.unique(f"{tag}/DequantizeLinear"), axis=axis),
+                                   name=self.idx.unique(f"{tag}/DequantizeLinear"), axis=axis,
+                                   domain=domain),
                   None)
         return out
 
@@ -295,6 +339,31 @@ class BoundsQuantizer:
         self.model.graph.node.extend(nodes)
         if self.uses_contrib and not any(o.domain == _CONTRIB for o in self.model.opset_import):
             self.model.opset_import.append(helper.make_opsetid(_CONTRIB, 1))
+
+
+# int16 weights are kept where their rounding noise is this far below int8's (steps 4 times
+# finer), as wideweights.MIN_GAIN_DB: each costs the array half its rate
+_WIDE_GAIN_DB = 12.0
+_BYTE = 255                     # the largest 8-bit input, raw or less its zero point
+
+
+def _wide_scale(w: np.ndarray, bias: np.ndarray, a_scale: float) -> np.ndarray | None:
+    """int16 weight steps per output channel for a (K, N) weight over an 8-bit input, or
+    None where int8 does as well: each channel's finest step (max |w| / 32767), widened
+    until no input can pass the int32 accumulator, and kept where the noise (the sum of the
+    squared steps) is _WIDE_GAIN_DB below int8's.  At step s the accumulator holds at most
+    2 x 255 x sum |w_q| (the products, once more for a zero point's correction) plus
+    |bias| / (a_scale s), and sum |w_q| <= sum |w| / s + K / 2 (the rounding)."""
+    peak = np.abs(w).max(0).astype(np.float64)
+    live = peak > 0
+    room = _ACCUMULATOR - _BYTE * w.shape[0]
+    if not live.any() or room <= 0:
+        return None
+    fits = (2 * _BYTE * np.abs(w).sum(0) + np.abs(bias) / a_scale) / room
+    scale = np.where(live, np.maximum(peak / _INT16_MAX, fits), 1.0)
+    eight = peak / 127
+    gain = 10 * np.log10(np.sum(eight[live] ** 2) / np.sum(scale[live] ** 2))
+    return scale.astype(np.float32) if gain >= _WIDE_GAIN_DB else None
 
 
 def _pairs(mul) -> list[tuple[str, str]]:

@@ -15,7 +15,8 @@ a quantization needs are known here from the node itself:
 - a gate's sum W x + R h + b is bounded by its weights and those ranges.
 
 So each such node is unrolled (prepare._Unroller: one Gemm per gate and step) and its gate
-Gemms are quantized where those ranges say: int8 weights per output channel, int32 biases,
+Gemms are quantized where those ranges say: int8 weights per output channel (int16 over an
+X on an 8-bit grid where they fit: bounds._wide_scale), int32 biases,
 a hidden state int16 (step 1 / 32767), X as the model quantized it, and every gate sum
 int16 over its bound (com.microsoft's QuantizeLinear / DequantizeLinear, which take int16
 at any opset).  A bound costs resolution where a calibrated range would be tighter, which
@@ -70,11 +71,13 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
         return 0
     states = {t for key, ts in tied.items() if key.rsplit("/", 1)[-1] == "h" for t in ts}
     quantizer = BoundsQuantizer(model, grids, states)
-    in_graph = {n.name: n for n in model.graph.node}     # the graph holds copies of `made`
-    for name, nodes in made.items():
-        quantizer.quantize([in_graph[n.name] for n in nodes], (
-            f"a gate Gemm of '{name}' over its input X, which the model does not quantize: "
-            f"its range is known from data only (--calibrate quantizes it)"))
+    gemm_of = {n.name: name for name, nodes in made.items() for n in nodes}
+    # the ranges carried through the whole graph, not node by node: a stacked LSTM's second
+    # layer reads the first one's states (through the exporter's Transpose and Reshape)
+    quantizer.quantize(list(model.graph.node), lambda gemm: (
+        f"a gate Gemm of '{gemm_of[gemm.name]}' over its input X, which the model does not "
+        f"quantize: its range is known from data only (--calibrate quantizes it)"),
+        set(gemm_of))
     quantizer.finish()
     reasons.update(quantizer.reasons)
     return done
@@ -85,30 +88,45 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
 _SUBGRAPH_OPS = {"Loop", "Scan", "If"}
 
 
-def quantize_subgraph_matrices(model: onnx.ModelProto, prov: Provenance,
-                               reasons: dict | None = None) -> int:
-    """Each float MatMul / Gemm with a constant weight that a Loop, Scan or If of the
+def quantize_float_matrices(model: onnx.ModelProto, prov: Provenance,
+                            reasons: dict | None = None) -> int:
+    """Each float MatMul / Gemm with a constant weight that onnxruntime's quantizer cannot
+    reach, quantized from bounds as the gate Gemms above: those a Loop, Scan or If of the
     quantized model held (unrolled or inlined by the folding: jax.lax.scan's LSTM and GRU
-    cells, a Keras Bidirectional GRU's two Loops) quantized from bounds, as the gate Gemms
-    above: the ranges carried through the whole graph by interval arithmetic (a GRU's
-    update z * h + (1 - z) * n kept in the hull of h's and n's), a sum over a tensor of no
-    known range left float.  How many were quantized."""
+    cells, a Keras Bidirectional GRU's two Loops), and each Einsum with a weight, which it
+    has no QDQ form for (torch.einsum, EinsumDense), rewritten as its MatMul
+    (einsumforms.py) first.  The ranges are carried through the whole graph by interval
+    arithmetic (a GRU's update z * h + (1 - z) * n kept in the hull of h's and n's); a
+    product over a tensor of no known range is left float.  How many were quantized."""
+    from tpuasm.compiler.front.einsumforms import rewrite_einsums
     reasons = {} if reasons is None else reasons
-    held = {name for name, op in prov.nodes if op in _SUBGRAPH_OPS}
+    if any(n.op_type == "Einsum" for n in model.graph.node):
+        rewrite_einsums(model, prov, reasons)
+    sources = dict(prov.nodes)
     idx = _Index(model)
+
+    def held_by(node) -> str | None:
+        op = sources.get(prov.source(node.name))
+        return op if op in _SUBGRAPH_OPS or op == "Einsum" else None
 
     def float_weight(node) -> bool:
         w = node.input[1] if len(node.input) > 1 else ""
         return w in idx.inits and idx.inits[w].data_type == onnx.TensorProto.FLOAT
 
-    matrices = {n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
-                and prov.source(n.name) in held and float_weight(n)}
+    matrices = {n.name: held_by(n) for n in model.graph.node
+                if n.op_type in ("MatMul", "Gemm") and held_by(n) and float_weight(n)}
     if not matrices:
         return 0
+
+    def unknown(node) -> str:
+        what = ("an Einsum with a weight, which onnxruntime's quantizer leaves float"
+                if matrices[node.name] == "Einsum" else
+                "a MatMul of a Loop, Scan or If body, which onnxruntime's quantizer does not "
+                "enter")
+        return (f"{what}, over a tensor of no range known without data (--calibrate "
+                f"quantizes it)")
     quantizer = BoundsQuantizer(model, dequantized_grids(model, idx), set())
-    quantizer.quantize(list(model.graph.node), (
-        "a MatMul of a Loop, Scan or If body, which onnxruntime's quantizer does not enter, "
-        "over a tensor of no range known without data (--calibrate quantizes it)"), matrices)
+    quantizer.quantize(list(model.graph.node), unknown, set(matrices))
     quantizer.finish()
     reasons.update(quantizer.reasons)
     return quantizer.done
