@@ -329,6 +329,45 @@ def test_a_quantized_model_s_float_einsums_go_on_the_tpu_from_bounds(tmp_path):
     assert {r.node: r.where for r in calibrated.report.rows}["dense"] == "TPU"
 
 
+@pytest.mark.parametrize("quant_format", ["QDQ", "QOperator"])
+def test_an_einsum_over_a_tensor_the_model_quantizes_for_another_reader(tmp_path,
+                                                                        quant_format):
+    """x -> Einsum "bld,dh->blh" -> + x (a residual Add, which onnxruntime quantizes) ->
+    mean -> MatMul.  The QDQ model gives the Einsum x's DequantizeLinear; the QOperator
+    model the float x beside QuantizeLinear(x) for its QLinearAdd: read on that grid, as
+    the QDQ form reads it, the Einsum goes on the TPU in both."""
+    from onnx_models import quantized_by_onnxruntime
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (12, 12)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (12, 4)).astype(np.float32), "wc")]
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["e"], name="mix", equation="bld,dh->blh"),
+             helper.make_node("Add", ["x", "e"], ["r"], name="residual"),
+             helper.make_node("ReduceMean", ["r"], ["m"], name="pool", axes=[1], keepdims=0),
+             helper.make_node("MatMul", ["m", "wc"], ["y"], name="classes")]
+    graph = helper.make_graph(nodes, "residual_einsum",
+                              [helper.make_tensor_value_info("x", T.FLOAT, ["N", 8, 12])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N", 4])], inits)
+    float_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    float_model.ir_version = 8
+    calib = rng.normal(0, 1, (64, 8, 12)).astype(np.float32)
+    path = quantized_by_onnxruntime(tmp_path, float_model, calib, quant_format)
+    assert "Einsum" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    compiled = tpu_compile(str(path), batch=16)
+    rows = {r.node: r for r in compiled.report.rows}
+    assert rows["mix"].where == "TPU", rows["mix"].reason
+    new = rng.normal(0, 1, (128, 8, 12)).astype(np.float32)
+    got = np.concatenate([compiled.run(new[i:i + 16])["y"] for i in range(0, 128, 16)])
+    own = session(onnx.load(str(compiled.reference_model)))
+    want = np.concatenate([own.run(None, {"x": new[i:i + 16]})[0] for i in range(0, 128, 16)])
+    np.testing.assert_array_equal(got, want)
+    floats = session(float_model).run(None, {"x": new})[0]
+    shipped = session(onnx.load(str(path))).run(None, {"x": new})[0]
+
+    def snr(y):
+        return 10 * np.log10(np.sum(floats ** 2) / np.sum((y - floats) ** 2))
+    assert snr(got) > snr(shipped) - 3, (snr(got), snr(shipped))
+
+
 def test_per_head_weights_run_as_a_grouped_conv_that_skips_the_zero_blocks(tmp_path):
     """"bhld,hdk->bhlk" is a block-diagonal MatMul; the matcher finds its blocks and makes it
     a grouped 1x1 Conv (the array skips the zero tiles), its outputs onnxruntime's on the

@@ -46,18 +46,32 @@ class Grid:
 
 
 def dequantized_grids(model, idx: _Index) -> dict[str, Grid]:
-    """Each activation a per-tensor DequantizeLinear makes -> its grid."""
-    grids = {}
+    """Each activation a per-tensor DequantizeLinear makes -> its grid (its values are on it
+    whatever made them: a QuantizeLinear, a QLinearConv); and each float activation the
+    model quantizes per tensor for another reader -> that QuantizeLinear's grid.  The second
+    is what a QOperator model loses of its QDQ form: quantize_static's QDQ model gives every
+    reader of a quantized tensor its DequantizeLinear (an Einsum, which it leaves float,
+    reads x on x's grid), its QOperator model only the quantized readers (the Einsum reads
+    the float x beside QuantizeLinear(x)); read on that grid, the product is the QDQ
+    form's (values beyond the calibrated range clipped as there)."""
+    grids, quantized = {}, {}
     for node in model.graph.node:
-        if node.op_type != "DequantizeLinear" or node.input[0] in idx.inits:
+        if node.op_type not in ("DequantizeLinear", "QuantizeLinear") or \
+                node.input[0] in idx.inits:
             continue
         scale = idx.const(node.input[1])
         zero = idx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if scale is None or scale.size != 1:        # (its values are on that grid whatever
-            continue                                # made them: a QuantizeLinear, a QLinearConv)
+        if scale is None or scale.size != 1 or (zero is not None and zero.size != 1):
+            continue
         dtype = zero.dtype if zero is not None else np.uint8
-        grids[node.output[0]] = Grid(scale.reshape(-1)[0], np.zeros((), dtype)
-                                      if zero is None else zero, dtype)
+        grid = Grid(scale.reshape(-1)[0], np.zeros((), dtype) if zero is None else zero,
+                    dtype)
+        if node.op_type == "DequantizeLinear":
+            grids[node.output[0]] = grid
+        else:
+            quantized.setdefault(node.input[0], grid)
+    for tensor, grid in quantized.items():
+        grids.setdefault(tensor, grid)
     return grids
 
 
