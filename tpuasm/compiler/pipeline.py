@@ -108,6 +108,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     # a quantized model given calibration data is read back as float, its scales dropped:
     # onnxruntime's quantizer writes an infinite one for a range reaching a mask's -inf
     model = read_model(path, scales=calibration is None)
+    weight_only = _dequantized_weight_only(model) if calibration is not None else 0
     dequantized = _dequantized_dynamic(model, path) if calibration is not None else 0
     read_back = _read_back_qdq(model, path) if calibration is not None and \
         is_quantized(model) else 0
@@ -213,6 +214,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                   + (f"; {chosen}" if chosen else "")
                   + (f"; dynamically quantized: its {dequantized} Conv/MatMul chains and "
                      f"LSTMs dequantized to float first" if dequantized else "")
+                  + (f"; weight-only quantized: its {weight_only} MatMulNBits read back "
+                     f"as float MatMuls first" if weight_only else "")
                   + (f"; a QDQ model: its {read_back} quantized tensors read back as float "
                      f"first (its scales replaced by the calibration's)" if read_back else ""))
         model = read_model(reference)
@@ -220,6 +223,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
+        source += _fitted_accumulators(model)
     # a quantized model's float recurrent nodes (qdqrecurrent.py): those of the graph now,
     # its batch still free; those inside an If on shapes once load_graph's folding has
     # inlined it
@@ -229,7 +233,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     graph_file = reference             # the file the graph is read beside
     recurrent = [quantize_float_recurrent(model, provenance, recurrent_reasons)
                  if rewrites else 0]
-    if recurrent[0]:
+    if recurrent[0] or (rewrites and "accumroom" in source):
         keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         reference = _rewritten_reference(model, path, keep)
 
@@ -385,6 +389,28 @@ def _dequantized_dynamic(model, path) -> int:
                            f"Conv/MatMul: compile it without --calibrate (on the host), or "
                            f"give the float model")
     return count
+
+
+def _fitted_accumulators(model) -> str:
+    """A quantized model's int16 weights re-rounded where its sums could wrap the int32
+    accumulators (accumroom.py): what the report's quantization line says of it."""
+    from tpuasm.compiler.front.accumroom import fit_accumulators
+    notes: dict[str, str] = {}
+    if not fit_accumulators(model, notes):
+        return ""
+    named = "; ".join(f"'{node}': {note}" for node, note in list(notes.items())[:4])
+    more = f" (and {len(notes) - 4} more)" if len(notes) > 4 else ""
+    return (f"; {len(notes)} matrix node{'s' if len(notes) > 1 else ''} given coarser "
+            f"weights to fit the int32 accumulators (front/accumroom.py): {named}{more}")
+
+
+def _dequantized_weight_only(model) -> int:
+    """A weight-only quantized model given calibration data: its MatMulNBits as the float
+    MatMuls they compute (weightonly.py), to be quantized statically; the count.  One that
+    cannot be read back stays as it is: onnxruntime runs it on the host, and the report
+    says why."""
+    from tpuasm.compiler.front.weightonly import dequantize_matmul_nbits
+    return dequantize_matmul_nbits(model)[0]
 
 
 def _raw_data(data, model, what: str) -> tuple[dict, str]:

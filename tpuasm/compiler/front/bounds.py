@@ -13,6 +13,7 @@ the QuantizeLinear the model gives it next, else int16 over the largest value th
 allow (com.microsoft's int16 QuantizeLinear / DequantizeLinear, at any opset).  front/qdqrecurrent.py says which nodes, and why."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper
@@ -40,7 +41,7 @@ class Grid:
 
     @property
     def bounds(self) -> tuple[float, float]:
-        info = np.iinfo(self.dtype)
+        info = ml_dtypes.iinfo(self.dtype)
         zp = float(np.asarray(self.zero).reshape(-1)[0])
         return self.scale * (info.min - zp), self.scale * (info.max - zp)
 

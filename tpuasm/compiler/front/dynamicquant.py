@@ -195,15 +195,27 @@ def float_table(node, idx: _Index):
 
 def float_constant(node, idx: _Index):
     """The float value of a DequantizeLinear of a constant, (W_q - zero point) * scale
-    along its axis (per tensor or per channel), or None (not a constant, blocked or of
-    scales that do not fit its axis)."""
+    along its axis (per tensor, per channel, or per block of `block_size` along the axis:
+    opset 21's block-wise form), or None (not a constant, or scales that do not fit its
+    axis)."""
     inputs = list(node.input) + [""] * (3 - len(node.input))
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     w_q, scale = idx.const(inputs[0]), idx.const(inputs[1])
     zero = idx.const(inputs[2]) if inputs[2] else np.zeros((), np.int8)
-    if w_q is None or scale is None or zero is None or attrs.get("block_size", 0):
+    if w_q is None or scale is None or zero is None:
         return None
     axis = attrs.get("axis", 1) % max(w_q.ndim, 1)
+    block = attrs.get("block_size", 0)
+    if block:                         # scales (and zero points) of w_q's shape, the axis
+        if w_q.ndim == 0 or scale.ndim != w_q.ndim or \
+                scale.shape[axis] != -(-w_q.shape[axis] // block) or \
+                zero.size > 1 and zero.shape != scale.shape:     # divided into blocks
+            return None
+        size = w_q.shape[axis]
+        scale = np.repeat(scale, block, axis).take(range(size), axis)
+        zero = np.repeat(zero, block, axis).take(range(size), axis) if zero.size > 1 else zero
+        return ((w_q.astype(np.float32) - zero.astype(np.float32)) *
+                scale.astype(np.float32)).astype(np.float32)
     per = tuple(-1 if d == axis else 1 for d in range(w_q.ndim))
     if scale.size > 1 and (w_q.ndim == 0 or scale.size != w_q.shape[axis]):
         return None

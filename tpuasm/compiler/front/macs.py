@@ -15,7 +15,7 @@ from math import prod
 # op type -> index of the input that holds the weight (Conv-like) or the right operand
 _CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3, "FusedConv": 1}
 _MATMUL = {"MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "MatMulIntegerToFloat",
-           "DynamicQuantizeMatMul", "MatMulInteger16"}
+           "DynamicQuantizeMatMul", "MatMulInteger16", "MatMulNBits"}
 _GEMM = {"Gemm", "QGemm", "FusedGemm"}
 _RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "DynamicQuantizeLSTM": 4}
 # W (directions, input, 4 * hidden) and R (directions, hidden, 4 * hidden): the LSTM's

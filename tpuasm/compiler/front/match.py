@@ -1175,6 +1175,10 @@ class Lowerer:
             raise NotMapped(f"{op} yields int32 accumulators; the TPU's operators requantize "
                             f"to 8 bits (use the QDQ or QLinear form; a dynamically quantized "
                             f"model is quantized statically with --calibrate DATA)")
+        if op == "MatMulNBits":
+            raise NotMapped("a weight-only quantized MatMul: its activation is float, the "
+                            "TPU's operators read quantized ones (--calibrate DATA reads it "
+                            "back as a float MatMul and quantizes it)")
         raise NotMapped(f"{op} has no TPU mapping")
 
 
@@ -1197,7 +1201,7 @@ BINARY_OPS = {"Add", "Sub", "Mul"}             # VADD / VMUL
 QLINEAR_BINARY_OPS = {"QLinearAdd", "QLinearMul"}
 CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
               "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAveragePool",
-              "QLinearGlobalAveragePool", "MatMulInteger", "ConvInteger",
+              "QLinearGlobalAveragePool", "MatMulInteger", "ConvInteger", "MatMulNBits",
               *LOOKUP_OPS, *QLINEAR_LOOKUP_OPS, *BINARY_OPS, *QLINEAR_BINARY_OPS}
 GLUE = {"QuantizeLinear", "DequantizeLinear", "Constant", *LAYOUT_OPS}
 

@@ -20,6 +20,7 @@ model, a QuantizeLinear read by other than DequantizeLinear or layout nodes) lea
 model as it is, and the compile says why."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from tpuasm.compiler.front.dynamicquant import float_constant, float_table
@@ -149,7 +150,7 @@ def _saturates(q, idx: _Index) -> bool:
     if zero is None or scale is None or zero.size != 1 or scale.size != 1 or \
             not np.isfinite(scale).all():
         return False                  # an infinite range (a mask's -inf) clips nothing
-    info = np.iinfo(zero.dtype)
+    info = ml_dtypes.iinfo(zero.dtype)
     return int(zero.reshape(())) in (info.min, info.max)
 
 
@@ -158,7 +159,7 @@ def _saturation(q, idx: _Index):
     from onnx import helper
     zero = idx.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
     scale = float(np.asarray(idx.const(q.input[1])).reshape(()))
-    info = np.iinfo(zero.dtype)
+    info = ml_dtypes.iinfo(zero.dtype)
     z = int(zero.reshape(()))
     lo = idx.add_init(np.array((info.min - z) * scale, np.float32), f"{q.output[0]}_low")
     hi = idx.add_init(np.array((info.max - z) * scale, np.float32), f"{q.output[0]}_high")

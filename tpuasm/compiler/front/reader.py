@@ -15,6 +15,8 @@ from onnx import helper, numpy_helper
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import ortshapes
 from tpuasm.compiler.front.graph import Graph
+from tpuasm.compiler.front.widths import (centred_weights, signed_16bit,
+                                          widen_4bit_constants)
 
 MIN_OPSET = 10                     # QuantizeLinear / QLinearConv / MatMulInteger appear in 10
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -24,7 +26,7 @@ QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMa
                  "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul",
                  "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool",
                  "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSoftmax",
-                 "DynamicQuantizeLinear"}
+                 "DynamicQuantizeLinear", "MatMulNBits"}
 
 
 def read_model(path, scales: bool = True) -> onnx.ModelProto:
@@ -57,6 +59,9 @@ def read_model(path, scales: bool = True) -> onnx.ModelProto:
     _check_dimensions(model, path)
     _name_nodes(model)
     _check_weights(model, path, scales)
+    widen_4bit_constants(model)       # QDQ tensors of the same values in the TPU's widths
+    centred_weights(model)
+    signed_16bit(model)
     return model
 
 

@@ -1,0 +1,175 @@
+"""The corpus of real architectures (tests/real_models.py) as onnxruntime's own tools quantize
+them beyond 8 bits, compiled and run through the CLI: MatMulNBits (weight-only 4-bit blocks,
+`matmul_nbits_quantizer`, symmetric and not, and its block-wise QDQ form at opset 21) given
+calibration data, and quantize_static's QDQ models with 4-bit weights (W4A8), uint16
+activations (A16W8, the form of Qualcomm's QNN tools) and 16-bit weights and activations
+(W16A16) as shipped.
+
+One row per model and form: the share of the MACs on the TPU (report.json), top-1 agreement
+with the float model of `tpuasm infer` beside onnxruntime's on the shipped model, the
+agreement of the two, the share of outputs identical to onnxruntime on the shipped model
+and on OUTDIR's model (which differs where the compiler re-rounded 16-bit weights to fit the
+int32 accumulators, front/accumroom.py), with the worst difference in output steps (forms
+taken as shipped), and the time of the whole `tpuasm compile` process.  onnxruntime runs the shipped models as the compiler's own
+sessions do (tpuasm/compiler/ort.py: a QDQ MatMul's arithmetic in float32).
+
+    .venv/bin/python benchmarks/real_models_beyond8.py [--only MODEL] [--forms F,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import version_converter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import real_models  # noqa: E402
+from tpuasm.compiler.ort import session  # noqa: E402
+
+MODELS = ("transformer_encoder", "sklearn_mlp", "token_embedding", "byte_classifier",
+          "conv1d_audio", "mobilenet_v2_block")
+# form -> (what it is, compiled given calibration data?)
+FORMS = {"nbits4": ("MatMulNBits 4-bit, symmetric, blocks of 32", True),
+         "nbits4-asym": ("MatMulNBits 4-bit, zero points, blocks of 32", True),
+         "nbits-qdq": ("block-wise DequantizeLinear (opset 21), 4-bit", True),
+         "w4a8": ("quantize_static QInt4 weights, QUInt8 activations", False),
+         "a16w8": ("quantize_static QUInt16 activations, QInt8 weights (opset 21)", False),
+         "w16a16": ("quantize_static QInt16 weights and activations (opset 21)", False)}
+
+
+def quantized(m, form: str, work: Path) -> Path | None:
+    """The model in `form` as onnxruntime's tools write it, or None (no node to quantize)."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    model = m.model
+    if form in ("nbits-qdq", "a16w8", "w16a16"):
+        model = version_converter.convert_version(model, 21)
+    path = work / f"{m.name}.{form}.onnx"
+    if form.startswith("nbits"):
+        from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+        config = nbits.DefaultWeightOnlyQuantConfig(
+            block_size=32, is_symmetric=form == "nbits4", op_types_to_quantize=("MatMul",),
+            quant_format=QuantFormat.QDQ if form == "nbits-qdq" else QuantFormat.QOperator)
+        quantizer = nbits.MatMulNBitsQuantizer(model, algo_config=config)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(path), False)
+        changed = onnx.load(str(path))
+        if not any(n.op_type in ("MatMulNBits", "DequantizeLinear") for n in changed.graph.node):
+            return None
+        return path
+    source = work / f"{m.name}.{form}.float.onnx"
+    onnx.save(model, str(source))
+    rows = {k: v for k, v in m.calibration.items()}
+    count = len(next(iter(rows.values())))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{k: v[i:i + 32] for k, v in rows.items()}
+                                 for i in range(0, count, 32)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    types = {"w4a8": ("QUInt8", "QInt4"), "a16w8": ("QUInt16", "QInt8"),
+             "w16a16": ("QInt16", "QInt16")}[form]
+    quantize_static(str(source), str(path), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=getattr(QuantType, types[0]),
+                    weight_type=getattr(QuantType, types[1]))
+    return path
+
+
+def measure(name: str, form: str, work: Path) -> dict:
+    m = real_models.BUILDERS[name]()
+    row = {"model": name, "form": form}
+    path = quantized(m, form, work)
+    if path is None:
+        row["failure"] = "onnxruntime's tool quantizes none of its nodes"
+        return row
+    calibrate = FORMS[form][1]
+    out = work / f"{name}.{form}.out"
+    args = ["compile", path, "-o", out, "--batch", m.batch, "-q"]
+    if calibrate:
+        args += ["--calibrate", real_models.save_data(work / f"{name}.cal.npz", m.calibration)]
+    start = time.perf_counter()
+    done = real_models.tpuasm(*args, timeout=1800)
+    row["compile_s"] = time.perf_counter() - start
+    if done.returncode != 0:
+        row["failure"] = (done.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        return row
+    x = real_models.save_data(work / f"{name}.x.npz", m.evaluation)
+    ran = real_models.tpuasm("infer", out, x, "-o", work / f"{name}.{form}.y.npz", "-q",
+                             timeout=1800)
+    if ran.returncode != 0:
+        row["failure"] = (ran.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        return row
+    with np.load(work / f"{name}.{form}.y.npz") as y:
+        ours = y[m.output]
+    names = [o.name for o in m.reference.graph.output]
+    float_out = real_models.run(m.reference, m.evaluation)[names.index(m.output)]
+    shipped_model = onnx.load(str(path))
+    shipped_out = session(shipped_model).run(
+        None, m.evaluation)[[o.name for o in shipped_model.graph.output].index(m.output)]
+    report = json.loads((out / "report.json").read_text())
+    macs = report.get("macs") or 0
+    row["tpu_share"] = (report.get("tpu_macs") or 0) / macs if macs else None
+    row["top1"] = float(np.mean(m.top1(ours) == m.top1(float_out)))
+    row["shipped_top1"] = float(np.mean(m.top1(shipped_out) == m.top1(float_out)))
+    row["vs_shipped"] = float(np.mean(m.top1(ours) == m.top1(shipped_out)))
+    step = real_models.output_steps(shipped_model).get(m.output)
+    if not calibrate and step:
+        oracle_model = onnx.load(str(out / "model.qdq.onnx"))
+        oracle = session(oracle_model).run(
+            None, m.evaluation)[[o.name for o in oracle_model.graph.output].index(m.output)]
+        for key, theirs in (("shipped", shipped_out), ("outdir", oracle)):
+            diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
+            row[key] = (float(np.mean(diff <= 1e-6 * step)), float(diff.max(initial=0)) / step)
+    return row
+
+
+def _fmt(row: dict) -> str:
+    head = f"| {row['model']} | {row['form']} |"
+    if "failure" in row:
+        return head + f" failed: {row['failure'][:100]} | | | | | |"
+    share = "-" if row.get("tpu_share") is None else f"{row['tpu_share']:.1%}"
+
+    def same(key):
+        return "-" if key not in row else f"{row[key][0]:.1%} (worst {row[key][1]:.1f})"
+    return (head + f" {share} | {row['top1']:.2%} ({row['shipped_top1']:.2%}) | "
+            f"{row['vs_shipped']:.2%} | {same('shipped')} | {same('outdir')} | "
+            f"{row['compile_s']:.1f} s |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=MODELS)
+    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--work", type=Path)
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)          # onnxruntime's quantizers log every node
+    forms = [f for f in args.forms.split(",") if f]
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown:
+        parser.error(f"unknown forms {unknown}; choose from {', '.join(FORMS)}")
+    print("| model | form | MACs on the TPU | top-1 vs float (shipped model in onnxruntime) "
+          "| top-1 vs shipped | identical to shipped (worst, output steps) | identical to "
+          "OUTDIR's model | compile |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for name in args.only or MODELS:
+            for form in forms:
+                print(_fmt(measure(name, form, work)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Weight-only quantized models read as the float models they compute.
+
+- **MatMulNBits** (com.microsoft, from `matmul_nbits_quantizer`, the form language models
+  are shipped in): a float activation times a weight stored as 2-, 4- or 8-bit codes in
+  blocks along K, each block with its own scale and zero point.  The activation is float, so
+  such a model is a float model with compressed weights: given calibration data, each node
+  is read back here as the float MatMul (and bias Add) it computes, its weight the exact
+  dequantized values, and the compiler quantizes it like any float model (its per-channel
+  int8 grid resolves the 4-bit codes' values to within 1/16 of their own step).
+- **Block-wise DequantizeLinear of constants** (opset 21's `block_size`, the QDQ form of the
+  same tool) is read back as float with the rest of a QDQ model
+  (dynamicquant.float_constant).
+
+4-bit and 16-bit QDQ tensors are widths.py's."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
+
+def matmul_nbits_nodes(model: onnx.ModelProto) -> list:
+    return [n for n in model.graph.node
+            if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+
+
+def dequantize_matmul_nbits(model: onnx.ModelProto) -> tuple[int, list[str]]:
+    """Rewrite (in place) every MatMulNBits whose weights are constants as a float MatMul
+    (and Add of its bias); (the count rewritten, the names of those left as they are, with
+    why)."""
+    idx = _Index(model)
+    replaced: dict[str, list] = {}
+    left = []
+    for node in matmul_nbits_nodes(model):
+        nodes, why = _float_matmul(node, idx)
+        if nodes is None:
+            left.append(f"{node.name or node.output[0]} ({why})")
+        else:
+            replaced[node.output[0]] = nodes
+    if replaced:
+        kept = []
+        for node in model.graph.node:
+            kept.extend(replaced.get(node.output[0], [node]) if node.output else [node])
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        drop_unused_initializers(model)
+    return len(replaced), left
+
+
+def _float_matmul(node, idx: _Index):
+    """([MatMul, Add?], None) computing `node` in float, or (None, why not)."""
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = (attrs.get(a) for a in ("K", "N", "bits", "block_size"))
+    bits = 4 if bits is None else bits
+    if not all(isinstance(v, int) and v > 0 for v in (k, n, block)) or bits not in (2, 4, 8):
+        return None, f"attributes K={k}, N={n}, bits={bits}, block_size={block}"
+    packed, scales = idx.const(inputs[1]), idx.const(inputs[2])
+    zeros = idx.const(inputs[3]) if inputs[3] else None
+    groups = idx.const(inputs[4]) if inputs[4] else None
+    if packed is None or scales is None or (inputs[3] and zeros is None) or \
+            (inputs[4] and groups is None):
+        return None, "weights that are not constants"
+    weight = nbits_weight(packed, scales, zeros, groups, k, n, bits, block)
+    if isinstance(weight, str):
+        return None, weight
+    name = node.name or node.output[0]
+    w = idx.add_init(weight, f"{inputs[1]}_dequantized")
+    if not inputs[5]:
+        return [helper.make_node("MatMul", [inputs[0], w], list(node.output), name=name)], None
+    product = f"{node.output[0]}_before_bias"
+    return [helper.make_node("MatMul", [inputs[0], w], [product], name=name),
+            helper.make_node("Add", [product, inputs[5]], list(node.output),
+                             name=f"{name}_bias")], None
+
+
+def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 bytes -> their `bits`-bit codes, low bits first along the last axis."""
+    per_byte = 8 // bits
+    shifts = np.arange(per_byte, dtype=np.uint8) * bits
+    mask = np.uint8((1 << bits) - 1)
+    return ((codes[..., None] >> shifts) & mask).reshape(*codes.shape[:-1], -1)
+
+
+def nbits_weight(packed, scales, zeros, groups, k: int, n: int, bits: int, block: int):
+    """MatMulNBits' B as the float (K, N) matrix it stands for: W[k, j] = (code - zero
+    point) * scale of k's block in column j (the block k // block_size, or g_idx[k]); the
+    zero point is 2^(bits-1) when absent, packed like the codes when uint8, a value of the
+    scales' type otherwise.  A string saying what does not fit the attributes, else."""
+    blocks = -(-k // block)
+    blob = block * bits // 8
+    if packed.dtype != np.uint8 or packed.size != n * blocks * blob:
+        return f"B of {packed.size} {packed.dtype} values where N x blocks x blob is " \
+               f"{n * blocks * blob} uint8"
+    if scales.size != n * blocks:
+        return f"{scales.size} scales for {n} x {blocks} blocks"
+    codes = _unpack(packed.reshape(n, blocks * blob), bits)[:, :k].astype(np.float32)
+    scales = scales.reshape(n, blocks).astype(np.float32)
+    if zeros is None:
+        zero = np.full((n, blocks), 1 << (bits - 1), np.float32)
+    elif zeros.dtype == np.uint8:
+        per_row = -(-blocks * bits // 8)
+        if zeros.size != n * per_row:
+            return f"{zeros.size} packed zero points for {n} x {blocks} blocks"
+        zero = _unpack(zeros.reshape(n, per_row), bits)[:, :blocks].astype(np.float32)
+    elif zeros.size == n * blocks:
+        zero = zeros.reshape(n, blocks).astype(np.float32)
+    else:
+        return f"{zeros.size} zero points for {n} x {blocks} blocks"
+    if groups is None:
+        of_row = np.arange(k) // block
+    elif zeros is not None and zeros.dtype == np.uint8:
+        # (onnxruntime's CPU kernel reads such zero points as 2^(bits-1): its answers and
+        # the operator's definition differ, so neither is taken for the model's)
+        return "a g_idx beside packed zero points, which onnxruntime does not apply"
+    elif groups.size == k and np.issubdtype(groups.dtype, np.integer) and \
+            groups.min(initial=0) >= 0 and groups.max(initial=0) < blocks:
+        of_row = groups.reshape(k).astype(np.int64)
+    else:
+        return "a g_idx that does not name one block per row of K"
+    weight = (codes - zero[:, of_row]) * scales[:, of_row]
+    return np.ascontiguousarray(weight.T, np.float32)
