@@ -19,10 +19,10 @@ each node and its factor.  An 8-bit model never needs it: 255 x 127 per product 
 for 66,000 inputs."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from tpuasm.compiler.front.prepare import _attr, _Index, _set_attr, drop_unused_initializers
+from tpuasm.compiler.front.widths import integer_limits
 
 _LIMIT = (1 << 31) - 1
 _BIASED = {"Conv": 2, "Gemm": 2}          # op -> index of its bias input
@@ -76,10 +76,11 @@ def _input_reach(dq, idx: _Index) -> int | None:
     zero = idx.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
     if scale is None or scale.size != 1 or (zero is not None and zero.size != 1):
         return None
-    dtype = zero.dtype if zero is not None else np.dtype(np.uint8)
-    info = ml_dtypes.iinfo(dtype)
+    limits = integer_limits(zero.dtype if zero is not None else np.uint8)
+    if limits is None:                # a float8 grid: no integer sums on the TPU
+        return None
     z = int(zero.reshape(-1)[0]) if zero is not None else 0
-    return max(z - int(info.min), int(info.max) - z)
+    return max(z - limits[0], limits[1] - z)
 
 
 def _weight(dq, node, idx: _Index):
@@ -155,9 +156,8 @@ def _rewrite(node, w_dq, bias_dq, w_q, zeros, scales, out_axis, factors, idx: _I
     shape = [1] * w_q.ndim
     shape[out_axis] = -1
     signed = np.dtype(f"int{8 * w_q.dtype.itemsize}")   # centred: zero point 0
-    info = ml_dtypes.iinfo(signed)
     coarse = np.clip(_divide(w_q.astype(np.int64) - zeros, factors.reshape(shape)),
-                     info.min, info.max)
+                     *integer_limits(signed))
     name = w_dq.input[0]
     w_dq.input[0] = idx.add_init(coarse.astype(signed), f"{name}_fitted")
     while len(w_dq.input) < 3:

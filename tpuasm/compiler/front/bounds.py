@@ -13,12 +13,12 @@ the QuantizeLinear the model gives it next, else int16 over the largest value th
 allow (com.microsoft's int16 QuantizeLinear / DequantizeLinear, at any opset).  front/qdqrecurrent.py says which nodes, and why."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper
 
 from tpuasm.compiler.front.prepare import _attr, _Index
+from tpuasm.compiler.front.widths import integer_limits
 
 _CONTRIB = "com.microsoft"
 _INT16_MAX = 32767
@@ -41,9 +41,9 @@ class Grid:
 
     @property
     def bounds(self) -> tuple[float, float]:
-        info = ml_dtypes.iinfo(self.dtype)
+        low, high = integer_limits(self.dtype)
         zp = float(np.asarray(self.zero).reshape(-1)[0])
-        return self.scale * (info.min - zp), self.scale * (info.max - zp)
+        return self.scale * (low - zp), self.scale * (high - zp)
 
 
 def dequantized_grids(model, idx: _Index) -> dict[str, Grid]:
@@ -65,6 +65,8 @@ def dequantized_grids(model, idx: _Index) -> dict[str, Grid]:
         if scale is None or scale.size != 1 or (zero is not None and zero.size != 1):
             continue
         dtype = zero.dtype if zero is not None else np.uint8
+        if integer_limits(dtype) is None:       # a float8 grid: not the TPU's
+            continue
         grid = Grid(scale.reshape(-1)[0], np.zeros((), dtype) if zero is None else zero,
                     dtype)
         if node.op_type == "DequantizeLinear":

@@ -113,7 +113,8 @@ class Lowerer:
             return False, 8
         if dtype == np.int16:
             return True, 16
-        raise NotMapped(f"tensor '{name}' is {dtype}, not 8-bit or int16")
+        raise NotMapped(f"tensor '{name}' is {dtype}, not 8-bit or int16 (--calibrate DATA "
+                        f"reads the model back as float and quantizes it so)")
 
     def qparams(self, scale_name: str, zp_name: str, tensor: str, node: Node) -> QParams:
         scale = self._const(scale_name, "scale", node)

@@ -20,11 +20,11 @@ model, a QuantizeLinear read by other than DequantizeLinear or layout nodes) lea
 model as it is, and the compile says why."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from tpuasm.compiler.front.dynamicquant import float_constant, float_table
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
+from tpuasm.compiler.front.widths import integer_limits
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -150,8 +150,8 @@ def _saturates(q, idx: _Index) -> bool:
     if zero is None or scale is None or zero.size != 1 or scale.size != 1 or \
             not np.isfinite(scale).all():
         return False                  # an infinite range (a mask's -inf) clips nothing
-    info = ml_dtypes.iinfo(zero.dtype)
-    return int(zero.reshape(())) in (info.min, info.max)
+    limits = integer_limits(zero.dtype)     # (a float8 grid's ends are not its zero)
+    return limits is not None and int(zero.reshape(())) in limits
 
 
 def _saturation(q, idx: _Index):
@@ -159,10 +159,10 @@ def _saturation(q, idx: _Index):
     from onnx import helper
     zero = idx.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
     scale = float(np.asarray(idx.const(q.input[1])).reshape(()))
-    info = ml_dtypes.iinfo(zero.dtype)
+    low, high = integer_limits(zero.dtype)
     z = int(zero.reshape(()))
-    lo = idx.add_init(np.array((info.min - z) * scale, np.float32), f"{q.output[0]}_low")
-    hi = idx.add_init(np.array((info.max - z) * scale, np.float32), f"{q.output[0]}_high")
+    lo = idx.add_init(np.array((low - z) * scale, np.float32), f"{q.output[0]}_low")
+    hi = idx.add_init(np.array((high - z) * scale, np.float32), f"{q.output[0]}_high")
     out = idx.unique(f"{q.input[0]}_saturated")
     return out, helper.make_node("Clip", [q.input[0], lo, hi], [out],
                                  name=idx.unique(f"{q.name or q.output[0]}_saturation"))

@@ -20,6 +20,7 @@ A 4-bit activation (a QuantizeLinear to int4) saturates at 4 bits, which the TPU
 requantization cannot: it stays as it is, on the host."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -32,6 +33,16 @@ _LAYOUT = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"
            "Concat", "Split", "Slice", "Gather", "Expand", "Tile", "DepthToSpace",
            "SpaceToDepth"}
 _SHIFT = 1 << 15
+
+
+def integer_limits(dtype) -> tuple[int, int] | None:
+    """(min, max) of an integer element type, 4-bit ones included; None for any other (a
+    float8 QDQ tensor's)."""
+    try:
+        info = ml_dtypes.iinfo(np.dtype(dtype))
+    except (TypeError, ValueError):
+        return None
+    return int(info.min), int(info.max)
 
 
 def widen_4bit_constants(model: onnx.ModelProto) -> int:
