@@ -14,6 +14,8 @@ taken as shipped), and the time of the whole `tpuasm compile` process.  onnxrunt
 sessions do (tpuasm/compiler/ort.py: a QDQ MatMul's arithmetic in float32).
 
     .venv/bin/python benchmarks/real_models_beyond8.py [--only MODEL] [--forms F,...]
+    .venv/bin/python benchmarks/real_models_beyond8.py --exported W/bert-dynamo ...
+        (transformers models: `benchmarks/real_models_hf.py --work W --only bert` first)
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def quantized(m, form: str, work: Path) -> Path | None:
     """The model in `form` as onnxruntime's tools write it, or None (no node to quantize)."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
-    model = m.model
+    model = onnx.ModelProto()
+    model.CopyFrom(m.model)                   # (the MatMulNBits quantizer edits it in place)
     if form in ("nbits-qdq", "a16w8", "w16a16"):
         model = version_converter.convert_version(model, 21)
     path = work / f"{m.name}.{form}.onnx"
@@ -86,8 +89,20 @@ def quantized(m, form: str, work: Path) -> Path | None:
     return path
 
 
-def measure(name: str, form: str, work: Path) -> dict:
-    m = real_models.BUILDERS[name]()
+def exported(folder: Path) -> real_models.RealModel:
+    """A model another tool exported, as `make bench-hf --work DIR` leaves it: DIR/NAME.onnx
+    (NAME: DIR's name up to its first '-') beside calib.npz and eval.npz."""
+    name = folder.name.split("-")[0]
+    model = onnx.load(str(folder / f"{name}.onnx"))
+    with np.load(folder / "calib.npz") as c, np.load(folder / "eval.npz") as e:
+        calibration, evaluation = dict(c), dict(e)
+    rows = len(next(iter(evaluation.values())))
+    return real_models.RealModel(folder.name, model, calibration, evaluation,
+                                 np.zeros(rows, np.int64), model.graph.output[0].name)
+
+
+def measure(m: real_models.RealModel, form: str, work: Path) -> dict:
+    name = m.name
     row = {"model": name, "form": form}
     path = quantized(m, form, work)
     if path is None:
@@ -107,6 +122,7 @@ def measure(name: str, form: str, work: Path) -> dict:
     x = real_models.save_data(work / f"{name}.x.npz", m.evaluation)
     ran = real_models.tpuasm("infer", out, x, "-o", work / f"{name}.{form}.y.npz", "-q",
                              timeout=1800)
+    top1 = m.top1
     if ran.returncode != 0:
         row["failure"] = (ran.stderr.strip().splitlines() or ["(no stderr)"])[-1]
         return row
@@ -115,23 +131,29 @@ def measure(name: str, form: str, work: Path) -> dict:
     names = [o.name for o in m.reference.graph.output]
     float_out = real_models.run(m.reference, m.evaluation)[names.index(m.output)]
     shipped_model = onnx.load(str(path))
-    shipped_out = session(shipped_model).run(
-        None, m.evaluation)[[o.name for o in shipped_model.graph.output].index(m.output)]
+    shipped_out = _run(shipped_model, m.evaluation, m.output)
     report = json.loads((out / "report.json").read_text())
     macs = report.get("macs") or 0
     row["tpu_share"] = (report.get("tpu_macs") or 0) / macs if macs else None
-    row["top1"] = float(np.mean(m.top1(ours) == m.top1(float_out)))
-    row["shipped_top1"] = float(np.mean(m.top1(shipped_out) == m.top1(float_out)))
-    row["vs_shipped"] = float(np.mean(m.top1(ours) == m.top1(shipped_out)))
+    row["top1"] = float(np.mean(top1(ours) == top1(float_out)))
+    row["shipped_top1"] = float(np.mean(top1(shipped_out) == top1(float_out)))
+    row["vs_shipped"] = float(np.mean(top1(ours) == top1(shipped_out)))
     step = real_models.output_steps(shipped_model).get(m.output)
     if not calibrate and step:
         oracle_model = onnx.load(str(out / "model.qdq.onnx"))
-        oracle = session(oracle_model).run(
-            None, m.evaluation)[[o.name for o in oracle_model.graph.output].index(m.output)]
+        oracle = _run(oracle_model, m.evaluation, m.output)
         for key, theirs in (("shipped", shipped_out), ("outdir", oracle)):
             diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
             row[key] = (float(np.mean(diff <= 1e-6 * step)), float(diff.max(initial=0)) / step)
     return row
+
+
+def _run(model: onnx.ModelProto, feeds: dict, output: str) -> np.ndarray:
+    """onnxruntime as the compiler's sessions run a QDQ model (ort.py), on the inputs the
+    model has."""
+    run = session(model)
+    names = {i.name for i in run.get_inputs()}
+    return run.run([output], {k: v for k, v in feeds.items() if k in names})[0]
 
 
 def _fmt(row: dict) -> str:
@@ -151,6 +173,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=MODELS)
     parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--exported", type=Path, action="append", default=[],
+                        metavar="DIR", help="a model `benchmarks/real_models_hf.py --work W` "
+                        "exported (W/bert-dynamo, ...) instead of the corpus")
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)          # onnxruntime's quantizers log every node
@@ -165,9 +190,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        for name in args.only or MODELS:
+        models = [exported(d) for d in args.exported] if args.exported else \
+            [real_models.BUILDERS[name]() for name in args.only or MODELS]
+        for m in models:
             for form in forms:
-                print(_fmt(measure(name, form, work)), flush=True)
+                print(_fmt(measure(m, form, work)), flush=True)
     return 0
 
 
