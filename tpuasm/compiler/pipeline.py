@@ -112,6 +112,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     dequantized = _dequantized_dynamic(model, path) if calibration is not None else 0
     read_back = _read_back_qdq(model, path) if calibration is not None and \
         is_quantized(model) else 0
+    from tpuasm.compiler.front.halfprecision import widen_half_precision
+    half = widen_half_precision(model) if calibration is not None else 0
     from tpuasm.compiler.front.inputvalues import (drop_fixed, fix_input_values,
                                                    parse_input_values)
     fixed_values = fix_input_values(model, parse_input_values(input_values), path)
@@ -216,6 +218,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                      f"LSTMs dequantized to float first" if dequantized else "")
                   + (f"; weight-only quantized: its {weight_only} MatMulNBits read back "
                      f"as float MatMuls first" if weight_only else "")
+                  + ("; a half-precision model, computed in float32 between its inputs "
+                     "and outputs (front/halfprecision.py)" if half else "")
                   + (f"; a QDQ model: its {read_back} quantized tensors read back as float "
                      f"first (its scales replaced by the calibration's)" if read_back else ""))
         model = read_model(reference)
