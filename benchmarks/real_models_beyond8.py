@@ -3,7 +3,8 @@ them beyond 8 bits, compiled and run through the CLI: MatMulNBits (weight-only 4
 `matmul_nbits_quantizer`, symmetric and not, and its block-wise QDQ form at opset 21) given
 calibration data, and quantize_static's QDQ models with 4-bit weights (W4A8), uint16
 activations (A16W8, the form of Qualcomm's QNN tools) and 16-bit weights and activations
-(W16A16) as shipped.
+(W16A16) as shipped, and the float16 models of onnxconverter-common's conversion (the way
+fp16 exports are made) given calibration data.
 
 One row per model and form: the share of the MACs on the TPU (report.json), top-1 agreement
 with the float model of `tpuasm infer` beside onnxruntime's on the shipped model, the
@@ -44,7 +45,10 @@ FORMS = {"nbits4": ("MatMulNBits 4-bit, symmetric, blocks of 32", True),
          "nbits-qdq": ("block-wise DequantizeLinear (opset 21), 4-bit", True),
          "w4a8": ("quantize_static QInt4 weights, QUInt8 activations", False),
          "a16w8": ("quantize_static QUInt16 activations, QInt8 weights (opset 21)", False),
-         "w16a16": ("quantize_static QInt16 weights and activations (opset 21)", False)}
+         "w16a16": ("quantize_static QInt16 weights and activations (opset 21)", False),
+         "fp16": ("onnxconverter-common's float16 model, float32 inputs and outputs", True),
+         "fp16-io": ("onnxconverter-common's float16 model, float16 inputs and outputs",
+                     True)}
 
 
 def quantized(m, form: str, work: Path) -> Path | None:
@@ -56,6 +60,11 @@ def quantized(m, form: str, work: Path) -> Path | None:
     if form in ("nbits-qdq", "a16w8", "w16a16"):
         model = version_converter.convert_version(model, 21)
     path = work / f"{m.name}.{form}.onnx"
+    if form.startswith("fp16"):
+        from onnxconverter_common import float16
+        onnx.save(float16.convert_float_to_float16(model, keep_io_types=form == "fp16"),
+                  str(path))
+        return path
     if form.startswith("nbits"):
         from onnxruntime.quantization import matmul_nbits_quantizer as nbits
         config = nbits.DefaultWeightOnlyQuantConfig(
@@ -109,6 +118,10 @@ def measure(m: real_models.RealModel, form: str, work: Path) -> dict:
         row["failure"] = "onnxruntime's tool quantizes none of its nodes"
         return row
     calibrate = FORMS[form][1]
+    names = [o.name for o in m.reference.graph.output]
+    float_out = real_models.run(m.reference, m.evaluation)[names.index(m.output)]
+    if form == "fp16-io":                     # its float inputs in float16
+        m = _in_half(m)
     out = work / f"{name}.{form}.out"
     args = ["compile", path, "-o", out, "--batch", m.batch, "-q"]
     if calibrate:
@@ -128,10 +141,12 @@ def measure(m: real_models.RealModel, form: str, work: Path) -> dict:
         return row
     with np.load(work / f"{name}.{form}.y.npz") as y:
         ours = y[m.output]
-    names = [o.name for o in m.reference.graph.output]
-    float_out = real_models.run(m.reference, m.evaluation)[names.index(m.output)]
     shipped_model = onnx.load(str(path))
-    shipped_out = _run(shipped_model, m.evaluation, m.output)
+    try:
+        shipped_out = _run(shipped_model, m.evaluation, m.output)
+    except Exception as e:            # onnxruntime's own error: the tool wrote a bad model
+        row["failure"] = f"onnxruntime cannot run the {form} model: {str(e).splitlines()[0]}"
+        return row
     report = json.loads((out / "report.json").read_text())
     macs = report.get("macs") or 0
     row["tpu_share"] = (report.get("tpu_macs") or 0) / macs if macs else None
@@ -146,6 +161,15 @@ def measure(m: real_models.RealModel, form: str, work: Path) -> dict:
             diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
             row[key] = (float(np.mean(diff <= 1e-6 * step)), float(diff.max(initial=0)) / step)
     return row
+
+
+def _in_half(m: real_models.RealModel) -> real_models.RealModel:
+    from dataclasses import replace
+
+    def half(data: dict) -> dict:
+        return {k: v.astype(np.float16) if v.dtype == np.float32 else v
+                for k, v in data.items()}
+    return replace(m, calibration=half(m.calibration), evaluation=half(m.evaluation))
 
 
 def _run(model: onnx.ModelProto, feeds: dict, output: str) -> np.ndarray:

@@ -58,3 +58,25 @@ def test_a_float16_model_compiles_onto_the_tpu_and_keeps_its_interface(tmp_path,
     snr = 10 * np.log10((want.astype(np.float64) ** 2).sum()
                         / ((got.astype(np.float64) - want) ** 2).sum())
     assert snr > 25
+
+
+@pytest.mark.parametrize("keep_io_types", [False, True])
+def test_onnxconverter_s_float16_transformer_compiles_onto_the_tpu(tmp_path, keep_io_types):
+    """The float16 conversion users run (onnxconverter-common, as transformers.js's and
+    Optimum's fp16 exports are made) of the corpus's encoder block: refused before ("shape
+    inference failed ... has inconsistent type tensor(float)")."""
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    import real_models
+    m = real_models.transformer_encoder()
+    half = float16.convert_float_to_float16(m.model, keep_io_types=keep_io_types)
+    path = tmp_path / "encoder_fp16.onnx"
+    onnx.save(half, str(path))
+    dtype = np.float32 if keep_io_types else np.float16
+    calibration = {k: v.astype(dtype) for k, v in m.calibration.items()}
+    evaluation = {k: v.astype(dtype) for k, v in m.evaluation.items()}
+    compiled = tpu_compile(str(path), calibration=calibration)
+    assert compiled.report.tpu_macs >= 0.9 * compiled.report.macs   # all but attention
+    got = compiled.run(evaluation)[m.output]
+    want = session(half).run([m.output], evaluation)[0]
+    assert got.dtype == want.dtype == dtype
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.99
