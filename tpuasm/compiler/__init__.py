@@ -13,7 +13,7 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
             percentile=99.999, keep_float=(), validate=None, min_agreement=0.99,
             min_snr=20.0, batch_axes=None, input_values=None, activation_bits=8,
             wide_tensors=(), weight_bits=8, wide_weights=(), class_axes=None,
-            input_shapes=None):
+            input_shapes=None, input_ranges=None):
     """Compile an ONNX model: a float model with `calibration` (array or {input: array},
     or a .npy/.npz path), or a quantized QDQ/QOperator model.  Returns a CompiledModel.
 
@@ -36,7 +36,9 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
     runtime/classaxis.py (a Softmax, an ArgMax or a classifier head) is not the right one.
     `input_shapes`: {input: dims}, each a positive integer or a name (N) that stays dynamic:
     the sizes of dynamic dimensions other than the batch (a quantized model's sequence
-    length, which no calibration data fixes)."""
+    length, which no calibration data fixes).  `input_ranges`: {input: (lo, hi)}, a
+    quantized model's float inputs' ranges, so that the float nodes over them that
+    onnxruntime's quantizer leaves (an LSTM's input products) are quantized from bounds."""
     from tpuasm.compiler.pipeline import compile_model
     quantization = None
     custom = (not per_channel or symmetric_activations or calibration_method != "auto"
@@ -58,7 +60,8 @@ def compile(path, batch=None, calibration=None, config=None, *,  # noqa: A001 (t
                          quantization=quantization, validate=validate,
                          min_agreement=min_agreement, min_snr=min_snr,
                          batch_axes=batch_axes, input_values=input_values,
-                         class_axes=class_axes, input_shapes=input_shapes)
+                         class_axes=class_axes, input_shapes=input_shapes,
+                         input_ranges=input_ranges)
 
 
 def load(outdir):

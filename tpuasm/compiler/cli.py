@@ -37,6 +37,10 @@ def _parser_compile() -> argparse.ArgumentParser:
                    help="the dimensions of input NAME, each a size or a name such as N for "
                         "the batch: fixes a dynamic one no data fixes (a quantized model's "
                         "sequence length; repeatable)")
+    p.add_argument("--input-range", action="append", default=[], metavar="NAME=LO,HI",
+                   help="the range of a quantized model's float input NAME, so that the "
+                        "float nodes over it the model leaves (an LSTM's, an Einsum's) are "
+                        "quantized without data; values beyond it are clipped (repeatable)")
     p.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
                    help="fix input NAME to VALUE (a number, or numbers separated by commas "
                         "for a fixed-shape input) when compiling: it becomes a constant of "
@@ -221,7 +225,8 @@ def compile_main(argv: list[str] | None = None) -> int:
                               validate=False if args.no_validate else args.validate,
                               min_agreement=args.min_agreement, min_snr=args.min_snr,
                               input_values=args.input_value, class_axes=args.class_axis,
-                              input_shapes=args.input_shape)
+                              input_shapes=args.input_shape,
+                              input_ranges=args.input_range)
         model.save(args.output)
         if not args.quiet:
             sys.stdout.write(model.report.text() + "\n")

@@ -74,7 +74,8 @@ def compile_model(path, *args, **kwargs) -> CompiledModel:
     for the check against the float model, where classaxis.py's rule is not the right one.
     `input_shapes`: {input: dims} (or `NAME=D0,D1,...` strings; a name such as N keeps a
     dimension dynamic): the sizes of an input's dynamic dimensions (batch.fix_input_shapes).
-    An error about the quantized model the compile wrote in a temporary folder names the
+    `input_ranges`: {input: (lo, hi)} (or `NAME=LO,HI` strings): a quantized model's float
+    inputs' ranges (inputranges.py).  An error about the quantized model the compile wrote in a temporary folder names the
     user's file instead (the fault is in it, and the folder is gone when the user reads it)."""
     try:
         return _compile_model(Path(path), *args, **kwargs)
@@ -95,7 +96,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                    codegen: bool = True, batch_axes=None, quantization=None,
                    validate=None, min_agreement: float = 0.99, min_snr: float = 20.0,
                    time_segments: bool = True, input_values=None,
-                   class_axes=None, input_shapes=None) -> CompiledModel:
+                   class_axes=None, input_shapes=None, input_ranges=None) -> CompiledModel:
     from tpuasm.compiler.runtime.classaxis import parse_class_axes
     from tpuasm.compiler.runtime.validate import check_thresholds
     min_agreement, min_snr = check_thresholds(min_agreement, min_snr)
@@ -118,6 +119,9 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                                                    parse_input_values)
     fixed_values = fix_input_values(model, parse_input_values(input_values), path)
     fix_input_shapes(model, parse_input_shapes(input_shapes), path)
+    from tpuasm.compiler.front.inputranges import check_input_ranges, parse_input_ranges
+    ranges = parse_input_ranges(input_ranges)
+    check_input_ranges(model, ranges, path)
     provenance = Provenance.of(model)       # every rewrite below records into it
     given = parse_batch_axes(batch_axes)
     # a float model's dynamic dimensions other than the batch: fixed from its calibration data
@@ -137,6 +141,10 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         source = "quantized model, taken with its own scales and zero points"
         reference = path
     else:
+        if ranges:
+            raise CompileError(f"{path}: --input-range is for a quantized model's float "
+                               f"inputs; a float model's ranges come from its calibration "
+                               f"data")
         if calibration is None:
             raise CompileError(f"{path} is a float model: pass --calibrate DATA.npy|.npz "
                                f"(calibration inputs in the model's layout) to quantize it "
@@ -235,15 +243,17 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     rewrites = prepared is None and not any(t.data_location == onnx.TensorProto.EXTERNAL
                                             for t in model.graph.initializer)
     graph_file = reference             # the file the graph is read beside
-    recurrent = [quantize_float_recurrent(model, provenance, recurrent_reasons)
+    recurrent = [quantize_float_recurrent(model, provenance, recurrent_reasons, ranges)
                  if rewrites else 0]
     if recurrent[0] or (rewrites and "accumroom" in source):
         keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         reference = _rewritten_reference(model, path, keep)
 
     def quantize_recurrent(folded) -> int:
-        recurrent.append(quantize_float_recurrent(folded, provenance, recurrent_reasons))
-        matrices.append(quantize_float_matrices(folded, provenance, recurrent_reasons))
+        recurrent.append(quantize_float_recurrent(folded, provenance, recurrent_reasons,
+                                                  ranges))
+        matrices.append(quantize_float_matrices(folded, provenance, recurrent_reasons,
+                                                ranges))
         return recurrent[-1] + matrices[-1]
 
     matrices = [0]
@@ -261,6 +271,9 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
                    f"bodies) quantized by the compiler from bounds: int8 weights (int16 over "
                    f"an 8-bit input where they fit), int16 inputs and sums "
                    f"(front/qdqrecurrent.py)")
+    if ranges and (sum(recurrent) or sum(matrices)):
+        source += "; float inputs of declared ranges (values beyond them clipped): " + \
+            ", ".join(f"{name} [{lo:g}, {hi:g}]" for name, (lo, hi) in ranges.items())
     if sum(recurrent):
         count = sum(recurrent)
         source += (f"; its {count} recurrent node{'s' if count > 1 else ''} that "

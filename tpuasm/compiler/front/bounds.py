@@ -82,10 +82,11 @@ class BoundsQuantizer:
     """QDQ nodes around the unrolled nodes' Gemms; the range of every tensor they make
     carried through them (interval arithmetic, each state held to [-1, 1])."""
 
-    def __init__(self, model, grids: dict, states: set):
+    def __init__(self, model, grids: dict, states: set, declared: dict | None = None):
         self.model, self.grids, self.states = model, grids, states
         self.idx = _Index(model)
-        self.ranges: dict[str, tuple[float, float]] = {}
+        # the user's float inputs' ranges (--input-range), the others carried from them
+        self.ranges: dict[str, tuple[float, float]] = dict(declared or {})
         self.weights: dict[str, tuple] = {}          # a weight -> (its DQ output, scales)
         self.read: dict[tuple, str] = {}              # (tensor, grid) -> its QDQ's output
         self.reasons: dict[str, str] = {}             # a Gemm left float -> why

@@ -35,10 +35,10 @@ from tpuasm.compiler.front.provenance import Provenance
 
 
 def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
-                             reasons: dict | None = None) -> int:
+                             reasons: dict | None = None, ranges: dict | None = None) -> int:
     """Each float LSTM / GRU / RNN of the quantized `model` unrolled, its gate Gemms
     quantized as the module doc says (in place); how many nodes.  `reasons` gets why a node
-    was left as it is."""
+    was left as it is; `ranges`: float inputs' declared ranges (--input-range)."""
     reasons = {} if reasons is None else reasons
     dynamic = _float_dynamic_lstms(model)
 
@@ -70,13 +70,14 @@ def quantize_float_recurrent(model: onnx.ModelProto, prov: Provenance,
     if not done:
         return 0
     states = {t for key, ts in tied.items() if key.rsplit("/", 1)[-1] == "h" for t in ts}
-    quantizer = BoundsQuantizer(model, grids, states)
+    quantizer = BoundsQuantizer(model, grids, states, ranges)
     gemm_of = {n.name: name for name, nodes in made.items() for n in nodes}
     # the ranges carried through the whole graph, not node by node: a stacked LSTM's second
     # layer reads the first one's states (through the exporter's Transpose and Reshape)
     quantizer.quantize(list(model.graph.node), lambda gemm: (
         f"a gate Gemm of '{gemm_of[gemm.name]}' over its input X, which the model does not "
-        f"quantize: its range is known from data only (--calibrate quantizes it)"),
+        f"quantize: its range is known from data only (--calibrate quantizes it; "
+        f"--input-range NAME=LO,HI declares a float input's)"),
         set(gemm_of))
     quantizer.finish()
     reasons.update(quantizer.reasons)
@@ -89,7 +90,7 @@ _SUBGRAPH_OPS = {"Loop", "Scan", "If"}
 
 
 def quantize_float_matrices(model: onnx.ModelProto, prov: Provenance,
-                            reasons: dict | None = None) -> int:
+                            reasons: dict | None = None, ranges: dict | None = None) -> int:
     """Each float MatMul / Gemm with a constant weight that onnxruntime's quantizer cannot
     reach, quantized from bounds as the gate Gemms above: those a Loop, Scan or If of the
     quantized model held (unrolled or inlined by the folding: jax.lax.scan's LSTM and GRU
@@ -124,8 +125,8 @@ def quantize_float_matrices(model: onnx.ModelProto, prov: Provenance,
                 "a MatMul of a Loop, Scan or If body, which onnxruntime's quantizer does not "
                 "enter")
         return (f"{what}, over a tensor of no range known without data (--calibrate "
-                f"quantizes it)")
-    quantizer = BoundsQuantizer(model, dequantized_grids(model, idx), set())
+                f"quantizes it; --input-range NAME=LO,HI declares a float input's)")
+    quantizer = BoundsQuantizer(model, dequantized_grids(model, idx), set(), ranges)
     quantizer.quantize(list(model.graph.node), unknown, set(matrices))
     quantizer.finish()
     reasons.update(quantizer.reasons)
