@@ -450,9 +450,9 @@ def static_form(label: str, float_model: Path, folder: Path, calib: dict, evalua
     """`float_model` through onnxruntime's quantize_static (QDQ, per-channel weights, its
     calibration on `calib`, a row at a time along each input's batch axis), compiled as it
     is and with --calibrate (front/qdqfloat.py reads it back as float and quantizes it
-    whole: the LSTM or GRU quantize_static leaves float goes to the TPU).  Two rows, each
-    against the float model and onnxruntime on the QDQ model; the second also against its
-    own QDQ model."""
+    whole: the LSTM or GRU quantize_static leaves float goes to the TPU), and as it is with
+    its float inputs' ranges declared (--input-range, the calibration rows' own).  Three
+    rows, each against the float model and onnxruntime on the QDQ model and OUTDIR's."""
     import onnx
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
@@ -476,13 +476,20 @@ def static_form(label: str, float_model: Path, folder: Path, calib: dict, evalua
     np.savez(folder / "calib.npz", **calib)
     np.savez(folder / "eval.npz", **evaluation)
     rows = []
-    for calibrate in (False, True):
-        row = {"model": f"{label}, " + ("--calibrate" if calibrate else "as it is")}
-        sub = folder / ("calibrated" if calibrate else "as-is")
+    # a user who knows the float inputs' ranges says so (--input-range): here the
+    # calibration rows' own
+    ranges = [f"--input-range={n}={float(v.min())},{float(v.max())}" for n, v in calib.items()
+              if v.dtype.kind == "f"]
+    for calibrate, options, name, where in ((False, [], "as it is", "as-is"),
+                                            (False, ranges, "as it is, --input-range",
+                                             "as-is-ranges"),
+                                            (True, [], "--calibrate", "calibrated")):
+        row = {"model": f"{label}, {name}"}
+        sub = folder / where
         sub.mkdir(exist_ok=True)
         np.savez(sub / "calib.npz", **calib)
         np.savez(sub / "eval.npz", **evaluation)
-        got = compile_and_infer(path, sub, [], row, calibrate=calibrate)
+        got = compile_and_infer(path, sub, options, row, calibrate=calibrate)
         if got is not None:
             figures = compare(float_model, got, evaluation, sub / path.stem)
             row.update({k: figures[k] for k in ("snr", "top1") if k in figures})
