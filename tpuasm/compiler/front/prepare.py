@@ -951,9 +951,18 @@ class _Unroller:
         if not tensor:
             return None
         value = self.idx.const(tensor)
-        if value is not None and not np.any(value):
+        if value is not None and not np.any(value) or self._zeros_of_a_shape(tensor):
             return None
         return self._take(tensor, axis, d, f"d{d}/{role}")
+
+    def _zeros_of_a_shape(self, tensor) -> bool:
+        """A ConstantOfShape of zeros not yet folded (a quantized model's LSTM is unrolled
+        before its batch is fixed)."""
+        node = self.idx.producer.get(tensor)
+        if node is None or node.op_type != "ConstantOfShape":
+            return False
+        value = _attr(node, "value")
+        return value is None or not np.any(numpy_helper.to_array(value))
 
     def _take(self, tensor, axis, i, tag) -> str:
         """tensor[..., i, ...] along `axis`, that axis removed (Slice + Squeeze)."""
