@@ -122,11 +122,13 @@ def test_a_declared_input_range_puts_the_products_over_x_on_the_tpu_too(
         np.mean(shipped.argmax(1) == floats.argmax(1)) - 0.01
 
 
-def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys):
-    """PyTorch writes a GRU's missing h0 as ConstantOfShape(zeros) of the batch's shape;
-    unrolled before the batch is fixed, its step-0 products were counted and left to the
-    host as constants (the PyTorch GRU's QDQ model: 6.6 % of its MACs).  They are dropped,
-    as the float path drops them: MACs are T x (X products) + (T - 1) x (state products)."""
+@pytest.mark.parametrize("sliced", [False, True])
+def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys, sliced):
+    """PyTorch writes a GRU's missing h0 as ConstantOfShape(zeros) of the batch's shape
+    (a stacked one's, a Slice of one for each layer); unrolled before the batch is fixed,
+    its step-0 products were counted and left to the host as constants (the PyTorch GRU's
+    QDQ model: 6.6 % of its MACs).  They are dropped, as the float path drops them: MACs
+    are T x (X products) + (T - 1) x (state products)."""
     steps, features, hidden = 5, 6, 8
     rng = np.random.default_rng(4)
     inits = [numpy_helper.from_array(rng.normal(0, 0.4, (1, 3 * hidden, features))
@@ -135,6 +137,7 @@ def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys):
                                      .astype(np.float32), "R"),
              numpy_helper.from_array(np.array([1], np.int64), "one"),
              numpy_helper.from_array(np.array([0], np.int64), "first"),
+             numpy_helper.from_array(np.array([2], np.int64), "two"),
              numpy_helper.from_array(np.array([hidden], np.int64), "width"),
              numpy_helper.from_array(np.array(1, np.int64), "batch_axis"),
              numpy_helper.from_array(rng.normal(0, 0.5, (hidden, 3)).astype(np.float32),
@@ -142,10 +145,12 @@ def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys):
     nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
              helper.make_node("Gather", ["shape", "batch_axis"], ["n"], name="n", axis=0),
              helper.make_node("Unsqueeze", ["n", "first"], ["n1"], name="n1"),
-             helper.make_node("Concat", ["one", "n1", "width"], ["h0_shape"], name="h0_shape",
-                              axis=0),
-             helper.make_node("ConstantOfShape", ["h0_shape"], ["h0"], name="h0",
-                              value=numpy_helper.from_array(np.zeros(1, np.float32))),
+             helper.make_node("Concat", ["two" if sliced else "one", "n1", "width"],
+                              ["h0_shape"], name="h0_shape", axis=0),
+             helper.make_node("ConstantOfShape", ["h0_shape"], ["zeros" if sliced else "h0"],
+                              name="h0", value=numpy_helper.from_array(np.zeros(1, np.float32))),
+             *([helper.make_node("Slice", ["zeros", "first", "one", "first"], ["h0"],
+                                 name="layer0")] if sliced else []),
              helper.make_node("GRU", ["x", "W", "R", "", "", "h0"], ["Y", "Y_h"], name="gru",
                               hidden_size=hidden),
              helper.make_node("Squeeze", ["Y_h", "first"], ["h"], name="last"),

@@ -151,6 +151,11 @@ class _Index:
         return name
 
 
+# nodes whose output is zeros wherever their first input is (a state's Slice of a zero tensor)
+_SAME_ZEROS = {"Slice", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Transpose", "Identity",
+               "Cast", "Gather", "Flatten"}
+
+
 def _attr(node, name, default=None):
     for a in node.attribute:
         if a.name == name:
@@ -957,8 +962,13 @@ class _Unroller:
 
     def _zeros_of_a_shape(self, tensor) -> bool:
         """A ConstantOfShape of zeros not yet folded (a quantized model's LSTM is unrolled
-        before its batch is fixed)."""
+        before its batch is fixed), or a part of one (PyTorch slices a stacked LSTM's
+        layers' states out of one)."""
         node = self.idx.producer.get(tensor)
+        for _ in range(8):
+            if node is None or node.op_type not in _SAME_ZEROS or not node.input:
+                break
+            node = self.idx.producer.get(node.input[0])
         if node is None or node.op_type != "ConstantOfShape":
             return False
         value = _attr(node, "value")
