@@ -289,7 +289,10 @@ def input_rows(provenance, compiled: list[NodeRow]) -> list[NodeRow]:
 
 
 def _aggregate(name: str, op_type: str, group: list[NodeRow]) -> NodeRow:
-    macs = [r.macs for r in group if r.macs is not None]
+    # the MACs the node does: a compiled part whose result nothing needs (an unrolled GRU's
+    # reset gate at step 0, over a zero state) does none, as the report's total says
+    used = [r for r in group if r.where != "unused"] or group
+    macs = [r.macs for r in used if r.macs is not None]
     total = sum(macs) if macs else None
     steps = list(dict.fromkeys(r.step for r in group if r.step != "-")) or ["-"]
     places = {r.where for r in group}
