@@ -106,7 +106,7 @@ def _nbits_node(rng, k, n, bits, block, zeros, groups, bias):
                             bits=bits, block_size=block)
     graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("A", T.FLOAT,
                                                                               [k, k])],
-                              [helper.make_tensor_value_info("Y", T.FLOAT, None)], inits)
+                              [helper.make_tensor_value_info("Y", T.FLOAT, [k, n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
     return model, (packed, scales, zp, g_idx, k, n, bits, block), b
@@ -135,6 +135,33 @@ def test_g_idx_beside_packed_zero_points_is_not_read_back():
     definition applies them: the two disagree, so neither is taken."""
     _, args, _ = _nbits_node(np.random.default_rng(0), 64, 8, 4, 32, "packed", True, False)
     assert "g_idx" in nbits_weight(*args)
+
+
+def test_a_node_left_as_it_is_runs_on_the_host_with_its_reason_given_data(tmp_path):
+    model, _, _ = _nbits_node(np.random.default_rng(0), 64, 8, 4, 32, "packed", True, False)
+    path = tmp_path / "g_idx.onnx"
+    onnx.save(model, str(path))
+    a = np.random.default_rng(1).normal(size=(64, 64)).astype(np.float32)
+    compiled = tpu_compile(str(path), calibration=a)
+    row = next(r for r in compiled.report.rows if r.op_type == "MatMulNBits")
+    assert row.where == "host"
+    np.testing.assert_allclose(compiled.run(a)["Y"], session(model).run(None, {"A": a})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_matmul_nbits_whose_weights_do_not_fit_its_attributes_is_one_clear_error(
+        tmp_path, capsys):
+    from tpuasm.compiler.cli import compile_main
+    model, _, _ = _nbits_node(np.random.default_rng(0), 64, 8, 4, 32, None, False, False)
+    b = next(t for t in model.graph.initializer if t.name == "B")
+    b.CopyFrom(numpy_helper.from_array(np.zeros((8, 2, 15), np.uint8), "B"))   # blob 15
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, str(path))
+    assert compile_main([str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "node MatMulNBits_0: MatMulNBits B of 240 uint8 values where N x blocks x " \
+           "blob is 256" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("symmetric", [True, False])

@@ -131,7 +131,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     keep = known_axes = prepared = None
     probes: dict = {}
     recurrent_reasons: dict[str, str] = {}    # a quantized model's recurrent nodes left float
-    if is_quantized(model):
+    # a weight-only model without data runs as shipped: its MatMulNBits on the host
+    if is_quantized(model) or (calibration is None and _weight_only_left(model)):
         if calibration is not None:
             raise CompileError(f"{path} is already quantized: --calibrate applies to float "
                                f"models only")
@@ -419,6 +420,11 @@ def _fitted_accumulators(model) -> str:
     more = f" (and {len(notes) - 4} more)" if len(notes) > 4 else ""
     return (f"; {len(notes)} matrix node{'s' if len(notes) > 1 else ''} given coarser "
             f"weights to fit the int32 accumulators (front/accumroom.py): {named}{more}")
+
+
+def _weight_only_left(model) -> bool:
+    from tpuasm.compiler.front.weightonly import matmul_nbits_nodes
+    return bool(matmul_nbits_nodes(model))
 
 
 def _dequantized_weight_only(model) -> int:

@@ -26,7 +26,7 @@ QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMa
                  "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul",
                  "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool",
                  "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSoftmax",
-                 "DynamicQuantizeLinear", "MatMulNBits"}
+                 "DynamicQuantizeLinear"}
 
 
 def read_model(path, scales: bool = True) -> onnx.ModelProto:
@@ -59,6 +59,8 @@ def read_model(path, scales: bool = True) -> onnx.ModelProto:
     _check_dimensions(model, path)
     _name_nodes(model)
     _check_weights(model, path, scales)
+    from tpuasm.compiler.front.weightonly import check_matmul_nbits
+    check_matmul_nbits(model, path)
     widen_4bit_constants(model)       # QDQ tensors of the same values in the TPU's widths
     centred_weights(model)
     signed_16bit(model)

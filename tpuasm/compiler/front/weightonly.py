@@ -18,7 +18,33 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
+
+def check_matmul_nbits(model: onnx.ModelProto, path) -> None:
+    """A MatMulNBits whose constant weights do not fit its attributes is one clear error
+    naming the node (onnxruntime refuses to run it, and its MACs could not be counted)."""
+    idx = _Index(model)
+    for node in matmul_nbits_nodes(model):
+        inputs = list(node.input) + [""] * (6 - len(node.input))
+        packed, scales = idx.const(inputs[1]), idx.const(inputs[2])
+        if packed is None or scales is None:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        k, n, bits, block = (attrs.get(a) for a in ("K", "N", "bits", "block_size"))
+        bits = 4 if bits is None else bits
+        if not all(isinstance(v, int) and v > 0 for v in (k, n, block)) or \
+                bits not in (2, 4, 8):
+            raise CompileError(f"{path}: node {node.name or node.output[0]}: MatMulNBits "
+                               f"attributes K={k}, N={n}, bits={bits}, block_size={block} "
+                               f"(K, N and block_size positive, bits 2, 4 or 8)")
+        zeros = idx.const(inputs[3]) if inputs[3] else None
+        groups = idx.const(inputs[4]) if inputs[4] else None
+        why = nbits_mismatch(packed, scales, zeros, groups, k, n, bits, block)
+        if why is not None:
+            raise CompileError(f"{path}: node {node.name or node.output[0]}: MatMulNBits "
+                               f"{why}")
+
 
 def matmul_nbits_nodes(model: onnx.ModelProto) -> list:
     return [n for n in model.graph.node
@@ -83,11 +109,10 @@ def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:
     return ((codes[..., None] >> shifts) & mask).reshape(*codes.shape[:-1], -1)
 
 
-def nbits_weight(packed, scales, zeros, groups, k: int, n: int, bits: int, block: int):
-    """MatMulNBits' B as the float (K, N) matrix it stands for: W[k, j] = (code - zero
-    point) * scale of k's block in column j (the block k // block_size, or g_idx[k]); the
-    zero point is 2^(bits-1) when absent, packed like the codes when uint8, a value of the
-    scales' type otherwise.  A string saying what does not fit the attributes, else."""
+def nbits_mismatch(packed, scales, zeros, groups, k: int, n: int, bits: int, block: int
+                   ) -> str | None:
+    """What of MatMulNBits' constants does not fit its attributes, or None (sizes only: a
+    language model's weights are not unpacked to check them)."""
     blocks = -(-k // block)
     blob = block * bits // 8
     if packed.dtype != np.uint8 or packed.size != n * blocks * blob:
@@ -95,29 +120,39 @@ def nbits_weight(packed, scales, zeros, groups, k: int, n: int, bits: int, block
                f"{n * blocks * blob} uint8"
     if scales.size != n * blocks:
         return f"{scales.size} scales for {n} x {blocks} blocks"
-    codes = _unpack(packed.reshape(n, blocks * blob), bits)[:, :k].astype(np.float32)
+    if zeros is not None and zeros.dtype == np.uint8 and \
+            zeros.size != n * -(-blocks * bits // 8):
+        return f"{zeros.size} packed zero points for {n} x {blocks} blocks"
+    if zeros is not None and zeros.dtype != np.uint8 and zeros.size != n * blocks:
+        return f"{zeros.size} zero points for {n} x {blocks} blocks"
+    if groups is not None and not (groups.size == k and np.issubdtype(groups.dtype, np.integer)
+                                   and groups.min(initial=0) >= 0
+                                   and groups.max(initial=0) < blocks):
+        return "a g_idx that does not name one block per row of K"
+    return None
+
+
+def nbits_weight(packed, scales, zeros, groups, k: int, n: int, bits: int, block: int):
+    """MatMulNBits' B as the float (K, N) matrix it stands for: W[k, j] = (code - zero
+    point) * scale of k's block in column j (the block k // block_size, or g_idx[k]); the
+    zero point is 2^(bits-1) when absent, packed like the codes when uint8, a value of the
+    scales' type otherwise.  A string saying what does not fit the attributes, else."""
+    why = nbits_mismatch(packed, scales, zeros, groups, k, n, bits, block)
+    if why is not None:
+        return why
+    if groups is not None and zeros is not None and zeros.dtype == np.uint8:
+        # (onnxruntime's CPU kernel reads such zero points as 2^(bits-1): its answers and
+        # the operator's definition differ, so neither is taken for the model's)
+        return "a g_idx beside packed zero points, which onnxruntime does not apply"
+    blocks = -(-k // block)
+    codes = _unpack(packed.reshape(n, -1), bits)[:, :k].astype(np.float32)
     scales = scales.reshape(n, blocks).astype(np.float32)
     if zeros is None:
         zero = np.full((n, blocks), 1 << (bits - 1), np.float32)
     elif zeros.dtype == np.uint8:
-        per_row = -(-blocks * bits // 8)
-        if zeros.size != n * per_row:
-            return f"{zeros.size} packed zero points for {n} x {blocks} blocks"
-        zero = _unpack(zeros.reshape(n, per_row), bits)[:, :blocks].astype(np.float32)
-    elif zeros.size == n * blocks:
+        zero = _unpack(zeros.reshape(n, -1), bits)[:, :blocks].astype(np.float32)
+    else:
         zero = zeros.reshape(n, blocks).astype(np.float32)
-    else:
-        return f"{zeros.size} zero points for {n} x {blocks} blocks"
-    if groups is None:
-        of_row = np.arange(k) // block
-    elif zeros is not None and zeros.dtype == np.uint8:
-        # (onnxruntime's CPU kernel reads such zero points as 2^(bits-1): its answers and
-        # the operator's definition differ, so neither is taken for the model's)
-        return "a g_idx beside packed zero points, which onnxruntime does not apply"
-    elif groups.size == k and np.issubdtype(groups.dtype, np.integer) and \
-            groups.min(initial=0) >= 0 and groups.max(initial=0) < blocks:
-        of_row = groups.reshape(k).astype(np.int64)
-    else:
-        return "a g_idx that does not name one block per row of K"
+    of_row = np.arange(k) // block if groups is None else groups.reshape(k).astype(np.int64)
     weight = (codes - zero[:, of_row]) * scales[:, of_row]
     return np.ascontiguousarray(weight.T, np.float32)
