@@ -11,8 +11,9 @@ with the float model of `tpuasm infer` beside onnxruntime's on the shipped model
 agreement of the two, the share of outputs identical to onnxruntime on the shipped model
 and on OUTDIR's model (which differs where the compiler re-rounded 16-bit weights to fit the
 int32 accumulators, front/accumroom.py), with the worst difference in output steps (forms
-taken as shipped), and the time of the whole `tpuasm compile` process.  onnxruntime runs the shipped models as the compiler's own
-sessions do (tpuasm/compiler/ort.py: a QDQ MatMul's arithmetic in float32).
+taken as shipped), and the time of the whole `tpuasm compile` process.  onnxruntime runs
+the shipped models as the compiler's own sessions do (tpuasm/compiler/ort.py: a QDQ
+MatMul's arithmetic in float32).
 
     .venv/bin/python benchmarks/real_models_beyond8.py [--only MODEL] [--forms F,...]
     .venv/bin/python benchmarks/real_models_beyond8.py --exported W/bert-dynamo ...

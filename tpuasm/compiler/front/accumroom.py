@@ -37,7 +37,7 @@ def fit_accumulators(model, notes: dict[str, str] | None = None) -> int:
     for node in list(model.graph.node):
         if node.op_type not in ("Conv", "MatMul", "Gemm") or len(node.input) < 2:
             continue
-        x_dq, w_dq = (idx.producer.get(node.input[i]) for i in (0, 1))
+        x_dq, w_dq = _behind_layout(node.input[0], idx), idx.producer.get(node.input[1])
         if not (_dequantizes(x_dq) and _dequantizes(w_dq)) or x_dq.input[0] in idx.inits:
             continue
         reach = _input_reach(x_dq, idx)
@@ -64,6 +64,21 @@ def fit_accumulators(model, notes: dict[str, str] | None = None) -> int:
     if count:
         drop_unused_initializers(model)
     return count
+
+
+# nodes between a DequantizeLinear and a matrix node that keep its values in its range
+_LAYOUT = {"Pad", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity",
+           "Slice", "MaxPool"}
+
+
+def _behind_layout(tensor: str, idx: _Index):
+    """The node making `tensor`, past layout nodes (a QDQ model's Pad before a Conv)."""
+    node = idx.producer.get(tensor)
+    for _ in range(8):
+        if node is None or node.op_type not in _LAYOUT or not node.input:
+            break
+        node = idx.producer.get(node.input[0])
+    return node
 
 
 def _dequantizes(node) -> bool:

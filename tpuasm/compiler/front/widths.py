@@ -52,7 +52,8 @@ def widen_4bit_constants(model: onnx.ModelProto) -> int:
     count = 0
     for t in model.graph.initializer:
         wide = _FOUR_BIT.get(t.data_type)
-        if wide is None or _external(t) or {n.op_type for n in readers.get(t.name, [])} - {"DequantizeLinear"}:
+        read_by = {n.op_type for n in readers.get(t.name, [])}
+        if wide is None or _external(t) or read_by - {"DequantizeLinear"}:
             continue
         t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(wide), t.name))
         count += 1
@@ -71,9 +72,7 @@ def centred_weights(model: onnx.ModelProto) -> int:
     count = 0
     for node in g.node:
         if node.op_type != "DequantizeLinear" or node.input[0] not in inits or \
-                _attrs(node).get("block_size", 0) or \
-                not any(n.op_type in _MATRIX and len(n.input) > 1 and n.input[1] == node.output[0]
-                        for n in readers.get(node.output[0], [])):
+                _attrs(node).get("block_size", 0) or not _is_a_weight(node, readers):
             continue
         weight = numpy_helper.to_array(inits[node.input[0]])
         if weight.dtype not in (np.uint8, np.int8) or weight.ndim == 0:
@@ -103,6 +102,11 @@ def centred_weights(model: onnx.ModelProto) -> int:
     return count
 
 
+def _is_a_weight(dq, readers) -> bool:
+    return any(n.op_type in _MATRIX and len(n.input) > 1 and n.input[1] == dq.output[0]
+               for n in readers.get(dq.output[0], []))
+
+
 def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
@@ -116,9 +120,10 @@ def signed_16bit(model: onnx.ModelProto) -> int:
     constants = {t.name: t for t in g.initializer if t.data_type == onnx.TensorProto.UINT16}
     if not constants or any(_external(t) for t in constants.values()):
         return 0
-    for name in constants:
+    for name in constants:            # a Q/DQ's data (0) or zero point (2), nothing else
         for node in readers.get(name, []):
-            if node.op_type not in _QDQ or list(node.input).index(name) == 1:
+            if node.op_type not in _QDQ or any(x == name and i not in (0, 2)
+                                               for i, x in enumerate(node.input)):
                 return 0
     produced = {o for n in g.node if n.op_type == "QuantizeLinear" and len(n.input) > 2
                 and n.input[2] in constants for o in n.output}
