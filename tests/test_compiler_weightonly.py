@@ -34,10 +34,11 @@ def _rows(seed=0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 1, (ROWS, 64)).astype(np.float32)
 
 
-def _static(tmp_path, model, activations: str, weights: str, name: str, **options):
+def _static(tmp_path, model, activations: str, weights: str, name: str, rows=None,
+            **options):
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
-    x = _rows(1)
+    x = _rows(1) if rows is None else rows
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -226,19 +227,32 @@ def test_16_bit_activations_compile_as_shipped_within_one_step_of_onnxruntime(tm
     assert steps.max() <= 1.01 and (steps < 0.01).mean() >= 0.99
 
 
-@pytest.mark.parametrize("types", [("QInt16", "QInt16"), ("QUInt16", "QUInt16")])
-def test_16_bit_weights_over_16_bit_inputs_never_wrap_the_accumulators(tmp_path, types):
+def _cnn(opset: int) -> onnx.ModelProto:
+    model = build([("conv", 8, 3, 1, 1), ("relu",), ("conv", 8, 3, 2, 1), ("relu",),
+                   ("flatten",), ("gemm", 8)], [4, 4, 4], seed=5)
+    model = version_converter.convert_version(model, opset)
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("types, net", [(("QInt16", "QInt16"), "mlp"),
+                                        (("QUInt16", "QUInt16"), "mlp"),
+                                        (("QInt16", "QInt16"), "cnn")])
+def test_16_bit_weights_over_16_bit_inputs_never_wrap_the_accumulators(tmp_path, types, net):
     """Before accumroom.py: 6 % of this MLP's outputs 58,751 output steps off (the sums
     wrapped int32).  Now its weights are re-rounded where the sums could outgrow int32,
     OUTDIR's model says so, and the answers keep the shipped model's accuracy."""
-    path = _static(tmp_path, _mlp(21), *types, "w16")
-    x = _rows(2)
+    make = {"mlp": _mlp, "cnn": _cnn}[net]
+    images = np.random.default_rng(2).normal(0, 1, (2, ROWS, 4, 4, 4)).astype(np.float32)
+    path = _static(tmp_path, make(21), *types, "w16",
+                   rows=None if net == "mlp" else images[0])
+    x = _rows(2) if net == "mlp" else images[1]
     compiled = tpu_compile(str(path))
     assert "accumroom" in compiled.report.source
     got = compiled.run(x)[_OUT]
     oracle = session(onnx.load(str(compiled.reference_model))).run(None, {"x": x})[0]
     assert (np.abs(got - oracle) / _step(path, _OUT)).max() <= 1.01
-    float_model = session(_mlp(21)).run(None, {"x": x})[0]
+    float_model = session(make(21)).run(None, {"x": x})[0]
     assert _snr(got, float_model) > _snr(_shipped(path, x), float_model) - 0.5
 
 
