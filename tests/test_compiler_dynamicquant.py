@@ -376,3 +376,38 @@ def test_a_matmul_reading_a_quantized_table_directly_is_read_back(tmp_path):
     assert compiled.report.tpu_macs == compiled.report.macs > 0
     got = compiled.run({"ids": ids})["y"]
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_onnxruntime_s_fused_dynamic_forms_are_read_back_with_calibration(tmp_path):
+    """A quantize_dynamic model as an onnxruntime session saves it optimized (its
+    optimized_model_filepath): the chains fused into com.microsoft DynamicQuantizeMatMul
+    and MatMulIntegerToFloat.  Given data it was refused ("some of its chains
+    (DynamicQuantizeLinear) could not be read back"); now each is the float MatMul (and
+    bias Add) it computes, and the corpus's encoder block has all its weight matrices on
+    the TPU.  Without data they run on the host, their reason naming --calibrate."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    import real_models
+    m = real_models.transformer_encoder()
+    onnx.save(m.model, str(tmp_path / "float.onnx"))
+    quantize_dynamic(str(tmp_path / "float.onnx"), str(tmp_path / "dynamic.onnx"),
+                     weight_type=QuantType.QInt8)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "fused.onnx")
+    ort.InferenceSession(str(tmp_path / "dynamic.onnx"), options,
+                         providers=["CPUExecutionProvider"])
+    fused = onnx.load(str(tmp_path / "fused.onnx"))
+    kinds = {n.op_type for n in fused.graph.node}
+    assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= kinds
+    shipped = tpu_compile(str(tmp_path / "fused.onnx"), batch=m.batch)
+    rows = [r for r in shipped.report.rows if r.op_type in ("DynamicQuantizeMatMul",
+                                                            "MatMulIntegerToFloat")]
+    assert rows and all(r.where == "host" and "--calibrate" in r.reason for r in rows)
+    compiled = tpu_compile(str(tmp_path / "fused.onnx"), calibration=m.calibration)
+    where = {r.node: r.where for r in compiled.report.rows}
+    assert all(where[r.node] == "TPU" for r in rows)         # read back under its name
+    got = compiled.run(m.evaluation)[m.output]
+    want = session(m.model).run([m.output], m.evaluation)[0]
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.99

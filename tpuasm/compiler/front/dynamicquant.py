@@ -33,6 +33,11 @@ from onnx import helper, numpy_helper
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
 
 _INTEGER_OPS = ("ConvInteger", "MatMulInteger")
+# onnxruntime's fusions of those chains (com.microsoft), as a session saves its optimized
+# model: DynamicQuantizeMatMul(x, W_q, w_scale, w_zp, bias) quantizes x itself,
+# MatMulIntegerToFloat(x_q, W_q, x_scale, w_scale, x_zp, w_zp, bias) reads a
+# DynamicQuantizeLinear's outputs
+_FUSED_OPS = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat")
 
 
 def _is_quantized_lstm(node) -> bool:
@@ -45,6 +50,7 @@ def is_dynamically_quantized(model) -> bool:
     are embedding rows)."""
     producer = {o: n for n in model.graph.node for o in n.output}
     return any(n.op_type == "DynamicQuantizeLinear" or _is_quantized_lstm(n)
+               or (n.op_type in _FUSED_OPS and n.domain == "com.microsoft")
                or (n.op_type == "MatMulInteger" and n.input and
                    getattr(producer.get(n.input[0]), "op_type", None) == "Gather")
                for n in model.graph.node)
@@ -68,6 +74,11 @@ def dequantize_dynamic(model) -> int:
                 replaced[node.output[0]] = table[1]
                 dead.update(n.output[0] for n in table[0])
             continue
+        if node.op_type in _FUSED_OPS and node.domain == "com.microsoft":
+            fused = _fused_matmul(node, idx)
+            if fused is not None:
+                replaced[node.output[0]] = fused
+            continue
         if node.op_type not in _INTEGER_OPS:
             continue
         chain = _chain(node, idx)
@@ -89,6 +100,40 @@ def dequantize_dynamic(model) -> int:
     model.graph.node.extend(kept)
     _drop_unused(model)
     return len(replaced)
+
+
+def _fused_matmul(node, idx: _Index):
+    """[MatMul, Add of the bias] in float for one of _FUSED_OPS with constant weights, or
+    None."""
+    inputs = list(node.input) + [""] * (7 - len(node.input))
+    if node.op_type == "DynamicQuantizeMatMul":
+        x, w, scale, zero, bias = (inputs[i] for i in (0, 1, 2, 3, 4))
+    else:
+        source = idx.producer.get(inputs[0])
+        if source is None or source.op_type != "DynamicQuantizeLinear" or \
+                inputs[2] != source.output[1] or inputs[4] not in ("", source.output[2]):
+            return None               # not x quantized at run time: another chain's form
+        x = source.input[0]
+        w, scale, zero, bias = (inputs[i] for i in (1, 3, 5, 6))
+    w_q, w_scale = idx.const(w), idx.const(scale)
+    w_zp = idx.const(zero) if zero else np.zeros((), np.int8)
+    b = idx.const(bias) if bias else None
+    if w_q is None or w_scale is None or w_zp is None or w_q.ndim != 2 or \
+            (bias and (b is None or b.size != w_q.shape[1])):
+        return None
+    weight = _float_weight("MatMulInteger", w_q, w_zp, w_scale)
+    if weight is None:
+        return None
+    y = node.output[0]
+    name = node.name or y
+    w_name = idx.add_init(weight, f"{name}_dequantized")
+    if b is None:
+        return [helper.make_node("MatMul", [x, w_name], [y], name=name)]
+    product = idx.unique(f"{y}_product")
+    return [helper.make_node("MatMul", [x, w_name], [product], name=name),
+            helper.make_node("Add", [product, idx.add_init(b.astype(np.float32).reshape(-1),
+                                                            f"{y}_bias")], [y],
+                             name=idx.unique(f"{name}_bias_add"))]
 
 
 def _only_consumer(tensor: str, idx: _Index, op_type: str):

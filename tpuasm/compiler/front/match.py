@@ -1176,6 +1176,11 @@ class Lowerer:
             raise NotMapped(f"{op} yields int32 accumulators; the TPU's operators requantize "
                             f"to 8 bits (use the QDQ or QLinear form; a dynamically quantized "
                             f"model is quantized statically with --calibrate DATA)")
+        if op in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat"):
+            raise NotMapped(f"{op} quantizes its input at run time (onnxruntime's fused "
+                            f"dynamic form); the TPU's scales are fixed when compiling "
+                            f"(--calibrate DATA reads it back as a float MatMul and "
+                            f"quantizes it statically)")
         if op == "MatMulNBits":
             raise NotMapped("a weight-only quantized MatMul: its activation is float, the "
                             "TPU's operators read quantized ones (--calibrate DATA reads it "
@@ -1203,6 +1208,7 @@ QLINEAR_BINARY_OPS = {"QLinearAdd", "QLinearMul"}
 CANDIDATES = {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
               "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAveragePool",
               "QLinearGlobalAveragePool", "MatMulInteger", "ConvInteger", "MatMulNBits",
+              "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
               *LOOKUP_OPS, *QLINEAR_LOOKUP_OPS, *BINARY_OPS, *QLINEAR_BINARY_OPS}
 GLUE = {"QuantizeLinear", "DequantizeLinear", "Constant", *LAYOUT_OPS}
 
