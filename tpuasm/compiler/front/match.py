@@ -527,17 +527,22 @@ class Lowerer:
         if len(self.g.shapes.get(node.inputs[0], ())) < 2:
             raise NotMapped("MatMul of a tensor without a batch dimension")
         self._constant_operand(node)
-        source = self.trace(node.inputs[0])
-        if source.index is not None and len(source.shape) >= 2 and \
-                self._channels_moved_last(source, source.shape[-1]) is None:
-            # rows reordered by a Transpose (attention heads merged): read the quantized
-            # tensor after the layout nodes, which the host makes in the MatMul's layout
-            source = self.trace(node.inputs[0], through_layout=False)
+        source = self._merged_heads(node, self.trace(node.inputs[0]))
         w, scale, zp, wnode = self.qdq_weight(node.inputs[1], 1)
         if w.ndim != 2:
             raise NotMapped("its weight is not a matrix")
         self._check_symmetric(zp)
         return self._finish_dense(node, source, w, scale, "", [wnode])
+
+    def _merged_heads(self, node: Node, source: Source, quant: QParams | None = None
+                      ) -> Source:
+        """A MatMul's input whose rows a Transpose reorders (attention heads merged): the
+        quantized tensor after the layout nodes, which the host makes in the MatMul's
+        layout (a QOperator model's Transpose and Reshape on bytes too)."""
+        if source.index is not None and len(source.shape) >= 2 and \
+                self._channels_moved_last(source, source.shape[-1]) is None:
+            return self.trace(node.inputs[0], quant, through_layout=False)
+        return source
 
     def _constant_operand(self, node: Node) -> None:
         """A MatMul/Gemm whose second operand changes per sample stays on the host."""
@@ -1086,6 +1091,7 @@ class Lowerer:
             if op == "QLinearMatMul":
                 if w.ndim != 2 or len(self.g.shapes.get(node.inputs[0], ())) < 2:
                     raise NotMapped("QLinearMatMul that is not (batch, ..., K) x (K, N)")
+                source = self._merged_heads(node, source, xq)
                 return self.dense_or_conv(node, source, w, w_scale, None, y_name, yq,
                                           Activation(), [node.name, *source.nodes])
             bias = None
