@@ -280,7 +280,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         source += (f"; its {count} recurrent node{'s' if count > 1 else ''} that "
                    f"onnxruntime's quantizer left float (or quantizes at run time: "
                    f"DynamicQuantizeLSTM) unrolled and quantized by the compiler from bounds, "
-                   f"not data: int8 weights, int16 states and gate sums "
+                   f"not data: int8 weights (int16 where the accumulators have room), int16 "
+                   f"states and gate sums "
                    f"(front/qdqrecurrent.py)")
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,

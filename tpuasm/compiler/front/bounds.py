@@ -6,7 +6,8 @@ Where the ranges come from: a DequantizeLinear's grid (its values are on it what
 them), the bounded functions (sigmoid [0, 1], tanh [-1, 1]), constants, the states the
 caller names ([-1, 1]), and a GRU's convex update z * a + (1 - z) * b, kept in the hull of
 a's and b's ranges.  What a matrix node gets: int8 weights per output channel (symmetric;
-int16 over an 8-bit input where the accumulator has room, _wide_scale), an int32 bias at
+int16 where the accumulator has room for any input on its grid, 8 or 16-bit, at steps 4
+times finer than int8's at least, _wide_scale), an int32 bias at
 the input's step times the weight's, its input on the grid it came from or int16 over its
 range (int8 where K products of 32767 x 127 would pass int32), and its sum on the grid of
 the QuantizeLinear the model gives it next, else int16 over the largest value those ranges
@@ -226,8 +227,12 @@ class BoundsQuantizer:
         if a_q is not None and a_q.dtype.itemsize == 1:
             w_q, w_scale = self._weight(w_name, w, wide=_wide_scale(w, bias, a_q.scale))
         else:
-            w_q, w_scale = self._weight(w_name, w)
-            a_q = a_q or self._symmetric_grid(a_range, w_q)
+            # an int16 input (a state, a sum, a declared range): int16 weights too where the
+            # accumulators have room at steps still 4 times finer than int8's
+            grid = a_q or _int16_grid(a_range)
+            wide = _wide_scale(w, bias, grid.scale, _reach(grid))
+            w_q, w_scale = self._weight(w_name, w, wide=wide)
+            a_q = a_q or (grid if wide is not None else self._symmetric_grid(a_range, w_q))
         lo, hi = a_q.bounds
         # the sum's bound: each product at the end of A's range that makes it largest
         w_real = w_q.astype(np.float64) * w_scale
@@ -365,19 +370,33 @@ _WIDE_GAIN_DB = 12.0
 _BYTE = 255                     # the largest 8-bit input, raw or less its zero point
 
 
-def _wide_scale(w: np.ndarray, bias: np.ndarray, a_scale: float) -> np.ndarray | None:
-    """int16 weight steps per output channel for a (K, N) weight over an 8-bit input, or
-    None where int8 does as well: each channel's finest step (max |w| / 32767), widened
-    until no input can pass the int32 accumulator, and kept where the noise (the sum of the
-    squared steps) is _WIDE_GAIN_DB below int8's.  At step s the accumulator holds at most
-    2 x 255 x sum |w_q| (the products, once more for a zero point's correction) plus
-    |bias| / (a_scale s), and sum |w_q| <= sum |w| / s + K / 2 (the rounding)."""
+def _int16_grid(a_range) -> Grid:
+    top = max(abs(a_range[0]), abs(a_range[1]), 1e-6)
+    return Grid(top / _INT16_MAX, np.zeros((), np.int16), np.int16)
+
+
+def _reach(grid: Grid) -> int:
+    """The largest |q - z| an input on `grid` multiplies a weight by."""
+    low, high = integer_limits(grid.dtype)
+    z = int(np.asarray(grid.zero).reshape(-1)[0])
+    return max(z - low, high - z)
+
+
+def _wide_scale(w: np.ndarray, bias: np.ndarray, a_scale: float,
+                reach: int = 2 * _BYTE) -> np.ndarray | None:
+    """int16 weight steps per output channel for a (K, N) weight over an input of integer
+    reach `reach` (default: an 8-bit input, 255 twice: the products, once more for a zero
+    point's correction), or None where int8 does as well: each channel's finest step
+    (max |w| / 32767), widened until no input can pass the int32 accumulator, and kept
+    where the noise (the sum of the squared steps) is _WIDE_GAIN_DB below int8's.  At step s
+    the accumulator holds at most reach x sum |w_q| plus |bias| / (a_scale s), and
+    sum |w_q| <= sum |w| / s + K / 2 (the rounding)."""
     peak = np.abs(w).max(0).astype(np.float64)
     live = peak > 0
-    room = _ACCUMULATOR - _BYTE * w.shape[0]
+    room = _ACCUMULATOR - reach * w.shape[0] / 2
     if not live.any() or room <= 0:
         return None
-    fits = (2 * _BYTE * np.abs(w).sum(0) + np.abs(bias) / a_scale) / room
+    fits = (reach * np.abs(w).sum(0) + np.abs(bias) / a_scale) / room
     scale = np.where(live, np.maximum(peak / _INT16_MAX, fits), 1.0)
     eight = peak / 127
     gain = 10 * np.log10(np.sum(eight[live] ** 2) / np.sum(scale[live] ** 2))

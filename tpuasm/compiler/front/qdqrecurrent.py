@@ -15,8 +15,9 @@ a quantization needs are known here from the node itself:
 - a gate's sum W x + R h + b is bounded by its weights and those ranges.
 
 So each such node is unrolled (prepare._Unroller: one Gemm per gate and step) and its gate
-Gemms are quantized where those ranges say: int8 weights per output channel (int16 over an
-X on an 8-bit grid where they fit: bounds._wide_scale), int32 biases,
+Gemms are quantized where those ranges say: int8 weights per output channel (int16 where
+the accumulators hold any input's sums, an 8-bit X's or a 16-bit state's:
+bounds._wide_scale), int32 biases,
 a hidden state int16 (step 1 / 32767), X as the model quantized it, and every gate sum
 int16 over its bound (com.microsoft's QuantizeLinear / DequantizeLinear, which take int16
 at any opset).  A bound costs resolution where a calibrated range would be tighter, which
