@@ -54,8 +54,7 @@ FORMS = {"nbits4": ("MatMulNBits 4-bit, symmetric, blocks of 32", True),
 
 def quantized(m, form: str, work: Path) -> Path | None:
     """The model in `form` as onnxruntime's tools write it, or None (no node to quantize)."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     model = onnx.ModelProto()
     model.CopyFrom(m.model)                   # (the MatMulNBits quantizer edits it in place)
     if form in ("nbits-qdq", "a16w8", "w16a16"):
@@ -80,20 +79,10 @@ def quantized(m, form: str, work: Path) -> Path | None:
         return path
     source = work / f"{m.name}.{form}.float.onnx"
     onnx.save(model, str(source))
-    rows = {k: v for k, v in m.calibration.items()}
-    count = len(next(iter(rows.values())))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{k: v[i:i + 32] for k, v in rows.items()}
-                                 for i in range(0, count, 32)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
     types = {"w4a8": ("QUInt8", "QInt4"), "a16w8": ("QUInt16", "QInt8"),
              "w16a16": ("QInt16", "QInt16")}[form]
-    quantize_static(str(source), str(path), Reader(), quant_format=QuantFormat.QDQ,
+    quantize_static(str(source), str(path), real_models.calibration_reader(m.calibration),
+                    quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=getattr(QuantType, types[0]),
                     weight_type=getattr(QuantType, types[1]))
     return path

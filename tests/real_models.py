@@ -611,6 +611,22 @@ def sklearn_logistic() -> RealModel:
     return _skl2onnx(LogisticRegression(max_iter=40), "sklearn_logistic")
 
 
+def calibration_reader(rows: dict[str, np.ndarray], batch: int = 32):
+    """onnxruntime's CalibrationDataReader over `rows` ({input: array}, batch-first), in
+    batches of `batch` rows."""
+    from onnxruntime.quantization import CalibrationDataReader
+    count = len(next(iter(rows.values())))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{k: v[i:i + batch] for k, v in rows.items()}
+                                 for i in range(0, count, batch)])
+
+        def get_next(self):
+            return next(self.batches, None)
+    return Reader()
+
+
 def qoperator_cnn() -> RealModel:
     """A small CNN with a residual Add, quantized by onnxruntime's quantize_static in the
     QOperator format (QLinearConv, com.microsoft QLinearAdd, QGemm); the float model is the

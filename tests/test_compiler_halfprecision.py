@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import real_models
 from float_models import build
 from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.ort import session
@@ -66,7 +67,6 @@ def test_onnxconverter_s_float16_transformer_compiles_onto_the_tpu(tmp_path, kee
     Optimum's fp16 exports are made) of the corpus's encoder block: refused before ("shape
     inference failed ... has inconsistent type tensor(float)")."""
     float16 = pytest.importorskip("onnxconverter_common.float16")
-    import real_models
     m = real_models.transformer_encoder()
     half = float16.convert_float_to_float16(m.model, keep_io_types=keep_io_types)
     path = tmp_path / "encoder_fp16.onnx"

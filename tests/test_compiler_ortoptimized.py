@@ -15,20 +15,10 @@ from tpuasm.compiler.ort import session
 
 def _optimized(tmp_path, m: real_models.RealModel) -> onnx.ModelProto:
     import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-    rows = m.calibration
-    count = len(next(iter(rows.values())))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{k: v[i:i + 32] for k, v in rows.items()}
-                                 for i in range(0, count, 32)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
+    from onnxruntime.quantization import QuantFormat, quantize_static
     onnx.save(m.model, str(tmp_path / "float.onnx"))
-    quantize_static(str(tmp_path / "float.onnx"), str(tmp_path / "qdq.onnx"), Reader(),
+    quantize_static(str(tmp_path / "float.onnx"), str(tmp_path / "qdq.onnx"),
+                    real_models.calibration_reader(m.calibration),
                     quant_format=QuantFormat.QDQ, per_channel=True)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED

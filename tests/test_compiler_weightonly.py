@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper, version_converter
 
+import real_models
 from float_models import build
 from tpuasm.compiler import compile as tpu_compile
 from tpuasm.compiler.front.accumroom import fit_accumulators, fits
@@ -36,20 +37,12 @@ def _rows(seed=0) -> np.ndarray:
 
 def _static(tmp_path, model, activations: str, weights: str, name: str, rows=None,
             **options):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     x = _rows(1) if rows is None else rows
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{"x": x[i:i + 64]} for i in range(0, ROWS, 64)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
     src, dst = tmp_path / f"{name}.float.onnx", tmp_path / f"{name}.onnx"
     onnx.save(model, str(src))
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+    quantize_static(str(src), str(dst), real_models.calibration_reader({"x": x}, 64),
+                    quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=getattr(QuantType, activations),
                     weight_type=getattr(QuantType, weights), **options)
     return dst
