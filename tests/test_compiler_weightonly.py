@@ -43,7 +43,8 @@ def _static(tmp_path, model, activations: str, weights: str, name: str, rows=Non
     onnx.save(model, str(src))
     quantize_static(str(src), str(dst), real_models.calibration_reader({"x": x}, 64),
                     quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=getattr(QuantType, activations),
+                    per_channel=options.pop("per_channel", True),
+                    activation_type=getattr(QuantType, activations),
                     weight_type=getattr(QuantType, weights), **options)
     return dst
 
@@ -197,11 +198,12 @@ def test_block_wise_weight_only_qdq_given_data_is_read_back_onto_the_tpu(tmp_pat
 
 # --- 4-bit and 16-bit QDQ tensors, as shipped ----------------------------------------------
 
-@pytest.mark.parametrize("opset, weights", [(17, "QInt4"), (21, "QInt4"), (21, "QUInt4"),
-                                            (17, "QUInt8")])
-def test_4_bit_and_unsigned_weights_compile_as_shipped_identical_to_onnxruntime(tmp_path, opset,
-                                                                       weights):
-    path = _static(tmp_path, _mlp(opset), "QUInt8", weights, "int4")
+@pytest.mark.parametrize("opset, weights, per_channel", [
+    (17, "QInt4", True), (21, "QInt4", True), (21, "QUInt4", True), (17, "QUInt8", True),
+    (17, "QUInt8", False)])        # U8U8: W_q - z spans 255 either side: int16 weights
+def test_4_bit_and_unsigned_weights_compile_as_shipped_identical_to_onnxruntime(
+        tmp_path, opset, weights, per_channel):
+    path = _static(tmp_path, _mlp(opset), "QUInt8", weights, "int4", per_channel=per_channel)
     x = _rows(2)
     compiled = tpu_compile(str(path))
     assert compiled.report.tpu_macs == compiled.report.macs > 0

@@ -6,9 +6,9 @@ the same real values.
   is an 8-bit one, so the constant is widened to int8 / uint8 beside the same scale and zero
   point: the TPU's 8-bit weights hold it exactly.
 - **unsigned or asymmetric 8-bit weights** (`QUInt4`, `QUInt8`, an int4 zero point): the
-  TPU's weights are symmetric int8.  Where every W_q - z of a weight fits int8 (always for
-  4-bit codes), the weight is rewritten as those values with zero point 0: the same
-  products.
+  TPU's weights are symmetric.  A weight is rewritten as its W_q - z with zero point 0:
+  int8 where those fit (always for 4-bit codes), else int16 (a uint8 weight with one zero
+  point per tensor: the TPU's 16-bit weights, half rate), the same products either way.
 - **uint16 activations and weights** (`activation_type=QUInt16`, the A16W8 form of
   Qualcomm's QNN tools): the TPU's 16-bit activations are signed (Activate writes int16).
   A uint16 q with zero point z is the int16 q - 32768 with zero point z - 32768: the
@@ -65,7 +65,8 @@ _MATRIX = {"Conv", "ConvTranspose", "MatMul", "Gemm"}      # their input 1 is th
 
 def centred_weights(model: onnx.ModelProto) -> int:
     """Rewrite (in place) each 8-bit weight of a matrix node whose zero point is not 0, or
-    that is unsigned, as int8 W_q - z with zero point 0 where those fit; the count."""
+    that is unsigned, as W_q - z with zero point 0 (int8 where those fit, else int16); the
+    count."""
     g = model.graph
     inits = {t.name: t for t in g.initializer if not _external(t)}
     readers = _readers(model)
@@ -88,11 +89,18 @@ def centred_weights(model: onnx.ModelProto) -> int:
             continue
         centred = weight.astype(np.int16) - zero.astype(np.int16).reshape(
             shape if zero.size > 1 else ())
-        if centred.min(initial=0) < -128 or centred.max(initial=0) > 127:
-            continue
+        # int8 where the values fit (always for 4-bit codes), else int16: the TPU's 16-bit
+        # weights hold any 8-bit W_q - z exactly (a uint8 weight of one zero point per
+        # tensor, onnxruntime's U8U8 form, spans up to 255 either side)
+        narrow = -128 <= centred.min(initial=0) and centred.max(initial=0) <= 127
+        dtype = np.int8 if narrow else np.int16
+        if not narrow and _default_opset(model) < 21:
+            node.domain = "com.microsoft"       # an int16 DequantizeLinear at any opset
+            if not any(o.domain == "com.microsoft" for o in model.opset_import):
+                model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         name = f"{node.input[0]}_centred"
-        g.initializer.append(numpy_helper.from_array(centred.astype(np.int8), name))
-        g.initializer.append(numpy_helper.from_array(np.zeros(zero.shape, np.int8),
+        g.initializer.append(numpy_helper.from_array(centred.astype(dtype), name))
+        g.initializer.append(numpy_helper.from_array(np.zeros(zero.shape, dtype),
                                                      f"{name}_zero_point"))
         node.input[0] = name
         while len(node.input) < 3:
@@ -100,6 +108,10 @@ def centred_weights(model: onnx.ModelProto) -> int:
         node.input[2] = f"{name}_zero_point"
         count += 1
     return count
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def _is_a_weight(dq, readers) -> bool:
