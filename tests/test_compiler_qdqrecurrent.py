@@ -190,6 +190,21 @@ def test_a_bad_input_range_is_one_clear_error(tmp_path, capsys, given, says):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_input_range_for_an_integer_input_is_one_clear_error(tmp_path, capsys):
+    """Token ids are no range to quantize by: the error names the input and its type."""
+    from onnxruntime.quantization import QuantFormat, quantize_static
+    case = real_models.token_embedding()
+    onnx.save(case.model, str(tmp_path / "float.onnx"))
+    quantize_static(str(tmp_path / "float.onnx"), str(tmp_path / "qdq.onnx"),
+                    real_models.calibration_reader(case.calibration),
+                    quant_format=QuantFormat.QDQ, per_channel=True)
+    assert compile_main([str(tmp_path / "qdq.onnx"), "-o", str(tmp_path / "out"),
+                         "--input-range=input_ids=0,39"]) != 0
+    err = capsys.readouterr().err
+    assert "--input-range input_ids: the input is int32, not float" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
 def test_an_input_range_for_a_float_model_says_where_its_ranges_come_from(tmp_path, capsys):
     case = real_models.lstm_classifier()
     onnx.save(case.model, str(tmp_path / "float.onnx"))

@@ -75,8 +75,9 @@ def compile_model(path, *args, **kwargs) -> CompiledModel:
     `input_shapes`: {input: dims} (or `NAME=D0,D1,...` strings; a name such as N keeps a
     dimension dynamic): the sizes of an input's dynamic dimensions (batch.fix_input_shapes).
     `input_ranges`: {input: (lo, hi)} (or `NAME=LO,HI` strings): a quantized model's float
-    inputs' ranges (inputranges.py).  An error about the quantized model the compile wrote in a temporary folder names the
-    user's file instead (the fault is in it, and the folder is gone when the user reads it)."""
+    inputs' ranges (inputranges.py).  An error about the quantized model the compile wrote
+    in a temporary folder names the user's file instead (the fault is in it, and the folder
+    is gone when the user reads it)."""
     try:
         return _compile_model(Path(path), *args, **kwargs)
     except CompileError as e:
@@ -129,6 +130,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     axes = input_axes(model, given, path, free)
     fixed_batch = has_fixed_batch(model, given, axes)
     keep = known_axes = prepared = None
+    fitted = 0                          # matrix nodes whose weights accumroom.py re-rounded
     probes: dict = {}
     recurrent_reasons: dict[str, str] = {}    # a quantized model's recurrent nodes left float
     # a weight-only model without data runs as shipped: its MatMulNBits on the host
@@ -236,7 +238,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
-        source += _fitted_accumulators(model)
+        fitted, said = _fitted_accumulators(model)
+        source += said
     # a quantized model's float recurrent nodes (qdqrecurrent.py): those of the graph now,
     # its batch still free; those inside an If on shapes once load_graph's folding has
     # inlined it
@@ -246,7 +249,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     graph_file = reference             # the file the graph is read beside
     recurrent = [quantize_float_recurrent(model, provenance, recurrent_reasons, ranges)
                  if rewrites else 0]
-    if recurrent[0] or (rewrites and "accumroom" in source):
+    if recurrent[0] or fitted:
         keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         reference = _rewritten_reference(model, path, keep)
 
@@ -410,17 +413,19 @@ def _dequantized_dynamic(model, path) -> int:
     return count
 
 
-def _fitted_accumulators(model) -> str:
+def _fitted_accumulators(model) -> tuple[int, str]:
     """A quantized model's int16 weights re-rounded where its sums could wrap the int32
-    accumulators (accumroom.py): what the report's quantization line says of it."""
+    accumulators (accumroom.py): (how many nodes, what the report's quantization line says
+    of them)."""
     from tpuasm.compiler.front.accumroom import fit_accumulators
     notes: dict[str, str] = {}
-    if not fit_accumulators(model, notes):
-        return ""
+    count = fit_accumulators(model, notes)
+    if not count:
+        return 0, ""
     named = "; ".join(f"'{node}': {note}" for node, note in list(notes.items())[:4])
-    more = f" (and {len(notes) - 4} more)" if len(notes) > 4 else ""
-    return (f"; {len(notes)} matrix node{'s' if len(notes) > 1 else ''} given coarser "
-            f"weights to fit the int32 accumulators (front/accumroom.py): {named}{more}")
+    more = f" (and {count - 4} more)" if count > 4 else ""
+    return count, (f"; {count} matrix node{'s' if count > 1 else ''} given coarser weights "
+                   f"to fit the int32 accumulators (front/accumroom.py): {named}{more}")
 
 
 def _weight_only_left(model) -> bool:

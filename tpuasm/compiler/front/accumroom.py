@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpuasm.compiler.front.prepare import _attr, _Index, _set_attr, drop_unused_initializers
-from tpuasm.compiler.front.widths import integer_limits
+from tpuasm.compiler.front.widths import integer_limits, integer_reach
 
 _LIMIT = (1 << 31) - 1
 _BIASED = {"Conv": 2, "Gemm": 2}          # op -> index of its bias input
@@ -91,11 +91,9 @@ def _input_reach(dq, idx: _Index) -> int | None:
     zero = idx.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
     if scale is None or scale.size != 1 or (zero is not None and zero.size != 1):
         return None
-    limits = integer_limits(zero.dtype if zero is not None else np.uint8)
-    if limits is None:                # a float8 grid: no integer sums on the TPU
-        return None
     z = int(zero.reshape(-1)[0]) if zero is not None else 0
-    return max(z - limits[0], limits[1] - z)
+    # (None for a float8 grid: no integer sums on the TPU)
+    return integer_reach(zero.dtype if zero is not None else np.uint8, z)
 
 
 def _weight(dq, node, idx: _Index):

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from tpuasm.compiler.front.prepare import _attr, _Index
-from tpuasm.compiler.front.widths import integer_limits
+from tpuasm.compiler.front.widths import integer_limits, integer_reach
 
 _CONTRIB = "com.microsoft"
 _INT16_MAX = 32767
@@ -289,9 +289,9 @@ class BoundsQuantizer:
     def _symmetric_grid(self, a_range, w_q) -> Grid:
         """int16 over a range (a state's: [-1, 1]), or int8 where int16 products would overflow the
         int32 accumulator (a sum of K products of 32767 x 127)."""
-        top = max(abs(a_range[0]), abs(a_range[1]), 1e-6)
         if int(np.abs(w_q.astype(np.int64)).sum(0).max()) * _INT16_MAX < _ACCUMULATOR:
-            return Grid(top / _INT16_MAX, np.zeros((), np.int16), np.int16)
+            return _int16_grid(a_range)
+        top = max(abs(a_range[0]), abs(a_range[1]), 1e-6)
         return Grid(top / 127, np.zeros((), np.int8), np.int8)
 
     def _weight(self, name: str, w: np.ndarray, wide: np.ndarray | None = None):
@@ -377,9 +377,7 @@ def _int16_grid(a_range) -> Grid:
 
 def _reach(grid: Grid) -> int:
     """The largest |q - z| an input on `grid` multiplies a weight by."""
-    low, high = integer_limits(grid.dtype)
-    z = int(np.asarray(grid.zero).reshape(-1)[0])
-    return max(z - low, high - z)
+    return integer_reach(grid.dtype, int(np.asarray(grid.zero).reshape(-1)[0]))
 
 
 def _wide_scale(w: np.ndarray, bias: np.ndarray, a_scale: float,

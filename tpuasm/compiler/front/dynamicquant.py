@@ -127,13 +127,20 @@ def _fused_matmul(node, idx: _Index):
     y = node.output[0]
     name = node.name or y
     w_name = idx.add_init(weight, f"{name}_dequantized")
-    if b is None:
-        return [helper.make_node("MatMul", [x, w_name], [y], name=name)]
+    b_name = None if b is None else idx.add_init(b.astype(np.float32).reshape(-1),
+                                                 f"{y}_bias")
+    return float_matmul(idx, x, w_name, y, name, b_name)
+
+
+def float_matmul(idx: _Index, x: str, weight: str, y: str, name: str,
+                 bias: str | None = None) -> list:
+    """MatMul(x, weight) -> y under the quantized node's name, and the Add of `bias` (a
+    tensor) after it where there is one: what a read-back chain or contrib node becomes."""
+    if not bias:
+        return [helper.make_node("MatMul", [x, weight], [y], name=name)]
     product = idx.unique(f"{y}_product")
-    return [helper.make_node("MatMul", [x, w_name], [product], name=name),
-            helper.make_node("Add", [product, idx.add_init(b.astype(np.float32).reshape(-1),
-                                                            f"{y}_bias")], [y],
-                             name=idx.unique(f"{name}_bias_add"))]
+    return [helper.make_node("MatMul", [x, weight], [product], name=name),
+            helper.make_node("Add", [product, bias], [y], name=idx.unique(f"{name}_bias_add"))]
 
 
 def _only_consumer(tensor: str, idx: _Index, op_type: str):
@@ -197,14 +204,8 @@ def _chain(node, idx: _Index):
             ins.append(idx.add_init(bias.reshape(-1), f"{node.name or y}_bias"))
         return mul, nodes, [helper.make_node("Conv", ins, [y], name=node.name or y, **attrs)]
     first = [gathered] if gathered is not None else []
-    if bias is None:
-        return mul, nodes, first + [helper.make_node("MatMul", [x, w_name], [y],
-                                                     name=node.name or y)]
-    product = idx.unique(f"{y}_product")
-    return mul, nodes, first + [
-        helper.make_node("MatMul", [x, w_name], [product], name=node.name or y),
-        helper.make_node("Add", [product, idx.add_init(bias.reshape(-1), f"{y}_bias")], [y],
-                         name=idx.unique(f"{node.name or y}_bias_add"))]
+    b_name = None if bias is None else idx.add_init(bias.reshape(-1), f"{y}_bias")
+    return mul, nodes, first + float_matmul(idx, x, w_name, y, node.name or y, b_name)
 
 
 def float_table(node, idx: _Index):

@@ -16,9 +16,8 @@ import math
 import onnx
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front.scales import MASK_RANGE
 
-# beyond this a range reaches no real data: an attention mask's float minimum
-MAX_RANGE = 1e30
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
            onnx.TensorProto.BFLOAT16}
 
@@ -41,9 +40,9 @@ def parse_input_ranges(items) -> dict[str, tuple[float, float]]:
         except (TypeError, ValueError):
             raise CompileError(f"--input-range {name}: expected two numbers LO,HI, got "
                                f"{bounds!r}") from None
-        if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > MAX_RANGE:
+        if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > MASK_RANGE:
             raise CompileError(f"--input-range {name}: LO and HI must be finite numbers of "
-                               f"magnitude at most {MAX_RANGE:g}")
+                               f"magnitude at most {MASK_RANGE:g}")
         if not lo < hi:
             raise CompileError(f"--input-range {name}: LO ({lo:g}) must be below HI ({hi:g})")
         ranges[name] = (lo, hi)

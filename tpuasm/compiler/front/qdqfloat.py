@@ -24,6 +24,7 @@ import numpy as np
 
 from tpuasm.compiler.front.dynamicquant import float_constant, float_table
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
+from tpuasm.compiler.front.scales import MASK_RANGE
 from tpuasm.compiler.front.widths import integer_limits
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -141,9 +142,6 @@ def _quantizer(name: str, idx: _Index):
     return None
 
 
-_MASK_RANGE = 1e30      # a quantized range beyond this reaches a mask's float minimum
-
-
 def _saturates(q, idx: _Index) -> bool:
     """Whether a QuantizeLinear's range starts or ends at its zero point: onnxruntime folds
     a Relu, Relu6 or Clip after a quantized node into its output's range (a uint8 zero
@@ -161,7 +159,7 @@ def _saturates(q, idx: _Index) -> bool:
     # at 0 there cut every positive attention score (BERT's QDQ model read back: 69.5 % of
     # its float model's top-1)
     z, step = int(zero.reshape(())), float(np.asarray(scale).reshape(()))
-    return max(abs(limits[0] - z), abs(limits[1] - z)) * step < _MASK_RANGE
+    return max(abs(limits[0] - z), abs(limits[1] - z)) * step < MASK_RANGE
 
 
 def _saturation(q, idx: _Index):

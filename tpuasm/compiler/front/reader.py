@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 from tpuasm.compiler.errors import CompileError
 from tpuasm.compiler.front import ortshapes
 from tpuasm.compiler.front.graph import Graph
+from tpuasm.compiler.front.weightonly import check_matmul_nbits
 from tpuasm.compiler.front.widths import (centred_weights, signed_16bit,
                                           widen_4bit_constants)
 
@@ -59,7 +60,6 @@ def read_model(path, scales: bool = True) -> onnx.ModelProto:
     _check_dimensions(model, path)
     _name_nodes(model)
     _check_weights(model, path, scales)
-    from tpuasm.compiler.front.weightonly import check_matmul_nbits
     check_matmul_nbits(model, path)
     widen_4bit_constants(model)       # QDQ tensors of the same values in the TPU's widths
     centred_weights(model)

@@ -17,6 +17,9 @@ from onnx import numpy_helper
 # A weight scale below this is a channel of zeros for any input scale float32 can hold
 # together with it: the product with an input scale above 1e-8 stays a normal float32.
 VANISHING_SCALE = 1e-30
+# A range of this magnitude reaches no real data: an attention mask's float minimum (the
+# quantizer's range of scores + mask, a range declared with --input-range)
+MASK_RANGE = 1e30
 _BIASED = {"Conv": 2, "Gemm": 2}          # op -> index of its int32 bias input
 
 

@@ -19,22 +19,21 @@ import onnx
 from onnx import helper
 
 from tpuasm.compiler.errors import CompileError
+from tpuasm.compiler.front.dynamicquant import float_matmul
 from tpuasm.compiler.front.prepare import _Index, drop_unused_initializers
 
 def check_matmul_nbits(model: onnx.ModelProto, path) -> None:
     """A MatMulNBits whose constant weights do not fit its attributes is one clear error
     naming the node (onnxruntime refuses to run it, and its MACs could not be counted)."""
-    idx = _Index(model)
-    for node in matmul_nbits_nodes(model):
+    nodes = matmul_nbits_nodes(model)
+    idx = _Index(model) if nodes else None      # (read_model runs this on every model)
+    for node in nodes:
         inputs = list(node.input) + [""] * (6 - len(node.input))
         packed, scales = idx.const(inputs[1]), idx.const(inputs[2])
         if packed is None or scales is None:
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        k, n, bits, block = (attrs.get(a) for a in ("K", "N", "bits", "block_size"))
-        bits = 4 if bits is None else bits
-        if not all(isinstance(v, int) and v > 0 for v in (k, n, block)) or \
-                bits not in (2, 4, 8):
+        (k, n, bits, block), fit = _attributes(node)
+        if not fit:
             raise CompileError(f"{path}: node {node.name or node.output[0]}: MatMulNBits "
                                f"attributes K={k}, N={n}, bits={bits}, block_size={block} "
                                f"(K, N and block_size positive, bits 2, 4 or 8)")
@@ -77,10 +76,8 @@ def dequantize_matmul_nbits(model: onnx.ModelProto) -> tuple[int, list[str]]:
 def _float_matmul(node, idx: _Index):
     """([MatMul, Add?], None) computing `node` in float, or (None, why not)."""
     inputs = list(node.input) + [""] * (6 - len(node.input))
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    k, n, bits, block = (attrs.get(a) for a in ("K", "N", "bits", "block_size"))
-    bits = 4 if bits is None else bits
-    if not all(isinstance(v, int) and v > 0 for v in (k, n, block)) or bits not in (2, 4, 8):
+    (k, n, bits, block), fit = _attributes(node)
+    if not fit:
         return None, f"attributes K={k}, N={n}, bits={bits}, block_size={block}"
     packed, scales = idx.const(inputs[1]), idx.const(inputs[2])
     zeros = idx.const(inputs[3]) if inputs[3] else None
@@ -93,12 +90,17 @@ def _float_matmul(node, idx: _Index):
         return None, weight
     name = node.name or node.output[0]
     w = idx.add_init(weight, f"{inputs[1]}_dequantized")
-    if not inputs[5]:
-        return [helper.make_node("MatMul", [inputs[0], w], list(node.output), name=name)], None
-    product = f"{node.output[0]}_before_bias"
-    return [helper.make_node("MatMul", [inputs[0], w], [product], name=name),
-            helper.make_node("Add", [product, inputs[5]], list(node.output),
-                             name=f"{name}_bias")], None
+    return float_matmul(idx, inputs[0], w, node.output[0], name, inputs[5]), None
+
+
+def _attributes(node) -> tuple[tuple, bool]:
+    """((K, N, bits, block_size), whether they describe a MatMulNBits: K, N and block_size
+    positive, bits 2, 4 or 8, 4 when absent)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = (attrs.get(a) for a in ("K", "N", "bits", "block_size"))
+    bits = 4 if bits is None else bits
+    fit = all(isinstance(v, int) and v > 0 for v in (k, n, block)) and bits in (2, 4, 8)
+    return (k, n, bits, block), fit
 
 
 def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tpuasm.compiler.front.prepare import _attr
+
 _FOUR_BIT = {onnx.TensorProto.INT4: np.int8, onnx.TensorProto.UINT4: np.uint8}
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}
 # nodes that move a quantized tensor's values without reading them as numbers (MaxPool: a
@@ -45,9 +47,18 @@ def integer_limits(dtype) -> tuple[int, int] | None:
     return int(info.min), int(info.max)
 
 
+def integer_reach(dtype, zero: int) -> int | None:
+    """The largest |q - zero| a tensor of an integer element type holds (what it multiplies
+    a weight by), or None for a type that is not an integer one."""
+    limits = integer_limits(dtype)
+    return None if limits is None else max(zero - limits[0], limits[1] - zero)
+
+
 def widen_4bit_constants(model: onnx.ModelProto) -> int:
     """Rewrite (in place) every int4 / uint4 initializer that only DequantizeLinear nodes
     read as the int8 / uint8 one of the same values; the count."""
+    if not any(t.data_type in _FOUR_BIT for t in model.graph.initializer):
+        return 0
     readers = _readers(model)
     count = 0
     for t in model.graph.initializer:
@@ -69,20 +80,23 @@ def centred_weights(model: onnx.ModelProto) -> int:
     count."""
     g = model.graph
     inits = {t.name: t for t in g.initializer if not _external(t)}
+    # (read_model runs this on every model: a symmetric int8 weight is not even read)
+    candidates = [n for n in g.node if n.op_type == "DequantizeLinear"
+                  and n.input[0] in inits and _asymmetric(n, inits)
+                  and not _attr(n, "block_size", 0)]
+    if not candidates:
+        return 0
     readers = _readers(model)
     count = 0
-    for node in g.node:
-        if node.op_type != "DequantizeLinear" or node.input[0] not in inits or \
-                _attrs(node).get("block_size", 0) or not _is_a_weight(node, readers):
+    for node in candidates:
+        if not _is_a_weight(node, readers):
             continue
         weight = numpy_helper.to_array(inits[node.input[0]])
-        if weight.dtype not in (np.uint8, np.int8) or weight.ndim == 0:
+        if weight.ndim == 0:
             continue
         zero = numpy_helper.to_array(inits[node.input[2]]) if len(node.input) > 2 and \
             node.input[2] in inits else np.zeros((), weight.dtype)
-        if weight.dtype == np.int8 and not zero.any():
-            continue
-        axis = _attrs(node).get("axis", 1) % weight.ndim
+        axis = _attr(node, "axis", 1) % weight.ndim
         shape = [1] * weight.ndim
         shape[axis] = -1
         if zero.size > 1 and zero.size != weight.shape[axis]:
@@ -119,8 +133,15 @@ def _is_a_weight(dq, readers) -> bool:
                for n in readers.get(dq.output[0], []))
 
 
-def _attrs(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+def _asymmetric(dq, inits: dict) -> bool:
+    """An 8-bit constant of a DequantizeLinear that is unsigned, or of a zero point not 0."""
+    data = inits[dq.input[0]].data_type
+    if data == onnx.TensorProto.UINT8:
+        return True
+    if data != onnx.TensorProto.INT8:
+        return False
+    zero = inits.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    return zero is not None and bool(numpy_helper.to_array(zero).any())
 
 
 def signed_16bit(model: onnx.ModelProto) -> int:
@@ -128,10 +149,10 @@ def signed_16bit(model: onnx.ModelProto) -> int:
     the count of initializers shifted.  A model where a uint16 tensor reaches anything but
     Q/DQ and layout nodes (a graph output, QLinear operators) is left as it is."""
     g = model.graph
-    readers = _readers(model)
     constants = {t.name: t for t in g.initializer if t.data_type == onnx.TensorProto.UINT16}
     if not constants or any(_external(t) for t in constants.values()):
         return 0
+    readers = _readers(model)
     for name in constants:            # a Q/DQ's data (0) or zero point (2), nothing else
         for node in readers.get(name, []):
             if node.op_type not in _QDQ or any(x == name and i not in (0, 2)
