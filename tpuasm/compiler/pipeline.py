@@ -238,6 +238,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         # a float model's ConvTransposes became Convs in prepare; a quantized one's here
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
+        from tpuasm.compiler.front.ortfusions import channels_first_quantized
+        channels_first_quantized(model, provenance)   # onnxruntime's all-level NHWC form
         fitted, said = _fitted_accumulators(model)
         source += said
     # a quantized model's float recurrent nodes (qdqrecurrent.py): those of the graph now,

@@ -17,14 +17,16 @@ from tpuasm.compiler.front.provenance import Provenance
 
 
 def rewrite_scaled_gemms(model, prov: Provenance) -> int:
-    """Every Gemm with a constant B and alpha, or beta with a C, not 1, as a plain Gemm (and
-    an Add of C, when C is computed); the count done."""
+    """Every Gemm with a constant B and alpha, or beta with a C, not 1, or a constant C of
+    shape (1, N), as a plain Gemm (and an Add of C, when C is computed); the count done."""
     idx = _Index(model)
 
     def scaled(node) -> bool:
         has_c = len(node.input) > 2 and bool(node.input[2])
+        c = idx.const(node.input[2]) if has_c else None
         return node.op_type == "Gemm" and idx.const(node.input[1]) is not None and \
-            (_attr(node, "alpha", 1.0) != 1.0 or (has_c and _attr(node, "beta", 1.0) != 1.0))
+            (_attr(node, "alpha", 1.0) != 1.0 or (has_c and _attr(node, "beta", 1.0) != 1.0)
+             or (c is not None and c.ndim == 2 and c.shape[0] == 1))
 
     return _expand_nodes(model, prov, {}, "rewritten", scaled, lambda n: _plain(idx, n))
 
@@ -38,6 +40,7 @@ def _plain(idx: _Index, node) -> list:
     c = idx.const(c_name) if c_name else None
     if not c_name or c is not None:
         if c is not None:
+            c = c.reshape(-1) if c.ndim == 2 and c.shape[0] == 1 else c
             inputs.append(idx.add_init((c * beta).astype(c.dtype), f"{node.name}_C"))
         return [helper.make_node("Gemm", inputs, list(node.output), name=node.name,
                                  **transposes)]

@@ -1,0 +1,260 @@
+"""onnxruntime's saved graph optimizations read back as the standard nodes they compute.
+
+A model saved by an onnxruntime session (`SessionOptions.optimized_model_filepath`, as
+optimizing pipelines ship models) holds the session's fusions, contrib operators the
+matcher does not know, so their products ran on the host:
+
+- at the extended level, the level onnxruntime recommends for saving a model offline,
+  a float model's Conv and its activation (and a residual Add before it) become
+  com.microsoft **FusedConv**, a Gemm and its activation **FusedGemm**, a MatMul with a
+  Transpose or a scalar Mul **FusedMatMul**, a bias Add and an erf GELU **BiasGelu**
+  (`unfuse_float_operators`, a float model's first rewrite in prepare.py);
+- at the all level a quantized model's convolutions go channels-last (onnxruntime's
+  NhwcTransformer): com.microsoft QLinearConv, QLinearAveragePool and
+  QLinearGlobalAveragePool with `channels_last = 1` between Transposes, and NhwcMaxPool
+  (`channels_first_quantized`, for a quantized model).
+
+Each fused node becomes the standard nodes of the same arithmetic, the first one keeping
+its name (the report speaks of the user's node); a form this module does not know stays
+as it is, with its reason.  The channels-last nodes become their channels-first forms
+between Transposes, and each pair of Transposes that undo each other is then dropped, so
+the convolutions read the bytes the model quantized, as in the QDQ model it was saved
+from."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from tpuasm.compiler.front.prepare import (NotRewritten, _attr, _expand_nodes, _Index,
+                                           _ranks)
+from tpuasm.compiler.front.provenance import Provenance
+
+MICROSOFT = "com.microsoft"
+
+# FusedGemm's activations that are standard ONNX operators, with the attributes each takes
+# (FusedGemm writes them as activation_alpha, activation_beta, activation_gamma)
+_GEMM_ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Softsign": (), "Softplus": (),
+                     "LeakyRelu": ("alpha",), "Elu": ("alpha",), "ThresholdedRelu": ("alpha",),
+                     "HardSigmoid": ("alpha", "beta"), "Selu": ("alpha", "gamma")}
+# FusedConv's activations (MLAS's kinds) and the names of their activation_params
+_CONV_ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": ("alpha",),
+                     "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max")}
+
+
+def unfuse_float_operators(model: onnx.ModelProto, prov: Provenance,
+                           reasons: dict[str, str]) -> int:
+    """Every FusedConv, FusedGemm, FusedMatMul and BiasGelu of a float model, in place, as
+    the standard nodes it computes; the count done (a form not known keeps its node and
+    its reason in `reasons`)."""
+    readers = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm,
+               "FusedMatMul": _fused_matmul, "BiasGelu": _bias_gelu}
+    if not any(n.domain == MICROSOFT and n.op_type in readers for n in model.graph.node):
+        return 0                        # the common case: no shape inference pass
+    idx = _Index(model)
+    ranks = _ranks(model)
+    return _expand_nodes(model, prov, reasons, "read back",
+                         lambda n: n.domain == MICROSOFT and n.op_type in readers,
+                         lambda n: readers[n.op_type](idx, n, ranks))
+
+
+def _activation(idx: _Index, node, kind: str, params: dict[str, float], x: str,
+                y: list[str]) -> onnx.NodeProto:
+    name = idx.unique(f"{node.name}/{kind}")
+    if kind == "Clip":
+        low, high = params.get("min", -np.inf), params.get("max", np.inf)
+        if idx.opset < 11:
+            return helper.make_node("Clip", [x], y, name=name, min=low, max=high)
+        bounds = [idx.add_init(np.asarray(v, np.float32), f"{node.name}_{k}")
+                  for k, v in (("min", low), ("max", high))]
+        return helper.make_node("Clip", [x, *bounds], y, name=name)
+    return helper.make_node(kind, [x], y, name=name, **params)
+
+
+def _fused_conv(idx: _Index, node, ranks) -> list:
+    """FusedConv(X, W, B, Z) = activation(Conv(X, W, B) + Z)."""
+    kind = _attr(node, "activation", b"")
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    if kind and kind not in _CONV_ACTIVATIONS:
+        raise NotRewritten(f"its activation {kind} is not a standard operator")
+    values = list(_attr(node, "activation_params", []) or [])
+    names = _CONV_ACTIVATIONS.get(kind, ())
+    if kind and len(values) < len(names):
+        raise NotRewritten(f"its {kind} has {len(values)} of its {len(names)} parameters")
+    conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
+                  if not a.name.startswith("activation")}
+    inputs = [i for i in node.input[:3]]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    residual = node.input[3] if len(node.input) > 3 and node.input[3] else ""
+    made, out = [], list(node.output)
+    conv_out = [idx.unique(f"{node.name}_conv")] if kind or residual else out
+    made.append(helper.make_node("Conv", inputs, conv_out, name=node.name, **conv_attrs))
+    last = conv_out[0]
+    if residual:
+        summed = [idx.unique(f"{node.name}_sum")] if kind else out
+        made.append(helper.make_node("Add", [last, residual], summed,
+                                     name=idx.unique(f"{node.name}/Add")))
+        last = summed[0]
+    if kind:
+        made.append(_activation(idx, node, kind, dict(zip(names, values)), last, out))
+    return made
+
+
+def _fused_gemm(idx: _Index, node, ranks) -> list:
+    """FusedGemm(A, B, C) = activation(Gemm(A, B, C))."""
+    kind = _attr(node, "activation", b"")
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    if kind and kind not in _GEMM_ACTIVATIONS:
+        raise NotRewritten(f"its activation {kind} is not a standard operator")
+    gemm_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
+                  if not a.name.startswith("activation") and a.name != "leaky_relu_alpha"}
+    params = {k: _attr(node, f"activation_{k}") for k in _GEMM_ACTIVATIONS.get(kind, ())}
+    if kind == "LeakyRelu" and params["alpha"] is None:
+        params["alpha"] = _attr(node, "leaky_relu_alpha")   # onnxruntime's older spelling
+    params = {k: v for k, v in params.items() if v is not None}
+    if not kind:
+        return [helper.make_node("Gemm", list(node.input), list(node.output),
+                                 name=node.name, **gemm_attrs)]
+    product = idx.unique(f"{node.name}_gemm")
+    return [helper.make_node("Gemm", list(node.input), [product], name=node.name,
+                             **gemm_attrs),
+            _activation(idx, node, kind, params, product, list(node.output))]
+
+
+def _fused_matmul(idx: _Index, node, ranks) -> list:
+    """FusedMatMul(A, B) = alpha * op(A) op(B), op a transpose of the last two axes where
+    transA / transB say so (not the batch-axis forms, transBatchA / transBatchB)."""
+    if _attr(node, "transBatchA", 0) or _attr(node, "transBatchB", 0):
+        raise NotRewritten("it transposes batch axes (transBatchA / transBatchB)")
+    alpha = float(_attr(node, "alpha", 1.0))
+    a, b = node.input[0], node.input[1]
+    made = []
+    for operand, flag in ((0, "transA"), (1, "transB")):
+        if not _attr(node, flag, 0):
+            continue
+        name = node.input[operand]
+        const = idx.const(name)
+        if const is not None and const.ndim >= 2:
+            value = np.swapaxes(const, -1, -2) * (alpha if operand == 1 else 1.0)
+            swapped = idx.add_init(value.astype(const.dtype), f"{name}_T")
+            alpha = 1.0 if operand == 1 else alpha
+        else:
+            rank = len(ranks.get(name, ()))
+            if rank < 2:
+                raise NotRewritten(f"the rank of its input '{name}' is unknown")
+            perm = [*range(rank - 2), rank - 1, rank - 2]
+            swapped = idx.unique(f"{name}_T")
+            made.append(helper.make_node("Transpose", [name], [swapped], perm=perm,
+                                         name=idx.unique(f"{node.name}/Transpose{operand}")))
+        a, b = (swapped, b) if operand == 0 else (a, swapped)
+    const_b = idx.const(b)
+    if alpha != 1.0 and const_b is not None:
+        b = idx.add_init((const_b * alpha).astype(const_b.dtype), f"{node.name}_B")
+        alpha = 1.0
+    if alpha == 1.0:
+        return [*made, helper.make_node("MatMul", [a, b], list(node.output), name=node.name)]
+    product = idx.unique(f"{node.name}_product")
+    scale = idx.add_init(np.asarray(alpha, np.float32), f"{node.name}_alpha")
+    return [*made, helper.make_node("MatMul", [a, b], [product], name=node.name),
+            helper.make_node("Mul", [product, scale], list(node.output),
+                             name=idx.unique(f"{node.name}/Mul"))]
+
+
+def _bias_gelu(idx: _Index, node, ranks) -> list:
+    """BiasGelu(A, B) = Gelu(A + B), the erf form (com.microsoft Gelu, as gelu.py makes)."""
+    summed = idx.unique(f"{node.name}_sum")
+    return [helper.make_node("Add", list(node.input[:2]), [summed], name=node.name),
+            helper.make_node("Gelu", [summed], list(node.output), domain=MICROSOFT,
+                             name=idx.unique(f"{node.name}/Gelu"))]
+
+
+# --- a quantized model saved channels-last ---------------------------------------------
+
+_CHANNELS_LAST = {"QLinearConv", "QLinearAveragePool", "QLinearGlobalAveragePool"}
+
+
+def channels_first_quantized(model: onnx.ModelProto, prov: Provenance) -> int:
+    """Every channels-last node of onnxruntime's NhwcTransformer, in place, as its
+    channels-first form between Transposes, then the Transposes that undo each other
+    dropped; the count of nodes read back."""
+    def wanted(n) -> bool:
+        return n.domain == MICROSOFT and (
+            n.op_type == "NhwcMaxPool" or
+            (n.op_type in _CHANNELS_LAST and _attr(n, "channels_last", 0)))
+
+    if not any(wanted(n) for n in model.graph.node):
+        return 0
+    idx = _Index(model)
+    ranks = dict(_ranks(model))   # onnx infers nothing past a contrib node: filled below
+    done = _expand_nodes(model, prov, {}, "read back", wanted,
+                         lambda n: _channels_first(idx, n, ranks))
+    drop_inverse_transposes(model)
+    return done
+
+
+def _channels_first(idx: _Index, node, ranks: dict) -> list:
+    """The node between Transposes; `ranks` learns its output's rank (the next node's
+    input: onnx's inference stops at the contrib node)."""
+    weight = ranks.get(node.input[3], ()) if node.op_type == "QLinearConv" else ()
+    rank = len(ranks.get(node.input[0], ())) or len(weight)
+    if rank < 3:
+        raise NotRewritten("the rank of its input is unknown")
+    ranks[node.output[0]] = (None,) * rank
+    to_first = [0, rank - 1, *range(1, rank - 1)]
+    to_last = [0, *range(2, rank), 1]
+    x, y = node.input[0], node.output[0]
+    first_x, first_y = idx.unique(f"{x}_channels_first"), idx.unique(f"{y}_channels_first")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
+             if a.name != "channels_last"}
+    # NhwcMaxPool is ONNX's MaxPool on channels-last bytes; QLinearConv is ONNX's own
+    op, domain = {"NhwcMaxPool": ("MaxPool", ""), "QLinearConv": ("QLinearConv", "")}.get(
+        node.op_type, (node.op_type, MICROSOFT))
+    return [helper.make_node("Transpose", [x], [first_x], perm=to_first,
+                             name=idx.unique(f"{node.name}/to_channels_first")),
+            helper.make_node(op, [first_x, *node.input[1:]], [first_y], name=node.name,
+                             domain=domain, **attrs),
+            helper.make_node("Transpose", [first_y], [y], perm=to_last,
+                             name=idx.unique(f"{node.name}/to_channels_last"))]
+
+
+def drop_inverse_transposes(model: onnx.ModelProto) -> int:
+    """Each Transpose that undoes the Transpose before it: its readers read that one's
+    input (an Identity where it is a graph output), and a Transpose nothing reads any more
+    is dropped; the count of pairs undone."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    outputs = {v.name for v in g.output}
+    renamed: dict[str, str] = {}
+    undone = 0
+    for node in g.node:
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            continue
+        before = producer.get(node.input[0])
+        if before is None or before.op_type != "Transpose" or \
+                before.domain not in ("", "ai.onnx"):
+            continue
+        p, q = _attr(before, "perm"), _attr(node, "perm")
+        if p is None or q is None or len(p) != len(q) or \
+                [p[i] for i in q] != list(range(len(p))):
+            continue
+        source = renamed.get(before.input[0], before.input[0])
+        if node.output[0] in outputs:
+            node.op_type = "Identity"
+            node.input[0] = source
+            del node.attribute[:]
+        else:
+            renamed[node.output[0]] = source
+        undone += 1
+    if not undone:
+        return 0
+    for node in g.node:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+    read = {i for n in g.node for i in n.input} | outputs
+    keep = [n for n in g.node if not (n.op_type == "Transpose" and n.output[0] not in read)]
+    while len(keep) != len(g.node):          # a dropped Transpose's own Transpose input
+        del g.node[:]
+        g.node.extend(keep)
+        read = {i for n in g.node for i in n.input} | outputs
+        keep = [n for n in g.node if not (n.op_type == "Transpose" and n.output[0] not in read)]
+    return undone
