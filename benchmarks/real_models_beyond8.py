@@ -100,14 +100,17 @@ def exported(folder: Path) -> real_models.RealModel:
                                  np.zeros(rows, np.int64), model.graph.output[0].name)
 
 
-def measure(m: real_models.RealModel, form: str, work: Path) -> dict:
+def measure(m: real_models.RealModel, form: str, work: Path, make=quantized,
+            forms=FORMS) -> dict:
+    """One row: `make(m, form, work)` writes the model in `form` (None: nothing to write),
+    compiled given calibration data where `forms[form]` says so."""
     name = m.name
     row = {"model": name, "form": form}
-    path = quantized(m, form, work)
+    path = make(m, form, work)
     if path is None:
         row["failure"] = "onnxruntime's tool quantizes none of its nodes"
         return row
-    calibrate = FORMS[form][1]
+    calibrate = forms[form][1]
     names = [o.name for o in m.reference.graph.output]
     float_out = real_models.run(m.reference, m.evaluation)[names.index(m.output)]
     if form == "fp16-io":                     # its float inputs in float16
@@ -183,10 +186,10 @@ def _fmt(row: dict) -> str:
             f"{row['compile_s']:.1f} s |")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, doc: str = __doc__, forms_known=FORMS, make=quantized) -> int:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--only", action="append", choices=MODELS)
-    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--forms", default=",".join(forms_known))
     parser.add_argument("--exported", type=Path, action="append", default=[],
                         metavar="DIR", help="a model `benchmarks/real_models_hf.py --work W` "
                         "exported (W/bert-dynamo, ...) instead of the corpus")
@@ -194,9 +197,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)          # onnxruntime's quantizers log every node
     forms = [f for f in args.forms.split(",") if f]
-    unknown = [f for f in forms if f not in FORMS]
+    unknown = [f for f in forms if f not in forms_known]
     if unknown:
-        parser.error(f"unknown forms {unknown}; choose from {', '.join(FORMS)}")
+        parser.error(f"unknown forms {unknown}; choose from {', '.join(forms_known)}")
     print("| model | form | MACs on the TPU | top-1 vs float (shipped model in onnxruntime) "
           "| top-1 vs shipped | identical to shipped (worst, output steps) | identical to "
           "OUTDIR's model | compile |")
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
             [real_models.BUILDERS[name]() for name in args.only or MODELS]
         for m in models:
             for form in forms:
-                print(_fmt(measure(m, form, work)), flush=True)
+                print(_fmt(measure(m, form, work, make, forms_known)), flush=True)
     return 0
 
 

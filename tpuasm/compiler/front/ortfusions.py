@@ -9,6 +9,9 @@ matcher does not know, so their products ran on the host:
   com.microsoft **FusedConv**, a Gemm and its activation **FusedGemm**, a MatMul with a
   Transpose or a scalar Mul **FusedMatMul**, a bias Add and an erf GELU **BiasGelu**
   (`unfuse_float_operators`, a float model's first rewrite in prepare.py);
+- at the all level (a session's default) a float model's convolutions go to MLAS's
+  blocked layout, NCHWc (com.microsoft.nchwc: ReorderInput, Conv with its filter
+  reordered into blocks, pools, ReorderOutput; `unblock_nchwc`, before the rest);
 - at the all level a quantized model's convolutions go channels-last (onnxruntime's
   NhwcTransformer): com.microsoft QLinearConv, QLinearAveragePool and
   QLinearGlobalAveragePool with `channels_last = 1` between Transposes, and NhwcMaxPool
@@ -21,6 +24,10 @@ between Transposes, and each pair of Transposes that undo each other is then dro
 the convolutions read the bytes the model quantized, as in the QDQ model it was saved
 from."""
 from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -71,8 +78,8 @@ def _activation(idx: _Index, node, kind: str, params: dict[str, float], x: str,
     return helper.make_node(kind, [x], y, name=name, **params)
 
 
-def _fused_conv(idx: _Index, node, ranks) -> list:
-    """FusedConv(X, W, B, Z) = activation(Conv(X, W, B) + Z)."""
+def _fused_conv(idx: _Index, node, ranks, weight: str | None = None) -> list:
+    """FusedConv(X, W, B, Z) = activation(Conv(X, W, B) + Z) (`weight` in W's place)."""
     kind = _attr(node, "activation", b"")
     kind = kind.decode() if isinstance(kind, bytes) else kind
     if kind and kind not in _CONV_ACTIVATIONS:
@@ -83,7 +90,7 @@ def _fused_conv(idx: _Index, node, ranks) -> list:
         raise NotRewritten(f"its {kind} has {len(values)} of its {len(names)} parameters")
     conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
                   if not a.name.startswith("activation")}
-    inputs = [i for i in node.input[:3]]
+    inputs = [node.input[0], weight or node.input[1], *node.input[2:3]]
     while inputs and not inputs[-1]:
         inputs.pop()
     residual = node.input[3] if len(node.input) > 3 and node.input[3] else ""
@@ -167,6 +174,153 @@ def _bias_gelu(idx: _Index, node, ranks) -> list:
     return [helper.make_node("Add", list(node.input[:2]), [summed], name=node.name),
             helper.make_node("Gelu", [summed], list(node.output), domain=MICROSOFT,
                              name=idx.unique(f"{node.name}/Gelu"))]
+
+
+# --- a float model saved in MLAS's blocked layout (NCHWc) ---------------------------------
+
+NCHWC = "com.microsoft.nchwc"
+_NCHWC_POOLS = {"MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool", "Upsample"}
+
+
+@functools.lru_cache(maxsize=1)
+def machine_block() -> int | None:
+    """The channel block of this machine's NCHWc kernels (8 with AVX2, 16 with AVX-512),
+    as onnxruntime's all-level session writes it for a 2-channel Conv, or None where it
+    writes no NCHWc form.  A blocked model is only valid where its block is the machine's:
+    onnxruntime's kernels read it with their own."""
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+    weight = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 1, 8, 8))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with tempfile.TemporaryDirectory(prefix="tpuasm-nchwc-") as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(Path(tmp) / "probe.onnx")
+        ort.InferenceSession(model.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+        saved = onnx.load(options.optimized_model_filepath)
+    for node in saved.graph.node:
+        if node.domain == NCHWC and node.op_type == "Conv":
+            return next(t.dims[0] for t in saved.graph.initializer if t.name == node.input[1])
+    return None
+
+
+def unblock_nchwc(model: onnx.ModelProto, prov: Provenance, reasons: dict[str, str]) -> int:
+    """Every com.microsoft.nchwc node of a float model, in place, as the standard nodes it
+    computes on NCHW tensors whose channels are padded to the block (the padded channels
+    are what the blocked kernels compute there; a ReorderOutput slices them off); the count
+    done.  A model of another block than this machine's keeps its nodes, each with its
+    reason."""
+    if not any(n.domain == NCHWC for n in model.graph.node):
+        return 0
+    block = machine_block()
+    idx = _Index(model)
+    ranks = _ranks(model)             # up to the blocked nodes: the reorders' inputs
+    blocked = {o for n in model.graph.node if n.domain == NCHWC and
+               n.op_type != "ReorderOutput" for o in n.output}
+    for node in model.graph.node:         # element-wise nodes between blocked tensors
+        if node.domain != NCHWC and any(i in blocked for i in node.input):
+            blocked.update(node.output)
+    mismatch = block is None or any(
+        node.domain == NCHWC and node.op_type == "Conv" and
+        (idx.const(node.input[1]) is None or idx.const(node.input[1]).shape[0] % block)
+        for node in model.graph.node)
+    if mismatch:
+        why = ("onnxruntime writes no NCHWc form on this machine" if block is None else
+               f"its filters are not blocks of this machine's {block} channels (saved on "
+               f"another machine)")
+        for node in model.graph.node:
+            if node.domain == NCHWC:
+                reasons[node.name] = f"NCHWc layout not read back: {why}"
+        return 0
+
+    def expand(node) -> list:
+        if node.op_type == "ReorderInput":
+            return _reorder_input(idx, node, block, ranks.get(node.input[0], ()))
+        if node.op_type == "ReorderOutput":
+            return _reorder_output(idx, node, ranks.get(node.input[0], ()))
+        if node.op_type == "Conv":
+            w = idx.const(node.input[1])
+            by_blocks = node.input[0] in blocked and _attr(node, "group", 1) == 1
+            return _fused_conv(idx, node, {}, idx.add_init(
+                _unblocked_filter(w, block, by_blocks), f"{node.input[1]}_oihw"))
+        if node.op_type in _NCHWC_POOLS:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            return [helper.make_node(node.op_type, list(node.input), list(node.output),
+                                     name=node.name, **attrs)]
+        raise NotRewritten(f"{node.domain}.{node.op_type} is not known")
+
+    return _expand_nodes(model, prov, reasons, "read back", lambda n: n.domain == NCHWC,
+                         expand)
+
+
+def _unblocked_filter(w: np.ndarray, block: int, by_blocks: bool) -> np.ndarray:
+    """A blocked filter (O, I, kH, kW as declared) in OIHW order: MLAS stores it as
+    OIHWBiBo (O/B, I/B, kH, kW, Bi, Bo) over a blocked input, else (an NCHW input, a
+    depthwise filter) as OIHWBo (O/B, I, kH, kW, Bo)."""
+    o, i, *kernel = w.shape
+    if by_blocks:
+        blocks = w.reshape(o // block, i // block, *kernel, block, block)
+        order = (0, blocks.ndim - 1, 1, blocks.ndim - 2, *range(2, blocks.ndim - 2))
+    else:
+        blocks = w.reshape(o // block, i, *kernel, block)
+        order = (0, blocks.ndim - 1, *range(1, blocks.ndim - 1))
+    return np.ascontiguousarray(blocks.transpose(order)).reshape(w.shape)
+
+
+def _reorder_input(idx: _Index, node, block: int, dims: tuple) -> list:
+    """ReorderInput(X): X (N, C, H, W), or (N, H, W, C) where channels_last, as NCHW with
+    C padded with zero channels up to the block."""
+    made, x = [], node.input[0]
+    rank = len(dims)
+    if rank < 3:
+        raise NotRewritten(f"the rank of its input '{x}' is unknown")
+    if _attr(node, "channels_last", 0):
+        first = idx.unique(f"{x}_channels_first")
+        made.append(helper.make_node("Transpose", [x], [first],
+                                     perm=[0, rank - 1, *range(1, rank - 1)],
+                                     name=idx.unique(f"{node.name}/Transpose")))
+        x = first
+    channels = dims[-1 if _attr(node, "channels_last", 0) else 1]
+    if channels is None:
+        raise NotRewritten(f"the channels of its input '{node.input[0]}' are unknown")
+    pad = -channels % block
+    if not pad:
+        made.append(helper.make_node("Identity", [x], list(node.output), name=node.name))
+        return made
+    pads = idx.add_init(np.asarray([0] * rank + [0, pad] + [0] * (rank - 2), np.int64),
+                        f"{node.name}_pads")
+    made.append(helper.make_node("Pad", [x, pads], list(node.output), name=node.name))
+    return made
+
+
+def _reorder_output(idx: _Index, node, dims: tuple) -> list:
+    """ReorderOutput(X; channels): the first `channels` channels, NCHW (or NHWC where
+    channels_last)."""
+    channels = _attr(node, "channels")
+    if channels is None:
+        raise NotRewritten("it has no channels attribute")
+    const = functools.partial(idx.add_init, name=f"{node.name}_slice")
+    sliced = list(node.output)
+    last = _attr(node, "channels_last", 0)
+    if last:
+        sliced = [idx.unique(f"{node.output[0]}_channels_first")]
+    made = [helper.make_node("Slice", [node.input[0], const(np.asarray([0], np.int64)),
+                                       const(np.asarray([channels], np.int64)),
+                                       const(np.asarray([1], np.int64))], sliced,
+                             name=node.name)]
+    if last:
+        rank = len(dims) or 4          # onnx infers no shape past a blocked node
+        if rank < 3:
+            raise NotRewritten("the rank of its input is unknown")
+        made.append(helper.make_node("Transpose", sliced, list(node.output),
+                                     perm=[0, *range(2, rank), 1],
+                                     name=idx.unique(f"{node.name}/Transpose")))
+    return made
 
 
 # --- a quantized model saved channels-last ---------------------------------------------

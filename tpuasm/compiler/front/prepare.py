@@ -68,8 +68,9 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     if base_dir is not None:
         from tpuasm.compiler.front.ortshapes import declare_foreign_outputs
         declare_foreign_outputs(model, Path(base_dir))
-    from tpuasm.compiler.front.ortfusions import unfuse_float_operators
-    unfuse_float_operators(model, prov, reasons)   # onnxruntime's saved fusions: standard
+    from tpuasm.compiler.front.ortfusions import unblock_nchwc, unfuse_float_operators
+    unblock_nchwc(model, prov, reasons)            # onnxruntime's saved layouts and
+    unfuse_float_operators(model, prov, reasons)   # fusions: standard nodes
     from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
     rewrite_scaled_gemms(model, prov)            # a Gemm's alpha and beta into its constants
     constants_to_initializers(model, prov)     # first: every rewrite reads initializers
