@@ -186,9 +186,10 @@ def _fmt(row: dict) -> str:
             f"{row['compile_s']:.1f} s |")
 
 
-def main(argv=None, doc: str = __doc__, forms_known=FORMS, make=quantized) -> int:
+def main(argv=None, doc: str = __doc__, forms_known=FORMS, make=quantized,
+         corpus=MODELS) -> int:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--only", action="append", choices=MODELS)
+    parser.add_argument("--only", action="append", choices=corpus)
     parser.add_argument("--forms", default=",".join(forms_known))
     parser.add_argument("--exported", type=Path, action="append", default=[],
                         metavar="DIR", help="a model `benchmarks/real_models_hf.py --work W` "
@@ -208,7 +209,7 @@ def main(argv=None, doc: str = __doc__, forms_known=FORMS, make=quantized) -> in
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         models = [exported(d) for d in args.exported] if args.exported else \
-            [real_models.BUILDERS[name]() for name in args.only or MODELS]
+            [real_models.BUILDERS[name]() for name in args.only or corpus]
         for m in models:
             for form in forms:
                 print(_fmt(measure(m, form, work, make, forms_known)), flush=True)

@@ -2,9 +2,9 @@
 them optimized (`SessionOptions.optimized_model_filepath`), compiled and run through the
 CLI: the float model at the extended level (FusedConv, FusedGemm, FusedMatMul, BiasGelu)
 and at the all level, a session's default (MLAS's blocked NCHWc layout), given calibration
-data; onnxruntime's quantize_static QDQ model saved at the extended level (QLinearConv,
-QLinearMatMul, QGemm) and at the all level (channels-last QLinearConv between Transposes)
-as shipped.
+data; onnxruntime's quantize_static QDQ model and a QOperator model (the corpus's own, else
+quantize_static's) saved at the extended level (QLinearConv, QLinearMatMul, QGemm) and at
+the all level (channels-last QLinearConv between Transposes) as shipped.
 
 The columns are those of benchmarks/real_models_beyond8.py: the share of the MACs on the
 TPU (report.json), top-1 agreement with the float model of `tpuasm infer` beside
@@ -26,11 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models_beyond8 as forms_bench  # noqa: E402
 from real_models_beyond8 import real_models  # noqa: E402
 
+MODELS = (*forms_bench.MODELS, "resnet_basic_block", "lstm_classifier", "qoperator_cnn")
 # form -> (what it is, compiled given calibration data?)
 FORMS = {"float-extended": ("float model, session at the extended level", True),
          "float-all": ("float model, session at the all level (NCHWc)", True),
          "qdq-extended": ("quantize_static QDQ model, session at the extended level", False),
-         "qdq-all": ("quantize_static QDQ model, session at the all level (NHWC)", False)}
+         "qdq-all": ("quantize_static QDQ model, session at the all level (NHWC)", False),
+         "qop-extended": ("QOperator model, session at the extended level", False),
+         "qop-all": ("QOperator model, session at the all level (NHWC)", False)}
 
 
 def saved(m, form: str, work: Path) -> Path:
@@ -39,12 +42,17 @@ def saved(m, form: str, work: Path) -> Path:
     from onnxruntime.quantization import QuantFormat, quantize_static
     kind, level = form.split("-")
     source = work / f"{m.name}.float.onnx"
-    onnx.save(m.model, str(source))
-    if kind == "qdq":
-        qdq = work / f"{m.name}.qdq.onnx"
-        quantize_static(str(source), str(qdq), real_models.calibration_reader(m.calibration),
-                        quant_format=QuantFormat.QDQ, per_channel=True)
-        source = qdq
+    onnx.save(m.reference, str(source))            # the float model
+    if kind == "qop" and m.quantized:              # the corpus's own QOperator model
+        source = work / f"{m.name}.qop.onnx"
+        onnx.save(m.model, str(source))
+    elif kind != "float":
+        quantized = work / f"{m.name}.{kind}.onnx"
+        quantize_static(str(source), str(quantized),
+                        real_models.calibration_reader(m.calibration), per_channel=True,
+                        quant_format=QuantFormat.QDQ if kind == "qdq" else
+                        QuantFormat.QOperator)
+        source = quantized
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                f"ORT_ENABLE_{level.upper()}")
@@ -55,4 +63,4 @@ def saved(m, form: str, work: Path) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(forms_bench.main(None, __doc__, FORMS, saved))
+    sys.exit(forms_bench.main(None, __doc__, FORMS, saved, MODELS))

@@ -141,7 +141,7 @@ def _read_back_agrees(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
 
 
 _CONV_FORMS = [("", []), ("Relu", []), ("Tanh", []), ("Sigmoid", []), ("LeakyRelu", [0.2]),
-               ("HardSigmoid", [0.3, 0.4]), ("Clip", [0.0, 6.0])]
+               ("HardSigmoid", [0.3, 0.4]), ("Clip", [0.0, 6.0]), ("HardSwish", [])]
 
 
 @pytest.mark.parametrize("kind,params", _CONV_FORMS)
@@ -319,3 +319,30 @@ def test_a_float_model_saved_at_the_all_level_compiles(tmp_path, name):
     got = compiled.run(m.evaluation)[m.output]
     want = session(m.model).run([m.output], m.evaluation)[0]
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.98
+
+
+def test_a_blocked_model_is_read_back_whole_or_not_at_all(tmp_path):
+    """A blocked node that cannot be read back keeps every blocked node (a blocked Conv
+    between read-back ones would read NCHW tensors as blocks), each with the reason."""
+    import copy
+    from onnx import helper
+    from tpuasm.compiler.front.ortfusions import machine_block, unblock_nchwc
+    from tpuasm.compiler.front.provenance import Provenance
+    if machine_block() is None:
+        pytest.skip("onnxruntime writes no NCHWc form on this machine")
+    saved = _saved_optimized(tmp_path, _conv_chain([3, 16, 16, 16], False, False), "ALL")
+    blocked = [n for n in saved.graph.node if n.domain == "com.microsoft.nchwc"]
+    conv = next(n for n in blocked[1:] if n.op_type == "Conv")
+    for a in conv.attribute:
+        if a.name == "activation":
+            a.s = b"ScaledTanh"
+            break
+    else:
+        conv.attribute.append(helper.make_attribute("activation", "ScaledTanh"))
+    model = copy.deepcopy(saved)
+    reasons: dict = {}
+    assert unblock_nchwc(model, Provenance.of(model), reasons) == 0
+    assert [n.op_type for n in model.graph.node] == [n.op_type for n in saved.graph.node]
+    assert set(reasons) == {n.name for n in blocked}
+    assert "ScaledTanh is not a standard operator" in reasons[conv.name]
+    assert all("ScaledTanh" in why for why in reasons.values())

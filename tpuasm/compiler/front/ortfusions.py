@@ -46,7 +46,9 @@ _GEMM_ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Softsign": (), "Sof
                      "HardSigmoid": ("alpha", "beta"), "Selu": ("alpha", "gamma")}
 # FusedConv's activations (MLAS's kinds) and the names of their activation_params
 _CONV_ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": ("alpha",),
-                     "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max")}
+                     "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max"),
+                     "HardSwish": ()}
+_SINCE = {"HardSwish": 14}          # an activation's first ONNX opset
 
 
 def unfuse_float_operators(model: onnx.ModelProto, prov: Provenance,
@@ -68,6 +70,9 @@ def unfuse_float_operators(model: onnx.ModelProto, prov: Provenance,
 def _activation(idx: _Index, node, kind: str, params: dict[str, float], x: str,
                 y: list[str]) -> onnx.NodeProto:
     name = idx.unique(f"{node.name}/{kind}")
+    if idx.opset < _SINCE.get(kind, 1):
+        raise NotRewritten(f"its activation {kind} is an ONNX operator only from opset "
+                           f"{_SINCE[kind]} (the model's: {idx.opset})")
     if kind == "Clip":
         low, high = params.get("min", -np.inf), params.get("max", np.inf)
         if idx.opset < 11:
@@ -200,6 +205,7 @@ def machine_block() -> int | None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(Path(tmp) / "probe.onnx")
+        options.log_severity_level = 3    # not its warning that the form is the machine's
         ort.InferenceSession(model.SerializeToString(), options,
                              providers=["CPUExecutionProvider"])
         saved = onnx.load(options.optimized_model_filepath)
@@ -254,8 +260,33 @@ def unblock_nchwc(model: onnx.ModelProto, prov: Provenance, reasons: dict[str, s
                                      name=node.name, **attrs)]
         raise NotRewritten(f"{node.domain}.{node.op_type} is not known")
 
-    return _expand_nodes(model, prov, reasons, "read back", lambda n: n.domain == NCHWC,
-                         expand)
+    # all or nothing: a blocked node left between read-back ones would read NCHW tensors
+    made, failed = [], {}
+    for node in model.graph.node:
+        if node.domain != NCHWC:
+            made.append([node])
+            continue
+        try:
+            made.append(expand(node))
+        except NotRewritten as e:
+            failed[node.name] = f"{node.op_type} not read back: {e}"
+    if failed:
+        first = next(iter(failed.values()))
+        for node in model.graph.node:
+            if node.domain == NCHWC:
+                reasons[node.name] = failed.get(
+                    node.name, f"NCHWc layout not read back: another of its nodes was not "
+                               f"({first})")
+        return 0
+    done = 0
+    for node, nodes in zip(model.graph.node, made):
+        if node.domain == NCHWC:
+            done += 1
+            for n in nodes:
+                prov.derive(n.name, node.name)
+    del model.graph.node[:]
+    model.graph.node.extend(n for nodes in made for n in nodes)
+    return done
 
 
 def _unblocked_filter(w: np.ndarray, block: int, by_blocks: bool) -> np.ndarray:
