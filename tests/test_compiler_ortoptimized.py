@@ -202,10 +202,11 @@ def test_fused_matmul_reads_back_as_transposes_matmul_and_scale(trans_a, trans_b
     _read_back_agrees(model, feeds)
 
 
-def test_bias_gelu_reads_back_as_add_and_gelu():
+@pytest.mark.parametrize("op", ["BiasGelu", "FastGelu"])
+def test_bias_gelu_reads_back_as_add_and_gelu(op):
     from onnx import helper
     rng = np.random.default_rng(3)
-    node = helper.make_node("BiasGelu", ["a", "bias"], ["y"], domain="com.microsoft", name="bg")
+    node = helper.make_node(op, ["a", "bias"], ["y"], domain="com.microsoft", name="bg")
     model = _fused_model(node, {"a": (4, 16)}, {"bias": rng.normal(size=16)})
     _read_back_agrees(model, {"a": rng.normal(size=(4, 16)).astype(np.float32) * 3})
 
@@ -346,3 +347,41 @@ def test_a_blocked_model_is_read_back_whole_or_not_at_all(tmp_path):
     assert set(reasons) == {n.name for n in blocked}
     assert "ScaledTanh is not a standard operator" in reasons[conv.name]
     assert all("ScaledTanh" in why for why in reasons.values())
+
+
+@pytest.mark.parametrize("op", ["FastGelu", "BiasGelu", "QuickGelu"])
+def test_a_contrib_gelu_between_matmuls_is_a_lookup_on_the_tpu(tmp_path, op):
+    """A GELU as onnxruntime's and Optimum's fusions write it (FastGelu and BiasGelu with
+    their bias input, QuickGelu's x * sigmoid(1.702 x)) between two MatMuls: before, the
+    FastGelu and QuickGelu ran on the host; now the bias goes into the MatMul and each is one
+    lookup table on the TPU, with onnxruntime's answers on the compiled QDQ model."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(size=(16, 32)).astype(np.float32) / 4
+    w2 = rng.normal(size=(32, 5)).astype(np.float32) / 4
+    bias = rng.normal(size=32).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node(op, ["h"] + (["b"] if op != "QuickGelu" else []), ["g"],
+                              domain="com.microsoft", name="act"),
+             helper.make_node("MatMul", ["g", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(
+        nodes, "gelu", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(bias, "b"),
+         numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, str(tmp_path / "gelu.onnx"))
+    x = rng.normal(size=(256, 16)).astype(np.float32)
+    compiled = tpu_compile(str(tmp_path / "gelu.onnx"), batch=64, calibration={"x": x},
+                           validate=False)   # 8 bits throughout, not the check's search
+    assert {r.node: r.where for r in compiled.report.rows} == \
+        {"mm1": "TPU", "act": "TPU", "mm2": "TPU"}
+    got = compiled.run({"x": x})["y"]
+    qdq = onnx.load(str(compiled.reference_model))
+    want = session(qdq).run(["y"], {"x": x})[0]
+    step = real_models.output_steps(qdq)["y"]
+    assert np.abs(got - want).max() <= 1.01 * step            # the QDQ model's, to its LSB
+    assert np.mean(np.abs(got - want) < 1e-6) >= 0.99
+    floats = session(model).run(["y"], {"x": x})[0]
+    assert np.abs(got - floats).max() <= 4 * step         # three 8-bit roundings from float

@@ -32,7 +32,8 @@ from tpuasm.compiler.ir import (Activation, Conv, Dense, Elementwise, Lookup, Op
 LAYOUT_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 LOOKUP_OPS = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
               "Elu", "Selu", "Softplus", "Softsign", "Exp", "Log", "Neg", "Abs", "Erf",
-              "Gelu", "FastGelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu", "Celu"}
+              "Gelu", "FastGelu", "QuickGelu", "Mish", "Sqrt", "Reciprocal", "ThresholdedRelu",
+              "Celu"}
 QLINEAR_LOOKUP_OPS = {"QLinearSigmoid", "QLinearLeakyRelu"}
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 # quantized activations the TPU reads: 8-bit, or int16 (its 16-bit activations, MMC's H flag)

@@ -8,6 +8,7 @@ matcher does not know, so their products ran on the host:
   a float model's Conv and its activation (and a residual Add before it) become
   com.microsoft **FusedConv**, a Gemm and its activation **FusedGemm**, a MatMul with a
   Transpose or a scalar Mul **FusedMatMul**, a bias Add and an erf GELU **BiasGelu**
+  (and a FastGelu with its bias input, as Optimum's fusions write it)
   (`unfuse_float_operators`, a float model's first rewrite in prepare.py);
 - at the all level (a session's default) a float model's convolutions go to MLAS's
   blocked layout, NCHWc (com.microsoft.nchwc: ReorderInput, Conv with its filter
@@ -57,13 +58,17 @@ def unfuse_float_operators(model: onnx.ModelProto, prov: Provenance,
     the standard nodes it computes; the count done (a form not known keeps its node and
     its reason in `reasons`)."""
     readers = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm,
-               "FusedMatMul": _fused_matmul, "BiasGelu": _bias_gelu}
-    if not any(n.domain == MICROSOFT and n.op_type in readers for n in model.graph.node):
+               "FusedMatMul": _fused_matmul, "BiasGelu": _bias_gelu, "FastGelu": _bias_gelu}
+
+    def wanted(n) -> bool:           # a FastGelu with its bias input (Optimum's fusion)
+        return n.domain == MICROSOFT and n.op_type in readers and (
+            n.op_type != "FastGelu" or (len(n.input) > 1 and bool(n.input[1])))
+
+    if not any(wanted(n) for n in model.graph.node):
         return 0                        # the common case: no shape inference pass
     idx = _Index(model)
     ranks = _ranks(model)
-    return _expand_nodes(model, prov, reasons, "read back",
-                         lambda n: n.domain == MICROSOFT and n.op_type in readers,
+    return _expand_nodes(model, prov, reasons, "read back", wanted,
                          lambda n: readers[n.op_type](idx, n, ranks))
 
 
@@ -174,11 +179,13 @@ def _fused_matmul(idx: _Index, node, ranks) -> list:
 
 
 def _bias_gelu(idx: _Index, node, ranks) -> list:
-    """BiasGelu(A, B) = Gelu(A + B), the erf form (com.microsoft Gelu, as gelu.py makes)."""
+    """BiasGelu(A, B) = Gelu(A + B), the erf form, and FastGelu(A, B) = FastGelu(A + B),
+    the tanh form (the one-input com.microsoft nodes gelu.py makes: lookup tables)."""
     summed = idx.unique(f"{node.name}_sum")
+    gelu = "FastGelu" if node.op_type == "FastGelu" else "Gelu"
     return [helper.make_node("Add", list(node.input[:2]), [summed], name=node.name),
-            helper.make_node("Gelu", [summed], list(node.output), domain=MICROSOFT,
-                             name=idx.unique(f"{node.name}/Gelu"))]
+            helper.make_node(gelu, [summed], list(node.output), domain=MICROSOFT,
+                             name=idx.unique(f"{node.name}/{gelu}"))]
 
 
 # --- a float model saved in MLAS's blocked layout (NCHWc) ---------------------------------
