@@ -253,14 +253,20 @@ def unblock_nchwc(model: onnx.ModelProto, prov: Provenance, reasons: dict[str, s
 
     def expand(node) -> list:
         if node.op_type == "ReorderInput":
-            return _reorder_input(idx, node, block, ranks.get(node.input[0], ()))
+            dims = ranks.get(node.input[0], ())
+            made = _reorder_input(idx, node, block, dims)
+            if made[-1].op_type == "Pad":
+                padded[made[-1].output[0]] = dims[-1 if _attr(node, "channels_last", 0)
+                                                  else 1]
+            return made
         if node.op_type == "ReorderOutput":
             return _reorder_output(idx, node, ranks.get(node.input[0], ()))
         if node.op_type == "Conv":
             w = idx.const(node.input[1])
             by_blocks = node.input[0] in blocked and _attr(node, "group", 1) == 1
-            return _fused_conv(idx, node, {}, idx.add_init(
-                _unblocked_filter(w, block, by_blocks), f"{node.input[1]}_oihw"))
+            name = idx.add_init(_unblocked_filter(w, block, by_blocks), f"{node.input[1]}_oihw")
+            filters.add(name)
+            return _fused_conv(idx, node, {}, name)
         if node.op_type in _NCHWC_POOLS:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             return [helper.make_node(node.op_type, list(node.input), list(node.output),
@@ -269,6 +275,8 @@ def unblock_nchwc(model: onnx.ModelProto, prov: Provenance, reasons: dict[str, s
 
     # all or nothing: a blocked node left between read-back ones would read NCHW tensors
     made, failed = [], {}
+    padded: dict[str, int] = {}          # a ReorderInput's padded output -> real channels
+    filters: set[str] = set()            # the read-back Convs' filters
     for node in model.graph.node:
         if node.domain != NCHWC:
             made.append([node])
@@ -293,7 +301,109 @@ def unblock_nchwc(model: onnx.ModelProto, prov: Provenance, reasons: dict[str, s
                 prov.derive(n.name, node.name)
     del model.graph.node[:]
     model.graph.node.extend(n for nodes in made for n in nodes)
+    _strip_padded_channels(_Index(model), block, padded, filters)
     return done
+
+
+# nodes that compute each channel from the same channel of their inputs
+_PER_CHANNEL = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh",
+                "Identity", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+_BINARY = {"Add", "Mul", "Sub", "Div", "Max", "Min"}
+
+
+def _strip_padded_channels(idx: _Index, block: int, padded: dict[str, int],
+                           filters: set[str]) -> bool:
+    """The channels a read-back model carries only because the blocks padded them, dropped
+    (the TPU then does the network's products, and the report counts them): a Conv's
+    trailing output channels of zero filter rows and zero bias (at most a block's less
+    one; their values are the activation of 0, which the next filters weigh by zeros), the
+    next filters' columns for them (which must be zeros), the ReorderInput's Pad.  Done only
+    where every reader of a padded tensor is a Conv, a node per channel, an element-wise node
+    of equally padded tensors or the ReorderOutput's Slice; else the model stays padded.
+    `padded`: each ReorderInput's Pad output and its real channels; `filters`: the
+    read-back Convs' filters.  True when done."""
+    g = idx.model.graph
+    real: dict[str, int] = {}            # padded tensor -> its real channels
+    convs: list[tuple] = []              # (node, its real output channels, real input)
+    pads = []
+    for node in g.node:
+        padded_inputs = [i for i in node.input if i in real]
+        if node.op_type == "Pad" and node.output[0] in padded:
+            pads.append(node)
+            real[node.output[0]] = padded[node.output[0]]
+            continue
+        if node.op_type == "Conv" and node.input[1] in filters and \
+                padded_inputs in ([], node.input[:1]):
+            w = idx.const(node.input[1])
+            b = idx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            group = _attr(node, "group", 1)
+            cin = real.get(node.input[0], w.shape[1] * group)
+            if group == 1:
+                if np.any(w[:, cin:]):
+                    return False             # a padded channel weighed: not padding
+                o = _real_rows(w[:, :cin], b, block)
+            elif group == w.shape[0] and w.shape[1] == 1:
+                o = cin                      # depthwise: one output per input channel
+            else:
+                return False
+            convs.append((node, o, cin))
+            real[node.output[0]] = o
+            continue
+        if not padded_inputs:
+            continue
+        if node.op_type in _PER_CHANNEL and padded_inputs == [node.input[0]]:
+            real[node.output[0]] = real[node.input[0]]
+        elif node.op_type in _BINARY and len(set(real[i] for i in padded_inputs)) == 1 and \
+                all(i in real or _is_scalar(idx, i) for i in node.input):
+            real[node.output[0]] = real[padded_inputs[0]]
+        elif node.op_type == "Slice" and _slice_keeps(idx, node, real[node.input[0]]):
+            continue
+        else:
+            return False                   # a reader that sees the padded channels
+    if not any(o < idx.const(n.input[1]).shape[0] for n, o, _ in convs) and not pads:
+        return False
+    outputs = {v.name for v in g.output}
+    if outputs & set(real):
+        return False
+    for node, o, cin in convs:
+        w = idx.const(node.input[1])
+        group = _attr(node, "group", 1)
+        w = w[:o, :cin] if group == 1 else w[:o]
+        node.input[1] = idx.add_init(np.ascontiguousarray(w), node.input[1])
+        if len(node.input) > 2 and node.input[2]:
+            node.input[2] = idx.add_init(idx.const(node.input[2])[:o], node.input[2])
+        if group != 1:
+            for a in node.attribute:
+                if a.name == "group":
+                    a.i = o
+    for node in pads:
+        node.op_type = "Identity"
+        del node.input[1:]
+    return True
+
+
+def _real_rows(w: np.ndarray, b: np.ndarray | None, block: int) -> int:
+    """A blocked filter's real output channels: the padded rows are its trailing rows of
+    zeros (with zero bias), fewer than a block."""
+    rows = w.shape[0]
+    while rows > w.shape[0] - block + 1 and not np.any(w[rows - 1]) and \
+            (b is None or b[rows - 1] == 0):
+        rows -= 1
+    return rows
+
+
+def _is_scalar(idx: _Index, name: str) -> bool:
+    value = idx.const(name)
+    return value is not None and value.size == 1
+
+
+def _slice_keeps(idx: _Index, node, channels: int) -> bool:
+    """A ReorderOutput's Slice (its first `channels` channels at most)."""
+    if len(node.input) < 4:
+        return False
+    starts, ends, axes = (idx.const(i) for i in node.input[1:4])
+    return starts is not None and ends is not None and axes is not None and \
+        list(axes) == [1] and list(starts) == [0] and int(ends[0]) <= channels
 
 
 def _unblocked_filter(w: np.ndarray, block: int, by_blocks: bool) -> np.ndarray:
