@@ -470,3 +470,22 @@ def test_channels_last_pools_read_back_as_the_extended_level_s(tmp_path):
         step = real_models.output_steps(saved)["y"]
         assert np.abs(answers[level] - want).max() <= 1.01 * step
     np.testing.assert_array_equal(answers["ALL"], answers["EXTENDED"])
+
+
+def test_a_blocked_model_of_another_machine_runs_on_the_host_and_says_why(tmp_path,
+                                                                          monkeypatch):
+    """Filters in blocks of another machine's channel block (a file saved elsewhere): the
+    blocked nodes stay as they are, on the host, each with the reason in the report."""
+    from tpuasm.compiler.front import ortfusions
+    if ortfusions.machine_block() is None:
+        pytest.skip("onnxruntime writes no NCHWc form on this machine")
+    model = _conv_chain([3, 16, 16], False, False)
+    saved = _saved_optimized(tmp_path, model, "ALL")
+    onnx.save(saved, str(tmp_path / "saved.onnx"))
+    monkeypatch.setattr(ortfusions, "machine_block", lambda: 64)
+    x = np.random.default_rng(11).normal(size=(32, 3, 8, 8)).astype(np.float32)
+    compiled = tpu_compile(str(tmp_path / "saved.onnx"), batch=8, calibration={"x": x})
+    blocked = {n.name for n in saved.graph.node if n.domain == "com.microsoft.nchwc"}
+    rows = [r for r in compiled.report.rows if r.node in blocked]
+    assert rows and all(r.where == "host" for r in rows)
+    assert all("not blocks of this machine's 64 channels" in r.reason for r in rows), rows

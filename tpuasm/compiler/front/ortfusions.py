@@ -213,9 +213,12 @@ def machine_block() -> int | None:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(Path(tmp) / "probe.onnx")
         options.log_severity_level = 3    # not its warning that the form is the machine's
-        ort.InferenceSession(model.SerializeToString(), options,
-                             providers=["CPUExecutionProvider"])
-        saved = onnx.load(options.optimized_model_filepath)
+        try:
+            ort.InferenceSession(model.SerializeToString(), options,
+                                 providers=["CPUExecutionProvider"])
+            saved = onnx.load(options.optimized_model_filepath)
+        except Exception:                 # onnxruntime's own failure: no form to read
+            return None
     for node in saved.graph.node:
         if node.domain == NCHWC and node.op_type == "Conv":
             return next(t.dims[0] for t in saved.graph.initializer if t.name == node.input[1])
@@ -238,14 +241,16 @@ def unblock_nchwc(model: onnx.ModelProto, prov: Provenance, reasons: dict[str, s
     for node in model.graph.node:         # element-wise nodes between blocked tensors
         if node.domain != NCHWC and any(i in blocked for i in node.input):
             blocked.update(node.output)
-    mismatch = block is None or any(
-        node.domain == NCHWC and node.op_type == "Conv" and
-        (idx.const(node.input[1]) is None or idx.const(node.input[1]).shape[0] % block)
-        for node in model.graph.node)
-    if mismatch:
-        why = ("onnxruntime writes no NCHWc form on this machine" if block is None else
-               f"its filters are not blocks of this machine's {block} channels (saved on "
+    convs = [n for n in model.graph.node if n.domain == NCHWC and n.op_type == "Conv"]
+    why = None
+    if block is None:
+        why = "onnxruntime writes no NCHWc form on this machine"
+    elif any(idx.const(n.input[1]) is None or idx.const(n.input[1]).ndim < 3 for n in convs):
+        why = "a blocked Conv's filter is not a constant in the model"
+    elif any(idx.const(n.input[1]).shape[0] % block for n in convs):
+        why = (f"its filters are not blocks of this machine's {block} channels (saved on "
                f"another machine)")
+    if why:
         for node in model.graph.node:
             if node.domain == NCHWC:
                 reasons[node.name] = f"NCHWc layout not read back: {why}"
