@@ -122,13 +122,15 @@ def test_a_declared_input_range_puts_the_products_over_x_on_the_tpu_too(
         np.mean(shipped.argmax(1) == floats.argmax(1)) - 0.01
 
 
-@pytest.mark.parametrize("sliced", [False, True])
-def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys, sliced):
+@pytest.mark.parametrize("form", ["constant_of_shape", "sliced", "expanded"])
+def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys, form):
     """PyTorch writes a GRU's missing h0 as ConstantOfShape(zeros) of the batch's shape
-    (a stacked one's, a Slice of one for each layer); unrolled before the batch is fixed,
-    its step-0 products were counted and left to the host as constants (the PyTorch GRU's
-    QDQ model: 6.6 % of its MACs).  They are dropped, as the float path drops them: MACs
-    are T x (X products) + (T - 1) x (state products)."""
+    (a stacked one's, a Slice of one for each layer), tf2onnx a Keras layer's as a zero
+    Expanded to it; unrolled before the batch is fixed, its step-0 products were counted
+    and left to the host as constants (the PyTorch GRU's QDQ model: 6.6 % of its MACs, the
+    Keras LSTM's 5.5 %).  They are dropped, as the float path drops them: MACs are
+    T x (X products) + (T - 1) x (state products)."""
+    sliced = form == "sliced"
     steps, features, hidden = 5, 6, 8
     rng = np.random.default_rng(4)
     inits = [numpy_helper.from_array(rng.normal(0, 0.4, (1, 3 * hidden, features))
@@ -141,14 +143,18 @@ def test_a_zero_initial_state_of_a_shape_adds_no_products(tmp_path, capsys, slic
              numpy_helper.from_array(np.array([hidden], np.int64), "width"),
              numpy_helper.from_array(np.array(1, np.int64), "batch_axis"),
              numpy_helper.from_array(rng.normal(0, 0.5, (hidden, 3)).astype(np.float32),
-                                     "head")]
+                                     "head"),
+             numpy_helper.from_array(np.zeros((), np.float32), "zero")]
+    zeros = helper.make_node("ConstantOfShape", ["h0_shape"], ["zeros" if sliced else "h0"],
+                             name="h0", value=numpy_helper.from_array(np.zeros(1, np.float32)))
+    if form == "expanded":
+        zeros = helper.make_node("Expand", ["zero", "h0_shape"], ["h0"], name="h0")
     nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
              helper.make_node("Gather", ["shape", "batch_axis"], ["n"], name="n", axis=0),
              helper.make_node("Unsqueeze", ["n", "first"], ["n1"], name="n1"),
              helper.make_node("Concat", ["two" if sliced else "one", "n1", "width"],
                               ["h0_shape"], name="h0_shape", axis=0),
-             helper.make_node("ConstantOfShape", ["h0_shape"], ["zeros" if sliced else "h0"],
-                              name="h0", value=numpy_helper.from_array(np.zeros(1, np.float32))),
+             zeros,
              *([helper.make_node("Slice", ["zeros", "first", "one", "first"], ["h0"],
                                  name="layer0")] if sliced else []),
              helper.make_node("GRU", ["x", "W", "R", "", "", "h0"], ["Y", "Y_h"], name="gru",

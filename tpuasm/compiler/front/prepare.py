@@ -965,12 +965,16 @@ class _Unroller:
 
     def _zeros_of_a_shape(self, tensor) -> bool:
         """A ConstantOfShape of zeros not yet folded (a quantized model's LSTM is unrolled
-        before its batch is fixed), or a part of one (PyTorch slices a stacked LSTM's
-        layers' states out of one)."""
+        before its batch is fixed), a part of one (PyTorch slices a stacked LSTM's layers'
+        states out of one), or a constant zero expanded to a shape computed at run time
+        (tf2onnx's Keras LSTM: Expand(0, Concat(batch, units)), then Unsqueeze)."""
         node = self.idx.producer.get(tensor)
         for _ in range(8):
             if node is None or node.op_type not in _SAME_ZEROS or not node.input:
                 break
+            value = self.idx.const(node.input[0])
+            if value is not None:
+                return not np.any(value)
             node = self.idx.producer.get(node.input[0])
         if node is None or node.op_type != "ConstantOfShape":
             return False
