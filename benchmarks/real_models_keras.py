@@ -18,6 +18,10 @@ compiled model's own QDQ model (benchmarks/real_models_torch.py's comparison).
 - lstm: keras.layers.LSTM (tf2onnx's rewriter makes it an ONNX LSTM), Dense.
 - gru: a Bidirectional GRU (reset_after, Keras' default), which tf2onnx writes as two Loops
   (front/loops.py unrolls them), global average pooling over the steps, Dense.
+- cnn, through TensorFlow Lite: the same network converted to a full-integer int8 .tflite
+  (TFLiteConverter, its representative data the calibration rows), then to ONNX by
+  `tf2onnx.convert.from_tflite` (a QDQ model), compiled as shipped and compared with the
+  float model and with onnxruntime on that QDQ model.
 - attention: MultiHeadAttention (4 heads), residual Adds, LayerNormalization, a Dense with
   the tanh GELU (tf2onnx writes the exact GELU with an `Erfc` node that is not an ONNX
   operator, which onnxruntime refuses too), global average pooling, Dense.
@@ -25,6 +29,7 @@ compiled model's own QDQ model (benchmarks/real_models_torch.py's comparison).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -33,7 +38,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_models_torch import ROWS, TRAIN, one_input_export  # noqa: E402
+from real_models_shipped import compile_and_infer  # noqa: E402
+from real_models_torch import (CALIBRATE, ROWS, TRAIN, _run, one_input_export,  # noqa: E402
+                               top1_figures)
 
 NAMES = ("cnn", "lstm", "gru", "attention")
 
@@ -108,7 +115,42 @@ def main(argv=None) -> int:
             tf2onnx.convert.from_keras(model, input_signature=spec, opset=17,
                                        output_path=str(path))
             one_input_export(path, folder, f"keras {name} (tf2onnx)", x, labels)
+            if name == "cnn":
+                print(json.dumps(tflite_form(tf, tf2onnx, model, x, folder, path)), flush=True)
     return 0
+
+
+def tflite_form(tf, tf2onnx, model, x: np.ndarray, folder: Path, float_path: Path) -> dict:
+    """`model` as TensorFlow Lite's full-integer int8 conversion writes it, made ONNX by
+    tf2onnx, compiled as shipped: its row against the float model (`float_path`) and
+    onnxruntime on that QDQ model."""
+    calib = x[TRAIN:TRAIN + CALIBRATE]
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([calib[i:i + 1]] for i in range(len(calib)))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    sub = folder / "tflite"
+    sub.mkdir(exist_ok=True)
+    (sub / "model.tflite").write_bytes(converter.convert())
+    path = sub / "keras_cnn_int8.onnx"
+    tf2onnx.convert.from_tflite(str(sub / "model.tflite"), opset=17, output_path=str(path))
+    import onnx
+    graph = onnx.load(str(path)).graph
+    name, output = graph.input[0].name, graph.output[0].name
+    evaluation = {name: x[TRAIN + CALIBRATE:]}
+    np.savez(sub / "eval.npz", **evaluation)
+    row = {"model": "keras cnn (TFLite int8, tf2onnx), as it is"}
+    got = compile_and_infer(path, sub, [], row, calibrate=False)
+    if got is None:
+        return row
+    floats = next(iter(_run(float_path, {"x": evaluation[name]}).values()))
+    shipped = _run(path, evaluation)[output]
+    ours = got[output].reshape(shipped.shape)
+    row.update(top1_figures(floats.argmax(1), ours.argmax(1)))
+    row["qdq_model_top1"] = round(100 * float(np.mean(floats.argmax(1) ==
+                                                      shipped.argmax(1))), 2)
+    row["identical_to_qdq"] = round(100 * float(np.mean(ours == shipped)), 2)
+    return row
 
 
 if __name__ == "__main__":
