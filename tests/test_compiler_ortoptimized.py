@@ -132,7 +132,8 @@ def _read_back_agrees(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
     reasons: dict = {}
     assert unfuse_float_operators(standard, Provenance.of(standard), reasons) == 1, reasons
     assert all(n.domain in ("", "com.microsoft") and n.op_type not in
-               ("FusedConv", "FusedGemm", "FusedMatMul", "BiasGelu") for n in standard.graph.node)
+               ("FusedConv", "FusedGemm", "FusedMatMul", "BiasGelu", "Attention")
+               for n in standard.graph.node)
     out = model.graph.output[0].name
     want = session(model).run([out], feeds)[0]
     got = session(standard).run([out], feeds)[0]
@@ -489,3 +490,80 @@ def test_a_blocked_model_of_another_machine_runs_on_the_host_and_says_why(tmp_pa
     rows = [r for r in compiled.report.rows if r.node in blocked]
     assert rows and all(r.where == "host" for r in rows)
     assert all("not blocks of this machine's 64 channels" in r.reason for r in rows), rows
+
+
+@pytest.mark.parametrize("mask", [None, "end", "keys"])
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_attention_reads_back_as_its_products_and_softmax(mask, scale):
+    """onnxruntime's transformer optimizer fuses a BERT layer's self-attention into
+    com.microsoft Attention, its Q/K/V weights inside (a BERT of eager attention: both
+    layers' projections on the host, and not counted in the report's MACs).  Read back:
+    the same values as onnxruntime's kernel, with each mask form it reads."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(12)
+    batch, steps, width, heads = 3, 5, 16, 4
+    inputs = ["x", "w", "b"] + (["mask"] if mask else [])
+    attrs = {"num_heads": heads, **({"scale": scale} if scale else {})}
+    node = helper.make_node("Attention", inputs, ["y"], domain="com.microsoft", name="att",
+                            **attrs)
+    model = _fused_model(node, {"x": (batch, steps, width)},
+                         {"w": rng.normal(size=(width, 3 * width)) / 3,
+                          "b": rng.normal(size=3 * width) / 3})
+    feeds = {"x": rng.normal(size=(batch, steps, width)).astype(np.float32)}
+    if mask:
+        shape = (batch,) if mask == "end" else (batch, steps)
+        model.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.INT32,
+                                                               shape))
+        feeds["mask"] = (np.array([5, 3, 1], np.int32) if mask == "end" else
+                         (rng.random((batch, steps)) > 0.3).astype(np.int32))
+        if mask == "keys":
+            feeds["mask"][:, 0] = 1             # a row with every key masked: not a case
+    _read_back_agrees(model, feeds)
+
+
+def test_an_attention_with_a_past_state_stays_and_says_why():
+    from onnx import helper
+    from tpuasm.compiler.front.ortfusions import unfuse_float_operators
+    from tpuasm.compiler.front.provenance import Provenance
+    node = helper.make_node("Attention", ["x", "w", "b", "", "past"], ["y", "present"],
+                            domain="com.microsoft", name="att", num_heads=2)
+    model = _fused_model(node, {"x": (1, 4, 8), "past": (2, 1, 2, 3, 4)},
+                         {"w": np.ones((8, 24)), "b": np.zeros(24)})
+    reasons: dict = {}
+    assert unfuse_float_operators(model, Provenance.of(model), reasons) == 0
+    assert "past state" in reasons["att"]
+
+
+def test_an_attention_s_projection_runs_on_the_tpu_and_its_macs_count(tmp_path):
+    """A fused Attention between the input and a classifier head: its Q/K/V projection on
+    the TPU; the report's MACs are the network's own, the products of two activations
+    (Q K^T, then by V) among them, on the host."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(13)
+    steps, width, heads, rows = 6, 16, 4, 8
+    nodes = [helper.make_node("Attention", ["x", "w", "b"], ["a"], domain="com.microsoft",
+                              name="att", num_heads=heads),
+             helper.make_node("ReduceMean", ["a"], ["m"], axes=[1], keepdims=0, name="pool"),
+             helper.make_node("Gemm", ["m", "head"], ["y"], name="fc")]
+    graph = helper.make_graph(
+        nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                           ["N", steps, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array((rng.normal(size=(width, 3 * width)) / 3).astype(np.float32),
+                                 "w"),
+         numpy_helper.from_array((rng.normal(size=3 * width) / 3).astype(np.float32), "b"),
+         numpy_helper.from_array(rng.normal(size=(width, 3)).astype(np.float32), "head")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, str(tmp_path / "att.onnx"))
+    x = rng.normal(size=(64, steps, width)).astype(np.float32)
+    compiled = tpu_compile(str(tmp_path / "att.onnx"), batch=rows, calibration={"x": x})
+    att = next(r for r in compiled.report.rows if r.node == "att")
+    projection = rows * steps * width * 3 * width
+    products = rows * steps * steps * 2 * width
+    assert att.macs == projection + products
+    assert compiled.report.macs == att.macs + rows * width * 3
+    assert compiled.report.tpu_macs == projection + rows * width * 3
+    got = compiled.run({"x": x})["y"]
+    want = session(model).run(["y"], {"x": x})[0]
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.97

@@ -25,7 +25,7 @@ _TRANSPOSED_GATES = {"DynamicQuantizeLSTM"}
 _BRANCHING = {"If"}
 
 MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose",
-                        "Einsum"})
+                        "Einsum", "Attention"})
 
 
 def node_macs(node, shapes: dict) -> int | None:
@@ -59,6 +59,9 @@ def node_macs(node, shapes: dict) -> int | None:
         return prod(y) * a[-1]
     if op == "Einsum":
         return _einsum_macs(node.attr("equation", ""), [shape(i) for i in node.inputs])
+    if op == "Attention":
+        return _attention_macs(shape(node.input(0)), shape(node.input(1)),
+                               node.attr("qkv_hidden_sizes", None))
     if op in _GEMM:
         a = shape(node.input(0))
         if y is None or a is None or len(a) != 2:
@@ -74,6 +77,16 @@ def node_macs(node, shapes: dict) -> int | None:
     if op in _TRANSPOSED_GATES:
         return steps_rows * w[0] * w[2] * (w[1] + r[1])
     return steps_rows * w[0] * w[1] * (w[2] + r[2])
+
+
+def _attention_macs(x, w, sizes) -> int | None:
+    """onnxruntime's com.microsoft Attention: x (B, S, I) by its packed Q/K/V weights
+    (I, Hq + Hk + Hv), then per head Q K^T (S x S x head) and the weights by V."""
+    if x is None or w is None or len(x) != 3 or len(w) != 2:
+        return None
+    batch, steps, _ = x
+    hq, _, hv = sizes if sizes else (w[1] // 3,) * 3
+    return batch * steps * w[0] * w[1] + batch * steps * steps * (hq + hv)
 
 
 def _einsum_macs(equation, shapes: list) -> int | None:

@@ -58,7 +58,8 @@ def unfuse_float_operators(model: onnx.ModelProto, prov: Provenance,
     the standard nodes it computes; the count done (a form not known keeps its node and
     its reason in `reasons`)."""
     readers = {"FusedConv": _fused_conv, "FusedGemm": _fused_gemm,
-               "FusedMatMul": _fused_matmul, "BiasGelu": _bias_gelu, "FastGelu": _bias_gelu}
+               "FusedMatMul": _fused_matmul, "BiasGelu": _bias_gelu, "FastGelu": _bias_gelu,
+               "Attention": _attention}
 
     def wanted(n) -> bool:           # a FastGelu with its bias input (Optimum's fusion)
         return n.domain == MICROSOFT and n.op_type in readers and (
@@ -186,6 +187,94 @@ def _bias_gelu(idx: _Index, node, ranks) -> list:
     return [helper.make_node("Add", list(node.input[:2]), [summed], name=node.name),
             helper.make_node(gelu, [summed], list(node.output), domain=MICROSOFT,
                              name=idx.unique(f"{node.name}/{gelu}"))]
+
+
+def _attention(idx: _Index, node, ranks) -> list:
+    """com.microsoft Attention (onnxruntime's transformer optimizer fuses a BERT layer's
+    self-attention into it) as the nodes it computes: x times the packed Q/K/V weights plus
+    bias (a MatMul with a weight: the TPU's), split, heads apart, softmax(Q K^T * scale +
+    mask) V, heads together.  The mask as onnxruntime reads it: none, a key's end position
+    per row (B,), or 0/1 per key (B, S); a key masked adds mask_filter_value.  Not read: a
+    past state, an attention bias, a causal (unidirectional) or rotary form."""
+    inputs = list(node.input) + [""] * (8 - len(node.input))
+    x, weight, bias, mask = inputs[:4]
+    if any(inputs[4:]) or _attr(node, "unidirectional", 0) or _attr(node, "do_rotary", 0) \
+            or any(node.output[1:]):
+        raise NotRewritten("it has a past state, an attention bias, or a causal or rotary "
+                           "form")
+    w = idx.const(weight)
+    heads = _attr(node, "num_heads")
+    if w is None or w.ndim != 2 or not heads or len(ranks.get(x, ())) != 3:
+        raise NotRewritten("its weights are not a constant (I, 3H) or its input not (B, S, I)")
+    sizes = list(_attr(node, "qkv_hidden_sizes", None) or [w.shape[1] // 3] * 3)
+    if sum(sizes) != w.shape[1] or sizes[0] != sizes[1] or any(h % heads for h in sizes):
+        raise NotRewritten(f"its hidden sizes {sizes} do not split its weights into "
+                           f"{heads} heads")
+    mask_dims = ranks.get(mask, ()) if mask else ()
+    if mask and len(mask_dims) not in (1, 2):
+        raise NotRewritten(f"its mask of rank {len(mask_dims)} is not read back")
+    head = sizes[0] // heads
+    scale = float(_attr(node, "scale", 0.0) or 1.0 / np.sqrt(head))
+    name = node.name
+    made: list = []
+
+    def emit(op, ins, tag, **attrs) -> str:
+        out = idx.unique(f"{name}_{tag}")
+        made.append(helper.make_node(op, ins, [out], name=idx.unique(f"{name}/{tag}"),
+                                     **attrs))
+        return out
+
+    def const(value, tag) -> str:
+        return idx.add_init(np.asarray(value), f"{name}_{tag}")
+
+    qkv = emit("MatMul", [x, weight], "qkv")
+    made[-1].name = name                       # the report's row: the user's node
+    if bias:
+        qkv = emit("Add", [qkv, bias], "qkv_bias")
+    parts = [idx.unique(f"{name}_{t}") for t in "qkv"]
+    made.append(helper.make_node("Split", [qkv, const(np.array(sizes, np.int64), "sizes")],
+                                 parts, axis=2, name=idx.unique(f"{name}/split")))
+    by_heads = const(np.array([0, 0, heads, -1], np.int64), "heads")
+    q, k, v = (emit("Reshape", [p, by_heads], f"{t}_heads") for p, t in zip(parts, "qkv"))
+    q = emit("Transpose", [q], "q_t", perm=[0, 2, 1, 3])
+    k = emit("Transpose", [k], "k_t", perm=[0, 2, 3, 1])
+    v = emit("Transpose", [v], "v_t", perm=[0, 2, 1, 3])
+    scores = emit("Mul", [emit("MatMul", [q, k], "scores"),
+                          const(np.float32(scale), "scale")], "scaled")
+    if mask:
+        filler = float(_attr(node, "mask_filter_value", -10000.0))
+        if len(mask_dims) == 1:              # each row's keys before its end position
+            steps = emit("Gather", [emit("Shape", [x], "shape"),
+                                    const(np.int64(1), "seq_axis")], "steps")
+            keys = emit("Range", [const(np.int64(0), "zero"), steps,
+                                  const(np.int64(1), "one")], "keys")
+            end = emit("Unsqueeze", [emit("Cast", [mask], "end", to=onnx.TensorProto.INT64),
+                                     const(np.array([1], np.int64), "end_axis")], "end_2d")
+            kept = emit("Less", [keys, end], "kept")
+        else:                                # 0/1 per key
+            kept = emit("Greater", [mask, const(np.zeros((), _numpy_type(idx, mask)),
+                                                "mask_zero")], "kept")
+        added = emit("Where", [kept, const(np.float32(0.0), "open"),
+                               const(np.float32(filler), "masked")], "mask_add")
+        added = emit("Unsqueeze", [added, const(np.array([1, 2], np.int64), "mask_axes")],
+                     "mask_4d")
+        scores = emit("Add", [scores, added], "masked_scores")
+    probs = emit("Softmax", [scores], "probs", axis=-1)
+    context = emit("Transpose", [emit("MatMul", [probs, v], "context")], "context_t",
+                   perm=[0, 2, 1, 3])
+    made.append(helper.make_node("Reshape", [context, const(np.array([0, 0, -1], np.int64),
+                                                            "merged")],
+                                 list(node.output[:1]), name=idx.unique(f"{name}/merge")))
+    return made
+
+
+def _numpy_type(idx: _Index, tensor: str):
+    """The numpy type of a graph input or a value with a declared type (int32 by default:
+    onnxruntime's masks are)."""
+    for v in [*idx.model.graph.input, *idx.model.graph.value_info]:
+        if v.name == tensor and v.type.tensor_type.elem_type:
+            return onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+    return np.int32
 
 
 # --- a float model saved in MLAS's blocked layout (NCHWc) ---------------------------------
