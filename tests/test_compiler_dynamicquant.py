@@ -37,12 +37,13 @@ def _float_model(rng) -> onnx.ModelProto:
     return model
 
 
-def _dynamic(tmp_path, model) -> onnx.ModelProto:
+def _dynamic(tmp_path, model, op_types=("Conv", "MatMul")) -> onnx.ModelProto:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
     onnx.save(model, str(src))
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["Conv", "MatMul"])
+                     op_types_to_quantize=list(op_types),
+                     extra_options={"DefaultTensorType": T.FLOAT})
     return onnx.load(str(dst))
 
 
@@ -411,3 +412,70 @@ def test_onnxruntime_s_fused_dynamic_forms_are_read_back_with_calibration(tmp_pa
     got = compiled.run(m.evaluation)[m.output]
     want = session(m.model).run([m.output], m.evaluation)[0]
     assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.99
+
+
+def _bert_layer(rng, vocab=50, steps=8, width=16, heads=4) -> onnx.ModelProto:
+    """onnxruntime's transformer optimizer's form of a BERT's front: EmbedLayerNormalization
+    of int32 token ids (its mask index out), an Attention over it, a mean, a head."""
+    def weight(shape, name, s=0.3):
+        return numpy_helper.from_array(rng.normal(0, s, shape).astype(np.float32), name)
+    inits = [weight((vocab, width), "words"), weight((steps, width), "positions"),
+             weight((2, width), "segments"), weight(width, "gamma", 0.1),
+             weight(width, "beta", 0.1), weight((width, 3 * width), "qkv"),
+             weight(3 * width, "qkv_b", 0.1), weight((width, 3), "head")]
+    nodes = [helper.make_node("EmbedLayerNormalization",
+                              ["ids", "segment", "words", "positions", "segments", "gamma",
+                               "beta", "mask"], ["e", "mask_index"], domain="com.microsoft",
+                              name="embed", epsilon=1e-12),
+             helper.make_node("Attention", ["e", "qkv", "qkv_b", "mask_index"], ["a"],
+                              domain="com.microsoft", name="attention", num_heads=heads),
+             helper.make_node("ReduceMean", ["a"], ["m"], axes=[1], keepdims=0, name="pool"),
+             helper.make_node("MatMul", ["m", "head"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "bert", [
+        helper.make_tensor_value_info(n, T.INT32, ["N", steps])
+        for n in ("ids", "segment", "mask")],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_int8_bert_recipe_s_qattention_is_read_back_and_compiles(tmp_path):
+    """onnxruntime's int8 BERT recipe (its transformer optimizer, then quantize_dynamic)
+    writes QAttention and QEmbedLayerNormalization: given calibration data such a model was
+    refused ("some of its chains (DynamicQuantizeLinear) could not be read back").  Read
+    back, each weight is its float one within half a step of its quantization, the
+    projection runs on the TPU, and the report counts the attention's MACs."""
+    rng = np.random.default_rng(21)
+    model = _bert_layer(rng)
+    dynamic = _dynamic(tmp_path, model, ("MatMul", "Attention", "EmbedLayerNormalization"))
+    ops = {n.op_type for n in dynamic.graph.node}
+    assert {"QAttention", "QEmbedLayerNormalization"} <= ops
+    read = onnx.ModelProto()
+    read.CopyFrom(dynamic)
+    assert dequantize_dynamic(read) >= 2
+    assert {"Attention", "EmbedLayerNormalization"} <= {n.op_type for n in read.graph.node}
+    assert not {"QAttention", "QEmbedLayerNormalization", "DynamicQuantizeLinear"} & \
+        {n.op_type for n in read.graph.node}
+    floats = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = {t.name: numpy_helper.to_array(t) for t in read.graph.initializer}
+    attention = next(n for n in read.graph.node if n.op_type == "Attention")
+    embed = next(n for n in read.graph.node if n.op_type == "EmbedLayerNormalization")
+    for original, name in (("qkv", attention.input[1]), ("words", embed.input[2]),
+                           ("positions", embed.input[3]), ("gamma", embed.input[5])):
+        step = 2 * np.abs(floats[original]).max() / 254     # int8's, symmetric or not
+        assert np.abs(values[name] - floats[original]).max() <= 0.5 * step * 1.01, original
+    onnx.save(dynamic, str(tmp_path / "dynamic.onnx"))
+    rows = 64
+    feeds = {"ids": rng.integers(0, 50, (rows, 8)).astype(np.int32),
+             "segment": rng.integers(0, 2, (rows, 8)).astype(np.int32),
+             "mask": np.ones((rows, 8), np.int32)}
+    feeds["mask"][::3, 6:] = 0
+    compiled = tpu_compile(str(tmp_path / "dynamic.onnx"), batch=16, calibration=feeds)
+    row = next(r for r in compiled.report.rows if r.node == "attention_quant")
+    assert row.where == "TPU" and row.macs == 16 * 8 * 16 * 48 + 16 * 8 * 8 * 32
+    assert compiled.report.tpu_macs >= 16 * 8 * 16 * 48
+    got = compiled.run(feeds)["y"]
+    want = session(model).run(["y"], feeds)[0]
+    assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.95

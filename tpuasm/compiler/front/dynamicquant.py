@@ -22,7 +22,12 @@ read back as that float LSTM, W = ((W_q - zp) * scale) transposed, so that the L
 unrolling (prepare.py) puts its gate Gemms on the TPU like any float LSTM's.
 
 The constant weights it dequantizes itself (an embedding table: Gather(W_q, ids) ->
-DequantizeLinear) are read back as float constants too.
+DequantizeLinear) are read back as float constants too.  So are the transformer forms it
+writes over onnxruntime's transformer optimizer (the int8 BERT recipe: optimize_model, then
+quantize_dynamic): com.microsoft QAttention (x quantized at run time, its packed Q/K/V
+weights int8) is the float Attention of W = (W_q - zp) * scale over x (ortfusions.py then
+reads that as standard nodes), QEmbedLayerNormalization the EmbedLayerNormalization of its
+dequantized tables.
 
 A chain of another shape is left as it is (it runs on the host, with its reason)."""
 from __future__ import annotations
@@ -79,6 +84,11 @@ def dequantize_dynamic(model) -> int:
             if fused is not None:
                 replaced[node.output[0]] = fused
             continue
+        if node.op_type in _TRANSFORMER_OPS and node.domain == "com.microsoft":
+            read = _TRANSFORMER_OPS[node.op_type](node, idx)
+            if read is not None:
+                replaced[node.output[0]] = [read]
+            continue
         if node.op_type not in _INTEGER_OPS:
             continue
         chain = _chain(node, idx)
@@ -130,6 +140,60 @@ def _fused_matmul(node, idx: _Index):
     b_name = None if b is None else idx.add_init(b.astype(np.float32).reshape(-1),
                                                  f"{y}_bias")
     return float_matmul(idx, x, w_name, y, name, b_name)
+
+
+def _float_attention(node, idx: _Index):
+    """QAttention(x_q, W_q, bias, x_scale, w_scale, mask, x_zp, w_zp[, past]) over x
+    quantized at run time, as the float Attention(x, W, bias, mask), or None."""
+    inputs = list(node.input) + [""] * (9 - len(node.input))
+    source = idx.producer.get(inputs[0])
+    if source is None or source.op_type != "DynamicQuantizeLinear" or inputs[8] or \
+            inputs[3] != source.output[1] or inputs[6] not in ("", source.output[2]):
+        return None
+    w_q, w_scale = idx.const(inputs[1]), idx.const(inputs[4])
+    w_zp = idx.const(inputs[7]) if inputs[7] else np.zeros((), np.int8)
+    if w_q is None or w_scale is None or w_zp is None or w_q.ndim != 2:
+        return None
+    weight = _float_weight("MatMulInteger", w_q, w_zp, w_scale)
+    if weight is None:
+        return None
+    name = node.name or node.output[0]
+    ins = [source.input[0], idx.add_init(weight, f"{name}_qkv_dequantized"), inputs[2],
+           inputs[5]]
+    while not ins[-1]:
+        ins.pop()
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return helper.make_node("Attention", ins, list(node.output), name=name,
+                            domain="com.microsoft", **attrs)
+
+
+def _float_embed_layer_norm(node, idx: _Index):
+    """QEmbedLayerNormalization(ids, segments, 5 int8 tables, mask, their 5 scales, their 5
+    zero points) as the EmbedLayerNormalization of the dequantized tables, or None."""
+    inputs = list(node.input) + [""] * (18 - len(node.input))
+    tables = []
+    for i in range(5):
+        q, scale, zero = inputs[2 + i], inputs[8 + i], inputs[13 + i]
+        if not q:
+            tables.append("")
+            continue
+        q_v, s_v = idx.const(q), idx.const(scale)
+        z_v = idx.const(zero) if zero else np.zeros((), np.uint8)
+        if q_v is None or s_v is None or z_v is None or s_v.size != 1 or z_v.size != 1:
+            return None
+        value = (q_v.astype(np.float32) - np.float32(z_v)) * np.float32(s_v)
+        tables.append(idx.add_init(value.astype(np.float32), f"{q}_dequantized"))
+    ins = [inputs[0], inputs[1], *tables, inputs[7]]
+    while not ins[-1]:
+        ins.pop()
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return helper.make_node("EmbedLayerNormalization", ins, list(node.output),
+                            name=node.name or node.output[0], domain="com.microsoft",
+                            **attrs)
+
+
+_TRANSFORMER_OPS = {"QAttention": _float_attention,
+                    "QEmbedLayerNormalization": _float_embed_layer_norm}
 
 
 def float_matmul(idx: _Index, x: str, weight: str, y: str, name: str,

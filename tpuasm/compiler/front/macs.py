@@ -25,7 +25,7 @@ _TRANSPOSED_GATES = {"DynamicQuantizeLSTM"}
 _BRANCHING = {"If"}
 
 MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose",
-                        "Einsum", "Attention"})
+                        "Einsum", "Attention", "QAttention"})
 
 
 def node_macs(node, shapes: dict) -> int | None:
@@ -59,7 +59,7 @@ def node_macs(node, shapes: dict) -> int | None:
         return prod(y) * a[-1]
     if op == "Einsum":
         return _einsum_macs(node.attr("equation", ""), [shape(i) for i in node.inputs])
-    if op == "Attention":
+    if op in ("Attention", "QAttention"):
         return _attention_macs(shape(node.input(0)), shape(node.input(1)),
                                node.attr("qkv_hidden_sizes", None))
     if op in _GEMM:
