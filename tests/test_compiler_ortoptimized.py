@@ -286,7 +286,7 @@ def test_a_blocked_nchwc_model_reads_back_as_the_float_model(tmp_path, channels,
     back, the standard model computes the float model's values, with its channels (20 and
     24 were 32: the MACs counted and the TPU's work were a third more)."""
     import copy
-    from tpuasm.compiler.front.ortfusions import machine_block, unblock_nchwc
+    from tpuasm.compiler.front.nchwc import machine_block, unblock_nchwc
     from tpuasm.compiler.front.provenance import Provenance
     if machine_block() is None:
         pytest.skip("onnxruntime writes no NCHWc form on this machine")
@@ -314,7 +314,7 @@ def test_a_float_model_saved_at_the_all_level_compiles(tmp_path, name):
     """A session's default level saved the float blocks in the NCHWc layout: before, 0.1 %
     and 0.8 % of their MACs on the TPU (every blocked node on the host); now all of them,
     with the float model's answers."""
-    from tpuasm.compiler.front.ortfusions import machine_block
+    from tpuasm.compiler.front.nchwc import machine_block
     if machine_block() is None:
         pytest.skip("onnxruntime writes no NCHWc form on this machine")
     m = real_models.BUILDERS[name]()
@@ -333,7 +333,7 @@ def test_a_blocked_model_is_read_back_whole_or_not_at_all(tmp_path):
     between read-back ones would read NCHW tensors as blocks), each with the reason."""
     import copy
     from onnx import helper
-    from tpuasm.compiler.front.ortfusions import machine_block, unblock_nchwc
+    from tpuasm.compiler.front.nchwc import machine_block, unblock_nchwc
     from tpuasm.compiler.front.provenance import Provenance
     if machine_block() is None:
         pytest.skip("onnxruntime writes no NCHWc form on this machine")
@@ -398,7 +398,7 @@ def test_padded_channels_stay_where_a_filter_weighs_them(tmp_path):
     stripping is exact or not done."""
     import copy
     from onnx import numpy_helper
-    from tpuasm.compiler.front.ortfusions import machine_block, unblock_nchwc
+    from tpuasm.compiler.front.nchwc import machine_block, unblock_nchwc
     from tpuasm.compiler.front.provenance import Provenance
     block = machine_block()
     if block is None:
@@ -477,13 +477,13 @@ def test_a_blocked_model_of_another_machine_runs_on_the_host_and_says_why(tmp_pa
                                                                           monkeypatch):
     """Filters in blocks of another machine's channel block (a file saved elsewhere): the
     blocked nodes stay as they are, on the host, each with the reason in the report."""
-    from tpuasm.compiler.front import ortfusions
-    if ortfusions.machine_block() is None:
+    from tpuasm.compiler.front import nchwc
+    if nchwc.machine_block() is None:
         pytest.skip("onnxruntime writes no NCHWc form on this machine")
     model = _conv_chain([3, 16, 16], False, False)
     saved = _saved_optimized(tmp_path, model, "ALL")
     onnx.save(saved, str(tmp_path / "saved.onnx"))
-    monkeypatch.setattr(ortfusions, "machine_block", lambda: 64)
+    monkeypatch.setattr(nchwc, "machine_block", lambda: 64)
     x = np.random.default_rng(11).normal(size=(32, 3, 8, 8)).astype(np.float32)
     compiled = tpu_compile(str(tmp_path / "saved.onnx"), batch=8, calibration={"x": x})
     blocked = {n.name for n in saved.graph.node if n.domain == "com.microsoft.nchwc"}

@@ -68,7 +68,8 @@ def prepare(model: onnx.ModelProto, provenance: Provenance | None = None,
     if base_dir is not None:
         from tpuasm.compiler.front.ortshapes import declare_foreign_outputs
         declare_foreign_outputs(model, Path(base_dir))
-    from tpuasm.compiler.front.ortfusions import unblock_nchwc, unfuse_float_operators
+    from tpuasm.compiler.front.nchwc import unblock_nchwc
+    from tpuasm.compiler.front.ortfusions import unfuse_float_operators
     unblock_nchwc(model, prov, reasons)            # onnxruntime's saved layouts and
     unfuse_float_operators(model, prov, reasons)   # fusions: standard nodes
     from tpuasm.compiler.front.gemmforms import rewrite_scaled_gemms
