@@ -41,3 +41,14 @@ def test_compile_cost_models_are_3_mb_float_models(tmp_path):
         assert stored == weights
         (y,) = run(model, {"x": np.load(data)})
         assert y.shape == (8, 10) and np.all(np.isfinite(y))
+
+
+def test_ort_saved_forms_row():
+    """benchmarks/real_models_ortsaved.py (make bench-ortsaved) on one model and form."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_models_ortsaved.py"),
+                          "--only", "conv1d_audio", "--forms", "float-extended"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-500:]
+    (row,) = [line for line in out.stdout.splitlines() if "conv1d_audio" in line]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "float-extended" and cells[2] == "100.0%", row
