@@ -567,3 +567,52 @@ def test_an_attention_s_projection_runs_on_the_tpu_and_its_macs_count(tmp_path):
     got = compiled.run({"x": x})["y"]
     want = session(model).run(["y"], {"x": x})[0]
     assert np.mean(got.argmax(1) == want.argmax(1)) >= 0.97
+
+
+_MALFORMED = {
+    "a Clip without its bounds": (
+        ("FusedConv", {"activation": "Clip", "kernel_shape": [3, 3]}, "com.microsoft"),
+        {"x": ["N", 2, 6, 6]}, {"w": (3, 2, 3, 3)}, ["N", 3, 4, 4],
+        "its Clip has 0 of its 2 parameters"),
+    "heads that do not split the weights": (
+        ("Attention", {"num_heads": 5}, "com.microsoft"), {"x": ["N", 4, 16]},
+        {"w": (16, 48), "b": (48,)}, ["N", 4, 16], "do not split its weights into 5 heads"),
+    "weights computed at run time": (
+        ("Attention", {"num_heads": 4}, "com.microsoft"), {"x": ["N", 4, 16], "w": [16, 48]},
+        {}, ["N", 4, 16], "its weights are not a constant"),
+    "a transposed vector": (
+        ("FusedMatMul", {"transB": 1}, "com.microsoft"), {"x": ["N", 8]}, {"w": (8,)}, ["N"],
+        "is not known to be a matrix"),
+    "a blocked filter of another machine's block": (
+        ("Conv", {"kernel_shape": [3, 3]}, "com.microsoft.nchwc"), {"x": ["N", 3, 8, 8]},
+        {"w": (5, 3, 3, 3)}, ["N", 5, 6, 6], "not blocks of this machine's"),
+}
+
+
+@pytest.mark.parametrize("case", list(_MALFORMED))
+def test_a_fused_form_that_cannot_be_read_back_runs_on_the_host_and_says_why(tmp_path, case):
+    """Bad or unusual fused nodes: the compile goes on, the node on the host with its
+    reason in the report; no traceback."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tpuasm.compiler.front.nchwc import machine_block
+    (op, attrs, domain), inputs, weights, out_shape, says = _MALFORMED[case]
+    if domain.endswith("nchwc") and machine_block() is None:
+        pytest.skip("onnxruntime writes no NCHWc form on this machine")
+    rng = np.random.default_rng(14)
+    node = helper.make_node(op, [*inputs, *weights], ["y"], domain=domain, name="fused",
+                            **attrs)
+    graph = helper.make_graph(
+        [node], "malformed",
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [numpy_helper.from_array(rng.normal(size=v).astype(np.float32), k)
+         for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(domain, 1)])
+    onnx.save(model, str(tmp_path / "fused.onnx"))
+    data = {k: rng.normal(size=[16 if d == "N" else d for d in v]).astype(np.float32)
+            for k, v in inputs.items()}
+    compiled = tpu_compile(str(tmp_path / "fused.onnx"), batch=8, calibration=data,
+                           validate=False)
+    (row,) = [r for r in compiled.report.rows if r.node == "fused"]
+    assert row.where == "host" and says in row.reason, row

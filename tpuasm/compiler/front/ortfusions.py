@@ -155,7 +155,8 @@ def _fused_matmul(idx: _Index, node, ranks) -> list:
         else:
             rank = len(ranks.get(name, ()))
             if rank < 2:
-                raise NotRewritten(f"the rank of its input '{name}' is unknown")
+                raise NotRewritten(f"its input '{name}' is not known to be a matrix "
+                                   f"(rank 2 or more)")
             perm = [*range(rank - 2), rank - 1, rank - 2]
             swapped = idx.unique(f"{name}_T")
             made.append(helper.make_node("Transpose", [name], [swapped], perm=perm,
