@@ -132,7 +132,9 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     keep = known_axes = prepared = None
     fitted = 0                          # matrix nodes whose weights accumroom.py re-rounded
     probes: dict = {}
-    recurrent_reasons: dict[str, str] = {}    # a quantized model's recurrent nodes left float
+    # a quantized model's nodes a rewrite left as they are (recurrent ones left float,
+    # channels-last ones not read back): their reasons, for the report
+    recurrent_reasons: dict[str, str] = {}
     # a weight-only model without data runs as shipped: its MatMulNBits on the host
     if is_quantized(model) or (calibration is None and _weight_only_left(model)):
         if calibration is not None:
@@ -239,7 +241,8 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         from tpuasm.compiler.front.convforms import rewrite_quantized_transposes
         rewrite_quantized_transposes(model, provenance)
         from tpuasm.compiler.front.ortfusions import channels_first_quantized
-        channels_first_quantized(model, provenance)   # onnxruntime's all-level NHWC form
+        # onnxruntime's all-level NHWC form (a node not read back: its reason reported)
+        channels_first_quantized(model, provenance, recurrent_reasons)
         fitted, said = _fitted_accumulators(model)
         source += said
     # a quantized model's float recurrent nodes (qdqrecurrent.py): those of the graph now,

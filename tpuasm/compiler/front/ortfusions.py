@@ -30,7 +30,7 @@ import onnx
 from onnx import helper
 
 from tpuasm.compiler.front.prepare import (NotRewritten, _attr, _expand_nodes, _Index,
-                                           _ranks)
+                                           _ranks, _value_types)
 from tpuasm.compiler.front.provenance import Provenance
 
 MICROSOFT = "com.microsoft"
@@ -248,8 +248,9 @@ def _attention(idx: _Index, node, ranks) -> list:
                                      const(np.array([1], np.int64), "end_axis")], "end_2d")
             kept = emit("Less", [keys, end], "kept")
         else:                                # 0/1 per key
-            kept = emit("Greater", [mask, const(np.zeros((), _numpy_type(idx, mask)),
-                                                "mask_zero")], "kept")
+            mask_type = _value_types(idx.model).get(mask, onnx.TensorProto.INT32)
+            zero = np.zeros((), helper.tensor_dtype_to_np_dtype(mask_type))
+            kept = emit("Greater", [mask, const(zero, "mask_zero")], "kept")
         added = emit("Where", [kept, const(np.float32(0.0), "open"),
                                const(np.float32(filler), "masked")], "mask_add")
         added = emit("Unsqueeze", [added, const(np.array([1, 2], np.int64), "mask_axes")],
@@ -264,24 +265,17 @@ def _attention(idx: _Index, node, ranks) -> list:
     return made
 
 
-def _numpy_type(idx: _Index, tensor: str):
-    """The numpy type of a graph input or a value with a declared type (int32 by default:
-    onnxruntime's masks are)."""
-    for v in [*idx.model.graph.input, *idx.model.graph.value_info]:
-        if v.name == tensor and v.type.tensor_type.elem_type:
-            return onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
-    return np.int32
-
-
 # --- a quantized model saved channels-last ---------------------------------------------
 
 _CHANNELS_LAST = {"QLinearConv", "QLinearAveragePool", "QLinearGlobalAveragePool"}
 
 
-def channels_first_quantized(model: onnx.ModelProto, prov: Provenance) -> int:
+def channels_first_quantized(model: onnx.ModelProto, prov: Provenance,
+                             reasons: dict[str, str]) -> int:
     """Every channels-last node of onnxruntime's NhwcTransformer, in place, as its
     channels-first form between Transposes, then the Transposes that undo each other
-    dropped; the count of nodes read back."""
+    dropped; the count of nodes read back (a node not read back: its reason in
+    `reasons`)."""
     def wanted(n) -> bool:
         return n.domain == MICROSOFT and (
             n.op_type == "NhwcMaxPool" or
@@ -291,7 +285,7 @@ def channels_first_quantized(model: onnx.ModelProto, prov: Provenance) -> int:
         return 0
     idx = _Index(model)
     ranks = dict(_ranks(model))   # onnx infers nothing past a contrib node: filled below
-    done = _expand_nodes(model, prov, {}, "read back", wanted,
+    done = _expand_nodes(model, prov, reasons, "read back", wanted,
                          lambda n: _channels_first(idx, n, ranks))
     drop_inverse_transposes(model)
     return done
