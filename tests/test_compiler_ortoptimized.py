@@ -521,17 +521,184 @@ def test_attention_reads_back_as_its_products_and_softmax(mask, scale):
     _read_back_agrees(model, feeds)
 
 
-def test_an_attention_with_a_past_state_stays_and_says_why():
+_PAST = 5           # the past state's steps in the GPT-2 forms below
+
+
+@pytest.mark.parametrize("mask", [None, "end", "end-start", "keys", "query-keys"])
+@pytest.mark.parametrize("past", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_gpt2_attention_reads_back_with_its_past_and_causal_mask(causal, past, mask):
+    """onnxruntime's GPT-2 fusion: Attention with unidirectional = 1, a past state
+    (2, B, N, P, head) and its present output; every mask form onnxruntime's kernel reads
+    (end positions, end then start positions, 0/1 per key or per query and key over the
+    past keys too).  The read-back's output and present are onnxruntime's."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(14)
+    batch, steps, width, heads = 3, 4, 16, 4
+    keys = steps + (_PAST if past else 0)
+    inputs = ["x", "w", "b", "mask" if mask else "", "past" if past else ""]
+    outputs = ["y", "present"] if past else ["y"]
+    node = helper.make_node("Attention", inputs, outputs, domain="com.microsoft",
+                            name="att", num_heads=heads, unidirectional=int(causal))
+    model = _fused_model(node, {"x": (batch, steps, width)},
+                         {"w": rng.normal(size=(width, 3 * width)) / 3,
+                          "b": rng.normal(size=3 * width) / 3})
+    feeds = {"x": rng.normal(size=(batch, steps, width)).astype(np.float32)}
+    if past:
+        shape = (2, batch, heads, _PAST, width // heads)
+        model.graph.input.append(helper.make_tensor_value_info("past", TensorProto.FLOAT,
+                                                               shape))
+        model.graph.output.append(helper.make_tensor_value_info("present",
+                                                                TensorProto.FLOAT, None))
+        feeds["past"] = rng.normal(size=shape).astype(np.float32)
+    if mask:
+        # a start past a query's own position would hide its every key (onnxruntime's
+        # row then differs: not a case), so starts of 0 under a causal mask with no past
+        start = 0 if causal and not past else 1
+        values = {"end": np.array([keys, keys - 2, 2]),
+                  "end-start": np.array([keys, keys - 1, 3, 0, start, start]),
+                  "keys": rng.random((batch, keys)) > 0.3,
+                  "query-keys": rng.random((batch, steps, keys)) > 0.3}[mask]
+        values = values.astype(np.int32)
+        if values.ndim > 1:
+            values[..., 0] = 1                  # a row with every key masked: not a case
+        model.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.INT32,
+                                                               values.shape))
+        feeds["mask"] = values
+    standard = _read_back_agrees(model, feeds)
+    if past:
+        want = session(model).run(["present"], feeds)[0]
+        np.testing.assert_allclose(session(standard).run(["present"], feeds)[0], want,
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_an_attention_bias_is_added_to_the_scores():
+    from onnx import helper
+    rng = np.random.default_rng(15)
+    node = helper.make_node("Attention", ["x", "w", "b", "", "", "bias"], ["y"],
+                            domain="com.microsoft", name="att", num_heads=2)
+    model = _fused_model(node, {"x": (2, 3, 8), "bias": (1, 2, 3, 3)},
+                         {"w": rng.normal(size=(8, 24)) / 3, "b": np.zeros(24)})
+    _read_back_agrees(model, {"x": rng.normal(size=(2, 3, 8)).astype(np.float32),
+                              "bias": rng.normal(size=(1, 2, 3, 3)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("attrs,says", [({"do_rotary": 1}, "rotary form"),
+                                        ({"past_present_share_buffer": 1}, "shared")])
+def test_an_attention_in_a_form_not_read_back_stays_and_says_why(attrs, says):
     from onnx import helper
     from tpuasm.compiler.front.ortfusions import unfuse_float_operators
     from tpuasm.compiler.front.provenance import Provenance
     node = helper.make_node("Attention", ["x", "w", "b", "", "past"], ["y", "present"],
-                            domain="com.microsoft", name="att", num_heads=2)
+                            domain="com.microsoft", name="att", num_heads=2, **attrs)
     model = _fused_model(node, {"x": (1, 4, 8), "past": (2, 1, 2, 3, 4)},
                          {"w": np.ones((8, 24)), "b": np.zeros(24)})
     reasons: dict = {}
     assert unfuse_float_operators(model, Provenance.of(model), reasons) == 0
-    assert "past state" in reasons["att"]
+    assert says in reasons["att"]
+
+
+def _gpt2_step(tmp_path, rows: int):
+    """A two-layer GPT-2 decoding step as onnxruntime's gpt2 optimizer fused it (older
+    transformers exports): the new token's embedding, per layer a LayerNormalization,
+    Attention (unidirectional, past_i in, present_i out, a 0/1 mask over past and new
+    keys), a residual Add, a FastGelu MLP; a tied head over the vocabulary (so that the
+    untrained net's next token has the margins of a trained one's: mostly its input's).  Returns the
+    model's path and data (rows of a past of `_PAST` steps)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(16)
+    vocab, width, heads, layers = 50, 32, 4, 2
+    small = 0.5 / np.sqrt(width)    # layers that refine the residual stream, as trained ones do
+    nodes, inits = [], {}
+
+    def weight(name, shape, spread=None):
+        inits[name] = (rng.normal(size=shape) * (spread or 1 / np.sqrt(shape[0]))) \
+            .astype(np.float32)
+        return name
+
+    nodes.append(helper.make_node("Gather", [weight("wte", (vocab, width), 1.0), "input_ids"],
+                                  ["h0"], name="/transformer/wte/Gather"))
+    h = "h0"
+    for i in range(layers):
+        scope = f"/transformer/h.{i}"
+        for j, ln in enumerate(("ln_1", "ln_2")):
+            inits[f"{ln}.{i}.g"] = np.ones(width, np.float32)
+            inits[f"{ln}.{i}.b"] = np.zeros(width, np.float32)
+        nodes += [
+            helper.make_node("LayerNormalization", [h, f"ln_1.{i}.g", f"ln_1.{i}.b"],
+                             [f"a{i}"], name=f"{scope}/ln_1", axis=-1),
+            helper.make_node("Attention", [f"a{i}", weight(f"qkv.{i}", (width, 3 * width)),
+                                           weight(f"qkv_b.{i}", (3 * width,), 0.1),
+                                           "attention_mask", f"past_{i}"],
+                             [f"att{i}", f"present_{i}"], domain="com.microsoft",
+                             name=f"Attention_{i}", num_heads=heads, unidirectional=1),
+            helper.make_node("MatMul", [f"att{i}", weight(f"proj.{i}", (width, width), small)],
+                             [f"p{i}"], name=f"{scope}/attn/c_proj/MatMul"),
+            helper.make_node("Add", [f"p{i}", h], [f"r{i}"], name=f"{scope}/Add"),
+            helper.make_node("LayerNormalization", [f"r{i}", f"ln_2.{i}.g", f"ln_2.{i}.b"],
+                             [f"m{i}"], name=f"{scope}/ln_2", axis=-1),
+            helper.make_node("MatMul", [f"m{i}", weight(f"fc.{i}", (width, 4 * width))],
+                             [f"f{i}"], name=f"{scope}/mlp/c_fc/MatMul"),
+            helper.make_node("FastGelu", [f"f{i}", weight(f"fc_b.{i}", (4 * width,), 0.1)],
+                             [f"g{i}"], domain="com.microsoft", name=f"FastGelu_{i}"),
+            helper.make_node("MatMul", [f"g{i}", weight(f"out.{i}", (4 * width, width),
+                                                         small / 2)],
+                             [f"o{i}"], name=f"{scope}/mlp/c_proj/MatMul"),
+            helper.make_node("Add", [f"o{i}", f"r{i}"], [f"h{i + 1}"], name=f"{scope}/Add_1")]
+        h = f"h{i + 1}"
+    inits["wte_t"] = inits["wte"].T.copy()
+    nodes.append(helper.make_node("MatMul", [h, "wte_t"], ["logits"], name="/lm_head/MatMul"))
+    head = width // heads
+    past = [helper.make_tensor_value_info(f"past_{i}", TensorProto.FLOAT,
+                                          [2, "batch", heads, "past", head])
+            for i in range(layers)]
+    graph = helper.make_graph(
+        nodes, "gpt2_step",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT32,
+                                       ["batch", "total"]), *past],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, vocab]),
+         *(helper.make_tensor_value_info(f"present_{i}", TensorProto.FLOAT,
+                                         [2, "batch", heads, "total", head])
+           for i in range(layers))],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "gpt2_step.onnx"
+    onnx.save(model, str(path))
+    mask = np.ones((rows, _PAST + 1), np.int32)
+    mask[::3, :2] = 0                                  # left-padded rows
+    data = {"input_ids": rng.integers(0, vocab, (rows, 1)), "attention_mask": mask,
+            **{f"past_{i}": rng.normal(size=(2, rows, heads, _PAST, head)).astype(np.float32)
+               for i in range(layers)}}
+    return path, data
+
+
+def test_a_gpt2_decoding_step_puts_its_projections_on_the_tpu(tmp_path):
+    """The fused GPT-2 step with its past states compiled end to end: every projection
+    (the Attention rows, c_proj, c_fc, the head) on the TPU; the MACs are the network's
+    own over the past and new keys; the next token as the float model's, the present
+    states within the quantization's noise."""
+    path, data = _gpt2_step(tmp_path, 192)
+    calibration = {k: v[:, :64] if k.startswith("past") else v[:64] for k, v in data.items()}
+    evaluation = {k: v[:, 64:] if k.startswith("past") else v[64:] for k, v in data.items()}
+    compiled = tpu_compile(str(path), batch=16, calibration=calibration)
+    rows = {r.node: r for r in compiled.report.rows}
+    weighted = ["Attention_0", "Attention_1", "/lm_head/MatMul",
+                *(f"/transformer/h.{i}/{p}/MatMul" for i in range(2)
+                  for p in ("attn/c_proj", "mlp/c_fc", "mlp/c_proj"))]
+    assert all(rows[n].where == "TPU" for n in weighted), \
+        {n: (rows[n].where, rows[n].reason) for n in weighted}
+    batch, width, heads, keys = 16, 32, 4, _PAST + 1
+    assert rows["Attention_0"].macs == batch * width * 3 * width + batch * keys * 2 * width
+    got = compiled.run(evaluation)
+    model = onnx.load(str(path))
+    want = dict(zip(["logits", "present_0", "present_1"],
+                    session(model).run(["logits", "present_0", "present_1"], evaluation)))
+    assert np.mean(got["logits"].argmax(-1) == want["logits"].argmax(-1)) >= 0.99
+    for name in ("present_0", "present_1"):
+        noise = np.mean((got[name] - want[name]) ** 2) / np.mean(want[name] ** 2)
+        assert 10 * np.log10(1 / noise) > 30, name
 
 
 def test_an_attention_s_projection_runs_on_the_tpu_and_its_macs_count(tmp_path):

@@ -60,8 +60,9 @@ def node_macs(node, shapes: dict) -> int | None:
     if op == "Einsum":
         return _einsum_macs(node.attr("equation", ""), [shape(i) for i in node.inputs])
     if op in ("Attention", "QAttention"):
+        past = shape(node.input(4)) if op == "Attention" else None   # QAttention's: 8
         return _attention_macs(shape(node.input(0)), shape(node.input(1)),
-                               node.attr("qkv_hidden_sizes", None))
+                               node.attr("qkv_hidden_sizes", None), past)
     if op in _GEMM:
         a = shape(node.input(0))
         if y is None or a is None or len(a) != 2:
@@ -79,14 +80,16 @@ def node_macs(node, shapes: dict) -> int | None:
     return steps_rows * w[0] * w[1] * (w[2] + r[2])
 
 
-def _attention_macs(x, w, sizes) -> int | None:
+def _attention_macs(x, w, sizes, past=None) -> int | None:
     """onnxruntime's com.microsoft Attention: x (B, S, I) by its packed Q/K/V weights
-    (I, Hq + Hk + Hv), then per head Q K^T (S x S x head) and the weights by V."""
+    (I, Hq + Hk + Hv), then per head Q K^T (S x T x head) and the weights by V, over the
+    T = P + S keys of a past state (2, B, N, P, head) and the new ones."""
     if x is None or w is None or len(x) != 3 or len(w) != 2:
         return None
     batch, steps, _ = x
+    keys = steps + (past[3] if past is not None and len(past) == 5 else 0)
     hq, _, hv = sizes if sizes else (w[1] // 3,) * 3
-    return batch * steps * w[0] * w[1] + batch * steps * steps * (hq + hv)
+    return batch * steps * w[0] * w[1] + batch * steps * keys * (hq + hv)
 
 
 def _einsum_macs(equation, shapes: list) -> int | None:

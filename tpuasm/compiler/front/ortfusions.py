@@ -186,83 +186,155 @@ def _bias_gelu(idx: _Index, node, ranks) -> list:
 
 
 def _attention(idx: _Index, node, ranks) -> list:
-    """com.microsoft Attention (onnxruntime's transformer optimizer fuses a BERT layer's
-    self-attention into it) as the nodes it computes: x times the packed Q/K/V weights plus
-    bias (a MatMul with a weight: the TPU's), split, heads apart, softmax(Q K^T * scale +
-    mask) V, heads together.  The mask as onnxruntime reads it: none, a key's end position
-    per row (B,), or 0/1 per key (B, S); a key masked adds mask_filter_value.  Not read: a
-    past state, an attention bias, a causal (unidirectional) or rotary form."""
+    """com.microsoft Attention (onnxruntime's transformer optimizer fuses a BERT or GPT-2
+    layer's self-attention into it) as the nodes it computes: x times the packed Q/K/V
+    weights plus bias (a MatMul with a weight: the TPU's), split, heads apart, a past
+    state's keys and values before the new ones (present: both, stacked), then
+    softmax(Q K^T * scale + mask + attention bias) V, heads together.  The terms added to
+    the scores as onnxruntime's kernel adds them: mask_filter_value for a key the mask
+    hides (none; end positions (B,), or end then start positions (2B,); 0/1 per key
+    (B, T); 0/1 per query and key (B, S, T)) and, when unidirectional, for a key after
+    the query's own position (past keys come first).  Not read: a rotary form, a past
+    shared with present (a buffer of its own length), a Megatron (4-D) mask."""
     inputs = list(node.input) + [""] * (8 - len(node.input))
-    x, weight, bias, mask = inputs[:4]
-    if any(inputs[4:]) or _attr(node, "unidirectional", 0) or _attr(node, "do_rotary", 0) \
-            or any(node.output[1:]):
-        raise NotRewritten("it has a past state, an attention bias, or a causal or rotary "
-                           "form")
+    x, weight, bias, mask, past, attention_bias = inputs[:6]
+    if any(inputs[6:]) or _attr(node, "do_rotary", 0) or \
+            _attr(node, "past_present_share_buffer", 0):
+        raise NotRewritten("it has a rotary form or a past buffer shared with present")
+    if (past == "") != (len(node.output) < 2 or node.output[1] == ""):
+        raise NotRewritten("it has a past state without its present, or a present without "
+                           "a past")
     w = idx.const(weight)
     heads = _attr(node, "num_heads")
     if w is None or w.ndim != 2 or not heads or len(ranks.get(x, ())) != 3:
         raise NotRewritten("its weights are not a constant (I, 3H) or its input not (B, S, I)")
     sizes = list(_attr(node, "qkv_hidden_sizes", None) or [w.shape[1] // 3] * 3)
-    if sum(sizes) != w.shape[1] or sizes[0] != sizes[1] or any(h % heads for h in sizes):
+    if sum(sizes) != w.shape[1] or sizes[0] != sizes[1] or any(h % heads for h in sizes) \
+            or (past and sizes[1] != sizes[2]):
         raise NotRewritten(f"its hidden sizes {sizes} do not split its weights into "
                            f"{heads} heads")
-    mask_dims = ranks.get(mask, ()) if mask else ()
-    if mask and len(mask_dims) not in (1, 2):
-        raise NotRewritten(f"its mask of rank {len(mask_dims)} is not read back")
-    head = sizes[0] // heads
-    scale = float(_attr(node, "scale", 0.0) or 1.0 / np.sqrt(head))
-    name = node.name
+    mask_rank = len(ranks.get(mask, ())) if mask else 0
+    if mask and mask_rank not in (1, 2, 3):
+        raise NotRewritten(f"its mask of rank {mask_rank} is not read back")
+    if past and len(ranks.get(past, ())) != 5:
+        raise NotRewritten("its past state is not (2, B, heads, P, head)")
     made: list = []
+    emit = _emitter(idx, node.name, made)
+    qkv = emit("MatMul", [x, weight], "qkv")
+    made[-1].name = node.name                  # the report's row: the user's node
+    if bias:
+        qkv = emit("Add", [qkv, bias], "qkv_bias")
+    parts = [idx.unique(f"{node.name}_{t}") for t in "qkv"]
+    made.append(helper.make_node("Split", [qkv, emit.const(np.array(sizes, np.int64),
+                                                           "sizes")],
+                                 parts, axis=2, name=idx.unique(f"{node.name}/split")))
+    by_heads = emit.const(np.array([0, 0, heads, -1], np.int64), "heads")
+    q, k, v = (emit("Transpose", [emit("Reshape", [p, by_heads], f"{t}_heads")], f"{t}_t",
+                    perm=[0, 2, 1, 3]) for p, t in zip(parts, "qkv"))   # (B, N, S, head)
+    if past:
+        k, v = _with_past(emit, past, k, v, node.output[1])
+    scale = float(_attr(node, "scale", 0.0) or 1.0 / np.sqrt(sizes[0] // heads))
+    scores = emit("Mul", [emit("MatMul", [q, emit("Transpose", [k], "k_tt",
+                                                  perm=[0, 1, 3, 2])], "scores"),
+                          emit.const(np.float32(scale), "scale")], "scaled")
+    filler = float(_attr(node, "mask_filter_value", -10000.0))
+    for term in _hidden_keys(idx, emit, scores, mask, mask_rank, filler,
+                             bool(_attr(node, "unidirectional", 0))):
+        scores = emit("Add", [scores, term], "masked_scores")
+    if attention_bias:
+        scores = emit("Add", [scores, attention_bias], "biased_scores")
+    probs = emit("Softmax", [scores], "probs", axis=-1)
+    context = emit("Transpose", [emit("MatMul", [probs, v], "context")], "context_t",
+                   perm=[0, 2, 1, 3])
+    made.append(helper.make_node("Reshape", [context, emit.const(
+        np.array([0, 0, -1], np.int64), "merged")], list(node.output[:1]),
+        name=idx.unique(f"{node.name}/merge")))
+    return made
 
-    def emit(op, ins, tag, **attrs) -> str:
-        out = idx.unique(f"{name}_{tag}")
+
+def _emitter(idx: _Index, name: str, made: list):
+    """emit(op, inputs, tag, out=None, **attrs) -> the output (`out`, else a new name) of a
+    new node appended to `made`; emit.const(value, tag) -> a new initializer's name."""
+    def emit(op, ins, tag, out=None, **attrs) -> str:
+        out = out or idx.unique(f"{name}_{tag}")
         made.append(helper.make_node(op, ins, [out], name=idx.unique(f"{name}/{tag}"),
                                      **attrs))
         return out
 
-    def const(value, tag) -> str:
-        return idx.add_init(np.asarray(value), f"{name}_{tag}")
+    emit.const = lambda value, tag: idx.add_init(np.asarray(value), f"{name}_{tag}")
+    return emit
 
-    qkv = emit("MatMul", [x, weight], "qkv")
-    made[-1].name = name                       # the report's row: the user's node
-    if bias:
-        qkv = emit("Add", [qkv, bias], "qkv_bias")
-    parts = [idx.unique(f"{name}_{t}") for t in "qkv"]
-    made.append(helper.make_node("Split", [qkv, const(np.array(sizes, np.int64), "sizes")],
-                                 parts, axis=2, name=idx.unique(f"{name}/split")))
-    by_heads = const(np.array([0, 0, heads, -1], np.int64), "heads")
-    q, k, v = (emit("Reshape", [p, by_heads], f"{t}_heads") for p, t in zip(parts, "qkv"))
-    q = emit("Transpose", [q], "q_t", perm=[0, 2, 1, 3])
-    k = emit("Transpose", [k], "k_t", perm=[0, 2, 3, 1])
-    v = emit("Transpose", [v], "v_t", perm=[0, 2, 1, 3])
-    scores = emit("Mul", [emit("MatMul", [q, k], "scores"),
-                          const(np.float32(scale), "scale")], "scaled")
-    if mask:
-        filler = float(_attr(node, "mask_filter_value", -10000.0))
-        if len(mask_dims) == 1:              # each row's keys before its end position
-            steps = emit("Gather", [emit("Shape", [x], "shape"),
-                                    const(np.int64(1), "seq_axis")], "steps")
-            keys = emit("Range", [const(np.int64(0), "zero"), steps,
-                                  const(np.int64(1), "one")], "keys")
-            end = emit("Unsqueeze", [emit("Cast", [mask], "end", to=onnx.TensorProto.INT64),
-                                     const(np.array([1], np.int64), "end_axis")], "end_2d")
-            kept = emit("Less", [keys, end], "kept")
-        else:                                # 0/1 per key
-            mask_type = _value_types(idx.model).get(mask, onnx.TensorProto.INT32)
-            zero = np.zeros((), helper.tensor_dtype_to_np_dtype(mask_type))
-            kept = emit("Greater", [mask, const(zero, "mask_zero")], "kept")
-        added = emit("Where", [kept, const(np.float32(0.0), "open"),
-                               const(np.float32(filler), "masked")], "mask_add")
-        added = emit("Unsqueeze", [added, const(np.array([1, 2], np.int64), "mask_axes")],
-                     "mask_4d")
-        scores = emit("Add", [scores, added], "masked_scores")
-    probs = emit("Softmax", [scores], "probs", axis=-1)
-    context = emit("Transpose", [emit("MatMul", [probs, v], "context")], "context_t",
-                   perm=[0, 2, 1, 3])
-    made.append(helper.make_node("Reshape", [context, const(np.array([0, 0, -1], np.int64),
-                                                            "merged")],
-                                 list(node.output[:1]), name=idx.unique(f"{name}/merge")))
-    return made
+
+def _with_past(emit, past: str, k: str, v: str, present: str) -> tuple[str, str]:
+    """The keys and values (B, N, P + S, head): past's (2, B, N, P, head) before the new
+    ones; `present` is the two stacked."""
+    axis0 = emit.const(np.array([0], np.int64), "stack_axis")
+    old_k, old_v = (emit("Gather", [past, emit.const(np.int64(i), f"past_{t}")],
+                         f"past_{t}_all", axis=0) for i, t in enumerate("kv"))
+    k = emit("Concat", [old_k, k], "k_all", axis=2)
+    v = emit("Concat", [old_v, v], "v_all", axis=2)
+    emit("Concat", [emit("Unsqueeze", [k, axis0], "k_stacked"),
+                    emit("Unsqueeze", [v, axis0], "v_stacked")], "present", out=present,
+         axis=0)
+    return k, v
+
+
+def _hidden_keys(idx: _Index, emit, scores: str, mask: str, mask_rank: int, filler: float,
+                 causal: bool) -> list[str]:
+    """The terms onnxruntime's kernel adds to the scores (B, N, S, T): `filler` for each
+    key the mask hides, and (`causal`) for each key after the query's own position; the
+    P = T - S past keys come first, so query i sees keys 0 .. P + i."""
+    if not mask and not causal:
+        return []
+    dims = emit("Shape", [scores], "scores_shape")
+
+    def dim(axis: int, tag: str) -> str:
+        return emit("Gather", [dims, emit.const(np.int64(axis), f"{tag}_axis")], tag)
+
+    def axes(values, tag) -> str:
+        return emit.const(np.array(values, np.int64), tag)
+
+    total = dim(3, "total")
+    one = emit.const(np.int64(1), "one")
+    keys = emit("Range", [emit.const(np.int64(0), "zero"), total, one], "keys")
+    open_, hidden = emit.const(np.float32(0.0), "open"), emit.const(np.float32(filler),
+                                                                    "masked")
+
+    def added(kept: str, tag: str, unsqueeze=None) -> str:
+        term = emit("Where", [kept, open_, hidden], f"{tag}_add")
+        return emit("Unsqueeze", [term, axes(unsqueeze, f"{tag}_axes")], f"{tag}_4d") \
+            if unsqueeze else term
+
+    terms = []
+    if mask_rank == 1:              # end positions (B,), or ends then starts (2B,)
+        batch = emit("Unsqueeze", [dim(0, "batch"), axes([0], "batch_axis")], "batch_1d")
+        ends = emit("Cast", [mask], "ends", to=onnx.TensorProto.INT64)
+        padded = emit("Concat", [ends, emit("Expand", [emit.const(np.int64(0), "no_start"),
+                                                       batch], "no_starts")],
+                      "ends_starts", axis=0)
+        first = axes([0], "first")
+        end = emit("Slice", [padded, first, batch], "end")
+        start = emit("Slice", [padded, batch, emit("Add", [batch, batch], "two_batches")],
+                     "start")
+        column = axes([1], "column")
+        kept = emit("And", [
+            emit("GreaterOrEqual", [keys, emit("Unsqueeze", [start, column], "start_2d")],
+                 "after_start"),
+            emit("Less", [keys, emit("Unsqueeze", [end, column], "end_2d")], "before_end")],
+            "kept")
+        terms.append(added(kept, "mask", [1, 2]))
+    elif mask:                      # 0/1 per key (B, T), or per query and key (B, S, T)
+        mask_type = _value_types(idx.model).get(mask, onnx.TensorProto.INT32)
+        zero = np.zeros((), helper.tensor_dtype_to_np_dtype(mask_type))
+        kept = emit("Greater", [mask, emit.const(zero, "mask_zero")], "kept")
+        terms.append(added(kept, "mask", [1, 2] if mask_rank == 2 else [1]))
+    if causal:
+        rows = emit("Range", [emit("Sub", [total, dim(2, "steps")], "past_steps"), total, one],
+                    "positions")
+        seen = emit("LessOrEqual", [keys, emit("Unsqueeze", [rows, axes([1], "row_axis")],
+                                               "positions_2d")], "seen")
+        terms.append(added(seen, "causal"))
+    return terms
 
 
 # --- a quantized model saved channels-last ---------------------------------------------
