@@ -6,11 +6,17 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench clean digits bench-compile
 
+# One install at a time: `make demo` and `make test` started together would both build
+# .venv.  The second waits on the lock (flock, where the system has it), then finds the
+# stamp the first wrote and installs nothing.
+INSTALL := test $(STAMP) -nt pyproject.toml || { \
+	{ test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV); } && \
+	$(BIN)/python -m pip install --quiet --upgrade pip && \
+	$(BIN)/python -m pip install --quiet -e '.[dev]' && touch $(STAMP); }
+
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	@if command -v flock >/dev/null 2>&1; then flock .venv.lock sh -c "$(INSTALL)"; \
+	else sh -c "$(INSTALL)"; fi
 
 demo: $(STAMP)
 	$(BIN)/python -m tpuasm demo
@@ -23,7 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_emulator.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv.lock build *.egg-info
 
 # Long fuzz run (not part of `make test`): FUZZ_CASES cases per target, findings under
 # fuzz-findings/.  spec/limits.md says what is checked.
