@@ -473,8 +473,10 @@ def test_fmt_diff_into_head_exits_quietly(tmp_path):
 
 
 def test_figure11_ctrl_c_is_a_clean_exit_130(tmp_path):
+    # all six apps (about 100 s of points): MLP0's alone can all finish within the 0.3 s
+    # before the signal on an idle machine, and the run then exits 0
     proc = subprocess.Popen([sys.executable, "-m", "tpuasm.apps.figure11", "--workers", "0",
-                             "--apps", "MLP0", "--out", str(tmp_path / "fig"), "--cache",
+                             "--out", str(tmp_path / "fig"), "--cache",
                              str(tmp_path / "c.sqlite")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 30          # the sweep has started: its cache exists
