@@ -583,16 +583,22 @@ def test_an_attention_bias_is_added_to_the_scores():
                               "bias": rng.normal(size=(1, 2, 3, 3)).astype(np.float32)})
 
 
-@pytest.mark.parametrize("attrs,says", [({"do_rotary": 1}, "rotary form"),
-                                        ({"past_present_share_buffer": 1}, "shared")])
-def test_an_attention_in_a_form_not_read_back_stays_and_says_why(attrs, says):
+@pytest.mark.parametrize("attrs,outputs,past,width,says", [
+    ({"do_rotary": 1}, ["y", "present"], (2, 1, 2, 3, 4), 24, "rotary form"),
+    ({"past_present_share_buffer": 1}, ["y", "present"], (2, 1, 2, 3, 4), 24, "shared"),
+    ({}, ["y"], (2, 1, 2, 3, 4), 24, "a past state without its present"),
+    ({}, ["y", "present"], (2, 1, 3, 4), 24, "is not (2, B, heads, P, head)"),
+    ({"qkv_hidden_sizes": [8, 8, 16]}, ["y", "present"], (2, 1, 2, 3, 4), 32,
+     "keys and values of different sizes [8, 16]")])
+def test_an_attention_in_a_form_not_read_back_stays_and_says_why(attrs, outputs, past,
+                                                                 width, says):
     from onnx import helper
     from tpuasm.compiler.front.ortfusions import unfuse_float_operators
     from tpuasm.compiler.front.provenance import Provenance
-    node = helper.make_node("Attention", ["x", "w", "b", "", "past"], ["y", "present"],
+    node = helper.make_node("Attention", ["x", "w", "b", "", "past"], outputs,
                             domain="com.microsoft", name="att", num_heads=2, **attrs)
-    model = _fused_model(node, {"x": (1, 4, 8), "past": (2, 1, 2, 3, 4)},
-                         {"w": np.ones((8, 24)), "b": np.zeros(24)})
+    model = _fused_model(node, {"x": (1, 4, 8), "past": past},
+                         {"w": np.ones((8, width)), "b": np.zeros(width)})
     reasons: dict = {}
     assert unfuse_float_operators(model, Provenance.of(model), reasons) == 0
     assert says in reasons["att"]

@@ -134,7 +134,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     probes: dict = {}
     # a quantized model's nodes a rewrite left as they are (recurrent ones left float,
     # channels-last ones not read back): their reasons, for the report
-    recurrent_reasons: dict[str, str] = {}
+    kept_reasons: dict[str, str] = {}
     # a weight-only model without data runs as shipped: its MatMulNBits on the host
     if is_quantized(model) or (calibration is None and _weight_only_left(model)):
         if calibration is not None:
@@ -242,7 +242,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
         rewrite_quantized_transposes(model, provenance)
         from tpuasm.compiler.front.ortfusions import channels_first_quantized
         # onnxruntime's all-level NHWC form (a node not read back: its reason reported)
-        channels_first_quantized(model, provenance, recurrent_reasons)
+        channels_first_quantized(model, provenance, kept_reasons)
         fitted, said = _fitted_accumulators(model)
         source += said
     # a quantized model's float recurrent nodes (qdqrecurrent.py): those of the graph now,
@@ -252,16 +252,16 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     rewrites = prepared is None and not any(t.data_location == onnx.TensorProto.EXTERNAL
                                             for t in model.graph.initializer)
     graph_file = reference             # the file the graph is read beside
-    recurrent = [quantize_float_recurrent(model, provenance, recurrent_reasons, ranges)
+    recurrent = [quantize_float_recurrent(model, provenance, kept_reasons, ranges)
                  if rewrites else 0]
     if recurrent[0] or fitted:
         keep = tempfile.TemporaryDirectory(prefix=QDQ_FOLDER)
         reference = _rewritten_reference(model, path, keep)
 
     def quantize_recurrent(folded) -> int:
-        recurrent.append(quantize_float_recurrent(folded, provenance, recurrent_reasons,
+        recurrent.append(quantize_float_recurrent(folded, provenance, kept_reasons,
                                                   ranges))
-        matrices.append(quantize_float_matrices(folded, provenance, recurrent_reasons,
+        matrices.append(quantize_float_matrices(folded, provenance, kept_reasons,
                                                 ranges))
         return recurrent[-1] + matrices[-1]
 
@@ -294,7 +294,7 @@ def _compile_model(path: Path, batch: int | None = None, calibration=None, confi
     lowered, the_plan, steps = _lower_and_generate(
         graph, batch, machine, path, codegen,
         None if prepared is None else (prepared, options, provenance))
-    lowered.host_reasons.update({k: v for k, v in recurrent_reasons.items()
+    lowered.host_reasons.update({k: v for k, v in kept_reasons.items()
                                  if k in lowered.host_reasons})
     narrow = _wide_refused(graph, lowered) if prepared is not None and codegen else []
     if narrow:

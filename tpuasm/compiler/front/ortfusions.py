@@ -209,10 +209,12 @@ def _attention(idx: _Index, node, ranks) -> list:
     if w is None or w.ndim != 2 or not heads or len(ranks.get(x, ())) != 3:
         raise NotRewritten("its weights are not a constant (I, 3H) or its input not (B, S, I)")
     sizes = list(_attr(node, "qkv_hidden_sizes", None) or [w.shape[1] // 3] * 3)
-    if sum(sizes) != w.shape[1] or sizes[0] != sizes[1] or any(h % heads for h in sizes) \
-            or (past and sizes[1] != sizes[2]):
+    if sum(sizes) != w.shape[1] or sizes[0] != sizes[1] or any(h % heads for h in sizes):
         raise NotRewritten(f"its hidden sizes {sizes} do not split its weights into "
                            f"{heads} heads")
+    if past and sizes[1] != sizes[2]:
+        raise NotRewritten(f"its past state stacks keys and values of different sizes "
+                           f"{sizes[1:]}")
     mask_rank = len(ranks.get(mask, ())) if mask else 0
     if mask and mask_rank not in (1, 2, 3):
         raise NotRewritten(f"its mask of rank {mask_rank} is not read back")
