@@ -915,6 +915,21 @@ def test_data_in_the_wrong_layout_names_the_input_and_the_shapes(tmp_path, capsy
     assert code == 2 and "'h'" in err and "expected (1, 1, 4)" in err
 
 
+def test_a_mismatched_shape_names_each_dynamic_dimension():
+    # a past state (2, batch, heads, past, head): its past length is not the rows
+    from tpuasm.compiler.front.samples import check_samples
+    signature = {"past": [2, "batch", 4, "past_len", 8], "x": [None, 3]}
+    data = {"past": np.zeros((2, 6, 4, 5), np.float32), "x": np.zeros((6, 3), np.float32)}
+    with pytest.raises(CompileError, match=r"'past' has shape \(2, 6, 4, 5\), expected "
+                                           r"\(2, rows, 4, past_len, 8\)"):
+        check_samples(data, signature, "calib.npz", axes={"past": 1, "x": 0})
+    data = {"past": np.zeros((2, 6, 4, 5, 8), np.float32), "x": np.zeros((6, 4), np.float32)}
+    with pytest.raises(CompileError, match=r"'x' has shape \(6, 4\), expected \(rows, 3\)"):
+        check_samples(data, signature, "calib.npz", axes={"past": 1, "x": 0})
+    with pytest.raises(CompileError, match=r"expected \(any, 3\)"):
+        check_samples(data, signature, "calib.npz", axes={"past": 1, "x": None})
+
+
 def test_a_string_input_feeding_an_ai_onnx_ml_encoder(tmp_path, capsys):
     rng = np.random.default_rng(19)
     words = ["cat", "dog", "emu", "yak"]

@@ -42,8 +42,16 @@ def full_dims(shape, axis: int | None) -> list:
     return dims
 
 
-def _shape_text(dims: list) -> str:
-    items = ["rows" if d is None or not isinstance(d, int) else str(d) for d in dims]
+def _shape_text(dims: list, axis: int | None) -> str:
+    """The shape an input wants: "rows" on its batch axis, a dynamic dimension by its name
+    (a past state's length is not the rows), "any" for an unnamed one."""
+    def text(i, d):
+        if i == axis:
+            return "rows"
+        if isinstance(d, int) and d > 0:
+            return str(d)
+        return d if isinstance(d, str) and d else "any"
+    items = [text(i, d) for i, d in enumerate(dims)]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
@@ -96,7 +104,7 @@ def check_feed(name: str, x, dims: list, axis: int | None, dtype, where
             hint = ("; the input has no batch axis: it is given whole, in the shape fixed "
                     "when compiling (compile again with data of the shape you need)")
         raise CompileError(f"{_at(where)}input '{name}' has shape {tuple(x.shape)}, expected "
-                           f"{_shape_text(want)}{hint}")
+                           f"{_shape_text(dims, axis)}{hint}")
     return x, (None if axis is None else x.shape[axis])
 
 
