@@ -24,8 +24,12 @@ _TRANSPOSED_GATES = {"DynamicQuantizeLSTM"}
 
 _BRANCHING = {"If"}
 
+# onnxruntime's attention kernels over projections made by MatMuls of their own: only the
+# products of two activations, Q K^T and the weights by V
+PROJECTED_ATTENTION = frozenset({"MultiHeadAttention", "GroupQueryAttention"})
+
 MATRIX_OPS = frozenset({*_CONV_WEIGHT, *_MATMUL, *_GEMM, *_RECURRENT_GATES, "ConvTranspose",
-                        "Einsum", "Attention", "QAttention"})
+                        "Einsum", "Attention", "QAttention", *PROJECTED_ATTENTION})
 
 
 def node_macs(node, shapes: dict) -> int | None:
@@ -63,6 +67,9 @@ def node_macs(node, shapes: dict) -> int | None:
         past = shape(node.input(4)) if op == "Attention" else None   # QAttention's: 8
         return _attention_macs(shape(node.input(0)), shape(node.input(1)),
                                node.attr("qkv_hidden_sizes", None), past)
+    if op in PROJECTED_ATTENTION:
+        return _projected_attention_macs(op, y, [shape(i) for i in node.inputs],
+                                         [shape(o) for o in node.outputs])
     if op in _GEMM:
         a = shape(node.input(0))
         if y is None or a is None or len(a) != 2:
@@ -90,6 +97,32 @@ def _attention_macs(x, w, sizes, past=None) -> int | None:
     keys = steps + (past[3] if past is not None and len(past) == 5 else 0)
     hq, _, hv = sizes if sizes else (w[1] // 3,) * 3
     return batch * steps * w[0] * w[1] + batch * steps * keys * (hq + hv)
+
+
+def _projected_attention_macs(op, y, ins: list, outs: list) -> int | None:
+    """MultiHeadAttention / GroupQueryAttention: per query head, Q K^T (S x T x head) and
+    the weights by V (S x T x head) over its T keys, 2 x (B x S x N x head) x T in all from
+    its output (B, S, N x head).  T: the present keys' length (B, kv heads, T, head) where
+    the node writes them, else the keys given (with a past's before them)."""
+    def at(shapes, i):
+        return shapes[i] if i < len(shapes) else None
+    if y is None or len(y) != 3:
+        return None
+    present = at(outs, 1)
+    if present is not None and len(present) == 4:
+        keys = present[2]
+    else:
+        query, key, past = at(ins, 0), at(ins, 1), at(ins, 3 if op == "GroupQueryAttention"
+                                                  else 6)
+        if key is not None:
+            keys = key[2] if len(key) == 4 else key[1]      # (B, N, L, head): cross form
+        elif query is not None:
+            keys = query[1]                                  # packed Q/K/V
+        else:
+            return None
+        if past is not None and len(past) == 4 and (key is None or len(key) != 4):
+            keys += past[2]
+    return 2 * prod(y) * keys
 
 
 def _einsum_macs(equation, shapes: list) -> int | None:

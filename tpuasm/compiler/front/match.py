@@ -1273,6 +1273,9 @@ def host_reason(node: Node, graph: Graph) -> str:
                 "constant weight rewritten as a MatMul, from a float model compiled with "
                 "--calibrate (onnxruntime's quantize_static leaves it float in a quantized "
                 "model)")
+    if op_type in ("MultiHeadAttention", "GroupQueryAttention"):
+        return (f"{op_type}: attention's products of two activations (Q K^T, the weights by "
+                f"V) run on the host; its projections are MatMuls of their own")
     return f"{op_type} has no TPU mapping (runs on the host)"
 
 

@@ -51,9 +51,11 @@ def read_model(path, scales: bool = True) -> onnx.ModelProto:
     check_opsets(model, path)
     reordered = _sort_nodes(model)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    checked = _checker_view(model)
     try:
         # by path when weights live in external files: the checker resolves them beside it
-        onnx.checker.check_model(str(path) if external and not reordered else model)
+        onnx.checker.check_model(str(path) if external and not reordered and checked is model
+                                 else checked)
     except Exception as e:
         raise CompileError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _refuse_constant_outputs(model, path)
@@ -272,6 +274,39 @@ def _one_import_per_domain(model: onnx.ModelProto) -> None:
     if len(newest) != len(model.opset_import):
         del model.opset_import[:]
         model.opset_import.extend(helper.make_opsetid(d, v) for d, v in newest.items())
+
+
+_RUNTIME_DOMAIN = "tpuasm.onnxruntime"     # the checker's name for onnxruntime's own ONNX ops
+
+
+def _checker_view(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, or a copy for onnx's checker in which the ONNX-domain operators that onnx
+    has no schema for at the model's opset but onnxruntime registers (its transformer
+    tools' SimplifiedLayerNormalization, their LayerNormalization below opset 17) sit in a
+    domain of their own: onnxruntime runs them, and they run on the host."""
+    versions = {o.domain or "": o.version for o in model.opset_import}
+    opset = versions.get("", versions.get("ai.onnx", 0))
+    unknown = {n.op_type for n in model.graph.node if (n.domain or "") in ("", "ai.onnx")
+               and not onnx.defs.has(n.op_type, opset, "")}
+    if not unknown:
+        return model
+    runtime = _runtime_operators() or set()
+    extensions = {op for op in unknown if ("", op) in runtime}
+    if not extensions:
+        return model                  # the checker names the first unknown operator
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
+    outside = [t for t in view.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    for t in outside:
+        # declared as inputs: a copy in memory cannot resolve files beside the model (the
+        # weights' own reading checks them)
+        view.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        view.graph.initializer.remove(t)
+    for node in view.graph.node:
+        if (node.domain or "") in ("", "ai.onnx") and node.op_type in extensions:
+            node.domain = _RUNTIME_DOMAIN
+    view.opset_import.append(helper.make_opsetid(_RUNTIME_DOMAIN, 1))
+    return view
 
 
 def _runtime_operators() -> set | None:

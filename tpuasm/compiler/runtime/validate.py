@@ -101,11 +101,12 @@ class Validation:
     outputs: list[OutputCheck] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     of_rows: int | None = None                 # the data's rows when `rows` is a subset
+    against: str = "the float model"           # what the float answers are of
 
     def text(self) -> str:
         which = (f"{self.rows} rows" if not self.of_rows or self.of_rows == self.rows
                  else f"{self.rows} of the {self.of_rows} rows (evenly spaced)")
-        lines = [f"Against the float model (onnxruntime) on {which} of {self.data}:"]
+        lines = [f"Against {self.against} (onnxruntime) on {which} of {self.data}:"]
         lines += [f"  {o.text()}" for o in self.outputs]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -118,13 +119,13 @@ class Validation:
                                o.get("expected_agreement"), o.get("expected_stderr"))
                    for o in d["outputs"]]
         return cls(d["rows"], d["data"], d["min_agreement"], d["min_snr_db"], outputs,
-                   list(d["warnings"]), d.get("of_rows"))
+                   list(d["warnings"]), d.get("of_rows"), d.get("against", "the float model"))
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "of_rows": self.of_rows or self.rows, "data": self.data,
                 "min_agreement": self.min_agreement,
                 "min_snr_db": self.min_snr, "outputs": [o.to_json() for o in self.outputs],
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "against": self.against}
 
 
 def check_thresholds(min_agreement, min_snr) -> tuple[float, float]:
