@@ -113,6 +113,14 @@ bench-hf: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
 	$(BIN)/python benchmarks/real_models_hf.py
 
+# Decoders (Llama, Qwen2, Mistral) as onnxruntime-genai's model builder ships them for CPU,
+# fp32 and int4, through the CLI (benchmarks/real_models_genai.py); installs the optional
+# `genai` extra.
+.PHONY: bench-genai
+bench-genai: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,genai]'
+	$(BIN)/python benchmarks/real_models_genai.py
+
 # Keras networks exported by tf2onnx through the CLI; installs the optional `keras` extra.
 # Flax networks exported by jax2onnx (benchmarks/real_models_jax.py); installs the optional
 # `jax` extra (JAX, Flax, optax, jax2onnx) into .venv.
